@@ -1,0 +1,378 @@
+"""Chat sessions and their messages, kept in SQLite (``chats.db``).
+
+One :class:`ChatStore` wraps one connection. Use it from one thread at a time; a
+thread that needs the store concurrently opens its own. Every write runs in one
+``BEGIN IMMEDIATE`` transaction, so a crash never leaves half of a change behind,
+and every database failure the user can act on (not a database, written by a newer
+version, locked, disk full) surfaces as :class:`~core.errors.StoreError`.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlite_utils import Database
+
+from core.errors import StoreError
+
+ROLES = ("system", "user", "assistant")
+TITLE_CHARS = 60
+_UNSET: Any = object()  # "argument not given", for update_session
+
+
+@dataclass(frozen=True)
+class Session:
+    id: int
+    name: str  # the CLI's handle, unique: "work", "chat-20261129-175400"
+    title: str | None  # shown in the GUI; defaults to the first user message
+    system_prompt: str | None
+    model: str | None
+    settings: dict  # sampling settings: temperature, top_p, max_tokens, seed...
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class Message:
+    id: int
+    session_id: int
+    seq: int  # position in the session, from 1
+    role: str  # "system" | "user" | "assistant"
+    content: str
+    stats: dict | None  # the engine's figures for an assistant turn
+    created_at: float
+
+
+# -- schema: numbered migrations, PRAGMA user_version = how many were applied --
+
+
+def _migration_1(db: Database) -> None:
+    db.execute(
+        """CREATE TABLE sessions (
+            id INTEGER PRIMARY KEY,
+            name TEXT NOT NULL UNIQUE,
+            title TEXT,
+            system_prompt TEXT,
+            model TEXT,
+            settings TEXT,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        )"""
+    )
+    db.execute(
+        """CREATE TABLE messages (
+            id INTEGER PRIMARY KEY,
+            session_id INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+            seq INTEGER NOT NULL,
+            role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
+            content TEXT NOT NULL,
+            stats TEXT,
+            created_at REAL NOT NULL
+        )"""
+    )
+    db.execute("CREATE UNIQUE INDEX messages_session_seq ON messages(session_id, seq)")
+
+
+MIGRATIONS = [_migration_1]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class ChatStore:
+    """The chat database at ``path``, created and migrated on open."""
+
+    def __init__(self, path: Path, *, timeout: float = 2.0):
+        self.path = Path(path)
+        self.db: Database | None = None
+        conn = None
+        try:
+            with self._errors():
+                # check_same_thread=False: one thread at a time, not only the opening one
+                conn = sqlite3.connect(str(self.path), timeout=timeout, check_same_thread=False)
+                self.db = Database(conn, execute_plugins=False)
+                self._check_version(self._user_version())  # before this version writes
+                self.db.enable_wal()
+                self.db.execute("PRAGMA foreign_keys = ON")
+                self._migrate()
+        except BaseException:
+            if conn is not None:
+                conn.close()
+            self.db = None
+            raise
+
+    def close(self) -> None:
+        if self.db is not None:
+            self.db.close()
+            self.db = None
+
+    def __enter__(self) -> ChatStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- sessions --
+
+    def create_session(
+        self, name: str | None = None, *, system_prompt: str | None = None,
+        model: str | None = None, settings: dict | None = None,
+    ) -> Session:
+        """A new session; ``name=None`` generates a unique one from the clock."""
+        if name is not None and not name.strip():
+            raise StoreError("a chat name cannot be empty")
+        with self._transaction():
+            if name is None:
+                name = self._unused_name(time.strftime("chat-%Y%m%d-%H%M%S"))
+            elif self._rows("SELECT 1 FROM sessions WHERE name = ?", [name]):
+                raise StoreError(f"a chat named {name!r} already exists")
+            now = self._now()
+            session_id = self.db["sessions"].insert({
+                "name": name, "title": None, "system_prompt": system_prompt, "model": model,
+                "settings": _dumps(settings), "created_at": now, "updated_at": now,
+            }).last_pk
+        return self.get_session_by_id(session_id)
+
+    def get_session(self, name: str) -> Session | None:
+        rows = self._rows("SELECT * FROM sessions WHERE name = ?", [name])
+        return _session(rows[0]) if rows else None
+
+    def get_session_by_id(self, session_id: int) -> Session | None:
+        rows = self._rows("SELECT * FROM sessions WHERE id = ?", [session_id])
+        return _session(rows[0]) if rows else None
+
+    def get_or_create_session(self, name: str, **kw: Any) -> Session:
+        """The session called ``name``; created with ``kw`` if there is none."""
+        found = self.get_session(name)
+        if found is not None:
+            return found
+        try:
+            return self.create_session(name, **kw)
+        except StoreError:  # another process created it in between
+            found = self.get_session(name)
+            if found is None:
+                raise
+            return found
+
+    def list_sessions(self) -> list[Session]:
+        """All sessions, most recently updated first."""
+        rows = self._rows("SELECT * FROM sessions ORDER BY updated_at DESC, id DESC")
+        return [_session(row) for row in rows]
+
+    def rename_session(self, session_id: int, title: str) -> None:
+        """Set the display title (an empty one clears it; the name never changes)."""
+        with self._transaction():
+            self._touch(session_id, title=title.strip() or None)
+
+    def update_session(
+        self, session_id: int, *, system_prompt: str | None = _UNSET,
+        model: str | None = _UNSET, settings: dict | None = _UNSET,
+    ) -> None:
+        """Change only the fields given; ``settings`` replaces the whole dict."""
+        changes = {"system_prompt": system_prompt, "model": model}
+        changes = {key: value for key, value in changes.items() if value is not _UNSET}
+        if settings is not _UNSET:
+            changes["settings"] = _dumps(settings)
+        with self._transaction():
+            self._touch(session_id, **changes)
+
+    def delete_session(self, session_id: int) -> None:
+        """Delete a session and its messages (no error if it is already gone)."""
+        with self._transaction():
+            self.db.execute("DELETE FROM sessions WHERE id = ?", [session_id])
+
+    def search(self, query: str) -> list[Session]:
+        """Sessions whose name, title or any message contains ``query`` (ASCII case-insensitive)."""
+        if not query.strip():
+            return self.list_sessions()
+        pattern = "%" + query.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        like = "LIKE :p ESCAPE '\\'"
+        rows = self._rows(
+            f"""SELECT * FROM sessions AS s
+                WHERE s.name {like} OR s.title {like} OR EXISTS (
+                    SELECT 1 FROM messages AS m WHERE m.session_id = s.id AND m.content {like})
+                ORDER BY updated_at DESC, id DESC""",
+            {"p": pattern},
+        )
+        return [_session(row) for row in rows]
+
+    # -- messages --
+
+    def add_message(
+        self, session_id: int, role: str, content: str, stats: dict | None = None
+    ) -> Message:
+        """Append one message; the first user message also titles an untitled session."""
+        with self._transaction():
+            message_id = self._insert_message(session_id, role, content, stats)
+        return self._message(message_id)
+
+    def add_turn(
+        self, session_id: int, user_content: str, assistant_content: str,
+        stats: dict | None = None,
+    ) -> tuple[Message, Message]:
+        """Append a user message and its reply together: both rows or neither."""
+        with self._transaction():
+            user_id = self._insert_message(session_id, "user", user_content, None)
+            reply_id = self._insert_message(session_id, "assistant", assistant_content, stats)
+        return self._message(user_id), self._message(reply_id)
+
+    def delete_last_message(self, session_id: int) -> Message | None:
+        """Remove the session's last message (to regenerate a reply); returns it."""
+        with self._transaction():
+            rows = self._rows(
+                "SELECT * FROM messages WHERE session_id = ? ORDER BY seq DESC LIMIT 1",
+                [session_id],
+            )
+            if not rows:
+                return None
+            self.db.execute("DELETE FROM messages WHERE id = ?", [rows[0]["id"]])
+            self._touch(session_id)
+        return _message(rows[0])
+
+    def messages(self, session_id: int) -> list[Message]:
+        rows = self._rows("SELECT * FROM messages WHERE session_id = ? ORDER BY seq", [session_id])
+        return [_message(row) for row in rows]
+
+    # -- internals --
+
+    def _insert_message(self, session_id: int, role: str, content: str, stats: dict | None) -> int:
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, not {role!r}")
+        session = self._rows("SELECT title FROM sessions WHERE id = ?", [session_id])
+        if not session:
+            raise StoreError(f"there is no chat session with id {session_id}")
+        seq = self._rows(
+            "SELECT coalesce(max(seq), 0) + 1 AS seq FROM messages WHERE session_id = ?",
+            [session_id],
+        )[0]["seq"]
+        now = self._now()
+        message_id = self.db["messages"].insert({
+            "session_id": session_id, "seq": seq, "role": role, "content": content,
+            "stats": _dumps(stats), "created_at": now,
+        }).last_pk
+        title = session[0]["title"] or (_title_from(content) if role == "user" else None)
+        self._touch(session_id, title=title, now=now)
+        return message_id
+
+    def _touch(self, session_id: int, now: float | None = None, **changes: Any) -> None:
+        """Apply ``changes`` to a session and bump its ``updated_at``."""
+        changes["updated_at"] = self._now() if now is None else now
+        assignments = ", ".join(f"{column} = :{column}" for column in changes)
+        cursor = self.db.execute(
+            f"UPDATE sessions SET {assignments} WHERE id = :session_id",
+            {**changes, "session_id": session_id},
+        )
+        if cursor.rowcount == 0:
+            raise StoreError(f"there is no chat session with id {session_id}")
+
+    def _now(self) -> float:
+        """The wall clock, but always after the latest ``updated_at``, so that
+        "most recently updated first" is exact even when the clock is coarse."""
+        rows = self._rows(
+            "SELECT max(:now, coalesce(max(updated_at), 0) + 1e-6) AS now FROM sessions",
+            {"now": time.time()},
+        )
+        return rows[0]["now"]
+
+    def _unused_name(self, base: str) -> str:
+        taken = {row["name"] for row in self._rows(
+            "SELECT name FROM sessions WHERE name = :b OR name LIKE :b || '-%'", {"b": base}
+        )}
+        name, n = base, 2
+        while name in taken:
+            name, n = f"{base}-{n}", n + 1
+        return name
+
+    def _message(self, message_id: int) -> Message:
+        return _message(self._rows("SELECT * FROM messages WHERE id = ?", [message_id])[0])
+
+    def _rows(self, sql: str, params: Any = None) -> list[dict]:
+        with self._errors():
+            return list(self.db.query(sql, params))
+
+    def _user_version(self) -> int:
+        return self.db.execute("PRAGMA user_version").fetchone()[0]
+
+    def _check_version(self, version: int) -> None:
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path} was written by a newer RadixChat (schema {version}, this version "
+                f"knows {SCHEMA_VERSION}); upgrade RadixChat or use another --data-dir"
+            )
+
+    def _migrate(self) -> None:
+        """Apply each pending migration in its own transaction."""
+        for version, migration in enumerate(MIGRATIONS, start=1):
+            if self._user_version() >= version:
+                continue  # no write lock needed: opens while another process writes
+            with self._transaction():
+                current = self._user_version()  # re-read: another process may have migrated
+                self._check_version(current)
+                if current >= version:
+                    continue
+                if current == 0 and self.db.table_names():
+                    raise StoreError(
+                        f"{self.path} is a SQLite database but not a RadixChat chat "
+                        "database; move it aside or use another --data-dir"
+                    )
+                migration(self.db)
+                self.db.execute(f"PRAGMA user_version = {version}")
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One write transaction: committed whole, or rolled back whole.
+
+        ``BEGIN IMMEDIATE`` takes the write lock up front (waiting up to the busy
+        timeout), so a read-then-write never fails half way on a lock upgrade."""
+        with self._errors():
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.rollback()
+                raise
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """Turn the database failures a user can act on into StoreError."""
+        try:
+            yield
+        except sqlite3.DatabaseError as exc:
+            text = str(exc)
+            if "locked" in text or "busy" in text:
+                message = (f"{self.path} is locked by another RadixChat process; "
+                           "close it or use another --data-dir")
+            elif "not a database" in text or "malformed" in text:
+                message = (f"{self.path} is not a readable chat database ({text}); "
+                           "move it aside or use another --data-dir")
+            elif any(s in text for s in ("disk", "readonly", "unable to open", "I/O")):
+                message = f"cannot use {self.path}: {text}"
+            else:
+                raise  # a bug, not something the user can fix
+            raise StoreError(message) from exc
+
+
+def _title_from(content: str) -> str | None:
+    """The first non-blank line, cut to TITLE_CHARS."""
+    line = next((line.strip() for line in content.splitlines() if line.strip()), "")
+    if len(line) > TITLE_CHARS:
+        line = line[: TITLE_CHARS - 1].rstrip() + "…"
+    return line or None
+
+
+def _dumps(value: dict | None) -> str | None:
+    return None if value is None else json.dumps(value)
+
+
+def _session(row: dict) -> Session:
+    return Session(**{**row, "settings": json.loads(row["settings"]) if row["settings"] else {}})
+
+
+def _message(row: dict) -> Message:
+    return Message(**{**row, "stats": json.loads(row["stats"]) if row["stats"] else None})
