@@ -1,0 +1,178 @@
+"""Load a model spec into an mlx-lm model and tokenizer, with its fingerprint.
+
+A spec is a known model name (``default``, ``gemma3-270m``), a ``.gguf`` file, a local
+MLX model directory (config.json + safetensors + tokenizer), or a Hugging Face repo id
+found in the local HF cache. Loading happens on the engine thread: the result holds
+MLX arrays and never crosses threads; :class:`ModelInfo` is its plain-value summary.
+
+Weight format: on Metal the weights stay as stored (quantized stays quantized). On the
+CPU backend quantized matmuls are slow and float16 arithmetic is slow on x86, so
+``auto`` dequantizes to float32 there (see README for the measured figures).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from core import hf_cache, provision
+from core.errors import ModelLoadError
+from core.fingerprint import FileHashCache, model_fingerprint
+from core.gguf_import import build_model, build_tokenizer, read_gguf
+
+WEIGHT_FORMATS = ("auto", "stored", "float32", "float16", "bfloat16")
+ProgressFn = Callable[[str, "float | None"], None]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Plain facts about a loaded model: safe to pass to any thread."""
+
+    spec: str
+    name: str
+    path: str
+    model_type: str
+    fingerprint: str
+    weights_format: str
+    weight_bytes: int
+    context_length: int
+    num_layers: int
+    load_seconds: float
+
+
+@dataclass
+class LoadedModel:
+    """The model as the engine uses it (MLX objects: engine thread only)."""
+
+    model: nn.Module
+    tokenizer: Any  # mlx_lm.tokenizer_utils.TokenizerWrapper
+    config: dict[str, Any]
+    info: ModelInfo
+
+
+def resolve_weights_format(requested: str) -> str:
+    if requested not in WEIGHT_FORMATS:
+        raise ModelLoadError(f"unknown weight format {requested!r} (choose from {', '.join(WEIGHT_FORMATS)})")
+    if requested != "auto":
+        return requested
+    return "stored" if mx.default_device() == mx.gpu else "float32"
+
+
+def resolve_spec(spec: str, data_root: Path, progress: ProgressFn | None = None) -> Path:
+    """The file or folder a spec names, fetching a known model if needed."""
+    if spec in provision.KNOWN_MODELS:
+        return provision.ensure_model(spec, data_root, progress)
+    path = Path(spec).expanduser()
+    if path.exists():
+        return path
+    if spec.count("/") == 1 and not spec.startswith((".", "/", "~")):
+        found = hf_cache.resolve_repo(spec)
+        if found is not None:
+            return found
+        raise ModelLoadError(
+            f"{spec} is not in the local Hugging Face cache ({hf_cache.hf_cache_root()}); "
+            "download it there first, or give a local path"
+        )
+    raise ModelLoadError(f"no model at {spec}: give a .gguf file, an MLX model folder, or one of: "
+                         f"{', '.join(provision.KNOWN_MODELS)}")
+
+
+def load_model(
+    spec: str,
+    data_root: Path,
+    weights_format: str = "auto",
+    progress: ProgressFn | None = None,
+) -> LoadedModel:
+    """Load ``spec``; every failure a user can fix is a :class:`ModelLoadError`."""
+    started = time.perf_counter()
+    fmt = resolve_weights_format(weights_format)
+    path = resolve_spec(spec, data_root, progress)
+    if progress:
+        progress(f"loading {path.name}", None)
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        model, tokenizer, config, files = _load_gguf(path, data_root)
+    elif path.is_dir():
+        model, tokenizer, config, files = _load_mlx_dir(path)
+    else:
+        raise ModelLoadError(f"{path} is neither a .gguf file nor a model folder with config.json")
+    _apply_weights_format(model, fmt)
+    mx.eval(model.parameters())
+    hashes = FileHashCache(data_root / "file_hashes.json")
+    fingerprint = model_fingerprint(config, files, fmt, hashes)
+    weight_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    info = ModelInfo(
+        spec=spec,
+        name=path.stem if path.is_file() else path.name,
+        path=str(path),
+        model_type=str(config.get("model_type")),
+        fingerprint=fingerprint,
+        weights_format=fmt,
+        weight_bytes=weight_bytes,
+        context_length=_context_length(config),
+        num_layers=len(getattr(model, "layers", [])),
+        load_seconds=time.perf_counter() - started,
+    )
+    return LoadedModel(model, tokenizer, config, info)
+
+
+def _load_gguf(path: Path, data_root: Path):
+    contents = read_gguf(path)
+    model = build_model(contents.config, dict(contents.weights))
+    hashes = FileHashCache(data_root / "file_hashes.json")
+    cache_file = data_root / "tokenizers" / f"{hashes.sha256(path)[:32]}.json"
+    tokenizer = build_tokenizer(contents.metadata, cache_file)
+    return model, tokenizer, contents.config, [path]
+
+
+def _load_mlx_dir(path: Path):
+    from mlx_lm.utils import load as mlx_lm_load
+
+    config_file = path / "config.json"
+    if not config_file.exists():
+        raise ModelLoadError(f"{path} has no config.json: not an MLX model folder")
+    try:
+        config = json.loads(config_file.read_text())
+    except ValueError as exc:
+        raise ModelLoadError(f"{config_file} is not valid JSON: {exc}") from exc
+    weight_files = sorted(path.glob("*.safetensors"))
+    if not weight_files:
+        raise ModelLoadError(f"{path} has no .safetensors weights")
+    try:
+        model, tokenizer = mlx_lm_load(str(path))
+    except ValueError as exc:
+        if "not supported" in str(exc):
+            raise ModelLoadError(f"{path.name}: model type {config.get('model_type')!r} is not supported") from exc
+        raise ModelLoadError(f"{path.name}: cannot load weights: {exc}") from exc
+    except (RuntimeError, OSError, KeyError) as exc:
+        raise ModelLoadError(f"{path.name}: corrupt or truncated model files: {exc}") from exc
+    tokenizer_files = [p for p in path.iterdir() if p.name.startswith("tokenizer") or p.suffix == ".model"]
+    return model, tokenizer, config, [config_file, *weight_files, *sorted(tokenizer_files)]
+
+
+def _apply_weights_format(model: nn.Module, fmt: str) -> None:
+    if fmt == "stored":
+        return
+    from mlx_lm.utils import dequantize_model
+
+    dtype = getattr(mx, fmt)
+    for _, module in model.named_modules():  # dequantize in the target precision
+        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            module.scales = module.scales.astype(dtype)
+            module.biases = module.biases.astype(dtype)
+    dequantize_model(model)
+    model.set_dtype(dtype)
+
+
+def _context_length(config: dict[str, Any]) -> int:
+    for key in ("max_position_embeddings", "max_sequence_length", "n_positions", "seq_length"):
+        value = config.get(key) or config.get("text_config", {}).get(key)
+        if value:
+            return int(value)
+    return 4096
