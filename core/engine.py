@@ -1,0 +1,208 @@
+"""The engine: one thread that owns the model and every MLX call.
+
+Clients (CLI, GUI bridge, HTTP server) submit :class:`GenerationRequest` values and
+read a stream of events back; only plain values cross the thread boundary. The engine
+loads its model inside its own thread (MLX streams are per thread), runs requests one
+after another, and checks each request's cancel flag between prefill chunks and
+between decode steps.
+
+    engine = Engine(data_root, model_spec="default")
+    engine.start()
+    for event in engine.stream(request):
+        ...
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from core.engine_types import DoneEvent, ErrorEvent, Event, GenerationRequest
+from core.errors import UserError
+from core.model_loader import ModelInfo
+
+log = logging.getLogger(__name__)
+
+_END = object()  # end of a request's event stream
+
+
+class RequestHandle:
+    """The client's side of one submitted request: its events and a cancel switch."""
+
+    def __init__(self, request: GenerationRequest):
+        self.request = request
+        self._events: queue.Queue = queue.Queue()
+        self._cancel = threading.Event()
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def events(self, timeout: float | None = None) -> Iterator[Event]:
+        """Events until the request ends (a DoneEvent or an ErrorEvent comes last)."""
+        while True:
+            item = self._events.get(timeout=timeout)
+            if item is _END:
+                return
+            yield item
+
+    # engine side
+    def _emit(self, event: Event) -> None:
+        self._events.put(event)
+
+    def _finish(self) -> None:
+        self._events.put(_END)
+
+
+@dataclass
+class _LoadCommand:
+    spec: str
+    weights_format: str
+    done: threading.Event = field(default_factory=threading.Event)
+    info: ModelInfo | None = None
+    error: str | None = None
+
+
+_STOP = object()
+
+
+class Engine:
+    """Owns the model and all MLX work on one thread for the life of the app."""
+
+    def __init__(
+        self,
+        data_root: Path,
+        model_spec: str | None = "default",
+        weights_format: str = "auto",
+        use_cache: bool = True,
+        on_load_progress: Callable[[str, float | None], None] | None = None,
+    ):
+        self.data_root = Path(data_root)
+        self._initial = (model_spec, weights_format)
+        self._use_cache = use_cache
+        self._on_load_progress = on_load_progress
+        self._commands: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._loaded = None  # LoadedModel, engine thread only
+        self._pool = None  # PromptCachePool, engine thread only
+        self._info: ModelInfo | None = None
+        self._load_error: str | None = None
+        self._ready = threading.Event()
+
+    # ------------------------------------------------------------ client API
+    def start(self) -> "Engine":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="radixchat-engine", daemon=True)
+            self._thread.start()
+            spec, fmt = self._initial
+            if spec is not None:
+                self._commands.put(_LoadCommand(spec, fmt))
+            else:
+                self._ready.set()
+        return self
+
+    def wait_ready(self, timeout: float | None = None) -> ModelInfo:
+        """Block until the first model is loaded; raise UserError if it failed."""
+        if not self._ready.wait(timeout):
+            raise TimeoutError("the model is still loading")
+        if self._info is None:
+            raise UserError(self._load_error or "no model loaded")
+        return self._info
+
+    @property
+    def model_info(self) -> ModelInfo | None:
+        return self._info
+
+    def load(self, spec: str, weights_format: str = "auto", timeout: float | None = None) -> ModelInfo:
+        """Switch models. On failure the previous model stays loaded and UserError is raised."""
+        command = _LoadCommand(spec, weights_format)
+        self._commands.put(command)
+        command.done.wait(timeout)
+        if command.error is not None:
+            raise UserError(command.error)
+        assert command.info is not None
+        return command.info
+
+    def submit(self, request: GenerationRequest) -> RequestHandle:
+        handle = RequestHandle(request)
+        self._commands.put(handle)
+        return handle
+
+    def stream(self, request: GenerationRequest) -> Iterator[Event]:
+        """Submit and iterate; closing the iterator early cancels the request."""
+        handle = self.submit(request)
+        try:
+            yield from handle.events()
+        finally:
+            handle.cancel()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        if self._thread is not None:
+            self._commands.put(_STOP)
+            self._thread.join(timeout)
+            self._thread = None
+
+    # ------------------------------------------------------------ engine thread
+    def _run(self) -> None:
+        while True:
+            command = self._commands.get()
+            if command is _STOP:
+                self._loaded = None
+                self._pool = None
+                return
+            if isinstance(command, _LoadCommand):
+                self._do_load(command)
+            else:
+                self._do_request(command)
+
+    def _do_load(self, command: _LoadCommand) -> None:
+        from core.generation import PromptCachePool
+        from core.model_loader import load_model
+
+        try:
+            loaded = load_model(command.spec, self.data_root, command.weights_format, self._on_load_progress)
+        except UserError as exc:
+            command.error = str(exc)
+        except Exception as exc:  # a bug: keep the engine alive, report one line
+            log.exception("loading %s failed", command.spec)
+            command.error = f"loading {command.spec} failed: {exc}"
+        else:
+            self._loaded = loaded
+            self._pool = PromptCachePool() if self._use_cache else None
+            self._info = loaded.info
+            command.info = loaded.info
+        if self._info is None:
+            self._load_error = command.error
+        self._ready.set()
+        command.done.set()
+
+    def _do_request(self, handle: RequestHandle) -> None:
+        from core.generation import run_request
+
+        try:
+            if handle.cancelled:
+                handle._emit(DoneEvent("", _cancelled_stats()))
+            elif self._loaded is None:
+                handle._emit(ErrorEvent(self._load_error or "no model is loaded"))
+            else:
+                run_request(self._loaded, handle.request, self._pool, lambda: handle.cancelled, handle._emit)
+        except UserError as exc:
+            handle._emit(ErrorEvent(str(exc)))
+        except Exception as exc:
+            log.exception("request failed")
+            handle._emit(ErrorEvent(f"internal error: {exc}", user_error=False))
+        finally:
+            handle._finish()
+
+
+def _cancelled_stats():
+    from core.engine_types import RequestStats
+
+    return RequestStats(finish_reason="cancelled")

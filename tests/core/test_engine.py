@@ -1,0 +1,210 @@
+"""The engine thread on a tiny generated model: streaming, sampling, stops, cancel, cache reuse."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from core import generation
+from core.engine import Engine
+from core.engine_types import (
+    ChatMessage,
+    DoneEvent,
+    ErrorEvent,
+    GenerationRequest,
+    ProgressEvent,
+    SamplingParams,
+    TokenEvent,
+)
+from core.errors import UserError
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model, tmp_path_factory):
+    eng = Engine(tmp_path_factory.mktemp("data"), str(tiny_model)).start()
+    eng.wait_ready(timeout=60)
+    yield eng
+    eng.shutdown()
+
+
+def ask(text: str, sampling: SamplingParams = GREEDY, **kw) -> GenerationRequest:
+    return GenerationRequest(messages=(ChatMessage("user", text),), sampling=sampling, **kw)
+
+
+def collect(engine: Engine, request: GenerationRequest):
+    events = list(engine.stream(request))
+    assert isinstance(events[-1], (DoneEvent, ErrorEvent)), events[-1]
+    return events
+
+
+def done_of(events) -> DoneEvent:
+    assert isinstance(events[-1], DoneEvent), events[-1]
+    return events[-1]
+
+
+def test_stream_tokens_then_done_with_stats(engine):
+    events = collect(engine, ask("hello", use_cache=False))
+    done = done_of(events)
+    text = "".join(e.text for e in events if isinstance(e, TokenEvent))
+    assert text == done.text and len(text) > 0
+    stats = done.stats
+    assert stats.completion_tokens == 12 and stats.finish_reason == "length"
+    assert stats.prompt_tokens == stats.computed_tokens > 0
+    assert stats.cached_tokens == 0 and stats.restored_tokens == 0
+    assert stats.ttft_s > 0 and stats.decode_tps > 0
+    assert any(isinstance(e, ProgressEvent) for e in events)
+
+
+def test_model_info_is_plain(engine):
+    info = engine.model_info
+    assert info.model_type == "llama" and info.num_layers == 2
+    assert len(info.fingerprint) == 64 and info.weight_bytes > 0 and info.context_length == 512
+
+
+def test_greedy_is_deterministic(engine):
+    a = done_of(collect(engine, ask("same prompt", use_cache=False))).text
+    b = done_of(collect(engine, ask("same prompt", use_cache=False))).text
+    assert a == b
+
+
+def test_seed_reproduces_sampling(engine):
+    hot = SamplingParams(temperature=1.5, seed=7, max_tokens=24)
+    a = done_of(collect(engine, ask("seeded", hot, use_cache=False))).text
+    b = done_of(collect(engine, ask("seeded", hot, use_cache=False))).text
+    other = SamplingParams(temperature=1.5, seed=8, max_tokens=24)
+    c = done_of(collect(engine, ask("seeded", other, use_cache=False))).text
+    assert a == b
+    assert a != c
+
+
+def test_top_k_one_equals_greedy(engine):
+    greedy = done_of(collect(engine, ask("topk", use_cache=False))).text
+    top1 = SamplingParams(temperature=1.0, top_k=1, max_tokens=12, seed=3)
+    assert done_of(collect(engine, ask("topk", top1, use_cache=False))).text == greedy
+
+
+def test_repetition_penalty_changes_greedy_output(engine):
+    long = SamplingParams(temperature=0.0, max_tokens=40)
+    plain = done_of(collect(engine, ask("repeat", long, use_cache=False))).text
+    penalised = SamplingParams(temperature=0.0, max_tokens=40, repetition_penalty=5.0)
+    assert done_of(collect(engine, ask("repeat", penalised, use_cache=False))).text != plain
+
+
+def test_stop_string_cuts_the_reply(engine):
+    full = done_of(collect(engine, ask("stops", SamplingParams(temperature=0.0, max_tokens=30), use_cache=False)))
+    stop = full.text[5:7]
+    cut_at = full.text.find(stop)
+    params = SamplingParams(temperature=0.0, max_tokens=30, stop=(stop,))
+    events = collect(engine, ask("stops", params, use_cache=False))
+    done = done_of(events)
+    assert done.text == full.text[:cut_at]
+    assert "".join(e.text for e in events if isinstance(e, TokenEvent)) == done.text
+    assert done.stats.finish_reason == "stop"
+
+
+def test_stop_text_holds_back_partial_matches():
+    stream = generation._StopText(("END",))
+    assert stream.feed("abc") == ("abc", False)
+    assert stream.feed("abcE") == ("", False)
+    assert stream.feed("abcEN") == ("", False)
+    assert stream.feed("abcENx") == ("ENx", False)
+    assert stream.feed("abcENxEND tail") == ("", True)
+    assert stream.emitted == len("abcENx")
+
+
+def test_max_tokens_and_length_reason(engine):
+    done = done_of(collect(engine, ask("short", SamplingParams(temperature=0, max_tokens=3), use_cache=False)))
+    assert done.stats.completion_tokens == 3 and done.stats.finish_reason == "length"
+
+
+def test_cancel_mid_decode(engine):
+    handle = engine.submit(ask("long reply", SamplingParams(temperature=0, max_tokens=400), use_cache=False))
+    seen = []
+    for event in handle.events(timeout=60):
+        seen.append(event)
+        if isinstance(event, TokenEvent) and len(seen) > 3:
+            handle.cancel()
+    done = done_of(seen)
+    assert done.stats.finish_reason == "cancelled"
+    assert done.stats.completion_tokens < 400
+
+
+def test_cancel_mid_prefill(engine, monkeypatch):
+    monkeypatch.setattr(generation, "PREFILL_CHUNK", 8)
+    handle = engine.submit(GenerationRequest(prompt_text="x" * 400, sampling=GREEDY, use_cache=False))
+    events = []
+    for event in handle.events(timeout=60):
+        events.append(event)
+        if isinstance(event, ProgressEvent) and event.done > 0:
+            handle.cancel()
+    done = done_of(events)
+    assert done.stats.finish_reason == "cancelled"
+    assert done.stats.completion_tokens == 0
+    assert not any(isinstance(e, TokenEvent) for e in events)
+    progress = [e.done for e in events if isinstance(e, ProgressEvent)]
+    assert max(progress) < 400
+
+
+def test_prompt_over_context_is_a_clear_error(engine):
+    events = collect(engine, GenerationRequest(prompt_text="y" * 600, sampling=GREEDY))
+    assert isinstance(events[-1], ErrorEvent)
+    assert "context of 512" in events[-1].message and events[-1].user_error
+
+
+def test_engine_survives_errors(engine):
+    collect(engine, GenerationRequest(prompt_text="y" * 600, sampling=GREEDY))
+    assert done_of(collect(engine, ask("still alive"))).stats.completion_tokens > 0
+
+
+def test_follow_up_turn_reuses_the_cache_and_matches_recompute(engine):
+    first = ask("first question", session="s-cache")
+    d1 = done_of(collect(engine, first))
+    history = (
+        ChatMessage("user", "first question"),
+        ChatMessage("assistant", d1.text),
+        ChatMessage("user", "second question"),
+    )
+    d2 = done_of(collect(engine, GenerationRequest(messages=history, sampling=GREEDY, session="s-cache")))
+    fresh = done_of(collect(engine, GenerationRequest(messages=history, sampling=GREEDY, use_cache=False)))
+    # the second turn only computes what the first turn did not see
+    assert d2.stats.cached_tokens >= d1.stats.prompt_tokens
+    assert d2.stats.computed_tokens == d2.stats.prompt_tokens - d2.stats.cached_tokens
+    assert fresh.stats.cached_tokens == 0
+    assert d2.text == fresh.text
+
+
+def test_requests_from_many_threads_are_served_in_turn(engine):
+    results: dict[int, str] = {}
+
+    def client(i: int) -> None:
+        results[i] = done_of(collect(engine, ask(f"client {i}", use_cache=False))).text
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(results) == [0, 1, 2]
+    assert results[0] == done_of(collect(engine, ask("client 0", use_cache=False))).text
+
+
+def test_load_failure_keeps_the_previous_model(engine, tmp_path):
+    before = engine.model_info
+    with pytest.raises(UserError, match="no model at"):
+        engine.load(str(tmp_path / "missing.gguf"), timeout=30)
+    assert engine.model_info == before
+    assert done_of(collect(engine, ask("after failed load"))).stats.completion_tokens > 0
+
+
+def test_failed_first_load_reports_on_wait_ready(tmp_path):
+    eng = Engine(tmp_path, str(tmp_path / "nothing-here")).start()
+    try:
+        with pytest.raises(UserError, match="no model at"):
+            eng.wait_ready(timeout=30)
+        events = list(eng.stream(ask("hi")))
+        assert isinstance(events[-1], ErrorEvent)
+    finally:
+        eng.shutdown()
