@@ -1,0 +1,130 @@
+"""``radixchat chat``: one turn, or an interactive loop, in a stored chat session."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+
+from core import paths
+from core.chat_store import ChatStore, Session
+from core.cli import print_progress
+from core.engine import Engine
+from core.engine_types import (
+    ChatMessage,
+    DoneEvent,
+    ErrorEvent,
+    GenerationRequest,
+    RequestStats,
+    SamplingParams,
+    TokenEvent,
+)
+from core.errors import UserError
+
+HELP = "commands: /stats (last turn's figures), /quit"
+
+
+def run_chat(args) -> int:
+    root = paths.data_dir(args.data_dir)
+    try:
+        sampling = SamplingParams(
+            temperature=args.temp,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            min_p=args.min_p,
+            repetition_penalty=args.repetition_penalty,
+            seed=args.seed,
+            max_tokens=args.max_tokens,
+            stop=tuple(args.stop),
+        )
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+    with ChatStore(paths.chats_db_path(root)) as store:
+        session = store.get_or_create_session(args.session) if args.session else store.create_session()
+        if args.system is not None:
+            store.update_session(session.id, system_prompt=args.system)
+            session = store.get_session_by_id(session.id)
+        engine = Engine(root, args.model, args.weights, use_cache=not args.no_cache,
+                        on_load_progress=None if args.json else print_progress)
+        engine.start()
+        try:
+            engine.wait_ready()
+            if args.prompt is not None:
+                return _turn(engine, store, session, args.prompt, sampling, args)
+            return _loop(engine, store, session, sampling, args)
+        finally:
+            engine.shutdown()
+
+
+def _loop(engine, store, session, sampling, args) -> int:
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print(f"session {session.name} — {HELP}", file=sys.stderr)
+    last: RequestStats | None = None
+    while True:
+        if interactive:
+            print("> ", end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            return 0
+        text = line.rstrip("\n")
+        if not text.strip():
+            continue
+        if text.strip() == "/quit":
+            return 0
+        if text.strip() == "/stats":
+            print(json.dumps(asdict(last) if last else {}), file=sys.stderr)
+            continue
+        status, last = _run_turn(engine, store, session, text, sampling, args)
+        if status:
+            return status
+
+
+def _turn(engine, store, session, prompt, sampling, args) -> int:
+    status, _ = _run_turn(engine, store, session, prompt, sampling, args)
+    return status
+
+
+def _run_turn(engine, store, session: Session, prompt: str, sampling, args):
+    history = [ChatMessage(m.role, m.content) for m in store.messages(session.id)]
+    system = store.get_session_by_id(session.id).system_prompt
+    messages = ([ChatMessage("system", system)] if system else []) + history + [ChatMessage("user", prompt)]
+    request = GenerationRequest(messages=tuple(messages), sampling=sampling, session=session.name,
+                                use_cache=not args.no_cache)
+    handle = engine.submit(request)
+    done: DoneEvent | None = None
+    pieces: list[str] = []
+    try:
+        for event in handle.events():
+            if isinstance(event, TokenEvent):
+                pieces.append(event.text)
+                if not args.json:
+                    print(event.text, end="", flush=True)
+            elif isinstance(event, DoneEvent):
+                done = event
+            elif isinstance(event, ErrorEvent):
+                raise UserError(event.message)
+    except KeyboardInterrupt:
+        handle.cancel()
+        for event in handle.events():
+            if isinstance(event, DoneEvent):
+                done = event
+    reply = done.text if done else "".join(pieces)
+    stats = done.stats if done else RequestStats(finish_reason="cancelled")
+    store.add_turn(session.id, prompt, reply, asdict(stats))
+    if args.json:
+        print(json.dumps({
+            "reply": reply,
+            "session": session.name,
+            "prompt_tokens": stats.prompt_tokens,
+            "cached_tokens": stats.cached_tokens,
+            "restored_tokens": stats.restored_tokens,
+            "computed_tokens": stats.computed_tokens,
+            "completion_tokens": stats.completion_tokens,
+            "ttft_s": round(stats.ttft_s, 4),
+            "decode_tps": round(stats.decode_tps, 2),
+            "finish_reason": stats.finish_reason,
+        }), flush=True)
+    else:
+        print(flush=True)
+    return 0, stats

