@@ -39,16 +39,15 @@ def run_chat(args) -> int:
         )
     except ValueError as exc:
         raise UserError(str(exc)) from exc
-    with ChatStore(paths.chats_db_path(root)) as store:
-        session = store.get_or_create_session(args.session) if args.session else store.create_session()
-        if args.system is not None:
-            store.update_session(session.id, system_prompt=args.system)
-            session = store.get_session_by_id(session.id)
+    with ChatStore(paths.chats_db_path(root)) as store:  # a newer or locked database fails first
         engine = Engine(root, args.model, args.weights, use_cache=not args.no_cache,
                         on_load_progress=None if args.json else print_progress)
         engine.start()
         try:
-            engine.wait_ready()
+            engine.wait_ready()  # nothing is written before the model is there
+            session = store.get_or_create_session(args.session) if args.session else store.create_session()
+            if args.system is not None:
+                store.update_session(session.id, system_prompt=args.system)
             if args.prompt is not None:
                 return _turn(engine, store, session, args.prompt, sampling, args)
             return _loop(engine, store, session, sampling, args)

@@ -97,7 +97,7 @@ def test_bad_model_is_one_line_and_exit_2(capsys, tmp_path, model, message):
     assert err[-1].startswith("radixchat: error: ") and message in err[-1]
     assert "Traceback" not in "\n".join(err)
     with ChatStore(paths.chats_db_path(tmp_path)) as store:  # nothing half-written
-        assert all(store.messages(s.id) == [] for s in store.list_sessions())
+        assert store.list_sessions() == []
 
 
 def test_newer_database_is_refused(capsys, tiny_model, tmp_path):
@@ -106,6 +106,21 @@ def test_newer_database_is_refused(capsys, tiny_model, tmp_path):
     db.close()
     code = main(["chat", "--model", str(tiny_model), "--data-dir", str(tmp_path), "hi"])
     assert code == 2 and "newer" in capsys.readouterr().err
+
+
+def test_locked_database_is_one_line(capsys, tiny_model, tmp_path):
+    with ChatStore(paths.chats_db_path(tmp_path)):
+        pass
+    holder = sqlite3.connect(paths.chats_db_path(tmp_path))
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        code = main(["chat", "--model", str(tiny_model), "--data-dir", str(tmp_path), "hi"])
+    finally:
+        holder.rollback()
+        holder.close()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and "locked" in err[-1] and err[-1].startswith("radixchat: error: ")
+    assert "Traceback" not in "\n".join(err)
 
 
 def test_bad_sampling_value(capsys, tiny_model, tmp_path):

@@ -1,0 +1,26 @@
+# The two commands of the README:
+#   make run    set up (first time) and open RadixChat on the default model
+#   make test   set up (first time), provision the default model, run the tests
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup run test clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+run: setup
+	$(BIN)/radixchat
+
+test: setup
+	$(BIN)/radixchat fetch-model default
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info
