@@ -19,11 +19,13 @@ import queue
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
-from core.engine_types import DoneEvent, ErrorEvent, Event, GenerationRequest
+from core.engine_types import DoneEvent, ErrorEvent, Event, GenerationRequest, RequestStats
 from core.errors import UserError
-from core.model_loader import ModelInfo
+
+if TYPE_CHECKING:  # core.model_loader imports mlx: only the engine thread loads it
+    from core.model_loader import ModelInfo
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +190,7 @@ class Engine:
 
         try:
             if handle.cancelled:
-                handle._emit(DoneEvent("", _cancelled_stats()))
+                handle._emit(DoneEvent("", RequestStats(finish_reason="cancelled")))
             elif self._loaded is None:
                 handle._emit(ErrorEvent(self._load_error or "no model is loaded"))
             else:
@@ -200,9 +202,3 @@ class Engine:
             handle._emit(ErrorEvent(f"internal error: {exc}", user_error=False))
         finally:
             handle._finish()
-
-
-def _cancelled_stats():
-    from core.engine_types import RequestStats
-
-    return RequestStats(finish_reason="cancelled")

@@ -1,0 +1,117 @@
+"""The GUI's one door to the engine: a QObject whose signals carry plain values.
+
+The engine runs on its own thread; the bridge waits on it and reads each request's
+events on short-lived Python worker threads, and relays every event to the GUI thread
+through a queued signal, so the public signals below are always emitted on the GUI
+thread, in order, and never block it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import QObject, Qt, Signal
+
+from core.engine_types import ChatMessage, DoneEvent, ErrorEvent, GenerationRequest, SamplingParams, TokenEvent
+from core.errors import UserError
+
+if TYPE_CHECKING:
+    from core.engine import Engine, RequestHandle
+
+log = logging.getLogger(__name__)
+
+
+class EngineBridge(QObject):
+    """Owns the engine; one chat request at a time."""
+
+    loadProgress = Signal(str, float)  # stage, fraction (-1 when unknown)
+    modelReady = Signal(str)  # the model's name
+    loadFailed = Signal(str)  # one line
+    token = Signal(str)  # a piece of the reply
+    finished = Signal(str, dict)  # the full reply, dataclasses.asdict(RequestStats)
+    failed = Signal(str)  # one line
+
+    _relay = Signal(str, object)  # (signal name, args): any thread -> the GUI thread
+
+    def __init__(self, data_root: Path | None = None, model_spec: str = "default", *,
+                 engine: Engine | None = None, parent: QObject | None = None):
+        super().__init__(parent)
+        if engine is None:
+            from core.engine import Engine  # imported on use: it loads mlx
+
+            engine = Engine(Path(data_root), model_spec, on_load_progress=self._on_load_progress)
+        self.engine = engine
+        self._handle: RequestHandle | None = None
+        self._relay.connect(self._emit_public, Qt.ConnectionType.QueuedConnection)
+
+    @property
+    def busy(self) -> bool:
+        return self._handle is not None
+
+    def start(self) -> None:
+        """Start the engine; modelReady or loadFailed follows."""
+        self.engine.start()
+        threading.Thread(target=self._wait_ready, name="radixchat-bridge-load", daemon=True).start()
+
+    def send(self, messages: list[tuple[str, str]], sampling: dict, session: str | None = None) -> None:
+        """Ask for a reply to ``messages`` ((role, content) pairs); tokens, then finished or failed."""
+        if self._handle is not None:
+            raise RuntimeError("a reply is still being generated")
+        request = GenerationRequest(
+            messages=tuple(ChatMessage(role, content) for role, content in messages),
+            sampling=SamplingParams(**{**sampling, "stop": tuple(sampling.get("stop", ()))}),
+            session=session,
+        )
+        self._handle = self.engine.submit(request)
+        threading.Thread(target=self._read, args=(self._handle,), name="radixchat-bridge-reply",
+                         daemon=True).start()
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+
+    def shutdown(self) -> None:
+        self.cancel()
+        self.engine.shutdown()
+
+    # -- worker threads --
+
+    def _on_load_progress(self, stage: str, fraction: float | None) -> None:  # engine thread
+        self._post("loadProgress", stage, -1.0 if fraction is None else float(fraction))
+
+    def _wait_ready(self) -> None:
+        try:
+            self._post("modelReady", self.engine.wait_ready().name)
+        except UserError as exc:
+            self._post("loadFailed", str(exc))
+        except Exception as exc:  # a bug
+            log.exception("waiting for the model failed")
+            self._post("loadFailed", f"internal error: {exc}")
+
+    def _read(self, handle: RequestHandle) -> None:
+        try:
+            for event in handle.events():
+                if isinstance(event, TokenEvent):
+                    self._post("token", event.text)
+                elif isinstance(event, DoneEvent):
+                    return self._post("finished", event.text, dataclasses.asdict(event.stats))
+                elif isinstance(event, ErrorEvent):
+                    return self._post("failed", event.message)
+            self._post("failed", "the engine ended the reply without a result")
+        except Exception as exc:  # a bug
+            log.exception("reading the reply failed")
+            self._post("failed", f"internal error: {exc}")
+
+    def _post(self, name: str, *args: object) -> None:
+        self._relay.emit(name, args)
+
+    # -- GUI thread --
+
+    def _emit_public(self, name: str, args: tuple) -> None:
+        if name in ("finished", "failed"):
+            self._handle = None
+        getattr(self, name).emit(*args)
