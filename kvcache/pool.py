@@ -1,0 +1,384 @@
+"""The KV page pool, its page allocator, the request-to-pages table and the memory budget.
+
+A *page* holds ``page_size`` consecutive tokens of one sequence; a *slot* names one token
+place in the pool: ``slot = page_id * page_size + offset``. Page 0 is the null page: it
+stays zero and is never handed out, so a zero page id can mean "no page".
+
+In-place writes (measured on MLX 0.32's CPU backend, a 64 MB pool): an update of the pool
+(``pool[a:b] = pages`` or a scatter ``pool[idx] = kv``) followed by ``mx.eval`` reuses the
+pool's buffer, peak memory growing only by the update itself (~0.3 MB for two pages), as
+long as nothing else references that buffer. Two things do, and each turns the next write
+into a copy of the whole array (+32 MB there): a live slice view of the pool
+(``pool[1:3]``), and a lazy, not yet evaluated read of it. So this pool never hands out
+views (every read is a gather, a fresh array) and evaluates its reads and writes before
+returning.
+
+Speed on the CPU: a scatter costs ~10 ns per element whatever its shape; a slice update
+runs near memcpy speed plus a fixed cost per update (2,000 tokens x 30 layers of 3 KV
+heads x 64 dims: 43 ms as one slice per 64-token page, 215 ms as scatters; even at 8-token
+pages). So whole pages go in as slice updates, one per run of consecutive page ids (a
+fresh allocator hands out consecutive ids), and only the tokens that finish a partly
+filled page (``write_tokens``; decode steps) go through the scatter of ``write_slots``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from kvcache.layout import CacheLayout, dtype_from_name
+
+MIN_POOL_PAGES = 16  # the smallest pool the budget gives (when memory is short)
+
+
+class KVPagePool:
+    """K and V pages for every full-attention layer, indexed by pool layer index.
+
+    ``keys[i]`` / ``values[i]``: ``(num_pages + 1, kv_heads, page_size, head_dim)`` in the
+    layer's dtype, preallocated and evaluated. Invariant: page 0 is all zeros.
+    """
+
+    def __init__(self, layout: CacheLayout, num_pages: int, page_size: int):
+        if num_pages < 0 or page_size < 1:
+            raise ValueError(f"bad pool size: {num_pages} pages of {page_size} tokens")
+        self.layout = layout
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.keys: list[mx.array] = []
+        self.values: list[mx.array] = []
+        for spec in layout.full_layers:
+            shape = (num_pages + 1, spec.kv_heads, page_size, spec.head_dim)
+            dtype = dtype_from_name(spec.dtype)
+            self.keys.append(mx.zeros(shape, dtype))
+            self.values.append(mx.zeros(shape, dtype))
+        mx.eval(self.keys, self.values)
+        self._heads = [mx.arange(k.shape[1])[:, None] for k in self.keys]  # (H, 1) index
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.keys)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.keys) + sum(a.nbytes for a in self.values)
+
+    def write(self, layer: int, page_ids: list[int], keys: mx.array, values: mx.array) -> None:
+        """Write ``(kv_heads, n, head_dim)`` K/V over whole pages ``page_ids``, in order.
+
+        ``page_ids`` must be exactly the ``ceil(n / page_size)`` pages the tokens fill;
+        the rest of the last page is zeroed.
+        """
+        self._check_pages(page_ids)
+        n = keys.shape[1]
+        if len(page_ids) != math.ceil(n / self.page_size):
+            raise ValueError(f"{n} tokens fill {math.ceil(n / self.page_size)} pages, "
+                             f"not {len(page_ids)}")
+        self._check_kv(layer, "keys", keys, n)
+        self._check_kv(layer, "values", values, n)
+        k_pages = self._as_pages(layer, keys, len(page_ids))
+        v_pages = self._as_pages(layer, values, len(page_ids))
+        k_pool, v_pool = self.keys[layer], self.values[layer]
+        for at, first, count in page_runs(page_ids):  # slice updates: see the module doc
+            k_pool[first : first + count] = k_pages[at : at + count]
+            v_pool[first : first + count] = v_pages[at : at + count]
+        mx.eval(k_pool, v_pool)
+
+    def write_tokens(self, layer: int, page_ids: list[int], start: int,
+                     keys: mx.array, values: mx.array) -> None:
+        """Write ``(kv_heads, n, head_dim)`` K/V as tokens ``start..start+n-1`` of the
+        sequence stored in ``page_ids``: the part that finishes a partly filled page
+        token by token, the rest as whole pages."""
+        n = keys.shape[1]
+        head = min(n, -start % self.page_size)
+        if head:
+            page, size = page_ids[start // self.page_size], self.page_size
+            slots = [page * size + t % size for t in range(start, start + head)]
+            self.write_slots(layer, slots, keys[:, :head], values[:, :head])
+        if n > head:
+            first = (start + head) // self.page_size
+            pages = page_ids[first : math.ceil((start + n) / self.page_size)]
+            self.write(layer, pages, keys[:, head:], values[:, head:])
+
+    def write_slots(self, layer: int, slots, keys: mx.array, values: mx.array) -> None:
+        """Write ``(kv_heads, n, head_dim)`` K/V token by token into ``n`` slots
+        (for new tokens that start mid-page). Slots must not repeat."""
+        if isinstance(slots, mx.array):
+            slots = self._slots_array(slots)
+            low, high = mx.min(slots), mx.max(slots)
+            mx.eval(low, high)  # one sync for both
+            low, high = low.item(), high.item()
+        else:
+            slots, low, high = self._slots_array(slots), min(slots), max(slots)
+        if low < self.page_size or high >= (self.num_pages + 1) * self.page_size:
+            raise ValueError(f"slots {low}..{high} outside pages 1..{self.num_pages}")
+        self._check_kv(layer, "keys", keys, slots.size)
+        self._check_kv(layer, "values", values, slots.size)
+        pages, offsets = self._split(slots)
+        heads = self._heads[layer]
+        k_pool, v_pool = self.keys[layer], self.values[layer]
+        k_pool[pages, heads, offsets] = keys.astype(k_pool.dtype)
+        v_pool[pages, heads, offsets] = values.astype(v_pool.dtype)
+        mx.eval(k_pool, v_pool)
+
+    def gather(self, layer: int, slots) -> tuple[mx.array, mx.array]:
+        """K and V of ``slots`` as ``(1, kv_heads, n, head_dim)`` arrays, evaluated and
+        contiguous: ready for an mlx-lm ``KVCache`` (``keys``, ``values``, ``offset = n``)."""
+        pages, offsets = self._split(self._slots_array(slots))
+        heads = self._heads[layer]
+        keys = self.keys[layer][pages, heads, offsets][None]
+        values = self.values[layer][pages, heads, offsets][None]
+        mx.eval(keys, values)  # no lazy read of the pool may outlive this call
+        return keys, values
+
+    def _split(self, slots: mx.array) -> tuple[mx.array, mx.array]:
+        """Page and offset index rows ``(1, n)``; with heads ``(H, 1)`` they broadcast to
+        ``(H, n)`` and index ``pool[page, head, offset]`` -> ``(H, n, head_dim)``."""
+        return (slots // self.page_size)[None], (slots % self.page_size)[None]
+
+    def _slots_array(self, slots) -> mx.array:
+        if isinstance(slots, mx.array):
+            ok = slots.ndim == 1 and slots.size > 0
+        else:
+            ok = len(slots) > 0
+            slots = mx.array(slots, dtype=mx.int32)
+        if not ok or slots.ndim != 1:
+            raise ValueError(f"slots must be a non-empty 1-D list, got shape {slots.shape}")
+        return slots
+
+    def _check_pages(self, page_ids: list[int]) -> None:
+        if not page_ids or len(set(page_ids)) != len(page_ids):
+            raise ValueError(f"page ids must be distinct and non-empty: {page_ids}")
+        if min(page_ids) < 1 or max(page_ids) > self.num_pages:
+            raise ValueError(f"page ids outside 1..{self.num_pages}: {page_ids}")
+
+    def _check_kv(self, layer: int, name: str, kv: mx.array, n: int) -> None:
+        _, heads, _, head_dim = self.keys[layer].shape
+        if kv.shape != (heads, n, head_dim):
+            raise ValueError(f"{name} of shape {kv.shape}, expected {(heads, n, head_dim)}")
+
+    def _as_pages(self, layer: int, kv: mx.array, num_pages: int) -> mx.array:
+        """``(H, n, D)`` -> ``(num_pages, H, page_size, D)``, zero-padding the last page."""
+        heads, n, head_dim = kv.shape
+        kv = kv.astype(self.keys[layer].dtype)
+        pad = num_pages * self.page_size - n
+        if pad:
+            kv = mx.concatenate([kv, mx.zeros((heads, pad, head_dim), kv.dtype)], axis=1)
+        return kv.reshape(heads, num_pages, self.page_size, head_dim).transpose(1, 0, 2, 3)
+
+
+def page_runs(page_ids: list[int]) -> list[tuple[int, int, int]]:
+    """Runs of consecutive page ids as ``(position in page_ids, first page, length)``:
+    ``[4, 5, 6, 2]`` -> ``[(0, 4, 3), (3, 2, 1)]``."""
+    runs = []
+    for at, page in enumerate(page_ids):
+        if runs and page == runs[-1][1] + runs[-1][2]:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((at, page, 1))
+    return runs
+
+
+def page_slots(page_ids: list[int], page_size: int, stop: int, start: int = 0) -> mx.array:
+    """The slots of tokens ``start..stop-1`` of a sequence stored in ``page_ids``."""
+    if not 0 <= start <= stop <= len(page_ids) * page_size:
+        raise ValueError(f"tokens {start}..{stop} not within {len(page_ids)} pages")
+    first, last = start // page_size, math.ceil(stop / page_size)
+    pages = mx.array(page_ids[first:last], dtype=mx.int32)[:, None]
+    slots = (pages * page_size + mx.arange(page_size, dtype=mx.int32)).reshape(-1)
+    return slots[start - first * page_size : stop - first * page_size]
+
+
+class PageAllocator:
+    """Free list and reference counts of pages ``1..num_pages`` (page 0 is never given).
+
+    Invariants (``check_invariants``): a page is on the free list exactly when its count
+    is 0; counts are never negative; free + used == num_pages; no page is listed twice.
+    """
+
+    def __init__(self, num_pages: int):
+        self.num_pages = num_pages
+        self._free = list(range(num_pages, 0, -1))  # a stack: pops 1, 2, 3, ... first
+        self._refs = [0] * (num_pages + 1)
+
+    @property
+    def free_pages(self) -> int:
+        return len(self._free)
+
+    @property
+    def used_pages(self) -> int:
+        return self.num_pages - len(self._free)
+
+    def available(self) -> int:
+        """Pages ``alloc`` can hand out now (evictable tree pages are the tree's to add)."""
+        return len(self._free)
+
+    def refcount(self, page: int) -> int:
+        return self._refs[page]
+
+    def alloc(self, n: int) -> list[int] | None:
+        """``n`` pages with count 1, or None when fewer are free (evict, then retry)."""
+        if n < 0:
+            raise ValueError(f"cannot allocate {n} pages")
+        if n > len(self._free):
+            return None
+        pages = [self._free.pop() for _ in range(n)]
+        for page in pages:
+            self._refs[page] = 1
+        return pages
+
+    def incref(self, pages: list[int]) -> None:
+        for page in pages:
+            assert self._refs[page] > 0, f"incref of free page {page}"
+            self._refs[page] += 1
+
+    def decref(self, pages: list[int]) -> None:
+        """Drop one reference per listed page; a page reaching 0 goes back to the free list."""
+        for page in pages:
+            assert self._refs[page] > 0, f"decref of free page {page}"
+            self._refs[page] -= 1
+            if self._refs[page] == 0:
+                self._free.append(page)
+
+    def check_invariants(self) -> None:
+        free = set(self._free)
+        assert len(free) == len(self._free), "a page is on the free list twice"
+        assert 0 not in free and self._refs[0] == 0, "the null page was handed out"
+        assert all(r >= 0 for r in self._refs), "negative reference count"
+        used = {p for p in range(1, self.num_pages + 1) if self._refs[p] > 0}
+        assert not free & used, f"free pages still referenced: {sorted(free & used)}"
+        assert len(free) + len(used) == self.num_pages, "a page is neither free nor used"
+
+
+@dataclass
+class RequestPages:
+    """One row of the request table: the pages of a request's sequence, in order."""
+
+    row: int
+    pages: list[int] = field(default_factory=list)
+    num_tokens: int = 0
+
+
+class ReqToTokenPool:
+    """Which pages hold each running request's tokens, for up to ``capacity`` requests.
+
+    sglang keeps this as a device tensor because its attention kernels read it on the
+    GPU; here the engine gathers K/V into mlx-lm caches from the host, and only a handful
+    of requests run at once, so a dict of Python lists is both fast enough and clear.
+    Invariant: ``num_tokens <= len(pages) * page_size`` for every row. The table owns no
+    references: the caller increfs/decrefs pages in the allocator.
+    """
+
+    def __init__(self, capacity: int, page_size: int):
+        self.capacity = capacity
+        self.page_size = page_size
+        self._rows: dict[object, RequestPages] = {}
+        self._free_rows = list(range(capacity - 1, -1, -1))
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __contains__(self, request_id) -> bool:
+        return request_id in self._rows
+
+    def available(self) -> int:
+        return len(self._free_rows)
+
+    def alloc(self, request_id) -> int | None:
+        """A row for a new request; None when ``capacity`` requests are running."""
+        if request_id in self._rows:
+            raise ValueError(f"request {request_id!r} already has a row")
+        if not self._free_rows:
+            return None
+        row = self._free_rows.pop()
+        self._rows[request_id] = RequestPages(row)
+        return row
+
+    def set(self, request_id, pages: list[int], num_tokens: int) -> None:
+        """Replace the request's pages and token count."""
+        self._check(pages, num_tokens)
+        entry = self._rows[request_id]
+        entry.pages, entry.num_tokens = list(pages), num_tokens
+
+    def append(self, request_id, new_pages: list[int], num_tokens: int) -> None:
+        """Add pages at the end; ``num_tokens`` is the new total token count."""
+        entry = self._rows[request_id]
+        pages = entry.pages + list(new_pages)
+        self._check(pages, num_tokens)
+        entry.pages, entry.num_tokens = pages, num_tokens
+
+    def pages(self, request_id) -> list[int]:
+        return list(self._rows[request_id].pages)
+
+    def num_tokens(self, request_id) -> int:
+        return self._rows[request_id].num_tokens
+
+    def slots(self, request_id, start: int = 0, stop: int | None = None) -> mx.array:
+        """Pool slots of the request's tokens ``start..stop-1`` (default: all)."""
+        entry = self._rows[request_id]
+        stop = entry.num_tokens if stop is None else stop
+        return page_slots(entry.pages, self.page_size, stop, start)
+
+    def free(self, request_id) -> list[int]:
+        """Drop the request's row; return its pages for the caller to release."""
+        entry = self._rows.pop(request_id)
+        self._free_rows.append(entry.row)
+        return entry.pages
+
+    def _check(self, pages: list[int], num_tokens: int) -> None:
+        if not 0 <= num_tokens <= len(pages) * self.page_size:
+            raise ValueError(f"{num_tokens} tokens do not fit {len(pages)} pages")
+
+
+def pool_pages_for_budget(
+    layout: CacheLayout,
+    page_size: int,
+    *,
+    weight_bytes: int,
+    fraction: float = 0.5,
+    tokens: int | None = None,
+) -> int:
+    """How many pages the pool gets.
+
+    ``tokens`` given: ``ceil(tokens / page_size)``. Otherwise the budget is ``fraction``
+    of the device's memory (``device_memory_bytes``) minus ``weight_bytes``, divided by
+    the bytes of one page over all pooled layers, and at least ``MIN_POOL_PAGES``.
+    On the CPU the figure is RAM available now, which already excludes loaded weights:
+    subtracting them again errs on the small side. A layout with nothing to page
+    (pure recurrent) gets 0.
+    """
+    page_bytes = layout.bytes_per_token * page_size
+    if page_bytes == 0:
+        return 0
+    if tokens is not None:
+        return math.ceil(tokens / page_size)
+    budget = fraction * device_memory_bytes() - weight_bytes
+    return max(MIN_POOL_PAGES, int(budget // page_bytes))
+
+
+def device_memory_bytes() -> int:
+    """Memory the cache may draw on: Metal's recommended working set, a GPU's total memory,
+    else the host's available RAM (``MemAvailable`` in /proc/meminfo, or sysconf)."""
+    info = mx.device_info()
+    if "max_recommended_working_set_size" in info:
+        return int(info["max_recommended_working_set_size"])
+    if mx.default_device().type == mx.DeviceType.gpu:
+        for key in ("total_memory", "memory_size"):
+            if key in info:
+                return int(info[key])
+    return available_ram_bytes()
+
+
+def available_ram_bytes() -> int:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    pages = os.sysconf("SC_AVPHYS_PAGES") if "SC_AVPHYS_PAGES" in os.sysconf_names else \
+        os.sysconf("SC_PHYS_PAGES")
+    return pages * os.sysconf("SC_PAGE_SIZE")
