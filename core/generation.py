@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import mlx.core as mx
-from mlx_lm.generate import generate_step
+from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
@@ -138,6 +138,61 @@ def _sampling_tools(params: SamplingParams):
     return sampler, processors
 
 
+def token_steps(
+    model,
+    tokens: list[int],
+    cache: list,
+    sampler,
+    processors: list,
+    history: list[int],
+    on_chunk: Callable[[int], None],
+    on_prefilled: Callable[[], None] | None = None,
+) -> Iterator[int]:
+    """Prefill ``tokens`` in chunks into ``cache``, then yield sampled token ids forever.
+
+    ``history`` (the tokens before ``tokens``) feeds the logits processors. ``on_chunk``
+    runs after every prefill chunk (raise :class:`Cancelled` there to stop);
+    ``on_prefilled`` runs once the whole prompt is in the cache, before any generated
+    token enters it (the engine snapshots hybrid state there). Like mlx-lm's
+    ``generate_step``, step n+1 is queued before token n is handed out, so every token
+    handed out has also been fed to the cache.
+    """
+    seen = mx.array(history + tokens) if processors else None
+
+    def sample(logits: mx.array) -> mx.array:
+        for processor in processors:
+            logits = processor(seen, logits)
+        return sampler(logits - mx.logsumexp(logits, keepdims=True))
+
+    # All but the last prompt token in chunks (only the cache is evaluated, so the
+    # vocabulary projection of those positions is never computed), then the last token.
+    done = 0
+    while len(tokens) - done > 1:
+        chunk = tokens[done : min(done + PREFILL_CHUNK, len(tokens) - 1)]
+        with mx.stream(generation_stream):
+            model(mx.array(chunk)[None], cache=cache)
+        mx.eval([c.state for c in cache])
+        done += len(chunk)
+        on_chunk(done)
+    with mx.stream(generation_stream):
+        logits = model(mx.array(tokens[-1:])[None], cache=cache)[:, -1, :]
+    mx.eval(logits, [c.state for c in cache])
+    on_chunk(len(tokens))
+    if on_prefilled is not None:
+        on_prefilled()
+    with mx.stream(generation_stream):
+        y = sample(logits)
+    mx.async_eval(y)
+    while True:
+        with mx.stream(generation_stream):
+            if processors:
+                seen = mx.concatenate([seen, y])
+            next_y = sample(model(y[:, None], cache=cache)[:, -1, :])
+        mx.async_eval(next_y)
+        yield y.item()
+        y = next_y
+
+
 def run_request(
     loaded: LoadedModel,
     request: GenerationRequest,
@@ -168,21 +223,13 @@ def run_request(
         mx.random.seed(params.seed)
     sampler, processors = _sampling_tools(params)
 
-    def on_progress(done: int, total: int) -> None:
+    def on_chunk(done: int) -> None:
         if is_cancelled():
             raise Cancelled
         emit(ProgressEvent(cached + done, len(prompt)))
 
-    steps = generate_step(
-        mx.array(to_compute),
-        loaded.model,
-        max_tokens=max_tokens,
-        sampler=sampler,
-        logits_processors=processors,
-        prompt_cache=cache,
-        prefill_step_size=PREFILL_CHUNK,
-        prompt_progress_callback=on_progress,
-    )
+    emit(ProgressEvent(cached, len(prompt)))
+    steps = token_steps(loaded.model, to_compute, cache, sampler, processors, prompt[:cached], on_chunk)
     detok = tokenizer.detokenizer
     detok.reset()
     stop_text = _StopText(params.stop)
@@ -192,7 +239,7 @@ def run_request(
     first_token_at = None
     finish = "length"
     try:
-        for token, _ in steps:
+        for token in steps:
             if first_token_at is None:
                 first_token_at = time.perf_counter()
             generated.append(token)
@@ -207,11 +254,11 @@ def run_request(
             if hit:
                 finish = "stop"
                 break
+            if len(generated) >= max_tokens:
+                break
             if is_cancelled():
                 finish = "cancelled"
                 break
-        else:
-            finish = "length"
     except Cancelled:
         finish = "cancelled"
     finally:
