@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     chat.add_argument("--system", help="system prompt for the session")
     chat.add_argument("--no-cache", action="store_true", help="compute every prompt from scratch")
+    chat.add_argument("--kv-tokens", type=int, help="KV pool size in tokens (default: from free memory)")
+    chat.add_argument("--page-size", type=int, help="tokens per KV page (default: 16)")
     chat.add_argument("--weights", default="auto", help="auto | stored | float32 | float16 | bfloat16")
     chat.add_argument("--json", action="store_true", help="print one JSON object per turn instead of text")
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from core.engine_types import DoneEvent, ErrorEvent, Event, GenerationRequest, RequestStats
 from core.errors import UserError
+from kvcache.stats import CacheStats
 
 if TYPE_CHECKING:  # core.model_loader imports mlx: only the engine thread loads it
     from core.model_loader import ModelInfo
@@ -30,6 +31,18 @@ if TYPE_CHECKING:  # core.model_loader imports mlx: only the engine thread loads
 log = logging.getLogger(__name__)
 
 _END = object()  # end of a request's event stream
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Plain figures for panels and metrics: the model, the cache, MLX memory."""
+
+    model: "ModelInfo | None" = None
+    cache: CacheStats | None = None
+    mlx_active_bytes: int = 0
+    mlx_cache_bytes: int = 0
+    mlx_peak_bytes: int = 0
+    requests_served: int = 0
 
 
 class RequestHandle:
@@ -85,15 +98,20 @@ class Engine:
         weights_format: str = "auto",
         use_cache: bool = True,
         on_load_progress: Callable[[str, float | None], None] | None = None,
+        page_size: int | None = None,
+        pool_tokens: int | None = None,
     ):
         self.data_root = Path(data_root)
         self._initial = (model_spec, weights_format)
         self._use_cache = use_cache
+        self._page_size = page_size
+        self._pool_tokens = pool_tokens
+        self._stats = EngineStats()
         self._on_load_progress = on_load_progress
         self._commands: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         self._loaded = None  # LoadedModel, engine thread only
-        self._pool = None  # PromptCachePool, engine thread only
+        self._prefix_cache = None  # kvcache.prefix_cache.PrefixCache, engine thread only
         self._info: ModelInfo | None = None
         self._load_error: str | None = None
         self._ready = threading.Event()
@@ -121,6 +139,10 @@ class Engine:
     @property
     def model_info(self) -> ModelInfo | None:
         return self._info
+
+    def stats(self) -> EngineStats:
+        """The latest figures (updated by the engine thread after each load and request)."""
+        return self._stats
 
     def load(self, spec: str, weights_format: str = "auto", timeout: float | None = None) -> ModelInfo:
         """Switch models. On failure the previous model stays loaded and UserError is raised."""
@@ -157,7 +179,7 @@ class Engine:
             command = self._commands.get()
             if command is _STOP:
                 self._loaded = None
-                self._pool = None
+                self._prefix_cache = None
                 return
             if isinstance(command, _LoadCommand):
                 self._do_load(command)
@@ -165,8 +187,9 @@ class Engine:
                 self._do_request(command)
 
     def _do_load(self, command: _LoadCommand) -> None:
-        from core.generation import PromptCachePool
         from core.model_loader import load_model
+        from kvcache.builder import DEFAULT_PAGE_SIZE, build_kv_cache
+        from kvcache.prefix_cache import PrefixCache
 
         try:
             loaded = load_model(command.spec, self.data_root, command.weights_format, self._on_load_progress)
@@ -176,10 +199,19 @@ class Engine:
             log.exception("loading %s failed", command.spec)
             command.error = f"loading {command.spec} failed: {exc}"
         else:
+            self._loaded = self._prefix_cache = None  # free the old model's pool first
+            build = build_kv_cache(
+                loaded.model,
+                weight_bytes=loaded.info.weight_bytes,
+                page_size=self._page_size or DEFAULT_PAGE_SIZE,
+                pool_tokens=self._pool_tokens,
+                disable=not self._use_cache,
+            )
             self._loaded = loaded
-            self._pool = PromptCachePool() if self._use_cache else None
+            self._prefix_cache = PrefixCache(loaded.model, build)
             self._info = loaded.info
             command.info = loaded.info
+            self._publish_stats()
         if self._info is None:
             self._load_error = command.error
         self._ready.set()
@@ -194,11 +226,26 @@ class Engine:
             elif self._loaded is None:
                 handle._emit(ErrorEvent(self._load_error or "no model is loaded"))
             else:
-                run_request(self._loaded, handle.request, self._pool, lambda: handle.cancelled, handle._emit)
+                run_request(self._loaded, handle.request, self._prefix_cache, lambda: handle.cancelled,
+                            handle._emit)
         except UserError as exc:
             handle._emit(ErrorEvent(str(exc)))
         except Exception as exc:
             log.exception("request failed")
             handle._emit(ErrorEvent(f"internal error: {exc}", user_error=False))
         finally:
+            self._publish_stats(served=1)
             handle._finish()
+
+    def _publish_stats(self, served: int = 0) -> None:
+        import mlx.core as mx
+
+        cache = self._prefix_cache.stats() if self._prefix_cache is not None else None
+        self._stats = EngineStats(
+            model=self._info,
+            cache=cache,
+            mlx_active_bytes=mx.get_active_memory(),
+            mlx_cache_bytes=mx.get_cache_memory(),
+            mlx_peak_bytes=mx.get_peak_memory(),
+            requests_served=self._stats.requests_served + served,
+        )

@@ -8,12 +8,11 @@ stop strings held back until they can no longer match, and the request's stats.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
 from core.engine_types import (
@@ -27,6 +26,7 @@ from core.engine_types import (
 )
 from core.errors import ContextLengthError, UserError
 from core.model_loader import LoadedModel
+from kvcache.prefix_cache import PrefixCache
 
 PREFILL_CHUNK = 256  # tokens per prefill step: cancel is checked between steps
 
@@ -48,57 +48,6 @@ def render_prompt(tokenizer, request: GenerationRequest) -> list[int]:
         return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
     text = "\n".join(f"{m['role']}: {m['content']}" for m in messages) + "\nassistant:"
     return list(tokenizer.encode(text))
-
-
-@dataclass
-class _CacheEntry:
-    tokens: list[int]
-    cache: list
-
-
-class PromptCachePool:
-    """Token-exact reuse of a few recent prompt caches, the way ``mlx_lm.server`` does.
-
-    A request takes the entry sharing the longest prefix with its prompt (trimming it to
-    that prefix); after the request its cache comes back under the request's session.
-    The radix tree in ``kvcache/`` replaces this.
-    """
-
-    def __init__(self, max_entries: int = 4):
-        self.max_entries = max_entries
-        self._entries: dict[str | None, _CacheEntry] = {}
-
-    def take(self, tokens: list[int]) -> tuple[list | None, int]:
-        best_key, best_len = None, 0
-        for key, entry in self._entries.items():
-            common = _common_prefix(entry.tokens, tokens)
-            common = min(common, len(tokens) - 1)  # always compute at least one token
-            if common > best_len:
-                best_key, best_len = key, common
-        if best_len == 0:
-            return None, 0
-        entry = self._entries.pop(best_key)
-        excess = len(entry.tokens) - best_len
-        if excess and not (can_trim_prompt_cache(entry.cache) and trim_prompt_cache(entry.cache, excess) == excess):
-            return None, 0
-        return entry.cache, best_len
-
-    def put(self, key: str | None, tokens: list[int], cache: list) -> None:
-        self._entries.pop(key, None)
-        self._entries[key] = _CacheEntry(tokens, cache)
-        while len(self._entries) > self.max_entries:
-            self._entries.pop(next(iter(self._entries)))
-
-    def clear(self) -> None:
-        self._entries.clear()
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 class _StopText:
@@ -196,7 +145,7 @@ def token_steps(
 def run_request(
     loaded: LoadedModel,
     request: GenerationRequest,
-    pool: PromptCachePool | None,
+    prefix_cache: PrefixCache | None,
     is_cancelled: Callable[[], bool],
     emit: Callable[[Event], None],
 ) -> RequestStats:
@@ -211,13 +160,30 @@ def run_request(
             f"the prompt is {len(prompt)} tokens but {loaded.info.name} has a context of {context}"
         )
     max_tokens = min(params.max_tokens, context - len(prompt))
+    if prefix_cache is not None and not (request.use_cache and prefix_cache.enabled):
+        prefix_cache = None
+    prefix = prefix_cache.match(prompt) if prefix_cache is not None else None
+    try:
+        return _generate(loaded, request, prompt, max_tokens, prefix_cache, prefix, started,
+                         is_cancelled, emit)
+    finally:
+        if prefix is not None:
+            prefix_cache.release(prefix)  # no-op once committed
 
-    cache, cached = (None, 0)
-    if pool is not None and request.use_cache:
-        cache, cached = pool.take(prompt)
-    if cache is None:
+
+def _generate(loaded, request, prompt, max_tokens, prefix_cache, prefix, started, is_cancelled, emit):
+    params = request.sampling
+    tokenizer = loaded.tokenizer
+    if prefix is not None:
+        cache, cached = prefix_cache.make_caches(prefix), prefix.length
+    else:
         cache, cached = make_prompt_cache(loaded.model), 0
     to_compute = prompt[cached:]
+    snapshots = []
+
+    def on_prefilled() -> None:
+        if prefix_cache is not None and (snap := prefix_cache.snapshot(cache, len(prompt))):
+            snapshots.append(snap)
 
     if params.seed is not None:
         mx.random.seed(params.seed)
@@ -229,7 +195,8 @@ def run_request(
         emit(ProgressEvent(cached + done, len(prompt)))
 
     emit(ProgressEvent(cached, len(prompt)))
-    steps = token_steps(loaded.model, to_compute, cache, sampler, processors, prompt[:cached], on_chunk)
+    steps = token_steps(loaded.model, to_compute, cache, sampler, processors, prompt[:cached],
+                        on_chunk, on_prefilled)
     detok = tokenizer.detokenizer
     detok.reset()
     stop_text = _StopText(params.stop)
@@ -274,11 +241,11 @@ def run_request(
                 emit(TokenEvent(extra))
     ended = time.perf_counter()
 
-    if pool is not None and request.use_cache and finish != "cancelled":
-        seen = prompt + generated
-        offset = _cache_length(cache)
-        if offset is not None and offset <= len(seen):
-            pool.put(request.session, seen[:offset], cache)
+    if prefix is not None and finish != "cancelled":
+        seen = prompt + generated  # every token handed out was also fed to the cache
+        if (snap := prefix_cache.snapshot(cache, len(seen))) is not None:
+            snapshots.append(snap)
+        prefix_cache.commit(prefix, seen, cache, snapshots, request.session)
 
     ttft = (first_token_at or ended) - started
     decode_time = ended - (first_token_at or ended)
@@ -296,10 +263,3 @@ def run_request(
     )
     emit(DoneEvent("".join(shown), stats))
     return stats
-
-
-def _cache_length(cache: list) -> int | None:
-    offsets = {getattr(c, "offset", None) for c in cache}
-    if len(offsets) != 1 or None in offsets:
-        return None
-    return offsets.pop()

@@ -32,6 +32,7 @@ import mlx.core as mx
 from kvcache.layout import CacheLayout, dtype_from_name
 
 MIN_POOL_PAGES = 16  # the smallest pool the budget gives (when memory is short)
+DEFAULT_MAX_POOL_BYTES = 2 << 30  # 2 GiB: ~46k tokens of SmolLM2-135M in float32
 
 
 class KVPagePool:
@@ -337,14 +338,17 @@ def pool_pages_for_budget(
     page_size: int,
     *,
     weight_bytes: int,
-    fraction: float = 0.5,
+    fraction: float = 0.25,
     tokens: int | None = None,
+    max_bytes: int = DEFAULT_MAX_POOL_BYTES,
 ) -> int:
     """How many pages the pool gets.
 
     ``tokens`` given: ``ceil(tokens / page_size)``. Otherwise the budget is ``fraction``
-    of the device's memory (``device_memory_bytes``) minus ``weight_bytes``, divided by
-    the bytes of one page over all pooled layers, and at least ``MIN_POOL_PAGES``.
+    of the device's memory (``device_memory_bytes``) minus ``weight_bytes``, capped at
+    ``max_bytes`` (the pool is preallocated: a desktop app should not take half the
+    machine for a chat), divided by the bytes of one page over all pooled layers, and
+    at least ``MIN_POOL_PAGES``.
     On the CPU the figure is RAM available now, which already excludes loaded weights:
     subtracting them again errs on the small side. A layout with nothing to page
     (pure recurrent) gets 0.
@@ -354,7 +358,7 @@ def pool_pages_for_budget(
         return 0
     if tokens is not None:
         return math.ceil(tokens / page_size)
-    budget = fraction * device_memory_bytes() - weight_bytes
+    budget = min(fraction * device_memory_bytes() - weight_bytes, max_bytes)
     return max(MIN_POOL_PAGES, int(budget // page_bytes))
 
 

@@ -18,7 +18,7 @@ from core.cli import main
 
 def chat_json(capsys, model, data, *extra) -> dict:
     code = main(["chat", "--model", str(model), "--data-dir", str(data), "--temp", "0",
-                 "--max-tokens", "8", "--json", *extra])
+                 "--max-tokens", "8", "--json", "--kv-tokens", "4096", *extra])
     out = capsys.readouterr().out.strip().splitlines()
     assert code == 0
     return json.loads(out[-1])
@@ -57,7 +57,7 @@ def test_system_prompt_is_kept_for_the_session(capsys, tiny_model, tmp_path):
 
 def test_streams_text_without_json(capsys, tiny_model, tmp_path):
     assert main(["chat", "--model", str(tiny_model), "--data-dir", str(tmp_path), "--temp", "0",
-                 "--max-tokens", "5", "hello"]) == 0
+                 "--max-tokens", "5", "--kv-tokens", "4096", "hello"]) == 0
     out = capsys.readouterr().out
     assert len(out.strip()) > 0 and out.endswith("\n")
 
@@ -65,7 +65,7 @@ def test_streams_text_without_json(capsys, tiny_model, tmp_path):
 def test_interactive_loop_reuses_the_cache_in_one_process(capsys, tiny_model, tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO("first message\n/stats\nsecond message\n"))
     assert main(["chat", "--model", str(tiny_model), "--data-dir", str(tmp_path), "--temp", "0",
-                 "--max-tokens", "8", "--json", "--session", "loop"]) == 0
+                 "--max-tokens", "8", "--json", "--session", "loop", "--kv-tokens", "4096"]) == 0
     captured = capsys.readouterr()
     turns = [json.loads(line) for line in captured.out.strip().splitlines()]
     assert len(turns) == 2

@@ -24,7 +24,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 
 @pytest.fixture(scope="module")
 def engine(tiny_model, tmp_path_factory):
-    eng = Engine(tmp_path_factory.mktemp("data"), str(tiny_model)).start()
+    eng = Engine(tmp_path_factory.mktemp("data"), str(tiny_model), pool_tokens=8192).start()
     eng.wait_ready(timeout=60)
     yield eng
     eng.shutdown()

@@ -1,0 +1,91 @@
+"""Build the KV cache of a loaded model: layout, pool, allocator, request table, tree."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from kvcache.layout import CacheLayout, cache_layout
+from kvcache.pool import KVPagePool, PageAllocator, ReqToTokenPool, pool_pages_for_budget
+from kvcache.radix_cache import RadixCache
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PAGE_SIZE = 16
+MAX_RUNNING_REQUESTS = 64
+
+
+@dataclass(frozen=True)
+class KVCacheBuildResult:
+    """Everything the engine needs to cache KV for one model, built once per load."""
+
+    layout: CacheLayout | None
+    is_hybrid_swa: bool
+    is_hybrid_ssm: bool
+    sliding_window_size: int | None
+    page_size: int
+    full_tokens_per_layer: int  # pool capacity, in tokens, of each full-attention layer
+    swa_tokens_per_layer: int  # tokens a sliding-window layer keeps (its window)
+    kv_pool: KVPagePool | None
+    req_to_token_pool: ReqToTokenPool
+    token_to_kv_pool_allocator: PageAllocator
+    disable_radix_cache: bool
+    disable_reason: str | None
+    tree_cache: RadixCache
+
+
+def build_kv_cache(
+    model,
+    *,
+    weight_bytes: int,
+    page_size: int = DEFAULT_PAGE_SIZE,
+    pool_tokens: int | None = None,
+    memory_fraction: float = 0.25,
+    disable: bool = False,
+) -> KVCacheBuildResult:
+    """Lay out, size and preallocate the cache; a model we can't page gets a disabled tree.
+
+    ``pool_tokens`` overrides the memory budget (``memory_fraction`` of the device's
+    recommended working set, or of available RAM, minus the weights).
+    """
+    reason = "disabled by the user (--no-cache)" if disable else None
+    layout = None
+    try:
+        layout = cache_layout(model)
+    except ValueError as exc:
+        reason = reason or f"cache layout not supported: {exc}"
+    pages = 0
+    if layout is not None and reason is None:
+        pages = pool_pages_for_budget(
+            layout, page_size, weight_bytes=weight_bytes, fraction=memory_fraction, tokens=pool_tokens
+        )
+        if layout.full_layer_indices and pages == 0:
+            reason = "no memory left for a KV pool"
+    allocator = PageAllocator(pages)
+    pool = KVPagePool(layout, pages, page_size) if layout is not None and reason is None else None
+    hybrid = layout is not None and (layout.is_hybrid_swa or layout.is_hybrid_ssm)
+
+    def free_slots(slots: tuple[int, ...]) -> None:
+        allocator.decref([slot // page_size for slot in slots])
+
+    tree = RadixCache(free_slots, require_snapshots=hybrid, disable=reason is not None)
+    if reason is not None:
+        log.warning("radix cache disabled: %s", reason)
+    else:
+        log.info("KV cache: %s; %d pages of %d tokens", layout.describe(), pages, page_size)
+    window = layout.sliding_window if layout is not None else None
+    return KVCacheBuildResult(
+        layout=layout,
+        is_hybrid_swa=bool(layout and layout.is_hybrid_swa),
+        is_hybrid_ssm=bool(layout and layout.is_hybrid_ssm),
+        sliding_window_size=window,
+        page_size=page_size,
+        full_tokens_per_layer=pages * page_size,
+        swa_tokens_per_layer=window or 0,
+        kv_pool=pool,
+        req_to_token_pool=ReqToTokenPool(MAX_RUNNING_REQUESTS, page_size),
+        token_to_kv_pool_allocator=allocator,
+        disable_radix_cache=reason is not None,
+        disable_reason=reason,
+        tree_cache=tree,
+    )

@@ -1,0 +1,222 @@
+"""The engine's view of the KV cache: match a prompt, build mlx-lm caches, store results.
+
+One :class:`PrefixCache` per loaded model, used by the engine thread only::
+
+    prefix = cache.match(prompt)                  # longest cached prefix, locked
+    caches = cache.make_caches(prefix)            # mlx-lm cache objects holding it
+    ...prefill prompt[prefix.length:], decode... # snapshots at chosen boundaries
+    cache.commit(prefix, tokens, caches, snapshots, session="chat-1")
+
+Full-attention K/V lives in the page pool (one slot per token); the radix tree maps
+token sequences to slots. Layers the pool can't rebuild (sliding window, recurrent) come
+back from snapshots taken at node ends; for such hybrid models a match is cut back to
+the deepest node holding one. Sessions keep a lock on their conversation's frontier so
+their pages are evicted only after anonymous ones.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+from kvcache.builder import KVCacheBuildResult
+from kvcache.radix_cache import TreeNode
+from kvcache.snapshot import Snapshot, take_snapshot
+from kvcache.stats import CacheStats
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """A matched, locked prefix of a prompt."""
+
+    length: int
+    slots: tuple[int, ...]
+    node: TreeNode
+    snapshot: Snapshot | None
+
+
+class PrefixCache:
+    def __init__(self, model, build: KVCacheBuildResult):
+        self.model = model
+        self.build = build
+        self.tree = build.tree_cache
+        self.pool = build.kv_pool
+        self.allocator = build.token_to_kv_pool_allocator
+        self.page_size = build.page_size
+        layout = build.layout
+        self._snapshot_layers = (
+            tuple(layout.sliding_layer_indices) + tuple(layout.auxiliary_layer_indices) if layout else ()
+        )
+        self._full_layers = tuple(layout.full_layer_indices) if layout else ()
+        self.hybrid = bool(self._snapshot_layers)
+        self._sessions: OrderedDict[str, TreeNode] = OrderedDict()  # LRU order, oldest first
+        self._prompt_tokens = 0
+        self._open: set[int] = set()  # id() of prefixes matched and not yet committed/released
+
+    @property
+    def enabled(self) -> bool:
+        return not self.build.disable_radix_cache
+
+    # ----------------------------------------------------------- request path
+    def match(self, prompt: list[int]) -> Prefix:
+        """The longest usable cached prefix of ``prompt`` (never all of it: the last
+        prompt token is always computed, for its logits). Locked until commit/release."""
+        self._prompt_tokens += len(prompt)
+        result = self.tree.match_prefix(prompt[:-1])
+        self.tree.inc_lock_ref(result.last_node)
+        prefix = Prefix(result.length, result.values, result.last_node, result.snapshot)
+        self._open.add(id(prefix))
+        return prefix
+
+    def make_caches(self, prefix: Prefix) -> list:
+        """mlx-lm cache objects holding the prefix: pooled K/V gathered, snapshots restored."""
+        caches = make_prompt_cache(self.model)
+        if prefix.length == 0:
+            return caches
+        if prefix.snapshot is not None:
+            prefix.snapshot.restore_into(caches)
+        slots = mx.array(prefix.slots, dtype=mx.int32)
+        for pool_index, layer in enumerate(self._full_layers):
+            keys, values = self.pool.gather(pool_index, slots)
+            kv = KVCache()
+            kv.keys, kv.values, kv.offset = keys, values, prefix.length
+            caches[layer] = kv
+        return caches
+
+    def snapshot(self, caches: list, length: int) -> Snapshot | None:
+        """The non-paged layers' state after ``length`` tokens (None for plain models)."""
+        if not self.hybrid or not self.enabled:
+            return None
+        return take_snapshot(caches, self._snapshot_layers, length)
+
+    def commit(
+        self,
+        prefix: Prefix,
+        tokens: list[int],
+        caches: list,
+        snapshots: list[Snapshot] = (),
+        session: str | None = None,
+    ) -> int:
+        """Store ``tokens`` (everything ``caches`` holds) in the tree and release the
+        prefix. Returns how many new tokens went into the pool."""
+        try:
+            if not self.enabled:
+                return 0
+            if self.hybrid:  # nothing past the last snapshot can be resumed from
+                snapshots = [s for s in snapshots if prefix.length < s.length <= len(tokens)]
+                if not snapshots:
+                    return 0
+                tokens = tokens[: max(s.length for s in snapshots)]
+            stored = self._store(prefix, tokens, caches, snapshots)
+            if session is not None and stored is not None:
+                self._move_session(session, tokens)
+            return stored or 0
+        finally:
+            self.release(prefix)
+
+    def release(self, prefix: Prefix) -> None:
+        """Give the prefix's lock back (after commit, or instead of it: cancel, error).
+        Releasing twice is a no-op."""
+        if id(prefix) in self._open:
+            self._open.discard(id(prefix))
+            self.tree.dec_lock_ref(prefix.node)
+
+    def forget_session(self, session: str) -> None:
+        node = self._sessions.pop(session, None)
+        if node is not None:
+            self.tree.dec_lock_ref(node)
+
+    # ----------------------------------------------------------- internals
+    def _store(self, prefix: Prefix, tokens: list[int], caches: list, snapshots) -> int | None:
+        new = len(tokens) - prefix.length
+        if new <= 0:
+            return 0
+        pages = self._alloc(math.ceil(new / self.page_size))
+        if pages is None:
+            return None
+        for pool_index, layer in enumerate(self._full_layers):
+            kv = caches[layer]  # a KVCache: keys/values (1, heads, capacity, head_dim)
+            assert kv.offset >= len(tokens), f"layer {layer} holds {kv.offset} < {len(tokens)} tokens"
+            self.pool.write(pool_index, pages, kv.keys[0, :, prefix.length : len(tokens)],
+                            kv.values[0, :, prefix.length : len(tokens)])
+        new_slots = [page * self.page_size + i for page in pages for i in range(self.page_size)][:new]
+        # The allocator counts one reference per slot the tree holds; alloc gave one per page.
+        self.allocator.incref([slot // self.page_size for slot in new_slots if slot % self.page_size])
+        values = tuple(prefix.slots) + tuple(new_slots)
+        by_end = {s.length: s for s in snapshots}
+        if not self.hybrid:
+            by_end.setdefault(len(tokens), None)
+        owned = prefix.length  # values[:owned] are settled: the tree's, or freed duplicates
+        for end in sorted(by_end):
+            already = self.tree.insert(tokens[:end], values[:end], by_end[end])
+            self._free_slots(values[owned:already])  # the tree kept its own slots for these
+            owned = end
+        return new
+
+    def _alloc(self, num_pages: int) -> list[int] | None:
+        pages = self.allocator.alloc(num_pages)
+        while pages is None:
+            needed = (num_pages - self.allocator.available()) * self.page_size
+            if self.tree.evict(needed) == 0 and not self._drop_oldest_session():
+                return None
+            pages = self.allocator.alloc(num_pages)
+        return pages
+
+    def _drop_oldest_session(self) -> bool:
+        if not self._sessions:
+            return False
+        _, node = self._sessions.popitem(last=False)
+        self.tree.dec_lock_ref(node)
+        return True
+
+    def _move_session(self, session: str, tokens: list[int]) -> None:
+        node = self.tree.node_at(tokens)
+        if node is None:
+            return
+        self.tree.inc_lock_ref(node)
+        self.forget_session(session)
+        self._sessions[session] = node
+
+    def _free_slots(self, slots) -> None:
+        if slots:
+            self.allocator.decref([slot // self.page_size for slot in slots])
+
+    def stats(self) -> CacheStats:
+        tree = self.tree.stats()
+        evictable_pages, locked_pages, snapshots, snapshot_bytes = self._page_census()
+        return CacheStats(
+            enabled=self.enabled,
+            disabled_reason=self.build.disable_reason,
+            page_size=self.page_size,
+            pages_total=self.allocator.num_pages,
+            pages_used=self.allocator.used_pages,
+            pages_evictable=evictable_pages,
+            pages_locked=locked_pages,
+            pool_bytes=self.pool.nbytes if self.pool is not None else 0,
+            tree_nodes=tree.nodes,
+            tree_tokens=tree.evictable_tokens + tree.protected_tokens,
+            snapshots=snapshots,
+            snapshot_bytes=snapshot_bytes,
+            hits=tree.hits,
+            misses=tree.misses,
+            hit_tokens=tree.cached_tokens,
+            prompt_tokens=self._prompt_tokens,
+            evicted_tokens=tree.evicted_tokens,
+            sessions=len(self._sessions),
+        )
+
+    def _page_census(self) -> tuple[int, int, int, int]:
+        locked: set[int] = set()
+        evictable: set[int] = set()
+        snapshots = snapshot_bytes = 0
+        for node in self.tree.nodes():
+            pages = {slot // self.page_size for slot in node.value}
+            (locked if node.lock_ref > 0 else evictable).update(pages)
+            if node.snapshot is not None:
+                snapshots += 1
+                snapshot_bytes += node.snapshot.nbytes
+        return len(evictable - locked), len(locked), snapshots, snapshot_bytes

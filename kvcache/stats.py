@@ -1,0 +1,33 @@
+"""Plain figures about the KV cache: safe to hand to any thread (no mlx import here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """A plain snapshot of the cache's state, for panels, metrics and the CLI."""
+
+    enabled: bool
+    disabled_reason: str | None
+    page_size: int
+    pages_total: int
+    pages_used: int
+    pages_evictable: int
+    pages_locked: int
+    pool_bytes: int
+    tree_nodes: int
+    tree_tokens: int
+    snapshots: int
+    snapshot_bytes: int
+    hits: int
+    misses: int
+    hit_tokens: int
+    prompt_tokens: int  # prompt tokens seen by match(): hit_tokens / prompt_tokens = hit rate
+    evicted_tokens: int
+    sessions: int
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0

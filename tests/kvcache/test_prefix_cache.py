@@ -1,0 +1,163 @@
+"""PrefixCache on tiny models of each kind: exact logits from cached prefixes, page
+accounting, eviction under pool pressure, sessions."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.utils import load
+
+from core.tiny_model import TinyModelSpec, write_tiny_model
+from kvcache.builder import build_kv_cache
+from kvcache.prefix_cache import PrefixCache
+
+SPECS = {
+    "llama": TinyModelSpec(kind="llama", num_layers=2),
+    "sliding": TinyModelSpec(kind="sliding", num_layers=4, sliding_window=16),
+    "recurrent": TinyModelSpec(kind="recurrent", num_layers=4),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(SPECS))
+def tiny(request, tmp_path_factory):
+    path = write_tiny_model(tmp_path_factory.mktemp(request.param) / "m", SPECS[request.param])
+    model, _ = load(str(path))
+    return request.param, model
+
+
+def make_cache(model, pool_tokens=4096, page_size=8) -> PrefixCache:
+    build = build_kv_cache(model, weight_bytes=0, page_size=page_size, pool_tokens=pool_tokens)
+    return PrefixCache(model, build)
+
+
+def run(model, tokens, caches):
+    """Feed ``tokens`` (in two chunks) and return the last position's logits."""
+    half = max(1, len(tokens) // 2)
+    model(mx.array(tokens[:half])[None], cache=caches)
+    logits = model(mx.array(tokens[half:])[None], cache=caches)[0, -1] if tokens[half:] else None
+    mx.eval(logits, [c.state for c in caches])
+    return logits
+
+
+def serve(pc: PrefixCache, model, prompt, session=None):
+    """One request through the cache: match, compute the rest, snapshot, commit."""
+    prefix = pc.match(prompt)
+    caches = pc.make_caches(prefix)
+    logits = run(model, prompt[prefix.length :], caches)
+    snaps = [s for s in [pc.snapshot(caches, len(prompt))] if s is not None]
+    pc.commit(prefix, prompt, caches, snaps, session)
+    return prefix.length, logits
+
+
+def reference_logits(model, tokens):
+    return run(model, tokens, make_prompt_cache(model))
+
+
+def check_pages(pc: PrefixCache):
+    """Every used page is referenced once per tree slot in it, and nothing leaks."""
+    pc.tree.check_invariants()
+    pc.allocator.check_invariants()
+    counts: dict[int, int] = {}
+    for slot in pc.tree.all_values():
+        counts[slot // pc.page_size] = counts.get(slot // pc.page_size, 0) + 1
+    assert pc.allocator.used_pages == len(counts)
+    for page, n in counts.items():
+        assert pc.allocator.refcount(page) == n
+
+
+def test_cached_prefix_gives_the_same_logits(tiny):
+    kind, model = tiny
+    pc = make_cache(model)
+    turn1 = list(range(40, 90))  # longer than the sliding window (16)
+    cached, _ = serve(pc, model, turn1)
+    assert cached == 0
+    turn2 = turn1 + list(range(100, 137))
+    cached, logits = serve(pc, model, turn2)
+    assert cached == len(turn1)  # snapshot at the end of turn 1 (hybrid) or any prefix
+    expected = reference_logits(model, turn2)
+    scale = float(mx.abs(expected).max())
+    assert float(mx.abs(logits - expected).max()) <= 1e-4 * scale
+    check_pages(pc)
+
+
+def test_partial_overlap_and_branching(tiny):
+    kind, model = tiny
+    pc = make_cache(model)
+    base = list(range(10, 60))
+    serve(pc, model, base + [1, 2, 3])
+    cached, logits = serve(pc, model, base + [7, 8, 9, 10])
+    if kind == "llama":
+        assert cached == len(base)  # token-exact: the shared part, not a page multiple
+    else:
+        assert cached == 0  # no snapshot at the branch point
+    expected = reference_logits(model, base + [7, 8, 9, 10])
+    assert float(mx.abs(logits - expected).max()) <= 1e-4 * float(mx.abs(expected).max())
+    check_pages(pc)
+
+
+def test_pool_pressure_evicts_and_stays_exact(tiny):
+    kind, model = tiny
+    pc = make_cache(model, pool_tokens=64, page_size=8)
+    prompts = [[t] + [(7 * j + 11 * i) % 250 + 1 for j in range(30)] for i, t in enumerate(range(5, 15))]
+    for prompt in prompts:
+        serve(pc, model, prompt)
+        check_pages(pc)
+    assert pc.stats().evicted_tokens > 0 or not pc.build.layout.full_layer_indices
+    last = prompts[-1] + [3, 4, 5]
+    cached, logits = serve(pc, model, last)
+    expected = reference_logits(model, last)
+    assert float(mx.abs(logits - expected).max()) <= 1e-4 * float(mx.abs(expected).max())
+    check_pages(pc)
+
+
+def test_sessions_are_evicted_after_anonymous_prefixes():
+    path = write_tiny_model(Path(tempfile.mkdtemp()) / "m", SPECS["llama"])
+    model, _ = load(str(path))
+    pc = make_cache(model, pool_tokens=96, page_size=8)
+    session_prompt = [(3 * j) % 250 + 2 for j in range(40)]
+    serve(pc, model, session_prompt, session="keep-me")
+    for i in range(6):  # anonymous traffic that overflows the pool
+        serve(pc, model, [i + 1] + [(5 * j + 13 * i) % 250 + 1 for j in range(40)])
+        check_pages(pc)
+    cached, _ = serve(pc, model, session_prompt + [1, 2])
+    assert cached == len(session_prompt)
+    assert pc.stats().sessions == 1
+    pc.forget_session("keep-me")
+    assert pc.stats().sessions == 0
+    check_pages(pc)
+
+
+def test_release_without_commit_frees_the_lock(tiny):
+    kind, model = tiny
+    pc = make_cache(model)
+    serve(pc, model, list(range(20, 60)))
+    prefix = pc.match(list(range(20, 60)) + [5])
+    assert pc.tree.protected_size() > 0
+    pc.release(prefix)
+    pc.release(prefix)  # twice is harmless
+    assert pc.tree.protected_size() == 0
+    check_pages(pc)
+
+
+def test_disabled_cache_matches_nothing(tiny):
+    kind, model = tiny
+    build = build_kv_cache(model, weight_bytes=0, page_size=8, pool_tokens=256, disable=True)
+    pc = PrefixCache(model, build)
+    assert not pc.enabled and "disabled" in build.disable_reason
+    serve(pc, model, list(range(20, 40)))
+    cached, _ = serve(pc, model, list(range(20, 45)))
+    assert cached == 0 and pc.allocator.used_pages == 0
+
+
+def test_build_result_describes_the_model(tiny):
+    kind, model = tiny
+    build = build_kv_cache(model, weight_bytes=0, page_size=8, pool_tokens=800)
+    assert build.is_hybrid_swa == (kind == "sliding")
+    assert build.is_hybrid_ssm == (kind == "recurrent")
+    assert build.sliding_window_size == (16 if kind == "sliding" else None)
+    assert build.full_tokens_per_layer == 800 and build.page_size == 8
+    assert not build.disable_radix_cache and build.tree_cache.require_snapshots == (kind != "llama")
