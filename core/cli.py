@@ -70,6 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
     cpu.add_argument("--prompt-tokens", type=int, default=256)
     cpu.add_argument("--decode-tokens", type=int, default=32)
     cpu.add_argument("--json", action="store_true")
+    multiturn = bench_sub.add_parser("multiturn", help="a greedy N-turn chat: cached vs uncached vs mlx-lm")
+    _add_common(multiturn)
+    multiturn.add_argument("--model", default="default")
+    multiturn.add_argument("--turns", type=int, default=8)
+    multiturn.add_argument("--max-tokens", type=int, default=48, help="reply length per turn")
+    multiturn.add_argument("--repeats", type=int, default=3, help="repetitions (medians are reported)")
+    multiturn.add_argument("--page-size", type=int, help="tokens per KV page")
+    multiturn.add_argument("--json", action="store_true")
     return parser
 
 
@@ -93,10 +101,14 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
             return _fetch(args)
         if args.command == "models":
             return _models(args)
-        if args.command == "bench":
+        if args.command == "bench" and args.bench_command == "cpu":
             from core.bench_cpu import run_bench_cpu
 
             return run_bench_cpu(args)
+        if args.command == "bench" and args.bench_command == "multiturn":
+            from core.bench_multiturn import run_bench_multiturn
+
+            return run_bench_multiturn(args)
         if gui is None:
             raise UserError("the desktop app is not available in this build; try `radixchat chat`")
         return gui(paths.data_dir(args.data_dir), args.model)

@@ -269,8 +269,10 @@ def test_budget_from_device_memory(monkeypatch):
     layout = full_layout()  # 2 layers * 2 (K, V) * 2 heads * 8 dims * 4 bytes = 256 B/token
     page_bytes = 256 * 16
     monkeypatch.setattr(pool_module, "device_memory_bytes", lambda: 10 * 2**30)
-    pages = pool_pages_for_budget(layout, 16, weight_bytes=2**30, fraction=0.5)
+    pages = pool_pages_for_budget(layout, 16, weight_bytes=2**30, fraction=0.5, max_bytes=2**40)
     assert pages == (5 * 2**30 - 2**30) // page_bytes
+    capped = pool_pages_for_budget(layout, 16, weight_bytes=2**30, fraction=0.5, max_bytes=2**20)
+    assert capped == 2**20 // page_bytes  # the preallocation cap wins
     assert pool_pages_for_budget(layout, 16, weight_bytes=9 * 2**30) == MIN_POOL_PAGES
 
 
