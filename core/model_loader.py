@@ -123,11 +123,14 @@ def load_model(
 
 
 def _load_gguf(path: Path, data_root: Path):
-    contents = read_gguf(path)
+    """A GGUF file's model and tokenizer; what is slow to rebuild (weights converted from
+    K-quants, the tokenizer) is kept under ``data_root`` by the file's SHA-256."""
+    from core.gguf_convert import ConversionCache
+
+    digest = FileHashCache(data_root / "file_hashes.json").sha256(path)
+    contents = read_gguf(path, ConversionCache.under(data_root, digest))
     model = build_model(contents.config, dict(contents.weights))
-    hashes = FileHashCache(data_root / "file_hashes.json")
-    cache_file = data_root / "tokenizers" / f"{hashes.sha256(path)[:32]}.json"
-    tokenizer = build_tokenizer(contents.metadata, cache_file)
+    tokenizer = build_tokenizer(contents.metadata, data_root / "tokenizers" / f"{digest[:32]}.json")
     return model, tokenizer, contents.config, [path]
 
 
