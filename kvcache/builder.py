@@ -66,7 +66,7 @@ def build_kv_cache(
     hybrid = layout is not None and (layout.is_hybrid_swa or layout.is_hybrid_ssm)
 
     def free_slots(slots: tuple[int, ...]) -> None:
-        allocator.decref([slot // page_size for slot in slots])
+        allocator.decref([slot // page_size for slot in slots if slot >= 0])  # < 0: placeholder
 
     tree = RadixCache(free_slots, require_snapshots=hybrid, disable=reason is not None)
     if reason is not None:

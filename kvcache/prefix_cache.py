@@ -16,6 +16,7 @@ their pages are evicted only after anonymous ones.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -55,6 +56,7 @@ class PrefixCache:
         self.hybrid = bool(self._snapshot_layers)
         self._sessions: OrderedDict[str, TreeNode] = OrderedDict()  # LRU order, oldest first
         self._prompt_tokens = 0
+        self._placeholders = itertools.count(1)  # slot stand-ins when nothing is paged
         self._open: set[int] = set()  # id() of prefixes matched and not yet committed/released
 
     @property
@@ -135,6 +137,8 @@ class PrefixCache:
         new = len(tokens) - prefix.length
         if new <= 0:
             return 0
+        if not self._full_layers:  # pure recurrent: nothing to page, snapshots carry it all
+            return self._insert(prefix, tokens, [-next(self._placeholders) for _ in range(new)], snapshots)
         pages = self._alloc(math.ceil(new / self.page_size))
         if pages is None:
             return None
@@ -146,6 +150,9 @@ class PrefixCache:
         new_slots = [page * self.page_size + i for page in pages for i in range(self.page_size)][:new]
         # The allocator counts one reference per slot the tree holds; alloc gave one per page.
         self.allocator.incref([slot // self.page_size for slot in new_slots if slot % self.page_size])
+        return self._insert(prefix, tokens, new_slots, snapshots)
+
+    def _insert(self, prefix: Prefix, tokens: list[int], new_slots: list[int], snapshots) -> int:
         values = tuple(prefix.slots) + tuple(new_slots)
         by_end = {s.length: s for s in snapshots}
         if not self.hybrid:
@@ -155,7 +162,7 @@ class PrefixCache:
             already = self.tree.insert(tokens[:end], values[:end], by_end[end])
             self._free_slots(values[owned:already])  # the tree kept its own slots for these
             owned = end
-        return new
+        return len(new_slots)
 
     def _alloc(self, num_pages: int) -> list[int] | None:
         pages = self.allocator.alloc(num_pages)
@@ -182,8 +189,9 @@ class PrefixCache:
         self._sessions[session] = node
 
     def _free_slots(self, slots) -> None:
-        if slots:
-            self.allocator.decref([slot // self.page_size for slot in slots])
+        pages = [slot // self.page_size for slot in slots if slot >= 0]  # < 0: placeholders
+        if pages:
+            self.allocator.decref(pages)
 
     def stats(self) -> CacheStats:
         tree = self.tree.stats()

@@ -93,3 +93,29 @@ def test_default_model_multi_turn_identical_with_cache(default_model_file, tmp_p
         assert last.cached_tokens >= prev.prompt_tokens + prev.completion_tokens - 1
     finally:
         engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def gemma_file():
+    from core import paths, provision
+
+    return provision.ensure_model("gemma3-270m", paths.data_dir())
+
+
+@pytest.mark.real_model
+def test_gemma3_multi_turn_identical_with_cache(gemma_file, tmp_path):
+    """The real hybrid sliding-window model: snapshots make cached turns exact."""
+    engine = Engine(tmp_path, str(gemma_file), pool_tokens=8192).start()
+    try:
+        engine.wait_ready(timeout=300)
+        sampling = SamplingParams(temperature=0.0, max_tokens=12)
+        turns = ["Name three rivers in Europe.", "Which one is the longest?", "Where does it start?"]
+        cached, cached_stats = chat(engine, True, "gemma-cached", turns, sampling)
+        plain, _ = chat(engine, False, "gemma-plain", turns, sampling)
+        assert cached == plain
+        for before, after in zip(cached_stats, cached_stats[1:]):
+            assert after.cached_tokens >= before.prompt_tokens + before.completion_tokens - 1
+        stats = engine.stats().cache
+        assert stats.snapshots > 0 and stats.enabled
+    finally:
+        engine.shutdown()
