@@ -1,6 +1,6 @@
 # The two commands of the README:
 #   make run    set up (first time) and open RadixChat on the default model
-#   make test   set up (first time), provision the default model, run the tests
+#   make test   set up (first time), provision the test models, run the tests
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -20,6 +20,7 @@ run: setup
 
 test: setup
 	$(BIN)/radixchat fetch-model default
+	$(BIN)/radixchat fetch-model gemma3-270m
 	$(BIN)/python -m pytest
 
 clean:
