@@ -56,6 +56,7 @@ class PrefixCache:
         self.hybrid = bool(self._snapshot_layers)
         self._sessions: OrderedDict[str, TreeNode] = OrderedDict()  # LRU order, oldest first
         self._prompt_tokens = 0
+        self._evicted_pages = 0
         self._placeholders = itertools.count(1)  # slot stand-ins when nothing is paged
         self._open: set[int] = set()  # id() of prefixes matched and not yet committed/released
 
@@ -168,7 +169,10 @@ class PrefixCache:
         pages = self.allocator.alloc(num_pages)
         while pages is None:
             needed = (num_pages - self.allocator.available()) * self.page_size
-            if self.tree.evict(needed) == 0 and not self._drop_oldest_session():
+            free_before = self.allocator.free_pages
+            evicted = self.tree.evict(needed)
+            self._evicted_pages += self.allocator.free_pages - free_before
+            if evicted == 0 and not self._drop_oldest_session():
                 return None
             pages = self.allocator.alloc(num_pages)
         return pages
@@ -214,6 +218,7 @@ class PrefixCache:
             hit_tokens=tree.cached_tokens,
             prompt_tokens=self._prompt_tokens,
             evicted_tokens=tree.evicted_tokens,
+            evicted_pages=self._evicted_pages,
             sessions=len(self._sessions),
         )
 

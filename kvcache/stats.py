@@ -26,6 +26,7 @@ class CacheStats:
     hit_tokens: int
     prompt_tokens: int  # prompt tokens seen by match(): hit_tokens / prompt_tokens = hit rate
     evicted_tokens: int
+    evicted_pages: int
     sessions: int
 
     @property
