@@ -1,0 +1,653 @@
+"""The disk store of session KV caches: SQLite (``kvcache.db``), apart from the chat history.
+
+A session's cache is a chain of pages. A page holds a run of token ids (a full page, or
+fewer at a session's tail), the K/V bytes of every full-attention layer for those tokens,
+and, for hybrid models, a snapshot of the sliding-window / recurrent layers' state at the
+page's end. The store never looks inside those bytes: the engine serializes arrays.
+
+Pages are content addressed, so a prefix shared by many sessions is stored once::
+
+    key = page_key(fingerprint, parent key, token ids)     # sha256, hex
+
+A session row names its model fingerprint and the key of its chain's last page (its
+head). Loading follows parent keys from the head back to the first page, one
+primary-key lookup each, then reads the K/V of those pages only.
+
+Invariants, each kept by every write transaction (``BEGIN IMMEDIATE``):
+- every page is reachable from some session's head: a write that orphans pages
+  deletes them (save, clear, budget, repair);
+- ``pages`` and ``page_data`` hold the same keys.
+
+Safety: a page is returned only if its fingerprint is the session's, its key is the hash
+of its fingerprint, parent and tokens, and its checksum (sha256 over tokens, kv and
+snapshot) matches. A page that fails is deleted, and every session whose chain runs
+through it is cut back to the pages before it (or dropped, when those cannot be
+reached), so the engine recomputes them: a damaged cache costs time, never a wrong
+answer. Every failure the user can act on is a :class:`DiskStoreError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+import struct
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlite_utils import Database
+
+DEFAULT_BUDGET = 10 * 2**30  # bytes of pages on disk
+SQLITE_PAGE_SIZE = 65536  # set when the file is created: long overflow chains read faster
+_HASH_THREADS = min(4, os.cpu_count() or 1)  # checksums of a load, in parallel
+_IN_CHUNK = 500  # keys per "key IN (...)" query, under SQLite's variable limit
+
+
+class DiskStoreError(Exception):
+    """The KV cache database cannot be used (corrupt, newer schema, locked, disk full).
+
+    Meant for the user, as one line; the engine then runs without a disk cache."""
+
+    def __str__(self) -> str:
+        return " ".join(str(self.args[0] if self.args else "").split())
+
+
+@dataclass(frozen=True)
+class PageData:
+    """A page to save. ``kv=None``: not serialized, because the caller learned from
+    :meth:`DiskStore.missing_keys` that the store has it."""
+
+    tokens: tuple[int, ...]
+    kv: bytes | None
+    snapshot: bytes | None = None
+
+
+@dataclass(frozen=True)
+class StoredPage:
+    key: str
+    tokens: tuple[int, ...]
+    kv: bytes
+    snapshot: bytes | None
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    session: str
+    head: str | None  # the key of the chain's last saved page
+    pages: int  # pages in the saved chain
+    tokens: int  # tokens in the saved chain (fewer than given only if a kv=None page was gone)
+    pages_written: int  # pages that were not stored yet
+    bytes_written: int
+    evicted_sessions: tuple[str, ...]  # dropped by the budget (may include this one)
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    name: str
+    fingerprint: str
+    tokens: int
+    pages: int
+    nbytes: int  # the chain's bytes, pages shared with other sessions included
+    updated_at: float  # last save
+    last_used: float  # last save or load
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    sessions: int
+    pages: int
+    bytes: int  # of pages (tokens + kv + snapshot)
+    file_bytes: int  # the database file and its write-ahead log
+    orphan_pages: int  # pages no session reaches (0 unless something went wrong)
+    budget_bytes: int
+    saves: int  # counters since the store was created
+    loads: int
+    restored_pages: int
+    restored_tokens: int
+    dropped_pages: int  # failed a check and were deleted
+    evicted_sessions: int
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    pages_checked: int
+    bad_pages: int  # failed a check: deleted
+    sessions_truncated: int  # cut back to the pages before their first bad one
+    sessions_dropped: int  # whose first page was bad, or whose chain could not be walked
+    orphans_removed: int
+
+    @property
+    def clean(self) -> bool:
+        return not (self.bad_pages or self.sessions_truncated or self.sessions_dropped
+                    or self.orphans_removed)
+
+
+# -- hashing: every part length-prefixed, so no two inputs share an encoding --
+
+
+def pack_tokens(tokens: Sequence[int]) -> bytes:
+    """Token ids as int32 little-endian (a page holds at least one)."""
+    if not tokens:
+        raise ValueError("a page holds at least one token")
+    try:
+        return struct.pack(f"<{len(tokens)}i", *tokens)
+    except struct.error as exc:
+        raise ValueError(f"token ids must be int32: {exc}") from None
+
+
+def unpack_tokens(blob: bytes) -> tuple[int, ...]:
+    return struct.unpack(f"<{len(blob) // 4}i", blob)
+
+
+def _sha256(*parts: bytes | None) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        if part is None:  # a missing snapshot differs from an empty one
+            digest.update(b"\xff" * 8)
+            continue
+        digest.update(len(part).to_bytes(8, "little"))
+        digest.update(part)
+    return digest.hexdigest()
+
+
+def page_key(fingerprint: str, parent: str | None, tokens: Sequence[int] | bytes) -> str:
+    """A page's key: sha256 over the model fingerprint, the parent page's key ("" for
+    a chain's first page) and the packed token ids."""
+    blob = tokens if isinstance(tokens, bytes) else pack_tokens(tokens)
+    return _sha256(fingerprint.encode(), (parent or "").encode(), blob)
+
+
+def _checksum(tokens: bytes, kv: bytes, snapshot: bytes | None) -> str:
+    return _sha256(tokens, kv, snapshot)
+
+
+def _page_problem(key: str, parent: str | None, fingerprint: str, tokens: bytes,
+                  checksum: str, kv: bytes | None, snapshot: bytes | None) -> str | None:
+    """Why a stored page must not be used, or None."""
+    if not tokens or len(tokens) % 4 or page_key(fingerprint, parent, tokens) != key:
+        return "key does not match its fingerprint, parent and tokens"
+    if kv is None:
+        return "no K/V data"
+    if _checksum(tokens, kv, snapshot) != checksum:
+        return "checksum mismatch"
+    return None
+
+
+# -- schema: numbered migrations, PRAGMA user_version = how many were applied --
+
+
+def _migration_1(db: Database) -> None:
+    db.execute(
+        """CREATE TABLE pages (
+            key TEXT PRIMARY KEY,       -- page_key(fingerprint, parent, tokens)
+            parent TEXT,                -- the previous page's key; NULL for a first page
+            fingerprint TEXT NOT NULL,  -- the model's
+            tokens BLOB NOT NULL,       -- token ids, int32 little-endian
+            nbytes INTEGER NOT NULL,    -- len(tokens) + len(kv) + len(snapshot)
+            checksum TEXT NOT NULL,     -- sha256 over tokens, kv, snapshot
+            last_used REAL NOT NULL
+        )"""
+    )
+    # The bulk lives apart, so that walks, sums and last_used updates never read it.
+    db.execute(
+        """CREATE TABLE page_data (
+            key TEXT PRIMARY KEY,       -- pages.key
+            kv BLOB NOT NULL,           -- K/V of every full-attention layer (opaque)
+            snapshot BLOB               -- sliding-window / recurrent state at the page's end
+        )"""
+    )
+    db.execute(
+        """CREATE TABLE sessions (
+            name TEXT PRIMARY KEY,      -- the chat's name
+            fingerprint TEXT NOT NULL,
+            head TEXT NOT NULL,         -- the key of the chain's last page
+            tokens INTEGER NOT NULL,
+            pages INTEGER NOT NULL,
+            nbytes INTEGER NOT NULL,
+            updated_at REAL NOT NULL,   -- last save
+            last_used REAL NOT NULL     -- last save or load: the budget drops the oldest
+        )"""
+    )
+    db.execute("CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)")
+
+
+MIGRATIONS = [_migration_1]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+# Pages reachable from some session's head (UNION: a shared prefix is walked once).
+_LIVE = """WITH RECURSIVE live(key) AS (
+    SELECT head FROM sessions
+    UNION SELECT pages.parent FROM pages JOIN live ON pages.key = live.key
+    WHERE pages.parent IS NOT NULL)"""
+
+
+@dataclass(frozen=True)
+class _Link:
+    """A page's metadata, as a chain walk reads it (no K/V)."""
+
+    key: str
+    parent: str | None
+    tokens: bytes
+    nbytes: int
+    checksum: str
+
+
+class DiskStore:
+    """The KV cache database at ``path``, created and migrated on open.
+
+    Use it from one thread at a time (any thread: the engine's writer owns it)."""
+
+    def __init__(self, path: Path, *, budget_bytes: int = DEFAULT_BUDGET, timeout: float = 2.0):
+        self.path = Path(path)
+        self.budget_bytes = budget_bytes
+        self.db: Database | None = None
+        # Checksums on worker threads (hashlib releases the GIL) while SQLite reads on.
+        self._hashers = ThreadPoolExecutor(_HASH_THREADS, thread_name_prefix="kvcache-hash")
+        conn = None
+        try:
+            with self._errors():
+                conn = sqlite3.connect(str(self.path), timeout=timeout, check_same_thread=False)
+                self.db = Database(conn, execute_plugins=False)
+                self._check_version(self._user_version())  # before this version writes
+                if self._user_version() == 0 and not self.db.table_names():
+                    # Takes effect on a new file only, so before WAL writes its header.
+                    # (No auto_vacuum: it made reading long blobs three times slower.)
+                    self.db.execute(f"PRAGMA page_size = {SQLITE_PAGE_SIZE}")
+                self.db.enable_wal()
+                self.db.execute("PRAGMA synchronous = NORMAL")  # WAL: consistent after a crash
+                self.db.execute(f"PRAGMA journal_size_limit = {64 * 2**20}")
+                self._migrate()
+        except BaseException:
+            if conn is not None:
+                conn.close()
+            self.db = None
+            raise
+
+    def close(self) -> None:
+        self._hashers.shutdown()
+        if self.db is not None:
+            self.db.close()
+            self.db = None
+
+    def __enter__(self) -> DiskStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- saving --
+
+    def page_keys(self, fingerprint: str, pages_tokens: Sequence[Sequence[int]]) -> list[str]:
+        """The keys of a chain of pages, first page first."""
+        keys: list[str] = []
+        for tokens in pages_tokens:
+            keys.append(page_key(fingerprint, keys[-1] if keys else None, tokens))
+        return keys
+
+    def missing_keys(self, keys: Iterable[str]) -> set[str]:
+        """Those of ``keys`` the store does not have (so their K/V must be serialized)."""
+        keys = set(keys)
+        with self._read():
+            return keys - set(self._page_sizes(keys))
+
+    def save_session(self, session: str, fingerprint: str, pages: Sequence[PageData]) -> SaveResult:
+        """Save a session's whole chain, first page first, then enforce the budget.
+
+        Pages the store has already (same key) are not rewritten. One transaction: after
+        a crash the session is in its old state or its new one. No pages: the session's
+        cache is cleared."""
+        if not session:
+            raise ValueError("a session needs a name")
+        keys = self.page_keys(fingerprint, [page.tokens for page in pages])
+        parents = [None, *keys[:-1]]
+        missing = self.missing_keys(keys)
+        to_write = [(key, parent, page) for key, parent, page in zip(keys, parents, pages)
+                    if key in missing and page.kv is not None]
+        rows = self._hashers.map(lambda job: _page_rows(fingerprint, *job), to_write)
+        prepared = {key: row for (key, _, _), row in zip(to_write, rows)}  # before the lock
+        now = time.time()
+        with self._transaction():
+            stored = self._page_sizes(keys)
+            chain: list[str] = []
+            tokens = nbytes = 0
+            new_pages: list[dict] = []
+            new_data: list[dict] = []
+            for key, parent, page in zip(keys, parents, pages):
+                if key not in stored:
+                    if key not in prepared:
+                        if page.kv is None:
+                            break  # gone since missing_keys and not serialized: keep the prefix
+                        prepared[key] = _page_rows(fingerprint, key, parent, page)
+                    page_row, data_row = prepared[key]
+                    new_pages.append({**page_row, "last_used": now})
+                    new_data.append(data_row)
+                    stored[key] = page_row["nbytes"]
+                chain.append(key)
+                tokens += len(page.tokens)
+                nbytes += stored[key]
+            self.db["pages"].insert_all(new_pages, ignore=True)
+            self.db["page_data"].insert_all(new_data, ignore=True)
+            self._touch_pages(chain, now)
+            self.db.execute("DELETE FROM sessions WHERE name = ?", [session])
+            if chain:
+                self.db["sessions"].insert({
+                    "name": session, "fingerprint": fingerprint, "head": chain[-1],
+                    "tokens": tokens, "pages": len(chain), "nbytes": nbytes,
+                    "updated_at": now, "last_used": now,
+                })
+            self._count(saves=1)
+            _freed, evicted = self._enforce_budget()
+        return SaveResult(
+            session=session, head=chain[-1] if chain else None, pages=len(chain), tokens=tokens,
+            pages_written=len(new_pages), bytes_written=sum(row["nbytes"] for row in new_pages),
+            evicted_sessions=tuple(evicted),
+        )
+
+    # -- loading --
+
+    def load_session(self, session: str, fingerprint: str) -> list[StoredPage]:
+        """The session's chain, first page first, every page checked.
+
+        Stops at the first bad or missing page: bad pages are deleted (so the engine
+        recomputes them) and the good prefix is returned. Another model's session: []."""
+        suspects: set[str] = set()
+        pages: list[StoredPage] = []
+        with self._read():
+            row = self.db.execute(
+                "SELECT fingerprint, head FROM sessions WHERE name = ?", [session]).fetchone()
+            if row is None or row[0] != fingerprint:
+                return []
+            links, broken = self._walk(row[1], fingerprint)
+            if broken is not None:  # the pages before the break cannot be reached
+                suspects.add(broken)
+                links = []
+            read = []
+            for link in reversed(links):
+                data = self.db.execute(
+                    "SELECT kv, snapshot FROM page_data WHERE key = ?", [link.key]).fetchone()
+                if data is None:
+                    suspects.add(link.key)
+                    break
+                read.append((link, data, self._hashers.submit(_checksum, link.tokens, *data)))
+        for link, (kv, snapshot), checksum in read:
+            if checksum.result() != link.checksum:
+                suspects.add(link.key)
+                break
+            pages.append(StoredPage(link.key, unpack_tokens(link.tokens), kv, snapshot))
+        now = time.time()
+        with self._transaction():
+            if suspects:
+                self._repair(suspects)
+            self.db.execute("UPDATE sessions SET last_used = ? WHERE name = ? AND fingerprint = ?",
+                            [now, session, fingerprint])
+            self._touch_pages([page.key for page in pages], now)
+            self._count(loads=1, restored_pages=len(pages),
+                        restored_tokens=sum(len(page.tokens) for page in pages))
+        return pages
+
+    # -- inspecting --
+
+    def sessions(self) -> list[SessionInfo]:
+        """All sessions, most recently used first."""
+        rows = self._rows("SELECT name, fingerprint, tokens, pages, nbytes, updated_at, last_used "
+                          "FROM sessions ORDER BY last_used DESC, name")
+        return [SessionInfo(*row) for row in rows]
+
+    def stats(self) -> StoreStats:
+        with self._read():
+            sessions = self.db.execute("SELECT count(*) FROM sessions").fetchone()[0]
+            pages, nbytes = self.db.execute(
+                "SELECT count(*), coalesce(sum(nbytes), 0) FROM pages").fetchone()
+            orphans = self.db.execute(
+                f"{_LIVE} SELECT count(*) FROM pages WHERE key NOT IN live").fetchone()[0]
+            counters = dict(self.db.execute("SELECT name, value FROM counters").fetchall())
+        files = [self.path, self.path.with_name(self.path.name + "-wal")]
+        return StoreStats(
+            sessions=sessions, pages=pages, bytes=nbytes,
+            file_bytes=sum(f.stat().st_size for f in files if f.exists()),
+            orphan_pages=orphans, budget_bytes=self.budget_bytes,
+            **{name: counters.get(name, 0) for name in (
+                "saves", "loads", "restored_pages", "restored_tokens", "dropped_pages",
+                "evicted_sessions")},
+        )
+
+    def verify(self) -> VerifyReport:
+        """Re-hash every page; delete the bad ones, cut each session back to the pages
+        before its first bad one (dropping it if that leaves none or its chain cannot be
+        walked), delete orphans."""
+        suspects: set[str] = set()
+        checked = 0
+        with self._read():  # no write lock while hashing everything
+            for row in self.db.execute(
+                "SELECT p.key, p.parent, p.fingerprint, p.tokens, p.checksum, d.kv, d.snapshot "
+                "FROM pages AS p LEFT JOIN page_data AS d ON d.key = p.key"
+            ):
+                checked += 1
+                if _page_problem(*row):
+                    suspects.add(row[0])
+        with self._transaction():
+            bad, truncated, dropped, orphans = self._repair(suspects)
+            strays = self.db.execute(
+                "DELETE FROM page_data WHERE key NOT IN (SELECT key FROM pages)").rowcount
+        return VerifyReport(checked, bad, truncated, dropped, orphans + strays)
+
+    # -- deleting --
+
+    def clear(self, session: str | None = None) -> int:
+        """Delete one session's cache (its row and the pages no other session reaches;
+        later saves reuse their space), or everything (the file shrinks). Returns the
+        bytes of pages freed."""
+        with self._transaction():
+            if session is None:
+                freed = self.db.execute("SELECT coalesce(sum(nbytes), 0) FROM pages").fetchone()[0]
+                for table in ("sessions", "pages", "page_data"):
+                    self.db.execute(f"DELETE FROM {table}")
+            else:
+                self.db.execute("DELETE FROM sessions WHERE name = ?", [session])
+                freed = self._delete_orphans()[1]
+        if session is None:
+            with self._errors():
+                self.db.execute("VACUUM")
+                self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # busy readers postpone it
+        return freed
+
+    def enforce_budget(self) -> int:
+        """Delete orphan pages, then least recently used sessions (and the pages only
+        they reached) until the pages fit the budget. Returns the bytes freed."""
+        with self._transaction():
+            return self._enforce_budget()[0]
+
+    # -- internals (inside a transaction) --
+
+    def _enforce_budget(self) -> tuple[int, list[str]]:
+        freed = self._delete_orphans()[1]
+        total = self.db.execute("SELECT coalesce(sum(nbytes), 0) FROM pages").fetchone()[0]
+        evicted: list[str] = []
+        while total > self.budget_bytes:
+            oldest = self.db.execute(
+                "SELECT name FROM sessions ORDER BY last_used, name LIMIT 1").fetchone()
+            if oldest is None:
+                break
+            self.db.execute("DELETE FROM sessions WHERE name = ?", oldest)
+            evicted.append(oldest[0])
+            nbytes = self._delete_orphans()[1]
+            freed, total = freed + nbytes, total - nbytes
+        if evicted:
+            self._count(evicted_sessions=len(evicted))
+        return freed, evicted
+
+    def _walk(self, head: str, fingerprint: str) -> tuple[list[_Link], str | None]:
+        """The chain ending at ``head``, head first, and the key where the walk broke
+        (missing, another fingerprint, or a key that is not its hash), or None when it
+        reached the first page. Reads no K/V."""
+        links: list[_Link] = []
+        seen: set[str] = set()
+        key: str | None = head
+        while key is not None:
+            row = self.db.execute(
+                "SELECT parent, fingerprint, tokens, nbytes, checksum FROM pages WHERE key = ?",
+                [key]).fetchone()
+            if (row is None or key in seen or row[1] != fingerprint or not row[2]
+                    or len(row[2]) % 4 or page_key(fingerprint, row[0], row[2]) != key):
+                return links, key
+            seen.add(key)
+            links.append(_Link(key, row[0], row[2], row[3], row[4]))
+            key = row[0]
+        return links, None
+
+    def _repair(self, suspects: set[str]) -> tuple[int, int, int, int]:
+        """Delete the suspects that really are bad (re-checked: another process may have
+        changed them), cut every session back to the pages before its first bad page,
+        delete orphans. Returns (bad pages, sessions truncated, dropped, orphans)."""
+        bad = {key for key in suspects if self._stored_page_problem(key)}
+        truncated = dropped = 0
+        for name, fingerprint, head in self.db.execute(
+                "SELECT name, fingerprint, head FROM sessions").fetchall():
+            links, broken = self._walk(head, fingerprint)
+            chain = links[::-1]
+            keep = 0 if broken is not None else next(
+                (i for i, link in enumerate(chain) if link.key in bad), len(chain))
+            if broken is None and keep == len(chain):
+                continue
+            if keep == 0:
+                self.db.execute("DELETE FROM sessions WHERE name = ?", [name])
+                dropped += 1
+                continue
+            kept = chain[:keep]
+            self.db.execute(
+                "UPDATE sessions SET head = ?, tokens = ?, pages = ?, nbytes = ? WHERE name = ?",
+                [kept[-1].key, sum(len(link.tokens) // 4 for link in kept), keep,
+                 sum(link.nbytes for link in kept), name])
+            truncated += 1
+        existing = [key for key in bad if self._page_sizes([key])]
+        self._delete_pages(existing)
+        self._count(dropped_pages=len(existing))
+        return len(existing), truncated, dropped, self._delete_orphans()[0]
+
+    def _stored_page_problem(self, key: str) -> str | None:
+        row = self.db.execute(
+            "SELECT p.key, p.parent, p.fingerprint, p.tokens, p.checksum, d.kv, d.snapshot "
+            "FROM pages AS p LEFT JOIN page_data AS d ON d.key = p.key WHERE p.key = ?",
+            [key]).fetchone()
+        return "missing" if row is None else _page_problem(*row)
+
+    def _delete_orphans(self) -> tuple[int, int]:
+        """Delete the pages no session reaches; returns (pages, bytes)."""
+        orphans = self.db.execute(
+            f"{_LIVE} SELECT key, nbytes FROM pages WHERE key NOT IN live").fetchall()
+        self._delete_pages([key for key, _ in orphans])
+        return len(orphans), sum(nbytes for _, nbytes in orphans)
+
+    def _delete_pages(self, keys: list[str]) -> None:
+        for table in ("pages", "page_data"):
+            self.db.conn.executemany(f"DELETE FROM {table} WHERE key = ?", [[k] for k in keys])
+
+    def _page_sizes(self, keys: Iterable[str]) -> dict[str, int]:
+        """nbytes of those of ``keys`` that are stored."""
+        keys = list(dict.fromkeys(keys))
+        sizes: dict[str, int] = {}
+        for start in range(0, len(keys), _IN_CHUNK):
+            chunk = keys[start:start + _IN_CHUNK]
+            sizes.update(self.db.execute(
+                f"SELECT key, nbytes FROM pages WHERE key IN ({', '.join('?' * len(chunk))})",
+                chunk).fetchall())
+        return sizes
+
+    def _touch_pages(self, keys: list[str], now: float) -> None:
+        self.db.conn.executemany("UPDATE pages SET last_used = ? WHERE key = ?",
+                                 [[now, key] for key in keys])
+
+    def _count(self, **amounts: int) -> None:
+        self.db.conn.executemany(
+            "INSERT INTO counters (name, value) VALUES (?, ?) "
+            "ON CONFLICT (name) DO UPDATE SET value = value + excluded.value",
+            [[name, amount] for name, amount in amounts.items() if amount])
+
+    def _rows(self, sql: str, params: list | None = None) -> list[tuple]:
+        with self._errors():
+            return self.db.execute(sql, params or []).fetchall()
+
+    def _user_version(self) -> int:
+        return self.db.execute("PRAGMA user_version").fetchone()[0]
+
+    def _check_version(self, version: int) -> None:
+        if version > SCHEMA_VERSION:
+            raise DiskStoreError(
+                f"{self.path} was written by a newer RadixChat (KV cache schema {version}, "
+                f"this version knows {SCHEMA_VERSION}); running without the disk cache")
+
+    def _migrate(self) -> None:
+        """Apply each pending migration in its own transaction."""
+        for version, migration in enumerate(MIGRATIONS, start=1):
+            if self._user_version() >= version:
+                continue
+            with self._transaction():
+                current = self._user_version()  # re-read: another process may have migrated
+                self._check_version(current)
+                if current >= version:
+                    continue
+                if current == 0 and self.db.table_names():
+                    raise DiskStoreError(
+                        f"{self.path} is a SQLite database but not a RadixChat KV cache; "
+                        "move it aside")
+                migration(self.db)
+                self.db.execute(f"PRAGMA user_version = {version}")
+
+    @contextmanager
+    def _read(self) -> Iterator[None]:
+        """One read transaction: a consistent snapshot that blocks no writer (WAL)."""
+        with self._errors():
+            self.db.execute("BEGIN")
+            try:
+                yield
+            finally:
+                self.db.rollback()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One write transaction, committed whole or rolled back whole. ``BEGIN
+        IMMEDIATE`` takes the write lock up front (waiting up to the busy timeout)."""
+        with self._errors():
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.rollback()
+                raise
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """Turn the database failures a user can act on into DiskStoreError."""
+        try:
+            yield
+        except sqlite3.DatabaseError as exc:
+            text = str(exc)
+            if "locked" in text or "busy" in text:
+                message = f"{self.path} is locked by another RadixChat process"
+            elif "full" in text:
+                message = (f"the disk is full: cannot write the KV cache {self.path} (nothing "
+                           "was written); free some space or lower the cache budget")
+            elif "not a database" in text or "malformed" in text:
+                message = f"{self.path} is not a readable KV cache ({text}); move it aside"
+            elif any(s in text for s in ("disk", "readonly", "unable to open", "I/O")):
+                message = f"cannot use the KV cache {self.path}: {text}"
+            else:
+                raise  # a bug, not something the user can fix
+            raise DiskStoreError(message) from exc
+
+
+def _page_rows(fingerprint: str, key: str, parent: str | None,
+               page: PageData) -> tuple[dict, dict]:
+    """The ``pages`` row (without last_used) and the ``page_data`` row of a new page."""
+    tokens = pack_tokens(page.tokens)
+    nbytes = len(tokens) + len(page.kv) + len(page.snapshot or b"")
+    return (
+        {"key": key, "parent": parent, "fingerprint": fingerprint, "tokens": tokens,
+         "nbytes": nbytes, "checksum": _checksum(tokens, page.kv, page.snapshot)},
+        {"key": key, "kv": page.kv, "snapshot": page.snapshot},
+    )
