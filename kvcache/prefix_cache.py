@@ -38,6 +38,10 @@ class Prefix:
     slots: tuple[int, ...]
     node: TreeNode
     snapshot: Snapshot | None
+    tokens: tuple[int, ...]  # the matched tokens
+
+
+HOT_ENTRIES = 2  # recent requests whose mlx-lm cache objects are kept for a follow-up
 
 
 class PrefixCache:
@@ -57,6 +61,7 @@ class PrefixCache:
         self._sessions: OrderedDict[str, TreeNode] = OrderedDict()  # LRU order, oldest first
         self._prompt_tokens = 0
         self._evicted_pages = 0
+        self._hot: OrderedDict[tuple[int, ...], list] = OrderedDict()  # recent caches, LRU
         self._placeholders = itertools.count(1)  # slot stand-ins when nothing is paged
         self._open: set[int] = set()  # id() of prefixes matched and not yet committed/released
 
@@ -71,15 +76,24 @@ class PrefixCache:
         self._prompt_tokens += len(prompt)
         result = self.tree.match_prefix(prompt[:-1])
         self.tree.inc_lock_ref(result.last_node)
-        prefix = Prefix(result.length, result.values, result.last_node, result.snapshot)
+        prefix = Prefix(result.length, result.values, result.last_node, result.snapshot,
+                        tuple(prompt[: result.length]))
         self._open.add(id(prefix))
         return prefix
 
     def make_caches(self, prefix: Prefix) -> list:
-        """mlx-lm cache objects holding the prefix: pooled K/V gathered, snapshots restored."""
-        caches = make_prompt_cache(self.model)
+        """mlx-lm cache objects holding the prefix: pooled K/V gathered, snapshots restored.
+
+        The last requests' own cache objects are kept a while ("hot"): a follow-up that
+        extends one of them takes it as is (trimmed to the prefix when every layer is a
+        plain KVCache), skipping the gather. Same values as the pool, no copy.
+        """
         if prefix.length == 0:
-            return caches
+            return make_prompt_cache(self.model)
+        hot = self._take_hot(prefix)
+        if hot is not None:
+            return hot
+        caches = make_prompt_cache(self.model)
         if prefix.snapshot is not None:
             prefix.snapshot.restore_into(caches)
         slots = mx.array(prefix.slots, dtype=mx.int32)
@@ -109,6 +123,7 @@ class PrefixCache:
         try:
             if not self.enabled:
                 return 0
+            held = len(tokens)  # what the caches hold
             if self.hybrid:  # nothing past the last snapshot can be resumed from
                 snapshots = [s for s in snapshots if prefix.length < s.length <= len(tokens)]
                 if not snapshots:
@@ -117,6 +132,8 @@ class PrefixCache:
             stored = self._store(prefix, tokens, caches, snapshots)
             if session is not None and stored is not None:
                 self._move_session(session, tokens)
+            if stored is not None and len(tokens) == held:
+                self._keep_hot(tokens, caches)
             return stored or 0
         finally:
             self.release(prefix)
@@ -191,6 +208,26 @@ class PrefixCache:
         self.tree.inc_lock_ref(node)
         self.forget_session(session)
         self._sessions[session] = node
+
+    def _keep_hot(self, tokens: list[int], caches: list) -> None:
+        if all(getattr(caches[i], "offset", None) == len(tokens) for i in self._full_layers):
+            self._hot[tuple(tokens)] = caches
+            while len(self._hot) > HOT_ENTRIES:
+                self._hot.popitem(last=False)
+
+    def _take_hot(self, prefix: Prefix) -> list | None:
+        for tokens, caches in reversed(self._hot.items()):
+            if len(tokens) < prefix.length or tokens[: prefix.length] != prefix.tokens:
+                continue
+            excess = len(tokens) - prefix.length
+            if excess and not all(type(c) is KVCache for c in caches):
+                continue  # sliding / recurrent state can't be cut back: gather instead
+            del self._hot[tokens]
+            if excess:
+                for cache in caches:
+                    cache.trim(excess)
+            return caches
+        return None
 
     def _free_slots(self, slots) -> None:
         pages = [slot // self.page_size for slot in slots if slot >= 0]  # < 0: placeholders
