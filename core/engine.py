@@ -115,6 +115,7 @@ class Engine:
         self._info: ModelInfo | None = None
         self._load_error: str | None = None
         self._ready = threading.Event()
+        self._stopped = threading.Event()
 
     # ------------------------------------------------------------ client API
     def start(self) -> "Engine":
@@ -168,9 +169,10 @@ class Engine:
             handle.cancel()
 
     def shutdown(self, timeout: float = 10.0) -> None:
+        """Finish the current request, drop the model and the cache, park the thread."""
         if self._thread is not None:
             self._commands.put(_STOP)
-            self._thread.join(timeout)
+            self._stopped.wait(timeout)
             self._thread = None
 
     # ------------------------------------------------------------ engine thread
@@ -180,11 +182,23 @@ class Engine:
             if command is _STOP:
                 self._loaded = None
                 self._prefix_cache = None
-                return
+                self._park()
             if isinstance(command, _LoadCommand):
                 self._do_load(command)
             else:
                 self._do_request(command)
+
+    def _park(self) -> None:
+        """Never return. A thread that used MLX runs MLX's thread-local destructors when it
+        exits, and they take the GIL: if the interpreter is finalizing by then (the main
+        thread only waits for the Python side of a thread), the process aborts
+        ("terminate called without an active exception"). A parked daemon thread simply
+        ends with the process, so shutdown parks the engine thread instead of ending it."""
+        import gc
+
+        gc.collect()  # free the model's arrays now, on this thread
+        self._stopped.set()
+        threading.Event().wait()
 
     def _do_load(self, command: _LoadCommand) -> None:
         from core.model_loader import load_model

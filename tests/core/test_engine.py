@@ -208,3 +208,29 @@ def test_failed_first_load_reports_on_wait_ready(tmp_path):
         assert isinstance(events[-1], ErrorEvent)
     finally:
         eng.shutdown()
+
+
+EXIT_SCRIPT = """
+import sys
+from pathlib import Path
+import core
+from core.engine import Engine
+from core.engine_types import GenerationRequest, SamplingParams
+engine = Engine(Path(sys.argv[1]), sys.argv[2], pool_tokens=1024).start()
+engine.wait_ready()
+request = GenerationRequest(prompt_text="hi", sampling=SamplingParams(temperature=0, max_tokens=4))
+print(list(engine.stream(request))[-1].stats.finish_reason)
+engine.shutdown()
+"""
+
+
+def test_process_exits_cleanly_after_the_engine_ran(tiny_model, tmp_path):
+    """MLX's thread-local destructors must not run during interpreter shutdown (abort 134)."""
+    import subprocess
+    import sys
+
+    for _ in range(4):  # the race showed up in about half of the runs before the fix
+        result = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, str(tmp_path), str(tiny_model)],
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr[-500:]
+        assert result.stdout.strip() == "length"
