@@ -4,6 +4,7 @@
     radixchat chat [PROMPT]        one turn (or an interactive loop) in a chat session
     radixchat fetch-model [NAME]   provision a known model into the data folder
     radixchat models               what models are available locally
+    radixchat serve                the OpenAI-compatible API on 127.0.0.1:8000
     radixchat bench cpu            measure the CPU backend setups (see README)
 
 Errors meant for the user print one line on stderr and exit with status 2.
@@ -61,6 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
     models = sub.add_parser("models", help="list the models available locally")
     _add_common(models)
 
+    serve = sub.add_parser("serve", help="serve the OpenAI-compatible API until Ctrl-C")
+    _add_common(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (beyond loopback needs --api-key)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--model", default="default", help="known name, .gguf file, MLX folder or HF repo id")
+    serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: $RADIXCHAT_API_KEY)")
+    serve.add_argument("--kv-tokens", type=int, help="KV pool size in tokens (default: from free memory)")
+
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     cpu = bench_sub.add_parser("cpu", help="CPU backend setups: OpenBLAS and weight formats")
@@ -97,6 +106,10 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
             from core.chat_cli import run_chat
 
             return run_chat(args)
+        if args.command == "serve":
+            from core.server import run_serve
+
+            return run_serve(args)
         if args.command == "fetch-model":
             return _fetch(args)
         if args.command == "models":

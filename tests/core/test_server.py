@@ -1,0 +1,327 @@
+"""The OpenAI-compatible server, in-process on a tiny generated model, through the official
+``openai`` client (and raw sockets where a client would not misbehave on purpose)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+from openai import OpenAI
+from prometheus_client.parser import text_string_to_metric_families
+
+from core.cli import main as cli_main
+from core.engine import Engine
+from core.errors import UserError
+from core.server import ApiServer
+from core.tiny_model import TinyModelSpec, write_tiny_model
+
+MODEL = "tiny"  # the tiny model's folder name: the server's model id
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    root = tmp_path_factory.mktemp("server")
+    model = write_tiny_model(root / MODEL, TinyModelSpec(num_layers=2))
+    eng = Engine(root / "data", str(model), pool_tokens=8192).start()
+    eng.wait_ready(timeout=60)
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server(engine):
+    with ApiServer(engine, "127.0.0.1", 0) as api:
+        yield api
+
+
+@pytest.fixture
+def client(server):
+    with OpenAI(base_url=server.address + "/v1", api_key="unused", max_retries=0, timeout=30) as c:
+        yield c
+
+
+def chat(client, text: str, **kw):
+    kw.setdefault("max_tokens", 12)
+    kw.setdefault("temperature", 0)
+    return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": text}], **kw)
+
+
+def raw(server, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
+    """(status, parsed JSON body) of one request through http.client."""
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read() or b"null")
+    finally:
+        conn.close()
+
+
+def scrape(server) -> dict[tuple[str, tuple], float]:
+    """Every sample of /metrics, keyed by (name, sorted labels)."""
+    with urllib.request.urlopen(server.address + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def finished(server, reason: str) -> float:
+    return scrape(server).get(("radixchat_finished_requests_total", (("finish_reason", reason),)), 0.0)
+
+
+# ------------------------------------------------------------------ happy paths
+def test_health_and_models(server, client, engine):
+    status, body = raw(server, "GET", "/health")
+    assert status == 200 and body == {"status": "ok", "model": MODEL}
+    models = client.models.list().data
+    assert [m.id for m in models] == [MODEL]
+    assert models[0].to_dict()["radixchat"]["fingerprint"] == engine.model_info.fingerprint
+    assert client.models.retrieve("default").id == MODEL
+
+
+def test_chat_non_streaming_and_streaming_agree(client):
+    reply = chat(client, "hello there", max_tokens=10)
+    choice = reply.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content
+    assert choice.finish_reason == "length"
+    usage = reply.usage
+    assert usage.completion_tokens == 10
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert reply.model == MODEL and reply.object == "chat.completion"
+
+    chunks = list(chat(client, "hello there", max_tokens=10, stream=True,
+                       stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == choice.message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
+    assert chunks[-1].usage.prompt_tokens == usage.prompt_tokens
+
+
+def test_completions(client):
+    reply = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=0)
+    assert reply.object == "text_completion" and reply.choices[0].finish_reason == "length"
+    assert reply.usage.completion_tokens == 8 and reply.choices[0].text
+    streamed = client.completions.create(model="default", prompt="Once upon a time", max_tokens=8,
+                                         temperature=0, stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == reply.choices[0].text
+
+
+def test_shared_prefix_reports_cached_tokens(client, engine):
+    question = "Tell me about radix trees and paged key value caches, at length. " * 2
+    first = chat(client, question, max_tokens=6, extra_body={"session": "prefix-test"})
+    follow_up = client.chat.completions.create(
+        model=MODEL, temperature=0, max_tokens=6,
+        messages=[{"role": "user", "content": question},
+                  {"role": "assistant", "content": first.choices[0].message.content},
+                  {"role": "user", "content": "And then?"}],
+        extra_headers={"X-RadixChat-Session": "prefix-test"},
+    )
+    cached = follow_up.usage.prompt_tokens_details.cached_tokens
+    assert cached >= first.usage.prompt_tokens - 1 > first.usage.prompt_tokens_details.cached_tokens
+    assert engine.stats().cache.sessions >= 1
+
+
+def test_concurrent_greedy_requests_match_their_solo_replies(client):
+    prompts = ["the first question", "a second, different one", "and a third"]
+    alone = [chat(client, p, max_tokens=24).choices[0].message.content for p in prompts]
+    with ThreadPoolExecutor(3) as pool:
+        together = list(pool.map(lambda p: chat(client, p, max_tokens=24).choices[0].message.content, prompts))
+    assert together == alone
+
+
+def test_stop_strings(client):
+    full = chat(client, "count for me", max_tokens=30).choices[0].message.content
+    stop = full[6:9]
+    cut = chat(client, "count for me", max_tokens=30, stop=[stop, "never-seen"]).choices[0]
+    assert cut.message.content == full[: full.index(stop)] and cut.finish_reason == "stop"
+    text = client.completions.create(model=MODEL, prompt="count for me", max_tokens=30, temperature=0,
+                                     stop=stop, stream=True)
+    assert stop not in "".join(c.choices[0].text for c in text)
+
+
+def test_seeded_sampling_repeats(client):
+    kw = dict(max_tokens=12, temperature=1.0, top_p=0.9, seed=7,
+              extra_body={"top_k": 20, "min_p": 0.01, "repetition_penalty": 1.1})
+    assert chat(client, "roll the dice", **kw).choices[0].message.content == \
+        chat(client, "roll the dice", **kw).choices[0].message.content
+
+
+# ------------------------------------------------------------------ refusals
+@pytest.mark.parametrize("change, status, code", [
+    ({"n": 2}, 400, "invalid_value"),
+    ({"model": "gpt-4o"}, 404, "model_not_found"),
+    ({"max_tokens": 0}, 400, "invalid_value"),
+    ({"max_tokens": -5}, 400, "invalid_value"),
+    ({"max_tokens": 10**9}, 400, "invalid_value"),
+    ({"max_completion_tokens": 10**9}, 400, "invalid_value"),
+    ({"temperature": "hot"}, 400, "invalid_type"),
+    ({"top_p": 0}, 400, "invalid_value"),
+    ({"stop": [1, 2]}, 400, "invalid_type"),
+    ({"messages": "hello"}, 400, "invalid_type"),
+    ({"messages": []}, 400, "invalid_value"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "invalid_value"),
+    ({"messages": [{"role": "user", "content": 5}]}, 400, "invalid_type"),
+    ({"messages": [{"role": "user", "content": "x" * 600}]}, 400, "context_length_exceeded"),
+    ({"messages": [{"role": "user", "content": "x" * 600}], "stream": True}, 400, "context_length_exceeded"),
+])
+def test_bad_chat_requests_get_openai_errors(server, change, status, code):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **change}
+    got, reply = raw(server, "POST", "/v1/chat/completions", json.dumps(body).encode(),
+                     {"Content-Type": "application/json"})
+    assert got == status, reply
+    assert set(reply["error"]) == {"message", "type", "param", "code"}
+    assert reply["error"]["code"] == code and "\n" not in reply["error"]["message"]
+
+
+@pytest.mark.parametrize("prompt", ["", ["one", "two"], [[1, 2], [3]], {"text": "hi"}])
+def test_bad_completion_prompts(server, prompt):
+    status, reply = raw(server, "POST", "/v1/completions", json.dumps({"prompt": prompt}).encode())
+    assert status == 400 and reply["error"]["param"] == "prompt"
+
+
+def test_openai_client_raises_on_refusals(client):
+    with pytest.raises(openai.BadRequestError):
+        chat(client, "hi", n=2)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model=MODEL, prompt="y" * 600, max_tokens=4, stream=True)
+    assert caught.value.code == "context_length_exceeded"
+
+
+def test_protocol_errors_and_the_server_keeps_serving(server, client):
+    assert raw(server, "POST", "/v1/chat/completions", b"{not json")[0] == 400
+    assert raw(server, "POST", "/v1/completions", b"[1, 2]")[0] == 400
+    assert raw(server, "GET", "/v1/nowhere")[0] == 404
+    assert raw(server, "GET", "/v1/chat/completions")[0] == 405
+    assert raw(server, "DELETE", "/v1/models")[0] == 405
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
+    try:  # a refused body is not taken for the next request on the connection
+        conn.request("POST", "/v1/models", body=b'{"x": 1}')
+        response = conn.getresponse()
+        assert (response.status, response.getheader("Allow")) == (405, "GET")
+        response.read()
+        conn.request("GET", "/health")
+        assert conn.getresponse().status == 200
+    finally:
+        conn.close()
+
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
+    try:  # a huge declared body: refused before it is read
+        conn.putrequest("POST", "/v1/chat/completions")
+        conn.putheader("Content-Length", str(9 * 1024 * 1024))
+        conn.endheaders()
+        response = conn.getresponse()
+        assert response.status == 413 and json.loads(response.read())["error"]["code"] == "request_too_large"
+    finally:
+        conn.close()
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
+    try:  # no Content-Length at all
+        conn.putrequest("POST", "/v1/completions")
+        conn.endheaders()
+        response = conn.getresponse()
+        assert response.status == 411
+        response.read()
+    finally:
+        conn.close()
+    assert chat(client, "still there?", max_tokens=3).usage.completion_tokens == 3
+
+
+def test_api_key(engine):
+    with ApiServer(engine, "127.0.0.1", 0, api_key="s3cret") as api:
+        assert raw(api, "GET", "/health")[0] == 200
+        status, body = raw(api, "GET", "/v1/models")
+        assert status == 401 and body["error"]["code"] == "invalid_api_key"
+        assert raw(api, "GET", "/metrics", headers={"Authorization": "Bearer wrong"})[0] == 401
+        with OpenAI(base_url=api.address + "/v1", api_key="wrong", max_retries=0) as bad:
+            with pytest.raises(openai.AuthenticationError):
+                bad.models.list()
+        with OpenAI(base_url=api.address + "/v1", api_key="s3cret", max_retries=0) as good:
+            assert good.models.list().data[0].id == MODEL
+
+
+def test_binding_beyond_loopback_needs_an_api_key(engine, tmp_path, capsys):
+    with pytest.raises(UserError, match="API key"):
+        ApiServer(engine, "0.0.0.0", 0)
+    assert cli_main(["serve", "--host", "0.0.0.0", "--data-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("radixchat: error: refusing to serve on 0.0.0.0") and "\n" not in err
+
+
+# ------------------------------------------------------------------ metrics
+def test_metrics_count_requests_and_tokens(server, client):
+    before = scrape(server)
+    reply = chat(client, "measure me", max_tokens=5)
+    after = scrape(server)
+
+    def grew(name, labels=()):
+        key = (name, tuple(sorted(labels)))
+        return after.get(key, 0) - before.get(key, 0)
+
+    assert grew("radixchat_http_requests_total",
+                [("endpoint", "/v1/chat/completions"), ("status", "200")]) == 1
+    assert grew("radixchat_prompt_tokens_total") == reply.usage.prompt_tokens
+    assert grew("radixchat_completion_tokens_total") == 5
+    assert grew("radixchat_cache_hit_tokens_total", [("source", "ram")]) == \
+        reply.usage.prompt_tokens_details.cached_tokens
+    assert grew("radixchat_time_to_first_token_seconds_count") == 1
+    assert after[("radixchat_kv_pages", (("state", "total"),))] > 0
+    assert ("radixchat_mlx_memory_bytes", (("kind", "active"),)) in after
+    assert after[("radixchat_requests_in_flight", ())] == 0
+
+
+# ------------------------------------------------------------------ disconnects and shutdown
+def _post_and_hang_up(server, body: dict, read_until: bytes | None) -> None:
+    data = json.dumps(body).encode()
+    with socket.create_connection((server.host, server.port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+        received = b""
+        while read_until is not None and read_until not in received:
+            received += sock.recv(256)
+
+
+def _wait_for(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_hangs_up_cancels_its_request(server, client, stream):
+    cancelled = finished(server, "cancelled")
+    body = {"model": MODEL, "prompt": "go on and on", "max_tokens": 480, "temperature": 0, "stream": stream}
+    _post_and_hang_up(server, body, b"data: " if stream else None)
+    assert _wait_for(lambda: finished(server, "cancelled") == cancelled + 1)
+    assert chat(client, "next, please", max_tokens=3).usage.completion_tokens == 3
+
+
+def test_stop_cancels_running_requests_and_closes_connections(engine):
+    api = ApiServer(engine, "127.0.0.1", 0).start()
+    with OpenAI(base_url=api.address + "/v1", api_key="x", max_retries=0) as c:
+        c.models.list()  # leaves an idle keep-alive connection open
+        stream = c.completions.create(model=MODEL, prompt="long", max_tokens=480, temperature=0, stream=True)
+        next(iter(stream))
+        started = time.monotonic()
+        api.stop()
+        assert time.monotonic() - started < 5
+        with pytest.raises(openai.APIError, match="shutting down"):  # never a silent truncation
+            for chunk in stream:
+                assert chunk.choices[0].finish_reason is None
+        stream.close()
+    assert api.metrics.registry.get_sample_value("radixchat_finished_requests_total",
+                                                 {"finish_reason": "cancelled"}) == 1
