@@ -29,6 +29,7 @@ from core.model_loader import LoadedModel
 from kvcache.prefix_cache import PrefixCache
 
 PREFILL_CHUNK = 256  # tokens per prefill step: cancel is checked between steps
+SINGLE_CALL_TAIL = 64  # a remaining prompt this short is computed in one model call
 
 
 class Cancelled(Exception):
@@ -36,7 +37,14 @@ class Cancelled(Exception):
 
 
 def render_prompt(tokenizer, request: GenerationRequest) -> list[int]:
-    """Token ids of the request's prompt."""
+    """Token ids of the request's prompt (never empty)."""
+    tokens = _render(tokenizer, request)
+    if not tokens:
+        raise UserError("empty prompt: nothing to generate from")
+    return tokens
+
+
+def _render(tokenizer, request: GenerationRequest) -> list[int]:
     if request.prompt_tokens is not None:
         return list(request.prompt_tokens)
     if request.prompt_text is not None:
@@ -113,10 +121,12 @@ def token_steps(
             logits = processor(seen, logits)
         return sampler(logits - mx.logsumexp(logits, keepdims=True))
 
-    # All but the last prompt token in chunks (only the cache is evaluated, so the
-    # vocabulary projection of those positions is never computed), then the last token.
+    # Chunks of the prompt: only the cache is evaluated, so the vocabulary projection of
+    # those positions is never computed. A short tail (a follow-up turn) goes in as one
+    # call whose last position gives the logits; a long prompt ends with its last token
+    # alone, so the projection stays one row.
     done = 0
-    while len(tokens) - done > 1:
+    while len(tokens) - done > SINGLE_CALL_TAIL:
         chunk = tokens[done : min(done + PREFILL_CHUNK, len(tokens) - 1)]
         with mx.stream(generation_stream):
             model(mx.array(chunk)[None], cache=cache)
@@ -124,7 +134,7 @@ def token_steps(
         done += len(chunk)
         on_chunk(done)
     with mx.stream(generation_stream):
-        logits = model(mx.array(tokens[-1:])[None], cache=cache)[:, -1, :]
+        logits = model(mx.array(tokens[done:])[None], cache=cache)[:, -1, :]
     mx.eval(logits, [c.state for c in cache])
     on_chunk(len(tokens))
     if on_prefilled is not None:

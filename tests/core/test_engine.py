@@ -234,3 +234,8 @@ def test_process_exits_cleanly_after_the_engine_ran(tiny_model, tmp_path):
                                 capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stderr[-500:]
         assert result.stdout.strip() == "length"
+
+
+def test_empty_prompt_is_a_clear_error(engine):
+    events = collect(engine, GenerationRequest(prompt_text="", sampling=GREEDY))
+    assert isinstance(events[-1], ErrorEvent) and "empty prompt" in events[-1].message
