@@ -85,6 +85,11 @@ class _LoadCommand:
     error: str | None = None
 
 
+@dataclass
+class _FlushCommand:
+    done: threading.Event
+
+
 _STOP = object()
 
 
@@ -100,12 +105,18 @@ class Engine:
         on_load_progress: Callable[[str, float | None], None] | None = None,
         page_size: int | None = None,
         pool_tokens: int | None = None,
+        disk_cache: bool = True,
+        disk_budget_bytes: int | None = None,
     ):
         self.data_root = Path(data_root)
         self._initial = (model_spec, weights_format)
         self._use_cache = use_cache
         self._page_size = page_size
         self._pool_tokens = pool_tokens
+        self._disk_cache = disk_cache
+        self._disk_budget = disk_budget_bytes
+        self._persister = None  # kvcache.persist.SessionPersister, engine thread only
+        self.disk_cache_error: str | None = None  # why the disk cache is off, if it is
         self._stats = EngineStats()
         self._on_load_progress = on_load_progress
         self._commands: queue.Queue = queue.Queue()
@@ -180,13 +191,44 @@ class Engine:
         while True:
             command = self._commands.get()
             if command is _STOP:
+                self._close_persister()
                 self._loaded = None
                 self._prefix_cache = None
                 self._park()
-            if isinstance(command, _LoadCommand):
+            if isinstance(command, _FlushCommand):
+                if self._persister is not None:
+                    self._persister.flush()
+                command.done.set()
+            elif isinstance(command, _LoadCommand):
                 self._do_load(command)
             else:
                 self._do_request(command)
+
+    def _open_persister(self, fingerprint: str):
+        from kvcache.persist import SessionPersister
+        from kvcache.store import DEFAULT_BUDGET, DiskStoreError
+
+        if not (self._disk_cache and self._use_cache and self._prefix_cache.enabled):
+            return None
+        try:
+            self.data_root.mkdir(parents=True, exist_ok=True)
+            return SessionPersister(self.data_root / "kvcache.db", self._prefix_cache, fingerprint,
+                                    self._disk_budget or DEFAULT_BUDGET)
+        except DiskStoreError as exc:  # the app runs on without a disk cache
+            self.disk_cache_error = str(exc)
+            log.warning("disk cache off: %s", exc)
+            return None
+
+    def _close_persister(self) -> None:
+        if self._persister is not None:
+            self._persister.close()
+            self._persister = None
+
+    def flush_disk_cache(self, timeout: float = 30.0) -> None:
+        """Wait until the sessions saved so far are on disk (tests, benchmarks)."""
+        done = threading.Event()
+        self._commands.put(_FlushCommand(done))
+        done.wait(timeout)
 
     def _park(self) -> None:
         """Never return. A thread that used MLX runs MLX's thread-local destructors when it
@@ -213,6 +255,7 @@ class Engine:
             log.exception("loading %s failed", command.spec)
             command.error = f"loading {command.spec} failed: {exc}"
         else:
+            self._close_persister()
             self._loaded = self._prefix_cache = None  # free the old model's pool first
             build = build_kv_cache(
                 loaded.model,
@@ -223,6 +266,7 @@ class Engine:
             )
             self._loaded = loaded
             self._prefix_cache = PrefixCache(loaded.model, build)
+            self._persister = self._open_persister(loaded.info.fingerprint)
             self._info = loaded.info
             command.info = loaded.info
             self._publish_stats()
@@ -241,7 +285,7 @@ class Engine:
                 handle._emit(ErrorEvent(self._load_error or "no model is loaded"))
             else:
                 run_request(self._loaded, handle.request, self._prefix_cache, lambda: handle.cancelled,
-                            handle._emit)
+                            handle._emit, self._persister)
         except UserError as exc:
             handle._emit(ErrorEvent(str(exc)))
         except Exception as exc:

@@ -26,6 +26,7 @@ from core.engine_types import (
 )
 from core.errors import ContextLengthError, UserError
 from core.model_loader import LoadedModel
+from kvcache.persist import SessionPersister
 from kvcache.prefix_cache import PrefixCache
 
 PREFILL_CHUNK = 256  # tokens per prefill step: cancel is checked between steps
@@ -103,14 +104,15 @@ def token_steps(
     processors: list,
     history: list[int],
     on_chunk: Callable[[int], None],
-    on_prefilled: Callable[[], None] | None = None,
+    on_prefilled: Callable[[int], None] | None = None,
 ) -> Iterator[int]:
     """Prefill ``tokens`` in chunks into ``cache``, then yield sampled token ids forever.
 
     ``history`` (the tokens before ``tokens``) feeds the logits processors. ``on_chunk``
     runs after every prefill chunk (raise :class:`Cancelled` there to stop);
-    ``on_prefilled`` runs once the whole prompt is in the cache, before any generated
-    token enters it (the engine snapshots hybrid state there). Like mlx-lm's
+    ``on_prefilled(n)`` runs when all but the last prompt token are in the cache (``n``
+    of ``tokens``): the engine snapshots hybrid state there, so the same prompt asked
+    again (regenerate) can resume right before its last token. Like mlx-lm's
     ``generate_step``, step n+1 is queued before token n is handed out, so every token
     handed out has also been fed to the cache.
     """
@@ -126,19 +128,20 @@ def token_steps(
     # call whose last position gives the logits; a long prompt ends with its last token
     # alone, so the projection stays one row.
     done = 0
-    while len(tokens) - done > SINGLE_CALL_TAIL:
+    tail = 1 if on_prefilled is not None else SINGLE_CALL_TAIL
+    while len(tokens) - done > tail:
         chunk = tokens[done : min(done + PREFILL_CHUNK, len(tokens) - 1)]
         with mx.stream(generation_stream):
             model(mx.array(chunk)[None], cache=cache)
         mx.eval([c.state for c in cache])
         done += len(chunk)
         on_chunk(done)
+    if on_prefilled is not None:
+        on_prefilled(done)  # all but the last prompt token are in the cache
     with mx.stream(generation_stream):
         logits = model(mx.array(tokens[done:])[None], cache=cache)[:, -1, :]
     mx.eval(logits, [c.state for c in cache])
     on_chunk(len(tokens))
-    if on_prefilled is not None:
-        on_prefilled()
     with mx.stream(generation_stream):
         y = sample(logits)
     mx.async_eval(y)
@@ -158,6 +161,7 @@ def run_request(
     prefix_cache: PrefixCache | None,
     is_cancelled: Callable[[], bool],
     emit: Callable[[Event], None],
+    persister: SessionPersister | None = None,
 ) -> RequestStats:
     """Generate for ``request``, emitting events; returns the stats also sent in DoneEvent."""
     started = time.perf_counter()
@@ -171,17 +175,21 @@ def run_request(
         )
     max_tokens = min(params.max_tokens, context - len(prompt))
     if prefix_cache is not None and not (request.use_cache and prefix_cache.enabled):
-        prefix_cache = None
+        prefix_cache = persister = None
+    if persister is not None and request.session is None:
+        persister = None
+    restored = persister.restore(request.session, prompt) if persister is not None else 0
     prefix = prefix_cache.match(prompt) if prefix_cache is not None else None
     try:
         return _generate(loaded, request, prompt, max_tokens, prefix_cache, prefix, started,
-                         is_cancelled, emit)
+                         is_cancelled, emit, persister, restored)
     finally:
         if prefix is not None:
             prefix_cache.release(prefix)  # no-op once committed
 
 
-def _generate(loaded, request, prompt, max_tokens, prefix_cache, prefix, started, is_cancelled, emit):
+def _generate(loaded, request, prompt, max_tokens, prefix_cache, prefix, started, is_cancelled, emit,
+              persister, restored):
     params = request.sampling
     tokenizer = loaded.tokenizer
     if prefix is not None:
@@ -191,8 +199,8 @@ def _generate(loaded, request, prompt, max_tokens, prefix_cache, prefix, started
     to_compute = prompt[cached:]
     snapshots = []
 
-    def on_prefilled() -> None:
-        if prefix_cache is not None and (snap := prefix_cache.snapshot(cache, len(prompt))):
+    def on_prefilled(done: int) -> None:
+        if done and (snap := prefix_cache.snapshot(cache, cached + done)):
             snapshots.append(snap)
 
     if params.seed is not None:
@@ -205,8 +213,9 @@ def _generate(loaded, request, prompt, max_tokens, prefix_cache, prefix, started
         emit(ProgressEvent(cached + done, len(prompt)))
 
     emit(ProgressEvent(cached, len(prompt)))
+    hybrid = prefix_cache is not None and prefix_cache.hybrid
     steps = token_steps(loaded.model, to_compute, cache, sampler, processors, prompt[:cached],
-                        on_chunk, on_prefilled)
+                        on_chunk, on_prefilled if hybrid else None)
     detok = tokenizer.detokenizer
     detok.reset()
     stop_text = _StopText(params.stop)
@@ -253,16 +262,20 @@ def _generate(loaded, request, prompt, max_tokens, prefix_cache, prefix, started
 
     if prefix is not None and finish != "cancelled":
         seen = prompt + generated  # every token handed out was also fed to the cache
-        if (snap := prefix_cache.snapshot(cache, len(seen))) is not None:
-            snapshots.append(snap)
+        end_snapshot = prefix_cache.snapshot(cache, len(seen))
+        if end_snapshot is not None:
+            snapshots.append(end_snapshot)
+        if persister is not None:  # serialized now, written by the cache writer thread
+            persister.save(request.session, seen, cache, snapshots)
         prefix_cache.commit(prefix, seen, cache, snapshots, request.session)
 
     ttft = (first_token_at or ended) - started
     decode_time = ended - (first_token_at or ended)
+    restored = min(restored, cached)
     stats = RequestStats(
         prompt_tokens=len(prompt),
-        cached_tokens=cached,
-        restored_tokens=0,
+        cached_tokens=cached - restored,
+        restored_tokens=restored,
         computed_tokens=len(to_compute) if first_token_at is not None else 0,
         completion_tokens=len(generated),
         ttft_s=ttft,

@@ -41,6 +41,17 @@ class Prefix:
     tokens: tuple[int, ...]  # the matched tokens
 
 
+def _cache_source(caches: list, full_layers: tuple[int, ...]):
+    """K/V of tokens ``a..b`` of pool layer ``i`` from a request's mlx-lm caches."""
+
+    def source(pool_index: int, a: int, b: int):
+        kv = caches[full_layers[pool_index]]  # a KVCache: (1, heads, capacity, head_dim)
+        assert kv.offset >= b, f"layer {full_layers[pool_index]} holds {kv.offset} < {b} tokens"
+        return kv.keys[0, :, a:b], kv.values[0, :, a:b]
+
+    return source
+
+
 HOT_ENTRIES = 2  # recent requests whose mlx-lm cache objects are kept for a follow-up
 
 
@@ -129,7 +140,7 @@ class PrefixCache:
                 if not snapshots:
                     return 0
                 tokens = tokens[: max(s.length for s in snapshots)]
-            stored = self._store(prefix, tokens, caches, snapshots)
+            stored = self._store(prefix, tokens, _cache_source(caches, self._full_layers), snapshots)
             if session is not None and stored is not None:
                 self._move_session(session, tokens)
             if stored is not None and len(tokens) == held:
@@ -151,7 +162,35 @@ class PrefixCache:
             self.tree.dec_lock_ref(node)
 
     # ----------------------------------------------------------- internals
-    def _store(self, prefix: Prefix, tokens: list[int], caches: list, snapshots) -> int | None:
+    def insert_restored(self, tokens: list[int], start: int, layers_kv: list, snapshot: Snapshot | None) -> int:
+        """Put K/V restored from disk for ``tokens[start:]`` into the pool and the tree.
+
+        ``layers_kv[i]`` is ``(keys, values)`` of full-attention layer ``i`` (pool order),
+        each ``(heads, len(tokens) - start, head_dim)``; ``tokens[:start]`` must already be
+        cached. Returns the tokens now cached beyond ``start`` (0 if the pool is full).
+        """
+        prefix = self.match(list(tokens) + [0])  # locks tokens[:start] while we allocate
+        try:
+            if not self.enabled or prefix.length < start:
+                return 0
+
+            def source(pool_index: int, a: int, b: int):
+                keys, values = layers_kv[pool_index]
+                return keys[:, a - start : b - start], values[:, a - start : b - start]
+
+            snapshots = [snapshot] if snapshot is not None else []
+            if self.hybrid and not snapshots:
+                return 0
+            return self._store(prefix, list(tokens), source, snapshots) or 0
+        finally:
+            self.release(prefix)
+            self._prompt_tokens -= len(tokens) + 1  # not a prompt: keep the hit rate honest
+
+    def cached_length(self, tokens: list[int]) -> int:
+        """How much of ``tokens`` a request would get from RAM now (no locks, no counters)."""
+        return self.tree.peek_length(tokens)
+
+    def _store(self, prefix: Prefix, tokens: list[int], source, snapshots) -> int | None:
         new = len(tokens) - prefix.length
         if new <= 0:
             return 0
@@ -160,11 +199,9 @@ class PrefixCache:
         pages = self._alloc(math.ceil(new / self.page_size))
         if pages is None:
             return None
-        for pool_index, layer in enumerate(self._full_layers):
-            kv = caches[layer]  # a KVCache: keys/values (1, heads, capacity, head_dim)
-            assert kv.offset >= len(tokens), f"layer {layer} holds {kv.offset} < {len(tokens)} tokens"
-            self.pool.write(pool_index, pages, kv.keys[0, :, prefix.length : len(tokens)],
-                            kv.values[0, :, prefix.length : len(tokens)])
+        for pool_index in range(len(self._full_layers)):
+            keys, values = source(pool_index, prefix.length, len(tokens))
+            self.pool.write(pool_index, pages, keys, values)
         new_slots = [page * self.page_size + i for page in pages for i in range(self.page_size)][:new]
         # The allocator counts one reference per slot the tree holds; alloc gave one per page.
         self.allocator.incref([slot // self.page_size for slot in new_slots if slot % self.page_size])

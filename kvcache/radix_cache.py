@@ -259,6 +259,27 @@ class RadixCache:
             return None
         return path[-1]
 
+    def peek_length(self, tokens: Sequence[int]) -> int:
+        """What ``match_prefix`` would return as length, without splitting, counting or
+        touching LRU times."""
+        if self.disable:
+            return 0
+        node, i, best = self.root, 0, 0
+        tokens = tuple(map(int, tokens))
+        while i < len(tokens):
+            child = node.children.get(tokens[i])
+            if child is None:
+                break
+            k = _common_len(child.key, tokens, i)
+            if k < len(child.key):
+                if not self.require_snapshots:
+                    best = i + k
+                break
+            node, i = child, i + k
+            if not self.require_snapshots or node.snapshot is not None:
+                best = i
+        return best
+
     def nodes(self) -> Iterator[TreeNode]:
         """Every node except the root (any order)."""
         return self._iter_nodes()

@@ -520,3 +520,17 @@ def test_node_at_finds_exact_ends_and_splits():
     assert cache.stats().hits == before.hits and cache.stats().misses == before.misses
     assert len(list(cache.nodes())) == cache.node_count() == 2
     cache.check_invariants()
+
+
+def test_peek_length_agrees_with_match_and_changes_nothing():
+    for hybrid in (False, True):
+        cache = RadixCache(require_snapshots=hybrid)
+        cache.insert([1, 2, 3, 4, 5], [10, 11, 12, 13, 14], snapshot="end" if hybrid else None)
+        cache.insert([1, 2, 3], [10, 11, 12], snapshot="mid" if hybrid else None)
+        before = (cache.stats(), cache.node_count())
+        for probe in ([1, 2, 3, 4, 9], [1, 2], [1, 2, 3, 4, 5, 6], [7]):
+            length = cache.peek_length(probe)
+            assert (cache.stats(), cache.node_count()) == before
+            assert length == cache.match_prefix(probe).length
+            before = (cache.stats(), cache.node_count())
+        cache.check_invariants()

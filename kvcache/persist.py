@@ -1,0 +1,192 @@
+"""Session caches to and from the disk store.
+
+Saving happens at the end of a session's turn: the engine thread cuts the session's
+tokens into disk pages, serializes only pages the store does not have yet (the rest go
+as ``kv=None``) and hands plain bytes to a writer thread, which owns its own
+:class:`DiskStore` connection; decode never waits on disk. Restoring happens when a
+session's request finds less in RAM than the store holds: the engine thread reads that
+session's chain (primary-key lookups only), keeps the part that matches the prompt, and
+puts it into the pool and the tree. Every page is verified by the store (checksum,
+fingerprint, key); a damaged page costs a recompute, never a wrong answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+
+from kvcache.prefix_cache import PrefixCache
+from kvcache.serialize import SerializeError, kv_from_bytes, kv_to_bytes, snapshot_from_bytes, snapshot_to_bytes
+from kvcache.snapshot import Snapshot
+from kvcache.store import DEFAULT_BUDGET, DiskStore, DiskStoreError, PageData, page_key
+
+log = logging.getLogger(__name__)
+
+DISK_PAGE_TOKENS = 64  # tokens per stored page: fewer rows than pool pages, same bytes
+
+
+@dataclass(frozen=True)
+class _SaveJob:
+    session: str
+    pages: tuple[PageData, ...]
+
+
+class SessionPersister:
+    """Saves and restores session caches for one loaded model (engine thread API)."""
+
+    def __init__(self, path: Path, prefix_cache: PrefixCache, fingerprint: str,
+                 budget_bytes: int = DEFAULT_BUDGET):
+        self.prefix_cache = prefix_cache
+        self.fingerprint = fingerprint
+        self.reader = DiskStore(path, budget_bytes=budget_bytes)  # raises DiskStoreError
+        self._writer = DiskStore(path, budget_bytes=budget_bytes)
+        self._jobs: queue.Queue = queue.Queue()
+        self._known: set[str] = set()  # page keys this process knows the store holds
+        self.last_error: str | None = None
+        self._thread = threading.Thread(target=self._write_loop, name="radixchat-cache-writer", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ engine thread
+    def save(self, session: str, tokens: list[int], caches: list, snapshots: list[Snapshot]) -> None:
+        """Queue the session's cache (``caches`` hold exactly ``tokens``) for writing.
+
+        Pages end every ``DISK_PAGE_TOKENS`` tokens and at every snapshot (the end of the
+        prompt, the end of the reply), and carry the snapshot that ends with them, so a
+        hybrid model can resume from any of those points after a restart.
+        """
+        by_end = {s.length: s for s in snapshots if 0 < s.length <= len(tokens)}
+        if self.prefix_cache.hybrid and len(tokens) not in by_end:
+            return  # a hybrid chain must be resumable at least at its end
+        full = self.prefix_cache.build.layout.full_layer_indices
+        ends = sorted(set(range(DISK_PAGE_TOKENS, len(tokens), DISK_PAGE_TOKENS)) | set(by_end) | {len(tokens)})
+        pages, parent, start = [], None, 0
+        for end in ends:
+            chunk = tuple(tokens[start:end])
+            key = page_key(self.fingerprint, parent, chunk)
+            snapshot = by_end.get(end)
+            if key in self._known and snapshot is None:
+                pages.append(PageData(chunk, None))
+            else:
+                kv = kv_to_bytes([(caches[i].keys[0, :, start:end], caches[i].values[0, :, start:end])
+                                  for i in full])
+                pages.append(PageData(chunk, kv, snapshot_to_bytes(snapshot) if snapshot else None))
+            parent, start = key, end
+        self._known.update(page_key_chain(self.fingerprint, [p.tokens for p in pages]))
+        self._jobs.put(_SaveJob(session, tuple(pages)))
+
+    def restore(self, session: str, prompt: list[int]) -> int:
+        """Bring the session's stored cache into RAM if it serves more of ``prompt``
+        than RAM does. Returns the tokens restored (0 when nothing was needed or usable)."""
+        usable_limit = len(prompt) - 1  # the last prompt token is always computed
+        in_ram = self.prefix_cache.cached_length(prompt[:usable_limit])
+        stored = {info.name: info for info in self.reader.sessions()}.get(session)
+        if stored is None or stored.fingerprint != self.fingerprint or stored.tokens <= in_ram:
+            return 0
+        try:
+            chain = self.reader.load_session(session, self.fingerprint)
+        except DiskStoreError as exc:
+            self.last_error = str(exc)
+            return 0
+        matched = best = 0
+        for page in chain:  # how much of the chain is a prefix of the prompt
+            n = len(page.tokens)
+            if tuple(prompt[matched : matched + n]) != page.tokens:
+                if not self.prefix_cache.hybrid:  # token-exact: part of this page still counts
+                    best = matched + _common(page.tokens, prompt[matched:])
+                break
+            matched += n
+            if not self.prefix_cache.hybrid or page.snapshot is not None:
+                best = matched  # hybrid: only a page end with a snapshot is a resume point
+        if self.prefix_cache.hybrid:
+            best = max((end for end in _snapshot_ends(chain) if end <= min(best, usable_limit)), default=0)
+        best = min(best, usable_limit)
+        if best <= in_ram:
+            return 0
+        try:
+            return self._insert(prompt[:best], chain, in_ram)
+        except SerializeError as exc:  # the store verified it: a bug or a format change
+            log.warning("cached session %s could not be decoded: %s", session, exc)
+            return 0
+
+    def _insert(self, tokens: list[int], chain, start: int) -> int:
+        layers = len(self.prefix_cache.build.layout.full_layer_indices)
+        keys: list[list[mx.array]] = [[] for _ in range(layers)]
+        values: list[list[mx.array]] = [[] for _ in range(layers)]
+        offset, snapshot = 0, None
+        for page in chain:
+            if offset >= len(tokens):
+                break
+            take = min(len(page.tokens), len(tokens) - offset)
+            if offset + take > start and layers:
+                lo = max(0, start - offset)
+                for i, (k, v) in enumerate(kv_from_bytes(page.kv, layers, len(page.tokens))):
+                    keys[i].append(k[:, lo:take])
+                    values[i].append(v[:, lo:take])
+            if page.snapshot is not None and offset + len(page.tokens) == len(tokens):
+                snapshot = snapshot_from_bytes(page.snapshot)
+            offset += take
+        layers_kv = [(mx.concatenate(k, axis=1), mx.concatenate(v, axis=1)) for k, v in zip(keys, values)]
+        restored = self.prefix_cache.insert_restored(tokens, start, layers_kv, snapshot)
+        if restored:
+            self._known.update(page_key_chain(self.fingerprint, [p.tokens for p in chain]))
+        return restored
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every queued save is written (tests, shutdown)."""
+        done = threading.Event()
+        self._jobs.put(done)
+        done.wait(timeout)
+
+    def close(self) -> None:
+        self.flush(timeout=30)
+        self._jobs.put(None)
+        self.reader.close()
+
+    # ------------------------------------------------------------ writer thread
+    def _write_loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                self._writer.close()
+                return
+            if isinstance(job, threading.Event):
+                job.set()
+                continue
+            try:
+                self._writer.save_session(job.session, self.fingerprint, job.pages)
+            except DiskStoreError as exc:  # disk full, locked...: the cache costs time, no more
+                self.last_error = str(exc)
+                self._known.clear()
+                log.warning("saving the cache of %s failed: %s", job.session, exc)
+            except Exception:
+                self._known.clear()
+                log.exception("saving the cache of %s failed", job.session)
+
+
+def _common(a: tuple[int, ...], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def _snapshot_ends(chain) -> list[int]:
+    ends, offset = [], 0
+    for page in chain:
+        offset += len(page.tokens)
+        if page.snapshot is not None:
+            ends.append(offset)
+    return ends
+
+
+def page_key_chain(fingerprint: str, pages_tokens) -> list[str]:
+    keys, parent = [], None
+    for tokens in pages_tokens:
+        parent = page_key(fingerprint, parent, tokens)
+        keys.append(parent)
+    return keys

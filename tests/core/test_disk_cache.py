@@ -1,0 +1,85 @@
+"""Session caches persisted to disk: a new process restores a chat's KV instead of
+recomputing it, with the same greedy reply; damaged caches cost time, not answers."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from core.cli import main
+from core.engine import Engine
+from core.engine_types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
+from core.tiny_model import TinyModelSpec, write_tiny_model
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
+
+
+def turn(capsys, model, data, session, text, *extra) -> dict:
+    code = main(["chat", "--model", str(model), "--data-dir", str(data), "--temp", "0", "--max-tokens", "16",
+                 "--json", "--kv-tokens", "4096", "--session", session, *extra, text])
+    assert code == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_second_process_restores_the_session(capsys, tiny_model, tmp_path):
+    first = turn(capsys, tiny_model, tmp_path, "trip", "Plan a day in Lyon, please.")
+    second = turn(capsys, tiny_model, tmp_path, "trip", "And the evening?")  # a new process's engine
+    assert second["restored_tokens"] >= first["prompt_tokens"] + first["completion_tokens"] - 64
+    assert second["restored_tokens"] >= first["prompt_tokens"] + first["completion_tokens"] - 1
+    assert second["computed_tokens"] == second["prompt_tokens"] - second["restored_tokens"] - second["cached_tokens"]
+    # the same two turns with no disk cache and no RAM cache give the same reply
+    other = tmp_path / "plain"
+    turn(capsys, tiny_model, other, "trip", "Plan a day in Lyon, please.", "--no-cache")
+    plain = turn(capsys, tiny_model, other, "trip", "And the evening?", "--no-cache")
+    assert plain["restored_tokens"] == 0 and plain["reply"] == second["reply"]
+
+
+def chat_two_turns(engine, session):
+    history = [ChatMessage("user", "first question here")]
+    d1 = list(engine.stream(GenerationRequest(messages=tuple(history), sampling=GREEDY, session=session)))[-1]
+    history += [ChatMessage("assistant", d1.text), ChatMessage("user", "second one")]
+    d2 = list(engine.stream(GenerationRequest(messages=tuple(history), sampling=GREEDY, session=session)))[-1]
+    assert isinstance(d1, DoneEvent) and isinstance(d2, DoneEvent)
+    return d1, d2, history
+
+
+@pytest.mark.parametrize("kind", ["llama", "sliding", "recurrent"])
+def test_restore_is_exact_for_every_kind(kind, tmp_path):
+    spec = TinyModelSpec(kind=kind, num_layers=2 if kind == "llama" else 4, sliding_window=16)
+    path = write_tiny_model(tmp_path / kind, spec)
+    writer = Engine(tmp_path / "data", str(path), pool_tokens=4096).start()
+    writer.wait_ready(60)
+    d1, d2, history = chat_two_turns(writer, "s")
+    writer.flush_disk_cache()
+    writer.shutdown()
+    reader = Engine(tmp_path / "data", str(path), pool_tokens=4096).start()  # "after a restart"
+    reader.wait_ready(60)
+    try:
+        request = GenerationRequest(messages=tuple(history), sampling=GREEDY, session="s")
+        again = list(reader.stream(request))[-1]
+        assert again.text == d2.text
+        assert again.stats.restored_tokens >= d1.stats.prompt_tokens + d1.stats.completion_tokens - 1
+    finally:
+        reader.shutdown()
+
+
+def test_damaged_page_is_recomputed_not_trusted(capsys, tiny_model, tmp_path):
+    first = turn(capsys, tiny_model, tmp_path, "s", "Hello there, tell me a story.")
+    db = sqlite3.connect(tmp_path / "kvcache.db")
+    rows = db.execute("SELECT key, kv FROM page_data").fetchall()
+    assert rows
+    for key, kv in rows:  # flip bytes in every page's K/V
+        damaged = bytearray(kv)
+        damaged[len(damaged) // 2] ^= 0xFF
+        db.execute("UPDATE page_data SET kv = ? WHERE key = ?", (bytes(damaged), key))
+    db.commit()
+    db.close()
+    second = turn(capsys, tiny_model, tmp_path, "s", "Go on.")
+    assert second["restored_tokens"] == 0
+    assert second["computed_tokens"] == second["prompt_tokens"]
+    fresh = tmp_path / "fresh"
+    turn(capsys, tiny_model, fresh, "s", "Hello there, tell me a story.", "--no-cache")
+    assert turn(capsys, tiny_model, fresh, "s", "Go on.", "--no-cache")["reply"] == second["reply"]
+    assert first["completion_tokens"] == 16
