@@ -5,6 +5,7 @@
     radixchat fetch-model [NAME]   provision a known model into the data folder
     radixchat models               what models are available locally
     radixchat serve                the OpenAI-compatible API on 127.0.0.1:8000
+    radixchat cache stats|verify|clear   the disk cache of session KV
     radixchat bench cpu            measure the CPU backend setups (see README)
 
 Errors meant for the user print one line on stderr and exit with status 2.
@@ -62,6 +63,18 @@ def build_parser() -> argparse.ArgumentParser:
     models = sub.add_parser("models", help="list the models available locally")
     _add_common(models)
 
+    cache = sub.add_parser("cache", help="the disk cache of session KV: stats, verify, clear")
+    cache_sub = cache.add_subparsers(dest="cache_command", required=True)
+    for name, text in (("stats", "sessions, pages, bytes and hit figures"),
+                       ("verify", "re-hash every page; drop and report bad ones"),
+                       ("clear", "delete cached KV (the chat history stays)")):
+        command = cache_sub.add_parser(name, help=text)
+        _add_common(command)
+        if name == "clear":
+            command.add_argument("--session", help="only this session (default: everything)")
+        else:
+            command.add_argument("--json", action="store_true")
+
     serve = sub.add_parser("serve", help="serve the OpenAI-compatible API until Ctrl-C")
     _add_common(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (beyond loopback needs --api-key)")
@@ -106,6 +119,10 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
             from core.chat_cli import run_chat
 
             return run_chat(args)
+        if args.command == "cache":
+            from core.cache_cli import run_cache
+
+            return run_cache(args)
         if args.command == "serve":
             from core.server import run_serve
 

@@ -83,3 +83,65 @@ def test_damaged_page_is_recomputed_not_trusted(capsys, tiny_model, tmp_path):
     turn(capsys, tiny_model, fresh, "s", "Hello there, tell me a story.", "--no-cache")
     assert turn(capsys, tiny_model, fresh, "s", "Go on.", "--no-cache")["reply"] == second["reply"]
     assert first["completion_tokens"] == 16
+
+
+def test_cache_commands(capsys, tiny_model, tmp_path):
+    turn(capsys, tiny_model, tmp_path, "a", "first session")
+    turn(capsys, tiny_model, tmp_path, "b", "second session")
+    assert main(["cache", "stats", "--json", "--data-dir", str(tmp_path)]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["sessions"] == 2 and stats["pages"] >= 2 and stats["bytes"] > 0
+    assert main(["cache", "verify", "--json", "--data-dir", str(tmp_path)]) == 0
+    assert json.loads(capsys.readouterr().out)["bad_pages"] == 0
+    assert main(["cache", "clear", "--session", "a", "--data-dir", str(tmp_path)]) == 0
+    assert "session a" in capsys.readouterr().out
+    assert main(["cache", "stats", "--json", "--data-dir", str(tmp_path)]) == 0
+    assert json.loads(capsys.readouterr().out)["sessions"] == 1
+    assert main(["cache", "clear", "--data-dir", str(tmp_path)]) == 0
+    capsys.readouterr()
+    # the chat history is untouched by clearing the cache
+    from core import paths
+    from core.chat_store import ChatStore
+
+    with ChatStore(paths.chats_db_path(tmp_path)) as store:
+        assert len(store.messages(store.get_session("a").id)) == 2
+
+
+def test_newer_cache_schema_runs_without_disk_cache(capsys, tiny_model, tmp_path):
+    turn(capsys, tiny_model, tmp_path, "s", "hello")
+    db = sqlite3.connect(tmp_path / "kvcache.db")
+    db.execute("PRAGMA user_version = 42")
+    db.close()
+    second = turn(capsys, tiny_model, tmp_path, "s", "again")  # still answers, from scratch
+    assert second["restored_tokens"] == 0 and second["completion_tokens"] == 16
+    assert main(["cache", "stats", "--data-dir", str(tmp_path)]) == 2
+    assert "newer" in capsys.readouterr().err
+
+
+@pytest.mark.real_model
+def test_default_model_two_processes_match_one(data_root_with_default, tmp_path):
+    """Two `radixchat chat --session s --json` processes vs one process with the RAM cache."""
+    import os
+    import subprocess
+    import sys
+
+    def run(root, *args, stdin=None):
+        env = dict(os.environ, RADIXCHAT_HOME=str(root))
+        result = subprocess.run([sys.executable, "-m", "app.launcher", "chat", "--temp", "0", "--json",
+                                 "--max-tokens", "24", "--kv-tokens", "4096", "--session", "s", *args],
+                                capture_output=True, text=True, env=env, input=stdin, timeout=300)
+        assert result.returncode == 0, result.stderr[-800:]
+        return [json.loads(line) for line in result.stdout.strip().splitlines()]
+
+    q1, q2 = "Name a famous French painter.", "What is he best known for?"
+    (first,) = run(data_root_with_default, q1)
+    (second,) = run(data_root_with_default, q2)
+    assert second["restored_tokens"] >= first["prompt_tokens"] + first["completion_tokens"] - 64
+    single_root = tmp_path / "single"
+    single_root.mkdir()
+    for name in os.listdir(data_root_with_default / "models"):
+        (single_root / "models").mkdir(exist_ok=True)
+        (single_root / "models" / name).symlink_to(data_root_with_default / "models" / name)
+    one, two = run(single_root, stdin=f"{q1}\n{q2}\n")
+    assert two["cached_tokens"] > 0 and two["restored_tokens"] == 0
+    assert (first["reply"], second["reply"]) == (one["reply"], two["reply"])
