@@ -100,6 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
     multiturn.add_argument("--repeats", type=int, default=3, help="repetitions (medians are reported)")
     multiturn.add_argument("--page-size", type=int, help="tokens per KV page")
     multiturn.add_argument("--json", action="store_true")
+    restore = bench_sub.add_parser("restore", help="TTFT after a restart: restored vs recomputed vs RAM")
+    _add_common(restore)
+    restore.add_argument("--model", default="default")
+    restore.add_argument("--tokens", type=int, default=2000, help="length of the session's history")
+    restore.add_argument("--repeats", type=int, default=3)
+    restore.add_argument("--json", action="store_true")
     return parser
 
 
@@ -135,6 +141,10 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
             from core.bench_cpu import run_bench_cpu
 
             return run_bench_cpu(args)
+        if args.command == "bench" and args.bench_command == "restore":
+            from core.bench_restore import run_bench_restore
+
+            return run_bench_restore(args)
         if args.command == "bench" and args.bench_command == "multiturn":
             from core.bench_multiturn import run_bench_multiturn
 
