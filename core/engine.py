@@ -2,9 +2,9 @@
 
 Clients (CLI, GUI bridge, HTTP server) submit :class:`GenerationRequest` values and
 read a stream of events back; only plain values cross the thread boundary. The engine
-loads its model inside its own thread (MLX streams are per thread), runs requests one
-after another, and checks each request's cancel flag between prefill chunks and
-between decode steps.
+loads its model inside its own thread (MLX streams are per thread), prefills requests one
+at a time and decodes all running requests together (``core.scheduler``), and checks
+each request's cancel flag between prefill chunks and between decode steps.
 
     engine = Engine(data_root, model_spec="default")
     engine.start()
@@ -118,11 +118,13 @@ class Engine:
         self._persister = None  # kvcache.persist.SessionPersister, engine thread only
         self.disk_cache_error: str | None = None  # why the disk cache is off, if it is
         self._stats = EngineStats()
+        self._served = 0
         self._on_load_progress = on_load_progress
         self._commands: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         self._loaded = None  # LoadedModel, engine thread only
         self._prefix_cache = None  # kvcache.prefix_cache.PrefixCache, engine thread only
+        self._scheduler = None  # core.scheduler.Scheduler, engine thread only
         self._info: ModelInfo | None = None
         self._load_error: str | None = None
         self._ready = threading.Event()
@@ -188,21 +190,41 @@ class Engine:
 
     # ------------------------------------------------------------ engine thread
     def _run(self) -> None:
+        deferred: list = []  # loads and stops wait until the running requests are done
         while True:
-            command = self._commands.get()
-            if command is _STOP:
-                self._close_persister()
-                self._loaded = None
-                self._prefix_cache = None
-                self._park()
-            if isinstance(command, _FlushCommand):
-                if self._persister is not None:
-                    self._persister.flush()
-                command.done.set()
-            elif isinstance(command, _LoadCommand):
-                self._do_load(command)
+            busy = self._scheduler is not None and self._scheduler.busy
+            if busy or not deferred:
+                try:
+                    command = self._commands.get(block=not busy)
+                except queue.Empty:
+                    command = None
             else:
-                self._do_request(command)
+                command = deferred.pop(0)
+            if command is not None:
+                if isinstance(command, RequestHandle):
+                    self._do_request(command)
+                elif isinstance(command, _FlushCommand):
+                    if self._persister is not None:
+                        self._persister.flush()
+                    command.done.set()
+                elif busy:
+                    deferred.append(command)
+                elif command is _STOP:
+                    self._close_persister()
+                    self._loaded = self._prefix_cache = self._scheduler = None
+                    self._park()
+                else:
+                    self._do_load(command)
+            if self._scheduler is not None and self._scheduler.busy:
+                self._step()
+
+    def _step(self) -> None:
+        try:
+            self._scheduler.step()
+        except Exception as exc:  # a bug: end the running requests, keep the engine
+            log.exception("decode step failed")
+            self._scheduler.fail_all(f"internal error: {exc}")
+        self._publish_stats()
 
     def _open_persister(self, fingerprint: str):
         from kvcache.persist import SessionPersister
@@ -214,7 +236,7 @@ class Engine:
             self.data_root.mkdir(parents=True, exist_ok=True)
             return SessionPersister(self.data_root / "kvcache.db", self._prefix_cache, fingerprint,
                                     self._disk_budget or DEFAULT_BUDGET)
-        except DiskStoreError as exc:  # the app runs on without a disk cache
+        except (DiskStoreError, OSError) as exc:  # the app runs on without a disk cache
             self.disk_cache_error = str(exc)
             log.warning("disk cache off: %s", exc)
             return None
@@ -244,8 +266,6 @@ class Engine:
 
     def _do_load(self, command: _LoadCommand) -> None:
         from core.model_loader import load_model
-        from kvcache.builder import DEFAULT_PAGE_SIZE, build_kv_cache
-        from kvcache.prefix_cache import PrefixCache
 
         try:
             loaded = load_model(command.spec, self.data_root, command.weights_format, self._on_load_progress)
@@ -255,47 +275,63 @@ class Engine:
             log.exception("loading %s failed", command.spec)
             command.error = f"loading {command.spec} failed: {exc}"
         else:
-            self._close_persister()
-            self._loaded = self._prefix_cache = None  # free the old model's pool first
-            build = build_kv_cache(
-                loaded.model,
-                weight_bytes=loaded.info.weight_bytes,
-                page_size=self._page_size or DEFAULT_PAGE_SIZE,
-                pool_tokens=self._pool_tokens,
-                disable=not self._use_cache,
-            )
-            self._loaded = loaded
-            self._prefix_cache = PrefixCache(loaded.model, build)
-            self._persister = self._open_persister(loaded.info.fingerprint)
-            self._info = loaded.info
-            command.info = loaded.info
-            self._publish_stats()
+            try:
+                self._install(loaded, command)
+            except Exception as exc:  # out of memory for the pool, a bug...
+                log.exception("setting up %s failed", command.spec)
+                self._loaded = self._prefix_cache = self._scheduler = self._persister = None
+                self._info = None
+                command.error = f"setting up {command.spec} failed: {exc}"
         if self._info is None:
             self._load_error = command.error
         self._ready.set()
         command.done.set()
 
-    def _do_request(self, handle: RequestHandle) -> None:
-        from core.generation import run_request
+    def _install(self, loaded, command: _LoadCommand) -> None:
+        from core.scheduler import Scheduler
+        from kvcache.builder import DEFAULT_PAGE_SIZE, build_kv_cache
+        from kvcache.prefix_cache import PrefixCache
 
+        self._close_persister()
+        self._loaded = self._prefix_cache = self._scheduler = None  # free the old pool first
+        build = build_kv_cache(
+            loaded.model,
+            weight_bytes=loaded.info.weight_bytes,
+            page_size=self._page_size or DEFAULT_PAGE_SIZE,
+            pool_tokens=self._pool_tokens,
+            disable=not self._use_cache,
+        )
+        self._loaded = loaded
+        self._prefix_cache = PrefixCache(loaded.model, build)
+        self._persister = self._open_persister(loaded.info.fingerprint)
+        self._scheduler = Scheduler(loaded, self._prefix_cache, self._persister, self._count_served)
+        self._info = loaded.info
+        command.info = loaded.info
+        self._publish_stats()
+
+    def _do_request(self, handle: RequestHandle) -> None:
+        """Admit a request: prefill it, then it decodes with the others in the batch."""
         try:
             if handle.cancelled:
                 handle._emit(DoneEvent("", RequestStats(finish_reason="cancelled")))
-            elif self._loaded is None:
+            elif self._scheduler is None:
                 handle._emit(ErrorEvent(self._load_error or "no model is loaded"))
             else:
-                run_request(self._loaded, handle.request, self._prefix_cache, lambda: handle.cancelled,
-                            handle._emit, self._persister)
+                self._scheduler.admit(handle)  # finishes the handle itself, now or later
+                return
         except UserError as exc:
             handle._emit(ErrorEvent(str(exc)))
         except Exception as exc:
             log.exception("request failed")
             handle._emit(ErrorEvent(f"internal error: {exc}", user_error=False))
-        finally:
-            self._publish_stats(served=1)
-            handle._finish()
+        handle._finish()
+        self._count_served()
 
-    def _publish_stats(self, served: int = 0) -> None:
+    def _count_served(self) -> None:
+        self._served += 1
+        self._publish_stats()
+
+    def _publish_stats(self) -> None:
         import mlx.core as mx
 
         cache = self._prefix_cache.stats() if self._prefix_cache is not None else None
@@ -305,5 +341,5 @@ class Engine:
             mlx_active_bytes=mx.get_active_memory(),
             mlx_cache_bytes=mx.get_cache_memory(),
             mlx_peak_bytes=mx.get_peak_memory(),
-            requests_served=self._stats.requests_served + served,
+            requests_served=self._served,
         )

@@ -76,12 +76,20 @@ class SessionPersister:
                                   for i in full])
                 pages.append(PageData(chunk, kv, snapshot_to_bytes(snapshot) if snapshot else None))
             parent, start = key, end
-        self._known.update(page_key_chain(self.fingerprint, [p.tokens for p in pages]))
-        self._jobs.put(_SaveJob(session, tuple(pages)))
+        self._jobs.put(_SaveJob(session, tuple(pages)))  # keys become known once written
 
     def restore(self, session: str, prompt: list[int]) -> int:
         """Bring the session's stored cache into RAM if it serves more of ``prompt``
-        than RAM does. Returns the tokens restored (0 when nothing was needed or usable)."""
+        than RAM does. Returns the tokens restored (0 when nothing was needed or usable).
+        Any failure here costs a recompute, never the request."""
+        try:
+            return self._restore(session, prompt)
+        except (DiskStoreError, SerializeError, ValueError, AttributeError, KeyError) as exc:
+            self.last_error = str(exc)
+            log.warning("restoring the cache of %s failed: %s", session, exc)
+            return 0
+
+    def _restore(self, session: str, prompt: list[int]) -> int:
         usable_limit = len(prompt) - 1  # the last prompt token is always computed
         in_ram = self.prefix_cache.cached_length(prompt[:usable_limit])
         stored = {info.name: info for info in self.reader.sessions()}.get(session)
@@ -107,11 +115,7 @@ class SessionPersister:
         best = min(best, usable_limit)
         if best <= in_ram:
             return 0
-        try:
-            return self._insert(prompt[:best], chain, in_ram)
-        except SerializeError as exc:  # the store verified it: a bug or a format change
-            log.warning("cached session %s could not be decoded: %s", session, exc)
-            return 0
+        return self._insert(prompt[:best], chain, in_ram)
 
     def _insert(self, tokens: list[int], chain, start: int) -> int:
         layers = len(self.prefix_cache.build.layout.full_layer_indices)
@@ -158,7 +162,11 @@ class SessionPersister:
                 job.set()
                 continue
             try:
-                self._writer.save_session(job.session, self.fingerprint, job.pages)
+                result = self._writer.save_session(job.session, self.fingerprint, job.pages)
+                if result.evicted_sessions:  # pages may be gone: serialize everything again
+                    self._known.clear()
+                elif result.pages == len(job.pages):
+                    self._known.update(page_key_chain(self.fingerprint, [p.tokens for p in job.pages]))
             except DiskStoreError as exc:  # disk full, locked...: the cache costs time, no more
                 self.last_error = str(exc)
                 self._known.clear()

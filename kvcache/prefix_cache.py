@@ -220,6 +220,8 @@ class PrefixCache:
         return len(new_slots)
 
     def _alloc(self, num_pages: int) -> list[int] | None:
+        if num_pages > self.allocator.num_pages:  # can never fit: don't evict for nothing
+            return None
         pages = self.allocator.alloc(num_pages)
         while pages is None:
             needed = (num_pages - self.allocator.available()) * self.page_size

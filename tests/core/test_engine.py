@@ -106,7 +106,7 @@ def test_stop_string_cuts_the_reply(engine):
 
 
 def test_stop_text_holds_back_partial_matches():
-    stream = generation._StopText(("END",))
+    stream = generation.StopText(("END",))
     assert stream.feed("abc") == ("abc", False)
     assert stream.feed("abcE") == ("", False)
     assert stream.feed("abcEN") == ("", False)
