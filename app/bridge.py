@@ -4,6 +4,11 @@ The engine runs on its own thread; the bridge waits on it and reads each request
 events on short-lived Python worker threads, and relays every event to the GUI thread
 through a queued signal, so the public signals below are always emitted on the GUI
 thread, in order, and never block it.
+
+The bridge also owns the in-app API server (``core.server.ApiServer``), a second client
+of the same engine: ``start_server`` binds and returns its address at once;
+``stop_server`` stops it on a worker thread (running API requests are cancelled first,
+which can take a moment) and ``serverStopped`` follows.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from PySide6.QtCore import QObject, Qt, Signal
 
 from core.engine_types import ChatMessage, DoneEvent, ErrorEvent, GenerationRequest, SamplingParams, TokenEvent
 from core.errors import UserError
+from core.server import ApiServer
 
 if TYPE_CHECKING:
     from core.engine import Engine, RequestHandle
@@ -26,7 +32,7 @@ log = logging.getLogger(__name__)
 
 
 class EngineBridge(QObject):
-    """Owns the engine; one chat request at a time."""
+    """Owns the engine (one chat request at a time) and the in-app API server."""
 
     loadProgress = Signal(str, float)  # stage, fraction (-1 when unknown)
     modelReady = Signal(str)  # the model's name
@@ -34,6 +40,7 @@ class EngineBridge(QObject):
     token = Signal(str)  # a piece of the reply
     finished = Signal(str, dict)  # the full reply, dataclasses.asdict(RequestStats)
     failed = Signal(str)  # one line
+    serverStopped = Signal()  # after stop_server(): the port is free again
 
     _relay = Signal(str, object)  # (signal name, args): any thread -> the GUI thread
 
@@ -46,6 +53,8 @@ class EngineBridge(QObject):
             engine = Engine(Path(data_root), model_spec, on_load_progress=self._on_load_progress)
         self.engine = engine
         self._handle: RequestHandle | None = None
+        self._server: ApiServer | None = None
+        self._server_stopping: threading.Thread | None = None
         self._relay.connect(self._emit_public, Qt.ConnectionType.QueuedConnection)
 
     @property
@@ -74,8 +83,38 @@ class EngineBridge(QObject):
         if self._handle is not None:
             self._handle.cancel()
 
+    @property
+    def server_address(self) -> str | None:
+        """``http://127.0.0.1:PORT`` while the API server runs, else None."""
+        return self._server.address if self._server is not None else None
+
+    def start_server(self, port: int = 8000) -> str:
+        """Serve the OpenAI-compatible API on 127.0.0.1:``port`` (0: any free port) over this
+        bridge's engine; returns the address. Raises UserError when the port is taken."""
+        if self._server is not None:
+            return self._server.address
+        if self._server_stopping is not None:  # the previous server may still hold the port
+            self._server_stopping.join()
+            self._server_stopping = None
+        self._server = ApiServer(self.engine, "127.0.0.1", port).start()
+        return self._server.address
+
+    def stop_server(self) -> None:
+        """Stop the API server off the GUI thread; serverStopped follows. No-op when off."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        self._server_stopping = threading.Thread(target=self._stop_server, args=(server,),
+                                                 name="radixchat-bridge-server-stop", daemon=True)
+        self._server_stopping.start()
+
     def shutdown(self) -> None:
+        """Cancel the chat reply, stop the API server (waiting for it), then the engine."""
         self.cancel()
+        self.stop_server()
+        if self._server_stopping is not None:
+            self._server_stopping.join()
+            self._server_stopping = None
         self.engine.shutdown()
 
     # -- worker threads --
@@ -105,6 +144,13 @@ class EngineBridge(QObject):
         except Exception as exc:  # a bug
             log.exception("reading the reply failed")
             self._post("failed", f"internal error: {exc}")
+
+    def _stop_server(self, server: ApiServer) -> None:
+        try:
+            server.stop()
+        except Exception:  # a bug: the port may stay taken until the app exits
+            log.exception("stopping the API server failed")
+        self._post("serverStopped")
 
     def _post(self, name: str, *args: object) -> None:
         self._relay.emit(name, args)

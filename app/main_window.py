@@ -1,27 +1,32 @@
-"""The main window (plain for now): a transcript, an input box, Send and Stop."""
+"""The main window (plain for now): a transcript, an input box, Send and Stop, and a
+"Serve API" switch that runs the OpenAI-compatible server inside the app."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from PySide6.QtCore import QEvent, QObject, Qt
-from PySide6.QtGui import QFont, QTextBlockFormat, QTextCharFormat, QTextCursor
-from PySide6.QtWidgets import (QApplication, QHBoxLayout, QMainWindow, QMessageBox, QPlainTextEdit,
+from PySide6.QtCore import QEvent, QObject, QSignalBlocker, Qt
+from PySide6.QtGui import QAction, QCloseEvent, QFont, QTextBlockFormat, QTextCharFormat, QTextCursor
+from PySide6.QtWidgets import (QApplication, QHBoxLayout, QLabel, QMainWindow, QMessageBox, QPlainTextEdit,
                                QPushButton, QTextBrowser, QVBoxLayout, QWidget)
 
 from app.bridge import EngineBridge
 from core.chat_store import ChatStore
-from core.errors import StoreError
+from core.errors import StoreError, UserError
 from core.paths import chats_db_path
 
 
 class MainWindow(QMainWindow):
-    """One chat per app start; each finished turn is stored in the chat store."""
+    """One chat per app start; each finished turn is stored in the chat store.
 
-    def __init__(self, bridge: EngineBridge, store: ChatStore, parent: QWidget | None = None):
+    ``server_port``: where "Serve API" listens on 127.0.0.1 (0: any free port)."""
+
+    def __init__(self, bridge: EngineBridge, store: ChatStore, parent: QWidget | None = None,
+                 server_port: int = 8000):
         super().__init__(parent)
         self.bridge, self.store = bridge, store
+        self.server_port = server_port
         self.session = store.create_session()
         self.messages: list[tuple[str, str]] = []  # (role, content) of the finished turns
         self.sampling: dict = {"temperature": 0.7, "max_tokens": 512}  # a settings panel comes later
@@ -52,6 +57,22 @@ class MainWindow(QMainWindow):
         column.addWidget(self.transcript, 1)
         column.addLayout(row)
         self.setCentralWidget(central)
+
+        self.serve_action = QAction("Serve API", self)
+        self.serve_action.setCheckable(True)
+        self.serve_action.setToolTip("Serve the OpenAI-compatible API on 127.0.0.1"
+                                     + (f":{server_port}" if server_port else ""))
+        self.serve_action.toggled.connect(self._on_serve_toggled)
+        self.menuBar().addMenu("&Server").addAction(self.serve_action)
+        toolbar = self.addToolBar("Server")
+        toolbar.setObjectName("serverToolBar")
+        toolbar.setMovable(False)
+        toolbar.addAction(self.serve_action)
+        self.server_label = QLabel()
+        self.server_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.server_label.hide()
+        self.statusBar().addPermanentWidget(self.server_label)
+
         self._set_busy(True, generating=False)
         self.statusBar().showMessage("Loading the model…")
 
@@ -61,6 +82,7 @@ class MainWindow(QMainWindow):
         bridge.token.connect(self._append)
         bridge.finished.connect(self._on_finished)
         bridge.failed.connect(self._on_failed)
+        bridge.serverStopped.connect(self._on_server_stopped)
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         if (watched is self.input and event.type() == QEvent.Type.KeyPress
@@ -69,6 +91,10 @@ class MainWindow(QMainWindow):
             self.send()
             return True
         return super().eventFilter(watched, event)
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        self.serve_action.setChecked(False)  # stops the API server (the app's exit waits for it)
+        super().closeEvent(event)
 
     def send(self) -> None:
         text = self.input.toPlainText().strip()
@@ -120,6 +146,27 @@ class MainWindow(QMainWindow):
         if not self.input.toPlainText():
             self.input.setPlainText(self._pending)  # nothing lost: the message can be sent again
         self._set_busy(False)
+
+    def _on_serve_toggled(self, on: bool) -> None:
+        if not on:
+            self.serve_action.setEnabled(False)  # until the port is free again
+            self.server_label.setText("API: stopping…")
+            self.bridge.stop_server()
+            return
+        try:
+            address = self.bridge.start_server(self.server_port)
+        except UserError as exc:
+            with QSignalBlocker(self.serve_action):
+                self.serve_action.setChecked(False)
+            self.statusBar().showMessage(f"Could not start the API server: {exc}")
+            return
+        self.server_label.setText(f"API: {address}")
+        self.server_label.show()
+
+    def _on_server_stopped(self) -> None:
+        self.server_label.hide()
+        self.serve_action.setEnabled(True)
+        self.statusBar().showMessage("API server stopped", 5000)
 
     # -- helpers --
 

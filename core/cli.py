@@ -106,6 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
     restore.add_argument("--tokens", type=int, default=2000, help="length of the session's history")
     restore.add_argument("--repeats", type=int, default=3)
     restore.add_argument("--json", action="store_true")
+    bench_serve = bench_sub.add_parser("serve", help="API decode throughput: N concurrent streaming clients vs one")
+    _add_common(bench_serve)
+    bench_serve.add_argument("--model", default="default")
+    bench_serve.add_argument("--streams", type=int, default=4, help="concurrent clients")
+    bench_serve.add_argument("--max-tokens", type=int, default=64, help="reply length per request")
+    bench_serve.add_argument("--repeats", type=int, default=3, help="repetitions (medians are reported)")
+    bench_serve.add_argument("--json", action="store_true")
     return parser
 
 
@@ -149,6 +156,10 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
             from core.bench_multiturn import run_bench_multiturn
 
             return run_bench_multiturn(args)
+        if args.command == "bench" and args.bench_command == "serve":
+            from core.bench_serve import run_bench_serve
+
+            return run_bench_serve(args)
         if gui is None:
             raise UserError("the desktop app is not available in this build; try `radixchat chat`")
         return gui(paths.data_dir(args.data_dir), args.model)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
+import socket  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import urllib.request  # noqa: E402
 
 import pytest  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
@@ -53,13 +56,14 @@ class FakeEngine(Engine):
 
 @pytest.fixture
 def open_window(qtbot, tmp_path):
-    """open_window(spec=..., engine=...) -> (window, bridge, store), shut down afterwards."""
+    """open_window(spec=..., engine=..., server_port=...) -> (window, bridge, store), shut down
+    afterwards. "Serve API" listens on any free port unless told otherwise."""
     opened = []
 
-    def open_(spec: str | None = None, engine: Engine | None = None):
+    def open_(spec: str | None = None, engine: Engine | None = None, server_port: int = 0):
         bridge = EngineBridge(tmp_path, spec, engine=engine)
         store = ChatStore(chats_db_path(tmp_path))
-        window = MainWindow(bridge, store)
+        window = MainWindow(bridge, store, server_port=server_port)
         qtbot.addWidget(window)
         window.show()
         opened.append((bridge, store))
@@ -159,6 +163,60 @@ def test_an_error_mid_reply_reenables_the_input(qtbot, open_window, tmp_path):
     assert store.messages(window.session.id) == [] and window.messages == []
 
 
+def _refuses_connections(address: str) -> bool:
+    host, port = address.removeprefix("http://").rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def test_serve_api_answers_on_the_chat_engine_and_stops(qtbot, open_window, tiny_model):
+    window, bridge, _ = open_window(spec=str(tiny_model))
+    name = _ready(qtbot, bridge)
+    assert bridge.server_address is None and not window.server_label.isVisible()
+
+    window.serve_action.trigger()
+    address = bridge.server_address
+    assert window.serve_action.isChecked()
+    assert address is not None and address.startswith("http://127.0.0.1:")
+    assert window.server_label.isVisible() and window.server_label.text() == f"API: {address}"
+    with urllib.request.urlopen(address + "/v1/models", timeout=30) as response:
+        assert response.status == 200
+        assert json.load(response)["data"][0]["id"] == name  # the engine the chat uses
+
+    with qtbot.waitSignal(bridge.serverStopped, timeout=WAIT_MS):
+        window.serve_action.trigger()
+        assert not window.serve_action.isChecked() and bridge.server_address is None
+    assert _refuses_connections(address)
+    assert not window.server_label.isVisible() and window.serve_action.isEnabled()
+
+
+def test_a_taken_port_unchecks_serve_api_and_says_why(qtbot, open_window, tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        window, bridge, _ = open_window(engine=FakeEngine(tmp_path), server_port=port)
+        window.serve_action.trigger()
+    assert not window.serve_action.isChecked() and bridge.server_address is None
+    message = window.statusBar().currentMessage()
+    assert f"cannot listen on 127.0.0.1:{port}" in message and "\n" not in message
+    assert not window.server_label.isVisible()
+
+
+def test_closing_the_window_stops_the_api_server(qtbot, open_window, tmp_path):
+    window, bridge, _ = open_window(engine=FakeEngine(tmp_path))
+    window.serve_action.trigger()
+    address = bridge.server_address
+    assert address is not None
+    with qtbot.waitSignal(bridge.serverStopped, timeout=WAIT_MS):
+        window.close()
+    assert bridge.server_address is None and _refuses_connections(address)
+
+
 def test_the_app_package_does_not_import_mlx():
-    code = "import sys, app.main_window; sys.exit(any(m.split('.')[0] == 'mlx' for m in sys.modules))"
+    code = ("import sys, app.main_window, core.server; "
+            "sys.exit(any(m.split('.')[0] == 'mlx' for m in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
