@@ -461,6 +461,8 @@ class _Handler(BaseHTTPRequestHandler):
                     elif isinstance(event, DoneEvent):
                         ttft = (first_token_at or time.monotonic()) - arrived
                         self.api.metrics.record_generation(event.stats, ttft)
+                    if isinstance(event, (DoneEvent, ErrorEvent)):
+                        self.api.release(handle)  # no longer in flight, before the reply is sent
                     yield event
                     if time.monotonic() - checked > POLL_S:
                         checked = time.monotonic()
