@@ -163,9 +163,9 @@ class SessionPersister:
                 continue
             try:
                 result = self._writer.save_session(job.session, self.fingerprint, job.pages)
-                if result.evicted_sessions:  # pages may be gone: serialize everything again
-                    self._known.clear()
-                elif result.pages == len(job.pages):
+                if result.evicted_sessions or result.pages < len(job.pages):
+                    self._known.clear()  # pages went missing (budget, another process): resend all
+                else:
                     self._known.update(page_key_chain(self.fingerprint, [p.tokens for p in job.pages]))
             except DiskStoreError as exc:  # disk full, locked...: the cache costs time, no more
                 self.last_error = str(exc)

@@ -1,0 +1,274 @@
+"""``radixchat bench restore``: the next turn of an N-token chat after a restart.
+
+Each repetition, in a fresh data folder under ``<data>/tmp`` (the model given by path):
+engine A builds the session (a system prompt of travel notes, sized by two short
+calibration requests so that prompt + greedy reply reach about N tokens) and waits until
+it is on disk; then **ram**: A, never restarted, answers the follow-up (no session, so
+the store keeps the N-token session). A shuts down, every RAM cache with it. The
+session's read is timed, ``DiskStore.load_session`` against a plain sequential read of
+as many bytes in the same folder, cold (after ``fsync`` + ``POSIX_FADV_DONTNEED``) and
+warm (again right away). Engine B starts on that folder (the restart), warms up on an
+unrelated request, the database leaves the page cache again, then **restore**: the
+follow-up in the session (its history comes back from disk), and **recompute**: the same
+request with ``use_cache=False``. TTFT is the engine's own (request start to first
+token, restore included); the three greedy replies must agree (reported, never hidden).
+Medians over repetitions; ratios are ratios of medians.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from core import paths
+from core.engine import Engine
+from core.engine_types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
+from core.errors import UserError
+
+SESSION = "bench-restore"
+NOTES = (
+    "The old town is best explored on foot early in the morning, before the tour buses arrive.",
+    "Trams run every ten minutes until midnight; a day ticket pays for itself after three rides.",
+    "The covered market sells cheese, bread and fruit; it is cheapest just before closing time.",
+    "Restaurants near the main square are expensive; two streets away the same food costs half.",
+)
+FIRST_QUESTION = "Summarize these travel notes in one sentence."
+FOLLOW_UP = "Which of these notes matters most for a first visit, and why?"
+BUILD_REPLY_TOKENS = 32
+REPLY_TOKENS = 8  # per measured turn: TTFT is the figure, not decode
+DB_FILES = ("kvcache.db", "kvcache.db-wal", "kvcache.db-shm")
+
+
+@dataclass(frozen=True)
+class Repetition:
+    history_tokens: int  # the built session: first prompt + reply
+    prompt_tokens: int  # the measured follow-up's prompt
+    restored_tokens: int
+    ttft_restore_s: float
+    ttft_recompute_s: float
+    ttft_ram_s: float
+    replies_identical: bool
+    session_bytes: int  # tokens + K/V (+ snapshots) of the session's pages, as read
+    load_cold_s: float | None  # DiskStore.load_session; cold: None where it cannot be had
+    load_warm_s: float
+    plain_cold_s: float | None  # a sequential read of a file of session_bytes
+    plain_warm_s: float
+
+
+def _ask(engine: Engine, messages, *, session=None, use_cache=True, max_tokens=REPLY_TOKENS) -> DoneEvent:
+    request = GenerationRequest(messages=tuple(messages), session=session, use_cache=use_cache,
+                                sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens))
+    last = None
+    for last in engine.stream(request):
+        pass
+    if not isinstance(last, DoneEvent):
+        raise UserError(f"bench restore: {getattr(last, 'message', 'no reply from the engine')}")
+    return last
+
+
+def _notes(count: int) -> str:
+    return "\n".join(f"- {NOTES[i % len(NOTES)]}" for i in range(count))  # unnumbered: even sizes
+
+
+def _build_session(engine: Engine, tokens: int) -> tuple[list[ChatMessage], int]:
+    """Chat one turn whose prompt + reply reach about ``tokens``; returns the history and
+    its length in tokens."""
+    def prompt_tokens(notes: int) -> int:
+        messages = [ChatMessage("system", _notes(notes)), ChatMessage("user", FIRST_QUESTION)]
+        return _ask(engine, messages, use_cache=False, max_tokens=1).stats.prompt_tokens
+
+    base, cycle = prompt_tokens(0), prompt_tokens(len(NOTES))  # also the engine's warm-up
+    per_note = max(1.0, (cycle - base) / len(NOTES))
+    count = max(1, round((tokens - BUILD_REPLY_TOKENS - base) / per_note))
+    history = [ChatMessage("system", _notes(count)), ChatMessage("user", FIRST_QUESTION)]
+    reply = _ask(engine, history, session=SESSION, max_tokens=BUILD_REPLY_TOKENS)
+    return history + [ChatMessage("assistant", reply.text)], reply.stats.prompt_tokens + reply.stats.completion_tokens
+
+
+def _drop_from_page_cache(*files: Path) -> bool:
+    """fsync and advise the kernel to drop ``files`` from the page cache; False where the
+    platform cannot (then "cold" reads are warm)."""
+    if not hasattr(os, "posix_fadvise"):
+        return False
+    for path in files:
+        if path.exists():
+            fd = os.open(path, os.O_RDWR)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+    return True
+
+
+def _seconds(action) -> float:
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
+
+
+def _read_plain(path: Path) -> None:
+    buffer = bytearray(1 << 20)
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(buffer):
+            pass
+
+
+def _read_rates(folder: Path, fingerprint: str) -> dict:
+    """The session's bytes, and the seconds ``DiskStore.load_session`` and a plain
+    sequential read of as many bytes take, cold (None if it cannot be had) and warm."""
+    from kvcache.store import DiskStore
+
+    pages: list = []
+    with DiskStore(folder / "kvcache.db") as store:
+        cold = _drop_from_page_cache(*(folder / name for name in DB_FILES))
+        load_cold = _seconds(lambda: pages.extend(store.load_session(SESSION, fingerprint)))
+        load_warm = _seconds(lambda: store.load_session(SESSION, fingerprint))
+    if not pages:
+        raise UserError("bench restore: the session was not found on disk after the save")
+    nbytes = sum(4 * len(p.tokens) + len(p.kv) + len(p.snapshot or b"") for p in pages)
+    plain = folder / "plain-read.bin"
+    with open(plain, "wb") as f:
+        for start in range(0, nbytes, 1 << 24):
+            f.write(os.urandom(min(1 << 24, nbytes - start)))
+    _drop_from_page_cache(plain)
+    plain_cold, plain_warm = _seconds(lambda: _read_plain(plain)), _seconds(lambda: _read_plain(plain))
+    plain.unlink()
+    return {"session_bytes": nbytes, "load_cold_s": load_cold if cold else None, "load_warm_s": load_warm,
+            "plain_cold_s": plain_cold if cold else None, "plain_warm_s": plain_warm}
+
+
+def _scratch_folder(root: Path) -> Path:
+    (root / "tmp").mkdir(exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="bench-restore-", dir=root / "tmp"))
+    for shared in ("tokenizers", "converted"):  # content-addressed caches: reuse, do not rebuild
+        if (root / shared).is_dir():
+            (folder / shared).symlink_to((root / shared).resolve())
+    if (root / "file_hashes.json").exists():
+        shutil.copy(root / "file_hashes.json", folder / "file_hashes.json")
+    return folder
+
+
+def _repetition(folder: Path, spec: str, tokens: int) -> Repetition:
+    import mlx.core as mx
+
+    pool = 1024 * -(-(tokens + 1024) // 1024)
+
+    def engine() -> Engine:
+        started = Engine(folder, spec, pool_tokens=pool).start()
+        info = started.wait_ready()
+        if tokens + 128 + REPLY_TOKENS >= info.context_length:
+            started.shutdown()
+            raise UserError(f"--tokens {tokens} does not fit {info.name}'s context of {info.context_length}")
+        return started
+
+    def close(done: Engine) -> None:
+        done.shutdown()
+        gc.collect()  # free its weights and pool before the next one loads
+        mx.clear_cache()
+
+    first = engine()
+    try:
+        history, history_tokens = _build_session(first, tokens)
+        first.flush_disk_cache()
+        follow_up = history + [ChatMessage("user", FOLLOW_UP)]
+        ram = _ask(first, follow_up)  # no session: the store keeps the N-token session
+        fingerprint = first.model_info.fingerprint
+    finally:
+        close(first)
+    rates = _read_rates(folder, fingerprint)
+    second = engine()  # "after a restart"
+    try:
+        _ask(second, [ChatMessage("user", "Hello")], use_cache=False, max_tokens=1)  # warm-up
+        _drop_from_page_cache(*(folder / name for name in DB_FILES))
+        restored = _ask(second, follow_up, session=SESSION)
+        recompute = _ask(second, follow_up, use_cache=False)
+    finally:
+        close(second)
+    return Repetition(
+        history_tokens=history_tokens, prompt_tokens=restored.stats.prompt_tokens,
+        restored_tokens=restored.stats.restored_tokens,
+        ttft_restore_s=restored.stats.ttft_s, ttft_recompute_s=recompute.stats.ttft_s,
+        ttft_ram_s=ram.stats.ttft_s, replies_identical=restored.text == recompute.text == ram.text, **rates)
+
+
+def run_bench_restore(args) -> int:
+    for name, low in (("tokens", 64), ("repeats", 1)):
+        if getattr(args, name) < low:
+            raise UserError(f"--{name} must be at least {low}")
+    from core.cli import print_progress
+    from core.model_loader import resolve_spec
+
+    root = paths.data_dir(args.data_dir)
+    spec = str(resolve_spec(args.model, root, None if args.json else print_progress).resolve())
+    reps: list[Repetition] = []
+    started = time.perf_counter()
+    for rep in range(args.repeats):
+        print(f"radixchat: bench restore: repetition {rep + 1}/{args.repeats}", file=sys.stderr, flush=True)
+        folder = _scratch_folder(root)
+        try:
+            reps.append(_repetition(folder, spec, args.tokens))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    report = _report(args, spec, reps, time.perf_counter() - started)
+    print(json.dumps(report, indent=2) if args.json else format_summary(report))
+    return 0
+
+
+def _report(args, spec: str, reps: list[Repetition], wall_s: float) -> dict:
+    def median(field: str) -> float | None:
+        values = [getattr(r, field) for r in reps]
+        return None if None in values else statistics.median(values)
+
+    nbytes = median("session_bytes")
+    rate = {name: (nbytes / median(field) if median(field) else None) for name, field in (
+        ("restore_cold", "load_cold_s"), ("restore_warm", "load_warm_s"),
+        ("plain_cold", "plain_cold_s"), ("plain_warm", "plain_warm_s"))}
+    cold = rate["restore_cold"] is not None and rate["plain_cold"] is not None
+    ttft = {way: median(f"ttft_{way}_s") for way in ("restore", "recompute", "ram")}
+    return {
+        "model": args.model, "model_path": spec, "tokens": args.tokens, "repeats": args.repeats,
+        "wall_s": round(wall_s, 1), "history_tokens": median("history_tokens"),
+        "prompt_tokens": median("prompt_tokens"), "restored_tokens": median("restored_tokens"),
+        "replies_identical": all(r.replies_identical for r in reps),
+        "ttft_s": ttft, "session_bytes": nbytes, "read_bytes_per_s": rate,
+        "read_basis": "cold: after fsync + POSIX_FADV_DONTNEED" if cold else
+                      "warm only: this platform cannot drop a file from the page cache",
+        "repetitions": [asdict(r) for r in reps],
+        "restore_read_fraction_of_disk_warm": rate["restore_warm"] / rate["plain_warm"],
+        "ttft_ratio_restore_vs_recompute": ttft["restore"] / ttft["recompute"],
+        "ttft_ratio_restore_vs_ram": ttft["restore"] / ttft["ram"],
+        "restore_read_fraction_of_disk": (rate["restore_cold"] / rate["plain_cold"] if cold
+                                          else rate["restore_warm"] / rate["plain_warm"]),
+    }
+
+
+def format_summary(report: dict) -> str:
+    t, r = report["ttft_s"], report["read_bytes_per_s"]
+
+    def mbs(value: float | None) -> str:
+        return "     n/a" if value is None else f"{value / 1e6:8.1f} MB/s"
+
+    return "\n".join([
+        f"model: {report['model']} ({report['model_path']}); medians of {report['repeats']} repetitions "
+        f"({report['wall_s']:.0f} s)",
+        f"history {report['history_tokens']:.0f} tokens; follow-up prompt {report['prompt_tokens']:.0f} tokens, "
+        f"{report['restored_tokens']:.0f} of them restored from disk",
+        f"TTFT: restored {t['restore']:.3f} s, recomputed {t['recompute']:.3f} s, RAM cache {t['ram']:.3f} s",
+        f"restore / recompute {report['ttft_ratio_restore_vs_recompute']:.3f} (target <= 0.05), "
+        f"restore / RAM {report['ttft_ratio_restore_vs_ram']:.3f} (target <= 1.5)",
+        "replies: identical in all three ways" if report["replies_identical"] else "replies: DIFFER",
+        f"session read ({report['session_bytes'] / 1e6:.1f} MB), {report['read_basis']}:",
+        f"  DiskStore.load_session  cold {mbs(r['restore_cold'])}  warm {mbs(r['restore_warm'])}",
+        f"  plain sequential read   cold {mbs(r['plain_cold'])}  warm {mbs(r['plain_warm'])}",
+        f"restore read / plain read {report['restore_read_fraction_of_disk']:.3f} (target >= 0.5); "
+        f"warm {report['restore_read_fraction_of_disk_warm']:.3f}",
+    ])

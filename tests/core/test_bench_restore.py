@@ -1,0 +1,32 @@
+"""``radixchat bench restore`` on a tiny model: it runs, restores the session, reports."""
+
+from __future__ import annotations
+
+import json
+
+from core.cli import main
+
+
+def test_bench_restore_json(capsys, tiny_model, tmp_path):
+    code = main(["bench", "restore", "--model", str(tiny_model), "--data-dir", str(tmp_path),
+                 "--tokens", "300", "--repeats", "1", "--json"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    ratios = ["ttft_ratio_restore_vs_recompute", "ttft_ratio_restore_vs_ram", "restore_read_fraction_of_disk"]
+    assert list(report)[-3:] == ratios
+    assert all(report[key] > 0 for key in ratios)
+    assert report["restored_tokens"] >= 250
+    assert report["replies_identical"]
+    assert all(value > 0 for value in report["ttft_s"].values())
+    assert not list((tmp_path / "tmp").iterdir())  # the scratch data folder is gone
+
+
+def test_bench_restore_summary_and_user_errors(capsys, tiny_model, tmp_path):
+    args = ["bench", "restore", "--model", str(tiny_model), "--data-dir", str(tmp_path), "--repeats", "1"]
+    assert main([*args, "--tokens", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "restore / recompute" in out and "restored from disk" in out
+    assert main([*args, "--tokens", "5000"]) == 2  # beyond the tiny model's context
+    assert "context" in capsys.readouterr().err
+    assert main([*args, "--tokens", "10"]) == 2
+    assert "--tokens" in capsys.readouterr().err
