@@ -393,7 +393,6 @@ CRASH_CHILD = r"""
 import hashlib, sys
 from pathlib import Path
 
-sys.modules["numpy"] = None  # starts twice as fast: sqlite-utils only tries numpy, for its types
 from kvcache.store import DiskStore, PageData
 
 def state(session, step):
