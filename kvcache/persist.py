@@ -23,7 +23,7 @@ import mlx.core as mx
 from kvcache.prefix_cache import PrefixCache
 from kvcache.serialize import SerializeError, kv_from_bytes, kv_to_bytes, snapshot_from_bytes, snapshot_to_bytes
 from kvcache.snapshot import Snapshot
-from kvcache.store import DEFAULT_BUDGET, DiskStore, DiskStoreError, PageData, page_key
+from kvcache.store import DEFAULT_BUDGET, DiskStore, DiskStoreError, PageData, chain_keys, page_key
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class SessionPersister:
     def _restore(self, session: str, prompt: list[int]) -> int:
         usable_limit = len(prompt) - 1  # the last prompt token is always computed
         in_ram = self.prefix_cache.cached_length(prompt[:usable_limit])
-        stored = {info.name: info for info in self.reader.sessions()}.get(session)
+        stored = self.reader.session(session)
         if stored is None or stored.fingerprint != self.fingerprint or stored.tokens <= in_ram:
             return 0
         try:
@@ -137,7 +137,7 @@ class SessionPersister:
         layers_kv = [(mx.concatenate(k, axis=1), mx.concatenate(v, axis=1)) for k, v in zip(keys, values)]
         restored = self.prefix_cache.insert_restored(tokens, start, layers_kv, snapshot)
         if restored:
-            self._known.update(page_key_chain(self.fingerprint, [p.tokens for p in chain]))
+            self._known.update(chain_keys(self.fingerprint, [p.tokens for p in chain]))
         return restored
 
     def flush(self, timeout: float | None = None) -> None:
@@ -166,7 +166,7 @@ class SessionPersister:
                 if result.evicted_sessions or result.pages < len(job.pages):
                     self._known.clear()  # pages went missing (budget, another process): resend all
                 else:
-                    self._known.update(page_key_chain(self.fingerprint, [p.tokens for p in job.pages]))
+                    self._known.update(chain_keys(self.fingerprint, [p.tokens for p in job.pages]))
             except DiskStoreError as exc:  # disk full, locked...: the cache costs time, no more
                 self.last_error = str(exc)
                 self._known.clear()
@@ -190,11 +190,3 @@ def _snapshot_ends(chain) -> list[int]:
         if page.snapshot is not None:
             ends.append(offset)
     return ends
-
-
-def page_key_chain(fingerprint: str, pages_tokens) -> list[str]:
-    keys, parent = [], None
-    for tokens in pages_tokens:
-        parent = page_key(fingerprint, parent, tokens)
-        keys.append(parent)
-    return keys

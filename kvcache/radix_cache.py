@@ -264,21 +264,15 @@ class RadixCache:
         touching LRU times."""
         if self.disable:
             return 0
-        node, i, best = self.root, 0, 0
         tokens = tuple(map(int, tokens))
-        while i < len(tokens):
-            child = node.children.get(tokens[i])
-            if child is None:
-                break
-            k = _common_len(child.key, tokens, i)
-            if k < len(child.key):
-                if not self.require_snapshots:
-                    best = i + k
-                break
-            node, i = child, i + k
-            if not self.require_snapshots or node.snapshot is not None:
-                best = i
-        return best
+        path = self._walk(tokens, split=False)
+        if self.require_snapshots:
+            while path and path[-1].snapshot is None:
+                path.pop()
+            return sum(len(node.key) for node in path)
+        matched = sum(len(node.key) for node in path)
+        child = (path[-1] if path else self.root).children.get(tokens[matched]) if matched < len(tokens) else None
+        return matched + (_common_len(child.key, tokens, matched) if child is not None else 0)
 
     def nodes(self) -> Iterator[TreeNode]:
         """Every node except the root (any order)."""

@@ -162,6 +162,14 @@ def page_key(fingerprint: str, parent: str | None, tokens: Sequence[int] | bytes
     return _sha256(fingerprint.encode(), (parent or "").encode(), blob)
 
 
+def chain_keys(fingerprint: str, pages_tokens: Sequence[Sequence[int]]) -> list[str]:
+    """The keys of a chain of pages, first page first (no database needed)."""
+    keys: list[str] = []
+    for tokens in pages_tokens:
+        keys.append(page_key(fingerprint, keys[-1] if keys else None, tokens))
+    return keys
+
+
 def _checksum(tokens: bytes, kv: bytes, snapshot: bytes | None) -> str:
     """CRC-32 over the length-prefixed parts: it catches flipped bytes and truncation, and
     runs at ~4 GB/s here against ~1.8 GB/s for SHA-256, which bounded restore reads. The
@@ -294,10 +302,7 @@ class DiskStore:
 
     def page_keys(self, fingerprint: str, pages_tokens: Sequence[Sequence[int]]) -> list[str]:
         """The keys of a chain of pages, first page first."""
-        keys: list[str] = []
-        for tokens in pages_tokens:
-            keys.append(page_key(fingerprint, keys[-1] if keys else None, tokens))
-        return keys
+        return chain_keys(fingerprint, pages_tokens)
 
     def missing_keys(self, keys: Iterable[str]) -> set[str]:
         """Those of ``keys`` the store does not have (so their K/V must be serialized)."""
@@ -401,6 +406,12 @@ class DiskStore:
         return pages
 
     # -- inspecting --
+
+    def session(self, name: str) -> SessionInfo | None:
+        """One session's row (a primary-key lookup), or None."""
+        rows = self._rows("SELECT name, fingerprint, tokens, pages, nbytes, updated_at, last_used "
+                          "FROM sessions WHERE name = ?", [name])
+        return SessionInfo(*rows[0]) if rows else None
 
     def sessions(self) -> list[SessionInfo]:
         """All sessions, most recently used first."""

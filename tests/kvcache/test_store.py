@@ -24,6 +24,7 @@ from kvcache.store import (
     DiskStore,
     DiskStoreError,
     PageData,
+    chain_keys,
     page_key,
 )
 
@@ -472,3 +473,11 @@ def test_sigkill_during_saves_leaves_a_consistent_store(tmp_path):
                 assert chain in allowed, (folder, session, last, chain)
                 assert same(loaded, namespace["pages"](chain))
     assert trials_with_saves >= 10  # most children got to save before being killed
+
+
+def test_session_lookup_by_name(store):
+    store.save_session("one", FP, make_pages([(1, 2, 3), (4, 5)]))
+    info = store.session("one")
+    assert info is not None and info.tokens == 5 and info.pages == 2 and info.fingerprint == FP
+    assert store.session("absent") is None
+    assert store.page_keys(FP, [(1, 2, 3), (4, 5)]) == chain_keys(FP, [(1, 2, 3), (4, 5)])
