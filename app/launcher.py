@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
+from pathlib import Path
 
 from core.cli import main as cli_main
 
 
-def _run_gui(data_root, model_spec: str) -> int:
+def _run_gui(args: argparse.Namespace, data_root: Path) -> int:
+    """What needs Qt: the app itself, ``--screenshot PATH`` and ``bench gui``."""
+    if args.command == "bench" and args.bench_command == "gui":
+        from app.bench_gui import run_bench_gui
+
+        return run_bench_gui(args, data_root)
+    if args.screenshot:
+        from app.screenshot import run_screenshot
+
+        return run_screenshot(Path(args.screenshot), data_root, args.model)
     from app.main_window import run_app
 
-    return run_app(data_root, model_spec)
+    return run_app(data_root, args.model)
 
 
 def main(argv: list[str] | None = None) -> int:

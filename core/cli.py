@@ -34,6 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(parser)
     parser.add_argument("--model", default="default", help="model for the app (default: SmolLM2-135M)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log details to stderr")
+    parser.add_argument("--screenshot", metavar="PATH",
+                        help="render the app after a three-turn chat (both panels live) to a PNG, then exit")
+    parser.add_argument("--self-test", action="store_true",
+                        help="headless check: a tiny model, one turn through the engine, the cache and the"
+                             " disk store; prints one line and exits 0, or names what is broken")
     sub = parser.add_subparsers(dest="command")
 
     chat = sub.add_parser("chat", help="send one message (or chat interactively) in a session")
@@ -113,10 +118,18 @@ def build_parser() -> argparse.ArgumentParser:
     bench_serve.add_argument("--max-tokens", type=int, default=64, help="reply length per request")
     bench_serve.add_argument("--repeats", type=int, default=3, help="repetitions (medians are reported)")
     bench_serve.add_argument("--json", action="store_true")
+    bench_gui = bench_sub.add_parser("gui", help="the app's event-loop latency while a reply streams")
+    _add_common(bench_gui)
+    bench_gui.add_argument("--model", default="default")
+    bench_gui.add_argument("--max-tokens", type=int, default=128, help="reply length")
+    bench_gui.add_argument("--repeats", type=int, default=3, help="replies measured (medians are reported)")
+    bench_gui.add_argument("--json", action="store_true")
     return parser
 
 
-GuiRunner = Callable[[Path, str], int]
+# Opens the app, or runs what needs Qt (--screenshot, bench gui), from the parsed arguments
+# and the data folder. app.launcher passes it in: core never imports app.
+GuiRunner = Callable[[argparse.Namespace, Path], int]
 
 
 def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
@@ -128,6 +141,10 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     try:
+        if args.self_test:
+            from core.self_test import run_self_test
+
+            return run_self_test(args)
         if args.command == "chat":
             from core.chat_cli import run_chat
 
@@ -162,7 +179,7 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
             return run_bench_serve(args)
         if gui is None:
             raise UserError("the desktop app is not available in this build; try `radixchat chat`")
-        return gui(paths.data_dir(args.data_dir), args.model)
+        return gui(args, paths.data_dir(args.data_dir))
     except UserError as exc:
         print(f"radixchat: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -43,6 +43,10 @@ class EngineStats:
     mlx_cache_bytes: int = 0
     mlx_peak_bytes: int = 0
     requests_served: int = 0
+    requests_running: int = 0
+    rss_bytes: int = 0  # the whole process (read when stats() is called)
+    disk_cache_bytes: int = 0  # the KV cache database on disk, WAL included (idem)
+    disk_cache_budget_bytes: int = 0  # 0 while the disk cache is off
 
 
 class RequestHandle:
@@ -105,6 +109,7 @@ class Engine:
         on_load_progress: Callable[[str, float | None], None] | None = None,
         page_size: int | None = None,
         pool_tokens: int | None = None,
+        pool_bytes: int | None = None,
         disk_cache: bool = True,
         disk_budget_bytes: int | None = None,
     ):
@@ -113,6 +118,7 @@ class Engine:
         self._use_cache = use_cache
         self._page_size = page_size
         self._pool_tokens = pool_tokens
+        self._pool_bytes = pool_bytes
         self._disk_cache = disk_cache
         self._disk_budget = disk_budget_bytes
         self._persister = None  # kvcache.persist.SessionPersister, engine thread only
@@ -155,8 +161,27 @@ class Engine:
         return self._info
 
     def stats(self) -> EngineStats:
-        """The latest figures (updated by the engine thread after each load and request)."""
-        return self._stats
+        """The latest figures: the engine thread updates the model, cache and MLX figures
+        after each load, prefill chunk and decode step; process RSS and the disk cache's
+        size are read now. Cheap enough to poll a few times a second from a GUI."""
+        import dataclasses
+
+        import psutil
+
+        try:
+            rss = psutil.Process().memory_info().rss
+        except psutil.Error:
+            rss = 0
+        disk = 0
+        if self._persister is not None:
+            for suffix in ("", "-wal"):
+                try:
+                    disk += (self.data_root / f"kvcache.db{suffix}").stat().st_size
+                except OSError:
+                    pass
+        budget = (self._disk_budget or _default_disk_budget()) if self._persister is not None else 0
+        return dataclasses.replace(self._stats, rss_bytes=rss, disk_cache_bytes=disk,
+                                   disk_cache_budget_bytes=budget)
 
     def load(self, spec: str, weights_format: str = "auto", timeout: float | None = None) -> ModelInfo:
         """Switch models. On failure the previous model stays loaded and UserError is raised."""
@@ -299,12 +324,14 @@ class Engine:
             weight_bytes=loaded.info.weight_bytes,
             page_size=self._page_size or DEFAULT_PAGE_SIZE,
             pool_tokens=self._pool_tokens,
+            pool_bytes=self._pool_bytes,
             disable=not self._use_cache,
         )
         self._loaded = loaded
         self._prefix_cache = PrefixCache(loaded.model, build)
         self._persister = self._open_persister(loaded.info.fingerprint)
-        self._scheduler = Scheduler(loaded, self._prefix_cache, self._persister, self._count_served)
+        self._scheduler = Scheduler(loaded, self._prefix_cache, self._persister, self._count_served,
+                                    on_progress=self._publish_stats)
         self._info = loaded.info
         command.info = loaded.info
         self._publish_stats()
@@ -342,4 +369,11 @@ class Engine:
             mlx_cache_bytes=mx.get_cache_memory(),
             mlx_peak_bytes=mx.get_peak_memory(),
             requests_served=self._served,
+            requests_running=len(self._scheduler.active) if self._scheduler is not None else 0,
         )
+
+
+def _default_disk_budget() -> int:
+    from kvcache.store import DEFAULT_BUDGET
+
+    return DEFAULT_BUDGET

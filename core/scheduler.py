@@ -50,9 +50,11 @@ class _Active:
 class Scheduler:
     """Admits requests and steps the shared decode batch of one loaded model."""
 
-    def __init__(self, loaded, prefix_cache, persister, on_finished=lambda: None):
+    def __init__(self, loaded, prefix_cache, persister, on_finished=lambda: None,
+                 on_progress=lambda: None):
         self.loaded = loaded
         self.on_finished = on_finished
+        self.on_progress = on_progress  # after each prefill chunk (live memory panels)
         self.prefix_cache = prefix_cache
         self.persister = persister
         self.eos = set(loaded.tokenizer.eos_token_ids)
@@ -100,6 +102,7 @@ class Scheduler:
             if handle.cancelled:
                 raise Cancelled
             handle._emit(ProgressEvent(cached + done, len(prompt)))
+            self.on_progress()
 
         def on_prefilled(done: int) -> None:
             if done and (snap := self.prefix_cache.snapshot(caches, cached + done)):

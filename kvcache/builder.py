@@ -40,12 +40,13 @@ def build_kv_cache(
     weight_bytes: int,
     page_size: int = DEFAULT_PAGE_SIZE,
     pool_tokens: int | None = None,
+    pool_bytes: int | None = None,
     memory_fraction: float = 0.25,
     disable: bool = False,
 ) -> KVCacheBuildResult:
     """Lay out, size and preallocate the cache; a model we can't page gets a disabled tree.
 
-    ``pool_tokens`` overrides the memory budget (``memory_fraction`` of the device's
+    ``pool_tokens`` (a size in tokens) or ``pool_bytes`` (a RAM budget) overrides the memory budget (``memory_fraction`` of the device's
     recommended working set, or of available RAM, minus the weights).
     """
     reason = "disabled by the user (--no-cache)" if disable else None
@@ -57,7 +58,8 @@ def build_kv_cache(
     pages = 0
     if layout is not None and reason is None:
         pages = pool_pages_for_budget(
-            layout, page_size, weight_bytes=weight_bytes, fraction=memory_fraction, tokens=pool_tokens
+            layout, page_size, weight_bytes=weight_bytes, fraction=memory_fraction, tokens=pool_tokens,
+            budget_bytes=pool_bytes,
         )
         if layout.full_layer_indices and pages == 0:
             reason = "no memory left for a KV pool"

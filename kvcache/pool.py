@@ -340,11 +340,13 @@ def pool_pages_for_budget(
     weight_bytes: int,
     fraction: float = 0.25,
     tokens: int | None = None,
+    budget_bytes: int | None = None,
     max_bytes: int = DEFAULT_MAX_POOL_BYTES,
 ) -> int:
     """How many pages the pool gets.
 
-    ``tokens`` given: ``ceil(tokens / page_size)``. Otherwise the budget is ``fraction``
+    ``tokens`` given: ``ceil(tokens / page_size)``. ``budget_bytes`` given (the user's RAM
+    budget for the pool): as many pages as fit in it, at least ``MIN_POOL_PAGES``. Otherwise the budget is ``fraction``
     of the device's memory (``device_memory_bytes``) minus ``weight_bytes``, capped at
     ``max_bytes`` (the pool is preallocated: a desktop app should not take half the
     machine for a chat), divided by the bytes of one page over all pooled layers, and
@@ -358,6 +360,8 @@ def pool_pages_for_budget(
         return 0
     if tokens is not None:
         return math.ceil(tokens / page_size)
+    if budget_bytes is not None:
+        return max(MIN_POOL_PAGES, int(budget_bytes // page_bytes))
     budget = min(fraction * device_memory_bytes() - weight_bytes, max_bytes)
     return max(MIN_POOL_PAGES, int(budget // page_bytes))
 
