@@ -5,6 +5,10 @@ events on short-lived Python worker threads, and relays every event to the GUI t
 through a queued signal, so the public signals below are always emitted on the GUI
 thread, in order, and never block it.
 
+The live panels are fed by ``statsUpdated``: a timer on the GUI thread reads the engine's
+latest figures (a frozen dataclass the engine thread replaces; reading it never waits)
+4 times a second while a request or a load runs, and every 1.5 s when idle.
+
 The bridge also owns the in-app API server (``core.server.ApiServer``), a second client
 of the same engine: ``start_server`` binds and returns its address at once;
 ``stop_server`` stops it on a worker thread (running API requests are cancelled first,
@@ -16,31 +20,69 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtCore import QObject, Qt, QTimer, Signal
 
-from core.engine_types import ChatMessage, DoneEvent, ErrorEvent, GenerationRequest, SamplingParams, TokenEvent
+from core.engine_types import (ChatMessage, DoneEvent, ErrorEvent, GenerationRequest, ProgressEvent,
+                               SamplingParams, TokenEvent)
 from core.errors import UserError
 from core.server import ApiServer
 
 if TYPE_CHECKING:
-    from core.engine import Engine, RequestHandle
+    from core.engine import Engine, EngineStats, RequestHandle
 
 log = logging.getLogger(__name__)
+
+BUSY_POLL_MS = 250  # live panels while a request or a load runs
+IDLE_POLL_MS = 1500
+
+_SAMPLING_KEYS = {f.name for f in dataclasses.fields(SamplingParams)}
+
+
+def stats_to_dict(stats: EngineStats) -> dict[str, Any]:
+    """The engine's figures as one flat dict of plain values, for the panels."""
+    figures: dict[str, Any] = {
+        "time": time.monotonic(),
+        "mlx_active_bytes": stats.mlx_active_bytes,
+        "mlx_cache_bytes": stats.mlx_cache_bytes,
+        "mlx_peak_bytes": stats.mlx_peak_bytes,
+        "rss_bytes": stats.rss_bytes,
+        "disk_cache_bytes": stats.disk_cache_bytes,
+        "disk_cache_budget_bytes": stats.disk_cache_budget_bytes,
+        "requests_served": stats.requests_served,
+        "requests_running": stats.requests_running,
+        "model_name": stats.model.name if stats.model is not None else "",
+        "weight_bytes": stats.model.weight_bytes if stats.model is not None else 0,
+        "cache_enabled": False,
+        "cache_disabled_reason": None,
+    }
+    cache = stats.cache
+    if cache is not None:
+        figures.update(dataclasses.asdict(cache))
+        figures["cache_enabled"] = cache.enabled
+        figures["cache_disabled_reason"] = cache.disabled_reason
+        figures["hit_rate"] = cache.hit_rate
+        figures["prompt_tokens_seen"] = cache.prompt_tokens
+        del figures["enabled"], figures["disabled_reason"], figures["prompt_tokens"]
+    return figures
 
 
 class EngineBridge(QObject):
     """Owns the engine (one chat request at a time) and the in-app API server."""
 
     loadProgress = Signal(str, float)  # stage, fraction (-1 when unknown)
+    modelLoading = Signal(str)  # the spec being loaded (after load_model)
     modelReady = Signal(str)  # the model's name
-    loadFailed = Signal(str)  # one line
+    loadFailed = Signal(str)  # one line; the previous model (if any) stays loaded
+    progress = Signal(int, int)  # prompt tokens ready (cached or computed), prompt tokens
     token = Signal(str)  # a piece of the reply
     finished = Signal(str, dict)  # the full reply, dataclasses.asdict(RequestStats)
     failed = Signal(str)  # one line
     serverStopped = Signal()  # after stop_server(): the port is free again
+    statsUpdated = Signal(dict)  # stats_to_dict(engine.stats()), polled
 
     _relay = Signal(str, object)  # (signal name, args): any thread -> the GUI thread
 
@@ -53,29 +95,66 @@ class EngineBridge(QObject):
             engine = Engine(Path(data_root), model_spec, on_load_progress=self._on_load_progress)
         self.engine = engine
         self._handle: RequestHandle | None = None
+        self._loading = False
         self._server: ApiServer | None = None
         self._server_stopping: threading.Thread | None = None
         self._relay.connect(self._emit_public, Qt.ConnectionType.QueuedConnection)
+        self._poll = QTimer(self)
+        self._poll.timeout.connect(self.poll_stats)
 
     @property
     def busy(self) -> bool:
+        """A chat reply is being generated."""
         return self._handle is not None
+
+    @property
+    def loading(self) -> bool:
+        return self._loading
 
     def start(self) -> None:
         """Start the engine; modelReady or loadFailed follows."""
+        self._loading = True
         self.engine.start()
         threading.Thread(target=self._wait_ready, name="radixchat-bridge-load", daemon=True).start()
+        self._poll.start(BUSY_POLL_MS)
+
+    def load_model(self, spec: str) -> None:
+        """Switch to ``spec``; modelLoading, then modelReady or loadFailed (the previous
+        model stays usable after a failure). The engine loads once running requests end."""
+        if self._loading:
+            raise RuntimeError("a model is already loading")
+        self._loading = True
+        self.modelLoading.emit(spec)
+        self._poll.setInterval(BUSY_POLL_MS)
+        threading.Thread(target=self._load, args=(spec,), name="radixchat-bridge-load", daemon=True).start()
+
+    def poll_stats(self) -> None:
+        """Emit statsUpdated with the engine's latest figures (the timer calls this)."""
+        try:
+            figures = stats_to_dict(self.engine.stats())
+        except Exception:  # a bug: the panels stop, the chat goes on
+            log.exception("reading the engine's stats failed")
+            self._poll.stop()
+            return
+        busy = self._loading or self._handle is not None or figures["requests_running"] > 0
+        interval = BUSY_POLL_MS if busy else IDLE_POLL_MS
+        if self._poll.interval() != interval:
+            self._poll.setInterval(interval)
+        self.statsUpdated.emit(figures)
 
     def send(self, messages: list[tuple[str, str]], sampling: dict, session: str | None = None) -> None:
-        """Ask for a reply to ``messages`` ((role, content) pairs); tokens, then finished or failed."""
+        """Ask for a reply to ``messages`` ((role, content) pairs); tokens, then finished or failed.
+        ``sampling`` holds SamplingParams fields (other keys are ignored)."""
         if self._handle is not None:
             raise RuntimeError("a reply is still being generated")
+        params = {k: v for k, v in sampling.items() if k in _SAMPLING_KEYS}
         request = GenerationRequest(
             messages=tuple(ChatMessage(role, content) for role, content in messages),
-            sampling=SamplingParams(**{**sampling, "stop": tuple(sampling.get("stop", ()))}),
+            sampling=SamplingParams(**{**params, "stop": tuple(params.get("stop", ()))}),
             session=session,
         )
         self._handle = self.engine.submit(request)
+        self._poll.setInterval(BUSY_POLL_MS)
         threading.Thread(target=self._read, args=(self._handle,), name="radixchat-bridge-reply",
                          daemon=True).start()
 
@@ -110,6 +189,7 @@ class EngineBridge(QObject):
 
     def shutdown(self) -> None:
         """Cancel the chat reply, stop the API server (waiting for it), then the engine."""
+        self._poll.stop()
         self.cancel()
         self.stop_server()
         if self._server_stopping is not None:
@@ -131,11 +211,22 @@ class EngineBridge(QObject):
             log.exception("waiting for the model failed")
             self._post("loadFailed", f"internal error: {exc}")
 
+    def _load(self, spec: str) -> None:
+        try:
+            self._post("modelReady", self.engine.load(spec).name)
+        except UserError as exc:
+            self._post("loadFailed", str(exc))
+        except Exception as exc:  # a bug
+            log.exception("loading %s failed", spec)
+            self._post("loadFailed", f"internal error: {exc}")
+
     def _read(self, handle: RequestHandle) -> None:
         try:
             for event in handle.events():
                 if isinstance(event, TokenEvent):
                     self._post("token", event.text)
+                elif isinstance(event, ProgressEvent):
+                    self._post("progress", event.done, event.total)
                 elif isinstance(event, DoneEvent):
                     return self._post("finished", event.text, dataclasses.asdict(event.stats))
                 elif isinstance(event, ErrorEvent):
@@ -160,4 +251,8 @@ class EngineBridge(QObject):
     def _emit_public(self, name: str, args: tuple) -> None:
         if name in ("finished", "failed"):
             self._handle = None
+        elif name in ("modelReady", "loadFailed"):
+            self._loading = False
         getattr(self, name).emit(*args)
+        if name in ("finished", "failed", "modelReady", "loadFailed"):
+            self.poll_stats()  # the panels see the turn's or the load's figures at once

@@ -94,6 +94,11 @@ class _FlushCommand:
     done: threading.Event
 
 
+@dataclass
+class _ForgetCommand:
+    session: str
+
+
 _STOP = object()
 
 
@@ -206,6 +211,11 @@ class Engine:
         finally:
             handle.cancel()
 
+    def forget_session(self, session: str) -> None:
+        """Drop ``session``'s cache (the chat was deleted): its lock on RAM pages at once,
+        its disk cache soon after, off the caller's thread. Shared pages stay."""
+        self._commands.put(_ForgetCommand(session))
+
     def shutdown(self, timeout: float = 10.0) -> None:
         """Finish the current request, drop the model and the cache, park the thread."""
         if self._thread is not None:
@@ -228,6 +238,8 @@ class Engine:
             if command is not None:
                 if isinstance(command, RequestHandle):
                     self._do_request(command)
+                elif isinstance(command, _ForgetCommand):
+                    self._forget(command.session)
                 elif isinstance(command, _FlushCommand):
                     if self._persister is not None:
                         self._persister.flush()
@@ -265,6 +277,22 @@ class Engine:
             self.disk_cache_error = str(exc)
             log.warning("disk cache off: %s", exc)
             return None
+
+    def _forget(self, session: str) -> None:
+        if self._prefix_cache is not None:
+            self._prefix_cache.forget_session(session)
+        if self._persister is not None:
+            self._persister.forget(session)
+            return
+        path = self.data_root / "kvcache.db"
+        if self._disk_cache and path.exists():  # saved under another model, or the cache is off
+            from kvcache.store import DiskStore, DiskStoreError
+
+            try:
+                with DiskStore(path) as store:
+                    store.clear(session)
+            except DiskStoreError as exc:
+                log.warning("removing the cache of %s failed: %s", session, exc)
 
     def _close_persister(self) -> None:
         if self._persister is not None:

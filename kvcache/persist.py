@@ -36,6 +36,11 @@ class _SaveJob:
     pages: tuple[PageData, ...]
 
 
+@dataclass(frozen=True)
+class _ForgetJob:
+    session: str
+
+
 class SessionPersister:
     """Saves and restores session caches for one loaded model (engine thread API)."""
 
@@ -140,6 +145,11 @@ class SessionPersister:
             self._known.update(chain_keys(self.fingerprint, [p.tokens for p in chain]))
         return restored
 
+    def forget(self, session: str) -> None:
+        """Queue the removal of ``session``'s cache from disk (the chat was deleted); pages
+        that other sessions share stay."""
+        self._jobs.put(_ForgetJob(session))
+
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every queued save is written (tests, shutdown)."""
         done = threading.Event()
@@ -160,6 +170,14 @@ class SessionPersister:
                 return
             if isinstance(job, threading.Event):
                 job.set()
+                continue
+            if isinstance(job, _ForgetJob):
+                try:
+                    self._writer.clear(job.session)
+                except DiskStoreError as exc:
+                    self.last_error = str(exc)
+                    log.warning("removing the cache of %s failed: %s", job.session, exc)
+                self._known.clear()  # its pages may be gone
                 continue
             try:
                 result = self._writer.save_session(job.session, self.fingerprint, job.pages)

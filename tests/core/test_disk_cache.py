@@ -12,6 +12,7 @@ from core.cli import main
 from core.engine import Engine
 from core.engine_types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from core.tiny_model import TinyModelSpec, write_tiny_model
+from kvcache.store import DiskStore
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
 
@@ -145,3 +146,22 @@ def test_default_model_two_processes_match_one(data_root_with_default, tmp_path)
     one, two = run(single_root, stdin=f"{q1}\n{q2}\n")
     assert two["cached_tokens"] > 0 and two["restored_tokens"] == 0
     assert (first["reply"], second["reply"]) == (one["reply"], two["reply"])
+
+
+def test_forget_session_removes_its_disk_cache_and_keeps_shared_pages(tmp_path, tiny_model):
+    engine = Engine(tmp_path, str(tiny_model)).start()
+    try:
+        engine.wait_ready(timeout=120)
+        system = ChatMessage("system", "You are a helpful assistant who answers briefly. " * 4)
+        for session in ("keep", "drop"):
+            request = GenerationRequest(messages=(system, ChatMessage("user", f"hello from {session}")),
+                                        sampling=SamplingParams(temperature=0.0, max_tokens=8), session=session)
+            list(engine.stream(request))
+        engine.flush_disk_cache()
+        engine.forget_session("drop")
+        engine.flush_disk_cache()
+    finally:
+        engine.shutdown()
+    with DiskStore(tmp_path / "kvcache.db") as store:
+        assert [info.name for info in store.sessions()] == ["keep"]
+        assert store.verify().clean
