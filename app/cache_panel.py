@@ -1,0 +1,231 @@
+"""The cache panel: how much of each prompt the cache served, turn by turn.
+
+Per turn (the engine's ``RequestStats`` as a dict): the prompt split into tokens served
+from the RAM cache (``cached_tokens``), restored from the disk cache (``restored_tokens``)
+and computed by the model (``computed_tokens``); the three add up to ``prompt_tokens``
+for a turn that reached its first token. The panel plots the last turns as stacked bars
+with the time to first token on a second axis, and shows the last turn's split, the
+session's hit rate, and the app's hit rate and evictions since start (``update_totals``).
+
+Slots: ``set_turns`` (the session changed), ``add_turn`` (a turn finished),
+``update_totals`` (the engine's figures, as the memory panel gets them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from PySide6.QtCharts import QBarSet, QLineSeries, QStackedBarSeries, QValueAxis
+from PySide6.QtCore import QEvent, QPointF, Qt
+from PySide6.QtGui import QColor, QCursor, QPalette, QPen
+from PySide6.QtWidgets import QGridLayout, QLabel, QStackedWidget, QToolTip, QVBoxLayout, QWidget
+
+from app.format import count, decimals_for, duration, nice_step, percent
+from app.memory_panel import BLUE, GREEN, ORANGE, PURPLE, AxisPair, chart_view, compact_chart, small_font, style_chart
+
+
+@dataclass(frozen=True)
+class TurnSplit:
+    """One turn's prompt tokens by source, each >= 0; ``prompt`` is at least their sum."""
+
+    ram: int
+    disk: int
+    computed: int
+    prompt: int
+    ttft_s: float
+
+    @classmethod
+    def of(cls, stats: dict) -> TurnSplit:
+        ram, disk, computed = (max(0, int(stats.get(key) or 0))
+                               for key in ("cached_tokens", "restored_tokens", "computed_tokens"))
+        prompt = max(int(stats.get("prompt_tokens") or 0), ram + disk + computed)
+        return cls(ram, disk, computed, prompt, max(0.0, float(stats.get("ttft_s") or 0.0)))
+
+    @property
+    def hit(self) -> int:
+        return self.ram + self.disk
+
+    def describe(self) -> str:
+        return (f"{count(self.prompt)} prompt tokens: {count(self.ram)} RAM · {count(self.disk)} disk"
+                f" · {count(self.computed)} computed")
+
+
+def hit_rate(turns: list[TurnSplit]) -> tuple[float, int]:
+    """(cached + restored) / prompt tokens, summed over ``turns``, and that prompt total."""
+    hit, prompt = sum(t.hit for t in turns), sum(t.prompt for t in turns)
+    return (hit / prompt if prompt else 0.0), prompt
+
+
+class CachePanel(QWidget):
+    """Per-turn prompt split and TTFT, with the session's and the app's hit rates."""
+
+    MAX_BARS = 20  # turns plotted
+    MIN_SLOTS = 8  # the x axis spans at least this many turns, so a first bar is not a slab
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.turns: list[TurnSplit] = []  # the session's, oldest first
+
+        grid = QGridLayout()
+        grid.setHorizontalSpacing(10)
+        grid.setVerticalSpacing(2)
+        self.values: dict[str, QLabel] = {}
+        for row, (key, caption) in enumerate((("lastTurn", "Last turn"), ("ttft", "First token"),
+                                              ("sessionHitRate", "Session hits"), ("appHitRate", "App hits"),
+                                              ("evictions", "Evictions"))):
+            title = QLabel(caption)
+            title.setForegroundRole(QPalette.ColorRole.PlaceholderText)
+            value = QLabel("—")
+            value.setObjectName(f"{key}Value")
+            value.setWordWrap(True)
+            value.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+            self.values[key] = value
+            grid.addWidget(title, row, 0, Qt.AlignmentFlag.AlignTop)
+            grid.addWidget(value, row, 1)
+        grid.setColumnStretch(1, 1)
+
+        self.ram_set, self.disk_set, self.computed_set = (
+            self._bar_set(title, colour) for title, colour in
+            (("RAM hit", GREEN), ("Disk restore", BLUE), ("Computed", ORANGE)))
+        self.bars = QStackedBarSeries()
+        self.bars.setBarWidth(0.7)
+        for bar_set in (self.ram_set, self.disk_set, self.computed_set):
+            self.bars.append(bar_set)
+        self.bars.hovered.connect(self._on_bar_hovered)
+        self.ttft_series = QLineSeries()
+        self.ttft_series.setName("TTFT")
+        self.ttft_series.setPen(QPen(QColor(PURPLE), 1.6))
+        self.ttft_series.setPointsVisible(True)
+        self.ttft_series.setMarkerSize(5)
+
+        self.chart = compact_chart()
+        self.chart.addSeries(self.bars)
+        self.chart.addSeries(self.ttft_series)
+        both = (self.bars, self.ttft_series)
+        self.x_axis = AxisPair(self.chart, Qt.AlignmentFlag.AlignBottom, both)  # data: bar index
+        self.x_axis.shown.setTickType(QValueAxis.TickType.TicksDynamic)  # shown: turn numbers
+        self.x_axis.shown.setTickAnchor(0)
+        self.x_axis.shown.setLabelFormat("%.0f")
+        self.x_axis.shown.setGridLineVisible(False)
+        self.tokens_axis = AxisPair(self.chart, Qt.AlignmentFlag.AlignLeft, (self.bars,))
+        self.tokens_axis.shown.setTickCount(5)
+        self.ttft_axis = AxisPair(self.chart, Qt.AlignmentFlag.AlignRight, (self.ttft_series,))  # s; s or ms
+        self.ttft_axis.shown.setTickCount(5)
+        self.ttft_axis.shown.setGridLineVisible(False)
+        self.chart_view = chart_view(self.chart)
+
+        self.empty_label = QLabel("No turns yet in this chat.\nEach reply's prompt will show here, split "
+                                  "into tokens served from the RAM cache, restored from disk, and computed.")
+        self.empty_label.setObjectName("emptyState")
+        self.empty_label.setWordWrap(True)
+        self.empty_label.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.empty_label.setForegroundRole(QPalette.ColorRole.PlaceholderText)
+        self.plot_stack = QStackedWidget()
+        self.plot_stack.addWidget(self.empty_label)
+        self.plot_stack.addWidget(self.chart_view)
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(8, 8, 8, 4)
+        layout.setSpacing(6)
+        layout.addLayout(grid)
+        layout.addWidget(self.plot_stack, 1)
+        self._restyle()
+        self._refresh()
+
+    # -- slots --
+
+    def set_turns(self, turns: list[dict]) -> None:
+        """Replace the history with another session's turns (oldest first)."""
+        self.turns = [TurnSplit.of(turn) for turn in turns]
+        self._refresh()
+
+    def add_turn(self, stats: dict) -> None:
+        """One finished turn of the current session."""
+        self.turns.append(TurnSplit.of(stats))
+        self._refresh()
+
+    def update_totals(self, stats: dict) -> None:
+        """The app's figures since start: ``hit_rate`` (0..1), ``hit_tokens``,
+        ``prompt_tokens_seen``, ``evicted_pages``, ``evicted_tokens`` (others are ignored)."""
+        seen, hit = int(stats.get("prompt_tokens_seen") or 0), int(stats.get("hit_tokens") or 0)
+        rate = stats.get("hit_rate")
+        if rate is None:
+            rate = hit / seen if seen else 0.0
+        self.values["appHitRate"].setText(f"{percent(rate)} of {count(seen)} tokens" if seen else "—")
+        self.values["appHitRate"].setToolTip(f"{count(hit)} of {count(seen)} prompt tokens served from "
+                                             "the cache since the app started" if seen else "")
+        pages, tokens = int(stats.get("evicted_pages") or 0), int(stats.get("evicted_tokens") or 0)
+        self.values["evictions"].setText(f"{count(tokens)} tokens ({count(pages)} pages)" if pages or tokens
+                                         else "none")
+
+    # -- for tests and callers --
+
+    def value_text(self, key: str) -> str:
+        """A figure as shown; ``key`` as in the objectNames without "Value" ("ttft")."""
+        return self.values[key].text()
+
+    @property
+    def plotted_turns(self) -> list[TurnSplit]:
+        return self.turns[-self.MAX_BARS:]
+
+    # -- helpers --
+
+    def _refresh(self) -> None:
+        shown = self.plotted_turns
+        self.plot_stack.setCurrentWidget(self.chart_view if shown else self.empty_label)
+        if not shown:
+            for key in ("lastTurn", "ttft", "sessionHitRate"):
+                self.values[key].setText("—")
+        else:
+            last = shown[-1]
+            self.values["lastTurn"].setText(last.describe())
+            self.values["ttft"].setText(duration(last.ttft_s))
+            rate, prompt = hit_rate(self.turns)
+            turns = len(self.turns)
+            self.values["sessionHitRate"].setText(
+                f"{percent(rate)} of {count(prompt)} tokens · {count(turns)} turn{'s' if turns != 1 else ''}")
+
+        for bar_set, field in ((self.ram_set, "ram"), (self.disk_set, "disk"), (self.computed_set, "computed")):
+            bar_set.remove(0, bar_set.count())
+            bar_set.append([float(getattr(turn, field)) for turn in shown])
+        self.ttft_series.replace([QPointF(i, turn.ttft_s) for i, turn in enumerate(shown)])
+
+        slots = max(len(shown), self.MIN_SLOTS)
+        first = len(self.turns) - len(shown) + 1  # the first plotted turn's number
+        self.x_axis.set_range(-0.5, slots - 0.5, first - 0.5, first + slots - 0.5)
+        self.x_axis.shown.setTickInterval(1 if slots <= 10 else 2 if slots <= 16 else 5)
+
+        tokens_top = max((turn.prompt for turn in shown), default=0)
+        step = nice_step(max(tokens_top, 1), 4)
+        scale, suffix = (1000, "k") if step * 4 >= 10_000 else (1, "")
+        self.tokens_axis.shown.setLabelFormat(f"%.{decimals_for(step / scale)}f{suffix}")
+        self.tokens_axis.set_range(0, step * 4, 0, step * 4 / scale)
+
+        # headroom, so the line's points stay clear of the top edge
+        ttft_step = nice_step(1.2 * max((turn.ttft_s for turn in shown), default=0) or 0.1, 4)
+        scale, unit = (0.001, "ms") if ttft_step * 4 < 1 else (1, "s")
+        self.ttft_axis.shown.setLabelFormat(f"%.{decimals_for(ttft_step / scale)}f {unit}")
+        self.ttft_axis.set_range(0, ttft_step * 4, 0, ttft_step * 4 / scale)
+
+    def _bar_set(self, title: str, colour: str) -> QBarSet:
+        bar_set = QBarSet(title)
+        bar_set.setColor(QColor(colour))
+        bar_set.setBorderColor(QColor(colour))
+        return bar_set
+
+    def _on_bar_hovered(self, inside: bool, index: int, _bar_set: QBarSet) -> None:
+        shown = self.plotted_turns
+        if not inside or not 0 <= index < len(shown):
+            QToolTip.hideText()
+            return
+        turn, number = shown[index], len(self.turns) - len(shown) + index + 1
+        QToolTip.showText(QCursor.pos(), f"Turn {number}: {turn.describe()}\nFirst token after "
+                                         f"{duration(turn.ttft_s)}", self.chart_view)
+
+    def changeEvent(self, event: QEvent) -> None:
+        if event.type() in (QEvent.Type.PaletteChange, QEvent.Type.FontChange):
+            self._restyle()
+        super().changeEvent(event)
+
+    def _restyle(self) -> None:
+        style_chart(self.chart, self.palette(), small_font(self))

@@ -1,0 +1,373 @@
+"""The memory panel: where the app's memory goes, now and over the last five minutes.
+
+``MemoryPanel.update_stats(stats)`` takes the bridge's flat dict of plain values (any key
+may be missing before a model loads) and refreshes a grid of figures (MLX active / cache /
+peak, process RSS, weights, the KV pool and the disk cache) and a time plot. It is called
+a few times a second, so it stays cheap: one point per series per second at most (the
+newest sample replaces a point younger than that), points older than the plotted window
+are dropped, and the value axis is rescaled only when the data outgrows it or shrinks well
+below it.
+
+Also here, shared with the cache panel: the series colours and the compact chart look.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from PySide6.QtCharts import QChart, QChartView, QLineSeries, QValueAxis
+from PySide6.QtCore import QEvent, QMargins, QRectF, Qt
+from PySide6.QtGui import QColor, QFont, QPainter, QPalette, QPen
+from PySide6.QtWidgets import QGridLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
+
+from app.format import count, decimals_for, human_bytes, nice_step, percent
+
+# Mid-luminance colours that read on light and dark backgrounds alike.
+BLUE, ORANGE, GREEN, PURPLE, RED = "#4C9BE8", "#F2A33A", "#3FB68B", "#B07AA1", "#E8684A"
+
+_GB, _MB, _KB = 2**30, 2**20, 2**10
+
+
+# -- the compact chart look, shared with the cache panel --
+
+def small_font(widget: QWidget) -> QFont:
+    """The widget's font, a size or so smaller: for axes, legends and captions."""
+    font = QFont(widget.font())
+    size = font.pointSizeF()
+    if size > 0:
+        font.setPointSizeF(max(7.0, size - 1.5))
+    return font
+
+
+def compact_chart() -> QChart:
+    """A chart without a frame, background, animation or spare margins; legend at the bottom."""
+    chart = QChart()
+    chart.setAnimationOptions(QChart.AnimationOption.NoAnimation)
+    chart.setBackgroundVisible(False)
+    chart.setBackgroundRoundness(0)
+    chart.setMargins(QMargins(0, 0, 0, 0))
+    chart.layout().setContentsMargins(0, 0, 0, 0)
+    legend = chart.legend()
+    legend.setAlignment(Qt.AlignmentFlag.AlignBottom)
+    legend.setMarkerShape(legend.MarkerShape.MarkerShapeRectangle)
+    return chart
+
+
+def chart_view(chart: QChart) -> QChartView:
+    view = QChartView(chart)
+    view.setRenderHint(QPainter.RenderHint.Antialiasing)
+    view.setFrameShape(QChartView.Shape.NoFrame)
+    view.setStyleSheet("background: transparent")
+    view.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
+    view.setMinimumHeight(140)
+    return view
+
+
+def style_chart(chart: QChart, palette: QPalette, font: QFont) -> None:
+    """Axis labels, grid and legend in the palette's text colour (light or dark mode)."""
+    text = palette.color(QPalette.ColorRole.WindowText)
+    grid, line = QColor(text), QColor(text)
+    grid.setAlpha(35)
+    line.setAlpha(110)
+    for axis in chart.axes():
+        axis.setLabelsFont(font)
+        axis.setLabelsColor(text)
+        axis.setTitleBrush(text)
+        axis.setTitleFont(font)
+        axis.setGridLineColor(grid)
+        axis.setLinePen(QPen(line, 1))
+    chart.legend().setFont(font)
+    chart.legend().setLabelColor(text)
+
+
+class AxisPair:
+    """Two value axes on one side of a chart: ``data``, hidden, which the series plot on (in
+    raw units), and ``shown``, which the reader sees (in display units: GB, minutes ago,
+    thousands). Both span the same length of the chart, so the shown ticks line up with the
+    data; only the labels differ."""
+
+    def __init__(self, chart: QChart, alignment: Qt.AlignmentFlag, series=()):
+        self.data, self.shown = QValueAxis(), QValueAxis()
+        chart.addAxis(self.data, alignment)
+        chart.addAxis(self.shown, alignment)
+        self.data.setVisible(False)
+        for one in series:
+            one.attachAxis(self.data)
+
+    def set_range(self, data_lo: float, data_hi: float, shown_lo: float, shown_hi: float) -> None:
+        self.data.setRange(data_lo, data_hi)
+        self.shown.setRange(shown_lo, shown_hi)
+
+
+def nice_bytes_axis(top_bytes: float, intervals: int = 4) -> tuple[float, float, str, str]:
+    """(axis top in bytes, axis top in display units, unit, label format) for an axis from 0
+    that covers ``top_bytes`` in ``intervals`` round steps."""
+    top_bytes = max(float(top_bytes), 1.0)
+    unit, size = next(((name, size) for name, size in (("GB", _GB), ("MB", _MB), ("KB", _KB))
+                       if top_bytes >= 0.75 * size), ("B", 1))  # "1.0 GB" rather than "2000 MB"
+    step = nice_step(top_bytes / size, intervals)
+    return step * intervals * size, step * intervals, unit, f"%.{decimals_for(step)}f {unit}"
+
+
+# -- the pool bar --
+
+class PoolBar(QWidget):
+    """The KV pool as one thin bar: locked, evictable and other used pages out of all pages."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setFixedHeight(8)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.pages = (0, 0, 0, 0)  # total, used, evictable, locked
+
+    def set_pages(self, total: int, used: int, evictable: int, locked: int) -> None:
+        pages = (total, used, evictable, locked)
+        if pages != self.pages:
+            self.pages = pages
+            self.update()
+
+    def paintEvent(self, event) -> None:
+        total, used, evictable, locked = self.pages
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        painter.setPen(Qt.PenStyle.NoPen)
+        track = QColor(self.palette().color(QPalette.ColorRole.WindowText))
+        track.setAlpha(30)
+        rect = QRectF(self.rect())
+        painter.setBrush(track)
+        painter.drawRoundedRect(rect, 3, 3)
+        if total <= 0:
+            return
+        painter.setClipRect(rect)
+        x = rect.left()
+        locked = min(max(locked, 0), total)
+        evictable = min(max(evictable, 0), total - locked)
+        other = min(max(used - locked - evictable, 0), total - locked - evictable)
+        for pages, colour in ((locked, RED), (evictable, GREEN), (other, ORANGE)):
+            width = rect.width() * pages / total
+            if width > 0:
+                painter.setBrush(QColor(colour))
+                painter.drawRect(QRectF(x, rect.top(), width, rect.height()))
+                x += width
+
+
+# -- the panel --
+
+def _swatch(colour: str, text: str) -> str:
+    return f'<span style="color:{colour}">&#9632;</span>&nbsp;{text}'
+
+
+class MemoryPanel(QWidget):
+    """Memory figures and their plot; feed it with ``update_stats``."""
+
+    WINDOW_S = 300.0  # the plotted span
+    MIN_SPACING_S = 1.0  # the newest point moves with each sample until it is this far from the one before
+    MAX_POINTS = 330  # per series, whatever the timing
+    SERIES = (("mlx_active", "MLX active", BLUE), ("mlx_cache", "MLX cache", ORANGE),
+              ("rss", "RSS", PURPLE), ("pool_used", "KV used", GREEN))  # short: the legend is one line
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self._origin: float | None = None  # the first sample's time: x = time - origin
+        self._xs: deque[float] = deque()
+        self._tops: deque[float] = deque()  # the largest of the series at each x
+        self._y_top = 0.0  # the value axis's top, in bytes
+
+        self.model_label = self._value("modelValue")
+        self.model_label.setWordWrap(True)
+        bold = QFont(self.model_label.font())
+        bold.setBold(True)
+        self.model_label.setFont(bold)
+        self.cache_note = self._value("cacheNoteValue")
+        self.cache_note.setWordWrap(True)
+        self.cache_note.hide()
+
+        figures = QGridLayout()
+        figures.setHorizontalSpacing(10)
+        figures.setVerticalSpacing(2)
+        self.values: dict[str, QLabel] = {}
+        for row, col, key, caption in ((0, 0, "mlxActive", "MLX active"), (1, 0, "mlxCache", "MLX cache"),
+                                       (2, 0, "mlxPeak", "MLX peak"), (0, 2, "rss", "Process RSS"),
+                                       (1, 2, "weights", "Weights")):
+            figures.addWidget(self._caption(caption), row, col)
+            figures.addWidget(self._add_value(key), row, col + 1)
+        figures.setColumnStretch(1, 1)
+        figures.setColumnStretch(3, 1)
+
+        pool = QGridLayout()
+        pool.setHorizontalSpacing(10)
+        pool.setVerticalSpacing(2)
+        self.pool_bar = PoolBar()
+        self.pool_bar.setToolTip("KV pool pages: locked (in use by running requests), evictable "
+                                 "(cached, free to drop), other used (held by running requests only)")
+        rows = (("poolCapacity", "KV pool"), ("poolUsed", _swatch(ORANGE, "Used")),
+                ("poolEvictable", _swatch(GREEN, "Evictable")), ("poolLocked", _swatch(RED, "Locked")),
+                ("diskCache", "Disk cache"))
+        self.pool_details: list[QWidget] = [self.pool_bar]  # hidden while the cache is off
+        for row, (key, caption) in enumerate(rows):
+            title, value = self._caption(caption), self._add_value(key)
+            pool.addWidget(title, row + (row > 0), 0)
+            pool.addWidget(value, row + (row > 0), 1)
+            if key in ("poolUsed", "poolEvictable", "poolLocked"):
+                self.pool_details += [title, value]
+        pool.addWidget(self.pool_bar, 1, 0, 1, 2)
+        pool.setColumnStretch(1, 1)
+
+        self.chart = compact_chart()
+        self.series: dict[str, QLineSeries] = {}
+        for name, title, colour in self.SERIES:
+            line = QLineSeries()
+            line.setName(title)
+            line.setPen(QPen(QColor(colour), 1.6))
+            self.chart.addSeries(line)
+            self.series[name] = line
+        self.x_axis = AxisPair(self.chart, Qt.AlignmentFlag.AlignBottom, self.series.values())
+        self.y_axis = AxisPair(self.chart, Qt.AlignmentFlag.AlignLeft, self.series.values())
+        minutes = self.WINDOW_S / 60
+        self.x_axis.shown.setLabelFormat("%.0fm")
+        self.x_axis.shown.setTickCount(int(minutes) + 1)
+        self.x_axis.set_range(-self.WINDOW_S, 0, -minutes, 0)
+        self.y_axis.shown.setTickCount(5)
+        self._set_y_top(0)
+        self.chart_view = chart_view(self.chart)
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(8, 8, 8, 4)
+        layout.setSpacing(6)
+        layout.addWidget(self.model_label)
+        layout.addWidget(self.cache_note)
+        layout.addLayout(figures)
+        layout.addLayout(pool)
+        layout.addWidget(self.chart_view, 1)
+        self._restyle()
+        self.model_label.setText("No model loaded")
+
+    # -- the one slot --
+
+    def update_stats(self, stats: dict) -> None:
+        """Show one snapshot of the engine's figures (see the module docstring)."""
+        get = stats.get
+        name, running = get("model_name") or "", int(get("requests_running") or 0)
+        status = "idle" if not running else f"{running} request{'s' if running > 1 else ''} running"
+        self.model_label.setText(f"{name} · {status}" if name else "No model loaded")
+        reason = get("cache_disabled_reason")
+        off = get("cache_enabled") is False or bool(reason)
+        self.cache_note.setText(f"KV cache off: {reason}" if reason else "KV cache off")
+        self.cache_note.setVisible(off and bool(name))
+
+        for key, field in (("mlxActive", "mlx_active_bytes"), ("mlxCache", "mlx_cache_bytes"),
+                           ("mlxPeak", "mlx_peak_bytes"), ("rss", "rss_bytes"), ("weights", "weight_bytes")):
+            self.values[key].setText(self._bytes(get(field)))
+
+        page_size, total = int(get("page_size") or 0), int(get("pages_total") or 0)
+        used, evictable, locked = (int(get(k) or 0) for k in ("pages_used", "pages_evictable", "pages_locked"))
+        pool_bytes = int(get("pool_bytes") or 0)
+        if total > 0:
+            self.values["poolCapacity"].setText(f"{human_bytes(pool_bytes)} · {count(total * page_size)} tokens")
+            for key, pages in (("poolUsed", used), ("poolEvictable", evictable), ("poolLocked", locked)):
+                self.values[key].setText(f"{count(pages * page_size)} tokens · {percent(pages / total)}")
+        else:
+            for key in ("poolCapacity", "poolUsed", "poolEvictable", "poolLocked"):
+                self.values[key].setText("off" if off and name else "—")
+        self.pool_bar.set_pages(total, used, evictable, locked)
+        show_details = not (off and name)
+        if self.pool_bar.isVisibleTo(self) != show_details:
+            for widget in self.pool_details:
+                widget.setVisible(show_details)
+
+        disk, budget = get("disk_cache_bytes"), int(get("disk_cache_budget_bytes") or 0)
+        if budget > 0:
+            self.values["diskCache"].setText(f"{human_bytes(disk)} of {human_bytes(budget)}"
+                                             f" · {percent((disk or 0) / budget)}")
+        else:
+            self.values["diskCache"].setText("off" if name else "—")
+
+        now = get("time")
+        self._plot(float(now) if now is not None else time.monotonic(), {
+            "mlx_active": float(get("mlx_active_bytes") or 0), "mlx_cache": float(get("mlx_cache_bytes") or 0),
+            "rss": float(get("rss_bytes") or 0),
+            "pool_used": pool_bytes * used / total if total > 0 else 0.0})
+
+    # -- for tests and callers --
+
+    def series_points(self, name: str) -> int:
+        return self.series[name].count()
+
+    def value_text(self, key: str) -> str:
+        """A figure as shown; ``key`` as in the objectNames without "Value" ("rss", "poolUsed")."""
+        return self.values[key].text()
+
+    # -- helpers --
+
+    def _plot(self, now: float, values: dict[str, float]) -> None:
+        if self._origin is None or (self._xs and now < self._origin + self._xs[-1]):
+            self._clear_plot(now)  # the first sample, or a clock that went back
+        x = now - self._origin
+        top = max(values.values())
+        if len(self._xs) >= 2 and self._xs[-1] - self._xs[-2] < self.MIN_SPACING_S:
+            for name, line in self.series.items():  # the newest point moves along with the clock
+                line.replace(line.count() - 1, x, values[name])
+            self._xs[-1], self._tops[-1] = x, top
+        else:
+            for name, line in self.series.items():
+                line.append(x, values[name])
+            self._xs.append(x)
+            self._tops.append(top)
+        drop = 0
+        while len(self._xs) - drop > self.MAX_POINTS or (
+                len(self._xs) - drop >= 2 and self._xs[drop + 1] <= x - self.WINDOW_S):
+            drop += 1  # keep one point left of the window, so the line reaches its edge
+        if drop:
+            for _ in range(drop):
+                self._xs.popleft()
+                self._tops.popleft()
+            for line in self.series.values():
+                line.removePoints(0, drop)
+        minutes = self.WINDOW_S / 60
+        self.x_axis.set_range(x - self.WINDOW_S, x, -minutes, 0)
+        peak = max(self._tops)
+        if peak > self._y_top or peak < 0.35 * self._y_top:
+            self._set_y_top(peak)
+
+    def _clear_plot(self, now: float) -> None:
+        self._origin = now
+        self._xs.clear()
+        self._tops.clear()
+        for line in self.series.values():
+            line.clear()
+
+    def _set_y_top(self, peak: float) -> None:
+        top_bytes, top_shown, _unit, label_format = nice_bytes_axis(peak)
+        self._y_top = top_bytes
+        self.y_axis.shown.setLabelFormat(label_format)
+        self.y_axis.set_range(0, top_bytes, 0, top_shown)
+
+    @staticmethod
+    def _bytes(value) -> str:
+        return "—" if value is None else human_bytes(value)
+
+    def _value(self, name: str) -> QLabel:
+        label = QLabel("—")
+        label.setObjectName(name)
+        label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        return label
+
+    def _add_value(self, key: str) -> QLabel:
+        label = self._value(f"{key}Value")
+        self.values[key] = label
+        return label
+
+    def _caption(self, text: str) -> QLabel:
+        label = QLabel(text)
+        label.setTextFormat(Qt.TextFormat.RichText if "<" in text else Qt.TextFormat.PlainText)
+        label.setForegroundRole(QPalette.ColorRole.PlaceholderText)  # captions recede, figures stand out
+        return label
+
+    def changeEvent(self, event: QEvent) -> None:
+        if event.type() in (QEvent.Type.PaletteChange, QEvent.Type.FontChange):
+            self._restyle()
+        super().changeEvent(event)
+
+    def _restyle(self) -> None:
+        style_chart(self.chart, self.palette(), small_font(self))
