@@ -1,0 +1,218 @@
+"""The models the picker offers, with the memory each will take once loaded.
+
+Plain file reads only (no mlx): the GUI builds its model list from here. The memory
+figure is for the weights. On the CPU backend the loader dequantizes every model to
+float32, so it is four bytes per parameter; the parameter count comes from the GGUF
+header or the safetensors headers (a few reads, no weights touched). Where MLX runs on
+the GPU (Metal) the weights stay as stored, so it is about the file size.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import struct
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from core import hf_cache, provision
+from core.errors import UserError
+
+GGUF_BITS_PER_WEIGHT = 4.5  # a typical 4-bit quant with its scales, when the header is unreadable
+FLOAT32_BYTES = 4
+# Parameter counts of the known models' files, read from their headers, by SHA-256: exact
+# figures before the download (a new version of a file has a new hash and is estimated).
+KNOWN_PARAMETERS = {
+    "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53": 134_515_008,  # SmolLM2-135M Q4_1
+    "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818": 268_098_176,  # Gemma 3 270M Q4_K_M
+}
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """One model the picker can offer."""
+
+    spec: str  # what the loader accepts: a known name, a path, or a repo id
+    name: str
+    kind: str  # provision.LocalModel kinds: "known-gguf" | "gguf" | "mlx-dir" | "hf-cache"
+    size_bytes: int  # on disk (for a known model not yet downloaded: what it will be)
+    memory_bytes: int  # estimated memory of the loaded weights
+    downloaded: bool = True  # False: a known model that is fetched on first use
+    description: str = ""
+
+
+def runs_on_cpu() -> bool:
+    """Whether the loader will dequantize to float32: MLX's CPU backend, i.e. not macOS.
+
+    (A Linux machine with MLX's CUDA backend keeps the stored weights; telling the two
+    apart needs mlx, so the estimate errs high there.)"""
+    return sys.platform != "darwin"
+
+
+def estimate_memory_bytes(kind: str, size_bytes: int, on_cpu: bool, parameters: int | None = None) -> int:
+    """The memory a model's weights take once loaded.
+
+    On the CPU every weight becomes float32: ``4 * parameters`` when the count is known,
+    else ``size * 32 / 4.5`` for a GGUF file (a 4-bit quant) and the file size for an MLX
+    folder. Elsewhere the weights stay as stored: about the size on disk."""
+    if not on_cpu:
+        return size_bytes
+    if parameters:
+        return FLOAT32_BYTES * parameters
+    if kind in ("gguf", "known-gguf"):
+        return int(size_bytes * 32 / GGUF_BITS_PER_WEIGHT)
+    return size_bytes
+
+
+def model_catalog(data_root: Path, on_cpu: bool | None = None) -> list[CatalogEntry]:
+    """The known models first (``default`` first), downloaded or not, then the local ones
+    (GGUF files and MLX folders in ``<data>/models``, MLX repos in the HF cache)."""
+    on_cpu = runs_on_cpu() if on_cpu is None else on_cpu
+    local = provision.list_local_models(data_root)
+    present = {m.spec for m in local if m.kind == "known-gguf"}
+    entries = []
+    for known in provision.KNOWN_MODELS.values():
+        downloaded = known.name in present
+        path = provision.known_model_path(known, data_root)
+        parameters = gguf_parameter_count(path) if downloaded else KNOWN_PARAMETERS.get(known.sha256)
+        entries.append(CatalogEntry(
+            spec=known.name, name=f"{known.filename.removesuffix('.gguf')} ({known.name})",
+            kind="known-gguf", size_bytes=known.size,
+            memory_bytes=estimate_memory_bytes("known-gguf", known.size, on_cpu, parameters),
+            downloaded=downloaded, description=known.description,
+        ))
+    for model in local:
+        if model.kind != "known-gguf":
+            entries.append(_entry(model, on_cpu))
+    return entries
+
+
+def entry_for_path(path: Path, on_cpu: bool | None = None) -> CatalogEntry:
+    """A catalog entry for a file or folder the user picked; :class:`UserError` if it is
+    neither a ``.gguf`` file nor an MLX model folder."""
+    on_cpu = runs_on_cpu() if on_cpu is None else on_cpu
+    path = Path(path)
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return _entry(provision.LocalModel(path.stem, str(path), "gguf", path.stat().st_size), on_cpu)
+    if provision._is_mlx_dir(path):
+        return _entry(provision.LocalModel(path.name, str(path), "mlx-dir", provision._folder_size(path)), on_cpu)
+    if path.is_dir():
+        raise UserError(f"{path} is not an MLX model folder: it needs config.json and .safetensors weights")
+    raise UserError(f"{path} is not a .gguf file")
+
+
+def _entry(model: provision.LocalModel, on_cpu: bool) -> CatalogEntry:
+    if model.kind == "gguf":
+        parameters = gguf_parameter_count(Path(model.spec))
+    else:
+        folder = Path(model.spec) if model.kind == "mlx-dir" else hf_cache.resolve_repo(model.spec)
+        parameters = safetensors_parameter_count(folder) if folder is not None else None
+    return CatalogEntry(spec=model.spec, name=model.name, kind=model.kind, size_bytes=model.size_bytes,
+                        memory_bytes=estimate_memory_bytes(model.kind, model.size_bytes, on_cpu, parameters))
+
+
+# ---------------------------------------------------------------------------- parameter counts
+
+
+def gguf_parameter_count(path: Path) -> int | None:
+    """The number of weights in a GGUF file (v2 or v3), from its header; None if unreadable."""
+    try:
+        st = Path(path).stat()
+        return _gguf_parameters(str(path), st.st_size, st.st_mtime_ns)
+    except (OSError, ValueError, struct.error):
+        return None
+
+
+@lru_cache(maxsize=64)
+def _gguf_parameters(path: str, size: int, mtime_ns: int) -> int:
+    """(size and mtime are the cache key: a changed file is read again)"""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        if buf[:4] != b"GGUF":
+            raise ValueError("not a GGUF file")
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
+        if version not in (2, 3):
+            raise ValueError(f"GGUF version {version}")
+        pos = 24
+        for _ in range(n_kv):
+            pos = _skip_gguf_string(buf, pos)
+            (value_type,) = struct.unpack_from("<I", buf, pos)
+            pos = _skip_gguf_value(buf, pos + 4, value_type)
+        total = 0
+        for _ in range(n_tensors):
+            pos = _skip_gguf_string(buf, pos)
+            (n_dims,) = struct.unpack_from("<I", buf, pos)
+            total += math.prod(struct.unpack_from(f"<{n_dims}Q", buf, pos + 4))
+            pos += 4 + 8 * n_dims + 4 + 8  # dims, then the type (u32) and the data offset (u64)
+        return total
+
+
+# GGUF metadata value types: fixed sizes, then STRING (8) and ARRAY (9)
+_GGUF_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+def _skip_gguf_string(buf: mmap.mmap, pos: int) -> int:
+    (length,) = struct.unpack_from("<Q", buf, pos)
+    end = pos + 8 + length
+    if end > len(buf):
+        raise ValueError("truncated GGUF header")
+    return end
+
+
+def _skip_gguf_value(buf: mmap.mmap, pos: int, value_type: int) -> int:
+    if value_type in _GGUF_SIZES:
+        return pos + _GGUF_SIZES[value_type]
+    if value_type == _GGUF_STRING:
+        return _skip_gguf_string(buf, pos)
+    if value_type != _GGUF_ARRAY:
+        raise ValueError(f"unknown GGUF value type {value_type}")
+    item_type, count = struct.unpack_from("<IQ", buf, pos)
+    pos += 12
+    if item_type in _GGUF_SIZES:
+        return pos + count * _GGUF_SIZES[item_type]
+    for _ in range(count):  # strings (a vocabulary) or nested arrays
+        pos = _skip_gguf_value(buf, pos, item_type)
+    return pos
+
+
+def safetensors_parameter_count(folder: Path) -> int | None:
+    """The number of weights in an MLX folder once dequantized, from the safetensors
+    headers and ``config.json``'s ``quantization``; None if unreadable.
+
+    An MLX-quantized matrix is stored as uint32 words of ``bits``-bit values with
+    ``.scales`` and ``.biases`` beside it, which dequantizing folds into the weights."""
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+        tensors: dict[str, dict] = {}
+        for file in sorted(Path(folder).glob("*.safetensors")):
+            tensors.update(_safetensors_header(file))
+    except (OSError, ValueError, struct.error):
+        return None
+    quantization = config.get("quantization") or config.get("quantization_config") or {}
+    total = 0
+    for name, info in tensors.items():
+        base = name.rsplit(".", 1)[0]
+        count = math.prod(info.get("shape", []))
+        if name.endswith((".scales", ".biases")) and base + ".weight" in tensors:
+            continue
+        if info.get("dtype") == "U32" and base + ".scales" in tensors:
+            layer = quantization.get(base)
+            bits = (layer if isinstance(layer, dict) else quantization).get("bits", 4)
+            count = count * 32 // bits
+        total += count
+    return total
+
+
+def _safetensors_header(file: Path) -> dict[str, dict]:
+    with file.open("rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        if length > 100 * 2**20:
+            raise ValueError(f"{file} has an implausible header")
+        header = json.loads(f.read(length))
+    if not isinstance(header, dict):
+        raise ValueError(f"{file} has no tensor table")
+    header.pop("__metadata__", None)
+    return header

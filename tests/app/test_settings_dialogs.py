@@ -1,0 +1,150 @@
+"""A chat's settings dialog, the app's settings in QSettings, and the app settings dialog."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import pytest  # noqa: E402
+from PySide6.QtCore import QSettings, Qt  # noqa: E402
+from PySide6.QtWidgets import QDialogButtonBox  # noqa: E402
+
+from app.settings_dialogs import (DEFAULT_SAMPLING, AppSettings, AppSettingsDialog,  # noqa: E402
+                                  SessionSettingsDialog)
+from core.engine_types import SamplingParams  # noqa: E402
+
+
+def _session_dialog(qtbot, settings: dict, prompt: str | None) -> SessionSettingsDialog:
+    dialog = SessionSettingsDialog(settings, prompt)
+    qtbot.addWidget(dialog)
+    return dialog
+
+
+def test_session_settings_round_trip(qtbot):
+    settings = {"temperature": 0.3, "top_p": 0.9, "max_tokens": 1024, "seed": 42, "stop": ["###"]}
+    dialog = _session_dialog(qtbot, settings, "Answer in one sentence.")
+    assert dialog.system_prompt.toPlainText() == "Answer in one sentence."
+    assert dialog.values() == (settings, "Answer in one sentence.")  # unknown keys kept
+
+
+def test_session_settings_defaults_and_random_seed(qtbot):
+    dialog = _session_dialog(qtbot, {}, None)
+    assert dialog.values() == (DEFAULT_SAMPLING, None)
+    assert dialog.seed.text() == "random"
+    assert DEFAULT_SAMPLING == {"temperature": 0.7, "top_p": 1.0, "max_tokens": 512, "seed": None}
+    SamplingParams(**DEFAULT_SAMPLING)  # what the engine accepts
+
+    dialog.seed.setValue(0)
+    assert dialog.values()[0]["seed"] == 0  # 0 is a seed, not "random"
+    dialog.seed.setValue(dialog.seed.minimum())
+    assert dialog.values()[0]["seed"] is None and dialog.seed.text() == "random"
+
+
+def test_session_settings_edits_and_limits(qtbot):
+    dialog = _session_dialog(qtbot, {"temperature": 0.7, "seed": None}, "old prompt")
+    dialog.system_prompt.setPlainText("   \n")  # blank: no system prompt
+    dialog.temperature.setValue(5.0)
+    dialog.top_p.setValue(0.0)
+    dialog.max_tokens.setValue(10**6)
+    dialog.seed.selectAll()  # as tabbing into the box does
+    qtbot.keyClicks(dialog.seed, "7")
+    settings, prompt = dialog.values()
+    assert prompt is None
+    assert settings == {"temperature": 2.0, "top_p": 0.01, "max_tokens": 32768, "seed": 7}
+    SamplingParams(**settings)
+
+    dialog.buttons.button(QDialogButtonBox.StandardButton.RestoreDefaults).click()
+    assert dialog.values()[0] == DEFAULT_SAMPLING
+    dialog.temperature.setValue(0.0)
+    with qtbot.waitSignal(dialog.accepted):
+        qtbot.mouseClick(dialog.buttons.button(QDialogButtonBox.StandardButton.Ok), Qt.MouseButton.LeftButton)
+    assert dialog.values()[0]["temperature"] == 0.0
+
+
+@pytest.fixture
+def ini(tmp_path):
+    """A fresh QSettings on an ini file for each call, all on the same file."""
+    path = str(tmp_path / "radixchat.ini")
+    return lambda: QSettings(path, QSettings.Format.IniFormat)
+
+
+def test_app_settings_start_empty_and_persist(ini):
+    first = AppSettings(ini())
+    assert (first.data_dir, first.kv_pool_mb, first.disk_cache_gb, first.last_model) == (None,) * 4
+    assert (first.window_geometry, first.window_state, first.splitter_state) == (None,) * 3
+    first.data_dir = "/data/My, Models"  # a comma: still one string
+    first.kv_pool_mb = 2048
+    first.disk_cache_gb = 2.5
+    first.last_model = "mlx-community/Qwen3-0.6B-4bit"
+    first.window_geometry = b"\x01\xd9\xd0\xcb\x00geometry"
+    first.window_state = b"\x00\xff state"
+    first.splitter_state = b"\x00\x00split"
+    first.sync()
+
+    second = AppSettings(ini())
+    assert second.data_dir == "/data/My, Models"
+    assert second.kv_pool_mb == 2048 and isinstance(second.kv_pool_mb, int)
+    assert second.disk_cache_gb == 2.5
+    assert second.last_model == "mlx-community/Qwen3-0.6B-4bit"
+    assert second.window_geometry == b"\x01\xd9\xd0\xcb\x00geometry"
+    assert second.window_state == b"\x00\xff state" and second.splitter_state == b"\x00\x00split"
+
+    second.kv_pool_mb = None  # back to automatic: the key goes
+    second.data_dir = ""
+    second.sync()
+    third = AppSettings(ini())
+    assert third.kv_pool_mb is None and third.data_dir is None
+    assert not third.qsettings.contains("kv_pool_mb")
+
+
+def test_app_settings_ignore_nonsense(tmp_path):
+    path = tmp_path / "radixchat.ini"
+    path.write_text("[General]\nkv_pool_mb=lots\ndisk_cache_gb=\n")
+    settings = AppSettings(QSettings(str(path), QSettings.Format.IniFormat))
+    assert settings.kv_pool_mb is None and settings.disk_cache_gb is None
+
+
+def _app_dialog(qtbot, settings: AppSettings) -> AppSettingsDialog:
+    dialog = AppSettingsDialog(settings, default_data_dir="/home/me/.local/share/RadixChat",
+                               default_disk_cache_gb=10)
+    qtbot.addWidget(dialog)
+    return dialog
+
+
+def test_app_settings_dialog_shows_defaults(qtbot, ini):
+    dialog = _app_dialog(qtbot, AppSettings(ini()))
+    assert dialog.data_dir.text() == ""
+    assert "/home/me/.local/share/RadixChat" in dialog.data_dir.placeholderText()
+    assert dialog.kv_pool_mb.text() == "Automatic"
+    assert dialog.disk_cache_gb.text() == "Default (10 GB)"
+    dialog.apply()
+    settings = AppSettings(ini())
+    assert (settings.data_dir, settings.kv_pool_mb, settings.disk_cache_gb) == (None, None, None)
+
+
+def test_app_settings_dialog_writes_on_ok_only(qtbot, ini, tmp_path):
+    settings = AppSettings(ini())
+    settings.kv_pool_mb = 1024
+    dialog = _app_dialog(qtbot, settings)
+    assert dialog.kv_pool_mb.value() == 1024
+    chosen = str(tmp_path / "elsewhere")
+    dialog._ask_directory = lambda start: chosen
+    qtbot.mouseClick(dialog.browse_button, Qt.MouseButton.LeftButton)
+    assert dialog.data_dir.text() == chosen
+    dialog.kv_pool_mb.setValue(0)
+    dialog.disk_cache_gb.setValue(25)
+    dialog.reject()
+    assert AppSettings(ini()).data_dir is None and AppSettings(ini()).kv_pool_mb == 1024
+
+    dialog = _app_dialog(qtbot, settings)
+    dialog._ask_directory = lambda start: ""  # the folder dialog was cancelled
+    qtbot.mouseClick(dialog.browse_button, Qt.MouseButton.LeftButton)
+    assert dialog.data_dir.text() == ""
+    dialog.data_dir.setText(chosen)
+    dialog.kv_pool_mb.setValue(0)
+    dialog.disk_cache_gb.setValue(25)
+    with qtbot.waitSignal(dialog.accepted):
+        dialog.findChild(QDialogButtonBox).button(QDialogButtonBox.StandardButton.Ok).click()
+    saved = AppSettings(ini())
+    assert (saved.data_dir, saved.kv_pool_mb, saved.disk_cache_gb) == (chosen, None, 25.0)
