@@ -1,0 +1,657 @@
+"""The chat view: one session's messages as a scrolling column, rendered as Markdown.
+
+Each message is a ``MessageWidget``: a role header ("You", "Assistant", "Error"), a
+read-only ``MarkdownView`` whose height follows its document at the current width (user
+messages sit on a tinted bubble that shrinks to short text, replies span the column), and
+a footer of flat tool buttons plus an optional dim note. The view owns one Regenerate and
+one Edit button and moves them onto the last reply and the last user message.
+
+Streaming stays cheap: ``append_reply`` only collects pieces; a single-shot timer
+re-renders the streaming message at most every ``STREAM_RENDER_MS`` (longer when a render
+gets slow, so rendering never takes more than a quarter of the event loop), and no other
+message is touched. A long reply's finished paragraphs freeze (``MarkdownView.stream_markdown``),
+so each render costs about the same however long the reply grows. ``end_reply`` renders the
+authoritative final text in full, once.
+
+Auto-scroll: while ``following`` is true, every growth of the content (the vertical
+scroll bar's ``rangeChanged``) scrolls to the bottom; scrolling up clears it and scrolling
+back to the bottom sets it again.
+
+Colours come from the widget's palette, so light and dark themes both work; a palette
+change re-renders each message's Markdown.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+
+from PySide6.QtCore import QEvent, QSize, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import (QColor, QDesktopServices, QFontDatabase, QGuiApplication, QPainter, QPalette,
+                           QTextBlockFormat, QTextCharFormat, QTextCursor, QTextDocument, QTextFormat, QTextFrameFormat)
+from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QScrollArea, QSizePolicy, QStackedLayout,
+                               QTextBrowser, QToolButton, QVBoxLayout, QWidget)
+
+STREAM_RENDER_MS = 40  # the most often a streaming message is re-rendered
+FREEZE_CHARS = 1000  # a streaming message re-renders about this much Markdown at most
+COLUMN_MAX_WIDTH = 860  # the message column's width on wide windows (centred)
+BUBBLE_MAX_FRACTION = 0.8  # a user bubble's widest, as a share of the column
+ROLE_TITLES = {"user": "You", "assistant": "Assistant", "error": "Error"}
+MARKDOWN_FEATURES = QTextDocument.MarkdownFeature.MarkdownDialectGitHub | QTextDocument.MarkdownFeature.MarkdownNoHTML
+
+
+def _mix(a: QColor, b: QColor, share: float) -> QColor:
+    """``share`` of ``b`` over ``a``."""
+    return QColor.fromRgbF(*(x * (1 - share) + y * share for x, y in
+                             zip((a.redF(), a.greenF(), a.blueF()), (b.redF(), b.greenF(), b.blueF()))))
+
+
+def _is_dark(palette: QPalette) -> bool:
+    return palette.color(QPalette.ColorRole.Base).lightnessF() < 0.5
+
+
+def code_background(palette: QPalette) -> QColor:
+    return _mix(palette.color(QPalette.ColorRole.Base), palette.color(QPalette.ColorRole.Text),
+                0.10 if _is_dark(palette) else 0.055)
+
+
+def bubble_colour(palette: QPalette, role: str) -> QColor:
+    base = palette.color(QPalette.ColorRole.Base)
+    if role == "error":
+        return _mix(base, error_colour(palette), 0.18 if _is_dark(palette) else 0.12)
+    return _mix(base, palette.color(QPalette.ColorRole.Highlight), 0.20 if _is_dark(palette) else 0.11)
+
+
+def error_colour(palette: QPalette) -> QColor:
+    return QColor("#ef9a9a") if _is_dark(palette) else QColor("#c62828")
+
+
+def render_markdown(document: QTextDocument, text: str, palette: QPalette) -> None:
+    """Replace the document with ``text`` as GitHub Markdown (raw HTML shown as text).
+
+    Code is set in the system's fixed-pitch font on a shaded background: each run of
+    code-block lines (fenced or indented) moves into a padded frame, inline code gets a
+    character background."""
+    document.setMarkdown(text, MARKDOWN_FEATURES)
+    _style_code(document, 0, palette)
+
+
+def append_markdown(document: QTextDocument, text: str, palette: QPalette) -> None:
+    """Append ``text`` to a document ``render_markdown`` filled, as new blocks: the same
+    result as rendering both texts joined by a blank line."""
+    if not text:
+        return
+    if document.isEmpty():
+        render_markdown(document, text, palette)
+        return
+    end = document.characterCount() - 1
+    cursor = QTextCursor(document)
+    cursor.beginEditBlock()
+    cursor.setPosition(end)
+    last_block, last_chars = cursor.blockFormat(), cursor.blockCharFormat()
+    # an inserted fragment's first block merges into the block at the cursor (and an empty
+    # block takes its format): a new block takes a one-letter paragraph, and both go again
+    cursor.insertBlock(QTextBlockFormat(), QTextCharFormat())
+    cursor.insertMarkdown("x\n\n" + text, MARKDOWN_FEATURES)
+    cursor.setPosition(end)
+    cursor.setPosition(end + 2, QTextCursor.MoveMode.KeepAnchor)
+    cursor.removeSelectedText()
+    cursor.setBlockFormat(last_block)
+    cursor.setBlockCharFormat(last_chars)
+    cursor.endEditBlock()  # first: inside an edit block, the new frames (tables) are not known yet
+    _style_code(document, end + 1, palette)
+
+
+def freeze_point(text: str) -> int:
+    """Where Markdown ``text`` can be cut so that both halves render as the whole does: the
+    start of the last whole line that follows a blank line outside code and starts a paragraph
+    or a heading (not a list item, a rule, a quote, a table row, code or indented text); 0: none."""
+    point, position, fence, blank = 0, 0, "", False
+    for line in text.splitlines(keepends=True):
+        if fence:
+            if line.strip() and set(line.strip()) == {fence[0]} and len(line.strip()) >= len(fence):
+                fence = ""
+        else:
+            if (blank and position and line.endswith("\n")  # a partial line may become anything
+                    and not line[0].isspace() and not _NOT_A_PARAGRAPH.match(line)):
+                point = position
+            opening = _FENCE.match(line)
+            fence = opening.group(1) if opening else ""
+        blank = not fence and not line.strip()
+        position += len(line)
+    return point
+
+
+_FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
+# list items, rules, quotes, tables, code fences (two code blocks in a row would join)
+_NOT_A_PARAGRAPH = re.compile(r"[-+*_=>|]|\d{1,9}[.)]\s|```|~~~")
+
+
+def _style_code(document: QTextDocument, start: int, palette: QPalette) -> None:
+    """Shade the code in the blocks from position ``start`` on (see ``render_markdown``) and
+    space the headings."""
+    shade = code_background(palette)
+    mono = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
+    code_chars = QTextCharFormat()
+    code_chars.setFontFamilies(mono.families())
+    code_chars.setFontFixedPitch(True)
+    inline_chars = QTextCharFormat(code_chars)
+    inline_chars.setBackground(shade)
+
+    runs: list[list[int]] = []  # [first, end) positions of consecutive code-block lines
+    inline: list[tuple[int, int]] = []
+    headings: list[int] = []
+    block = document.findBlock(start)
+    while block.isValid():
+        if block.blockFormat().headingLevel() and block.position() > 0:
+            headings.append(block.position())
+        if block.blockFormat().hasProperty(QTextFormat.Property.BlockCodeLanguage):
+            end = block.position() + block.length() - 1
+            if runs and runs[-1][1] + 1 == block.position():
+                runs[-1][1] = end
+            else:
+                runs.append([block.position(), end])
+        else:
+            fragments = block.begin()
+            while not fragments.atEnd():
+                fragment = fragments.fragment()
+                if fragment.charFormat().fontFixedPitch():
+                    inline.append((fragment.position(), fragment.position() + fragment.length()))
+                fragments += 1
+        block = block.next()
+
+    cursor = QTextCursor(document)
+    cursor.beginEditBlock()
+    for first, end in inline:
+        cursor.setPosition(first)
+        cursor.setPosition(end, QTextCursor.MoveMode.KeepAnchor)
+        cursor.mergeCharFormat(inline_chars)
+    spaced = QTextBlockFormat()  # headings come with no margins: a little air above them
+    spaced.setTopMargin(10)
+    spaced.setBottomMargin(2)
+    for position in headings:
+        cursor.setPosition(position)
+        cursor.mergeBlockFormat(spaced)
+    frame = QTextFrameFormat()
+    frame.setBackground(shade)
+    frame.setPadding(8)
+    frame.setMargin(0)
+    frame.setTopMargin(6)
+    frame.setBottomMargin(6)
+    frame.setBorder(0)
+    for first, end in reversed(runs):  # from the end: a frame shifts the positions after it
+        cursor.setPosition(first)
+        cursor.setPosition(end, QTextCursor.MoveMode.KeepAnchor)
+        cursor.mergeCharFormat(code_chars)
+        cursor.insertFrame(frame)
+    _collapse_frame_neighbours(document, max(0, start - 1), cursor)  # from the block before
+    cursor.endEditBlock()
+
+
+def _collapse_frame_neighbours(document: QTextDocument, start: int, cursor: QTextCursor) -> None:
+    """Give the empty blocks that ``insertFrame`` leaves around a frame no height."""
+    root = document.rootFrame()
+    flat = QTextBlockFormat()
+    flat.setLineHeight(0, QTextBlockFormat.LineHeightTypes.FixedHeight.value)
+    flat.setTopMargin(0)
+    flat.setBottomMargin(0)
+    block = document.findBlock(start)
+    previous_in_frame = block.previous().isValid() and QTextCursor(block.previous()).currentFrame() != root
+    while block.isValid():
+        in_frame = QTextCursor(block).currentFrame() != root
+        following = block.next()
+        next_in_frame = following.isValid() and QTextCursor(following).currentFrame() != root
+        if not in_frame and block.length() == 1 and (previous_in_frame or next_in_frame):
+            cursor.setPosition(block.position())
+            cursor.mergeBlockFormat(flat)
+        previous_in_frame = in_frame
+        block = following
+
+
+class MarkdownView(QTextBrowser):
+    """Read-only rendered Markdown without scroll bars; its height follows its document.
+
+    Links open in the system browser; nothing else is loaded (no local files, no images)."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.setMinimumWidth(40)
+        self.setFocusPolicy(Qt.FocusPolicy.ClickFocus)  # Tab does not walk through every message
+        self.viewport().setAutoFillBackground(False)  # the bubble (or the chat) shows through
+        self.setOpenLinks(False)
+        self.anchorClicked.connect(QDesktopServices.openUrl)
+        self.document().setDocumentMargin(2)
+        self._measuring = False
+        self.document().setUndoRedoEnabled(False)  # streaming edits would pile up there
+        self._markdown: str | None = None  # the source shown, if Markdown
+        self._frozen = 0  # stream_markdown: the source's length that stays rendered ...
+        self._frozen_end = 0  # ... and where it ends in the document
+        self.document().documentLayout().documentSizeChanged.connect(self._fit_height)
+        self.setFixedHeight(self.fontMetrics().lineSpacing() + 4)
+
+    def show_markdown(self, text: str) -> None:
+        """Show ``text`` as Markdown, colours from the current palette."""
+        self._markdown, self._frozen = text, 0
+        render_markdown(self.document(), text, self.palette())
+
+    def stream_markdown(self, text: str) -> None:
+        """Show ``text``, a longer version of the Markdown shown: the paragraphs already frozen
+        stay, only the text after them is rendered again. Once that passes ``FREEZE_CHARS``,
+        its finished paragraphs freeze too (see ``freeze_point``), so a render's cost does not
+        grow with the reply."""
+        document, palette = self.document(), self.palette()
+        frozen = self._frozen if self._markdown is not None and text.startswith(self._markdown[:self._frozen]) else 0
+        tail = text[frozen:]
+        split = freeze_point(tail) if len(tail) > FREEZE_CHARS else 0
+        head, rest = (tail[:split], tail[split:]) if split else (tail, "")
+        if frozen:  # drop the unfrozen rest, then render the text after the frozen part
+            cursor = QTextCursor(document)
+            cursor.setPosition(self._frozen_end)
+            last_block, last_chars = cursor.blockFormat(), cursor.blockCharFormat()
+            cursor.movePosition(QTextCursor.MoveOperation.End, QTextCursor.MoveMode.KeepAnchor)
+            cursor.removeSelectedText()
+            cursor.setBlockFormat(last_block)  # the joined block took the removed one's format
+            cursor.setBlockCharFormat(last_chars)
+            append_markdown(document, head, palette)
+        else:
+            render_markdown(document, head, palette)
+        if split:
+            frozen += split
+            self._frozen_end = document.characterCount() - 1
+            append_markdown(document, rest, palette)
+        self._markdown, self._frozen = text, frozen
+
+    def setPlainText(self, text: str) -> None:  # noqa: N802 (Qt override)
+        self._markdown, self._frozen = None, 0
+        super().setPlainText(text)
+
+    def natural_width(self) -> float:
+        """The width the document takes without wrapping (for shrink-to-fit bubbles)."""
+        document = self.document()
+        wrap_width = document.textWidth()
+        self._measuring = True
+        try:
+            document.setTextWidth(-1)
+            return document.idealWidth()
+        finally:
+            document.setTextWidth(wrap_width)
+            self._measuring = False
+
+    def loadResource(self, kind: int, url: QUrl) -> object:  # noqa: N802 (Qt override)
+        return None
+
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 (Qt override)
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange and self._markdown is not None:
+            self.show_markdown(self._markdown)  # the code shading follows the palette
+
+    def wheelEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        event.ignore()  # nothing to scroll here: the chat's scroll area takes it
+
+    def _fit_height(self, size) -> None:
+        if not self._measuring:
+            self.setFixedHeight(math.ceil(size.height()) + 2 * self.frameWidth())
+
+
+class Bubble(QWidget):
+    """A rounded, tinted background for a user message or an error."""
+
+    RADIUS = 10
+
+    def __init__(self, role: str, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.role = role
+
+    def paintEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        painter.setPen(Qt.PenStyle.NoPen)
+        painter.setBrush(bubble_colour(self.palette(), self.role))
+        painter.drawRoundedRect(self.rect(), self.RADIUS, self.RADIUS)
+
+
+def tool_button(text: str, name: str, tooltip: str) -> QToolButton:
+    button = QToolButton()
+    button.setText(text)
+    button.setObjectName(name)
+    button.setToolTip(tooltip)
+    button.setAutoRaise(True)
+    button.setCursor(Qt.CursorShape.PointingHandCursor)
+    font = button.font()
+    font.setPointSizeF(font.pointSizeF() * 0.9)
+    button.setFont(font)
+    return button
+
+
+class MessageWidget(QWidget):
+    """One message: header, body, and a footer of tool buttons and a note."""
+
+    def __init__(self, role: str, text: str, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.role, self.text = role, text
+        self.streaming = False
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)
+        self._natural_width = 0.0
+        align = Qt.AlignmentFlag.AlignRight if role == "user" else Qt.AlignmentFlag.AlignLeft
+
+        self.header = QLabel(ROLE_TITLES[role])
+        header_font = self.header.font()
+        header_font.setBold(True)
+        self.header.setFont(header_font)
+        self.header.setContentsMargins(2, 0, 2, 0)  # in line with the body's text
+        self.body = MarkdownView()
+        self.copy_button = tool_button("Copy", "copyButton", "Copy the message's Markdown text")
+        self.copy_button.clicked.connect(self.copy)
+        self.note = QLabel()
+        self.note.setForegroundRole(QPalette.ColorRole.PlaceholderText)
+        note_font = self.note.font()
+        note_font.setPointSizeF(note_font.pointSizeF() * 0.85)
+        self.note.setFont(note_font)
+        self.note.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.note.hide()
+
+        column = QVBoxLayout(self)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.setSpacing(2)
+        column.addWidget(self.header, 0, align)
+        if role == "assistant":
+            self.bubble = None
+            column.addWidget(self.body)
+        else:
+            self.bubble = Bubble(role)
+            inside = QVBoxLayout(self.bubble)
+            inside.setContentsMargins(12, 7, 12, 7)
+            inside.addWidget(self.body)
+            column.addWidget(self.bubble, 0, align if role == "user" else Qt.AlignmentFlag(0))
+        self.actions = QHBoxLayout()
+        self.actions.setContentsMargins(0, 0, 0, 0)
+        self.actions.setSpacing(0)
+        self.actions.addWidget(self.copy_button)
+        footer = QHBoxLayout()
+        footer.setContentsMargins(0, 0, 0, 0)
+        footer.setSpacing(8)
+        if role == "user":
+            footer.addStretch()
+            footer.addLayout(self.actions)
+        else:
+            footer.addLayout(self.actions)
+            footer.addWidget(self.note)
+            footer.addStretch()
+        column.addLayout(footer)
+        self._apply_colours()
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Re-render the body from ``text`` (or a dim ellipsis while a reply has none yet)."""
+        if self.streaming and not self.text:
+            self.body.setPlainText("…")
+        elif self.streaming:
+            self.body.stream_markdown(self.text)
+        else:
+            self.body.show_markdown(self.text)
+        if self.role == "user":
+            self._natural_width = self.body.natural_width()
+            self._fit_bubble()
+
+    def set_note(self, note: str) -> None:
+        self.note.setText(note)
+        self.note.setVisible(bool(note))
+
+    def add_action(self, button: QToolButton) -> None:
+        """Add a shared tool button (Edit goes before Copy, Regenerate after it)."""
+        self.actions.insertWidget(0 if self.role == "user" else self.actions.count(), button)
+        button.show()
+
+    def copy(self) -> None:
+        QGuiApplication.clipboard().setText(self.text)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().resizeEvent(event)
+        if self.role == "user" and event.size().width() != event.oldSize().width():
+            self._fit_bubble()
+
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 (Qt override)
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange:
+            self._apply_colours()
+
+    def _fit_bubble(self) -> None:
+        """A user bubble shrinks to short text and wraps long text at a share of the column."""
+        margins = self.bubble.layout().contentsMargins()
+        padding = margins.left() + margins.right()
+        widest = max(80, int(self.width() * BUBBLE_MAX_FRACTION))
+        self.bubble.setFixedWidth(min(widest, math.ceil(self._natural_width) + 2 + padding))
+
+    def _apply_colours(self) -> None:
+        palette = self.header.palette()
+        if self.role == "error":
+            for role in (QPalette.ColorRole.WindowText, QPalette.ColorRole.Text):
+                palette.setColor(role, error_colour(self.palette()))
+        self.header.setPalette(palette)
+
+
+class ChatView(QWidget):
+    """One chat session's messages; see the module's docstring.
+
+    Roles: "user", "assistant", "error" are shown; "system" messages are not."""
+
+    regenerateRequested = Signal()
+    editRequested = Signal(str)  # the last user message's text
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.following = True  # scroll to the bottom as content arrives
+        self._messages: list[MessageWidget] = []
+        self._streaming: MessageWidget | None = None
+        self._pieces: list[str] = []  # streamed text not rendered yet
+        self._busy = False
+
+        self._render_timer = QTimer(self)
+        self._render_timer.setSingleShot(True)
+        self._render_timer.setInterval(STREAM_RENDER_MS)
+        self._render_timer.timeout.connect(self._flush)
+
+        self.placeholder = QLabel("Send a message to start chatting")
+        self.placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.placeholder.setForegroundRole(QPalette.ColorRole.PlaceholderText)
+        self.placeholder.setWordWrap(True)
+        self._content = QWidget()
+        self._content.setBackgroundRole(QPalette.ColorRole.Base)
+        self._column = QVBoxLayout(self._content)
+        self._column.setSpacing(18)
+        self._column.addStretch(1)
+        self.scroll_area = QScrollArea()
+        self.scroll_area.setFrameShape(QFrame.Shape.NoFrame)
+        self.scroll_area.setWidgetResizable(True)
+        self.scroll_area.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.scroll_area.setBackgroundRole(QPalette.ColorRole.Base)
+        self.scroll_area.setWidget(self._content)
+        self.setBackgroundRole(QPalette.ColorRole.Base)
+        self.setAutoFillBackground(True)
+        self._pages = QStackedLayout(self)
+        self._pages.addWidget(self.placeholder)
+        self._pages.addWidget(self.scroll_area)
+
+        bar = self.scroll_area.verticalScrollBar()
+        bar.rangeChanged.connect(self._on_range_changed)
+        bar.valueChanged.connect(self._on_scrolled)
+
+        self.regenerate_button = tool_button("Regenerate", "regenerateButton", "Generate this reply again")
+        self.regenerate_button.clicked.connect(self.regenerateRequested)
+        self.edit_button = tool_button("Edit", "editButton", "Edit this message and send it again")
+        self.edit_button.clicked.connect(self._on_edit)
+        self._update_layout()
+
+    # -- the public API --
+
+    def set_messages(self, messages: list[tuple[str, str]]) -> None:
+        """Replace everything with (role, content) pairs."""
+        self._stop_streaming()
+        for message in self._messages:
+            self._discard(message)
+        self._messages = []
+        self.following = True
+        for role, content in messages:
+            if role == "system":
+                continue
+            if role not in ROLE_TITLES:
+                raise ValueError(f"unknown message role {role!r}")
+            self._append(role, content)
+        self._update_layout()
+
+    def add_user_message(self, text: str) -> None:
+        self._stop_streaming()
+        self._append("user", text)
+        self._update_layout()
+
+    def begin_reply(self) -> None:
+        """Append an empty assistant message that ``append_reply`` streams into."""
+        self._stop_streaming()
+        self._streaming = self._append("assistant", "", streaming=True)
+        self._update_layout()
+
+    def append_reply(self, text: str) -> None:
+        """A streamed piece of the reply; rendered with the others at the next timer tick."""
+        if self._streaming is None:
+            self.begin_reply()
+        self._pieces.append(text)
+        if not self._render_timer.isActive():
+            self._render_timer.start()
+
+    def end_reply(self, text: str, note: str = "") -> None:
+        """The final reply text (it replaces the streamed pieces) and a dim note under it."""
+        message = self._streaming
+        self._render_timer.stop()
+        self._pieces.clear()
+        self._streaming = None
+        if message is None:
+            message = self._append("assistant", text)
+        else:
+            message.streaming = False
+            message.text = text
+            message.refresh()
+        message.set_note(note)
+        self._update_layout()
+
+    def add_error(self, message: str) -> None:
+        """An error row; an interrupted reply keeps what it streamed (an empty one goes)."""
+        streaming = self._streaming
+        self._stop_streaming()
+        if streaming is not None and not streaming.text:
+            self._messages.remove(streaming)
+            self._discard(streaming)
+        self._append("error", message)
+        self._update_layout()
+
+    def remove_last_turn(self) -> None:
+        """Remove the trailing replies and errors, then the last user message."""
+        self._stop_streaming()
+        while self._messages and self._messages[-1].role in ("assistant", "error"):
+            self._discard(self._messages.pop())
+        if self._messages and self._messages[-1].role == "user":
+            self._discard(self._messages.pop())
+        self._update_layout()
+
+    def set_busy(self, busy: bool) -> None:
+        """While busy, Regenerate and Edit are disabled."""
+        self._busy = busy
+        self.regenerate_button.setEnabled(not busy)
+        self.edit_button.setEnabled(not busy)
+
+    def message_count(self) -> int:
+        return len(self._messages)
+
+    def message_text(self, i: int) -> str:
+        """The raw Markdown of message ``i`` (a streaming reply: all its pieces so far)."""
+        message = self._messages[i]
+        return message.text + ("".join(self._pieces) if message is self._streaming else "")
+
+    def message_role(self, i: int) -> str:
+        return self._messages[i].role
+
+    def message_widget(self, i: int) -> MessageWidget:
+        return self._messages[i]
+
+    # -- slots --
+
+    def _flush(self) -> None:
+        """Render the streaming message with the pieces gathered since the last render."""
+        message = self._streaming
+        if message is None or not self._pieces:
+            return
+        message.text += "".join(self._pieces)
+        self._pieces.clear()
+        started = time.perf_counter()
+        message.refresh()
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        # a slow render (a very long reply) waits longer, so it takes at most 1/4 of the loop
+        self._render_timer.setInterval(max(STREAM_RENDER_MS, int(elapsed_ms * 4)))
+
+    def _on_range_changed(self, _minimum: int, maximum: int) -> None:
+        if self.following:
+            self.scroll_area.verticalScrollBar().setValue(maximum)
+
+    def _on_scrolled(self, value: int) -> None:
+        self.following = value >= self.scroll_area.verticalScrollBar().maximum() - 4
+
+    def _on_edit(self) -> None:
+        users = [message for message in self._messages if message.role == "user"]
+        if users:
+            self.editRequested.emit(users[-1].text)
+
+    # -- helpers --
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().resizeEvent(event)
+        side = max(12, (event.size().width() - COLUMN_MAX_WIDTH) // 2)
+        self._column.setContentsMargins(side, 16, side, 16)
+
+    def _append(self, role: str, text: str, streaming: bool = False) -> MessageWidget:
+        message = MessageWidget(role, text)
+        if streaming:
+            message.streaming = True
+            message.refresh()
+        self._column.insertWidget(self._column.count() - 1, message)  # before the stretch
+        self._messages.append(message)
+        return message
+
+    def _discard(self, message: MessageWidget) -> None:
+        for button in (self.regenerate_button, self.edit_button):
+            if message.isAncestorOf(button):
+                button.hide()
+                button.setParent(self)
+        self._column.removeWidget(message)
+        message.hide()
+        message.deleteLater()
+
+    def _stop_streaming(self) -> None:
+        """Finish a streaming reply as it stands (its pieces rendered)."""
+        if self._streaming is not None:
+            self._render_timer.stop()
+            self._streaming.text += "".join(self._pieces)
+            self._pieces.clear()
+            self._streaming.streaming = False
+            self._streaming.refresh()
+            self._streaming = None
+
+    def _update_layout(self) -> None:
+        """The placeholder when empty; Edit on the last user message, Regenerate on the last
+        message when it is a reply (an assistant message or an error)."""
+        self._pages.setCurrentIndex(1 if self._messages else 0)
+        for button in (self.regenerate_button, self.edit_button):
+            button.hide()
+            button.setParent(self)
+        users = [message for message in self._messages if message.role == "user"]
+        if users:
+            users[-1].add_action(self.edit_button)
+        if self._messages and self._messages[-1].role in ("assistant", "error"):
+            self._messages[-1].add_action(self.regenerate_button)
+        self.set_busy(self._busy)
+
+    def sizeHint(self) -> QSize:  # noqa: N802 (Qt override)
+        return QSize(600, 500)
