@@ -4,7 +4,8 @@ Each message is a ``MessageWidget``: a role header ("You", "Assistant", "Error")
 read-only ``MarkdownView`` whose height follows its document at the current width (user
 messages sit on a tinted bubble that shrinks to short text, replies span the column), and
 a footer of flat tool buttons plus an optional dim note. The view owns one Regenerate and
-one Edit button and moves them onto the last reply and the last user message.
+one Edit button and moves them onto the last message, when it is a reply, and the last user
+message.
 
 Streaming stays cheap: ``append_reply`` only collects pieces; a single-shot timer
 re-renders the streaming message at most every ``STREAM_RENDER_MS`` (longer when a render
@@ -641,7 +642,7 @@ class ChatView(QWidget):
 
     def _update_layout(self) -> None:
         """The placeholder when empty; Edit on the last user message, Regenerate on the last
-        message when it is a reply (an assistant message or an error)."""
+        message when it is an assistant's reply (not after an error or a newer user message)."""
         self._pages.setCurrentIndex(1 if self._messages else 0)
         for button in (self.regenerate_button, self.edit_button):
             button.hide()
@@ -649,7 +650,7 @@ class ChatView(QWidget):
         users = [message for message in self._messages if message.role == "user"]
         if users:
             users[-1].add_action(self.edit_button)
-        if self._messages and self._messages[-1].role in ("assistant", "error"):
+        if self._messages and self._messages[-1].role == "assistant":
             self._messages[-1].add_action(self.regenerate_button)
         self.set_busy(self._busy)
 

@@ -180,7 +180,8 @@ def test_regenerate_and_edit_sit_on_the_last_messages(view, qtbot):
     assert _holder(view, view.regenerate_button) == 5
     view.add_error("out of memory")  # an empty interrupted reply makes way for the error
     assert view.message_count() == 6 and view.message_role(5) == "error"
-    assert _holder(view, view.regenerate_button) == 5
+    assert _holder(view, view.regenerate_button) is None  # only a reply is regenerated
+    assert _holder(view, view.edit_button) == 4
 
 
 def test_remove_last_turn(view):
