@@ -87,12 +87,15 @@ class EngineBridge(QObject):
     _relay = Signal(str, object)  # (signal name, args): any thread -> the GUI thread
 
     def __init__(self, data_root: Path | None = None, model_spec: str = "default", *,
-                 engine: Engine | None = None, parent: QObject | None = None):
+                 engine: Engine | None = None, engine_options: dict | None = None,
+                 parent: QObject | None = None):
+        """``engine_options``: keyword arguments for the Engine (pool_bytes, disk_budget_bytes...)."""
         super().__init__(parent)
         if engine is None:
             from core.engine import Engine  # imported on use: it loads mlx
 
-            engine = Engine(Path(data_root), model_spec, on_load_progress=self._on_load_progress)
+            engine = Engine(Path(data_root), model_spec, on_load_progress=self._on_load_progress,
+                            **(engine_options or {}))
         self.engine = engine
         self._handle: RequestHandle | None = None
         self._loading = False

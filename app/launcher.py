@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -21,7 +22,8 @@ def _run_gui(args: argparse.Namespace, data_root: Path) -> int:
         return run_screenshot(Path(args.screenshot), data_root, args.model)
     from app.main_window import run_app
 
-    return run_app(data_root, args.model)
+    chosen = args.data_dir is not None or bool(os.environ.get("RADIXCHAT_HOME"))
+    return run_app(data_root, args.model, data_root_chosen=chosen)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,152 +1,430 @@
-"""The main window (plain for now): a transcript, an input box, Send and Stop, and a
-"Serve API" switch that runs the OpenAI-compatible server inside the app."""
+"""The main window: sessions on the left, the chat in the middle, the live memory and cache
+panels on the right; a toolbar for the model, the chat's settings and the API server.
+
+The window only talks to the engine through its :class:`~app.bridge.EngineBridge`, and to
+the chat history through a :class:`~core.chat_store.ChatStore`; it never blocks: replies,
+model loads and server stops all come back as signals.
+"""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from PySide6.QtCore import QEvent, QObject, QSignalBlocker, Qt
-from PySide6.QtGui import QAction, QCloseEvent, QFont, QTextBlockFormat, QTextCharFormat, QTextCursor
-from PySide6.QtWidgets import (QApplication, QHBoxLayout, QLabel, QMainWindow, QMessageBox, QPlainTextEdit,
-                               QPushButton, QTextBrowser, QVBoxLayout, QWidget)
+from PySide6.QtCore import QSignalBlocker, Qt
+from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QIcon, QKeySequence
+from PySide6.QtWidgets import (QApplication, QLabel, QMainWindow, QMessageBox, QSplitter, QToolButton,
+                               QVBoxLayout, QWidget)
 
 from app.bridge import EngineBridge
-from core.chat_store import ChatStore
+from app.cache_panel import CachePanel
+from app.chat_view import ChatView
+from app.composer import Composer
+from app.memory_panel import MemoryPanel
+from app.model_picker import ModelPickerDialog
+from app.session_list import SessionList
+from app.settings_dialogs import AppSettings, AppSettingsDialog, SessionSettingsDialog
+from core.chat_store import ChatStore, Session
 from core.errors import StoreError, UserError
 from core.paths import chats_db_path
+from resources import resource_path
+
+DEFAULT_SAMPLING = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 512, "seed": None}
 
 
 class MainWindow(QMainWindow):
-    """One chat per app start; each finished turn is stored in the chat store.
+    """``server_port``: where "Serve API" listens on 127.0.0.1 (0: any free port)."""
 
-    ``server_port``: where "Serve API" listens on 127.0.0.1 (0: any free port)."""
-
-    def __init__(self, bridge: EngineBridge, store: ChatStore, parent: QWidget | None = None,
-                 server_port: int = 8000):
+    def __init__(self, bridge: EngineBridge, store: ChatStore, settings: AppSettings | None = None,
+                 parent: QWidget | None = None, server_port: int = 8000):
         super().__init__(parent)
         self.bridge, self.store = bridge, store
+        self.settings = settings if settings is not None else AppSettings()
         self.server_port = server_port
-        self.session = store.create_session()
-        self.messages: list[tuple[str, str]] = []  # (role, content) of the finished turns
-        self.sampling: dict = {"temperature": 0.7, "max_tokens": 512}  # a settings panel comes later
         self.model_name = ""
+        self.session: Session | None = None
         self._pending = ""  # the user message being answered
+        self._generating = False
         self.error_box: QMessageBox | None = None
 
         self.setWindowTitle("RadixChat")
-        self.resize(760, 600)
-        self.transcript = QTextBrowser()
-        self.input = QPlainTextEdit()
-        self.input.setPlaceholderText("Message (Enter sends, Shift+Enter adds a line)")
-        self.input.setFixedHeight(self.input.fontMetrics().lineSpacing() * 4 + 12)
-        self.input.installEventFilter(self)
-        self.send_button, self.stop_button = QPushButton("Send"), QPushButton("Stop")
-        self.send_button.clicked.connect(self.send)
-        self.stop_button.clicked.connect(self.bridge.cancel)
-        buttons = QVBoxLayout()
-        for button in (self.send_button, self.stop_button):
-            buttons.addWidget(button)
-        buttons.addStretch()
-        row = QHBoxLayout()
-        row.addWidget(self.input, 1)
-        row.addLayout(buttons)
-        central = QWidget()
-        column = QVBoxLayout(central)
-        column.setContentsMargins(10, 10, 10, 6)
-        column.addWidget(self.transcript, 1)
-        column.addLayout(row)
-        self.setCentralWidget(central)
+        self.setUnifiedTitleAndToolBarOnMac(True)
+        self.resize(1280, 800)
+        self._build_widgets()
+        self._build_actions()
+        self._connect()
+        self._restore_layout()
+        self._open_initial_session()
+        self._update_state()
+        self._set_state_text("Loading the model…")
 
-        self.serve_action = QAction("Serve API", self)
-        self.serve_action.setCheckable(True)
-        self.serve_action.setToolTip("Serve the OpenAI-compatible API on 127.0.0.1"
-                                     + (f":{server_port}" if server_port else ""))
-        self.serve_action.toggled.connect(self._on_serve_toggled)
-        self.menuBar().addMenu("&Server").addAction(self.serve_action)
-        toolbar = self.addToolBar("Server")
-        toolbar.setObjectName("serverToolBar")
-        toolbar.setMovable(False)
-        toolbar.addAction(self.serve_action)
+    # ------------------------------------------------------------------ layout
+    def _build_widgets(self) -> None:
+        self.sessions = SessionList(self.store)
+        self.chat = ChatView()
+        self.composer = Composer()
+        middle = QWidget()
+        column = QVBoxLayout(middle)
+        column.setContentsMargins(8, 8, 8, 8)
+        column.addWidget(self.chat, 1)
+        column.addWidget(self.composer)
+        self.memory_panel, self.cache_panel = MemoryPanel(), CachePanel()
+        self.panels = QSplitter(Qt.Orientation.Vertical)
+        self.panels.setObjectName("panelsSplitter")
+        self.panels.addWidget(self.cache_panel)
+        self.panels.addWidget(self.memory_panel)
+        self.splitter = QSplitter(Qt.Orientation.Horizontal)
+        self.splitter.setObjectName("mainSplitter")
+        self.splitter.addWidget(self.sessions)
+        self.splitter.addWidget(middle)
+        self.splitter.addWidget(self.panels)
+        self.splitter.setStretchFactor(1, 1)
+        self.splitter.setSizes([240, 640, 400])
+        self.setCentralWidget(self.splitter)
+
+        self.model_label = QLabel()
+        self.state_label = QLabel()
+        self.speed_label = QLabel()
         self.server_label = QLabel()
         self.server_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.server_label.hide()
-        self.statusBar().addPermanentWidget(self.server_label)
+        bar = self.statusBar()
+        bar.addWidget(self.model_label)
+        bar.addWidget(self.state_label, 1)
+        bar.addPermanentWidget(self.speed_label)
+        bar.addPermanentWidget(self.server_label)
 
-        self._set_busy(True, generating=False)
-        self.statusBar().showMessage("Loading the model…")
+    def _build_actions(self) -> None:
+        def action(text: str, slot, shortcut=None, tip: str = "") -> QAction:
+            act = QAction(text, self)
+            act.triggered.connect(slot)
+            if shortcut is not None:
+                act.setShortcut(QKeySequence(shortcut))
+            act.setToolTip(tip or text)
+            return act
 
+        self.new_action = self.sessions.new_action  # Ctrl+N, window-wide; newRequested -> new_chat
+        self.model_action = action("Model…", self.choose_model, "Ctrl+M", "Choose the model")
+        self.session_settings_action = action("Chat Settings…", self.edit_session_settings, "Ctrl+,",
+                                              "System prompt and sampling for this chat")
+        self.app_settings_action = action("Preferences…", self.edit_app_settings, None,
+                                          "Data folder, memory and disk budgets")
+        self.app_settings_action.setMenuRole(QAction.MenuRole.PreferencesRole)
+        self.regenerate_action = action("Regenerate Reply", self.regenerate, "Ctrl+R")
+        self.stop_action = action("Stop", self._on_escape, Qt.Key.Key_Escape, "Stop the reply (Esc)")
+        self.quit_action = action("Quit", self.close, QKeySequence.StandardKey.Quit)
+        self.quit_action.setMenuRole(QAction.MenuRole.QuitRole)
+        self.panels_action = action("Show Panels", self.panels.setVisible, "Ctrl+Shift+P")
+        self.panels_action.setCheckable(True)
+        self.panels_action.setChecked(True)
+        self.serve_action = QAction("Serve API", self)
+        self.serve_action.setCheckable(True)
+        self.serve_action.setToolTip("Serve the OpenAI-compatible API on 127.0.0.1"
+                                     + (f":{self.server_port}" if self.server_port else ""))
+        self.serve_action.toggled.connect(self._on_serve_toggled)
+
+        menus = self.menuBar()
+        file_menu = menus.addMenu("&File")
+        for act in (self.new_action, self.app_settings_action, self.quit_action):
+            file_menu.addAction(act)
+        chat_menu = menus.addMenu("&Chat")
+        for act in (self.regenerate_action, self.stop_action, self.session_settings_action):
+            chat_menu.addAction(act)
+        menus.addMenu("&Model").addAction(self.model_action)
+        menus.addMenu("&Server").addAction(self.serve_action)
+        menus.addMenu("&View").addAction(self.panels_action)
+
+        toolbar = self.addToolBar("Main")
+        toolbar.setObjectName("mainToolBar")
+        toolbar.setMovable(False)
+        toolbar.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
+        self.model_button = QToolButton()
+        self.model_button.setDefaultAction(self.model_action)
+        self.model_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
+        toolbar.addWidget(self.model_button)
+        toolbar.addAction(self.session_settings_action)
+        toolbar.addSeparator()
+        toolbar.addAction(self.serve_action)
+        spacer = QWidget()
+        spacer.setSizePolicy(spacer.sizePolicy().Policy.Expanding, spacer.sizePolicy().Policy.Preferred)
+        toolbar.addWidget(spacer)
+        toolbar.addAction(self.panels_action)
+
+    def _connect(self) -> None:
+        bridge = self.bridge
         bridge.loadProgress.connect(self._on_load_progress)
+        bridge.modelLoading.connect(self._on_model_loading)
         bridge.modelReady.connect(self._on_ready)
         bridge.loadFailed.connect(self._on_load_failed)
-        bridge.token.connect(self._append)
+        bridge.progress.connect(self._on_prefill_progress)
+        bridge.token.connect(self._on_token)
         bridge.finished.connect(self._on_finished)
         bridge.failed.connect(self._on_failed)
         bridge.serverStopped.connect(self._on_server_stopped)
+        bridge.statsUpdated.connect(self.memory_panel.update_stats)
+        bridge.statsUpdated.connect(self.cache_panel.update_totals)
+        self.composer.sendRequested.connect(self.send)
+        self.composer.stopRequested.connect(bridge.cancel)
+        self.composer.editCancelled.connect(lambda: self._set_state_text("Edit cancelled", 3000))
+        self.chat.regenerateRequested.connect(self.regenerate)
+        self.chat.editRequested.connect(self.composer.start_edit)
+        self.sessions.sessionSelected.connect(self.open_session)
+        self.sessions.sessionDeleted.connect(self._on_session_deleted)
+        self.sessions.newRequested.connect(self.new_chat)
 
-    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
-        if (watched is self.input and event.type() == QEvent.Type.KeyPress
-                and event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
-                and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier):
-            self.send()
-            return True
-        return super().eventFilter(watched, event)
+    def _restore_layout(self) -> None:
+        geometry, state = self.settings.window_geometry, self.settings.window_state
+        if geometry:
+            self.restoreGeometry(geometry)
+        if state:
+            self.restoreState(state)
+        if self.settings.splitter_state:
+            self.splitter.restoreState(self.settings.splitter_state)
 
     def closeEvent(self, event: QCloseEvent) -> None:
+        self.settings.window_geometry = bytes(self.saveGeometry().data())
+        self.settings.window_state = bytes(self.saveState().data())
+        self.settings.splitter_state = bytes(self.splitter.saveState().data())
         self.serve_action.setChecked(False)  # stops the API server (the app's exit waits for it)
         super().closeEvent(event)
 
-    def send(self) -> None:
-        text = self.input.toPlainText().strip()
-        if not text or self.bridge.busy or not self.model_name:
+    # ------------------------------------------------------------------ sessions
+    def _open_initial_session(self) -> None:
+        """The chat open when the app last closed, else the most recent, else a new one."""
+        try:
+            sessions = self.store.list_sessions()
+        except StoreError as exc:
+            self._set_state_text(f"Could not read the chats: {exc}")
+            sessions = []
+        last = self.settings.last_session
+        if sessions:
+            self.open_session(last if any(s.id == last for s in sessions) else sessions[0].id)
+        else:
+            self.new_chat()
+
+    def new_chat(self) -> None:
+        """A fresh session (the current one is reused while it is still empty)."""
+        if self._generating:
             return
-        # first: a bad setting raises here, before the window changes (events arrive queued)
-        self.bridge.send(self.messages + [("user", text)], self.sampling, session=self.session.name)
+        if self.session is not None and not self.chat.message_count():
+            self.composer.input.setFocus()
+            return
+        settings = dict(self.session.settings) if self.session is not None else dict(DEFAULT_SAMPLING)
+        system = self.session.system_prompt if self.session is not None else None
+        try:
+            session = self.store.create_session(settings=settings, system_prompt=system)
+        except StoreError as exc:
+            self._set_state_text(f"Could not create a chat: {exc}")
+            return
+        self.sessions.refresh(select_id=session.id)
+        self.open_session(session.id)
+
+    def open_session(self, session_id: int) -> None:
+        if self._generating or (self.session is not None and self.session.id == session_id):
+            if self.session is not None and self.sessions.current_id() != self.session.id:
+                self.sessions.select(self.session.id)  # switching waits for the reply to end
+            return
+        try:
+            session = self.store.get_session_by_id(session_id)
+            messages = self.store.messages(session_id) if session is not None else []
+        except StoreError as exc:
+            self._set_state_text(f"Could not open the chat: {exc}")
+            return
+        if session is None:
+            return
+        self.session = session
+        self.settings.last_session = session.id
+        self.composer.finish_edit()
+        self.chat.set_messages([(m.role, m.content) for m in messages])
+        self.cache_panel.set_turns([m.stats for m in messages if m.role == "assistant" and m.stats])
+        if self.sessions.current_id() != session.id:
+            self.sessions.select(session.id)
+        self.setWindowTitle(f"{session.title or 'New chat'} — RadixChat")
+        self._update_state()
+
+    def _on_session_deleted(self, session_id: int, name: str) -> None:
+        if name:
+            self.bridge.engine.forget_session(name)  # its cached KV, in RAM and on disk
+        if self.session is not None and self.session.id == session_id:
+            self.session = None
+            self._open_initial_session()
+
+    def sampling(self) -> dict:
+        settings = dict(DEFAULT_SAMPLING)
+        if self.session is not None:
+            settings.update(self.session.settings or {})
+        return settings
+
+    def history(self) -> list[tuple[str, str]]:
+        """The session's stored messages, its system prompt first, as (role, content)."""
+        assert self.session is not None
+        pairs = [(m.role, m.content) for m in self.store.messages(self.session.id)]
+        if self.session.system_prompt:
+            pairs.insert(0, ("system", self.session.system_prompt))
+        return pairs
+
+    # ------------------------------------------------------------------ chatting
+    def send(self, text: str) -> None:
+        if not text or self._generating or not self.model_name or self.session is None:
+            return
+        try:
+            if self.composer.editing:  # the edited message replaces the last turn
+                self._drop_last_turn()
+            history = self.history()
+            # a bad setting raises here, before the window changes (events arrive queued)
+            self.bridge.send(history + [("user", text)], self.sampling(), session=self.session.name)
+        except StoreError as exc:
+            self._set_state_text(f"Could not read the chat: {exc}")
+            return
+        except ValueError as exc:
+            self._set_state_text(f"Check the chat settings: {exc}")
+            return
+        self.composer.finish_edit()
         self._pending = text
-        self.input.clear()
-        self._start_turn("You", text)
-        self._start_turn("Assistant", "")
-        self._set_busy(True, generating=True)
-        self.statusBar().showMessage(f"{self.model_name} · generating…")
+        self.composer.input.clear()
+        self.chat.add_user_message(text)
+        self.chat.begin_reply()
+        self._generating = True
+        self._update_state()
+        self._set_state_text("Reading the prompt…")
 
-    # -- slots --
+    def regenerate(self) -> None:
+        """Ask again for the last reply: the last turn is replaced."""
+        if self._generating or not self.model_name or self.session is None:
+            return
+        messages = self.store.messages(self.session.id)
+        if len(messages) < 2 or messages[-1].role != "assistant":
+            return
+        text = messages[-2].content
+        self._drop_last_turn()
+        self.send(text)
 
+    def _drop_last_turn(self) -> None:
+        assert self.session is not None
+        for _ in range(2):
+            removed = self.store.delete_last_message(self.session.id)
+            if removed is None or removed.role == "user":
+                break
+        self.chat.set_messages([(m.role, m.content) for m in self.store.messages(self.session.id)])
+        self.cache_panel.set_turns([m.stats for m in self.store.messages(self.session.id)
+                                    if m.role == "assistant" and m.stats])
+
+    def _on_escape(self) -> None:
+        if self._generating:
+            self.bridge.cancel()
+        else:
+            self.composer.cancel_edit()
+
+    # ------------------------------------------------------------------ bridge slots
     def _on_load_progress(self, stage: str, fraction: float) -> None:
         percent = f" {fraction:.0%}" if fraction >= 0 else ""
-        self.statusBar().showMessage(f"Loading the model: {stage}{percent}")
+        self._set_state_text(f"Loading the model: {stage}{percent}")
+
+    def _on_model_loading(self, spec: str) -> None:
+        from core.model_catalog import describe_spec
+
+        self._update_state()
+        self._set_state_text(f"Loading {describe_spec(spec, self.bridge.engine.data_root)}…")
 
     def _on_ready(self, name: str) -> None:
         self.model_name = name
-        self.statusBar().showMessage(name)
-        self._set_busy(False)
+        info = self.bridge.engine.model_info
+        if info is not None:
+            self.settings.last_model = info.spec
+        self.model_label.setText(name)
+        self.model_action.setText(f"Model: {name}")
+        self._set_state_text("Ready")
+        self._update_state()
 
     def _on_load_failed(self, message: str) -> None:
-        self.statusBar().showMessage(f"Could not load the model: {message}")
-        self.error_box = QMessageBox(QMessageBox.Icon.Warning, "RadixChat", "Could not load the model.",
+        still = f" {self.model_name} stays loaded." if self.model_name else ""
+        self._set_state_text(f"Could not load the model: {message}")
+        self.error_box = QMessageBox(QMessageBox.Icon.Warning, "RadixChat", "Could not load the model." + still,
                                      QMessageBox.StandardButton.Ok, self)
         self.error_box.setInformativeText(message)
         self.error_box.open()
+        self._update_state()
+
+    def _on_prefill_progress(self, done: int, total: int) -> None:
+        if self._generating and done < total:
+            self._set_state_text(f"Reading the prompt: {done} of {total} tokens")
+
+    def _on_token(self, text: str) -> None:
+        if self._generating:
+            if self.state_label.text() != "Generating…":
+                self._set_state_text("Generating…")
+            self.chat.append_reply(text)
 
     def _on_finished(self, text: str, stats: dict) -> None:
-        self.messages += [("user", self._pending), ("assistant", text)]
-        stopped = " · stopped" if stats["finish_reason"] == "cancelled" else ""
-        self.statusBar().showMessage(
-            f"{self.model_name} · {stats['completion_tokens']} tokens · {stats['decode_tps']:.1f} tok/s"
-            f" · TTFT {stats['ttft_s']:.2f} s · prompt {stats['prompt_tokens']} tokens,"
-            f" {stats['cached_tokens'] + stats['restored_tokens']} cached{stopped}")
-        self._set_busy(False)
+        self._generating = False
+        stopped = stats["finish_reason"] == "cancelled"
+        note = (f"{'stopped · ' if stopped else ''}{stats['completion_tokens']} tokens · "
+                f"{stats['decode_tps']:.1f} tok/s · TTFT {stats['ttft_s']:.2f} s")
+        self.chat.end_reply(text, note)
+        self.cache_panel.add_turn(stats)
+        served = stats["cached_tokens"] + stats["restored_tokens"]
+        self.speed_label.setText(f"{stats['decode_tps']:.1f} tok/s")
+        self._set_state_text(f"{'Stopped' if stopped else 'Done'} · prompt {stats['prompt_tokens']} tokens, "
+                             f"{served} from the cache · TTFT {stats['ttft_s']:.2f} s")
+        self._update_state()
+        if self.session is None:
+            return
         try:
             self.store.add_turn(self.session.id, self._pending, text, stats)
+            self.session = self.store.get_session_by_id(self.session.id) or self.session
+            self.sessions.refresh(select_id=self.session.id)
+            self.setWindowTitle(f"{self.session.title or 'New chat'} — RadixChat")
         except StoreError as exc:  # the chat goes on in memory
-            self.statusBar().showMessage(f"Could not save the chat: {exc}")
+            self._set_state_text(f"Could not save the chat: {exc}")
 
     def _on_failed(self, message: str) -> None:
-        self._start_turn("Error", message)
-        self.statusBar().showMessage(f"{self.model_name} · error: {message}")
-        if not self.input.toPlainText():
-            self.input.setPlainText(self._pending)  # nothing lost: the message can be sent again
-        self._set_busy(False)
+        self._generating = False
+        self.chat.remove_last_turn()
+        self.chat.add_error(message)
+        self._set_state_text(f"Error: {message}")
+        if not self.composer.text():
+            self.composer.set_text(self._pending)  # nothing lost: the message can be sent again
+        self._update_state()
 
+    # ------------------------------------------------------------------ dialogs
+    def choose_model(self) -> None:
+        info = self.bridge.engine.model_info
+        dialog = ModelPickerDialog(self.bridge.engine.data_root, info.spec if info is not None else None, self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.accepted.connect(lambda: self._load(dialog.chosen_spec()))
+        dialog.open()
+        self.model_dialog = dialog
+
+    def _load(self, spec: str | None) -> None:
+        if spec and not self.bridge.loading:
+            self.bridge.load_model(spec)
+
+    def edit_session_settings(self) -> None:
+        if self.session is None:
+            return
+        dialog = SessionSettingsDialog(self.sampling(), self.session.system_prompt, self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.accepted.connect(lambda: self._save_session_settings(*dialog.values()))
+        dialog.open()
+        self.settings_dialog = dialog
+
+    def _save_session_settings(self, settings: dict, system_prompt: str | None) -> None:
+        if self.session is None:
+            return
+        try:
+            self.store.update_session(self.session.id, settings=settings, system_prompt=system_prompt)
+            self.session = self.store.get_session_by_id(self.session.id) or self.session
+        except StoreError as exc:
+            self._set_state_text(f"Could not save the settings: {exc}")
+
+    def edit_app_settings(self) -> None:
+        dialog = AppSettingsDialog(self.settings, str(self.bridge.engine.data_root), self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.accepted.connect(dialog.apply)
+        dialog.open()
+        self.app_dialog = dialog
+
+    # ------------------------------------------------------------------ server
     def _on_serve_toggled(self, on: bool) -> None:
         if not on:
             self.serve_action.setEnabled(False)  # until the port is free again
@@ -158,7 +436,7 @@ class MainWindow(QMainWindow):
         except UserError as exc:
             with QSignalBlocker(self.serve_action):
                 self.serve_action.setChecked(False)
-            self.statusBar().showMessage(f"Could not start the API server: {exc}")
+            self._set_state_text(f"Could not start the API server: {exc}")
             return
         self.server_label.setText(f"API: {address}")
         self.server_label.show()
@@ -166,47 +444,56 @@ class MainWindow(QMainWindow):
     def _on_server_stopped(self) -> None:
         self.server_label.hide()
         self.serve_action.setEnabled(True)
-        self.statusBar().showMessage("API server stopped", 5000)
+        self._set_state_text("API server stopped", 5000)
 
-    # -- helpers --
+    # ------------------------------------------------------------------ helpers
+    def _update_state(self) -> None:
+        ready = bool(self.model_name) and not self.bridge.loading and self.session is not None
+        self.composer.set_state(ready=ready, generating=self._generating)
+        self.chat.set_busy(self._generating or not ready)
+        idle = not self._generating
+        for act in (self.new_action, self.regenerate_action, self.session_settings_action):
+            act.setEnabled(idle)
+        self.regenerate_action.setEnabled(idle and ready)
+        self.model_action.setEnabled(idle and not self.bridge.loading)
+        self.sessions.setEnabled(idle)
 
-    def _set_busy(self, busy: bool, generating: bool = False) -> None:
-        self.input.setEnabled(not busy)
-        self.send_button.setEnabled(not busy)
-        self.stop_button.setEnabled(generating)
-        if not busy:
-            self.input.setFocus()
-
-    def _start_turn(self, speaker: str, text: str) -> None:
-        cursor = QTextCursor(self.transcript.document())
-        cursor.movePosition(QTextCursor.MoveOperation.End)
-        if not self.transcript.document().isEmpty():
-            spacing = QTextBlockFormat()
-            spacing.setTopMargin(10)
-            cursor.insertBlock(spacing)
-        bold = QTextCharFormat()
-        bold.setFontWeight(QFont.Weight.Bold)
-        cursor.insertText(f"{speaker}:", bold)
-        cursor.insertBlock(QTextBlockFormat(), QTextCharFormat())
-        self._append(text)
-
-    def _append(self, text: str) -> None:
-        bar = self.transcript.verticalScrollBar()
-        follow = bar.value() == bar.maximum()
-        cursor = QTextCursor(self.transcript.document())
-        cursor.movePosition(QTextCursor.MoveOperation.End)
-        cursor.insertText(text, QTextCharFormat())
-        if follow:
-            bar.setValue(bar.maximum())
+    def _set_state_text(self, text: str, timeout_ms: int = 0) -> None:
+        self.state_label.setText(text)
 
 
-def run_app(data_root: Path, model_spec: str) -> int:
-    """Open the main window while the model loads; returns the exit code."""
-    app = QApplication.instance() or QApplication(sys.argv)
+def apply_look(app: QApplication) -> None:
+    """Native on macOS (system font, dark mode from the system); Fusion elsewhere, which
+    follows the desktop's colour scheme in Qt 6.5+."""
     app.setApplicationName("RadixChat")
+    app.setOrganizationName("RadixChat")
+    app.setApplicationDisplayName("RadixChat")
+    icon = resource_path("icon.png")
+    if icon.is_file():
+        app.setWindowIcon(QIcon(str(icon)))
+    if sys.platform != "darwin":
+        app.setStyle("Fusion")
+
+
+def run_app(data_root: Path, model_spec: str, data_root_chosen: bool = True) -> int:
+    """Open the main window while the model loads; returns the exit code. The data folder
+    of the app's settings applies unless ``--data-dir`` or ``$RADIXCHAT_HOME`` chose one."""
+    app = QApplication.instance() or QApplication(sys.argv)
+    apply_look(app)
+    settings = AppSettings()
+    if not data_root_chosen and settings.data_dir:
+        data_root = Path(settings.data_dir)
+        data_root.mkdir(parents=True, exist_ok=True)
+    if model_spec == "default" and settings.last_model:
+        model_spec = settings.last_model
     store = ChatStore(chats_db_path(data_root))
-    bridge = EngineBridge(data_root, model_spec)
-    window = MainWindow(bridge, store)
+    engine_options = {}
+    if settings.kv_pool_mb:
+        engine_options["pool_bytes"] = settings.kv_pool_mb * 2**20
+    if settings.disk_cache_gb:
+        engine_options["disk_budget_bytes"] = int(settings.disk_cache_gb * 1e9)
+    bridge = EngineBridge(data_root, model_spec, engine_options=engine_options)
+    window = MainWindow(bridge, store, settings)
     window.show()
     bridge.start()
     try:

@@ -122,7 +122,7 @@ class SessionList(QWidget):
     ``error_label`` and leave through ``error``."""
 
     sessionSelected = Signal(int)
-    sessionDeleted = Signal(int)
+    sessionDeleted = Signal(int, str)  # id, name (the engine forgets the name's cache)
     newRequested = Signal()
     error = Signal(str)
 
@@ -283,6 +283,7 @@ class SessionList(QWidget):
         if box.standardButton(box.clickedButton()) != QMessageBox.StandardButton.Yes:
             return
         try:
+            session = self.store.get_session_by_id(session_id)
             self.store.delete_session(session_id)
         except StoreError as exc:
             self._show_error(str(exc))
@@ -290,7 +291,7 @@ class SessionList(QWidget):
         if self._current == session_id:
             self._current = None
         self.refresh()
-        self.sessionDeleted.emit(session_id)
+        self.sessionDeleted.emit(session_id, session.name if session is not None else "")
 
     def _on_context_menu(self, pos: QPoint) -> None:
         item = self.list.itemAt(pos)

@@ -139,6 +139,15 @@ class AppSettings:
         self._set("last_model", value or None)
 
     @property
+    def last_session(self) -> int | None:
+        """The chat that was open when the app last closed (reopened at start)."""
+        return self._get("last_session", int) or None
+
+    @last_session.setter
+    def last_session(self, value: int | None) -> None:
+        self._set("last_session", value or None)
+
+    @property
     def window_geometry(self) -> bytes | None:
         return self._get_bytes("window/geometry")
 

@@ -90,6 +90,19 @@ def model_catalog(data_root: Path, on_cpu: bool | None = None) -> list[CatalogEn
     return entries
 
 
+def describe_spec(spec: str, data_root: Path) -> str:
+    """``spec`` for a status line: its name and the memory its weights will take."""
+    try:
+        entry = next((e for e in model_catalog(data_root) if e.spec == spec), None)
+        if entry is None and Path(spec).exists():
+            entry = entry_for_path(Path(spec))
+    except (UserError, OSError):
+        entry = None
+    if entry is None:
+        return spec
+    return f"{entry.name} (about {entry.memory_bytes / 2**20:,.0f} MB in memory)"
+
+
 def entry_for_path(path: Path, on_cpu: bool | None = None) -> CatalogEntry:
     """A catalog entry for a file or folder the user picked; :class:`UserError` if it is
     neither a ``.gguf`` file nor an MLX model folder."""

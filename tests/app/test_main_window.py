@@ -1,4 +1,5 @@
-"""The plain main window and its engine bridge: a real engine on a tiny model, and fakes."""
+"""The main window against the real engine on a tiny model, and a fake engine for the
+error paths. Every test waits on signals."""
 
 from __future__ import annotations
 
@@ -13,27 +14,39 @@ import sys  # noqa: E402
 import urllib.request  # noqa: E402
 
 import pytest  # noqa: E402
-from PySide6.QtCore import Qt  # noqa: E402
+from PySide6.QtCore import QSettings, Qt  # noqa: E402
+from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
 from app.bridge import EngineBridge  # noqa: E402
 from app.main_window import MainWindow  # noqa: E402
+from app.settings_dialogs import AppSettings  # noqa: E402
 from core.chat_store import ChatStore  # noqa: E402
 from core.engine import Engine, RequestHandle  # noqa: E402
-from core.engine_types import ErrorEvent, GenerationRequest, TokenEvent  # noqa: E402
+from core.engine_types import DoneEvent, ErrorEvent, GenerationRequest, RequestStats, TokenEvent  # noqa: E402
 from core.errors import UserError  # noqa: E402
 from core.model_loader import ModelInfo  # noqa: E402
 from core.paths import chats_db_path  # noqa: E402
 
-WAIT_MS = 30000
+WAIT_MS = 60000
+GREEDY = {"temperature": 0.0, "top_p": 1.0, "max_tokens": 16, "seed": None}
+
+
+def _info(name: str = "fake-model") -> ModelInfo:
+    return ModelInfo(spec=name, name=name, path="/fake", model_type="llama", fingerprint="0" * 16,
+                     weights_format="float32", weight_bytes=1000, context_length=512, num_layers=1,
+                     load_seconds=0.0)
 
 
 class FakeEngine(Engine):
-    """The real interface without a thread: a scripted load result and scripted replies."""
+    """The real interface without a thread: scripted loads and scripted replies."""
 
-    def __init__(self, data_root, load_error: str | None = None, events: tuple = ()):
+    def __init__(self, data_root, load_error: str | None = None, events: tuple = (),
+                 switch_error: str | None = None):
         super().__init__(data_root, model_spec=None)
-        self.load_error, self.events = load_error, events
+        self.load_error, self.events, self.switch_error = load_error, events, switch_error
         self.requests: list[GenerationRequest] = []
+        self.forgotten: list[str] = []
+        self._info = None if load_error else _info()
 
     def start(self) -> Engine:
         return self
@@ -41,9 +54,13 @@ class FakeEngine(Engine):
     def wait_ready(self, timeout: float | None = None) -> ModelInfo:
         if self.load_error is not None:
             raise UserError(self.load_error)
-        return ModelInfo(spec="fake", name="fake-model", path="/fake", model_type="llama",
-                         fingerprint="0" * 16, weights_format="float32", weight_bytes=0,
-                         context_length=512, num_layers=1, load_seconds=0.0)
+        return self._info
+
+    def load(self, spec: str, weights_format: str = "auto", timeout: float | None = None) -> ModelInfo:
+        if self.switch_error is not None:
+            raise UserError(self.switch_error)
+        self._info = _info(spec)
+        return self._info
 
     def submit(self, request: GenerationRequest) -> RequestHandle:
         self.requests.append(request)
@@ -53,26 +70,40 @@ class FakeEngine(Engine):
         handle._finish()
         return handle
 
+    def forget_session(self, session: str) -> None:
+        self.forgotten.append(session)
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        pass
+
 
 @pytest.fixture
 def open_window(qtbot, tmp_path):
-    """open_window(spec=..., engine=..., server_port=...) -> (window, bridge, store), shut down
-    afterwards. "Serve API" listens on any free port unless told otherwise."""
+    """open_window(spec=..., engine=...) -> (window, bridge, store); shut down afterwards.
+    The data folder is tmp_path, so a second window in one test finds the first's chats."""
     opened = []
 
     def open_(spec: str | None = None, engine: Engine | None = None, server_port: int = 0):
         bridge = EngineBridge(tmp_path, spec, engine=engine)
         store = ChatStore(chats_db_path(tmp_path))
-        window = MainWindow(bridge, store, server_port=server_port)
+        settings = AppSettings(QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat))
+        window = MainWindow(bridge, store, settings, server_port=server_port)
         qtbot.addWidget(window)
         window.show()
-        opened.append((bridge, store))
+        opened.append((window, bridge, store))
         return window, bridge, store
 
+    def close(window, bridge, store) -> None:
+        if (window, bridge, store) in opened:
+            opened.remove((window, bridge, store))
+            window.close()
+            bridge.shutdown()
+            store.close()
+
+    open_.close = close
     yield open_
-    for bridge, store in opened:
-        bridge.shutdown()
-        store.close()
+    for window, bridge, store in list(opened):
+        close(window, bridge, store)
 
 
 def _ready(qtbot, bridge: EngineBridge) -> str:
@@ -81,86 +112,222 @@ def _ready(qtbot, bridge: EngineBridge) -> str:
     return ready.args[0]
 
 
-def test_a_turn_streams_into_the_transcript_and_is_stored(qtbot, open_window, tiny_model):
+def _greedy(window, store, **changes) -> None:
+    store.update_session(window.session.id, settings={**GREEDY, **changes})
+    window.session = store.get_session_by_id(window.session.id)
+
+
+def _turn(qtbot, window, bridge, text: str) -> tuple[str, dict]:
+    window.composer.input.setPlainText(text)
+    with qtbot.waitSignal(bridge.finished, timeout=WAIT_MS) as done:
+        qtbot.keyClick(window.composer.input, Qt.Key.Key_Return)
+    return done.args[0], done.args[1]
+
+
+def test_a_turn_streams_into_the_chat_and_is_stored(qtbot, open_window, tiny_model):
     window, bridge, store = open_window(spec=str(tiny_model))
-    assert not window.input.isEnabled()  # the window is up before the model
+    assert not window.composer.send_button.isEnabled()  # the window is up before the model
     progress = []
     bridge.loadProgress.connect(lambda stage, fraction: progress.append((stage, fraction)))
     name = _ready(qtbot, bridge)
     assert progress and all(stage and (fraction == -1.0 or 0 <= fraction <= 1) for stage, fraction in progress)
-    assert window.input.isEnabled()
-    assert name in window.statusBar().currentMessage()
+    assert window.composer.send_button.isEnabled() and window.model_label.text() == name
+    _greedy(window, store, max_tokens=24)
 
-    window.sampling = {"temperature": 0.0, "max_tokens": 24}
-    tokens = []
+    tokens, streamed = [], []
     bridge.token.connect(tokens.append)
-    qtbot.keyClicks(window.input, "Hello there")
+    bridge.token.connect(lambda _: streamed.append(window.chat.message_count()))
+    qtbot.keyClicks(window.composer.input, "Hello there")
     with qtbot.waitSignal(bridge.finished, timeout=WAIT_MS) as done:
-        qtbot.keyClick(window.input, Qt.Key.Key_Return)
+        qtbot.keyClick(window.composer.input, Qt.Key.Key_Return)
+        assert window.composer.stop_button.isEnabled() and not window.composer.send_button.isEnabled()
     reply, stats = done.args
 
-    assert reply and "".join(tokens) == reply
-    transcript = window.transcript.toPlainText()
-    assert "You:\nHello there" in transcript
-    assert transcript.endswith("Assistant:\n" + reply)
+    assert reply and "".join(tokens) == reply and streamed and set(streamed) == {2}
+    assert window.chat.message_count() == 2
+    assert (window.chat.message_role(0), window.chat.message_text(0)) == ("user", "Hello there")
+    assert (window.chat.message_role(1), window.chat.message_text(1)) == ("assistant", reply)
     assert stats["completion_tokens"] > 0 and stats["finish_reason"] in ("stop", "length")
-    assert "tok/s" in window.statusBar().currentMessage()
-    assert window.input.isEnabled() and window.input.toPlainText() == ""
+    assert window.speed_label.text() == f"{stats['decode_tps']:.1f} tok/s"
+    assert window.composer.send_button.isEnabled() and window.composer.text() == ""
     stored = store.messages(window.session.id)
     assert [(m.role, m.content) for m in stored] == [("user", "Hello there"), ("assistant", reply)]
     assert stored[1].stats == stats
-    assert window.messages == [("user", "Hello there"), ("assistant", reply)]
+    assert window.session.title == "Hello there"  # titled by its first message
+    assert window.sessions.current_id() == window.session.id
 
 
-def test_stop_ends_the_reply_early(qtbot, open_window, tiny_model):
+def test_stop_ends_the_reply_early_and_keeps_it(qtbot, open_window, tiny_model):
     window, bridge, store = open_window(spec=str(tiny_model))
     _ready(qtbot, bridge)
-    window.sampling = {"temperature": 0.0, "max_tokens": 400}
-    qtbot.keyClicks(window.input, "Tell me a long story")
+    _greedy(window, store, max_tokens=400)
+    qtbot.keyClicks(window.composer.input, "Tell me a long story")
     with qtbot.waitSignal(bridge.finished, timeout=WAIT_MS) as done:
         with qtbot.waitSignal(bridge.token, timeout=WAIT_MS):
-            qtbot.keyClick(window.input, Qt.Key.Key_Return)
-        assert window.stop_button.isEnabled() and not window.send_button.isEnabled()
-        qtbot.mouseClick(window.stop_button, Qt.MouseButton.LeftButton)
+            qtbot.keyClick(window.composer.input, Qt.Key.Key_Return)
+        qtbot.keyClick(window.composer.input, Qt.Key.Key_Escape)  # Esc stops, like the Stop button
     reply, stats = done.args
-    assert stats["finish_reason"] == "cancelled"
-    assert stats["completion_tokens"] < 400
-    assert "stopped" in window.statusBar().currentMessage()
-    assert not window.stop_button.isEnabled() and window.input.isEnabled()
+    assert stats["finish_reason"] == "cancelled" and stats["completion_tokens"] < 400
+    assert "Stopped" in window.state_label.text()
+    assert not window.composer.stop_button.isEnabled() and window.composer.send_button.isEnabled()
     assert store.messages(window.session.id)[-1].content == reply
+    assert window.chat.message_text(1) == reply
 
 
-def test_load_failure_shows_the_error(qtbot, open_window, tmp_path):
+def test_regenerate_replaces_the_last_reply(qtbot, open_window, tiny_model):
+    window, bridge, store = open_window(spec=str(tiny_model))
+    _ready(qtbot, bridge)
+    _greedy(window, store)
+    first, _ = _turn(qtbot, window, bridge, "one")
+    second, _ = _turn(qtbot, window, bridge, "two")
+    with qtbot.waitSignal(bridge.finished, timeout=WAIT_MS) as done:
+        window.chat.regenerateRequested.emit()
+    again, stats = done.args
+    assert again == second  # greedy: the same reply, from a prompt that was cached
+    assert stats["cached_tokens"] > 0
+    assert [(m.role, m.content) for m in store.messages(window.session.id)] == [
+        ("user", "one"), ("assistant", first), ("user", "two"), ("assistant", second)]
+    assert window.chat.message_count() == 4
+
+
+def test_edit_and_resend_the_last_message(qtbot, open_window, tiny_model):
+    window, bridge, store = open_window(spec=str(tiny_model))
+    _ready(qtbot, bridge)
+    _greedy(window, store)
+    first, _ = _turn(qtbot, window, bridge, "one")
+    _turn(qtbot, window, bridge, "two")
+
+    window.chat.editRequested.emit("two")
+    assert window.composer.editing and window.composer.text() == "two"
+    qtbot.keyClick(window.composer.input, Qt.Key.Key_Escape)  # cancel: nothing changes
+    assert not window.composer.editing and len(store.messages(window.session.id)) == 4
+
+    window.chat.editRequested.emit("two")
+    window.composer.set_text("three")
+    with qtbot.waitSignal(bridge.finished, timeout=WAIT_MS) as done:
+        qtbot.keyClick(window.composer.input, Qt.Key.Key_Return)
+    stored = [(m.role, m.content) for m in store.messages(window.session.id)]
+    assert stored == [("user", "one"), ("assistant", first), ("user", "three"), ("assistant", done.args[0])]
+    assert [window.chat.message_text(i) for i in range(4)] == [content for _, content in stored]
+
+
+def test_sessions_switch_and_come_back_after_a_restart(qtbot, open_window, tiny_model, tmp_path):
+    window, bridge, store = open_window(spec=str(tiny_model))
+    _ready(qtbot, bridge)
+    _greedy(window, store)
+    first_reply, _ = _turn(qtbot, window, bridge, "first chat")
+    first_id = window.session.id
+    _turn(qtbot, window, bridge, "first chat, again")
+
+    window.new_action.trigger()
+    assert window.session.id != first_id and window.chat.message_count() == 0
+    assert window.session.settings == GREEDY  # a new chat keeps the current settings
+    _turn(qtbot, window, bridge, "second chat")
+    assert len(window.cache_panel.plotted_turns) == 1
+
+    window.sessions.sessionSelected.emit(first_id)
+    assert window.session.id == first_id and window.chat.message_count() == 4
+    assert window.chat.message_text(1) == first_reply
+    assert len(window.cache_panel.plotted_turns) == 2
+    open_window.close(window, bridge, store)
+
+    window, bridge, store = open_window(spec=str(tiny_model))  # a restart: new engine, same data
+    assert window.session.id == first_id  # the most recent chat opens
+    _ready(qtbot, bridge)
+    assert window.sessions.list.count() == 2
+    _reply, stats = _turn(qtbot, window, bridge, "first chat, after a restart")
+    assert stats["restored_tokens"] > 0  # its KV came back from the disk cache
+    assert window.cache_panel.value_text("lastTurn").split()[0] == f"{stats['prompt_tokens']:,}"
+    assert f"{stats['restored_tokens']:,} disk" in window.cache_panel.value_text("lastTurn")
+
+
+def test_panels_show_the_engines_figures_after_a_turn(qtbot, open_window, tiny_model):
+    window, bridge, store = open_window(spec=str(tiny_model))
+    _ready(qtbot, bridge)
+    _greedy(window, store)
+    _turn(qtbot, window, bridge, "hello")
+    with qtbot.waitSignal(bridge.statsUpdated, timeout=WAIT_MS) as polled:
+        pass
+    figures = polled.args[0]
+    stats = bridge.engine.stats()
+    cache = stats.cache
+    assert figures["pages_total"] == cache.pages_total and figures["pages_used"] == cache.pages_used
+    assert figures["weight_bytes"] == stats.model.weight_bytes > 0
+    assert figures["rss_bytes"] > 0 and figures["mlx_active_bytes"] > 0
+    capacity = f"{cache.pages_total * cache.page_size:,} tokens"
+    assert capacity in window.memory_panel.value_text("poolCapacity")
+    assert window.memory_panel.series_points("rss") >= 1
+    assert len(window.cache_panel.plotted_turns) == 1
+    turn = store.messages(window.session.id)[-1].stats
+    assert list(window.cache_panel.computed_set.at(i) for i in range(1)) == [turn["computed_tokens"]]
+
+
+def test_a_load_failure_shows_the_error_and_keeps_the_input_off(qtbot, open_window, tmp_path):
     window, bridge, _ = open_window(engine=FakeEngine(tmp_path, load_error="no model at /nope"))
     with qtbot.waitSignal(bridge.loadFailed, timeout=WAIT_MS) as failed:
         bridge.start()
     assert failed.args == ["no model at /nope"]
-    assert "no model at /nope" in window.statusBar().currentMessage()
+    assert "no model at /nope" in window.state_label.text()
     assert window.error_box is not None and window.error_box.isVisible()
     assert "no model at /nope" in window.error_box.informativeText()
-    assert not window.input.isEnabled() and not window.send_button.isEnabled()
+    assert not window.composer.send_button.isEnabled()
     window.error_box.close()
 
 
-def test_an_error_mid_reply_reenables_the_input(qtbot, open_window, tmp_path):
-    engine = FakeEngine(tmp_path, events=(TokenEvent("Hel"), ErrorEvent("the engine broke")))
+def test_a_failed_model_switch_keeps_the_previous_model(qtbot, open_window, tmp_path):
+    engine = FakeEngine(tmp_path, switch_error="broken.gguf is not a GGUF file",
+                        events=(TokenEvent("Hi"), DoneEvent("Hi", RequestStats(prompt_tokens=3,
+                                                                               computed_tokens=3))))
     window, bridge, store = open_window(engine=engine)
     assert _ready(qtbot, bridge) == "fake-model"
+    with qtbot.waitSignal(bridge.loadFailed, timeout=WAIT_MS) as failed:
+        window._load("/tmp/broken.gguf")
+        assert not window.composer.send_button.isEnabled()  # while it loads
+    assert failed.args == ["broken.gguf is not a GGUF file"]
+    assert "fake-model stays loaded" in window.error_box.text()
+    window.error_box.close()
+    assert window.model_label.text() == "fake-model" and window.composer.send_button.isEnabled()
+    reply, _ = _turn(qtbot, window, bridge, "still there?")
+    assert reply == "Hi"
 
-    qtbot.keyClicks(window.input, "first line")
-    qtbot.keyClick(window.input, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
-    qtbot.keyClicks(window.input, "second line")
-    assert window.input.toPlainText() == "first line\nsecond line"  # Shift+Enter did not send
+    engine.switch_error = None
+    with qtbot.waitSignal(bridge.modelReady, timeout=WAIT_MS) as ready:
+        window._load("other-model")
+    assert ready.args == ["other-model"] and window.model_label.text() == "other-model"
+
+
+def test_an_error_mid_reply_gives_the_message_back(qtbot, open_window, tmp_path):
+    engine = FakeEngine(tmp_path, events=(TokenEvent("Hel"), ErrorEvent("the engine broke")))
+    window, bridge, store = open_window(engine=engine)
+    _ready(qtbot, bridge)
+    qtbot.keyClicks(window.composer.input, "first line")
+    qtbot.keyClick(window.composer.input, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
+    qtbot.keyClicks(window.composer.input, "second line")
+    assert window.composer.text() == "first line\nsecond line"  # Shift+Enter did not send
     with qtbot.waitSignal(bridge.failed, timeout=WAIT_MS) as failed:
-        qtbot.keyClick(window.input, Qt.Key.Key_Enter)
+        qtbot.keyClick(window.composer.input, Qt.Key.Key_Enter)
     assert failed.args == ["the engine broke"]
     assert [(m.role, m.content) for m in engine.requests[0].messages] == [("user", "first line\nsecond line")]
-    assert window.input.isEnabled() and window.send_button.isEnabled()
-    assert not window.stop_button.isEnabled()
-    assert window.input.toPlainText() == "first line\nsecond line"  # given back to send again
-    assert "Assistant:\nHel" in window.transcript.toPlainText()
-    assert "the engine broke" in window.statusBar().currentMessage()
-    assert store.messages(window.session.id) == [] and window.messages == []
+    assert window.composer.send_button.isEnabled() and not window.composer.stop_button.isEnabled()
+    assert window.composer.text() == "first line\nsecond line"  # given back to send again
+    assert [window.chat.message_role(i) for i in range(window.chat.message_count())] == ["error"]
+    assert "the engine broke" in window.state_label.text()
+    assert store.messages(window.session.id) == []
+
+
+def test_deleting_a_chat_forgets_its_cache(qtbot, open_window, tmp_path):
+    engine = FakeEngine(tmp_path, events=(DoneEvent("ok", RequestStats(prompt_tokens=2, computed_tokens=2)),))
+    window, bridge, store = open_window(engine=engine)
+    _ready(qtbot, bridge)
+    _turn(qtbot, window, bridge, "hello")
+    doomed = window.session
+    window.sessions.delete(doomed.id)
+    with qtbot.waitSignal(window.sessions.sessionDeleted, timeout=WAIT_MS):
+        window.sessions.confirm_box.button(QMessageBox.StandardButton.Yes).click()
+    assert engine.forgotten == [doomed.name]
+    assert window.session is not None and window.session.title is None  # a fresh chat
+    assert store.messages(window.session.id) == [] and window.chat.message_count() == 0
+    assert [s.id for s in store.list_sessions()] == [window.session.id]
 
 
 def _refuses_connections(address: str) -> bool:
@@ -199,9 +366,10 @@ def test_a_taken_port_unchecks_serve_api_and_says_why(qtbot, open_window, tmp_pa
         taken.listen()
         port = taken.getsockname()[1]
         window, bridge, _ = open_window(engine=FakeEngine(tmp_path), server_port=port)
+        _ready(qtbot, bridge)
         window.serve_action.trigger()
     assert not window.serve_action.isChecked() and bridge.server_address is None
-    message = window.statusBar().currentMessage()
+    message = window.state_label.text()
     assert f"cannot listen on 127.0.0.1:{port}" in message and "\n" not in message
     assert not window.server_label.isVisible()
 
@@ -217,6 +385,6 @@ def test_closing_the_window_stops_the_api_server(qtbot, open_window, tmp_path):
 
 
 def test_the_app_package_does_not_import_mlx():
-    code = ("import sys, app.main_window, core.server; "
+    code = ("import sys, app.main_window, app.screenshot, app.bench_gui, core.server; "
             "sys.exit(any(m.split('.')[0] == 'mlx' for m in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

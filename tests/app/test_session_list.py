@@ -139,7 +139,7 @@ def test_rename_in_place_updates_the_store(qtbot, session_list, store, chats):
 def test_delete_asks_first_and_only_yes_deletes(qtbot, session_list, store, chats):
     session_list.select(chats["trip"])
     deleted = []
-    session_list.sessionDeleted.connect(deleted.append)
+    session_list.sessionDeleted.connect(lambda *args: deleted.append(args))
     session_list.activateWindow()
     session_list.list.setFocus()
     qtbot.waitUntil(session_list.list.hasFocus)
@@ -155,7 +155,7 @@ def test_delete_asks_first_and_only_yes_deletes(qtbot, session_list, store, chat
     session_list.delete()
     with qtbot.waitSignal(session_list.sessionDeleted) as gone:
         session_list.confirm_box.button(QMessageBox.StandardButton.Yes).click()
-    assert gone.args == [chats["trip"]]
+    assert gone.args == [chats["trip"], "trip"]
     assert store.get_session_by_id(chats["trip"]) is None and store.messages(chats["trip"]) == []
     assert _ids(session_list) == [chats["untitled"], chats["bread"]]
     assert session_list.current_id() is None
