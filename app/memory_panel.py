@@ -13,6 +13,8 @@ Also here, shared with the cache panel: the series colours and the compact chart
 
 from __future__ import annotations
 
+import math
+
 import time
 from collections import deque
 
@@ -324,11 +326,23 @@ class MemoryPanel(QWidget):
                 self._tops.popleft()
             for line in self.series.values():
                 line.removePoints(0, drop)
-        minutes = self.WINDOW_S / 60
-        self.x_axis.set_range(x - self.WINDOW_S, x, -minutes, 0)
+        self._set_x_span(x)
         peak = max(self._tops)
         if peak > self._y_top or peak < 0.35 * self._y_top:
             self._set_y_top(peak)
+
+    def _set_x_span(self, x: float) -> None:
+        """Show the last ``WINDOW_S`` seconds; until then, what was recorded, rounded up to
+        whole minutes (so a fresh start doesn't plot a sliver at the right edge)."""
+        span = min(self.WINDOW_S, 60.0 * math.ceil(max(x, 1.0) / 60.0))
+        if span < 180:
+            self.x_axis.shown.setLabelFormat("%.0fs")
+            self.x_axis.shown.setTickCount(5)
+            self.x_axis.set_range(x - span, x, -span, 0)
+        else:
+            self.x_axis.shown.setLabelFormat("%.0fm")
+            self.x_axis.shown.setTickCount(int(span // 60) + 1)
+            self.x_axis.set_range(x - span, x, -span / 60, 0)
 
     def _clear_plot(self, now: float) -> None:
         self._origin = now

@@ -161,3 +161,18 @@ def test_update_stats_is_cheap(panel):
         panel.update_stats(loaded(time=i * 0.3, mlx_active_bytes=(i % 50) * 20 * MB, pages_used=i % 1024))
     assert (time.perf_counter() - start) / 1000 < 0.05  # a loose sanity bound; the cap is the real guard
     assert panel.series_points("mlx_active") <= MemoryPanel.MAX_POINTS
+
+
+def test_the_time_axis_shows_what_was_recorded_until_the_window_is_full(panel):
+    panel.update_stats(loaded(time=10.0))
+    panel.update_stats(loaded(time=40.0))  # 30 s recorded: the last minute, in seconds
+    assert (panel.x_axis.shown.min(), panel.x_axis.shown.max()) == (-60, 0)
+    assert panel.x_axis.shown.labelFormat() == "%.0fs"
+    assert panel.x_axis.data.max() - panel.x_axis.data.min() == 60
+    panel.update_stats(loaded(time=140.0))  # 130 s: three whole minutes, in minutes
+    assert (panel.x_axis.shown.min(), panel.x_axis.shown.max()) == (-3, 0)
+    assert panel.x_axis.shown.labelFormat() == "%.0fm"
+    panel.update_stats(loaded(time=600.0))  # past the window: the last five minutes
+    assert (panel.x_axis.shown.min(), panel.x_axis.shown.max()) == (-5, 0)
+    assert panel.x_axis.shown.labelFormat() == "%.0fm"
+    assert panel.x_axis.data.max() - panel.x_axis.data.min() == panel.WINDOW_S
