@@ -468,7 +468,7 @@ def apply_look(app: QApplication) -> None:
     app.setApplicationName("RadixChat")
     app.setOrganizationName("RadixChat")
     app.setApplicationDisplayName("RadixChat")
-    icon = resource_path("icon.png")
+    icon = resource_path("RadixChat.png")
     if icon.is_file():
         app.setWindowIcon(QIcon(str(icon)))
     if sys.platform != "darwin":

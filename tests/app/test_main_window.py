@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
@@ -388,3 +389,23 @@ def test_the_app_package_does_not_import_mlx():
     code = ("import sys, app.main_window, app.screenshot, app.bench_gui, core.server; "
             "sys.exit(any(m.split('.')[0] == 'mlx' for m in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_the_model_picker_switches_models(qtbot, open_window, tmp_path):
+    engine = FakeEngine(tmp_path)
+    window, bridge, _ = open_window(engine=engine)
+    _ready(qtbot, bridge)
+    window.model_action.trigger()
+    dialog = window.model_dialog
+    assert dialog.isVisible()
+    dialog._select_spec("gemma3-270m")
+    assert dialog.chosen_spec() == "gemma3-270m"
+    loading = []
+    bridge.modelLoading.connect(lambda spec: loading.append((spec, window.state_label.text())))
+    with qtbot.waitSignal(bridge.modelReady, timeout=WAIT_MS) as ready:
+        dialog.accept()
+    assert ready.args == ["gemma3-270m"]
+    assert len(loading) == 1 and loading[0][0] == "gemma3-270m"
+    assert re.fullmatch(r"Loading gemma-3-270m.* \(about [\d,]+ MB in memory\)…", loading[0][1])
+    assert window.model_label.text() == "gemma3-270m" and window.settings.last_model == "gemma3-270m"
+    assert window.composer.send_button.isEnabled()
