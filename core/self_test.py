@@ -186,5 +186,14 @@ def _describe_mlx() -> str:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    """``Type: message``, on one line, with the root cause when there is one (an
+    ImportError from a compiled extension says little without the error under it)."""
+    def describe(error: BaseException) -> str:
+        text = " ".join(str(error).split())
+        return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+    line, root, seen = describe(exc), exc, {id(exc)}
+    while (root.__cause__ or root.__context__) is not None and id(root.__cause__ or root.__context__) not in seen:
+        root = root.__cause__ or root.__context__
+        seen.add(id(root))
+    return line if root is exc else f"{line} (from {describe(root)})"
