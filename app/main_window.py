@@ -84,6 +84,7 @@ class MainWindow(QMainWindow):
 
         self.model_label = QLabel()
         self.state_label = QLabel()
+        self.state_label.setContentsMargins(12, 0, 0, 0)
         self.speed_label = QLabel()
         self.server_label = QLabel()
         self.server_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)

@@ -94,6 +94,7 @@ class AxisPair:
         chart.addAxis(self.data, alignment)
         chart.addAxis(self.shown, alignment)
         self.data.setVisible(False)
+        self.shown.setTruncateLabels(False)  # "200 MB", not "200..."
         for one in series:
             one.attachAxis(self.data)
 
