@@ -1,0 +1,234 @@
+"""Packaging: pyinstaller.spec's decisions, and the built bundle itself.
+
+The spec tests run the spec with stand-ins for PyInstaller's build targets, so they need
+no PyInstaller and take a second; they check both platforms' branches, the macOS one
+included (its Info.plist), which can't be built here. The bundle tests run the built
+``dist/RadixChat/radixchat`` and only when asked, with RADIXCHAT_BUNDLE_TESTS=1 (CI sets
+it after `make app`; a bundle left from an earlier build may not match the sources):
+
+    make app && RADIXCHAT_BUNDLE_TESTS=1 .venv/bin/python -m pytest tests/test_packaging.py
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import re
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = ROOT / "pyinstaller.spec"
+BUNDLE = ROOT / "dist" / "RadixChat"
+EXECUTABLE = BUNDLE / "radixchat"
+VERSION = re.search(r'(?m)^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+
+
+# ---------------------------------------------------------------------------- the spec
+
+
+class Target:
+    """Records what the spec passes to one of PyInstaller's build targets."""
+
+    def __init__(self, *args, **kwargs):
+        self.args, self.kwargs = args, kwargs
+        self.binaries, self.datas, self.pure, self.scripts = [], list(kwargs.get("datas", [])), [], []
+
+
+def run_spec(monkeypatch, tmp_path, platform: str) -> dict:
+    """Execute pyinstaller.spec as PyInstaller would, on ``platform``, with recording targets."""
+    hooks = types.ModuleType("PyInstaller.utils.hooks")
+    hooks.collect_submodules = lambda package, filter=None: [f"{package}.stand_in"]
+    bindepend = types.ModuleType("PyInstaller.depend.bindepend")
+    bindepend.get_imports = lambda filename: []
+    monkeypatch.setitem(sys.modules, "PyInstaller.utils.hooks", hooks)
+    monkeypatch.setitem(sys.modules, "PyInstaller.depend.bindepend", bindepend)
+    monkeypatch.setattr(sys, "platform", platform)
+    made: dict = {}
+
+    def recorder(name):
+        def make(*args, **kwargs):
+            made[name] = Target(*args, **kwargs)
+            return made[name]
+        return make
+
+    namespace = {name: recorder(name) for name in ("Analysis", "PYZ", "EXE", "COLLECT", "BUNDLE")}
+    namespace.update(SPECPATH=str(ROOT), workpath=str(tmp_path), __file__=str(SPEC), __name__="__main__")
+    exec(compile(SPEC.read_text(), str(SPEC), "exec"), namespace)
+    return {"made": made, "namespace": namespace}
+
+
+def test_linux_builds_one_folder_named_radixchat(monkeypatch, tmp_path):
+    made = run_spec(monkeypatch, tmp_path, "linux")["made"]
+    assert "BUNDLE" not in made
+    assert made["EXE"].kwargs["name"] == "radixchat" and made["EXE"].kwargs["exclude_binaries"]
+    assert made["EXE"].kwargs["console"] is True
+    assert made["COLLECT"].kwargs["name"] == "RadixChat"
+    analysis = made["Analysis"].kwargs
+    assert analysis["pathex"] == [str(ROOT)]
+    hidden = analysis["hiddenimports"]
+    assert {"PySide6.QtCharts", "PySide6.QtSvg", "mlx_lm.models.stand_in", "mlx.stand_in"} <= set(hidden)
+    excludes = set(analysis["excludes"])
+    assert {"torch", "tensorflow", "jax", "PIL", "tests", "pytest", "PySide6.QtWebEngineCore",
+            "PySide6.QtQml", "PySide6.QtQuick", "PySide6.QtNetwork"} <= excludes
+    assert "transformers.models.llama.modeling_llama" in excludes
+    assert not any(".tokenization_" in name or ".configuration_" in name for name in excludes)
+
+
+def test_resources_ship_the_icons_but_not_the_icon_script(monkeypatch, tmp_path):
+    datas = run_spec(monkeypatch, tmp_path, "linux")["made"]["Analysis"].kwargs["datas"]
+    shipped = {Path(src).name for src, dest in datas if dest == "resources"}
+    assert {"app.json", "RadixChat.png", "RadixChat.svg", "RadixChat.icns"} <= shipped
+    assert "make_icons.py" not in shipped
+
+
+def test_macos_app_bundle_and_info_plist(monkeypatch, tmp_path):
+    made = run_spec(monkeypatch, tmp_path, "darwin")["made"]
+    # a console EXE would make BUNDLE write LSBackgroundOnly: no Dock icon, no menu bar
+    assert made["EXE"].kwargs["console"] is False and made["EXE"].kwargs["argv_emulation"] is False
+    bundle = made["BUNDLE"]
+    assert bundle.args == (made["COLLECT"],)  # a one-folder .app (PyInstaller 6: from COLLECT, not EXE)
+    kwargs = bundle.kwargs
+    assert kwargs["name"] == "RadixChat.app"
+    assert kwargs["bundle_identifier"] == "org.radixchat.RadixChat"
+    assert kwargs["version"] == VERSION
+    assert Path(kwargs["icon"]) == ROOT / "resources" / "RadixChat.icns"
+    plist = kwargs["info_plist"]
+    assert plist["CFBundleShortVersionString"] == plist["CFBundleVersion"] == VERSION
+    assert plist["CFBundleName"] == plist["CFBundleDisplayName"] == "RadixChat"
+    assert plist["NSHighResolutionCapable"] is True
+    assert plist["NSRequiresAquaSystemAppearance"] is False
+    assert isinstance(plist["LSMinimumSystemVersion"], str)
+    assert all(isinstance(value, (str, bool, list)) for value in plist.values())
+
+
+def test_macos_ships_mlx_metal_kernels_beside_libmlx(monkeypatch, tmp_path):
+    """MLX loads mlx.metallib from libmlx.dylib's folder: the spec collects it to mlx/lib."""
+    import importlib.machinery
+    import importlib.util
+
+    fake = tmp_path / "site-packages" / "mlx"
+    (fake / "lib").mkdir(parents=True)
+    (fake / "lib" / "mlx.metallib").write_bytes(b"MTLB")
+    namespace = importlib.machinery.ModuleSpec("mlx", None, is_package=True)
+    namespace.submodule_search_locations = [str(fake)]
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: namespace if name == "mlx" else real_find_spec(name, *args))
+    datas = run_spec(monkeypatch, tmp_path, "darwin")["made"]["Analysis"].kwargs["datas"]
+    assert (str(fake / "lib" / "mlx.metallib"), "mlx/lib") in datas
+
+
+def test_the_trimming_keeps_what_the_app_uses(monkeypatch, tmp_path):
+    keep = run_spec(monkeypatch, tmp_path, "linux")["namespace"]["_keep"]
+    plugins = "PySide6/Qt/plugins"
+    for kept in ("platforms/libqxcb.so", "platforms/libqoffscreen.so", "platforms/libqwayland.so",
+                 "platforms/libqcocoa.dylib", "imageformats/libqsvg.so", "imageformats/libqjpeg.so",
+                 "iconengines/libqsvgicon.so", "platformthemes/libqxdgdesktopportal.so",
+                 "xcbglintegrations/libqxcb-glx-integration.so", "styles/libqmacstyle.dylib"):
+        assert keep(f"{plugins}/{kept}"), kept
+    for dropped in ("platforms/libqeglfs.so", "platforms/libqvnc.so", "platforms/libqlinuxfb.so",
+                    "imageformats/libqpdf.so", "imageformats/libqtiff.so", "platformthemes/libqgtk3.so",
+                    "platforminputcontexts/libqtvirtualkeyboardplugin.so", "egldeviceintegrations/libqeglfs-kms.so"):
+        assert not keep(f"{plugins}/{dropped}"), dropped
+    assert not keep("PySide6/Qt/translations/qtbase_de.qm")
+    assert not keep("mlx/include/mlx/array.h")
+    assert keep("mlx/lib/libmlx.so") and keep("mlx/lib/mlx.metallib")
+
+
+def test_version_fallback_without_tomllib(monkeypatch, tmp_path):
+    spec = run_spec(monkeypatch, tmp_path, "linux")["namespace"]
+    monkeypatch.setitem(sys.modules, "tomllib", None)  # as on Python 3.10
+    assert spec["project_version"]() == VERSION
+
+
+def test_icons_are_real_images():
+    png = (ROOT / "resources" / "RadixChat.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(png[16:20], "big") == 512
+    small = (ROOT / "resources" / "RadixChat-256.png").read_bytes()
+    assert int.from_bytes(small[16:20], "big") == 256
+    icns = (ROOT / "resources" / "RadixChat.icns").read_bytes()
+    assert icns[:4] == b"icns" and int.from_bytes(icns[4:8], "big") == len(icns)
+    assert b"ic10" in icns and b"ic07" in icns  # 1024 px (512@2x) and 128 px entries
+
+
+# ---------------------------------------------------------------------------- the bundle
+
+
+@pytest.fixture(scope="module")
+def bundle() -> Path:
+    if os.environ.get("RADIXCHAT_BUNDLE_TESTS") != "1":
+        pytest.skip("bundle tests: `make app`, then RADIXCHAT_BUNDLE_TESTS=1")
+    if not EXECUTABLE.exists():
+        pytest.fail(f"{EXECUTABLE} is missing: run `make app` first")
+    return EXECUTABLE
+
+
+def bundle_state() -> dict[str, tuple[int, int]]:
+    """Every path in the bundle with its size and modification time."""
+    return {str(p.relative_to(BUNDLE)): (p.lstat().st_size, p.lstat().st_mtime_ns) for p in BUNDLE.rglob("*")}
+
+
+def bundle_env(home: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    # the user's data, config and cache folders stay untouched
+    env.update(QT_QPA_PLATFORM="offscreen", RADIXCHAT_HOME=str(home), XDG_CONFIG_HOME=str(home / "config"),
+               XDG_CACHE_HOME=str(home / "cache"), XDG_DATA_HOME=str(home / "share"))
+    return env
+
+
+def test_bundle_self_test_passes_and_writes_nothing_inside(bundle, tmp_path):
+    before = bundle_state()
+    done = subprocess.run([str(bundle), "--self-test"], capture_output=True, text=True, timeout=300,
+                          env=bundle_env(tmp_path / "home"), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("radixchat self-test: ok · mlx "), done.stdout
+    assert "restored from disk" in done.stdout
+    assert bundle_state() == before
+    home = tmp_path / "home"
+    assert not home.exists() or not any(home.iterdir())
+
+
+def test_bundled_gui_opens_offscreen(bundle, data_root_with_default, tmp_path):
+    """The window opens on the real default model and keeps running until it is told to quit."""
+    before = bundle_state()
+    log = tmp_path / "gui.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([str(bundle), "--data-dir", str(data_root_with_default)], stdout=out,
+                                stderr=subprocess.STDOUT, env=bundle_env(tmp_path / "home"), cwd=tmp_path)
+        try:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.5)
+            still_running = proc.poll() is None
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+    output = log.read_text(errors="replace")
+    assert still_running, f"the bundled app exited with {proc.returncode}:\n{output}"
+    assert "Traceback" not in output and "ModuleNotFoundError" not in output, output
+    assert (data_root_with_default / "chats.db").exists()  # the app used the data folder it was given
+    assert bundle_state() == before
+
+
+def test_bundle_takes_a_screenshot(bundle, data_root_with_default, tmp_path):
+    """`--screenshot` from the bundle: the full window, both panels (QtCharts), the real model."""
+    shot = tmp_path / "bundle.png"
+    done = subprocess.run([str(bundle), "--data-dir", str(data_root_with_default), "--screenshot", str(shot)],
+                          capture_output=True, text=True, timeout=600, env=bundle_env(tmp_path / "home"),
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert width >= 800 and height >= 600
