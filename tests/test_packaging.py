@@ -103,8 +103,33 @@ def test_macos_app_bundle_and_info_plist(monkeypatch, tmp_path):
     assert plist["CFBundleName"] == plist["CFBundleDisplayName"] == "RadixChat"
     assert plist["NSHighResolutionCapable"] is True
     assert plist["NSRequiresAquaSystemAppearance"] is False
-    assert isinstance(plist["LSMinimumSystemVersion"], str)
-    assert all(isinstance(value, (str, bool, list)) for value in plist.values())
+    assert plist["LSMinimumSystemVersion"] == "13.5"  # this machine's wheels carry no macOS tag
+    # PyInstaller's docs: info_plist takes simple key/value pairs
+    assert all(isinstance(value, (str, bool)) for value in plist.values())
+
+
+def test_macos_minimum_follows_the_wheels(monkeypatch, tmp_path):
+    import importlib.metadata
+
+    class Wheel:
+        def __init__(self, tag):
+            self.tag = tag
+
+        def read_text(self, name):
+            return f"Wheel-Version: 1.0\nTag: {self.tag}\n"
+
+    tags = {"mlx": "cp311-cp311-macosx_14_0_arm64", "PySide6-Essentials": "cp39-abi3-macosx_13_0_universal2"}
+
+    def distribution(name):
+        if name not in tags:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return Wheel(tags[name])
+
+    spec = run_spec(monkeypatch, tmp_path, "linux")["namespace"]
+    monkeypatch.setattr(importlib.metadata, "distribution", distribution)
+    assert spec["macos_minimum"]() == "14.0"
+    tags["mlx"] = "cp311-cp311-macosx_13_0_arm64"
+    assert spec["macos_minimum"]() == "13.5"
 
 
 def test_macos_ships_mlx_metal_kernels_beside_libmlx(monkeypatch, tmp_path):
