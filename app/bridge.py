@@ -74,7 +74,7 @@ class EngineBridge(QObject):
     """Owns the engine (one chat request at a time) and the in-app API server."""
 
     loadProgress = Signal(str, float)  # stage, fraction (-1 when unknown)
-    modelLoading = Signal(str)  # the spec being loaded (after load_model)
+    modelLoading = Signal(str)  # the spec being loaded (after start and load_model; "" if unknown)
     modelReady = Signal(str)  # the model's name
     loadFailed = Signal(str)  # one line; the previous model (if any) stays loaded
     progress = Signal(int, int)  # prompt tokens ready (cached or computed), prompt tokens
@@ -97,6 +97,7 @@ class EngineBridge(QObject):
             engine = Engine(Path(data_root), model_spec, on_load_progress=self._on_load_progress,
                             **(engine_options or {}))
         self.engine = engine
+        self._model_spec = model_spec or ""  # the first model, for modelLoading
         self._handle: RequestHandle | None = None
         self._loading = False
         self._server: ApiServer | None = None
@@ -115,8 +116,9 @@ class EngineBridge(QObject):
         return self._loading
 
     def start(self) -> None:
-        """Start the engine; modelReady or loadFailed follows."""
+        """Start the engine; modelLoading, then modelReady or loadFailed."""
         self._loading = True
+        self.modelLoading.emit(self._model_spec)
         self.engine.start()
         threading.Thread(target=self._wait_ready, name="radixchat-bridge-load", daemon=True).start()
         self._poll.start(BUSY_POLL_MS)

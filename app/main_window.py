@@ -8,6 +8,7 @@ model loads and server stops all come back as signals.
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -31,6 +32,16 @@ from resources import resource_path
 
 DEFAULT_SAMPLING = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 512, "seed": None}
 
+log = logging.getLogger(__name__)
+
+
+def _last_turn_start(messages: list) -> int:
+    """Where the last turn starts: the last message, and the one before it unless the last
+    is a user message (a turn is a user message and its reply)."""
+    if not messages:
+        return 0
+    return max(0, len(messages) - (1 if messages[-1].role == "user" else 2))
+
 
 class MainWindow(QMainWindow):
     """``server_port``: where "Serve API" listens on 127.0.0.1 (0: any free port)."""
@@ -44,7 +55,11 @@ class MainWindow(QMainWindow):
         self.model_name = ""
         self.session: Session | None = None
         self._pending = ""  # the user message being answered
-        self._generating = False
+        self._replacing = False  # its reply replaces the stored last turn (regenerate, edit)
+        self._from_composer = False  # it came from the composer (not a regenerate)
+        self._shown_before: list[tuple[str, str]] = []  # the stored chat when it was sent
+        self._kept_turns: list[dict] = []  # the stats of the stored turns it follows
+        self._generating = False  # the window waits for a reply
         self.error_box: QMessageBox | None = None
 
         self.setWindowTitle("RadixChat")
@@ -187,6 +202,15 @@ class MainWindow(QMainWindow):
         self.settings.window_state = bytes(self.saveState().data())
         self.settings.splitter_state = bytes(self.splitter.saveState().data())
         self.serve_action.setChecked(False)  # stops the API server (the app's exit waits for it)
+        if self._generating:  # stop the reply and keep what came so far, as Stop does
+            self.bridge.cancel()
+            self._generating = False
+            reply = self.chat.message_text(self.chat.message_count() - 1)
+            if reply and self.session is not None:
+                try:
+                    self._store_turn(reply, None)
+                except StoreError as exc:
+                    log.warning("the reply being written when the window closed is lost: %s", exc)
         super().closeEvent(event)
 
     # ------------------------------------------------------------------ sessions
@@ -247,6 +271,9 @@ class MainWindow(QMainWindow):
         if name:
             self.bridge.engine.forget_session(name)  # its cached KV, in RAM and on disk
         if self.session is not None and self.session.id == session_id:
+            if self._generating:  # its reply has nowhere to go
+                self.bridge.cancel()
+                self._generating = False
             self.session = None
             self._open_initial_session()
 
@@ -256,59 +283,81 @@ class MainWindow(QMainWindow):
             settings.update(self.session.settings or {})
         return settings
 
-    def history(self) -> list[tuple[str, str]]:
-        """The session's stored messages, its system prompt first, as (role, content)."""
-        assert self.session is not None
-        pairs = [(m.role, m.content) for m in self.store.messages(self.session.id)]
-        if self.session.system_prompt:
-            pairs.insert(0, ("system", self.session.system_prompt))
-        return pairs
-
     # ------------------------------------------------------------------ chatting
     def send(self, text: str) -> None:
-        if not text or self._generating or not self.model_name or self.session is None:
+        """Send ``text`` from the composer: a new turn, or (while editing) the last turn's
+        replacement."""
+        self._ask(text, replace=self.composer.editing, from_composer=True)
+
+    def regenerate(self) -> None:
+        """Ask again for the last reply: the new one replaces the last turn once it is done."""
+        if self._generating or not self.model_name or self.session is None:
             return
         try:
-            if self.composer.editing:  # the edited message replaces the last turn
-                self._drop_last_turn()
-            history = self.history()
-            # a bad setting raises here, before the window changes (events arrive queued)
-            self.bridge.send(history + [("user", text)], self.sampling(), session=self.session.name)
+            messages = self.store.messages(self.session.id)
         except StoreError as exc:
             self._set_state_text(f"Could not read the chat: {exc}")
             return
+        if len(messages) < 2 or messages[-1].role != "assistant":
+            return
+        self._ask(messages[-2].content, replace=True, from_composer=False)
+
+    def _ask(self, text: str, replace: bool, from_composer: bool) -> None:
+        """Ask for a reply to ``text`` after the stored chat (less its last turn when
+        ``replace``). The store only changes when the reply is done, so a reply that fails or
+        is stopped before its first token loses nothing."""
+        if not text or self._generating or self.bridge.busy or not self.model_name or self.session is None:
+            return
+        try:
+            stored = self.store.messages(self.session.id)
+        except StoreError as exc:
+            self._set_state_text(f"Could not read the chat: {exc}")
+            return
+        kept = stored[:_last_turn_start(stored)] if replace else stored
+        history = [(m.role, m.content) for m in kept]
+        if self.session.system_prompt:
+            history.insert(0, ("system", self.session.system_prompt))
+        try:
+            # a bad setting raises here, before the window changes (events arrive queued)
+            self.bridge.send(history + [("user", text)], self.sampling(), session=self.session.name)
         except ValueError as exc:
             self._set_state_text(f"Check the chat settings: {exc}")
             return
-        self.composer.finish_edit()
-        self._pending = text
-        self.composer.input.clear()
+        self._pending, self._replacing, self._from_composer = text, replace, from_composer
+        self._shown_before = [(m.role, m.content) for m in stored]
+        self._kept_turns = [m.stats for m in kept if m.role == "assistant" and m.stats]
+        if from_composer:
+            self.composer.finish_edit()
+            self.composer.input.clear()
+        if replace or any(self.chat.message_role(i) == "error" for i in range(self.chat.message_count())):
+            self.chat.set_messages(history)  # the chat as it will be stored (no error rows)
         self.chat.add_user_message(text)
         self.chat.begin_reply()
         self._generating = True
         self._update_state()
         self._set_state_text("Reading the prompt…")
 
-    def regenerate(self) -> None:
-        """Ask again for the last reply: the last turn is replaced."""
-        if self._generating or not self.model_name or self.session is None:
-            return
-        messages = self.store.messages(self.session.id)
-        if len(messages) < 2 or messages[-1].role != "assistant":
-            return
-        text = messages[-2].content
-        self._drop_last_turn()
-        self.send(text)
+    def _give_back(self) -> None:
+        """Undo the message sent in the window: the chat as stored, the text back in the composer."""
+        if self._replacing:
+            self.chat.set_messages(self._shown_before)
+        else:
+            self.chat.remove_last_turn()
+        if self._from_composer and not self.composer.text():  # nothing lost: it can be sent again
+            if self._replacing:
+                self.composer.start_edit(self._pending)
+            else:
+                self.composer.set_text(self._pending)
 
-    def _drop_last_turn(self) -> None:
+    def _store_turn(self, text: str, stats: dict | None) -> None:
+        """Keep the finished turn (replacing the last one for a regenerate or an edit)."""
         assert self.session is not None
-        for _ in range(2):
-            removed = self.store.delete_last_message(self.session.id)
-            if removed is None or removed.role == "user":
-                break
-        self.chat.set_messages([(m.role, m.content) for m in self.store.messages(self.session.id)])
-        self.cache_panel.set_turns([m.stats for m in self.store.messages(self.session.id)
-                                    if m.role == "assistant" and m.stats])
+        if self._replacing:
+            for _ in range(2):
+                removed = self.store.delete_last_message(self.session.id)
+                if removed is None or removed.role == "user":
+                    break
+        self.store.add_turn(self.session.id, self._pending, text, stats)
 
     def _on_escape(self) -> None:
         if self._generating:
@@ -325,7 +374,8 @@ class MainWindow(QMainWindow):
         from core.model_catalog import describe_spec
 
         self._update_state()
-        self._set_state_text(f"Loading {describe_spec(spec, self.bridge.engine.data_root)}…")
+        what = describe_spec(spec, self.bridge.engine.data_root) if spec else "the model"
+        self._set_state_text(f"Loading {what}…")
 
     def _on_ready(self, name: str) -> None:
         self.model_name = name
@@ -357,12 +407,20 @@ class MainWindow(QMainWindow):
             self.chat.append_reply(text)
 
     def _on_finished(self, text: str, stats: dict) -> None:
+        if not self._generating:  # a reply the window stopped waiting for (closed, chat deleted)
+            self._update_state()
+            return
         self._generating = False
         stopped = stats["finish_reason"] == "cancelled"
+        if stopped and not text:  # stopped before its first token: as if it was never sent
+            self._give_back()
+            self._set_state_text("Stopped before the reply began")
+            self._update_state()
+            return
         note = (f"{'stopped · ' if stopped else ''}{stats['completion_tokens']} tokens · "
                 f"{stats['decode_tps']:.1f} tok/s · TTFT {stats['ttft_s']:.2f} s")
         self.chat.end_reply(text, note)
-        self.cache_panel.add_turn(stats)
+        self.cache_panel.set_turns(self._kept_turns + [stats])
         served = stats["cached_tokens"] + stats["restored_tokens"]
         self.speed_label.setText(f"{stats['decode_tps']:.1f} tok/s")
         self._set_state_text(f"{'Stopped' if stopped else 'Done'} · prompt {stats['prompt_tokens']} tokens, "
@@ -371,7 +429,7 @@ class MainWindow(QMainWindow):
         if self.session is None:
             return
         try:
-            self.store.add_turn(self.session.id, self._pending, text, stats)
+            self._store_turn(text, stats)
             self.session = self.store.get_session_by_id(self.session.id) or self.session
             self.sessions.refresh(select_id=self.session.id)
             self.setWindowTitle(f"{self.session.title or 'New chat'} — RadixChat")
@@ -379,12 +437,13 @@ class MainWindow(QMainWindow):
             self._set_state_text(f"Could not save the chat: {exc}")
 
     def _on_failed(self, message: str) -> None:
+        if not self._generating:
+            self._update_state()
+            return
         self._generating = False
-        self.chat.remove_last_turn()
+        self._give_back()
         self.chat.add_error(message)
         self._set_state_text(f"Error: {message}")
-        if not self.composer.text():
-            self.composer.set_text(self._pending)  # nothing lost: the message can be sent again
         self._update_state()
 
     # ------------------------------------------------------------------ dialogs
@@ -449,7 +508,8 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------------ helpers
     def _update_state(self) -> None:
-        ready = bool(self.model_name) and not self.bridge.loading and self.session is not None
+        ready = (bool(self.model_name) and not self.bridge.loading and not self.bridge.busy
+                 and self.session is not None)
         self.composer.set_state(ready=ready, generating=self._generating)
         self.chat.set_busy(self._generating or not ready)
         idle = not self._generating
