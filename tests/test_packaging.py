@@ -44,6 +44,7 @@ def run_spec(monkeypatch, tmp_path, platform: str) -> dict:
     """Execute pyinstaller.spec as PyInstaller would, on ``platform``, with recording targets."""
     hooks = types.ModuleType("PyInstaller.utils.hooks")
     hooks.collect_submodules = lambda package, filter=None: [f"{package}.stand_in"]
+    hooks.collect_dynamic_libs = lambda package: [(f"/site-packages/{package}/lib/lib{package}.dylib", f"{package}/lib")]
     bindepend = types.ModuleType("PyInstaller.depend.bindepend")
     bindepend.get_imports = lambda filename: []
     monkeypatch.setitem(sys.modules, "PyInstaller.utils.hooks", hooks)
@@ -98,6 +99,7 @@ def test_macos_app_bundle_and_info_plist(monkeypatch, tmp_path):
     assert kwargs["bundle_identifier"] == "org.radixchat.RadixChat"
     assert kwargs["version"] == VERSION
     assert Path(kwargs["icon"]) == ROOT / "resources" / "RadixChat.icns"
+    assert ("/site-packages/mlx/lib/libmlx.dylib", "mlx/lib") in made["Analysis"].kwargs["binaries"]
     plist = kwargs["info_plist"]
     assert plist["CFBundleShortVersionString"] == plist["CFBundleVersion"] == VERSION
     assert plist["CFBundleName"] == plist["CFBundleDisplayName"] == "RadixChat"
