@@ -100,6 +100,7 @@ class EngineBridge(QObject):
         self._model_spec = model_spec or ""  # the first model, for modelLoading
         self._handle: RequestHandle | None = None
         self._loading = False
+        self._shut_down = False  # after shutdown() the public signals stay silent
         self._server: ApiServer | None = None
         self._server_stopping: threading.Thread | None = None
         self._relay.connect(self._emit_public, Qt.ConnectionType.QueuedConnection)
@@ -135,6 +136,8 @@ class EngineBridge(QObject):
 
     def poll_stats(self) -> None:
         """Emit statsUpdated with the engine's latest figures (the timer calls this)."""
+        if self._shut_down:
+            return
         try:
             figures = stats_to_dict(self.engine.stats())
         except Exception:  # a bug: the panels stop, the chat goes on
@@ -193,7 +196,9 @@ class EngineBridge(QObject):
         self._server_stopping.start()
 
     def shutdown(self) -> None:
-        """Cancel the chat reply, stop the API server (waiting for it), then the engine."""
+        """Cancel the chat reply, stop the API server (waiting for it), then the engine. No
+        signal is emitted afterwards (events still on their way are dropped)."""
+        self._shut_down = True
         self._poll.stop()
         self.cancel()
         self.stop_server()
@@ -258,6 +263,8 @@ class EngineBridge(QObject):
             self._handle = None
         elif name in ("modelReady", "loadFailed"):
             self._loading = False
+        if self._shut_down:
+            return
         getattr(self, name).emit(*args)
         if name in ("finished", "failed", "modelReady", "loadFailed"):
             self.poll_stats()  # the panels see the turn's or the load's figures at once

@@ -1,0 +1,67 @@
+"""The bridge on its own, against a fake engine: what crosses to the GUI thread and when."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+from PySide6.QtCore import QCoreApplication  # noqa: E402
+
+from app.bridge import EngineBridge  # noqa: E402
+from core.engine import Engine, RequestHandle  # noqa: E402
+from core.engine_types import DoneEvent, GenerationRequest, RequestStats, TokenEvent  # noqa: E402
+
+PUBLIC = ("loadProgress", "modelLoading", "modelReady", "loadFailed", "progress", "token", "finished", "failed",
+          "serverStopped", "statsUpdated")
+
+
+class InstantEngine(Engine):
+    """No thread: every request is answered at once."""
+
+    def __init__(self, data_root):
+        super().__init__(data_root, model_spec=None)
+
+    def start(self) -> Engine:
+        return self
+
+    def submit(self, request: GenerationRequest) -> RequestHandle:
+        handle = RequestHandle(request)
+        handle._emit(TokenEvent("Hi"))
+        handle._emit(DoneEvent("Hi", RequestStats(prompt_tokens=1, computed_tokens=1, completion_tokens=1)))
+        handle._finish()
+        return handle
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        pass
+
+
+def _join_workers() -> None:
+    for thread in threading.enumerate():
+        if thread.name.startswith("radixchat-bridge"):
+            thread.join(30)
+
+
+def test_nothing_is_emitted_after_shutdown(qtbot, tmp_path):
+    bridge = EngineBridge(tmp_path, None, engine=InstantEngine(tmp_path))
+    emitted = []
+    for name in PUBLIC:
+        getattr(bridge, name).connect(lambda *args, name=name: emitted.append(name))
+    bridge.send([("user", "hello")], {"max_tokens": 4})
+    bridge.shutdown()  # the reply's events are on their way to the GUI thread
+    _join_workers()
+    QCoreApplication.processEvents()
+    bridge.poll_stats()
+    assert emitted == []  # the window behind these slots may be gone, and its store closed
+
+
+def test_a_reply_is_relayed_in_order(qtbot, tmp_path):
+    bridge = EngineBridge(tmp_path, None, engine=InstantEngine(tmp_path))
+    seen = []
+    bridge.token.connect(lambda text: seen.append(("token", text)))
+    with qtbot.waitSignal(bridge.finished, timeout=30000) as done:
+        bridge.send([("user", "hello")], {"max_tokens": 4, "unknown": 1})
+        assert bridge.busy
+    assert seen == [("token", "Hi")] and done.args[0] == "Hi" and not bridge.busy
+    bridge.shutdown()
