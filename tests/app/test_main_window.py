@@ -611,3 +611,54 @@ def test_no_model_can_be_picked_while_the_first_one_loads(qtbot, open_window, tm
     with qtbot.waitSignal(bridge.modelReady, timeout=WAIT_MS):
         engine.loaded.set()
     assert window.model_action.isEnabled()
+
+
+STORE_CALLS = ("list_sessions", "search", "create_session", "get_session_by_id", "messages", "add_turn",
+               "delete_last_message", "update_session", "rename_session", "delete_session")
+
+
+@pytest.mark.parametrize("broken", STORE_CALLS)
+def test_a_store_error_anywhere_gives_a_one_line_message(qtbot, open_window, tmp_path, monkeypatch, broken):
+    from core.errors import StoreError
+
+    window, bridge, store, engine = _scripted(qtbot, open_window, tmp_path)
+    _turn(qtbot, window, bridge, "one")
+    other = store.create_session()
+    message = f"{store.path} is locked by another RadixChat process; close it or use another --data-dir"
+
+    def fail(*args, **kwargs):
+        raise StoreError(message)
+
+    monkeypatch.setattr(store, broken, fail)
+    shown = []
+
+    def said() -> None:  # each action that failed said so, in one line, in the window
+        text = window.state_label.text() if "locked" in window.state_label.text() else \
+            window.sessions.error_label.text()
+        if "locked" in text:
+            assert "\n" not in text
+            shown.append(text)
+        window.state_label.clear()
+        window.sessions.error_label.clear()
+
+    def act(action) -> None:
+        action()
+        if window._generating:
+            with qtbot.waitSignal(bridge.finished, timeout=WAIT_MS):
+                pass
+        said()
+
+    act(lambda: window.send("two"))
+    act(window.regenerate)
+    act(lambda: window._save_session_settings(dict(GREEDY), "Be brief."))
+    act(window.new_chat)  # the open chat has messages: a new one is made
+    act(lambda: window.sessions.sessionSelected.emit(other.id))
+    act(lambda: window.sessions._on_renamed(window.session.id, "renamed"))
+    window.sessions.search.setText("one")
+    act(window.sessions.refresh)
+    window.sessions.search.clear()
+    act(window.sessions.refresh)
+    window.sessions.delete(window.sessions.list.item(0).data(Qt.ItemDataRole.UserRole))
+    act(lambda: window.sessions.confirm_box.button(QMessageBox.StandardButton.Yes).click())
+    act(lambda: MainWindow(bridge, store, window.settings).deleteLater())  # a second window opening
+    assert shown  # the broken call was made, and the user was told
