@@ -662,3 +662,38 @@ def test_a_store_error_anywhere_gives_a_one_line_message(qtbot, open_window, tmp
     act(lambda: window.sessions.confirm_box.button(QMessageBox.StandardButton.Yes).click())
     act(lambda: MainWindow(bridge, store, window.settings).deleteLater())  # a second window opening
     assert shown  # the broken call was made, and the user was told
+
+
+def test_chat_settings_reach_the_engine_and_survive_a_restart(qtbot, open_window, tmp_path):
+    window, bridge, store, engine = _scripted(qtbot, open_window, tmp_path)
+    window.session_settings_action.trigger()
+    dialog = window.settings_dialog
+    dialog.system_prompt.setPlainText("You are terse.")
+    dialog.temperature.setValue(0.3)
+    dialog.top_p.setValue(0.9)
+    dialog.max_tokens.setValue(77)
+    dialog.seed.setValue(42)
+    dialog.accept()
+    _turn(qtbot, window, bridge, "one")
+    request = engine.requests[-1]
+    assert [(m.role, m.content) for m in request.messages] == [("system", "You are terse."), ("user", "one")]
+    sampling = request.sampling
+    assert (sampling.temperature, sampling.top_p, sampling.max_tokens, sampling.seed) == (0.3, 0.9, 77, 42)
+    session_id = window.session.id
+    open_window.close(window, bridge, store)
+
+    engine = ScriptedEngine(tmp_path)
+    window, bridge, store = open_window(engine=engine)
+    _ready(qtbot, bridge)
+    assert window.session.id == session_id
+    _turn(qtbot, window, bridge, "two")
+    request = engine.requests[-1]
+    assert [m.role for m in request.messages] == ["system", "user", "assistant", "user"]
+    assert request.messages[0].content == "You are terse."
+    sampling = request.sampling
+    assert (sampling.temperature, sampling.top_p, sampling.max_tokens, sampling.seed) == (0.3, 0.9, 77, 42)
+    window.session_settings_action.trigger()  # the dialog shows them again
+    dialog = window.settings_dialog
+    assert (dialog.temperature.value(), dialog.max_tokens.value(), dialog.seed.value()) == (0.3, 77, 42)
+    assert dialog.system_prompt.toPlainText() == "You are terse."
+    dialog.reject()
