@@ -697,3 +697,25 @@ def test_chat_settings_reach_the_engine_and_survive_a_restart(qtbot, open_window
     assert (dialog.temperature.value(), dialog.max_tokens.value(), dialog.seed.value()) == (0.3, 77, 42)
     assert dialog.system_prompt.toPlainText() == "You are terse."
     dialog.reject()
+
+
+def test_a_reply_stopped_at_once_on_the_real_engine_then_regenerate(qtbot, open_window, tiny_model):
+    window, bridge, store = open_window(spec=str(tiny_model))
+    _ready(qtbot, bridge)
+    _greedy(window, store)
+    first, _ = _turn(qtbot, window, bridge, "one")
+    window.composer.set_text("two")
+    with qtbot.waitSignal(bridge.finished, timeout=WAIT_MS) as done:
+        qtbot.keyClick(window.composer.input, Qt.Key.Key_Return)
+        window.stop_action.trigger()  # before any event of the reply has arrived
+    assert done.args[1]["finish_reason"] == "cancelled"
+    if done.args[0]:  # the engine got a token out first: kept, as Stop keeps it
+        assert _stored(store, window)[-1] == ("assistant", done.args[0])
+    else:
+        assert _stored(store, window) == [("user", "one"), ("assistant", first)]
+        assert window.composer.text() == "two"
+    assert _shown(window) == _stored(store, window)
+    with qtbot.waitSignal(bridge.finished, timeout=WAIT_MS) as again:
+        window.regenerate()
+    assert again.args[1]["finish_reason"] in ("stop", "length")
+    assert _shown(window) == _stored(store, window) and _stored(store, window)[-1] == ("assistant", again.args[0])
