@@ -106,7 +106,39 @@ def prefill(model, tokens: list[int], cache: list, on_chunk: Callable[[int], Non
     if on_prefilled is not None:
         on_prefilled(done)
     with mx.stream(generation_stream):
-        logits = model(mx.array(tokens[done:])[None], cache=cache)[:, -1, :]
+        logits = last_logits(model, mx.array(tokens[done:])[None], cache)
     mx.eval(logits, [c.state for c in cache])
     on_chunk(len(tokens))
     return logits
+
+
+# mlx-lm architectures whose ``Model.__call__`` is exactly ``head(self.model(inputs,
+# cache))``, with the head ``self.lm_head`` or, tied, ``self.model.embed_tokens.as_linear``;
+# the value says where the "tied" flag lives.
+_BACKBONE_THEN_HEAD = {
+    "mlx_lm.models.llama": "args.tie_word_embeddings",
+    "mlx_lm.models.qwen2": "args.tie_word_embeddings",
+    "mlx_lm.models.qwen3": "args.tie_word_embeddings",
+    "mlx_lm.models.smollm3": "args.tie_word_embeddings",
+    "mlx_lm.models.gemma3_text": "tie_word_embeddings",
+}
+
+
+def last_logits(model, inputs: mx.array, cache: list) -> mx.array:
+    """The logits after the last of ``inputs`` (``(1, n)``), as ``(1, vocab)``.
+
+    For the architectures listed above, the vocabulary projection runs on the last
+    position only: for a 27-token follow-up on SmolLM2 the projection is a fifth of the
+    forward pass, and the other 26 rows of it are thrown away. (The same row as
+    slicing the full projection: a row of a matrix product does not depend on the
+    other rows.) Any other model runs whole.
+    """
+    tied = _BACKBONE_THEN_HEAD.get(type(model).__module__)
+    if tied is None or type(model).__name__ != "Model":
+        return model(inputs, cache=cache)[:, -1, :]
+    hidden = model.model(inputs, cache)[:, -1:, :]
+    flag = model
+    for name in tied.split("."):
+        flag = getattr(flag, name)
+    head = model.model.embed_tokens.as_linear if flag else model.lm_head
+    return head(hidden)[:, -1, :]

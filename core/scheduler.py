@@ -3,10 +3,14 @@
 A new request is rendered, matched against the prefix cache and prefilled on its own
 (in chunks, cancellable, snapshotting hybrid state right before its last prompt token);
 the first token is sampled from that prefill's logits, so time to first token never
-waits for other requests. Then the request joins mlx-lm's ``BatchGenerator``, which
-takes per-request prompt caches and decodes every running request in one forward pass
-per step. When a request ends (EOS, stop string, max tokens, cancel) it leaves the
-batch with its cache, which goes into the radix tree and, for sessions, to disk.
+waits for other requests. A request that runs alone then decodes on its own cache
+objects the way ``mlx_lm.generate_step`` does (one sequence, the next step queued
+before the current token is read), with nothing to merge, mask or extract. When a
+second request arrives, the running one hands its cache over to mlx-lm's
+``BatchGenerator``, which takes per-request prompt caches and decodes every running
+request in one forward pass per step. When a request ends (EOS, stop string, max
+tokens, cancel) it leaves with its cache, which goes into the radix tree and, for
+sessions, to disk.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 
 import mlx.core as mx
-from mlx_lm.generate import BatchGenerator
+from mlx_lm.generate import BatchGenerator, generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 
 from core.engine_types import DoneEvent, ErrorEvent, ProgressEvent, RequestStats, TokenEvent
@@ -47,6 +51,19 @@ class _Active:
     snapshots: list = field(default_factory=list)
 
 
+@dataclass
+class _Solo:
+    """The one request decoding outside the batch, as ``mlx_lm.generate_step`` would."""
+
+    state: _Active
+    caches: list
+    sampler: object
+    processors: list
+    cache_tokens: list[int]  # what ``caches`` hold
+    pending: mx.array  # the next token: sampled, maybe still being computed, not yet taken
+    context: mx.array | None  # prompt + generated, for logits processors
+
+
 class Scheduler:
     """Admits requests and steps the shared decode batch of one loaded model."""
 
@@ -60,11 +77,17 @@ class Scheduler:
         self.eos = set(loaded.tokenizer.eos_token_ids)
         self.batch = BatchGenerator(loaded.model, completion_batch_size=MAX_BATCH,
                                     prefill_batch_size=MAX_BATCH, prefill_step_size=PREFILL_CHUNK)
-        self.active: dict[int, _Active] = {}
+        self.batched: dict[int, _Active] = {}  # batch uid -> request
+        self.solo: _Solo | None = None
+
+    @property
+    def active(self) -> list[_Active]:
+        """Every running request."""
+        return list(self.batched.values()) + ([self.solo.state] if self.solo is not None else [])
 
     @property
     def busy(self) -> bool:
-        return bool(self.active)
+        return bool(self.batched) or self.solo is not None
 
     # ------------------------------------------------------------------ admit
     def admit(self, handle) -> None:
@@ -91,7 +114,8 @@ class Scheduler:
 
     def _admit(self, handle, prompt, prefix, restored, started, max_tokens) -> None:
         params = handle.request.sampling
-        caches = self.prefix_cache.make_caches(prefix) if prefix is not None else make_prompt_cache(self.loaded.model)
+        caches = (self.prefix_cache.make_caches(prefix, room=len(prompt) - prefix.length + 1)
+                  if prefix is not None else make_prompt_cache(self.loaded.model))
         cached = prefix.length if prefix is not None else 0
         detok = self.loaded.tokenizer.detokenizer
         detok.reset()
@@ -127,23 +151,87 @@ class Scheduler:
         if finish is not None:  # done after one token: the cache holds the prompt
             self._finish(state, finish, caches, prompt)
             return
-        uid = self.batch.insert([[first]], max_tokens=[max_tokens - 1], caches=[caches],
-                                all_tokens=[list(prompt)], samplers=[sampler],
+        if self.solo is None and not self.batched:
+            solo = _Solo(state, caches, sampler, processors, list(prompt) + [first], None,
+                         history if processors else None)
+            solo.pending = self._solo_forward(solo, mx.array([first]))
+            self.solo = solo
+            return
+        if self.solo is not None:
+            self._hand_over()
+        self._insert(state, first, caches, list(prompt), sampler, processors)
+
+    def _insert(self, state: _Active, last: int, caches, cache_tokens, sampler, processors) -> None:
+        """Join the batch: ``last`` (taken, not yet in ``caches``) is fed next."""
+        uid = self.batch.insert([[last]], max_tokens=[state.max_tokens - len(state.generated)],
+                                caches=[caches], all_tokens=[cache_tokens], samplers=[sampler],
                                 logits_processors=[processors])[0]
-        self.active[uid] = state
+        self.batched[uid] = state
+
+    # ------------------------------------------------------------------ solo decode
+    def _solo_forward(self, solo: _Solo, y: mx.array) -> mx.array:
+        """Feed token ``y`` (shape ``(1,)``) into the solo caches; queue sampling the next."""
+        with mx.stream(generation_stream):
+            logits = self.loaded.model(y[None], cache=solo.caches)[:, -1, :]
+            if solo.processors:
+                solo.context = mx.concatenate([solo.context, y])
+                for processor in solo.processors:
+                    logits = processor(solo.context, logits)
+            sampled = solo.sampler(logits - mx.logsumexp(logits, keepdims=True))
+        mx.async_eval(sampled)
+        return sampled
+
+    def _solo_step(self) -> None:
+        solo = self.solo
+        state = solo.state
+        if state.handle.cancelled:
+            self.solo = None
+            self._finish_safely(state, "cancelled", solo.caches, solo.cache_tokens)
+            return
+        current = solo.pending
+        # Queue the step after this one before waiting for this token (as generate_step
+        # does), unless this token is the last one max_tokens allows.
+        feed = len(state.generated) + 1 < state.max_tokens
+        if feed:
+            solo.pending = self._solo_forward(solo, current)
+        token = current.item()
+        if feed:
+            solo.cache_tokens.append(token)
+        finish = self._take(state, token)
+        if finish is None and not feed:
+            finish = "length"
+        if finish is not None:
+            self.solo = None
+            self._finish_safely(state, finish, solo.caches, solo.cache_tokens)
+
+    def _hand_over(self) -> None:
+        """A second request is coming: the solo request joins the batch."""
+        solo, self.solo = self.solo, None
+        state = solo.state
+        token = solo.pending.item()  # its pending token is taken now, then fed by the batch
+        finish = self._take(state, token)
+        if finish is None and len(state.generated) >= state.max_tokens:
+            finish = "length"
+        if finish is not None or state.handle.cancelled:
+            self._finish_safely(state, finish or "cancelled", solo.caches, solo.cache_tokens)
+            return
+        self._insert(state, token, solo.caches, solo.cache_tokens, solo.sampler, solo.processors)
 
     # ------------------------------------------------------------------ decode
     def step(self) -> None:
-        """One batched decode step for every running request."""
-        for uid, state in list(self.active.items()):
+        """One decode step for every running request."""
+        if self.solo is not None:
+            self._solo_step()
+            return
+        for uid, state in list(self.batched.items()):
             if state.handle.cancelled:
                 caches, tokens = self.batch.remove([uid], return_prompt_caches=True)[uid]
-                del self.active[uid]
+                del self.batched[uid]
                 self._finish_safely(state, "cancelled", caches, tokens)
-        if not self.active:
+        if not self.batched:
             return
         for response in self.batch.next_generated():
-            state = self.active.get(response.uid)
+            state = self.batched.get(response.uid)
             if state is None:
                 continue
             finish = self._take(state, response.token)
@@ -153,17 +241,18 @@ class Scheduler:
                 caches, tokens = response.prompt_cache, response.all_tokens
             else:
                 caches, tokens = self.batch.remove([response.uid], return_prompt_caches=True)[response.uid]
-            del self.active[response.uid]
+            del self.batched[response.uid]
             self._finish_safely(state, finish or "length", caches, tokens)
 
     def fail_all(self, message: str) -> None:
         """A bug in a step: end every running request with an error, start a new batch."""
-        for state in self.active.values():
+        for state in self.active:
             if state.prefix is not None:
                 self.prefix_cache.release(state.prefix)
             state.handle._emit(ErrorEvent(message, user_error=False))
             state.handle._finish()
-        self.active.clear()
+        self.batched.clear()
+        self.solo = None
         self.batch = BatchGenerator(self.loaded.model, completion_batch_size=MAX_BATCH,
                                     prefill_batch_size=MAX_BATCH, prefill_step_size=PREFILL_CHUNK)
 

@@ -92,12 +92,17 @@ class PrefixCache:
         self._open.add(id(prefix))
         return prefix
 
-    def make_caches(self, prefix: Prefix) -> list:
+    def make_caches(self, prefix: Prefix, room: int = 0) -> list:
         """mlx-lm cache objects holding the prefix: pooled K/V gathered, snapshots restored.
 
         The last requests' own cache objects are kept a while ("hot"): a follow-up that
         extends one of them takes it as is (trimmed to the prefix when every layer is a
         plain KVCache), skipping the gather. Same values as the pool, no copy.
+
+        A gathered ``KVCache`` gets room for at least ``room`` more tokens (the rest of
+        the prompt) in the same buffer, rounded up to mlx-lm's allocation step: the
+        slots past the prefix read the null page, and the prefill writes over them in
+        place instead of copying the whole cache into a bigger one.
         """
         if prefix.length == 0:
             return make_prompt_cache(self.model)
@@ -107,7 +112,11 @@ class PrefixCache:
         caches = make_prompt_cache(self.model)
         if prefix.snapshot is not None:
             prefix.snapshot.restore_into(caches)
-        slots = mx.array(prefix.slots, dtype=mx.int32)
+        if not self._full_layers:
+            return caches
+        step = KVCache.step
+        capacity = step * -(-(prefix.length + max(room, 1)) // step)
+        slots = mx.array(prefix.slots + (0,) * (capacity - prefix.length), dtype=mx.int32)
         for pool_index, layer in enumerate(self._full_layers):
             keys, values = self.pool.gather(pool_index, slots)
             kv = KVCache()

@@ -84,6 +84,26 @@ def test_cached_prefix_gives_the_same_logits(tiny):
     check_pages(pc)
 
 
+def test_gathered_caches_have_room_for_the_rest_of_the_prompt(tiny):
+    kind, model = tiny
+    pc = make_cache(model)
+    turn1 = list(range(40, 90))
+    serve(pc, model, turn1)
+    pc._hot.clear()  # gather from the pool, not the last request's objects
+    turn2 = turn1 + [20 + 7 * i % 200 for i in range(300)]  # 300 more: past one 256-token step
+    prefix = pc.match(turn2)
+    caches = pc.make_caches(prefix, room=len(turn2) - prefix.length)
+    full = [caches[i] for i in pc._full_layers]
+    assert all(c.offset == prefix.length and c.keys.shape[2] >= len(turn2) for c in full)
+    capacity = [c.keys.shape[2] for c in full]
+    logits = run(model, turn2[prefix.length :], caches)
+    assert [c.keys.shape[2] for c in full] == capacity  # filled in place, never regrown
+    expected = reference_logits(model, turn2)
+    assert float(mx.abs(logits - expected).max()) <= 1e-4 * float(mx.abs(expected).max())
+    pc.release(prefix)
+    check_pages(pc)
+
+
 def test_partial_overlap_and_branching(tiny):
     kind, model = tiny
     pc = make_cache(model)

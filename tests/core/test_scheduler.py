@@ -1,0 +1,106 @@
+"""The scheduler on this thread: a lone request decodes on its own caches, hands over to
+the batch when a second one arrives, and either way gives the replies it gives alone;
+the last-position logits of a prefill equal the full forward pass's."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import make_prompt_cache
+
+from core.engine import RequestHandle
+from core.engine_types import DoneEvent, GenerationRequest, SamplingParams
+from core.generation import last_logits
+from core.model_loader import load_model
+from core.scheduler import Scheduler
+from core.tiny_model import TinyModelSpec, write_tiny_model
+from kvcache.builder import build_kv_cache
+from kvcache.prefix_cache import PrefixCache
+
+
+@pytest.fixture(scope="module", params=["llama", "sliding", "recurrent"])
+def loaded(request, tmp_path_factory):
+    spec = TinyModelSpec(kind=request.param, num_layers=2 if request.param == "llama" else 4,
+                         sliding_window=32)
+    path = write_tiny_model(tmp_path_factory.mktemp(request.param) / "m", spec)
+    return load_model(str(path), tmp_path_factory.mktemp("data"))
+
+
+def scheduler(loaded) -> Scheduler:
+    build = build_kv_cache(loaded.model, weight_bytes=loaded.info.weight_bytes, pool_tokens=4096)
+    return Scheduler(loaded, PrefixCache(loaded.model, build), None)
+
+
+def handle(text: str, max_tokens: int = 20, **sampling) -> RequestHandle:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, **sampling)
+    return RequestHandle(GenerationRequest(prompt_text=text, sampling=params))
+
+
+def done(h: RequestHandle) -> DoneEvent:
+    events = list(h.events(timeout=0))
+    assert isinstance(events[-1], DoneEvent), events[-1]
+    return events[-1]
+
+
+def run_alone(s: Scheduler, h: RequestHandle) -> DoneEvent:
+    s.admit(h)
+    while s.busy:
+        s.step()
+    return done(h)
+
+
+PROMPTS = ("the first question is this one", "and a second, different prompt")
+
+
+@pytest.mark.parametrize("sampling", [{}, {"repetition_penalty": 1.3}])
+@pytest.mark.parametrize("steps_before", [0, 1, 5])
+def test_hand_over_to_the_batch_keeps_replies(loaded, sampling, steps_before):
+    s = scheduler(loaded)
+    alone = [run_alone(s, handle(p, **sampling)) for p in PROMPTS]
+    assert s.solo is None and not s.batched
+    first, second = (handle(p, **sampling) for p in PROMPTS)
+    s.admit(first)
+    assert s.solo is not None  # alone: no batch
+    for _ in range(steps_before):
+        s.step()
+    s.admit(second)  # the first request joins the batch with the second
+    assert s.solo is None and len(s.active) == 2
+    while s.busy:
+        s.step()
+    together = [done(first), done(second)]
+    assert [d.text for d in together] == [d.text for d in alone]
+    assert [d.stats.completion_tokens for d in together] == [d.stats.completion_tokens for d in alone]
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 3])
+def test_solo_max_tokens_and_cache_contents(loaded, max_tokens):
+    s = scheduler(loaded)
+    reply = run_alone(s, handle(PROMPTS[0], max_tokens=max_tokens))
+    assert reply.stats.completion_tokens == max_tokens and reply.stats.finish_reason == "length"
+    again = run_alone(s, handle(PROMPTS[0], max_tokens=max_tokens + 4))
+    assert again.text.startswith(reply.text)
+    assert again.stats.cached_tokens == again.stats.prompt_tokens - 1  # the prompt came back
+
+
+def test_cancel_while_solo(loaded):
+    s = scheduler(loaded)
+    h = handle(PROMPTS[0], max_tokens=50)
+    s.admit(h)
+    s.step()
+    h.cancel()
+    while s.busy:
+        s.step()
+    assert done(h).stats.finish_reason == "cancelled"
+
+
+def test_last_logits_equal_the_full_forward(loaded):
+    model = loaded.model
+    tokens = mx.array([[5, 17, 99, 3, 42, 8, 61]])
+    a, b = make_prompt_cache(model), make_prompt_cache(model)
+    full = model(tokens, cache=a)[:, -1, :]
+    last = last_logits(model, tokens, b)
+    assert last.shape == full.shape
+    assert mx.allclose(last, full, rtol=1e-5, atol=1e-5).item()
+    states = [tree_flatten([c.state for c in cache]) for cache in (a, b)]  # same K/V went in
+    assert all(mx.array_equal(p, q).item() for (_, p), (_, q) in zip(*states) if p is not None)
