@@ -353,11 +353,9 @@ class MainWindow(QMainWindow):
         """Keep the finished turn (replacing the last one for a regenerate or an edit)."""
         assert self.session is not None
         if self._replacing:
-            for _ in range(2):
-                removed = self.store.delete_last_message(self.session.id)
-                if removed is None or removed.role == "user":
-                    break
-        self.store.add_turn(self.session.id, self._pending, text, stats)
+            self.store.replace_last_turn(self.session.id, self._pending, text, stats)
+        else:
+            self.store.add_turn(self.session.id, self._pending, text, stats)
 
     def _on_escape(self) -> None:
         if self._generating:
@@ -547,7 +545,11 @@ def run_app(data_root: Path, model_spec: str, data_root_chosen: bool = True) -> 
         data_root.mkdir(parents=True, exist_ok=True)
     if model_spec == "default" and settings.last_model:
         model_spec = settings.last_model
-    store = ChatStore(chats_db_path(data_root))
+    try:
+        store = ChatStore(chats_db_path(data_root))
+    except StoreError as exc:  # also printed by the CLI, but a double-clicked app has no terminal
+        QMessageBox.critical(None, "RadixChat", f"RadixChat cannot open its chats.\n\n{exc}")
+        raise
     engine_options = {}
     if settings.kv_pool_mb:
         engine_options["pool_bytes"] = settings.kv_pool_mb * 2**20

@@ -221,6 +221,23 @@ class ChatStore:
             reply_id = self._insert_message(session_id, "assistant", assistant_content, stats)
         return self._message(user_id), self._message(reply_id)
 
+    def replace_last_turn(
+        self, session_id: int, user_content: str, assistant_content: str,
+        stats: dict | None = None,
+    ) -> tuple[Message, Message]:
+        """Replace the session's last turn (its last user message and what follows it)
+        with a new one, in one transaction: a regenerated or edited turn, or nothing changes."""
+        with self._transaction():
+            rows = self._rows(
+                "SELECT coalesce(max(seq), 0) AS seq FROM messages WHERE session_id = ? AND role = 'user'",
+                [session_id],
+            )
+            self.db.execute("DELETE FROM messages WHERE session_id = ? AND seq >= ?",
+                            [session_id, rows[0]["seq"]])
+            user_id = self._insert_message(session_id, "user", user_content, None)
+            reply_id = self._insert_message(session_id, "assistant", assistant_content, stats)
+        return self._message(user_id), self._message(reply_id)
+
     def delete_last_message(self, session_id: int) -> Message | None:
         """Remove the session's last message (to regenerate a reply); returns it."""
         with self._transaction():

@@ -614,7 +614,7 @@ def test_no_model_can_be_picked_while_the_first_one_loads(qtbot, open_window, tm
 
 
 STORE_CALLS = ("list_sessions", "search", "create_session", "get_session_by_id", "messages", "add_turn",
-               "delete_last_message", "update_session", "rename_session", "delete_session")
+               "replace_last_turn", "update_session", "rename_session", "delete_session")
 
 
 @pytest.mark.parametrize("broken", STORE_CALLS)

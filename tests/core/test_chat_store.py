@@ -275,3 +275,16 @@ def test_add_and_delete_match_a_list(ops):
             assert [(m.role, m.content) for m in store.messages(s.id)] == model
         with ChatStore(path) as store:
             assert [(m.role, m.content) for m in store.messages(s.id)] == model
+
+
+def test_replace_last_turn_is_one_transaction(tmp_path):
+    with ChatStore(tmp_path / "chats.db") as store:
+        session = store.create_session()
+        store.add_turn(session.id, "one", "first")
+        store.add_turn(session.id, "two", "second")
+        store.replace_last_turn(session.id, "two, edited", "third", {"completion_tokens": 1})
+        assert [(m.role, m.content) for m in store.messages(session.id)] == [
+            ("user", "one"), ("assistant", "first"), ("user", "two, edited"), ("assistant", "third")]
+        with pytest.raises(TypeError):  # a failing insert (stats that are not JSON) rolls the delete back
+            store.replace_last_turn(session.id, "x", "y", {"bad": object()})
+        assert [m.content for m in store.messages(session.id)] == ["one", "first", "two, edited", "third"]
