@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
+from mlx_lm.models.cache import KVCache
 
 from kvcache.prefix_cache import PrefixCache
 from kvcache.serialize import SerializeError, kv_from_bytes, kv_to_bytes, snapshot_from_bytes, snapshot_to_bytes
@@ -120,9 +121,12 @@ class SessionPersister:
         best = min(best, usable_limit)
         if best <= in_ram:
             return 0
-        return self._insert(prompt[:best], chain, in_ram)
+        return self._insert(prompt[:best], chain, in_ram, room=len(prompt) - best + 1)
 
-    def _insert(self, tokens: list[int], chain, start: int) -> int:
+    def _insert(self, tokens: list[int], chain, start: int, room: int = 0) -> int:
+        """Restore ``tokens[start:]`` from ``chain``. The K/V of each layer is joined into
+        one buffer with ``room`` spare positions (rounded up to mlx-lm's KVCache step),
+        so a request resuming from it prefills in place (see ``insert_restored``)."""
         layers = len(self.prefix_cache.build.layout.full_layer_indices)
         keys: list[list[mx.array]] = [[] for _ in range(layers)]
         values: list[list[mx.array]] = [[] for _ in range(layers)]
@@ -139,7 +143,8 @@ class SessionPersister:
             if page.snapshot is not None and offset + len(page.tokens) == len(tokens):
                 snapshot = snapshot_from_bytes(page.snapshot)
             offset += take
-        layers_kv = [(mx.concatenate(k, axis=1), mx.concatenate(v, axis=1)) for k, v in zip(keys, values)]
+        spare = KVCache.step * -(-(len(tokens) + max(room, 1)) // KVCache.step) - len(tokens)
+        layers_kv = [(_join(k, spare), _join(v, spare)) for k, v in zip(keys, values)]
         restored = self.prefix_cache.insert_restored(tokens, start, layers_kv, snapshot)
         if restored:
             self._known.update(chain_keys(self.fingerprint, [p.tokens for p in chain]))
@@ -192,6 +197,12 @@ class SessionPersister:
             except Exception:
                 self._known.clear()
                 log.exception("saving the cache of %s failed", job.session)
+
+
+def _join(parts: list[mx.array], spare: int) -> mx.array:
+    """``(heads, n, dim)`` pieces joined along the tokens, then ``spare`` zero positions."""
+    heads, _, dim = parts[0].shape
+    return mx.concatenate([*parts, mx.zeros((heads, spare, dim), parts[0].dtype)], axis=1)
 
 
 def _common(a: tuple[int, ...], b: list[int]) -> int:

@@ -79,12 +79,17 @@ class KVPagePool:
                              f"not {len(page_ids)}")
         self._check_kv(layer, "keys", keys, n)
         self._check_kv(layer, "values", values, n)
-        k_pages = self._as_pages(layer, keys, len(page_ids))
-        v_pages = self._as_pages(layer, values, len(page_ids))
         k_pool, v_pool = self.keys[layer], self.values[layer]
-        for at, first, count in page_runs(page_ids):  # slice updates: see the module doc
-            k_pool[first : first + count] = k_pages[at : at + count]
-            v_pool[first : first + count] = v_pages[at : at + count]
+        full = n // self.page_size  # whole pages straight from the input; a partial last
+        for pool, kv in ((k_pool, keys), (v_pool, values)):  # page alone, zero-padded
+            kv = kv.astype(pool.dtype)
+            if full:
+                pages = self._as_pages(layer, kv[:, : full * self.page_size], full)
+                for at, first, count in page_runs(page_ids[:full]):  # slice updates: see the module doc
+                    pool[first : first + count] = pages[at : at + count]
+            if n > full * self.page_size:
+                last = page_ids[full]
+                pool[last : last + 1] = self._as_pages(layer, kv[:, full * self.page_size :], 1)
         mx.eval(k_pool, v_pool)
 
     def write_tokens(self, layer: int, page_ids: list[int], start: int,

@@ -175,8 +175,15 @@ class PrefixCache:
         """Put K/V restored from disk for ``tokens[start:]`` into the pool and the tree.
 
         ``layers_kv[i]`` is ``(keys, values)`` of full-attention layer ``i`` (pool order),
-        each ``(heads, len(tokens) - start, head_dim)``; ``tokens[:start]`` must already be
-        cached. Returns the tokens now cached beyond ``start`` (0 if the pool is full).
+        each ``(heads, m, head_dim)`` with ``m >= len(tokens) - start``: the first
+        ``len(tokens) - start`` positions are the restored tokens, the rest is spare room.
+        ``tokens[:start]`` must already be cached. Returns the tokens now cached beyond
+        ``start`` (0 if the pool is full).
+
+        When the whole sequence was restored (``start == 0``), the same arrays also become
+        the mlx-lm cache objects of a hot entry: the request that asked for the restore
+        takes them without gathering its prefix back out of the pool, and its prefill
+        fills the spare room in place.
         """
         prefix = self.match(list(tokens) + [0])  # locks tokens[:start] while we allocate
         try:
@@ -190,10 +197,23 @@ class PrefixCache:
             snapshots = [snapshot] if snapshot is not None else []
             if self.hybrid and not snapshots:
                 return 0
-            return self._store(prefix, list(tokens), source, snapshots) or 0
+            stored = self._store(prefix, list(tokens), source, snapshots) or 0
+            if stored and start == 0 and prefix.length == 0:
+                self._keep_hot(list(tokens), self._restored_caches(len(tokens), layers_kv, snapshot))
+            return stored
         finally:
             self.release(prefix)
             self._prompt_tokens -= len(tokens) + 1  # not a prompt: keep the hit rate honest
+
+    def _restored_caches(self, length: int, layers_kv: list, snapshot: Snapshot | None) -> list:
+        caches = make_prompt_cache(self.model)
+        if snapshot is not None:
+            snapshot.restore_into(caches)
+        for (keys, values), layer in zip(layers_kv, self._full_layers):
+            kv = KVCache()
+            kv.keys, kv.values, kv.offset = keys[None], values[None], length
+            caches[layer] = kv
+        return caches
 
     def cached_length(self, tokens: list[int]) -> int:
         """How much of ``tokens`` a request would get from RAM now (no locks, no counters)."""

