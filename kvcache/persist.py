@@ -164,7 +164,8 @@ class SessionPersister:
     def close(self) -> None:
         self.flush(timeout=30)
         self._jobs.put(None)
-        self.reader.close()
+        self._thread.join(timeout=30)  # the writer's connection closes first: the last one
+        self.reader.close()  # to close checkpoints the log into the file
 
     # ------------------------------------------------------------ writer thread
     def _write_loop(self) -> None:

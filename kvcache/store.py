@@ -29,6 +29,7 @@ answer. Every failure the user can act on is a :class:`DiskStoreError`.
 from __future__ import annotations
 
 import hashlib
+import logging
 import zlib
 import os
 import sqlite3
@@ -41,6 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sqlite_utils import Database
+
+log = logging.getLogger(__name__)
 
 DEFAULT_BUDGET = 10 * 2**30  # bytes of pages on disk
 SQLITE_PAGE_SIZE = 65536  # set when the file is created: long overflow chains read faster
@@ -362,6 +365,7 @@ class DiskStore:
                 })
             self._count(saves=1)
             _freed, evicted = self._enforce_budget()
+        self._checkpoint()
         return SaveResult(
             session=session, head=chain[-1] if chain else None, pages=len(chain), tokens=tokens,
             pages_written=len(new_pages), bytes_written=sum(row["nbytes"] for row in new_pages),
@@ -597,6 +601,16 @@ class DiskStore:
     def _rows(self, sql: str, params: list | None = None) -> list[tuple]:
         with self._errors():
             return self.db.execute(sql, params or []).fetchall()
+
+    def _checkpoint(self) -> None:
+        """Move what the write-ahead log holds into the database file, as far as readers
+        allow (PASSIVE: waits for no one). Restores then read the file through the memory
+        map instead of reading frames out of the log; a busy or failed checkpoint is
+        simply retried after the next save."""
+        try:
+            self.db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except sqlite3.DatabaseError as exc:
+            log.debug("checkpoint skipped: %s", exc)
 
     def _user_version(self) -> int:
         return self.db.execute("PRAGMA user_version").fetchone()[0]
