@@ -16,12 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from PySide6.QtCharts import QBarSet, QLineSeries, QStackedBarSeries, QValueAxis
-from PySide6.QtCore import QEvent, QPointF, Qt
+from PySide6.QtCore import QPointF, Qt
 from PySide6.QtGui import QColor, QCursor, QPalette, QPen
 from PySide6.QtWidgets import QGridLayout, QLabel, QStackedWidget, QToolTip, QVBoxLayout, QWidget
 
 from app.format import count, decimals_for, duration, nice_step, percent
-from app.memory_panel import BLUE, GREEN, ORANGE, PURPLE, AxisPair, chart_view, compact_chart, small_font, style_chart
+from app.charts import BLUE, GREEN, ORANGE, PURPLE, AxisPair, ChartPanel, chart_view, compact_chart
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ def hit_rate(turns: list[TurnSplit]) -> tuple[float, int]:
     return (hit / prompt if prompt else 0.0), prompt
 
 
-class CachePanel(QWidget):
+class CachePanel(ChartPanel):
     """Per-turn prompt split and TTFT, with the session's and the app's hit rates."""
 
     MAX_BARS = 20  # turns plotted
@@ -222,10 +222,3 @@ class CachePanel(QWidget):
         QToolTip.showText(QCursor.pos(), f"Turn {number}: {turn.describe()}\nFirst token after "
                                          f"{duration(turn.ttft_s)}", self.chart_view)
 
-    def changeEvent(self, event: QEvent) -> None:
-        if event.type() in (QEvent.Type.PaletteChange, QEvent.Type.FontChange):
-            self._restyle()
-        super().changeEvent(event)
-
-    def _restyle(self) -> None:
-        style_chart(self.chart, self.palette(), small_font(self))
