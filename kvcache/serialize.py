@@ -33,12 +33,19 @@ def _to_numpy(array: mx.array) -> tuple[str, np.ndarray]:
     return name, np.array(array)
 
 
-def _from_bytes(name: str, shape: list[int], raw: memoryview) -> mx.array:
+def _numpy_view(name: str, shape: list[int], raw: memoryview) -> np.ndarray:
+    """The bytes as a numpy array without a copy (bfloat16 as its raw 16-bit pattern)."""
     if name == "bfloat16":
-        return mx.array(np.frombuffer(raw, np.uint16).reshape(shape)).view(mx.bfloat16)
+        return np.frombuffer(raw, np.uint16).reshape(shape)
     if name not in _NUMPY_DTYPES:
         raise SerializeError(f"unknown dtype {name}")
-    return mx.array(np.frombuffer(raw, _NUMPY_DTYPES[name]).reshape(shape))
+    return np.frombuffer(raw, _NUMPY_DTYPES[name]).reshape(shape)
+
+
+def from_numpy(name: str, data: np.ndarray) -> mx.array:
+    """An mx.array of dtype ``name`` from what ``_numpy_view`` gives (one copy)."""
+    array = mx.array(data)
+    return array.view(mx.bfloat16) if name == "bfloat16" else array
 
 
 def pack_arrays(header: dict, arrays: list[mx.array]) -> bytes:
@@ -52,6 +59,12 @@ def pack_arrays(header: dict, arrays: list[mx.array]) -> bytes:
 
 
 def unpack_arrays(blob: bytes) -> tuple[dict, list[mx.array]]:
+    header, views = _unpack_views(blob)
+    return header, [from_numpy(name, view) for name, view in views]
+
+
+def _unpack_views(blob: bytes) -> tuple[dict, list[tuple[str, np.ndarray]]]:
+    """The header and each array as (dtype name, zero-copy numpy view of ``blob``)."""
     if not blob.startswith(_MAGIC) or len(blob) < len(_MAGIC) + 4:
         raise SerializeError("not a RadixChat KV blob")
     (size,) = struct.unpack_from("<I", blob, len(_MAGIC))
@@ -65,7 +78,7 @@ def unpack_arrays(blob: bytes) -> tuple[dict, list[mx.array]]:
         end = offset + spec["nbytes"]
         if end > len(blob):
             raise SerializeError("blob is shorter than its header says")
-        arrays.append(_from_bytes(spec["dtype"], spec["shape"], view[offset:end]))
+        arrays.append((spec["dtype"], _numpy_view(spec["dtype"], spec["shape"], view[offset:end])))
         offset = end
     return header, arrays
 
@@ -77,10 +90,18 @@ def kv_to_bytes(layers: list[tuple[mx.array, mx.array]]) -> bytes:
 
 
 def kv_from_bytes(blob: bytes, num_layers: int, num_tokens: int) -> list[tuple[mx.array, mx.array]]:
-    header, arrays = unpack_arrays(blob)
-    if header.get("kind") != "kv" or header.get("tokens") != num_tokens or len(arrays) != 2 * num_layers:
+    views = kv_views(blob, num_layers, num_tokens)
+    return [(from_numpy(views[2 * i][0], views[2 * i][1]), from_numpy(*views[2 * i + 1]))
+            for i in range(num_layers)]
+
+
+def kv_views(blob: bytes, num_layers: int, num_tokens: int) -> list[tuple[str, np.ndarray]]:
+    """K then V of every layer as (dtype name, zero-copy numpy view of ``blob``): a restore
+    joins many pages' views into one buffer per layer before anything reaches MLX."""
+    header, views = _unpack_views(blob)
+    if header.get("kind") != "kv" or header.get("tokens") != num_tokens or len(views) != 2 * num_layers:
         raise SerializeError("K/V blob does not match this page")
-    return [(arrays[2 * i], arrays[2 * i + 1]) for i in range(num_layers)]
+    return views
 
 
 def snapshot_to_bytes(snapshot: Snapshot) -> bytes:
