@@ -59,8 +59,9 @@ def run_bench_gui(args, data_root: Path) -> int:
             window.resize(1280, 800)
             window.show()
             try:
-                if not _wait(app, bridge.modelReady, bridge.loadFailed, bridge.start):
-                    raise UserError("the model did not load")
+                ok, why = _wait(app, bridge.modelReady, bridge.loadFailed, bridge.start)
+                if not ok:
+                    raise UserError(f"the model did not load: {why}")
                 for _ in range(args.repeats):
                     window.new_chat()
                     store.update_session(window.session.id, settings={
@@ -74,11 +75,11 @@ def run_bench_gui(args, data_root: Path) -> int:
                     bridge.token.connect(tokens.append)
                     timer.start(TICK_MS)
                     ticks.append(time.perf_counter())
-                    ok = _wait(app, bridge.finished, bridge.failed, lambda: window.send(PROMPT))
+                    ok, why = _wait(app, bridge.finished, bridge.failed, lambda: window.send(PROMPT))
                     timer.stop()
                     bridge.token.disconnect(tokens.append)
                     if not ok:
-                        raise UserError("the reply failed")
+                        raise UserError(f"the reply failed: {why}")
                     late = [max(0.0, (b - a) * 1000 - TICK_MS) for a, b in zip(ticks, ticks[1:])]
                     runs.append({"tokens": len(tokens), "ticks": len(late),
                                  "seconds": ticks[-1] - ticks[0],

@@ -56,10 +56,12 @@ def run_screenshot(path: Path, data_root: Path, model_spec: str) -> int:
             window.resize(*SIZE)
             window.show()
             try:
-                if not _wait(app, bridge.modelReady, bridge.loadFailed, bridge.start):
-                    raise UserError("the model did not load")
-                if not _wait(app, bridge.finished, bridge.failed, lambda: window.send(QUESTIONS[2])):
-                    raise UserError("the third turn failed")
+                ok, why = _wait(app, bridge.modelReady, bridge.loadFailed, bridge.start)
+                if not ok:
+                    raise UserError(f"the model did not load: {why}")
+                ok, why = _wait(app, bridge.finished, bridge.failed, lambda: window.send(QUESTIONS[2]))
+                if not ok:
+                    raise UserError(f"the third turn failed: {why}")
                 loop = QEventLoop()
                 QTimer.singleShot(1600, loop.quit)  # one more idle poll of the panels
                 loop.exec()
@@ -112,20 +114,29 @@ def _two_turns_then_restart(root: Path, spec: str, store, session) -> None:
         engine.shutdown()
 
 
-def _wait(app, ok_signal, fail_signal, start) -> bool:
-    """Run ``start`` and the event loop until ``ok_signal`` (True) or ``fail_signal`` (False)."""
+def _wait(app, ok_signal, fail_signal, start) -> tuple[bool, str]:
+    """Run ``start`` and the event loop until ``ok_signal`` (True, "") or ``fail_signal``
+    (False, its message); (False, "timed out") after ``WAIT_MS``."""
     from PySide6.QtCore import QEventLoop, QTimer
 
     loop = QEventLoop()
-    result = {"ok": False}
+    result = [False, "timed out"]
 
-    def finish(ok: bool) -> None:
-        result["ok"] = ok
+    def finish(ok: bool, why: str = "") -> None:
+        result[:] = [ok, why]
         loop.quit()
 
-    ok_signal.connect(lambda *a: finish(True))
-    fail_signal.connect(lambda *a: finish(False))
+    def on_ok(*_args) -> None:
+        finish(True)
+
+    def on_fail(message: str = "", *_args) -> None:
+        finish(False, message)
+
+    ok_signal.connect(on_ok)
+    fail_signal.connect(on_fail)
     QTimer.singleShot(WAIT_MS, loop.quit)
     start()
     loop.exec()
-    return result["ok"]
+    ok_signal.disconnect(on_ok)
+    fail_signal.disconnect(on_fail)
+    return result[0], result[1]
