@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
@@ -31,6 +32,7 @@ if TYPE_CHECKING:  # core.model_loader imports mlx: only the engine thread loads
 log = logging.getLogger(__name__)
 
 _END = object()  # end of a request's event stream
+PUBLISH_EVERY_S = 0.1  # the decode loop's stats refresh (see Engine._publish_stats)
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,7 @@ class Engine:
         self.disk_cache_error: str | None = None  # why the disk cache is off, if it is
         self._stats = EngineStats()
         self._served = 0
+        self._published_at = 0.0
         self._on_load_progress = on_load_progress
         self._commands: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
@@ -174,7 +177,7 @@ class Engine:
         import psutil
 
         try:
-            rss = psutil.Process().memory_info().rss
+            rss = psutil.Process().memory_info().rss  # one /proc read; polled a few times a second
         except psutil.Error:
             rss = 0
         disk = 0
@@ -261,7 +264,7 @@ class Engine:
         except Exception as exc:  # a bug: end the running requests, keep the engine
             log.exception("decode step failed")
             self._scheduler.fail_all(f"internal error: {exc}")
-        self._publish_stats()
+        self._publish_stats(force=not self._scheduler.busy)  # the last step's figures always
 
     def _open_persister(self, fingerprint: str):
         from kvcache.persist import SessionPersister
@@ -359,7 +362,7 @@ class Engine:
         self._prefix_cache = PrefixCache(loaded.model, build)
         self._persister = self._open_persister(loaded.info.fingerprint)
         self._scheduler = Scheduler(loaded, self._prefix_cache, self._persister, self._count_served,
-                                    on_progress=self._publish_stats)
+                                    on_progress=lambda: self._publish_stats(force=False))
         self._info = loaded.info
         command.info = loaded.info
         self._publish_stats()
@@ -386,9 +389,16 @@ class Engine:
         self._served += 1
         self._publish_stats()
 
-    def _publish_stats(self) -> None:
+    def _publish_stats(self, force: bool = True) -> None:
+        """Replace the figures ``stats()`` hands out. From the decode loop and prefill chunks
+        (``force=False``) at most every ``PUBLISH_EVERY_S``: the tree census is not free, and
+        the GUI polls 4 times a second."""
         import mlx.core as mx
 
+        now = time.monotonic()
+        if not force and now - self._published_at < PUBLISH_EVERY_S:
+            return
+        self._published_at = now
         cache = self._prefix_cache.stats() if self._prefix_cache is not None else None
         self._stats = EngineStats(
             model=self._info,
