@@ -5,9 +5,10 @@ engine A builds the session (a system prompt of travel notes, sized by two short
 calibration requests so that prompt + greedy reply reach about N tokens) and waits until
 it is on disk; then **ram**: A, never restarted, answers the follow-up (no session, so
 the store keeps the N-token session). A shuts down, every RAM cache with it. The
-session's read is timed, ``DiskStore.load_session`` against a plain sequential read of
-as many bytes in the same folder, cold (after ``fsync`` + ``POSIX_FADV_DONTNEED``) and
-warm (again right away). Engine B starts on that folder (the restart), warms up on an
+session's read is timed as a restore reads it (``DiskStore.read_session``: every page
+streamed, checksummed and dropped once used) against a plain sequential read of as many
+bytes in the same folder, cold (after ``fsync`` + ``POSIX_FADV_DONTNEED``) and
+warm (again right away), three times each, the two taking turns to go first. Engine B starts on that folder (the restart), warms up on an
 unrelated request, the database leaves the page cache again, then **restore**: the
 follow-up in the session (its history comes back from disk), and **recompute**: the same
 request with ``use_cache=False``. TTFT is the engine's own (request start to first
@@ -45,6 +46,7 @@ FOLLOW_UP = "Which of these notes matters most for a first visit, and why?"
 BUILD_REPLY_TOKENS = 32
 REPLY_TOKENS = 8  # per measured turn: TTFT is the figure, not decode
 DB_FILES = ("kvcache.db", "kvcache.db-wal", "kvcache.db-shm")
+READ_ROUNDS = 3  # timings of each read (store, plain), in turns
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ class Repetition:
     ttft_ram_s: float
     replies_identical: bool
     session_bytes: int  # tokens + K/V (+ snapshots) of the session's pages, as read
-    load_cold_s: float | None  # DiskStore.load_session; cold: None where it cannot be had
+    load_cold_s: float | None  # DiskStore.read_session, all pages; cold: None where it cannot be had
     load_warm_s: float
     plain_cold_s: float | None  # a sequential read of a file of session_bytes
     plain_warm_s: float
@@ -123,27 +125,46 @@ def _read_plain(path: Path) -> None:
 
 
 def _read_rates(folder: Path, fingerprint: str) -> dict:
-    """The session's bytes, and the seconds ``DiskStore.load_session`` and a plain
-    sequential read of as many bytes take, cold (None if it cannot be had) and warm."""
+    """The session's bytes, and the seconds a restore's read of them and a plain
+    sequential read of as many bytes take, cold (None if it cannot be had) and warm.
+
+    Each is timed ``READ_ROUNDS`` times, the two taking turns to go first, so whatever
+    else the machine is doing at the time (right after an engine shut down, the kernel
+    is still handing its memory back) falls on both alike; medians are kept."""
     from kvcache.store import DiskStore
 
-    pages: list = []
-    with DiskStore(folder / "kvcache.db") as store:
-        cold = _drop_from_page_cache(*(folder / name for name in DB_FILES))
-        load_cold = _seconds(lambda: pages.extend(store.load_session(SESSION, fingerprint)))
-        load_warm = _seconds(lambda: store.load_session(SESSION, fingerprint))
-    if not pages:
-        raise UserError("bench restore: the session was not found on disk after the save")
-    nbytes = sum(4 * len(p.tokens) + len(p.kv) + len(p.snapshot or b"") for p in pages)
+    sizes: list[int] = []
+
+    def read_store(store: DiskStore) -> None:  # as a restore reads: streamed, verified, dropped
+        sizes.clear()
+        with store.read_session(SESSION, fingerprint) as reader:
+            sizes.extend(4 * len(p.tokens) + len(p.kv) + len(p.snapshot or b"") for p in reader.pages())
+
     plain = folder / "plain-read.bin"
-    with open(plain, "wb") as f:
-        for start in range(0, nbytes, 1 << 24):
-            f.write(os.urandom(min(1 << 24, nbytes - start)))
-    _drop_from_page_cache(plain)
-    plain_cold, plain_warm = _seconds(lambda: _read_plain(plain)), _seconds(lambda: _read_plain(plain))
-    plain.unlink()
-    return {"session_bytes": nbytes, "load_cold_s": load_cold if cold else None, "load_warm_s": load_warm,
-            "plain_cold_s": plain_cold if cold else None, "plain_warm_s": plain_warm}
+    times: dict[str, list[float]] = {name: [] for name in ("load_cold", "load_warm", "plain_cold", "plain_warm")}
+    with DiskStore(folder / "kvcache.db") as store:
+        info = store.session(SESSION)
+        if info is None:
+            raise UserError("bench restore: the session was not found on disk after the save")
+        with open(plain, "wb") as f:
+            for start in range(0, info.nbytes, 1 << 24):
+                f.write(os.urandom(min(1 << 24, info.nbytes - start)))
+        try:
+            reads = (("load", lambda: read_store(store), [folder / name for name in DB_FILES]),
+                     ("plain", lambda: _read_plain(plain), [plain]))
+            for turn in range(READ_ROUNDS):
+                for name, action, files in reads[::-1] if turn % 2 else reads:
+                    cold = _drop_from_page_cache(*files)
+                    times[f"{name}_cold"].append(_seconds(action))
+                    times[f"{name}_warm"].append(_seconds(action))
+        finally:
+            plain.unlink()
+    if sum(sizes) != info.nbytes:
+        raise UserError(f"bench restore: read {sum(sizes)} bytes of a {info.nbytes}-byte session")
+    median = {name: statistics.median(values) for name, values in times.items()}
+    return {"session_bytes": info.nbytes, "load_cold_s": median["load_cold"] if cold else None,
+            "load_warm_s": median["load_warm"], "plain_cold_s": median["plain_cold"] if cold else None,
+            "plain_warm_s": median["plain_warm"]}
 
 
 def _scratch_folder(root: Path) -> Path:
@@ -267,7 +288,7 @@ def format_summary(report: dict) -> str:
         f"restore / RAM {report['ttft_ratio_restore_vs_ram']:.3f} (target <= 1.5)",
         "replies: identical in all three ways" if report["replies_identical"] else "replies: DIFFER",
         f"session read ({report['session_bytes'] / 1e6:.1f} MB), {report['read_basis']}:",
-        f"  DiskStore.load_session  cold {mbs(r['restore_cold'])}  warm {mbs(r['restore_warm'])}",
+        f"  DiskStore.read_session  cold {mbs(r['restore_cold'])}  warm {mbs(r['restore_warm'])}",
         f"  plain sequential read   cold {mbs(r['plain_cold'])}  warm {mbs(r['plain_warm'])}",
         f"restore read / plain read {report['restore_read_fraction_of_disk']:.3f} (target >= 0.5); "
         f"warm {report['restore_read_fraction_of_disk_warm']:.3f}",

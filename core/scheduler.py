@@ -111,6 +111,9 @@ class Scheduler:
             if prefix is not None:
                 self.prefix_cache.release(prefix)
             raise
+        finally:
+            if restored:  # after the first token: the restored K/V's copy into the pool
+                self.prefix_cache.flush_writes()
 
     def _admit(self, handle, prompt, prefix, restored, started, max_tokens) -> None:
         params = handle.request.sampling

@@ -25,7 +25,8 @@ from mlx_lm.models.cache import KVCache
 from kvcache.prefix_cache import PrefixCache
 from kvcache.serialize import SerializeError, kv_to_bytes, kv_views, snapshot_from_bytes, snapshot_to_bytes
 from kvcache.snapshot import Snapshot
-from kvcache.store import DEFAULT_BUDGET, DiskStore, DiskStoreError, PageData, chain_keys, page_key
+from kvcache.store import (DEFAULT_BUDGET, ChainPage, DiskStore, DiskStoreError, PageData, SessionReader,
+                           chain_keys, page_key)
 
 log = logging.getLogger(__name__)
 
@@ -102,50 +103,41 @@ class SessionPersister:
         stored = self.reader.session(session)
         if stored is None or stored.fingerprint != self.fingerprint or stored.tokens <= in_ram:
             return 0
-        try:
-            chain = self.reader.load_session(session, self.fingerprint)
-        except DiskStoreError as exc:
-            self.last_error = str(exc)
-            return 0
-        matched = best = 0
-        for page in chain:  # how much of the chain is a prefix of the prompt
-            n = len(page.tokens)
-            if tuple(prompt[matched : matched + n]) != page.tokens:
-                if not self.prefix_cache.hybrid:  # token-exact: part of this page still counts
-                    best = matched + _common(page.tokens, prompt[matched:])
-                break
-            matched += n
-            if not self.prefix_cache.hybrid or page.snapshot is not None:
-                best = matched  # hybrid: only a page end with a snapshot is a resume point
-        if self.prefix_cache.hybrid:
-            best = max((end for end in _snapshot_ends(chain) if end <= min(best, usable_limit)), default=0)
-        best = min(best, usable_limit)
-        if best <= in_ram:
-            return 0
-        return self._insert(prompt[:best], chain, in_ram, room=len(prompt) - best + 1)
+        with self.reader.read_session(session, self.fingerprint) as reading:
+            best = _resume_point(reading.chain, prompt, usable_limit, self.prefix_cache.hybrid)
+            if best <= in_ram:
+                return 0
+            return self._insert(prompt[:best], reading, in_ram, room=len(prompt) - best + 1)
 
-    def _insert(self, tokens: list[int], chain, start: int, room: int = 0) -> int:
-        """Restore ``tokens[start:]`` from ``chain``. The K/V of each layer is joined into
-        one buffer with ``room`` spare positions (rounded up to mlx-lm's KVCache step),
-        so a request resuming from it prefills in place (see ``insert_restored``)."""
+    def _insert(self, tokens: list[int], reading: SessionReader, start: int, room: int = 0) -> int:
+        """Restore ``tokens[start:]`` from the session being read, streaming its pages. The
+        K/V of each layer is joined into one buffer with ``room`` spare positions (rounded
+        up to mlx-lm's KVCache step), so a request resuming from it prefills in place (see
+        ``insert_restored``). A page that fails its check ends the stream: what came before
+        it (back to a snapshot, for a hybrid model) is restored, the rest is recomputed."""
         layers = len(self.prefix_cache.build.layout.full_layer_indices)
-        pieces: list[tuple[int, int, int, list]] = []  # (at, n, lo, K/V views of every layer) per page
-        offset, snapshot = 0, None
-        for page in chain:
-            if offset >= len(tokens):
-                break
+        spare = KVCache.step * -(-(len(tokens) + max(room, 1)) // KVCache.step) - len(tokens)
+        joined = _Joiner(2 * layers, len(tokens) - start + spare)
+        count = offset = 0
+        while offset < len(tokens):
+            offset += len(reading.chain[count].tokens)
+            count += 1
+        offset, snapshots = 0, {}
+        for page in reading.pages(count):
             take = min(len(page.tokens), len(tokens) - offset)
             if offset + take > start and layers:
                 lo = max(0, start - offset)
-                pieces.append((offset + lo - start, take - lo, lo, kv_views(page.kv, layers, len(page.tokens))))
-            if page.snapshot is not None and offset + len(page.tokens) == len(tokens):
-                snapshot = snapshot_from_bytes(page.snapshot)
+                joined.add(offset + lo - start, take - lo, lo, kv_views(page.kv, layers, len(page.tokens)))
+            if page.snapshot is not None and offset + len(page.tokens) <= len(tokens):
+                snapshots[offset + len(page.tokens)] = page.snapshot
             offset += take
-        spare = KVCache.step * -(-(len(tokens) + max(room, 1)) // KVCache.step) - len(tokens)
-        layers_kv = _join_layers(pieces, 2 * layers, len(tokens) - start + spare) if pieces else []
-        restored = self.prefix_cache.insert_restored(tokens, start, layers_kv, snapshot)
+        end = max(snapshots, default=0) if self.prefix_cache.hybrid else offset
+        if end <= start:
+            return 0
+        snapshot = snapshot_from_bytes(snapshots[end]) if end in snapshots else None
+        restored = self.prefix_cache.insert_restored(tokens[:end], start, joined.layers(), snapshot)
         if restored:
-            self._known.update(chain_keys(self.fingerprint, [p.tokens for p in chain]))
+            self._known.update(page.key for page in reading.used)
         return restored
 
     def forget(self, session: str) -> None:
@@ -198,27 +190,58 @@ class SessionPersister:
                 log.exception("saving the cache of %s failed", job.session)
 
 
-def _join_layers(pieces: list, arrays: int, length: int) -> list[tuple[mx.array, mx.array]]:
-    """Each layer's K and V from the pages' numpy views, joined along the tokens into one
-    zeroed ``(heads, length, dim)`` MLX buffer (the tail is spare room).
+class _Joiner:
+    """Each layer's K and V, joined along the tokens into one zeroed ``(heads, length, dim)``
+    MLX buffer (the tail is spare room), page by page as a restore streams them.
 
-    The pages are copied straight into the evaluated MLX buffers through their numpy views
-    (an MLX array exposes its memory, and these are referenced nowhere else yet): one copy
-    into memory touched once, instead of a numpy buffer copied into MLX again; after a
-    restart fresh memory costs a page fault per 4 KB, so that halves the faults too."""
-    buffers = []
-    for i in range(arrays):
-        name, first = pieces[0][3][i]
-        dtype = mx.uint16 if name == "bfloat16" else getattr(mx, name)  # bfloat16: its bits
-        buffers.append(mx.zeros((first.shape[0], length, first.shape[2]), dtype=dtype))
-    mx.eval(buffers)
-    for i, buffer in enumerate(buffers):
-        target = np.array(buffer, copy=False)  # a view: writes land in the MLX buffer
-        for at, n, lo, views in pieces:
-            target[:, at : at + n] = views[i][1][:, lo : lo + n]
-    names = [pieces[0][3][i][0] for i in range(arrays)]
-    joined = [b.view(mx.bfloat16) if name == "bfloat16" else b for b, name in zip(buffers, names)]
-    return list(zip(joined[0::2], joined[1::2]))
+    Pages are copied straight into the evaluated MLX buffers through numpy views (an MLX
+    array exposes its memory, and these are referenced nowhere else yet): one copy into
+    memory touched once, while the store reads the next pages."""
+
+    def __init__(self, arrays: int, length: int):
+        self.arrays, self.length = arrays, length
+        self.buffers: list[mx.array] = []
+        self.names: list[str] = []
+        self.targets: list[np.ndarray] = []
+
+    def add(self, at: int, n: int, lo: int, views: list) -> None:
+        """Tokens ``lo..lo+n-1`` of a page (its K/V views, every layer) go to ``at..at+n-1``."""
+        if not self.buffers:
+            for name, first in views[: self.arrays]:
+                dtype = mx.uint16 if name == "bfloat16" else getattr(mx, name)  # bfloat16: its bits
+                self.buffers.append(mx.zeros((first.shape[0], self.length, first.shape[2]), dtype=dtype))
+                self.names.append(name)
+            mx.eval(self.buffers)
+            self.targets = [np.array(buffer, copy=False) for buffer in self.buffers]  # views
+        for target, (_, view) in zip(self.targets, views):
+            target[:, at : at + n] = view[:, lo : lo + n]
+
+    def layers(self) -> list[tuple[mx.array, mx.array]]:
+        """``(keys, values)`` per layer; [] when nothing was added."""
+        self.targets = []
+        joined = [b.view(mx.bfloat16) if name == "bfloat16" else b for b, name in zip(self.buffers, self.names)]
+        return list(zip(joined[0::2], joined[1::2]))
+
+
+def _resume_point(chain: list[ChainPage], prompt: list[int], limit: int, hybrid: bool) -> int:
+    """How much of ``prompt`` (at most ``limit`` tokens) the stored chain can serve: its
+    longest common prefix, cut back to a page end with a snapshot for a hybrid model."""
+    matched = best = 0
+    ends = []
+    for page in chain:
+        n = len(page.tokens)
+        if tuple(prompt[matched : matched + n]) != page.tokens:
+            if not hybrid:  # token-exact: part of this page still counts
+                best = matched + _common(page.tokens, prompt[matched:])
+            break
+        matched += n
+        if page.has_snapshot:
+            ends.append(matched)
+        if not hybrid:
+            best = matched
+    if hybrid:
+        return max((end for end in ends if end <= limit), default=0)
+    return min(best, limit)
 
 
 def _common(a: tuple[int, ...], b: list[int]) -> int:
@@ -226,12 +249,3 @@ def _common(a: tuple[int, ...], b: list[int]) -> int:
     while n < min(len(a), len(b)) and a[n] == b[n]:
         n += 1
     return n
-
-
-def _snapshot_ends(chain) -> list[int]:
-    ends, offset = [], 0
-    for page in chain:
-        offset += len(page.tokens)
-        if page.snapshot is not None:
-            ends.append(offset)
-    return ends

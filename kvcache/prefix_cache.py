@@ -75,6 +75,7 @@ class PrefixCache:
         self._hot: OrderedDict[tuple[int, ...], list] = OrderedDict()  # recent caches, LRU
         self._placeholders = itertools.count(1)  # slot stand-ins when nothing is paged
         self._open: set[int] = set()  # id() of prefixes matched and not yet committed/released
+        self._pending_writes: list[tuple] = []  # restored K/V not yet in the pool (flush_writes)
 
     @property
     def enabled(self) -> bool:
@@ -109,6 +110,7 @@ class PrefixCache:
         hot = self._take_hot(prefix)
         if hot is not None:
             return hot
+        self.flush_writes()
         caches = make_prompt_cache(self.model)
         if prefix.snapshot is not None:
             prefix.snapshot.restore_into(caches)
@@ -183,7 +185,10 @@ class PrefixCache:
         When the whole sequence was restored (``start == 0``), the same arrays also become
         the mlx-lm cache objects of a hot entry: the request that asked for the restore
         takes them without gathering its prefix back out of the pool, and its prefill
-        fills the spare room in place.
+        fills the spare room in place. The copy into the pool waits (see
+        :meth:`flush_writes`) until that request has its first token, or until anything
+        allocates from or gathers out of the pool, whichever comes first: the tree holds
+        the pages, and nothing reads them before.
         """
         prefix = self.match(list(tokens) + [0])  # locks tokens[:start] while we allocate
         try:
@@ -197,9 +202,16 @@ class PrefixCache:
             snapshots = [snapshot] if snapshot is not None else []
             if self.hybrid and not snapshots:
                 return 0
-            stored = self._store(prefix, list(tokens), source, snapshots) or 0
-            if stored and start == 0 and prefix.length == 0:
-                self._keep_hot(list(tokens), self._restored_caches(len(tokens), layers_kv, snapshot))
+            if start or prefix.length:
+                return self._store(prefix, list(tokens), source, snapshots) or 0
+            # The pool copy reads the hot caches when it runs: the request's prefill updates
+            # them in place meanwhile (only past len(tokens)); a reference held to the
+            # arrays themselves would make that update copy every layer instead.
+            caches = self._restored_caches(len(tokens), layers_kv, snapshot)
+            stored = self._store(prefix, list(tokens), _cache_source(caches, self._full_layers),
+                                 snapshots, defer=True) or 0
+            if stored:
+                self._keep_hot(list(tokens), caches)
             return stored
         finally:
             self.release(prefix)
@@ -219,7 +231,14 @@ class PrefixCache:
         """How much of ``tokens`` a request would get from RAM now (no locks, no counters)."""
         return self.tree.peek_length(tokens)
 
-    def _store(self, prefix: Prefix, tokens: list[int], source, snapshots) -> int | None:
+    def flush_writes(self) -> None:
+        """Copy restored K/V into the pool pages the tree already gave them (the engine
+        calls this once a request is admitted; any allocation or gather calls it first)."""
+        pending, self._pending_writes = self._pending_writes, []
+        for pool_index, pages, source, a, b in pending:
+            self.pool.write(pool_index, pages, *source(pool_index, a, b))
+
+    def _store(self, prefix: Prefix, tokens: list[int], source, snapshots, defer: bool = False) -> int | None:
         new = len(tokens) - prefix.length
         if new <= 0:
             return 0
@@ -229,8 +248,10 @@ class PrefixCache:
         if pages is None:
             return None
         for pool_index in range(len(self._full_layers)):
-            keys, values = source(pool_index, prefix.length, len(tokens))
-            self.pool.write(pool_index, pages, keys, values)
+            if defer:
+                self._pending_writes.append((pool_index, pages, source, prefix.length, len(tokens)))
+            else:
+                self.pool.write(pool_index, pages, *source(pool_index, prefix.length, len(tokens)))
         new_slots = [page * self.page_size + i for page in pages for i in range(self.page_size)][:new]
         # The allocator counts one reference per slot the tree holds; alloc gave one per page.
         self.allocator.incref([slot // self.page_size for slot in new_slots if slot % self.page_size])
@@ -249,6 +270,7 @@ class PrefixCache:
         return len(new_slots)
 
     def _alloc(self, num_pages: int) -> list[int] | None:
+        self.flush_writes()  # pages waiting for their K/V must not be evicted and reused first
         if num_pages > self.allocator.num_pages:  # can never fit: don't evict for nothing
             return None
         pages = self.allocator.alloc(num_pages)

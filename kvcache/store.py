@@ -28,12 +28,13 @@ answer. Every failure the user can act on is a :class:`DiskStoreError`.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,10 +49,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BUDGET = 10 * 2**30  # bytes of pages on disk
 SQLITE_PAGE_SIZE = 65536  # set when the file is created: long overflow chains read faster
-# Reads go through a memory map of the file (SQLite caps this at its compile-time limit,
-# 2 GB by default; past it, plain reads): restoring a session's 93 MB of blobs took
-# 11-14 ms from the page cache instead of 40-60 ms through read() into SQLite's cache.
-MMAP_SIZE = 2**31
+# No memory map (SQLite's default): a restore reads each page's K/V with an incremental
+# blob read, which SQLite serves with read() from the file straight into the result
+# (a memory map faults the file in 4 KB at a time instead). A 93 MB session streamed cold
+# in 61-64 ms that way, 71-76 ms through a 2 GB map; a plain read() of a file took 42-75.
 _HASH_THREADS = min(4, os.cpu_count() or 1)  # checksums of a load, in parallel
 _IN_CHUNK = 500  # keys per "key IN (...)" query, under SQLite's variable limit
 
@@ -128,6 +129,66 @@ class _Link:
     checksum: str
 
 
+@dataclass(frozen=True)
+class ChainPage:
+    """A page of a session's chain as the walk sees it (no K/V)."""
+
+    key: str
+    tokens: tuple[int, ...]
+    has_snapshot: bool
+
+
+class SessionReader:
+    """A session's chain, read inside one read transaction (:meth:`DiskStore.read_session`).
+
+    ``chain`` is the metadata, first page first; :meth:`pages` streams the K/V. While the
+    caller works on one page, the next ones are read and checksummed on the store's
+    threads (SQLite and CRC-32 release the GIL), so reading overlaps whatever the caller
+    does with the bytes, and a page's bytes are dropped as soon as the caller is done with
+    them: a restore never holds the whole session twice."""
+
+    READ_AHEAD = 16  # pages in flight beyond the one handed out
+
+    def __init__(self, store: DiskStore, links: list[_Link], suspects: set[str]):
+        self._store = store
+        self.suspects = suspects  # keys found bad or missing: repaired when the read ends
+        self.used: list[ChainPage] = []  # pages handed out, in order
+        self._links: list[tuple[_Link, ChainPage]] = []
+        self._pending: collections.deque = collections.deque()
+        for link in links:
+            row = store.db.execute(  # length(): the value itself is not read
+                "SELECT length(snapshot) FROM page_data WHERE key = ?", [link.key]).fetchone()
+            if row is None:
+                suspects.add(link.key)
+                break
+            self._links.append((link, ChainPage(link.key, unpack_tokens(link.tokens), row[0] is not None)))
+        self.chain = [page for _, page in self._links]
+
+    def pages(self, count: int | None = None) -> Iterator[StoredPage]:
+        """The first ``count`` pages of the chain (None: all) with their K/V, in order,
+        each verified against its checksum before it is handed out. Stops at the first bad
+        or missing page."""
+        todo = collections.deque(self._links[: len(self._links) if count is None else count])
+        pending = self._pending
+        while todo or pending:
+            while todo and len(pending) <= self.READ_AHEAD:
+                link, page = todo.popleft()
+                pending.append((link, page, self._store._reader.submit(
+                    self._store._fetch, link, page.has_snapshot)))
+            link, page, future = pending.popleft()
+            data = future.result()
+            if data is None or data[2].result() != link.checksum:
+                self.suspects.add(link.key)
+                return
+            self.used.append(page)
+            yield StoredPage(link.key, page.tokens, data[0], data[1])
+
+    def close(self) -> None:
+        """Wait for the reads in flight (the connection is the store's again after this)."""
+        wait([future for _, _, future in self._pending])
+        self._pending.clear()
+
+
 class DiskStore:
     """The KV cache database at ``path``, created and migrated on open.
 
@@ -139,6 +200,7 @@ class DiskStore:
         self.db: Database | None = None
         # Checksums on worker threads (hashlib releases the GIL) while SQLite reads on.
         self._hashers = ThreadPoolExecutor(_HASH_THREADS, thread_name_prefix="kvcache-hash")
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="kvcache-read")  # read-ahead
         conn = None
         try:
             with self._errors():
@@ -151,7 +213,6 @@ class DiskStore:
                     self.db.execute(f"PRAGMA page_size = {SQLITE_PAGE_SIZE}")
                 self.db.enable_wal()
                 self.db.execute("PRAGMA synchronous = NORMAL")  # WAL: consistent after a crash
-                self.db.execute(f"PRAGMA mmap_size = {MMAP_SIZE}")
                 self.db.execute(f"PRAGMA journal_size_limit = {64 * 2**20}")
                 self._migrate()
         except BaseException:
@@ -161,6 +222,7 @@ class DiskStore:
             raise
 
     def close(self) -> None:
+        self._reader.shutdown()
         self._hashers.shutdown()
         if self.db is not None:
             self.db.close()
@@ -245,40 +307,62 @@ class DiskStore:
 
         Stops at the first bad or missing page: bad pages are deleted (so the engine
         recomputes them) and the good prefix is returned. Another model's session: []."""
-        suspects: set[str] = set()
-        pages: list[StoredPage] = []
+        with self.read_session(session, fingerprint) as reader:
+            return list(reader.pages())
+
+    @contextmanager
+    def read_session(self, session: str, fingerprint: str) -> Iterator[SessionReader]:
+        """The session's chain inside one read transaction: ``reader.chain`` (tokens and
+        snapshot flags, no K/V) to decide what to use, then ``reader.pages(n)`` streams
+        the K/V of the first ``n`` pages. Another model's or an unknown session: an empty
+        chain. On leaving, the pages handed out are marked used and bad pages found on
+        the way are deleted (their sessions cut back before them)."""
+        reader = SessionReader(self, [], set())
+        found = False
         with self._read():
             row = self.db.execute(
                 "SELECT fingerprint, head FROM sessions WHERE name = ?", [session]).fetchone()
-            if row is None or row[0] != fingerprint:
-                return []
-            links, broken = self._walk(row[1], fingerprint)
-            if broken is not None:  # the pages before the break cannot be reached
-                suspects.add(broken)
-                links = []
-            read = []
-            for link in reversed(links):
-                data = self.db.execute(
-                    "SELECT kv, snapshot FROM page_data WHERE key = ?", [link.key]).fetchone()
-                if data is None:
-                    suspects.add(link.key)
-                    break
-                read.append((link, data, self._hashers.submit(page_checksum, link.tokens, *data)))
-        for link, (kv, snapshot), checksum in read:
-            if checksum.result() != link.checksum:
-                suspects.add(link.key)
-                break
-            pages.append(StoredPage(link.key, unpack_tokens(link.tokens), kv, snapshot))
+            if row is not None and row[0] == fingerprint:
+                found = True
+                links, broken = self._walk(row[1], fingerprint)
+                if broken is not None:  # the pages before the break cannot be reached
+                    reader.suspects.add(broken)
+                    links = []
+                reader = SessionReader(self, links[::-1], reader.suspects)
+            try:
+                yield reader
+            finally:
+                reader.close()
+        if not found:
+            return
         now = time.time()
         with self._transaction():
-            if suspects:
-                self._repair(suspects)
+            if reader.suspects:
+                self._repair(reader.suspects)
             self.db.execute("UPDATE sessions SET last_used = ? WHERE name = ? AND fingerprint = ?",
                             [now, session, fingerprint])
-            self._touch_pages([page.key for page in pages], now)
-            self._count(loads=1, restored_pages=len(pages),
-                        restored_tokens=sum(len(page.tokens) for page in pages))
-        return pages
+            self._touch_pages([page.key for page in reader.used], now)
+            self._count(loads=1, restored_pages=len(reader.used),
+                        restored_tokens=sum(len(page.tokens) for page in reader.used))
+
+    def _fetch(self, link: _Link, has_snapshot: bool):
+        """One page's K/V and snapshot, and its checksum being computed (reader thread),
+        or None when the page has no data row."""
+        if has_snapshot:
+            row = self.db.execute(
+                "SELECT kv, snapshot FROM page_data WHERE key = ?", [link.key]).fetchone()
+            if row is None:
+                return None
+            kv, snapshot = row
+        else:
+            row = self.db.execute("SELECT rowid FROM page_data WHERE key = ?", [link.key]).fetchone()
+            if row is None:
+                return None
+            # Straight into the bytes object: SQLite reads the overflow pages from the file
+            # into the caller's buffer (no copy through its page cache, no second copy).
+            with self.db.conn.blobopen("page_data", "kv", row[0], readonly=True) as blob:
+                kv, snapshot = blob.read(), None
+        return kv, snapshot, self._hashers.submit(page_checksum, link.tokens, kv, snapshot)
 
     # -- inspecting --
 

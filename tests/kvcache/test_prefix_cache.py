@@ -194,6 +194,7 @@ def test_restored_kv_serves_the_next_request_exactly(tiny):
     snapshot = source.snapshot(caches, len(history))
     pc = make_cache(model)
     assert pc.insert_restored(history, 0, layers_kv, snapshot) == len(history)
+    assert bool(pc._pending_writes) == bool(pc._full_layers)  # the pool copy waits...
     prompt = history + [5, 6, 7]
     prefix = pc.match(prompt)
     assert prefix.length == len(history)
@@ -204,6 +205,7 @@ def test_restored_kv_serves_the_next_request_exactly(tiny):
     expected = reference_logits(model, prompt)
     assert float(mx.abs(logits - expected).max()) <= 1e-4 * float(mx.abs(expected).max())
     pc.commit(prefix, prompt, restored, [s for s in [pc.snapshot(restored, len(prompt))] if s])
+    assert not pc._pending_writes  # ...until the commit allocates, after the prefill ran in place
     pc._hot.clear()
     longer = prompt + [9, 10, 11]
     again = pc.match(longer)  # and the pool holds the same K/V
