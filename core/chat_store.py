@@ -10,10 +10,7 @@ version, locked, disk full) surfaces as :class:`~core.errors.StoreError`.
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +18,7 @@ from typing import Any
 from sqlite_utils import Database
 
 from core.errors import StoreError
+from kvcache.sqlite_file import SqliteFile
 
 ROLES = ("system", "user", "assistant")
 TITLE_CHARS = 60
@@ -84,27 +82,28 @@ MIGRATIONS = [_migration_1]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
-class ChatStore:
+class ChatStore(SqliteFile):
     """The chat database at ``path``, created and migrated on open."""
+
+    error = StoreError
+    migrations = MIGRATIONS
+    wordings = {
+        "newer": ("{path} was written by a newer RadixChat (schema {version}, this version "
+                  "knows {known}); upgrade RadixChat or use another --data-dir"),
+        "foreign": ("{path} is a SQLite database but not a RadixChat chat database; "
+                    "move it aside or use another --data-dir"),
+        "locked": "{path} is locked by another RadixChat process; close it or use another --data-dir",
+        "corrupt": "{path} is not a readable chat database ({text}); move it aside or use another --data-dir",
+        "io": "cannot use {path}: {text}",
+    }
 
     def __init__(self, path: Path, *, timeout: float = 2.0):
         self.path = Path(path)
-        self.db: Database | None = None
-        conn = None
-        try:
-            with self._errors():
-                # check_same_thread=False: one thread at a time, not only the opening one
-                conn = sqlite3.connect(str(self.path), timeout=timeout, check_same_thread=False)
-                self.db = Database(conn, execute_plugins=False)
-                self._check_version(self._user_version())  # before this version writes
-                self.db.enable_wal()
-                self.db.execute("PRAGMA foreign_keys = ON")
-                self._migrate()
-        except BaseException:
-            if conn is not None:
-                conn.close()
-            self.db = None
-            raise
+        self._connect(timeout, self._setup)
+
+    def _setup(self) -> None:
+        self.db.enable_wal()
+        self.db.execute("PRAGMA foreign_keys = ON")
 
     def close(self) -> None:
         if self.db is not None:
@@ -311,68 +310,6 @@ class ChatStore:
     def _rows(self, sql: str, params: Any = None) -> list[dict]:
         with self._errors():
             return list(self.db.query(sql, params))
-
-    def _user_version(self) -> int:
-        return self.db.execute("PRAGMA user_version").fetchone()[0]
-
-    def _check_version(self, version: int) -> None:
-        if version > SCHEMA_VERSION:
-            raise StoreError(
-                f"{self.path} was written by a newer RadixChat (schema {version}, this version "
-                f"knows {SCHEMA_VERSION}); upgrade RadixChat or use another --data-dir"
-            )
-
-    def _migrate(self) -> None:
-        """Apply each pending migration in its own transaction."""
-        for version, migration in enumerate(MIGRATIONS, start=1):
-            if self._user_version() >= version:
-                continue  # no write lock needed: opens while another process writes
-            with self._transaction():
-                current = self._user_version()  # re-read: another process may have migrated
-                self._check_version(current)
-                if current >= version:
-                    continue
-                if current == 0 and self.db.table_names():
-                    raise StoreError(
-                        f"{self.path} is a SQLite database but not a RadixChat chat "
-                        "database; move it aside or use another --data-dir"
-                    )
-                migration(self.db)
-                self.db.execute(f"PRAGMA user_version = {version}")
-
-    @contextmanager
-    def _transaction(self) -> Iterator[None]:
-        """One write transaction: committed whole, or rolled back whole.
-
-        ``BEGIN IMMEDIATE`` takes the write lock up front (waiting up to the busy
-        timeout), so a read-then-write never fails half way on a lock upgrade."""
-        with self._errors():
-            self.db.execute("BEGIN IMMEDIATE")
-            try:
-                yield
-                self.db.execute("COMMIT")
-            except BaseException:
-                self.db.rollback()
-                raise
-
-    @contextmanager
-    def _errors(self) -> Iterator[None]:
-        """Turn the database failures a user can act on into StoreError."""
-        try:
-            yield
-        except sqlite3.DatabaseError as exc:
-            text = str(exc)
-            if "locked" in text or "busy" in text:
-                message = (f"{self.path} is locked by another RadixChat process; "
-                           "close it or use another --data-dir")
-            elif "not a database" in text or "malformed" in text:
-                message = (f"{self.path} is not a readable chat database ({text}); "
-                           "move it aside or use another --data-dir")
-            elif any(s in text for s in ("disk", "readonly", "unable to open", "I/O")):
-                message = f"cannot use {self.path}: {text}"
-            else:
-                raise  # a bug, not something the user can fix
-            raise StoreError(message) from exc
 
 
 def _title_from(content: str) -> str | None:

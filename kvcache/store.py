@@ -39,8 +39,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlite_utils import Database
 
+from kvcache.sqlite_file import SqliteFile
 from kvcache.store_format import (  # noqa: F401  (page_key, pack_tokens...: this module's API too)
     LIVE_PAGES, MIGRATIONS, SCHEMA_VERSION, PageData, StoredPage, chain_keys, pack_tokens,
     page_checksum, page_key, page_problem, page_rows, unpack_tokens)
@@ -189,37 +189,40 @@ class SessionReader:
         self._pending.clear()
 
 
-class DiskStore:
+class DiskStore(SqliteFile):
     """The KV cache database at ``path``, created and migrated on open.
 
     Use it from one thread at a time (any thread: the engine's writer owns it)."""
 
+    error = DiskStoreError
+    migrations = MIGRATIONS
+    wordings = {
+        "newer": ("{path} was written by a newer RadixChat (KV cache schema {version}, "
+                  "this version knows {known}); running without the disk cache"),
+        "foreign": "{path} is a SQLite database but not a RadixChat KV cache; move it aside",
+        "locked": "{path} is locked by another RadixChat process",
+        "full": ("the disk is full: cannot write the KV cache {path} (nothing was written); "
+                 "free some space or lower the cache budget"),
+        "corrupt": "{path} is not a readable KV cache ({text}); move it aside",
+        "io": "cannot use the KV cache {path}: {text}",
+    }
+
     def __init__(self, path: Path, *, budget_bytes: int = DEFAULT_BUDGET, timeout: float = 2.0):
         self.path = Path(path)
         self.budget_bytes = budget_bytes
-        self.db: Database | None = None
         # Checksums on worker threads (hashlib releases the GIL) while SQLite reads on.
         self._hashers = ThreadPoolExecutor(_HASH_THREADS, thread_name_prefix="kvcache-hash")
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="kvcache-read")  # read-ahead
-        conn = None
-        try:
-            with self._errors():
-                conn = sqlite3.connect(str(self.path), timeout=timeout, check_same_thread=False)
-                self.db = Database(conn, execute_plugins=False)
-                self._check_version(self._user_version())  # before this version writes
-                if self._user_version() == 0 and not self.db.table_names():
-                    # Takes effect on a new file only, so before WAL writes its header.
-                    # (No auto_vacuum: it made reading long blobs three times slower.)
-                    self.db.execute(f"PRAGMA page_size = {SQLITE_PAGE_SIZE}")
-                self.db.enable_wal()
-                self.db.execute("PRAGMA synchronous = NORMAL")  # WAL: consistent after a crash
-                self.db.execute(f"PRAGMA journal_size_limit = {64 * 2**20}")
-                self._migrate()
-        except BaseException:
-            if conn is not None:
-                conn.close()
-            self.db = None
-            raise
+        self._connect(timeout, self._setup)
+
+    def _setup(self) -> None:
+        if self._user_version() == 0 and not self.db.table_names():
+            # Takes effect on a new file only, so before WAL writes its header.
+            # (No auto_vacuum: it made reading long blobs three times slower.)
+            self.db.execute(f"PRAGMA page_size = {SQLITE_PAGE_SIZE}")
+        self.db.enable_wal()
+        self.db.execute("PRAGMA synchronous = NORMAL")  # WAL: consistent after a crash
+        self.db.execute(f"PRAGMA journal_size_limit = {64 * 2**20}")
 
     def close(self) -> None:
         self._reader.shutdown()
@@ -561,72 +564,3 @@ class DiskStore:
             self.db.execute("PRAGMA wal_checkpoint(PASSIVE)")
         except sqlite3.DatabaseError as exc:
             log.debug("checkpoint skipped: %s", exc)
-
-    def _user_version(self) -> int:
-        return self.db.execute("PRAGMA user_version").fetchone()[0]
-
-    def _check_version(self, version: int) -> None:
-        if version > SCHEMA_VERSION:
-            raise DiskStoreError(
-                f"{self.path} was written by a newer RadixChat (KV cache schema {version}, "
-                f"this version knows {SCHEMA_VERSION}); running without the disk cache")
-
-    def _migrate(self) -> None:
-        """Apply each pending migration in its own transaction."""
-        for version, migration in enumerate(MIGRATIONS, start=1):
-            if self._user_version() >= version:
-                continue
-            with self._transaction():
-                current = self._user_version()  # re-read: another process may have migrated
-                self._check_version(current)
-                if current >= version:
-                    continue
-                if current == 0 and self.db.table_names():
-                    raise DiskStoreError(
-                        f"{self.path} is a SQLite database but not a RadixChat KV cache; "
-                        "move it aside")
-                migration(self.db)
-                self.db.execute(f"PRAGMA user_version = {version}")
-
-    @contextmanager
-    def _read(self) -> Iterator[None]:
-        """One read transaction: a consistent snapshot that blocks no writer (WAL)."""
-        with self._errors():
-            self.db.execute("BEGIN")
-            try:
-                yield
-            finally:
-                self.db.rollback()
-
-    @contextmanager
-    def _transaction(self) -> Iterator[None]:
-        """One write transaction, committed whole or rolled back whole. ``BEGIN
-        IMMEDIATE`` takes the write lock up front (waiting up to the busy timeout)."""
-        with self._errors():
-            self.db.execute("BEGIN IMMEDIATE")
-            try:
-                yield
-                self.db.execute("COMMIT")
-            except BaseException:
-                self.db.rollback()
-                raise
-
-    @contextmanager
-    def _errors(self) -> Iterator[None]:
-        """Turn the database failures a user can act on into DiskStoreError."""
-        try:
-            yield
-        except sqlite3.DatabaseError as exc:
-            text = str(exc)
-            if "locked" in text or "busy" in text:
-                message = f"{self.path} is locked by another RadixChat process"
-            elif "full" in text:
-                message = (f"the disk is full: cannot write the KV cache {self.path} (nothing "
-                           "was written); free some space or lower the cache budget")
-            elif "not a database" in text or "malformed" in text:
-                message = f"{self.path} is not a readable KV cache ({text}); move it aside"
-            elif any(s in text for s in ("disk", "readonly", "unable to open", "I/O")):
-                message = f"cannot use the KV cache {self.path}: {text}"
-            else:
-                raise  # a bug, not something the user can fix
-            raise DiskStoreError(message) from exc
