@@ -25,6 +25,13 @@ from core.errors import UserError
 EXIT_USER_ERROR = 2
 
 
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port (0 to 65535)")
+    return value
+
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", help="data folder (default: $RADIXCHAT_HOME or the platform's)")
 
@@ -83,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve the OpenAI-compatible API until Ctrl-C")
     _add_common(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (beyond loopback needs --api-key)")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=_port, default=8000)
     serve.add_argument("--model", default="default", help="known name, .gguf file, MLX folder or HF repo id")
     serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: $RADIXCHAT_API_KEY)")
     serve.add_argument("--kv-tokens", type=int, help="KV pool size in tokens (default: from free memory)")

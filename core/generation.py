@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx_lm.generate import generation_stream
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
@@ -52,15 +53,19 @@ class StopText:
     def __init__(self, stops: tuple[str, ...]):
         self.stops = tuple(s for s in stops if s)
         self.emitted = 0
+        self.hit = False
 
     def feed(self, text: str) -> tuple[str, bool]:
-        """New text safe to show, and whether a stop string was hit (text cut before it)."""
-        for stop in self.stops:
-            at = text.find(stop, max(0, self.emitted - len(stop)))
-            if at != -1:
-                out = text[self.emitted : at]
-                self.emitted = at
-                return out, True
+        """New text safe to show, and whether a stop string was hit (text cut before the
+        earliest one)."""
+        found = [at for stop in self.stops
+                 if (at := text.find(stop, max(0, self.emitted - len(stop)))) != -1]
+        if found:
+            at = min(found)
+            out = text[self.emitted : at]
+            self.emitted = at
+            self.hit = True
+            return out, True
         hold = 0
         for stop in self.stops:
             for k in range(min(len(stop) - 1, len(text)), 0, -1):
@@ -72,10 +77,34 @@ class StopText:
         self.emitted = safe
         return out, False
 
+    def finish(self, text: str) -> str:
+        """The rest of ``text`` once no more comes: what was held back is shown unless it
+        completes a stop string."""
+        out, hit = self.feed(text)
+        if not hit:
+            out += text[self.emitted :]
+            self.emitted = len(text)
+        return out
 
-def sampling_tools(params: SamplingParams):
+
+def vocab_size(model, config: dict) -> int | None:
+    """How many token ids ``model`` can look up: its config's ``vocab_size``, else the rows
+    of its first embedding table (None if it has neither)."""
+    size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    if size:
+        return int(size)
+    for _, module in model.named_modules():
+        if isinstance(module, (nn.Embedding, nn.QuantizedEmbedding)):
+            return int(module.weight.shape[0])
+    return None
+
+
+def sampling_tools(params: SamplingParams, vocab: int | None = None):
+    """mlx-lm's sampler and logits processors for ``params``. A ``top_k`` that keeps the
+    whole vocabulary (or more) is no filter at all."""
+    top_k = 0 if vocab is not None and params.top_k >= vocab else params.top_k
     sampler = make_sampler(
-        temp=params.temperature, top_p=params.top_p, min_p=params.min_p, top_k=params.top_k
+        temp=params.temperature, top_p=params.top_p, min_p=params.min_p, top_k=top_k
     )
     processors = make_logits_processors(
         repetition_penalty=params.repetition_penalty if params.repetition_penalty != 1.0 else None

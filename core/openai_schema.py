@@ -8,6 +8,7 @@ values only, so every rule is easy to test on its own.
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -76,6 +77,8 @@ def _typed(body: dict, name: str, kinds: tuple[type, ...], what: str, default: A
 def _number(body: dict, name: str, default: float, low: float, high: float,
             low_open: bool = False) -> float:
     value = float(_typed(body, name, (int, float), "a number", default))
+    if not math.isfinite(value):
+        raise invalid(name, f"'{name}' must be a finite number, got {value}")
     if value < low or (low_open and value == low) or value > high:
         bracket = "(" if low_open else "["
         raise invalid(name, f"'{name}' must be in {bracket}{low:g}, {high:g}], got {value:g}")
@@ -136,10 +139,17 @@ def sampling_params(body: dict, context_length: int) -> SamplingParams:
         top_k=top_k,
         min_p=_number(body, "min_p", 0.0, 0.0, 1.0),
         repetition_penalty=_number(body, "repetition_penalty", 1.0, 0.0, 10.0, low_open=True),
-        seed=_typed(body, "seed", (int,), "an integer"),
+        seed=_seed(body),
         max_tokens=_max_tokens(body, context_length),
         stop=_stop(body),
     )
+
+
+def _seed(body: dict) -> int | None:
+    seed = _typed(body, "seed", (int,), "an integer")
+    if seed is not None and not 0 <= seed < 2**64:
+        raise invalid("seed", f"'seed' must be in [0, 2^64 - 1], got {seed}")
+    return seed
 
 
 def _content(message: dict, index: int) -> str:

@@ -24,8 +24,9 @@ from mlx_lm.generate import BatchGenerator, generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 
 from core.engine_types import DoneEvent, ErrorEvent, ProgressEvent, RequestStats, TokenEvent
-from core.errors import ContextLengthError
-from core.generation import PREFILL_CHUNK, Cancelled, StopText, prefill, render_prompt, sampling_tools
+from core.errors import ContextLengthError, UserError
+from core.generation import (PREFILL_CHUNK, Cancelled, StopText, prefill, render_prompt, sampling_tools,
+                             vocab_size)
 
 MAX_BATCH = 16  # requests decoded together
 
@@ -75,6 +76,7 @@ class Scheduler:
         self.prefix_cache = prefix_cache
         self.persister = persister
         self.eos = set(loaded.tokenizer.eos_token_ids)
+        self.vocab = vocab_size(loaded.model, loaded.config)
         self.batch = BatchGenerator(loaded.model, completion_batch_size=MAX_BATCH,
                                     prefill_batch_size=MAX_BATCH, prefill_step_size=PREFILL_CHUNK)
         self.batched: dict[int, _Active] = {}  # batch uid -> request
@@ -96,6 +98,10 @@ class Scheduler:
         started = time.perf_counter()
         prompt = render_prompt(loaded.tokenizer, request)
         context = loaded.info.context_length
+        if self.vocab is not None and not 0 <= min(prompt) <= max(prompt) < self.vocab:
+            bad = next(t for t in prompt if not 0 <= t < self.vocab)
+            raise UserError(f"token id {bad} is not in {loaded.info.name}'s vocabulary "
+                            f"(ids 0 to {self.vocab - 1})")
         if len(prompt) >= context:
             raise ContextLengthError(
                 f"the prompt is {len(prompt)} tokens but {loaded.info.name} has a context of {context}"
@@ -137,7 +143,7 @@ class Scheduler:
 
         if params.seed is not None:
             mx.random.seed(params.seed)
-        sampler, processors = sampling_tools(params)
+        sampler, processors = sampling_tools(params, self.vocab)
         handle._emit(ProgressEvent(cached, len(prompt)))
         hybrid = prefix is not None and self.prefix_cache.hybrid
         try:
@@ -208,17 +214,22 @@ class Scheduler:
             self._finish_safely(state, finish, solo.caches, solo.cache_tokens)
 
     def _hand_over(self) -> None:
-        """A second request is coming: the solo request joins the batch."""
+        """A second request is coming: the solo request joins the batch. If that fails
+        (out of memory...), the solo request ends with an error rather than vanishing."""
         solo, self.solo = self.solo, None
         state = solo.state
-        token = solo.pending.item()  # its pending token is taken now, then fed by the batch
-        finish = self._take(state, token)
-        if finish is None and len(state.generated) >= state.max_tokens:
-            finish = "length"
-        if finish is not None or state.handle.cancelled:
-            self._finish_safely(state, finish or "cancelled", solo.caches, solo.cache_tokens)
-            return
-        self._insert(state, token, solo.caches, solo.cache_tokens, solo.sampler, solo.processors)
+        try:
+            token = solo.pending.item()  # its pending token is taken now, then fed by the batch
+            finish = self._take(state, token)
+            if finish is None and len(state.generated) >= state.max_tokens:
+                finish = "length"
+            if finish is not None or state.handle.cancelled:
+                self._finish_safely(state, finish or "cancelled", solo.caches, solo.cache_tokens)
+                return
+            self._insert(state, token, solo.caches, solo.cache_tokens, solo.sampler, solo.processors)
+        except Exception as exc:
+            log.exception("moving a request into the decode batch failed")
+            self._fail(state, f"internal error: {exc}")
 
     # ------------------------------------------------------------------ decode
     def step(self) -> None:
@@ -250,10 +261,7 @@ class Scheduler:
     def fail_all(self, message: str) -> None:
         """A bug in a step: end every running request with an error, start a new batch."""
         for state in self.active:
-            if state.prefix is not None:
-                self.prefix_cache.release(state.prefix)
-            state.handle._emit(ErrorEvent(message, user_error=False))
-            state.handle._finish()
+            self._fail(state, message)
         self.batched.clear()
         self.solo = None
         self.batch = BatchGenerator(self.loaded.model, completion_batch_size=MAX_BATCH,
@@ -284,27 +292,32 @@ class Scheduler:
             self._finish(state, finish, caches, cache_tokens)
         except Exception as exc:
             log.exception("finishing a request failed")
-            if state.prefix is not None:
-                self.prefix_cache.release(state.prefix)
-            state.handle._emit(ErrorEvent(f"internal error: {exc}", user_error=False))
-            state.handle._finish()
+            self._fail(state, f"internal error: {exc}")
+
+    def _fail(self, state: _Active, message: str) -> None:
+        """End ``state``'s stream with an error (a bug), giving its prefix lock back."""
+        if state.prefix is not None:
+            self.prefix_cache.release(state.prefix)
+        state.handle._emit(ErrorEvent(message, user_error=False))
+        state.handle._finish()
 
     def _finish(self, state: _Active, finish: str, caches, cache_tokens) -> None:
         """Flush the text, store the cache, send the stats, end the stream."""
         handle, prompt = state.handle, state.prompt
-        if finish == "length" or (finish == "cancelled" and state.first_token_at is not None):
+        if state.generated and not state.stop_text.hit:  # EOS, length, cancel: no more text
             state.detok.finalize()
-            piece, _ = state.stop_text.feed(state.detok.text)
-            tail = state.detok.text[state.stop_text.emitted :] if not state.stop_text.stops else ""
-            for extra in (piece, tail):
-                if extra:
-                    state.shown.append(extra)
-                    handle._emit(TokenEvent(extra))
+            rest = state.stop_text.finish(state.detok.text)
+            if rest:
+                state.shown.append(rest)
+                handle._emit(TokenEvent(rest))
         ended = time.perf_counter()
         if state.prefix is not None:
             seen = list(cache_tokens) if cache_tokens is not None else []
             if finish != "cancelled" and caches is not None and seen == (prompt + state.generated)[: len(seen)]:
-                self._store(state, seen, caches)
+                try:
+                    self._store(state, seen, caches)
+                except Exception:  # caching may cost time, never the reply
+                    log.exception("caching a finished request failed; its reply is sent anyway")
             self.prefix_cache.release(state.prefix)  # no-op once committed
         first = state.first_token_at
         ttft = (first or ended) - state.started

@@ -101,6 +101,8 @@ class ApiServer:
     # ------------------------------------------------------------ lifecycle
     def start(self) -> "ApiServer":
         server_class = _HttpServerV6 if ":" in self.host else _HttpServer
+        if not 0 <= self.port <= 65535:
+            raise UserError(f"cannot listen on port {self.port}: a port is 0 to 65535")
         try:
             self._httpd = server_class((self.host.strip("[]"), self.port), _Handler, self)
         except OSError as exc:
@@ -217,6 +219,11 @@ class _HttpServer(ThreadingHTTPServer):
             log.debug("connection from %s ended: %s", client_address, exc)
         else:
             log.exception("API connection from %s failed", client_address)
+
+
+def _no_constant(name: str) -> None:
+    """JSON has no NaN or Infinity (Python's json module accepts them by default)."""
+    raise ValueError(f"{name} is not a JSON value")
 
 
 class _HttpServerV6(_HttpServer):
@@ -391,9 +398,11 @@ class _Handler(BaseHTTPRequestHandler):
             raise ConnectionResetError("the request body ended early")
         self._body_read = True
         try:
-            return json.loads(data)
+            return json.loads(data, parse_constant=_no_constant)
         except (ValueError, UnicodeDecodeError) as exc:
             raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+        except RecursionError:
+            raise ApiError(400, "the request body is nested too deeply", code="invalid_json") from None
 
     # ------------------------------------------------------------ endpoints
     def _health(self) -> None:

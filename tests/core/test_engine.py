@@ -115,6 +115,36 @@ def test_stop_text_holds_back_partial_matches():
     assert stream.emitted == len("abcENx")
 
 
+def test_stop_text_cuts_at_the_earliest_stop_and_shows_held_text_at_the_end():
+    assert generation.StopText(("User:", "\n\n")).feed("Hi\n\nUser: x") == ("Hi", True)
+    stream = generation.StopText(("\n\n",))
+    assert stream.feed("done.\n") == ("done.", False)
+    assert stream.finish("done.\n") == "\n"  # no more text: "\n" never became a stop
+    ended = generation.StopText(("END",))
+    assert ended.feed("abE") == ("ab", False)
+    assert ended.finish("abEND") == ""  # the last bytes completed the stop
+
+
+def test_a_reply_ending_on_a_possible_stop_start_keeps_its_tail(engine):
+    params = SamplingParams(temperature=0.0, max_tokens=12)
+    full = done_of(collect(engine, ask("tails", params, use_cache=False)))
+    held = SamplingParams(temperature=0.0, max_tokens=12, stop=(full.text[-1] + "\x00never",))
+    events = collect(engine, ask("tails", held, use_cache=False))
+    assert done_of(events).text == full.text  # the last character was held back, then shown
+    assert "".join(e.text for e in events if isinstance(e, TokenEvent)) == full.text
+
+
+def test_token_ids_outside_the_vocabulary_are_a_clear_error(engine):
+    from core.tiny_model import VOCAB_SIZE
+
+    for bad in (VOCAB_SIZE, 10**6):
+        events = collect(engine, GenerationRequest(prompt_tokens=(1, 2, bad), use_cache=False))
+        error = next(e for e in events if isinstance(e, ErrorEvent))
+        assert error.user_error and "vocabulary" in error.message and "\n" not in error.message
+    huge_top_k = SamplingParams(temperature=1.0, top_k=10**6, max_tokens=3, seed=1)
+    assert done_of(collect(engine, ask("any", huge_top_k, use_cache=False))).stats.completion_tokens == 3
+
+
 def test_max_tokens_and_length_reason(engine):
     done = done_of(collect(engine, ask("short", SamplingParams(temperature=0, max_tokens=3), use_cache=False)))
     assert done.stats.completion_tokens == 3 and done.stats.finish_reason == "length"

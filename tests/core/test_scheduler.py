@@ -10,7 +10,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
 from core.engine import RequestHandle
-from core.engine_types import DoneEvent, GenerationRequest, SamplingParams
+from core.engine_types import DoneEvent, ErrorEvent, GenerationRequest, SamplingParams
 from core.generation import last_logits
 from core.model_loader import load_model
 from core.scheduler import Scheduler
@@ -92,6 +92,36 @@ def test_cancel_while_solo(loaded):
     while s.busy:
         s.step()
     assert done(h).stats.finish_reason == "cancelled"
+
+
+def test_a_failed_hand_over_ends_the_running_request_with_an_error(loaded, monkeypatch):
+    s = scheduler(loaded)
+    first, second = (handle(p) for p in PROMPTS)
+    s.admit(first)
+    monkeypatch.setattr(s.batch, "insert", lambda *a, **k: (_ for _ in ()).throw(MemoryError("no room")))
+    with pytest.raises(MemoryError):
+        s.admit(second)  # the new request fails as before (the engine reports it)...
+    events = list(first.events(timeout=0))  # ...and the running one ends instead of hanging
+    assert isinstance(events[-1], ErrorEvent) and "no room" in events[-1].message
+    assert s.solo is None and not s.batched
+    assert s.prefix_cache.tree.check_invariants() is None and _no_locks(s)
+
+
+def test_a_failure_caching_the_reply_still_sends_the_reply(loaded, monkeypatch):
+    s = scheduler(loaded)
+    expected = run_alone(s, handle(PROMPTS[0])).text
+    s = scheduler(loaded)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("pool write failed")
+
+    monkeypatch.setattr(s.prefix_cache, "_store", broken)
+    reply = run_alone(s, handle(PROMPTS[0]))
+    assert reply.text == expected and _no_locks(s)
+
+
+def _no_locks(s: Scheduler) -> bool:
+    return s.prefix_cache.stats().pages_locked == 0
 
 
 def test_last_logits_equal_the_full_forward(loaded):

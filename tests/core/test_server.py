@@ -174,6 +174,10 @@ def test_seeded_sampling_repeats(client):
     ({"messages": [{"role": "user", "content": 5}]}, 400, "invalid_type"),
     ({"messages": [{"role": "user", "content": "x" * 600}]}, 400, "context_length_exceeded"),
     ({"messages": [{"role": "user", "content": "x" * 600}], "stream": True}, 400, "context_length_exceeded"),
+    ({"temperature": float("nan")}, 400, "invalid_json"),  # json.dumps writes NaN; JSON has none
+    ({"top_p": float("inf")}, 400, "invalid_json"),
+    ({"seed": -1}, 400, "invalid_value"),
+    ({"seed": 2**64}, 400, "invalid_value"),
 ])
 def test_bad_chat_requests_get_openai_errors(server, change, status, code):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **change}
@@ -188,6 +192,25 @@ def test_bad_chat_requests_get_openai_errors(server, change, status, code):
 def test_bad_completion_prompts(server, prompt):
     status, reply = raw(server, "POST", "/v1/completions", json.dumps({"prompt": prompt}).encode())
     assert status == 400 and reply["error"]["param"] == "prompt"
+
+
+def test_hostile_bodies_are_400s_and_the_server_keeps_serving(server, client):
+    from core.tiny_model import VOCAB_SIZE
+
+    for ids in ([VOCAB_SIZE], [1, 2**40], [2**63]):  # MLX does not bounds-check an embedding
+        status, reply = raw(server, "POST", "/v1/completions", json.dumps({"prompt": ids, "max_tokens": 2}).encode())
+        assert status == 400 and "vocabulary" in reply["error"]["message"], reply
+    nested = b"[" * 100_000 + b"]" * 100_000
+    assert raw(server, "POST", "/v1/chat/completions", nested)[0] == 400
+    reply = chat(client, "still here?", temperature=1.0, extra_body={"top_k": 10**6})
+    assert reply.choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_port_out_of_range_is_one_line(engine):
+    with pytest.raises(UserError, match="0 to 65535"):
+        ApiServer(engine, "127.0.0.1", 70000).start()
+    with pytest.raises(SystemExit):
+        cli_main(["serve", "--port", "70000"])
 
 
 def test_openai_client_raises_on_refusals(client):
