@@ -61,12 +61,13 @@ def _loop(engine, store, session, sampling, args) -> int:
     if interactive:
         print(f"session {session.name} — {HELP}", file=sys.stderr)
     last: RequestStats | None = None
+    failed = False
     while True:
         if interactive:
             print("> ", end="", file=sys.stderr, flush=True)
         line = sys.stdin.readline()
         if not line:
-            return 0
+            return 1 if failed else 0
         text = line.rstrip("\n")
         if not text.strip():
             continue
@@ -75,7 +76,12 @@ def _loop(engine, store, session, sampling, args) -> int:
         if text.strip() == "/stats":
             print(json.dumps(asdict(last) if last else {}), file=sys.stderr)
             continue
-        status, last = _run_turn(engine, store, session, text, sampling, args)
+        try:
+            status, last = _run_turn(engine, store, session, text, sampling, args)
+        except UserError as exc:  # this turn failed (too long...): the chat goes on
+            print(f"radixchat: {exc}", file=sys.stderr, flush=True)
+            failed = True
+            continue
         if status:
             return status
 
@@ -111,7 +117,8 @@ def _run_turn(engine, store, session: Session, prompt: str, sampling, args):
                 done = event
     reply = done.text if done else "".join(pieces)
     stats = done.stats if done else RequestStats(finish_reason="cancelled")
-    store.add_turn(session.id, prompt, reply, asdict(stats))
+    if reply or stats.finish_reason != "cancelled":  # stopped before any text: never sent
+        store.add_turn(session.id, prompt, reply, asdict(stats))
     if args.json:
         print(json.dumps({
             "reply": reply,

@@ -225,14 +225,16 @@ class ChatStore(SqliteFile):
         stats: dict | None = None,
     ) -> tuple[Message, Message]:
         """Replace the session's last turn (its last user message and what follows it)
-        with a new one, in one transaction: a regenerated or edited turn, or nothing changes."""
+        with a new one, in one transaction: a regenerated or edited turn, or nothing changes.
+        A session with no user message yet gets the turn appended."""
         with self._transaction():
             rows = self._rows(
-                "SELECT coalesce(max(seq), 0) AS seq FROM messages WHERE session_id = ? AND role = 'user'",
+                "SELECT max(seq) AS seq FROM messages WHERE session_id = ? AND role = 'user'",
                 [session_id],
             )
-            self.db.execute("DELETE FROM messages WHERE session_id = ? AND seq >= ?",
-                            [session_id, rows[0]["seq"]])
+            if rows[0]["seq"] is not None:
+                self.db.execute("DELETE FROM messages WHERE session_id = ? AND seq >= ?",
+                                [session_id, rows[0]["seq"]])
             user_id = self._insert_message(session_id, "user", user_content, None)
             reply_id = self._insert_message(session_id, "assistant", assistant_content, stats)
         return self._message(user_id), self._message(reply_id)

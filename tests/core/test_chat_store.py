@@ -288,3 +288,12 @@ def test_replace_last_turn_is_one_transaction(tmp_path):
         with pytest.raises(TypeError):  # a failing insert (stats that are not JSON) rolls the delete back
             store.replace_last_turn(session.id, "x", "y", {"bad": object()})
         assert [m.content for m in store.messages(session.id)] == ["one", "first", "two, edited", "third"]
+
+
+def test_replacing_the_last_turn_of_a_chat_without_one_appends(tmp_path):
+    with ChatStore(tmp_path / "chats.db") as store:
+        session = store.create_session()
+        store.add_message(session.id, "system", "be brief")
+        store.replace_last_turn(session.id, "hi", "hello")
+        assert [(m.role, m.content) for m in store.messages(session.id)] == [
+            ("system", "be brief"), ("user", "hi"), ("assistant", "hello")]

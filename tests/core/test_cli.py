@@ -77,6 +77,18 @@ def test_interactive_loop_reuses_the_cache_in_one_process(capsys, tiny_model, tm
     assert stats_line["completion_tokens"] == 8
 
 
+def test_a_failed_turn_does_not_end_the_interactive_chat(capsys, tiny_model, tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("x" * 600 + "\nafter the error\n"))
+    assert main(["chat", "--model", str(tiny_model), "--data-dir", str(tmp_path), "--temp", "0",
+                 "--max-tokens", "4", "--json", "--session", "goes-on", "--kv-tokens", "4096"]) == 1
+    captured = capsys.readouterr()
+    assert [json.loads(line)["completion_tokens"] for line in captured.out.strip().splitlines()] == [4]
+    assert any("context" in line and line.startswith("radixchat: ") for line in captured.err.splitlines())
+    with ChatStore(paths.chats_db_path(tmp_path)) as store:
+        session = store.get_session("goes-on")
+        assert [m.content for m in store.messages(session.id)][0] == "after the error"
+
+
 def test_no_cache_computes_everything(capsys, tiny_model, tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO("one\ntwo\n"))
     assert main(["chat", "--model", str(tiny_model), "--data-dir", str(tmp_path), "--temp", "0",
