@@ -170,17 +170,16 @@ class SessionPersister:
             if isinstance(job, _ForgetJob):
                 try:
                     self._writer.clear(job.session)
-                except DiskStoreError as exc:
+                except Exception as exc:  # as for a save: the writer thread must go on
                     self.last_error = str(exc)
                     log.warning("removing the cache of %s failed: %s", job.session, exc)
-                self._known.clear()  # its pages may be gone
+                self._forget_missing()  # its pages may be gone
                 continue
             try:
                 result = self._writer.save_session(job.session, self.fingerprint, job.pages)
+                self._known.update(chain_keys(self.fingerprint, [p.tokens for p in job.pages]))
                 if result.evicted_sessions or result.pages < len(job.pages):
-                    self._known.clear()  # pages went missing (budget, another process): resend all
-                else:
-                    self._known.update(chain_keys(self.fingerprint, [p.tokens for p in job.pages]))
+                    self._forget_missing()  # the budget (or another process) deleted pages
             except DiskStoreError as exc:  # disk full, locked...: the cache costs time, no more
                 self.last_error = str(exc)
                 self._known.clear()
@@ -188,6 +187,17 @@ class SessionPersister:
             except Exception:
                 self._known.clear()
                 log.exception("saving the cache of %s failed", job.session)
+
+
+    def _forget_missing(self) -> None:
+        """Writer thread: drop from ``_known`` the pages the store no longer has, so the
+        next save serializes those again (and only those: a save that evicts an old
+        session must not make every later save serialize its whole chat anew)."""
+        try:
+            self._known.difference_update(self._writer.missing_keys(list(self._known)))
+        except Exception as exc:  # cannot tell: assume nothing is stored
+            log.warning("checking which cached pages are on disk failed: %s", exc)
+            self._known.clear()
 
 
 class _Joiner:

@@ -204,3 +204,42 @@ def test_damaged_page_mid_chain_restores_the_pages_before_it(kind, tmp_path):
     assert restored.text == plain.text
     with DiskStore(tmp_path / "data" / "kvcache.db") as store:
         assert store.verify().clean  # the bad page was dropped when it was found
+
+
+def test_a_save_that_evicts_another_session_does_not_resend_this_one(tmp_path, tiny_model, monkeypatch):
+    import kvcache.persist as persist
+
+    def ask(engine, session, *texts):
+        messages = tuple(ChatMessage("user", t) for t in texts)
+        request = GenerationRequest(messages=messages, sampling=GREEDY, session=session)
+        assert isinstance(list(engine.stream(request))[-1], DoneEvent)
+        engine.flush_disk_cache()
+
+    long_text = "tell me about the history of the old town and its harbour " * 6
+    other_text = "which mountains can one walk up in a day from the city centre " * 6
+    first = Engine(tmp_path, str(tiny_model)).start()
+    try:
+        first.wait_ready(timeout=120)
+        ask(first, "old", long_text)
+    finally:
+        first.shutdown()
+    with DiskStore(tmp_path / "kvcache.db") as store:
+        one_session = store.stats().bytes
+    serialized = []
+    original = persist.kv_to_bytes
+    monkeypatch.setattr(persist, "kv_to_bytes", lambda arrays: serialized.append(1) or original(arrays))
+    engine = Engine(tmp_path, str(tiny_model), disk_budget_bytes=int(one_session * 1.6)).start()
+    try:
+        engine.wait_ready(timeout=120)
+        ask(engine, "new", other_text)  # its save evicts "old" (no page in common)
+        first_save = len(serialized)
+        with DiskStore(tmp_path / "kvcache.db") as store:
+            assert [s.name for s in store.sessions()] == ["new"]
+        serialized.clear()
+        ask(engine, "new", other_text, "and a follow-up")
+    finally:
+        engine.shutdown()
+    assert first_save >= 4
+    assert 0 < len(serialized) <= 2  # only the pages past what is stored already
+    with DiskStore(tmp_path / "kvcache.db") as store:
+        assert store.verify().clean
