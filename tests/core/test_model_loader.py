@@ -38,6 +38,19 @@ def test_fingerprint_is_stable_and_tracks_what_changes_numbers(tiny_model, tmp_p
     assert load_model(str(other), tmp_path).info.fingerprint != a
 
 
+def test_fingerprint_changes_with_the_code_that_computes(tiny_model, tmp_path, monkeypatch):
+    import core.fingerprint as fp
+
+    a = load_model(str(tiny_model), tmp_path).info.fingerprint
+    assert set(fp.runtime_versions()) == {"mlx", "mlx_lm", "radixchat_numerics"}
+    monkeypatch.setattr(fp, "NUMERICS_VERSION", fp.NUMERICS_VERSION + 1)
+    assert load_model(str(tiny_model), tmp_path).info.fingerprint != a  # saved K/V is not reused
+    monkeypatch.undo()
+    versions = fp.runtime_versions()
+    monkeypatch.setattr(fp, "runtime_versions", lambda: {**versions, "mlx": "0.0.1"})
+    assert load_model(str(tiny_model), tmp_path).info.fingerprint != a
+
+
 def test_file_hashes_are_remembered_by_size_and_mtime(tmp_path, monkeypatch):
     blob = tmp_path / "w.bin"
     blob.write_bytes(b"abc")
