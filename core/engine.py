@@ -335,6 +335,7 @@ class Engine:
                 self._install(loaded, command)
             except Exception as exc:  # out of memory for the pool, a bug...
                 log.exception("setting up %s failed", command.spec)
+                self._close_persister()  # its writer thread and connections, if it got that far
                 self._loaded = self._prefix_cache = self._scheduler = self._persister = None
                 self._info = None
                 command.error = f"setting up {command.spec} failed: {exc}"

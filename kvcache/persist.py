@@ -107,6 +107,8 @@ class SessionPersister:
             best = _resume_point(reading.chain, prompt, usable_limit, self.prefix_cache.hybrid)
             if best <= in_ram:
                 return 0
+            if -(-best // self.prefix_cache.page_size) > self.prefix_cache.allocator.num_pages:
+                return 0  # the pool can never hold it: don't read it only to drop it
             return self._insert(prompt[:best], reading, in_ram, room=len(prompt) - best + 1)
 
     def _insert(self, tokens: list[int], reading: SessionReader, start: int, room: int = 0) -> int:

@@ -247,11 +247,15 @@ class PrefixCache:
         pages = self._alloc(math.ceil(new / self.page_size))
         if pages is None:
             return None
-        for pool_index in range(len(self._full_layers)):
-            if defer:
-                self._pending_writes.append((pool_index, pages, source, prefix.length, len(tokens)))
-            else:
-                self.pool.write(pool_index, pages, *source(pool_index, prefix.length, len(tokens)))
+        try:
+            for pool_index in range(len(self._full_layers)):
+                if defer:
+                    self._pending_writes.append((pool_index, pages, source, prefix.length, len(tokens)))
+                else:
+                    self.pool.write(pool_index, pages, *source(pool_index, prefix.length, len(tokens)))
+        except BaseException:  # out of memory...: the pages go back, not lost to the pool
+            self.allocator.decref(pages)
+            raise
         new_slots = [page * self.page_size + i for page in pages for i in range(self.page_size)][:new]
         # The allocator counts one reference per slot the tree holds; alloc gave one per page.
         self.allocator.incref([slot // self.page_size for slot in new_slots if slot % self.page_size])

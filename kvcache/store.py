@@ -319,7 +319,8 @@ class DiskStore(SqliteFile):
         snapshot flags, no K/V) to decide what to use, then ``reader.pages(n)`` streams
         the K/V of the first ``n`` pages. Another model's or an unknown session: an empty
         chain. On leaving, the pages handed out are marked used and bad pages found on
-        the way are deleted (their sessions cut back before them)."""
+        the way are deleted (their sessions cut back before them); a reading that used
+        no page and found none bad writes nothing."""
         reader = SessionReader(self, [], set())
         found = False
         with self._read():
@@ -336,8 +337,8 @@ class DiskStore(SqliteFile):
                 yield reader
             finally:
                 reader.close()
-        if not found:
-            return
+        if not found or not (reader.used or reader.suspects):
+            return  # nothing read, nothing to repair: no write lock (the caller may be the engine)
         now = time.time()
         with self._transaction():
             if reader.suspects:

@@ -243,3 +243,25 @@ def test_a_save_that_evicts_another_session_does_not_resend_this_one(tmp_path, t
     assert 0 < len(serialized) <= 2  # only the pages past what is stored already
     with DiskStore(tmp_path / "kvcache.db") as store:
         assert store.verify().clean
+
+
+def test_a_session_the_pool_can_never_hold_is_not_read(tmp_path, tiny_model):
+    request = GenerationRequest(messages=(ChatMessage("user", "a long question about trains " * 10),),
+                                sampling=GREEDY, session="big")
+    first = Engine(tmp_path, str(tiny_model)).start()
+    try:
+        first.wait_ready(timeout=120)
+        expected = list(first.stream(request))[-1]
+        first.flush_disk_cache()
+    finally:
+        first.shutdown()
+    assert expected.stats.prompt_tokens > 256
+    small = Engine(tmp_path, str(tiny_model), pool_tokens=256).start()  # the smallest pool
+    try:
+        small.wait_ready(timeout=120)
+        done = list(small.stream(request))[-1]
+    finally:
+        small.shutdown()
+    assert done.text == expected.text and done.stats.restored_tokens == 0
+    with DiskStore(tmp_path / "kvcache.db") as store:
+        assert store.stats().loads == 0  # its pages were never read
