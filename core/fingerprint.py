@@ -3,8 +3,9 @@
 Cached KV is reused only under the same fingerprint, so it covers everything that
 changes the numbers: architecture and config, the bytes of every weight and tokenizer
 file, the weight format the engine runs (quantized or dequantized to float32), and the
-code that computes with them (the MLX and mlx-lm versions, and ``NUMERICS_VERSION`` of
-RadixChat's own model import): K/V saved before an upgrade is recomputed, never reused.
+code that computes with them (the MLX and mlx-lm versions, ``NUMERICS_VERSION`` of
+RadixChat's own model import and the GGUF conversion's format): K/V saved before an
+upgrade that changes the numbers is recomputed, never reused.
 Hashing a 10 GB model takes a while, so each file's SHA-256 is remembered by path,
 size and modification time in a small JSON file in the data folder.
 """
@@ -70,7 +71,10 @@ def runtime_versions() -> dict[str, str]:
     import mlx.core as mx
     import mlx_lm
 
-    return {"mlx": mx.__version__, "mlx_lm": mlx_lm.__version__, "radixchat_numerics": str(NUMERICS_VERSION)}
+    from core.gguf_convert import CACHE_FORMAT  # bumped when the K-quant conversion changes
+
+    return {"mlx": mx.__version__, "mlx_lm": mlx_lm.__version__, "radixchat_numerics": str(NUMERICS_VERSION),
+            "gguf_conversion": str(CACHE_FORMAT)}
 
 
 def model_fingerprint(

@@ -42,7 +42,7 @@ def test_fingerprint_changes_with_the_code_that_computes(tiny_model, tmp_path, m
     import core.fingerprint as fp
 
     a = load_model(str(tiny_model), tmp_path).info.fingerprint
-    assert set(fp.runtime_versions()) == {"mlx", "mlx_lm", "radixchat_numerics"}
+    assert set(fp.runtime_versions()) == {"mlx", "mlx_lm", "radixchat_numerics", "gguf_conversion"}
     monkeypatch.setattr(fp, "NUMERICS_VERSION", fp.NUMERICS_VERSION + 1)
     assert load_model(str(tiny_model), tmp_path).info.fingerprint != a  # saved K/V is not reused
     monkeypatch.undo()
