@@ -8,7 +8,7 @@ from kvcache.sqlite_file import SqliteFile
 
 
 class NotesError(Exception):
-    pass
+    """The test store's own error, as StoreError and DiskStoreError are the real ones'."""
 
 
 def _create(db):
