@@ -44,6 +44,15 @@ class _ForgetJob:
     session: str
 
 
+@dataclass(frozen=True)
+class _RecordJob:
+    """A restore's reading to record: pages used, pages found bad."""
+
+    session: str
+    used: tuple[ChainPage, ...]
+    suspects: frozenset[str]
+
+
 class SessionPersister:
     """Saves and restores session caches for one loaded model (engine thread API)."""
 
@@ -103,13 +112,18 @@ class SessionPersister:
         stored = self.reader.session(session)
         if stored is None or stored.fingerprint != self.fingerprint or stored.tokens <= in_ram:
             return 0
-        with self.reader.read_session(session, self.fingerprint) as reading:
-            best = _resume_point(reading.chain, prompt, usable_limit, self.prefix_cache.hybrid)
-            if best <= in_ram:
-                return 0
-            if -(-best // self.prefix_cache.page_size) > self.prefix_cache.allocator.num_pages:
-                return 0  # the pool can never hold it: don't read it only to drop it
-            return self._insert(prompt[:best], reading, in_ram, room=len(prompt) - best + 1)
+        reading = None
+        try:
+            with self.reader.read_session(session, self.fingerprint, record=False) as reading:
+                best = _resume_point(reading.chain, prompt, usable_limit, self.prefix_cache.hybrid)
+                if best <= in_ram:
+                    return 0
+                if -(-best // self.prefix_cache.page_size) > self.prefix_cache.allocator.num_pages:
+                    return 0  # the pool can never hold it: don't read it only to drop it
+                return self._insert(prompt[:best], reading, in_ram, room=len(prompt) - best + 1)
+        finally:  # marking pages used takes the write lock: the writer thread waits for it
+            if reading is not None and (reading.used or reading.suspects):
+                self._jobs.put(_RecordJob(session, tuple(reading.used), frozenset(reading.suspects)))
 
     def _insert(self, tokens: list[int], reading: SessionReader, start: int, room: int = 0) -> int:
         """Restore ``tokens[start:]`` from the session being read, streaming its pages. The
@@ -168,6 +182,14 @@ class SessionPersister:
                 return
             if isinstance(job, threading.Event):
                 job.set()
+                continue
+            if isinstance(job, _RecordJob):
+                try:
+                    self._writer.record_reading(job.session, self.fingerprint, job.used, set(job.suspects))
+                except Exception as exc:  # last-use times and repairs wait for the next read
+                    log.warning("recording the restore of %s failed: %s", job.session, exc)
+                if job.suspects:
+                    self._forget_missing()  # the repair deleted pages
                 continue
             if isinstance(job, _ForgetJob):
                 try:

@@ -314,13 +314,14 @@ class DiskStore(SqliteFile):
             return list(reader.pages())
 
     @contextmanager
-    def read_session(self, session: str, fingerprint: str) -> Iterator[SessionReader]:
+    def read_session(self, session: str, fingerprint: str, record: bool = True) -> Iterator[SessionReader]:
         """The session's chain inside one read transaction: ``reader.chain`` (tokens and
         snapshot flags, no K/V) to decide what to use, then ``reader.pages(n)`` streams
         the K/V of the first ``n`` pages. Another model's or an unknown session: an empty
-        chain. On leaving, the pages handed out are marked used and bad pages found on
-        the way are deleted (their sessions cut back before them); a reading that used
-        no page and found none bad writes nothing."""
+        chain. On leaving, :meth:`record_reading` marks the pages handed out used and
+        deletes bad pages found on the way (their sessions cut back before them); with
+        ``record=False`` the caller does that later, on a thread that may wait for the
+        write lock (the engine's restore hands it to its writer thread)."""
         reader = SessionReader(self, [], set())
         found = False
         with self._read():
@@ -337,17 +338,24 @@ class DiskStore(SqliteFile):
                 yield reader
             finally:
                 reader.close()
-        if not found or not (reader.used or reader.suspects):
-            return  # nothing read, nothing to repair: no write lock (the caller may be the engine)
+        if found and record:
+            self.record_reading(session, fingerprint, reader.used, reader.suspects)
+
+    def record_reading(self, session: str, fingerprint: str, used: Sequence[ChainPage],
+                       suspects: set[str]) -> None:
+        """After a read: mark ``used`` pages (and the session) used, repair ``suspects``.
+        A reading that used no page and found none bad writes nothing."""
+        if not (used or suspects):
+            return
         now = time.time()
         with self._transaction():
-            if reader.suspects:
-                self._repair(reader.suspects)
+            if suspects:
+                self._repair(suspects)
             self.db.execute("UPDATE sessions SET last_used = ? WHERE name = ? AND fingerprint = ?",
                             [now, session, fingerprint])
-            self._touch_pages([page.key for page in reader.used], now)
-            self._count(loads=1, restored_pages=len(reader.used),
-                        restored_tokens=sum(len(page.tokens) for page in reader.used))
+            self._touch_pages([page.key for page in used], now)
+            self._count(loads=1, restored_pages=len(used),
+                        restored_tokens=sum(len(page.tokens) for page in used))
 
     def _fetch(self, link: _Link, has_snapshot: bool):
         """One page's K/V and snapshot, and its checksum being computed (reader thread),

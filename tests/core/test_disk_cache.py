@@ -265,3 +265,39 @@ def test_a_session_the_pool_can_never_hold_is_not_read(tmp_path, tiny_model):
     assert done.text == expected.text and done.stats.restored_tokens == 0
     with DiskStore(tmp_path / "kvcache.db") as store:
         assert store.stats().loads == 0  # its pages were never read
+
+
+def test_a_restore_does_not_wait_for_the_write_lock(tmp_path, tiny_model):
+    """Marking restored pages used takes SQLite's write lock; the engine thread leaves
+    that to the writer thread, so a restore goes ahead while another process writes."""
+    history = (ChatMessage("user", "what is the weather like on the coast in spring?"),)
+    first = Engine(tmp_path, str(tiny_model)).start()
+    try:
+        first.wait_ready(timeout=120)
+        reply = list(first.stream(GenerationRequest(messages=history, sampling=GREEDY, session="s")))[-1]
+        first.flush_disk_cache()
+    finally:
+        first.shutdown()
+    follow_up = history + (ChatMessage("assistant", reply.text), ChatMessage("user", "and in autumn?"))
+    holder = sqlite3.connect(tmp_path / "kvcache.db", isolation_level=None)
+    engine = Engine(tmp_path, str(tiny_model)).start()
+    try:
+        engine.wait_ready(timeout=120)
+        holder.execute("BEGIN IMMEDIATE")  # another process writing, past the busy timeout
+        done = list(engine.stream(GenerationRequest(messages=follow_up, sampling=GREEDY, session="s")))[-1]
+        holder.execute("ROLLBACK")
+        engine.flush_disk_cache()
+    finally:
+        engine.shutdown()
+        holder.close()
+    assert done.stats.restored_tokens > 0
+    assert done.text == reply_without_cache(tiny_model, tmp_path, follow_up)
+
+
+def reply_without_cache(model, root, messages) -> str:
+    engine = Engine(root / "plain", str(model), use_cache=False).start()
+    try:
+        engine.wait_ready(timeout=120)
+        return list(engine.stream(GenerationRequest(messages=messages, sampling=GREEDY, use_cache=False)))[-1].text
+    finally:
+        engine.shutdown()
