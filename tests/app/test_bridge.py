@@ -34,7 +34,7 @@ class InstantEngine(Engine):
         return handle
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        pass
+        """Nothing runs in the fake, so there is nothing to stop."""
 
 
 def _join_workers() -> None:

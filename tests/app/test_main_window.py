@@ -144,8 +144,8 @@ def test_panels_show_the_engines_figures_after_a_turn(qtbot, open_window, tiny_m
     wait_ready(qtbot, bridge)
     make_greedy(window, store)
     send_turn(qtbot, window, bridge, "hello")
-    with qtbot.waitSignal(bridge.statsUpdated, timeout=WAIT_MS) as polled:
-        pass
+    polled = qtbot.waitSignal(bridge.statsUpdated, timeout=WAIT_MS)
+    polled.wait()
     figures = polled.args[0]
     stats = bridge.engine.stats()
     cache = stats.cache

@@ -251,8 +251,7 @@ def test_a_store_error_anywhere_gives_a_one_line_message(qtbot, open_window, tmp
     def act(action) -> None:
         action()
         if window._generating:
-            with qtbot.waitSignal(bridge.finished, timeout=WAIT_MS):
-                pass
+            qtbot.waitSignal(bridge.finished, timeout=WAIT_MS).wait()
         said()
 
     act(lambda: window.send("two"))

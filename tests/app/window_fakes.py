@@ -58,7 +58,7 @@ class FakeEngine(Engine):
         self.forgotten.append(session)
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        pass
+        """Nothing runs in the fake, so there is nothing to stop."""
 
 
 def wait_ready(qtbot, bridge: EngineBridge) -> str:
