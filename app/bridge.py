@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 
-from core.engine_types import (ChatMessage, DoneEvent, ErrorEvent, GenerationRequest, ProgressEvent,
+from core.engine.types import (ChatMessage, DoneEvent, ErrorEvent, GenerationRequest, ProgressEvent,
                                SamplingParams, TokenEvent)
 from core.errors import UserError
 from core.server import ApiServer
 
 if TYPE_CHECKING:
-    from core.engine import Engine, EngineStats, RequestHandle
+    from core.engine.engine import Engine, EngineStats, RequestHandle
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class EngineBridge(QObject):
         """``engine_options``: keyword arguments for the Engine (pool_bytes, disk_budget_bytes...)."""
         super().__init__(parent)
         if engine is None:
-            from core.engine import Engine  # imported on use: it loads mlx
+            from core.engine.engine import Engine  # imported on use: it loads mlx
 
             engine = Engine(Path(data_root), model_spec, on_load_progress=self._on_load_progress,
                             **(engine_options or {}))

@@ -90,8 +90,8 @@ def _link_model(model_spec: str, data_root: Path, root: Path, provision) -> str:
 
 def _two_turns_then_restart(root: Path, spec: str, store, session) -> None:
     """Turns 1 and 2 in an engine that then shuts down: its cache stays on disk."""
-    from core.engine import Engine
-    from core.engine_types import ChatMessage, DoneEvent, ErrorEvent, GenerationRequest, SamplingParams
+    from core.engine.engine import Engine
+    from core.engine.types import ChatMessage, DoneEvent, ErrorEvent, GenerationRequest, SamplingParams
     from core.errors import UserError
 
     engine = Engine(root, spec).start()

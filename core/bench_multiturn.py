@@ -11,7 +11,7 @@
 Way 1 of the first repetition fixes the conversation: its replies are the assistant turns
 of the history every way sees, so all four get identical prompts. Every reply of every way
 is compared with that reference; a difference is reported, never hidden. Figures are
-measured as ``core.generation`` does: TTFT from the request's start (chat template
+measured as ``core.engine.generation`` does: TTFT from the request's start (chat template
 rendered, cache matched) to the first token; decode tokens/s = (completion tokens - 1) /
 (last token time - first token time). Each repetition uses a fresh engine and fresh
 mlx-lm caches; medians over repetitions are reported per turn.
@@ -35,10 +35,10 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_p
 from mlx_lm.sample_utils import make_sampler
 
 from core import paths
-from core.engine import Engine
-from core.engine_types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
+from core.engine.engine import Engine
+from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from core.errors import UserError
-from core.generation import render_prompt
+from core.engine.generation import render_prompt
 
 SYSTEM_PROMPT = "You are a helpful travel assistant. Answer briefly."
 USER_MESSAGES = (

@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from core import paths
-from core.engine import Engine
-from core.engine_types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
+from core.engine.engine import Engine
+from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from core.errors import UserError
 
 SESSION = "bench-restore"

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 
 from core import paths
-from core.engine import Engine
+from core.engine.engine import Engine
 from core.errors import UserError
 from core.server import ApiServer
 

@@ -9,8 +9,8 @@ from dataclasses import asdict
 from core import paths
 from core.chat_store import ChatStore, Session
 from core.cli import print_progress
-from core.engine import Engine
-from core.engine_types import (
+from core.engine.engine import Engine
+from core.engine.types import (
     ChatMessage,
     DoneEvent,
     ErrorEvent,

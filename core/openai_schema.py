@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from core.engine_types import ChatMessage, GenerationRequest, RequestStats, SamplingParams
+from core.engine.types import ChatMessage, GenerationRequest, RequestStats, SamplingParams
 
 MAX_STOPS = 16
 MAX_SESSION_CHARS = 256

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from core.engine_types import ChatMessage, DoneEvent, ErrorEvent, GenerationRequest, SamplingParams
+from core.engine.types import ChatMessage, DoneEvent, ErrorEvent, GenerationRequest, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ def _run(work: Path, started: float) -> SelfTestReport:
 
 
 def _start(data: Path, model: str, stage: str):
-    from core.engine import Engine
+    from core.engine.engine import Engine
 
     with _stage(stage):
         engine = Engine(data, model, pool_tokens=POOL_TOKENS).start()

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import unquote, urlsplit
 
-from core.engine import Engine, RequestHandle
-from core.engine_types import DoneEvent, ErrorEvent, Event, GenerationRequest, TokenEvent
+from core.engine.engine import Engine, RequestHandle
+from core.engine.types import DoneEvent, ErrorEvent, Event, GenerationRequest, TokenEvent
 from core.errors import UserError
 from core.openai_schema import MODEL_ALIASES, ApiError, CompletionCall, ModelCard, ReplyBuilder, parse_call
 from core.server_metrics import ServerMetrics
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 8 * 1024 * 1024
 POLL_S = 0.2  # how often a waiting request checks that its client is still there
 SESSION_HEADER = "X-RadixChat-Session"
-# core.generation raises ContextLengthError with this wording; it reaches us as an ErrorEvent.
+# core.engine.generation raises ContextLengthError with this wording; it reaches us as an ErrorEvent.
 _CONTEXT_ERROR = re.compile(r"the prompt is \d+ tokens but .* has a context of \d+")
 _ROUTES = {
     "/health": {"GET": "_health"},

@@ -10,8 +10,8 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 from PySide6.QtCore import QCoreApplication  # noqa: E402
 
 from app.bridge import EngineBridge  # noqa: E402
-from core.engine import Engine, RequestHandle  # noqa: E402
-from core.engine_types import DoneEvent, GenerationRequest, RequestStats, TokenEvent  # noqa: E402
+from core.engine.engine import Engine, RequestHandle  # noqa: E402
+from core.engine.types import DoneEvent, GenerationRequest, RequestStats, TokenEvent  # noqa: E402
 
 PUBLIC = ("loadProgress", "modelLoading", "modelReady", "loadFailed", "progress", "token", "finished", "failed",
           "serverStopped", "statsUpdated")

@@ -11,7 +11,7 @@ import pytest  # noqa: E402
 from PySide6.QtWidgets import QLabel  # noqa: E402
 
 from app.cache_panel import CachePanel, TurnSplit  # noqa: E402
-from core.engine_types import RequestStats  # noqa: E402
+from core.engine.types import RequestStats  # noqa: E402
 
 
 def turn(ram: int, disk: int, computed: int, ttft: float = 0.1) -> dict:

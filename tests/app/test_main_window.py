@@ -18,7 +18,7 @@ import urllib.request  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
-from core.engine_types import DoneEvent, ErrorEvent, RequestStats, TokenEvent  # noqa: E402
+from core.engine.types import DoneEvent, ErrorEvent, RequestStats, TokenEvent  # noqa: E402
 from tests.app.window_fakes import GREEDY, WAIT_MS, FakeEngine, make_greedy, send_turn, wait_ready  # noqa: E402
 
 

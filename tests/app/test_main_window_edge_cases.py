@@ -16,8 +16,8 @@ from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
 from app.main_window import MainWindow  # noqa: E402
 from core.chat_store import ChatStore  # noqa: E402
-from core.engine import RequestHandle  # noqa: E402
-from core.engine_types import DoneEvent, ErrorEvent, GenerationRequest, RequestStats, TokenEvent  # noqa: E402
+from core.engine.engine import RequestHandle  # noqa: E402
+from core.engine.types import DoneEvent, ErrorEvent, GenerationRequest, RequestStats, TokenEvent  # noqa: E402
 from core.paths import chats_db_path  # noqa: E402
 from tests.app.window_fakes import GREEDY, WAIT_MS, FakeEngine, make_greedy, send_turn, wait_ready  # noqa: E402
 

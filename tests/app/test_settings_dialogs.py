@@ -12,7 +12,7 @@ from PySide6.QtWidgets import QDialogButtonBox  # noqa: E402
 
 from app.settings_dialogs import (DEFAULT_SAMPLING, AppSettings, AppSettingsDialog,  # noqa: E402
                                   SessionSettingsDialog)
-from core.engine_types import SamplingParams  # noqa: E402
+from core.engine.types import SamplingParams  # noqa: E402
 
 
 def _session_dialog(qtbot, settings: dict, prompt: str | None) -> SessionSettingsDialog:

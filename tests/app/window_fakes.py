@@ -6,8 +6,8 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 
 from app.bridge import EngineBridge
-from core.engine import Engine, RequestHandle
-from core.engine_types import GenerationRequest
+from core.engine.engine import Engine, RequestHandle
+from core.engine.types import GenerationRequest
 from core.errors import UserError
 from core.model_loader import ModelInfo
 

@@ -16,7 +16,7 @@ from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from core.cli import main as cli_main
-from core.engine import Engine
+from core.engine.engine import Engine
 from core.errors import UserError
 from core.server import ApiServer
 from core.tiny_model import TinyModelSpec, write_tiny_model

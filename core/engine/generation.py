@@ -1,4 +1,4 @@
-"""The pieces of one request that run on the engine thread (see ``core.scheduler``).
+"""The pieces of one request that run on the engine thread (see ``core.engine.scheduler``).
 
 Prompt rendering (chat template), chunked prefill that can be cancelled between chunks,
 sampling through ``mlx_lm.sample_utils``, and streaming text with stop strings held
@@ -14,7 +14,7 @@ import mlx.nn as nn
 from mlx_lm.generate import generation_stream
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
-from core.engine_types import GenerationRequest, SamplingParams
+from core.engine.types import GenerationRequest, SamplingParams
 from core.errors import UserError
 
 PREFILL_CHUNK = 256  # tokens per prefill step: cancel is checked between steps

@@ -3,7 +3,7 @@
 Clients (CLI, GUI bridge, HTTP server) submit :class:`GenerationRequest` values and
 read a stream of events back; only plain values cross the thread boundary. The engine
 loads its model inside its own thread (MLX streams are per thread), prefills requests one
-at a time and decodes all running requests together (``core.scheduler``), and checks
+at a time and decodes all running requests together (``core.engine.scheduler``), and checks
 each request's cancel flag between prefill chunks and between decode steps.
 
     engine = Engine(data_root, model_spec="default")
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from core.engine_types import DoneEvent, ErrorEvent, Event, GenerationRequest, RequestStats
+from core.engine.types import DoneEvent, ErrorEvent, Event, GenerationRequest, RequestStats
 from core.errors import UserError
 from kvcache.stats import CacheStats
 
@@ -138,7 +138,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._loaded = None  # LoadedModel, engine thread only
         self._prefix_cache = None  # kvcache.prefix_cache.PrefixCache, engine thread only
-        self._scheduler = None  # core.scheduler.Scheduler, engine thread only
+        self._scheduler = None  # core.engine.scheduler.Scheduler, engine thread only
         self._info: ModelInfo | None = None
         self._load_error: str | None = None
         self._ready = threading.Event()
@@ -345,7 +345,7 @@ class Engine:
         command.done.set()
 
     def _install(self, loaded, command: _LoadCommand) -> None:
-        from core.scheduler import Scheduler
+        from core.engine.scheduler import Scheduler
         from kvcache.builder import DEFAULT_PAGE_SIZE, build_kv_cache
         from kvcache.prefix_cache import PrefixCache
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from core.engine import Engine
-from core.engine_types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
+from core.engine.engine import Engine
+from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from core.tiny_model import TinyModelSpec, write_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24)

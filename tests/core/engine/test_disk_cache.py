@@ -9,8 +9,8 @@ import sqlite3
 import pytest
 
 from core.cli import main
-from core.engine import Engine
-from core.engine_types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
+from core.engine.engine import Engine
+from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from core.tiny_model import TinyModelSpec, write_tiny_model
 from kvcache.store import DiskStore
 

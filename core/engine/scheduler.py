@@ -23,9 +23,9 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 
-from core.engine_types import DoneEvent, ErrorEvent, ProgressEvent, RequestStats, TokenEvent
+from core.engine.types import DoneEvent, ErrorEvent, ProgressEvent, RequestStats, TokenEvent
 from core.errors import ContextLengthError, UserError
-from core.generation import (PREFILL_CHUNK, Cancelled, StopText, prefill, render_prompt, sampling_tools,
+from core.engine.generation import (PREFILL_CHUNK, Cancelled, StopText, prefill, render_prompt, sampling_tools,
                              vocab_size)
 
 MAX_BATCH = 16  # requests decoded together
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 class _Active:
     """One running request (engine thread only)."""
 
-    handle: object  # core.engine.RequestHandle
+    handle: object  # core.engine.engine.RequestHandle
     prompt: list[int]
     prefix: object | None  # kvcache.prefix_cache.Prefix
     cached: int

@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from core import generation
-from core.engine import Engine
-from core.engine_types import (
+from core.engine.engine import generation
+from core.engine.engine import Engine
+from core.engine.types import (
     ChatMessage,
     DoneEvent,
     ErrorEvent,
@@ -244,8 +244,8 @@ EXIT_SCRIPT = """
 import sys
 from pathlib import Path
 import core
-from core.engine import Engine
-from core.engine_types import GenerationRequest, SamplingParams
+from core.engine.engine import Engine
+from core.engine.types import GenerationRequest, SamplingParams
 engine = Engine(Path(sys.argv[1]), sys.argv[2], pool_tokens=1024).start()
 engine.wait_ready()
 request = GenerationRequest(prompt_text="hi", sampling=SamplingParams(temperature=0, max_tokens=4))

@@ -49,8 +49,8 @@ import pytest
 
 from core import paths
 from core.chat_store import ChatStore
-from core.engine import Engine
-from core.engine_types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
+from core.engine.engine import Engine
+from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from core.tiny_model import TinyModelSpec, write_tiny_model
 from kvcache.store import DiskStore
 
@@ -70,8 +70,8 @@ from pathlib import Path
 
 from core import paths
 from core.chat_store import ChatStore
-from core.engine import Engine
-from core.engine_types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
+from core.engine.engine import Engine
+from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from kvcache.store import DiskStore
 
 model, root, max_turns, max_tokens = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
@@ -153,7 +153,7 @@ class ForkServer:
         self.proc = subprocess.Popen(
             [sys.executable, "-c", SERVER, str(model), str(root), str(MAX_TURNS), str(MAX_TOKENS)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._errors, text=True,
-            cwd=Path(__file__).parents[2],
+            cwd=Path(__file__).parents[3],
         )
         self.child: int | None = None  # a forked child not yet reported dead
         self._lines: queue.Queue[str] = queue.Queue()

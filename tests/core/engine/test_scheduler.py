@@ -9,11 +9,11 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
-from core.engine import RequestHandle
-from core.engine_types import DoneEvent, ErrorEvent, GenerationRequest, SamplingParams
-from core.generation import last_logits
+from core.engine.engine import RequestHandle
+from core.engine.types import DoneEvent, ErrorEvent, GenerationRequest, SamplingParams
+from core.engine.generation import last_logits
 from core.model_loader import load_model
-from core.scheduler import Scheduler
+from core.engine.scheduler import Scheduler
 from core.tiny_model import TinyModelSpec, write_tiny_model
 from kvcache.builder import build_kv_cache
 from kvcache.prefix_cache import PrefixCache
