@@ -369,7 +369,7 @@ class MainWindow(QMainWindow):
         self._set_state_text(f"Loading the model: {stage}{percent}")
 
     def _on_model_loading(self, spec: str) -> None:
-        from core.model_catalog import describe_spec
+        from core.models.catalog import describe_spec
 
         self._update_state()
         what = describe_spec(spec, self.bridge.engine.data_root) if spec else "the model"

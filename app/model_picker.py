@@ -11,7 +11,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QDialog, QDialogButtonBox, QFi
 
 from app.format import human_bytes
 from core.errors import UserError
-from core.model_catalog import CatalogEntry, entry_for_path, model_catalog, runs_on_cpu
+from core.models.catalog import CatalogEntry, entry_for_path, model_catalog, runs_on_cpu
 
 COLUMNS = ("Name", "Kind", "Size", "Memory")
 KIND_LABELS = {"known-gguf": "GGUF", "gguf": "GGUF", "mlx-dir": "MLX folder", "hf-cache": "Hugging Face cache"}

@@ -36,7 +36,7 @@ def run_screenshot(path: Path, data_root: Path, model_spec: str) -> int:
     from app.bridge import EngineBridge
     from app.main_window import MainWindow, apply_look
     from app.settings_dialogs import AppSettings
-    from core import provision
+    from core.models import provision
     from core.chat_store import ChatStore
     from core.errors import UserError
     from core.paths import chats_db_path

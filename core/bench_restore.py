@@ -226,7 +226,7 @@ def run_bench_restore(args) -> int:
         if getattr(args, name) < low:
             raise UserError(f"--{name} must be at least {low}")
     from core.cli import print_progress
-    from core.model_loader import resolve_spec
+    from core.models.loader import resolve_spec
 
     root = paths.data_dir(args.data_dir)
     spec = str(resolve_spec(args.model, root, None if args.json else print_progress).resolve())

@@ -19,7 +19,9 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from core import paths, provision
+from core import paths
+
+from core.models import provision
 from core.errors import UserError
 
 EXIT_USER_ERROR = 2

@@ -99,7 +99,7 @@ def _run(work: Path, started: float) -> SelfTestReport:
     with _stage("mlx"):
         mlx = _describe_mlx()
     with _stage("tiny model"):
-        from core.tiny_model import TinyModelSpec, write_tiny_model
+        from core.models.tiny_model import TinyModelSpec, write_tiny_model
 
         model = str(write_tiny_model(work / "tiny-llama", TinyModelSpec(num_layers=2)))
     data = work / "data"

@@ -16,7 +16,7 @@ from core import paths, provision  # noqa: E402
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     """A tiny llama model (random weights, byte tokenizer, ChatML template)."""
-    from core.tiny_model import TinyModelSpec, write_tiny_model
+    from core.models.tiny_model import TinyModelSpec, write_tiny_model
 
     return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama", TinyModelSpec(num_layers=2))
 

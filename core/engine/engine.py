@@ -26,8 +26,8 @@ from core.engine.types import DoneEvent, ErrorEvent, Event, GenerationRequest, R
 from core.errors import UserError
 from kvcache.stats import CacheStats
 
-if TYPE_CHECKING:  # core.model_loader imports mlx: only the engine thread loads it
-    from core.model_loader import ModelInfo
+if TYPE_CHECKING:  # core.models.loader imports mlx: only the engine thread loads it
+    from core.models.loader import ModelInfo
 
 log = logging.getLogger(__name__)
 
@@ -321,7 +321,7 @@ class Engine:
         threading.Event().wait()
 
     def _do_load(self, command: _LoadCommand) -> None:
-        from core.model_loader import load_model
+        from core.models.loader import load_model
 
         try:
             loaded = load_model(command.spec, self.data_root, command.weights_format, self._on_load_progress)

@@ -16,7 +16,7 @@ from PySide6.QtGui import QImage  # noqa: E402
 from app.bench_gui import percentile, run_bench_gui  # noqa: E402
 from app.screenshot import SIZE, run_screenshot  # noqa: E402
 from core.errors import UserError  # noqa: E402
-from core.tiny_model import TinyModelSpec, write_tiny_model  # noqa: E402
+from core.models.tiny_model import TinyModelSpec, write_tiny_model  # noqa: E402
 
 
 def test_the_screenshot_shows_a_three_turn_chat_and_leaves_the_data_folder_alone(qtbot, tmp_path, capsys):

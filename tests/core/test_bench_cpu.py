@@ -6,7 +6,7 @@ import json
 
 from core.bench_cpu import FORMATS, make_prompt
 from core.cli import EXIT_USER_ERROR, main
-from core.tiny_model import build_tokenizer, write_tiny_model
+from core.models.tiny_model import build_tokenizer, write_tiny_model
 
 
 def test_bench_cpu_json_has_every_setup(tmp_path, capsys):

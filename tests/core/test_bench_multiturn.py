@@ -6,7 +6,7 @@ import json
 
 from core.bench_multiturn import WAYS
 from core.cli import EXIT_USER_ERROR, main
-from core.tiny_model import write_tiny_model
+from core.models.tiny_model import write_tiny_model
 
 
 def test_bench_multiturn_json(tmp_path, capsys):

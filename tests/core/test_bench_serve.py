@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from core.cli import EXIT_USER_ERROR, main
-from core.tiny_model import write_tiny_model
+from core.models.tiny_model import write_tiny_model
 
 
 def test_bench_serve_json(tmp_path, capsys):

@@ -57,20 +57,20 @@ def test_a_broken_disk_store_is_named(capsys, monkeypatch, home):
 
 
 def test_a_crashing_stage_is_named(capsys, monkeypatch, home):
-    import core.tiny_model
+    import core.models.tiny_model
 
     def boom(*args, **kwargs):
         raise OSError("simulated\nmulti-line failure")
 
-    monkeypatch.setattr(core.tiny_model, "write_tiny_model", boom)
+    monkeypatch.setattr(core.models.tiny_model, "write_tiny_model", boom)
     assert main(["--self-test"]) == 1
     assert capsys.readouterr().out == "radixchat self-test: FAILED at tiny model: OSError: simulated multi-line failure\n"
 
 
 def test_a_model_that_does_not_load_is_named(capsys, monkeypatch, home, tmp_path):
-    import core.tiny_model
+    import core.models.tiny_model
 
-    monkeypatch.setattr(core.tiny_model, "write_tiny_model", lambda path, spec: tmp_path / "missing")
+    monkeypatch.setattr(core.models.tiny_model, "write_tiny_model", lambda path, spec: tmp_path / "missing")
     assert main(["--self-test"]) == 1
     assert capsys.readouterr().out.startswith("radixchat self-test: FAILED at engine start: UserError: ")
 

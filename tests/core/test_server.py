@@ -19,7 +19,7 @@ from core.cli import main as cli_main
 from core.engine.engine import Engine
 from core.errors import UserError
 from core.server import ApiServer
-from core.tiny_model import TinyModelSpec, write_tiny_model
+from core.models.tiny_model import TinyModelSpec, write_tiny_model
 
 MODEL = "tiny"  # the tiny model's folder name: the server's model id
 
@@ -195,7 +195,7 @@ def test_bad_completion_prompts(server, prompt):
 
 
 def test_hostile_bodies_are_400s_and_the_server_keeps_serving(server, client):
-    from core.tiny_model import VOCAB_SIZE
+    from core.models.tiny_model import VOCAB_SIZE
 
     for ids in ([VOCAB_SIZE], [1, 2**40], [2**63]):  # MLX does not bounds-check an embedding
         status, reply = raw(server, "POST", "/v1/completions", json.dumps({"prompt": ids, "max_tokens": 2}).encode())

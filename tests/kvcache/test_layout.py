@@ -6,7 +6,7 @@ import pytest
 from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, QuantizedKVCache
 from mlx_lm.utils import load
 
-from core.tiny_model import TinyModelSpec, write_tiny_model
+from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from kvcache.layout import AUXILIARY, FULL, SLIDING, CacheLayout, LayerSpec, cache_layout
 
 KV_HEADS, HEAD_DIM = 2, 16  # TinyModelSpec defaults: 2 KV heads, 64 / 4 = 16 head dim

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from mlx_lm.models.cache import KVCache
 from mlx_lm.utils import load
 
-from core.tiny_model import TinyModelSpec, write_tiny_model
+from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from kvcache import pool as pool_module
 from kvcache.layout import AUXILIARY, FULL, CacheLayout, LayerSpec, cache_layout
 from kvcache.pool import (

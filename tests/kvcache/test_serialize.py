@@ -6,7 +6,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.utils import load
 
-from core.tiny_model import TinyModelSpec, write_tiny_model
+from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from kvcache.serialize import (
     SerializeError,
     kv_from_bytes,

@@ -11,7 +11,7 @@ import pytest
 from core.cli import main
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
-from core.tiny_model import TinyModelSpec, write_tiny_model
+from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from kvcache.store import DiskStore
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)

@@ -51,7 +51,7 @@ from core import paths
 from core.chat_store import ChatStore
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
-from core.tiny_model import TinyModelSpec, write_tiny_model
+from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from kvcache.store import DiskStore
 
 SEED = 20240611

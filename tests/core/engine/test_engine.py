@@ -135,7 +135,7 @@ def test_a_reply_ending_on_a_possible_stop_start_keeps_its_tail(engine):
 
 
 def test_token_ids_outside_the_vocabulary_are_a_clear_error(engine):
-    from core.tiny_model import VOCAB_SIZE
+    from core.models.tiny_model import VOCAB_SIZE
 
     for bad in (VOCAB_SIZE, 10**6):
         events = collect(engine, GenerationRequest(prompt_tokens=(1, 2, bad), use_cache=False))

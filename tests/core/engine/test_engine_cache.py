@@ -7,7 +7,7 @@ import pytest
 
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
-from core.tiny_model import TinyModelSpec, write_tiny_model
+from core.models.tiny_model import TinyModelSpec, write_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
 QUESTIONS = ["Hello! Who are you?", "Tell me about Paris.", "And Berlin?", "Which is older?"]
@@ -97,7 +97,8 @@ def test_default_model_multi_turn_identical_with_cache(default_model_file, tmp_p
 
 @pytest.fixture(scope="module")
 def gemma_file():
-    from core import paths, provision
+    from core import paths
+    from core.models import provision
 
     return provision.ensure_model("gemma3-270m", paths.data_dir())
 

@@ -12,9 +12,9 @@ from mlx_lm.models.cache import make_prompt_cache
 from core.engine.engine import RequestHandle
 from core.engine.types import DoneEvent, ErrorEvent, GenerationRequest, SamplingParams
 from core.engine.generation import last_logits
-from core.model_loader import load_model
+from core.models.loader import load_model
 from core.engine.scheduler import Scheduler
-from core.tiny_model import TinyModelSpec, write_tiny_model
+from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from kvcache.builder import build_kv_cache
 from kvcache.prefix_cache import PrefixCache
 

@@ -22,10 +22,12 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from core import hf_cache, provision
+from core.models import hf_cache
+
+from core.models import provision
 from core.errors import ModelLoadError
-from core.fingerprint import FileHashCache, model_fingerprint
-from core.gguf_import import build_model, build_tokenizer, read_gguf
+from core.models.fingerprint import FileHashCache, model_fingerprint
+from core.models.gguf_import import build_model, build_tokenizer, read_gguf
 
 WEIGHT_FORMATS = ("auto", "stored", "float32", "float16", "bfloat16")
 ProgressFn = Callable[[str, "float | None"], None]
@@ -125,7 +127,7 @@ def load_model(
 def _load_gguf(path: Path, data_root: Path):
     """A GGUF file's model and tokenizer; what is slow to rebuild (weights converted from
     K-quants, the tokenizer) is kept under ``data_root`` by the file's SHA-256."""
-    from core.gguf_convert import ConversionCache
+    from core.models.gguf_convert import ConversionCache
 
     digest = FileHashCache(data_root / "file_hashes.json").sha256(path)
     contents = read_gguf(path, ConversionCache.under(data_root, digest))

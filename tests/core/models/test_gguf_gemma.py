@@ -23,11 +23,15 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from mlx_lm.models import gemma3_text
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
-from core import gguf_import, paths, provision
+from core import paths
+
+from core.models import gguf_import
+
+from core.models import provision
 from core.errors import ModelLoadError
-from core.gguf_convert import ConversionCache, TensorInfo, convert_tensor, read_header
-from core.gguf_import import build_model, mlx_tensor_name, read_gguf
-from core.model_loader import load_model
+from core.models.gguf_convert import ConversionCache, TensorInfo, convert_tensor, read_header
+from core.models.gguf_import import build_model, mlx_tensor_name, read_gguf
+from core.models.loader import load_model
 
 real_model = pytest.mark.real_model
 SENTENCE = (

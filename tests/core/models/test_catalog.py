@@ -9,11 +9,13 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from core import model_catalog, provision
+from core.models import catalog
+
+from core.models import provision
 from core.errors import UserError
-from core.model_catalog import (CatalogEntry, entry_for_path, estimate_memory_bytes, gguf_parameter_count,
+from core.models.catalog import (CatalogEntry, entry_for_path, estimate_memory_bytes, gguf_parameter_count,
                                 model_catalog as catalog, safetensors_parameter_count)
-from core.tiny_model import TinyModelSpec, write_tiny_model
+from core.models.tiny_model import TinyModelSpec, write_tiny_model
 
 GGUF_PARAMETERS = 16 * 8 + 8 * 8 + 4 * 64
 
@@ -99,7 +101,7 @@ def test_catalog_of_an_empty_data_folder_offers_the_known_models(tmp_path):
     default = entries[0]
     assert default.spec == "default" and not default.downloaded and default.kind == "known-gguf"
     assert default.size_bytes == provision.KNOWN_MODELS["default"].size
-    assert default.memory_bytes == 4 * model_catalog.KNOWN_PARAMETERS[provision.KNOWN_MODELS["default"].sha256]
+    assert default.memory_bytes == 4 * catalog.KNOWN_PARAMETERS[provision.KNOWN_MODELS["default"].sha256]
     assert catalog(tmp_path, on_cpu=False)[0].memory_bytes == default.size_bytes
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from core.errors import ModelLoadError
-from core.fingerprint import FileHashCache
-from core.model_loader import load_model, resolve_weights_format
+from core.models.fingerprint import FileHashCache
+from core.models.loader import load_model, resolve_weights_format
 
 
 def copy_model(src: Path, dst: Path) -> Path:
@@ -32,14 +32,14 @@ def test_fingerprint_is_stable_and_tracks_what_changes_numbers(tiny_model, tmp_p
     assert load_model(str(tiny_model), tmp_path).info.fingerprint == a
     assert load_model(str(tiny_model), tmp_path, "bfloat16").info.fingerprint != a
 
-    from core.tiny_model import TinyModelSpec, write_tiny_model
+    from core.models.tiny_model import TinyModelSpec, write_tiny_model
 
     other = write_tiny_model(tmp_path / "other-seed", TinyModelSpec(num_layers=2, seed=1))
     assert load_model(str(other), tmp_path).info.fingerprint != a
 
 
 def test_fingerprint_changes_with_the_code_that_computes(tiny_model, tmp_path, monkeypatch):
-    import core.fingerprint as fp
+    import core.models.fingerprint as fp
 
     a = load_model(str(tiny_model), tmp_path).info.fingerprint
     assert set(fp.runtime_versions()) == {"mlx", "mlx_lm", "radixchat_numerics", "gguf_conversion"}
@@ -57,7 +57,7 @@ def test_file_hashes_are_remembered_by_size_and_mtime(tmp_path, monkeypatch):
     cache = FileHashCache(tmp_path / "hashes.json")
     first = cache.sha256(blob)
     calls = []
-    import core.fingerprint as fp
+    import core.models.fingerprint as fp
 
     monkeypatch.setattr(fp, "sha256_file", lambda p: calls.append(p) or "x")
     assert FileHashCache(tmp_path / "hashes.json").sha256(blob) == first and calls == []

@@ -3,7 +3,7 @@
 Two routes to the tensors. A file holding only F32 / F16 / Q4_0 / Q4_1 / Q8_0 goes through
 MLX's own reader (``mx.load``), which keeps those quantized as MLX affine triples
 (``weight``, ``scales``, ``biases``). Any other file (K-quants, Q5_0, ...) goes through
-:mod:`core.gguf_convert`, which converts it (to float32 on the CPU, to MLX's quantized
+:mod:`core.models.gguf_convert`, which converts it (to float32 on the CPU, to MLX's quantized
 layout on Metal; exactly, see there) and keeps the result in a :class:`ConversionCache`,
 so only the first load pays for it. Either way the tensors are
 renamed to mlx-lm's names, the hyper-parameters come from the GGUF metadata, and
@@ -37,7 +37,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from core.errors import ModelLoadError
-from core.gguf_convert import ConversionCache, GGUFHeader, convert_tensors, default_layout, read_header
+from core.models.gguf_convert import ConversionCache, GGUFHeader, convert_tensors, default_layout, read_header
 
 log = logging.getLogger(__name__)
 

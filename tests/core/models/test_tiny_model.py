@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from core.tiny_model import (
+from core.models.tiny_model import (
     CHAT_TEMPLATE,
     EOS_TOKEN_IDS,
     KINDS,

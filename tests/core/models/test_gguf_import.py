@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from core.errors import ModelLoadError
-from core.gguf_import import _llama_weights, build_model, read_gguf
-from core.model_loader import load_model
+from core.models.gguf_import import _llama_weights, build_model, read_gguf
+from core.models.loader import load_model
 
 pytestmark = pytest.mark.real_model
 

