@@ -42,7 +42,7 @@ def run_bench_gui(args, data_root: Path) -> int:
     from app.screenshot import _link_model, _wait
     from app.settings_dialogs import AppSettings
     from core.models import provision
-    from core.chat_store import ChatStore
+    from core.chats.store import ChatStore
     from core.errors import UserError
     from core.paths import chats_db_path
 

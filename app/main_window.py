@@ -2,7 +2,7 @@
 panels on the right; a toolbar for the model, the chat's settings and the API server.
 
 The window only talks to the engine through its :class:`~app.bridge.EngineBridge`, and to
-the chat history through a :class:`~core.chat_store.ChatStore`; it never blocks: replies,
+the chat history through a :class:`~core.chats.store.ChatStore`; it never blocks: replies,
 model loads and server stops all come back as signals.
 """
 
@@ -25,7 +25,7 @@ from app.memory_panel import MemoryPanel
 from app.model_picker import ModelPickerDialog
 from app.session_list import SessionList
 from app.settings_dialogs import AppSettings, AppSettingsDialog, SessionSettingsDialog
-from core.chat_store import ChatStore, Session
+from core.chats.store import ChatStore, Session
 from core.errors import StoreError, UserError
 from core.paths import chats_db_path
 from resources import resource_path

@@ -37,7 +37,7 @@ def run_screenshot(path: Path, data_root: Path, model_spec: str) -> int:
     from app.main_window import MainWindow, apply_look
     from app.settings_dialogs import AppSettings
     from core.models import provision
-    from core.chat_store import ChatStore
+    from core.chats.store import ChatStore
     from core.errors import UserError
     from core.paths import chats_db_path
 

@@ -1,6 +1,6 @@
 """The sidebar of chats: search, a list newest-updated first, new / rename / delete.
 
-The list reads and writes the :class:`~core.chat_store.ChatStore` itself (titles,
+The list reads and writes the :class:`~core.chats.store.ChatStore` itself (titles,
 deletes); what a session means to the rest of the window leaves through signals. The
 main window creates new sessions (they take the current settings), so "New chat" only
 asks for one.
@@ -16,7 +16,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QLabel, QLineEdit, QListWidget
                                QMessageBox, QPushButton, QStyle, QStyledItemDelegate, QStyleOptionViewItem,
                                QVBoxLayout, QWidget)
 
-from core.chat_store import ChatStore, Session
+from core.chats.store import ChatStore, Session
 from core.errors import StoreError
 
 UNTITLED = "New chat"

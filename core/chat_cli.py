@@ -7,7 +7,7 @@ import sys
 from dataclasses import asdict
 
 from core import paths
-from core.chat_store import ChatStore, Session
+from core.chats.store import ChatStore, Session
 from core.cli import print_progress
 from core.engine.engine import Engine
 from core.engine.types import (

@@ -1,4 +1,4 @@
-"""What RadixChat's two SQLite files share: the chat history (``core.chat_store``) and the
+"""What RadixChat's two SQLite files share: the chat history (``core.chats.store``) and the
 KV cache (``kvcache.store``).
 
 One connection through sqlite-utils, usable from one thread at a time (any thread); the

@@ -12,7 +12,7 @@ from PySide6.QtCore import QSettings  # noqa: E402
 from app.bridge import EngineBridge  # noqa: E402
 from app.main_window import MainWindow  # noqa: E402
 from app.settings_dialogs import AppSettings  # noqa: E402
-from core.chat_store import ChatStore  # noqa: E402
+from core.chats.store import ChatStore  # noqa: E402
 from core.engine.engine import Engine  # noqa: E402
 from core.paths import chats_db_path  # noqa: E402
 

@@ -15,7 +15,7 @@ from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
 from app.main_window import MainWindow  # noqa: E402
-from core.chat_store import ChatStore  # noqa: E402
+from core.chats.store import ChatStore  # noqa: E402
 from core.engine.engine import RequestHandle  # noqa: E402
 from core.engine.types import DoneEvent, ErrorEvent, GenerationRequest, RequestStats, TokenEvent  # noqa: E402
 from core.paths import chats_db_path  # noqa: E402

@@ -12,7 +12,7 @@ from PySide6.QtCore import QPoint, Qt  # noqa: E402
 from PySide6.QtWidgets import QLineEdit, QMessageBox  # noqa: E402
 
 from app.session_list import ID_ROLE, UNTITLED, WHEN_ROLE, SessionList, relative_time  # noqa: E402
-from core.chat_store import ChatStore  # noqa: E402
+from core.chats.store import ChatStore  # noqa: E402
 from core.errors import StoreError  # noqa: E402
 from core.paths import chats_db_path  # noqa: E402
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from core import paths
-from core.chat_store import ChatStore
+from core.chats.store import ChatStore
 from core.cli import main
 
 

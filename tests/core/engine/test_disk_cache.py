@@ -102,7 +102,7 @@ def test_cache_commands(capsys, tiny_model, tmp_path):
     capsys.readouterr()
     # the chat history is untouched by clearing the cache
     from core import paths
-    from core.chat_store import ChatStore
+    from core.chats.store import ChatStore
 
     with ChatStore(paths.chats_db_path(tmp_path)) as store:
         assert len(store.messages(store.get_session("a").id)) == 2

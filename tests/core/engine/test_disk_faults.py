@@ -48,7 +48,7 @@ from pathlib import Path
 import pytest
 
 from core import paths
-from core.chat_store import ChatStore
+from core.chats.store import ChatStore
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
@@ -69,7 +69,7 @@ import contextlib, os, sys, time
 from pathlib import Path
 
 from core import paths
-from core.chat_store import ChatStore
+from core.chats.store import ChatStore
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from kvcache.store import DiskStore

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.chat_store import SCHEMA_VERSION, ChatStore, Message, Session
+from core.chats.store import SCHEMA_VERSION, ChatStore, Message, Session
 from core.errors import StoreError
 
 
