@@ -9,7 +9,7 @@ The live panels are fed by ``statsUpdated``: a timer on the GUI thread reads the
 latest figures (a frozen dataclass the engine thread replaces; reading it never waits)
 4 times a second while a request or a load runs, and every 1.5 s when idle.
 
-The bridge also owns the in-app API server (``core.server.ApiServer``), a second client
+The bridge also owns the in-app API server (``core.api.server.ApiServer``), a second client
 of the same engine: ``start_server`` binds and returns its address at once;
 ``stop_server`` stops it on a worker thread (running API requests are cancelled first,
 which can take a moment) and ``serverStopped`` follows.
@@ -29,7 +29,7 @@ from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from core.engine.types import (ChatMessage, DoneEvent, ErrorEvent, GenerationRequest, ProgressEvent,
                                SamplingParams, TokenEvent)
 from core.errors import UserError
-from core.server import ApiServer
+from core.api.server import ApiServer
 
 if TYPE_CHECKING:
     from core.engine.engine import Engine, EngineStats, RequestHandle

@@ -1,7 +1,7 @@
 """``radixchat bench serve``: aggregate decode throughput of the API, N concurrent
 streaming clients against one.
 
-The benchmark starts :class:`core.server.ApiServer` in-process on 127.0.0.1 (any free
+The benchmark starts :class:`core.api.server.ApiServer` in-process on 127.0.0.1 (any free
 port) over an engine for the model, sends one warm-up request, then each repetition runs
 two rounds, each on fresh prompts:
 
@@ -37,7 +37,7 @@ from importlib import metadata
 from core import paths
 from core.engine.engine import Engine
 from core.errors import UserError
-from core.server import ApiServer
+from core.api.server import ApiServer
 
 POOL_TOKENS = 32768
 WARMUP_TOKENS = 8

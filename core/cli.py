@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
 
             return run_cache(args)
         if args.command == "serve":
-            from core.server import run_serve
+            from core.api.server import run_serve
 
             return run_serve(args)
         if args.command == "fetch-model":

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from core.cli import main as cli_main
 from core.engine.engine import Engine
 from core.errors import UserError
-from core.server import ApiServer
+from core.api.server import ApiServer
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 
 MODEL = "tiny"  # the tiny model's folder name: the server's model id

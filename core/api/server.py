@@ -36,8 +36,8 @@ from urllib.parse import unquote, urlsplit
 from core.engine.engine import Engine, RequestHandle
 from core.engine.types import DoneEvent, ErrorEvent, Event, GenerationRequest, TokenEvent
 from core.errors import UserError
-from core.openai_schema import MODEL_ALIASES, ApiError, CompletionCall, ModelCard, ReplyBuilder, parse_call
-from core.server_metrics import ServerMetrics
+from core.api.openai_schema import MODEL_ALIASES, ApiError, CompletionCall, ModelCard, ReplyBuilder, parse_call
+from core.api.metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
 
