@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from core.cli import main as cli_main
+from core.cli.main import main as cli_main
 
 
 def _run_gui(args: argparse.Namespace, data_root: Path) -> int:

@@ -10,7 +10,8 @@ Endpoints: ``GET /health``, ``GET /v1/models`` (and ``/v1/models/{id}``),
 ``GET /metrics`` (Prometheus). Each connection gets a thread; each request is submitted
 to the engine and its events are relayed as they come. A client that goes away (a
 failed write, or its socket found closed while it waits) cancels its request, so the
-engine moves on and frees its pages. ``radixchat serve`` runs :func:`run_serve`.
+engine moves on and frees its pages. ``radixchat serve`` is
+``core.cli.serve``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import logging
 import queue
 import re
 import select
-import signal
 import socket
 import sys
 import threading
@@ -566,37 +566,3 @@ class _Handler(BaseHTTPRequestHandler):
     def _end_events(self) -> None:
         if self._chunked:
             self.wfile.write(b"0\r\n\r\n")
-
-
-# ------------------------------------------------------------------ radixchat serve
-def run_serve(args) -> int:
-    """``radixchat serve``: load the model, serve until Ctrl-C (or SIGTERM), shut down cleanly."""
-    import os
-
-    from core import paths
-    from core.cli import print_progress
-
-    api_key = args.api_key or os.environ.get("RADIXCHAT_API_KEY") or None
-    check_bind(args.host, api_key)  # before the model loads
-    root = paths.data_dir(args.data_dir)
-    engine = Engine(root, args.model, pool_tokens=args.kv_tokens, on_load_progress=print_progress).start()
-    server = None
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        info = engine.wait_ready()
-        server = ApiServer(engine, args.host, args.port, api_key=api_key).start()
-        print(f"radixchat: serving {info.name} at {server.address}/v1 (Ctrl-C to stop)",
-              file=sys.stderr, flush=True)
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        print("radixchat: stopping", file=sys.stderr, flush=True)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        if server is not None:
-            server.stop()
-        engine.shutdown()
-    return 0
-
-
-def _raise_interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt

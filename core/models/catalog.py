@@ -18,9 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from core.models import hf_cache
-
-from core.models import provision
+from core.models import hf_cache, provision
 from core.errors import UserError
 
 GGUF_BITS_PER_WEIGHT = 4.5  # a typical 4-bit quant with its scales, when the header is unreadable

@@ -22,9 +22,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from core.models import hf_cache
-
-from core.models import provision
+from core.models import hf_cache, provision
 from core.errors import ModelLoadError
 from core.models.fingerprint import FileHashCache, model_fingerprint
 from core.models.gguf_import import build_model, build_tokenizer, read_gguf

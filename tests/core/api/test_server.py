@@ -15,7 +15,7 @@ import pytest
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
-from core.cli import main as cli_main
+from core.cli.main import main as cli_main
 from core.engine.engine import Engine
 from core.errors import UserError
 from core.api.server import ApiServer

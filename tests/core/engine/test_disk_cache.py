@@ -8,7 +8,7 @@ import sqlite3
 
 import pytest
 
-from core.cli import main
+from core.cli.main import main
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from core.models.tiny_model import TinyModelSpec, write_tiny_model

@@ -9,8 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from core.models import catalog
-
+from core.models import catalog as catalog_module
 from core.models import provision
 from core.errors import UserError
 from core.models.catalog import (CatalogEntry, entry_for_path, estimate_memory_bytes, gguf_parameter_count,
@@ -101,7 +100,7 @@ def test_catalog_of_an_empty_data_folder_offers_the_known_models(tmp_path):
     default = entries[0]
     assert default.spec == "default" and not default.downloaded and default.kind == "known-gguf"
     assert default.size_bytes == provision.KNOWN_MODELS["default"].size
-    assert default.memory_bytes == 4 * catalog.KNOWN_PARAMETERS[provision.KNOWN_MODELS["default"].sha256]
+    assert default.memory_bytes == 4 * catalog_module.KNOWN_PARAMETERS[provision.KNOWN_MODELS["default"].sha256]
     assert catalog(tmp_path, on_cpu=False)[0].memory_bytes == default.size_bytes
 
 

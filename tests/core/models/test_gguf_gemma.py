@@ -24,10 +24,7 @@ from mlx_lm.models import gemma3_text
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 from core import paths
-
-from core.models import gguf_import
-
-from core.models import provision
+from core.models import gguf_import, provision
 from core.errors import ModelLoadError
 from core.models.gguf_convert import ConversionCache, TensorInfo, convert_tensor, read_header
 from core.models.gguf_import import build_model, mlx_tensor_name, read_gguf

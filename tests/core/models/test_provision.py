@@ -18,9 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from core.models import provision
-
-from core.models import pypi_download
+from core.models import provision, pypi_download
 from core.errors import UserError
 from core.models.provision import KNOWN_MODELS, KnownModel, LocalModel
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from core.bench_multiturn import WAYS
-from core.cli import EXIT_USER_ERROR, main
+from core.cli.bench.multiturn import WAYS
+from core.cli.main import EXIT_USER_ERROR, main
 from core.models.tiny_model import write_tiny_model
 
 

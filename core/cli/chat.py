@@ -8,7 +8,7 @@ from dataclasses import asdict
 
 from core import paths
 from core.chats.store import ChatStore, Session
-from core.cli import print_progress
+from core.cli.progress import print_progress
 from core.engine.engine import Engine
 from core.engine.types import (
     ChatMessage,

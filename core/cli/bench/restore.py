@@ -225,7 +225,7 @@ def run_bench_restore(args) -> int:
     for name, low in (("tokens", 64), ("repeats", 1)):
         if getattr(args, name) < low:
             raise UserError(f"--{name} must be at least {low}")
-    from core.cli import print_progress
+    from core.cli.progress import print_progress
     from core.models.loader import resolve_spec
 
     root = paths.data_dir(args.data_dir)

@@ -13,7 +13,7 @@ import pytest
 
 from core import paths
 from core.chats.store import ChatStore
-from core.cli import main
+from core.cli.main import main
 
 
 def chat_json(capsys, model, data, *extra) -> dict:

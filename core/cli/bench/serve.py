@@ -180,7 +180,7 @@ def run_bench_serve(args) -> int:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
     if args.max_tokens < 2:
         raise UserError("--max-tokens must be at least 2 (decode throughput needs two tokens)")
-    from core.cli import print_progress
+    from core.cli.progress import print_progress
 
     root = paths.data_dir(args.data_dir)
     engine = Engine(root, args.model, pool_tokens=POOL_TOKENS, disk_cache=False,

@@ -5,7 +5,7 @@ bfloat16} is measured: prefill tokens/s for a ``P``-token prompt from an empty c
 decode tokens/s over ``D`` greedy tokens after it (the median of ``N`` repetitions, after
 one warm-up), plus load time and weight bytes. OpenBLAS has to be loaded before mlx is
 imported (see ``core.cpu_setup``), so each OpenBLAS setting runs in a child process
-(``python -m core.bench_cpu --child ...``) that measures the four weight formats in turn
+(``python -m core.cli.bench.cpu --child ...``) that measures the four weight formats in turn
 and prints one JSON line; the parent collects both and prints a table or one JSON object.
 The model runs through mlx-lm's own ``generate_step``: what is measured is the backend.
 """
@@ -34,7 +34,7 @@ def run_bench_cpu(args) -> int:
     for name in ("repeats", "prompt_tokens", "decode_tokens"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
-    from core.cli import print_progress
+    from core.cli.progress import print_progress
     from core.models.loader import resolve_spec
 
     root = paths.data_dir(args.data_dir)
@@ -64,7 +64,7 @@ def _run_child(openblas: bool, model_path: Path, root: Path, args) -> dict:
     elif env.get("RADIXCHAT_OPENBLAS") == "0":
         del env["RADIXCHAT_OPENBLAS"]
     command = [
-        sys.executable, "-m", "core.bench_cpu", "--child", "--model", str(model_path),
+        sys.executable, "-m", "core.cli.bench.cpu", "--child", "--model", str(model_path),
         "--data-dir", str(root), "--repeats", str(args.repeats),
         "--prompt-tokens", str(args.prompt_tokens), "--decode-tokens", str(args.decode_tokens),
     ]
@@ -181,7 +181,7 @@ def measure_format(spec: str, root: Path, fmt: str, args) -> dict:
 
 
 def child_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m core.bench_cpu")
+    parser = argparse.ArgumentParser(prog="python -m core.cli.bench.cpu")
     parser.add_argument("--child", action="store_true", required=True)
     for name in ("--model", "--data-dir"):
         parser.add_argument(name, required=True)

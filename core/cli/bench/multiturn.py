@@ -132,7 +132,7 @@ def run_bench_multiturn(args) -> int:
             raise UserError(f"--{name.replace('_', '-')} must be at least {low}")
     if args.turns > len(USER_MESSAGES):
         raise UserError(f"--turns can be at most {len(USER_MESSAGES)} (the scripted conversation's length)")
-    from core.cli import print_progress
+    from core.cli.progress import print_progress
     from core.models.loader import load_model
 
     root = paths.data_dir(args.data_dir)

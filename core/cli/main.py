@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Callable
 
 from core import paths
-
 from core.models import provision
+from core.cli.progress import print_progress
 from core.errors import UserError
 
 EXIT_USER_ERROR = 2
@@ -151,19 +151,19 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
     )
     try:
         if args.self_test:
-            from core.self_test import run_self_test
+            from core.cli.self_test import run_self_test
 
             return run_self_test(args)
         if args.command == "chat":
-            from core.chat_cli import run_chat
+            from core.cli.chat import run_chat
 
             return run_chat(args)
         if args.command == "cache":
-            from core.cache_cli import run_cache
+            from core.cli.cache import run_cache
 
             return run_cache(args)
         if args.command == "serve":
-            from core.api.server import run_serve
+            from core.cli.serve import run_serve
 
             return run_serve(args)
         if args.command == "fetch-model":
@@ -171,19 +171,19 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
         if args.command == "models":
             return _models(args)
         if args.command == "bench" and args.bench_command == "cpu":
-            from core.bench_cpu import run_bench_cpu
+            from core.cli.bench.cpu import run_bench_cpu
 
             return run_bench_cpu(args)
         if args.command == "bench" and args.bench_command == "restore":
-            from core.bench_restore import run_bench_restore
+            from core.cli.bench.restore import run_bench_restore
 
             return run_bench_restore(args)
         if args.command == "bench" and args.bench_command == "multiturn":
-            from core.bench_multiturn import run_bench_multiturn
+            from core.cli.bench.multiturn import run_bench_multiturn
 
             return run_bench_multiturn(args)
         if args.command == "bench" and args.bench_command == "serve":
-            from core.bench_serve import run_bench_serve
+            from core.cli.bench.serve import run_bench_serve
 
             return run_bench_serve(args)
         if gui is None:
@@ -194,22 +194,6 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         return 130
-
-
-_last_progress: dict[str, float] = {}
-
-
-def print_progress(message: str, fraction: float | None) -> None:
-    """Progress on stderr: overwritten in place on a terminal, every 10% otherwise."""
-    tty = sys.stderr.isatty()
-    if fraction is not None and 0 < fraction < 1:
-        step = 0.01 if tty else 0.1
-        if fraction - _last_progress.get(message, -1.0) < step:
-            return
-    _last_progress[message] = fraction if fraction is not None else 0.0
-    suffix = f" {fraction * 100:5.1f}%" if fraction is not None else ""
-    end = "\r" if tty and fraction is not None and fraction < 1 else "\n"
-    print(f"radixchat: {message}{suffix}", end=end, file=sys.stderr, flush=True)
 
 
 def _fetch(args) -> int:

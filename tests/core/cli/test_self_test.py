@@ -8,7 +8,7 @@ import re
 import pytest
 
 from core import paths
-from core.cli import main
+from core.cli.main import main
 
 OK_LINE = re.compile(
     r"^radixchat self-test: ok · mlx \S+ \((cpu|gpu)[^)]*\) · turn 1: (\d+) prompt tokens, 0 cached · "
