@@ -3,11 +3,29 @@
 Anything raised as :class:`UserError` is shown as one line (CLI: on stderr, exit 2;
 GUI: in a message) and nothing is lost. Any other exception is a bug and is logged
 with its traceback.
+
+Every error that ends a request carries an :class:`ErrorKind`, so each front end (the
+HTTP API, the command line, the window) maps the kind to its own answer instead of
+reading the message.
 """
+
+from enum import Enum
+
+
+class ErrorKind(str, Enum):
+    """What kind of failure ended a request (the value is what the API's ``code`` says)."""
+
+    CONTEXT_TOO_LONG = "context_length_exceeded"  # the prompt does not fit the model's context
+    BAD_REQUEST = "bad_request"  # anything else wrong with what was asked
+    OUT_OF_MEMORY = "out_of_memory"  # the machine ran out of memory serving it
+    MODEL_NOT_LOADED = "model_not_loaded"  # no model (yet, or it failed to load)
+    INTERNAL = "internal_error"  # a bug: logged with its traceback
 
 
 class UserError(Exception):
     """A problem the user can fix: a missing or corrupt file, a locked database, no network."""
+
+    kind = ErrorKind.BAD_REQUEST
 
     def __str__(self) -> str:  # one line, always
         return " ".join(str(self.args[0] if self.args else "").split())
@@ -16,9 +34,19 @@ class UserError(Exception):
 class ModelLoadError(UserError):
     """A model spec that cannot be loaded (missing, truncated, unsupported)."""
 
+    kind = ErrorKind.MODEL_NOT_LOADED
+
 
 class ContextLengthError(UserError):
     """A prompt longer than the model's context window."""
+
+    kind = ErrorKind.CONTEXT_TOO_LONG
+
+
+class OutOfMemoryError(UserError):
+    """The machine ran out of memory for a request (a smaller prompt or model may fit)."""
+
+    kind = ErrorKind.OUT_OF_MEMORY
 
 
 class StoreError(UserError):

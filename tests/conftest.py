@@ -10,7 +10,8 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 import core  # noqa: E402,F401  (loads the system OpenBLAS before anything imports mlx)
 import pytest  # noqa: E402
 
-from core import paths, provision  # noqa: E402
+from core import paths  # noqa: E402
+from core.models import provision  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,6 @@ import ipaddress
 import json
 import logging
 import queue
-import re
 import select
 import socket
 import sys
@@ -35,7 +34,7 @@ from urllib.parse import unquote, urlsplit
 
 from core.engine.engine import Engine, RequestHandle
 from core.engine.types import DoneEvent, ErrorEvent, Event, GenerationRequest, TokenEvent
-from core.errors import UserError
+from core.errors import ErrorKind, UserError
 from core.api.openai_schema import MODEL_ALIASES, ApiError, CompletionCall, ModelCard, ReplyBuilder, parse_call
 from core.api.metrics import ServerMetrics
 
@@ -44,8 +43,6 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 8 * 1024 * 1024
 POLL_S = 0.2  # how often a waiting request checks that its client is still there
 SESSION_HEADER = "X-RadixChat-Session"
-# core.engine.generation raises ContextLengthError with this wording; it reaches us as an ErrorEvent.
-_CONTEXT_ERROR = re.compile(r"the prompt is \d+ tokens but .* has a context of \d+")
 _ROUTES = {
     "/health": {"GET": "_health"},
     "/v1/models": {"GET": "_models"},
@@ -231,13 +228,16 @@ class _HttpServerV6(_HttpServer):
 
 
 def engine_error(event: ErrorEvent, chat: bool) -> ApiError:
-    """The API's error for an engine ErrorEvent: context overflow and user errors are 400s."""
-    if not event.user_error:
+    """The API's error for an engine ErrorEvent, by its kind: what was asked is a 400, what
+    the server lacks (a model, memory) a 503, a bug a 500."""
+    kind = event.kind
+    if kind is ErrorKind.INTERNAL:
         log.error("request failed: %s", event.message)
-        return ApiError(500, event.message, type="server_error", code="internal_error")
-    if _CONTEXT_ERROR.search(event.message):
-        return ApiError(400, event.message, param="messages" if chat else "prompt",
-                        code="context_length_exceeded")
+        return ApiError(500, event.message, type="server_error", code=kind.value)
+    if kind is ErrorKind.CONTEXT_TOO_LONG:
+        return ApiError(400, event.message, param="messages" if chat else "prompt", code=kind.value)
+    if kind in (ErrorKind.MODEL_NOT_LOADED, ErrorKind.OUT_OF_MEMORY):
+        return ApiError(503, event.message, type="server_error", code=kind.value)
     return ApiError(400, event.message)
 
 

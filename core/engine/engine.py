@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from core.engine.types import DoneEvent, ErrorEvent, Event, GenerationRequest, RequestStats
-from core.errors import UserError
+from core.errors import ErrorKind, UserError
 from kvcache.stats import CacheStats
 
 if TYPE_CHECKING:  # core.models.loader imports mlx: only the engine thread loads it
@@ -374,15 +374,18 @@ class Engine:
             if handle.cancelled:
                 handle._emit(DoneEvent("", RequestStats(finish_reason="cancelled")))
             elif self._scheduler is None:
-                handle._emit(ErrorEvent(self._load_error or "no model is loaded"))
+                handle._emit(ErrorEvent(self._load_error or "no model is loaded", ErrorKind.MODEL_NOT_LOADED))
             else:
                 self._scheduler.admit(handle)  # finishes the handle itself, now or later
                 return
         except UserError as exc:
-            handle._emit(ErrorEvent(str(exc)))
+            handle._emit(ErrorEvent(str(exc), exc.kind))
+        except MemoryError:
+            handle._emit(ErrorEvent("out of memory: try a shorter prompt or a smaller model",
+                                    ErrorKind.OUT_OF_MEMORY))
         except Exception as exc:
             log.exception("request failed")
-            handle._emit(ErrorEvent(f"internal error: {exc}", user_error=False))
+            handle._emit(ErrorEvent(f"internal error: {exc}", ErrorKind.INTERNAL))
         handle._finish()
         self._count_served()
 

@@ -24,7 +24,7 @@ from mlx_lm.generate import BatchGenerator, generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 
 from core.engine.types import DoneEvent, ErrorEvent, ProgressEvent, RequestStats, TokenEvent
-from core.errors import ContextLengthError, UserError
+from core.errors import ContextLengthError, ErrorKind, UserError
 from core.engine.generation import (PREFILL_CHUNK, Cancelled, StopText, prefill, render_prompt, sampling_tools,
                              vocab_size)
 
@@ -298,7 +298,7 @@ class Scheduler:
         """End ``state``'s stream with an error (a bug), giving its prefix lock back."""
         if state.prefix is not None:
             self.prefix_cache.release(state.prefix)
-        state.handle._emit(ErrorEvent(message, user_error=False))
+        state.handle._emit(ErrorEvent(message, ErrorKind.INTERNAL))
         state.handle._finish()
 
     def _finish(self, state: _Active, finish: str, caches, cache_tokens) -> None:

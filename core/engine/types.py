@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
+from core.errors import ErrorKind
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -89,8 +91,16 @@ class DoneEvent:
 
 @dataclass(frozen=True)
 class ErrorEvent:
+    """A request ended in failure: ``kind`` says what failed, ``message`` (one line) says it
+    in words. Front ends map the kind, never the words."""
+
     message: str  # one line
-    user_error: bool = True  # False: a bug (logged with its traceback)
+    kind: ErrorKind = ErrorKind.BAD_REQUEST
+
+    @property
+    def user_error(self) -> bool:
+        """True for what the user can act on; False for a bug (logged with its traceback)."""
+        return self.kind is not ErrorKind.INTERNAL
 
 
 Event = Union[TokenEvent, ProgressEvent, DoneEvent, ErrorEvent]

@@ -17,8 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from core.cli.main import main as cli_main
 from core.engine.engine import Engine
-from core.errors import UserError
-from core.api.server import ApiServer
+from core.engine.types import ErrorEvent
+from core.errors import ErrorKind, UserError
+from core.api.server import ApiServer, engine_error
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 
 MODEL = "tiny"  # the tiny model's folder name: the server's model id
@@ -348,3 +349,17 @@ def test_stop_cancels_running_requests_and_closes_connections(engine):
         stream.close()
     assert api.metrics.registry.get_sample_value("radixchat_finished_requests_total",
                                                  {"finish_reason": "cancelled"}) == 1
+
+
+@pytest.mark.parametrize("kind, status, code", [
+    (ErrorKind.CONTEXT_TOO_LONG, 400, "context_length_exceeded"),
+    (ErrorKind.BAD_REQUEST, 400, None),
+    (ErrorKind.MODEL_NOT_LOADED, 503, "model_not_loaded"),
+    (ErrorKind.OUT_OF_MEMORY, 503, "out_of_memory"),
+    (ErrorKind.INTERNAL, 500, "internal_error"),
+])
+def test_engine_errors_map_by_kind_not_wording(kind, status, code):
+    # the same words under every kind: only the kind decides the answer
+    error = engine_error(ErrorEvent("the prompt is 9 tokens but m has a context of 4", kind), chat=True)
+    assert error.status == status
+    assert error.body()["error"]["code"] == code

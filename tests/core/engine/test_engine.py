@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from core.engine.engine import generation
+from core.engine import generation
 from core.engine.engine import Engine
 from core.engine.types import (
     ChatMessage,
@@ -17,7 +17,7 @@ from core.engine.types import (
     SamplingParams,
     TokenEvent,
 )
-from core.errors import UserError
+from core.errors import ErrorKind, UserError
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 
@@ -181,7 +181,7 @@ def test_cancel_mid_prefill(engine, monkeypatch):
 def test_prompt_over_context_is_a_clear_error(engine):
     events = collect(engine, GenerationRequest(prompt_text="y" * 600, sampling=GREEDY))
     assert isinstance(events[-1], ErrorEvent)
-    assert "context of 512" in events[-1].message and events[-1].user_error
+    assert "context of 512" in events[-1].message and events[-1].kind is ErrorKind.CONTEXT_TOO_LONG
 
 
 def test_engine_survives_errors(engine):
