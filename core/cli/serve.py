@@ -11,6 +11,7 @@ from core import paths
 from core.api.server import ApiServer, check_bind
 from core.cli.progress import print_progress
 from core.engine.engine import Engine
+from core.models.chat_template import read_chat_template
 
 
 def run_serve(args) -> int:
@@ -18,7 +19,9 @@ def run_serve(args) -> int:
     api_key = args.api_key or os.environ.get("RADIXCHAT_API_KEY") or None
     check_bind(args.host, api_key)  # before the model loads
     root = paths.data_dir(args.data_dir)
-    engine = Engine(root, args.model, pool_tokens=args.kv_tokens, on_load_progress=print_progress).start()
+    template = read_chat_template(args.chat_template) if args.chat_template else None
+    engine = Engine(root, args.model, pool_tokens=args.kv_tokens, on_load_progress=print_progress,
+                    chat_template=template).start()
     server = None
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
