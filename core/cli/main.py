@@ -7,6 +7,7 @@
     radixchat serve                the OpenAI-compatible API on 127.0.0.1:8000
     radixchat cache stats|verify|clear   the disk cache of session KV
     radixchat bench cpu            measure the CPU backend setups (see README)
+    radixchat bench constrain      what constrained decoding costs per token
 
 Errors meant for the user print one line on stderr and exit with status 2.
 """
@@ -130,6 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench_serve.add_argument("--max-tokens", type=int, default=64, help="reply length per request")
     bench_serve.add_argument("--repeats", type=int, default=3, help="repetitions (medians are reported)")
     bench_serve.add_argument("--json", action="store_true")
+    bench_constrain = bench_sub.add_parser("constrain", help="what constrained decoding costs per token")
+    _add_common(bench_constrain)
+    bench_constrain.add_argument("--model", default="default")
+    bench_constrain.add_argument("--max-tokens", type=int, default=48, help="reply length per request")
+    bench_constrain.add_argument("--repeats", type=int, default=3, help="repetitions (medians are reported)")
+    bench_constrain.add_argument("--json", action="store_true")
     bench_gui = bench_sub.add_parser("gui", help="the app's event-loop latency while a reply streams")
     _add_common(bench_gui)
     bench_gui.add_argument("--model", default="default")
@@ -189,6 +196,10 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
             from core.cli.bench.serve import run_bench_serve
 
             return run_bench_serve(args)
+        if args.command == "bench" and args.bench_command == "constrain":
+            from core.cli.bench.constrain import run_bench_constrain
+
+            return run_bench_constrain(args)
         if gui is None:
             raise UserError("the desktop app is not available in this build; try `radixchat chat`")
         return gui(args, paths.data_dir(args.data_dir))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -142,7 +143,9 @@ class GrammarProcessor:
 
     ``tokens`` is the request's whole context (prompt, then what was generated): the
     tokens past ``seen`` are fed to the matcher before the next mask is computed. A
-    finished grammar allows only end-of-sequence tokens.
+    finished grammar allows only end-of-sequence tokens. ``cpu_s`` adds up the engine
+    thread's CPU time spent here (feeding the matcher, computing and applying masks): the
+    constraint's own cost, apart from waiting for the sampled token.
     """
 
     def __init__(self, matcher, seen: int, vocab: int, eos: list[int]):
@@ -150,16 +153,24 @@ class GrammarProcessor:
         self.seen = seen
         self.vocab = vocab
         self.eos = np.array(sorted(eos), dtype=np.int64)
+        self.cpu_s = 0.0
 
     def __call__(self, tokens, logits):
+        new = tokens[self.seen:].tolist() if int(tokens.shape[-1]) > self.seen else []  # waits for the token
+        started = time.thread_time()
+        try:
+            return self._mask(new, logits)
+        finally:
+            self.cpu_s += time.thread_time() - started
+
+    def _mask(self, new: list[int], logits):
         import mlx.core as mx
 
-        n = int(tokens.shape[-1])
-        if n > self.seen:
-            for token in tokens[self.seen:].tolist():
+        if new:
+            self.seen += len(new)
+            for token in new:
                 if not self.matcher.consume_token(int(token)):
                     log.warning("grammar refused token %s: %s", token, self.matcher.get_error())
-            self.seen = n
         if self.matcher.is_error():
             allowed = np.zeros(self.vocab, dtype=bool)
         else:

@@ -49,6 +49,7 @@ class _Active:
     stop_text: StopText
     detok: object
     tool_text: ToolCallText | None = None  # takes tool-call markup out of the text
+    grammar: object | None = None  # core.engine.constrain.GrammarProcessor, if constrained
     first_token_at: float | None = None
     generated: list[int] = field(default_factory=list)
     shown: list[str] = field(default_factory=list)
@@ -136,7 +137,8 @@ class Scheduler:
         grammar = grammar_for(request, self.markup)  # before prefill: a bad one fails at once
         sampler, processors = sampling_tools(params, self.vocab)
         if grammar is not None:
-            processors = [*processors, self.grammars.processor(grammar, len(prompt))]
+            grammar = self.grammars.processor(grammar, len(prompt))
+            processors = [*processors, grammar]
         caches = (self.prefix_cache.make_caches(prefix, room=len(prompt) - prefix.length + 1)
                   if prefix is not None else make_prompt_cache(self.loaded.model))
         cached = prefix.length if prefix is not None else 0
@@ -145,7 +147,7 @@ class Scheduler:
         calls_on = request.tools and request.tool_choice != "none" and self.markup is not None
         state = _Active(handle, prompt, prefix, cached, min(restored, cached), started, max_tokens,
                         StopText(params.stop), detok,
-                        ToolCallText(self.markup, request.tools) if calls_on else None)
+                        ToolCallText(self.markup, request.tools) if calls_on else None, grammar)
 
         def on_chunk(done: int) -> None:
             if handle.cancelled:
@@ -363,6 +365,7 @@ class Scheduler:
             prefill_tps=(len(prompt) - state.cached) / ttft if ttft > 0 else 0.0,
             decode_tps=(n - 1) / decode_time if decode_time > 0 and n > 1 else 0.0,
             total_s=ended - state.started,
+            constraint_cpu_s=state.grammar.cpu_s if state.grammar is not None else 0.0,
             finish_reason=finish,
         )
         calls = tuple(state.tool_text.calls) if state.tool_text is not None else ()

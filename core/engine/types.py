@@ -101,6 +101,7 @@ class RequestStats:
     prefill_tps: float = 0.0
     decode_tps: float = 0.0
     total_s: float = 0.0
+    constraint_cpu_s: float = 0.0  # CPU time spent enforcing a grammar (constrained decoding)
     finish_reason: str = "stop"  # "stop" | "length" | "cancelled" | "tool_calls"
 
 

@@ -98,7 +98,8 @@ def test_mask_follows_the_grammar(engine):
 def test_json_schema_output_parses_and_validates(engine):
     done = done_of(list(engine.stream(ask("describe it", json_schema=SCHEMA))))
     jsonschema.validate(json.loads(done.text), SCHEMA)
-    assert done.stats.finish_reason == "stop"
+    assert done.stats.finish_reason == "stop" and done.stats.constraint_cpu_s > 0
+    assert done_of(list(engine.stream(ask("describe it")))).stats.constraint_cpu_s == 0
 
 
 @pytest.mark.parametrize("choice, name", [("required", None), ("function", "get_time")])
