@@ -8,6 +8,7 @@
     radixchat cache stats|verify|clear   the disk cache of session KV
     radixchat bench cpu            measure the CPU backend setups (see README)
     radixchat bench constrain      what constrained decoding costs per token
+    radixchat bench agent          a coding-agent session: TTFT with and without our cache, vs mlx_lm.server
 
 Errors meant for the user print one line on stderr and exit with status 2.
 """
@@ -131,6 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench_serve.add_argument("--max-tokens", type=int, default=64, help="reply length per request")
     bench_serve.add_argument("--repeats", type=int, default=3, help="repetitions (medians are reported)")
     bench_serve.add_argument("--json", action="store_true")
+    bench_agent = bench_sub.add_parser("agent", help="a coding-agent session with tools: TTFT, ours vs "
+                                                     "ours without cache vs mlx_lm.server")
+    _add_common(bench_agent)
+    bench_agent.add_argument("--model", default="default")
+    bench_agent.add_argument("--max-tokens", type=int, default=16, help="reply length per request")
+    bench_agent.add_argument("--repeats", type=int, default=1, help="repetitions (medians are reported)")
+    bench_agent.add_argument("--json", action="store_true")
     bench_constrain = bench_sub.add_parser("constrain", help="what constrained decoding costs per token")
     _add_common(bench_constrain)
     bench_constrain.add_argument("--model", default="default")
@@ -196,6 +204,10 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
             from core.cli.bench.serve import run_bench_serve
 
             return run_bench_serve(args)
+        if args.command == "bench" and args.bench_command == "agent":
+            from core.cli.bench.agent import run_bench_agent
+
+            return run_bench_agent(args)
         if args.command == "bench" and args.bench_command == "constrain":
             from core.cli.bench.constrain import run_bench_constrain
 
