@@ -46,13 +46,14 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def parse_calls(markup: ToolMarkup, text: str, tools) -> list[ToolCall] | None:
+def parse_calls(markup: ToolMarkup, text: str, tools, complete: bool = True) -> list[ToolCall] | None:
     """The calls written in ``text`` (what was between the markers), None if it does not
-    parse (the text is then shown as it is, nothing lost)."""
+    parse (the text is then shown as it is, nothing lost). ``complete``: the end marker
+    came (a call cut short by max_tokens failing to parse is no surprise)."""
     try:
         parsed = markup.parse(text, list(tools))
     except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
-        log.warning("a tool call did not parse (%s): %r", exc, text[:200])
+        (log.warning if complete else log.debug)("a tool call did not parse (%s): %r", exc, text[:200])
         return None
     calls = []
     for item in parsed if isinstance(parsed, list) else [parsed]:
@@ -114,7 +115,7 @@ class ToolCallText:
         if not self.inside:
             return rest, []
         self.inside = False
-        parsed = parse_calls(self.markup, rest, self.tools) if rest.strip() else None
+        parsed = parse_calls(self.markup, rest, self.tools, complete=False) if rest.strip() else None
         if parsed is None:
             return self.markup.start + rest, []
         self.calls += parsed
