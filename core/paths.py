@@ -1,8 +1,8 @@
 """Where RadixChat keeps its files.
 
 The data folder is, in order: an explicit ``--data-dir``, ``$RADIXCHAT_HOME``, or the
-platform's user data folder (``platformdirs``). It holds ``models/``, ``chats.db`` and
-(later) the cache database.
+platform's user data folder (``platformdirs``). It holds ``models/``, ``chats.db`` and the disk cache of session KV
+(``kvcache.db``, with SQLite's ``-wal`` and ``-shm`` files beside it).
 """
 
 from __future__ import annotations
@@ -35,3 +35,17 @@ def models_dir(root: Path) -> Path:
 
 def chats_db_path(root: Path) -> Path:
     return root / "chats.db"
+
+
+KV_CACHE_DB = "kvcache.db"  # the one place this name is typed
+
+
+def kv_cache_db_path(root: Path) -> Path:
+    """The disk cache of session KV (``kvcache.store.DiskStore``) in the data folder ``root``."""
+    return Path(root) / KV_CACHE_DB
+
+
+def kv_cache_db_files(root: Path) -> tuple[Path, Path, Path]:
+    """The disk cache's database and SQLite's write-ahead log and shared-memory files."""
+    path = kv_cache_db_path(root)
+    return path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")

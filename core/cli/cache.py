@@ -11,7 +11,7 @@ from kvcache.store import DiskStore, DiskStoreError
 
 
 def run_cache(args) -> int:
-    path = paths.data_dir(args.data_dir) / "kvcache.db"
+    path = paths.kv_cache_db_path(paths.data_dir(args.data_dir))
     try:
         with DiskStore(path) as store:
             if args.cache_command == "stats":

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
+from core import paths
 from core.engine.types import DoneEvent, ErrorEvent, Event, GenerationRequest, RequestStats
 from core.errors import ErrorKind, UserError
 from kvcache.stats import CacheStats
@@ -182,9 +183,9 @@ class Engine:
             rss = 0
         disk = 0
         if self._persister is not None:
-            for suffix in ("", "-wal"):
+            for path in paths.kv_cache_db_files(self.data_root)[:2]:  # the database and its WAL
                 try:
-                    disk += (self.data_root / f"kvcache.db{suffix}").stat().st_size
+                    disk += path.stat().st_size
                 except OSError:
                     pass
         budget = (self._disk_budget or _default_disk_budget()) if self._persister is not None else 0
@@ -274,7 +275,7 @@ class Engine:
             return None
         try:
             self.data_root.mkdir(parents=True, exist_ok=True)
-            return SessionPersister(self.data_root / "kvcache.db", self._prefix_cache, fingerprint,
+            return SessionPersister(paths.kv_cache_db_path(self.data_root), self._prefix_cache, fingerprint,
                                     self._disk_budget or DEFAULT_BUDGET)
         except (DiskStoreError, OSError) as exc:  # the app runs on without a disk cache
             self.disk_cache_error = str(exc)
@@ -287,7 +288,7 @@ class Engine:
         if self._persister is not None:
             self._persister.forget(session)
             return
-        path = self.data_root / "kvcache.db"
+        path = paths.kv_cache_db_path(self.data_root)
         if self._disk_cache and path.exists():  # saved under another model, or the cache is off
             from kvcache.store import DiskStore, DiskStoreError
 
