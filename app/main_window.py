@@ -24,13 +24,11 @@ from app.composer import Composer
 from app.memory_panel import MemoryPanel
 from app.model_picker import ModelPickerDialog
 from app.session_list import SessionList
-from app.settings_dialogs import AppSettings, AppSettingsDialog, SessionSettingsDialog
+from app.settings_dialogs import DEFAULT_SAMPLING, AppSettings, AppSettingsDialog, SessionSettingsDialog
 from core.chats.store import ChatStore, Session
 from core.errors import StoreError, UserError
 from core.paths import chats_db_path
 from resources import resource_path
-
-DEFAULT_SAMPLING = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 512, "seed": None}
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,12 @@ from PySide6.QtCore import QByteArray, QSettings
 from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QDoubleSpinBox, QFileDialog, QFormLayout, QHBoxLayout,
                                QLabel, QLineEdit, QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
+from core.engine.types import SamplingParams
 from kvcache.store import DEFAULT_BUDGET
 
-DEFAULT_SAMPLING = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 512, "seed": None}
+SESSION_SAMPLING_KEYS = ("temperature", "top_p", "max_tokens", "seed")  # what a chat's settings edit
+# a new chat's sampling: the engine's defaults (SamplingParams' fields), not a copy of them
+DEFAULT_SAMPLING = {key: getattr(SamplingParams(), key) for key in SESSION_SAMPLING_KEYS}
 MAX_TOKENS_LIMIT = 32768
 MAX_SEED = 2**31 - 1
 RANDOM_SEED_TEXT = "random"

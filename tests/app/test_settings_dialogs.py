@@ -148,3 +148,14 @@ def test_app_settings_dialog_writes_on_ok_only(qtbot, ini, tmp_path):
         dialog.findChild(QDialogButtonBox).button(QDialogButtonBox.StandardButton.Ok).click()
     saved = AppSettings(ini())
     assert (saved.data_dir, saved.kv_pool_mb, saved.disk_cache_gb) == (chosen, None, 25.0)
+
+
+def test_app_sampling_defaults_are_the_engines(qtbot):
+    """The window's and the dialog's defaults are SamplingParams' own, field for field."""
+    from app import main_window
+
+    assert main_window.DEFAULT_SAMPLING is DEFAULT_SAMPLING
+    assert SamplingParams(**DEFAULT_SAMPLING) == SamplingParams()
+    dialog = _session_dialog(qtbot, {"temperature": 1.5, "top_p": 0.5, "max_tokens": 7, "seed": 3}, None)
+    dialog.restore_defaults()
+    assert SamplingParams(**dialog.values()[0]) == SamplingParams()
