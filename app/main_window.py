@@ -552,12 +552,7 @@ def run_app(data_root: Path, model_spec: str, data_root_chosen: bool = True) -> 
     except StoreError as exc:  # also printed by the CLI, but a double-clicked app has no terminal
         QMessageBox.critical(None, "RadixChat", f"RadixChat cannot open its chats.\n\n{exc}")
         raise
-    engine_options = {}
-    if settings.kv_pool_mb:
-        engine_options["pool_bytes"] = settings.kv_pool_mb * 2**20
-    if settings.disk_cache_gb:
-        engine_options["disk_budget_bytes"] = int(settings.disk_cache_gb * 1e9)
-    bridge = EngineBridge(data_root, model_spec, engine_options=engine_options)
+    bridge = EngineBridge(data_root, model_spec, engine_options=settings.engine_options())
     window = MainWindow(bridge, store, settings)
     window.show()
     bridge.start()

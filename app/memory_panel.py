@@ -22,8 +22,9 @@ from PySide6.QtWidgets import QGridLayout, QLabel, QSizePolicy, QVBoxLayout, QWi
 
 from app.charts import BLUE, GREEN, ORANGE, PURPLE, RED, AxisPair, ChartPanel, chart_view, compact_chart
 from app.format import count, decimals_for, human_bytes, nice_step, percent
+from core.paths import GB, MB
 
-_GB, _MB, _KB = 2**30, 2**20, 2**10
+_GB, _MB, _KB = GB, MB, 2**10
 
 
 def nice_bytes_axis(top_bytes: float, intervals: int = 4) -> tuple[float, float, str, str]:

@@ -12,6 +12,7 @@ from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QDoubleSpinBox, QFileD
                                QLabel, QLineEdit, QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
 from core.engine.types import SamplingParams
+from core.paths import GB, MB, gb_to_bytes
 from kvcache.store import DEFAULT_BUDGET
 
 SESSION_SAMPLING_KEYS = ("temperature", "top_p", "max_tokens", "seed")  # what a chat's settings edit
@@ -126,12 +127,21 @@ class AppSettings:
 
     @property
     def disk_cache_gb(self) -> float | None:
-        """The disk cache's budget in GB; None: the default budget."""
+        """The disk cache's budget in GB (``core.paths.GB`` bytes each); None: the default budget."""
         return self._get("disk_cache_gb", float)
 
     @disk_cache_gb.setter
     def disk_cache_gb(self, value: float | None) -> None:
         self._set("disk_cache_gb", value)
+
+    def engine_options(self) -> dict:
+        """The Engine's keyword arguments these settings choose (none: the engine's defaults)."""
+        options = {}
+        if self.kv_pool_mb:
+            options["pool_bytes"] = self.kv_pool_mb * MB
+        if self.disk_cache_gb:
+            options["disk_budget_bytes"] = gb_to_bytes(self.disk_cache_gb)
+        return options
 
     @property
     def last_model(self) -> str | None:
@@ -206,7 +216,7 @@ class AppSettingsDialog(QDialog):
     writes the fields into ``settings``."""
 
     def __init__(self, settings: AppSettings, default_data_dir: str,
-                 default_disk_cache_gb: float = DEFAULT_BUDGET / 2**30, parent: QWidget | None = None):
+                 default_disk_cache_gb: float = DEFAULT_BUDGET / GB, parent: QWidget | None = None):
         super().__init__(parent)
         self.setWindowTitle("RadixChat settings")
         self.settings = settings

@@ -37,6 +37,18 @@ def chats_db_path(root: Path) -> Path:
     return root / "chats.db"
 
 
+# One unit for every size the user reads or types: GB = 2**30 bytes (MB = 2**20). Binary,
+# because the memory panel shows RAM that way (as memory tools do) and the disk cache's row
+# sits among those figures: "10 GB" typed in Preferences, the panel's "of 10.0 GB" and
+# `radixchat cache stats`' "budget 10.0 GB" are the same number of bytes.
+MB, GB = 2**20, 2**30
+
+
+def gb_to_bytes(gb: float) -> int:
+    """A size typed in GB (``GB`` bytes each) in bytes."""
+    return round(gb * GB)
+
+
 KV_CACHE_DB = "kvcache.db"  # the one place this name is typed
 
 

@@ -174,3 +174,12 @@ def test_chat_parser_sampling_defaults_are_the_engines():
     parsed = {f.name: getattr(args, flags.get(f.name, f.name)) for f in fields(SamplingParams)}
     parsed["stop"] = tuple(parsed["stop"])
     assert SamplingParams(**parsed) == SamplingParams()
+
+
+def test_cache_stats_shows_the_budget_in_the_apps_unit(capsys, tmp_path):
+    """`cache stats` counts GB as the app does (core.paths.GB): the default reads as typed."""
+    from kvcache.store import DEFAULT_BUDGET
+
+    assert main(["cache", "stats", "--data-dir", str(tmp_path)]) == 0
+    assert f"budget {DEFAULT_BUDGET / paths.GB:.1f} GB" in capsys.readouterr().out
+    assert DEFAULT_BUDGET / paths.GB == 10  # "Default (10 GB)" in Preferences
