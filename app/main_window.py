@@ -9,12 +9,10 @@ model loads and server stops all come back as signals.
 from __future__ import annotations
 
 import logging
-import sys
-from pathlib import Path
 
 from PySide6.QtCore import QSignalBlocker, Qt
-from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence
-from PySide6.QtWidgets import (QApplication, QLabel, QMainWindow, QMessageBox, QSplitter, QToolButton,
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtWidgets import (QLabel, QMainWindow, QMessageBox, QSplitter, QToolButton,
                                QVBoxLayout, QWidget)
 
 from app.bridge import EngineBridge
@@ -27,8 +25,6 @@ from app.session_list import SessionList
 from app.settings_dialogs import DEFAULT_SAMPLING, AppSettings, AppSettingsDialog, SessionSettingsDialog
 from core.chats.store import ChatStore, Session
 from core.errors import StoreError, UserError
-from core.paths import chats_db_path
-from resources import resource_path
 
 log = logging.getLogger(__name__)
 
@@ -517,48 +513,3 @@ class MainWindow(QMainWindow):
 
     def _set_state_text(self, text: str, timeout_ms: int = 0) -> None:
         self.state_label.setText(text)
-
-
-def apply_look(app: QApplication) -> None:
-    """Native on macOS (system font, dark mode from the system); Fusion elsewhere, which
-    follows the desktop's colour scheme in Qt 6.5+."""
-    app.setApplicationName("RadixChat")
-    app.setOrganizationName("RadixChat")
-    app.setApplicationDisplayName("RadixChat")
-    icon = resource_path("RadixChat.png")
-    if icon.is_file():
-        app.setWindowIcon(QIcon(str(icon)))
-    if sys.platform != "darwin":
-        app.setStyle("Fusion")
-
-
-def run_app(data_root: Path, model_spec: str, data_root_chosen: bool = True) -> int:
-    """Open the main window while the model loads; returns the exit code. The data folder
-    of the app's settings applies unless ``--data-dir`` or ``$RADIXCHAT_HOME`` chose one."""
-    app = QApplication.instance() or QApplication(sys.argv)
-    apply_look(app)
-    settings = AppSettings()
-    if not data_root_chosen and settings.data_dir:
-        try:
-            Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
-            data_root = Path(settings.data_dir)
-        except OSError as exc:  # the default folder still works: say so and go on
-            QMessageBox.warning(None, "RadixChat", f"The data folder in Preferences cannot be used, so "
-                                f"RadixChat uses {data_root}.\n\n{exc.strerror or exc}: {settings.data_dir}")
-    if model_spec == "default" and settings.last_model:
-        model_spec = settings.last_model
-    try:
-        store = ChatStore(chats_db_path(data_root))
-    except StoreError as exc:  # also printed by the CLI, but a double-clicked app has no terminal
-        QMessageBox.critical(None, "RadixChat", f"RadixChat cannot open its chats.\n\n{exc}")
-        raise
-    bridge = EngineBridge(data_root, model_spec, engine_options=settings.engine_options())
-    window = MainWindow(bridge, store, settings)
-    window.show()
-    bridge.start()
-    try:
-        app.exec()
-    finally:
-        bridge.shutdown()
-        store.close()
-    return 0
