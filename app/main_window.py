@@ -8,6 +8,7 @@ model loads and server stops all come back as signals.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from PySide6.QtCore import QSignalBlocker, Qt
@@ -24,6 +25,7 @@ from app.model_picker import ModelPickerDialog
 from app.session_list import SessionList
 from app.settings_dialogs import DEFAULT_SAMPLING, AppSettings, AppSettingsDialog, SessionSettingsDialog
 from core.chats.store import ChatStore, Session
+from core.engine.types import RequestStats
 from core.errors import StoreError, UserError
 
 log = logging.getLogger(__name__)
@@ -263,7 +265,7 @@ class MainWindow(QMainWindow):
 
     def _on_session_deleted(self, session_id: int, name: str) -> None:
         if name:
-            self.bridge.engine.forget_session(name)  # its cached KV, in RAM and on disk
+            self.bridge.forget_session(name)  # its cached KV, in RAM and on disk
         if self.session is not None and self.session.id == session_id:
             if self._generating:  # its reply has nowhere to go
                 self.bridge.cancel()
@@ -343,13 +345,14 @@ class MainWindow(QMainWindow):
             else:
                 self.composer.set_text(self._pending)
 
-    def _store_turn(self, text: str, stats: dict | None) -> None:
+    def _store_turn(self, text: str, stats: RequestStats | None) -> None:
         """Keep the finished turn (replacing the last one for a regenerate or an edit)."""
         assert self.session is not None
+        figures = dataclasses.asdict(stats) if stats is not None else None
         if self._replacing:
-            self.store.replace_last_turn(self.session.id, self._pending, text, stats)
+            self.store.replace_last_turn(self.session.id, self._pending, text, figures)
         else:
-            self.store.add_turn(self.session.id, self._pending, text, stats)
+            self.store.add_turn(self.session.id, self._pending, text, figures)
 
     def _on_escape(self) -> None:
         if self._generating:
@@ -366,12 +369,12 @@ class MainWindow(QMainWindow):
         from core.models.catalog import describe_spec
 
         self._update_state()
-        what = describe_spec(spec, self.bridge.engine.data_root) if spec else "the model"
+        what = describe_spec(spec, self.bridge.data_root) if spec else "the model"
         self._set_state_text(f"Loading {what}…")
 
     def _on_ready(self, name: str) -> None:
         self.model_name = name
-        info = self.bridge.engine.model_info
+        info = self.bridge.model_info
         if info is not None:
             self.settings.last_model = info.spec
         self.model_label.setText(name)
@@ -398,25 +401,25 @@ class MainWindow(QMainWindow):
                 self._set_state_text("Generating…")
             self.chat.append_reply(text)
 
-    def _on_finished(self, text: str, stats: dict) -> None:
+    def _on_finished(self, text: str, stats: RequestStats) -> None:
         if not self._generating:  # a reply the window stopped waiting for (closed, chat deleted)
             self._update_state()
             return
         self._generating = False
-        stopped = stats["finish_reason"] == "cancelled"
+        stopped = stats.finish_reason == "cancelled"
         if stopped and not text:  # stopped before its first token: as if it was never sent
             self._give_back()
             self._set_state_text("Stopped before the reply began")
             self._update_state()
             return
-        note = (f"{'stopped · ' if stopped else ''}{stats['completion_tokens']} tokens · "
-                f"{stats['decode_tps']:.1f} tok/s · TTFT {stats['ttft_s']:.2f} s")
+        note = (f"{'stopped · ' if stopped else ''}{stats.completion_tokens} tokens · "
+                f"{stats.decode_tps:.1f} tok/s · TTFT {stats.ttft_s:.2f} s")
         self.chat.end_reply(text, note)
         self.cache_panel.set_turns(self._kept_turns + [stats])
-        served = stats["cached_tokens"] + stats["restored_tokens"]
-        self.speed_label.setText(f"{stats['decode_tps']:.1f} tok/s")
-        self._set_state_text(f"{'Stopped' if stopped else 'Done'} · prompt {stats['prompt_tokens']} tokens, "
-                             f"{served} from the cache · TTFT {stats['ttft_s']:.2f} s")
+        served = stats.cached_tokens + stats.restored_tokens
+        self.speed_label.setText(f"{stats.decode_tps:.1f} tok/s")
+        self._set_state_text(f"{'Stopped' if stopped else 'Done'} · prompt {stats.prompt_tokens} tokens, "
+                             f"{served} from the cache · TTFT {stats.ttft_s:.2f} s")
         self._update_state()
         if self.session is None:
             return
@@ -440,8 +443,8 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------------ dialogs
     def choose_model(self) -> None:
-        info = self.bridge.engine.model_info
-        dialog = ModelPickerDialog(self.bridge.engine.data_root, info.spec if info is not None else None, self)
+        info = self.bridge.model_info
+        dialog = ModelPickerDialog(self.bridge.data_root, info.spec if info is not None else None, self)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.accepted.connect(lambda: self._load(dialog.chosen_spec()))
         dialog.open()
@@ -470,7 +473,7 @@ class MainWindow(QMainWindow):
             self._set_state_text(f"Could not save the settings: {exc}")
 
     def edit_app_settings(self) -> None:
-        dialog = AppSettingsDialog(self.settings, str(self.bridge.engine.data_root), self)
+        dialog = AppSettingsDialog(self.settings, str(self.bridge.data_root), parent=self)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.accepted.connect(dialog.apply)
         dialog.open()

@@ -12,8 +12,7 @@ from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QDoubleSpinBox, QFileD
                                QLabel, QLineEdit, QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
 from core.engine.types import SamplingParams
-from core.paths import GB, MB, gb_to_bytes
-from kvcache.store import DEFAULT_BUDGET
+from core.paths import GB, MB, default_disk_budget, gb_to_bytes
 
 SESSION_SAMPLING_KEYS = ("temperature", "top_p", "max_tokens", "seed")  # what a chat's settings edit
 # a new chat's sampling: the engine's defaults (SamplingParams' fields), not a copy of them
@@ -216,10 +215,12 @@ class AppSettingsDialog(QDialog):
     writes the fields into ``settings``."""
 
     def __init__(self, settings: AppSettings, default_data_dir: str,
-                 default_disk_cache_gb: float = DEFAULT_BUDGET / GB, parent: QWidget | None = None):
+                 default_disk_cache_gb: float | None = None, parent: QWidget | None = None):
         super().__init__(parent)
         self.setWindowTitle("RadixChat settings")
         self.settings = settings
+        if default_disk_cache_gb is None:
+            default_disk_cache_gb = default_disk_budget() / GB
 
         self.data_dir = QLineEdit(settings.data_dir or "")
         self.data_dir.setPlaceholderText(f"Default: {default_data_dir}")

@@ -49,6 +49,14 @@ def gb_to_bytes(gb: float) -> int:
     return round(gb * GB)
 
 
+def default_disk_budget() -> int:
+    """The disk cache's budget in bytes when none is chosen (``kvcache.store.DEFAULT_BUDGET``:
+    the front ends reach kvcache through core)."""
+    from kvcache.store import DEFAULT_BUDGET  # imported on use: sqlite-utils is slow to import
+
+    return DEFAULT_BUDGET
+
+
 KV_CACHE_DB = "kvcache.db"  # the one place this name is typed
 
 

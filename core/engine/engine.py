@@ -188,7 +188,7 @@ class Engine:
                     disk += path.stat().st_size
                 except OSError:
                     pass
-        budget = (self._disk_budget or _default_disk_budget()) if self._persister is not None else 0
+        budget = (self._disk_budget or paths.default_disk_budget()) if self._persister is not None else 0
         return dataclasses.replace(self._stats, rss_bytes=rss, disk_cache_bytes=disk,
                                    disk_cache_budget_bytes=budget)
 
@@ -269,14 +269,14 @@ class Engine:
 
     def _open_persister(self, fingerprint: str):
         from kvcache.persist import SessionPersister
-        from kvcache.store import DEFAULT_BUDGET, DiskStoreError
+        from kvcache.store import DiskStoreError
 
         if not (self._disk_cache and self._use_cache and self._prefix_cache.enabled):
             return None
         try:
             self.data_root.mkdir(parents=True, exist_ok=True)
             return SessionPersister(paths.kv_cache_db_path(self.data_root), self._prefix_cache, fingerprint,
-                                    self._disk_budget or DEFAULT_BUDGET)
+                                    self._disk_budget or paths.default_disk_budget())
         except (DiskStoreError, OSError) as exc:  # the app runs on without a disk cache
             self.disk_cache_error = str(exc)
             log.warning("disk cache off: %s", exc)
@@ -414,9 +414,3 @@ class Engine:
             requests_served=self._served,
             requests_running=len(self._scheduler.active) if self._scheduler is not None else 0,
         )
-
-
-def _default_disk_budget() -> int:
-    from kvcache.store import DEFAULT_BUDGET
-
-    return DEFAULT_BUDGET

@@ -164,7 +164,6 @@ def test_app_sampling_defaults_are_the_engines(qtbot):
 def test_disk_budget_typed_is_the_budget_the_engine_gets(qtbot, ini, tmp_path, tiny_model):
     """Typed "2.5" GB in Preferences: the engine's budget is 2.5 * 2**30 bytes, the memory panel
     shows "of 2.5 GB" and the dialog's default reads in the same unit."""
-    from app.bridge import stats_to_dict
     from app.memory_panel import MemoryPanel
     from core.engine.engine import Engine
     from core.paths import GB
@@ -186,7 +185,7 @@ def test_disk_budget_typed_is_the_budget_the_engine_gets(qtbot, ini, tmp_path, t
     assert stats.disk_cache_budget_bytes == int(2.5 * GB)
     panel = MemoryPanel()
     qtbot.addWidget(panel)
-    panel.update_stats(stats_to_dict(stats))
+    panel.update_stats(stats)
     assert panel.findChild(QLabel, "diskCacheValue").text().split(" · ")[0].endswith("of 2.5 GB")
 
     from kvcache.store import DEFAULT_BUDGET  # the test may look inside; the app may not
