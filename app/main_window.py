@@ -8,7 +8,6 @@ model loads and server stops all come back as signals.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 from PySide6.QtCore import QSignalBlocker, Qt
@@ -25,18 +24,11 @@ from app.model_picker import ModelPickerDialog
 from app.session_list import SessionList
 from app.settings_dialogs import DEFAULT_SAMPLING, AppSettings, AppSettingsDialog, SessionSettingsDialog
 from core.chats.store import ChatStore, Session
+from core.chats.turn import ChatTurn
 from core.engine.types import RequestStats
 from core.errors import StoreError, UserError
 
 log = logging.getLogger(__name__)
-
-
-def _last_turn_start(messages: list) -> int:
-    """Where the last turn starts: the last message, and the one before it unless the last
-    is a user message (a turn is a user message and its reply)."""
-    if not messages:
-        return 0
-    return max(0, len(messages) - (1 if messages[-1].role == "user" else 2))
 
 
 class MainWindow(QMainWindow):
@@ -50,12 +42,8 @@ class MainWindow(QMainWindow):
         self.server_port = server_port
         self.model_name = ""
         self.session: Session | None = None
-        self._pending = ""  # the user message being answered
-        self._replacing = False  # its reply replaces the stored last turn (regenerate, edit)
+        self._turn: ChatTurn | None = None  # the turn whose reply the window waits for
         self._from_composer = False  # it came from the composer (not a regenerate)
-        self._shown_before: list[tuple[str, str]] = []  # the stored chat when it was sent
-        self._kept_turns: list[dict] = []  # the stats of the stored turns it follows
-        self._generating = False  # the window waits for a reply
         self.error_box: QMessageBox | None = None
 
         self.setWindowTitle("RadixChat")
@@ -198,13 +186,13 @@ class MainWindow(QMainWindow):
         self.settings.window_state = bytes(self.saveState().data())
         self.settings.splitter_state = bytes(self.splitter.saveState().data())
         self.serve_action.setChecked(False)  # stops the API server (the app's exit waits for it)
-        if self._generating:  # stop the reply and keep what came so far, as Stop does
+        if self._turn is not None:  # stop the reply and keep what came so far, as Stop does
+            turn, self._turn = self._turn, None
             self.bridge.cancel()
-            self._generating = False
             reply = self.chat.message_text(self.chat.message_count() - 1)
-            if reply and self.session is not None:
+            if self.session is not None:
                 try:
-                    self._store_turn(reply, None)
+                    turn.finish(self.store, reply, None)  # nothing yet: nothing stored
                 except StoreError as exc:
                     log.warning("the reply being written when the window closed is lost: %s", exc)
         super().closeEvent(event)
@@ -267,9 +255,9 @@ class MainWindow(QMainWindow):
         if name:
             self.bridge.forget_session(name)  # its cached KV, in RAM and on disk
         if self.session is not None and self.session.id == session_id:
-            if self._generating:  # its reply has nowhere to go
+            if self._turn is not None:  # its reply has nowhere to go
                 self.bridge.cancel()
-                self._generating = False
+                self._turn = None
             self.session = None
             self._open_initial_session()
 
@@ -300,59 +288,49 @@ class MainWindow(QMainWindow):
 
     def _ask(self, text: str, replace: bool, from_composer: bool) -> None:
         """Ask for a reply to ``text`` after the stored chat (less its last turn when
-        ``replace``). The store only changes when the reply is done, so a reply that fails or
-        is stopped before its first token loses nothing."""
+        ``replace``). The store only changes when the reply is done (``ChatTurn.finish``), so a
+        reply that fails or is stopped before its first token loses nothing."""
         if not text or self._generating or self.bridge.busy or not self.model_name or self.session is None:
             return
         try:
-            stored = self.store.messages(self.session.id)
+            turn = ChatTurn.start(self.store, self.session, text, replace=replace)
         except StoreError as exc:
             self._set_state_text(f"Could not read the chat: {exc}")
             return
-        kept = stored[:_last_turn_start(stored)] if replace else stored
-        history = [(m.role, m.content) for m in kept]
-        if self.session.system_prompt:
-            history.insert(0, ("system", self.session.system_prompt))
+        messages = [(m.role, m.content) for m in turn.messages]
         try:
             # a bad setting raises here, before the window changes (events arrive queued)
-            self.bridge.send(history + [("user", text)], self.sampling(), session=self.session.name)
+            self.bridge.send(messages, self.sampling(), session=turn.session.name)
         except ValueError as exc:
             self._set_state_text(f"Check the chat settings: {exc}")
             return
-        self._pending, self._replacing, self._from_composer = text, replace, from_composer
-        self._shown_before = [(m.role, m.content) for m in stored]
-        self._kept_turns = [m.stats for m in kept if m.role == "assistant" and m.stats]
+        self._turn, self._from_composer = turn, from_composer
         if from_composer:
             self.composer.finish_edit()
             self.composer.input.clear()
         if replace or any(self.chat.message_role(i) == "error" for i in range(self.chat.message_count())):
-            self.chat.set_messages(history)  # the chat as it will be stored (no error rows)
+            self.chat.set_messages(messages[:-1])  # the chat as it will be stored (no error rows)
         self.chat.add_user_message(text)
         self.chat.begin_reply()
-        self._generating = True
         self._update_state()
         self._set_state_text("Reading the prompt…")
 
-    def _give_back(self) -> None:
+    @property
+    def _generating(self) -> bool:
+        """The window waits for a reply."""
+        return self._turn is not None
+
+    def _give_back(self, turn: ChatTurn) -> None:
         """Undo the message sent in the window: the chat as stored, the text back in the composer."""
-        if self._replacing:
-            self.chat.set_messages(self._shown_before)
+        if turn.replace:
+            self.chat.set_messages([(m.role, m.content) for m in turn.stored])
         else:
             self.chat.remove_last_turn()
         if self._from_composer and not self.composer.text():  # nothing lost: it can be sent again
-            if self._replacing:
-                self.composer.start_edit(self._pending)
+            if turn.replace:
+                self.composer.start_edit(turn.prompt)
             else:
-                self.composer.set_text(self._pending)
-
-    def _store_turn(self, text: str, stats: RequestStats | None) -> None:
-        """Keep the finished turn (replacing the last one for a regenerate or an edit)."""
-        assert self.session is not None
-        figures = dataclasses.asdict(stats) if stats is not None else None
-        if self._replacing:
-            self.store.replace_last_turn(self.session.id, self._pending, text, figures)
-        else:
-            self.store.add_turn(self.session.id, self._pending, text, figures)
+                self.composer.set_text(turn.prompt)
 
     def _on_escape(self) -> None:
         if self._generating:
@@ -402,20 +380,20 @@ class MainWindow(QMainWindow):
             self.chat.append_reply(text)
 
     def _on_finished(self, text: str, stats: RequestStats) -> None:
-        if not self._generating:  # a reply the window stopped waiting for (closed, chat deleted)
+        turn, self._turn = self._turn, None
+        if turn is None:  # a reply the window stopped waiting for (closed, chat deleted)
             self._update_state()
             return
-        self._generating = False
         stopped = stats.finish_reason == "cancelled"
-        if stopped and not text:  # stopped before its first token: as if it was never sent
-            self._give_back()
+        if not turn.keeps(text, stats):  # stopped before its first token: as if it was never sent
+            self._give_back(turn)
             self._set_state_text("Stopped before the reply began")
             self._update_state()
             return
         note = (f"{'stopped · ' if stopped else ''}{stats.completion_tokens} tokens · "
                 f"{stats.decode_tps:.1f} tok/s · TTFT {stats.ttft_s:.2f} s")
         self.chat.end_reply(text, note)
-        self.cache_panel.set_turns(self._kept_turns + [stats])
+        self.cache_panel.set_turns(turn.kept_stats + [stats])
         served = stats.cached_tokens + stats.restored_tokens
         self.speed_label.setText(f"{stats.decode_tps:.1f} tok/s")
         self._set_state_text(f"{'Stopped' if stopped else 'Done'} · prompt {stats.prompt_tokens} tokens, "
@@ -424,7 +402,7 @@ class MainWindow(QMainWindow):
         if self.session is None:
             return
         try:
-            self._store_turn(text, stats)
+            turn.finish(self.store, text, stats)
             self.session = self.store.get_session_by_id(self.session.id) or self.session
             self.sessions.refresh(select_id=self.session.id)
             self.setWindowTitle(f"{self.session.title or 'New chat'} — RadixChat")
@@ -432,11 +410,11 @@ class MainWindow(QMainWindow):
             self._set_state_text(f"Could not save the chat: {exc}")
 
     def _on_failed(self, message: str) -> None:
-        if not self._generating:
+        turn, self._turn = self._turn, None
+        if turn is None:
             self._update_state()
             return
-        self._generating = False
-        self._give_back()
+        self._give_back(turn)
         self.chat.add_error(message)
         self._set_state_text(f"Error: {message}")
         self._update_state()
