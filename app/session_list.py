@@ -212,6 +212,19 @@ class SessionList(QWidget):
         finally:
             self._filling = False
 
+    def hideEvent(self, event) -> None:
+        """A search typed just before the list is hidden waits until it shows again: when
+        the window closes, the store it would read may be closed before its timer fires."""
+        self._search_held = self._search_timer.isActive()
+        self._search_timer.stop()
+        super().hideEvent(event)
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        if getattr(self, "_search_held", False):
+            self._search_held = False
+            self.refresh()
+
     def refresh(self, select_id: int | None = None) -> None:
         """Reload from the store (filtered by the search), keeping the highlighted chat,
         or highlighting ``select_id`` when given."""
