@@ -142,6 +142,7 @@ class SessionList(QWidget):
         self._search_timer.setSingleShot(True)
         self._search_timer.setInterval(SEARCH_DELAY_MS)
         self._search_timer.timeout.connect(self.refresh)
+        self._search_held = False  # a search timer stopped by hideEvent, run on showEvent
         self.search.textChanged.connect(self._search_timer.start)
 
         self.list = QListWidget()
@@ -221,7 +222,7 @@ class SessionList(QWidget):
 
     def showEvent(self, event) -> None:
         super().showEvent(event)
-        if getattr(self, "_search_held", False):
+        if self._search_held:
             self._search_held = False
             self.refresh()
 
