@@ -7,7 +7,7 @@ import os
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import pytest  # noqa: E402
-from PySide6.QtCore import QSettings, QTimer  # noqa: E402
+from PySide6.QtCore import QSettings  # noqa: E402
 
 from app.bridge import EngineBridge  # noqa: E402
 from app.main_window import MainWindow  # noqa: E402
@@ -37,8 +37,6 @@ def open_window(qtbot, tmp_path):
         if (window, bridge, store) in opened:
             opened.remove((window, bridge, store))
             window.close()
-            for timer in window.findChildren(QTimer):  # e.g. a pending search: not on a closed store
-                timer.stop()
             bridge.shutdown()
             store.close()
 
