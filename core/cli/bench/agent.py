@@ -14,8 +14,8 @@ reply of ``--max-tokens`` tokens. The three ways:
    same chat template, started after ``import core`` so its CPU backend is set up the
    way ours is; through its OpenAI API with the same messages.
 
-Our server is driven through ``/v1/messages`` (Anthropic) when it has that route, else
-through ``/v1/chat/completions`` (the report says which). A request's TTFT is the time
+Our server is driven through ``/v1/messages`` (Anthropic) when that route takes tools,
+else through ``/v1/chat/completions`` (the report says which). A request's TTFT is the time
 from sending it to the first streamed piece of the reply (text, or a tool call), on the
 client. Before each way, one unrelated warm-up request loads what loads lazily.
 ``--json`` ends with ``ttft_sum_s`` for each way and the ratios; ``replies_identical``
@@ -133,13 +133,18 @@ def _piece(path: str, event: str | None, data: dict, text: list, calls: dict) ->
 
 
 # ------------------------------------------------------------------ the servers
-def _has_messages_route(host: str, port: int) -> bool:
-    conn = http.client.HTTPConnection(host, port, timeout=30)
+def _messages_take_tools(host: str, port: int, trace: Trace) -> bool:
+    """Whether the server's ``/v1/messages`` exists and takes tools (a one-token probe)."""
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}],
+            "tools": [{"name": t["name"], "description": t["description"], "input_schema": t["parameters"]}
+                      for t in trace.tools[:1]]}
+    conn = http.client.HTTPConnection(host, port, timeout=REQUEST_TIMEOUT_S)
     try:
-        conn.request("GET", "/openapi.json")
+        conn.request("POST", "/v1/messages", json.dumps(body), {"Content-Type": "application/json"})
         response = conn.getresponse()
-        return response.status == 200 and "/v1/messages" in json.loads(response.read()).get("paths", {})
-    except (OSError, ValueError):
+        response.read()
+        return response.status == 200
+    except OSError:
         return False
     finally:
         conn.close()
@@ -174,7 +179,7 @@ def run_ours(model: str, use_cache: bool, trace: Trace, max_tokens: int) -> tupl
         try:
             engine.wait_ready()
             server = ApiServer(engine, "127.0.0.1", 0).start()
-            anthropic = _has_messages_route(server.host, server.port)
+            anthropic = _messages_take_tools(server.host, server.port, trace)
             label = "ours_cache" if use_cache else "ours_no_cache"
             return _replay(server.host, server.port, trace, max_tokens, anthropic, label), anthropic
         finally:
