@@ -37,7 +37,7 @@ class CatalogEntry:
 
     spec: str  # what the loader accepts: a known name, a path, or a repo id
     name: str
-    kind: str  # provision.LocalModel kinds: "known-gguf" | "gguf" | "mlx-dir" | "hf-cache"
+    kind: str  # provision.LocalModel kinds: "known-gguf" | "gguf" | "mlx-dir" | "hf-cache" | "hf-gguf"
     size_bytes: int  # on disk (for a known model not yet downloaded: what it will be)
     memory_bytes: int  # estimated memory of the loaded weights
     downloaded: bool = True  # False: a known model that is fetched on first use
@@ -62,7 +62,7 @@ def estimate_memory_bytes(kind: str, size_bytes: int, on_cpu: bool, parameters: 
         return size_bytes
     if parameters:
         return FLOAT32_BYTES * parameters
-    if kind in ("gguf", "known-gguf"):
+    if kind in ("gguf", "known-gguf", "hf-gguf"):
         return int(size_bytes * 32 / GGUF_BITS_PER_WEIGHT)
     return size_bytes
 
@@ -120,6 +120,9 @@ def entry_for_path(path: Path, on_cpu: bool | None = None) -> CatalogEntry:
 def _entry(model: provision.LocalModel, on_cpu: bool) -> CatalogEntry:
     if model.kind == "gguf":
         parameters = gguf_parameter_count(Path(model.spec))
+    elif model.kind == "hf-gguf":
+        path = hf_cache.resolve_gguf(model.spec)
+        parameters = gguf_parameter_count(path) if path is not None else None
     else:
         folder = Path(model.spec) if model.kind == "mlx-dir" else hf_cache.resolve_repo(model.spec)
         parameters = safetensors_parameter_count(folder) if folder is not None else None

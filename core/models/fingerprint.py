@@ -55,6 +55,13 @@ class FileHashCache:
         self._save()
         return digest
 
+    def remember(self, path: Path, digest: str) -> None:
+        """Record a SHA-256 computed elsewhere (a download hashes its bytes as they arrive)."""
+        path = Path(path).resolve()
+        stat = path.stat()
+        self._entries[str(path)] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": digest}
+        self._save()
+
     def _save(self) -> None:
         if self._store is None:
             return

@@ -22,7 +22,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from core.models import hf_cache, provision
+from core.models import hf_cache, provision, usage
 from core.errors import ModelLoadError
 from core.models.fingerprint import FileHashCache, model_fingerprint
 from core.models.gguf_import import build_model, build_tokenizer, read_gguf
@@ -72,13 +72,19 @@ def resolve_spec(spec: str, data_root: Path, progress: ProgressFn | None = None)
     path = Path(spec).expanduser()
     if path.exists():
         return path
+    if hf_cache.split_gguf_spec(spec) is not None:
+        found = hf_cache.resolve_gguf(spec)
+        if found is not None:
+            return found
+        raise ModelLoadError(f"{spec} is not in the local Hugging Face cache ({hf_cache.hf_cache_root()}); "
+                             f"get it with `radixchat pull {spec}`")
     if spec.count("/") == 1 and not spec.startswith((".", "/", "~")):
         found = hf_cache.resolve_repo(spec)
         if found is not None:
             return found
         raise ModelLoadError(
-            f"{spec} is not in the local Hugging Face cache ({hf_cache.hf_cache_root()}); "
-            "download it there first, or give a local path"
+            f"{spec} is not in the local Hugging Face cache ({hf_cache.hf_cache_root()}) or not complete there; "
+            f"get it with `radixchat pull {spec}`, or give a local path"
         )
     raise ModelLoadError(f"no model at {spec}: give a .gguf file, an MLX model folder, or one of: "
                          f"{', '.join(provision.KNOWN_MODELS)}")
@@ -106,6 +112,7 @@ def load_model(
     mx.eval(model.parameters())
     hashes = FileHashCache(data_root / "file_hashes.json")
     fingerprint = model_fingerprint(config, files, fmt, hashes)
+    usage.record_use(data_root, path, spec, fingerprint)
     weight_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
     info = ModelInfo(
         spec=spec,

@@ -102,7 +102,7 @@ class LocalModel:
 
     name: str  # shown to the user
     spec: str  # what the loader accepts: a known name, a path, or a repo id
-    kind: Literal["known-gguf", "gguf", "mlx-dir", "hf-cache"]
+    kind: Literal["known-gguf", "gguf", "mlx-dir", "hf-cache", "hf-gguf"]
     size_bytes: int
 
 
@@ -450,7 +450,7 @@ def _fetch_assembled_direct(model: KnownModel, work: Path, out: Path, report: Pr
 
 def list_local_models(data_root: Path) -> list[LocalModel]:
     """Known models present, other GGUF files and MLX folders in ``<data>/models``, and
-    MLX-loadable repos in the local Hugging Face cache."""
+    complete MLX repos and GGUF files (``org/repo:file.gguf``) in the local Hugging Face cache."""
     folder = Path(data_root) / "models"
     found: list[LocalModel] = []
     known_files = {m.filename for m in KNOWN_MODELS.values()}
@@ -470,6 +470,8 @@ def list_local_models(data_root: Path) -> list[LocalModel]:
     for repo_id, snapshot in hf_cache.list_cached_repos():
         if _is_mlx_dir(snapshot):
             found.append(LocalModel(repo_id, repo_id, "hf-cache", _folder_size(snapshot)))
+    for spec, path in hf_cache.list_cached_ggufs():
+        found.append(LocalModel(spec, spec, "hf-gguf", path.stat().st_size))
     return found
 
 
