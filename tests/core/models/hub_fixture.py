@@ -124,6 +124,7 @@ class LoopbackHub:
         self.rate: float | None = None  # bytes per second for file bodies
         self.bytes_served: collections.Counter = collections.Counter()
         self.requests: list[tuple[str, str]] = []
+        self.sending = 0  # file bodies being sent now
         self._lock = threading.Lock()
         hub = self
 
@@ -149,6 +150,14 @@ class LoopbackHub:
             files[name] = HubFile(name, source=path) if path.stat().st_size > CHUNK else \
                 HubFile(name, data=path.read_bytes())
         return self.add(HubRepo(repo_id, files, **kwargs))
+
+    def wait_idle(self, timeout: float = 10.0) -> None:
+        """Wait until no file body is being sent (a cancelled client's connection has
+        been noticed), so ``bytes_served`` is final."""
+        deadline = time.monotonic() + timeout
+        while self.sending and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not self.sending, "a transfer is still running"
 
     def served(self, repo_id: str, path: str | None = None) -> int:
         return sum(n for (r, p), n in self.bytes_served.items() if r == repo_id and (path is None or p == path))
@@ -290,9 +299,28 @@ class _Handler(BaseHTTPRequestHandler):
             drop = hub.drop_after.pop(key, None)
             corrupt = key in hub.corrupt
         stop = end if drop is None else min(end, start + drop)
+        with hub._lock:
+            hub.sending += 1
+        try:
+            self._send(key, file, start, stop, corrupt)
+        finally:
+            with hub._lock:
+                hub.sending -= 1
+        if drop is not None:
+            self.close_connection = True
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _send(self, key: tuple[str, str], file: HubFile, start: int, stop: int, corrupt: bool) -> None:
+        hub = self.hub
         if file.source is not None and not corrupt and hub.rate is None:
             with open(file.source, "rb") as f:  # the fast path: the kernel copies
-                sent = self.connection.sendfile(f, start, stop - start)
+                try:
+                    sent = self.connection.sendfile(f, start, stop - start)
+                except OSError:
+                    return
             self._count(key, sent)
         else:
             position = start
@@ -309,12 +337,6 @@ class _Handler(BaseHTTPRequestHandler):
                 position += len(chunk)
                 if hub.rate:
                     time.sleep(len(chunk) / hub.rate)
-        if drop is not None:
-            self.close_connection = True
-            try:
-                self.connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
     def _count(self, key: tuple[str, str], n: int) -> None:
         with self.hub._lock:
@@ -345,6 +367,7 @@ def free_port_url() -> str:
 
 GOOD_TOKEN = "hf_loopback_good_token"
 TINY_MLX = "mlx-community/Tiny-Llama-128"  # a tiny float32 llama (1 MB of weights) + files a model doesn't need
+BIG_MLX = "mlx-community/Tiny-Llama-Wide"  # 27 MB of weights: several 10 MB chunks (cancel, resume)
 OTHER_MLX = "someone/tiny-chat-mlx"  # more downloads, but not mlx-community
 GIANT_MLX = "mlx-community/Giant-70B-4bit"  # the hub says 70B parameters: won't fit
 TWO_GGUF = "gguf-org/Tiny-GGUF"  # two quantizations: choose one
@@ -359,6 +382,7 @@ PRIVATE = "me/private-tiny"
 @dataclass(frozen=True)
 class HubSources:
     tiny: Path  # the tiny MLX model folder
+    big: Path  # a wider one: its weights arrive in several chunks
     gguf: Path  # a small GGUF file
     parameters: int  # of the tiny model
 
@@ -369,7 +393,8 @@ def make_sources(folder: Path) -> HubSources:
     from tests.core.models.test_catalog import write_gguf
 
     tiny = write_tiny_model(folder / "tiny", TinyModelSpec(num_layers=2, hidden_size=128))
-    return HubSources(tiny, write_gguf(folder / "tiny.gguf"), safetensors_parameter_count(tiny))
+    big = write_tiny_model(folder / "big", TinyModelSpec(num_layers=2, hidden_size=256, intermediate_size=4096))
+    return HubSources(tiny, big, write_gguf(folder / "tiny.gguf"), safetensors_parameter_count(tiny))
 
 
 def add_test_repos(hub: LoopbackHub, sources: HubSources) -> None:
@@ -383,6 +408,8 @@ def add_test_repos(hub: LoopbackHub, sources: HubSources) -> None:
                safetensors={"parameters": {"F32": n}, "total": n})
     hub.add(HubRepo(TINY_MLX, {**model, **extras}, downloads=500, **mlx))
     hub.add(HubRepo(OTHER_MLX, dict(model), downloads=900, **mlx))
+    big = {p.name: HubFile(p.name, data=p.read_bytes()) for p in sources.big.iterdir()}
+    hub.add(HubRepo(BIG_MLX, big, downloads=100, **mlx))
     hub.add(HubRepo(GIANT_MLX, dict(model), downloads=50, tags=["mlx"], library_name="mlx",
                     config={"model_type": "llama", "quantization": {"bits": 4, "group_size": 64}},
                     safetensors={"parameters": {"U32": 70_000_000_000 // 8, "BF16": 2_000_000_000},
