@@ -62,7 +62,7 @@ def _ok(dialog: ModelPickerDialog):
 
 def test_lists_known_and_local_models(open_picker, data_root):
     dialog = open_picker("default")
-    assert [dialog.tree.headerItem().text(c) for c in range(4)] == ["Name", "Kind", "Size", "Memory"]
+    assert [dialog.tree.headerItem().text(c) for c in range(5)] == ["Name", "Kind", "Size", "Memory", "Last used"]
     models = data_root / "models"
     known = list(provision.KNOWN_MODELS)
     assert _specs(dialog) == [*known, str(models / "my-model.gguf"), str(models / "tiny-llama"),
