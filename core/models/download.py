@@ -4,14 +4,16 @@
 the files), into ``<HF cache>/models--org--name`` as huggingface_hub lays it out, so
 mlx-lm and other tools see the same files, and nothing already there is fetched again.
 
-How a file arrives: its bytes go to ``blobs/<etag>.incomplete`` through
-``huggingface_hub.file_download.http_get`` (which retries a dropped connection with a
-``Range`` request), hashed as they are written; a whole file whose SHA-256 (LFS files)
-or git blob id (small files) matches what the hub listed becomes ``blobs/<etag>``. Only
-when every file is there does ``hf_hub_download`` link them into ``snapshots/<commit>``
-(config.json last), so the model lists never see half a model. A cancel, a lost
-connection or a killed app leaves the ``.incomplete`` file, and the next pull asks for
-the rest only (huggingface_hub itself restarts such a file from zero).
+How a file arrives: its bytes stream through huggingface_hub's HTTP session into
+``blobs/<etag>.incomplete`` (a ``Range`` request continues a partial file; a dropped
+connection is retried from where it stopped), written and hashed on a second thread
+while the next bytes arrive; a whole file whose SHA-256 (LFS files) or git blob id
+(small files) matches what the hub listed becomes ``blobs/<etag>``. Only when every file
+is there does ``hf_hub_download`` link them into ``snapshots/<commit>`` (config.json
+last), so the model lists never see half a model. A cancel, a lost connection or a
+killed app leaves the ``.incomplete`` file, and the next pull asks for the rest only
+(huggingface_hub 2.x restarts such a file from zero, and its ``http_get`` gathers 10 MB
+before it reports progress: too coarse for a cancel button, and slower).
 
 Progress leaves through a callback of :class:`DownloadProgress` (bytes, rate, time left),
 called from the download's threads; cancel with a ``threading.Event``.
@@ -43,6 +45,8 @@ SMALL_FILE = 1 << 20  # fetched first, one by one: config.json, the tokenizer
 PROGRESS_INTERVAL = 0.1  # seconds between progress callbacks
 RATE_WINDOW = 5.0  # seconds the rate is averaged over
 PARTIAL_SUFFIX = ".incomplete"
+RETRIES = 5  # failed attempts in a row (no byte gained) before a file gives up
+RETRY_WAIT = 0.5  # seconds between them
 
 
 class DownloadCancelled(HubError):
@@ -193,7 +197,6 @@ def _fetch_all(plan: RepoPlan, files: list[RepoFile], meter: "_Meter", hashes) -
 def _fetch(plan: RepoPlan, file: RepoFile, meter: "_Meter", hashes: FileHashCache | None) -> None:
     """One file into ``blobs/<etag>``, resuming its ``.incomplete`` part, verified."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
-    from huggingface_hub.file_download import http_get
     from huggingface_hub.utils import build_hf_headers
 
     blob, partial, _ = _paths(plan, file)
@@ -201,24 +204,22 @@ def _fetch(plan: RepoPlan, file: RepoFile, meter: "_Meter", hashes: FileHashCach
     token = hub.token()
     try:
         location = get_hf_file_metadata(url, token=token or False, timeout=hub.API_TIMEOUT).location or url
-        resume = partial.stat().st_size if partial.is_file() else 0
+        headers = build_hf_headers(token=token or False, library_name="radixchat")
+        if location != url and not location.startswith(hub.endpoint()):
+            headers.pop("authorization", None)  # a signed CDN URL: no token
         with open(partial, "ab") as raw:
-            sink = _HashingFile(raw, file)
-            headers = build_hf_headers(token=token or False, library_name="radixchat")
-            if location != url and not location.startswith(hub.endpoint()):
-                headers.pop("authorization", None)  # a signed CDN URL: no token
-            http_get(location, sink, resume_size=resume, headers=headers, expected_size=file.size,
-                     displayed_filename=file.path, tqdm_class=meter.bar(file))
-            digest = sink.hexdigest()
+            sink = _Sink(raw, file)
+            try:
+                _transfer(location, headers, file, sink, meter)
+                digest = sink.finish()
+            finally:
+                sink.close()
     except (DownloadCancelled, HubError):
         raise
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
             raise HubError(f"the disk is full: {file.path} of {plan.repo_id} stopped at "
                            f"{_size(partial) / 1e6:,.0f} MB (kept); free some space and pull again") from None
-        if "Consistency check failed" in str(exc):
-            partial.unlink(missing_ok=True)
-            raise HubError(f"{file.path} of {plan.repo_id} came with the wrong size (deleted): pull again") from None
         raise hub.hub_error(exc, plan.repo_id) from None
     except Exception as exc:
         raise hub.hub_error(exc, plan.repo_id) from None
@@ -231,6 +232,48 @@ def _fetch(plan: RepoPlan, file: RepoFile, meter: "_Meter", hashes: FileHashCach
     os.replace(partial, blob)
     if hashes is not None and file.sha256:
         hashes.remember(blob, digest)  # the model's fingerprint will not hash it again
+
+
+def _transfer(url: str, headers: dict, file: RepoFile, sink: "_Sink", meter: "_Meter") -> None:
+    """Stream the rest of ``file`` into ``sink``; a dropped connection is asked again
+    from where it stopped (up to ``RETRIES`` times in a row without progress)."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session, hf_raise_for_status
+
+    failures = 0
+    while sink.position < file.size:
+        start = sink.position
+        request = {**headers, **({"Range": f"bytes={start}-"} if start else {})}
+        try:
+            with get_session().stream("GET", url, headers=request,
+                                      timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    hf_raise_for_status(response)
+                if start and response.status_code == 200:  # the server ignored the Range
+                    sink.restart()
+                    meter.update(file, -start)
+                for chunk in response.iter_bytes():
+                    if sink.position + len(chunk) > file.size:
+                        raise HubError(f"{file.path} came longer than the {file.size:,} bytes the hub lists: "
+                                       "pull again")
+                    meter.update(file, len(chunk))  # raises when cancelled
+                    sink.write(chunk)
+        except _retryable() as exc:
+            failures = 0 if sink.position > start else failures + 1
+            if failures >= RETRIES:
+                raise
+            log.warning("%s: %s after %d bytes; asking for the rest", file.path, type(exc).__name__, sink.position)
+            time.sleep(RETRY_WAIT)
+            continue
+        if sink.position < file.size:  # the server closed early without an error
+            failures = 0 if sink.position > start else failures + 1
+            if failures >= RETRIES:
+                raise HubError(f"{file.path} stopped at {sink.position:,} of {file.size:,} bytes: pull again")
+
+
+def _retryable() -> tuple[type[BaseException], ...]:
+    return hub._network_errors()
 
 
 def _size(path: Path) -> int:
@@ -263,52 +306,62 @@ def _link(plan: RepoPlan, storage: Path, revision: str) -> Path:
     return snapshot / plan.files[0].path if plan.kind == "gguf" else snapshot
 
 
-class _HashingFile:
-    """The file object ``http_get`` writes to: appends to the partial file and hashes the
-    bytes (the part already there first), as the hub names the file: SHA-256 for an LFS
-    file, the git blob SHA-1 otherwise."""
+class _Sink:
+    """Where a file's bytes go: appended to the partial file and hashed as the hub names
+    the file (SHA-256 for an LFS file, the git blob SHA-1 otherwise), the part already
+    there first. Writing and hashing run in order on a thread of their own while the
+    next bytes are read from the socket (both let go of the GIL); at most ``BACKLOG``
+    chunks wait for it. ``position`` counts the bytes handed over."""
+
+    BACKLOG = 64
 
     def __init__(self, raw, file: RepoFile):
         self._raw, self._file = raw, file
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pull-write")
+        self._pending: collections.deque = collections.deque()
         self._rehash()
-
-    def _new_hasher(self):
-        if self._file.sha256:
-            return hashlib.sha256()
-        return hashlib.sha1(b"blob %d\0" % self._file.size)
 
     def _rehash(self) -> None:
-        self._hasher = self._new_hasher()
-        end = self._raw.tell()
+        self._hasher = hashlib.sha256() if self._file.sha256 else hashlib.sha1(b"blob %d\0" % self._file.size)
+        self.position = self._raw.seek(0, os.SEEK_END)
         with open(self._raw.name, "rb") as existing:
-            remaining = end
-            while remaining > 0 and (chunk := existing.read(min(8 << 20, remaining))):
+            while chunk := existing.read(8 << 20):
                 self._hasher.update(chunk)
-                remaining -= len(chunk)
 
-    def write(self, data: bytes) -> int:
+    def _drain(self) -> None:
+        while self._pending:
+            self._pending.popleft().result()  # a failed write (a full disk) raises here
+
+    def _put(self, data: bytes) -> None:
+        self._raw.write(data)
         self._hasher.update(data)
-        return self._raw.write(data)
 
-    def tell(self) -> int:
-        return self._raw.tell()
+    def write(self, data: bytes) -> None:
+        while len(self._pending) >= self.BACKLOG or (self._pending and self._pending[0].done()):
+            self._pending.popleft().result()
+        self._pending.append(self._worker.submit(self._put, data))
+        self.position += len(data)
 
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self._raw.seek(offset, whence)
-
-    def truncate(self, size: int | None = None) -> int:
-        """The server ignored our ``Range``: the file restarts (hash what stays)."""
-        result = self._raw.truncate(size)
+    def restart(self) -> None:
+        """The server ignored the Range: start the file again."""
+        self._drain()
+        self._raw.truncate(0)
         self._raw.flush()
         self._rehash()
-        return result
 
-    def flush(self) -> None:
-        self._raw.flush()
-
-    def hexdigest(self) -> str:
+    def finish(self) -> str:
+        self._drain()
         self._raw.flush()
         return self._hasher.hexdigest()
+
+    def close(self) -> None:
+        try:
+            self._drain()  # keep what arrived: a resume starts after it
+        except OSError:
+            pass
+        finally:
+            self._worker.shutdown(wait=True)
+            self._raw.flush()
 
 
 class _Meter:
@@ -321,35 +374,6 @@ class _Meter:
         self._samples: collections.deque[tuple[float, int]] = collections.deque([(time.monotonic(), 0)])
         self._last_report = 0.0
         self._file = ""
-        self.counted = {f.path: min(_size(_paths(plan, f)[1]), f.size) for f in plan.files
-                        if not (_paths(plan, f)[0].is_file() or _paths(plan, f)[2].is_file())}
-
-    def bar(self, file: RepoFile):
-        """What ``http_get`` takes as ``tqdm_class``: called with ``total`` and ``initial``
-        (the bytes it resumes from)."""
-        meter = self
-
-        class _Bar:
-            def __init__(self, *args, initial: int = 0, **kwargs):
-                # The meter counted the partial file already; http_get resumes from
-                # ``initial``, which is 0 when the server ignored the Range.
-                with meter._lock:
-                    meter.done += initial - meter.counted.get(file.path, 0)
-                    meter.counted[file.path] = initial
-
-            def __enter__(self):
-                return self
-
-            def __exit__(self, *exc) -> None:
-                return None
-
-            def close(self) -> None:
-                pass
-
-            def update(self, n: int | float | None = 1) -> None:
-                meter.update(file, int(n or 0))
-
-        return _Bar
 
     def update(self, file: RepoFile, n: int) -> None:
         if self.cancel.is_set() or self.stop.is_set():

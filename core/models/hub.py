@@ -196,12 +196,22 @@ def hub_error(exc: Exception, repo_id: str | None = None) -> HubError:
         if status == 401:
             return HubError(f"the hub refused the token for {name} (HTTP 401): check HF_TOKEN or `hf auth login`")
         return HubError(f"the hub answered HTTP {status} for {name}; try again later")
-    import httpx2
-
-    if isinstance(exc, (httpx2.ConnectError, httpx2.TimeoutException, httpx2.NetworkError,
-                        httpx2.RemoteProtocolError)):
+    if isinstance(exc, _network_errors()):
         return OfflineError(f"lost the connection to the hub at {endpoint()} ({type(exc).__name__}); try again")
     return HubError(f"the hub request for {name} failed: {exc}")
+
+
+def _network_errors() -> tuple[type[BaseException], ...]:
+    """The HTTP library's transport errors (huggingface_hub 2.x uses httpx2)."""
+    import importlib
+
+    for name in ("httpx2", "httpx"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        return (module.TransportError, TimeoutError, ConnectionError)
+    return (TimeoutError, ConnectionError)
 
 
 # ---------------------------------------------------------------------------- search
