@@ -153,7 +153,7 @@ def test_open_mlx_folder_chooses_it_or_says_why_not(qtbot, open_picker, data_roo
 def test_a_downloaded_default_model_says_so(qtbot, data_root_with_default):
     dialog = ModelPickerDialog(data_root_with_default, "default", on_cpu=True)
     qtbot.addWidget(dialog)
-    assert _rows(dialog)[0][1:] == ["GGUF · downloaded", "93.8 MB", "513 MB"]
+    assert _rows(dialog)[0][1:] == ["GGUF · downloaded", "93.8 MB", "513 MB", ""]
     assert _specs(dialog).count("default") == 1
 
 
