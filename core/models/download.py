@@ -41,7 +41,6 @@ from core.models.hub import HubError, RepoFile, RepoPlan
 log = logging.getLogger(__name__)
 
 MAX_WORKERS = 4  # files fetched at once
-SMALL_FILE = 1 << 20  # fetched first, one by one: config.json, the tokenizer
 PROGRESS_INTERVAL = 0.1  # seconds between progress callbacks
 RATE_WINDOW = 5.0  # seconds the rate is averaged over
 PARTIAL_SUFFIX = ".incomplete"
@@ -125,15 +124,14 @@ def download(plan: RepoPlan, *, data_root: Path | None = None, progress: Progres
     meter = _Meter(plan, partial_bytes(plan), progress, cancel)
     _check_disk_space(plan, todo, storage)
     hashes = FileHashCache(data_root / "file_hashes.json") if data_root is not None else None
-    small = sorted((f for f in todo if f.size <= SMALL_FILE), key=lambda f: f.path != "config.json")
-    large = [f for f in todo if f.size > SMALL_FILE]
+    config = [f for f in todo if f.path == "config.json" and plan.architecture is None]
     try:
-        for file in small:
-            _fetch(plan, file, meter, hashes)
-        if plan.kind == "mlx" and plan.architecture is None:
+        if config:  # the hub did not say the model type: read it before the weights
+            _fetch(plan, config[0], meter, hashes)
             _check_architecture(plan)
-        if large:
-            _fetch_all(plan, large, meter, hashes)
+        rest = [f for f in todo if f not in config]
+        if rest:
+            _fetch_all(plan, rest, meter, hashes)
     except KeyboardInterrupt:
         raise DownloadCancelled(f"download of {plan.spec} cancelled ({meter.done / 1e6:,.0f} of "
                                 f"{meter.total / 1e6:,.0f} MB kept): pull it again to resume") from None
@@ -178,7 +176,7 @@ def _check_architecture(plan: RepoPlan) -> None:
 
 def _fetch_all(plan: RepoPlan, files: list[RepoFile], meter: "_Meter", hashes) -> None:
     with ThreadPoolExecutor(max_workers=min(MAX_WORKERS, len(files)), thread_name_prefix="pull") as pool:
-        futures = [pool.submit(_fetch, plan, f, meter, hashes) for f in sorted(files, key=lambda f: -f.size)]
+        futures = [pool.submit(_fetch, plan, f, meter, hashes) for f in sorted(files, key=lambda f: f.size)]
         try:
             done, _ = wait(futures, return_when=FIRST_EXCEPTION)
         except KeyboardInterrupt:
@@ -196,21 +194,19 @@ def _fetch_all(plan: RepoPlan, files: list[RepoFile], meter: "_Meter", hashes) -
 
 def _fetch(plan: RepoPlan, file: RepoFile, meter: "_Meter", hashes: FileHashCache | None) -> None:
     """One file into ``blobs/<etag>``, resuming its ``.incomplete`` part, verified."""
-    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub import hf_hub_url
     from huggingface_hub.utils import build_hf_headers
 
     blob, partial, _ = _paths(plan, file)
+    # The commit's URL names these bytes for good; the hub redirects it to its CDN, and
+    # the HTTP client drops the token on a redirect to another host.
     url = hf_hub_url(plan.repo_id, file.path, revision=plan.commit, endpoint=hub.endpoint())
-    token = hub.token()
     try:
-        location = get_hf_file_metadata(url, token=token or False, timeout=hub.API_TIMEOUT).location or url
-        headers = build_hf_headers(token=token or False, library_name="radixchat")
-        if location != url and not location.startswith(hub.endpoint()):
-            headers.pop("authorization", None)  # a signed CDN URL: no token
+        headers = build_hf_headers(token=hub.token() or False, library_name="radixchat")
         with open(partial, "ab") as raw:
             sink = _Sink(raw, file)
             try:
-                _transfer(location, headers, file, sink, meter)
+                _transfer(url, headers, file, sink, meter)
                 digest = sink.finish()
             finally:
                 sink.close()
@@ -245,7 +241,7 @@ def _transfer(url: str, headers: dict, file: RepoFile, sink: "_Sink", meter: "_M
         start = sink.position
         request = {**headers, **({"Range": f"bytes={start}-"} if start else {})}
         try:
-            with get_session().stream("GET", url, headers=request,
+            with get_session().stream("GET", url, headers=request, follow_redirects=True,
                                       timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT) as response:
                 if response.status_code >= 400:
                     response.read()
@@ -261,7 +257,8 @@ def _transfer(url: str, headers: dict, file: RepoFile, sink: "_Sink", meter: "_M
                     sink.write(chunk)
         except _retryable() as exc:
             failures = 0 if sink.position > start else failures + 1
-            if failures >= RETRIES:
+            if failures >= RETRIES or meter.cancel.is_set():
+                meter.update(file, 0)  # a cancel says so rather than the network error
                 raise
             log.warning("%s: %s after %d bytes; asking for the rest", file.path, type(exc).__name__, sink.position)
             time.sleep(RETRY_WAIT)
@@ -285,18 +282,26 @@ def _size(path: Path) -> int:
 
 def _link(plan: RepoPlan, storage: Path, revision: str) -> Path:
     """Link the verified blobs into the snapshot through ``hf_hub_download`` (which finds
-    each blob in place and fetches nothing); ``config.json`` last, then ``refs/<revision>``."""
+    each blob in place and fetches nothing but its metadata); ``config.json`` last, then
+    ``refs/<revision>``."""
     from huggingface_hub import hf_hub_download
 
     snapshot = storage / "snapshots" / plan.commit
-    for file in sorted(plan.files, key=lambda f: f.path == "config.json"):
-        if (snapshot / file.path).is_file():
-            continue
-        try:
-            hf_hub_download(plan.repo_id, file.path, revision=plan.commit, cache_dir=storage.parent,
-                            endpoint=hub.endpoint(), token=hub.token() or False, library_name="radixchat")
-        except Exception as exc:
-            raise hub.hub_error(exc, plan.repo_id) from None
+    token = hub.token() or False
+
+    def link(file: RepoFile) -> None:
+        hf_hub_download(plan.repo_id, file.path, revision=plan.commit, cache_dir=storage.parent,
+                        endpoint=hub.endpoint(), token=token, library_name="radixchat")
+
+    missing = [f for f in plan.files if not (snapshot / f.path).is_file()]
+    try:
+        with ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="pull-link") as pool:
+            list(pool.map(link, [f for f in missing if f.path != "config.json"]))
+        for file in missing:
+            if file.path == "config.json":
+                link(file)
+    except Exception as exc:
+        raise hub.hub_error(exc, plan.repo_id) from None
     if revision != plan.commit:
         ref = storage / "refs" / revision
         ref.parent.mkdir(parents=True, exist_ok=True)
@@ -311,14 +316,19 @@ class _Sink:
     the file (SHA-256 for an LFS file, the git blob SHA-1 otherwise), the part already
     there first. Writing and hashing run in order on a thread of their own while the
     next bytes are read from the socket (both let go of the GIL); at most ``BACKLOG``
-    chunks wait for it. ``position`` counts the bytes handed over."""
+    batches wait for it; chunks are handed over in batches of ``BATCH`` bytes (a thread
+    hand-off per 64 KB socket read costs more than the copy). ``position`` counts the
+    bytes taken."""
 
-    BACKLOG = 64
+    BACKLOG = 4
+    BATCH = 4 << 20
 
     def __init__(self, raw, file: RepoFile):
         self._raw, self._file = raw, file
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pull-write")
         self._pending: collections.deque = collections.deque()
+        self._batch: list[bytes] = []
+        self._batch_bytes = 0
         self._rehash()
 
     def _rehash(self) -> None:
@@ -329,6 +339,7 @@ class _Sink:
                 self._hasher.update(chunk)
 
     def _drain(self) -> None:
+        self._hand_over()
         while self._pending:
             self._pending.popleft().result()  # a failed write (a full disk) raises here
 
@@ -337,10 +348,20 @@ class _Sink:
         self._hasher.update(data)
 
     def write(self, data: bytes) -> None:
-        while len(self._pending) >= self.BACKLOG or (self._pending and self._pending[0].done()):
-            self._pending.popleft().result()
-        self._pending.append(self._worker.submit(self._put, data))
+        self._batch.append(data)
+        self._batch_bytes += len(data)
         self.position += len(data)
+        if self._batch_bytes >= self.BATCH:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        if not self._batch:
+            return
+        data = self._batch[0] if len(self._batch) == 1 else b"".join(self._batch)
+        self._batch, self._batch_bytes = [], 0
+        while len(self._pending) >= self.BACKLOG or (self._pending and self._pending[0].done()):
+            self._pending.popleft().result()  # a failed write (a full disk) raises here
+        self._pending.append(self._worker.submit(self._put, data))
 
     def restart(self) -> None:
         """The server ignored the Range: start the file again."""

@@ -159,6 +159,8 @@ def check_online() -> None:
     """Raise :class:`OfflineError` at once (no retries) when the hub can't be reached."""
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
         raise OfflineError("offline: HF_HUB_OFFLINE is set, so the hub is not asked (local models still work)")
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY")):
+        return  # through a proxy: a direct connection says nothing; the client's timeouts apply
     parts = urlsplit(endpoint())
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:

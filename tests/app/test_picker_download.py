@@ -66,6 +66,7 @@ def test_search_download_cancel_resume_load_delete(qtbot, picker, loopback_hub, 
         if p.file == WEIGHTS and 0 < p.done_bytes < p.total_bytes:
             qtbot.mouseClick(panel.cancel_button, Qt.MouseButton.LeftButton)
 
+    loopback_hub.rate = 50e6  # the cancel lands mid-file
     panel.progressed.connect(cancel_midway)
     qtbot.mouseClick(panel.download_button, Qt.MouseButton.LeftButton)
     assert panel.cancel_button.isVisible() and not panel.download_button.isEnabled()
@@ -78,6 +79,7 @@ def test_search_download_cancel_resume_load_delete(qtbot, picker, loopback_hub, 
                                                                          range(dialog.tree.topLevelItemCount())]
     assert panel.download_button.text() == "Resume"
     panel.progressed.disconnect(cancel_midway)
+    loopback_hub.rate = None
 
     # resume: only the missing bytes come, then the model is listed and selected
     loopback_hub.wait_idle()

@@ -78,6 +78,7 @@ def test_a_pulled_model_loads_and_remembers_its_hashes(loopback_hub, tmp_path):
 def test_cancel_then_resume_fetches_only_the_rest(loopback_hub, tmp_path):
     file = loopback_hub.repos[BIG_MLX].files[WEIGHTS]
     cancel = threading.Event()
+    loopback_hub.rate = 50e6  # ~0.5 s for the weights: progress comes every 0.1 s, the cancel lands mid-file
 
     def cancel_after_first_chunk(p):
         if p.file == WEIGHTS and p.fetched_bytes > 1 << 20:
@@ -94,6 +95,7 @@ def test_cancel_then_resume_fetches_only_the_rest(loopback_hub, tmp_path):
     assert [p.repo_id for p in installed.partial_downloads()] == [BIG_MLX]
 
     loopback_hub.wait_idle()
+    loopback_hub.rate = None
     before = loopback_hub.served(BIG_MLX, WEIGHTS)
     seen = []
     result = download.pull(BIG_MLX, data_root=tmp_path, progress=seen.append)
@@ -130,7 +132,8 @@ def test_a_wrong_hash_is_caught_and_the_file_dropped(loopback_hub, tmp_path):
     with pytest.raises(HubError, match="model.safetensors of .* failed its hash check .* deleted; pull again"):
         download.pull(TINY_MLX, data_root=tmp_path)
     assert hf_cache.resolve_repo(TINY_MLX) is None
-    assert not any(name.endswith(".incomplete") for name in _blobs(TINY_MLX))
+    etag = loopback_hub.repos[TINY_MLX].files[WEIGHTS].etag
+    assert etag + ".incomplete" not in _blobs(TINY_MLX) and etag not in _blobs(TINY_MLX)  # dropped, not kept
     loopback_hub.corrupt.clear()
     assert download.pull(TINY_MLX, data_root=tmp_path).path == hf_cache.resolve_repo(TINY_MLX)
 

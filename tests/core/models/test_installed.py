@@ -72,6 +72,7 @@ def test_a_partial_download_can_be_deleted(loopback_hub, tmp_path):
     import threading
 
     cancel = threading.Event()
+    loopback_hub.rate = 50e6  # the cancel lands mid-file
     with pytest.raises(download.DownloadCancelled):
         download.pull(BIG_MLX, data_root=tmp_path, cancel=cancel,
                       progress=lambda p: cancel.set() if p.fetched_bytes > 1 << 20 else None)
