@@ -173,9 +173,11 @@ class ModelPickerDialog(QDialog):
         self.hub_panel._say(f"Deleted {spec}: {human_bytes(deleted.freed_bytes)}, and {deleted.kv_sessions} "
                             f"cached sessions ({human_bytes(deleted.kv_bytes)})")
 
-    def reject(self) -> None:
-        self.hub_panel.cancel_download()  # what came so far is kept: the next download resumes it
-        super().reject()
+    def done(self, result: int) -> None:
+        """Closing the picker (OK, Cancel, Esc) stops a download: what came so far is
+        kept, and the next download of that model resumes it."""
+        self.hub_panel.cancel_download()
+        super().done(result)
 
     def accept(self) -> None:
         if self.tabs.currentIndex() == 1 and self.hub_panel.target() and not self.hub_panel.is_downloading():

@@ -12,6 +12,7 @@ import pytest  # noqa: E402
 
 from core import paths  # noqa: E402
 from core.models import provision  # noqa: E402
+from tests.core.models.hub_fixture import hub_sources, loopback_hub  # noqa: E402,F401  (the loopback hub)
 
 
 @pytest.fixture(scope="session")

@@ -57,7 +57,7 @@ def run_search(args) -> int:
         gated = " (gated)" if r.gated else ""
         print(f"{r.repo_id + gated:<48} {r.kind:<5} {parameters_text(r.parameters):>7} {r.quantization or '':<7} "
               f"{human(r.size_bytes):>9}  {fit:<24} {r.downloads:>10,}")
-    print(f"get one: radixchat pull REPO (a GGUF repo: REPO:FILE)", file=sys.stderr)
+    print("get one: radixchat pull REPO (a GGUF repo: REPO:FILE)", file=sys.stderr)
     return 0
 
 

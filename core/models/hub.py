@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 import psutil
 
 from core.errors import UserError
-from core.models.catalog import FLOAT32_BYTES, GGUF_BITS_PER_WEIGHT, estimate_memory_bytes, runs_on_cpu
+from core.models.catalog import GGUF_BITS_PER_WEIGHT, estimate_memory_bytes, runs_on_cpu
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 PROBE_TIMEOUT = 3.0  # seconds to open a connection to the hub before saying "offline"
@@ -415,5 +415,5 @@ def describe_fit(fit: Fit | None) -> str:
     return f"{fit.label}: ~{fit.total_bytes / 2**30:.1f} of {fit.machine_bytes / 2**30:.0f} GB"
 
 
-__all__ = ["FLOAT32_BYTES", "HubError", "OfflineError", "ChooseFileError", "Fit", "SearchResult", "RepoFile",
+__all__ = ["HubError", "OfflineError", "ChooseFileError", "Fit", "SearchResult", "RepoFile",
            "RepoPlan", "search", "plan", "gguf_files", "estimate_fit", "check_online", "hub_error"]

@@ -14,8 +14,8 @@ from PySide6.QtWidgets import QDialogButtonBox  # noqa: E402
 from app.hub_panel import FIT_COLUMN, progress_text  # noqa: E402
 from app.model_picker import ModelPickerDialog  # noqa: E402
 from core.models import download, hf_cache, usage  # noqa: E402
-from tests.core.models.hub_fixture import (  # noqa: E402,F401  (fixtures)
-    BIG_MLX, MAMBA_GGUF, TINY_MLX, TWO_GGUF, free_port_url, hub_sources, loopback_hub)
+from tests.core.models.hub_fixture import (  # noqa: E402
+    BIG_MLX, MAMBA_GGUF, TINY_MLX, TWO_GGUF, free_port_url)
 
 WEIGHTS = "model.safetensors"
 

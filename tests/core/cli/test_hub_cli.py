@@ -7,8 +7,8 @@ import io
 from core.cli import hub as hub_cli
 from core.cli.main import EXIT_USER_ERROR, main
 from core.models import download, hf_cache, usage
-from tests.core.models.hub_fixture import (  # noqa: F401  (fixtures)
-    MAMBA_GGUF, TINY_MLX, TWO_GGUF, free_port_url, hub_sources, loopback_hub)
+from tests.core.models.hub_fixture import (
+    MAMBA_GGUF, TINY_MLX, TWO_GGUF, free_port_url)
 
 
 def test_search_prints_a_table_with_fits(loopback_hub, capsys, tmp_path):

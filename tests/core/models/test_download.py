@@ -12,8 +12,8 @@ import pytest
 from core.models import download, hf_cache, hub, installed, provision
 from core.models.download import DownloadCancelled
 from core.models.hub import HubError
-from tests.core.models.hub_fixture import (  # noqa: F401  (fixtures)
-    BERT_MLX, BIG_MLX, GATED, GOOD_TOKEN, TINY_MLX, TWO_GGUF, hub_sources, loopback_hub)
+from tests.core.models.hub_fixture import (
+    BERT_MLX, BIG_MLX, GATED, GOOD_TOKEN, TINY_MLX, TWO_GGUF)
 
 WEIGHTS = "model.safetensors"
 

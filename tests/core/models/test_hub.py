@@ -8,9 +8,9 @@ import pytest
 
 from core.models import hub
 from core.models.hub import ChooseFileError, HubError, OfflineError
-from tests.core.models.hub_fixture import (  # noqa: F401  (fixtures)
+from tests.core.models.hub_fixture import (
     BERT_MLX, BIG_MLX, GATED, GIANT_MLX, GOOD_TOKEN, MAMBA_GGUF, NO_WEIGHTS, ONE_GGUF, OTHER_MLX, PRIVATE, TINY_MLX,
-    TWO_GGUF, free_port_url, hub_sources, loopback_hub)
+    TWO_GGUF, free_port_url)
 
 GB = 2**30
 

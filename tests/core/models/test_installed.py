@@ -8,8 +8,8 @@ from core.errors import UserError
 from core.models import download, hf_cache, installed, usage
 from kvcache.store import DiskStore
 from kvcache.store_format import PageData
-from tests.core.models.hub_fixture import (  # noqa: F401  (fixtures)
-    BIG_MLX, OTHER_MLX, TINY_MLX, TWO_GGUF, hub_sources, loopback_hub)
+from tests.core.models.hub_fixture import (
+    BIG_MLX, OTHER_MLX, TINY_MLX, TWO_GGUF)
 
 
 def _save_sessions(root, sessions: dict[str, str]) -> None:
