@@ -146,3 +146,18 @@ def test_gguf_files_unsupported_families_and_errors(qtbot, picker, loopback_hub,
     monkeypatch.setenv("HF_ENDPOINT", free_port_url())  # offline: one line, and the window answers
     _search(qtbot, dialog, "qwen")
     assert panel.status.text().startswith("offline:") and "\n" not in panel.status.text()
+
+
+def test_closing_the_picker_stops_its_download(qtbot, picker, loopback_hub):
+    dialog = picker()
+    panel = dialog.hub_panel
+    rows = _search(qtbot, dialog, "wide")
+    panel.results.setCurrentItem(panel.results.topLevelItem(rows[BIG_MLX]))
+    loopback_hub.rate = 20e6
+    with qtbot.waitSignal(panel.progressed, timeout=10_000,
+                          check_params_cb=lambda p: p.file == WEIGHTS and p.done_bytes < p.total_bytes):
+        qtbot.mouseClick(panel.download_button, Qt.MouseButton.LeftButton)
+    dialog.reject()
+    qtbot.waitUntil(lambda: not panel.is_downloading(), timeout=10_000)
+    assert "cancelled" in panel.status.text() and hf_cache.resolve_repo(BIG_MLX) is None
+    assert [p.name for p in (hf_cache.repo_folder(BIG_MLX) / "blobs").glob("*" + download.PARTIAL_SUFFIX)]
