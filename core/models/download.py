@@ -26,6 +26,7 @@ import errno
 import hashlib
 import logging
 import os
+import queue
 import shutil
 import threading
 import time
@@ -316,20 +317,17 @@ class _Sink:
     the file (SHA-256 for an LFS file, the git blob SHA-1 otherwise), the part already
     there first. Writing and hashing run in order on a thread of their own while the
     next bytes are read from the socket (both let go of the GIL); at most ``BACKLOG``
-    batches wait for it; chunks are handed over in batches of ``BATCH`` bytes (a thread
-    hand-off per 64 KB socket read costs more than the copy). ``position`` counts the
-    bytes taken."""
+    chunks wait for it. ``position`` counts the bytes taken."""
 
-    BACKLOG = 4
-    BATCH = 4 << 20
+    BACKLOG = 64
 
     def __init__(self, raw, file: RepoFile):
         self._raw, self._file = raw, file
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pull-write")
-        self._pending: collections.deque = collections.deque()
-        self._batch: list[bytes] = []
-        self._batch_bytes = 0
+        self._queue: queue.Queue = queue.Queue(maxsize=self.BACKLOG)
+        self._error: BaseException | None = None
         self._rehash()
+        self._thread = threading.Thread(target=self._work, name="pull-write", daemon=True)
+        self._thread.start()
 
     def _rehash(self) -> None:
         self._hasher = hashlib.sha256() if self._file.sha256 else hashlib.sha1(b"blob %d\0" % self._file.size)
@@ -338,30 +336,33 @@ class _Sink:
             while chunk := existing.read(8 << 20):
                 self._hasher.update(chunk)
 
-    def _drain(self) -> None:
-        self._hand_over()
-        while self._pending:
-            self._pending.popleft().result()  # a failed write (a full disk) raises here
+    def _work(self) -> None:
+        while True:
+            data = self._queue.get()
+            try:
+                if data is None:
+                    return
+                if self._error is None:
+                    self._put(data)
+            except BaseException as exc:  # a full disk: the reading side raises it
+                self._error = exc
+            finally:
+                self._queue.task_done()
 
     def _put(self, data: bytes) -> None:
         self._raw.write(data)
         self._hasher.update(data)
 
-    def write(self, data: bytes) -> None:
-        self._batch.append(data)
-        self._batch_bytes += len(data)
-        self.position += len(data)
-        if self._batch_bytes >= self.BATCH:
-            self._hand_over()
+    def _drain(self) -> None:
+        self._queue.join()
+        if self._error is not None:
+            raise self._error
 
-    def _hand_over(self) -> None:
-        if not self._batch:
-            return
-        data = self._batch[0] if len(self._batch) == 1 else b"".join(self._batch)
-        self._batch, self._batch_bytes = [], 0
-        while len(self._pending) >= self.BACKLOG or (self._pending and self._pending[0].done()):
-            self._pending.popleft().result()  # a failed write (a full disk) raises here
-        self._pending.append(self._worker.submit(self._put, data))
+    def write(self, data: bytes) -> None:
+        if self._error is not None:
+            raise self._error
+        self._queue.put(data)
+        self.position += len(data)
 
     def restart(self) -> None:
         """The server ignored the Range: start the file again."""
@@ -377,11 +378,10 @@ class _Sink:
 
     def close(self) -> None:
         try:
-            self._drain()  # keep what arrived: a resume starts after it
-        except OSError:
-            pass
+            self._queue.join()  # keep what arrived: a resume starts after it
         finally:
-            self._worker.shutdown(wait=True)
+            self._queue.put(None)
+            self._thread.join()
             self._raw.flush()
 
 

@@ -7,7 +7,8 @@ Each repetition starts from an empty HF cache. Reported: the median wall time of
 ``curl -o FILE URL`` (the weights file alone), of the whole ``radixchat pull REPO``
 command (a new Python process: imports, hub API calls, every file, SHA-256 while
 writing, linking), and of the download inside it (PullResult.seconds); the pull's rate
-as a share of curl's. Then a pull cancelled half-way and resumed: the bytes the server
+as a share of curl's; the CPU time of each (the figure a loaded machine does not
+blur). Then a pull cancelled half-way and resumed: the bytes the server
 sent for the resume against the bytes that were missing.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -51,21 +53,23 @@ def run(args) -> dict:
         size = (source / WEIGHTS).stat().st_size
         url = f"{hub.url}/{REPO}/resolve/main/{WEIGHTS}"
         env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_XET": "1", "PYTHONPATH": os.getcwd()}
-        curl_s, pull_s, transfer_s = [], [], []
+        curl_s, pull_s, transfer_s, curl_cpu, pull_cpu = [], [], [], [], []
         for i in range(args.repeats):
             target = work / f"curl-{i}.bin"
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), _children_cpu()
             subprocess.run(["curl", "-sSf", "-o", str(target), url], check=True)
             curl_s.append(time.perf_counter() - started)
+            curl_cpu.append(_children_cpu() - cpu)
             assert target.stat().st_size == size
             target.unlink()
 
             cache = work / f"hf-{i}"
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), _children_cpu()
             out = subprocess.run([sys.executable, "-m", "core.cli.main", "pull", REPO, "--data-dir",
                                   str(work / f"data-{i}")], env={**env, "HF_HUB_CACHE": str(cache)},
                                  check=True, capture_output=True, text=True)
             pull_s.append(time.perf_counter() - started)
+            pull_cpu.append(_children_cpu() - cpu)
             transfer_s.append(float(out.stderr.rsplit(" in ", 1)[1].split(" s;")[0]))
             shutil.rmtree(cache)
         resumed = _resume(hub, work, size)
@@ -79,8 +83,15 @@ def run(args) -> dict:
         "curl_MBps": size / curl / 1e6, "pull_command_MBps": size / pull / 1e6,
         "pull_download_MBps": size / transfer / 1e6,
         "command_vs_curl": curl / pull, "download_vs_curl": curl / transfer,
+        "curl_cpu_s": statistics.median(curl_cpu), "pull_cpu_s": statistics.median(pull_cpu),
+        "load_average": os.getloadavg()[0], "cpus": os.cpu_count(),
         **resumed,
     }
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _resume(hub: LoopbackHub, work: Path, size: int) -> dict:
@@ -118,6 +129,8 @@ def main() -> int:
           f"  = {report['command_vs_curl'] * 100:.0f}% of curl")
     print(f"radixchat pull (download):  {report['pull_download_MBps']:8,.0f} MB/s  {_runs(report['pull_download_s'])}"
           f"  = {report['download_vs_curl'] * 100:.0f}% of curl")
+    print(f"CPU time (user+sys, median): curl {report['curl_cpu_s']:.2f} s, radixchat pull {report['pull_cpu_s']:.2f} s"
+          f" (SHA-256 of every byte, Python); load average {report['load_average']:.1f} on {report['cpus']} CPUs")
     print(f"resume after a cancel at {report['resume_kept_bytes'] / 1e6:,.0f} MB: the server sent "
           f"{report['resume_served_bytes']:,} bytes, {report['resume_missing_bytes']:,} were missing")
     return 0
