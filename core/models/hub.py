@@ -50,6 +50,8 @@ FITS, TIGHT, WONT_FIT = "fits", "tight", "won't fit"
 FIT_LIMITS = ((0.70, FITS), (0.90, TIGHT))  # share of the machine's memory
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
                 "I8": 1, "U8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "BOOL": 1, "I64": 8, "U64": 8}
+_SPLIT_GGUF = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)  # llama.cpp's gguf-split parts
+_PROJECTOR_GGUF = re.compile(r"(^|/)mmproj[^/]*\.gguf$", re.IGNORECASE)  # vision projectors
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}$")
 _QUANT = re.compile(r"(?<![A-Za-z0-9])(I?Q\d_[A-Z0-9_]+|Q\d_\d|F16|BF16|F32)(?![A-Za-z0-9])", re.IGNORECASE)
 
@@ -357,7 +359,7 @@ def plan(repo_id: str, filename: str | None = None, revision: str = "main",
     files = [RepoFile(s.rfilename, int(s.size or (s.lfs.size if s.lfs else 0)),
                       s.lfs.sha256 if s.lfs else None, s.blob_id or "") for s in (info.siblings or [])]
     by_path = {f.path: f for f in files}
-    ggufs = tuple(f for f in files if f.path.lower().endswith(".gguf"))
+    ggufs = tuple(f for f in files if is_model_gguf(f.path))
     gguf_info = info.gguf if isinstance(info.gguf, dict) else {}
     if filename is not None:
         if not filename.lower().endswith(".gguf"):
@@ -365,6 +367,10 @@ def plan(repo_id: str, filename: str | None = None, revision: str = "main",
         if filename not in by_path:
             raise HubError(f"{repo_id} has no file {filename}"
                            + (f" (it has {', '.join(f.path for f in ggufs[:4])})" if ggufs else ""))
+        if _SPLIT_GGUF.search(filename):
+            raise HubError(f"{filename} is one part of a split GGUF: RadixChat loads single-file GGUFs only")
+        if _PROJECTOR_GGUF.search(filename):
+            raise HubError(f"{filename} is a vision projector, not a language model")
         return _gguf_plan(repo_id, info.sha, by_path[filename], gguf_info, on_cpu, machine_bytes)
     weights = [f for f in files if "/" not in f.path and fnmatch.fnmatch(f.path, "*.safetensors")
                and not any(fnmatch.fnmatch(f.path, p) for p in SKIPPED_WEIGHTS)]
@@ -387,6 +393,11 @@ def plan(repo_id: str, filename: str | None = None, revision: str = "main",
                    "nor a .gguf file)")
 
 
+def is_model_gguf(path: str) -> bool:
+    """A single-file GGUF language model: not a split part, not a vision projector."""
+    return path.lower().endswith(".gguf") and not _SPLIT_GGUF.search(path) and not _PROJECTOR_GGUF.search(path)
+
+
 def gguf_files(repo_id: str, revision: str = "main") -> tuple[RepoFile, ...]:
     """The GGUF files of a repo (its quantizations), smallest first."""
     check_repo_id(repo_id)
@@ -396,7 +407,7 @@ def gguf_files(repo_id: str, revision: str = "main") -> tuple[RepoFile, ...]:
     except Exception as exc:
         raise hub_error(exc, repo_id) from None
     return tuple(sorted((RepoFile(s.rfilename, int(s.size or 0), s.lfs.sha256 if s.lfs else None, s.blob_id or "")
-                         for s in info.siblings or [] if s.rfilename.lower().endswith(".gguf")),
+                         for s in info.siblings or [] if is_model_gguf(s.rfilename)),
                         key=lambda f: (f.size, f.path)))
 
 

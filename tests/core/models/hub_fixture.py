@@ -418,6 +418,9 @@ def add_test_repos(hub: LoopbackHub, sources: HubSources) -> None:
     gguf = dict(tags=["gguf"], library_name="gguf")
     hub.add(HubRepo(TWO_GGUF, {"tiny-Q8_0.gguf": HubFile("tiny-Q8_0.gguf", data=gguf_bytes),
                                "tiny-F16.gguf": HubFile("tiny-F16.gguf", data=gguf_bytes + b"\0" * 64),
+                               "big/big-Q8_0-00001-of-00002.gguf": HubFile("big/big-Q8_0-00001-of-00002.gguf",
+                                                                           data=gguf_bytes),
+                               "mmproj-tiny-F16.gguf": HubFile("mmproj-tiny-F16.gguf", data=gguf_bytes),
                                "README.md": HubFile("README.md", data=b"# gguf\n")},
                     downloads=300, gguf={"total": 448, "architecture": "llama"}, **gguf))
     hub.add(HubRepo(ONE_GGUF, {"solo-Q4_K_M.gguf": HubFile("solo-Q4_K_M.gguf", data=gguf_bytes)},

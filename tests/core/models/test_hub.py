@@ -82,7 +82,8 @@ def test_plan_takes_only_what_a_model_needs(loopback_hub):
 def test_gguf_repos_list_their_files(loopback_hub):
     with pytest.raises(ChooseFileError) as chosen:
         hub.plan(TWO_GGUF)
-    assert sorted(f.path for f in chosen.value.choices) == ["tiny-F16.gguf", "tiny-Q8_0.gguf"]
+    assert sorted(f.path for f in chosen.value.choices) == ["tiny-F16.gguf", "tiny-Q8_0.gguf"]  # no split part,
+    # no vision projector
     assert f"radixchat pull {TWO_GGUF}:" in str(chosen.value)
     assert [f.quantization for f in hub.gguf_files(TWO_GGUF)] == ["Q8_0", "F16"]  # smallest first
     one = hub.plan(TWO_GGUF, "tiny-Q8_0.gguf")
@@ -97,6 +98,8 @@ def test_gguf_repos_list_their_files(loopback_hub):
     ((NO_WEIGHTS, None), "no weights RadixChat can use"),
     ((TWO_GGUF, "nope.gguf"), "has no file nope.gguf"),
     ((TINY_MLX, "config.json"), "only a .gguf file can be pulled on its own"),
+    ((TWO_GGUF, "big/big-Q8_0-00001-of-00002.gguf"), "one part of a split GGUF"),
+    ((TWO_GGUF, "mmproj-tiny-F16.gguf"), "a vision projector, not a language model"),
 ])
 def test_bad_input_is_one_line(loopback_hub, target, message):
     with pytest.raises(HubError, match=message) as raised:
