@@ -24,7 +24,8 @@ def human(n: float | None) -> str:
 def parameters_text(n: int | None) -> str:
     if not n:
         return "?"
-    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M" if n >= 1e6 else f"{n / 1e3:.0f}K" if n >= 1e3 \
+        else str(n)
 
 
 def duration(seconds: float | None) -> str:
@@ -128,7 +129,8 @@ def run_models(args) -> int:
         print(f"{p.repo_id:<48} {'partial':<10} {p.bytes / 1e6:9.1f} MB  unfinished: "
               f"`radixchat pull {p.repo_id}` resumes, `radixchat models rm {p.repo_id}` deletes")
     if models:
-        print(f"downloaded from the hub: {len(models)} models, {human(sum(m.size_bytes for m in models))} "
+        print(f"downloaded from the hub: {len(models)} model{'s' if len(models) > 1 else ''}, "
+              f"{human(sum(m.size_bytes for m in models))} "
               f"in {hf_cache.hf_cache_root()}")
     return 0
 

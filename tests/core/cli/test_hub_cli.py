@@ -33,7 +33,7 @@ def test_pull_then_models_then_rm(loopback_hub, capsys, tmp_path):
     out = capsys.readouterr().out
     line = next(line for line in out.splitlines() if line.startswith(TINY_MLX))
     assert "hub mlx" in line and "1.1 MB" in line and "last used just now" in line
-    assert "downloaded from the hub: 1 models, 1.1 MB" in out
+    assert "downloaded from the hub: 1 model, 1.1 MB" in out
 
     assert main(["models", "rm", TINY_MLX, *data]) == EXIT_USER_ERROR  # stdin is no terminal: needs --yes
     assert "--yes" in capsys.readouterr().err
