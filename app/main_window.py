@@ -25,7 +25,7 @@ from app.memory_panel import MemoryPanel
 from app.model_picker import ModelPickerDialog
 from app.session_list import SessionList
 from app.settings_dialogs import AppSettings, AppSettingsDialog, SessionSettingsDialog
-from core.chats.store import ChatStore, Session
+from core.chats.store import ChatStore, Session, readable
 from core.errors import StoreError, UserError
 from core.paths import chats_db_path
 from resources import resource_path
@@ -251,7 +251,7 @@ class MainWindow(QMainWindow):
             return
         try:
             session = self.store.get_session_by_id(session_id)
-            messages = self.store.messages(session_id) if session is not None else []
+            messages, damage = readable(self.store.messages(session_id) if session is not None else [])
         except StoreError as exc:
             self._set_state_text(f"Could not open the chat: {exc}")
             return
@@ -266,6 +266,8 @@ class MainWindow(QMainWindow):
             self.sessions.select(session.id)
         self.setWindowTitle(f"{session.title or 'New chat'} — RadixChat")
         self._update_state()
+        if damage or session.damaged:  # shown as read (bad bytes as U+FFFD), said in one row
+            self.chat.add_error(f"Damaged: {damage or 'this chat: ' + session.damaged}")
 
     def _on_session_deleted(self, session_id: int, name: str) -> None:
         if name:
@@ -294,7 +296,7 @@ class MainWindow(QMainWindow):
         if self._generating or not self.model_name or self.session is None:
             return
         try:
-            messages = self.store.messages(self.session.id)
+            messages = readable(self.store.messages(self.session.id))[0]
         except StoreError as exc:
             self._set_state_text(f"Could not read the chat: {exc}")
             return
@@ -309,7 +311,7 @@ class MainWindow(QMainWindow):
         if not text or self._generating or self.bridge.busy or not self.model_name or self.session is None:
             return
         try:
-            stored = self.store.messages(self.session.id)
+            stored = readable(self.store.messages(self.session.id))[0]
         except StoreError as exc:
             self._set_state_text(f"Could not read the chat: {exc}")
             return
@@ -431,8 +433,8 @@ class MainWindow(QMainWindow):
             self.session = self.store.get_session_by_id(self.session.id) or self.session
             self.sessions.refresh(select_id=self.session.id)
             self.setWindowTitle(f"{self.session.title or 'New chat'} — RadixChat")
-        except StoreError as exc:  # the chat goes on in memory
-            self._set_state_text(f"Could not save the chat: {exc}")
+        except StoreError as exc:  # the reply stays shown; the chat goes on in memory
+            self._set_state_text(f"This reply is shown but was not saved: {exc}")
 
     def _on_failed(self, message: str) -> None:
         if not self._generating:

@@ -7,7 +7,7 @@ import sys
 from dataclasses import asdict
 
 from core import paths
-from core.chats.store import ChatStore, Session
+from core.chats.store import ChatStore, Session, check_name, readable
 from core.cli.progress import print_progress
 from core.engine.engine import Engine
 from core.engine.types import (
@@ -19,12 +19,19 @@ from core.engine.types import (
     SamplingParams,
     TokenEvent,
 )
-from core.errors import UserError
+from core.cli.terminal import safe, safe_text
+from core.errors import StoreError, UserError
 
 HELP = "commands: /stats (last turn's figures), /quit"
+EXIT_NOT_SAVED = 2  # the reply was shown, but the turn is not in the chat history
 
 
 def run_chat(args) -> int:
+    # What the command line gave is checked before anything is made.
+    if args.session is not None:
+        check_name(args.session)
+    if args.prompt is not None:
+        _check_prompt(args.prompt)
     root = paths.data_dir(args.data_dir)
     try:
         sampling = SamplingParams(
@@ -56,10 +63,21 @@ def run_chat(args) -> int:
             engine.shutdown()
 
 
+def _check_prompt(text: str) -> None:
+    """A prompt with bytes that were not UTF-8 (they reach Python as lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UserError(f"the message is not valid UTF-8 text (character {exc.start + 1}); "
+                        "nothing was sent") from exc
+
+
 def _loop(engine, store, session, sampling, args) -> int:
     interactive = sys.stdin.isatty()
+    if hasattr(sys.stdin, "reconfigure"):  # bad bytes reach _check_prompt, not a traceback
+        sys.stdin.reconfigure(errors="surrogateescape")
     if interactive:
-        print(f"session {session.name} — {HELP}", file=sys.stderr)
+        print(f"session {safe(session.name)} — {HELP}", file=sys.stderr)
     last: RequestStats | None = None
     failed = False
     while True:
@@ -77,13 +95,13 @@ def _loop(engine, store, session, sampling, args) -> int:
             print(json.dumps(asdict(last) if last else {}), file=sys.stderr)
             continue
         try:
+            _check_prompt(text)
             status, last = _run_turn(engine, store, session, text, sampling, args)
         except UserError as exc:  # this turn failed (too long...): the chat goes on
-            print(f"radixchat: {exc}", file=sys.stderr, flush=True)
+            print(f"radixchat: {safe(exc)}", file=sys.stderr, flush=True)
             failed = True
             continue
-        if status:
-            return status
+        failed = failed or bool(status)  # not saved: said so; the chat goes on
 
 
 def _turn(engine, store, session, prompt, sampling, args) -> int:
@@ -92,7 +110,10 @@ def _turn(engine, store, session, prompt, sampling, args) -> int:
 
 
 def _run_turn(engine, store, session: Session, prompt: str, sampling, args):
-    history = [ChatMessage(m.role, m.content) for m in store.messages(session.id)]
+    stored, damage = readable(store.messages(session.id))
+    if damage:
+        print(f"radixchat: {safe(session.name)}: {damage}", file=sys.stderr, flush=True)
+    history = [ChatMessage(m.role, m.content) for m in stored]
     system = store.get_session_by_id(session.id).system_prompt
     messages = ([ChatMessage("system", system)] if system else []) + history + [ChatMessage("user", prompt)]
     request = GenerationRequest(messages=tuple(messages), sampling=sampling, session=session.name,
@@ -105,7 +126,7 @@ def _run_turn(engine, store, session: Session, prompt: str, sampling, args):
             if isinstance(event, TokenEvent):
                 pieces.append(event.text)
                 if not args.json:
-                    print(event.text, end="", flush=True)
+                    print(safe_text(event.text), end="", flush=True)
             elif isinstance(event, DoneEvent):
                 done = event
             elif isinstance(event, ErrorEvent):
@@ -117,11 +138,17 @@ def _run_turn(engine, store, session: Session, prompt: str, sampling, args):
                 done = event
     reply = done.text if done else "".join(pieces)
     stats = done.stats if done else RequestStats(finish_reason="cancelled")
+    not_saved = None
     if reply or stats.finish_reason != "cancelled":  # stopped before any text: never sent
-        store.add_turn(session.id, prompt, reply, asdict(stats))
+        try:
+            store.add_turn(session.id, prompt, reply, asdict(stats))
+        except StoreError as exc:  # the disk is full...: the reply is shown all the same
+            not_saved = str(exc)
     if args.json:
         print(json.dumps({
             "reply": reply,
+            "saved": not_saved is None,
+            **({"save_error": not_saved} if not_saved else {}),
             "session": session.name,
             "prompt_tokens": stats.prompt_tokens,
             "cached_tokens": stats.cached_tokens,
@@ -134,4 +161,8 @@ def _run_turn(engine, store, session: Session, prompt: str, sampling, args):
         }), flush=True)
     else:
         print(flush=True)
+    if not_saved:
+        print(f"radixchat: this turn was not saved to the chat history: {safe(not_saved)}",
+              file=sys.stderr, flush=True)
+        return EXIT_NOT_SAVED, stats
     return 0, stats
