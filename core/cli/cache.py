@@ -6,29 +6,27 @@ import json
 from dataclasses import asdict
 
 from core import paths
+from core.cli.terminal import safe
 from core.errors import StoreError
+from kvcache.sqlite_file import remove_files
 from kvcache.store import DiskStore, DiskStoreError
 
 
 def run_cache(args) -> int:
-    path = paths.data_dir(args.data_dir) / "kvcache.db"
+    root = paths.data_dir(args.data_dir, create=False)  # looking creates nothing
+    path = root / "kvcache.db"
+    if not path.exists():
+        if args.cache_command == "clear":
+            print(f"no KV cache at {safe(path)}: nothing to clear (chat history kept)")
+        elif getattr(args, "json", False):
+            print(json.dumps({"path": str(path), "exists": False}))
+        else:
+            print(f"no KV cache at {safe(path)} yet")
+        return 0
     try:
         with DiskStore(path) as store:
             if args.cache_command == "stats":
-                stats = store.stats()
-                if args.json:
-                    print(json.dumps({**asdict(stats), "sessions_list": [asdict(s) for s in store.sessions()]}))
-                    return 0
-                print(f"{path}: {stats.sessions} sessions, {stats.pages} pages, "
-                      f"{stats.bytes / 1e6:.1f} MB of pages ({stats.file_bytes / 1e6:.1f} MB on disk, "
-                      f"budget {stats.budget_bytes / 1e9:.1f} GB)")
-                print(f"saves {stats.saves}, loads {stats.loads}, restored {stats.restored_tokens} tokens "
-                      f"in {stats.restored_pages} pages, dropped {stats.dropped_pages} bad pages, "
-                      f"evicted {stats.evicted_sessions} sessions, {stats.orphan_pages} orphan pages")
-                for info in store.sessions():
-                    print(f"  {info.name:<32} {info.tokens:>7} tokens {info.pages:>5} pages "
-                          f"{info.nbytes / 1e6:9.1f} MB  model {info.fingerprint[:12]}")
-                return 0
+                return _stats(store, path, args.json)
             if args.cache_command == "verify":
                 report = store.verify()
                 print(json.dumps(asdict(report)) if args.json else
@@ -38,8 +36,30 @@ def run_cache(args) -> int:
                       + ("clean" if report.clean else "repaired"))
                 return 0
             freed = store.clear(args.session)
-            what = f"session {args.session}" if args.session else "all sessions"
-            print(f"cleared the cache of {what}: {freed / 1e6:.1f} MB freed (chat history kept)")
-            return 0
     except DiskStoreError as exc:
-        raise StoreError(str(exc)) from exc
+        if args.cache_command != "clear" or args.session is not None:
+            raise StoreError(str(exc)) from exc
+        # Clearing everything needs a write (and a VACUUM needs room for a copy): on a full
+        # disk, or a file that cannot be opened, delete the files instead; that always works.
+        freed = remove_files(path)
+    what = f"session {safe(args.session)}" if args.session else "all sessions"
+    print(f"cleared the cache of {what}: {freed / 1e6:.1f} MB freed (chat history kept)")
+    return 0
+
+
+def _stats(store: DiskStore, path, as_json: bool) -> int:
+    stats = store.stats()
+    sessions = store.sessions()
+    if as_json:  # JSON escapes control characters itself
+        print(json.dumps({**asdict(stats), "sessions_list": [asdict(s) for s in sessions]}))
+        return 0
+    print(f"{safe(path)}: {stats.sessions} sessions, {stats.pages} pages, "
+          f"{stats.bytes / 1e6:.1f} MB of pages ({stats.file_bytes / 1e6:.1f} MB on disk, "
+          f"budget {stats.budget_bytes / 1e9:.1f} GB)")
+    print(f"saves {stats.saves}, loads {stats.loads}, restored {stats.restored_tokens} tokens "
+          f"in {stats.restored_pages} pages, dropped {stats.dropped_pages} bad pages, "
+          f"evicted {stats.evicted_sessions} sessions, {stats.orphan_pages} orphan pages")
+    for info in sessions:
+        print(f"  {safe(info.name):<32} {info.tokens:>7} tokens {info.pages:>5} pages "
+              f"{info.nbytes / 1e6:9.1f} MB  model {safe(info.fingerprint[:12])}")
+    return 0

@@ -268,18 +268,35 @@ class Engine:
 
     def _open_persister(self, fingerprint: str):
         from kvcache.persist import SessionPersister
+        from kvcache.sqlite_file import set_aside
         from kvcache.store import DEFAULT_BUDGET, DiskStoreError
 
         if not (self._disk_cache and self._use_cache and self._prefix_cache.enabled):
             return None
-        try:
-            self.data_root.mkdir(parents=True, exist_ok=True)
-            return SessionPersister(self.data_root / "kvcache.db", self._prefix_cache, fingerprint,
-                                    self._disk_budget or DEFAULT_BUDGET)
-        except (DiskStoreError, OSError) as exc:  # the app runs on without a disk cache
-            self.disk_cache_error = str(exc)
-            log.warning("disk cache off: %s", exc)
+        path = self.data_root / "kvcache.db"
+        for attempt in (1, 2):
+            try:
+                self.data_root.mkdir(parents=True, exist_ok=True)
+                return SessionPersister(path, self._prefix_cache, fingerprint,
+                                        self._disk_budget or DEFAULT_BUDGET)
+            except DiskStoreError as exc:
+                if attempt == 1 and getattr(exc, "reason", None) in ("corrupt", "foreign"):
+                    # A cache only costs time to rebuild: keep the damaged file beside it
+                    # and start a new one, rather than run without a disk cache.
+                    try:
+                        aside = set_aside(path)
+                    except OSError as rename_error:
+                        exc = rename_error
+                    else:
+                        log.warning("%s; set aside as %s, starting a new KV cache", exc, aside.name)
+                        continue
+                error = exc
+            except OSError as exc:
+                error = exc
+            self.disk_cache_error = str(error)  # the app runs on without a disk cache
+            log.warning("disk cache off: %s", error)
             return None
+        return None
 
     def _forget(self, session: str) -> None:
         if self._prefix_cache is not None:
