@@ -25,7 +25,7 @@ from app.memory_panel import MemoryPanel
 from app.model_picker import ModelPickerDialog
 from app.session_list import SessionList
 from app.settings_dialogs import AppSettings, AppSettingsDialog, SessionSettingsDialog
-from core.chats.store import ChatStore, Session, readable
+from core.chats.store import ChatStore, Session, readable, save_turn
 from core.errors import StoreError, UserError
 from core.paths import chats_db_path
 from resources import resource_path
@@ -428,13 +428,20 @@ class MainWindow(QMainWindow):
         self._update_state()
         if self.session is None:
             return
+        saved = save_turn(self.store, self.session.id, self._pending, text, stats, replace=self._replacing,
+                          make_room=self.bridge.engine.give_disk_space_back)
+        if not saved.saved:  # the reply stays shown; the chat goes on in memory
+            self._set_state_text(f"This reply is shown but was not saved: {saved.error}")
+            return
+        if saved.cache_freed:
+            self._set_state_text(f"The disk is full: the KV cache ({saved.cache_freed / 1e6:.1f} MB) "
+                                 "was deleted to save this reply")
         try:
-            self._store_turn(text, stats)
             self.session = self.store.get_session_by_id(self.session.id) or self.session
             self.sessions.refresh(select_id=self.session.id)
             self.setWindowTitle(f"{self.session.title or 'New chat'} — RadixChat")
-        except StoreError as exc:  # the reply stays shown; the chat goes on in memory
-            self._set_state_text(f"This reply is shown but was not saved: {exc}")
+        except StoreError as exc:
+            self._set_state_text(f"Could not read the chats: {exc}")
 
     def _on_failed(self, message: str) -> None:
         if not self._generating:

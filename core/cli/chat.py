@@ -7,7 +7,7 @@ import sys
 from dataclasses import asdict
 
 from core import paths
-from core.chats.store import ChatStore, Session, check_name, readable
+from core.chats.store import ChatStore, Session, check_name, readable, save_turn
 from core.cli.progress import print_progress
 from core.engine.engine import Engine
 from core.engine.types import (
@@ -140,10 +140,12 @@ def _run_turn(engine, store, session: Session, prompt: str, sampling, args):
     stats = done.stats if done else RequestStats(finish_reason="cancelled")
     not_saved = None
     if reply or stats.finish_reason != "cancelled":  # stopped before any text: never sent
-        try:
-            store.add_turn(session.id, prompt, reply, asdict(stats))
-        except StoreError as exc:  # the disk is full...: the reply is shown all the same
-            not_saved = str(exc)
+        saved = save_turn(store, session.id, prompt, reply, asdict(stats),
+                          make_room=engine.give_disk_space_back)
+        not_saved = saved.error
+        if saved.cache_freed:
+            print(f"radixchat: the disk is full: the KV cache ({saved.cache_freed / 1e6:.1f} MB) was "
+                  "deleted to save this turn", file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps({
             "reply": reply,

@@ -101,6 +101,12 @@ class _ForgetCommand:
     session: str
 
 
+@dataclass
+class _GiveWayCommand:
+    done: threading.Event = field(default_factory=threading.Event)
+    freed: int = 0
+
+
 _STOP = object()
 
 
@@ -247,6 +253,9 @@ class Engine:
                     if self._persister is not None:
                         self._persister.flush()
                     command.done.set()
+                elif isinstance(command, _GiveWayCommand):
+                    command.freed = self._give_way()
+                    command.done.set()
                 elif busy:
                     deferred.append(command)
                 elif command is _STOP:
@@ -318,6 +327,31 @@ class Engine:
         if self._persister is not None:
             self._persister.close()
             self._persister = None
+
+    def give_disk_space_back(self, timeout: float = 30.0) -> int:
+        """The chat history could not be written because the disk is full: the history wins.
+        Close the disk cache, delete its files (deleting needs no free space, unlike any
+        write) and start a new, empty one. Returns the bytes freed (0: nothing to free)."""
+        if self._thread is None:  # not started, or shut down: nothing holds the cache open
+            return self._give_way()
+        command = _GiveWayCommand()
+        self._commands.put(command)
+        command.done.wait(timeout)
+        return command.freed
+
+    def _give_way(self) -> int:
+        from kvcache.sqlite_file import remove_files
+
+        if not self._disk_cache:
+            return 0
+        fingerprint = self._persister.fingerprint if self._persister is not None else None
+        self._close_persister()
+        freed = remove_files(self.data_root / "kvcache.db")
+        log.warning("the disk is full: the KV cache (%.1f MB) was deleted to save the chat history",
+                    freed / 1e6)
+        if fingerprint is not None:
+            self._persister = self._open_persister(fingerprint)
+        return freed
 
     def flush_disk_cache(self, timeout: float = 30.0) -> None:
         """Wait until the sessions saved so far are on disk (tests, benchmarks)."""

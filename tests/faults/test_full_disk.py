@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 
 from core import paths
 from core.chats.store import ChatStore
 from core.cli.main import main
+from kvcache.sqlite_file import remove_files
 from kvcache.store import DiskStore, PageData
 from tests.faults.conftest import fill, free
 
@@ -86,6 +88,7 @@ def test_a_reply_is_shown_when_the_turn_cannot_be_saved(small_disk, tiny_model, 
             "--max-tokens", "8", "--kv-tokens", "4096", "--session", "s"]
     assert main([*args, "--json", "first"]) == 0
     capsys.readouterr()
+    remove_files(small_disk / "kvcache.db")  # nothing the cache could give back
     fill(small_disk, leave=32 * 1024)  # room to open chats.db (its 32 KB index), none to write
     long = "a longer question " * 12
     code = main([*args, "--json", long])
@@ -101,3 +104,23 @@ def test_a_reply_is_shown_when_the_turn_cannot_be_saved(small_disk, tiny_model, 
     (small_disk / "filler").unlink()
     with ChatStore(paths.chats_db_path(small_disk)) as chats:  # what was saved is whole
         assert [m.role for m in chats.messages(chats.get_session("s").id)] == ["user", "assistant"]
+
+
+def test_on_a_full_disk_the_chat_history_wins_over_the_cache(small_disk, tiny_model, capsys):
+    """The disk filled up anyway (by something else): the turn is saved, the cache goes."""
+    args = ["chat", "--model", str(tiny_model), "--data-dir", str(small_disk), "--temp", "0",
+            "--max-tokens", "8", "--kv-tokens", "4096", "--session", "s", "--json"]
+    assert main([*args, "first"]) == 0
+    capsys.readouterr()
+    with DiskStore(small_disk / "kvcache.db", reserve_bytes=0) as store:  # a cache of 2 MB
+        for n in range(4):
+            store.save_session(f"old{n}", FP, session_pages(n))
+    fill(small_disk, leave=32 * 1024)
+    code = main([*args, "second"])
+    captured = capsys.readouterr()
+    assert code == 0 and json.loads(captured.out.strip().splitlines()[-1])["saved"] is True
+    said = [line for line in captured.err.splitlines() if "KV cache" in line]
+    assert len(said) == 1 and re.fullmatch(r"radixchat: the disk is full: the KV cache \(\d\.\d MB\) was deleted "
+                                           r"to save this turn", said[0]), said
+    with ChatStore(paths.chats_db_path(small_disk)) as chats:
+        assert [m.content for m in chats.messages(chats.get_session("s").id)][::2] == ["first", "second"]
