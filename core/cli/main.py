@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
 def _fetch(args) -> int:
     root = paths.data_dir(args.data_dir)
     path = provision.ensure_model(args.name, root, print_progress)
-    print(path)
+    print(safe(path))
     return 0
 
 
@@ -220,7 +220,7 @@ def _models(args) -> int:
     local = provision.list_local_models(root)
     present = {m.spec for m in local}
     for model in local:
-        print(f"{model.spec:<40} {model.kind:<10} {model.size_bytes / 1e6:9.1f} MB  {model.name}")
+        print(f"{safe(model.spec):<40} {model.kind:<10} {model.size_bytes / 1e6:9.1f} MB  {safe(model.name)}")
     for name, known in provision.KNOWN_MODELS.items():
         if name not in present:
             print(f"{name:<40} {'known':<10} {known.size / 1e6:9.1f} MB  not downloaded "

@@ -12,6 +12,7 @@ import threading
 from core import paths
 from core.api.server import ApiServer, check_bind
 from core.cli.progress import print_progress
+from core.cli.terminal import safe
 from core.engine.engine import Engine
 from core.errors import UserError
 
@@ -28,7 +29,7 @@ def run_serve(args) -> int:
     try:
         info = engine.wait_ready()
         server = ApiServer(engine, args.host, args.port, api_key=api_key).start()
-        print(f"radixchat: serving {info.name} at {server.address}/v1 (Ctrl-C to stop)",
+        print(f"radixchat: serving {safe(info.name)} at {server.address}/v1 (Ctrl-C to stop)",
               file=sys.stderr, flush=True)
         threading.Event().wait()
     except KeyboardInterrupt:

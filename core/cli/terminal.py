@@ -8,8 +8,7 @@ import re
 
 # C0 and C1 controls (ESC, BEL, CR, backspace...) and DEL; lone surrogates (from bytes that
 # were not UTF-8) cannot be printed at all. Tabs and newlines are kept where text spans lines.
-_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
-_UNSAFE_INLINE = _UNSAFE
+_UNSAFE_LINE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 _UNSAFE_TEXT = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
@@ -20,7 +19,7 @@ def _escape(match: re.Match) -> str:
 
 def safe(text: object) -> str:
     """``text`` as one line with every control character escaped (``\\x1b``, ``\\n``)."""
-    return _UNSAFE_INLINE.sub(_escape, str(text))
+    return _UNSAFE_LINE.sub(_escape, str(text))
 
 
 def safe_text(text: str) -> str:

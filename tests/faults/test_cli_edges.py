@@ -113,3 +113,11 @@ def test_cache_stats_escapes_names_from_outside(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "evil\\x1b]0;pwned\\x07\\x9b31m" in out
     assert not any(c in out for c in "\x1b\x07\x9b")
+
+
+def test_models_escapes_names_from_the_file_system(capsys, tmp_path):
+    models = paths.models_dir(tmp_path)
+    (models / "evil\x1b[2J.gguf").write_bytes(b"GGUF" + bytes(60))
+    assert main(["models", "--data-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "evil\\x1b[2J" in out and "\x1b" not in out
