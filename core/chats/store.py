@@ -5,6 +5,11 @@ thread that needs the store concurrently opens its own. Every write runs in one
 ``BEGIN IMMEDIATE`` transaction, so a crash never leaves half of a change behind,
 and every database failure the user can act on (not a database, written by a newer
 version, locked, disk full) surfaces as :class:`~core.errors.StoreError`.
+
+A damaged row never stops a read: text that is not UTF-8 reads back with U+FFFD, a
+settings or stats value that is not a JSON object reads as empty, and the row's
+``damaged`` says what was wrong (:func:`readable` sums it up in one line for a chat;
+:meth:`ChatStore.verify` lists every damaged row).
 """
 
 from __future__ import annotations
