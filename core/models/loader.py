@@ -130,6 +130,7 @@ def _load_gguf(path: Path, data_root: Path):
 
     digest = FileHashCache(data_root / "file_hashes.json").sha256(path)
     contents = read_gguf(path, ConversionCache.under(data_root, digest))
+    check_fits(contents.config, path.name)  # its metadata, before the model is built
     model = build_model(contents.config, dict(contents.weights))
     tokenizer = build_tokenizer(contents.metadata, data_root / "tokenizers" / f"{digest[:32]}.json")
     return model, tokenizer, contents.config, [path]
