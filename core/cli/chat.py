@@ -56,11 +56,20 @@ def run_chat(args) -> int:
             session = store.get_or_create_session(args.session) if args.session else store.create_session()
             if args.system is not None:
                 store.update_session(session.id, system_prompt=args.system)
+            _say_damage(store, session)
             if args.prompt is not None:
                 return _turn(engine, store, session, args.prompt, sampling, args)
             return _loop(engine, store, session, sampling, args)
         finally:
             engine.shutdown()
+
+
+def _say_damage(store: ChatStore, session: Session) -> None:
+    """One line, once, when the chat read back damaged (it goes on from what was read)."""
+    damage = readable(store.messages(session.id))[1]
+    notes = [note for note in (damage, session.damaged and f"its settings row: {session.damaged}") if note]
+    if notes:
+        print(f"radixchat: chat {safe(session.name)}: {'; '.join(notes)}", file=sys.stderr, flush=True)
 
 
 def _check_prompt(text: str) -> None:
@@ -110,9 +119,7 @@ def _turn(engine, store, session, prompt, sampling, args) -> int:
 
 
 def _run_turn(engine, store, session: Session, prompt: str, sampling, args):
-    stored, damage = readable(store.messages(session.id))
-    if damage:
-        print(f"radixchat: {safe(session.name)}: {damage}", file=sys.stderr, flush=True)
+    stored = readable(store.messages(session.id))[0]
     history = [ChatMessage(m.role, m.content) for m in stored]
     system = store.get_session_by_id(session.id).system_prompt
     messages = ([ChatMessage("system", system)] if system else []) + history + [ChatMessage("user", prompt)]

@@ -73,7 +73,8 @@ def test_the_command_line_chat_goes_on_with_one_line_about_the_damage(tmp_path, 
     captured = capsys.readouterr()
     assert code == 0 and json.loads(captured.out.strip().splitlines()[-1])["saved"] is True
     said = [line for line in captured.err.splitlines() if "damaged" in line]
-    assert len(said) == 1 and "chats verify" in said[0] and "Traceback" not in captured.err
+    assert len(said) == 1 and "Traceback" not in captured.err
+    assert "1 damaged message" in said[0] and "settings are not a JSON object" in said[0]
 
 
 def test_chats_verify_lists_what_is_damaged(tmp_path, capsys):
