@@ -51,7 +51,8 @@ log = logging.getLogger(__name__)
 DEFAULT_BUDGET = 10 * 2**30  # bytes of pages on disk
 # The disk space the cache leaves free, whatever its budget: the chat history (and
 # everything else on the disk) comes first. A save that would eat into it writes nothing,
-# and when the disk is already past it the least recently used sessions give way.
+# and when something else takes the disk past it the cache empties itself and gives the
+# space back (see _enforce_budget).
 MIN_RESERVE = 2**30
 RESERVE_FRACTION = 0.05
 SQLITE_PAGE_SIZE = 65536  # set when the file is created: long overflow chains read faster
