@@ -37,8 +37,8 @@ def run_cache(args) -> int:
                 return 0
             freed = store.clear(args.session)
     except DiskStoreError as exc:
-        if args.cache_command != "clear" or args.session is not None:
-            raise StoreError(str(exc)) from exc
+        if args.cache_command != "clear" or args.session is not None or getattr(exc, "reason", None) == "locked":
+            raise StoreError(str(exc)) from exc  # (a locked cache is in use: never pulled from under it)
         # Clearing everything needs a write (and a VACUUM needs room for a copy): on a full
         # disk, or a file that cannot be opened, delete the files instead; that always works.
         freed = remove_files(path)

@@ -121,3 +121,20 @@ def test_models_escapes_names_from_the_file_system(capsys, tmp_path):
     assert main(["models", "--data-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "evil\\x1b[2J" in out and "\x1b" not in out
+
+
+def test_cache_clear_never_deletes_a_cache_another_process_is_writing(capsys, tmp_path):
+    """Deleting the files is the full-disk way out only: a locked cache is in use."""
+    import sqlite3
+
+    path = tmp_path / "kvcache.db"
+    with DiskStore(path) as store:
+        store.save_session("s", "model-a", [PageData((1, 2, 3), b"kv" * 8)])
+    holder = sqlite3.connect(path, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        one_line_error(capsys, ["cache", "clear", "--data-dir", str(tmp_path)], "is locked by another")
+    finally:
+        holder.close()
+    with DiskStore(path) as store:
+        assert store.session("s") is not None
