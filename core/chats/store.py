@@ -19,7 +19,7 @@ import time
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from sqlite_utils import Database
 
@@ -366,43 +366,6 @@ class ChatStore(SqliteFile):
     def _rows(self, sql: str, params: Any = None) -> list[dict]:
         with self._errors():
             return list(self.db.query(sql, params))
-
-
-@dataclass(frozen=True)
-class SavedTurn:
-    """What became of a finished turn: saved or not (``error``: why, one line), and the
-    bytes of KV cache deleted to make room for it."""
-
-    error: str | None = None
-    cache_freed: int = 0
-
-    @property
-    def saved(self) -> bool:
-        return self.error is None
-
-
-def save_turn(store: ChatStore, session_id: int, user_content: str, assistant_content: str,
-              stats: dict | None = None, *, replace: bool = False,
-              make_room: Callable[[], int] | None = None) -> SavedTurn:
-    """Store a finished turn (``replace``: in place of the last one) and say what became of
-    it; never raises a :class:`StoreError`, so the caller shows the reply either way. On a
-    full disk the chat history wins: ``make_room`` (the engine's
-    ``give_disk_space_back``) deletes the KV cache's files, and the turn is tried again."""
-    write = store.replace_last_turn if replace else store.add_turn
-    try:
-        write(session_id, user_content, assistant_content, stats)
-        return SavedTurn()
-    except StoreError as exc:
-        if getattr(exc, "reason", None) != "full" or make_room is None:
-            return SavedTurn(str(exc))
-        freed = make_room()
-        if not freed:
-            return SavedTurn(str(exc))
-    try:
-        write(session_id, user_content, assistant_content, stats)
-        return SavedTurn(cache_freed=freed)
-    except StoreError as exc:
-        return SavedTurn(str(exc), freed)
 
 
 def check_name(name: str) -> None:

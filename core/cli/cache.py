@@ -14,7 +14,7 @@ from kvcache.store import DiskStore, DiskStoreError
 
 def run_cache(args) -> int:
     root = paths.data_dir(args.data_dir, create=False)  # looking creates nothing
-    path = root / "kvcache.db"
+    path = paths.kv_cache_db_path(root)
     if not path.exists():
         if args.cache_command == "clear":
             print(f"no KV cache at {safe(path)}: nothing to clear (chat history kept)")
@@ -43,7 +43,7 @@ def run_cache(args) -> int:
         # disk, or a file that cannot be opened, delete the files instead; that always works.
         freed = remove_files(path)
     what = f"session {safe(args.session)}" if args.session else "all sessions"
-    print(f"cleared the cache of {what}: {freed / 1e6:.1f} MB freed (chat history kept)")
+    print(f"cleared the cache of {what}: {freed / paths.MB:.1f} MB freed (chat history kept)")
     return 0
 
 
@@ -54,12 +54,12 @@ def _stats(store: DiskStore, path, as_json: bool) -> int:
         print(json.dumps({**asdict(stats), "sessions_list": [asdict(s) for s in sessions]}))
         return 0
     print(f"{safe(path)}: {stats.sessions} sessions, {stats.pages} pages, "
-          f"{stats.bytes / 1e6:.1f} MB of pages ({stats.file_bytes / 1e6:.1f} MB on disk, "
-          f"budget {stats.budget_bytes / 1e9:.1f} GB)")
+          f"{stats.bytes / paths.MB:.1f} MB of pages ({stats.file_bytes / paths.MB:.1f} MB on disk, "
+          f"budget {stats.budget_bytes / paths.GB:.1f} GB)")
     print(f"saves {stats.saves}, loads {stats.loads}, restored {stats.restored_tokens} tokens "
           f"in {stats.restored_pages} pages, dropped {stats.dropped_pages} bad pages, "
           f"evicted {stats.evicted_sessions} sessions, {stats.orphan_pages} orphan pages")
     for info in sessions:
         print(f"  {safe(info.name):<32} {info.tokens:>7} tokens {info.pages:>5} pages "
-              f"{info.nbytes / 1e6:9.1f} MB  model {safe(info.fingerprint[:12])}")
+              f"{info.nbytes / paths.MB:9.1f} MB  model {safe(info.fingerprint[:12])}")
     return 0

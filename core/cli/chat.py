@@ -7,20 +7,13 @@ import sys
 from dataclasses import asdict
 
 from core import paths
-from core.chats.store import ChatStore, Session, check_name, readable, save_turn
+from core.chats.store import ChatStore, Session, check_name, readable
+from core.chats.turn import ChatTurn
 from core.cli.progress import print_progress
-from core.engine.engine import Engine
-from core.engine.types import (
-    ChatMessage,
-    DoneEvent,
-    ErrorEvent,
-    GenerationRequest,
-    RequestStats,
-    SamplingParams,
-    TokenEvent,
-)
 from core.cli.terminal import safe, safe_text
-from core.errors import StoreError, UserError
+from core.engine.engine import Engine
+from core.engine.types import DoneEvent, ErrorEvent, RequestStats, SamplingParams, TokenEvent
+from core.errors import UserError
 
 HELP = "commands: /stats (last turn's figures), /quit"
 EXIT_NOT_SAVED = 2  # the reply was shown, but the turn is not in the chat history
@@ -119,13 +112,8 @@ def _turn(engine, store, session, prompt, sampling, args) -> int:
 
 
 def _run_turn(engine, store, session: Session, prompt: str, sampling, args):
-    stored = readable(store.messages(session.id))[0]
-    history = [ChatMessage(m.role, m.content) for m in stored]
-    system = store.get_session_by_id(session.id).system_prompt
-    messages = ([ChatMessage("system", system)] if system else []) + history + [ChatMessage("user", prompt)]
-    request = GenerationRequest(messages=tuple(messages), sampling=sampling, session=session.name,
-                                use_cache=not args.no_cache)
-    handle = engine.submit(request)
+    turn = ChatTurn.start(store, store.get_session_by_id(session.id) or session, prompt)
+    handle = engine.submit(turn.request(sampling, use_cache=not args.no_cache))
     done: DoneEvent | None = None
     pieces: list[str] = []
     try:
@@ -145,14 +133,12 @@ def _run_turn(engine, store, session: Session, prompt: str, sampling, args):
                 done = event
     reply = done.text if done else "".join(pieces)
     stats = done.stats if done else RequestStats(finish_reason="cancelled")
-    not_saved = None
-    if reply or stats.finish_reason != "cancelled":  # stopped before any text: never sent
-        saved = save_turn(store, session.id, prompt, reply, asdict(stats),
-                          make_room=engine.give_disk_space_back)
-        not_saved = saved.error
-        if saved.cache_freed:
-            print(f"radixchat: the disk is full: the KV cache ({saved.cache_freed / 1e6:.1f} MB) was "
-                  "deleted to save this turn", file=sys.stderr, flush=True)
+    # stopped before any text: not stored, as if never sent; a full disk: the cache gives way
+    saved = turn.save(store, reply, stats, make_room=engine.give_disk_space_back)
+    not_saved = saved.error
+    if saved.cache_freed:
+        print(f"radixchat: the disk is full: the KV cache ({saved.cache_freed / paths.MB:.1f} MB) was "
+              "deleted to save this turn", file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps({
             "reply": reply,

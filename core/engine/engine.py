@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
+from core import paths
 from core.engine.types import DoneEvent, ErrorEvent, Event, GenerationRequest, RequestStats
 from core.errors import ErrorKind, UserError
 from kvcache.stats import CacheStats
@@ -188,12 +189,12 @@ class Engine:
             rss = 0
         disk = 0
         if self._persister is not None:
-            for suffix in ("", "-wal"):
+            for path in paths.kv_cache_db_files(self.data_root)[:2]:  # the database and its WAL
                 try:
-                    disk += (self.data_root / f"kvcache.db{suffix}").stat().st_size
+                    disk += path.stat().st_size
                 except OSError:
                     pass
-        budget = (self._disk_budget or _default_disk_budget()) if self._persister is not None else 0
+        budget = (self._disk_budget or paths.default_disk_budget()) if self._persister is not None else 0
         return dataclasses.replace(self._stats, rss_bytes=rss, disk_cache_bytes=disk,
                                    disk_cache_budget_bytes=budget)
 
@@ -278,16 +279,16 @@ class Engine:
     def _open_persister(self, fingerprint: str):
         from kvcache.persist import SessionPersister
         from kvcache.sqlite_file import set_aside
-        from kvcache.store import DEFAULT_BUDGET, DiskStoreError
+        from kvcache.store import DiskStoreError
 
         if not (self._disk_cache and self._use_cache and self._prefix_cache.enabled):
             return None
-        path = self.data_root / "kvcache.db"
+        path = paths.kv_cache_db_path(self.data_root)
         for attempt in (1, 2):
             try:
                 self.data_root.mkdir(parents=True, exist_ok=True)
                 return SessionPersister(path, self._prefix_cache, fingerprint,
-                                        self._disk_budget or DEFAULT_BUDGET)
+                                        self._disk_budget or paths.default_disk_budget())
             except DiskStoreError as exc:
                 if attempt == 1 and getattr(exc, "reason", None) in ("corrupt", "foreign"):
                     # A cache only costs time to rebuild: keep the damaged file beside it
@@ -313,7 +314,7 @@ class Engine:
         if self._persister is not None:
             self._persister.forget(session)
             return
-        path = self.data_root / "kvcache.db"
+        path = paths.kv_cache_db_path(self.data_root)
         if self._disk_cache and path.exists():  # saved under another model, or the cache is off
             from kvcache.store import DiskStore, DiskStoreError
 
@@ -346,7 +347,7 @@ class Engine:
             return 0
         fingerprint = self._persister.fingerprint if self._persister is not None else None
         self._close_persister()
-        freed = remove_files(self.data_root / "kvcache.db")
+        freed = remove_files(paths.kv_cache_db_path(self.data_root))
         log.warning("the disk is full: the KV cache (%.1f MB) was deleted to save the chat history",
                     freed / 1e6)
         if fingerprint is not None:
@@ -464,9 +465,3 @@ class Engine:
             requests_served=self._served,
             requests_running=len(self._scheduler.active) if self._scheduler is not None else 0,
         )
-
-
-def _default_disk_budget() -> int:
-    from kvcache.store import DEFAULT_BUDGET
-
-    return DEFAULT_BUDGET
