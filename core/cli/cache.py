@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import asdict
 
 from core import paths
@@ -50,8 +51,11 @@ def run_cache(args) -> int:
 def _stats(store: DiskStore, path, as_json: bool) -> int:
     stats = store.stats()
     sessions = store.sessions()
+    free = shutil.disk_usage(path.parent).free
+    reserve = free - store.disk_room()  # what the cache leaves free, whatever its budget
     if as_json:  # JSON escapes control characters itself
-        print(json.dumps({**asdict(stats), "sessions_list": [asdict(s) for s in sessions]}))
+        print(json.dumps({**asdict(stats), "disk_free_bytes": free, "disk_reserve_bytes": reserve,
+                          "sessions_list": [asdict(s) for s in sessions]}))
         return 0
     print(f"{safe(path)}: {stats.sessions} sessions, {stats.pages} pages, "
           f"{stats.bytes / paths.MB:.1f} MB of pages ({stats.file_bytes / paths.MB:.1f} MB on disk, "
@@ -59,6 +63,8 @@ def _stats(store: DiskStore, path, as_json: bool) -> int:
     print(f"saves {stats.saves}, loads {stats.loads}, restored {stats.restored_tokens} tokens "
           f"in {stats.restored_pages} pages, dropped {stats.dropped_pages} bad pages, "
           f"evicted {stats.evicted_sessions} sessions, {stats.orphan_pages} orphan pages")
+    print(f"disk: {free / paths.GB:.1f} GB free; the cache leaves {reserve / paths.GB:.1f} GB free"
+          + ("" if free > reserve else " (so it stores nothing now)"))
     for info in sessions:
         print(f"  {safe(info.name):<32} {info.tokens:>7} tokens {info.pages:>5} pages "
               f"{info.nbytes / paths.MB:9.1f} MB  model {safe(info.fingerprint[:12])}")

@@ -124,3 +124,14 @@ def test_on_a_full_disk_the_chat_history_wins_over_the_cache(small_disk, tiny_mo
                                            r"to save this turn", said[0]), said
     with ChatStore(paths.chats_db_path(small_disk)) as chats:
         assert [m.content for m in chats.messages(chats.get_session("s").id)][::2] == ["first", "second"]
+
+
+def test_cache_stats_says_what_the_cache_leaves_free(small_disk, capsys):
+    with DiskStore(small_disk / "kvcache.db") as store:
+        store.save_session("s", FP, session_pages(0))
+    assert main(["cache", "stats", "--data-dir", str(small_disk)]) == 0
+    line = [line for line in capsys.readouterr().out.splitlines() if line.startswith("disk:")]
+    assert line == ["disk: 0.0 GB free; the cache leaves 1.0 GB free (so it stores nothing now)"]
+    assert main(["cache", "stats", "--data-dir", str(small_disk), "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["disk_reserve_bytes"] == 2**30 and 0 < stats["disk_free_bytes"] < 8 * 2**20
