@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from core import paths
+from core.cli.terminal import safe
 from core.errors import UserError
 from core.models import download, hf_cache, hub, installed, provision
 
@@ -50,13 +51,14 @@ def ago(timestamp: float | None, now: float | None = None) -> str:
 def run_search(args) -> int:
     results = hub.search(args.query, limit=args.limit)
     if not results:
-        print(f"no MLX or GGUF models on the hub match {args.query!r}")
+        print(f"no MLX or GGUF models on the hub match {safe(repr(args.query))}")
         return 0
     print(f"{'repo':<48} {'kind':<5} {'params':>7} {'quant':<7} {'size':>9}  {'fits?':<24} {'downloads':>10}")
     for r in results:
-        fit = f"no: {r.problem}" if r.problem else hub.describe_fit(r.fit)
+        fit = f"no: {safe(r.problem)}" if r.problem else hub.describe_fit(r.fit)
         gated = " (gated)" if r.gated else ""
-        print(f"{r.repo_id + gated:<48} {r.kind:<5} {parameters_text(r.parameters):>7} {r.quantization or '':<7} "
+        print(f"{safe(r.repo_id) + gated:<48} {r.kind:<5} {parameters_text(r.parameters):>7} "
+              f"{safe(r.quantization or ''):<7} "
               f"{human(r.size_bytes):>9}  {fit:<24} {r.downloads:>10,}")
     print("get one: radixchat pull REPO (a GGUF repo: REPO:FILE)", file=sys.stderr)
     return 0
@@ -72,7 +74,7 @@ class ProgressLine:
         self.last_tenth = -1
 
     def __call__(self, p: download.DownloadProgress) -> None:
-        line = (f"radixchat: {p.repo_id}: {human(p.done_bytes)} of {human(p.total_bytes)} "
+        line = (f"radixchat: {safe(p.repo_id)}: {human(p.done_bytes)} of {human(p.total_bytes)} "
                 f"{p.fraction * 100:5.1f}%  {human(p.rate)}/s  {duration(p.eta_seconds)} left")
         if self.tty:
             print(f"\r{line}\033[K", end="", file=self.stream, flush=True)
@@ -91,13 +93,13 @@ def run_pull(args) -> int:
     try:
         plan = hub.plan(repo_id, filename)
     except hub.ChooseFileError as exc:
-        print(f"radixchat: {exc}", file=sys.stderr)
+        print(f"radixchat: {safe(exc)}", file=sys.stderr)
         for f in exc.choices:
             fit = hub.estimate_fit("gguf", f.size, None)
-            print(f"  {repo_id}:{f.path:<40} {human(f.size):>9}  {hub.describe_fit(fit)}", file=sys.stderr)
+            print(f"  {safe(repo_id)}:{safe(f.path):<40} {human(f.size):>9}  {hub.describe_fit(fit)}", file=sys.stderr)
         return 2
     have = download.partial_bytes(plan)
-    print(f"radixchat: {plan.spec}: {len(plan.files)} files, {human(plan.size_bytes)}"
+    print(f"radixchat: {safe(plan.spec)}: {len(plan.files)} files, {human(plan.size_bytes)}"
           + (f" ({human(have)} already here)" if have else "") + f"; {hub.describe_fit(plan.fit)}", file=sys.stderr)
     line = ProgressLine()
     try:
@@ -105,8 +107,8 @@ def run_pull(args) -> int:
     finally:
         line.end()
     print(f"radixchat: fetched {human(result.fetched_bytes)} in {result.seconds:.1f} s; "
-          f"load it with --model {result.spec}", file=sys.stderr)
-    print(result.spec)
+          f"load it with --model {safe(result.spec)}", file=sys.stderr)
+    print(safe(result.spec))
     return 0
 
 
@@ -117,21 +119,22 @@ def run_models(args) -> int:
     local = [m for m in provision.list_local_models(root) if m.kind not in ("hf-cache", "hf-gguf")]
     present = {m.spec for m in local}
     for model in local:
-        print(f"{model.spec:<48} {model.kind:<10} {model.size_bytes / 1e6:9.1f} MB  {model.name}")
+        print(f"{safe(model.spec):<48} {model.kind:<10} {model.size_bytes / 1e6:9.1f} MB  {safe(model.name)}")
     for name, known in provision.KNOWN_MODELS.items():
         if name not in present:
             print(f"{name:<48} {'known':<10} {known.size / 1e6:9.1f} MB  not downloaded "
                   f"(radixchat fetch-model {name})")
     models = installed.installed_models(root)
     for m in models:
-        print(f"{m.spec:<48} {'hub ' + m.kind:<10} {m.size_bytes / 1e6:9.1f} MB  last used {ago(m.last_used)}")
+        print(f"{safe(m.spec):<48} {'hub ' + m.kind:<10} {m.size_bytes / 1e6:9.1f} MB  last used {ago(m.last_used)}")
     for p in installed.partial_downloads():
-        print(f"{p.repo_id:<48} {'partial':<10} {p.bytes / 1e6:9.1f} MB  unfinished: "
-              f"`radixchat pull {p.repo_id}` resumes, `radixchat models rm {p.repo_id}` deletes")
+        name = safe(p.repo_id)
+        print(f"{name:<48} {'partial':<10} {p.bytes / 1e6:9.1f} MB  unfinished: "
+              f"`radixchat pull {name}` resumes, `radixchat models rm {name}` deletes")
     if models:
         print(f"downloaded from the hub: {len(models)} model{'s' if len(models) > 1 else ''}, "
               f"{human(sum(m.size_bytes for m in models))} "
-              f"in {hf_cache.hf_cache_root()}")
+              f"in {safe(hf_cache.hf_cache_root())}")
     return 0
 
 
@@ -144,11 +147,11 @@ def _remove(root: Path, spec: str, yes: bool) -> int:
     if not yes:
         if not sys.stdin.isatty():
             raise UserError(f"deleting {spec} needs a yes: run `radixchat models rm {spec} --yes`")
-        answer = input(f"Delete {spec} ({human(size)}) and its cached KV? [y/N] ")
+        answer = input(f"Delete {safe(spec)} ({human(size)}) and its cached KV? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             print("kept")
             return 1
     deleted = installed.delete_model(root, spec)
-    print(f"deleted {spec}: {human(deleted.freed_bytes)} of model files, "
+    print(f"deleted {safe(spec)}: {human(deleted.freed_bytes)} of model files, "
           f"{deleted.kv_sessions} cached sessions ({human(deleted.kv_bytes)})")
     return 0

@@ -9,6 +9,7 @@
     radixchat pull REPO[:FILE]     download a model from the hub into the HF cache (resumes)
     radixchat serve                the OpenAI-compatible API on 127.0.0.1:8000
     radixchat cache stats|verify|clear   the disk cache of session KV
+    radixchat chats verify         list the chat history's damaged rows
     radixchat bench cpu            measure the CPU backend setups (see README)
 
 Errors meant for the user print one line on stderr and exit with status 2.
@@ -25,6 +26,7 @@ from typing import Callable
 from core import paths
 from core.models import provision
 from core.cli.progress import print_progress
+from core.cli.terminal import safe
 from core.engine.types import SamplingParams
 from core.errors import UserError
 
@@ -108,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             command.add_argument("--json", action="store_true")
 
+    chats = sub.add_parser("chats", help="the chat history: verify")
+    chats_sub = chats.add_subparsers(dest="chats_command", required=True)
+    chats_verify = chats_sub.add_parser("verify", help="list the messages and chats that do not read back whole")
+    _add_common(chats_verify)
+    chats_verify.add_argument("--json", action="store_true")
+
     serve = sub.add_parser("serve", help="serve the OpenAI-compatible API until Ctrl-C")
     _add_common(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (beyond loopback needs --api-key)")
@@ -181,6 +189,10 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
             from core.cli.cache import run_cache
 
             return run_cache(args)
+        if args.command == "chats":
+            from core.cli.chats import run_chats
+
+            return run_chats(args)
         if args.command == "serve":
             from core.cli.serve import run_serve
 
@@ -212,7 +224,7 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
             raise UserError("the desktop app is not available in this build; try `radixchat chat`")
         return gui(args, paths.data_dir(args.data_dir))
     except UserError as exc:
-        print(f"radixchat: error: {exc}", file=sys.stderr)
+        print(f"radixchat: error: {safe(exc)}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         return 130
@@ -221,7 +233,7 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
 def _fetch(args) -> int:
     root = paths.data_dir(args.data_dir)
     path = provision.ensure_model(args.name, root, print_progress)
-    print(path)
+    print(safe(path))
     return 0
 
 
