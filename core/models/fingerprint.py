@@ -18,18 +18,11 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-_CHUNK = 4 << 20
+from core.models.hashing import sha256_file
+
 # Bump when a change to RadixChat's model import (GGUF conversion, model building)
 # changes the numbers a model computes for the same files.
 NUMERICS_VERSION = 1
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class FileHashCache:

@@ -53,7 +53,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from core.errors import ModelLoadError
-from core.models.fingerprint import sha256_file
+from core.models.hashing import sha256_file
 
 log = logging.getLogger(__name__)
 
