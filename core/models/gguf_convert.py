@@ -27,7 +27,7 @@ converted file is therefore float32 (a file ``mx.load`` reads stays quantized).
 The result is kept under ``<data>/converted/<sha256[:32]>/<layout>/`` (weights.safetensors,
 config.json, meta.json), written into a temp folder and renamed into place. meta.json
 records the format version, the source file's SHA-256, the tensor count and the weights
-file's size, mtime and SHA-256 (re-hashed when size or mtime changed); an entry that fails
+file's size, mtime and SHA-256 (re-hashed when size or mtime changed: ``core.models.hashing``); an entry that fails
 any check is removed and rebuilt, so a damaged cache costs time, never a wrong answer.
 """
 
@@ -53,7 +53,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from core.errors import ModelLoadError
-from core.models.hashing import sha256_file
+from core.models.hashing import FileDigest, recheck
 
 log = logging.getLogger(__name__)
 
@@ -368,14 +368,15 @@ class ConversionCache:
         if stored_config != json.loads(json.dumps(config)):
             return "another configuration"
         weights = self.folder / WEIGHTS_FILE
-        st = weights.stat()
-        if st.st_size != meta["weights_bytes"]:
+        remembered = FileDigest(meta["weights_sha256"], meta["weights_bytes"], meta["weights_mtime_ns"])
+        if weights.stat().st_size != remembered.size:
             return "a truncated weights file"
-        if st.st_mtime_ns != meta["weights_mtime_ns"]:  # touched since: check the bytes
-            if sha256_file(weights) != meta["weights_sha256"]:
-                return "a damaged weights file"
+        digest = recheck(weights, remembered)  # touched since: the bytes are read again
+        if digest.sha256 != remembered.sha256:
+            return "a damaged weights file"
+        if digest != remembered:
             try:  # remember the check; a read-only folder only costs it again next time
-                self._write_meta({**meta, "weights_mtime_ns": st.st_mtime_ns}, self.folder)
+                self._write_meta({**meta, "weights_mtime_ns": digest.mtime_ns}, self.folder)
             except OSError:
                 pass
         return None
@@ -390,15 +391,15 @@ class ConversionCache:
             tmp = Path(tempfile.mkdtemp(prefix=f".{self.layout}.", dir=self.folder.parent))
             mx.save_safetensors(str(tmp / WEIGHTS_FILE), weights)
             (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
-            st = (tmp / WEIGHTS_FILE).stat()
+            digest = recheck(tmp / WEIGHTS_FILE, None)
             meta = {
                 "format": CACHE_FORMAT,
                 "layout": self.layout,
                 "source_sha256": self.source_sha256,
                 "tensor_count": len(weights),
-                "weights_bytes": st.st_size,
-                "weights_mtime_ns": st.st_mtime_ns,
-                "weights_sha256": sha256_file(tmp / WEIGHTS_FILE),
+                "weights_bytes": digest.size,
+                "weights_mtime_ns": digest.mtime_ns,
+                "weights_sha256": digest.sha256,
             }
             self._write_meta(meta, tmp)
             if self.folder.exists():
