@@ -26,7 +26,8 @@ from mlx_lm.models.cache import KVCache, RotatingKVCache
 from core import paths
 from core.models import gguf_import, provision
 from core.errors import ModelLoadError
-from core.models.gguf_convert import ConversionCache, TensorInfo, convert_tensor, read_header
+from core.models.gguf_convert import ConversionCache, convert_tensor
+from core.models.gguf_header import TensorInfo, read_header
 from core.models.gguf_import import build_model, mlx_tensor_name, read_gguf
 from core.models.loader import load_model
 
