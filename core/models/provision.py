@@ -25,7 +25,6 @@ import errno
 import hashlib
 import importlib
 import importlib.util
-import json
 import logging
 import os
 import re
