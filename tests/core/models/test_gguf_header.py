@@ -97,3 +97,10 @@ def test_reading_a_header_does_not_import_mlx():
     code = "import sys, core.models.gguf_header, core.models.catalog; print('mlx' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_header_errors(tmp_path):
+    path = tmp_path / "not.gguf"
+    path.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 20)
+    with pytest.raises(ModelLoadError, match="truncated or corrupt"):
+        read_header(path)
