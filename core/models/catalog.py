@@ -131,10 +131,10 @@ def _entry(model: provision.LocalModel, on_cpu: bool) -> CatalogEntry:
 
 
 def gguf_parameter_count(path: Path) -> int | None:
-    """The number of weights in a GGUF file, from its header; None if unreadable."""
+    """The number of weights in a GGUF file, from its header; None if unreadable or empty."""
     try:
         st = Path(path).stat()
-        return _gguf_parameters(str(path), st.st_size, st.st_mtime_ns)
+        return _gguf_parameters(str(path), st.st_size, st.st_mtime_ns) or None
     except (OSError, UserError):
         return None
 
