@@ -101,7 +101,7 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
 
 async def _bug(request: Request, exc: Exception) -> JSONResponse:
     # Starlette raises the exception again once this answer is sent: uvicorn logs its traceback
-    error = ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error",
+    error = ApiError(500, f"internal error ({type(exc).__name__}); the server logged it", type="server_error",
                      code="internal_error")
     return error_response(request, error)
 
@@ -111,7 +111,7 @@ def build_app(api: "ApiServer") -> Guard:
     from core.api import openai_routes
 
     app = FastAPI(title="RadixChat", version=api.version, docs_url=None, redoc_url=None,
-                  openapi_url="/openapi.json", strict_content_type=False,
+                  openapi_url="/openapi.json",
                   description="OpenAI- and Anthropic-compatible API over a local model with a "
                               "radix prefix cache.")
     app.state.api = api
@@ -120,4 +120,4 @@ def build_app(api: "ApiServer") -> Guard:
     app.add_exception_handler(RequestValidationError, _invalid_body)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(Exception, _bug)
-    return Guard(app, api)
+    return Guard(app, api, api.allow_origins)

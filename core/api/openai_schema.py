@@ -170,8 +170,18 @@ def max_tokens(value: int | None, name: str, context_length: int) -> int:
     return value
 
 
+def header_text(name: str, value: str | None) -> str | None:
+    """A header as UTF-8 text (Starlette hands us its bytes as latin-1)."""
+    if value is None:
+        return None
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        raise invalid(name, f"the {name} header is not valid UTF-8") from None
+
+
 def session_name(body_session: str | None, header: str | None) -> str | None:
-    session = body_session or header or None
+    session = body_session or header_text("X-RadixChat-Session", header) or None
     if session is not None and len(session) > MAX_SESSION_CHARS:
         raise invalid("session", f"a session name has at most {MAX_SESSION_CHARS} characters")
     return session

@@ -23,10 +23,12 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Sequence
 
 import uvicorn
 
 from core.api.errors import ApiError, engine_error, shutting_down
+from core.api.guard import normalize_origin
 from core.api.metrics import ServerMetrics
 from core.api.wire import MODEL_ALIASES, ModelCard
 from core.engine.engine import Engine, RequestHandle
@@ -72,8 +74,12 @@ class ApiServer:
 
     def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 8000,
                  api_key: str | None = None, model_name: str | None = None,
-                 max_body_bytes: int = MAX_BODY_BYTES):
+                 max_body_bytes: int = MAX_BODY_BYTES, allow_origins: Sequence[str] = ()):
         check_bind(host, api_key)
+        try:
+            self.allow_origins = tuple(normalize_origin(origin) for origin in allow_origins)
+        except ValueError as exc:
+            raise UserError(f"--allow-origin: {exc}") from None
         self.engine = engine
         self.host = host
         self.port = port

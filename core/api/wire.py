@@ -2,7 +2,7 @@
 model card the server serves.
 
 Every request body is a :class:`WireModel`: strict (``"1"`` is not a number, ``true`` is
-not ``1``), unknown fields ignored (clients send fields of newer API versions), and every
+not ``1``, ``1e400`` -- infinity to Python's json module -- is not finite), unknown fields ignored (clients send fields of newer API versions), and every
 string a :data:`Text`, valid Unicode (JSON's ``"\\ud800"`` escape gives Python a lone
 surrogate, which cannot be encoded: refused here, naming the field, instead of failing
 later in the tokenizer or the chat store).
@@ -36,7 +36,7 @@ Text = Annotated[str, AfterValidator(_unicode)]
 class WireModel(BaseModel):
     """A request body or a part of one."""
 
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=_port, default=8000)
     serve.add_argument("--model", default="default", help="known name, .gguf file, MLX folder or HF repo id")
     serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: $RADIXCHAT_API_KEY)")
+    serve.add_argument("--allow-origin", action="append", default=[], metavar="URL",
+                       help="let web pages from this origin (like http://localhost:3000) call the API; "
+                            "repeatable ('*': any page). Without it, requests from browsers are refused")
     serve.add_argument("--kv-tokens", type=int, help="KV pool size in tokens (default: from free memory)")
 
     bench = sub.add_parser("bench", help="benchmarks")

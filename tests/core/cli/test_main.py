@@ -160,3 +160,10 @@ def test_default_model_answers_paris_as_a_new_user_would(data_root_with_default)
     )
     assert result.returncode == 0, result.stderr
     assert "Paris" in result.stdout
+
+
+def test_serve_refuses_a_malformed_allowed_origin_before_loading(tmp_path, capsys):
+    assert main(["serve", "--allow-origin", "localhost:3000/app", "--data-dir", str(tmp_path),
+                 "--model", str(tmp_path / "no-such-model")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("radixchat: error: --allow-origin:") and "\n" not in err
