@@ -1,6 +1,7 @@
 """The FastAPI application: strict JSON bodies, errors in each endpoint's dialect, the routes.
 
-``build_app(api)`` wires the routes (:mod:`core.api.openai_routes`) behind the
+``build_app(api)`` wires the routes (:mod:`core.api.openai_routes`,
+:mod:`core.api.anthropic_routes`) behind the
 :class:`~core.api.guard.Guard` and installs one handler per kind of failure:
 
 - a body that is not JSON (NaN and Infinity included: JSON has neither, Python's json
@@ -108,7 +109,7 @@ async def _bug(request: Request, exc: Exception) -> JSONResponse:
 
 def build_app(api: "ApiServer") -> Guard:
     """The ASGI application of one :class:`ApiServer`."""
-    from core.api import openai_routes
+    from core.api import anthropic_routes, openai_routes
 
     app = FastAPI(title="RadixChat", version=api.version, docs_url=None, redoc_url=None,
                   openapi_url="/openapi.json",
@@ -116,6 +117,7 @@ def build_app(api: "ApiServer") -> Guard:
                               "radix prefix cache.")
     app.state.api = api
     app.include_router(openai_routes.router)
+    app.include_router(anthropic_routes.router)
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _invalid_body)
     app.add_exception_handler(HTTPException, _http_error)

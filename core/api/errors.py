@@ -47,7 +47,9 @@ class ApiError(Exception):
 
     def anthropic_body(self) -> dict[str, Any]:
         kind = _ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else "invalid_request_error")
-        return {"type": "error", "error": {"type": kind, "message": self.message}}
+        # Anthropic's errors have no param: the message names the field, as Anthropic's do
+        message = self.message if not self.param or self.param in self.message else f"{self.param}: {self.message}"
+        return {"type": "error", "error": {"type": kind, "message": message}}
 
     def body_for(self, dialect: Dialect) -> dict[str, Any]:
         return self.anthropic_body() if dialect == "anthropic" else self.body()

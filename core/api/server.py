@@ -5,13 +5,16 @@
     ...
     server.stop()
 
-Endpoints (OpenAI's dialect; the schema is served at ``/openapi.json``): ``GET /health``,
-``GET /v1/models`` (and ``/v1/models/{id}``), ``POST /v1/chat/completions``,
-``POST /v1/completions`` (JSON or server-sent events), ``GET /metrics`` (Prometheus).
+Endpoints (the schema is served at ``/openapi.json``): ``GET /health``, ``GET /v1/models``
+(and ``/v1/models/{id}``), OpenAI's ``POST /v1/chat/completions`` and
+``POST /v1/completions``, Anthropic's ``POST /v1/messages`` and
+``POST /v1/messages/count_tokens`` (JSON or server-sent events), ``GET /metrics``
+(Prometheus).
 Each request is submitted to the engine and its events are relayed as they come
 (:mod:`core.api.relay`); a client that goes away cancels its request, so the engine moves
 on and frees its pages. What every request goes through first is :mod:`core.api.guard`;
-the routes are :mod:`core.api.openai_routes`. ``radixchat serve`` is ``core.cli.serve``.
+the routes are :mod:`core.api.openai_routes` and :mod:`core.api.anthropic_routes`.
+``radixchat serve`` is ``core.cli.serve``.
 """
 
 from __future__ import annotations

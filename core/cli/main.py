@@ -4,7 +4,7 @@
     radixchat chat [PROMPT]        one turn (or an interactive loop) in a chat session
     radixchat fetch-model [NAME]   provision a known model into the data folder
     radixchat models               what models are available locally
-    radixchat serve                the OpenAI-compatible API on 127.0.0.1:8000
+    radixchat serve                the OpenAI- and Anthropic-compatible API on 127.0.0.1:8000
     radixchat cache stats|verify|clear   the disk cache of session KV
     radixchat bench cpu            measure the CPU backend setups (see README)
 
@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             command.add_argument("--json", action="store_true")
 
-    serve = sub.add_parser("serve", help="serve the OpenAI-compatible API until Ctrl-C")
+    serve = sub.add_parser("serve", help="serve the OpenAI- and Anthropic-compatible API until Ctrl-C")
     _add_common(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (beyond loopback needs --api-key)")
     serve.add_argument("--port", type=_port, default=8000)
