@@ -13,10 +13,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from core.api.anthropic_schema import (CountTokensRequest, MessageBuilder, MessagesCall, MessagesRequest,
                                        count_request, to_call)
-from core.api.app import JsonRoute
 from core.api.errors import engine_error, shutting_down
-from core.api.openai_routes import SSE_HEADERS, SessionHeader, server_of
 from core.api.relay import CLIENT_GONE, EngineEvents, sse
+from core.api.routing import SSE_HEADERS, JsonRoute, SessionHeader, server_of
 from core.engine.types import DoneEvent, ErrorEvent, Event, ProgressEvent, TokenEvent
 from core.errors import UserError
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import Discriminator, Field, Tag, field_validator
@@ -169,6 +170,17 @@ def count_request(body: CountTokensRequest, card: ModelCard) -> GenerationReques
 
 
 # ------------------------------------------------------------------ replies
+def model_object(card: ModelCard, name: str | None = None) -> dict[str, Any]:
+    """The loaded model as Anthropic's ``/v1/models`` lists one (``name``: the name asked for)."""
+    created = datetime.fromtimestamp(card.created, timezone.utc).isoformat().replace("+00:00", "Z")
+    return {"type": "model", "id": name or card.id, "display_name": card.id, "created_at": created,
+            "lifecycle": "active", "max_input_tokens": card.context_length}
+
+
+def model_list(card: ModelCard) -> dict[str, Any]:
+    return {"data": [model_object(card)], "has_more": False, "first_id": card.id, "last_id": card.id}
+
+
 def stop_reason(stats: RequestStats) -> str:
     if stats.finish_reason == "length":
         return "max_tokens"

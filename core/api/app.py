@@ -4,8 +4,7 @@
 :mod:`core.api.anthropic_routes`) behind the
 :class:`~core.api.guard.Guard` and installs one handler per kind of failure:
 
-- a body that is not JSON (NaN and Infinity included: JSON has neither, Python's json
-  module reads them by default), nested too deeply or not UTF-8: 400 ``invalid_json``;
+- a body that is not JSON (:func:`core.api.routing.parse_json`): 400 ``invalid_json``;
 - a body that fails its pydantic model: 400 naming the field (``param``);
 - an unknown path (404) or method (405, with ``Allow``);
 - :class:`ApiError` raised by a route: its status and body;
@@ -14,16 +13,15 @@
 
 from __future__ import annotations
 
-import json
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
+from core.api import anthropic_routes, openai_routes
 from core.api.errors import ApiError, dialect_of, validation_error
 from core.api.guard import Guard
 
@@ -31,41 +29,6 @@ if TYPE_CHECKING:
     from core.api.server import ApiServer
 
 log = logging.getLogger(__name__)
-
-
-def _no_constant(name: str) -> None:
-    raise ValueError(f"{name} is not a JSON value")
-
-
-def parse_json(data: bytes) -> Any:
-    """JSON as RFC 8259 has it: no NaN or Infinity; any failure is a JSONDecodeError."""
-    try:
-        return json.loads(data, parse_constant=_no_constant)
-    except json.JSONDecodeError:
-        raise
-    except RecursionError:
-        raise json.JSONDecodeError("the body is nested too deeply", "", 0) from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise json.JSONDecodeError(str(exc), "", 0) from None
-
-
-class _StrictJsonRequest(Request):
-    async def json(self) -> Any:
-        if not hasattr(self, "_json"):
-            self._json = parse_json(await self.body())
-        return self._json
-
-
-class JsonRoute(APIRoute):
-    """A route whose JSON body is read by :func:`parse_json`."""
-
-    def get_route_handler(self) -> Callable:
-        handler = super().get_route_handler()
-
-        async def strict_handler(request: Request):
-            return await handler(_StrictJsonRequest(request.scope, request.receive))
-
-        return strict_handler
 
 
 def error_response(request: Request, error: ApiError) -> JSONResponse:
@@ -109,7 +72,6 @@ async def _bug(request: Request, exc: Exception) -> JSONResponse:
 
 def build_app(api: "ApiServer") -> Guard:
     """The ASGI application of one :class:`ApiServer`."""
-    from core.api import anthropic_routes, openai_routes
 
     app = FastAPI(title="RadixChat", version=api.version, docs_url=None, redoc_url=None,
                   openapi_url="/openapi.json",

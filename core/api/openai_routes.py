@@ -4,30 +4,20 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Annotated, AsyncIterator
+from typing import AsyncIterator
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from core.api.app import JsonRoute
+from core.api import anthropic_schema
 from core.api.errors import ApiError, engine_error, shutting_down
 from core.api.openai_schema import (ChatCompletionRequest, CompletionCall, CompletionRequest, ReplyBuilder,
                                     model_object, to_call)
 from core.api.relay import CLIENT_GONE, EngineEvents, sse
+from core.api.routing import SSE_HEADERS, JsonRoute, SessionHeader, server_of
 from core.engine.types import DoneEvent, ErrorEvent, Event, TokenEvent
 
-if TYPE_CHECKING:
-    from core.api.server import ApiServer
-
-SESSION_HEADER = "X-RadixChat-Session"
 router = APIRouter(route_class=JsonRoute)
-SessionHeader = Annotated[str | None, Header(alias=SESSION_HEADER, description="the chat session whose "
-                                                                                 "cache this request extends")]
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-def server_of(request: Request) -> "ApiServer":
-    return request.app.state.api
 
 
 @router.get("/health", summary="Liveness: 200 once the model is loaded, 503 while it loads")
@@ -44,15 +34,25 @@ def metrics(request: Request) -> Response:
     return Response(data, media_type=content_type)
 
 
-@router.get("/v1/models", summary="The loaded model")
+def _anthropic(request: Request) -> bool:
+    """Anthropic's clients send ``anthropic-version``: they get its shape of the model list."""
+    return "anthropic-version" in request.headers
+
+
+@router.get("/v1/models", summary="The loaded model (OpenAI's shape, or Anthropic's with anthropic-version)")
 def list_models(request: Request) -> JSONResponse:
     card = server_of(request).model_card()
+    if _anthropic(request):
+        return JSONResponse(anthropic_schema.model_list(card))
     return JSONResponse({"object": "list", "data": [model_object(card)]})
 
 
 @router.get("/v1/models/{model:path}", summary="The loaded model, by any of its names")
 def retrieve_model(model: str, request: Request) -> JSONResponse:
     card = server_of(request).model_card()
+    if _anthropic(request):
+        anthropic_schema.check_model(model, card)
+        return JSONResponse(anthropic_schema.model_object(card, model))
     if model not in card.aliases:
         raise ApiError(404, f"the model '{model}' does not exist; this server serves '{card.id}'",
                        param="model", code="model_not_found")

@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 8 * 1024 * 1024
 KEEP_ALIVE_S = 75  # an idle keep-alive connection is closed after this long
 GRACEFUL_S = 5.0  # stop(): how long running replies get to end (they are cancelled first)
+# uvicorn's parts, named (pyinstaller.spec lists the modules these names import): h11, as
+# pure Python as the rest, and no lifespan or websockets, which the API has no use for
+UVICORN_PARTS = {"http": "h11", "loop": "asyncio", "lifespan": "off", "ws": "none"}
 
 
 def is_loopback(host: str) -> bool:
@@ -106,8 +109,7 @@ class ApiServer:
             raise UserError(f"cannot listen on port {self.port}: a port is 0 to 65535")
         sock = self._listen()
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(build_app(self), http="h11", loop="asyncio", lifespan="off", ws="none",
-                                log_config=None, access_log=False, server_header=False,
+        config = uvicorn.Config(build_app(self), **UVICORN_PARTS, log_config=None, access_log=False, server_header=False,
                                 timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=GRACEFUL_S)
         self._uvicorn = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._serve, args=(sock,), name="radixchat-api", daemon=True)

@@ -58,6 +58,7 @@ def test_a_message_and_its_stream_agree(client):
                                 messages=[{"role": "user", "content": "hello there"}]) as stream:
         kinds = [event.type for event in stream]
         final = stream.get_final_message()
+    assert {"message_start", "content_block_delta", "message_stop"} <= set(kinds)
     assert final.content[0].text == message.content[0].text
     assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 10
     cached = final.usage.cache_read_input_tokens
@@ -166,3 +167,11 @@ def test_the_api_key_as_x_api_key_or_bearer(tiny_engine):
                                         messages=[{"role": "user", "content": "hi"}]).usage.output_tokens == 2
         with anthropic.Anthropic(base_url=api.address, auth_token="s3cret", max_retries=0) as bearer:
             assert bearer.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "hi"}]).input_tokens
+
+
+def test_the_model_list_in_anthropics_shape(client, server):
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["tiny"] and models.data[0].type == "model"
+    assert client.models.retrieve(MODEL).id == MODEL  # any claude-... name is the loaded model
+    with pytest.raises(anthropic.NotFoundError):
+        client.models.retrieve("gpt-4o")
