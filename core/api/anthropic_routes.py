@@ -56,18 +56,22 @@ async def messages(body: MessagesRequest, request: Request, session: SessionHead
 
 async def _stream(call: MessagesCall, builder: MessageBuilder, first: Event,
                   events: EngineEvents) -> AsyncIterator[bytes]:
-    """Anthropic's event sequence: message_start, content_block_start, ping, content_block_delta
-    (text_delta)..., content_block_stop, message_delta (stop_reason, usage), message_stop."""
+    """Anthropic's event sequence: message_start, ping, then per content block
+    content_block_start, content_block_delta..., content_block_stop, and at the end
+    message_delta (stop_reason, usage), message_stop. A block opens with its first text."""
+    open_block = False
     try:
         # the engine's first event says how much of the prompt the cache served
         prompt, cached = (first.total, first.done) if isinstance(first, ProgressEvent) else (0, 0)
         yield sse(builder.start(prompt, cached), "message_start")
-        yield sse(builder.block_start(), "content_block_start")
         yield sse({"type": "ping"}, "ping")
         last_sent = time.monotonic()
         event: Event | None = first
         while event is not None:
-            if isinstance(event, TokenEvent):
+            if isinstance(event, TokenEvent) and event.text:
+                if not open_block:
+                    open_block = True
+                    yield sse(builder.block_start(), "content_block_start")
                 yield sse(builder.text_delta(event.text), "content_block_delta")
                 last_sent = time.monotonic()
             elif isinstance(event, ProgressEvent) and time.monotonic() - last_sent > PING_EVERY_S:
@@ -80,7 +84,8 @@ async def _stream(call: MessagesCall, builder: MessageBuilder, first: Event,
                 if event.stats.finish_reason == "cancelled":  # the server is stopping
                     yield sse(shutting_down().anthropic_body(), "error")
                     return
-                yield sse(builder.block_stop(), "content_block_stop")
+                if open_block:
+                    yield sse(builder.block_stop(), "content_block_stop")
                 yield sse(builder.delta(event.stats), "message_delta")
                 yield sse({"type": "message_stop"}, "message_stop")
                 return

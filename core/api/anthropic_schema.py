@@ -204,7 +204,8 @@ class MessageBuilder:
         self.model = call.model
 
     def full(self, text: str, stats: RequestStats) -> dict[str, Any]:
-        return {**self._message([{"type": "text", "text": text}], stop_reason(stats), stats.stop_sequence),
+        content = [{"type": "text", "text": text}] if text else []  # as Anthropic: no empty blocks
+        return {**self._message(content, stop_reason(stats), stats.stop_sequence),
                 "usage": final_usage(stats)}
 
     def _message(self, content: list, reason: str | None, sequence: str | None) -> dict[str, Any]:

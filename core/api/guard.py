@@ -124,6 +124,8 @@ class Guard:
         finally:
             code = 499 if scope.get(CLIENT_GONE) or not status else status[0]
             self.api.metrics.count_request(endpoint_label(scope["path"]), code)
+            client = scope.get("client") or ("?", 0)
+            log.info("%s:%s %s %s -> %d", client[0], client[1], scope["method"], scope["path"], code)
 
     def _refusal(self, headers: dict[str, str]) -> ApiError | None:
         if "transfer-encoding" in headers and "content-length" in headers:

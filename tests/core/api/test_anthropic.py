@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
+import time
 
 import anthropic
 import pytest
@@ -75,7 +77,7 @@ def test_the_stream_is_anthropics_event_sequence(server):
     data = [json.loads(line.removeprefix("data: ")) for line in lines if line.startswith("data: ")]
     assert [d["type"] for d in data] == names  # every event says its type twice, the same
     deltas = names.count("content_block_delta")
-    assert names == ["message_start", "content_block_start", "ping", *["content_block_delta"] * deltas,
+    assert names == ["message_start", "ping", "content_block_start", *["content_block_delta"] * deltas,
                      "content_block_stop", "message_delta", "message_stop"] and deltas >= 1
     start, delta = data[0]["message"], data[-2]
     assert start["content"] == [] and start["stop_reason"] is None and start["usage"]["output_tokens"] == 0
@@ -175,3 +177,24 @@ def test_the_model_list_in_anthropics_shape(client, server):
     assert client.models.retrieve(MODEL).id == MODEL  # any claude-... name is the loaded model
     with pytest.raises(anthropic.NotFoundError):
         client.models.retrieve("gpt-4o")
+
+
+def test_a_client_that_hangs_up_mid_stream_cancels_its_request(server, client):
+    def cancelled() -> float:
+        return server.metrics.registry.get_sample_value("radixchat_finished_requests_total",
+                                                        {"finish_reason": "cancelled"}) or 0.0
+
+    before = cancelled()
+    data = json.dumps({"model": MODEL, "max_tokens": 480, "stream": True, "temperature": 0,
+                       "messages": [{"role": "user", "content": "go on and on"}]}).encode()
+    with socket.create_connection((server.host, server.port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+        received = b""
+        while b"content_block_delta" not in received:
+            received += sock.recv(4096)
+    deadline = time.monotonic() + 10
+    while cancelled() != before + 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert cancelled() == before + 1
+    assert ask(client, max_tokens=3).usage.output_tokens == 3
