@@ -198,3 +198,13 @@ def test_a_chunked_body_alone_is_fine_and_held_to_the_limit(server, tiny_engine)
                    b"Transfer-Encoding: chunked\r\n\r\n" + piece * 2 + b"0\r\n\r\n")
         response = exchange(small, request)
         assert status_of(response) == 413 and body_of(response)["error"]["code"] == "request_too_large"
+
+
+def test_an_http_1_0_client_gets_its_stream_until_the_connection_closes(server):
+    body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0,
+                       "stream": True}).encode()
+    request = (b"POST /v1/chat/completions HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    response = exchange(server, request)
+    assert status_of(response) == 200 and header(response, "Transfer-Encoding") is None
+    assert response.endswith(b"data: [DONE]\n\n")
