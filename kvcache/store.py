@@ -31,6 +31,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import shutil
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -48,6 +49,12 @@ from kvcache.store_format import (  # noqa: F401  (page_key, pack_tokens...: thi
 log = logging.getLogger(__name__)
 
 DEFAULT_BUDGET = 10 * 2**30  # bytes of pages on disk
+# The disk space the cache leaves free, whatever its budget: the chat history (and
+# everything else on the disk) comes first. A save that would eat into it writes nothing,
+# and when something else takes the disk past it the cache empties itself and gives the
+# space back (see _enforce_budget).
+MIN_RESERVE = 2**30
+RESERVE_FRACTION = 0.05
 SQLITE_PAGE_SIZE = 65536  # set when the file is created: long overflow chains read faster
 # No memory map (SQLite's default): a restore reads each page's K/V with an incremental
 # blob read, which SQLite serves with read() from the file straight into the result
@@ -207,9 +214,11 @@ class DiskStore(SqliteFile):
         "io": "cannot use the KV cache {path}: {text}",
     }
 
-    def __init__(self, path: Path, *, budget_bytes: int = DEFAULT_BUDGET, timeout: float = 2.0):
+    def __init__(self, path: Path, *, budget_bytes: int = DEFAULT_BUDGET, timeout: float = 2.0,
+                 reserve_bytes: int | None = None):
         self.path = Path(path)
         self.budget_bytes = budget_bytes
+        self.reserve_bytes = reserve_bytes  # None: max(MIN_RESERVE, RESERVE_FRACTION of the disk)
         # Checksums on worker threads (hashlib releases the GIL) while SQLite reads on.
         self._hashers = ThreadPoolExecutor(_HASH_THREADS, thread_name_prefix="kvcache-hash")
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="kvcache-read")  # read-ahead
@@ -222,6 +231,9 @@ class DiskStore(SqliteFile):
             self.db.execute(f"PRAGMA page_size = {SQLITE_PAGE_SIZE}")
         self.db.enable_wal()
         self.db.execute("PRAGMA synchronous = NORMAL")  # WAL: consistent after a crash
+        # Not the zeroing of every freed page some builds default to (Debian's): it made a
+        # delete write as much as it deleted, so on a full disk nothing could be evicted.
+        self.db.execute("PRAGMA secure_delete = FAST")
         self.db.execute(f"PRAGMA journal_size_limit = {64 * 2**20}")
 
     def close(self) -> None:
@@ -265,6 +277,7 @@ class DiskStore(SqliteFile):
         rows = self._hashers.map(lambda job: page_rows(fingerprint, *job), to_write)
         prepared = {key: row for (key, _, _), row in zip(to_write, rows)}  # before the lock
         now = time.time()
+        room = self.disk_room()
         with self._transaction():
             stored = self._page_sizes(keys)
             chain: list[str] = []
@@ -284,10 +297,16 @@ class DiskStore(SqliteFile):
                 chain.append(key)
                 tokens += len(page.tokens)
                 nbytes += stored[key]
+            # New pages pass through the write-ahead log before the file: twice their size.
+            gives_way = 2 * sum(row["nbytes"] for row in new_pages) > room
+            if gives_way:  # the disk is nearly full: write nothing, the session keeps its old chain
+                chain, new_pages, new_data, tokens = [], [], [], 0
+                log.info("not saving the cache of %s: the disk is nearly full", session)
             self.db["pages"].insert_all(new_pages, ignore=True)
             self.db["page_data"].insert_all(new_data, ignore=True)
             self._touch_pages(chain, now)
-            self.db.execute("DELETE FROM sessions WHERE name = ?", [session])
+            if not gives_way:
+                self.db.execute("DELETE FROM sessions WHERE name = ?", [session])
             if chain:
                 self.db["sessions"].insert({
                     "name": session, "fingerprint": fingerprint, "head": chain[-1],
@@ -295,8 +314,8 @@ class DiskStore(SqliteFile):
                     "updated_at": now, "last_used": now,
                 })
             self._count(saves=1)
-            _freed, evicted = self._enforce_budget()
-        self._checkpoint()
+            _freed, evicted = self._enforce_budget(room)
+        self._checkpoint(shrink=room < 0)
         return SaveResult(
             session=session, head=chain[-1] if chain else None, pages=len(chain), tokens=tokens,
             pages_written=len(new_pages), bytes_written=sum(row["nbytes"] for row in new_pages),
@@ -450,17 +469,49 @@ class DiskStore(SqliteFile):
 
     def enforce_budget(self) -> int:
         """Delete orphan pages, then least recently used sessions (and the pages only
-        they reached) until the pages fit the budget. Returns the bytes freed."""
+        they reached) until the pages fit the budget, and the disk keeps its reserve.
+        Returns the bytes freed."""
+        room = self.disk_room()
         with self._transaction():
-            return self._enforce_budget()[0]
+            freed, _evicted = self._enforce_budget(room)
+        self._checkpoint(shrink=room < 0)
+        return freed
+
+    def disk_room(self) -> int:
+        """The bytes the cache may still take from its disk: the free space less the reserve
+        (``reserve_bytes``, or max(MIN_RESERVE, RESERVE_FRACTION of the disk)). Negative
+        when the disk is already past the reserve: then the cache gives back that much."""
+        try:
+            usage = shutil.disk_usage(self.path.parent)
+        except OSError as exc:
+            raise DiskStoreError(f"cannot see the free space beside {self.path}: {exc}") from exc
+        reserve = self.reserve_bytes
+        if reserve is None:
+            reserve = max(MIN_RESERVE, int(usage.total * RESERVE_FRACTION))
+        return usage.free - reserve
 
     # -- internals (inside a transaction) --
 
-    def _enforce_budget(self) -> tuple[int, list[str]]:
+    def _enforce_budget(self, room: int) -> tuple[int, list[str]]:
+        """Evict down to the budget. When the disk is already past its reserve (``room <
+        0``: something else filled it), evict everything instead: deleted rows only give
+        space back to the disk through a VACUUM, which needs room for what is left, so
+        only an empty cache can be sure to return it (see :meth:`_checkpoint`)."""
+        if room < 0:
+            evicted = [name for (name,) in self.db.execute("SELECT name FROM sessions ORDER BY name")]
+            freed = self.db.execute("SELECT coalesce(sum(nbytes), 0) FROM pages").fetchone()[0]
+            for table in ("sessions", "pages", "page_data"):
+                self.db.execute(f"DELETE FROM {table}")
+            if evicted:
+                self._count(evicted_sessions=len(evicted))
+                log.warning("the disk is past the KV cache's reserve: %d cached sessions evicted "
+                            "to give the space back", len(evicted))
+            return freed, evicted
         freed = self._delete_orphans()[1]
         total = self.db.execute("SELECT coalesce(sum(nbytes), 0) FROM pages").fetchone()[0]
+        limit = self.budget_bytes
         evicted: list[str] = []
-        while total > self.budget_bytes:
+        while total > limit:
             oldest = self.db.execute(
                 "SELECT name FROM sessions ORDER BY last_used, name LIMIT 1").fetchone()
             if oldest is None:
@@ -564,12 +615,19 @@ class DiskStore(SqliteFile):
         with self._errors():
             return self.db.execute(sql, params or []).fetchall()
 
-    def _checkpoint(self) -> None:
+    def _checkpoint(self, shrink: bool = False) -> None:
         """Move what the write-ahead log holds into the database file, as far as readers
         allow (PASSIVE: waits for no one). Restores then read the file through the memory
         map instead of reading frames out of the log; a busy or failed checkpoint is
-        simply retried after the next save."""
+        simply retried after the next save. ``shrink`` (the cache was emptied because the
+        disk is past its reserve): give the space back to the disk (a VACUUM of an empty
+        database writes a few pages) and truncate the log, as far as readers allow."""
         try:
-            self.db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            if shrink:
+                self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                self.db.execute("VACUUM")
+                self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            else:
+                self.db.execute("PRAGMA wal_checkpoint(PASSIVE)")
         except sqlite3.DatabaseError as exc:
             log.debug("checkpoint skipped: %s", exc)

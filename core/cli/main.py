@@ -3,9 +3,13 @@
     radixchat                      open the app
     radixchat chat [PROMPT]        one turn (or an interactive loop) in a chat session
     radixchat fetch-model [NAME]   provision a known model into the data folder
-    radixchat models               what models are available locally
+    radixchat models               what models are available locally (size, last use)
+    radixchat models rm NAME       delete a downloaded model and its cached KV
+    radixchat search QUERY         MLX and GGUF models on the Hugging Face hub, and whether each fits
+    radixchat pull REPO[:FILE]     download a model from the hub into the HF cache (resumes)
     radixchat serve                the OpenAI- and Anthropic-compatible API on 127.0.0.1:8000
     radixchat cache stats|verify|clear   the disk cache of session KV
+    radixchat chats verify         list the chat history's damaged rows
     radixchat bench cpu            measure the CPU backend setups (see README)
 
 Errors meant for the user print one line on stderr and exit with status 2.
@@ -22,6 +26,7 @@ from typing import Callable
 from core import paths
 from core.models import provision
 from core.cli.progress import print_progress
+from core.cli.terminal import safe
 from core.engine.types import SamplingParams
 from core.errors import UserError
 
@@ -78,6 +83,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     models = sub.add_parser("models", help="list the models available locally")
     _add_common(models)
+    models_sub = models.add_subparsers(dest="models_command")
+    models_rm = models_sub.add_parser("rm", help="delete a model downloaded from the hub, and its cached KV")
+    _add_common(models_rm)
+    models_rm.add_argument("name", help="as `radixchat models` lists it: REPO or REPO:FILE.gguf")
+    models_rm.add_argument("-y", "--yes", action="store_true", help="do not ask first")
+
+    search = sub.add_parser("search", help="search the Hugging Face hub for MLX and GGUF models")
+    _add_common(search)
+    search.add_argument("query")
+    search.add_argument("--limit", type=int, default=20, help="results per kind (MLX, GGUF)")
+
+    pull = sub.add_parser("pull", help="download a model from the Hugging Face hub (resumes)")
+    _add_common(pull)
+    pull.add_argument("target", metavar="REPO[:FILE]", help="an MLX repo, or a GGUF repo and one of its files")
 
     cache = sub.add_parser("cache", help="the disk cache of session KV: stats, verify, clear")
     cache_sub = cache.add_subparsers(dest="cache_command", required=True)
@@ -90,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
             command.add_argument("--session", help="only this session (default: everything)")
         else:
             command.add_argument("--json", action="store_true")
+
+    chats = sub.add_parser("chats", help="the chat history: verify")
+    chats_sub = chats.add_subparsers(dest="chats_command", required=True)
+    chats_verify = chats_sub.add_parser("verify", help="list the messages and chats that do not read back whole")
+    _add_common(chats_verify)
+    chats_verify.add_argument("--json", action="store_true")
 
     serve = sub.add_parser("serve", help="serve the OpenAI- and Anthropic-compatible API until Ctrl-C")
     _add_common(serve)
@@ -167,14 +192,21 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
             from core.cli.cache import run_cache
 
             return run_cache(args)
+        if args.command == "chats":
+            from core.cli.chats import run_chats
+
+            return run_chats(args)
         if args.command == "serve":
             from core.cli.serve import run_serve
 
             return run_serve(args)
         if args.command == "fetch-model":
             return _fetch(args)
-        if args.command == "models":
-            return _models(args)
+        if args.command in ("models", "search", "pull"):
+            from core.cli import hub as hub_cli
+
+            return {"models": hub_cli.run_models, "search": hub_cli.run_search, "pull": hub_cli.run_pull}[
+                args.command](args)
         if args.command == "bench" and args.bench_command == "cpu":
             from core.cli.bench.cpu import run_bench_cpu
 
@@ -195,7 +227,7 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
             raise UserError("the desktop app is not available in this build; try `radixchat chat`")
         return gui(args, paths.data_dir(args.data_dir))
     except UserError as exc:
-        print(f"radixchat: error: {exc}", file=sys.stderr)
+        print(f"radixchat: error: {safe(exc)}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         return 130
@@ -204,20 +236,7 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
 def _fetch(args) -> int:
     root = paths.data_dir(args.data_dir)
     path = provision.ensure_model(args.name, root, print_progress)
-    print(path)
-    return 0
-
-
-def _models(args) -> int:
-    root = paths.data_dir(args.data_dir)
-    local = provision.list_local_models(root)
-    present = {m.spec for m in local}
-    for model in local:
-        print(f"{model.spec:<40} {model.kind:<10} {model.size_bytes / 1e6:9.1f} MB  {model.name}")
-    for name, known in provision.KNOWN_MODELS.items():
-        if name not in present:
-            print(f"{name:<40} {'known':<10} {known.size / 1e6:9.1f} MB  not downloaded "
-                  f"(radixchat fetch-model {name})")
+    print(safe(path))
     return 0
 
 
