@@ -26,7 +26,7 @@ from core.api.errors import ApiError, dialect_of, validation_error
 from core.api.guard import Guard
 
 if TYPE_CHECKING:
-    from core.api.server import ApiServer
+    from core.api.state import ApiState
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +70,8 @@ async def _bug(request: Request, exc: Exception) -> JSONResponse:
     return error_response(request, error)
 
 
-def build_app(api: "ApiServer") -> Guard:
-    """The ASGI application of one :class:`ApiServer`."""
+def build_app(api: "ApiState") -> Guard:
+    """The ASGI application over ``api`` (what :class:`core.api.server.ApiServer` serves)."""
 
     app = FastAPI(title="RadixChat", version=api.version, docs_url=None, redoc_url=None,
                   openapi_url="/openapi.json",

@@ -33,7 +33,7 @@ from core.api.errors import ApiError, dialect_of
 from core.api.relay import CLIENT_GONE
 
 if TYPE_CHECKING:
-    from core.api.server import ApiServer
+    from core.api.state import ApiState
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ async def send_error(scope, send, error: ApiError) -> None:
 class Guard:
     """Outermost ASGI layer: request metrics, framing, Host and Origin checks, then CORS."""
 
-    def __init__(self, app, api: "ApiServer", allow_origins: Iterable[str] = ()):
+    def __init__(self, app, api: "ApiState", allow_origins: Iterable[str] = ()):
         self.api = api
         self.allow_origins = frozenset(normalize_origin(o) for o in allow_origins)
         checked = RequestChecks(app, api)
@@ -145,7 +145,7 @@ class Guard:
 class RequestChecks:
     """Innermost ASGI layer: the API key, then a JSON body's type, length and limit."""
 
-    def __init__(self, app, api: "ApiServer"):
+    def __init__(self, app, api: "ApiState"):
         self.app = app
         self.api = api
 

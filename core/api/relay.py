@@ -24,7 +24,7 @@ from core.engine.engine import RequestHandle
 from core.engine.types import DoneEvent, ErrorEvent, Event, TokenEvent
 
 if TYPE_CHECKING:
-    from core.api.server import ApiServer
+    from core.api.state import ApiState
 
 CLIENT_GONE = "radixchat.client_gone"  # scope key: the guard counts a 499 for this request
 
@@ -32,7 +32,7 @@ CLIENT_GONE = "radixchat.client_gone"  # scope key: the guard counts a 499 for t
 class EngineEvents:
     """The events of one submitted request, as an async iterator (ends after Done/Error)."""
 
-    def __init__(self, api: "ApiServer", handle: RequestHandle, request: Request, arrived: float):
+    def __init__(self, api: "ApiState", handle: RequestHandle, request: Request, arrived: float):
         self.api = api
         self.handle = handle
         self._scope, self._receive = request.scope, request.receive

@@ -15,7 +15,7 @@ from fastapi import Header, Request
 from fastapi.routing import APIRoute
 
 if TYPE_CHECKING:
-    from core.api.server import ApiServer
+    from core.api.state import ApiState
 
 SESSION_HEADER = "X-RadixChat-Session"
 SessionHeader = Annotated[str | None, Header(alias=SESSION_HEADER, description="the chat session whose "
@@ -23,7 +23,7 @@ SessionHeader = Annotated[str | None, Header(alias=SESSION_HEADER, description="
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def server_of(request: Request) -> "ApiServer":
+def server_of(request: Request) -> "ApiState":
     return request.app.state.api
 
 

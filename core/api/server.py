@@ -25,17 +25,15 @@ import logging
 import socket
 import threading
 import time
-from pathlib import Path
 from typing import Sequence
 
 import uvicorn
 
-from core.api.errors import ApiError, engine_error, shutting_down
+from core.api.errors import engine_error
 from core.api.guard import normalize_origin
 from core.api.metrics import ServerMetrics
-from core.api.wire import MODEL_ALIASES, ModelCard
-from core.engine.engine import Engine, RequestHandle
-from core.engine.types import GenerationRequest
+from core.api.state import ApiState
+from core.engine.engine import Engine
 from core.errors import UserError
 
 __all__ = ["ApiServer", "check_bind", "engine_error", "is_loopback"]
@@ -66,15 +64,6 @@ def check_bind(host: str, api_key: str | None) -> None:
                         "(or set RADIXCHAT_API_KEY), or bind to 127.0.0.1")
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("radixchat")
-    except PackageNotFoundError:
-        return "dev"
-
-
 class ApiServer:
     """The HTTP API over one engine; serves on a background thread between start() and stop()."""
 
@@ -83,34 +72,34 @@ class ApiServer:
                  max_body_bytes: int = MAX_BODY_BYTES, allow_origins: Sequence[str] = ()):
         check_bind(host, api_key)
         try:
-            self.allow_origins = tuple(normalize_origin(origin) for origin in allow_origins)
+            origins = tuple(normalize_origin(origin) for origin in allow_origins)
         except ValueError as exc:
             raise UserError(f"--allow-origin: {exc}") from None
-        self.engine = engine
         self.host = host
         self.port = port
-        self.api_key = api_key or None
-        self.model_name = model_name
-        self.max_body_bytes = max_body_bytes
-        self.version = _version()
-        self.started_at = int(time.time())
-        self._handles: set[RequestHandle] = set()
-        self._lock = threading.Lock()
-        self.metrics = ServerMetrics(engine.stats, lambda: len(self._handles))
+        self.state = ApiState(engine, host, api_key, model_name, max_body_bytes, origins)
         self._uvicorn: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
-        self.stopping = False
+
+    @property
+    def metrics(self) -> ServerMetrics:
+        return self.state.metrics
+
+    @property
+    def api_key(self) -> str | None:
+        return self.state.api_key
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> "ApiServer":
-        from core.api.app import build_app
+        from core.api.app import build_app  # FastAPI and the routes: imported when first served
 
         if not 0 <= self.port <= 65535:
             raise UserError(f"cannot listen on port {self.port}: a port is 0 to 65535")
         sock = self._listen()
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(build_app(self), **UVICORN_PARTS, log_config=None, access_log=False, server_header=False,
-                                timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=GRACEFUL_S)
+        config = uvicorn.Config(build_app(self.state), **UVICORN_PARTS, log_config=None, access_log=False,
+                                server_header=False, timeout_keep_alive=KEEP_ALIVE_S,
+                                timeout_graceful_shutdown=GRACEFUL_S)
         self._uvicorn = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._serve, args=(sock,), name="radixchat-api", daemon=True)
         self._thread.start()
@@ -152,10 +141,7 @@ class ApiServer:
         """Stop accepting, cancel running requests, close every connection."""
         if self._uvicorn is None:
             return
-        with self._lock:
-            self.stopping = True  # submit() refuses from here on
-            running = list(self._handles)
-        for handle in running:
+        for handle in self.state.stop_accepting():  # submit() refuses from here on
             handle.cancel()  # each ends its reply with a "shutting down" error
         self._uvicorn.should_exit = True
         if self._thread is not None:
@@ -163,32 +149,10 @@ class ApiServer:
             if self._thread.is_alive():
                 log.warning("the API server did not stop within %.0f s", timeout)
         self._uvicorn = self._thread = None
-        self.stopping = False
+        self.state.stopping = False
 
     def __enter__(self) -> "ApiServer":
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-    # ------------------------------------------------------------ used by the routes
-    def model_card(self) -> ModelCard:
-        info = self.engine.model_info
-        if info is None:
-            raise ApiError(503, "no model is loaded yet", type="server_error", code="model_not_loaded")
-        model_id = self.model_name or info.name
-        aliases = {model_id, info.name, info.spec, Path(info.path).name, *MODEL_ALIASES}
-        return ModelCard(model_id, info.fingerprint, info.context_length, frozenset(aliases),
-                         self.started_at)
-
-    def submit(self, request: GenerationRequest) -> RequestHandle:
-        with self._lock:
-            if self.stopping:
-                raise shutting_down()
-            handle = self.engine.submit(request)
-            self._handles.add(handle)
-        return handle
-
-    def release(self, handle: RequestHandle) -> None:
-        with self._lock:
-            self._handles.discard(handle)
