@@ -367,6 +367,7 @@ class Scheduler:
             total_s=ended - state.started,
             constraint_cpu_s=state.grammar.cpu_s if state.grammar is not None else 0.0,
             finish_reason=finish,
+            stop_sequence=state.stop_text.matched if finish == "stop" else None,
         )
         calls = tuple(state.tool_text.calls) if state.tool_text is not None else ()
         handle._emit(DoneEvent("".join(state.shown), stats, calls))

@@ -103,6 +103,7 @@ class RequestStats:
     total_s: float = 0.0
     constraint_cpu_s: float = 0.0  # CPU time spent enforcing a grammar (constrained decoding)
     finish_reason: str = "stop"  # "stop" | "length" | "cancelled" | "tool_calls"
+    stop_sequence: str | None = None  # the stop string that ended the reply (finish_reason "stop")
 
 
 @dataclass(frozen=True)
