@@ -168,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench_agent.add_argument("--model", default="default")
     bench_agent.add_argument("--max-tokens", type=int, default=16, help="reply length per request")
     bench_agent.add_argument("--repeats", type=int, default=1, help="repetitions (medians are reported)")
+    bench_agent.add_argument("--rounds", type=int, default=10, help="tool rounds per agent")
+    bench_agent.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template that takes tools "
+                             "(for models whose own does not)")
     bench_agent.add_argument("--json", action="store_true")
     bench_constrain = bench_sub.add_parser("constrain", help="what constrained decoding costs per token")
     _add_common(bench_constrain)

@@ -110,14 +110,16 @@ class ToolCallText:
 
     def finish(self) -> tuple[str, list[ToolCall]]:
         """What is left once the reply ended: an open call (no end marker: some models stop
-        right after the call) is parsed if it can be, else shown as text."""
+        right after the call) is parsed if it can be; one cut short (by max_tokens) is
+        dropped, so markup never reaches the text (the finish reason says it was cut)."""
         rest, self.pending = self.pending, ""
         if not self.inside:
             return rest, []
         self.inside = False
         parsed = parse_calls(self.markup, rest, self.tools, complete=False) if rest.strip() else None
         if parsed is None:
-            return self.markup.start + rest, []
+            log.info("dropped an unfinished tool call: %r", rest[:200])
+            return "", []
         self.calls += parsed
         return "", parsed
 

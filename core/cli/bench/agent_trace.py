@@ -192,7 +192,7 @@ def _call(rng: random.Random, agent: int, step: int) -> Call:
     area = ("storage", "cli")[agent]
     path = f"src/app/{area}/{area}_{rng.randint(0, 3)}.py"
     name = ("search_code", "read_file", "read_file", "run_tests", "edit_file", "read_file",
-            "run_tests", "list_directory", "edit_file", "run_tests")[step]
+            "run_tests", "list_directory", "edit_file", "run_tests")[step % 10]
     arguments = {"search_code": {"pattern": f"{area}_records", "path": f"src/app/{area}"},
                  "read_file": {"path": path, "start_line": 1, "end_line": rng.randint(40, 120)},
                  "run_tests": {"target": f"tests/{area}", "keyword": "record"},

@@ -46,7 +46,7 @@ def client(tmp_path_factory):
 
 def chat(client, **kw):
     return client.chat.completions.create(model="default", messages=kw.pop("messages", ASK), temperature=0,
-                                          max_tokens=kw.pop("max_tokens", 80), **kw)
+                                          max_tokens=kw.pop("max_tokens", 200), **kw)
 
 
 def check_call(call, name: str | None = None) -> dict:
@@ -143,8 +143,8 @@ def test_a_full_tool_round_trip_on_the_default_model(data_root_with_default):
         tools = [{"type": "function", "function": {
             "name": "get_weather", "description": "Current weather of a city",
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                           "required": ["city"]}}}]
-        asked = chat(client, tools=tools, tool_choice="required", max_tokens=40).choices[0]
+                           "required": ["city"], "additionalProperties": False}}}]
+        asked = chat(client, tools=tools, tool_choice="required", max_tokens=60).choices[0]
         assert asked.finish_reason == "tool_calls"
         call = asked.message.tool_calls[0]
         assert call.function.name == "get_weather" and "Paris" in json.loads(call.function.arguments)["city"]

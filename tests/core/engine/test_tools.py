@@ -54,6 +54,11 @@ def test_two_calls_and_an_unterminated_one():
     assert shown == "\n" and len(calls) == 2 and calls[0].id != calls[1].id
 
 
+def test_a_call_cut_short_never_shows_its_markup():
+    shown, calls, pieces = stream('Sure. <tool_call>\n{"name": "get_weather", "argu')
+    assert shown == "Sure. " and calls == [] and "<" not in "".join(pieces)
+
+
 def test_text_that_only_looks_like_markup_is_shown():
     assert stream("a < b and <tool is fine <tool_")[0] == "a < b and <tool is fine <tool_"
     broken = "<tool_call>\nnot json\n</tool_call>"
