@@ -11,6 +11,7 @@
     radixchat cache stats|verify|clear   the disk cache of session KV
     radixchat chats verify         list the chat history's damaged rows
     radixchat bench cpu            measure the CPU backend setups (see README)
+    radixchat bench pull           `radixchat pull` from a loopback hub vs curl (source checkout)
 
 Errors meant for the user print one line on stderr and exit with status 2.
 """
@@ -154,6 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench_serve.add_argument("--max-tokens", type=int, default=64, help="reply length per request")
     bench_serve.add_argument("--repeats", type=int, default=3, help="repetitions (medians are reported)")
     bench_serve.add_argument("--json", action="store_true")
+    bench_pull = bench_sub.add_parser("pull", help="`radixchat pull` from a loopback hub vs curl (source checkout)")
+    bench_pull.add_argument("--mb", type=int, default=500, help="size of the weights file, MiB")
+    bench_pull.add_argument("--repeats", type=int, default=3, help="repetitions (medians are reported)")
+    bench_pull.add_argument("--json", action="store_true")
     bench_gui = bench_sub.add_parser("gui", help="the app's event-loop latency while a reply streams")
     _add_common(bench_gui)
     bench_gui.add_argument("--model", default="default")
@@ -220,6 +225,10 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
             from core.cli.bench.serve import run_bench_serve
 
             return run_bench_serve(args)
+        if args.command == "bench" and args.bench_command == "pull":
+            from core.cli.bench.pull import run_bench_pull
+
+            return run_bench_pull(args)
         if gui is None:
             raise UserError("the desktop app is not available in this build; try `radixchat chat`")
         return gui(args, paths.data_dir(args.data_dir))
