@@ -38,7 +38,5 @@ def default_model_file() -> Path:
 def data_root_with_default(tmp_path, default_model_file) -> Path:
     """A fresh data folder whose models/ links the real default model."""
     models = paths.models_dir(tmp_path)
-    for source in (default_model_file, default_model_file.with_name(default_model_file.name + ".sha256")):
-        if source.exists():
-            (models / source.name).symlink_to(source)
+    (models / default_model_file.name).symlink_to(default_model_file)
     return tmp_path

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Callable
 
 from core.models import hf_cache, http_get, hub
-from core.models.fingerprint import FileHashCache
+from core.models.hashing import FileHashCache
 from core.models.hub import HubError, RepoFile, RepoPlan
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ def download(plan: RepoPlan, *, data_root: Path | None = None, progress: Progres
             todo.append(file)
     meter = _Meter(plan, partial_bytes(plan), progress, cancel)
     _check_disk_space(plan, todo, storage)
-    hashes = FileHashCache(data_root / "file_hashes.json") if data_root is not None else None
+    hashes = FileHashCache.in_data_folder(data_root) if data_root is not None else None
     config = [f for f in todo if f.path == "config.json" and plan.architecture is None]
     try:
         if config:  # the hub did not say the model type: read it before the weights

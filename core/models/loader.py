@@ -24,7 +24,8 @@ from mlx.utils import tree_flatten
 
 from core.models import hf_cache, provision, usage
 from core.errors import ModelLoadError
-from core.models.fingerprint import FileHashCache, model_fingerprint
+from core.models.fingerprint import model_fingerprint
+from core.models.hashing import FileHashCache
 from core.models.gguf_import import build_model, build_tokenizer, read_gguf
 from core.models.memory_estimate import check_fits
 
@@ -111,7 +112,7 @@ def load_model(
         raise ModelLoadError(f"{path} is neither a .gguf file nor a model folder with config.json")
     _apply_weights_format(model, fmt)
     mx.eval(model.parameters())
-    hashes = FileHashCache(data_root / "file_hashes.json")
+    hashes = FileHashCache.in_data_folder(data_root)
     fingerprint = model_fingerprint(config, files, fmt, hashes)
     usage.record_use(data_root, path, spec, fingerprint)
     weight_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
@@ -135,7 +136,7 @@ def _load_gguf(path: Path, data_root: Path):
     K-quants, the tokenizer) is kept under ``data_root`` by the file's SHA-256."""
     from core.models.gguf_convert import ConversionCache
 
-    digest = FileHashCache(data_root / "file_hashes.json").sha256(path)
+    digest = FileHashCache.in_data_folder(data_root).sha256(path)
     contents = read_gguf(path, ConversionCache.under(data_root, digest))
     check_fits(contents.config, path.name)  # its metadata, before the model is built
     model = build_model(contents.config, dict(contents.weights))
