@@ -111,7 +111,7 @@ def measure(fixture, megabytes: int, repeats: int) -> dict:
                                         str(work / f"data-{i}")], {**env, "HF_HUB_CACHE": str(cache)})
             runs["pull_s"].append(seconds)
             runs["pull_cpu_s"].append(cpu)
-            runs["pull_download_s"].append(float(out.stderr.rsplit(" in ", 1)[1].split(" s;")[0]))
+            runs["pull_download_s"].append(_download_seconds(out.stderr))
             shutil.rmtree(cache)
         resumed = _resume(hub, work, size, env)
         served_total = repo.files[WEIGHTS].size
@@ -143,6 +143,15 @@ def _timed(command: list[str], env: dict) -> tuple[float, float, subprocess.Comp
     if out.returncode != 0:
         raise UserError(f"{command[0]} failed ({out.returncode}): {(out.stderr or out.stdout).strip()[-300:]}")
     return seconds, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, out
+
+
+def _download_seconds(stderr: str) -> float:
+    """The download's own time, from the line ``radixchat pull`` ends with
+    ("fetched N MB in S s; ...")."""
+    try:
+        return max(float(stderr.rsplit(" in ", 1)[1].split(" s;")[0]), 0.01)  # printed to 0.01 s
+    except (IndexError, ValueError):
+        raise UserError(f"radixchat pull did not say how long it took: {stderr.strip()[-200:]}") from None
 
 
 def _resume(hub, work: Path, size: int, env: dict) -> dict:
