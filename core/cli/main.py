@@ -7,7 +7,7 @@
     radixchat models rm NAME       delete a downloaded model and its cached KV
     radixchat search QUERY         MLX and GGUF models on the Hugging Face hub, and whether each fits
     radixchat pull REPO[:FILE]     download a model from the hub into the HF cache (resumes)
-    radixchat serve                the OpenAI-compatible API on 127.0.0.1:8000
+    radixchat serve                the OpenAI- and Anthropic-compatible API on 127.0.0.1:8000
     radixchat cache stats|verify|clear   the disk cache of session KV
     radixchat chats verify         list the chat history's damaged rows
     radixchat bench cpu            measure the CPU backend setups (see README)
@@ -117,12 +117,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(chats_verify)
     chats_verify.add_argument("--json", action="store_true")
 
-    serve = sub.add_parser("serve", help="serve the OpenAI-compatible API until Ctrl-C")
+    serve = sub.add_parser("serve", help="serve the OpenAI- and Anthropic-compatible API until Ctrl-C")
     _add_common(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (beyond loopback needs --api-key)")
     serve.add_argument("--port", type=_port, default=8000)
     serve.add_argument("--model", default="default", help="known name, .gguf file, MLX folder or HF repo id")
     serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: $RADIXCHAT_API_KEY)")
+    serve.add_argument("--allow-origin", action="append", default=[], metavar="URL",
+                       help="let web pages from this origin (like http://localhost:3000) call the API; "
+                            "repeatable ('*': any page). Without it, requests from browsers are refused")
     serve.add_argument("--kv-tokens", type=int, help="KV pool size in tokens (default: from free memory)")
 
     bench = sub.add_parser("bench", help="benchmarks")

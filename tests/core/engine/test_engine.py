@@ -249,3 +249,12 @@ def test_process_exits_cleanly_after_the_engine_ran(tiny_model, tmp_path):
 def test_empty_prompt_is_a_clear_error(engine):
     events = collect(engine, GenerationRequest(prompt_text="", sampling=GREEDY))
     assert isinstance(events[-1], ErrorEvent) and "empty prompt" in events[-1].message
+
+
+def test_count_tokens_is_the_prompt_a_request_would_have(engine):
+    request = ask("how many tokens is this?")
+    counted = engine.count_tokens(request)
+    assert counted == done_of(collect(engine, request)).stats.prompt_tokens > 0
+    assert engine.count_tokens(GenerationRequest(prompt_tokens=(1, 2, 3))) == 3
+    with pytest.raises(UserError):
+        engine.count_tokens(GenerationRequest())

@@ -79,7 +79,9 @@ def test_stop_text_holds_back_partial_matches():
 
 
 def test_stop_text_cuts_at_the_earliest_stop_and_shows_held_text_at_the_end():
-    assert StopText(("User:", "\n\n")).feed("Hi\n\nUser: x") == ("Hi", True)
+    cut = StopText(("User:", "\n\n"))
+    assert cut.feed("Hi\n\nUser: x") == ("Hi", True)
+    assert cut.matched == "\n\n"  # the one that ended the text (the API reports it)
     stream = StopText(("\n\n",))
     assert stream.feed("done.\n") == ("done.", False)
     assert stream.finish("done.\n") == "\n"  # no more text: "\n" never became a stop
