@@ -13,6 +13,7 @@
     radixchat bench cpu            measure the CPU backend setups (see README)
     radixchat bench constrain      what constrained decoding costs per token
     radixchat bench agent          a coding-agent session: TTFT with and without our cache, vs mlx_lm.server
+    radixchat bench pull           `radixchat pull` from a loopback hub vs curl (source checkout)
 
 Errors meant for the user print one line on stderr and exit with status 2.
 """
@@ -178,6 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench_constrain.add_argument("--max-tokens", type=int, default=48, help="reply length per request")
     bench_constrain.add_argument("--repeats", type=int, default=3, help="repetitions (medians are reported)")
     bench_constrain.add_argument("--json", action="store_true")
+    bench_pull = bench_sub.add_parser("pull", help="`radixchat pull` from a loopback hub vs curl (source checkout)")
+    bench_pull.add_argument("--mb", type=int, default=500, help="size of the weights file, MiB")
+    bench_pull.add_argument("--repeats", type=int, default=3, help="repetitions (medians are reported)")
+    bench_pull.add_argument("--json", action="store_true")
     bench_gui = bench_sub.add_parser("gui", help="the app's event-loop latency while a reply streams")
     _add_common(bench_gui)
     bench_gui.add_argument("--model", default="default")
@@ -252,6 +257,10 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
             from core.cli.bench.constrain import run_bench_constrain
 
             return run_bench_constrain(args)
+        if args.command == "bench" and args.bench_command == "pull":
+            from core.cli.bench.pull import run_bench_pull
+
+            return run_bench_pull(args)
         if gui is None:
             raise UserError("the desktop app is not available in this build; try `radixchat chat`")
         return gui(args, paths.data_dir(args.data_dir))
