@@ -16,7 +16,7 @@ from core.api.anthropic_schema import (CountTokensRequest, MessageBuilder, Messa
 from core.api.errors import engine_error, shutting_down
 from core.api.relay import CLIENT_GONE, EngineEvents, sse
 from core.api.routing import SSE_HEADERS, JsonRoute, SessionHeader, server_of
-from core.engine.types import DoneEvent, ErrorEvent, Event, ProgressEvent, TokenEvent
+from core.engine.types import DoneEvent, ErrorEvent, Event, ProgressEvent, TokenEvent, ToolCallEvent
 from core.errors import UserError
 
 router = APIRouter(route_class=JsonRoute)
@@ -42,7 +42,7 @@ async def messages(body: MessagesRequest, request: Request, session: SessionHead
             raise engine_error(error, chat=True)
         if done is None or done.stats.finish_reason == "cancelled":
             raise shutting_down()
-        return JSONResponse(builder.full(done.text, done.stats))
+        return JSONResponse(builder.full(done.text, done.stats, done.tool_calls))
 
     first = await events.first()  # an error before anything is sent is an HTTP error
     if isinstance(first, ErrorEvent) or first is None or request.scope.get(CLIENT_GONE):
@@ -58,8 +58,9 @@ async def _stream(call: MessagesCall, builder: MessageBuilder, first: Event,
                   events: EngineEvents) -> AsyncIterator[bytes]:
     """Anthropic's event sequence: message_start, ping, then per content block
     content_block_start, content_block_delta..., content_block_stop, and at the end
-    message_delta (stop_reason, usage), message_stop. A block opens with its first text."""
-    open_block = False
+    message_delta (stop_reason, usage), message_stop. A text block opens with its first
+    text; each tool call is a tool_use block whose input comes as one input_json_delta."""
+    index, text_open = -1, False  # the last block's index; whether it is a text block still open
     try:
         # the engine's first event says how much of the prompt the cache served
         prompt, cached = (first.total, first.done) if isinstance(first, ProgressEvent) else (0, 0)
@@ -69,10 +70,19 @@ async def _stream(call: MessagesCall, builder: MessageBuilder, first: Event,
         event: Event | None = first
         while event is not None:
             if isinstance(event, TokenEvent) and event.text:
-                if not open_block:
-                    open_block = True
-                    yield sse(builder.block_start(), "content_block_start")
-                yield sse(builder.text_delta(event.text), "content_block_delta")
+                if not text_open:
+                    index, text_open = index + 1, True
+                    yield sse(builder.block_start(index), "content_block_start")
+                yield sse(builder.text_delta(event.text, index), "content_block_delta")
+                last_sent = time.monotonic()
+            elif isinstance(event, ToolCallEvent):
+                if text_open:
+                    text_open = False
+                    yield sse(builder.block_stop(index), "content_block_stop")
+                index += 1
+                yield sse(builder.block_start(index, event.call), "content_block_start")
+                yield sse(builder.input_delta(event.call, index), "content_block_delta")
+                yield sse(builder.block_stop(index), "content_block_stop")
                 last_sent = time.monotonic()
             elif isinstance(event, ProgressEvent) and time.monotonic() - last_sent > PING_EVERY_S:
                 yield sse({"type": "ping"}, "ping")
@@ -84,8 +94,8 @@ async def _stream(call: MessagesCall, builder: MessageBuilder, first: Event,
                 if event.stats.finish_reason == "cancelled":  # the server is stopping
                     yield sse(shutting_down().anthropic_body(), "error")
                     return
-                if open_block:
-                    yield sse(builder.block_stop(), "content_block_stop")
+                if text_open:
+                    yield sse(builder.block_stop(index), "content_block_stop")
                 yield sse(builder.delta(event.stats), "message_delta")
                 yield sse({"type": "message_stop"}, "message_stop")
                 return

@@ -6,6 +6,13 @@ Like :mod:`core.api.openai_schema`: FastAPI validates a body against
 into a :class:`MessagesCall`; :class:`MessageBuilder` writes the replies. Whatever model a
 client names (``claude-...``) is served by the loaded model, as LM Studio and Ollama do.
 
+Tools: Anthropic's ``tools`` (``name``, ``input_schema``) reach the engine in the OpenAI
+shape chat templates take; ``tool_choice`` ``auto`` / ``any`` / ``tool`` / ``none`` is the
+engine's ``auto`` / ``required`` / ``function`` / ``none`` (the forced ones decode under a
+grammar, so the call is valid JSON for the tool's schema). An assistant message's
+``tool_use`` blocks become its tool calls; a user message's ``tool_result`` blocks become
+"tool" messages, each answering a call of the assistant message before it, by id.
+
 Usage: Anthropic splits the prompt into ``input_tokens`` (computed now),
 ``cache_creation_input_tokens`` and ``cache_read_input_tokens``; ours are the tokens the
 model computed and the tokens the prefix cache served (RAM or disk). The cache is written
@@ -14,6 +21,8 @@ as a side effect, so nothing counts as a cache creation.
 
 from __future__ import annotations
 
+import functools
+import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -24,7 +33,8 @@ from pydantic import Discriminator, Field, Tag, field_validator
 from core.api.errors import ApiError, invalid
 from core.api.openai_schema import MAX_STOPS, max_tokens, session_name
 from core.api.wire import ModelCard, Text, WireModel
-from core.engine.types import ChatMessage, GenerationRequest, RequestStats, SamplingParams
+from core.engine.constrain import SchemaError, check_schema
+from core.engine.types import ChatMessage, GenerationRequest, RequestStats, SamplingParams, ToolCall
 
 BLOCK_JOIN = "\n\n"  # text blocks of one message (or of the system prompt) become one text
 
@@ -77,14 +87,30 @@ class Metadata(WireModel):
     user_id: Text | None = None
 
 
+class Tool(WireModel):
+    """A tool the model may call (a client tool: Anthropic's own server tools are not run here)."""
+
+    name: Text = Field(pattern=r"^[a-zA-Z0-9_-]{1,128}$")
+    description: Text | None = None
+    input_schema: dict[str, Any] = Field(description="JSON Schema of the tool's input")
+    type: Literal["custom"] | None = None
+    cache_control: dict[str, Any] | None = None
+
+
+class ToolChoice(WireModel):
+    type: Literal["auto", "any", "tool", "none"]
+    name: Text | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
 class CountTokensRequest(WireModel):
     """``POST /v1/messages/count_tokens``."""
 
     model: Text
     messages: list[Message] = Field(min_length=1)
     system: Text | list[TextBlock] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: dict[str, Any] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
 
 
 class MessagesRequest(CountTokensRequest):
@@ -122,32 +148,91 @@ def check_model(model: str, card: ModelCard) -> None:
                             "(and answers to any claude-... name)", param="model", code="model_not_found")
 
 
-def _text(content: str | list | None, param: str) -> str:
+def _text(content: str | list | None) -> str:
     if content is None or isinstance(content, str):
         return content or ""
-    texts = []
-    for i, block in enumerate(content):
-        if not isinstance(block, TextBlock):
-            raise invalid(f"{param}[{i}]", f"{block.type} blocks need tool support, which "
-                                           "this server does not have yet", code="unsupported_value")
-        texts.append(block.text)
-    return BLOCK_JOIN.join(texts)
+    return BLOCK_JOIN.join(block.text for block in content)
+
+
+def _user(message: Message, i: int, calls: dict[str, str]) -> list[ChatMessage]:
+    """A user message: its tool results (each answering a call of the previous assistant
+    message, by id) as "tool" messages, then its text."""
+    if isinstance(message.content, str):
+        return [ChatMessage("user", message.content)]
+    results, texts = [], []
+    for j, block in enumerate(message.content):
+        where = f"messages[{i}].content[{j}]"
+        if isinstance(block, ToolUseBlock):
+            raise invalid(where, "a tool_use block belongs in an assistant message")
+        if isinstance(block, TextBlock):
+            texts.append(block.text)
+            continue
+        if block.tool_use_id not in calls:
+            raise invalid(f"{where}.tool_use_id", f"tool_result {block.tool_use_id!r} answers no tool_use "
+                                                  "block of the assistant message before it")
+        content = _text(block.content)
+        results.append(ChatMessage("tool", f"Error: {content}" if block.is_error else content,
+                                   tool_call_id=block.tool_use_id, name=calls[block.tool_use_id]))
+    return results + ([ChatMessage("user", BLOCK_JOIN.join(texts))] if texts else [])
+
+
+def _assistant(message: Message, i: int) -> ChatMessage:
+    if isinstance(message.content, str):
+        return ChatMessage("assistant", message.content)
+    texts, calls = [], []
+    for j, block in enumerate(message.content):
+        if isinstance(block, ToolResultBlock):
+            raise invalid(f"messages[{i}].content[{j}]", "a tool_result block belongs in a user message")
+        if isinstance(block, TextBlock):
+            texts.append(block.text)
+        else:
+            calls.append(ToolCall(block.id, block.name, json.dumps(block.input, ensure_ascii=False)))
+    return ChatMessage("assistant", BLOCK_JOIN.join(texts), tool_calls=tuple(calls))
 
 
 def chat_messages(body: CountTokensRequest) -> tuple[ChatMessage, ...]:
-    if body.tools or body.tool_choice:
-        name = "tools" if body.tools else "tool_choice"
-        raise invalid(name, f"{name}: tool use is not supported by this server yet", code="unsupported_value")
     messages = []
-    system = _text(body.system, "system")
+    system = _text(body.system)
     if system:
         messages.append(ChatMessage("system", system))
+    calls: dict[str, str] = {}  # the tool calls of the last assistant message: id -> tool name
     for i, message in enumerate(body.messages):
-        messages.append(ChatMessage(message.role, _text(message.content, f"messages[{i}].content")))
+        if message.role == "assistant":
+            messages.append(_assistant(message, i))
+            calls = {call.id: call.name for call in messages[-1].tool_calls}
+        else:
+            messages.extend(_user(message, i, calls))
+            calls = {}
     if body.messages[-1].role == "assistant":
         raise invalid(f"messages[{len(body.messages) - 1}]", "a final assistant message (a prefill to "
                       "continue) is not supported: end with a user message", code="unsupported_value")
     return tuple(messages)
+
+
+@functools.lru_cache(maxsize=256)
+def _check_schema(schema_json: str, param: str) -> None:
+    check_schema(json.loads(schema_json), param)
+
+
+def tool_request(body: CountTokensRequest) -> dict[str, Any]:
+    """The engine's tool fields for ``body``: tools in the OpenAI shape chat templates take,
+    and the choice. A schema that is not valid JSON Schema (or that the grammar library
+    cannot enforce) or a choice naming no tool is a 400 naming the field."""
+    tools = body.tools or []
+    for i, tool in enumerate(tools):
+        try:  # the same schemas come on every turn of an agent: checked once
+            _check_schema(json.dumps(tool.input_schema, sort_keys=True), f"tools[{i}].input_schema")
+        except SchemaError as exc:
+            raise invalid(exc.param, str(exc)) from None
+    choice = body.tool_choice or ToolChoice(type="auto")
+    if choice.type in ("any", "tool") and not tools:
+        raise invalid("tool_choice", f"tool_choice {choice.type!r} needs tools")
+    if choice.type == "tool" and choice.name not in {tool.name for tool in tools}:
+        raise invalid("tool_choice.name", f"tool_choice names {choice.name!r}, which is not among the tools")
+    openai_tools = tuple({"type": "function", "function": {"name": tool.name, "description": tool.description or "",
+                                                           "parameters": tool.input_schema}} for tool in tools)
+    mode = {"auto": "auto", "any": "required", "tool": "function", "none": "none"}[choice.type]
+    return {"tools": openai_tools, "tool_choice": mode, "tool_name": choice.name if mode == "function" else None}
 
 
 def to_call(body: MessagesRequest, card: ModelCard, session_header: str | None = None) -> MessagesCall:
@@ -160,13 +245,13 @@ def to_call(body: MessagesRequest, card: ModelCard, session_header: str | None =
         stop=tuple(body.stop_sequences or ()),
     )
     request = GenerationRequest(messages=chat_messages(body), sampling=sampling,
-                                session=session_name(body.session, session_header))
+                                session=session_name(body.session, session_header), **tool_request(body))
     return MessagesCall(request, body.model, bool(body.stream))
 
 
 def count_request(body: CountTokensRequest, card: ModelCard) -> GenerationRequest:
     check_model(body.model, card)
-    return GenerationRequest(messages=chat_messages(body))
+    return GenerationRequest(messages=chat_messages(body), **tool_request(body))
 
 
 # ------------------------------------------------------------------ replies
@@ -184,6 +269,8 @@ def model_list(card: ModelCard) -> dict[str, Any]:
 def stop_reason(stats: RequestStats) -> str:
     if stats.finish_reason == "length":
         return "max_tokens"
+    if stats.finish_reason == "tool_calls":
+        return "tool_use"
     return "stop_sequence" if stats.stop_sequence is not None else "end_turn"
 
 
@@ -203,8 +290,9 @@ class MessageBuilder:
         self.id = "msg_" + uuid.uuid4().hex[:24]
         self.model = call.model
 
-    def full(self, text: str, stats: RequestStats) -> dict[str, Any]:
+    def full(self, text: str, stats: RequestStats, calls: tuple[ToolCall, ...] = ()) -> dict[str, Any]:
         content = [{"type": "text", "text": text}] if text else []  # as Anthropic: no empty blocks
+        content += [self.tool_use(call) for call in calls]
         return {**self._message(content, stop_reason(stats), stats.stop_sequence),
                 "usage": final_usage(stats)}
 
@@ -217,8 +305,22 @@ class MessageBuilder:
                                                      "usage": usage(prompt_tokens, cached_tokens, 0)}}
 
     @staticmethod
-    def block_start(index: int = 0) -> dict[str, Any]:
-        return {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}
+    def tool_use(call: ToolCall, with_input: bool = True) -> dict[str, Any]:
+        try:
+            arguments = json.loads(call.arguments) if with_input else {}
+        except ValueError:
+            arguments = {}
+        return {"type": "tool_use", "id": call.id, "name": call.name, "input": arguments}
+
+    @staticmethod
+    def block_start(index: int = 0, call: ToolCall | None = None) -> dict[str, Any]:
+        block = MessageBuilder.tool_use(call, with_input=False) if call else {"type": "text", "text": ""}
+        return {"type": "content_block_start", "index": index, "content_block": block}
+
+    @staticmethod
+    def input_delta(call: ToolCall, index: int) -> dict[str, Any]:
+        return {"type": "content_block_delta", "index": index,
+                "delta": {"type": "input_json_delta", "partial_json": call.arguments}}
 
     @staticmethod
     def text_delta(text: str, index: int = 0) -> dict[str, Any]:

@@ -140,9 +140,8 @@ def test_errors_are_anthropic_shaped(client, server):
 
 
 @pytest.mark.parametrize("change, where", [
-    ({"tools": [{"name": "f", "input_schema": {"type": "object"}}]}, "tools"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "4"}]}]},
-     "messages[0].content[0]"),
+     "messages[0].content[0].tool_use_id"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages[0].content[0]"),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "messages[0].content[0].text"),
     ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure,"}]}, "messages[1]"),
@@ -198,3 +197,9 @@ def test_a_client_that_hangs_up_mid_stream_cancels_its_request(server, client):
         time.sleep(0.05)
     assert cancelled() == before + 1
     assert ask(client, max_tokens=3).usage.output_tokens == 3
+
+
+def test_tools_on_a_model_whose_template_cannot_take_them(client):
+    with pytest.raises(anthropic.BadRequestError, match="--chat-template"):
+        client.messages.create(model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "hi"}],
+                               tools=[{"name": "f", "input_schema": {"type": "object"}}])
