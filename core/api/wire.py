@@ -2,8 +2,9 @@
 model card the server serves.
 
 Every request body is a :class:`WireModel`: strict (``"1"`` is not a number, ``true`` is
-not ``1``, ``1e400`` -- infinity to Python's json module -- is not finite), unknown fields ignored (clients send fields of newer API versions), and every
-string a :data:`Text`, valid Unicode (JSON's ``"\\ud800"`` escape gives Python a lone
+not ``1``, ``1e400`` -- infinity to Python's json module -- is not finite), unknown
+fields ignored (clients send fields of newer API versions), and every string a
+:data:`Text`, valid Unicode (JSON's ``"\\ud800"`` escape gives Python a lone
 surrogate, which cannot be encoded: refused here, naming the field, instead of failing
 later in the tokenizer or the chat store).
 """
