@@ -43,9 +43,10 @@ class SchemaError(UserError):
         self.param = param
 
 
-def check_schema(schema, param: str) -> None:
-    """Raise :class:`SchemaError` naming ``param`` if ``schema`` is not valid JSON Schema or
-    uses a feature the grammar library cannot enforce."""
+def check_schema(schema, param: str, enforced: bool = True) -> None:
+    """Raise :class:`SchemaError` naming ``param`` if ``schema`` is not valid JSON Schema or,
+    when decoding will be ``enforced`` against it, uses a feature the grammar library cannot
+    enforce."""
     import jsonschema
     import llguidance
 
@@ -57,6 +58,8 @@ def check_schema(schema, param: str) -> None:
         where = "/".join(str(p) for p in exc.path)
         raise SchemaError(f"{param} is not a valid JSON Schema: {exc.message}"
                           + (f" (at {where})" if where else ""), param) from None
+    if not enforced:
+        return
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_OPTIONS)
         problem = llguidance.LLMatcher.validate_grammar(grammar)
@@ -80,13 +83,17 @@ def tool_parameters(tool: dict) -> dict:
 
 def check_tools(tools, tool_choice: str, name: str | None) -> None:
     """Raise :class:`SchemaError` naming the field for a tool without a name, a tool whose
-    parameters are not a usable JSON schema, or a ``tool_choice`` naming no given tool."""
+    parameters are not a usable JSON schema, or a ``tool_choice`` naming no given tool.
+    Only the tools a call will be constrained to (``required``: all; a named function: that
+    one) must fit the grammar library; under ``auto`` a schema it can't enforce is fine, as
+    agents send large tool schemas that the model only reads."""
     names = []
     for i, tool in enumerate(tools):
         if not tool_name(tool):
             raise SchemaError(f"tools[{i}].function.name is missing", f"tools[{i}].function.name")
         names.append(tool_name(tool))
-        check_schema(tool_parameters(tool), f"tools[{i}].function.parameters")
+        enforced = tool_choice == "required" or (tool_choice == "function" and tool_name(tool) == name)
+        check_schema(tool_parameters(tool), f"tools[{i}].function.parameters", enforced)
     if tool_choice in ("required", "function") and not tools:
         raise SchemaError(f"tool_choice {tool_choice!r} needs tools", "tool_choice")
     if tool_choice == "function" and name not in names:

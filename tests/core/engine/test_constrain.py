@@ -9,7 +9,7 @@ import jsonschema
 import mlx.core as mx
 import pytest
 
-from core.engine.constrain import Grammars, SchemaError, check_schema, check_tools, grammar_for
+from core.engine.constrain import Grammars, SchemaError, check_schema, check_tools, grammar_for, tool_name
 from core.engine.engine import Engine
 from core.engine.types import (ChatMessage, DoneEvent, ErrorEvent, GenerationRequest, SamplingParams, TokenEvent,
                                ToolCallEvent)
@@ -78,6 +78,17 @@ def test_bad_tools_name_their_field():
         check_tools(TOOLS, "function", "get_wether")
     assert err.value.param == "tool_choice"
     check_tools(TOOLS, "function", "get_time")
+
+
+def test_a_schema_the_grammar_cant_enforce_is_refused_only_where_it_constrains():
+    lookaround = {"type": "function", "function": {"name": "grep", "parameters": {
+        "type": "object", "properties": {"pattern": {"type": "string", "pattern": "(?=a)b"}}}}}
+    check_tools((WEATHER, lookaround), "auto", None)  # the model only reads it
+    check_tools((WEATHER, lookaround), "function", tool_name(WEATHER))  # only WEATHER constrains
+    for choice, name in (("required", None), ("function", "grep")):
+        with pytest.raises(SchemaError, match="unsupported schema feature") as err:
+            check_tools((WEATHER, lookaround), choice, name)
+        assert err.value.param == "tools[1].function.parameters"
 
 
 def test_mask_follows_the_grammar(engine):
