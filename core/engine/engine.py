@@ -26,8 +26,9 @@ from core.engine.types import DoneEvent, ErrorEvent, Event, GenerationRequest, R
 from core.errors import ErrorKind, UserError
 from kvcache.stats import CacheStats
 
-if TYPE_CHECKING:  # core.models.loader imports mlx: only the engine thread loads it
+if TYPE_CHECKING:  # core.models.loader and kvcache.persist import mlx: only the engine thread loads it
     from core.models.loader import ModelInfo
+    from kvcache.persist import DiskTierStats
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ class EngineStats:
     rss_bytes: int = 0  # the whole process (read when stats() is called)
     disk_cache_bytes: int = 0  # the KV cache database on disk, WAL included (idem)
     disk_cache_budget_bytes: int = 0  # 0 while the disk cache is off
+    disk: "DiskTierStats | None" = None  # the disk tier's reads and writes (None while off)
 
 
 class RequestHandle:
@@ -119,6 +121,7 @@ class Engine:
         pool_bytes: int | None = None,
         disk_cache: bool = True,
         disk_budget_bytes: int | None = None,
+        disk_min_tokens: int | None = None,
     ):
         self.data_root = Path(data_root)
         self._initial = (model_spec, weights_format)
@@ -128,7 +131,8 @@ class Engine:
         self._pool_bytes = pool_bytes
         self._disk_cache = disk_cache
         self._disk_budget = disk_budget_bytes
-        self._persister = None  # kvcache.persist.SessionPersister, engine thread only
+        self._disk_min_tokens = disk_min_tokens  # unnamed requests shorter than this stay off disk
+        self._persister = None  # kvcache.persist.DiskTier, engine thread only
         self.disk_cache_error: str | None = None  # why the disk cache is off, if it is
         self._stats = EngineStats()
         self._served = 0
@@ -187,9 +191,11 @@ class Engine:
                     disk += (self.data_root / f"kvcache.db{suffix}").stat().st_size
                 except OSError:
                     pass
-        budget = (self._disk_budget or _default_disk_budget()) if self._persister is not None else 0
+        persister = self._persister
+        budget = (self._disk_budget or _default_disk_budget()) if persister is not None else 0
         return dataclasses.replace(self._stats, rss_bytes=rss, disk_cache_bytes=disk,
-                                   disk_cache_budget_bytes=budget)
+                                   disk_cache_budget_bytes=budget,
+                                   disk=persister.stats() if persister is not None else None)
 
     def load(self, spec: str, weights_format: str = "auto", timeout: float | None = None) -> ModelInfo:
         """Switch models. On failure the previous model stays loaded and UserError is raised."""
@@ -267,15 +273,15 @@ class Engine:
         self._publish_stats(force=not self._scheduler.busy)  # the last step's figures always
 
     def _open_persister(self, fingerprint: str):
-        from kvcache.persist import SessionPersister
+        from kvcache.persist import MIN_WRITE_TOKENS, DiskTier
         from kvcache.store import DEFAULT_BUDGET, DiskStoreError
 
         if not (self._disk_cache and self._use_cache and self._prefix_cache.enabled):
             return None
         try:
             self.data_root.mkdir(parents=True, exist_ok=True)
-            return SessionPersister(self.data_root / "kvcache.db", self._prefix_cache, fingerprint,
-                                    self._disk_budget or DEFAULT_BUDGET)
+            return DiskTier(self.data_root / "kvcache.db", self._prefix_cache, fingerprint,
+                            self._disk_budget or DEFAULT_BUDGET, MIN_WRITE_TOKENS if self._disk_min_tokens is None else self._disk_min_tokens)
         except (DiskStoreError, OSError) as exc:  # the app runs on without a disk cache
             self.disk_cache_error = str(exc)
             log.warning("disk cache off: %s", exc)

@@ -1,0 +1,102 @@
+"""The disk tier for every request: an unnamed prompt's prefix comes back from disk after a
+restart, by its tokens alone, and the replies are the ones RAM only or no cache give."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from core.engine.engine import Engine
+from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
+from core.models.tiny_model import TinyModelSpec, write_tiny_model
+from kvcache.persist import read_pays
+from kvcache.store import DiskStore
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
+QUESTION = ChatMessage("user", "Tell me about the trains, the boats and the old harbour walls. " * 5)
+
+
+def ask(engine: Engine, *messages: ChatMessage, **options) -> DoneEvent:
+    done = list(engine.stream(GenerationRequest(messages=messages, sampling=GREEDY, **options)))[-1]
+    assert isinstance(done, DoneEvent), done
+    return done
+
+
+def start(data, model, **options) -> Engine:
+    engine = Engine(data, str(model), pool_tokens=4096, **options).start()
+    engine.wait_ready(60)
+    return engine
+
+
+@pytest.mark.parametrize("kind", ["llama", "sliding", "recurrent"])
+def test_an_unnamed_prompt_comes_back_from_disk_after_a_restart(kind, tmp_path):
+    spec = TinyModelSpec(kind=kind, num_layers=2 if kind == "llama" else 4, sliding_window=16)
+    model = write_tiny_model(tmp_path / kind, spec)
+    first = start(tmp_path / "tiered", model, disk_min_tokens=64)
+    try:
+        d1 = ask(first, QUESTION)
+        first.flush_disk_cache()
+    finally:
+        first.shutdown()
+    follow_up = (QUESTION, ChatMessage("assistant", d1.text), ChatMessage("user", "And the canals?"))
+    second = start(tmp_path / "tiered", model, disk_min_tokens=64)  # a restart: RAM is empty
+    try:
+        d2 = ask(second, *follow_up)
+        plain = ask(second, *follow_up, use_cache=False)
+        disk = second.stats().disk
+    finally:
+        second.shutdown()
+    assert d2.stats.restored_tokens >= d1.stats.prompt_tokens - 1
+    assert d2.stats.computed_tokens == d2.stats.prompt_tokens - d2.stats.restored_tokens
+    assert disk.reads == 1 and disk.read_tokens == d2.stats.restored_tokens
+    ram_only = start(tmp_path / "ram", model, disk_cache=False)
+    try:
+        r1 = ask(ram_only, QUESTION)
+        r2 = ask(ram_only, *follow_up)
+    finally:
+        ram_only.shutdown()
+    assert (r1.text, r2.text) == (d1.text, d2.text) and d2.text == plain.text
+    assert r2.stats.restored_tokens == 0 and r2.stats.cached_tokens > 0
+
+
+def test_a_short_unnamed_request_is_not_written(tmp_path, tiny_model):
+    engine = start(tmp_path, tiny_model)  # the default: 256 tokens at least
+    try:
+        ask(engine, ChatMessage("user", "hi"))
+        engine.flush_disk_cache()
+        assert engine.stats().disk.pages_written == 0
+    finally:
+        engine.shutdown()
+    with DiskStore(tmp_path / "kvcache.db") as store:
+        assert store.stats().pages == 0
+
+
+def test_a_damaged_unnamed_prefix_is_recomputed_not_used(tmp_path, tiny_model):
+    engine = start(tmp_path, tiny_model, disk_min_tokens=64)
+    try:
+        d1 = ask(engine, QUESTION)
+        engine.flush_disk_cache()
+    finally:
+        engine.shutdown()
+    with sqlite3.connect(tmp_path / "kvcache.db") as db:
+        for key, kv in db.execute("SELECT key, kv FROM page_data").fetchall():
+            damaged = bytearray(kv)
+            damaged[len(damaged) // 2] ^= 0xFF
+            db.execute("UPDATE page_data SET kv = ? WHERE key = ?", [bytes(damaged), key])
+    follow_up = (QUESTION, ChatMessage("assistant", d1.text), ChatMessage("user", "More?"))
+    engine = start(tmp_path, tiny_model, disk_min_tokens=64)
+    try:
+        again = ask(engine, *follow_up)
+        plain = ask(engine, *follow_up, use_cache=False)
+    finally:
+        engine.shutdown()
+    assert again.stats.restored_tokens == 0 and again.text == plain.text
+    with DiskStore(tmp_path / "kvcache.db") as store:
+        assert store.verify().clean
+
+
+def test_reading_is_chosen_only_when_it_beats_computing():
+    assert read_pays(1000, 20_000, 0.0, 0.0)  # nothing measured yet: read (and measure)
+    assert read_pays(1000, 20_000, 2e9, 500.0)  # 10 ms to read, 2 s to compute
+    assert not read_pays(1000, 20_000, 1e6, 5000.0)  # 20 s to read, 0.2 s to compute
