@@ -52,6 +52,8 @@ def stats_to_dict(stats: EngineStats) -> dict[str, Any]:
         "rss_bytes": stats.rss_bytes,
         "disk_cache_bytes": stats.disk_cache_bytes,
         "disk_cache_budget_bytes": stats.disk_cache_budget_bytes,
+        "disk_bytes_written": stats.disk.bytes_written if stats.disk is not None else 0,
+        "disk_writes_stopped": stats.disk.writes_stopped if stats.disk is not None else None,
         "requests_served": stats.requests_served,
         "requests_running": stats.requests_running,
         "model_name": stats.model.name if stats.model is not None else "",

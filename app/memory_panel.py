@@ -204,8 +204,13 @@ class MemoryPanel(ChartPanel):
 
         disk, budget = get("disk_cache_bytes"), int(get("disk_cache_budget_bytes") or 0)
         if budget > 0:
-            self.values["diskCache"].setText(f"{human_bytes(disk)} of {human_bytes(budget)}"
-                                             f" · {percent((disk or 0) / budget)}")
+            written, stopped = int(get("disk_bytes_written") or 0), get("disk_writes_stopped")
+            self.values["diskCache"].setText(
+                f"{human_bytes(disk)} of {human_bytes(budget)} · {percent((disk or 0) / budget)}"
+                + (f" · {human_bytes(written)} written" if written else "")
+                + (" · writes stopped (disk full)" if stopped else ""))
+            self.values["diskCache"].setToolTip(str(stopped) if stopped else
+                                                "bytes written to disk since the model loaded")
         else:
             self.values["diskCache"].setText("off" if name else "—")
 

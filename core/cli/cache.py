@@ -19,12 +19,15 @@ def run_cache(args) -> int:
                 if args.json:
                     print(json.dumps({**asdict(stats), "sessions_list": [asdict(s) for s in store.sessions()]}))
                     return 0
-                print(f"{path}: {stats.sessions} sessions, {stats.pages} pages, "
+                print(f"{path}: {stats.sessions} sessions, {stats.prefixes} unnamed prefixes, {stats.pages} pages, "
                       f"{stats.bytes / 1e6:.1f} MB of pages ({stats.file_bytes / 1e6:.1f} MB on disk, "
                       f"budget {stats.budget_bytes / 1e9:.1f} GB)")
                 print(f"saves {stats.saves}, loads {stats.loads}, restored {stats.restored_tokens} tokens "
                       f"in {stats.restored_pages} pages, dropped {stats.dropped_pages} bad pages, "
-                      f"evicted {stats.evicted_sessions} sessions, {stats.orphan_pages} orphan pages")
+                      f"evicted {stats.evicted_sessions} sessions and {stats.evicted_prefixes} prefixes, "
+                      f"{stats.orphan_pages} orphan pages")
+                print(f"written {stats.bytes_written / 1e6:.1f} MB in {stats.pages_written} pages "
+                      f"(a stored page is never written again)")
                 for info in store.sessions():
                     print(f"  {info.name:<32} {info.tokens:>7} tokens {info.pages:>5} pages "
                           f"{info.nbytes / 1e6:9.1f} MB  model {info.fingerprint[:12]}")

@@ -84,6 +84,10 @@ def test_figures_show_the_snapshot(panel):
     assert pool_used.at(0).y() == 128 * MB  # a quarter of the pool's bytes
     assert panel.series["rss"].at(0).y() == int(2.4 * GB)
 
+    panel.update_stats(loaded(time=101.0, disk_bytes_written=12 * MB))
+    assert text(panel, "diskCacheValue") == "256 MB of 10.0 GB · 2% · 12.0 MB written"
+    panel.update_stats(loaded(time=101.5, disk_bytes_written=12 * MB, disk_writes_stopped="the disk is full"))
+    assert text(panel, "diskCacheValue") == "256 MB of 10.0 GB · 2% · 12.0 MB written · writes stopped (disk full)"
     panel.update_stats(loaded(time=102.0, requests_running=0, disk_cache_budget_bytes=0))
     assert text(panel, "modelValue") == "SmolLM2-135M · idle"
     assert text(panel, "diskCacheValue") == "off"

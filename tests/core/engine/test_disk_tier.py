@@ -100,3 +100,32 @@ def test_reading_is_chosen_only_when_it_beats_computing():
     assert read_pays(1000, 20_000, 0.0, 0.0)  # nothing measured yet: read (and measure)
     assert read_pays(1000, 20_000, 2e9, 500.0)  # 10 ms to read, 2 s to compute
     assert not read_pays(1000, 20_000, 1e6, 5000.0)  # 20 s to read, 0.2 s to compute
+
+
+def test_a_stored_page_is_never_written_again(tmp_path, tiny_model):
+    engine = start(tmp_path, tiny_model, disk_min_tokens=64)
+    try:
+        d1 = ask(engine, QUESTION)
+        engine.flush_disk_cache()
+        first = engine.stats().disk
+        ask(engine, QUESTION)  # the same prompt again: every page is on disk
+        engine.flush_disk_cache()
+        again = engine.stats().disk
+    finally:
+        engine.shutdown()
+    assert first.pages_written > 0 and first.bytes_written > 0
+    assert (again.pages_written, again.bytes_written) == (first.pages_written, first.bytes_written)
+    assert again.pages_not_rewritten >= first.pages_written
+    follow_up = (QUESTION, ChatMessage("assistant", d1.text), ChatMessage("user", "And then?"))
+    engine = start(tmp_path, tiny_model, disk_min_tokens=64)  # a restart: the index comes from disk
+    try:
+        ask(engine, *follow_up)
+        engine.flush_disk_cache()
+        later = engine.stats().disk
+    finally:
+        engine.shutdown()
+    with DiskStore(tmp_path / "kvcache.db") as store:
+        stats = store.stats()
+    assert later.pages_not_rewritten > 0  # the first turn's pages, known from the index
+    assert stats.bytes_written == stats.bytes  # nothing evicted: every byte written once
+    assert stats.pages_written == stats.pages == first.pages_written + later.pages_written
