@@ -12,6 +12,9 @@ serializes only pages the store does not have, and a writer thread owns its own
 - at the end of a session's turn, the session's chain (a chat's cache survives a restart);
 - at the end of any other request whose tokens reach ``min_write_tokens``, its chain as a
   prefix (kept by its tokens alone);
+- when RAM evicts a prefix of at least one disk page that the disk lacks (write-back:
+  short requests, or any whose end-of-request write was skipped), so that RAM pressure
+  costs a read later instead of a recompute;
 - a page already stored is never serialized nor written again; the bytes written are
   counted (:class:`DiskTierStats`, and the store's own counters).
 A full disk stops the writes (one line in the log and in the stats) and serving goes on;
@@ -33,7 +36,7 @@ import numpy as np
 from mlx_lm.models.cache import KVCache
 
 from kvcache.disk_index import DiskIndex
-from kvcache.prefix_cache import PrefixCache
+from kvcache.prefix_cache import PrefixCache, cache_source
 from kvcache.serialize import SerializeError, kv_to_bytes, kv_views, snapshot_from_bytes, snapshot_to_bytes
 from kvcache.snapshot import Snapshot
 from kvcache.store import (DEFAULT_BUDGET, ChainPage, DiskStore, DiskStoreError, IndexedPage, PageData,
@@ -59,6 +62,7 @@ class DiskTierStats:
     pages_written: int  # new pages (a stored page is never written again)
     bytes_written: int
     pages_not_rewritten: int  # pages a save found already stored (not serialized)
+    write_backs: int  # prefixes RAM evicted and handed down (written only where new)
     write_errors: int
     writes_stopped: str | None  # why writes are off now (disk full...), or None
     read_bytes_per_s: float  # measured (0 until a read)
@@ -69,6 +73,7 @@ class DiskTierStats:
 class _SaveJob:
     session: str | None  # None: a prefix, kept by its tokens
     pages: tuple[PageData, ...]
+    queued: frozenset[str]  # keys of the pages serialized for it (not to serialize again)
 
 
 @dataclass(frozen=True)
@@ -104,14 +109,16 @@ class DiskTier:
         layout = prefix_cache.build.layout
         self._token_bytes = layout.bytes_per_token if layout is not None else 0
         self._jobs: queue.Queue = queue.Queue()
+        self._queued: set[str] = set()  # keys serialized and not yet written (engine adds, writer removes)
         self.last_error: str | None = None
         self._stopped_until = 0.0  # writes are off until then (disk full)
         self._counts = dict(reads=0, read_tokens=0, read_bytes=0, skipped_reads=0, pages_written=0,
-                            bytes_written=0, pages_not_rewritten=0, write_errors=0)
+                            bytes_written=0, pages_not_rewritten=0, write_errors=0, write_backs=0)
         self._read_rate = 0.0  # bytes/s, running
         self._prefill_rate = 0.0  # tokens/s, running
         self._thread = threading.Thread(target=self._write_loop, name="radixchat-cache-writer", daemon=True)
         self._thread.start()
+        prefix_cache.write_back = self.write_back
 
     # ------------------------------------------------------------ engine thread
     def stats(self) -> DiskTierStats:
@@ -127,14 +134,27 @@ class DiskTier:
 
     def save(self, session: str | None, tokens: list[int], caches: list, snapshots: list[Snapshot]) -> None:
         """Queue the chain of ``tokens`` (``caches`` hold exactly them) for writing: a
-        session's always, an unnamed request's when it reaches ``min_write_tokens``.
+        session's always, an unnamed request's when it reaches ``min_write_tokens``."""
+        full = self.prefix_cache.build.layout.full_layer_indices
+        self._save(session, tokens, cache_source(caches, full), snapshots)
+
+    def write_back(self, tokens: list[int], source, snapshots: list[Snapshot]) -> None:
+        """RAM is evicting the prefix ``tokens`` (its K/V from ``source``, as the pool
+        still holds it): queue what the disk lacks of it, so RAM pressure costs a read
+        later, not a recompute (the prefix cache calls this; see ``write_back`` there)."""
+        self._counts["write_backs"] += 1
+        self._save(None, tokens, source, snapshots, min_tokens=DISK_PAGE_TOKENS)
+
+    def _save(self, session: str | None, tokens: list[int], source, snapshots: list[Snapshot],
+              min_tokens: int | None = None) -> None:
+        """The chain of ``tokens``, K/V from ``source(layer, a, b)``, to the writer thread.
 
         Pages end every ``DISK_PAGE_TOKENS`` tokens and at every snapshot (the end of the
         prompt, the end of the reply), and carry the snapshot that ends with them, so a
         hybrid model can resume from any of those points after a restart. Pages the disk
         has are not serialized; an unnamed chain the disk has whole is not queued at all.
         """
-        if session is None and len(tokens) < self.min_write_tokens:
+        if session is None and len(tokens) < (self.min_write_tokens if min_tokens is None else min_tokens):
             return
         if time.monotonic() < self._stopped_until:
             return  # the disk is full: serving goes on without writing
@@ -149,17 +169,19 @@ class DiskTier:
         for start, end, key in zip(starts, ends, keys):
             chunk = tuple(tokens[start:end])
             snapshot = by_end.get(end)
-            if key in self.index and (snapshot is None or self.index.has_snapshot(key)):
+            if (key in self.index and (snapshot is None or self.index.has_snapshot(key))
+                    or key in self._queued):  # stored, or on its way
                 pages.append(PageData(chunk, None))
                 known += 1
             else:
-                kv = kv_to_bytes([(caches[i].keys[0, :, start:end], caches[i].values[0, :, start:end])
-                                  for i in full])
+                kv = kv_to_bytes([source(i, start, end) for i in range(len(full))])
                 pages.append(PageData(chunk, kv, snapshot_to_bytes(snapshot) if snapshot else None))
         self._counts["pages_not_rewritten"] += known
         if session is None and known == len(pages):
             return  # all on disk already: nothing to write
-        self._jobs.put(_SaveJob(session, tuple(pages)))  # indexed once written
+        queued = frozenset(key for key, page in zip(keys, pages) if page.kv is not None)
+        self._queued |= queued
+        self._jobs.put(_SaveJob(session, tuple(pages), queued))  # indexed once written
 
     def restore(self, prompt: list[int], session: str | None = None) -> int:
         """Bring what the disk holds of ``prompt`` beyond what RAM holds into RAM, if reading
@@ -280,6 +302,8 @@ class DiskTier:
         done.wait(timeout)
 
     def close(self) -> None:
+        if self.prefix_cache.write_back == self.write_back:
+            self.prefix_cache.write_back = None
         self.flush(timeout=30)
         self._jobs.put(None)
         self._thread.join(timeout=30)  # the writer's connection closes first: the last one
@@ -299,6 +323,8 @@ class DiskTier:
                 self._do(job)
             finally:
                 self._drain_deleted()
+                if isinstance(job, _SaveJob):
+                    self._queued.difference_update(job.queued)  # indexed by now, or failed
 
     def _do(self, job) -> None:
         if isinstance(job, _RecordJob):

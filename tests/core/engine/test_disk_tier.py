@@ -129,3 +129,24 @@ def test_a_stored_page_is_never_written_again(tmp_path, tiny_model):
     assert later.pages_not_rewritten > 0  # the first turn's pages, known from the index
     assert stats.bytes_written == stats.bytes  # nothing evicted: every byte written once
     assert stats.pages_written == stats.pages == first.pages_written + later.pages_written
+
+
+def test_what_ram_evicts_is_written_back_and_read_instead_of_recomputed(tmp_path, tiny_model):
+    other = ChatMessage("user", "Now something else entirely: the mountains, rivers and lakes. " * 5)
+    # a pool that holds one of the two prompts; no end-of-request writes for unnamed
+    # prompts: only the eviction writes them
+    engine = Engine(tmp_path, str(tiny_model), pool_tokens=448, disk_min_tokens=10**6).start()
+    engine.wait_ready(60)
+    try:
+        a1 = ask(engine, QUESTION)
+        engine.flush_disk_cache()
+        assert engine.stats().disk.pages_written == 0  # nothing written at the request's end
+        ask(engine, other)  # the pool holds one of the two: the first is evicted
+        engine.flush_disk_cache()
+        disk = engine.stats().disk
+        assert disk.write_backs >= 1 and disk.pages_written > 0
+        a2 = ask(engine, QUESTION)  # read back from disk, not recomputed
+        assert a2.stats.restored_tokens >= a1.stats.prompt_tokens - 64
+        assert a2.text == a1.text
+    finally:
+        engine.shutdown()
