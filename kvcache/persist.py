@@ -76,6 +76,9 @@ class _SaveJob:
     queued: frozenset[str]  # keys of the pages serialized for it (not to serialize again)
 
 
+_BUDGET = "enforce the budget"  # a job: make the store fit its budget (at load)
+
+
 @dataclass(frozen=True)
 class _ForgetJob:
     session: str
@@ -119,6 +122,7 @@ class DiskTier:
         self._thread = threading.Thread(target=self._write_loop, name="radixchat-cache-writer", daemon=True)
         self._thread.start()
         prefix_cache.write_back = self.write_back
+        self._jobs.put(_BUDGET)  # a lowered budget, another model's pages, a crash: fit now
 
     # ------------------------------------------------------------ engine thread
     def stats(self) -> DiskTierStats:
@@ -327,6 +331,12 @@ class DiskTier:
                     self._queued.difference_update(job.queued)  # indexed by now, or failed
 
     def _do(self, job) -> None:
+        if job is _BUDGET:
+            try:
+                self._writer.enforce_budget(self.fingerprint)
+            except Exception as exc:  # the next save tries again
+                log.warning("fitting the disk cache in its budget failed: %s", exc)
+            return
         if isinstance(job, _RecordJob):
             try:
                 self._writer.record_reading(job.session, self.fingerprint, job.used, set(job.suspects),

@@ -329,7 +329,7 @@ class DiskStore(SqliteFile):
                     })
             written = sum(row["nbytes"] for row in new_pages)
             self._count(saves=1, pages_written=len(new_pages), bytes_written=written)
-            _freed, evicted = self._enforce_budget()
+            _freed, evicted = self._enforce_budget(fingerprint)
         self._checkpoint()
         return SaveResult(
             session=session, head=chain[-1] if chain else None, pages=len(chain), tokens=tokens,
@@ -525,32 +525,34 @@ class DiskStore(SqliteFile):
                 self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # busy readers postpone it
         return freed
 
-    def enforce_budget(self) -> int:
-        """Delete orphan pages, then least recently used prefixes, then sessions (and the
-        pages only they reached) until the pages fit the budget. Returns the bytes freed."""
+    def enforce_budget(self, fingerprint: str | None = None) -> int:
+        """Delete orphan pages, then chains (and the pages only they reached) until the
+        pages fit the budget: other models' before ``fingerprint``'s (the loaded one),
+        prefixes before sessions, least recently used first. Returns the bytes freed."""
         with self._transaction():
-            return self._enforce_budget()[0]
+            return self._enforce_budget(fingerprint)[0]
 
     # -- internals (inside a transaction) --
 
-    def _enforce_budget(self) -> tuple[int, list[str]]:
+    def _enforce_budget(self, fingerprint: str | None = None) -> tuple[int, list[str]]:
         freed = self._delete_orphans()[1]
         total = self.db.execute("SELECT coalesce(sum(nbytes), 0) FROM pages").fetchone()[0]
         evicted: list[str] = []
         prefixes = 0
         while total > self.budget_bytes:
-            oldest = self.db.execute(
-                "SELECT head FROM prefixes ORDER BY last_used, head LIMIT 1").fetchone()
-            if oldest is not None:
-                self.db.execute("DELETE FROM prefixes WHERE head = ?", oldest)
-                prefixes += 1
+            victim = self.db.execute(
+                "SELECT is_session, id FROM (SELECT 0 AS is_session, head AS id, fingerprint, last_used "
+                "FROM prefixes UNION ALL SELECT 1, name, fingerprint, last_used FROM sessions) "
+                "ORDER BY coalesce(fingerprint = ?, 0), is_session, last_used, id LIMIT 1",
+                [fingerprint]).fetchone()
+            if victim is None:
+                break
+            if victim[0]:
+                self.db.execute("DELETE FROM sessions WHERE name = ?", [victim[1]])
+                evicted.append(victim[1])
             else:
-                oldest = self.db.execute(
-                    "SELECT name FROM sessions ORDER BY last_used, name LIMIT 1").fetchone()
-                if oldest is None:
-                    break
-                self.db.execute("DELETE FROM sessions WHERE name = ?", oldest)
-                evicted.append(oldest[0])
+                self.db.execute("DELETE FROM prefixes WHERE head = ?", [victim[1]])
+                prefixes += 1
             nbytes = self._delete_orphans()[1]
             freed, total = freed + nbytes, total - nbytes
         self._count(evicted_sessions=len(evicted), evicted_prefixes=prefixes)

@@ -100,3 +100,26 @@ def test_a_damaged_page_cuts_its_prefix_back(store, tmp_path):
     store.record_reading(None, FP, reader.used, reader.suspects)
     assert {p.key for p in store.index(FP)} == {keys[0]}
     assert store.stats().prefixes == 1 and store.verify().clean
+
+
+def test_the_budget_drops_other_models_pages_first_then_least_recently_used(tmp_path):
+    with DiskStore(tmp_path / "kvcache.db", budget_bytes=10**9) as store:
+        store.save_session("ours-old", FP, make_pages([page(0), page(4)], size=10_000))
+        store.save_prefix(FP, make_pages([page(100), page(104)], size=10_000))
+        store.save_session("theirs", OTHER_FP, make_pages([page(0), page(4)], size=10_000))
+        store.save_prefix(OTHER_FP, make_pages([page(300), page(304)], size=10_000))
+        store.save_session("ours-new", FP, make_pages([page(200), page(204)], size=10_000))
+        per_chain = store.stats().bytes // 5
+        store.budget_bytes = store.stats().bytes - per_chain  # one chain must go
+        store.enforce_budget(FP)
+        assert store.index(OTHER_FP) and store.stats().prefixes == 1  # their prefix went
+        store.budget_bytes -= per_chain
+        store.enforce_budget(FP)  # then their session, though newer than ours
+        assert store.index(OTHER_FP) == [] and {s.name for s in store.sessions()} == {"ours-old", "ours-new"}
+        store.budget_bytes -= per_chain
+        store.enforce_budget(FP)  # then our prefix, before our sessions
+        assert store.stats().prefixes == 0 and len(store.sessions()) == 2
+        store.budget_bytes -= per_chain
+        store.enforce_budget(FP)  # then our least recently used session
+        assert [s.name for s in store.sessions()] == ["ours-new"]
+        assert store.stats().bytes <= store.budget_bytes and store.verify().clean

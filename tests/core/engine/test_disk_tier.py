@@ -150,3 +150,38 @@ def test_what_ram_evicts_is_written_back_and_read_instead_of_recomputed(tmp_path
         assert a2.text == a1.text
     finally:
         engine.shutdown()
+
+
+def test_after_a_model_switch_the_other_models_pages_go_first(tmp_path):
+    first = write_tiny_model(tmp_path / "first", TinyModelSpec(seed=1))
+    second = write_tiny_model(tmp_path / "second", TinyModelSpec(seed=2))
+    engine = start(tmp_path / "data", first, disk_min_tokens=64)
+    try:
+        ask(engine, QUESTION)
+        engine.flush_disk_cache()
+    finally:
+        engine.shutdown()
+    with DiskStore(tmp_path / "data" / "kvcache.db") as store:
+        first_bytes = store.stats().bytes
+    # the same budget, filled by the second model: the first model's pages make room
+    engine = start(tmp_path / "data", second, disk_min_tokens=64, disk_budget_bytes=first_bytes + 1000)
+    try:
+        done = ask(engine, QUESTION)
+        engine.flush_disk_cache()
+        fingerprint = engine.model_info.fingerprint
+    finally:
+        engine.shutdown()
+    with DiskStore(tmp_path / "data" / "kvcache.db") as store:
+        stats = store.stats()
+        ours = sum(len(p.tokens) // 4 for p in store.index(fingerprint))
+    assert stats.bytes <= first_bytes + 1000 and stats.evicted_prefixes >= 1
+    # ours whole (the last reply token is never fed back), theirs gone
+    assert ours == done.stats.prompt_tokens + done.stats.completion_tokens - 1
+    # and a budget lowered below what is stored is met when a model loads
+    engine = start(tmp_path / "data", second, disk_budget_bytes=stats.bytes // 2)
+    try:
+        engine.flush_disk_cache()
+    finally:
+        engine.shutdown()
+    with DiskStore(tmp_path / "data" / "kvcache.db") as store:
+        assert store.stats().bytes <= stats.bytes // 2
