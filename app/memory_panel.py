@@ -189,8 +189,11 @@ class MemoryPanel(ChartPanel):
         page_size, total = int(get("page_size") or 0), int(get("pages_total") or 0)
         used, evictable, locked = (int(get(k) or 0) for k in ("pages_used", "pages_evictable", "pages_locked"))
         pool_bytes = int(get("pool_bytes") or 0)
+        pool_budget = int(get("pool_budget_bytes") or 0)
         if total > 0:
-            self.values["poolCapacity"].setText(f"{human_bytes(pool_bytes)} · {count(total * page_size)} tokens")
+            reserved = (f"{human_bytes(pool_bytes)} of {human_bytes(pool_budget)} reserved"
+                        if pool_budget > pool_bytes else human_bytes(pool_bytes))
+            self.values["poolCapacity"].setText(f"{reserved} · {count(total * page_size)} tokens")
             for key, pages in (("poolUsed", used), ("poolEvictable", evictable), ("poolLocked", locked)):
                 self.values[key].setText(f"{count(pages * page_size)} tokens · {percent(pages / total)}")
         else:
@@ -218,7 +221,7 @@ class MemoryPanel(ChartPanel):
         self._plot(float(now) if now is not None else time.monotonic(), {
             "mlx_active": float(get("mlx_active_bytes") or 0), "mlx_cache": float(get("mlx_cache_bytes") or 0),
             "rss": float(get("rss_bytes") or 0),
-            "pool_used": pool_bytes * used / total if total > 0 else 0.0})
+            "pool_used": (pool_budget or pool_bytes) * used / total if total > 0 else 0.0})
 
     # -- for tests and callers --
 

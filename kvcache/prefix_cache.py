@@ -310,6 +310,10 @@ class PrefixCache:
             return None
         pages = self.allocator.alloc(num_pages)
         while pages is None:
+            if self.pool is not None and self.allocator.reserved < self.allocator.num_pages:
+                self.allocator.add_pages(self.pool.grow())  # RAM on demand, before evicting
+                pages = self.allocator.alloc(num_pages)
+                continue
             needed = (num_pages - self.allocator.available()) * self.page_size
             free_before = self.allocator.free_pages
             evicted = self.tree.evict(needed)
@@ -371,6 +375,8 @@ class PrefixCache:
             pages_evictable=evictable_pages,
             pages_locked=locked_pages,
             pool_bytes=self.pool.nbytes if self.pool is not None else 0,
+            pages_reserved=self.allocator.reserved,
+            pool_budget_bytes=self.pool.budget_bytes if self.pool is not None else 0,
             tree_nodes=tree.nodes,
             tree_tokens=tree.evictable_tokens + tree.protected_tokens,
             snapshots=snapshots,

@@ -16,7 +16,9 @@ class CacheStats:
     pages_used: int
     pages_evictable: int
     pages_locked: int
-    pool_bytes: int
+    pool_bytes: int  # allocated now (reserved)
+    pages_reserved: int  # pages with memory now: the pool grows in segments up to pages_total
+    pool_budget_bytes: int  # the pool's bytes once grown to pages_total
     tree_nodes: int
     tree_tokens: int
     snapshots: int

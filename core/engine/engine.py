@@ -122,6 +122,7 @@ class Engine:
         disk_cache: bool = True,
         disk_budget_bytes: int | None = None,
         disk_min_tokens: int | None = None,
+        pool_segment_bytes: int | None = None,
     ):
         self.data_root = Path(data_root)
         self._initial = (model_spec, weights_format)
@@ -129,6 +130,7 @@ class Engine:
         self._page_size = page_size
         self._pool_tokens = pool_tokens
         self._pool_bytes = pool_bytes
+        self._pool_segment_bytes = pool_segment_bytes  # None: the builder's default segment
         self._disk_cache = disk_cache
         self._disk_budget = disk_budget_bytes
         self._disk_min_tokens = disk_min_tokens  # unnamed requests shorter than this stay off disk
@@ -364,6 +366,7 @@ class Engine:
             pool_tokens=self._pool_tokens,
             pool_bytes=self._pool_bytes,
             disable=not self._use_cache,
+            **({"segment_bytes": self._pool_segment_bytes} if self._pool_segment_bytes else {}),
         )
         self._loaded = loaded
         self._prefix_cache = PrefixCache(loaded.model, build)
