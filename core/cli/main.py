@@ -7,6 +7,7 @@
     radixchat serve                the OpenAI-compatible API on 127.0.0.1:8000
     radixchat cache stats|verify|clear   the disk cache of session KV
     radixchat bench cpu            measure the CPU backend setups (see README)
+    radixchat bench restore|pressure|multiturn|serve   the cache and API benchmarks
 
 Errors meant for the user print one line on stderr and exit with status 2.
 """
@@ -119,7 +120,17 @@ def build_parser() -> argparse.ArgumentParser:
     restore.add_argument("--model", default="default")
     restore.add_argument("--tokens", type=int, default=2000, help="length of the session's history")
     restore.add_argument("--repeats", type=int, default=3)
+    restore.add_argument("--api", action="store_true",
+                         help="an unnamed API client's prompt (disk tier by tokens) instead of a chat session")
     restore.add_argument("--json", action="store_true")
+    pressure = bench_sub.add_parser("pressure", help="a pool a quarter of the working set: disk tier vs RAM only")
+    _add_common(pressure)
+    pressure.add_argument("--model", default="default")
+    pressure.add_argument("--clients", type=int, default=16, help="clients cycling through their prompts")
+    pressure.add_argument("--tokens", type=int, default=1000, help="each client's prompt length")
+    pressure.add_argument("--rounds", type=int, default=3, help="times each client sends its prompt")
+    pressure.add_argument("--repeats", type=int, default=3)
+    pressure.add_argument("--json", action="store_true")
     bench_serve = bench_sub.add_parser("serve", help="API decode throughput: N concurrent streaming clients vs one")
     _add_common(bench_serve)
     bench_serve.add_argument("--model", default="default")
@@ -182,6 +193,10 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
             from core.cli.bench.multiturn import run_bench_multiturn
 
             return run_bench_multiturn(args)
+        if args.command == "bench" and args.bench_command == "pressure":
+            from core.cli.bench.pressure import run_bench_pressure
+
+            return run_bench_pressure(args)
         if args.command == "bench" and args.bench_command == "serve":
             from core.cli.bench.serve import run_bench_serve
 
