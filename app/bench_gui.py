@@ -38,7 +38,8 @@ def run_bench_gui(args, data_root: Path) -> int:
     from PySide6.QtWidgets import QApplication
 
     from app.bridge import EngineBridge
-    from app.main_window import MainWindow, apply_look
+    from app.look import apply_look
+    from app.main_window import MainWindow
     from app.screenshot import _link_model, _wait
     from app.settings_dialogs import AppSettings
     from core.models import provision

@@ -5,9 +5,10 @@ events on short-lived Python worker threads, and relays every event to the GUI t
 through a queued signal, so the public signals below are always emitted on the GUI
 thread, in order, and never block it.
 
-The live panels are fed by ``statsUpdated``: a timer on the GUI thread reads the engine's
-latest figures (a frozen dataclass the engine thread replaces; reading it never waits)
-4 times a second while a request or a load runs, and every 1.5 s when idle.
+The signals carry the engine's own values: a finished reply its ``RequestStats``, and
+``statsUpdated`` the engine's ``EngineStats`` (frozen dataclasses, safe on any thread). A
+timer on the GUI thread reads those figures (the engine thread replaces them; reading them
+never waits) 4 times a second while a request or a load runs, and every 1.5 s when idle.
 
 The bridge also owns the in-app API server (``core.api.server.ApiServer``), a second client
 of the same engine: ``start_server`` binds and returns its address at once;
@@ -20,9 +21,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 
@@ -32,7 +32,8 @@ from core.errors import UserError
 from core.api.server import ApiServer
 
 if TYPE_CHECKING:
-    from core.engine.engine import Engine, EngineStats, RequestHandle
+    from core.engine.engine import Engine, RequestHandle
+    from core.models.loader import ModelInfo
 
 log = logging.getLogger(__name__)
 
@@ -40,36 +41,6 @@ BUSY_POLL_MS = 250  # live panels while a request or a load runs
 IDLE_POLL_MS = 1500
 
 _SAMPLING_KEYS = {f.name for f in dataclasses.fields(SamplingParams)}
-
-
-def stats_to_dict(stats: EngineStats) -> dict[str, Any]:
-    """The engine's figures as one flat dict of plain values, for the panels."""
-    figures: dict[str, Any] = {
-        "time": time.monotonic(),
-        "mlx_active_bytes": stats.mlx_active_bytes,
-        "mlx_cache_bytes": stats.mlx_cache_bytes,
-        "mlx_peak_bytes": stats.mlx_peak_bytes,
-        "rss_bytes": stats.rss_bytes,
-        "disk_cache_bytes": stats.disk_cache_bytes,
-        "disk_cache_budget_bytes": stats.disk_cache_budget_bytes,
-        "disk_bytes_written": stats.disk.bytes_written if stats.disk is not None else 0,
-        "disk_writes_stopped": stats.disk.writes_stopped if stats.disk is not None else None,
-        "requests_served": stats.requests_served,
-        "requests_running": stats.requests_running,
-        "model_name": stats.model.name if stats.model is not None else "",
-        "weight_bytes": stats.model.weight_bytes if stats.model is not None else 0,
-        "cache_enabled": False,
-        "cache_disabled_reason": None,
-    }
-    cache = stats.cache
-    if cache is not None:
-        figures.update(dataclasses.asdict(cache))
-        figures["cache_enabled"] = cache.enabled
-        figures["cache_disabled_reason"] = cache.disabled_reason
-        figures["hit_rate"] = cache.hit_rate
-        figures["prompt_tokens_seen"] = cache.prompt_tokens
-        del figures["enabled"], figures["disabled_reason"], figures["prompt_tokens"]
-    return figures
 
 
 class EngineBridge(QObject):
@@ -81,10 +52,10 @@ class EngineBridge(QObject):
     loadFailed = Signal(str)  # one line; the previous model (if any) stays loaded
     progress = Signal(int, int)  # prompt tokens ready (cached or computed), prompt tokens
     token = Signal(str)  # a piece of the reply
-    finished = Signal(str, dict)  # the full reply, dataclasses.asdict(RequestStats)
+    finished = Signal(str, object)  # the full reply, its RequestStats
     failed = Signal(str)  # one line
     serverStopped = Signal()  # after stop_server(): the port is free again
-    statsUpdated = Signal(dict)  # stats_to_dict(engine.stats()), polled
+    statsUpdated = Signal(object)  # engine.stats(): an EngineStats, polled
 
     _relay = Signal(str, object)  # (signal name, args): any thread -> the GUI thread
 
@@ -118,6 +89,20 @@ class EngineBridge(QObject):
     def loading(self) -> bool:
         return self._loading
 
+    @property
+    def data_root(self) -> Path:
+        """The engine's data folder (models, chats, the disk cache)."""
+        return self.engine.data_root
+
+    @property
+    def model_info(self) -> ModelInfo | None:
+        """The loaded model (None before the first load ends)."""
+        return self.engine.model_info
+
+    def forget_session(self, name: str) -> None:
+        """Drop a deleted chat's cached KV, in RAM and on disk (queued to the engine thread)."""
+        self.engine.forget_session(name)
+
     def start(self) -> None:
         """Start the engine; modelLoading, then modelReady or loadFailed."""
         self._loading = True
@@ -141,16 +126,16 @@ class EngineBridge(QObject):
         if self._shut_down:
             return
         try:
-            figures = stats_to_dict(self.engine.stats())
+            stats = self.engine.stats()
         except Exception:  # a bug: the panels stop, the chat goes on
             log.exception("reading the engine's stats failed")
             self._poll.stop()
             return
-        busy = self._loading or self._handle is not None or figures["requests_running"] > 0
+        busy = self._loading or self._handle is not None or stats.requests_running > 0
         interval = BUSY_POLL_MS if busy else IDLE_POLL_MS
         if self._poll.interval() != interval:
             self._poll.setInterval(interval)
-        self.statsUpdated.emit(figures)
+        self.statsUpdated.emit(stats)
 
     def send(self, messages: list[tuple[str, str]], sampling: dict, session: str | None = None) -> None:
         """Ask for a reply to ``messages`` ((role, content) pairs); tokens, then finished or failed.
@@ -240,7 +225,7 @@ class EngineBridge(QObject):
                 elif isinstance(event, ProgressEvent):
                     self._post("progress", event.done, event.total)
                 elif isinstance(event, DoneEvent):
-                    return self._post("finished", event.text, dataclasses.asdict(event.stats))
+                    return self._post("finished", event.text, event.stats)
                 elif isinstance(event, ErrorEvent):
                     return self._post("failed", event.message)
             self._post("failed", "the engine ended the reply without a result")

@@ -1,6 +1,6 @@
 """The cache panel: how much of each prompt the cache served, turn by turn.
 
-Per turn (the engine's ``RequestStats`` as a dict): the prompt split into tokens served
+Per turn (the engine's ``RequestStats``, or the dict the chat store keeps of one): the prompt split into tokens served
 from the RAM cache (``cached_tokens``), restored from the disk cache (``restored_tokens``)
 and computed by the model (``computed_tokens``); the three add up to ``prompt_tokens``
 for a turn that reached its first token. The panel plots the last turns as stacked bars
@@ -8,12 +8,14 @@ with the time to first token on a second axis, and shows the last turn's split, 
 session's hit rate, and the app's hit rate and evictions since start (``update_totals``).
 
 Slots: ``set_turns`` (the session changed), ``add_turn`` (a turn finished),
-``update_totals`` (the engine's figures, as the memory panel gets them).
+``update_totals`` (the engine's ``EngineStats``, as the memory panel gets them).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from PySide6.QtCharts import QBarSet, QLineSeries, QStackedBarSeries, QValueAxis
 from PySide6.QtCore import QPointF, Qt
@@ -22,6 +24,10 @@ from PySide6.QtWidgets import QGridLayout, QLabel, QStackedWidget, QToolTip, QVB
 
 from app.format import count, decimals_for, duration, nice_step, percent
 from app.charts import BLUE, GREEN, ORANGE, PURPLE, AxisPair, ChartPanel, chart_view, compact_chart
+from core.engine.types import RequestStats
+
+if TYPE_CHECKING:
+    from core.engine.engine import EngineStats
 
 
 @dataclass(frozen=True)
@@ -35,7 +41,10 @@ class TurnSplit:
     ttft_s: float
 
     @classmethod
-    def of(cls, stats: dict) -> TurnSplit:
+    def of(cls, stats: RequestStats | dict) -> TurnSplit:
+        """From a reply's RequestStats, or a stored turn's dict of one (keys may be missing or odd)."""
+        if isinstance(stats, RequestStats):
+            stats = dataclasses.asdict(stats)
         ram, disk, computed = (max(0, int(stats.get(key) or 0))
                                for key in ("cached_tokens", "restored_tokens", "computed_tokens"))
         prompt = max(int(stats.get("prompt_tokens") or 0), ram + disk + computed)
@@ -134,27 +143,26 @@ class CachePanel(ChartPanel):
 
     # -- slots --
 
-    def set_turns(self, turns: list[dict]) -> None:
+    def set_turns(self, turns: list[RequestStats | dict]) -> None:
         """Replace the history with another session's turns (oldest first)."""
         self.turns = [TurnSplit.of(turn) for turn in turns]
         self._refresh()
 
-    def add_turn(self, stats: dict) -> None:
+    def add_turn(self, stats: RequestStats | dict) -> None:
         """One finished turn of the current session."""
         self.turns.append(TurnSplit.of(stats))
         self._refresh()
 
-    def update_totals(self, stats: dict) -> None:
-        """The app's figures since start: ``hit_rate`` (0..1), ``hit_tokens``,
-        ``prompt_tokens_seen``, ``evicted_pages``, ``evicted_tokens`` (others are ignored)."""
-        seen, hit = int(stats.get("prompt_tokens_seen") or 0), int(stats.get("hit_tokens") or 0)
-        rate = stats.get("hit_rate")
-        if rate is None:
-            rate = hit / seen if seen else 0.0
+    def update_totals(self, stats: EngineStats) -> None:
+        """The app's figures since start, from the engine's cache figures (none: no cache):
+        hit rate, hit tokens, prompt tokens seen, evicted pages and tokens."""
+        cache = stats.cache
+        seen, hit = (cache.prompt_tokens, cache.hit_tokens) if cache is not None else (0, 0)
+        rate = cache.hit_rate if cache is not None else 0.0
         self.values["appHitRate"].setText(f"{percent(rate)} of {count(seen)} tokens" if seen else "—")
         self.values["appHitRate"].setToolTip(f"{count(hit)} of {count(seen)} prompt tokens served from "
                                              "the cache since the app started" if seen else "")
-        pages, tokens = int(stats.get("evicted_pages") or 0), int(stats.get("evicted_tokens") or 0)
+        pages, tokens = (cache.evicted_pages, cache.evicted_tokens) if cache is not None else (0, 0)
         self.values["evictions"].setText(f"{count(tokens)} tokens ({count(pages)} pages)" if pages or tokens
                                          else "none")
 

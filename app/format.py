@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-_BYTE_UNITS = ("B", "KB", "MB", "GB", "TB")
+_BYTE_UNITS = ("B", "KB", "MB", "GB", "TB")  # each 1024 of the one before: core.paths.GB is 2**30
 
 
 def human_bytes(n: float | None) -> str:

@@ -20,7 +20,7 @@ def _run_gui(args: argparse.Namespace, data_root: Path) -> int:
         from app.screenshot import run_screenshot
 
         return run_screenshot(Path(args.screenshot), data_root, args.model)
-    from app.main_window import run_app
+    from app.run import run_app
 
     chosen = args.data_dir is not None or bool(os.environ.get("RADIXCHAT_HOME"))
     return run_app(data_root, args.model, data_root_chosen=chosen)

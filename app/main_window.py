@@ -9,12 +9,10 @@ model loads and server stops all come back as signals.
 from __future__ import annotations
 
 import logging
-import sys
-from pathlib import Path
 
 from PySide6.QtCore import QSignalBlocker, Qt
-from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence
-from PySide6.QtWidgets import (QApplication, QLabel, QMainWindow, QMessageBox, QSplitter, QToolButton,
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtWidgets import (QLabel, QMainWindow, QMessageBox, QSplitter, QToolButton,
                                QVBoxLayout, QWidget)
 
 from app.bridge import EngineBridge
@@ -24,23 +22,13 @@ from app.composer import Composer
 from app.memory_panel import MemoryPanel
 from app.model_picker import ModelPickerDialog
 from app.session_list import SessionList
-from app.settings_dialogs import AppSettings, AppSettingsDialog, SessionSettingsDialog
+from app.settings_dialogs import DEFAULT_SAMPLING, AppSettings, AppSettingsDialog, SessionSettingsDialog
 from core.chats.store import ChatStore, Session
+from core.chats.turn import ChatTurn
+from core.engine.types import RequestStats
 from core.errors import StoreError, UserError
-from core.paths import chats_db_path
-from resources import resource_path
-
-DEFAULT_SAMPLING = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 512, "seed": None}
 
 log = logging.getLogger(__name__)
-
-
-def _last_turn_start(messages: list) -> int:
-    """Where the last turn starts: the last message, and the one before it unless the last
-    is a user message (a turn is a user message and its reply)."""
-    if not messages:
-        return 0
-    return max(0, len(messages) - (1 if messages[-1].role == "user" else 2))
 
 
 class MainWindow(QMainWindow):
@@ -54,12 +42,8 @@ class MainWindow(QMainWindow):
         self.server_port = server_port
         self.model_name = ""
         self.session: Session | None = None
-        self._pending = ""  # the user message being answered
-        self._replacing = False  # its reply replaces the stored last turn (regenerate, edit)
+        self._turn: ChatTurn | None = None  # the turn whose reply the window waits for
         self._from_composer = False  # it came from the composer (not a regenerate)
-        self._shown_before: list[tuple[str, str]] = []  # the stored chat when it was sent
-        self._kept_turns: list[dict] = []  # the stats of the stored turns it follows
-        self._generating = False  # the window waits for a reply
         self.error_box: QMessageBox | None = None
 
         self.setWindowTitle("RadixChat")
@@ -202,13 +186,13 @@ class MainWindow(QMainWindow):
         self.settings.window_state = bytes(self.saveState().data())
         self.settings.splitter_state = bytes(self.splitter.saveState().data())
         self.serve_action.setChecked(False)  # stops the API server (the app's exit waits for it)
-        if self._generating:  # stop the reply and keep what came so far, as Stop does
+        if self._turn is not None:  # stop the reply and keep what came so far, as Stop does
+            turn, self._turn = self._turn, None
             self.bridge.cancel()
-            self._generating = False
             reply = self.chat.message_text(self.chat.message_count() - 1)
-            if reply and self.session is not None:
+            if self.session is not None:
                 try:
-                    self._store_turn(reply, None)
+                    turn.finish(self.store, reply, None)  # nothing yet: nothing stored
                 except StoreError as exc:
                     log.warning("the reply being written when the window closed is lost: %s", exc)
         super().closeEvent(event)
@@ -269,11 +253,11 @@ class MainWindow(QMainWindow):
 
     def _on_session_deleted(self, session_id: int, name: str) -> None:
         if name:
-            self.bridge.engine.forget_session(name)  # its cached KV, in RAM and on disk
+            self.bridge.forget_session(name)  # its cached KV, in RAM and on disk
         if self.session is not None and self.session.id == session_id:
-            if self._generating:  # its reply has nowhere to go
+            if self._turn is not None:  # its reply has nowhere to go
                 self.bridge.cancel()
-                self._generating = False
+                self._turn = None
             self.session = None
             self._open_initial_session()
 
@@ -304,58 +288,49 @@ class MainWindow(QMainWindow):
 
     def _ask(self, text: str, replace: bool, from_composer: bool) -> None:
         """Ask for a reply to ``text`` after the stored chat (less its last turn when
-        ``replace``). The store only changes when the reply is done, so a reply that fails or
-        is stopped before its first token loses nothing."""
+        ``replace``). The store only changes when the reply is done (``ChatTurn.finish``), so a
+        reply that fails or is stopped before its first token loses nothing."""
         if not text or self._generating or self.bridge.busy or not self.model_name or self.session is None:
             return
         try:
-            stored = self.store.messages(self.session.id)
+            turn = ChatTurn.start(self.store, self.session, text, replace=replace)
         except StoreError as exc:
             self._set_state_text(f"Could not read the chat: {exc}")
             return
-        kept = stored[:_last_turn_start(stored)] if replace else stored
-        history = [(m.role, m.content) for m in kept]
-        if self.session.system_prompt:
-            history.insert(0, ("system", self.session.system_prompt))
+        messages = [(m.role, m.content) for m in turn.messages]
         try:
             # a bad setting raises here, before the window changes (events arrive queued)
-            self.bridge.send(history + [("user", text)], self.sampling(), session=self.session.name)
+            self.bridge.send(messages, self.sampling(), session=turn.session.name)
         except ValueError as exc:
             self._set_state_text(f"Check the chat settings: {exc}")
             return
-        self._pending, self._replacing, self._from_composer = text, replace, from_composer
-        self._shown_before = [(m.role, m.content) for m in stored]
-        self._kept_turns = [m.stats for m in kept if m.role == "assistant" and m.stats]
+        self._turn, self._from_composer = turn, from_composer
         if from_composer:
             self.composer.finish_edit()
             self.composer.input.clear()
         if replace or any(self.chat.message_role(i) == "error" for i in range(self.chat.message_count())):
-            self.chat.set_messages(history)  # the chat as it will be stored (no error rows)
+            self.chat.set_messages(messages[:-1])  # the chat as it will be stored (no error rows)
         self.chat.add_user_message(text)
         self.chat.begin_reply()
-        self._generating = True
         self._update_state()
         self._set_state_text("Reading the prompt…")
 
-    def _give_back(self) -> None:
+    @property
+    def _generating(self) -> bool:
+        """The window waits for a reply."""
+        return self._turn is not None
+
+    def _give_back(self, turn: ChatTurn) -> None:
         """Undo the message sent in the window: the chat as stored, the text back in the composer."""
-        if self._replacing:
-            self.chat.set_messages(self._shown_before)
+        if turn.replace:
+            self.chat.set_messages([(m.role, m.content) for m in turn.stored])
         else:
             self.chat.remove_last_turn()
         if self._from_composer and not self.composer.text():  # nothing lost: it can be sent again
-            if self._replacing:
-                self.composer.start_edit(self._pending)
+            if turn.replace:
+                self.composer.start_edit(turn.prompt)
             else:
-                self.composer.set_text(self._pending)
-
-    def _store_turn(self, text: str, stats: dict | None) -> None:
-        """Keep the finished turn (replacing the last one for a regenerate or an edit)."""
-        assert self.session is not None
-        if self._replacing:
-            self.store.replace_last_turn(self.session.id, self._pending, text, stats)
-        else:
-            self.store.add_turn(self.session.id, self._pending, text, stats)
+                self.composer.set_text(turn.prompt)
 
     def _on_escape(self) -> None:
         if self._generating:
@@ -372,12 +347,12 @@ class MainWindow(QMainWindow):
         from core.models.catalog import describe_spec
 
         self._update_state()
-        what = describe_spec(spec, self.bridge.engine.data_root) if spec else "the model"
+        what = describe_spec(spec, self.bridge.data_root) if spec else "the model"
         self._set_state_text(f"Loading {what}…")
 
     def _on_ready(self, name: str) -> None:
         self.model_name = name
-        info = self.bridge.engine.model_info
+        info = self.bridge.model_info
         if info is not None:
             self.settings.last_model = info.spec
         self.model_label.setText(name)
@@ -404,30 +379,30 @@ class MainWindow(QMainWindow):
                 self._set_state_text("Generating…")
             self.chat.append_reply(text)
 
-    def _on_finished(self, text: str, stats: dict) -> None:
-        if not self._generating:  # a reply the window stopped waiting for (closed, chat deleted)
+    def _on_finished(self, text: str, stats: RequestStats) -> None:
+        turn, self._turn = self._turn, None
+        if turn is None:  # a reply the window stopped waiting for (closed, chat deleted)
             self._update_state()
             return
-        self._generating = False
-        stopped = stats["finish_reason"] == "cancelled"
-        if stopped and not text:  # stopped before its first token: as if it was never sent
-            self._give_back()
+        stopped = stats.finish_reason == "cancelled"
+        if not turn.keeps(text, stats):  # stopped before its first token: as if it was never sent
+            self._give_back(turn)
             self._set_state_text("Stopped before the reply began")
             self._update_state()
             return
-        note = (f"{'stopped · ' if stopped else ''}{stats['completion_tokens']} tokens · "
-                f"{stats['decode_tps']:.1f} tok/s · TTFT {stats['ttft_s']:.2f} s")
+        note = (f"{'stopped · ' if stopped else ''}{stats.completion_tokens} tokens · "
+                f"{stats.decode_tps:.1f} tok/s · TTFT {stats.ttft_s:.2f} s")
         self.chat.end_reply(text, note)
-        self.cache_panel.set_turns(self._kept_turns + [stats])
-        served = stats["cached_tokens"] + stats["restored_tokens"]
-        self.speed_label.setText(f"{stats['decode_tps']:.1f} tok/s")
-        self._set_state_text(f"{'Stopped' if stopped else 'Done'} · prompt {stats['prompt_tokens']} tokens, "
-                             f"{served} from the cache · TTFT {stats['ttft_s']:.2f} s")
+        self.cache_panel.set_turns(turn.kept_stats + [stats])
+        served = stats.cached_tokens + stats.restored_tokens
+        self.speed_label.setText(f"{stats.decode_tps:.1f} tok/s")
+        self._set_state_text(f"{'Stopped' if stopped else 'Done'} · prompt {stats.prompt_tokens} tokens, "
+                             f"{served} from the cache · TTFT {stats.ttft_s:.2f} s")
         self._update_state()
         if self.session is None:
             return
         try:
-            self._store_turn(text, stats)
+            turn.finish(self.store, text, stats)
             self.session = self.store.get_session_by_id(self.session.id) or self.session
             self.sessions.refresh(select_id=self.session.id)
             self.setWindowTitle(f"{self.session.title or 'New chat'} — RadixChat")
@@ -435,19 +410,19 @@ class MainWindow(QMainWindow):
             self._set_state_text(f"Could not save the chat: {exc}")
 
     def _on_failed(self, message: str) -> None:
-        if not self._generating:
+        turn, self._turn = self._turn, None
+        if turn is None:
             self._update_state()
             return
-        self._generating = False
-        self._give_back()
+        self._give_back(turn)
         self.chat.add_error(message)
         self._set_state_text(f"Error: {message}")
         self._update_state()
 
     # ------------------------------------------------------------------ dialogs
     def choose_model(self) -> None:
-        info = self.bridge.engine.model_info
-        dialog = ModelPickerDialog(self.bridge.engine.data_root, info.spec if info is not None else None, self)
+        info = self.bridge.model_info
+        dialog = ModelPickerDialog(self.bridge.data_root, info.spec if info is not None else None, self)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.accepted.connect(lambda: self._load(dialog.chosen_spec()))
         dialog.open()
@@ -476,7 +451,7 @@ class MainWindow(QMainWindow):
             self._set_state_text(f"Could not save the settings: {exc}")
 
     def edit_app_settings(self) -> None:
-        dialog = AppSettingsDialog(self.settings, str(self.bridge.engine.data_root), self)
+        dialog = AppSettingsDialog(self.settings, str(self.bridge.data_root), parent=self)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.accepted.connect(dialog.apply)
         dialog.open()
@@ -519,53 +494,3 @@ class MainWindow(QMainWindow):
 
     def _set_state_text(self, text: str, timeout_ms: int = 0) -> None:
         self.state_label.setText(text)
-
-
-def apply_look(app: QApplication) -> None:
-    """Native on macOS (system font, dark mode from the system); Fusion elsewhere, which
-    follows the desktop's colour scheme in Qt 6.5+."""
-    app.setApplicationName("RadixChat")
-    app.setOrganizationName("RadixChat")
-    app.setApplicationDisplayName("RadixChat")
-    icon = resource_path("RadixChat.png")
-    if icon.is_file():
-        app.setWindowIcon(QIcon(str(icon)))
-    if sys.platform != "darwin":
-        app.setStyle("Fusion")
-
-
-def run_app(data_root: Path, model_spec: str, data_root_chosen: bool = True) -> int:
-    """Open the main window while the model loads; returns the exit code. The data folder
-    of the app's settings applies unless ``--data-dir`` or ``$RADIXCHAT_HOME`` chose one."""
-    app = QApplication.instance() or QApplication(sys.argv)
-    apply_look(app)
-    settings = AppSettings()
-    if not data_root_chosen and settings.data_dir:
-        try:
-            Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
-            data_root = Path(settings.data_dir)
-        except OSError as exc:  # the default folder still works: say so and go on
-            QMessageBox.warning(None, "RadixChat", f"The data folder in Preferences cannot be used, so "
-                                f"RadixChat uses {data_root}.\n\n{exc.strerror or exc}: {settings.data_dir}")
-    if model_spec == "default" and settings.last_model:
-        model_spec = settings.last_model
-    try:
-        store = ChatStore(chats_db_path(data_root))
-    except StoreError as exc:  # also printed by the CLI, but a double-clicked app has no terminal
-        QMessageBox.critical(None, "RadixChat", f"RadixChat cannot open its chats.\n\n{exc}")
-        raise
-    engine_options = {}
-    if settings.kv_pool_mb:
-        engine_options["pool_bytes"] = settings.kv_pool_mb * 2**20
-    if settings.disk_cache_gb:
-        engine_options["disk_budget_bytes"] = int(settings.disk_cache_gb * 1e9)
-    bridge = EngineBridge(data_root, model_spec, engine_options=engine_options)
-    window = MainWindow(bridge, store, settings)
-    window.show()
-    bridge.start()
-    try:
-        app.exec()
-    finally:
-        bridge.shutdown()
-        store.close()
-    return 0

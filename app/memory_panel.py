@@ -1,8 +1,8 @@
 """The memory panel: where the app's memory goes, now and over the last five minutes.
 
-``MemoryPanel.update_stats(stats)`` takes the bridge's flat dict of plain values (any key
-may be missing before a model loads) and refreshes a grid of figures (MLX active / cache /
-peak, process RSS, weights, the KV pool and the disk cache) and a time plot. It is called
+``MemoryPanel.update_stats(stats)`` takes the engine's ``EngineStats`` as the bridge hands
+it over (no model and no cache before a model loads) and refreshes a grid of figures (MLX
+active / cache / peak, process RSS, weights, the KV pool and the disk cache) and a time plot. It is called
 a few times a second, so it stays cheap: one point per series per second at most (the
 newest sample replaces a point younger than that), points older than the plotted window
 are dropped, and the value axis is rescaled only when the data outgrows it or shrinks well
@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 from PySide6.QtCharts import QLineSeries
 from PySide6.QtCore import QRectF, Qt
@@ -22,8 +23,12 @@ from PySide6.QtWidgets import QGridLayout, QLabel, QSizePolicy, QVBoxLayout, QWi
 
 from app.charts import BLUE, GREEN, ORANGE, PURPLE, RED, AxisPair, ChartPanel, chart_view, compact_chart
 from app.format import count, decimals_for, human_bytes, nice_step, percent
+from core.paths import GB, MB
 
-_GB, _MB, _KB = 2**30, 2**20, 2**10
+if TYPE_CHECKING:
+    from core.engine.engine import EngineStats
+
+_GB, _MB, _KB = GB, MB, 2**10
 
 
 def nice_bytes_axis(top_bytes: float, intervals: int = 4) -> tuple[float, float, str, str]:
@@ -171,25 +176,32 @@ class MemoryPanel(ChartPanel):
 
     # -- the one slot --
 
-    def update_stats(self, stats: dict) -> None:
-        """Show one snapshot of the engine's figures (see the module docstring)."""
-        get = stats.get
-        name, running = get("model_name") or "", int(get("requests_running") or 0)
+    def update_stats(self, stats: EngineStats, now: float | None = None) -> None:
+        """Show one snapshot of the engine's figures (see the module docstring), taken at
+        ``now`` (``time.monotonic()`` seconds; default: now)."""
+        model, cache = stats.model, stats.cache
+        name, running = (model.name if model is not None else ""), stats.requests_running
         status = "idle" if not running else f"{running} request{'s' if running > 1 else ''} running"
         self.model_label.setText(f"{name} · {status}" if name else "No model loaded")
-        reason = get("cache_disabled_reason")
-        off = get("cache_enabled") is False or bool(reason)
+        reason = cache.disabled_reason if cache is not None else None
+        off = cache is None or not cache.enabled or bool(reason)
         self.cache_note.setText(f"KV cache off: {reason}" if reason else "KV cache off")
         self.cache_note.setVisible(off and bool(name))
 
-        for key, field in (("mlxActive", "mlx_active_bytes"), ("mlxCache", "mlx_cache_bytes"),
-                           ("mlxPeak", "mlx_peak_bytes"), ("rss", "rss_bytes"), ("weights", "weight_bytes")):
-            self.values[key].setText(self._bytes(get(field)))
+        def before_a_model(value: int) -> int | None:  # a zero before any model is unknown, not none
+            return value if value or model is not None else None
 
-        page_size, total = int(get("page_size") or 0), int(get("pages_total") or 0)
-        used, evictable, locked = (int(get(k) or 0) for k in ("pages_used", "pages_evictable", "pages_locked"))
-        pool_bytes = int(get("pool_bytes") or 0)
-        pool_budget = int(get("pool_budget_bytes") or 0)
+        for key, value in (("mlxActive", before_a_model(stats.mlx_active_bytes)),
+                           ("mlxCache", before_a_model(stats.mlx_cache_bytes)),
+                           ("mlxPeak", before_a_model(stats.mlx_peak_bytes)), ("rss", stats.rss_bytes),
+                           ("weights", model.weight_bytes if model is not None else None)):
+            self.values[key].setText(self._bytes(value))
+
+        page_size, total = (cache.page_size, cache.pages_total) if cache is not None else (0, 0)
+        used, evictable, locked = ((cache.pages_used, cache.pages_evictable, cache.pages_locked)
+                                   if cache is not None else (0, 0, 0))
+        pool_bytes = cache.pool_bytes if cache is not None else 0
+        pool_budget = cache.pool_budget_bytes if cache is not None else 0
         if total > 0:
             reserved = (f"{human_bytes(pool_bytes)} of {human_bytes(pool_budget)} reserved"
                         if pool_budget > pool_bytes else human_bytes(pool_bytes))
@@ -205,11 +217,12 @@ class MemoryPanel(ChartPanel):
             for widget in self.pool_details:
                 widget.setVisible(show_details)
 
-        disk, budget = get("disk_cache_bytes"), int(get("disk_cache_budget_bytes") or 0)
+        disk, budget = stats.disk_cache_bytes, stats.disk_cache_budget_bytes
         if budget > 0:
-            written, stopped = int(get("disk_bytes_written") or 0), get("disk_writes_stopped")
+            written = stats.disk.bytes_written if stats.disk is not None else 0
+            stopped = stats.disk.writes_stopped if stats.disk is not None else None
             self.values["diskCache"].setText(
-                f"{human_bytes(disk)} of {human_bytes(budget)} · {percent((disk or 0) / budget)}"
+                f"{human_bytes(disk)} of {human_bytes(budget)} · {percent(disk / budget)}"
                 + (f" · {human_bytes(written)} written" if written else "")
                 + (" · writes stopped (disk full)" if stopped else ""))
             self.values["diskCache"].setToolTip(str(stopped) if stopped else
@@ -217,10 +230,9 @@ class MemoryPanel(ChartPanel):
         else:
             self.values["diskCache"].setText("off" if name else "—")
 
-        now = get("time")
         self._plot(float(now) if now is not None else time.monotonic(), {
-            "mlx_active": float(get("mlx_active_bytes") or 0), "mlx_cache": float(get("mlx_cache_bytes") or 0),
-            "rss": float(get("rss_bytes") or 0),
+            "mlx_active": float(stats.mlx_active_bytes), "mlx_cache": float(stats.mlx_cache_bytes),
+            "rss": float(stats.rss_bytes),
             "pool_used": (pool_budget or pool_bytes) * used / total if total > 0 else 0.0})
 
     # -- for tests and callers --

@@ -34,7 +34,8 @@ def run_screenshot(path: Path, data_root: Path, model_spec: str) -> int:
     from PySide6.QtWidgets import QApplication
 
     from app.bridge import EngineBridge
-    from app.main_window import MainWindow, apply_look
+    from app.look import apply_look
+    from app.main_window import MainWindow
     from app.settings_dialogs import AppSettings
     from core.models import provision
     from core.chats.store import ChatStore

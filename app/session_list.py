@@ -142,6 +142,7 @@ class SessionList(QWidget):
         self._search_timer.setSingleShot(True)
         self._search_timer.setInterval(SEARCH_DELAY_MS)
         self._search_timer.timeout.connect(self.refresh)
+        self._search_held = False  # a search timer stopped by hideEvent, run on showEvent
         self.search.textChanged.connect(self._search_timer.start)
 
         self.list = QListWidget()
@@ -211,6 +212,19 @@ class SessionList(QWidget):
                 self.list.scrollToItem(item)
         finally:
             self._filling = False
+
+    def hideEvent(self, event) -> None:
+        """A search typed just before the list is hidden waits until it shows again: when
+        the window closes, the store it would read may be closed before its timer fires."""
+        self._search_held = self._search_timer.isActive()
+        self._search_timer.stop()
+        super().hideEvent(event)
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        if self._search_held:
+            self._search_held = False
+            self.refresh()
 
     def refresh(self, select_id: int | None = None) -> None:
         """Reload from the store (filtered by the search), keeping the highlighted chat,

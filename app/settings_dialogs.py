@@ -11,9 +11,12 @@ from PySide6.QtCore import QByteArray, QSettings
 from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QDoubleSpinBox, QFileDialog, QFormLayout, QHBoxLayout,
                                QLabel, QLineEdit, QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
-from kvcache.store import DEFAULT_BUDGET
+from core.engine.types import SamplingParams
+from core.paths import GB, MB, default_disk_budget, gb_to_bytes
 
-DEFAULT_SAMPLING = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 512, "seed": None}
+SESSION_SAMPLING_KEYS = ("temperature", "top_p", "max_tokens", "seed")  # what a chat's settings edit
+# a new chat's sampling: the engine's defaults (SamplingParams' fields), not a copy of them
+DEFAULT_SAMPLING = {key: getattr(SamplingParams(), key) for key in SESSION_SAMPLING_KEYS}
 MAX_TOKENS_LIMIT = 32768
 MAX_SEED = 2**31 - 1
 RANDOM_SEED_TEXT = "random"
@@ -123,12 +126,21 @@ class AppSettings:
 
     @property
     def disk_cache_gb(self) -> float | None:
-        """The disk cache's budget in GB; None: the default budget."""
+        """The disk cache's budget in GB (``core.paths.GB`` bytes each); None: the default budget."""
         return self._get("disk_cache_gb", float)
 
     @disk_cache_gb.setter
     def disk_cache_gb(self, value: float | None) -> None:
         self._set("disk_cache_gb", value)
+
+    def engine_options(self) -> dict:
+        """The Engine's keyword arguments these settings choose (none: the engine's defaults)."""
+        options = {}
+        if self.kv_pool_mb:
+            options["pool_bytes"] = self.kv_pool_mb * MB
+        if self.disk_cache_gb:
+            options["disk_budget_bytes"] = gb_to_bytes(self.disk_cache_gb)
+        return options
 
     @property
     def last_model(self) -> str | None:
@@ -203,10 +215,12 @@ class AppSettingsDialog(QDialog):
     writes the fields into ``settings``."""
 
     def __init__(self, settings: AppSettings, default_data_dir: str,
-                 default_disk_cache_gb: float = DEFAULT_BUDGET / 2**30, parent: QWidget | None = None):
+                 default_disk_cache_gb: float | None = None, parent: QWidget | None = None):
         super().__init__(parent)
         self.setWindowTitle("RadixChat settings")
         self.settings = settings
+        if default_disk_cache_gb is None:
+            default_disk_cache_gb = default_disk_budget() / GB
 
         self.data_dir = QLineEdit(settings.data_dir or "")
         self.data_dir.setPlaceholderText(f"Default: {default_data_dir}")

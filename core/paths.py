@@ -1,8 +1,8 @@
 """Where RadixChat keeps its files.
 
 The data folder is, in order: an explicit ``--data-dir``, ``$RADIXCHAT_HOME``, or the
-platform's user data folder (``platformdirs``). It holds ``models/``, ``chats.db`` and
-(later) the cache database.
+platform's user data folder (``platformdirs``). It holds ``models/``, ``chats.db`` and the disk cache of session KV
+(``kvcache.db``, with SQLite's ``-wal`` and ``-shm`` files beside it).
 """
 
 from __future__ import annotations
@@ -35,3 +35,37 @@ def models_dir(root: Path) -> Path:
 
 def chats_db_path(root: Path) -> Path:
     return root / "chats.db"
+
+
+# One unit for every size the user reads or types: GB = 2**30 bytes (MB = 2**20). Binary,
+# because the memory panel shows RAM that way (as memory tools do) and the disk cache's row
+# sits among those figures: "10 GB" typed in Preferences, the panel's "of 10.0 GB" and
+# `radixchat cache stats`' "budget 10.0 GB" are the same number of bytes.
+MB, GB = 2**20, 2**30
+
+
+def gb_to_bytes(gb: float) -> int:
+    """A size typed in GB (``GB`` bytes each) in bytes."""
+    return round(gb * GB)
+
+
+def default_disk_budget() -> int:
+    """The disk cache's budget in bytes when none is chosen (``kvcache.store.DEFAULT_BUDGET``:
+    the front ends reach kvcache through core)."""
+    from kvcache.store import DEFAULT_BUDGET  # imported on use: sqlite-utils is slow to import
+
+    return DEFAULT_BUDGET
+
+
+KV_CACHE_DB = "kvcache.db"  # the one place this name is typed
+
+
+def kv_cache_db_path(root: Path) -> Path:
+    """The disk cache of session KV (``kvcache.store.DiskStore``) in the data folder ``root``."""
+    return Path(root) / KV_CACHE_DB
+
+
+def kv_cache_db_files(root: Path) -> tuple[Path, Path, Path]:
+    """The disk cache's database and SQLite's write-ahead log and shared-memory files."""
+    path = kv_cache_db_path(root)
+    return path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")

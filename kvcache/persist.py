@@ -39,6 +39,7 @@ from kvcache.disk_index import DiskIndex
 from kvcache.prefix_cache import PrefixCache, cache_source
 from kvcache.serialize import SerializeError, kv_to_bytes, kv_views, snapshot_from_bytes, snapshot_to_bytes
 from kvcache.snapshot import Snapshot
+from kvcache.stats import DiskTierStats
 from kvcache.store import (DEFAULT_BUDGET, ChainPage, DiskStore, DiskStoreError, IndexedPage, PageData,
                            SessionReader, chain_keys, pack_tokens)
 
@@ -48,25 +49,6 @@ DISK_PAGE_TOKENS = 64  # tokens per stored page: fewer rows than pool pages, sam
 MIN_WRITE_TOKENS = 256  # an unnamed request shorter than this is not worth a disk write
 RETRY_AFTER_S = 60.0  # after a full disk, writes start again this much later
 _RATE_WEIGHT = 0.3  # weight of the newest measurement in the running rates
-
-
-@dataclass(frozen=True)
-class DiskTierStats:
-    """Plain figures of the disk tier since the model loaded (any thread may hold them)."""
-
-    indexed_pages: int  # pages of the loaded model the disk holds (as this process knows)
-    reads: int  # restores that brought pages back
-    read_tokens: int
-    read_bytes: int
-    skipped_reads: int  # a restore that computing would beat (measured rates)
-    pages_written: int  # new pages (a stored page is never written again)
-    bytes_written: int
-    pages_not_rewritten: int  # pages a save found already stored (not serialized)
-    write_backs: int  # prefixes RAM evicted and handed down (written only where new)
-    write_errors: int
-    writes_stopped: str | None  # why writes are off now (disk full...), or None
-    read_bytes_per_s: float  # measured (0 until a read)
-    prefill_tokens_per_s: float  # measured (0 until a prefill)
 
 
 @dataclass(frozen=True)

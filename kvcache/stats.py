@@ -34,3 +34,22 @@ class CacheStats:
     @property
     def hit_rate(self) -> float:
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+@dataclass(frozen=True)
+class DiskTierStats:
+    """Plain figures of the disk tier since the model loaded (any thread may hold them)."""
+
+    indexed_pages: int  # pages of the loaded model the disk holds (as this process knows)
+    reads: int  # restores that brought pages back
+    read_tokens: int
+    read_bytes: int
+    skipped_reads: int  # a restore that computing would beat (measured rates)
+    pages_written: int  # new pages (a stored page is never written again)
+    bytes_written: int
+    pages_not_rewritten: int  # pages a save found already stored (not serialized)
+    write_backs: int  # prefixes RAM evicted and handed down (written only where new)
+    write_errors: int
+    writes_stopped: str | None  # why writes are off now (disk full...), or None
+    read_bytes_per_s: float  # measured (0 until a read)
+    prefill_tokens_per_s: float  # measured (0 until a prefill)

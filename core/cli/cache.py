@@ -11,7 +11,7 @@ from kvcache.store import DiskStore, DiskStoreError
 
 
 def run_cache(args) -> int:
-    path = paths.data_dir(args.data_dir) / "kvcache.db"
+    path = paths.kv_cache_db_path(paths.data_dir(args.data_dir))
     try:
         with DiskStore(path) as store:
             if args.cache_command == "stats":
@@ -20,17 +20,17 @@ def run_cache(args) -> int:
                     print(json.dumps({**asdict(stats), "sessions_list": [asdict(s) for s in store.sessions()]}))
                     return 0
                 print(f"{path}: {stats.sessions} sessions, {stats.prefixes} unnamed prefixes, {stats.pages} pages, "
-                      f"{stats.bytes / 1e6:.1f} MB of pages ({stats.file_bytes / 1e6:.1f} MB on disk, "
-                      f"budget {stats.budget_bytes / 1e9:.1f} GB)")
+                      f"{stats.bytes / paths.MB:.1f} MB of pages ({stats.file_bytes / paths.MB:.1f} MB on disk, "
+                      f"budget {stats.budget_bytes / paths.GB:.1f} GB)")
                 print(f"saves {stats.saves}, loads {stats.loads}, restored {stats.restored_tokens} tokens "
                       f"in {stats.restored_pages} pages, dropped {stats.dropped_pages} bad pages, "
                       f"evicted {stats.evicted_sessions} sessions and {stats.evicted_prefixes} prefixes, "
                       f"{stats.orphan_pages} orphan pages")
-                print(f"written {stats.bytes_written / 1e6:.1f} MB in {stats.pages_written} pages "
+                print(f"written {stats.bytes_written / paths.MB:.1f} MB in {stats.pages_written} pages "
                       f"(a stored page is never written again)")
                 for info in store.sessions():
                     print(f"  {info.name:<32} {info.tokens:>7} tokens {info.pages:>5} pages "
-                          f"{info.nbytes / 1e6:9.1f} MB  model {info.fingerprint[:12]}")
+                          f"{info.nbytes / paths.MB:9.1f} MB  model {info.fingerprint[:12]}")
                 return 0
             if args.cache_command == "verify":
                 report = store.verify()
@@ -42,7 +42,7 @@ def run_cache(args) -> int:
                 return 0
             freed = store.clear(args.session)
             what = f"session {args.session}" if args.session else "all sessions"
-            print(f"cleared the cache of {what}: {freed / 1e6:.1f} MB freed (chat history kept)")
+            print(f"cleared the cache of {what}: {freed / paths.MB:.1f} MB freed (chat history kept)")
             return 0
     except DiskStoreError as exc:
         raise StoreError(str(exc)) from exc

@@ -8,17 +8,10 @@ from dataclasses import asdict
 
 from core import paths
 from core.chats.store import ChatStore, Session
+from core.chats.turn import ChatTurn
 from core.cli.progress import print_progress
 from core.engine.engine import Engine
-from core.engine.types import (
-    ChatMessage,
-    DoneEvent,
-    ErrorEvent,
-    GenerationRequest,
-    RequestStats,
-    SamplingParams,
-    TokenEvent,
-)
+from core.engine.types import DoneEvent, ErrorEvent, RequestStats, SamplingParams, TokenEvent
 from core.errors import UserError
 
 HELP = "commands: /stats (last turn's figures), /quit"
@@ -92,12 +85,8 @@ def _turn(engine, store, session, prompt, sampling, args) -> int:
 
 
 def _run_turn(engine, store, session: Session, prompt: str, sampling, args):
-    history = [ChatMessage(m.role, m.content) for m in store.messages(session.id)]
-    system = store.get_session_by_id(session.id).system_prompt
-    messages = ([ChatMessage("system", system)] if system else []) + history + [ChatMessage("user", prompt)]
-    request = GenerationRequest(messages=tuple(messages), sampling=sampling, session=session.name,
-                                use_cache=not args.no_cache)
-    handle = engine.submit(request)
+    turn = ChatTurn.start(store, store.get_session_by_id(session.id) or session, prompt)
+    handle = engine.submit(turn.request(sampling, use_cache=not args.no_cache))
     done: DoneEvent | None = None
     pieces: list[str] = []
     try:
@@ -117,8 +106,7 @@ def _run_turn(engine, store, session: Session, prompt: str, sampling, args):
                 done = event
     reply = done.text if done else "".join(pieces)
     stats = done.stats if done else RequestStats(finish_reason="cancelled")
-    if reply or stats.finish_reason != "cancelled":  # stopped before any text: never sent
-        store.add_turn(session.id, prompt, reply, asdict(stats))
+    turn.finish(store, reply, stats)  # stopped before any text: not stored, as if never sent
     if args.json:
         print(json.dumps({
             "reply": reply,

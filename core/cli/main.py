@@ -23,6 +23,7 @@ from typing import Callable
 from core import paths
 from core.models import provision
 from core.cli.progress import print_progress
+from core.engine.types import SamplingParams
 from core.errors import UserError
 
 EXIT_USER_ERROR = 2
@@ -56,13 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("prompt", nargs="?", help="the message; without it, read messages from stdin")
     chat.add_argument("--model", default="default", help="known name, .gguf file, MLX folder or HF repo id")
     chat.add_argument("--session", help="session name (created if new; default: a fresh session)")
-    chat.add_argument("--max-tokens", type=int, default=512)
-    chat.add_argument("--temp", type=float, default=0.7, help="temperature (0 = greedy)")
-    chat.add_argument("--top-p", type=float, default=1.0)
-    chat.add_argument("--top-k", type=int, default=0)
-    chat.add_argument("--min-p", type=float, default=0.0)
-    chat.add_argument("--repetition-penalty", type=float, default=1.0)
-    chat.add_argument("--seed", type=int)
+    defaults = SamplingParams()  # the one copy of the sampling defaults
+    chat.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
+    chat.add_argument("--temp", type=float, default=defaults.temperature, help="temperature (0 = greedy)")
+    chat.add_argument("--top-p", type=float, default=defaults.top_p)
+    chat.add_argument("--top-k", type=int, default=defaults.top_k)
+    chat.add_argument("--min-p", type=float, default=defaults.min_p)
+    chat.add_argument("--repetition-penalty", type=float, default=defaults.repetition_penalty)
+    chat.add_argument("--seed", type=int, default=defaults.seed)
     chat.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     chat.add_argument("--system", help="system prompt for the session")
     chat.add_argument("--no-cache", action="store_true", help="compute every prompt from scratch")

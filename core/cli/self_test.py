@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from core import paths
 from core.engine.types import ChatMessage, DoneEvent, ErrorEvent, GenerationRequest, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ def _run(work: Path, started: float) -> SelfTestReport:
         with _stage("disk save"):
             _check("disk save", first.disk_cache_error is None, f"disk cache off: {first.disk_cache_error}")
             first.flush_disk_cache()
-            _check("disk save", (data / "kvcache.db").is_file(), "no kvcache.db was written")
+            _check("disk save", paths.kv_cache_db_path(data).is_file(), f"no {paths.KV_CACHE_DB} was written")
     finally:
         with _stage("engine shutdown"):
             first.shutdown()

@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
+from core import paths
 from core.engine.types import DoneEvent, ErrorEvent, Event, GenerationRequest, RequestStats
 from core.errors import ErrorKind, UserError
-from kvcache.stats import CacheStats
+from kvcache.stats import CacheStats, DiskTierStats
 
-if TYPE_CHECKING:  # core.models.loader and kvcache.persist import mlx: only the engine thread loads it
+if TYPE_CHECKING:  # core.models.loader imports mlx: only the engine thread loads it
     from core.models.loader import ModelInfo
-    from kvcache.persist import DiskTierStats
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class EngineStats:
     rss_bytes: int = 0  # the whole process (read when stats() is called)
     disk_cache_bytes: int = 0  # the KV cache database on disk, WAL included (idem)
     disk_cache_budget_bytes: int = 0  # 0 while the disk cache is off
-    disk: "DiskTierStats | None" = None  # the disk tier's reads and writes (None while off)
+    disk: DiskTierStats | None = None  # the disk tier's reads and writes (None while off)
 
 
 class RequestHandle:
@@ -188,13 +188,13 @@ class Engine:
             rss = 0
         disk = 0
         if self._persister is not None:
-            for suffix in ("", "-wal"):
+            for path in paths.kv_cache_db_files(self.data_root)[:2]:  # the database and its WAL
                 try:
-                    disk += (self.data_root / f"kvcache.db{suffix}").stat().st_size
+                    disk += path.stat().st_size
                 except OSError:
                     pass
         persister = self._persister
-        budget = (self._disk_budget or _default_disk_budget()) if persister is not None else 0
+        budget = (self._disk_budget or paths.default_disk_budget()) if persister is not None else 0
         return dataclasses.replace(self._stats, rss_bytes=rss, disk_cache_bytes=disk,
                                    disk_cache_budget_bytes=budget,
                                    disk=persister.stats() if persister is not None else None)
@@ -276,14 +276,15 @@ class Engine:
 
     def _open_persister(self, fingerprint: str):
         from kvcache.persist import MIN_WRITE_TOKENS, DiskTier
-        from kvcache.store import DEFAULT_BUDGET, DiskStoreError
+        from kvcache.store import DiskStoreError
 
         if not (self._disk_cache and self._use_cache and self._prefix_cache.enabled):
             return None
         try:
             self.data_root.mkdir(parents=True, exist_ok=True)
-            return DiskTier(self.data_root / "kvcache.db", self._prefix_cache, fingerprint,
-                            self._disk_budget or DEFAULT_BUDGET, MIN_WRITE_TOKENS if self._disk_min_tokens is None else self._disk_min_tokens)
+            return DiskTier(paths.kv_cache_db_path(self.data_root), self._prefix_cache, fingerprint,
+                            self._disk_budget or paths.default_disk_budget(),
+                            MIN_WRITE_TOKENS if self._disk_min_tokens is None else self._disk_min_tokens)
         except (DiskStoreError, OSError) as exc:  # the app runs on without a disk cache
             self.disk_cache_error = str(exc)
             log.warning("disk cache off: %s", exc)
@@ -295,7 +296,7 @@ class Engine:
         if self._persister is not None:
             self._persister.forget(session)
             return
-        path = self.data_root / "kvcache.db"
+        path = paths.kv_cache_db_path(self.data_root)
         if self._disk_cache and path.exists():  # saved under another model, or the cache is off
             from kvcache.store import DiskStore, DiskStoreError
 
@@ -422,9 +423,3 @@ class Engine:
             requests_served=self._served,
             requests_running=len(self._scheduler.active) if self._scheduler is not None else 0,
         )
-
-
-def _default_disk_budget() -> int:
-    from kvcache.store import DEFAULT_BUDGET
-
-    return DEFAULT_BUDGET

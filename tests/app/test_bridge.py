@@ -10,7 +10,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 from PySide6.QtCore import QCoreApplication  # noqa: E402
 
 from app.bridge import EngineBridge  # noqa: E402
-from core.engine.engine import Engine, RequestHandle  # noqa: E402
+from core.engine.engine import Engine, EngineStats, RequestHandle  # noqa: E402
 from core.engine.types import DoneEvent, GenerationRequest, RequestStats, TokenEvent  # noqa: E402
 
 PUBLIC = ("loadProgress", "modelLoading", "modelReady", "loadFailed", "progress", "token", "finished", "failed",
@@ -64,4 +64,23 @@ def test_a_reply_is_relayed_in_order(qtbot, tmp_path):
         bridge.send([("user", "hello")], {"max_tokens": 4, "unknown": 1})
         assert bridge.busy
     assert seen == [("token", "Hi")] and done.args[0] == "Hi" and not bridge.busy
+    bridge.shutdown()
+
+
+def test_the_bridge_hands_out_the_engines_dataclasses(qtbot, tmp_path):
+    """A reply's RequestStats and the engine's EngineStats cross as they are, not as dicts;
+    the window's questions about the engine go through the bridge."""
+    engine = InstantEngine(tmp_path)
+    forgotten = []
+    engine.forget_session = forgotten.append
+    bridge = EngineBridge(tmp_path, None, engine=engine)
+    with qtbot.waitSignal(bridge.finished, timeout=30000) as done:
+        bridge.send([("user", "hello")], {"max_tokens": 4})
+    assert done.args[1] == RequestStats(prompt_tokens=1, computed_tokens=1, completion_tokens=1)
+    with qtbot.waitSignal(bridge.statsUpdated, timeout=30000) as polled:
+        bridge.poll_stats()
+    assert isinstance(polled.args[0], EngineStats) and polled.args[0].requests_served == engine.stats().requests_served
+    assert bridge.data_root == tmp_path and bridge.model_info is None
+    bridge.forget_session("chat-1")
+    assert forgotten == ["chat-1"]
     bridge.shutdown()

@@ -1,4 +1,4 @@
-"""The cache panel fed with RequestStats dicts and the engine's totals."""
+"""The cache panel fed with RequestStats (and stored dicts of them) and the engine's totals."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ import pytest  # noqa: E402
 from PySide6.QtWidgets import QLabel  # noqa: E402
 
 from app.cache_panel import CachePanel, TurnSplit  # noqa: E402
+from core.engine.engine import EngineStats  # noqa: E402
 from core.engine.types import RequestStats  # noqa: E402
+from kvcache.stats import CacheStats  # noqa: E402
 
 
 def turn(ram: int, disk: int, computed: int, ttft: float = 0.1) -> dict:
-    """A finished turn as the bridge hands it over: dataclasses.asdict(RequestStats)."""
+    """A finished turn as the chat store keeps it: dataclasses.asdict(RequestStats)."""
     return dataclasses.asdict(RequestStats(prompt_tokens=ram + disk + computed, cached_tokens=ram,
                                            restored_tokens=disk, computed_tokens=computed, completion_tokens=40,
                                            ttft_s=ttft, prefill_tps=1000.0, decode_tps=50.0, total_s=1.0))
@@ -48,8 +50,9 @@ def test_empty_until_the_first_turn(panel):
         assert text(panel, name) == "—"
     assert bars(panel) == []
 
-    panel.add_turn(turn(0, 0, 512, ttft=0.42))
+    panel.add_turn(RequestStats(prompt_tokens=512, computed_tokens=512, ttft_s=0.42))  # as the bridge hands it over
     assert panel.plot_stack.currentWidget() is panel.chart_view
+    assert bars(panel) == [(0, 0, 512)]
 
 
 def test_turns_split_into_ram_disk_and_computed(panel):
@@ -115,13 +118,19 @@ def test_odd_turns_never_draw_negative_bars(panel):
     assert text(panel, "sessionHitRateValue") == "22% of 135 tokens · 3 turns"  # 30 / (100 + 35 + 0)
 
 
+def totals(**cache) -> EngineStats:
+    """The engine's figures as the bridge hands them over, with these cache figures."""
+    figures = {f.name: 0 for f in dataclasses.fields(CacheStats)}
+    figures.update(enabled=True, disabled_reason=None, **cache)
+    return EngineStats(cache=CacheStats(**figures), rss_bytes=1)
+
+
 def test_totals_show_the_app_hit_rate_and_evictions(panel):
-    panel.update_totals({"hit_rate": 0.834, "hit_tokens": 41_200, "prompt_tokens_seen": 49_400,
-                         "evicted_pages": 12, "evicted_tokens": 768, "rss_bytes": 1})
+    panel.update_totals(totals(hit_tokens=41_200, prompt_tokens=49_400, evicted_pages=12, evicted_tokens=768))
     assert text(panel, "appHitRateValue") == "83% of 49,400 tokens"
     assert text(panel, "evictionsValue") == "768 tokens (12 pages)"
-    panel.update_totals({"hit_tokens": 10, "prompt_tokens_seen": 40})  # no rate: worked out
+    panel.update_totals(totals(hit_tokens=10, prompt_tokens=40))  # the rate: worked out
     assert text(panel, "appHitRateValue") == "25% of 40 tokens"
     assert text(panel, "evictionsValue") == "none"
-    panel.update_totals({})
+    panel.update_totals(EngineStats())  # no cache
     assert text(panel, "appHitRateValue") == "—"

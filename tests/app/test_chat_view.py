@@ -1,4 +1,5 @@
-"""The chat view: Markdown rendering, streaming, the per-message buttons, auto-scroll."""
+"""The chat view: messages, streaming, the per-message buttons, auto-scroll (the Markdown
+itself: test_markdown.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import pytest  # noqa: E402
 from PySide6.QtCore import Qt, QTimer  # noqa: E402
-from PySide6.QtGui import QColor, QFont, QGuiApplication, QPalette, QTextCursor  # noqa: E402
+from PySide6.QtGui import QGuiApplication  # noqa: E402
 from PySide6.QtWidgets import QToolButton  # noqa: E402
 
-from app.chat_view import ChatView, MarkdownView, code_background, freeze_point  # noqa: E402
+from app.chat_view import ChatView  # noqa: E402
+from app.markdown import MarkdownView  # noqa: E402
 
 CHAT = [("system", "Be brief."), ("user", "How do I reverse a list?"),
         ("assistant", "Use **slicing**:\n\n```python\nitems[::-1]\n```\n"),
@@ -26,23 +28,6 @@ def view(qtbot):
     view.show()
     qtbot.waitExposed(view)
     return view
-
-
-def _block_with(document, text: str):
-    block = document.begin()
-    while block.isValid():
-        if text in block.text():
-            return block
-        block = block.next()
-    raise AssertionError(f"no block holds {text!r}")
-
-
-def _fragments(block):
-    fragments, it = [], block.begin()
-    while not it.atEnd():
-        fragments.append(it.fragment())
-        it += 1
-    return fragments
 
 
 def _holder(view: ChatView, button: QToolButton) -> int | None:
@@ -68,42 +53,6 @@ def test_placeholder_until_there_are_messages(view):
     assert view.placeholder.isVisible()
     with pytest.raises(ValueError):
         view.set_messages([("tool", "?")])
-
-
-def test_markdown_renders_bold_and_shaded_fixed_pitch_code(view):
-    view.set_messages([("assistant", "Some **bold** text and <b>raw html</b>.\n\n```python\nx = 1\ny = 2\n```\n\nAfter.")])
-    document = view.message_widget(0).body.document()
-    bold = [f for f in _fragments(_block_with(document, "bold")) if f.text() == "bold"]
-    assert bold and bold[0].charFormat().fontWeight() == QFont.Weight.Bold
-    assert "<b>raw html</b>" in document.toPlainText()  # raw HTML is shown, not interpreted
-
-    code = _block_with(document, "x = 1")
-    assert all(f.charFormat().fontFixedPitch() for f in _fragments(code))
-    frame = QTextCursor(code).currentFrame()
-    assert frame != document.rootFrame()
-    assert frame.frameFormat().background().color() == code_background(view.palette())
-    assert frame == QTextCursor(_block_with(document, "y = 2")).currentFrame()  # one box per code block
-    assert QTextCursor(_block_with(document, "After.")).currentFrame() == document.rootFrame()
-
-
-def test_inline_code_is_fixed_pitch_on_a_background(view):
-    view.set_messages([("assistant", "Call `items.reverse()` now.")])
-    document = view.message_widget(0).body.document()
-    (code,) = [f for f in _fragments(document.begin()) if f.text() == "items.reverse()"]
-    assert code.charFormat().fontFixedPitch()
-    assert code.charFormat().background().color() == code_background(view.palette())
-
-
-def test_a_dark_palette_rerenders_the_code_background(view):
-    view.set_messages([("assistant", "```\ncode\n```")])
-    dark = QPalette(view.palette())
-    dark.setColor(QPalette.ColorRole.Base, QColor("#1e1e1e"))
-    dark.setColor(QPalette.ColorRole.Text, QColor("#e6e6e6"))
-    view.setPalette(dark)
-    document = view.message_widget(0).body.document()
-    frame = QTextCursor(_block_with(document, "code")).currentFrame()
-    assert frame.frameFormat().background().color() == code_background(dark)
-    assert frame.frameFormat().background().color().lightnessF() < 0.5
 
 
 def test_streamed_pieces_coalesce_and_the_final_text_wins(view, qtbot):
@@ -261,43 +210,3 @@ def test_body_height_follows_its_document(view, qtbot):
     wide = body.height()
     view.resize(350, 500)
     qtbot.waitUntil(lambda: fits() and body.height() > wide)
-
-
-def _signature(document) -> list[tuple]:
-    """What a reader sees of each block: text, heading, list, code box, spacing, character styles."""
-    signature, block = [], document.begin()
-    while block.isValid():
-        fmt = block.blockFormat()
-        signature.append((block.text(), fmt.headingLevel(), fmt.topMargin(), fmt.bottomMargin(), fmt.lineHeightType(),
-                          block.textList().format().style() if block.textList() else None,
-                          QTextCursor(block).currentFrame() != document.rootFrame(),
-                          tuple((f.text(), f.charFormat().fontWeight(), f.charFormat().fontItalic(),
-                                 f.charFormat().fontFixedPitch()) for f in _fragments(block))))
-        block = block.next()
-    return signature
-
-
-def test_streaming_renders_what_a_full_render_shows(qtbot):
-    """Long replies freeze their finished paragraphs while streaming; the result must not differ."""
-    parts = ["# Plan\n\n", "Some **bold**, *italic* and `code` words. " * 8 + "\n\n",
-             "```python\nfor i in range(3):\n    print(i)\n```\n\n", "- one\n- two\n  more\n\n", "1. a\n2. b\n\n",
-             "> quoted\n\n", "| a | b |\n|---|---|\n| 1 | 2 |\n\n", "## Sub\n\nA [link](https://x.org).\n\n",
-             "    indented code\n\n", "---\n\n", "Para\nwith lines\n\n"]
-    text = "".join(parts[(i * 7) % len(parts)] for i in range(45))
-    streamed, full = MarkdownView(), MarkdownView()
-    for view in (streamed, full):
-        qtbot.addWidget(view)
-        view.resize(500, 100)
-    for end in range(1, len(text) + 37, 37):
-        streamed.stream_markdown(text[:end])
-    assert streamed._frozen > 0  # it did freeze
-    full.show_markdown(text)
-    assert _signature(streamed.document()) == _signature(full.document())
-
-
-def test_freeze_point_cuts_only_before_whole_paragraphs():
-    assert freeze_point("a\n\nb\n\nc\n") == 6  # the last one: before "c"
-    assert freeze_point("a\n\nb") == 0  # a partial line may still become a list item or a fence
-    assert freeze_point("a\n\n```\nx\n\ny\n```\n") == 0  # inside code
-    for line in ("- item", "2. item", "> quote", "| cell |", "```py", "---", "    code"):
-        assert freeze_point(f"a\n\n{line}\n") == 0, line

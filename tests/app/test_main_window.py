@@ -4,6 +4,7 @@ test_main_window_edge_cases.py.)"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -45,12 +46,12 @@ def test_a_turn_streams_into_the_chat_and_is_stored(qtbot, open_window, tiny_mod
     assert window.chat.message_count() == 2
     assert (window.chat.message_role(0), window.chat.message_text(0)) == ("user", "Hello there")
     assert (window.chat.message_role(1), window.chat.message_text(1)) == ("assistant", reply)
-    assert stats["completion_tokens"] > 0 and stats["finish_reason"] in ("stop", "length")
-    assert window.speed_label.text() == f"{stats['decode_tps']:.1f} tok/s"
+    assert stats.completion_tokens > 0 and stats.finish_reason in ("stop", "length")
+    assert window.speed_label.text() == f"{stats.decode_tps:.1f} tok/s"
     assert window.composer.send_button.isEnabled() and window.composer.text() == ""
     stored = store.messages(window.session.id)
     assert [(m.role, m.content) for m in stored] == [("user", "Hello there"), ("assistant", reply)]
-    assert stored[1].stats == stats
+    assert stored[1].stats == dataclasses.asdict(stats)
     assert window.session.title == "Hello there"  # titled by its first message
     assert window.sessions.current_id() == window.session.id
 
@@ -65,7 +66,7 @@ def test_stop_ends_the_reply_early_and_keeps_it(qtbot, open_window, tiny_model):
             qtbot.keyClick(window.composer.input, Qt.Key.Key_Return)
         qtbot.keyClick(window.composer.input, Qt.Key.Key_Escape)  # Esc stops, like the Stop button
     reply, stats = done.args
-    assert stats["finish_reason"] == "cancelled" and stats["completion_tokens"] < 400
+    assert stats.finish_reason == "cancelled" and stats.completion_tokens < 400
     assert "Stopped" in window.state_label.text()
     assert not window.composer.stop_button.isEnabled() and window.composer.send_button.isEnabled()
     assert store.messages(window.session.id)[-1].content == reply
@@ -82,7 +83,7 @@ def test_regenerate_replaces_the_last_reply(qtbot, open_window, tiny_model):
         window.chat.regenerateRequested.emit()
     again, stats = done.args
     assert again == second  # greedy: the same reply, from a prompt that was cached
-    assert stats["cached_tokens"] > 0
+    assert stats.cached_tokens > 0
     assert [(m.role, m.content) for m in store.messages(window.session.id)] == [
         ("user", "one"), ("assistant", first), ("user", "two"), ("assistant", second)]
     assert window.chat.message_count() == 4
@@ -134,9 +135,9 @@ def test_sessions_switch_and_come_back_after_a_restart(qtbot, open_window, tiny_
     wait_ready(qtbot, bridge)
     assert window.sessions.list.count() == 2
     _reply, stats = send_turn(qtbot, window, bridge, "first chat, after a restart")
-    assert stats["restored_tokens"] > 0  # its KV came back from the disk cache
-    assert window.cache_panel.value_text("lastTurn").split()[0] == f"{stats['prompt_tokens']:,}"
-    assert f"{stats['restored_tokens']:,} disk" in window.cache_panel.value_text("lastTurn")
+    assert stats.restored_tokens > 0  # its KV came back from the disk cache
+    assert window.cache_panel.value_text("lastTurn").split()[0] == f"{stats.prompt_tokens:,}"
+    assert f"{stats.restored_tokens:,} disk" in window.cache_panel.value_text("lastTurn")
 
 
 def test_panels_show_the_engines_figures_after_a_turn(qtbot, open_window, tiny_model):
@@ -149,9 +150,9 @@ def test_panels_show_the_engines_figures_after_a_turn(qtbot, open_window, tiny_m
     figures = polled.args[0]
     stats = bridge.engine.stats()
     cache = stats.cache
-    assert figures["pages_total"] == cache.pages_total and figures["pages_used"] == cache.pages_used
-    assert figures["weight_bytes"] == stats.model.weight_bytes > 0
-    assert figures["rss_bytes"] > 0 and figures["mlx_active_bytes"] > 0
+    assert figures.cache.pages_total == cache.pages_total and figures.cache.pages_used == cache.pages_used
+    assert figures.model.weight_bytes == stats.model.weight_bytes > 0
+    assert figures.rss_bytes > 0 and figures.mlx_active_bytes > 0
     capacity = f"{cache.pages_total * cache.page_size:,} tokens"
     assert capacity in window.memory_panel.value_text("poolCapacity")
     assert window.memory_panel.series_points("rss") >= 1

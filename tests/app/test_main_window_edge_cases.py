@@ -314,7 +314,7 @@ def test_a_reply_stopped_at_once_on_the_real_engine_then_regenerate(qtbot, open_
     with qtbot.waitSignal(bridge.finished, timeout=WAIT_MS) as done:
         qtbot.keyClick(window.composer.input, Qt.Key.Key_Return)
         window.stop_action.trigger()  # before any event of the reply has arrived
-    assert done.args[1]["finish_reason"] == "cancelled"
+    assert done.args[1].finish_reason == "cancelled"
     if done.args[0]:  # the engine got a token out first: kept, as Stop keeps it
         assert _stored(store, window)[-1] == ("assistant", done.args[0])
     else:
@@ -323,5 +323,17 @@ def test_a_reply_stopped_at_once_on_the_real_engine_then_regenerate(qtbot, open_
     assert _shown(window) == _stored(store, window)
     with qtbot.waitSignal(bridge.finished, timeout=WAIT_MS) as again:
         window.regenerate()
-    assert again.args[1]["finish_reason"] in ("stop", "length")
+    assert again.args[1].finish_reason in ("stop", "length")
     assert _shown(window) == _stored(store, window) and _stored(store, window)[-1] == ("assistant", again.args[0])
+
+
+def test_preferences_open_from_the_window_with_the_default_budget(qtbot, open_window, tmp_path):
+    """The window passes itself as the dialog's parent (it once landed in the budget's place)."""
+    window, bridge, _ = open_window(engine=FakeEngine(tmp_path))
+    wait_ready(qtbot, bridge)
+    window.edit_app_settings()
+    dialog = window.app_dialog
+    assert dialog.parent() is window and dialog.isVisible()
+    assert dialog.disk_cache_gb.specialValueText() == "Default (10 GB)"
+    assert str(tmp_path) in dialog.data_dir.placeholderText()
+    dialog.reject()

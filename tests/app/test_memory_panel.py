@@ -1,4 +1,4 @@
-"""The memory panel fed with plain stats dicts, and the number formatting it shares."""
+"""The memory panel fed with the engine's EngineStats, and the number formatting it shares."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
+import dataclasses  # noqa: E402
 import time  # noqa: E402
 
 import pytest  # noqa: E402
@@ -13,12 +14,16 @@ from PySide6.QtWidgets import QLabel  # noqa: E402
 
 from app.format import count, decimals_for, duration, human_bytes, nice_step, percent  # noqa: E402
 from app.memory_panel import MemoryPanel, nice_bytes_axis  # noqa: E402
+from core.engine.engine import EngineStats  # noqa: E402
+from core.models.loader import ModelInfo  # noqa: E402
+from kvcache.stats import CacheStats, DiskTierStats  # noqa: E402
 
 GB, MB = 2**30, 2**20
 
 
-def loaded(**changes) -> dict:
-    """A snapshot of a loaded model with the cache on (1024 pages of 16 tokens)."""
+def loaded(**changes) -> tuple[EngineStats, float]:
+    """A snapshot of a loaded model with the cache on (1024 pages of 16 tokens), and its time:
+    the arguments of ``update_stats``."""
     stats = dict(time=100.0, mlx_active_bytes=int(1.5 * GB), mlx_cache_bytes=300 * MB,
                  mlx_peak_bytes=2 * GB, rss_bytes=int(2.4 * GB), weight_bytes=270 * MB,
                  model_name="SmolLM2-135M", cache_enabled=True, cache_disabled_reason=None,
@@ -26,7 +31,21 @@ def loaded(**changes) -> dict:
                  pool_bytes=512 * MB, disk_cache_bytes=256 * MB, disk_cache_budget_bytes=10 * GB,
                  requests_running=1)
     stats.update(changes)
-    return stats
+    now = stats.pop("time")
+    model = ModelInfo(spec="default", name=stats.pop("model_name"), path="/models/smollm2", model_type="llama",
+                      fingerprint="0" * 16, weights_format="float32", weight_bytes=stats.pop("weight_bytes"),
+                      context_length=8192, num_layers=30, load_seconds=1.0)
+    cache = {f.name: 0 for f in dataclasses.fields(CacheStats)}
+    cache.update(enabled=stats.pop("cache_enabled"), disabled_reason=stats.pop("cache_disabled_reason"),
+                 **{name: stats.pop(name) for name in ("page_size", "pages_total", "pages_used", "pages_evictable",
+                                                       "pages_locked", "pool_bytes")})
+    return EngineStats(model=model, cache=CacheStats(**cache), **stats), now
+
+
+def tier_stats(**changes) -> DiskTierStats:
+    figures = {f.name: 0 for f in dataclasses.fields(DiskTierStats)}
+    figures["writes_stopped"] = None
+    return DiskTierStats(**{**figures, **changes})
 
 
 @pytest.fixture
@@ -66,7 +85,7 @@ def test_bytes_axis_picks_a_unit_and_round_ticks():
 
 
 def test_figures_show_the_snapshot(panel):
-    panel.update_stats(loaded())
+    panel.update_stats(*loaded())
     assert text(panel, "modelValue") == "SmolLM2-135M · 1 request running"
     assert text(panel, "mlxActiveValue") == "1.5 GB"
     assert text(panel, "mlxCacheValue") == "300 MB"
@@ -84,41 +103,41 @@ def test_figures_show_the_snapshot(panel):
     assert pool_used.at(0).y() == 128 * MB  # a quarter of the pool's bytes
     assert panel.series["rss"].at(0).y() == int(2.4 * GB)
 
-    panel.update_stats(loaded(time=101.0, disk_bytes_written=12 * MB))
+    panel.update_stats(*loaded(time=101.0, disk=tier_stats(bytes_written=12 * MB)))
     assert text(panel, "diskCacheValue") == "256 MB of 10.0 GB · 2% · 12.0 MB written"
-    panel.update_stats(loaded(time=101.5, disk_bytes_written=12 * MB, disk_writes_stopped="the disk is full"))
+    panel.update_stats(*loaded(time=101.5, disk=tier_stats(bytes_written=12 * MB, writes_stopped="the disk is full")))
     assert text(panel, "diskCacheValue") == "256 MB of 10.0 GB · 2% · 12.0 MB written · writes stopped (disk full)"
-    panel.update_stats(loaded(time=102.0, requests_running=0, disk_cache_budget_bytes=0))
+    panel.update_stats(*loaded(time=102.0, requests_running=0, disk_cache_budget_bytes=0))
     assert text(panel, "modelValue") == "SmolLM2-135M · idle"
     assert text(panel, "diskCacheValue") == "off"
 
 
 def test_missing_keys_before_a_model_loads(panel):
-    panel.update_stats({})
-    panel.update_stats({"time": 5.0, "rss_bytes": 150 * MB})
+    panel.update_stats(EngineStats())
+    panel.update_stats(EngineStats(rss_bytes=150 * MB), 5.0)
     assert text(panel, "modelValue") == "No model loaded"
     assert text(panel, "rssValue") == "150 MB"
     for name in ("mlxActiveValue", "weightsValue", "poolCapacityValue", "poolUsedValue", "diskCacheValue"):
         assert text(panel, name) == "—"
-    panel.update_stats(loaded(pages_total=0, page_size=0, pool_bytes=0, mlx_active_bytes=0))
+    panel.update_stats(*loaded(pages_total=0, page_size=0, pool_bytes=0, mlx_active_bytes=0))
     assert text(panel, "mlxActiveValue") == "0 B" and text(panel, "poolUsedValue") == "—"
     assert all(panel.series_points(name) >= 1 for name in panel.series)
 
 
 def test_a_disabled_cache_says_why(panel):
-    panel.update_stats(loaded(cache_enabled=False, cache_disabled_reason="not enough memory for the KV pool",
+    panel.update_stats(*loaded(cache_enabled=False, cache_disabled_reason="not enough memory for the KV pool",
                               pages_total=0, pool_bytes=0))
     note = panel.findChild(QLabel, "cacheNoteValue")
     assert note.isVisible() and note.text() == "KV cache off: not enough memory for the KV pool"
     assert text(panel, "poolCapacityValue") == "off"
     assert not panel.findChild(QLabel, "poolUsedValue").isVisible() and not panel.pool_bar.isVisible()
-    panel.update_stats(loaded())  # another model, with the cache on
+    panel.update_stats(*loaded())  # another model, with the cache on
     assert not note.isVisible() and panel.findChild(QLabel, "poolUsedValue").isVisible()
 
 
 def test_points_are_capped_and_span_the_window(panel):
     for i in range(2000):  # 8 minutes at 4 updates a second
-        panel.update_stats(loaded(time=1000.0 + i * 0.25, mlx_active_bytes=i))
+        panel.update_stats(*loaded(time=1000.0 + i * 0.25, mlx_active_bytes=i))
     last_x = panel.series["mlx_active"].at(panel.series_points("mlx_active") - 1).x()
     first_x = panel.series["mlx_active"].at(0).x()
     for name in panel.series:
@@ -130,53 +149,53 @@ def test_points_are_capped_and_span_the_window(panel):
 
 def test_idle_updates_each_add_a_point(panel):
     for i in range(10):
-        panel.update_stats(loaded(time=50.0 + i * 1.5))
+        panel.update_stats(*loaded(time=50.0 + i * 1.5))
     assert panel.series_points("rss") == 10
-    panel.update_stats(loaded(time=64.0))  # 0.5 s after the last: a new point, which then moves
-    panel.update_stats(loaded(time=64.2, rss_bytes=3 * GB))
+    panel.update_stats(*loaded(time=64.0))  # 0.5 s after the last: a new point, which then moves
+    panel.update_stats(*loaded(time=64.2, rss_bytes=3 * GB))
     assert panel.series_points("rss") == 11
     assert panel.series["rss"].at(10).x() == pytest.approx(14.2) and panel.series["rss"].at(10).y() == 3 * GB
 
 
 def test_the_value_axis_follows_the_data(panel):
-    panel.update_stats(loaded(time=0.0, rss_bytes=3 * GB))
+    panel.update_stats(*loaded(time=0.0, rss_bytes=3 * GB))
     assert (panel.y_axis.shown.max(), panel.y_axis.shown.labelFormat()) == (4, "%.0f GB")
     assert panel.y_axis.data.max() == 4 * GB
     for i in range(1, 400):  # the 3 GB sample leaves the window; nothing else tops 300 MB
-        panel.update_stats(loaded(time=float(i), rss_bytes=300 * MB, mlx_active_bytes=100 * MB,
+        panel.update_stats(*loaded(time=float(i), rss_bytes=300 * MB, mlx_active_bytes=100 * MB,
                                   mlx_cache_bytes=0))
     assert (panel.y_axis.shown.max(), panel.y_axis.shown.labelFormat()) == (400, "%.0f MB")
     assert panel.y_axis.data.max() == 400 * MB
     # outgrown: rescaled at once
-    panel.update_stats(loaded(time=400.0, rss_bytes=300 * MB, mlx_cache_bytes=int(1.1 * GB)))
+    panel.update_stats(*loaded(time=400.0, rss_bytes=300 * MB, mlx_cache_bytes=int(1.1 * GB)))
     assert (panel.y_axis.shown.max(), panel.y_axis.shown.labelFormat()) == (2, "%.1f GB")
 
 
 def test_a_clock_that_goes_back_restarts_the_plot(panel):
     for i in range(5):
-        panel.update_stats(loaded(time=500.0 + i))
-    panel.update_stats(loaded(time=10.0))
+        panel.update_stats(*loaded(time=500.0 + i))
+    panel.update_stats(*loaded(time=10.0))
     assert panel.series_points("mlx_cache") == 1
 
 
 def test_update_stats_is_cheap(panel):
     start = time.perf_counter()
     for i in range(1000):
-        panel.update_stats(loaded(time=i * 0.3, mlx_active_bytes=(i % 50) * 20 * MB, pages_used=i % 1024))
+        panel.update_stats(*loaded(time=i * 0.3, mlx_active_bytes=(i % 50) * 20 * MB, pages_used=i % 1024))
     assert (time.perf_counter() - start) / 1000 < 0.05  # a loose sanity bound; the cap is the real guard
     assert panel.series_points("mlx_active") <= MemoryPanel.MAX_POINTS
 
 
 def test_the_time_axis_shows_what_was_recorded_until_the_window_is_full(panel):
-    panel.update_stats(loaded(time=10.0))
-    panel.update_stats(loaded(time=40.0))  # 30 s recorded: the last minute, in seconds
+    panel.update_stats(*loaded(time=10.0))
+    panel.update_stats(*loaded(time=40.0))  # 30 s recorded: the last minute, in seconds
     assert (panel.x_axis.shown.min(), panel.x_axis.shown.max()) == (-60, 0)
     assert panel.x_axis.shown.labelFormat() == "%.0fs"
     assert panel.x_axis.data.max() - panel.x_axis.data.min() == 60
-    panel.update_stats(loaded(time=140.0))  # 130 s: three whole minutes, in minutes
+    panel.update_stats(*loaded(time=140.0))  # 130 s: three whole minutes, in minutes
     assert (panel.x_axis.shown.min(), panel.x_axis.shown.max()) == (-3, 0)
     assert panel.x_axis.shown.labelFormat() == "%.0fm"
-    panel.update_stats(loaded(time=600.0))  # past the window: the last five minutes
+    panel.update_stats(*loaded(time=600.0))  # past the window: the last five minutes
     assert (panel.x_axis.shown.min(), panel.x_axis.shown.max()) == (-5, 0)
     assert panel.x_axis.shown.labelFormat() == "%.0fm"
     assert panel.x_axis.data.max() - panel.x_axis.data.min() == panel.WINDOW_S

@@ -18,7 +18,7 @@ from app.format import human_bytes  # noqa: E402
 from core.models import provision  # noqa: E402
 from core.models.catalog import safetensors_parameter_count  # noqa: E402
 from core.models.tiny_model import TinyModelSpec, write_tiny_model  # noqa: E402
-from tests.core.test_model_catalog import GGUF_PARAMETERS, write_gguf  # noqa: E402
+from tests.core.models.test_catalog import GGUF_PARAMETERS, write_gguf  # noqa: E402
 
 
 @pytest.fixture

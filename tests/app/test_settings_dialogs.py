@@ -8,7 +8,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import pytest  # noqa: E402
 from PySide6.QtCore import QSettings, Qt  # noqa: E402
-from PySide6.QtWidgets import QDialogButtonBox  # noqa: E402
+from PySide6.QtWidgets import QDialogButtonBox, QLabel  # noqa: E402
 
 from app.settings_dialogs import (DEFAULT_SAMPLING, AppSettings, AppSettingsDialog,  # noqa: E402
                                   SessionSettingsDialog)
@@ -148,3 +148,47 @@ def test_app_settings_dialog_writes_on_ok_only(qtbot, ini, tmp_path):
         dialog.findChild(QDialogButtonBox).button(QDialogButtonBox.StandardButton.Ok).click()
     saved = AppSettings(ini())
     assert (saved.data_dir, saved.kv_pool_mb, saved.disk_cache_gb) == (chosen, None, 25.0)
+
+
+def test_app_sampling_defaults_are_the_engines(qtbot):
+    """The window's and the dialog's defaults are SamplingParams' own, field for field."""
+    from app import main_window
+
+    assert main_window.DEFAULT_SAMPLING is DEFAULT_SAMPLING
+    assert SamplingParams(**DEFAULT_SAMPLING) == SamplingParams()
+    dialog = _session_dialog(qtbot, {"temperature": 1.5, "top_p": 0.5, "max_tokens": 7, "seed": 3}, None)
+    dialog.restore_defaults()
+    assert SamplingParams(**dialog.values()[0]) == SamplingParams()
+
+
+def test_disk_budget_typed_is_the_budget_the_engine_gets(qtbot, ini, tmp_path, tiny_model):
+    """Typed "2.5" GB in Preferences: the engine's budget is 2.5 * 2**30 bytes, the memory panel
+    shows "of 2.5 GB" and the dialog's default reads in the same unit."""
+    from app.memory_panel import MemoryPanel
+    from core.engine.engine import Engine
+    from core.paths import GB
+
+    dialog = _app_dialog(qtbot, AppSettings(ini()))
+    dialog.disk_cache_gb.selectAll()
+    qtbot.keyClicks(dialog.disk_cache_gb, "2.5")
+    qtbot.mouseClick(dialog.findChild(QDialogButtonBox).button(QDialogButtonBox.StandardButton.Ok),
+                     Qt.MouseButton.LeftButton)
+    options = AppSettings(ini()).engine_options()
+    assert options == {"disk_budget_bytes": int(2.5 * 2**30)}
+
+    engine = Engine(tmp_path / "data", str(tiny_model), **options).start()
+    try:
+        engine.wait_ready(timeout=60)
+        stats = engine.stats()
+    finally:
+        engine.shutdown()
+    assert stats.disk_cache_budget_bytes == int(2.5 * GB)
+    panel = MemoryPanel()
+    qtbot.addWidget(panel)
+    panel.update_stats(stats)
+    assert panel.findChild(QLabel, "diskCacheValue").text().split(" · ")[0].endswith("of 2.5 GB")
+
+    from kvcache.store import DEFAULT_BUDGET  # the test may look inside; the app may not
+    shown = AppSettingsDialog(AppSettings(ini()), default_data_dir="/tmp")
+    qtbot.addWidget(shown)
+    assert shown.disk_cache_gb.specialValueText() == f"Default ({DEFAULT_BUDGET / 2**30:g} GB)"

@@ -58,7 +58,7 @@ def same(loaded, pages) -> bool:
 
 @pytest.fixture
 def store(tmp_path):
-    with DiskStore(tmp_path / "kvcache.db") as store:
+    with DiskStore(tmp_path / "store.db") as store:
         yield store
 
 
@@ -171,7 +171,7 @@ def test_load_reads_only_that_chain(store):
 
 
 def test_flipped_bytes_in_the_file_drop_the_page_and_keep_the_prefix(tmp_path):
-    path = tmp_path / "kvcache.db"
+    path = tmp_path / "store.db"
     pages = make_pages([page(0), page(4), page(8), page(12)], size=20000)
     with DiskStore(path) as store:
         store.save_session("chat", FP, pages)
@@ -232,7 +232,7 @@ def test_another_models_session_is_never_returned(store):
 
 
 def test_truncated_file_is_an_error_or_loads_nothing_wrong(tmp_path):
-    path = tmp_path / "kvcache.db"
+    path = tmp_path / "store.db"
     pages = make_pages([page(4 * i) for i in range(40)], size=30000)
     with DiskStore(path) as store:
         store.save_session("chat", FP, pages)
@@ -248,7 +248,7 @@ def test_truncated_file_is_an_error_or_loads_nothing_wrong(tmp_path):
 
 
 def test_not_a_database_names_the_path(tmp_path):
-    path = tmp_path / "kvcache.db"
+    path = tmp_path / "store.db"
     path.write_bytes(b"this is not sqlite " * 500)
     with pytest.raises(DiskStoreError, match="not a readable KV cache") as caught:
         DiskStore(path)
@@ -256,7 +256,7 @@ def test_not_a_database_names_the_path(tmp_path):
 
 
 def test_newer_schema_is_refused(tmp_path):
-    path = tmp_path / "kvcache.db"
+    path = tmp_path / "store.db"
     DiskStore(path).close()
     with raw(path) as conn:
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
@@ -265,7 +265,7 @@ def test_newer_schema_is_refused(tmp_path):
 
 
 def test_another_sqlite_database_is_refused(tmp_path):
-    path = tmp_path / "kvcache.db"
+    path = tmp_path / "store.db"
     with raw(path) as conn:
         conn.execute("CREATE TABLE notes (text TEXT)")
     with pytest.raises(DiskStoreError, match="not a RadixChat KV cache"):
@@ -273,7 +273,7 @@ def test_another_sqlite_database_is_refused(tmp_path):
 
 
 def test_locked_database_is_an_error(tmp_path):
-    path = tmp_path / "kvcache.db"
+    path = tmp_path / "store.db"
     DiskStore(path).close()
     with raw(path) as holder:
         holder.execute("BEGIN IMMEDIATE")
@@ -301,7 +301,7 @@ def test_disk_full_writes_nothing(store):
 def test_budget_drops_least_recently_used_sessions_first(tmp_path):
     system = page(1000, 8)
     chains = {name: [system, page(100 * i)] for i, name in enumerate("abcd")}
-    with DiskStore(tmp_path / "kvcache.db", budget_bytes=10**9) as store:
+    with DiskStore(tmp_path / "store.db", budget_bytes=10**9) as store:
         for name in "abc":
             store.save_session(name, FP, make_pages(chains[name], size=10_000))
         per_session = store.stats().bytes // 3  # about one tail page each
@@ -319,7 +319,7 @@ def test_budget_drops_least_recently_used_sessions_first(tmp_path):
 
 
 def test_clear_one_session_then_everything(tmp_path):
-    path = tmp_path / "kvcache.db"
+    path = tmp_path / "store.db"
     with DiskStore(path) as store:
         store.save_session("a", FP, make_pages([page(0), page(4)], size=100_000))
         store.save_session("b", FP, make_pages([page(0), page(8)], size=100_000))
@@ -351,7 +351,7 @@ operations = st.one_of(
 @given(st.lists(operations, max_size=12))
 def test_store_behaves_like_a_dict_of_chains(ops):
     model: dict[str, tuple[str, list[tuple[int, ...]]]] = {}  # session -> (fingerprint, chain)
-    with tempfile.TemporaryDirectory() as tmp, DiskStore(Path(tmp) / "kvcache.db") as store:
+    with tempfile.TemporaryDirectory() as tmp, DiskStore(Path(tmp) / "store.db") as store:
         for op in ops:
             if op[0] == "save":
                 _, name, fingerprint, chain = op
@@ -433,7 +433,7 @@ def test_sigkill_during_saves_leaves_a_consistent_store(tmp_path):
         folder.mkdir()
         budget = 10**9 if trial % 2 else 20_000  # odd trials: the budget evicts too
         log = open(folder / "log", "w")
-        child = subprocess.Popen([sys.executable, str(script), str(folder / "kvcache.db"), str(budget)],
+        child = subprocess.Popen([sys.executable, str(script), str(folder / "store.db"), str(budget)],
                                  stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         trials.append((folder, budget, child))
@@ -460,7 +460,7 @@ def test_sigkill_during_saves_leaves_a_consistent_store(tmp_path):
             if len(parts) == 2:  # a line cut by the kill is ignored
                 committed[int(parts[0])] = int(parts[1])
         trials_with_saves += bool(committed)
-        with DiskStore(folder / "kvcache.db", budget_bytes=budget) as store:
+        with DiskStore(folder / "store.db", budget_bytes=budget) as store:
             assert store.verify().clean
             for session in range(3):
                 last = committed.get(session)

@@ -45,7 +45,6 @@ FIRST_QUESTION = "Summarize these travel notes in one sentence."
 FOLLOW_UP = "Which of these notes matters most for a first visit, and why?"
 BUILD_REPLY_TOKENS = 32
 REPLY_TOKENS = 8  # per measured turn: TTFT is the figure, not decode
-DB_FILES = ("kvcache.db", "kvcache.db-wal", "kvcache.db-shm")
 READ_ROUNDS = 3  # timings of each read (store, plain), in turns
 
 
@@ -142,7 +141,7 @@ def _read_rates(folder: Path, fingerprint: str) -> dict:
 
     plain = folder / "plain-read.bin"
     times: dict[str, list[float]] = {name: [] for name in ("load_cold", "load_warm", "plain_cold", "plain_warm")}
-    with DiskStore(folder / "kvcache.db") as store:
+    with DiskStore(paths.kv_cache_db_path(folder)) as store:
         info = store.session(SESSION)
         if info is None:
             raise UserError("bench restore: the session was not found on disk after the save")
@@ -150,7 +149,7 @@ def _read_rates(folder: Path, fingerprint: str) -> dict:
             for start in range(0, info.nbytes, 1 << 24):
                 f.write(os.urandom(min(1 << 24, info.nbytes - start)))
         try:
-            reads = (("load", lambda: read_store(store), [folder / name for name in DB_FILES]),
+            reads = (("load", lambda: read_store(store), list(paths.kv_cache_db_files(folder))),
                      ("plain", lambda: _read_plain(plain), [plain]))
             for turn in range(READ_ROUNDS):
                 for name, action, files in reads[::-1] if turn % 2 else reads:
@@ -209,7 +208,7 @@ def _repetition(folder: Path, spec: str, tokens: int) -> Repetition:
     second = engine()  # "after a restart"
     try:
         _ask(second, [ChatMessage("user", "Hello")], use_cache=False, max_tokens=1)  # warm-up
-        _drop_from_page_cache(*(folder / name for name in DB_FILES))
+        _drop_from_page_cache(*paths.kv_cache_db_files(folder))
         restored = _ask(second, follow_up, session=SESSION)
         recompute = _ask(second, follow_up, use_cache=False)
     finally:

@@ -160,3 +160,26 @@ def test_default_model_answers_paris_as_a_new_user_would(data_root_with_default)
     )
     assert result.returncode == 0, result.stderr
     assert "Paris" in result.stdout
+
+
+def test_chat_parser_sampling_defaults_are_the_engines():
+    """``radixchat chat`` with no sampling flags samples as a bare SamplingParams() does."""
+    from dataclasses import fields
+
+    from core.cli.main import build_parser
+    from core.engine.types import SamplingParams
+
+    args = build_parser().parse_args(["chat", "hello"])
+    flags = {"temperature": "temp"}  # field -> argparse dest, where they differ
+    parsed = {f.name: getattr(args, flags.get(f.name, f.name)) for f in fields(SamplingParams)}
+    parsed["stop"] = tuple(parsed["stop"])
+    assert SamplingParams(**parsed) == SamplingParams()
+
+
+def test_cache_stats_shows_the_budget_in_the_apps_unit(capsys, tmp_path):
+    """`cache stats` counts GB as the app does (core.paths.GB): the default reads as typed."""
+    from kvcache.store import DEFAULT_BUDGET
+
+    assert main(["cache", "stats", "--data-dir", str(tmp_path)]) == 0
+    assert f"budget {DEFAULT_BUDGET / paths.GB:.1f} GB" in capsys.readouterr().out
+    assert DEFAULT_BUDGET / paths.GB == 10  # "Default (10 GB)" in Preferences

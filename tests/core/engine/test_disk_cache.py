@@ -9,6 +9,7 @@ import sqlite3
 import pytest
 
 from core.cli.main import main
+from core.paths import kv_cache_db_path
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
@@ -68,7 +69,7 @@ def test_restore_is_exact_for_every_kind(kind, tmp_path):
 
 def test_damaged_page_is_recomputed_not_trusted(capsys, tiny_model, tmp_path):
     first = turn(capsys, tiny_model, tmp_path, "s", "Hello there, tell me a story.")
-    db = sqlite3.connect(tmp_path / "kvcache.db")
+    db = sqlite3.connect(kv_cache_db_path(tmp_path))
     rows = db.execute("SELECT key, kv FROM page_data").fetchall()
     assert rows
     for key, kv in rows:  # flip bytes in every page's K/V
@@ -111,7 +112,7 @@ def test_cache_commands(capsys, tiny_model, tmp_path):
 
 def test_newer_cache_schema_runs_without_disk_cache(capsys, tiny_model, tmp_path):
     turn(capsys, tiny_model, tmp_path, "s", "hello")
-    db = sqlite3.connect(tmp_path / "kvcache.db")
+    db = sqlite3.connect(kv_cache_db_path(tmp_path))
     db.execute("PRAGMA user_version = 42")
     db.close()
     second = turn(capsys, tiny_model, tmp_path, "s", "again")  # still answers, from scratch
@@ -163,7 +164,7 @@ def test_forget_session_removes_its_disk_cache_and_keeps_shared_pages(tmp_path, 
         engine.flush_disk_cache()
     finally:
         engine.shutdown()
-    with DiskStore(tmp_path / "kvcache.db") as store:
+    with DiskStore(kv_cache_db_path(tmp_path)) as store:
         assert [info.name for info in store.sessions()] == ["keep"]
         assert store.verify().clean
 
@@ -180,12 +181,12 @@ def test_damaged_page_mid_chain_restores_the_pages_before_it(kind, tmp_path):
         writer.flush_disk_cache()
     finally:
         writer.shutdown()
-    with DiskStore(tmp_path / "data" / "kvcache.db") as store:
+    with DiskStore(kv_cache_db_path(tmp_path / "data")) as store:
         [info] = store.sessions()
         with store.read_session("s", info.fingerprint) as reader:
             chain = reader.chain
     assert len(chain) >= 4 and all(len(page.tokens) == 64 for page in chain[:3])
-    with sqlite3.connect(tmp_path / "data" / "kvcache.db") as db:  # flip a byte in the third page
+    with sqlite3.connect(kv_cache_db_path(tmp_path / "data")) as db:  # flip a byte in the third page
         kv = bytearray(db.execute("SELECT kv FROM page_data WHERE key = ?", [chain[2].key]).fetchone()[0])
         kv[len(kv) // 3] ^= 0x55
         db.execute("UPDATE page_data SET kv = ? WHERE key = ?", [bytes(kv), chain[2].key])
@@ -203,7 +204,7 @@ def test_damaged_page_mid_chain_restores_the_pages_before_it(kind, tmp_path):
     # there, and this chain has its first at the prompt's end: nothing); the rest is recomputed
     assert restored.stats.restored_tokens == (128 if kind == "llama" else 0)
     assert restored.text == plain.text
-    with DiskStore(tmp_path / "data" / "kvcache.db") as store:
+    with DiskStore(kv_cache_db_path(tmp_path / "data")) as store:
         assert store.verify().clean  # the bad page was dropped when it was found
 
 
@@ -224,7 +225,7 @@ def test_a_save_that_evicts_another_session_does_not_resend_this_one(tmp_path, t
         ask(first, "old", long_text)
     finally:
         first.shutdown()
-    with DiskStore(tmp_path / "kvcache.db") as store:
+    with DiskStore(kv_cache_db_path(tmp_path)) as store:
         one_session = store.stats().bytes
     serialized = []
     original = persist.kv_to_bytes
@@ -234,7 +235,7 @@ def test_a_save_that_evicts_another_session_does_not_resend_this_one(tmp_path, t
         engine.wait_ready(timeout=120)
         ask(engine, "new", other_text)  # its save evicts "old" (no page in common)
         first_save = len(serialized)
-        with DiskStore(tmp_path / "kvcache.db") as store:
+        with DiskStore(kv_cache_db_path(tmp_path)) as store:
             assert [s.name for s in store.sessions()] == ["new"]
         serialized.clear()
         ask(engine, "new", other_text, "and a follow-up")
@@ -242,7 +243,7 @@ def test_a_save_that_evicts_another_session_does_not_resend_this_one(tmp_path, t
         engine.shutdown()
     assert first_save >= 4
     assert 0 < len(serialized) <= 2  # only the pages past what is stored already
-    with DiskStore(tmp_path / "kvcache.db") as store:
+    with DiskStore(kv_cache_db_path(tmp_path)) as store:
         assert store.verify().clean
 
 
@@ -264,7 +265,7 @@ def test_a_session_the_pool_can_never_hold_is_not_read(tmp_path, tiny_model):
     finally:
         small.shutdown()
     assert done.text == expected.text and done.stats.restored_tokens == 0
-    with DiskStore(tmp_path / "kvcache.db") as store:
+    with DiskStore(kv_cache_db_path(tmp_path)) as store:
         assert store.stats().loads == 0  # its pages were never read
 
 
@@ -280,7 +281,7 @@ def test_a_restore_does_not_wait_for_the_write_lock(tmp_path, tiny_model):
     finally:
         first.shutdown()
     follow_up = history + (ChatMessage("assistant", reply.text), ChatMessage("user", "and in autumn?"))
-    holder = sqlite3.connect(tmp_path / "kvcache.db", isolation_level=None)
+    holder = sqlite3.connect(kv_cache_db_path(tmp_path), isolation_level=None)
     engine = Engine(tmp_path, str(tiny_model)).start()
     try:
         engine.wait_ready(timeout=120)

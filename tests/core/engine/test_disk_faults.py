@@ -206,7 +206,7 @@ def _lines(log: Path) -> list[str]:
 
 
 def check_cache_db(root: Path) -> None:
-    with DiskStore(root / "kvcache.db") as store:  # opening replays the WAL
+    with DiskStore(paths.kv_cache_db_path(root)) as store:  # opening replays the WAL
         assert store.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         first = store.verify()
         second = store.verify()

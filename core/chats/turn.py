@@ -1,0 +1,90 @@
+"""What one chat turn does, for every front end (the ``radixchat chat`` command and the window).
+
+A turn is a user message and its reply, in a stored chat session:
+
+- ``ChatTurn.start`` reads the chat and builds what the model is asked: the session's
+  system prompt, the stored history (less its last turn when the reply is to replace it:
+  regenerate, edit) and the new user message.
+- ``ChatTurn.finish`` decides what is stored when the reply ends: a reply stopped before
+  any text is not stored, as if it was never sent; any other reply is stored with the
+  engine's figures (appended, or replacing the last turn), so the store only changes once a
+  reply is done and a failed or discarded reply loses nothing.
+
+No mlx and no Qt here: the turn only reads and writes the chat store and builds the
+engine's plain request values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from core.chats.store import ChatStore, Message, Session
+from core.engine.types import ChatMessage, GenerationRequest, RequestStats, SamplingParams
+
+
+def last_turn_start(messages: list[Message]) -> int:
+    """Where the last turn starts: the last message, and the one before it unless the last
+    is a user message (a turn is a user message and its reply)."""
+    if not messages:
+        return 0
+    return max(0, len(messages) - (1 if messages[-1].role == "user" else 2))
+
+
+@dataclass(frozen=True)
+class ChatTurn:
+    """One turn in flight: what was asked, and what the stored chat looked like when it was."""
+
+    session: Session
+    prompt: str  # the user message
+    replace: bool  # the reply replaces the stored last turn (regenerate, edit)
+    stored: tuple[Message, ...]  # the stored chat when the turn started
+    kept: tuple[Message, ...]  # the stored messages the turn follows (``stored`` less its last turn when replacing)
+
+    @classmethod
+    def start(cls, store: ChatStore, session: Session, prompt: str, replace: bool = False) -> ChatTurn:
+        """A turn asking ``prompt`` after ``session``'s stored chat; raises StoreError when the
+        chat cannot be read. ``session`` carries the system prompt to use."""
+        stored = tuple(store.messages(session.id))
+        kept = stored[:last_turn_start(list(stored))] if replace else stored
+        return cls(session, prompt, replace, stored, kept)
+
+    @property
+    def history(self) -> tuple[ChatMessage, ...]:
+        """What comes before the user message: the system prompt (if any), then the kept chat."""
+        system = (ChatMessage("system", self.session.system_prompt),) if self.session.system_prompt else ()
+        return system + tuple(ChatMessage(m.role, m.content) for m in self.kept)
+
+    @property
+    def messages(self) -> tuple[ChatMessage, ...]:
+        """What the model is asked: the history and the user message."""
+        return self.history + (ChatMessage("user", self.prompt),)
+
+    @property
+    def kept_stats(self) -> list[dict]:
+        """The stored figures of the replies the turn follows, oldest first."""
+        return [m.stats for m in self.kept if m.role == "assistant" and m.stats]
+
+    def request(self, sampling: SamplingParams, use_cache: bool = True) -> GenerationRequest:
+        """The engine request for this turn, in the session's cache."""
+        return GenerationRequest(messages=self.messages, sampling=sampling, session=self.session.name,
+                                 use_cache=use_cache)
+
+    @staticmethod
+    def keeps(text: str, stats: RequestStats | None) -> bool:
+        """Whether a reply that ended with ``text`` is stored: not when it was stopped before
+        any text (``stats`` None: it ended without the engine's figures, e.g. the window closed)."""
+        stopped = stats is None or stats.finish_reason == "cancelled"
+        return bool(text) or not stopped
+
+    def finish(self, store: ChatStore, text: str, stats: RequestStats | None) -> bool:
+        """Store the turn with its reply, if ``keeps`` says so; True when it was stored.
+        Raises StoreError when the store fails (the chat goes on in memory)."""
+        if not self.keeps(text, stats):
+            return False
+        figures = dataclasses.asdict(stats) if stats is not None else None
+        if self.replace:
+            store.replace_last_turn(self.session.id, self.prompt, text, figures)
+        else:
+            store.add_turn(self.session.id, self.prompt, text, figures)
+        return True
