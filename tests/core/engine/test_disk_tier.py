@@ -185,3 +185,30 @@ def test_after_a_model_switch_the_other_models_pages_go_first(tmp_path):
         engine.shutdown()
     with DiskStore(tmp_path / "data" / "kvcache.db") as store:
         assert store.stats().bytes <= stats.bytes // 2
+
+
+def test_default_model_unnamed_prompt_after_a_restart(data_root_with_default):
+    """The real default model: an unnamed prompt's prefix from disk after a restart gives the
+    reply RAM only and no cache give."""
+    system = ChatMessage("system", "You are a concise assistant for travellers. " * 12)
+    question = ChatMessage("user", "Name three things to see in Paris.")
+    options = dict(pool_tokens=4096, disk_min_tokens=64)
+    first = Engine(data_root_with_default, "default", **options).start()
+    try:
+        first.wait_ready(300)
+        d1 = ask(first, system, question)
+        first.flush_disk_cache()
+        follow_up = (system, question, ChatMessage("assistant", d1.text), ChatMessage("user", "And in Lyon?"))
+        ram = ask(first, *follow_up)
+    finally:
+        first.shutdown()
+    second = Engine(data_root_with_default, "default", **options).start()
+    try:
+        second.wait_ready(300)
+        restored = ask(second, *follow_up)
+        plain = ask(second, *follow_up, use_cache=False)
+    finally:
+        second.shutdown()
+    assert restored.stats.restored_tokens >= d1.stats.prompt_tokens - 1
+    assert ram.stats.cached_tokens >= d1.stats.prompt_tokens - 1 and ram.stats.restored_tokens == 0
+    assert restored.text == ram.text == plain.text
