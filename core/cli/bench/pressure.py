@@ -124,7 +124,7 @@ def _way(way: str, folder: Path, spec: str, args, notes: int, pool: int) -> WayR
         engine.shutdown()
         gc.collect()
         mx.clear_cache()
-    distinct = _distinct_tokens(folder / "kvcache.db", fingerprint) * token_bytes if way == "disk" else 0
+    distinct = _distinct_tokens(paths.kv_cache_db_path(folder), fingerprint) * token_bytes if way == "disk" else 0
     return WayResult(way, later, first, restored, cached, computed, written, distinct, tuple(replies))
 
 

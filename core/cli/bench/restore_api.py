@@ -24,10 +24,11 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from core import paths
 from core.api.server import ApiServer
 from core.engine.engine import Engine
 from core.errors import UserError
-from core.cli.bench.restore import (BUILD_REPLY_TOKENS, DB_FILES, FIRST_QUESTION, FOLLOW_UP, REPLY_TOKENS,
+from core.cli.bench.restore import (BUILD_REPLY_TOKENS, FIRST_QUESTION, FOLLOW_UP, REPLY_TOKENS,
                                     _drop_from_page_cache, _notes, _scratch_folder)
 
 
@@ -118,11 +119,11 @@ def _repetition(folder: Path, spec: str, tokens: int) -> ApiRepetition:
         written = engine.stats().disk.bytes_written
     finally:
         close(engine, server)
-    _drop_from_page_cache(*(folder / name for name in DB_FILES))
+    _drop_from_page_cache(*paths.kv_cache_db_files(folder))
     engine, server = serve()  # "after a restart"
     try:
         _stream(server, [{"role": "user", "content": "Hello"}], 1)  # warm-up (too short to be written)
-        _drop_from_page_cache(*(folder / name for name in DB_FILES))
+        _drop_from_page_cache(*paths.kv_cache_db_files(folder))
         restore = _stream(server, follow_up, REPLY_TOKENS)
         restored = engine.stats().disk.read_tokens
     finally:
