@@ -103,6 +103,11 @@ class EngineBridge(QObject):
         """Drop a deleted chat's cached KV, in RAM and on disk (queued to the engine thread)."""
         self.engine.forget_session(name)
 
+    def give_disk_space_back(self) -> int:
+        """The disk is full and a chat turn could not be saved: delete the KV cache's files
+        so the history can be (returns the bytes freed; waits for the engine thread)."""
+        return self.engine.give_disk_space_back()
+
     def start(self) -> None:
         """Start the engine; modelLoading, then modelReady or loadFailed."""
         self._loading = True

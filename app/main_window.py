@@ -23,10 +23,11 @@ from app.memory_panel import MemoryPanel
 from app.model_picker import ModelPickerDialog
 from app.session_list import SessionList
 from app.settings_dialogs import DEFAULT_SAMPLING, AppSettings, AppSettingsDialog, SessionSettingsDialog
-from core.chats.store import ChatStore, Session
+from core.chats.store import ChatStore, Session, readable
 from core.chats.turn import ChatTurn
 from core.engine.types import RequestStats
 from core.errors import StoreError, UserError
+from core.paths import MB
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +236,7 @@ class MainWindow(QMainWindow):
             return
         try:
             session = self.store.get_session_by_id(session_id)
-            messages = self.store.messages(session_id) if session is not None else []
+            messages, damage = readable(self.store.messages(session_id) if session is not None else [])
         except StoreError as exc:
             self._set_state_text(f"Could not open the chat: {exc}")
             return
@@ -250,6 +251,8 @@ class MainWindow(QMainWindow):
             self.sessions.select(session.id)
         self.setWindowTitle(f"{session.title or 'New chat'} — RadixChat")
         self._update_state()
+        if damage or session.damaged:  # shown as read (bad bytes as U+FFFD), said in one row
+            self.chat.add_error(f"Damaged: {damage or 'this chat: ' + session.damaged}")
 
     def _on_session_deleted(self, session_id: int, name: str) -> None:
         if name:
@@ -278,7 +281,7 @@ class MainWindow(QMainWindow):
         if self._generating or not self.model_name or self.session is None:
             return
         try:
-            messages = self.store.messages(self.session.id)
+            messages = readable(self.store.messages(self.session.id))[0]
         except StoreError as exc:
             self._set_state_text(f"Could not read the chat: {exc}")
             return
@@ -401,13 +404,19 @@ class MainWindow(QMainWindow):
         self._update_state()
         if self.session is None:
             return
+        saved = turn.save(self.store, text, stats, make_room=self.bridge.give_disk_space_back)
+        if saved.error:  # the reply stays shown; the chat goes on in memory
+            self._set_state_text(f"This reply is shown but was not saved: {saved.error}")
+            return
+        if saved.cache_freed:
+            self._set_state_text(f"The disk is full: the KV cache ({saved.cache_freed / MB:.1f} MB) "
+                                 "was deleted to save this reply")
         try:
-            turn.finish(self.store, text, stats)
             self.session = self.store.get_session_by_id(self.session.id) or self.session
             self.sessions.refresh(select_id=self.session.id)
             self.setWindowTitle(f"{self.session.title or 'New chat'} — RadixChat")
-        except StoreError as exc:  # the chat goes on in memory
-            self._set_state_text(f"Could not save the chat: {exc}")
+        except StoreError as exc:
+            self._set_state_text(f"Could not read the chats: {exc}")
 
     def _on_failed(self, message: str) -> None:
         turn, self._turn = self._turn, None

@@ -341,10 +341,8 @@ class DiskTier:
                 result = self._writer.save_prefix(self.fingerprint, job.pages)
         except DiskStoreError as exc:  # disk full, locked...: the cache costs time, no more
             self._counts["write_errors"] += 1
-            if "full" in str(exc):
-                if time.monotonic() >= self._stopped_until:
-                    log.warning("disk cache writes stopped for %.0f s: %s", RETRY_AFTER_S, exc)
-                self._stopped_until = time.monotonic() + RETRY_AFTER_S
+            if getattr(exc, "reason", None) == "full" or "full" in str(exc):
+                self._stop_writes(str(exc))
             else:
                 log.warning("saving %s failed: %s", what, exc)
             self.last_error = str(exc)
@@ -355,6 +353,8 @@ class DiskTier:
             log.exception("saving %s failed", what)
             self._forget_missing()
             return
+        if result.gave_way:  # the disk is down to the store's reserve: nothing was written
+            self._stop_writes(f"the disk is nearly full: the KV cache keeps its reserve free ({self._writer.path})")
         self._counts["pages_written"] += result.pages_written
         self._counts["bytes_written"] += result.bytes_written
         keys = chain_keys(self.fingerprint, [p.tokens for p in job.pages])[: result.pages]
@@ -363,6 +363,13 @@ class DiskTier:
                        for key, parent, page in zip(keys, parents, job.pages))
         if result.pages < len(job.pages):
             self._forget_missing()  # another process deleted pages
+
+    def _stop_writes(self, why: str) -> None:
+        """Writer thread: no writes for ``RETRY_AFTER_S`` (one log line when they stop)."""
+        if time.monotonic() >= self._stopped_until:
+            log.warning("disk cache writes stopped for %.0f s: %s", RETRY_AFTER_S, why)
+        self.last_error = why
+        self._stopped_until = time.monotonic() + RETRY_AFTER_S
 
     def _drain_deleted(self) -> None:
         deleted, self._writer.deleted_keys = self._writer.deleted_keys, []

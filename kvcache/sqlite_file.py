@@ -71,7 +71,9 @@ class SqliteFile:
 
     def _check_version(self, version: int) -> None:
         if version > self.schema_version:
-            raise self.error(self._wording("newer", version=version))
+            error = self.error(self._wording("newer", version=version))
+            error.reason = "newer"
+            raise error
 
     def _migrate(self) -> None:
         """Apply each pending migration in its own transaction."""
@@ -84,7 +86,9 @@ class SqliteFile:
                 if current >= version:
                     continue
                 if current == 0 and self.db.table_names():
-                    raise self.error(self._wording("foreign"))
+                    error = self.error(self._wording("foreign"))
+                    error.reason = "foreign"
+                    raise error
                 migration(self.db)
                 self.db.execute(f"PRAGMA user_version = {version}")
 
@@ -121,7 +125,42 @@ class SqliteFile:
             kind = _failure_kind(str(exc), has_full="full" in self.wordings)
             if kind is None:
                 raise  # a bug, not something the user can fix
-            raise self.error(self._wording(kind, text=str(exc))) from exc
+            error = self.error(self._wording(kind, text=str(exc)))
+            error.reason = kind  # which of the wordings: callers may act on it (set aside...)
+            raise error from exc
+
+
+SIDE_FILES = ("", "-wal", "-shm", "-journal")  # a database and what SQLite keeps beside it
+
+
+def remove_files(path: Path) -> int:
+    """Delete the database at ``path`` and its side files; returns the bytes freed. Needs
+    no free space (unlike a DELETE or a VACUUM): what a full disk still allows."""
+    freed = 0
+    for suffix in SIDE_FILES:
+        side = path.with_name(path.name + suffix)
+        try:
+            size = side.stat().st_size
+            side.unlink()
+        except FileNotFoundError:
+            continue
+        freed += size
+    return freed
+
+
+def set_aside(path: Path) -> Path:
+    """Rename the database at ``path`` (and its side files) to ``NAME.damaged-N``, the first
+    N free, so a new one can be made in its place; returns the new name. A rename needs
+    no free space and keeps the old file for whoever wants to look at it."""
+    n = 1
+    while any(path.with_name(f"{path.name}.damaged-{n}{suffix}").exists() for suffix in SIDE_FILES):
+        n += 1
+    target = path.with_name(f"{path.name}.damaged-{n}")
+    for suffix in SIDE_FILES:
+        side = path.with_name(path.name + suffix)
+        if side.exists():
+            side.rename(target.with_name(target.name + suffix))
+    return target
 
 
 def _failure_kind(text: str, has_full: bool) -> str | None:

@@ -33,19 +33,20 @@ answer. Every failure the user can act on is a :class:`DiskStoreError`.
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
+import shutil
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 
 from kvcache.sqlite_file import SqliteFile
+from kvcache.store_reader import ChainPage, IndexedPage, SessionReader, _Link  # noqa: F401  (this module's API too)
 from kvcache.store_format import (  # noqa: F401  (page_key, pack_tokens...: this module's API too)
     LIVE_PAGES, MIGRATIONS, SCHEMA_VERSION, PageData, StoredPage, chain_keys, pack_tokens,
     page_checksum, page_key, page_problem, page_rows, unpack_tokens)
@@ -53,6 +54,12 @@ from kvcache.store_format import (  # noqa: F401  (page_key, pack_tokens...: thi
 log = logging.getLogger(__name__)
 
 DEFAULT_BUDGET = 10 * 2**30  # bytes of pages on disk
+# The disk space the cache leaves free, whatever its budget: the chat history (and
+# everything else on the disk) comes first. A save that would eat into it writes nothing,
+# and when something else takes the disk past it the cache empties itself and gives the
+# space back (see _enforce_budget).
+MIN_RESERVE = 2**30
+RESERVE_FRACTION = 0.05
 SQLITE_PAGE_SIZE = 65536  # set when the file is created: long overflow chains read faster
 # No memory map (SQLite's default): a restore reads each page's K/V with an incremental
 # blob read, which SQLite serves with read() from the file straight into the result
@@ -80,6 +87,7 @@ class SaveResult:
     pages_written: int  # pages that were not stored yet
     bytes_written: int
     evicted_sessions: tuple[str, ...]  # dropped by the budget (may include this one)
+    gave_way: bool = False  # nothing written: the disk is nearly full (its reserve)
 
 
 @dataclass(frozen=True)
@@ -127,87 +135,6 @@ class VerifyReport:
                     or self.orphans_removed)
 
 
-@dataclass(frozen=True)
-class _Link:
-    """A page's metadata, as a chain walk reads it (no K/V)."""
-
-    key: str
-    parent: str | None
-    tokens: bytes
-    nbytes: int
-    checksum: str
-
-
-@dataclass(frozen=True)
-class IndexedPage:
-    """A stored page as the disk tier's in-memory index holds it (no K/V)."""
-
-    key: str
-    parent: str | None
-    tokens: bytes  # int32 little-endian, as stored
-    has_snapshot: bool
-
-
-@dataclass(frozen=True)
-class ChainPage:
-    """A page of a session's chain as the walk sees it (no K/V)."""
-
-    key: str
-    tokens: tuple[int, ...]
-    has_snapshot: bool
-
-
-class SessionReader:
-    """A session's chain, read inside one read transaction (:meth:`DiskStore.read_session`).
-
-    ``chain`` is the metadata, first page first; :meth:`pages` streams the K/V. While the
-    caller works on one page, the next ones are read and checksummed on the store's
-    threads (SQLite and CRC-32 release the GIL), so reading overlaps whatever the caller
-    does with the bytes, and a page's bytes are dropped as soon as the caller is done with
-    them: a restore never holds the whole session twice."""
-
-    READ_AHEAD = 16  # pages in flight beyond the one handed out
-
-    def __init__(self, store: DiskStore, links: list[_Link], suspects: set[str]):
-        self._store = store
-        self.suspects = suspects  # keys found bad or missing: repaired when the read ends
-        self.used: list[ChainPage] = []  # pages handed out, in order
-        self._links: list[tuple[_Link, ChainPage]] = []
-        self._pending: collections.deque = collections.deque()
-        for link in links:
-            row = store.db.execute(  # length(): the value itself is not read
-                "SELECT length(snapshot) FROM page_data WHERE key = ?", [link.key]).fetchone()
-            if row is None:
-                suspects.add(link.key)
-                break
-            self._links.append((link, ChainPage(link.key, unpack_tokens(link.tokens), row[0] is not None)))
-        self.chain = [page for _, page in self._links]
-
-    def pages(self, count: int | None = None, first: int = 0) -> Iterator[StoredPage]:
-        """Pages ``first`` to ``count - 1`` of the chain (None: to the end) with their K/V,
-        in order, each verified against its checksum before it is handed out. Stops at
-        the first bad or missing page."""
-        todo = collections.deque(self._links[first: len(self._links) if count is None else count])
-        pending = self._pending
-        while todo or pending:
-            while todo and len(pending) <= self.READ_AHEAD:
-                link, page = todo.popleft()
-                pending.append((link, page, self._store._reader.submit(
-                    self._store._fetch, link, page.has_snapshot)))
-            link, page, future = pending.popleft()
-            data = future.result()
-            if data is None or data[2].result() != link.checksum:
-                self.suspects.add(link.key)
-                return
-            self.used.append(page)
-            yield StoredPage(link.key, page.tokens, data[0], data[1])
-
-    def close(self) -> None:
-        """Wait for the reads in flight (the connection is the store's again after this)."""
-        wait([future for _, _, future in self._pending])
-        self._pending.clear()
-
-
 class DiskStore(SqliteFile):
     """The KV cache database at ``path``, created and migrated on open.
 
@@ -226,9 +153,11 @@ class DiskStore(SqliteFile):
         "io": "cannot use the KV cache {path}: {text}",
     }
 
-    def __init__(self, path: Path, *, budget_bytes: int = DEFAULT_BUDGET, timeout: float = 2.0):
+    def __init__(self, path: Path, *, budget_bytes: int = DEFAULT_BUDGET, timeout: float = 2.0,
+                 reserve_bytes: int | None = None):
         self.path = Path(path)
         self.budget_bytes = budget_bytes
+        self.reserve_bytes = reserve_bytes  # None: max(MIN_RESERVE, RESERVE_FRACTION of the disk)
         # Checksums on worker threads (hashlib releases the GIL) while SQLite reads on.
         self._hashers = ThreadPoolExecutor(_HASH_THREADS, thread_name_prefix="kvcache-hash")
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="kvcache-read")  # read-ahead
@@ -242,6 +171,9 @@ class DiskStore(SqliteFile):
             self.db.execute(f"PRAGMA page_size = {SQLITE_PAGE_SIZE}")
         self.db.enable_wal()
         self.db.execute("PRAGMA synchronous = NORMAL")  # WAL: consistent after a crash
+        # Not the zeroing of every freed page some builds default to (Debian's): it made a
+        # delete write as much as it deleted, so on a full disk nothing could be evicted.
+        self.db.execute("PRAGMA secure_delete = FAST")
         self.db.execute(f"PRAGMA journal_size_limit = {64 * 2**20}")
 
     def close(self) -> None:
@@ -294,6 +226,7 @@ class DiskStore(SqliteFile):
         rows = self._hashers.map(lambda job: page_rows(fingerprint, *job), to_write)
         prepared = {key: row for (key, _, _), row in zip(to_write, rows)}  # before the lock
         now = time.time()
+        room = self.disk_room()
         with self._transaction():
             stored = self._page_sizes(keys)
             chain: list[str] = []
@@ -313,6 +246,12 @@ class DiskStore(SqliteFile):
                 chain.append(key)
                 tokens += len(page.tokens)
                 nbytes += stored[key]
+            # New pages pass through the write-ahead log before the file: twice their size.
+            gives_way = 2 * sum(row["nbytes"] for row in new_pages) > room
+            if gives_way:  # the disk is nearly full: write nothing, the session keeps its old chain
+                chain, new_pages, new_data, tokens = [], [], [], 0
+                log.info("not saving %s: the disk is nearly full",
+                         f"the cache of {session}" if session is not None else "a cached prefix")
             self.db["pages"].insert_all(new_pages, ignore=True)
             self.db["page_data"].insert_all(new_data, ignore=True)
             self._touch_pages(chain, now)
@@ -320,7 +259,8 @@ class DiskStore(SqliteFile):
                 if chain:
                     self._keep_prefix(fingerprint, chain[-1], tokens, now)
             else:
-                self.db.execute("DELETE FROM sessions WHERE name = ?", [session])
+                if not gives_way:
+                    self.db.execute("DELETE FROM sessions WHERE name = ?", [session])
                 if chain:
                     self.db["sessions"].insert({
                         "name": session, "fingerprint": fingerprint, "head": chain[-1],
@@ -329,12 +269,12 @@ class DiskStore(SqliteFile):
                     })
             written = sum(row["nbytes"] for row in new_pages)
             self._count(saves=1, pages_written=len(new_pages), bytes_written=written)
-            _freed, evicted = self._enforce_budget(fingerprint)
-        self._checkpoint()
+            _freed, evicted = self._enforce_budget(room, fingerprint)
+        self._checkpoint(shrink=room < 0)
         return SaveResult(
             session=session, head=chain[-1] if chain else None, pages=len(chain), tokens=tokens,
             pages_written=len(new_pages), bytes_written=written,
-            evicted_sessions=tuple(evicted),
+            evicted_sessions=tuple(evicted), gave_way=gives_way,
         )
 
     # -- loading --
@@ -527,19 +467,52 @@ class DiskStore(SqliteFile):
 
     def enforce_budget(self, fingerprint: str | None = None) -> int:
         """Delete orphan pages, then chains (and the pages only they reached) until the
-        pages fit the budget: other models' before ``fingerprint``'s (the loaded one),
-        prefixes before sessions, least recently used first. Returns the bytes freed."""
+        pages fit the budget, and the disk keeps its reserve: other models' chains before
+        ``fingerprint``'s (the loaded one), prefixes before sessions, least recently used
+        first. Returns the bytes freed."""
+        room = self.disk_room()
         with self._transaction():
-            return self._enforce_budget(fingerprint)[0]
+            freed, _evicted = self._enforce_budget(room, fingerprint)
+        self._checkpoint(shrink=room < 0)
+        return freed
+
+    def disk_room(self) -> int:
+        """The bytes the cache may still take from its disk: the free space less the reserve
+        (``reserve_bytes``, or max(MIN_RESERVE, RESERVE_FRACTION of the disk)). Negative
+        when the disk is already past the reserve: then the cache gives back that much."""
+        try:
+            usage = shutil.disk_usage(self.path.parent)
+        except OSError as exc:
+            raise DiskStoreError(f"cannot see the free space beside {self.path}: {exc}") from exc
+        reserve = self.reserve_bytes
+        if reserve is None:
+            reserve = max(MIN_RESERVE, int(usage.total * RESERVE_FRACTION))
+        return usage.free - reserve
 
     # -- internals (inside a transaction) --
 
-    def _enforce_budget(self, fingerprint: str | None = None) -> tuple[int, list[str]]:
+    def _enforce_budget(self, room: int, fingerprint: str | None = None) -> tuple[int, list[str]]:
+        """Evict down to the budget. When the disk is already past its reserve (``room <
+        0``: something else filled it), evict everything instead: deleted rows only give
+        space back to the disk through a VACUUM, which needs room for what is left, so
+        only an empty cache can be sure to return it (see :meth:`_checkpoint`)."""
+        if room < 0:
+            evicted = [name for (name,) in self.db.execute("SELECT name FROM sessions ORDER BY name")]
+            freed = self.db.execute("SELECT coalesce(sum(nbytes), 0) FROM pages").fetchone()[0]
+            self.deleted_keys.extend(key for (key,) in self.db.execute("SELECT key FROM pages"))
+            for table in ("sessions", "prefixes", "pages", "page_data"):
+                self.db.execute(f"DELETE FROM {table}")
+            if evicted:
+                self._count(evicted_sessions=len(evicted))
+                log.warning("the disk is past the KV cache's reserve: %d cached sessions evicted "
+                            "to give the space back", len(evicted))
+            return freed, evicted
         freed = self._delete_orphans()[1]
         total = self.db.execute("SELECT coalesce(sum(nbytes), 0) FROM pages").fetchone()[0]
+        limit = self.budget_bytes
         evicted: list[str] = []
         prefixes = 0
-        while total > self.budget_bytes:
+        while total > limit:
             victim = self.db.execute(
                 "SELECT is_session, id FROM (SELECT 0 AS is_session, head AS id, fingerprint, last_used "
                 "FROM prefixes UNION ALL SELECT 1, name, fingerprint, last_used FROM sessions) "
@@ -673,12 +646,19 @@ class DiskStore(SqliteFile):
         with self._errors():
             return self.db.execute(sql, params or []).fetchall()
 
-    def _checkpoint(self) -> None:
+    def _checkpoint(self, shrink: bool = False) -> None:
         """Move what the write-ahead log holds into the database file, as far as readers
         allow (PASSIVE: waits for no one). Restores then read the file through the memory
         map instead of reading frames out of the log; a busy or failed checkpoint is
-        simply retried after the next save."""
+        simply retried after the next save. ``shrink`` (the cache was emptied because the
+        disk is past its reserve): give the space back to the disk (a VACUUM of an empty
+        database writes a few pages) and truncate the log, as far as readers allow."""
         try:
-            self.db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            if shrink:
+                self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                self.db.execute("VACUUM")
+                self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            else:
+                self.db.execute("PRAGMA wal_checkpoint(PASSIVE)")
         except sqlite3.DatabaseError as exc:
             log.debug("checkpoint skipped: %s", exc)

@@ -5,12 +5,18 @@ thread that needs the store concurrently opens its own. Every write runs in one
 ``BEGIN IMMEDIATE`` transaction, so a crash never leaves half of a change behind,
 and every database failure the user can act on (not a database, written by a newer
 version, locked, disk full) surfaces as :class:`~core.errors.StoreError`.
+
+A damaged row never stops a read: text that is not UTF-8 reads back with U+FFFD, a
+settings or stats value that is not a JSON object reads as empty, and the row's
+``damaged`` says what was wrong (:func:`readable` sums it up in one line for a chat;
+:meth:`ChatStore.verify` lists every damaged row).
 """
 
 from __future__ import annotations
 
 import json
 import time
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +28,7 @@ from kvcache.sqlite_file import SqliteFile
 
 ROLES = ("system", "user", "assistant")
 TITLE_CHARS = 60
+MAX_NAME_CHARS = 256  # a session name, as the API allows it
 _UNSET: Any = object()  # "argument not given", for update_session
 
 
@@ -35,6 +42,7 @@ class Session:
     settings: dict  # sampling settings: temperature, top_p, max_tokens, seed...
     created_at: float
     updated_at: float
+    damaged: str | None = None  # what could not be read back (shown as read, with U+FFFD)
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,23 @@ class Message:
     content: str
     stats: dict | None  # the engine's figures for an assistant turn
     created_at: float
+    damaged: str | None = None  # what could not be read back (bad bytes shown as U+FFFD)
+
+
+@dataclass(frozen=True)
+class Damage:
+    """One damaged row, as :meth:`ChatStore.verify` lists it."""
+
+    session_id: int
+    session: str  # its name (bad bytes as U+FFFD)
+    seq: int | None  # the message's position, or None for the session row itself
+    problem: str
+
+    def __str__(self) -> str:
+        if not self.session_id:
+            return self.problem  # the file as a whole
+        where = f"message {self.seq}" if self.seq is not None else "the chat's own row"
+        return f"chat {self.session!r} (id {self.session_id}), {where}: {self.problem}"
 
 
 # -- schema: numbered migrations, PRAGMA user_version = how many were applied --
@@ -93,6 +118,7 @@ class ChatStore(SqliteFile):
         "foreign": ("{path} is a SQLite database but not a RadixChat chat database; "
                     "move it aside or use another --data-dir"),
         "locked": "{path} is locked by another RadixChat process; close it or use another --data-dir",
+        "full": "the disk is full: cannot write {path} (nothing was changed); free some space",
         "corrupt": "{path} is not a readable chat database ({text}); move it aside or use another --data-dir",
         "io": "cannot use {path}: {text}",
     }
@@ -102,6 +128,7 @@ class ChatStore(SqliteFile):
         self._connect(timeout, self._setup)
 
     def _setup(self) -> None:
+        self.db.conn.text_factory = _text  # a bad byte reads back marked, instead of raising
         self.db.enable_wal()
         self.db.execute("PRAGMA foreign_keys = ON")
 
@@ -123,8 +150,8 @@ class ChatStore(SqliteFile):
         model: str | None = None, settings: dict | None = None,
     ) -> Session:
         """A new session; ``name=None`` generates a unique one from the clock."""
-        if name is not None and not name.strip():
-            raise StoreError("a chat name cannot be empty")
+        if name is not None:
+            check_name(name)
         with self._transaction():
             if name is None:
                 name = self._unused_name(time.strftime("chat-%Y%m%d-%H%M%S"))
@@ -138,6 +165,7 @@ class ChatStore(SqliteFile):
         return self.get_session_by_id(session_id)
 
     def get_session(self, name: str) -> Session | None:
+        check_name(name)
         rows = self._rows("SELECT * FROM sessions WHERE name = ?", [name])
         return _session(rows[0]) if rows else None
 
@@ -256,11 +284,37 @@ class ChatStore(SqliteFile):
         rows = self._rows("SELECT * FROM messages WHERE session_id = ? ORDER BY seq", [session_id])
         return [_message(row) for row in rows]
 
+    # -- checking --
+
+    def verify(self) -> list[Damage]:
+        """Every row that does not read back whole: text that is not UTF-8, a settings or
+        stats value that is not JSON, a role that is none of ROLES; and what SQLite's own
+        ``integrity_check`` finds. Reads only."""
+        damage: list[Damage] = []
+        with self._read():
+            problems = [row[0] for row in self.db.execute("PRAGMA integrity_check").fetchall()]
+            names = {}
+            for row in self.db.query("SELECT * FROM sessions ORDER BY id"):
+                session = _session(row)
+                names[session.id] = session.name
+                if session.damaged:
+                    damage.append(Damage(session.id, session.name, None, session.damaged))
+            for row in self.db.query("SELECT * FROM messages ORDER BY session_id, seq"):
+                message = _message(row)
+                if message.damaged:
+                    damage.append(Damage(message.session_id, names.get(message.session_id, "?"),
+                                         message.seq, message.damaged))
+        if problems != ["ok"]:
+            damage.extend(Damage(0, "", None, f"SQLite integrity check: {p}") for p in problems)
+        return damage
+
     # -- internals --
 
     def _insert_message(self, session_id: int, role: str, content: str, stats: dict | None) -> int:
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, not {role!r}")
+        if not _is_text(content):
+            raise StoreError("a message that is not valid UTF-8 text cannot be saved")
         session = self._rows("SELECT title FROM sessions WHERE id = ?", [session_id])
         if not session:
             raise StoreError(f"there is no chat session with id {session_id}")
@@ -314,6 +368,40 @@ class ChatStore(SqliteFile):
             return list(self.db.query(sql, params))
 
 
+def check_name(name: str) -> None:
+    """Refuse, with one line, a session name that could not be stored or shown safely:
+    empty, longer than MAX_NAME_CHARS, not valid UTF-8 (a lone surrogate, or bytes from
+    the command line that were not UTF-8), or holding control characters."""
+    if not name.strip():
+        raise StoreError("a chat name cannot be empty")
+    if len(name) > MAX_NAME_CHARS:
+        raise StoreError(f"a chat name can have at most {MAX_NAME_CHARS} characters, not {len(name)}")
+    if not _is_text(name):
+        raise StoreError("a chat name must be valid UTF-8 text")
+    if any(unicodedata.category(c) == "Cc" for c in name):
+        raise StoreError("a chat name cannot contain control characters")
+
+
+def _is_text(text: str) -> bool:
+    """Whether ``text`` encodes to UTF-8 (no lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+class _DamagedText(str):
+    """A TEXT value that was not valid UTF-8, its bad bytes read as U+FFFD."""
+
+
+def _text(raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return _DamagedText(raw.decode("utf-8", "replace"))
+
+
 def _title_from(content: str) -> str | None:
     """The first non-blank line, cut to TITLE_CHARS."""
     line = next((line.strip() for line in content.splitlines() if line.strip()), "")
@@ -326,9 +414,58 @@ def _dumps(value: dict | None) -> str | None:
     return None if value is None else json.dumps(value)
 
 
+def _loads(text: str | None, problems: list[str], what: str) -> dict | None:
+    """A stored JSON object, or None (the problem noted) when it does not read back as one."""
+    if not text or isinstance(text, _DamagedText):
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        problems.append(f"{what} are not a JSON object")
+        return None
+    return dict(value)
+
+
+def _damage(row: dict, columns: tuple[str, ...], problems: list[str]) -> None:
+    """Note the text columns that did not read back as text (and make them text)."""
+    for column in columns:
+        value = row[column]
+        if isinstance(value, bytes):  # a changed type byte: the value reads back as a blob
+            row[column] = value = _DamagedText(_text(value))
+        elif value is not None and not isinstance(value, str):
+            row[column] = value = _DamagedText(value)
+        if isinstance(value, _DamagedText):
+            problems.append(f"{column} is not valid UTF-8")
+
+
 def _session(row: dict) -> Session:
-    return Session(**{**row, "settings": json.loads(row["settings"]) if row["settings"] else {}})
+    problems: list[str] = []
+    _damage(row, ("name", "title", "system_prompt", "model", "settings"), problems)
+    settings = _loads(row["settings"], problems, "settings") or {}
+    return Session(**{**row, "settings": settings, "damaged": "; ".join(problems) or None})
 
 
 def _message(row: dict) -> Message:
-    return Message(**{**row, "stats": json.loads(row["stats"]) if row["stats"] else None})
+    problems: list[str] = []
+    _damage(row, ("role", "content", "stats"), problems)
+    stats = _loads(row["stats"], problems, "stats")
+    if row["role"] not in ROLES:
+        problems.append(f"its role {row['role']!r} is none of {', '.join(ROLES)}")
+    return Message(**{**row, "stats": stats, "damaged": "; ".join(problems) or None})
+
+
+def readable(messages: list[Message]) -> tuple[list[Message], str | None]:
+    """The messages a chat can go on from (those whose role was read back), and one line
+    about the damaged ones, or None when there are none."""
+    usable = [m for m in messages if m.role in ROLES]
+    damaged = [m for m in messages if m.damaged]
+    if not damaged:
+        return usable, None
+    left_out = len(messages) - len(usable)
+    seqs = ", ".join(str(m.seq) for m in damaged[:5]) + (", …" if len(damaged) > 5 else "")
+    return usable, (f"{len(damaged)} damaged message{'s' if len(damaged) > 1 else ''} in this chat "
+                    f"(number {seqs}): unreadable bytes are shown as \ufffd"
+                    + (f", {left_out} left out" if left_out else "")
+                    + "; `radixchat chats verify` lists them")

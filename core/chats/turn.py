@@ -9,6 +9,13 @@ A turn is a user message and its reply, in a stored chat session:
   any text is not stored, as if it was never sent; any other reply is stored with the
   engine's figures (appended, or replacing the last turn), so the store only changes once a
   reply is done and a failed or discarded reply loses nothing.
+- ``ChatTurn.save`` is ``finish`` for a front end that shows the reply whatever happens:
+  it never raises, says what became of the turn (:class:`SavedTurn`), and on a full disk
+  lets the chat history win over the KV cache (the cache's files go, the turn is tried
+  again).
+
+A chat whose stored messages read back damaged (:func:`~core.chats.store.readable`) goes
+on from what was read: a message whose role could not be read is left out.
 
 No mlx and no Qt here: the turn only reads and writes the chat store and builds the
 engine's plain request values.
@@ -17,9 +24,11 @@ engine's plain request values.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from core.chats.store import ChatStore, Message, Session
+from core.chats.store import ChatStore, Message, Session, readable
+from core.errors import StoreError
 from core.engine.types import ChatMessage, GenerationRequest, RequestStats, SamplingParams
 
 
@@ -29,6 +38,17 @@ def last_turn_start(messages: list[Message]) -> int:
     if not messages:
         return 0
     return max(0, len(messages) - (1 if messages[-1].role == "user" else 2))
+
+
+@dataclass(frozen=True)
+class SavedTurn:
+    """What became of a finished turn: ``stored`` or not; ``error``, one line, when it should
+    have been and could not be (the reply is shown all the same); the bytes of KV cache
+    deleted to make room for it."""
+
+    stored: bool
+    error: str | None = None
+    cache_freed: int = 0
 
 
 @dataclass(frozen=True)
@@ -45,7 +65,7 @@ class ChatTurn:
     def start(cls, store: ChatStore, session: Session, prompt: str, replace: bool = False) -> ChatTurn:
         """A turn asking ``prompt`` after ``session``'s stored chat; raises StoreError when the
         chat cannot be read. ``session`` carries the system prompt to use."""
-        stored = tuple(store.messages(session.id))
+        stored = tuple(readable(store.messages(session.id))[0])
         kept = stored[:last_turn_start(list(stored))] if replace else stored
         return cls(session, prompt, replace, stored, kept)
 
@@ -88,3 +108,22 @@ class ChatTurn:
         else:
             store.add_turn(self.session.id, self.prompt, text, figures)
         return True
+
+    def save(self, store: ChatStore, text: str, stats: RequestStats | None,
+             make_room: Callable[[], int] | None = None) -> SavedTurn:
+        """``finish``, never raising: the caller shows the reply either way. When the store
+        fails because the disk is full, the chat history wins: ``make_room`` (the engine's
+        ``give_disk_space_back``: deletes the KV cache's files, returns the bytes freed)
+        runs, and the turn is tried once more."""
+        try:
+            return SavedTurn(self.finish(store, text, stats))
+        except StoreError as exc:
+            if getattr(exc, "reason", None) != "full" or make_room is None:
+                return SavedTurn(False, str(exc))
+            freed = make_room()
+            if not freed:
+                return SavedTurn(False, str(exc))
+        try:
+            return SavedTurn(self.finish(store, text, stats), cache_freed=freed)
+        except StoreError as exc:
+            return SavedTurn(False, str(exc), freed)

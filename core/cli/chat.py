@@ -7,17 +7,24 @@ import sys
 from dataclasses import asdict
 
 from core import paths
-from core.chats.store import ChatStore, Session
+from core.chats.store import ChatStore, Session, check_name, readable
 from core.chats.turn import ChatTurn
 from core.cli.progress import print_progress
+from core.cli.terminal import safe, safe_text
 from core.engine.engine import Engine
 from core.engine.types import DoneEvent, ErrorEvent, RequestStats, SamplingParams, TokenEvent
 from core.errors import UserError
 
 HELP = "commands: /stats (last turn's figures), /quit"
+EXIT_NOT_SAVED = 2  # the reply was shown, but the turn is not in the chat history
 
 
 def run_chat(args) -> int:
+    # What the command line gave is checked before anything is made.
+    if args.session is not None:
+        check_name(args.session)
+    if args.prompt is not None:
+        _check_prompt(args.prompt)
     root = paths.data_dir(args.data_dir)
     try:
         sampling = SamplingParams(
@@ -42,6 +49,7 @@ def run_chat(args) -> int:
             session = store.get_or_create_session(args.session) if args.session else store.create_session()
             if args.system is not None:
                 store.update_session(session.id, system_prompt=args.system)
+            _say_damage(store, session)
             if args.prompt is not None:
                 return _turn(engine, store, session, args.prompt, sampling, args)
             return _loop(engine, store, session, sampling, args)
@@ -49,10 +57,29 @@ def run_chat(args) -> int:
             engine.shutdown()
 
 
+def _say_damage(store: ChatStore, session: Session) -> None:
+    """One line, once, when the chat read back damaged (it goes on from what was read)."""
+    damage = readable(store.messages(session.id))[1]
+    notes = [note for note in (damage, session.damaged and f"its settings row: {session.damaged}") if note]
+    if notes:
+        print(f"radixchat: chat {safe(session.name)}: {'; '.join(notes)}", file=sys.stderr, flush=True)
+
+
+def _check_prompt(text: str) -> None:
+    """A prompt with bytes that were not UTF-8 (they reach Python as lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UserError(f"the message is not valid UTF-8 text (character {exc.start + 1}); "
+                        "nothing was sent") from exc
+
+
 def _loop(engine, store, session, sampling, args) -> int:
     interactive = sys.stdin.isatty()
+    if hasattr(sys.stdin, "reconfigure"):  # bad bytes reach _check_prompt, not a traceback
+        sys.stdin.reconfigure(errors="surrogateescape")
     if interactive:
-        print(f"session {session.name} — {HELP}", file=sys.stderr)
+        print(f"session {safe(session.name)} — {HELP}", file=sys.stderr)
     last: RequestStats | None = None
     failed = False
     while True:
@@ -70,13 +97,13 @@ def _loop(engine, store, session, sampling, args) -> int:
             print(json.dumps(asdict(last) if last else {}), file=sys.stderr)
             continue
         try:
+            _check_prompt(text)
             status, last = _run_turn(engine, store, session, text, sampling, args)
         except UserError as exc:  # this turn failed (too long...): the chat goes on
-            print(f"radixchat: {exc}", file=sys.stderr, flush=True)
+            print(f"radixchat: {safe(exc)}", file=sys.stderr, flush=True)
             failed = True
             continue
-        if status:
-            return status
+        failed = failed or bool(status)  # not saved: said so; the chat goes on
 
 
 def _turn(engine, store, session, prompt, sampling, args) -> int:
@@ -94,7 +121,7 @@ def _run_turn(engine, store, session: Session, prompt: str, sampling, args):
             if isinstance(event, TokenEvent):
                 pieces.append(event.text)
                 if not args.json:
-                    print(event.text, end="", flush=True)
+                    print(safe_text(event.text), end="", flush=True)
             elif isinstance(event, DoneEvent):
                 done = event
             elif isinstance(event, ErrorEvent):
@@ -106,10 +133,17 @@ def _run_turn(engine, store, session: Session, prompt: str, sampling, args):
                 done = event
     reply = done.text if done else "".join(pieces)
     stats = done.stats if done else RequestStats(finish_reason="cancelled")
-    turn.finish(store, reply, stats)  # stopped before any text: not stored, as if never sent
+    # stopped before any text: not stored, as if never sent; a full disk: the cache gives way
+    saved = turn.save(store, reply, stats, make_room=engine.give_disk_space_back)
+    not_saved = saved.error
+    if saved.cache_freed:
+        print(f"radixchat: the disk is full: the KV cache ({saved.cache_freed / paths.MB:.1f} MB) was "
+              "deleted to save this turn", file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps({
             "reply": reply,
+            "saved": not_saved is None,
+            **({"save_error": not_saved} if not_saved else {}),
             "session": session.name,
             "prompt_tokens": stats.prompt_tokens,
             "cached_tokens": stats.cached_tokens,
@@ -122,4 +156,8 @@ def _run_turn(engine, store, session: Session, prompt: str, sampling, args):
         }), flush=True)
     else:
         print(flush=True)
+    if not_saved:
+        print(f"radixchat: this turn was not saved to the chat history: {safe(not_saved)}",
+              file=sys.stderr, flush=True)
+        return EXIT_NOT_SAVED, stats
     return 0, stats

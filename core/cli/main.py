@@ -6,6 +6,7 @@
     radixchat models               what models are available locally
     radixchat serve                the OpenAI-compatible API on 127.0.0.1:8000
     radixchat cache stats|verify|clear   the disk cache of session KV
+    radixchat chats verify         list the chat history's damaged rows
     radixchat bench cpu            measure the CPU backend setups (see README)
     radixchat bench restore|pressure|multiturn|serve   the cache and API benchmarks
 
@@ -23,6 +24,7 @@ from typing import Callable
 from core import paths
 from core.models import provision
 from core.cli.progress import print_progress
+from core.cli.terminal import safe
 from core.engine.types import SamplingParams
 from core.errors import UserError
 
@@ -91,6 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
             command.add_argument("--session", help="only this session (default: everything)")
         else:
             command.add_argument("--json", action="store_true")
+
+    chats = sub.add_parser("chats", help="the chat history: verify")
+    chats_sub = chats.add_subparsers(dest="chats_command", required=True)
+    chats_verify = chats_sub.add_parser("verify", help="list the messages and chats that do not read back whole")
+    _add_common(chats_verify)
+    chats_verify.add_argument("--json", action="store_true")
 
     serve = sub.add_parser("serve", help="serve the OpenAI-compatible API until Ctrl-C")
     _add_common(serve)
@@ -175,6 +183,10 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
             from core.cli.cache import run_cache
 
             return run_cache(args)
+        if args.command == "chats":
+            from core.cli.chats import run_chats
+
+            return run_chats(args)
         if args.command == "serve":
             from core.cli.serve import run_serve
 
@@ -207,7 +219,7 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
             raise UserError("the desktop app is not available in this build; try `radixchat chat`")
         return gui(args, paths.data_dir(args.data_dir))
     except UserError as exc:
-        print(f"radixchat: error: {exc}", file=sys.stderr)
+        print(f"radixchat: error: {safe(exc)}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         return 130
@@ -216,7 +228,7 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
 def _fetch(args) -> int:
     root = paths.data_dir(args.data_dir)
     path = provision.ensure_model(args.name, root, print_progress)
-    print(path)
+    print(safe(path))
     return 0
 
 
@@ -225,7 +237,7 @@ def _models(args) -> int:
     local = provision.list_local_models(root)
     present = {m.spec for m in local}
     for model in local:
-        print(f"{model.spec:<40} {model.kind:<10} {model.size_bytes / 1e6:9.1f} MB  {model.name}")
+        print(f"{safe(model.spec):<40} {model.kind:<10} {model.size_bytes / 1e6:9.1f} MB  {safe(model.name)}")
     for name, known in provision.KNOWN_MODELS.items():
         if name not in present:
             print(f"{name:<40} {'known':<10} {known.size / 1e6:9.1f} MB  not downloaded "

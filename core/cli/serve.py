@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import socket
 import sys
 import threading
 
 from core import paths
 from core.api.server import ApiServer, check_bind
 from core.cli.progress import print_progress
+from core.cli.terminal import safe
 from core.engine.engine import Engine
+from core.errors import UserError
 
 
 def run_serve(args) -> int:
     """``radixchat serve``: load the model, serve until Ctrl-C (or SIGTERM), shut down cleanly."""
     api_key = args.api_key or os.environ.get("RADIXCHAT_API_KEY") or None
     check_bind(args.host, api_key)  # before the model loads
+    check_port_free(args.host, args.port)  # likewise: a busy port fails in a moment, not after the load
     root = paths.data_dir(args.data_dir)
     engine = Engine(root, args.model, pool_tokens=args.kv_tokens, on_load_progress=print_progress).start()
     server = None
@@ -24,7 +29,7 @@ def run_serve(args) -> int:
     try:
         info = engine.wait_ready()
         server = ApiServer(engine, args.host, args.port, api_key=api_key).start()
-        print(f"radixchat: serving {info.name} at {server.address}/v1 (Ctrl-C to stop)",
+        print(f"radixchat: serving {safe(info.name)} at {server.address}/v1 (Ctrl-C to stop)",
               file=sys.stderr, flush=True)
         threading.Event().wait()
     except KeyboardInterrupt:
@@ -35,6 +40,26 @@ def run_serve(args) -> int:
             server.stop()
         engine.shutdown()
     return 0
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Refuse, with one line, an address the server could not bind: a port in use, an
+    address not on this machine. Binds a socket the way the server will, then lets it go."""
+    if port == 0:
+        return  # any free port
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise UserError(f"cannot serve on {host}: {exc.strerror}") from exc
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            reason = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be used ({exc.strerror})"
+            raise UserError(f"port {port} on {host} {reason}; stop what holds it or give another "
+                            "--port") from exc
 
 
 def _raise_interrupt(signum, frame) -> None:

@@ -103,6 +103,12 @@ class _ForgetCommand:
     session: str
 
 
+@dataclass
+class _GiveWayCommand:
+    done: threading.Event = field(default_factory=threading.Event)
+    freed: int = 0
+
+
 _STOP = object()
 
 
@@ -255,6 +261,9 @@ class Engine:
                     if self._persister is not None:
                         self._persister.flush()
                     command.done.set()
+                elif isinstance(command, _GiveWayCommand):
+                    command.freed = self._give_way()
+                    command.done.set()
                 elif busy:
                     deferred.append(command)
                 elif command is _STOP:
@@ -276,19 +285,36 @@ class Engine:
 
     def _open_persister(self, fingerprint: str):
         from kvcache.persist import MIN_WRITE_TOKENS, DiskTier
+        from kvcache.sqlite_file import set_aside
         from kvcache.store import DiskStoreError
 
         if not (self._disk_cache and self._use_cache and self._prefix_cache.enabled):
             return None
-        try:
-            self.data_root.mkdir(parents=True, exist_ok=True)
-            return DiskTier(paths.kv_cache_db_path(self.data_root), self._prefix_cache, fingerprint,
-                            self._disk_budget or paths.default_disk_budget(),
-                            MIN_WRITE_TOKENS if self._disk_min_tokens is None else self._disk_min_tokens)
-        except (DiskStoreError, OSError) as exc:  # the app runs on without a disk cache
-            self.disk_cache_error = str(exc)
-            log.warning("disk cache off: %s", exc)
+        path = paths.kv_cache_db_path(self.data_root)
+        for attempt in (1, 2):
+            try:
+                self.data_root.mkdir(parents=True, exist_ok=True)
+                return DiskTier(path, self._prefix_cache, fingerprint,
+                                self._disk_budget or paths.default_disk_budget(),
+                                MIN_WRITE_TOKENS if self._disk_min_tokens is None else self._disk_min_tokens)
+            except DiskStoreError as exc:
+                if attempt == 1 and getattr(exc, "reason", None) in ("corrupt", "foreign"):
+                    # A cache only costs time to rebuild: keep the damaged file beside it
+                    # and start a new one, rather than run without a disk cache.
+                    try:
+                        aside = set_aside(path)
+                    except OSError as rename_error:
+                        exc = rename_error
+                    else:
+                        log.warning("%s; set aside as %s, starting a new KV cache", exc, aside.name)
+                        continue
+                error = exc
+            except OSError as exc:
+                error = exc
+            self.disk_cache_error = str(error)  # the app runs on without a disk cache
+            log.warning("disk cache off: %s", error)
             return None
+        return None
 
     def _forget(self, session: str) -> None:
         if self._prefix_cache is not None:
@@ -310,6 +336,31 @@ class Engine:
         if self._persister is not None:
             self._persister.close()
             self._persister = None
+
+    def give_disk_space_back(self, timeout: float = 30.0) -> int:
+        """The chat history could not be written because the disk is full: the history wins.
+        Close the disk cache, delete its files (deleting needs no free space, unlike any
+        write) and start a new, empty one. Returns the bytes freed (0: nothing to free)."""
+        if self._thread is None:  # not started, or shut down: nothing holds the cache open
+            return self._give_way()
+        command = _GiveWayCommand()
+        self._commands.put(command)
+        command.done.wait(timeout)
+        return command.freed
+
+    def _give_way(self) -> int:
+        from kvcache.sqlite_file import remove_files
+
+        if not self._disk_cache:
+            return 0
+        fingerprint = self._persister.fingerprint if self._persister is not None else None
+        self._close_persister()
+        freed = remove_files(paths.kv_cache_db_path(self.data_root))
+        log.warning("the disk is full: the KV cache (%.1f MB) was deleted to save the chat history",
+                    freed / 1e6)
+        if fingerprint is not None:
+            self._persister = self._open_persister(fingerprint)
+        return freed
 
     def flush_disk_cache(self, timeout: float = 30.0) -> None:
         """Wait until the sessions saved so far are on disk (tests, benchmarks)."""

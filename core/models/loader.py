@@ -26,6 +26,7 @@ from core.models import hf_cache, provision
 from core.errors import ModelLoadError
 from core.models.fingerprint import FileHashCache, model_fingerprint
 from core.models.gguf_import import build_model, build_tokenizer, read_gguf
+from core.models.memory_estimate import check_fits
 
 WEIGHT_FORMATS = ("auto", "stored", "float32", "float16", "bfloat16")
 ProgressFn = Callable[[str, "float | None"], None]
@@ -99,7 +100,7 @@ def load_model(
     if path.is_file() and path.suffix.lower() == ".gguf":
         model, tokenizer, config, files = _load_gguf(path, data_root)
     elif path.is_dir():
-        model, tokenizer, config, files = _load_mlx_dir(path)
+        model, tokenizer, config, files = _load_mlx_dir(path, fmt)
     else:
         raise ModelLoadError(f"{path} is neither a .gguf file nor a model folder with config.json")
     _apply_weights_format(model, fmt)
@@ -129,12 +130,13 @@ def _load_gguf(path: Path, data_root: Path):
 
     digest = FileHashCache(data_root / "file_hashes.json").sha256(path)
     contents = read_gguf(path, ConversionCache.under(data_root, digest))
+    check_fits(contents.config, path.name)  # its metadata, before the model is built
     model = build_model(contents.config, dict(contents.weights))
     tokenizer = build_tokenizer(contents.metadata, data_root / "tokenizers" / f"{digest[:32]}.json")
     return model, tokenizer, contents.config, [path]
 
 
-def _load_mlx_dir(path: Path):
+def _load_mlx_dir(path: Path, weights_format: str = "stored"):
     from mlx_lm.utils import load as mlx_lm_load
 
     config_file = path / "config.json"
@@ -144,6 +146,7 @@ def _load_mlx_dir(path: Path):
         config = json.loads(config_file.read_text())
     except ValueError as exc:
         raise ModelLoadError(f"{config_file} is not valid JSON: {exc}") from exc
+    check_fits(config, str(config_file), weights_format)  # before anything is built
     weight_files = sorted(path.glob("*.safetensors"))
     if not weight_files:
         raise ModelLoadError(f"{path} has no .safetensors weights")

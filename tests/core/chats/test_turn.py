@@ -119,3 +119,53 @@ def test_the_turn_needs_neither_mlx_nor_qt():
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm', 'PySide6')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def _full_once(store, monkeypatch, reason: str = "full", times: int = 1) -> None:
+    """The store's add_turn fails ``times`` times as a full disk (or ``reason``) does."""
+    from core.errors import StoreError
+
+    real, left = store.add_turn, [times]
+
+    def add_turn(*args, **kwargs):
+        if left[0]:
+            left[0] -= 1
+            error = StoreError(f"the disk is full: cannot write {store.path}")
+            error.reason = reason
+            raise error
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "add_turn", add_turn)
+
+
+def test_save_lets_the_history_win_over_the_cache_on_a_full_disk(store, monkeypatch):
+    session = _chat(store)
+    _full_once(store, monkeypatch)
+    asked = []
+    saved = ChatTurn.start(store, session, "three").save(store, "reply three", DONE,
+                                                         make_room=lambda: asked.append(1) or 3_000_000)
+    assert saved.stored and saved.error is None and saved.cache_freed == 3_000_000 and asked == [1]
+    assert _stored(store, session)[-2:] == [("user", "three"), ("assistant", "reply three")]
+
+
+@pytest.mark.parametrize("reason, freed, times", [("locked", 10, 1), ("full", 0, 1), ("full", 10, 2)])
+def test_save_never_raises_and_says_why(store, monkeypatch, reason, freed, times):
+    session = _chat(store)
+    _full_once(store, monkeypatch, reason, times)
+    asked = []
+    saved = ChatTurn.start(store, session, "three").save(store, "reply three", DONE,
+                                                         make_room=lambda: asked.append(1) or freed)
+    assert not saved.stored and "the disk is full" in saved.error
+    assert asked == ([] if reason == "locked" else [1])  # only a full disk asks the cache to go
+    assert len(_stored(store, session)) == 4
+
+
+def test_a_message_whose_role_was_not_read_back_is_left_out_of_the_turn(store):
+    import sqlite3
+
+    session = _chat(store)
+    with sqlite3.connect(store.path) as conn:
+        conn.execute("PRAGMA ignore_check_constraints = 1")
+        conn.execute("UPDATE messages SET role = 'usxr' WHERE seq = 3")
+    turn = ChatTurn.start(store, session, "three")
+    assert [m.content for m in turn.history] == ["one", "reply one", "reply two"]

@@ -178,8 +178,9 @@ def test_chat_parser_sampling_defaults_are_the_engines():
 
 def test_cache_stats_shows_the_budget_in_the_apps_unit(capsys, tmp_path):
     """`cache stats` counts GB as the app does (core.paths.GB): the default reads as typed."""
-    from kvcache.store import DEFAULT_BUDGET
+    from kvcache.store import DEFAULT_BUDGET, DiskStore
 
+    DiskStore(paths.kv_cache_db_path(tmp_path)).close()  # (stats on no cache creates none)
     assert main(["cache", "stats", "--data-dir", str(tmp_path)]) == 0
     assert f"budget {DEFAULT_BUDGET / paths.GB:.1f} GB" in capsys.readouterr().out
     assert DEFAULT_BUDGET / paths.GB == 10  # "Default (10 GB)" in Preferences
