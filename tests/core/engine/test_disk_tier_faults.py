@@ -12,6 +12,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from kvcache.store import DiskStore, DiskStoreError
@@ -73,11 +75,15 @@ def test_sigkill_while_prefixes_are_written_leaves_a_clean_store(tmp_path, tiny_
         engine.shutdown()
 
 
-def test_a_full_disk_stops_writes_and_serving_goes_on(tmp_path, tiny_model, monkeypatch, caplog):
+@pytest.mark.parametrize("how", ["write fails", "reserve reached"])
+def test_a_full_disk_stops_writes_and_serving_goes_on(how, tmp_path, tiny_model, monkeypatch, caplog):
     def full(self, *args, **kwargs):
         raise DiskStoreError(self.wordings["full"].format(path=self.path))
 
-    monkeypatch.setattr(DiskStore, "save_prefix", full)
+    if how == "write fails":  # SQLite says the disk is full
+        monkeypatch.setattr(DiskStore, "save_prefix", full)
+    else:  # the store sees the disk down to its reserve and writes nothing
+        monkeypatch.setattr(DiskStore, "disk_room", lambda self: 0)
     engine = Engine(tmp_path, str(tiny_model), pool_tokens=4096, disk_min_tokens=64).start()
     try:
         engine.wait_ready(60)
@@ -89,7 +95,7 @@ def test_a_full_disk_stops_writes_and_serving_goes_on(tmp_path, tiny_model, monk
         disk = engine.stats().disk
     finally:
         engine.shutdown()
-    assert disk.writes_stopped is not None and "disk is full" in disk.writes_stopped
-    assert disk.write_errors == 1 and disk.pages_written == 0  # the first failed; the rest not tried
+    assert disk.writes_stopped is not None and "full" in disk.writes_stopped
+    assert disk.write_errors == (how == "write fails") and disk.pages_written == 0  # the rest not tried
     lines = [r.getMessage() for r in caplog.records if r.name == "kvcache.persist"]
     assert len(lines) == 1 and "writes stopped" in lines[0]
