@@ -124,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     multiturn.add_argument("--max-tokens", type=int, default=48, help="reply length per turn")
     multiturn.add_argument("--repeats", type=int, default=3, help="repetitions (medians are reported)")
     multiturn.add_argument("--page-size", type=int, help="tokens per KV page")
+    multiturn.add_argument("--segment-mb", type=float,
+                           help="the KV pool grows by this many MiB at a time (0: all at once; default 32)")
     multiturn.add_argument("--json", action="store_true")
     restore = bench_sub.add_parser("restore", help="TTFT after a restart: restored vs recomputed vs RAM")
     _add_common(restore)

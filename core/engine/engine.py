@@ -136,7 +136,7 @@ class Engine:
         self._page_size = page_size
         self._pool_tokens = pool_tokens
         self._pool_bytes = pool_bytes
-        self._pool_segment_bytes = pool_segment_bytes  # None: the builder's default segment
+        self._pool_segment_bytes = pool_segment_bytes  # None: the builder's default; 0: no segments
         self._disk_cache = disk_cache
         self._disk_budget = disk_budget_bytes
         self._disk_min_tokens = disk_min_tokens  # unnamed requests shorter than this stay off disk
@@ -418,7 +418,8 @@ class Engine:
             pool_tokens=self._pool_tokens,
             pool_bytes=self._pool_bytes,
             disable=not self._use_cache,
-            **({"segment_bytes": self._pool_segment_bytes} if self._pool_segment_bytes else {}),
+            # None: the builder's segments; 0: the whole pool at once
+            **({} if self._pool_segment_bytes is None else {"segment_bytes": self._pool_segment_bytes or None}),
         )
         self._loaded = loaded
         self._prefix_cache = PrefixCache(loaded.model, build)
