@@ -1,5 +1,7 @@
-"""The model picker: known models, local GGUF files and MLX folders, with the memory
-each will take; or any .gguf file or MLX folder on disk."""
+"""The model picker: known models, local GGUF files and MLX folders, models downloaded
+from the Hugging Face hub (with their last use; delete one, and its cached KV), with the
+memory each will take; any .gguf file or MLX folder on disk; and a "Download" tab that
+searches the hub (app.hub_panel)."""
 
 from __future__ import annotations
 
@@ -7,14 +9,19 @@ from pathlib import Path
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QAbstractItemView, QDialog, QDialogButtonBox, QFileDialog, QHBoxLayout, QHeaderView,
-                               QLabel, QPushButton, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget)
+                               QLabel, QMessageBox, QPushButton, QTabWidget, QTreeWidget, QTreeWidgetItem,
+                               QVBoxLayout, QWidget)
 
 from app.format import human_bytes
+from app.hub_panel import HubPanel
 from core.errors import UserError
+from core.models import installed
 from core.models.catalog import CatalogEntry, entry_for_path, model_catalog, runs_on_cpu
 
-COLUMNS = ("Name", "Kind", "Size", "Memory")
-KIND_LABELS = {"known-gguf": "GGUF", "gguf": "GGUF", "mlx-dir": "MLX folder", "hf-cache": "Hugging Face cache"}
+COLUMNS = ("Name", "Kind", "Size", "Memory", "Last used")
+KIND_LABELS = {"known-gguf": "GGUF", "gguf": "GGUF", "mlx-dir": "MLX folder", "hf-cache": "Hugging Face cache",
+               "hf-gguf": "GGUF · Hugging Face cache"}
+HUB_KINDS = ("hf-cache", "hf-gguf")  # downloaded into the HF cache: the picker can delete them
 SPEC_ROLE = Qt.ItemDataRole.UserRole
 
 
@@ -31,6 +38,8 @@ class ModelPickerDialog(QDialog):
         super().__init__(parent)
         self.setWindowTitle("Choose a model")
         self.on_cpu = runs_on_cpu() if on_cpu is None else on_cpu
+        self.data_root, self.current_spec = Path(data_root), current_spec
+        self._hub_models: dict[str, installed.InstalledModel] = {}
 
         self.tree = QTreeWidget()
         self.tree.setColumnCount(len(COLUMNS))
@@ -61,31 +70,60 @@ class ModelPickerDialog(QDialog):
         self.gguf_button.clicked.connect(self._on_open_gguf)
         self.folder_button = QPushButton("Open MLX folder…")
         self.folder_button.clicked.connect(self._on_open_folder)
+        self.delete_button = QPushButton("Delete…")
+        self.delete_button.setToolTip("Delete a model downloaded from the hub, and its cached KV")
+        self.delete_button.clicked.connect(self._on_delete)
+        self.disk_label = QLabel()
+        self.disk_label.setEnabled(False)  # dim
+        self.hub_panel = HubPanel(self.data_root, self.on_cpu)
+        self.hub_panel.downloaded.connect(self._on_downloaded)
         self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         self.buttons.accepted.connect(self.accept)
         self.buttons.rejected.connect(self.reject)
-        row = QHBoxLayout()
-        row.addWidget(self.gguf_button)
-        row.addWidget(self.folder_button)
-        row.addStretch()
-        row.addWidget(self.buttons)
+        files = QHBoxLayout()
+        files.addWidget(self.gguf_button)
+        files.addWidget(self.folder_button)
+        files.addWidget(self.delete_button)
+        files.addStretch()
+        files.addWidget(self.disk_label)
+        local = QWidget()
+        local_column = QVBoxLayout(local)
+        local_column.addWidget(self.tree, 1)
+        local_column.addWidget(note)
+        local_column.addLayout(files)
+        self.tabs = QTabWidget()
+        self.tabs.addTab(local, "On this machine")
+        self.tabs.addTab(self.hub_panel, "Download from Hugging Face")
         column = QVBoxLayout(self)
-        column.addWidget(self.tree, 1)
-        column.addWidget(note)
+        column.addWidget(self.tabs, 1)
         column.addWidget(self.error_label)
-        column.addLayout(row)
+        column.addWidget(self.buttons)
 
-        try:
-            entries = model_catalog(Path(data_root), self.on_cpu)
-        except (OSError, UserError) as exc:
-            entries = []
-            self._show_error(f"Could not list the models in {data_root}: {exc}")
-        for entry in entries:
-            self._add(entry)
-        self._on_current_changed(None)
+        self._fill()
         if current_spec:
             self._select_spec(current_spec)
-        self.resize(720, 380)
+        self.resize(860, 460)
+
+    def _fill(self) -> None:
+        """(Re)list the local models, keeping the selection."""
+        chosen = self.chosen_spec()
+        self.tree.clear()
+        try:
+            entries = model_catalog(self.data_root, self.on_cpu)
+            self._hub_models = {m.spec: m for m in installed.installed_models(self.data_root)}
+        except (OSError, UserError) as exc:
+            entries, self._hub_models = [], {}
+            self._show_error(f"Could not list the models in {self.data_root}: {exc}")
+        for entry in entries:
+            self._add(entry)
+        total = sum(m.size_bytes for m in self._hub_models.values())
+        self.disk_label.setText(f"Downloaded from the hub: {len(self._hub_models)} · {human_bytes(total)}"
+                                if self._hub_models else "")
+        self._on_current_changed(None)
+        if chosen:
+            item = self._item(chosen)
+            if item is not None:
+                self.tree.setCurrentItem(item)
 
     def chosen_spec(self) -> str | None:
         item = self.tree.currentItem()
@@ -104,7 +142,49 @@ class ModelPickerDialog(QDialog):
             self._select_spec(path)
 
     def _on_current_changed(self, item: QTreeWidgetItem | None) -> None:
+        item = self.tree.currentItem()
         self.buttons.button(QDialogButtonBox.StandardButton.Ok).setEnabled(item is not None)
+        spec = item.data(0, SPEC_ROLE) if item is not None else None
+        self.delete_button.setEnabled(spec in self._hub_models and spec != self.current_spec)
+
+    def _on_downloaded(self, spec: str) -> None:
+        """A download finished: list it, select it, so OK loads it."""
+        self._fill()
+        item = self._item(spec)
+        if item is not None:
+            self.tree.setCurrentItem(item)
+            self.tabs.setCurrentIndex(0)
+
+    def _on_delete(self) -> None:
+        spec = self.chosen_spec()
+        model = self._hub_models.get(spec) if spec else None
+        if model is None or spec == self.current_spec:
+            return
+        if not self._confirm_delete(spec, model.size_bytes):
+            return
+        try:
+            deleted = installed.delete_model(self.data_root, spec)
+        except (OSError, UserError) as exc:
+            self._show_error(f"Could not delete {spec}: {exc}")
+            return
+        self.tree.setCurrentItem(None)
+        self._fill()
+        self.error_label.hide()
+        self.hub_panel._say(f"Deleted {spec}: {human_bytes(deleted.freed_bytes)}, and {deleted.kv_sessions} "
+                            f"cached sessions ({human_bytes(deleted.kv_bytes)})")
+
+    def done(self, result: int) -> None:
+        """Closing the picker (OK, Cancel, Esc) stops a download: what came so far is
+        kept, and the next download of that model resumes it."""
+        self.hub_panel.cancel_download()
+        super().done(result)
+
+    def accept(self) -> None:
+        if self.tabs.currentIndex() == 1 and self.hub_panel.target() and not self.hub_panel.is_downloading():
+            self.hub_panel.start_download()  # Enter on a search result downloads it
+            return
+        if self.chosen_spec() is not None:
+            super().accept()
 
     # -- file dialogs (tests replace these) --
 
@@ -114,6 +194,11 @@ class ModelPickerDialog(QDialog):
 
     def _ask_mlx_folder(self) -> str:
         return QFileDialog.getExistingDirectory(self, "Open an MLX model folder")
+
+    def _confirm_delete(self, spec: str, size: int) -> bool:
+        answer = QMessageBox.question(self, "Delete model", f"Delete {spec} ({human_bytes(size)}) from the Hugging "
+                                      "Face cache, and its cached KV? Chats keep their history.")
+        return answer == QMessageBox.StandardButton.Yes
 
     # -- helpers --
 
@@ -139,7 +224,10 @@ class ModelPickerDialog(QDialog):
         kind = KIND_LABELS.get(entry.kind, entry.kind)
         if entry.kind == "known-gguf":
             kind += " · downloaded" if entry.downloaded else " · downloads on first use"
-        item = QTreeWidgetItem([entry.name, kind, human_bytes(entry.size_bytes), human_bytes(entry.memory_bytes)])
+        hub_model = getattr(self, "_hub_models", {}).get(entry.spec)
+        last_used = (_ago(hub_model.last_used) if hub_model else "")
+        item = QTreeWidgetItem([entry.name, kind, human_bytes(entry.size_bytes), human_bytes(entry.memory_bytes),
+                                last_used])
         item.setData(0, SPEC_ROLE, entry.spec)
         item.setToolTip(0, "\n".join(text for text in (entry.description, entry.spec) if text))
         for column in (2, 3):
@@ -163,3 +251,16 @@ class ModelPickerDialog(QDialog):
     def _show_error(self, message: str) -> None:
         self.error_label.setText(message)
         self.error_label.show()
+
+
+def _ago(timestamp: float | None) -> str:
+    import time
+
+    if timestamp is None:
+        return "never"
+    seconds = max(0.0, time.time() - timestamp)
+    for size, unit in ((86400, "day"), (3600, "hour"), (60, "minute")):
+        if seconds >= size:
+            n = int(seconds // size)
+            return f"{n} {unit}{'s' if n > 1 else ''} ago"
+    return "just now"

@@ -83,9 +83,7 @@ def _link_model(model_spec: str, data_root: Path, root: Path, provision) -> str:
     source = provision.ensure_model(model_spec, data_root)
     models = root / "models"
     models.mkdir(parents=True, exist_ok=True)
-    for file in (source, source.with_name(source.name + ".sha256")):
-        if file.exists():
-            (models / file.name).symlink_to(file)
+    (models / source.name).symlink_to(source)
     return model_spec
 
 

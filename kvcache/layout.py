@@ -28,7 +28,6 @@ from functools import cached_property
 
 import mlx.core as mx
 from mlx_lm.models.cache import (
-    ArraysCache,
     BatchKVCache,
     BatchRotatingKVCache,
     CacheList,

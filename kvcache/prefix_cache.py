@@ -59,6 +59,48 @@ HOT_ENTRIES = 2  # recent requests whose mlx-lm cache objects are kept for a fol
 
 
 class PrefixCache:
+    """The KV cache of one loaded model, as the engine uses it: the page pool, its
+    allocator and the radix tree, held together by one rule set.
+
+    What it holds: the builder's pool (full-attention K/V, ``page_size`` tokens per
+    page, page 0 the null page), the page allocator (a free list and a reference count
+    per page), the :class:`~kvcache.radix_cache.RadixCache` over token ids whose values
+    are slots ``page * page_size + offset`` (negative placeholders for a model with no
+    full-attention layer); the session table (session name -> the tree node ending its
+    conversation, least recently used first); up to ``HOT_ENTRIES`` recent requests'
+    own mlx-lm cache objects; and restored K/V waiting to be copied into the pool.
+
+    Who owns what:
+
+    - Threads: the engine thread alone calls it (no lock inside). Other threads see
+      only :meth:`stats`' plain values, passed on by the engine; the disk writer thread
+      (``kvcache.persist``) gets bytes, never this object.
+    - Pages: a page's reference count is the number of tree slots on it; a page is
+      free when the count reaches 0. The tree frees its slots through ``on_free``; a
+      commit frees the slots of a new suffix the tree already held (duplicates).
+    - Locks: every :class:`Prefix` from :meth:`match` (or ``insert_restored``) holds
+      one tree lock on its node until :meth:`commit` or :meth:`release` (each gives it
+      back once). Every session holds one lock on its frontier node, moved on each
+      commit, dropped by :meth:`forget_session` or, oldest first, when eviction alone
+      cannot find room: anonymous pages go before a session's.
+    - Hot caches: an entry's arrays are the request's own; a request that extends one
+      takes it (and the entry leaves the table), no copy.
+
+    Invariants:
+
+    - The tree's protected size is exactly the tokens on the paths from the root to
+      the nodes of open prefixes and sessions; with no request open,
+      ``stats().pages_locked`` counts only the sessions' pages.
+    - A match never covers the whole prompt: the last prompt token is always computed,
+      for its logits.
+    - Hybrid models: a node is a resume point only if it ends with a snapshot of the
+      sliding-window / recurrent layers, taken after exactly the tokens up to its end;
+      a commit stores tokens only up to the last snapshot it was given.
+    - Restored pages wait in ``_pending_writes`` only until the next allocation, gather
+      or admitted request (:meth:`flush_writes`): nothing reads a page before its K/V
+      is in it, and no page is reused while its K/V is pending.
+    """
+
     def __init__(self, model, build: KVCacheBuildResult):
         self.model = model
         self.build = build

@@ -90,6 +90,46 @@ def _common_len(key: tuple[int, ...], tokens: tuple[int, ...], start: int) -> in
 
 
 class RadixCache:
+    """Which token prefixes have cached KV, and in which slots: a radix tree, token-exact.
+
+    What it holds: ``root`` (empty key and value, ``lock_ref`` pinned at 1, never
+    evicted, never holds a snapshot) and below it :class:`TreeNode` edges; each edge's
+    ``key`` is a run of token ids and its ``value`` the same number of opaque ints (KV
+    slots ``page * page_size + offset``, or negative placeholders when nothing is
+    paged). Children are keyed by their first token, so no two siblings share one. On
+    hybrid models (``require_snapshots``) a node may carry a snapshot of the
+    sliding-window / recurrent state after its last token; a match is cut back to the
+    deepest node with one. Counters (hits, misses, cached and evicted tokens) and an LRU
+    clock (ticks, not wall time) live beside the tree.
+
+    Who owns what:
+
+    - Threads: none of its own and no lock. The engine thread owns the tree (through
+      :class:`kvcache.prefix_cache.PrefixCache`); every call comes from it.
+    - Values: a value passed to :meth:`insert` beyond the returned length belongs to the
+      tree until the tree hands it to ``on_free`` (eviction, :meth:`reset`, a disabled
+      tree), exactly once; values for the part already cached stay the caller's to free.
+      The tree never reads a value: the page allocator behind ``on_free`` owns the pages.
+    - Nodes: a :class:`MatchResult`'s ``last_node`` is valid while locked. A split keeps
+      the original node object as the lower part (it still ends at the same token), so
+      locks, snapshots and results that name a node's end survive splits; nodes are
+      never merged. An evicted or reset node gets ``parent = None``.
+
+    Invariants (:meth:`check_invariants` recounts them all):
+
+    - ``lock_ref(n) == locks taken on n + sum(lock_ref(c) for c in n.children)``: a
+      locked node's ancestors are locked, an unlocked node's whole subtree is unlocked.
+      Only unlocked leaves are evicted (least recently used first; on a hybrid tree
+      leaves without a snapshot go first), and a parent left childless becomes a leaf.
+    - ``evictable_size() == sum(len(n.value) for unlocked non-root n)`` and
+      ``protected_size()`` the same over locked ones; lock walks and evictions move sizes
+      between the two, so ``total_size()`` changes only by insert, eviction and reset.
+    - ``len(n.key) == len(n.value)`` for every node, and no value appears twice in
+      the tree.
+    - A snapshot sits at a node's end, never mid-edge: on a hybrid tree a match never
+      splits an edge to end where no snapshot can be.
+    """
+
     def __init__(self, on_free: OnFree | None = None, *, require_snapshots: bool = False, disable: bool = False):
         self.on_free = on_free
         # Called with each leaf just before eviction frees it (its slots still hold its

@@ -12,6 +12,7 @@ import pytest  # noqa: E402
 
 from core import paths  # noqa: E402
 from core.models import provision  # noqa: E402
+from tests.core.models.hub_fixture import hub_sources, loopback_hub  # noqa: E402,F401  (the loopback hub)
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +38,5 @@ def default_model_file() -> Path:
 def data_root_with_default(tmp_path, default_model_file) -> Path:
     """A fresh data folder whose models/ links the real default model."""
     models = paths.models_dir(tmp_path)
-    for source in (default_model_file, default_model_file.with_name(default_model_file.name + ".sha256")):
-        if source.exists():
-            (models / source.name).symlink_to(source)
+    (models / default_model_file.name).symlink_to(default_model_file)
     return tmp_path

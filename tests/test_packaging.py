@@ -259,3 +259,16 @@ def test_bundle_takes_a_screenshot(bundle, data_root_with_default, tmp_path):
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     assert width >= 800 and height >= 600
+
+
+def test_the_api_stack_is_bundled_with_uvicorns_named_parts(monkeypatch, tmp_path):
+    from uvicorn.config import HTTP_PROTOCOLS, LIFESPAN, LOOP_FACTORIES
+
+    from core.api.server import UVICORN_PARTS
+
+    analysis = run_spec(monkeypatch, tmp_path, "linux")["made"]["Analysis"].kwargs
+    hidden, excludes = set(analysis["hiddenimports"]), set(analysis["excludes"])
+    for table, part in ((HTTP_PROTOCOLS, "http"), (LOOP_FACTORIES, "loop"), (LIFESPAN, "lifespan")):
+        assert table[UVICORN_PARTS[part]].partition(":")[0] in hidden, part  # imported by name at run time
+    assert not {"pydantic", "pydantic_core", "fastapi", "starlette", "uvicorn", "h11"} & excludes
+    assert {"openai", "anthropic"} <= excludes  # test clients only

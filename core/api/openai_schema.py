@@ -1,62 +1,153 @@
-"""The OpenAI wire format: request bodies in, response bodies and stream chunks out.
+"""The OpenAI wire format: request bodies (pydantic models) in, response bodies and stream
+chunks out.
 
-Parsing turns a JSON body into a :class:`CompletionCall` (a :class:`GenerationRequest`
-plus what the reply needs) or raises :class:`ApiError`, which the server sends as
-``{"error": {"message", "type", "param", "code"}}``. No HTTP and no engine here: plain
-values only, so every rule is easy to test on its own.
+FastAPI validates a body against :class:`ChatCompletionRequest` or
+:class:`CompletionRequest` (types, ranges, required fields: a 400 naming the field);
+:func:`to_call` then checks what needs the loaded model (its name, its context) and turns
+the body into a :class:`CompletionCall`: a :class:`GenerationRequest` plus what the reply
+needs. No HTTP and no engine here: plain values only, so every rule is easy to test on
+its own.
 """
 
 from __future__ import annotations
 
-import math
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
+from pydantic import Field, field_validator
+
+from core.api.errors import ApiError, invalid
+from core.api.wire import MAX_SESSION_CHARS, MODEL_ALIASES, ModelCard, Text, WireModel
 from core.engine.types import ChatMessage, GenerationRequest, RequestStats, SamplingParams
 
+__all__ = ["ApiError", "ChatCompletionRequest", "CompletionCall", "CompletionRequest", "MODEL_ALIASES",
+           "ModelCard", "ReplyBuilder", "to_call"]
+
 MAX_STOPS = 16
-MAX_SESSION_CHARS = 256
+MAX_TOP_K = 2**31 - 1
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-MODEL_ALIASES = ("default",)
+TokenId = Annotated[int, Field(ge=0)]
 
 
-class ApiError(Exception):
-    """A request the server refuses, as OpenAI reports it."""
-
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = " ".join(message.split())
-        self.type = type
-        self.param = param
-        self.code = code
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
+# ------------------------------------------------------------------ request bodies
+class TextPart(WireModel):
+    type: Literal["text"]
+    text: Text
 
 
-def invalid(param: str | None, message: str, code: str | None = "invalid_value") -> ApiError:
-    return ApiError(400, message, param=param, code=code)
+class Message(WireModel):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Text | list[TextPart] | None = None
+    name: Text | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
 
 
-@dataclass(frozen=True)
-class ModelCard:
-    """What the server says about the loaded model."""
-
-    id: str
-    fingerprint: str
-    context_length: int
-    aliases: frozenset[str]
-    created: int
+class StreamOptions(WireModel):
+    include_usage: bool | None = None
 
 
+class _Sampling(WireModel):
+    """Fields both endpoints take: OpenAI's, plus mlx-lm's extras and ours (``session``)."""
+
+    model: Text | None = None
+    temperature: float | None = Field(None, ge=0, le=2, description="0 is greedy (default 1)")
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0, le=MAX_TOP_K, description="0: off (mlx-lm extra)")
+    min_p: float | None = Field(None, ge=0, le=1, description="mlx-lm extra")
+    repetition_penalty: float | None = Field(None, gt=0, le=10, description="mlx-lm extra")
+    seed: int | None = Field(None, ge=0, lt=2**64)
+    max_tokens: int | None = Field(None, ge=1, description="default: up to the model's context")
+    stop: Text | list[Text] | None = Field(None, description=f"at most {MAX_STOPS} strings")
+    n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    session: Text | None = Field(None, max_length=MAX_SESSION_CHARS,
+                                 description="the chat session whose cache this request extends "
+                                             "(or the X-RadixChat-Session header)")
+    user: Text | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _few_stops(cls, stop):
+        if isinstance(stop, list) and len(stop) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop strings")
+        return stop
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n):
+        if n is not None and n != 1:
+            raise ValueError("only n=1 is supported")
+        return n
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, value):
+        if value:
+            raise ValueError("not supported; use 'repetition_penalty'")
+        return value
+
+
+class ChatCompletionRequest(_Sampling):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    tools: list[dict[str, Any]] | None = None
+    functions: list[dict[str, Any]] | None = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, value):
+        if value:
+            raise ValueError("logprobs are not supported")
+        return value
+
+
+class CompletionRequest(_Sampling):
+    """``POST /v1/completions``: one prompt, as text or token ids."""
+
+    prompt: Text | list[TokenId] | list[Text] | list[list[TokenId]]
+    logprobs: int | None = None
+    echo: bool | None = None
+    best_of: int | None = None
+    suffix: Text | None = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, value):
+        if value is not None:
+            raise ValueError("logprobs are not supported")
+        return value
+
+    @field_validator("echo", "suffix")
+    @classmethod
+    def _no_echo(cls, value):
+        if value:
+            raise ValueError("not supported")
+        return value
+
+    @field_validator("best_of")
+    @classmethod
+    def _one_best(cls, value):
+        if value is not None and value != 1:
+            raise ValueError("only best_of=1 is supported")
+        return value
+
+
+# ------------------------------------------------------------------ checks that need the model
 @dataclass(frozen=True)
 class CompletionCall:
-    """A parsed ``/v1/chat/completions`` (``chat``) or ``/v1/completions`` request."""
+    """A checked ``/v1/chat/completions`` (``chat``) or ``/v1/completions`` request."""
 
     chat: bool
     request: GenerationRequest
@@ -64,183 +155,96 @@ class CompletionCall:
     include_usage: bool
 
 
-# ------------------------------------------------------------------ parsing
-def _typed(body: dict, name: str, kinds: tuple[type, ...], what: str, default: Any = None) -> Any:
-    value = body.get(name)
+def check_model(model: str | None, card: ModelCard) -> None:
+    if model and model not in card.aliases:
+        raise ApiError(404, f"the model '{model}' does not exist; this server serves '{card.id}'",
+                       param="model", code="model_not_found")
+
+
+def max_tokens(value: int | None, name: str, context_length: int) -> int:
     if value is None:
-        return default
-    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
-        raise invalid(name, f"'{name}' must be {what}", code="invalid_type")
-    return value
-
-
-def _number(body: dict, name: str, default: float, low: float, high: float,
-            low_open: bool = False) -> float:
-    value = float(_typed(body, name, (int, float), "a number", default))
-    if not math.isfinite(value):
-        raise invalid(name, f"'{name}' must be a finite number, got {value}")
-    if value < low or (low_open and value == low) or value > high:
-        bracket = "(" if low_open else "["
-        raise invalid(name, f"'{name}' must be in {bracket}{low:g}, {high:g}], got {value:g}")
-    return value
-
-
-def _max_tokens(body: dict, context_length: int) -> int:
-    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    value = _typed(body, name, (int,), "an integer", context_length)
-    if value < 1:
-        raise invalid(name, f"'{name}' must be at least 1, got {value}")
+        return context_length
     if value > context_length:
         raise invalid(name, f"'{name}' is too large: {value}; this model has a context of "
                             f"{context_length} tokens")
     return value
 
 
-def _stop(body: dict) -> tuple[str, ...]:
-    stop = body.get("stop")
-    if stop is None:
-        return ()
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-        raise invalid("stop", "'stop' must be a string or a list of strings", code="invalid_type")
-    if len(stop) > MAX_STOPS:
-        raise invalid("stop", f"'stop' takes at most {MAX_STOPS} strings")
-    return tuple(s for s in stop if s)
+def header_text(name: str, value: str | None) -> str | None:
+    """A header as UTF-8 text (Starlette hands us its bytes as latin-1)."""
+    if value is None:
+        return None
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        raise invalid(name, f"the {name} header is not valid UTF-8") from None
 
 
-def _refuse_unsupported(body: dict) -> None:
-    n = _typed(body, "n", (int,), "an integer", 1)
-    if n != 1:
-        raise invalid("n", "only n=1 is supported")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if _typed(body, name, (int, float), "a number", 0) != 0:
-            raise invalid(name, f"'{name}' is not supported; use 'repetition_penalty'")
-    if body.get("logprobs") not in (None, False):
-        raise invalid("logprobs", "logprobs are not supported")
-    if body.get("tools") or body.get("functions"):
-        raise invalid("tools", "tool calling is not supported")
-    if body.get("echo"):
-        raise invalid("echo", "echo is not supported")
-    if _typed(body, "best_of", (int,), "an integer", 1) != 1:
-        raise invalid("best_of", "only best_of=1 is supported")
-    if body.get("suffix"):
-        raise invalid("suffix", "suffix is not supported")
-
-
-def sampling_params(body: dict, context_length: int) -> SamplingParams:
-    """OpenAI's defaults (temperature 1, top_p 1, up to the context), plus mlx-lm's extras."""
-    top_k = _typed(body, "top_k", (int,), "an integer", 0)
-    if top_k < 0:
-        raise invalid("top_k", "'top_k' must be >= 0")
-    return SamplingParams(
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
-        top_k=top_k,
-        min_p=_number(body, "min_p", 0.0, 0.0, 1.0),
-        repetition_penalty=_number(body, "repetition_penalty", 1.0, 0.0, 10.0, low_open=True),
-        seed=_seed(body),
-        max_tokens=_max_tokens(body, context_length),
-        stop=_stop(body),
-    )
-
-
-def _seed(body: dict) -> int | None:
-    seed = _typed(body, "seed", (int,), "an integer")
-    if seed is not None and not 0 <= seed < 2**64:
-        raise invalid("seed", f"'seed' must be in [0, 2^64 - 1], got {seed}")
-    return seed
-
-
-def _content(message: dict, index: int) -> str:
-    content = message.get("content")
-    param = f"messages[{index}].content"
-    if content is None:
-        if message.get("role") == "assistant":
-            return ""
-        raise invalid(param, f"'{param}' is required", code="missing_required_parameter")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts: text only
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise invalid(param, f"'{param}' may only hold text parts")
-            texts.append(part["text"])
-        return "".join(texts)
-    raise invalid(param, f"'{param}' must be a string or a list of text parts", code="invalid_type")
-
-
-def chat_messages(body: dict) -> tuple[ChatMessage, ...]:
-    messages = body.get("messages")
-    if messages is None:
-        raise invalid("messages", "'messages' is required", code="missing_required_parameter")
-    if not isinstance(messages, list):
-        raise invalid("messages", "'messages' must be a list", code="invalid_type")
-    if not messages:
-        raise invalid("messages", "'messages' must not be empty")
-    parsed = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise invalid(f"messages[{i}]", f"'messages[{i}]' must be an object", code="invalid_type")
-        role = message.get("role")
-        if role not in ROLES:
-            raise invalid(f"messages[{i}].role", f"unsupported role {role!r} (use one of "
-                                                 f"{', '.join(ROLES)})")
-        parsed.append(ChatMessage(ROLES[role], _content(message, i)))
-    return tuple(parsed)
-
-
-def _prompt(body: dict) -> tuple[str | None, tuple[int, ...] | None]:
-    """A completion prompt: one string, or one list of token ids."""
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
-    if isinstance(prompt, str) and prompt:
-        return prompt, None
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
-                                                   and t >= 0 for t in prompt):
-        return None, tuple(prompt)
-    if prompt is None:
-        raise invalid("prompt", "'prompt' is required", code="missing_required_parameter")
-    if prompt == "":
-        raise invalid("prompt", "'prompt' must not be empty")
-    raise invalid("prompt", "'prompt' must be a string or a list of token ids (one prompt per request)",
-                  code="invalid_type")
-
-
-def check_model(body: dict, card: ModelCard) -> None:
-    model = _typed(body, "model", (str,), "a string")
-    if model and model not in card.aliases:
-        raise ApiError(404, f"the model '{model}' does not exist; this server serves '{card.id}'",
-                       param="model", code="model_not_found")
-
-
-def session_name(body: dict, header: str | None) -> str | None:
-    session = _typed(body, "session", (str,), "a string") or header or None
+def session_name(body_session: str | None, header: str | None) -> str | None:
+    session = body_session or header_text("X-RadixChat-Session", header) or None
     if session is not None and len(session) > MAX_SESSION_CHARS:
         raise invalid("session", f"a session name has at most {MAX_SESSION_CHARS} characters")
     return session
 
 
-def parse_call(body: Any, chat: bool, card: ModelCard, session_header: str | None = None) -> CompletionCall:
-    """Validate a completion request body; raise :class:`ApiError` on the first problem."""
-    if not isinstance(body, dict):
-        raise invalid(None, "the request body must be a JSON object", code="invalid_type")
-    check_model(body, card)
-    _refuse_unsupported(body)
-    stream = _typed(body, "stream", (bool,), "a boolean", False)
-    options = _typed(body, "stream_options", (dict,), "an object", {})
-    include_usage = _typed(options, "include_usage", (bool,), "a boolean", False)
-    sampling = sampling_params(body, card.context_length)
-    session = session_name(body, session_header)
+def sampling_params(body: _Sampling, limit: int) -> SamplingParams:
+    """OpenAI's defaults (temperature 1, top_p 1, up to ``limit`` tokens), plus mlx-lm's extras."""
+    stop = [body.stop] if isinstance(body.stop, str) else body.stop or []
+    return SamplingParams(
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=body.top_k or 0,
+        min_p=body.min_p or 0.0,
+        repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+        seed=body.seed,
+        max_tokens=limit,
+        stop=tuple(s for s in stop if s),
+    )
+
+
+def _prompt(prompt: str | list) -> tuple[str | None, tuple[int, ...] | None]:
+    """A completion prompt: one string, or one list of token ids (or a batch of one of them)."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if prompt == "" or prompt == []:
+        raise invalid("prompt", "'prompt' must not be empty")
+    if isinstance(prompt, str):
+        return prompt, None
+    if all(isinstance(t, int) for t in prompt):
+        return None, tuple(prompt)
+    raise invalid("prompt", "'prompt' must be a string or a list of token ids (one prompt per request)",
+                  code="invalid_type")
+
+
+def to_call(body: ChatCompletionRequest | CompletionRequest, card: ModelCard,
+            session_header: str | None = None) -> CompletionCall:
+    """The engine request for a validated body; raise :class:`ApiError` for what the loaded
+    model refuses."""
+    check_model(body.model, card)
+    chat = isinstance(body, ChatCompletionRequest)
+    session = session_name(body.session, session_header)
     if chat:
-        request = GenerationRequest(messages=chat_messages(body), sampling=sampling, session=session)
-    else:
-        text, tokens = _prompt(body)
-        request = GenerationRequest(prompt_text=text, prompt_tokens=tokens, sampling=sampling,
+        if body.tools or body.functions:
+            raise invalid("tools", "tool calling is not supported")
+        if body.max_completion_tokens is not None:
+            limit = max_tokens(body.max_completion_tokens, "max_completion_tokens", card.context_length)
+        else:
+            limit = max_tokens(body.max_tokens, "max_tokens", card.context_length)
+        messages = []
+        for i, message in enumerate(body.messages):
+            if message.content is None and message.role != "assistant":
+                raise invalid(f"messages[{i}].content", f"'messages[{i}].content' is required",
+                              code="missing_required_parameter")
+            messages.append(ChatMessage(ROLES[message.role], message.text()))
+        request = GenerationRequest(messages=tuple(messages), sampling=sampling_params(body, limit),
                                     session=session)
-    return CompletionCall(chat, request, stream, include_usage)
+    else:
+        limit = max_tokens(body.max_tokens, "max_tokens", card.context_length)
+        text, tokens = _prompt(body.prompt)
+        request = GenerationRequest(prompt_text=text, prompt_tokens=tokens,
+                                    sampling=sampling_params(body, limit), session=session)
+    options = body.stream_options or StreamOptions()
+    return CompletionCall(chat, request, bool(body.stream), bool(options.include_usage))
 
 
 # ------------------------------------------------------------------ responses
@@ -259,6 +263,11 @@ def usage(stats: RequestStats) -> dict[str, Any]:
 
 def finish_reason(stats: RequestStats) -> str:
     return "length" if stats.finish_reason == "length" else "stop"
+
+
+def model_object(card: ModelCard) -> dict[str, Any]:
+    return {"id": card.id, "object": "model", "created": card.created, "owned_by": "radixchat",
+            "radixchat": {"fingerprint": card.fingerprint, "context_length": card.context_length}}
 
 
 class ReplyBuilder:

@@ -3,8 +3,11 @@
     radixchat                      open the app
     radixchat chat [PROMPT]        one turn (or an interactive loop) in a chat session
     radixchat fetch-model [NAME]   provision a known model into the data folder
-    radixchat models               what models are available locally
-    radixchat serve                the OpenAI-compatible API on 127.0.0.1:8000
+    radixchat models               what models are available locally (size, last use)
+    radixchat models rm NAME       delete a downloaded model and its cached KV
+    radixchat search QUERY         MLX and GGUF models on the Hugging Face hub, and whether each fits
+    radixchat pull REPO[:FILE]     download a model from the hub into the HF cache (resumes)
+    radixchat serve                the OpenAI- and Anthropic-compatible API on 127.0.0.1:8000
     radixchat cache stats|verify|clear   the disk cache of session KV
     radixchat chats verify         list the chat history's damaged rows
     radixchat bench cpu            measure the CPU backend setups (see README)
@@ -81,6 +84,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     models = sub.add_parser("models", help="list the models available locally")
     _add_common(models)
+    models_sub = models.add_subparsers(dest="models_command")
+    models_rm = models_sub.add_parser("rm", help="delete a model downloaded from the hub, and its cached KV")
+    _add_common(models_rm)
+    models_rm.add_argument("name", help="as `radixchat models` lists it: REPO or REPO:FILE.gguf")
+    models_rm.add_argument("-y", "--yes", action="store_true", help="do not ask first")
+
+    search = sub.add_parser("search", help="search the Hugging Face hub for MLX and GGUF models")
+    _add_common(search)
+    search.add_argument("query")
+    search.add_argument("--limit", type=int, default=20, help="results per kind (MLX, GGUF)")
+
+    pull = sub.add_parser("pull", help="download a model from the Hugging Face hub (resumes)")
+    _add_common(pull)
+    pull.add_argument("target", metavar="REPO[:FILE]", help="an MLX repo, or a GGUF repo and one of its files")
 
     cache = sub.add_parser("cache", help="the disk cache of session KV: stats, verify, clear")
     cache_sub = cache.add_subparsers(dest="cache_command", required=True)
@@ -100,12 +117,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(chats_verify)
     chats_verify.add_argument("--json", action="store_true")
 
-    serve = sub.add_parser("serve", help="serve the OpenAI-compatible API until Ctrl-C")
+    serve = sub.add_parser("serve", help="serve the OpenAI- and Anthropic-compatible API until Ctrl-C")
     _add_common(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (beyond loopback needs --api-key)")
     serve.add_argument("--port", type=_port, default=8000)
     serve.add_argument("--model", default="default", help="known name, .gguf file, MLX folder or HF repo id")
     serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: $RADIXCHAT_API_KEY)")
+    serve.add_argument("--allow-origin", action="append", default=[], metavar="URL",
+                       help="let web pages from this origin (like http://localhost:3000) call the API; "
+                            "repeatable ('*': any page). Without it, requests from browsers are refused")
     serve.add_argument("--kv-tokens", type=int, help="KV pool size in tokens (default: from free memory)")
 
     bench = sub.add_parser("bench", help="benchmarks")
@@ -195,8 +215,11 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
             return run_serve(args)
         if args.command == "fetch-model":
             return _fetch(args)
-        if args.command == "models":
-            return _models(args)
+        if args.command in ("models", "search", "pull"):
+            from core.cli import hub as hub_cli
+
+            return {"models": hub_cli.run_models, "search": hub_cli.run_search, "pull": hub_cli.run_pull}[
+                args.command](args)
         if args.command == "bench" and args.bench_command == "cpu":
             from core.cli.bench.cpu import run_bench_cpu
 
@@ -231,19 +254,6 @@ def _fetch(args) -> int:
     root = paths.data_dir(args.data_dir)
     path = provision.ensure_model(args.name, root, print_progress)
     print(safe(path))
-    return 0
-
-
-def _models(args) -> int:
-    root = paths.data_dir(args.data_dir)
-    local = provision.list_local_models(root)
-    present = {m.spec for m in local}
-    for model in local:
-        print(f"{safe(model.spec):<40} {model.kind:<10} {model.size_bytes / 1e6:9.1f} MB  {safe(model.name)}")
-    for name, known in provision.KNOWN_MODELS.items():
-        if name not in present:
-            print(f"{name:<40} {'known':<10} {known.size / 1e6:9.1f} MB  not downloaded "
-                  f"(radixchat fetch-model {name})")
     return 0
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from core import paths
 from core.engine.types import DoneEvent, ErrorEvent, Event, GenerationRequest, RequestStats
-from core.errors import ErrorKind, UserError
+from core.errors import ErrorKind, ModelLoadError, UserError
 from kvcache.stats import CacheStats, DiskTierStats
 
 if TYPE_CHECKING:  # core.models.loader imports mlx: only the engine thread loads it
@@ -101,6 +101,14 @@ class _FlushCommand:
 @dataclass
 class _ForgetCommand:
     session: str
+
+
+@dataclass
+class _CountCommand:
+    request: GenerationRequest
+    done: threading.Event = field(default_factory=threading.Event)
+    tokens: int = 0
+    error: Exception | None = None
 
 
 @dataclass
@@ -228,6 +236,17 @@ class Engine:
         finally:
             handle.cancel()
 
+    def count_tokens(self, request: GenerationRequest, timeout: float | None = 60.0) -> int:
+        """How many tokens ``request``'s prompt is (chat template applied), without running
+        it. Raises UserError (a ModelLoadError when no model is loaded); anything else is a bug."""
+        command = _CountCommand(request)
+        self._commands.put(command)
+        if not command.done.wait(timeout):
+            raise UserError("counting tokens timed out: the engine is busy")
+        if command.error is not None:
+            raise command.error
+        return command.tokens
+
     def forget_session(self, session: str) -> None:
         """Drop ``session``'s cache (the chat was deleted): its lock on RAM pages at once,
         its disk cache soon after, off the caller's thread. Shared pages stay."""
@@ -257,6 +276,8 @@ class Engine:
                     self._do_request(command)
                 elif isinstance(command, _ForgetCommand):
                     self._forget(command.session)
+                elif isinstance(command, _CountCommand):
+                    self._count(command)
                 elif isinstance(command, _FlushCommand):
                     if self._persister is not None:
                         self._persister.flush()
@@ -315,6 +336,21 @@ class Engine:
             log.warning("disk cache off: %s", error)
             return None
         return None
+
+    def _count(self, command: _CountCommand) -> None:
+        from core.engine.generation import render_prompt
+
+        try:
+            if self._loaded is None:
+                raise ModelLoadError(self._load_error or "no model is loaded")
+            command.tokens = len(render_prompt(self._loaded.tokenizer, command.request))
+        except UserError as exc:
+            command.error = exc
+        except Exception as exc:  # a bug: logged in full, raised to the caller
+            log.exception("counting tokens failed")
+            command.error = RuntimeError(f"counting tokens failed: {exc}")
+        finally:
+            command.done.set()
 
     def _forget(self, session: str) -> None:
         if self._prefix_cache is not None:

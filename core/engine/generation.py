@@ -54,14 +54,15 @@ class StopText:
         self.stops = tuple(s for s in stops if s)
         self.emitted = 0
         self.hit = False
+        self.matched: str | None = None  # the stop string that ended the text
 
     def feed(self, text: str) -> tuple[str, bool]:
         """New text safe to show, and whether a stop string was hit (text cut before the
         earliest one)."""
-        found = [at for stop in self.stops
+        found = [(at, stop) for stop in self.stops
                  if (at := text.find(stop, max(0, self.emitted - len(stop)))) != -1]
         if found:
-            at = min(found)
+            at, self.matched = min(found, key=lambda hit: hit[0])
             out = text[self.emitted : at]
             self.emitted = at
             self.hit = True

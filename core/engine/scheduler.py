@@ -337,6 +337,7 @@ class Scheduler:
             decode_tps=(n - 1) / decode_time if decode_time > 0 and n > 1 else 0.0,
             total_s=ended - state.started,
             finish_reason=finish,
+            stop_sequence=state.stop_text.matched if finish == "stop" else None,
         )
         handle._emit(DoneEvent("".join(state.shown), stats))
         handle._finish()

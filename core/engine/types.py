@@ -67,6 +67,7 @@ class RequestStats:
     decode_tps: float = 0.0
     total_s: float = 0.0
     finish_reason: str = "stop"  # "stop" | "length" | "cancelled"
+    stop_sequence: str | None = None  # the stop string that ended the reply (finish_reason "stop")
 
 
 @dataclass(frozen=True)

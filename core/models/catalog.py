@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import mmap
 import struct
 import sys
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from core.models import hf_cache, provision
+from core.models.gguf_header import read_header
 from core.errors import UserError
 
 GGUF_BITS_PER_WEIGHT = 4.5  # a typical 4-bit quant with its scales, when the header is unreadable
@@ -37,7 +37,7 @@ class CatalogEntry:
 
     spec: str  # what the loader accepts: a known name, a path, or a repo id
     name: str
-    kind: str  # provision.LocalModel kinds: "known-gguf" | "gguf" | "mlx-dir" | "hf-cache"
+    kind: str  # provision.LocalModel kinds: "known-gguf" | "gguf" | "mlx-dir" | "hf-cache" | "hf-gguf"
     size_bytes: int  # on disk (for a known model not yet downloaded: what it will be)
     memory_bytes: int  # estimated memory of the loaded weights
     downloaded: bool = True  # False: a known model that is fetched on first use
@@ -62,7 +62,7 @@ def estimate_memory_bytes(kind: str, size_bytes: int, on_cpu: bool, parameters: 
         return size_bytes
     if parameters:
         return FLOAT32_BYTES * parameters
-    if kind in ("gguf", "known-gguf"):
+    if kind in ("gguf", "known-gguf", "hf-gguf"):
         return int(size_bytes * 32 / GGUF_BITS_PER_WEIGHT)
     return size_bytes
 
@@ -120,6 +120,9 @@ def entry_for_path(path: Path, on_cpu: bool | None = None) -> CatalogEntry:
 def _entry(model: provision.LocalModel, on_cpu: bool) -> CatalogEntry:
     if model.kind == "gguf":
         parameters = gguf_parameter_count(Path(model.spec))
+    elif model.kind == "hf-gguf":
+        path = hf_cache.resolve_gguf(model.spec)
+        parameters = gguf_parameter_count(path) if path is not None else None
     else:
         folder = Path(model.spec) if model.kind == "mlx-dir" else hf_cache.resolve_repo(model.spec)
         parameters = safetensors_parameter_count(folder) if folder is not None else None
@@ -131,64 +134,18 @@ def _entry(model: provision.LocalModel, on_cpu: bool) -> CatalogEntry:
 
 
 def gguf_parameter_count(path: Path) -> int | None:
-    """The number of weights in a GGUF file (v2 or v3), from its header; None if unreadable."""
+    """The number of weights in a GGUF file, from its header; None if unreadable or empty."""
     try:
         st = Path(path).stat()
-        return _gguf_parameters(str(path), st.st_size, st.st_mtime_ns)
-    except (OSError, ValueError, struct.error):
+        return _gguf_parameters(str(path), st.st_size, st.st_mtime_ns) or None
+    except (OSError, UserError):
         return None
 
 
 @lru_cache(maxsize=64)
 def _gguf_parameters(path: str, size: int, mtime_ns: int) -> int:
     """(size and mtime are the cache key: a changed file is read again)"""
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        if buf[:4] != b"GGUF":
-            raise ValueError("not a GGUF file")
-        version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
-        if version not in (2, 3):
-            raise ValueError(f"GGUF version {version}")
-        pos = 24
-        for _ in range(n_kv):
-            pos = _skip_gguf_string(buf, pos)
-            (value_type,) = struct.unpack_from("<I", buf, pos)
-            pos = _skip_gguf_value(buf, pos + 4, value_type)
-        total = 0
-        for _ in range(n_tensors):
-            pos = _skip_gguf_string(buf, pos)
-            (n_dims,) = struct.unpack_from("<I", buf, pos)
-            total += math.prod(struct.unpack_from(f"<{n_dims}Q", buf, pos + 4))
-            pos += 4 + 8 * n_dims + 4 + 8  # dims, then the type (u32) and the data offset (u64)
-        return total
-
-
-# GGUF metadata value types: fixed sizes, then STRING (8) and ARRAY (9)
-_GGUF_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-_GGUF_STRING, _GGUF_ARRAY = 8, 9
-
-
-def _skip_gguf_string(buf: mmap.mmap, pos: int) -> int:
-    (length,) = struct.unpack_from("<Q", buf, pos)
-    end = pos + 8 + length
-    if end > len(buf):
-        raise ValueError("truncated GGUF header")
-    return end
-
-
-def _skip_gguf_value(buf: mmap.mmap, pos: int, value_type: int) -> int:
-    if value_type in _GGUF_SIZES:
-        return pos + _GGUF_SIZES[value_type]
-    if value_type == _GGUF_STRING:
-        return _skip_gguf_string(buf, pos)
-    if value_type != _GGUF_ARRAY:
-        raise ValueError(f"unknown GGUF value type {value_type}")
-    item_type, count = struct.unpack_from("<IQ", buf, pos)
-    pos += 12
-    if item_type in _GGUF_SIZES:
-        return pos + count * _GGUF_SIZES[item_type]
-    for _ in range(count):  # strings (a vocabulary) or nested arrays
-        pos = _skip_gguf_value(buf, pos, item_type)
-    return pos
+    return read_header(Path(path), metadata=False).parameter_count()
 
 
 def safetensors_parameter_count(folder: Path) -> int | None:

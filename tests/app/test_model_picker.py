@@ -62,7 +62,7 @@ def _ok(dialog: ModelPickerDialog):
 
 def test_lists_known_and_local_models(open_picker, data_root):
     dialog = open_picker("default")
-    assert [dialog.tree.headerItem().text(c) for c in range(4)] == ["Name", "Kind", "Size", "Memory"]
+    assert [dialog.tree.headerItem().text(c) for c in range(5)] == ["Name", "Kind", "Size", "Memory", "Last used"]
     models = data_root / "models"
     known = list(provision.KNOWN_MODELS)
     assert _specs(dialog) == [*known, str(models / "my-model.gguf"), str(models / "tiny-llama"),
@@ -153,7 +153,7 @@ def test_open_mlx_folder_chooses_it_or_says_why_not(qtbot, open_picker, data_roo
 def test_a_downloaded_default_model_says_so(qtbot, data_root_with_default):
     dialog = ModelPickerDialog(data_root_with_default, "default", on_cpu=True)
     qtbot.addWidget(dialog)
-    assert _rows(dialog)[0][1:] == ["GGUF · downloaded", "93.8 MB", "513 MB"]
+    assert _rows(dialog)[0][1:] == ["GGUF · downloaded", "93.8 MB", "513 MB", ""]
     assert _specs(dialog).count("default") == 1
 
 

@@ -247,7 +247,7 @@ def format_table(report: dict) -> str:
         f"last turn TTFT, ours+cache / ours-cache (recompute): {report['ttft_ratio_vs_recompute']:.3f}",
         f"last turn TTFT, ours+cache / mlx-lm with reuse:      {report['ttft_ratio_vs_mlx_lm_cache']:.3f}",
         f"last turn TTFT, ours+cache / mlx-lm without reuse:   {report['ttft_ratio_vs_mlx_lm_no_cache']:.3f}",
-        f"decode tok/s, ours+cache / mlx-lm without reuse:     "
+        "decode tok/s, ours+cache / mlx-lm without reuse:     "
         + (f"{decode:.3f}" if decode is not None else "n/a") + " (median over turns of per-turn ratios)",
         "replies: identical in all four ways" if report["replies_identical"] else
         f"replies: {len(report['mismatches'])} MISMATCH(ES) vs the reference (ours+cache, repetition 1):",

@@ -56,8 +56,11 @@ def chat(client, text: str, **kw):
 def raw(server, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
     """(status, parsed JSON body) of one request through http.client."""
     conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
+    headers = dict(headers or {})
+    if body is not None:  # the JSON endpoints take JSON only
+        headers.setdefault("Content-Type", "application/json")
     try:
-        conn.request(method, path, body=body, headers=headers or {})
+        conn.request(method, path, body=body, headers=headers)
         response = conn.getresponse()
         return response.status, json.loads(response.read() or b"null")
     finally:
@@ -312,7 +315,7 @@ def test_metrics_count_requests_and_tokens(server, client):
 def _post_and_hang_up(server, body: dict, read_until: bytes | None) -> None:
     data = json.dumps(body).encode()
     with socket.create_connection((server.host, server.port), timeout=30) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
         received = b""
         while read_until is not None and read_until not in received:

@@ -162,6 +162,13 @@ def test_default_model_answers_paris_as_a_new_user_would(data_root_with_default)
     assert "Paris" in result.stdout
 
 
+def test_serve_refuses_a_malformed_allowed_origin_before_loading(tmp_path, capsys):
+    assert main(["serve", "--allow-origin", "localhost:3000/app", "--data-dir", str(tmp_path),
+                 "--model", str(tmp_path / "no-such-model")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("radixchat: error: --allow-origin:") and "\n" not in err
+
+
 def test_chat_parser_sampling_defaults_are_the_engines():
     """``radixchat chat`` with no sampling flags samples as a bare SamplingParams() does."""
     from dataclasses import fields

@@ -105,26 +105,6 @@ def test_stop_string_cuts_the_reply(engine):
     assert done.stats.finish_reason == "stop"
 
 
-def test_stop_text_holds_back_partial_matches():
-    stream = generation.StopText(("END",))
-    assert stream.feed("abc") == ("abc", False)
-    assert stream.feed("abcE") == ("", False)
-    assert stream.feed("abcEN") == ("", False)
-    assert stream.feed("abcENx") == ("ENx", False)
-    assert stream.feed("abcENxEND tail") == ("", True)
-    assert stream.emitted == len("abcENx")
-
-
-def test_stop_text_cuts_at_the_earliest_stop_and_shows_held_text_at_the_end():
-    assert generation.StopText(("User:", "\n\n")).feed("Hi\n\nUser: x") == ("Hi", True)
-    stream = generation.StopText(("\n\n",))
-    assert stream.feed("done.\n") == ("done.", False)
-    assert stream.finish("done.\n") == "\n"  # no more text: "\n" never became a stop
-    ended = generation.StopText(("END",))
-    assert ended.feed("abE") == ("ab", False)
-    assert ended.finish("abEND") == ""  # the last bytes completed the stop
-
-
 def test_a_reply_ending_on_a_possible_stop_start_keeps_its_tail(engine):
     params = SamplingParams(temperature=0.0, max_tokens=12)
     full = done_of(collect(engine, ask("tails", params, use_cache=False)))
@@ -269,3 +249,12 @@ def test_process_exits_cleanly_after_the_engine_ran(tiny_model, tmp_path):
 def test_empty_prompt_is_a_clear_error(engine):
     events = collect(engine, GenerationRequest(prompt_text="", sampling=GREEDY))
     assert isinstance(events[-1], ErrorEvent) and "empty prompt" in events[-1].message
+
+
+def test_count_tokens_is_the_prompt_a_request_would_have(engine):
+    request = ask("how many tokens is this?")
+    counted = engine.count_tokens(request)
+    assert counted == done_of(collect(engine, request)).stats.prompt_tokens > 0
+    assert engine.count_tokens(GenerationRequest(prompt_tokens=(1, 2, 3))) == 3
+    with pytest.raises(UserError):
+        engine.count_tokens(GenerationRequest())

@@ -10,7 +10,6 @@ conversion and the tokenizer build happen once.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -19,14 +18,13 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from mlx_lm.models import gemma3_text
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 from core import paths
 from core.models import gguf_import, provision
 from core.errors import ModelLoadError
-from core.models.gguf_convert import ConversionCache, TensorInfo, convert_tensor, read_header
+from core.models.gguf_convert import ConversionCache
 from core.models.gguf_import import build_model, mlx_tensor_name, read_gguf
 from core.models.loader import load_model
 
@@ -244,68 +242,3 @@ def test_truncated_file(gemma_file, tmp_path):
         cut.write_bytes(src.read(120_000_000))
     with pytest.raises(ModelLoadError, match="truncated or corrupt"):
         read_gguf(cut, _cache(tmp_path))
-
-
-# ---------------------------------------------------------------- no model file needed
-
-
-@pytest.mark.parametrize("kind", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K], ids=lambda k: k.name)
-def test_conversion_is_exact(kind):
-    """Random blocks of every type MLX can hold: both layouts give gguf's values exactly."""
-    rng = np.random.default_rng(int(kind))
-    block_size, type_size = GGML_QUANT_SIZES[kind]
-    rows, cols = 16, 512
-    blocks = rng.integers(0, 256, size=(rows * cols // block_size, type_size), dtype=np.uint8)
-    halves = 2 if kind in (T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K) else 1  # d (and m / dmin) come first
-    blocks[:, : 2 * halves] = rng.uniform(-0.1, 0.1, (len(blocks), halves)).astype(np.float16).view(np.uint8)
-    raw = blocks.reshape(-1)
-    info = TensorInfo("x.weight", (rows, cols), kind, 0, raw.size)
-    expected = gguf.quants.dequantize(raw.reshape(rows, -1), kind)
-    assert np.array_equal(np.array(convert_tensor(info, raw, "float32")["x.weight"]), expected)
-    packed = convert_tensor(info, raw, "affine")
-    bits = packed["x.weight"].shape[-1] * 32 // cols
-    values = mx.dequantize(
-        packed["x.weight"], packed["x.scales"].astype(mx.float32), packed["x.biases"].astype(mx.float32),
-        group_size=32, bits=bits,
-    )
-    assert np.array_equal(np.array(values), expected)
-
-
-def _entry(tmp_path: Path) -> tuple[ConversionCache, dict]:
-    cache = ConversionCache.under(tmp_path, "ab" * 32, "float32")
-    config = {"model_type": "test", "layers": 2}
-    cache.save(config, {"a": mx.arange(10, dtype=mx.float32), "b": mx.ones((3, 4))})
-    return cache, config
-
-
-def _rewrite_meta(folder: Path, **changes) -> None:
-    meta = json.loads((folder / "meta.json").read_text())
-    (folder / "meta.json").write_text(json.dumps({**meta, **changes}))
-
-
-@pytest.mark.parametrize(
-    "damage",
-    [
-        lambda f: (f / "meta.json").unlink(),  # a partial entry
-        lambda f: (f / "meta.json").write_text("{not json"),
-        lambda f: (f / "config.json").write_text('{"model_type": "other"}'),
-        lambda f: _rewrite_meta(f, source_sha256="cd" * 32),
-        lambda f: _rewrite_meta(f, tensor_count=3),
-        lambda f: _rewrite_meta(f, format=0),
-        lambda f: os.truncate(f / "weights.safetensors", 40),
-        lambda f: (f / "weights.safetensors").write_bytes(b"\0" * (f / "weights.safetensors").stat().st_size),
-    ],
-    ids=["no-meta", "bad-meta", "other-config", "other-source", "tensor-count", "old-format", "truncated", "zeroed"],
-)
-def test_damaged_cache_entries_are_dropped(tmp_path, damage):
-    cache, config = _entry(tmp_path)
-    assert set(cache.load(config)) == {"a", "b"}
-    damage(cache.folder)
-    assert cache.load(config) is None and not cache.folder.exists()
-
-
-def test_header_errors(tmp_path):
-    path = tmp_path / "not.gguf"
-    path.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 20)
-    with pytest.raises(ModelLoadError, match="truncated or corrupt"):
-        read_header(path)

@@ -31,6 +31,9 @@ def make_repo(root: Path, repo_id: str, revs: dict[str, dict[str, bytes]], main:
     return folder
 
 
+MODEL = {"config.json": b"{}", "model.safetensors": b"x"}
+
+
 @pytest.fixture
 def cache(tmp_path, monkeypatch) -> Path:
     root = tmp_path / "hub"
@@ -52,12 +55,12 @@ def test_root_follows_environment(tmp_path, monkeypatch):
 
 
 def test_resolve_follows_refs_main(cache):
-    make_repo(cache, "org/model", {"aaa": {"config.json": b"{}"}, "bbb": {"config.json": b"{}"}}, main="aaa")
+    make_repo(cache, "org/model", {"aaa": MODEL, "bbb": MODEL}, main="aaa")
     assert hf_cache.resolve_repo("org/model") == cache / "models--org--model" / "snapshots" / "aaa"
 
 
 def test_resolve_without_refs_takes_newest_snapshot(cache):
-    folder = make_repo(cache, "org/model", {"old": {"config.json": b"{}"}, "new": {"config.json": b"{}"}})
+    folder = make_repo(cache, "org/model", {"old": MODEL, "new": MODEL})
     os.utime(folder / "snapshots" / "old", (1_000_000, 1_000_000))
     assert hf_cache.resolve_repo("org/model") == folder / "snapshots" / "new"
 
@@ -75,7 +78,8 @@ def test_resolve_rejects_odd_repo_ids(cache, bad):
 
 def test_list_cached_repos(cache):
     make_repo(cache, "org/model", {"aaa": {"config.json": b"{}", "model.safetensors": b"x"}}, main="aaa")
-    make_repo(cache, "solo", {"r1": {"config.json": b"{}"}}, main="r1")
+    make_repo(cache, "solo", {"r1": MODEL}, main="r1")
+    make_repo(cache, "org/config-only", {"r": {"config.json": b"{}"}}, main="r")
     make_repo(cache, "org/tokenizer-only", {"r": {"tokenizer.json": b"{}"}}, main="r")
     (cache / "datasets--org--data" / "snapshots" / "r").mkdir(parents=True)
     (cache / "datasets--org--data" / "snapshots" / "r" / "config.json").write_text("{}")
@@ -98,3 +102,33 @@ def test_import_is_light():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[3])
     assert out.stdout.strip() == "[]"
+
+
+
+def test_a_model_without_all_its_weights_is_not_offered(cache):
+    """A download in progress (or cut short) links config.json before or without the
+    weights: such a snapshot is not a model yet."""
+    index = b'{"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}'
+    make_repo(cache, "org/sharded", {"r": {"config.json": b"{}", "model.safetensors.index.json": index,
+                                           "model-00001-of-00002.safetensors": b"x"}}, main="r")
+    make_repo(cache, "org/no-weights", {"r": {"config.json": b"{}", "tokenizer.json": b"{}"}}, main="r")
+    make_repo(cache, "org/bad-index", {"r": {"config.json": b"{}", "model.safetensors.index.json": b"[",
+                                             "model.safetensors": b"x"}}, main="r")
+    assert hf_cache.resolve_repo("org/sharded") is None
+    assert hf_cache.resolve_repo("org/no-weights") is None
+    assert hf_cache.resolve_repo("org/bad-index") is None
+    (cache / "models--org--sharded" / "snapshots" / "r" / "model-00002-of-00002.safetensors").write_bytes(b"y")
+    assert hf_cache.resolve_repo("org/sharded") == cache / "models--org--sharded" / "snapshots" / "r"
+    assert [r for r, _ in hf_cache.list_cached_repos()] == ["org/sharded"]
+
+
+def test_gguf_files_in_the_cache(cache):
+    make_repo(cache, "org/quants", {"r": {"m-Q4_K_M.gguf": b"GGUF", "README.md": b"#"}}, main="r")
+    snapshot = cache / "models--org--quants" / "snapshots" / "r"
+    assert hf_cache.list_cached_ggufs() == [("org/quants:m-Q4_K_M.gguf", snapshot / "m-Q4_K_M.gguf")]
+    assert hf_cache.resolve_gguf("org/quants:m-Q4_K_M.gguf") == snapshot / "m-Q4_K_M.gguf"
+    assert hf_cache.resolve_gguf("org/quants:m-Q8_0.gguf") is None
+    assert hf_cache.resolve_gguf("org/absent:m.gguf") is None
+    for odd in ("org/quants", "org/quants:README.md", "org/quants:../x.gguf", "a/b/c:m.gguf", "org/quants:/m.gguf"):
+        assert hf_cache.split_gguf_spec(odd) is None, odd
+    assert hf_cache.split_gguf_spec("org/quants:sub/m.gguf") == ("org/quants", "sub/m.gguf")

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from core.errors import ModelLoadError
-from core.models.fingerprint import FileHashCache
 from core.models.loader import load_model, resolve_weights_format
 
 
@@ -49,27 +48,6 @@ def test_fingerprint_changes_with_the_code_that_computes(tiny_model, tmp_path, m
     versions = fp.runtime_versions()
     monkeypatch.setattr(fp, "runtime_versions", lambda: {**versions, "mlx": "0.0.1"})
     assert load_model(str(tiny_model), tmp_path).info.fingerprint != a
-
-
-def test_file_hashes_are_remembered_by_size_and_mtime(tmp_path, monkeypatch):
-    blob = tmp_path / "w.bin"
-    blob.write_bytes(b"abc")
-    cache = FileHashCache(tmp_path / "hashes.json")
-    first = cache.sha256(blob)
-    calls = []
-    import core.models.fingerprint as fp
-
-    monkeypatch.setattr(fp, "sha256_file", lambda p: calls.append(p) or "x")
-    assert FileHashCache(tmp_path / "hashes.json").sha256(blob) == first and calls == []
-    blob.write_bytes(b"abcd")
-    assert FileHashCache(tmp_path / "hashes.json").sha256(blob) == "x" and len(calls) == 1
-
-
-def test_damaged_hash_cache_costs_only_a_rehash(tmp_path):
-    (tmp_path / "hashes.json").write_text("{not json")
-    blob = tmp_path / "w.bin"
-    blob.write_bytes(b"abc")
-    assert len(FileHashCache(tmp_path / "hashes.json").sha256(blob)) == 64
 
 
 def test_repo_id_from_local_hf_cache(tiny_model, tmp_path, monkeypatch):

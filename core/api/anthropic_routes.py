@@ -1,0 +1,105 @@
+"""The Anthropic endpoints: ``POST /v1/messages`` (JSON, or Anthropic's stream of events) and
+``POST /v1/messages/count_tokens``. Errors are Anthropic-shaped (:mod:`core.api.errors`
+picks the shape by path)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from core.api.anthropic_schema import (CountTokensRequest, MessageBuilder, MessagesCall, MessagesRequest,
+                                       count_request, to_call)
+from core.api.errors import engine_error, shutting_down
+from core.api.relay import CLIENT_GONE, EngineEvents, sse
+from core.api.routing import SSE_HEADERS, JsonRoute, SessionHeader, server_of
+from core.engine.types import DoneEvent, ErrorEvent, Event, ProgressEvent, TokenEvent
+from core.errors import UserError
+
+router = APIRouter(route_class=JsonRoute)
+PING_EVERY_S = 10.0  # a long prefill sends pings, so proxies and clients see a live stream
+
+
+@router.post("/v1/messages", summary="Create a message (Anthropic)")
+async def messages(body: MessagesRequest, request: Request, session: SessionHeader = None) -> Response:
+    arrived = time.monotonic()
+    api = server_of(request)
+    call = to_call(body, api.model_card(), session)
+    handle = api.submit(call.request)
+    events = EngineEvents(api, handle, request, arrived)
+    builder = MessageBuilder(call)
+    if not call.stream:
+        try:
+            done, error = await events.collect()
+        finally:
+            handle.cancel()
+        if request.scope.get(CLIENT_GONE):
+            return Response(status_code=499)
+        if error is not None:
+            raise engine_error(error, chat=True)
+        if done is None or done.stats.finish_reason == "cancelled":
+            raise shutting_down()
+        return JSONResponse(builder.full(done.text, done.stats))
+
+    first = await events.first()  # an error before anything is sent is an HTTP error
+    if isinstance(first, ErrorEvent) or first is None or request.scope.get(CLIENT_GONE):
+        handle.cancel()
+        if request.scope.get(CLIENT_GONE):
+            return Response(status_code=499)
+        raise engine_error(first, chat=True) if first is not None else shutting_down()
+    return StreamingResponse(_stream(call, builder, first, events), media_type="text/event-stream",
+                             headers=SSE_HEADERS)
+
+
+async def _stream(call: MessagesCall, builder: MessageBuilder, first: Event,
+                  events: EngineEvents) -> AsyncIterator[bytes]:
+    """Anthropic's event sequence: message_start, ping, then per content block
+    content_block_start, content_block_delta..., content_block_stop, and at the end
+    message_delta (stop_reason, usage), message_stop. A block opens with its first text."""
+    open_block = False
+    try:
+        # the engine's first event says how much of the prompt the cache served
+        prompt, cached = (first.total, first.done) if isinstance(first, ProgressEvent) else (0, 0)
+        yield sse(builder.start(prompt, cached), "message_start")
+        yield sse({"type": "ping"}, "ping")
+        last_sent = time.monotonic()
+        event: Event | None = first
+        while event is not None:
+            if isinstance(event, TokenEvent) and event.text:
+                if not open_block:
+                    open_block = True
+                    yield sse(builder.block_start(), "content_block_start")
+                yield sse(builder.text_delta(event.text), "content_block_delta")
+                last_sent = time.monotonic()
+            elif isinstance(event, ProgressEvent) and time.monotonic() - last_sent > PING_EVERY_S:
+                yield sse({"type": "ping"}, "ping")
+                last_sent = time.monotonic()
+            elif isinstance(event, ErrorEvent):
+                yield sse(engine_error(event, chat=True).anthropic_body(), "error")
+                return
+            elif isinstance(event, DoneEvent):
+                if event.stats.finish_reason == "cancelled":  # the server is stopping
+                    yield sse(shutting_down().anthropic_body(), "error")
+                    return
+                if open_block:
+                    yield sse(builder.block_stop(), "content_block_stop")
+                yield sse(builder.delta(event.stats), "message_delta")
+                yield sse({"type": "message_stop"}, "message_stop")
+                return
+            event = await anext(events, None)
+    finally:
+        events.handle.cancel()
+
+
+@router.post("/v1/messages/count_tokens", summary="Count a message's input tokens (Anthropic)")
+async def count_tokens(body: CountTokensRequest, request: Request) -> JSONResponse:
+    api = server_of(request)
+    generation = count_request(body, api.model_card())
+    try:
+        tokens = await asyncio.to_thread(api.engine.count_tokens, generation)
+    except UserError as exc:
+        raise engine_error(ErrorEvent(str(exc), exc.kind), chat=True) from None
+    return JSONResponse({"input_tokens": tokens})

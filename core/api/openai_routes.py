@@ -1,0 +1,131 @@
+"""The OpenAI endpoints: ``/health``, ``/metrics``, ``/v1/models``, ``/v1/chat/completions``,
+``/v1/completions`` (JSON, or server-sent events with ``"stream": true``)."""
+
+from __future__ import annotations
+
+import time
+from typing import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from core.api import anthropic_schema
+from core.api.errors import ApiError, engine_error, shutting_down
+from core.api.openai_schema import (ChatCompletionRequest, CompletionCall, CompletionRequest, ReplyBuilder,
+                                    model_object, to_call)
+from core.api.relay import CLIENT_GONE, EngineEvents, sse
+from core.api.routing import SSE_HEADERS, JsonRoute, SessionHeader, server_of
+from core.engine.types import DoneEvent, ErrorEvent, Event, TokenEvent
+
+router = APIRouter(route_class=JsonRoute)
+
+
+@router.get("/health", summary="Liveness: 200 once the model is loaded, 503 while it loads")
+def health(request: Request) -> JSONResponse:
+    api = server_of(request)
+    if api.engine.model_info is None:
+        return JSONResponse({"status": "loading"}, status_code=503)
+    return JSONResponse({"status": "ok", "model": api.model_card().id})
+
+
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+def metrics(request: Request) -> Response:
+    data, content_type = server_of(request).metrics.exposition()
+    return Response(data, media_type=content_type)
+
+
+def _anthropic(request: Request) -> bool:
+    """Anthropic's clients send ``anthropic-version``: they get its shape of the model list."""
+    return "anthropic-version" in request.headers
+
+
+@router.get("/v1/models", summary="The loaded model (OpenAI's shape, or Anthropic's with anthropic-version)")
+def list_models(request: Request) -> JSONResponse:
+    card = server_of(request).model_card()
+    if _anthropic(request):
+        return JSONResponse(anthropic_schema.model_list(card))
+    return JSONResponse({"object": "list", "data": [model_object(card)]})
+
+
+@router.get("/v1/models/{model:path}", summary="The loaded model, by any of its names")
+def retrieve_model(model: str, request: Request) -> JSONResponse:
+    card = server_of(request).model_card()
+    if _anthropic(request):
+        anthropic_schema.check_model(model, card)
+        return JSONResponse(anthropic_schema.model_object(card, model))
+    if model not in card.aliases:
+        raise ApiError(404, f"the model '{model}' does not exist; this server serves '{card.id}'",
+                       param="model", code="model_not_found")
+    return JSONResponse(model_object(card))
+
+
+@router.post("/v1/chat/completions", summary="Chat completion (OpenAI)")
+async def chat_completions(body: ChatCompletionRequest, request: Request,
+                           session: SessionHeader = None) -> Response:
+    return await generate(request, body, session)
+
+
+@router.post("/v1/completions", summary="Text completion (OpenAI, legacy)")
+async def completions(body: CompletionRequest, request: Request, session: SessionHeader = None) -> Response:
+    return await generate(request, body, session)
+
+
+async def generate(request: Request, body: ChatCompletionRequest | CompletionRequest,
+                   session: str | None) -> Response:
+    arrived = time.monotonic()
+    api = server_of(request)
+    card = api.model_card()
+    call = to_call(body, card, session)
+    handle = api.submit(call.request)
+    events = EngineEvents(api, handle, request, arrived)
+    reply = ReplyBuilder(call, card)
+    if not call.stream:
+        try:
+            done, error = await events.collect()
+        finally:
+            handle.cancel()  # a no-op once the request has ended
+        if request.scope.get(CLIENT_GONE):
+            return Response(status_code=499)  # nobody will read it
+        if error is not None:
+            raise engine_error(error, call.chat)
+        if done is None or done.stats.finish_reason == "cancelled":
+            raise shutting_down()
+        return JSONResponse(reply.full(done.text, done.stats))
+
+    first = await events.first()  # an error before anything is sent is an HTTP error
+    if isinstance(first, ErrorEvent) or first is None or request.scope.get(CLIENT_GONE):
+        handle.cancel()
+        if request.scope.get(CLIENT_GONE):
+            return Response(status_code=499)
+        raise engine_error(first, call.chat) if first is not None else shutting_down()
+    return StreamingResponse(_chunks(call, reply, first, events), media_type="text/event-stream",
+                             headers=SSE_HEADERS)
+
+
+async def _chunks(call: CompletionCall, reply: ReplyBuilder, first: Event,
+                  events: EngineEvents) -> AsyncIterator[bytes]:
+    """The server-sent events of a reply; if the client leaves, Starlette cancels this and the
+    request is cancelled with it."""
+    try:
+        if call.chat:
+            yield sse(reply.chunk(first=True))
+        event: Event | None = first
+        while event is not None:
+            if isinstance(event, TokenEvent):
+                yield sse(reply.chunk(event.text))
+            elif isinstance(event, ErrorEvent):
+                yield sse(engine_error(event, call.chat).body())
+                return
+            elif isinstance(event, DoneEvent):
+                if event.stats.finish_reason == "cancelled":  # the server is stopping
+                    yield sse(shutting_down().body())
+                    return
+                yield sse(reply.chunk(stats=event.stats))
+                if call.include_usage:
+                    yield sse(reply.usage_chunk(event.stats))
+                yield b"data: [DONE]\n\n"
+                return
+            event = await anext(events, None)
+    finally:
+        events.handle.cancel()
+

@@ -1,0 +1,62 @@
+"""What the routes share: strict JSON bodies, the server behind a request, the session header.
+
+:class:`JsonRoute` is FastAPI's route with the body read by :func:`parse_json`: JSON as
+RFC 8259 has it (no NaN or Infinity, which Python's json module reads by default), and
+a body nested too deeply or not UTF-8 is a JSONDecodeError too, which FastAPI turns into
+a validation error (400 ``invalid_json``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Annotated, Any, Callable
+
+from fastapi import Header, Request
+from fastapi.routing import APIRoute
+
+if TYPE_CHECKING:
+    from core.api.state import ApiState
+
+SESSION_HEADER = "X-RadixChat-Session"
+SessionHeader = Annotated[str | None, Header(alias=SESSION_HEADER, description="the chat session whose "
+                                                                                 "cache this request extends")]
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def server_of(request: Request) -> "ApiState":
+    return request.app.state.api
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def parse_json(data: bytes) -> Any:
+    """JSON as RFC 8259 has it: no NaN or Infinity; any failure is a JSONDecodeError."""
+    try:
+        return json.loads(data, parse_constant=_no_constant)
+    except json.JSONDecodeError:
+        raise
+    except RecursionError:
+        raise json.JSONDecodeError("the body is nested too deeply", "", 0) from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise json.JSONDecodeError(str(exc), "", 0) from None
+
+
+class _StrictJsonRequest(Request):
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = parse_json(await self.body())
+        return self._json
+
+
+class JsonRoute(APIRoute):
+    """A route whose JSON body is read by :func:`parse_json`."""
+
+    def get_route_handler(self) -> Callable:
+        handler = super().get_route_handler()
+
+        async def strict_handler(request: Request):
+            return await handler(_StrictJsonRequest(request.scope, request.receive))
+
+        return strict_handler

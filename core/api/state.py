@@ -1,0 +1,69 @@
+"""What the API's layers share while it serves: the engine, the settings, the requests in
+flight and the metrics. The routes, the guard and the relay reach it (``request.app.state.api``);
+:class:`core.api.server.ApiServer` owns one and runs the HTTP server around it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from core.api.errors import ApiError, shutting_down
+from core.api.metrics import ServerMetrics
+from core.api.wire import MODEL_ALIASES, ModelCard
+from core.engine.engine import Engine, RequestHandle
+from core.engine.types import GenerationRequest
+
+
+def _version() -> str:
+    try:
+        return version("radixchat")
+    except PackageNotFoundError:
+        return "dev"
+
+
+class ApiState:
+    """The engine behind the API, its settings, and the requests it is serving now."""
+
+    def __init__(self, engine: Engine, host: str, api_key: str | None, model_name: str | None,
+                 max_body_bytes: int, allow_origins: tuple[str, ...]):
+        self.engine = engine
+        self.host = host
+        self.api_key = api_key or None
+        self.model_name = model_name
+        self.max_body_bytes = max_body_bytes
+        self.allow_origins = allow_origins
+        self.version = _version()
+        self.started_at = int(time.time())
+        self._handles: set[RequestHandle] = set()
+        self._lock = threading.Lock()
+        self.stopping = False
+        self.metrics = ServerMetrics(engine.stats, lambda: len(self._handles))
+
+    def model_card(self) -> ModelCard:
+        info = self.engine.model_info
+        if info is None:
+            raise ApiError(503, "no model is loaded yet", type="server_error", code="model_not_loaded")
+        model_id = self.model_name or info.name
+        aliases = {model_id, info.name, info.spec, Path(info.path).name, *MODEL_ALIASES}
+        return ModelCard(model_id, info.fingerprint, info.context_length, frozenset(aliases),
+                         self.started_at)
+
+    def submit(self, request: GenerationRequest) -> RequestHandle:
+        with self._lock:
+            if self.stopping:
+                raise shutting_down()
+            handle = self.engine.submit(request)
+            self._handles.add(handle)
+        return handle
+
+    def release(self, handle: RequestHandle) -> None:
+        with self._lock:
+            self._handles.discard(handle)
+
+    def stop_accepting(self) -> list[RequestHandle]:
+        """Refuse new requests from now on; the ones still running."""
+        with self._lock:
+            self.stopping = True
+            return list(self._handles)

@@ -1,0 +1,50 @@
+"""What both wire formats share: strict pydantic bodies, text that is valid Unicode, and the
+model card the server serves.
+
+Every request body is a :class:`WireModel`: strict (``"1"`` is not a number, ``true`` is
+not ``1``, ``1e400`` -- infinity to Python's json module -- is not finite), unknown fields ignored (clients send fields of newer API versions), and every
+string a :data:`Text`, valid Unicode (JSON's ``"\\ud800"`` escape gives Python a lone
+surrogate, which cannot be encoded: refused here, naming the field, instead of failing
+later in the tokenizer or the chat store).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic_core import PydanticCustomError
+
+MAX_SESSION_CHARS = 256
+MODEL_ALIASES = ("default",)
+
+
+def _unicode(value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PydanticCustomError("invalid_unicode", "not valid Unicode text: a lone surrogate "
+                                  "(U+{code}) at character {position}",
+                                  {"code": f"{ord(value[exc.start]):04X}", "position": exc.start}) from None
+    return value
+
+
+Text = Annotated[str, AfterValidator(_unicode)]
+
+
+class WireModel(BaseModel):
+    """A request body or a part of one."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """What the server says about the loaded model."""
+
+    id: str
+    fingerprint: str
+    context_length: int
+    aliases: frozenset[str]
+    created: int

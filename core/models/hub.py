@@ -1,0 +1,430 @@
+"""The Hugging Face hub: search it, and decide what a download of a repo takes.
+
+Everything goes through ``huggingface_hub`` (``HfApi``). The endpoint (``HF_ENDPOINT``)
+and the token (``HF_TOKEN``, or the one ``hf auth login`` stored) are read at call time,
+so a test can point the client at a loopback hub. Each failure the user can act on is a
+:class:`HubError` with a one-line reason: no network, no such repo, a gated or private
+repo, no weights RadixChat can use, an architecture mlx-lm or the GGUF import can't map.
+
+Whether a model fits is estimated before any byte is downloaded, the way
+:mod:`core.models.catalog` estimates local files: the weights as this backend will hold
+them (float32 on the CPU) plus the KV pool the engine would give them (a quarter of the
+memory less the weights, at most 2 GiB: kvcache.pool's defaults), against this
+machine's memory.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import os
+import re
+import socket
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import psutil
+
+from core.errors import UserError
+from core.models.catalog import GGUF_BITS_PER_WEIGHT, estimate_memory_bytes, runs_on_cpu
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+PROBE_TIMEOUT = 3.0  # seconds to open a connection to the hub before saying "offline"
+API_TIMEOUT = 15.0  # seconds for one API call
+# What an MLX model needs (top-level files only): weights, config, tokenizer, chat template.
+MLX_PATTERNS = (
+    "config.json", "*.safetensors", "model.safetensors.index.json", "generation_config.json",
+    "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
+    "added_tokens.json", "vocab.json", "merges.txt", "*.tiktoken", "chat_template.jinja", "chat_template.json",
+)
+SKIPPED_WEIGHTS = ("consolidated*.safetensors",)  # Mistral's original layout, beside the HF one
+# The GGUF families core.models.gguf_import maps (its SUPPORTED_ARCHITECTURES; that module
+# imports mlx, this one must not: the picker uses it). A test keeps the two equal.
+GGUF_ARCHITECTURES = ("llama", "gemma3")
+# kvcache.pool's default budget for the KV pool (a test keeps these equal to its own).
+KV_POOL_FRACTION = 0.25
+KV_POOL_MAX_BYTES = 2 << 30
+FITS, TIGHT, WONT_FIT = "fits", "tight", "won't fit"
+FIT_LIMITS = ((0.70, FITS), (0.90, TIGHT))  # share of the machine's memory
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
+                "I8": 1, "U8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "BOOL": 1, "I64": 8, "U64": 8}
+_SPLIT_GGUF = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)  # llama.cpp's gguf-split parts
+_PROJECTOR_GGUF = re.compile(r"(^|/)mmproj[^/]*\.gguf$", re.IGNORECASE)  # vision projectors
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}$")
+_QUANT = re.compile(r"(?<![A-Za-z0-9])(I?Q\d_[A-Z0-9_]+|Q\d_\d|F16|BF16|F32)(?![A-Za-z0-9])", re.IGNORECASE)
+
+
+class HubError(UserError):
+    """A hub request that cannot be done: one line saying why."""
+
+
+class OfflineError(HubError):
+    """The hub cannot be reached (no network, or HF_HUB_OFFLINE)."""
+
+
+class ChooseFileError(HubError):
+    """A GGUF repo with several files: the user picks one (``choices``)."""
+
+    def __init__(self, message: str, choices: tuple["RepoFile", ...]):
+        super().__init__(message)
+        self.choices = choices
+
+
+# ---------------------------------------------------------------------------- values
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The memory a model takes once loaded against this machine's."""
+
+    weights_bytes: int  # as this backend holds them
+    kv_pool_bytes: int
+    machine_bytes: int
+    label: str  # FITS | TIGHT | WONT_FIT
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_pool_bytes
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    repo_id: str
+    kind: str  # "mlx" | "gguf"
+    downloads: int
+    parameters: int | None  # as loaded (a packed 4-bit matrix counts all its weights)
+    quantization: str | None  # "4bit", "Q4_K_M"...
+    size_bytes: int | None  # the weights on disk, when the hub says
+    fit: Fit | None
+    gated: bool = False
+    architecture: str | None = None
+    problem: str | None = None  # why it cannot be downloaded (an unsupported family), else None
+
+
+@dataclass(frozen=True)
+class RepoFile:
+    path: str
+    size: int
+    sha256: str | None  # LFS files: the content's SHA-256 (and the hub's ETag)
+    blob_id: str  # git blob id: the SHA-1 of "blob <size>\0" + content for a plain file
+
+    @property
+    def etag(self) -> str:
+        """The name huggingface_hub gives the file's blob in the cache."""
+        return self.sha256 or self.blob_id
+
+    @property
+    def quantization(self) -> str | None:
+        return quantization_of(self.path)
+
+
+@dataclass(frozen=True)
+class RepoPlan:
+    """What downloading a repo (or one GGUF file of it) takes."""
+
+    repo_id: str
+    commit: str
+    kind: str  # "mlx" | "gguf"
+    files: tuple[RepoFile, ...]
+    spec: str  # what the loader will take once it is downloaded
+    architecture: str | None = None
+    fit: Fit | None = field(default=None, compare=False)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+# ---------------------------------------------------------------------------- the client
+
+
+def endpoint() -> str:
+    return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+
+
+def token() -> str | None:
+    """The user's HF token: ``HF_TOKEN`` or the one ``hf auth login`` stored."""
+    from huggingface_hub import get_token
+
+    return get_token()
+
+
+def api():
+    from huggingface_hub import HfApi
+
+    return HfApi(endpoint=endpoint(), token=token() or False, library_name="radixchat")
+
+
+def check_online() -> None:
+    """Raise :class:`OfflineError` at once (no retries) when the hub can't be reached."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        raise OfflineError("offline: HF_HUB_OFFLINE is set, so the hub is not asked (local models still work)")
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY")):
+        return  # through a proxy: a direct connection says nothing; the client's timeouts apply
+    parts = urlsplit(endpoint())
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname or "", port), timeout=PROBE_TIMEOUT).close()
+    except OSError as exc:
+        raise OfflineError(f"offline: can't reach the Hugging Face hub at {endpoint()} "
+                           f"({exc.strerror or exc}); local models still work") from None
+
+
+def check_repo_id(repo_id: str) -> None:
+    if not _REPO_ID.match(repo_id or "") or ".." in repo_id:
+        raise HubError(f"{repo_id!r} is not a Hugging Face repo id (owner/name, e.g. mlx-community/Qwen3-4B-4bit)")
+
+
+def hub_error(exc: Exception, repo_id: str | None = None) -> HubError:
+    """A one-line :class:`HubError` for what ``huggingface_hub`` (or the network) raised."""
+    from huggingface_hub import errors
+
+    name = repo_id or "the repo"
+    if isinstance(exc, HubError):
+        return exc
+    if isinstance(exc, errors.GatedRepoError):
+        how = ("your token's account has not accepted its licence" if token()
+               else "it needs your Hugging Face token (set HF_TOKEN or run `hf auth login`)")
+        return HubError(f"{name} is gated: {how}; accept its terms at {endpoint()}/{name}, then try again")
+    if isinstance(exc, errors.RevisionNotFoundError):
+        return HubError(f"{name} has no such revision")
+    if isinstance(exc, errors.RepositoryNotFoundError):
+        hint = "" if token() else " (if it is private, set HF_TOKEN or run `hf auth login`)"
+        return HubError(f"no model repo {name} on the hub{hint}")
+    if isinstance(exc, errors.RemoteEntryNotFoundError):
+        return HubError(f"{name} has no such file")
+    if isinstance(exc, errors.HfHubHTTPError):
+        status = exc.response.status_code if exc.response is not None else "?"
+        if status == 401:
+            return HubError(f"the hub refused the token for {name} (HTTP 401): check HF_TOKEN or `hf auth login`")
+        return HubError(f"the hub answered HTTP {status} for {name}; try again later")
+    if isinstance(exc, _network_errors()):
+        return OfflineError(f"lost the connection to the hub at {endpoint()} ({type(exc).__name__}); try again")
+    return HubError(f"the hub request for {name} failed: {exc}")
+
+
+def _network_errors() -> tuple[type[BaseException], ...]:
+    """The HTTP library's transport errors (huggingface_hub 2.x uses httpx2)."""
+    import importlib
+
+    for name in ("httpx2", "httpx"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        return (module.TransportError, TimeoutError, ConnectionError)
+    return (TimeoutError, ConnectionError)
+
+
+# ---------------------------------------------------------------------------- search
+
+
+def search(query: str, limit: int = 20, on_cpu: bool | None = None,
+           machine_bytes: int | None = None) -> list[SearchResult]:
+    """Models matching ``query`` with MLX weights (``mlx-community`` first) and GGUF files,
+    each sorted by downloads, with whether each fits this machine."""
+    query = (query or "").strip()
+    if not query:
+        raise HubError("search for something: a model name such as qwen3 or llama-3.2")
+    check_online()
+    client = api()
+    expand = ["downloads", "gated", "safetensors", "gguf", "config", "tags", "library_name"]
+    results: dict[str, SearchResult] = {}
+    try:
+        for tag in ("mlx", "gguf"):
+            for info in client.list_models(search=query, filter=tag, sort="downloads", limit=limit,
+                                           expand=expand):
+                if info.id not in results:
+                    results[info.id] = _search_result(info, tag, on_cpu, machine_bytes)
+    except Exception as exc:
+        raise hub_error(exc) from None
+    return sorted(results.values(),
+                  key=lambda r: (r.kind != "mlx", not r.repo_id.startswith("mlx-community/"), -r.downloads))
+
+
+def _search_result(info, kind: str, on_cpu: bool | None, machine_bytes: int | None) -> SearchResult:
+    quantization = quantization_of(info.id)
+    config = info.config if isinstance(info.config, dict) else {}
+    if kind == "mlx":
+        counts = dict(info.safetensors.parameters) if info.safetensors else {}
+        size = sum(n * _DTYPE_BYTES.get(dtype.upper(), 2) for dtype, n in counts.items()) or None
+        bits = _bits(config, info.id)
+        parameters = sum(n * (32 // bits if dtype.upper() == "U32" else 1) for dtype, n in counts.items()) or None
+        if bits < 16 and quantization is None:
+            quantization = f"{bits}bit"
+        architecture = config.get("model_type")
+        problem = None if architecture is None or mlx_lm_supports(architecture) else \
+            f"a {architecture} model, which mlx-lm can't load"
+        fit = estimate_fit("hf-cache", size, parameters, on_cpu, machine_bytes) if size else None
+    else:
+        gguf = info.gguf if isinstance(info.gguf, dict) else {}
+        parameters = gguf.get("total")
+        architecture = gguf.get("architecture")
+        size = int(parameters * GGUF_BITS_PER_WEIGHT / 8) if parameters else None  # until a file is chosen
+        problem = None if architecture is None or architecture in GGUF_ARCHITECTURES else \
+            f"a GGUF of the {architecture} family, which RadixChat's import can't map yet"
+        fit = estimate_fit("gguf", size, parameters, on_cpu, machine_bytes) if size else None
+    return SearchResult(info.id, kind, int(info.downloads or 0), parameters, quantization, size, fit,
+                        gated=bool(info.gated), architecture=architecture, problem=problem)
+
+
+def _bits(config: dict, repo_id: str) -> int:
+    quantization = config.get("quantization") or config.get("quantization_config") or {}
+    if isinstance(quantization, dict) and isinstance(quantization.get("bits"), int):
+        return quantization["bits"]
+    match = re.search(r"(\d+)-?bit", repo_id, re.IGNORECASE)
+    return int(match.group(1)) if match and int(match.group(1)) in (2, 3, 4, 5, 6, 8) else 16
+
+
+def quantization_of(name: str) -> str | None:
+    """The quantization a file or repo name states (Q4_K_M, 4bit...), else None."""
+    match = _QUANT.search(name.rsplit("/", 1)[-1])
+    if match:
+        return match.group(1).upper()
+    match = re.search(r"(\d+)-?bit", name, re.IGNORECASE)
+    return f"{match.group(1)}bit" if match else None
+
+
+# ---------------------------------------------------------------------------- fits
+
+
+def machine_memory_bytes() -> int:
+    return int(psutil.virtual_memory().total)
+
+
+def kv_pool_bytes(weights_bytes: int, machine_bytes: int) -> int:
+    """The KV pool the engine would give a model of ``weights_bytes`` (kvcache.pool's budget)."""
+    return max(0, min(int(KV_POOL_FRACTION * machine_bytes) - weights_bytes, KV_POOL_MAX_BYTES))
+
+
+def estimate_fit(kind: str, size_bytes: int, parameters: int | None, on_cpu: bool | None = None,
+                 machine_bytes: int | None = None) -> Fit:
+    """Weights as this backend holds them plus the KV pool, against the machine's memory:
+    fits (up to 70 %), tight (up to 90 %), won't fit."""
+    on_cpu = runs_on_cpu() if on_cpu is None else on_cpu
+    machine = machine_memory_bytes() if machine_bytes is None else machine_bytes
+    weights = estimate_memory_bytes(kind, size_bytes, on_cpu, parameters)
+    pool = kv_pool_bytes(weights, machine)
+    share = (weights + pool) / machine if machine else float("inf")
+    label = next((name for limit, name in FIT_LIMITS if share <= limit), WONT_FIT)
+    return Fit(weights, pool, machine, label)
+
+
+def mlx_lm_supports(model_type: str) -> bool:
+    """Whether mlx-lm has a model for ``model_type``, found as mlx-lm finds it (its
+    ``MODEL_REMAPPING``, then ``mlx_lm/models/<type>.py``) without importing mlx."""
+    folder = _mlx_lm_folder()
+    if folder is None:
+        return False
+    remapped = _mlx_lm_remapping(folder).get(model_type, model_type)
+    return remapped.isidentifier() and os.path.isfile(os.path.join(folder, "models", f"{remapped}.py"))
+
+
+@lru_cache(maxsize=1)
+def _mlx_lm_folder() -> str | None:
+    import importlib.util
+
+    found = importlib.util.find_spec("mlx_lm")
+    return list(found.submodule_search_locations)[0] if found and found.submodule_search_locations else None
+
+
+@lru_cache(maxsize=1)
+def _mlx_lm_remapping(folder: str) -> dict[str, str]:
+    """``mlx_lm.utils.MODEL_REMAPPING``, read from its source (a dict literal)."""
+    try:
+        tree = ast.parse(Path(folder, "utils.py").read_text(encoding="utf-8"))
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "MODEL_REMAPPING" for t in node.targets):
+                return dict(ast.literal_eval(node.value))
+    except (OSError, SyntaxError, ValueError):
+        pass
+    return {}
+
+
+# ---------------------------------------------------------------------------- what to download
+
+
+def plan(repo_id: str, filename: str | None = None, revision: str = "main",
+         on_cpu: bool | None = None, machine_bytes: int | None = None) -> RepoPlan:
+    """The files to download for ``repo_id`` (an MLX model's weights, config, tokenizer and
+    template), or for one GGUF file of it; :class:`HubError` says why not."""
+    check_repo_id(repo_id)
+    check_online()
+    try:
+        info = api().model_info(repo_id, revision=revision, files_metadata=True, timeout=API_TIMEOUT)
+    except Exception as exc:
+        raise hub_error(exc, repo_id) from None
+    files = [RepoFile(s.rfilename, int(s.size or (s.lfs.size if s.lfs else 0)),
+                      s.lfs.sha256 if s.lfs else None, s.blob_id or "") for s in (info.siblings or [])]
+    by_path = {f.path: f for f in files}
+    ggufs = tuple(f for f in files if is_model_gguf(f.path))
+    gguf_info = info.gguf if isinstance(info.gguf, dict) else {}
+    if filename is not None:
+        if not filename.lower().endswith(".gguf"):
+            raise HubError(f"{repo_id}:{filename}: only a .gguf file can be pulled on its own")
+        if filename not in by_path:
+            raise HubError(f"{repo_id} has no file {filename}"
+                           + (f" (it has {', '.join(f.path for f in ggufs[:4])})" if ggufs else ""))
+        if _SPLIT_GGUF.search(filename):
+            raise HubError(f"{filename} is one part of a split GGUF: RadixChat loads single-file GGUFs only")
+        if _PROJECTOR_GGUF.search(filename):
+            raise HubError(f"{filename} is a vision projector, not a language model")
+        return _gguf_plan(repo_id, info.sha, by_path[filename], gguf_info, on_cpu, machine_bytes)
+    weights = [f for f in files if "/" not in f.path and fnmatch.fnmatch(f.path, "*.safetensors")
+               and not any(fnmatch.fnmatch(f.path, p) for p in SKIPPED_WEIGHTS)]
+    if weights and "config.json" in by_path:
+        chosen = tuple(f for f in files if "/" not in f.path and any(fnmatch.fnmatch(f.path, p) for p in MLX_PATTERNS)
+                       and not any(fnmatch.fnmatch(f.path, p) for p in SKIPPED_WEIGHTS))
+        config = info.config if isinstance(info.config, dict) else {}
+        architecture = config.get("model_type")
+        if architecture and not mlx_lm_supports(architecture):
+            raise HubError(f"{repo_id} is a {architecture} model, which mlx-lm can't load")
+        size = sum(f.size for f in weights)
+        fit = estimate_fit("hf-cache", size, None, on_cpu, machine_bytes)
+        return RepoPlan(repo_id, info.sha, "mlx", chosen, repo_id, architecture, fit)
+    if len(ggufs) == 1:
+        return _gguf_plan(repo_id, info.sha, ggufs[0], gguf_info, on_cpu, machine_bytes)
+    if ggufs:
+        raise ChooseFileError(f"{repo_id} has {len(ggufs)} GGUF files: choose one, e.g. "
+                              f"`radixchat pull {repo_id}:{ggufs[0].path}`", ggufs)
+    raise HubError(f"{repo_id} has no weights RadixChat can use (neither MLX .safetensors with a config.json "
+                   "nor a .gguf file)")
+
+
+def is_model_gguf(path: str) -> bool:
+    """A single-file GGUF language model: not a split part, not a vision projector."""
+    return path.lower().endswith(".gguf") and not _SPLIT_GGUF.search(path) and not _PROJECTOR_GGUF.search(path)
+
+
+def gguf_files(repo_id: str, revision: str = "main") -> tuple[RepoFile, ...]:
+    """The GGUF files of a repo (its quantizations), smallest first."""
+    check_repo_id(repo_id)
+    check_online()
+    try:
+        info = api().model_info(repo_id, revision=revision, files_metadata=True, timeout=API_TIMEOUT)
+    except Exception as exc:
+        raise hub_error(exc, repo_id) from None
+    return tuple(sorted((RepoFile(s.rfilename, int(s.size or 0), s.lfs.sha256 if s.lfs else None, s.blob_id or "")
+                         for s in info.siblings or [] if is_model_gguf(s.rfilename)),
+                        key=lambda f: (f.size, f.path)))
+
+
+def _gguf_plan(repo_id: str, commit: str, file: RepoFile, gguf_info: dict, on_cpu, machine_bytes) -> RepoPlan:
+    architecture = gguf_info.get("architecture")
+    if architecture and architecture not in GGUF_ARCHITECTURES:
+        raise HubError(f"{repo_id} is a GGUF of the {architecture} family, which RadixChat's import can't map "
+                       f"yet (it maps {', '.join(GGUF_ARCHITECTURES)})")
+    fit = estimate_fit("gguf", file.size, None, on_cpu, machine_bytes)
+    return RepoPlan(repo_id, commit, "gguf", (file,), f"{repo_id}:{file.path}", architecture, fit)
+
+
+def describe_fit(fit: Fit | None) -> str:
+    if fit is None:
+        return "size unknown"
+    return f"{fit.label}: ~{fit.total_bytes / 2**30:.1f} of {fit.machine_bytes / 2**30:.0f} GB"
+
+
+__all__ = ["HubError", "OfflineError", "ChooseFileError", "Fit", "SearchResult", "RepoFile",
+           "RepoPlan", "search", "plan", "gguf_files", "estimate_fit", "check_online", "hub_error"]

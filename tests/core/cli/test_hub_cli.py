@@ -1,0 +1,71 @@
+"""``radixchat search``, ``pull`` and ``models [rm]`` against the loopback hub."""
+
+from __future__ import annotations
+
+import io
+
+from core.cli import hub as hub_cli
+from core.cli.main import EXIT_USER_ERROR, main
+from core.models import download, hf_cache, usage
+from tests.core.models.hub_fixture import (
+    MAMBA_GGUF, TINY_MLX, TWO_GGUF, free_port_url)
+
+
+def test_search_prints_a_table_with_fits(loopback_hub, capsys, tmp_path):
+    assert main(["search", "tiny", "--data-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:3] == ["repo", "kind", "params"]
+    assert out[1].startswith(TINY_MLX) and " mlx " in out[1] and "fits:" in out[1] and "264K" in out[1]
+    assert any(line.startswith(TWO_GGUF) and " gguf " in line for line in out)
+    assert main(["search", "mamba", "--data-dir", str(tmp_path)]) == 0
+    assert "no: a GGUF of the mamba family" in capsys.readouterr().out
+
+
+def test_pull_then_models_then_rm(loopback_hub, capsys, tmp_path):
+    data = ["--data-dir", str(tmp_path)]
+    assert main(["pull", TINY_MLX, *data]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() == TINY_MLX  # the spec, for scripts
+    assert "6 files" in captured.err and "fetched 1.1 MB" in captured.err and f"--model {TINY_MLX}" in captured.err
+    assert "100.0%" in captured.err and "/s" in captured.err and "left" in captured.err
+    usage.record_use(tmp_path, hf_cache.resolve_repo(TINY_MLX), TINY_MLX, "fp")
+    assert main(["models", *data]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith(TINY_MLX))
+    assert "hub mlx" in line and "1.1 MB" in line and "last used just now" in line
+    assert "downloaded from the hub: 1 model, 1.1 MB" in out
+
+    assert main(["models", "rm", TINY_MLX, *data]) == EXIT_USER_ERROR  # stdin is no terminal: needs --yes
+    assert "--yes" in capsys.readouterr().err
+    assert main(["models", "rm", TINY_MLX, "--yes", *data]) == 0
+    assert f"deleted {TINY_MLX}" in capsys.readouterr().out and hf_cache.resolve_repo(TINY_MLX) is None
+    assert main(["models", "rm", TINY_MLX, "--yes", *data]) == EXIT_USER_ERROR
+    assert "no downloaded model" in capsys.readouterr().err
+
+
+def test_pull_a_gguf_repo_lists_its_files(loopback_hub, capsys, tmp_path):
+    assert main(["pull", TWO_GGUF, "--data-dir", str(tmp_path)]) == EXIT_USER_ERROR
+    err = capsys.readouterr().err
+    assert f"{TWO_GGUF}:tiny-Q8_0.gguf" in err and f"{TWO_GGUF}:tiny-F16.gguf" in err and "fits:" in err
+    assert main(["pull", f"{TWO_GGUF}:tiny-Q8_0.gguf", "--data-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == f"{TWO_GGUF}:tiny-Q8_0.gguf"
+
+
+def test_errors_are_one_line(loopback_hub, capsys, tmp_path, monkeypatch):
+    for argv in (["pull", "nobody/nothing"], ["pull", MAMBA_GGUF], ["search", ""]):
+        assert main([*argv, "--data-dir", str(tmp_path)]) == EXIT_USER_ERROR
+        err = capsys.readouterr().err
+        assert err.startswith("radixchat: error: ") and err.count("\n") == 1, err
+    monkeypatch.setenv("HF_ENDPOINT", free_port_url())
+    assert main(["search", "qwen", "--data-dir", str(tmp_path)]) == EXIT_USER_ERROR
+    assert "offline" in capsys.readouterr().err
+    assert main(["models", "--data-dir", str(tmp_path)]) == 0  # everything local still works
+
+
+def test_progress_line_formats():
+    stream = io.StringIO()
+    line = hub_cli.ProgressLine(stream)
+    line(download.DownloadProgress("org/m", "w", 500_000_000, 1_000_000_000, 500_000_000, 25e6, 20.0))
+    assert stream.getvalue() == "radixchat: org/m: 500.0 MB of 1.0 GB  50.0%  25.0 MB/s  0:20 left\n"
+    assert hub_cli.duration(None) == "--:--" and hub_cli.duration(3725) == "1:02:05"
+    assert hub_cli.ago(None) == "never" and hub_cli.ago(0, now=7200) == "2 hours ago"

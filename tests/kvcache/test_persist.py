@@ -1,0 +1,197 @@
+"""DiskTier on tiny models: what a save writes (page ends, snapshots, only new
+pages serialized), and that a restore into a fresh cache brings back the very K/V bytes
+saved, as far as the prompt and (for a hybrid model) a snapshot allow."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.utils import load
+
+import kvcache.persist as persist
+from core.models.tiny_model import TinyModelSpec, write_tiny_model
+from kvcache.builder import build_kv_cache
+from kvcache.persist import DISK_PAGE_TOKENS, DiskTier, _resume_point
+from kvcache.prefix_cache import PrefixCache
+from kvcache.store import ChainPage
+
+FP = "a" * 64
+SPECS = {"llama": TinyModelSpec(kind="llama", num_layers=2),
+         "sliding": TinyModelSpec(kind="sliding", num_layers=4, sliding_window=16)}
+
+
+@pytest.fixture(scope="module", params=sorted(SPECS))
+def model(request, tmp_path_factory):
+    path = write_tiny_model(tmp_path_factory.mktemp(request.param) / "m", SPECS[request.param])
+    return load(str(path))[0]
+
+
+def prefix_cache(model) -> PrefixCache:
+    return PrefixCache(model, build_kv_cache(model, weight_bytes=0, page_size=8, pool_tokens=4096))
+
+
+def computed(model, pc: PrefixCache, tokens: list[int], snapshot_at: tuple[int, ...] = ()):
+    """mlx-lm caches holding ``tokens``, and snapshots taken after each of ``snapshot_at``
+    (and the end)."""
+    caches, done, snaps = make_prompt_cache(model), 0, []
+    for end in sorted({*snapshot_at, len(tokens)}):
+        model(mx.array(tokens[done:end])[None], cache=caches)
+        mx.eval([c.state for c in caches])
+        snap = pc.snapshot(caches, end)
+        if snap is not None:
+            snaps.append(snap)
+        done = end
+    return caches, snaps
+
+
+@pytest.fixture
+def tokens():
+    return [(11 * i + 5) % 250 + 1 for i in range(150)]
+
+
+@pytest.fixture
+def db(tmp_path):
+    return tmp_path / "kvcache.db"
+
+
+def saved(model, db, tokens, snapshot_at=(), session="chat") -> DiskTier:
+    pc = prefix_cache(model)
+    caches, snaps = computed(model, pc, tokens, snapshot_at)
+    persister = DiskTier(db, pc, FP)
+    persister.save(session, tokens, caches, snaps)
+    persister.flush(timeout=30)
+    return persister
+
+
+def chain(persister: DiskTier, session="chat") -> list[ChainPage]:
+    with persister.reader.read_session(session, FP, record=False) as reading:
+        return list(reading.chain)
+
+
+# ---------------------------------------------------------------- saving
+
+
+def test_pages_end_every_page_size_at_snapshots_and_at_the_end(model, db, tokens):
+    persister = saved(model, db, tokens, snapshot_at=(100,))
+    try:
+        pages = chain(persister)
+        ends = [sum(len(p.tokens) for p in pages[: i + 1]) for i in range(len(pages))]
+        hybrid = persister.prefix_cache.hybrid
+        assert ends == ([DISK_PAGE_TOKENS, 100, 2 * DISK_PAGE_TOKENS, 150] if hybrid
+                        else [DISK_PAGE_TOKENS, 2 * DISK_PAGE_TOKENS, 150])
+        assert tuple(t for p in pages for t in p.tokens) == tuple(tokens)
+        assert [p.has_snapshot for p in pages] == ([False, True, False, True] if hybrid else [False] * 3)
+        info = persister.reader.session("chat")
+        assert (info.fingerprint, info.tokens, info.pages) == (FP, 150, len(pages))
+        assert persister.last_error is None
+    finally:
+        persister.close()
+
+
+def test_a_hybrid_chain_without_a_snapshot_at_its_end_is_not_saved(model, db, tokens):
+    pc = prefix_cache(model)
+    caches, _ = computed(model, pc, tokens)
+    persister = DiskTier(db, pc, FP)
+    try:
+        persister.save("chat", tokens, caches, [])  # no snapshots handed over
+        persister.flush(timeout=30)
+        assert (persister.reader.session("chat") is None) == pc.hybrid
+    finally:
+        persister.close()
+
+
+def test_a_longer_turn_serializes_only_its_new_pages(model, db, tokens, monkeypatch):
+    pc = prefix_cache(model)
+    persister = DiskTier(db, pc, FP)
+    try:
+        caches, snaps = computed(model, pc, tokens[:130])
+        persister.save("chat", tokens[:130], caches, snaps)
+        persister.flush(timeout=30)
+        serialized = []
+        real = persist.kv_to_bytes
+        monkeypatch.setattr(persist, "kv_to_bytes", lambda arrays: serialized.append(arrays[0][0].shape[1])
+                            or real(arrays))
+        caches, snaps = computed(model, pc, tokens)
+        persister.save("chat", tokens, caches, snaps)
+        persister.flush(timeout=30)
+        assert serialized == [150 - 2 * DISK_PAGE_TOKENS]  # pages 1 and 2 were on disk already
+        assert persister.reader.session("chat").tokens == 150
+    finally:
+        persister.close()
+
+
+def test_forget_removes_the_session(model, db, tokens):
+    persister = saved(model, db, tokens)
+    try:
+        persister.forget("chat")
+        persister.flush(timeout=30)
+        assert persister.reader.session("chat") is None
+    finally:
+        persister.close()
+
+
+# ---------------------------------------------------------------- restoring
+
+
+def test_restore_brings_back_the_saved_bytes(model, db, tokens):
+    saved(model, db, tokens, snapshot_at=(100,)).close()
+    original, _ = computed(model, prefix_cache(model), tokens)
+    pc = prefix_cache(model)
+    persister = DiskTier(db, pc, FP)
+    try:
+        prompt = tokens + [7, 8, 9]
+        assert persister.restore(prompt, "chat") == 150
+        prefix = pc.match(prompt)
+        assert prefix.length == 150
+        caches = pc.make_caches(prefix)
+        for layer in pc.build.layout.full_layer_indices:
+            got, want = caches[layer], original[layer]
+            assert mx.array_equal(got.keys[..., :150, :], want.keys[..., :150, :]).item()
+            assert mx.array_equal(got.values[..., :150, :], want.values[..., :150, :]).item()
+        logits = model(mx.array(prompt[150:])[None], cache=caches)[0, -1]
+        reference = model(mx.array(prompt)[None], cache=make_prompt_cache(model))[0, -1]
+        assert mx.allclose(logits, reference, rtol=1e-4, atol=1e-4).item()
+        pc.release(prefix)
+        assert persister.restore(prompt, "chat") == 0  # RAM serves it now
+    finally:
+        persister.close()
+
+
+def test_restore_stops_where_the_prompt_leaves_the_chain(model, db, tokens):
+    saved(model, db, tokens, snapshot_at=(100,)).close()
+    pc = prefix_cache(model)
+    persister = DiskTier(db, pc, FP)
+    try:
+        prompt = tokens[:120] + [0, 0, 0]  # leaves the chain inside its second page
+        got = persister.restore(prompt, "chat")
+        assert got == (100 if pc.hybrid else 120)  # a hybrid model resumes at a snapshot
+        assert pc.cached_length(prompt) == got
+    finally:
+        persister.close()
+
+
+def test_nothing_is_restored_for_another_model_or_an_unknown_session(model, db, tokens):
+    saved(model, db, tokens, snapshot_at=(100,)).close()
+    pc = prefix_cache(model)
+    other = DiskTier(db, pc, "b" * 64)
+    try:
+        assert other.restore(tokens + [1], "chat") == 0
+        assert other.restore(tokens + [1], "nobody") == 0
+        assert pc.cached_length(tokens) == 0
+    finally:
+        other.close()
+
+
+def test_resume_point():
+    pages = [ChainPage("k1", (1, 2, 3, 4), False), ChainPage("k2", (5, 6, 7, 8), True),
+             ChainPage("k3", (9, 10), True)]
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+    assert _resume_point(pages, prompt, limit=10, hybrid=False) == 10
+    assert _resume_point(pages, prompt, limit=6, hybrid=False) == 6
+    assert _resume_point(pages, [1, 2, 3, 4, 5, 6, 0], limit=6, hybrid=False) == 6  # part of page 2
+    assert _resume_point(pages, [1, 2, 0], limit=2, hybrid=False) == 2
+    assert _resume_point(pages, [0, 1], limit=1, hybrid=False) == 0
+    assert _resume_point(pages, prompt, limit=10, hybrid=True) == 10  # page ends with snapshots
+    assert _resume_point(pages, prompt, limit=9, hybrid=True) == 8
+    assert _resume_point(pages, [1, 2, 3, 4, 5, 6, 0], limit=6, hybrid=True) == 0  # no snapshot before
