@@ -8,12 +8,8 @@ import collections
 from collections.abc import Iterator
 from concurrent.futures import wait
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from kvcache.store_format import StoredPage, unpack_tokens
-
-if TYPE_CHECKING:
-    from kvcache.store import DiskStore
 
 
 @dataclass(frozen=True)
@@ -57,7 +53,7 @@ class SessionReader:
 
     READ_AHEAD = 16  # pages in flight beyond the one handed out
 
-    def __init__(self, store: DiskStore, links: list[_Link], suspects: set[str]):
+    def __init__(self, store, links: list[_Link], suspects: set[str]):
         self._store = store
         self.suspects = suspects  # keys found bad or missing: repaired when the read ends
         self.used: list[ChainPage] = []  # pages handed out, in order

@@ -224,6 +224,10 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
             from core.cli.bench.cpu import run_bench_cpu
 
             return run_bench_cpu(args)
+        if args.command == "bench" and args.bench_command == "restore" and args.api:
+            from core.cli.bench.restore_api import run_bench_restore_api
+
+            return run_bench_restore_api(args)
         if args.command == "bench" and args.bench_command == "restore":
             from core.cli.bench.restore import run_bench_restore
 

@@ -229,12 +229,6 @@ def run_bench_restore(args) -> int:
 
     root = paths.data_dir(args.data_dir)
     spec = str(resolve_spec(args.model, root, None if args.json else print_progress).resolve())
-    if getattr(args, "api", False):  # an unnamed API client instead of a chat session
-        from core.cli.bench.restore_api import format_api_summary, run_bench_restore_api
-
-        report = run_bench_restore_api(args, spec, root)
-        print(json.dumps(report, indent=2) if args.json else format_api_summary(report))
-        return 0
     reps: list[Repetition] = []
     started = time.perf_counter()
     for rep in range(args.repeats):

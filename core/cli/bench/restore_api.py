@@ -138,7 +138,23 @@ def _repetition(folder: Path, spec: str, tokens: int) -> ApiRepetition:
                          ram.ttft_s, ram.text == restore.text == recompute.text, written)
 
 
-def run_bench_restore_api(args, spec: str, root: Path) -> dict:
+def run_bench_restore_api(args) -> int:
+    import shutil
+
+    from core.cli.progress import print_progress
+    from core.models.loader import resolve_spec
+
+    for name, low in (("tokens", 64), ("repeats", 1)):
+        if getattr(args, name) < low:
+            raise UserError(f"--{name} must be at least {low}")
+    root = paths.data_dir(args.data_dir)
+    spec = str(resolve_spec(args.model, root, None if args.json else print_progress).resolve())
+    report = _report(args, spec, root)
+    print(json.dumps(report, indent=2) if args.json else format_api_summary(report))
+    return 0
+
+
+def _report(args, spec: str, root: Path) -> dict:
     import shutil
 
     reps: list[ApiRepetition] = []
