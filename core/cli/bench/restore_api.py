@@ -139,8 +139,6 @@ def _repetition(folder: Path, spec: str, tokens: int) -> ApiRepetition:
 
 
 def run_bench_restore_api(args) -> int:
-    import shutil
-
     from core.cli.progress import print_progress
     from core.models.loader import resolve_spec
 
