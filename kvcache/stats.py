@@ -17,8 +17,6 @@ class CacheStats:
     pages_evictable: int
     pages_locked: int
     pool_bytes: int  # allocated now (reserved)
-    pages_reserved: int  # pages with memory now: the pool grows in segments up to pages_total
-    pool_budget_bytes: int  # the pool's bytes once grown to pages_total
     tree_nodes: int
     tree_tokens: int
     snapshots: int
@@ -30,6 +28,8 @@ class CacheStats:
     evicted_tokens: int
     evicted_pages: int
     sessions: int
+    pages_reserved: int = 0  # pages with memory now: the pool grows in segments up to pages_total
+    pool_budget_bytes: int = 0  # the pool's bytes once grown to pages_total (0: as pool_bytes)
 
     @property
     def hit_rate(self) -> float:
