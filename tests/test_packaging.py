@@ -84,7 +84,7 @@ def test_linux_builds_one_folder_named_radixchat(monkeypatch, tmp_path):
 def test_resources_ship_the_icons_but_not_the_icon_script(monkeypatch, tmp_path):
     datas = run_spec(monkeypatch, tmp_path, "linux")["made"]["Analysis"].kwargs["datas"]
     shipped = {Path(src).name for src, dest in datas if dest == "resources"}
-    assert {"app.json", "RadixChat.png", "RadixChat.svg", "RadixChat.icns"} <= shipped
+    assert {"app.json", "RadixChat.png", "RadixChat.svg", "RadixChat.icns", "smollm2_tools.jinja"} <= shipped
     assert "make_icons.py" not in shipped
 
 

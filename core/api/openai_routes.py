@@ -15,7 +15,7 @@ from core.api.openai_schema import (ChatCompletionRequest, CompletionCall, Compl
                                     model_object, to_call)
 from core.api.relay import CLIENT_GONE, EngineEvents, sse
 from core.api.routing import SSE_HEADERS, JsonRoute, SessionHeader, server_of
-from core.engine.types import DoneEvent, ErrorEvent, Event, TokenEvent
+from core.engine.types import DoneEvent, ErrorEvent, Event, TokenEvent, ToolCallEvent
 
 router = APIRouter(route_class=JsonRoute)
 
@@ -90,7 +90,7 @@ async def generate(request: Request, body: ChatCompletionRequest | CompletionReq
             raise engine_error(error, call.chat)
         if done is None or done.stats.finish_reason == "cancelled":
             raise shutting_down()
-        return JSONResponse(reply.full(done.text, done.stats))
+        return JSONResponse(reply.full(done.text, done.stats, done.tool_calls))
 
     first = await events.first()  # an error before anything is sent is an HTTP error
     if isinstance(first, ErrorEvent) or first is None or request.scope.get(CLIENT_GONE):
@@ -113,6 +113,8 @@ async def _chunks(call: CompletionCall, reply: ReplyBuilder, first: Event,
         while event is not None:
             if isinstance(event, TokenEvent):
                 yield sse(reply.chunk(event.text))
+            elif isinstance(event, ToolCallEvent):
+                yield sse(reply.chunk(tool_call=event.call))
             elif isinstance(event, ErrorEvent):
                 yield sse(engine_error(event, call.chat).body())
                 return

@@ -19,15 +19,17 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator
 
 from core.api.errors import ApiError, invalid
+from core.api.openai_tools import (ResponseFormat, ToolCallIn, ToolChoice, ToolDef, call_object, check_tool_message,
+                                   message_calls, tool_fields)
 from core.api.wire import MAX_SESSION_CHARS, MODEL_ALIASES, ModelCard, Text, WireModel
-from core.engine.types import ChatMessage, GenerationRequest, RequestStats, SamplingParams
+from core.engine.types import ChatMessage, GenerationRequest, RequestStats, SamplingParams, ToolCall
 
 __all__ = ["ApiError", "ChatCompletionRequest", "CompletionCall", "CompletionRequest", "MODEL_ALIASES",
            "ModelCard", "ReplyBuilder", "to_call"]
 
 MAX_STOPS = 16
 MAX_TOP_K = 2**31 - 1
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 TokenId = Annotated[int, Field(ge=0)]
 
 
@@ -38,9 +40,11 @@ class TextPart(WireModel):
 
 
 class Message(WireModel):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[TextPart] | None = None
     name: Text | None = None
+    tool_calls: list[ToolCallIn] | None = Field(None, description="the calls an assistant message made")
+    tool_call_id: Text | None = Field(None, description="the call a tool message answers")
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -102,7 +106,12 @@ class ChatCompletionRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ToolDef] | None = Field(None, description="functions the model may call (to the chat template)")
+    tool_choice: ToolChoice | None = Field(None, description="auto (default), none, required, or a named "
+                                                             "function; required and named constrain decoding")
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = Field(None, description="json_object or json_schema: "
+                                                                     "constrained decoding")
     functions: list[dict[str, Any]] | None = None
 
     @field_validator("logprobs")
@@ -216,6 +225,24 @@ def _prompt(prompt: str | list) -> tuple[str | None, tuple[int, ...] | None]:
                   code="invalid_type")
 
 
+def chat_messages(messages: list[Message]) -> tuple[ChatMessage, ...]:
+    """The engine's messages: an assistant message's tool calls, a tool message's result with
+    the call it answers (which must be an earlier call: a 400 naming the field otherwise)."""
+    out, calls = [], {}
+    for i, message in enumerate(messages):
+        if message.content is None and message.role != "assistant":
+            raise invalid(f"messages[{i}].content", f"'messages[{i}].content' is required",
+                          code="missing_required_parameter")
+        made = message_calls(message.tool_calls) if message.role == "assistant" else ()
+        calls.update({call.id: call.name for call in made})
+        if message.role == "tool":
+            name = check_tool_message(i, message.tool_call_id, calls)
+            out.append(ChatMessage("tool", message.text(), tool_call_id=message.tool_call_id, name=name))
+        else:
+            out.append(ChatMessage(ROLES[message.role], message.text(), made))
+    return tuple(out)
+
+
 def to_call(body: ChatCompletionRequest | CompletionRequest, card: ModelCard,
             session_header: str | None = None) -> CompletionCall:
     """The engine request for a validated body; raise :class:`ApiError` for what the loaded
@@ -224,20 +251,15 @@ def to_call(body: ChatCompletionRequest | CompletionRequest, card: ModelCard,
     chat = isinstance(body, ChatCompletionRequest)
     session = session_name(body.session, session_header)
     if chat:
-        if body.tools or body.functions:
-            raise invalid("tools", "tool calling is not supported")
+        if body.functions:
+            raise invalid("functions", "'functions' is deprecated and not supported; use 'tools'")
+        extra = tool_fields(body.tools, body.tool_choice, body.response_format)
         if body.max_completion_tokens is not None:
             limit = max_tokens(body.max_completion_tokens, "max_completion_tokens", card.context_length)
         else:
             limit = max_tokens(body.max_tokens, "max_tokens", card.context_length)
-        messages = []
-        for i, message in enumerate(body.messages):
-            if message.content is None and message.role != "assistant":
-                raise invalid(f"messages[{i}].content", f"'messages[{i}].content' is required",
-                              code="missing_required_parameter")
-            messages.append(ChatMessage(ROLES[message.role], message.text()))
-        request = GenerationRequest(messages=tuple(messages), sampling=sampling_params(body, limit),
-                                    session=session)
+        request = GenerationRequest(messages=chat_messages(body.messages), sampling=sampling_params(body, limit),
+                                    session=session, **extra)
     else:
         limit = max_tokens(body.max_tokens, "max_tokens", card.context_length)
         text, tokens = _prompt(body.prompt)
@@ -262,7 +284,7 @@ def usage(stats: RequestStats) -> dict[str, Any]:
 
 
 def finish_reason(stats: RequestStats) -> str:
-    return "length" if stats.finish_reason == "length" else "stop"
+    return stats.finish_reason if stats.finish_reason in ("length", "tool_calls") else "stop"
 
 
 def model_object(card: ModelCard) -> dict[str, Any]:
@@ -278,15 +300,18 @@ class ReplyBuilder:
         self.id = new_id(call.chat)
         self.created = int(time.time())
         self.card = card
+        self.calls_sent = 0  # tool calls streamed so far (their index in delta.tool_calls)
 
     def _envelope(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.card.id,
                 "system_fingerprint": self.card.fingerprint[:16]}
 
-    def full(self, text: str, stats: RequestStats) -> dict[str, Any]:
+    def full(self, text: str, stats: RequestStats, tool_calls: tuple[ToolCall, ...] = ()) -> dict[str, Any]:
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": finish_reason(stats)}
+            message: dict[str, Any] = {"role": "assistant", "content": text or (None if tool_calls else "")}
+            if tool_calls:
+                message["tool_calls"] = [call_object(call) for call in tool_calls]
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason(stats)}
             body = self._envelope("chat.completion")
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(stats)}
@@ -294,13 +319,17 @@ class ReplyBuilder:
         return {**body, "choices": [choice], "usage": usage(stats)}
 
     def chunk(self, text: str | None = None, stats: RequestStats | None = None,
-              first: bool = False) -> dict[str, Any]:
-        """A stream chunk: the first (chat: the role), a piece of text, or the last (``stats``)."""
+              first: bool = False, tool_call: ToolCall | None = None) -> dict[str, Any]:
+        """A stream chunk: the first (chat: the role), a piece of text, a tool call (whole, in
+        ``delta.tool_calls``), or the last (``stats``)."""
         reason = finish_reason(stats) if stats is not None else None
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
             if text:
                 delta["content"] = text
+            if tool_call is not None:
+                delta["tool_calls"] = [call_object(tool_call, self.calls_sent)]
+                self.calls_sent += 1
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
             body = self._envelope("chat.completion.chunk")
         else:

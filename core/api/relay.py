@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 from starlette.requests import Request
 
 from core.engine.engine import RequestHandle
-from core.engine.types import DoneEvent, ErrorEvent, Event, TokenEvent
+from core.engine.types import DoneEvent, ErrorEvent, Event, TokenEvent, ToolCallEvent
 
 if TYPE_CHECKING:
     from core.api.state import ApiState
@@ -45,7 +45,7 @@ class EngineEvents:
         first_token_at = None
         try:
             for event in self.handle.events():
-                if isinstance(event, TokenEvent) and first_token_at is None:
+                if isinstance(event, (TokenEvent, ToolCallEvent)) and first_token_at is None:
                     first_token_at = time.monotonic()
                 elif isinstance(event, DoneEvent):
                     ttft = (first_token_at or time.monotonic()) - self._arrived

@@ -13,6 +13,7 @@ from core.cli.progress import print_progress
 from core.cli.terminal import safe, safe_text
 from core.engine.engine import Engine
 from core.engine.types import DoneEvent, ErrorEvent, RequestStats, SamplingParams, TokenEvent
+from core.models.chat_template import read_chat_template
 from core.errors import UserError
 
 HELP = "commands: /stats (last turn's figures), /quit"
@@ -39,10 +40,11 @@ def run_chat(args) -> int:
         )
     except ValueError as exc:
         raise UserError(str(exc)) from exc
+    template = read_chat_template(args.chat_template) if args.chat_template else None
     with ChatStore(paths.chats_db_path(root)) as store:  # a newer or locked database fails first
         engine = Engine(root, args.model, args.weights, use_cache=not args.no_cache,
                         on_load_progress=None if args.json else print_progress,
-                        page_size=args.page_size, pool_tokens=args.kv_tokens)
+                        page_size=args.page_size, pool_tokens=args.kv_tokens, chat_template=template)
         engine.start()
         try:
             engine.wait_ready()  # nothing is written before the model is there

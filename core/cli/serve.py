@@ -16,6 +16,7 @@ from core.cli.progress import print_progress
 from core.cli.terminal import safe
 from core.engine.engine import Engine
 from core.errors import UserError
+from core.models.chat_template import read_chat_template
 
 
 def run_serve(args) -> int:
@@ -30,7 +31,9 @@ def run_serve(args) -> int:
             raise UserError(f"--allow-origin: {exc}") from None
     check_port_free(args.host, args.port)  # likewise: a busy port fails in a moment, not after the load
     root = paths.data_dir(args.data_dir)
-    engine = Engine(root, args.model, pool_tokens=args.kv_tokens, on_load_progress=print_progress).start()
+    template = read_chat_template(args.chat_template) if args.chat_template else None
+    engine = Engine(root, args.model, pool_tokens=args.kv_tokens, on_load_progress=print_progress,
+                    chat_template=template).start()
     server = None
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:

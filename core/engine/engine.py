@@ -137,8 +137,10 @@ class Engine:
         disk_budget_bytes: int | None = None,
         disk_min_tokens: int | None = None,
         pool_segment_bytes: int | None = None,
+        chat_template: str | None = None,
     ):
         self.data_root = Path(data_root)
+        self._chat_template = chat_template  # Jinja text replacing the model's own template
         self._initial = (model_spec, weights_format)
         self._use_cache = use_cache
         self._page_size = page_size
@@ -420,7 +422,8 @@ class Engine:
         from core.models.loader import load_model
 
         try:
-            loaded = load_model(command.spec, self.data_root, command.weights_format, self._on_load_progress)
+            loaded = load_model(command.spec, self.data_root, command.weights_format, self._on_load_progress,
+                                chat_template=self._chat_template)
         except UserError as exc:
             command.error = str(exc)
         except Exception as exc:  # a bug: keep the engine alive, report one line

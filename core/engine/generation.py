@@ -14,6 +14,8 @@ import mlx.nn as nn
 from mlx_lm.generate import generation_stream
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
+from core.engine.constrain import tool_markup, tool_name
+from core.engine.tools import template_message
 from core.engine.types import GenerationRequest, SamplingParams
 from core.errors import UserError
 
@@ -40,11 +42,29 @@ def _render(tokenizer, request: GenerationRequest) -> list[int]:
         return list(tokenizer.encode(request.prompt_text))
     if not request.messages:
         raise UserError("empty request: no messages and no prompt")
-    messages = [{"role": m.role, "content": m.content} for m in request.messages]
+    messages = [template_message(m) for m in request.messages]
+    tools = list(request.tools) if request.tools and request.tool_choice != "none" else None
+    if tools:
+        return _render_with_tools(tokenizer, messages, tools)
     if getattr(tokenizer, "has_chat_template", False):
         return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
     text = "\n".join(f"{m['role']}: {m['content']}" for m in messages) + "\nassistant:"
     return list(tokenizer.encode(text))
+
+
+def _render_with_tools(tokenizer, messages: list[dict], tools: list[dict]) -> list[int]:
+    """The prompt with ``tools`` handed to the chat template. A template that has no tool
+    markup, or drops the tools, cannot serve them: a clear error, not a model that never
+    hears of its tools."""
+    fix = "start RadixChat with --chat-template FILE (a Jinja template that takes tools)"
+    if not getattr(tokenizer, "has_chat_template", False) or tool_markup(tokenizer) is None:
+        raise UserError(f"this model's chat template cannot take tools: {fix}")
+    text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                         tokenize=False)
+    missing = [name for t in tools if (name := tool_name(t)) not in text]
+    if missing:
+        raise UserError(f"this model's chat template drops the tools ({', '.join(missing)}): {fix}")
+    return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 class StopText:

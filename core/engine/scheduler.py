@@ -23,7 +23,9 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 
-from core.engine.types import DoneEvent, ErrorEvent, ProgressEvent, RequestStats, TokenEvent
+from core.engine.constrain import Grammars, check_schema, check_tools, grammar_for, tool_markup
+from core.engine.tools import ToolCallText
+from core.engine.types import DoneEvent, ErrorEvent, ProgressEvent, RequestStats, TokenEvent, ToolCallEvent
 from core.errors import ContextLengthError, ErrorKind, UserError
 from core.engine.generation import (PREFILL_CHUNK, Cancelled, StopText, prefill, render_prompt, sampling_tools,
                              vocab_size)
@@ -46,6 +48,8 @@ class _Active:
     max_tokens: int
     stop_text: StopText
     detok: object
+    tool_text: ToolCallText | None = None  # takes tool-call markup out of the text
+    grammar: object | None = None  # core.engine.constrain.GrammarProcessor, if constrained
     first_token_at: float | None = None
     generated: list[int] = field(default_factory=list)
     shown: list[str] = field(default_factory=list)
@@ -77,6 +81,8 @@ class Scheduler:
         self.persister = persister
         self.eos = set(loaded.tokenizer.eos_token_ids)
         self.vocab = vocab_size(loaded.model, loaded.config)
+        self.markup = tool_markup(loaded.tokenizer)
+        self.grammars = Grammars(loaded.tokenizer, self.vocab or len(loaded.tokenizer.get_vocab()))
         self.batch = BatchGenerator(loaded.model, completion_batch_size=MAX_BATCH,
                                     prefill_batch_size=MAX_BATCH, prefill_step_size=PREFILL_CHUNK)
         self.batched: dict[int, _Active] = {}  # batch uid -> request
@@ -96,6 +102,10 @@ class Scheduler:
         """Prefill ``handle``'s request and start decoding it (or finish it at once)."""
         request, loaded = handle.request, self.loaded
         started = time.perf_counter()
+        if request.tools:
+            check_tools(request.tools, request.tool_choice, request.tool_name)
+        if request.json_schema is not None:
+            check_schema(request.json_schema, "response_format.json_schema.schema")
         prompt = render_prompt(loaded.tokenizer, request)
         context = loaded.info.context_length
         if self.vocab is not None and not 0 <= min(prompt) <= max(prompt) < self.vocab:
@@ -122,14 +132,22 @@ class Scheduler:
                 self.prefix_cache.flush_writes()
 
     def _admit(self, handle, prompt, prefix, restored, started, max_tokens) -> None:
-        params = handle.request.sampling
+        request = handle.request
+        params = request.sampling
+        grammar = grammar_for(request, self.markup)  # before prefill: a bad one fails at once
+        sampler, processors = sampling_tools(params, self.vocab)
+        if grammar is not None:
+            grammar = self.grammars.processor(grammar, len(prompt))
+            processors = [*processors, grammar]
         caches = (self.prefix_cache.make_caches(prefix, room=len(prompt) - prefix.length + 1)
                   if prefix is not None else make_prompt_cache(self.loaded.model))
         cached = prefix.length if prefix is not None else 0
         detok = self.loaded.tokenizer.detokenizer
         detok.reset()
+        calls_on = request.tools and request.tool_choice != "none" and self.markup is not None
         state = _Active(handle, prompt, prefix, cached, min(restored, cached), started, max_tokens,
-                        StopText(params.stop), detok)
+                        StopText(params.stop), detok,
+                        ToolCallText(self.markup, request.tools) if calls_on else None, grammar)
 
         def on_chunk(done: int) -> None:
             if handle.cancelled:
@@ -143,7 +161,6 @@ class Scheduler:
 
         if params.seed is not None:
             mx.random.seed(params.seed)
-        sampler, processors = sampling_tools(params, self.vocab)
         handle._emit(ProgressEvent(cached, len(prompt)))
         hybrid = prefix is not None and self.prefix_cache.hybrid
         began = time.perf_counter()
@@ -280,14 +297,28 @@ class Scheduler:
             return "stop"
         state.detok.add_token(token)
         piece, hit = state.stop_text.feed(state.detok.text)
-        if piece:
-            state.shown.append(piece)
-            state.handle._emit(TokenEvent(piece, (token,)))
+        self._show(state, piece, (token,))
         if hit:
             return "stop"
         if len(state.generated) >= state.max_tokens:
             return "length"
         return None
+
+    def _show(self, state: _Active, piece: str, token_ids: tuple[int, ...] = (),
+              final: bool = False) -> None:
+        """Send ``piece`` of the reply: tool-call markup is taken out and its calls sent as
+        their own events. ``final``: the reply is over, flush what was held back."""
+        calls = []
+        if state.tool_text is not None:
+            piece, calls = state.tool_text.feed(piece)
+            if final:
+                tail, more = state.tool_text.finish()
+                piece, calls = piece + tail, calls + more
+        if piece:
+            state.shown.append(piece)
+            state.handle._emit(TokenEvent(piece, token_ids))
+        for call in calls:
+            state.handle._emit(ToolCallEvent(call))
 
     def _finish_safely(self, state: _Active, finish: str, caches, cache_tokens) -> None:
         """Finish a request that already left the batch; a bug here still ends its stream."""
@@ -309,10 +340,11 @@ class Scheduler:
         handle, prompt = state.handle, state.prompt
         if state.generated and not state.stop_text.hit:  # EOS, length, cancel: no more text
             state.detok.finalize()
-            rest = state.stop_text.finish(state.detok.text)
-            if rest:
-                state.shown.append(rest)
-                handle._emit(TokenEvent(rest))
+            self._show(state, state.stop_text.finish(state.detok.text))
+        if state.tool_text is not None:
+            self._show(state, "", final=True)
+            if state.tool_text.calls and finish == "stop":
+                finish = "tool_calls"
         ended = time.perf_counter()
         if state.prefix is not None:
             seen = list(cache_tokens) if cache_tokens is not None else []
@@ -336,10 +368,12 @@ class Scheduler:
             prefill_tps=(len(prompt) - state.cached) / ttft if ttft > 0 else 0.0,
             decode_tps=(n - 1) / decode_time if decode_time > 0 and n > 1 else 0.0,
             total_s=ended - state.started,
+            constraint_cpu_s=state.grammar.cpu_s if state.grammar is not None else 0.0,
             finish_reason=finish,
             stop_sequence=state.stop_text.matched if finish == "stop" else None,
         )
-        handle._emit(DoneEvent("".join(state.shown), stats))
+        calls = tuple(state.tool_text.calls) if state.tool_text is not None else ()
+        handle._emit(DoneEvent("".join(state.shown), stats, calls))
         handle._finish()
         self.on_finished()
 

@@ -35,9 +35,27 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """One call of a tool the model made: ``arguments`` is JSON text (as OpenAI sends it)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
 class ChatMessage:
-    role: str  # "system" | "user" | "assistant"
+    """One message of a chat. An assistant message may carry the ``tool_calls`` it made; a
+    ``"tool"`` message carries one call's result, naming the call (``tool_call_id``)."""
+
+    role: str  # "system" | "user" | "assistant" | "tool"
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None  # the tool's name, on a "tool" message
+
+
+TOOL_CHOICES = ("auto", "none", "required", "function")
 
 
 @dataclass(frozen=True)
@@ -51,6 +69,23 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     session: str | None = None
     use_cache: bool = True
+    # Tools the model may call, OpenAI style ({"type": "function", "function": {"name",
+    # "description", "parameters"}}), handed to the chat template. Plain dicts, never
+    # changed once submitted.
+    tools: tuple[dict, ...] = ()
+    # "auto": the model chooses; "none": no tools (the template does not see them);
+    # "required": some tool must be called; "function": ``tool_name`` must be called.
+    # "required" and "function" constrain decoding to a valid call.
+    tool_choice: str = "auto"
+    tool_name: str | None = None
+    # Structured output: the reply is JSON valid against this schema (constrained decoding).
+    json_schema: dict | None = None
+
+    def __post_init__(self) -> None:
+        if self.tool_choice not in TOOL_CHOICES:
+            raise ValueError(f"tool_choice must be one of {', '.join(TOOL_CHOICES)}")
+        if (self.tool_choice == "function") != (self.tool_name is not None):
+            raise ValueError('tool_name goes with tool_choice="function", and only with it')
 
 
 @dataclass(frozen=True)
@@ -66,7 +101,8 @@ class RequestStats:
     prefill_tps: float = 0.0
     decode_tps: float = 0.0
     total_s: float = 0.0
-    finish_reason: str = "stop"  # "stop" | "length" | "cancelled"
+    constraint_cpu_s: float = 0.0  # CPU time spent enforcing a grammar (constrained decoding)
+    finish_reason: str = "stop"  # "stop" | "length" | "cancelled" | "tool_calls"
     stop_sequence: str | None = None  # the stop string that ended the reply (finish_reason "stop")
 
 
@@ -85,9 +121,17 @@ class ProgressEvent:
 
 
 @dataclass(frozen=True)
+class ToolCallEvent:
+    """The model finished writing one tool call (its markup is never in a TokenEvent)."""
+
+    call: ToolCall
+
+
+@dataclass(frozen=True)
 class DoneEvent:
     text: str
     stats: RequestStats
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -104,4 +148,4 @@ class ErrorEvent:
         return self.kind is not ErrorKind.INTERNAL
 
 
-Event = Union[TokenEvent, ProgressEvent, DoneEvent, ErrorEvent]
+Event = Union[TokenEvent, ProgressEvent, ToolCallEvent, DoneEvent, ErrorEvent]

@@ -18,7 +18,6 @@ from functools import lru_cache
 from pathlib import Path
 
 from core.models import hf_cache, provision
-from core.models.gguf_header import read_header
 from core.errors import UserError
 
 GGUF_BITS_PER_WEIGHT = 4.5  # a typical 4-bit quant with its scales, when the header is unreadable
@@ -145,6 +144,8 @@ def gguf_parameter_count(path: Path) -> int | None:
 @lru_cache(maxsize=64)
 def _gguf_parameters(path: str, size: int, mtime_ns: int) -> int:
     """(size and mtime are the cache key: a changed file is read again)"""
+    from core.models.gguf_header import read_header  # numpy and gguf: not for `radixchat pull` / search
+
     return read_header(Path(path), metadata=False).parameter_count()
 
 

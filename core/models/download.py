@@ -4,7 +4,9 @@
 the files), into ``<HF cache>/models--org--name`` as huggingface_hub lays it out, so
 mlx-lm and other tools see the same files, and nothing already there is fetched again.
 
-How a file arrives: its bytes stream through huggingface_hub's HTTP session into
+How a file arrives: its bytes are read from the socket into a few reused buffers
+(:mod:`core.models.http_get`: huggingface_hub's own client hands them over in 64 KB
+objects, which costs more CPU than the transfer) and appended to
 ``blobs/<etag>.incomplete`` (a ``Range`` request continues a partial file; a dropped
 connection is retried from where it stopped), written and hashed on a second thread
 while the next bytes arrive; a whole file whose SHA-256 (LFS files) or git blob id
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from core.models import hf_cache, hub
+from core.models import hf_cache, http_get, hub
 from core.models.hashing import FileHashCache
 from core.models.hub import HubError, RepoFile, RepoPlan
 
@@ -47,6 +49,8 @@ RATE_WINDOW = 5.0  # seconds the rate is averaged over
 PARTIAL_SUFFIX = ".incomplete"
 RETRIES = 5  # failed attempts in a row (no byte gained) before a file gives up
 RETRY_WAIT = 0.5  # seconds between them
+MIN_READ = 64 << 10  # bytes: the first read of a response, and the smallest
+READ_SECONDS = 0.05  # what one read should take: reads grow or shrink towards it
 
 
 class DownloadCancelled(HubError):
@@ -204,7 +208,7 @@ def _fetch(plan: RepoPlan, file: RepoFile, meter: "_Meter", hashes: FileHashCach
     url = hf_hub_url(plan.repo_id, file.path, revision=plan.commit, endpoint=hub.endpoint())
     try:
         headers = build_hf_headers(token=hub.token() or False, library_name="radixchat")
-        with open(partial, "ab") as raw:
+        with open(partial, "ab", buffering=0) as raw:  # the buffers are large: no second copy
             sink = _Sink(raw, file)
             try:
                 _transfer(url, headers, file, sink, meter)
@@ -235,27 +239,20 @@ def _transfer(url: str, headers: dict, file: RepoFile, sink: "_Sink", meter: "_M
     """Stream the rest of ``file`` into ``sink``; a dropped connection is asked again
     from where it stopped (up to ``RETRIES`` times in a row without progress)."""
     from huggingface_hub import constants
-    from huggingface_hub.utils import get_session, hf_raise_for_status
 
     failures = 0
     while sink.position < file.size:
         start = sink.position
         request = {**headers, **({"Range": f"bytes={start}-"} if start else {})}
         try:
-            with get_session().stream("GET", url, headers=request, follow_redirects=True,
-                                      timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    hf_raise_for_status(response)
-                if start and response.status_code == 200:  # the server ignored the Range
+            with http_get.open_get(url, request, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT) as response:
+                if start and response.status == 200:  # the server ignored the Range
                     sink.restart()
                     meter.update(file, -start)
-                for chunk in response.iter_bytes():
-                    if sink.position + len(chunk) > file.size:
-                        raise HubError(f"{file.path} came longer than the {file.size:,} bytes the hub lists: "
-                                       "pull again")
-                    meter.update(file, len(chunk))  # raises when cancelled
-                    sink.write(chunk)
+                    start = 0
+                if response.length is not None and start + response.length > file.size:
+                    raise HubError(f"{file.path} came longer than the {file.size:,} bytes the hub lists: pull again")
+                _receive(response, file, sink, meter)
         except _retryable() as exc:
             failures = 0 if sink.position > start else failures + 1
             if failures >= RETRIES or meter.cancel.is_set():
@@ -270,8 +267,43 @@ def _transfer(url: str, headers: dict, file: RepoFile, sink: "_Sink", meter: "_M
                 raise HubError(f"{file.path} stopped at {sink.position:,} of {file.size:,} bytes: pull again")
 
 
+def _receive(response, file: RepoFile, sink: "_Sink", meter: "_Meter") -> None:
+    """Read the body into the sink's buffers until it ends (or the file is whole).
+
+    Each read fills one reused buffer straight from the socket (no ``bytes`` object per
+    chunk); its size adapts to the link, from ``MIN_READ`` up to a whole buffer, so that
+    a read takes about ``READ_SECONDS``: a slow link still reports progress and sees a
+    cancel several times a second."""
+    size = MIN_READ
+    while True:
+        buffer = sink.buffer()
+        want = min(size, len(buffer), file.size + 1 - sink.position)  # one byte more shows a body too long
+        started = time.monotonic()
+        try:
+            n = response.readinto(memoryview(buffer)[:want])
+        except BaseException:
+            sink.give_back(buffer)
+            raise
+        if not n:
+            sink.give_back(buffer)
+            return
+        if sink.position + n > file.size:
+            sink.give_back(buffer)
+            raise HubError(f"{file.path} came longer than the {file.size:,} bytes the hub lists: pull again")
+        sink.write(buffer, n)
+        meter.update(file, n)  # raises when cancelled
+        if n == want:
+            took = time.monotonic() - started
+            if took < READ_SECONDS / 2:
+                size = min(size * 2, len(buffer))
+            elif took > READ_SECONDS * 2:
+                size = max(size // 2, MIN_READ)
+        if sink.position == file.size:
+            return
+
+
 def _retryable() -> tuple[type[BaseException], ...]:
-    return hub._network_errors()
+    return http_get.network_errors()
 
 
 def _size(path: Path) -> int:
@@ -315,19 +347,28 @@ def _link(plan: RepoPlan, storage: Path, revision: str) -> Path:
 class _Sink:
     """Where a file's bytes go: appended to the partial file and hashed as the hub names
     the file (SHA-256 for an LFS file, the git blob SHA-1 otherwise), the part already
-    there first. Writing and hashing run in order on a thread of their own while the
-    next bytes are read from the socket (both let go of the GIL); at most ``BACKLOG``
-    chunks wait for it. ``position`` counts the bytes taken."""
+    there first. The reading side fills one of ``BUFFERS`` reused buffers from the
+    socket and hands it on: a thread hashes it, a second one appends it to the file and
+    gives the buffer back (hashing and writing both let go of the GIL), so reading,
+    hashing and writing overlap, and no chunk is copied or allocated in Python.
+    ``position`` counts the bytes taken."""
 
-    BACKLOG = 64
+    BUFFERS = 4
+    BUFFER_BYTES = 1 << 20  # measured: larger buffers fall out of the CPU's cache between the stages
 
     def __init__(self, raw, file: RepoFile):
         self._raw, self._file = raw, file
-        self._queue: queue.Queue = queue.Queue(maxsize=self.BACKLOG)
+        self._free: queue.SimpleQueue = queue.SimpleQueue()
+        for _ in range(self.BUFFERS):
+            self._free.put(bytearray(self.BUFFER_BYTES))
+        self._to_hash: queue.Queue = queue.Queue()
+        self._to_write: queue.Queue = queue.Queue()
         self._error: BaseException | None = None
         self._rehash()
-        self._thread = threading.Thread(target=self._work, name="pull-write", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._hashing, name="pull-hash", daemon=True),
+                         threading.Thread(target=self._writing, name="pull-write", daemon=True)]
+        for thread in self._threads:
+            thread.start()
 
     def _rehash(self) -> None:
         self._hasher = hashlib.sha256() if self._file.sha256 else hashlib.sha1(b"blob %d\0" % self._file.size)
@@ -336,39 +377,69 @@ class _Sink:
             while chunk := existing.read(8 << 20):
                 self._hasher.update(chunk)
 
-    def _work(self) -> None:
+    def _hashing(self) -> None:
         while True:
-            data = self._queue.get()
+            item = self._to_hash.get()
             try:
-                if data is None:
+                if item is not None and self._error is None:
+                    buffer, n = item
+                    with memoryview(buffer) as view, view[:n] as data:
+                        self._hasher.update(data)
+            except BaseException as exc:  # not expected: the reading side raises it
+                self._error = exc
+            finally:
+                self._to_write.put(item)  # the writer gives the buffer back
+                self._to_hash.task_done()
+            if item is None:
+                return
+
+    def _writing(self) -> None:
+        while True:
+            item = self._to_write.get()
+            try:
+                if item is None:
                     return
-                if self._error is None:
-                    self._put(data)
+                buffer, n = item
+                try:
+                    if self._error is None:
+                        with memoryview(buffer) as view, view[:n] as data:
+                            self._put(data)
+                finally:
+                    self._free.put(buffer)
             except BaseException as exc:  # a full disk: the reading side raises it
                 self._error = exc
             finally:
-                self._queue.task_done()
+                self._to_write.task_done()
 
-    def _put(self, data: bytes) -> None:
-        self._raw.write(data)
-        self._hasher.update(data)
+    def _put(self, data: memoryview) -> None:
+        while data:  # an unbuffered file may take part of a write
+            data = data[self._raw.write(data):]
 
     def _drain(self) -> None:
-        self._queue.join()
+        self._to_hash.join()
+        self._to_write.join()
         if self._error is not None:
             raise self._error
 
-    def write(self, data: bytes) -> None:
+    def buffer(self) -> bytearray:
+        """A free buffer to read into (waits while all are being written)."""
         if self._error is not None:
             raise self._error
-        self._queue.put(data)
-        self.position += len(data)
+        return self._free.get()
+
+    def give_back(self, buffer: bytearray) -> None:
+        self._free.put(buffer)
+
+    def write(self, buffer: bytearray, n: int) -> None:
+        """Append ``buffer[:n]``; the buffer is the sink's again until :meth:`buffer` returns it."""
+        self._to_hash.put((buffer, n))
+        self.position += n
 
     def restart(self) -> None:
         """The server ignored the Range: start the file again."""
         self._drain()
         self._raw.truncate(0)
-        self._raw.flush()
+        self._raw.seek(0)
         self._rehash()
 
     def finish(self) -> str:
@@ -378,10 +449,12 @@ class _Sink:
 
     def close(self) -> None:
         try:
-            self._queue.join()  # keep what arrived: a resume starts after it
+            self._to_hash.join()  # keep what arrived: a resume starts after it
+            self._to_write.join()
         finally:
-            self._queue.put(None)
-            self._thread.join()
+            self._to_hash.put(None)
+            for thread in self._threads:
+                thread.join()
             self._raw.flush()
 
 

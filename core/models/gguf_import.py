@@ -324,7 +324,9 @@ def build_tokenizer(metadata: dict[str, Any], cache_file: Path | None = None):
             backend.save(str(tmp))
             tmp.replace(cache_file)
             hf_tokenizer = _hf_tokenizer(metadata, tokenizer_file=str(cache_file))
-    return TokenizerWrapper(hf_tokenizer, eos_token_ids=_eos_ids(metadata))
+    from core.models.chat_template import tool_calling
+
+    return TokenizerWrapper(hf_tokenizer, eos_token_ids=_eos_ids(metadata), **tool_calling(hf_tokenizer))
 
 
 def _hf_tokenizer(metadata: dict[str, Any], **source: Any):

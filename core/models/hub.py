@@ -172,6 +172,28 @@ def check_online() -> None:
                            f"({exc.strerror or exc}); local models still work") from None
 
 
+def _online_api():
+    """:func:`api` once :func:`check_online` has passed; the probe's round trip runs while
+    huggingface_hub is imported (a tenth of a second or more), not after it."""
+    import threading
+
+    failure: list[OfflineError] = []
+
+    def probe() -> None:
+        try:
+            check_online()
+        except OfflineError as exc:
+            failure.append(exc)
+
+    prober = threading.Thread(target=probe, name="hub-probe", daemon=True)
+    prober.start()
+    client = api()
+    prober.join()
+    if failure:
+        raise failure[0]
+    return client
+
+
 def check_repo_id(repo_id: str) -> None:
     if not _REPO_ID.match(repo_id or "") or ".." in repo_id:
         raise HubError(f"{repo_id!r} is not a Hugging Face repo id (owner/name, e.g. mlx-community/Qwen3-4B-4bit)")
@@ -206,16 +228,19 @@ def hub_error(exc: Exception, repo_id: str | None = None) -> HubError:
 
 
 def _network_errors() -> tuple[type[BaseException], ...]:
-    """The HTTP library's transport errors (huggingface_hub 2.x uses httpx2)."""
+    """The HTTP libraries' transport errors: huggingface_hub 2.x uses httpx2, a download's
+    body comes through the standard library (core.models.http_get)."""
     import importlib
+
+    from core.models.http_get import network_errors
 
     for name in ("httpx2", "httpx"):
         try:
             module = importlib.import_module(name)
         except ImportError:
             continue
-        return (module.TransportError, TimeoutError, ConnectionError)
-    return (TimeoutError, ConnectionError)
+        return (module.TransportError, *network_errors())
+    return network_errors()
 
 
 # ---------------------------------------------------------------------------- search
@@ -351,9 +376,10 @@ def plan(repo_id: str, filename: str | None = None, revision: str = "main",
     """The files to download for ``repo_id`` (an MLX model's weights, config, tokenizer and
     template), or for one GGUF file of it; :class:`HubError` says why not."""
     check_repo_id(repo_id)
-    check_online()
     try:
-        info = api().model_info(repo_id, revision=revision, files_metadata=True, timeout=API_TIMEOUT)
+        info = _online_api().model_info(repo_id, revision=revision, files_metadata=True, timeout=API_TIMEOUT)
+    except HubError:
+        raise
     except Exception as exc:
         raise hub_error(exc, repo_id) from None
     files = [RepoFile(s.rfilename, int(s.size or (s.lfs.size if s.lfs else 0)),

