@@ -201,8 +201,11 @@ class MemoryPanel(ChartPanel):
         used, evictable, locked = ((cache.pages_used, cache.pages_evictable, cache.pages_locked)
                                    if cache is not None else (0, 0, 0))
         pool_bytes = cache.pool_bytes if cache is not None else 0
+        pool_budget = cache.pool_budget_bytes if cache is not None else 0
         if total > 0:
-            self.values["poolCapacity"].setText(f"{human_bytes(pool_bytes)} · {count(total * page_size)} tokens")
+            reserved = (f"{human_bytes(pool_bytes)} of {human_bytes(pool_budget)} reserved"
+                        if pool_budget > pool_bytes else human_bytes(pool_bytes))
+            self.values["poolCapacity"].setText(f"{reserved} · {count(total * page_size)} tokens")
             for key, pages in (("poolUsed", used), ("poolEvictable", evictable), ("poolLocked", locked)):
                 self.values[key].setText(f"{count(pages * page_size)} tokens · {percent(pages / total)}")
         else:
@@ -216,15 +219,21 @@ class MemoryPanel(ChartPanel):
 
         disk, budget = stats.disk_cache_bytes, stats.disk_cache_budget_bytes
         if budget > 0:
-            self.values["diskCache"].setText(f"{human_bytes(disk)} of {human_bytes(budget)}"
-                                             f" · {percent(disk / budget)}")
+            written = stats.disk.bytes_written if stats.disk is not None else 0
+            stopped = stats.disk.writes_stopped if stats.disk is not None else None
+            self.values["diskCache"].setText(
+                f"{human_bytes(disk)} of {human_bytes(budget)} · {percent(disk / budget)}"
+                + (f" · {human_bytes(written)} written" if written else "")
+                + (" · writes stopped (disk full)" if stopped else ""))
+            self.values["diskCache"].setToolTip(str(stopped) if stopped else
+                                                "bytes written to disk since the model loaded")
         else:
             self.values["diskCache"].setText("off" if name else "—")
 
         self._plot(float(now) if now is not None else time.monotonic(), {
             "mlx_active": float(stats.mlx_active_bytes), "mlx_cache": float(stats.mlx_cache_bytes),
             "rss": float(stats.rss_bytes),
-            "pool_used": pool_bytes * used / total if total > 0 else 0.0})
+            "pool_used": (pool_budget or pool_bytes) * used / total if total > 0 else 0.0})
 
     # -- for tests and callers --
 

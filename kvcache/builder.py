@@ -15,6 +15,8 @@ DEFAULT_PAGE_SIZE = 16
 MAX_RUNNING_REQUESTS = 64
 
 
+SEGMENT_BYTES = 32 << 20  # the pool grows by this much at a time (RAM on demand)
+
 @dataclass(frozen=True)
 class KVCacheBuildResult:
     """Everything the engine needs to cache KV for one model, built once per load."""
@@ -43,11 +45,13 @@ def build_kv_cache(
     pool_bytes: int | None = None,
     memory_fraction: float = 0.25,
     disable: bool = False,
+    segment_bytes: int | None = SEGMENT_BYTES,
 ) -> KVCacheBuildResult:
     """Lay out, size and preallocate the cache; a model we can't page gets a disabled tree.
 
     ``pool_tokens`` (a size in tokens) or ``pool_bytes`` (a RAM budget) overrides the memory budget (``memory_fraction`` of the device's
-    recommended working set, or of available RAM, minus the weights).
+    recommended working set, or of available RAM, minus the weights). The pool takes that
+    budget in segments of about ``segment_bytes`` as it fills (None: all of it at once).
     """
     reason = "disabled by the user (--no-cache)" if disable else None
     layout = None
@@ -63,8 +67,12 @@ def build_kv_cache(
         )
         if layout.full_layer_indices and pages == 0:
             reason = "no memory left for a KV pool"
-    allocator = PageAllocator(pages)
-    pool = KVPagePool(layout, pages, page_size) if layout is not None and reason is None else None
+    pool = None
+    if layout is not None and reason is None:
+        page_bytes = layout.bytes_per_token * page_size
+        segment = max(1, segment_bytes // page_bytes) if segment_bytes and page_bytes else None
+        pool = KVPagePool(layout, pages, page_size, segment_pages=segment)
+    allocator = PageAllocator(pages, pool.reserved_pages if pool is not None else None)
     hybrid = layout is not None and (layout.is_hybrid_swa or layout.is_hybrid_ssm)
 
     def free_slots(slots: tuple[int, ...]) -> None:

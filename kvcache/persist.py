@@ -1,13 +1,25 @@
-"""Session caches to and from the disk store.
+"""The disk tier: the SQLite page store below the RAM radix tree, for every request.
 
-Saving happens at the end of a session's turn: the engine thread cuts the session's
-tokens into disk pages, serializes only pages the store does not have yet (the rest go
-as ``kv=None``) and hands plain bytes to a writer thread, which owns its own
-:class:`DiskStore` connection; decode never waits on disk. Restoring happens when a
-session's request finds less in RAM than the store holds: the engine thread reads that
-session's chain (primary-key lookups only), keeps the part that matches the prompt, and
-puts it into the pool and the tree. Every page is verified by the store (checksum,
-fingerprint, key); a damaged page costs a recompute, never a wrong answer.
+A request's prompt is looked up in RAM, then on disk by its own tokens: the loaded
+model's stored pages are indexed in memory (:class:`kvcache.disk_index.DiskIndex`), so a
+prompt the disk knows nothing of costs no query. What the disk holds beyond what RAM
+holds is read back (streamed, every page verified by the store) when the measured read
+rate says that is faster than the measured prefill rate would compute it.
+
+What is written, and when (never on the engine thread's critical path: the engine
+serializes only pages the store does not have, and a writer thread owns its own
+:class:`DiskStore` connection):
+- at the end of a session's turn, the session's chain (a chat's cache survives a restart);
+- at the end of any other request whose tokens reach ``min_write_tokens``, its chain as a
+  prefix (kept by its tokens alone);
+- when RAM evicts a prefix of at least one disk page that the disk lacks (write-back:
+  short requests, or any whose end-of-request write was skipped), so that RAM pressure
+  costs a read later instead of a recompute;
+- a page already stored is never serialized nor written again; the bytes written are
+  counted (:class:`DiskTierStats`, and the store's own counters).
+A full disk stops the writes (one line in the log and in the stats) and serving goes on;
+writing is tried again after ``RETRY_AFTER_S``. Every page read is verified (checksum,
+fingerprint, key): a damaged page costs a recompute, never a wrong answer.
 """
 
 from __future__ import annotations
@@ -15,6 +27,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,21 +35,30 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import KVCache
 
-from kvcache.prefix_cache import PrefixCache
+from kvcache.disk_index import DiskIndex
+from kvcache.prefix_cache import PrefixCache, cache_source
 from kvcache.serialize import SerializeError, kv_to_bytes, kv_views, snapshot_from_bytes, snapshot_to_bytes
 from kvcache.snapshot import Snapshot
-from kvcache.store import (DEFAULT_BUDGET, ChainPage, DiskStore, DiskStoreError, PageData, SessionReader,
-                           chain_keys, page_key)
+from kvcache.stats import DiskTierStats
+from kvcache.store import (DEFAULT_BUDGET, ChainPage, DiskStore, DiskStoreError, IndexedPage, PageData,
+                           SessionReader, chain_keys, pack_tokens)
 
 log = logging.getLogger(__name__)
 
 DISK_PAGE_TOKENS = 64  # tokens per stored page: fewer rows than pool pages, same bytes
+MIN_WRITE_TOKENS = 256  # an unnamed request shorter than this is not worth a disk write
+RETRY_AFTER_S = 60.0  # after a full disk, writes start again this much later
+_RATE_WEIGHT = 0.3  # weight of the newest measurement in the running rates
 
 
 @dataclass(frozen=True)
 class _SaveJob:
-    session: str
+    session: str | None  # None: a prefix, kept by its tokens
     pages: tuple[PageData, ...]
+    queued: frozenset[str]  # keys of the pages serialized for it (not to serialize again)
+
+
+_BUDGET = "enforce the budget"  # a job: make the store fit its budget (at load)
 
 
 @dataclass(frozen=True)
@@ -48,66 +70,156 @@ class _ForgetJob:
 class _RecordJob:
     """A restore's reading to record: pages used, pages found bad."""
 
-    session: str
+    session: str | None
     used: tuple[ChainPage, ...]
     suspects: frozenset[str]
+    head: tuple[str, int] | None  # a read by tokens: the last page used and its end
 
 
-class SessionPersister:
-    """Saves and restores session caches for one loaded model (engine thread API)."""
+class DiskTier:
+    """The disk tier of one loaded model (engine thread API; a writer thread inside)."""
 
     def __init__(self, path: Path, prefix_cache: PrefixCache, fingerprint: str,
-                 budget_bytes: int = DEFAULT_BUDGET):
+                 budget_bytes: int = DEFAULT_BUDGET, min_write_tokens: int = MIN_WRITE_TOKENS):
         self.prefix_cache = prefix_cache
         self.fingerprint = fingerprint
+        self.min_write_tokens = min_write_tokens
         self.reader = DiskStore(path, budget_bytes=budget_bytes)  # raises DiskStoreError
-        self._writer = DiskStore(path, budget_bytes=budget_bytes)
+        try:
+            self._writer = DiskStore(path, budget_bytes=budget_bytes)
+            self.index = DiskIndex(fingerprint, self.reader.index(fingerprint))
+        except BaseException:
+            self.reader.close()
+            raise
+        layout = prefix_cache.build.layout
+        self._token_bytes = layout.bytes_per_token if layout is not None else 0
         self._jobs: queue.Queue = queue.Queue()
-        self._known: set[str] = set()  # page keys this process knows the store holds
+        self._queued: set[str] = set()  # keys serialized and not yet written (engine adds, writer removes)
         self.last_error: str | None = None
+        self._stopped_until = 0.0  # writes are off until then (disk full)
+        self._counts = dict(reads=0, read_tokens=0, read_bytes=0, skipped_reads=0, pages_written=0,
+                            bytes_written=0, pages_not_rewritten=0, write_errors=0, write_backs=0)
+        self._read_rate = 0.0  # bytes/s, running
+        self._prefill_rate = 0.0  # tokens/s, running
         self._thread = threading.Thread(target=self._write_loop, name="radixchat-cache-writer", daemon=True)
         self._thread.start()
+        prefix_cache.write_back = self.write_back
+        self._jobs.put(_BUDGET)  # a lowered budget, another model's pages, a crash: fit now
 
     # ------------------------------------------------------------ engine thread
-    def save(self, session: str, tokens: list[int], caches: list, snapshots: list[Snapshot]) -> None:
-        """Queue the session's cache (``caches`` hold exactly ``tokens``) for writing.
+    def stats(self) -> DiskTierStats:
+        stopped = self.last_error if time.monotonic() < self._stopped_until else None
+        return DiskTierStats(indexed_pages=len(self.index), writes_stopped=stopped,
+                             read_bytes_per_s=self._read_rate, prefill_tokens_per_s=self._prefill_rate,
+                             **self._counts)
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        """A prefill of ``tokens`` took ``seconds``: the rate a restore must beat."""
+        if tokens >= DISK_PAGE_TOKENS and seconds > 0:
+            self._prefill_rate = _running(self._prefill_rate, tokens / seconds)
+
+    def save(self, session: str | None, tokens: list[int], caches: list, snapshots: list[Snapshot]) -> None:
+        """Queue the chain of ``tokens`` (``caches`` hold exactly them) for writing: a
+        session's always, an unnamed request's when it reaches ``min_write_tokens``."""
+        full = self.prefix_cache.build.layout.full_layer_indices
+        self._save(session, tokens, cache_source(caches, full), snapshots)
+
+    def write_back(self, tokens: list[int], source, snapshots: list[Snapshot]) -> None:
+        """RAM is evicting the prefix ``tokens`` (its K/V from ``source``, as the pool
+        still holds it): queue what the disk lacks of it, so RAM pressure costs a read
+        later, not a recompute (the prefix cache calls this; see ``write_back`` there)."""
+        self._counts["write_backs"] += 1
+        self._save(None, tokens, source, snapshots, min_tokens=DISK_PAGE_TOKENS)
+
+    def _save(self, session: str | None, tokens: list[int], source, snapshots: list[Snapshot],
+              min_tokens: int | None = None) -> None:
+        """The chain of ``tokens``, K/V from ``source(layer, a, b)``, to the writer thread.
 
         Pages end every ``DISK_PAGE_TOKENS`` tokens and at every snapshot (the end of the
         prompt, the end of the reply), and carry the snapshot that ends with them, so a
-        hybrid model can resume from any of those points after a restart.
+        hybrid model can resume from any of those points after a restart. Pages the disk
+        has are not serialized; an unnamed chain the disk has whole is not queued at all.
         """
+        if session is None and len(tokens) < (self.min_write_tokens if min_tokens is None else min_tokens):
+            return
+        if time.monotonic() < self._stopped_until:
+            return  # the disk is full: serving goes on without writing
         by_end = {s.length: s for s in snapshots if 0 < s.length <= len(tokens)}
         if self.prefix_cache.hybrid and len(tokens) not in by_end:
             return  # a hybrid chain must be resumable at least at its end
         full = self.prefix_cache.build.layout.full_layer_indices
         ends = sorted(set(range(DISK_PAGE_TOKENS, len(tokens), DISK_PAGE_TOKENS)) | set(by_end) | {len(tokens)})
-        pages, parent, start = [], None, 0
-        for end in ends:
+        pages, starts = [], [0, *ends[:-1]]
+        keys = chain_keys(self.fingerprint, [tokens[a:b] for a, b in zip(starts, ends)])
+        known = 0
+        for start, end, key in zip(starts, ends, keys):
             chunk = tuple(tokens[start:end])
-            key = page_key(self.fingerprint, parent, chunk)
             snapshot = by_end.get(end)
-            if key in self._known and snapshot is None:
+            if (key in self.index and (snapshot is None or self.index.has_snapshot(key))
+                    or key in self._queued):  # stored, or on its way
                 pages.append(PageData(chunk, None))
+                known += 1
             else:
-                kv = kv_to_bytes([(caches[i].keys[0, :, start:end], caches[i].values[0, :, start:end])
-                                  for i in full])
+                kv = kv_to_bytes([source(i, start, end) for i in range(len(full))])
                 pages.append(PageData(chunk, kv, snapshot_to_bytes(snapshot) if snapshot else None))
-            parent, start = key, end
-        self._jobs.put(_SaveJob(session, tuple(pages)))  # keys become known once written
+        self._counts["pages_not_rewritten"] += known
+        if session is None and known == len(pages):
+            return  # all on disk already: nothing to write
+        queued = frozenset(key for key, page in zip(keys, pages) if page.kv is not None)
+        self._queued |= queued
+        self._jobs.put(_SaveJob(session, tuple(pages), queued))  # indexed once written
 
-    def restore(self, session: str, prompt: list[int]) -> int:
-        """Bring the session's stored cache into RAM if it serves more of ``prompt``
-        than RAM does. Returns the tokens restored (0 when nothing was needed or usable).
-        Any failure here costs a recompute, never the request."""
+    def restore(self, prompt: list[int], session: str | None = None) -> int:
+        """Bring what the disk holds of ``prompt`` beyond what RAM holds into RAM, if reading
+        it beats computing it. Returns the tokens restored (0 when nothing was needed,
+        found or worth it). Any failure here costs a recompute, never the request."""
         try:
-            return self._restore(session, prompt)
+            restored = self._restore_by_tokens(prompt)
+            if not restored and session is not None:  # saved by another process since the load
+                restored = self._restore_session(session, prompt)
+            return restored
         except (DiskStoreError, SerializeError, ValueError, AttributeError, KeyError) as exc:
             self.last_error = str(exc)
-            log.warning("restoring the cache of %s failed: %s", session, exc)
+            log.warning("restoring a cached prefix failed: %s", exc)
             return 0
 
-    def _restore(self, session: str, prompt: list[int]) -> int:
+    def _restore_by_tokens(self, prompt: list[int]) -> int:
         usable_limit = len(prompt) - 1  # the last prompt token is always computed
+        chain = self.index.match(prompt)
+        if not chain:
+            return 0
+        best = _resume_point(chain, prompt, usable_limit, self.prefix_cache.hybrid)
+        in_ram = self.prefix_cache.cached_length(prompt[:usable_limit])
+        if best <= in_ram or not self._worth_reading(best - in_ram):
+            return 0
+        if -(-best // self.prefix_cache.page_size) > self.prefix_cache.allocator.num_pages:
+            return 0  # the pool can never hold it: don't read it only to drop it
+        reading = None
+        count = _pages_for(chain, best)
+        try:
+            with self.reader.read_chain(self.fingerprint, [page.key for page in chain[:count]]) as reading:
+                self.index.discard(reading.missing)  # deleted by another process
+                if len(reading.chain) < count:  # cut short: what is left may still serve
+                    best = _resume_point(reading.chain, prompt, usable_limit, self.prefix_cache.hybrid)
+                    count = len(reading.chain)
+                    if best <= in_ram:
+                        return 0
+                return self._insert(prompt[:best], reading, in_ram, room=len(prompt) - best + 1)
+        finally:  # marking pages used takes the write lock: the writer thread waits for it
+            if reading is not None and (reading.used or reading.suspects):
+                last = reading.used[-1].key if reading.used else None
+                end = sum(len(page.tokens) for page in chain[:count])
+                head = (last, end) if count and last == chain[count - 1].key else None
+                self._jobs.put(_RecordJob(None, tuple(reading.used), frozenset(reading.suspects), head))
+
+    def _worth_reading(self, tokens: int) -> bool:
+        if read_pays(tokens, self._token_bytes, self._read_rate, self._prefill_rate):
+            return True
+        self._counts["skipped_reads"] += 1
+        return False
+
+    def _restore_session(self, session: str, prompt: list[int]) -> int:
+        usable_limit = len(prompt) - 1
         in_ram = self.prefix_cache.cached_length(prompt[:usable_limit])
         stored = self.reader.session(session)
         if stored is None or stored.fingerprint != self.fingerprint or stored.tokens <= in_ram:
@@ -123,24 +235,28 @@ class SessionPersister:
                 return self._insert(prompt[:best], reading, in_ram, room=len(prompt) - best + 1)
         finally:  # marking pages used takes the write lock: the writer thread waits for it
             if reading is not None and (reading.used or reading.suspects):
-                self._jobs.put(_RecordJob(session, tuple(reading.used), frozenset(reading.suspects)))
+                self._jobs.put(_RecordJob(session, tuple(reading.used), frozenset(reading.suspects), None))
 
     def _insert(self, tokens: list[int], reading: SessionReader, start: int, room: int = 0) -> int:
-        """Restore ``tokens[start:]`` from the session being read, streaming its pages. The
-        K/V of each layer is joined into one buffer with ``room`` spare positions (rounded
-        up to mlx-lm's KVCache step), so a request resuming from it prefills in place (see
+        """Restore ``tokens[start:]`` from the chain being read, streaming its pages (those
+        wholly before ``start``, which RAM holds, are not read). The K/V of each layer is
+        joined into one buffer with ``room`` spare positions (rounded up to mlx-lm's
+        KVCache step), so a request resuming from it prefills in place (see
         ``insert_restored``). A page that fails its check ends the stream: what came before
         it (back to a snapshot, for a hybrid model) is restored, the rest is recomputed."""
+        began = time.perf_counter()
         layers = len(self.prefix_cache.build.layout.full_layer_indices)
         spare = KVCache.step * -(-(len(tokens) + max(room, 1)) // KVCache.step) - len(tokens)
         joined = _Joiner(2 * layers, len(tokens) - start + spare)
-        count = offset = 0
-        while offset < len(tokens):
-            offset += len(reading.chain[count].tokens)
-            count += 1
-        offset, snapshots = 0, {}
-        for page in reading.pages(count):
+        count = _pages_for(reading.chain, len(tokens))
+        first = offset = 0
+        while first < count and offset + len(reading.chain[first].tokens) <= start:
+            offset += len(reading.chain[first].tokens)
+            first += 1
+        snapshots, nbytes = {}, 0
+        for page in reading.pages(count, first):
             take = min(len(page.tokens), len(tokens) - offset)
+            nbytes += len(page.kv) + len(page.snapshot or b"")
             if offset + take > start and layers:
                 lo = max(0, start - offset)
                 joined.add(offset + lo - start, take - lo, lo, kv_views(page.kv, layers, len(page.tokens)))
@@ -153,7 +269,11 @@ class SessionPersister:
         snapshot = snapshot_from_bytes(snapshots[end]) if end in snapshots else None
         restored = self.prefix_cache.insert_restored(tokens[:end], start, joined.layers(), snapshot)
         if restored:
-            self._known.update(page.key for page in reading.used)
+            seconds = time.perf_counter() - began
+            self._read_rate = _running(self._read_rate, nbytes / seconds) if seconds > 0 else self._read_rate
+            self._counts["reads"] += 1
+            self._counts["read_tokens"] += restored
+            self._counts["read_bytes"] += nbytes
         return restored
 
     def forget(self, session: str) -> None:
@@ -168,6 +288,8 @@ class SessionPersister:
         done.wait(timeout)
 
     def close(self) -> None:
+        if self.prefix_cache.write_back == self.write_back:
+            self.prefix_cache.write_back = None
         self.flush(timeout=30)
         self._jobs.put(None)
         self._thread.join(timeout=30)  # the writer's connection closes first: the last one
@@ -183,45 +305,103 @@ class SessionPersister:
             if isinstance(job, threading.Event):
                 job.set()
                 continue
-            if isinstance(job, _RecordJob):
-                try:
-                    self._writer.record_reading(job.session, self.fingerprint, job.used, set(job.suspects))
-                except Exception as exc:  # last-use times and repairs wait for the next read
-                    log.warning("recording the restore of %s failed: %s", job.session, exc)
-                if job.suspects:
-                    self._forget_missing()  # the repair deleted pages
-                continue
-            if isinstance(job, _ForgetJob):
-                try:
-                    self._writer.clear(job.session)
-                except Exception as exc:  # as for a save: the writer thread must go on
-                    self.last_error = str(exc)
-                    log.warning("removing the cache of %s failed: %s", job.session, exc)
-                self._forget_missing()  # its pages may be gone
-                continue
             try:
-                result = self._writer.save_session(job.session, self.fingerprint, job.pages)
-                self._known.update(chain_keys(self.fingerprint, [p.tokens for p in job.pages]))
-                if result.evicted_sessions or result.pages < len(job.pages):
-                    self._forget_missing()  # the budget (or another process) deleted pages
-            except DiskStoreError as exc:  # disk full, locked...: the cache costs time, no more
-                self.last_error = str(exc)
-                self._known.clear()
-                log.warning("saving the cache of %s failed: %s", job.session, exc)
-            except Exception:
-                self._known.clear()
-                log.exception("saving the cache of %s failed", job.session)
+                self._do(job)
+            finally:
+                self._drain_deleted()
+                if isinstance(job, _SaveJob):
+                    self._queued.difference_update(job.queued)  # indexed by now, or failed
 
+    def _do(self, job) -> None:
+        if job is _BUDGET:
+            try:
+                self._writer.enforce_budget(self.fingerprint)
+            except Exception as exc:  # the next save tries again
+                log.warning("fitting the disk cache in its budget failed: %s", exc)
+            return
+        if isinstance(job, _RecordJob):
+            try:
+                self._writer.record_reading(job.session, self.fingerprint, job.used, set(job.suspects),
+                                            job.head)
+            except Exception as exc:  # last-use times and repairs wait for the next read
+                log.warning("recording a cache read failed: %s", exc)
+            return
+        if isinstance(job, _ForgetJob):
+            try:
+                self._writer.clear(job.session)
+            except Exception as exc:  # as for a save: the writer thread must go on
+                self.last_error = str(exc)
+                log.warning("removing the cache of %s failed: %s", job.session, exc)
+            return
+        what = f"the cache of {job.session}" if job.session is not None else "a cached prefix"
+        try:
+            if job.session is not None:
+                result = self._writer.save_session(job.session, self.fingerprint, job.pages)
+            else:
+                result = self._writer.save_prefix(self.fingerprint, job.pages)
+        except DiskStoreError as exc:  # disk full, locked...: the cache costs time, no more
+            self._counts["write_errors"] += 1
+            if getattr(exc, "reason", None) == "full" or "full" in str(exc):
+                self._stop_writes(str(exc))
+            else:
+                log.warning("saving %s failed: %s", what, exc)
+            self.last_error = str(exc)
+            self._forget_missing()
+            return
+        except Exception:
+            self._counts["write_errors"] += 1
+            log.exception("saving %s failed", what)
+            self._forget_missing()
+            return
+        if result.gave_way:  # the disk is down to the store's reserve: nothing was written
+            self._stop_writes(f"the disk is nearly full: the KV cache keeps its reserve free ({self._writer.path})")
+        self._counts["pages_written"] += result.pages_written
+        self._counts["bytes_written"] += result.bytes_written
+        keys = chain_keys(self.fingerprint, [p.tokens for p in job.pages])[: result.pages]
+        parents = [None, *keys[:-1]]
+        self.index.add(IndexedPage(key, parent, pack_tokens(page.tokens), page.snapshot is not None)
+                       for key, parent, page in zip(keys, parents, job.pages))
+        if result.pages < len(job.pages):
+            self._forget_missing()  # another process deleted pages
+
+    def _stop_writes(self, why: str) -> None:
+        """Writer thread: no writes for ``RETRY_AFTER_S`` (one log line when they stop)."""
+        if time.monotonic() >= self._stopped_until:
+            log.warning("disk cache writes stopped for %.0f s: %s", RETRY_AFTER_S, why)
+        self.last_error = why
+        self._stopped_until = time.monotonic() + RETRY_AFTER_S
+
+    def _drain_deleted(self) -> None:
+        deleted, self._writer.deleted_keys = self._writer.deleted_keys, []
+        self.index.discard(deleted)
 
     def _forget_missing(self) -> None:
-        """Writer thread: drop from ``_known`` the pages the store no longer has, so the
-        next save serializes those again (and only those: a save that evicts an old
-        session must not make every later save serialize its whole chat anew)."""
+        """Writer thread: drop from the index the pages the store no longer has."""
         try:
-            self._known.difference_update(self._writer.missing_keys(list(self._known)))
-        except Exception as exc:  # cannot tell: assume nothing is stored
+            self.index.discard(self._writer.missing_keys(self.index.keys()))
+        except Exception as exc:  # cannot tell: reads find out page by page
             log.warning("checking which cached pages are on disk failed: %s", exc)
-            self._known.clear()
+
+
+def read_pays(tokens: int, token_bytes: int, read_bytes_per_s: float, prefill_tokens_per_s: float) -> bool:
+    """Whether reading ``tokens`` (``token_bytes`` each on disk) beats computing them, at
+    the measured rates; True until both are measured (the first read measures the disk)."""
+    if not (read_bytes_per_s and prefill_tokens_per_s):
+        return True
+    return tokens * token_bytes / read_bytes_per_s < tokens / prefill_tokens_per_s
+
+
+def _running(rate: float, sample: float) -> float:
+    return sample if not rate else (1 - _RATE_WEIGHT) * rate + _RATE_WEIGHT * sample
+
+
+def _pages_for(chain: list[ChainPage], tokens: int) -> int:
+    """How many of the chain's first pages cover ``tokens`` tokens."""
+    count = offset = 0
+    while offset < tokens and count < len(chain):
+        offset += len(chain[count].tokens)
+        count += 1
+    return count
 
 
 class _Joiner:

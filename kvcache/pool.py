@@ -19,6 +19,12 @@ heads x 64 dims: 43 ms as one slice per 64-token page, 215 ms as scatters; even 
 pages). So whole pages go in as slice updates, one per run of consecutive page ids (a
 fresh allocator hands out consecutive ids), and only the tokens that finish a partly
 filled page (``write_tokens``; decode steps) go through the scatter of ``write_slots``.
+
+RAM on demand: the pool is a list of *segments* of ``segment_pages`` pages each (page
+``p`` lives in segment ``p // segment_pages``), allocated one at a time as the pages fill
+(:meth:`KVPagePool.grow`), up to ``num_pages``: one short chat holds one segment, not the
+whole budget. Reads and writes split at segment boundaries (a run of consecutive pages
+rarely crosses one; a gather spanning segments gathers each run and joins them).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import os
 from dataclasses import dataclass, field
 
 import mlx.core as mx
+import numpy as np
 
 from kvcache.layout import CacheLayout, dtype_from_name
 
@@ -38,33 +45,74 @@ DEFAULT_MAX_POOL_BYTES = 2 << 30  # 2 GiB: ~46k tokens of SmolLM2-135M in float3
 class KVPagePool:
     """K and V pages for every full-attention layer, indexed by pool layer index.
 
-    ``keys[i]`` / ``values[i]``: ``(num_pages + 1, kv_heads, page_size, head_dim)`` in the
-    layer's dtype, preallocated and evaluated. Invariant: page 0 is all zeros.
+    Segment ``s``, layer ``i``: ``(segment_pages, kv_heads, page_size, head_dim)`` arrays
+    in the layer's dtype, evaluated, holding pages ``s * segment_pages ..``. Without
+    ``segment_pages`` the pool is one segment of all ``num_pages + 1`` pages, allocated at
+    once; ``keys[i]`` / ``values[i]`` are the first segment's arrays. Invariant: page 0
+    is all zeros.
     """
 
-    def __init__(self, layout: CacheLayout, num_pages: int, page_size: int):
-        if num_pages < 0 or page_size < 1:
+    def __init__(self, layout: CacheLayout, num_pages: int, page_size: int,
+                 segment_pages: int | None = None):
+        if num_pages < 0 or page_size < 1 or (segment_pages is not None and segment_pages < 1):
             raise ValueError(f"bad pool size: {num_pages} pages of {page_size} tokens")
         self.layout = layout
         self.num_pages = num_pages
         self.page_size = page_size
-        self.keys: list[mx.array] = []
-        self.values: list[mx.array] = []
-        for spec in layout.full_layers:
-            shape = (num_pages + 1, spec.kv_heads, page_size, spec.head_dim)
-            dtype = dtype_from_name(spec.dtype)
-            self.keys.append(mx.zeros(shape, dtype))
-            self.values.append(mx.zeros(shape, dtype))
-        mx.eval(self.keys, self.values)
-        self._heads = [mx.arange(k.shape[1])[:, None] for k in self.keys]  # (H, 1) index
+        self.segment_pages = min(segment_pages or num_pages + 1, num_pages + 1)
+        self._segments: list[tuple[list[mx.array], list[mx.array]]] = []
+        self._heads = [mx.arange(spec.kv_heads)[:, None] for spec in layout.full_layers]  # (H, 1)
+        self.grow()
+
+    @property
+    def keys(self) -> list[mx.array]:
+        return self._segments[0][0]
+
+    @property
+    def values(self) -> list[mx.array]:
+        return self._segments[0][1]
 
     @property
     def num_layers(self) -> int:
-        return len(self.keys)
+        return len(self._heads)
+
+    @property
+    def reserved_pages(self) -> int:
+        """Pages ``1..reserved_pages`` have memory now (the rest comes with :meth:`grow`)."""
+        return min(self.num_pages, len(self._segments) * self.segment_pages - 1)
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.keys) + sum(a.nbytes for a in self.values)
+        """Bytes allocated now (all segments so far)."""
+        return sum(a.nbytes for keys, values in self._segments for a in keys + values)
+
+    @property
+    def budget_bytes(self) -> int:
+        """Bytes of the whole pool, once every segment is allocated."""
+        return sum(2 * (self.num_pages + 1) * spec.kv_heads * self.page_size * spec.head_dim
+                   * dtype_from_name(spec.dtype).size for spec in self.layout.full_layers)
+
+    def grow(self) -> list[int]:
+        """Allocate the next segment; returns its page ids ([] once the pool is whole)."""
+        before = self.reserved_pages if self._segments else 0
+        if self._segments and before >= self.num_pages:
+            return []
+        first = len(self._segments) * self.segment_pages
+        count = min(self.segment_pages, self.num_pages + 1 - first)
+        keys, values = [], []
+        for spec in self.layout.full_layers:
+            shape = (count, spec.kv_heads, self.page_size, spec.head_dim)
+            dtype = dtype_from_name(spec.dtype)
+            keys.append(mx.zeros(shape, dtype))
+            values.append(mx.zeros(shape, dtype))
+        mx.eval(keys, values)
+        self._segments.append((keys, values))
+        return list(range(max(first, 1), self.reserved_pages + 1))
+
+    def _arrays(self, layer: int, page: int) -> tuple[mx.array, mx.array, int]:
+        """The K and V arrays of the segment holding ``page``, and its index there."""
+        keys, values = self._segments[page // self.segment_pages]
+        return keys[layer], values[layer], page % self.segment_pages
 
     def write(self, layer: int, page_ids: list[int], keys: mx.array, values: mx.array) -> None:
         """Write ``(kv_heads, n, head_dim)`` K/V over whole pages ``page_ids``, in order.
@@ -79,18 +127,31 @@ class KVPagePool:
                              f"not {len(page_ids)}")
         self._check_kv(layer, "keys", keys, n)
         self._check_kv(layer, "values", values, n)
-        k_pool, v_pool = self.keys[layer], self.values[layer]
+        touched = []
         full = n // self.page_size  # whole pages straight from the input; a partial last
-        for pool, kv in ((k_pool, keys), (v_pool, values)):  # page alone, zero-padded
-            kv = kv.astype(pool.dtype)
+        for side, kv in ((0, keys), (1, values)):  # page alone, zero-padded
+            kv = kv.astype(self.keys[layer].dtype)
             if full:
                 pages = self._as_pages(layer, kv[:, : full * self.page_size], full)
-                for at, first, count in page_runs(page_ids[:full]):  # slice updates: see the module doc
-                    pool[first : first + count] = pages[at : at + count]
+                for at, first, count in self._runs(page_ids[:full]):  # slice updates: see the module doc
+                    pool, local = self._arrays(layer, first)[side], first % self.segment_pages
+                    pool[local : local + count] = pages[at : at + count]
+                    touched.append(pool)
             if n > full * self.page_size:
-                last = page_ids[full]
-                pool[last : last + 1] = self._as_pages(layer, kv[:, full * self.page_size :], 1)
-        mx.eval(k_pool, v_pool)
+                pool, local = self._arrays(layer, page_ids[full])[side], page_ids[full] % self.segment_pages
+                pool[local : local + 1] = self._as_pages(layer, kv[:, full * self.page_size :], 1)
+                touched.append(pool)
+        mx.eval(touched)
+
+    def _runs(self, page_ids: list[int]) -> list[tuple[int, int, int]]:
+        """``page_runs``, each run also cut where a segment ends."""
+        runs = []
+        for at, first, count in page_runs(page_ids):
+            while count:
+                take = min(count, self.segment_pages - first % self.segment_pages)
+                runs.append((at, first, take))
+                at, first, count = at + take, first + take, count - take
+        return runs
 
     def write_tokens(self, layer: int, page_ids: list[int], start: int,
                      keys: mx.array, values: mx.array) -> None:
@@ -118,31 +179,56 @@ class KVPagePool:
             low, high = low.item(), high.item()
         else:
             slots, low, high = self._slots_array(slots), min(slots), max(slots)
-        if low < self.page_size or high >= (self.num_pages + 1) * self.page_size:
-            raise ValueError(f"slots {low}..{high} outside pages 1..{self.num_pages}")
+        if low < self.page_size or high >= (self.reserved_pages + 1) * self.page_size:
+            raise ValueError(f"slots {low}..{high} outside pages 1..{self.reserved_pages}")
         self._check_kv(layer, "keys", keys, slots.size)
         self._check_kv(layer, "values", values, slots.size)
-        pages, offsets = self._split(slots)
         heads = self._heads[layer]
-        k_pool, v_pool = self.keys[layer], self.values[layer]
-        k_pool[pages, heads, offsets] = keys.astype(k_pool.dtype)
-        v_pool[pages, heads, offsets] = values.astype(v_pool.dtype)
-        mx.eval(k_pool, v_pool)
+        touched = []
+        for a, b, segment in self._segment_runs(slots, low, high):
+            pages, offsets = self._split(slots[a:b], segment)
+            k_pool, v_pool, _ = self._arrays(layer, segment * self.segment_pages)
+            k_pool[pages, heads, offsets] = keys[:, a:b].astype(k_pool.dtype)
+            v_pool[pages, heads, offsets] = values[:, a:b].astype(v_pool.dtype)
+            touched += [k_pool, v_pool]
+        mx.eval(touched)
 
     def gather(self, layer: int, slots) -> tuple[mx.array, mx.array]:
         """K and V of ``slots`` as ``(1, kv_heads, n, head_dim)`` arrays, evaluated and
         contiguous: ready for an mlx-lm ``KVCache`` (``keys``, ``values``, ``offset = n``)."""
-        pages, offsets = self._split(self._slots_array(slots))
+        slots = self._slots_array(slots)
         heads = self._heads[layer]
-        keys = self.keys[layer][pages, heads, offsets][None]
-        values = self.values[layer][pages, heads, offsets][None]
+        parts_k, parts_v = [], []
+        for a, b, segment in self._segment_runs(slots):
+            pages, offsets = self._split(slots[a:b], segment)
+            k_pool, v_pool, _ = self._arrays(layer, segment * self.segment_pages)
+            parts_k.append(k_pool[pages, heads, offsets])
+            parts_v.append(v_pool[pages, heads, offsets])
+        keys = (parts_k[0] if len(parts_k) == 1 else mx.concatenate(parts_k, axis=1))[None]
+        values = (parts_v[0] if len(parts_v) == 1 else mx.concatenate(parts_v, axis=1))[None]
         mx.eval(keys, values)  # no lazy read of the pool may outlive this call
         return keys, values
 
-    def _split(self, slots: mx.array) -> tuple[mx.array, mx.array]:
-        """Page and offset index rows ``(1, n)``; with heads ``(H, 1)`` they broadcast to
-        ``(H, n)`` and index ``pool[page, head, offset]`` -> ``(H, n, head_dim)``."""
-        return (slots // self.page_size)[None], (slots % self.page_size)[None]
+    def _segment_runs(self, slots: mx.array, low: int | None = None,
+                      high: int | None = None) -> list[tuple[int, int, int]]:
+        """``(a, b, segment)``: ``slots[a:b]`` all lie in ``segment``, runs in order. One
+        segment (the common case) costs no look at the slots."""
+        if len(self._segments) == 1:
+            return [(0, slots.size, 0)]
+        span = self.segment_pages * self.page_size
+        if low is not None and low // span == high // span:
+            return [(0, slots.size, low // span)]
+        segments = np.array(slots) // span
+        cuts = np.flatnonzero(np.diff(segments)) + 1
+        bounds = [0, *cuts.tolist(), slots.size]
+        return [(a, b, int(segments[a])) for a, b in zip(bounds, bounds[1:])]
+
+    def _split(self, slots: mx.array, segment: int = 0) -> tuple[mx.array, mx.array]:
+        """Page (within ``segment``) and offset index rows ``(1, n)``; with heads ``(H, 1)``
+        they broadcast to ``(H, n)`` and index ``pool[page, head, offset]`` ->
+        ``(H, n, head_dim)``."""
+        pages = slots // self.page_size - segment * self.segment_pages
+        return pages[None], (slots % self.page_size)[None]
 
     def _slots_array(self, slots) -> mx.array:
         if isinstance(slots, mx.array):
@@ -157,8 +243,8 @@ class KVPagePool:
     def _check_pages(self, page_ids: list[int]) -> None:
         if not page_ids or len(set(page_ids)) != len(page_ids):
             raise ValueError(f"page ids must be distinct and non-empty: {page_ids}")
-        if min(page_ids) < 1 or max(page_ids) > self.num_pages:
-            raise ValueError(f"page ids outside 1..{self.num_pages}: {page_ids}")
+        if min(page_ids) < 1 or max(page_ids) > self.reserved_pages:
+            raise ValueError(f"page ids outside 1..{self.reserved_pages}: {page_ids}")
 
     def _check_kv(self, layer: int, name: str, kv: mx.array, n: int) -> None:
         _, heads, _, head_dim = self.keys[layer].shape
@@ -204,10 +290,18 @@ class PageAllocator:
     is 0; counts are never negative; free + used == num_pages; no page is listed twice.
     """
 
-    def __init__(self, num_pages: int):
-        self.num_pages = num_pages
-        self._free = list(range(num_pages, 0, -1))  # a stack: pops 1, 2, 3, ... first
+    def __init__(self, num_pages: int, reserved: int | None = None):
+        self.num_pages = num_pages  # the most there can be
+        self.reserved = num_pages if reserved is None else reserved  # pages 1..reserved exist now
+        self._free = list(range(self.reserved, 0, -1))  # a stack: pops 1, 2, 3, ... first
         self._refs = [0] * (num_pages + 1)
+
+    def add_pages(self, pages: list[int]) -> None:
+        """The pool grew: ``pages`` (the next ids after ``reserved``) can be handed out."""
+        if pages:
+            assert pages[0] == self.reserved + 1 and pages[-1] <= self.num_pages, pages
+            self.reserved = pages[-1]
+            self._free = sorted(pages, reverse=True) + self._free  # the free ones we had go first
 
     @property
     def free_pages(self) -> int:
@@ -215,7 +309,7 @@ class PageAllocator:
 
     @property
     def used_pages(self) -> int:
-        return self.num_pages - len(self._free)
+        return self.reserved - len(self._free)
 
     def available(self) -> int:
         """Pages ``alloc`` can hand out now (evictable tree pages are the tree's to add)."""
@@ -255,7 +349,8 @@ class PageAllocator:
         assert all(r >= 0 for r in self._refs), "negative reference count"
         used = {p for p in range(1, self.num_pages + 1) if self._refs[p] > 0}
         assert not free & used, f"free pages still referenced: {sorted(free & used)}"
-        assert len(free) + len(used) == self.num_pages, "a page is neither free nor used"
+        assert len(free) + len(used) == self.reserved, "a page is neither free nor used"
+        assert max(free | used, default=0) <= self.reserved, "a page beyond the reserved ones"
 
 
 @dataclass

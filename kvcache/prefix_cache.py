@@ -17,6 +17,7 @@ their pages are evicted only after anonymous ones.
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ from kvcache.builder import KVCacheBuildResult
 from kvcache.radix_cache import TreeNode
 from kvcache.snapshot import Snapshot, take_snapshot
 from kvcache.stats import CacheStats
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,7 @@ class Prefix:
     tokens: tuple[int, ...]  # the matched tokens
 
 
-def _cache_source(caches: list, full_layers: tuple[int, ...]):
+def cache_source(caches: list, full_layers: tuple[int, ...]):
     """K/V of tokens ``a..b`` of pool layer ``i`` from a request's mlx-lm caches."""
 
     def source(pool_index: int, a: int, b: int):
@@ -118,6 +121,10 @@ class PrefixCache:
         self._placeholders = itertools.count(1)  # slot stand-ins when nothing is paged
         self._open: set[int] = set()  # id() of prefixes matched and not yet committed/released
         self._pending_writes: list[tuple] = []  # restored K/V not yet in the pool (flush_writes)
+        # The lower tier's hook, while one is open: called with an evicted leaf's whole path
+        # (tokens, a source of their K/V, the snapshots at its end) before its pages go.
+        self.write_back = None
+        self.tree.on_evict = self._evicting
 
     @property
     def enabled(self) -> bool:
@@ -193,7 +200,7 @@ class PrefixCache:
                 if not snapshots:
                     return 0
                 tokens = tokens[: max(s.length for s in snapshots)]
-            stored = self._store(prefix, tokens, _cache_source(caches, self._full_layers), snapshots)
+            stored = self._store(prefix, tokens, cache_source(caches, self._full_layers), snapshots)
             if session is not None and stored is not None:
                 self._move_session(session, tokens)
             if stored is not None and len(tokens) == held:
@@ -250,7 +257,7 @@ class PrefixCache:
             # them in place meanwhile (only past len(tokens)); a reference held to the
             # arrays themselves would make that update copy every layer instead.
             caches = self._restored_caches(len(tokens), layers_kv, snapshot)
-            stored = self._store(prefix, list(tokens), _cache_source(caches, self._full_layers),
+            stored = self._store(prefix, list(tokens), cache_source(caches, self._full_layers),
                                  snapshots, defer=True) or 0
             if stored:
                 self._keep_hot(list(tokens), caches)
@@ -268,6 +275,30 @@ class PrefixCache:
             kv.keys, kv.values, kv.offset = keys[None], values[None], length
             caches[layer] = kv
         return caches
+
+    def _evicting(self, node: TreeNode) -> None:
+        """A leaf is about to be evicted (its slots still hold its K/V): hand its path
+        from the root to the lower tier, which writes what it does not have yet."""
+        if self.write_back is None:
+            return
+        path = []
+        while node is not None and node is not self.tree.root:
+            path.append(node)
+            node = node.parent
+        path.reverse()
+        tokens = [t for n in path for t in n.key]
+        slots = [s for n in path for s in n.value]
+        pool = self.pool
+
+        def source(pool_index: int, a: int, b: int):
+            keys, values = pool.gather(pool_index, slots[a:b])
+            return keys[0], values[0]
+
+        snapshot = path[-1].snapshot if path else None
+        try:
+            self.write_back(tokens, source, [snapshot] if snapshot is not None else [])
+        except Exception:  # the prefix is recomputed when it is asked for again, no more
+            log.exception("writing back an evicted prefix failed")
 
     def cached_length(self, tokens: list[int]) -> int:
         """How much of ``tokens`` a request would get from RAM now (no locks, no counters)."""
@@ -321,6 +352,10 @@ class PrefixCache:
             return None
         pages = self.allocator.alloc(num_pages)
         while pages is None:
+            if self.pool is not None and self.allocator.reserved < self.allocator.num_pages:
+                self.allocator.add_pages(self.pool.grow())  # RAM on demand, before evicting
+                pages = self.allocator.alloc(num_pages)
+                continue
             needed = (num_pages - self.allocator.available()) * self.page_size
             free_before = self.allocator.free_pages
             evicted = self.tree.evict(needed)
@@ -382,6 +417,8 @@ class PrefixCache:
             pages_evictable=evictable_pages,
             pages_locked=locked_pages,
             pool_bytes=self.pool.nbytes if self.pool is not None else 0,
+            pages_reserved=self.allocator.reserved,
+            pool_budget_bytes=self.pool.budget_bytes if self.pool is not None else 0,
             tree_nodes=tree.nodes,
             tree_tokens=tree.evictable_tokens + tree.protected_tokens,
             snapshots=snapshots,

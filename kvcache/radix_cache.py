@@ -132,6 +132,9 @@ class RadixCache:
 
     def __init__(self, on_free: OnFree | None = None, *, require_snapshots: bool = False, disable: bool = False):
         self.on_free = on_free
+        # Called with each leaf just before eviction frees it (its slots still hold its
+        # K/V): a lower tier writes back what it does not have yet.
+        self.on_evict: Callable[[TreeNode], None] | None = None
         self.require_snapshots = require_snapshots
         self.disable = disable
         self._init_state()
@@ -250,6 +253,8 @@ class RadixCache:
             node = heapq.heappop(heap)[-1]
             parent = node.parent
             freed += len(node.value)
+            if self.on_evict is not None:
+                self.on_evict(node)
             self._delete_leaf(node)
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, self._evict_entry(parent))

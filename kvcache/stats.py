@@ -16,7 +16,7 @@ class CacheStats:
     pages_used: int
     pages_evictable: int
     pages_locked: int
-    pool_bytes: int
+    pool_bytes: int  # allocated now (reserved)
     tree_nodes: int
     tree_tokens: int
     snapshots: int
@@ -28,7 +28,28 @@ class CacheStats:
     evicted_tokens: int
     evicted_pages: int
     sessions: int
+    pages_reserved: int = 0  # pages with memory now: the pool grows in segments up to pages_total
+    pool_budget_bytes: int = 0  # the pool's bytes once grown to pages_total (0: as pool_bytes)
 
     @property
     def hit_rate(self) -> float:
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+@dataclass(frozen=True)
+class DiskTierStats:
+    """Plain figures of the disk tier since the model loaded (any thread may hold them)."""
+
+    indexed_pages: int  # pages of the loaded model the disk holds (as this process knows)
+    reads: int  # restores that brought pages back
+    read_tokens: int
+    read_bytes: int
+    skipped_reads: int  # a restore that computing would beat (measured rates)
+    pages_written: int  # new pages (a stored page is never written again)
+    bytes_written: int
+    pages_not_rewritten: int  # pages a save found already stored (not serialized)
+    write_backs: int  # prefixes RAM evicted and handed down (written only where new)
+    write_errors: int
+    writes_stopped: str | None  # why writes are off now (disk full...), or None
+    read_bytes_per_s: float  # measured (0 until a read)
+    prefill_tokens_per_s: float  # measured (0 until a prefill)

@@ -10,12 +10,17 @@ Pages are content addressed, so a prefix shared by many sessions is stored once:
     key = page_key(fingerprint, parent key, token ids)     # sha256, hex
 
 A session row names its model fingerprint and the key of its chain's last page (its
-head). Loading follows parent keys from the head back to the first page, one
+head). A prefix row does the same for a chain kept for any request by its tokens alone
+(the disk tier: no session name); the engine finds such chains through an in-memory
+index of the model's pages (:meth:`DiskStore.index`) and reads them by their keys
+(:meth:`DiskStore.read_chain`). Loading follows parent keys from the head back to the first page, one
 primary-key lookup each, then reads the K/V of those pages only.
 
 Invariants, each kept by every write transaction (``BEGIN IMMEDIATE``):
-- every page is reachable from some session's head: a write that orphans pages
-  deletes them (save, clear, budget, repair);
+- every page is reachable from some session's or prefix's head: a write that orphans
+  pages deletes them (save, clear, budget, repair);
+- a page is written once: a save skips the keys the store has (``pages_written`` and
+  ``bytes_written`` count what was new);
 - ``pages`` and ``page_data`` hold the same keys.
 
 Safety: a page is returned only if its fingerprint is the session's, its key is the hash
@@ -28,20 +33,20 @@ answer. Every failure the user can act on is a :class:`DiskStoreError`.
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import shutil
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 
 from kvcache.sqlite_file import SqliteFile
+from kvcache.store_reader import ChainPage, IndexedPage, SessionReader, _Link  # noqa: F401  (this module's API too)
 from kvcache.store_format import (  # noqa: F401  (page_key, pack_tokens...: this module's API too)
     LIVE_PAGES, MIGRATIONS, SCHEMA_VERSION, PageData, StoredPage, chain_keys, pack_tokens,
     page_checksum, page_key, page_problem, page_rows, unpack_tokens)
@@ -75,13 +80,14 @@ class DiskStoreError(Exception):
 
 @dataclass(frozen=True)
 class SaveResult:
-    session: str
+    session: str | None  # None: a chain kept by its tokens alone (a prefix)
     head: str | None  # the key of the chain's last saved page
     pages: int  # pages in the saved chain
     tokens: int  # tokens in the saved chain (fewer than given only if a kv=None page was gone)
     pages_written: int  # pages that were not stored yet
     bytes_written: int
     evicted_sessions: tuple[str, ...]  # dropped by the budget (may include this one)
+    gave_way: bool = False  # nothing written: the disk is nearly full (its reserve)
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,7 @@ class SessionInfo:
 @dataclass(frozen=True)
 class StoreStats:
     sessions: int
+    prefixes: int  # chains kept for any request by their tokens (no session name)
     pages: int
     bytes: int  # of pages (tokens + kv + snapshot)
     file_bytes: int  # the database file and its write-ahead log
@@ -109,6 +116,9 @@ class StoreStats:
     restored_tokens: int
     dropped_pages: int  # failed a check and were deleted
     evicted_sessions: int
+    evicted_prefixes: int
+    pages_written: int  # new pages (a page already stored is never written again)
+    bytes_written: int  # their bytes
 
 
 @dataclass(frozen=True)
@@ -123,77 +133,6 @@ class VerifyReport:
     def clean(self) -> bool:
         return not (self.bad_pages or self.sessions_truncated or self.sessions_dropped
                     or self.orphans_removed)
-
-
-@dataclass(frozen=True)
-class _Link:
-    """A page's metadata, as a chain walk reads it (no K/V)."""
-
-    key: str
-    parent: str | None
-    tokens: bytes
-    nbytes: int
-    checksum: str
-
-
-@dataclass(frozen=True)
-class ChainPage:
-    """A page of a session's chain as the walk sees it (no K/V)."""
-
-    key: str
-    tokens: tuple[int, ...]
-    has_snapshot: bool
-
-
-class SessionReader:
-    """A session's chain, read inside one read transaction (:meth:`DiskStore.read_session`).
-
-    ``chain`` is the metadata, first page first; :meth:`pages` streams the K/V. While the
-    caller works on one page, the next ones are read and checksummed on the store's
-    threads (SQLite and CRC-32 release the GIL), so reading overlaps whatever the caller
-    does with the bytes, and a page's bytes are dropped as soon as the caller is done with
-    them: a restore never holds the whole session twice."""
-
-    READ_AHEAD = 16  # pages in flight beyond the one handed out
-
-    def __init__(self, store: DiskStore, links: list[_Link], suspects: set[str]):
-        self._store = store
-        self.suspects = suspects  # keys found bad or missing: repaired when the read ends
-        self.used: list[ChainPage] = []  # pages handed out, in order
-        self._links: list[tuple[_Link, ChainPage]] = []
-        self._pending: collections.deque = collections.deque()
-        for link in links:
-            row = store.db.execute(  # length(): the value itself is not read
-                "SELECT length(snapshot) FROM page_data WHERE key = ?", [link.key]).fetchone()
-            if row is None:
-                suspects.add(link.key)
-                break
-            self._links.append((link, ChainPage(link.key, unpack_tokens(link.tokens), row[0] is not None)))
-        self.chain = [page for _, page in self._links]
-
-    def pages(self, count: int | None = None) -> Iterator[StoredPage]:
-        """The first ``count`` pages of the chain (None: all) with their K/V, in order,
-        each verified against its checksum before it is handed out. Stops at the first bad
-        or missing page."""
-        todo = collections.deque(self._links[: len(self._links) if count is None else count])
-        pending = self._pending
-        while todo or pending:
-            while todo and len(pending) <= self.READ_AHEAD:
-                link, page = todo.popleft()
-                pending.append((link, page, self._store._reader.submit(
-                    self._store._fetch, link, page.has_snapshot)))
-            link, page, future = pending.popleft()
-            data = future.result()
-            if data is None or data[2].result() != link.checksum:
-                self.suspects.add(link.key)
-                return
-            self.used.append(page)
-            yield StoredPage(link.key, page.tokens, data[0], data[1])
-
-    def close(self) -> None:
-        """Wait for the reads in flight (the connection is the store's again after this)."""
-        wait([future for _, _, future in self._pending])
-        self._pending.clear()
 
 
 class DiskStore(SqliteFile):
@@ -222,6 +161,7 @@ class DiskStore(SqliteFile):
         # Checksums on worker threads (hashlib releases the GIL) while SQLite reads on.
         self._hashers = ThreadPoolExecutor(_HASH_THREADS, thread_name_prefix="kvcache-hash")
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="kvcache-read")  # read-ahead
+        self.deleted_keys: list[str] = []  # pages this connection deleted (its owner drains it)
         self._connect(timeout, self._setup)
 
     def _setup(self) -> None:
@@ -269,6 +209,15 @@ class DiskStore(SqliteFile):
         cache is cleared."""
         if not session:
             raise ValueError("a session needs a name")
+        return self._save_chain(fingerprint, pages, session)
+
+    def save_prefix(self, fingerprint: str, pages: Sequence[PageData]) -> SaveResult:
+        """Keep a chain for any later request that starts with its tokens (no session):
+        its last page becomes a prefix head, which the budget drops before sessions.
+        Pages the store has are not rewritten; one transaction, as for a session."""
+        return self._save_chain(fingerprint, pages, None)
+
+    def _save_chain(self, fingerprint: str, pages: Sequence[PageData], session: str | None) -> SaveResult:
         keys = self.page_keys(fingerprint, [page.tokens for page in pages])
         parents = [None, *keys[:-1]]
         missing = self.missing_keys(keys)
@@ -301,25 +250,31 @@ class DiskStore(SqliteFile):
             gives_way = 2 * sum(row["nbytes"] for row in new_pages) > room
             if gives_way:  # the disk is nearly full: write nothing, the session keeps its old chain
                 chain, new_pages, new_data, tokens = [], [], [], 0
-                log.info("not saving the cache of %s: the disk is nearly full", session)
+                log.info("not saving %s: the disk is nearly full",
+                         f"the cache of {session}" if session is not None else "a cached prefix")
             self.db["pages"].insert_all(new_pages, ignore=True)
             self.db["page_data"].insert_all(new_data, ignore=True)
             self._touch_pages(chain, now)
-            if not gives_way:
-                self.db.execute("DELETE FROM sessions WHERE name = ?", [session])
-            if chain:
-                self.db["sessions"].insert({
-                    "name": session, "fingerprint": fingerprint, "head": chain[-1],
-                    "tokens": tokens, "pages": len(chain), "nbytes": nbytes,
-                    "updated_at": now, "last_used": now,
-                })
-            self._count(saves=1)
-            _freed, evicted = self._enforce_budget(room)
+            if session is None:
+                if chain:
+                    self._keep_prefix(fingerprint, chain[-1], tokens, now)
+            else:
+                if not gives_way:
+                    self.db.execute("DELETE FROM sessions WHERE name = ?", [session])
+                if chain:
+                    self.db["sessions"].insert({
+                        "name": session, "fingerprint": fingerprint, "head": chain[-1],
+                        "tokens": tokens, "pages": len(chain), "nbytes": nbytes,
+                        "updated_at": now, "last_used": now,
+                    })
+            written = sum(row["nbytes"] for row in new_pages)
+            self._count(saves=1, pages_written=len(new_pages), bytes_written=written)
+            _freed, evicted = self._enforce_budget(room, fingerprint)
         self._checkpoint(shrink=room < 0)
         return SaveResult(
             session=session, head=chain[-1] if chain else None, pages=len(chain), tokens=tokens,
-            pages_written=len(new_pages), bytes_written=sum(row["nbytes"] for row in new_pages),
-            evicted_sessions=tuple(evicted),
+            pages_written=len(new_pages), bytes_written=written,
+            evicted_sessions=tuple(evicted), gave_way=gives_way,
         )
 
     # -- loading --
@@ -360,16 +315,58 @@ class DiskStore(SqliteFile):
         if found and record:
             self.record_reading(session, fingerprint, reader.used, reader.suspects)
 
-    def record_reading(self, session: str, fingerprint: str, used: Sequence[ChainPage],
-                       suspects: set[str]) -> None:
+    @contextmanager
+    def read_chain(self, fingerprint: str, keys: Sequence[str]) -> Iterator[SessionReader]:
+        """The chain of ``keys`` (first page first, as a caller found it by a prompt's
+        tokens in its index) inside one read transaction, as :meth:`read_session` gives a
+        session's. Each page is checked as a walk checks it (this fingerprint, the previous
+        key as parent, a key that is the hash of both and the tokens); the chain stops
+        before the first that fails. Keys no longer stored end up in ``reader.missing``."""
+        with self._read():
+            links: list[_Link] = []
+            missing: set[str] = set()
+            parent = None
+            for key in keys:
+                row = self.db.execute(
+                    "SELECT parent, fingerprint, tokens, nbytes, checksum FROM pages WHERE key = ?",
+                    [key]).fetchone()
+                if row is None:
+                    missing.add(key)
+                    break
+                if (row[0] != parent or row[1] != fingerprint or not row[2] or len(row[2]) % 4
+                        or page_key(fingerprint, row[0], row[2]) != key):
+                    break
+                links.append(_Link(key, row[0], row[2], row[3], row[4]))
+                parent = key
+            reader = SessionReader(self, links, set())
+            reader.missing = missing
+            try:
+                yield reader
+            finally:
+                reader.close()
+
+    def index(self, fingerprint: str) -> list[IndexedPage]:
+        """Every stored page of ``fingerprint`` (metadata only, no K/V read): what the disk
+        tier holds in memory to find a prompt's pages by its tokens."""
+        rows = self._rows(
+            "SELECT p.key, p.parent, p.tokens, d.snapshot IS NOT NULL FROM pages AS p "
+            "JOIN page_data AS d ON d.key = p.key WHERE p.fingerprint = ?", [fingerprint])
+        return [IndexedPage(key, parent, tokens, bool(snap)) for key, parent, tokens, snap in rows]
+
+    def record_reading(self, session: str | None, fingerprint: str, used: Sequence[ChainPage],
+                       suspects: set[str], head: tuple[str, int] | None = None) -> None:
         """After a read: mark ``used`` pages (and the session) used, repair ``suspects``.
-        A reading that used no page and found none bad writes nothing."""
+        ``head`` (key, tokens up to it): the end of what a read by tokens used, kept as a
+        prefix so the budget counts it as used now. A reading that used no page and found
+        none bad writes nothing."""
         if not (used or suspects):
             return
         now = time.time()
         with self._transaction():
             if suspects:
                 self._repair(suspects)
+            if head is not None and self._page_sizes([head[0]]):
+                self._keep_prefix(fingerprint, head[0], head[1], now)
             self.db.execute("UPDATE sessions SET last_used = ? WHERE name = ? AND fingerprint = ?",
                             [now, session, fingerprint])
             self._touch_pages([page.key for page in used], now)
@@ -412,6 +409,7 @@ class DiskStore(SqliteFile):
     def stats(self) -> StoreStats:
         with self._read():
             sessions = self.db.execute("SELECT count(*) FROM sessions").fetchone()[0]
+            prefixes = self.db.execute("SELECT count(*) FROM prefixes").fetchone()[0]
             pages, nbytes = self.db.execute(
                 "SELECT count(*), coalesce(sum(nbytes), 0) FROM pages").fetchone()
             orphans = self.db.execute(
@@ -419,12 +417,12 @@ class DiskStore(SqliteFile):
             counters = dict(self.db.execute("SELECT name, value FROM counters").fetchall())
         files = [self.path, self.path.with_name(self.path.name + "-wal")]
         return StoreStats(
-            sessions=sessions, pages=pages, bytes=nbytes,
+            sessions=sessions, prefixes=prefixes, pages=pages, bytes=nbytes,
             file_bytes=sum(f.stat().st_size for f in files if f.exists()),
             orphan_pages=orphans, budget_bytes=self.budget_bytes,
             **{name: counters.get(name, 0) for name in (
                 "saves", "loads", "restored_pages", "restored_tokens", "dropped_pages",
-                "evicted_sessions")},
+                "evicted_sessions", "evicted_prefixes", "pages_written", "bytes_written")},
         )
 
     def verify(self) -> VerifyReport:
@@ -456,7 +454,7 @@ class DiskStore(SqliteFile):
         with self._transaction():
             if session is None:
                 freed = self.db.execute("SELECT coalesce(sum(nbytes), 0) FROM pages").fetchone()[0]
-                for table in ("sessions", "pages", "page_data"):
+                for table in ("sessions", "prefixes", "pages", "page_data"):
                     self.db.execute(f"DELETE FROM {table}")
             else:
                 self.db.execute("DELETE FROM sessions WHERE name = ?", [session])
@@ -467,13 +465,14 @@ class DiskStore(SqliteFile):
                 self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # busy readers postpone it
         return freed
 
-    def enforce_budget(self) -> int:
-        """Delete orphan pages, then least recently used sessions (and the pages only
-        they reached) until the pages fit the budget, and the disk keeps its reserve.
-        Returns the bytes freed."""
+    def enforce_budget(self, fingerprint: str | None = None) -> int:
+        """Delete orphan pages, then chains (and the pages only they reached) until the
+        pages fit the budget, and the disk keeps its reserve: other models' chains before
+        ``fingerprint``'s (the loaded one), prefixes before sessions, least recently used
+        first. Returns the bytes freed."""
         room = self.disk_room()
         with self._transaction():
-            freed, _evicted = self._enforce_budget(room)
+            freed, _evicted = self._enforce_budget(room, fingerprint)
         self._checkpoint(shrink=room < 0)
         return freed
 
@@ -492,7 +491,7 @@ class DiskStore(SqliteFile):
 
     # -- internals (inside a transaction) --
 
-    def _enforce_budget(self, room: int) -> tuple[int, list[str]]:
+    def _enforce_budget(self, room: int, fingerprint: str | None = None) -> tuple[int, list[str]]:
         """Evict down to the budget. When the disk is already past its reserve (``room <
         0``: something else filled it), evict everything instead: deleted rows only give
         space back to the disk through a VACUUM, which needs room for what is left, so
@@ -500,7 +499,8 @@ class DiskStore(SqliteFile):
         if room < 0:
             evicted = [name for (name,) in self.db.execute("SELECT name FROM sessions ORDER BY name")]
             freed = self.db.execute("SELECT coalesce(sum(nbytes), 0) FROM pages").fetchone()[0]
-            for table in ("sessions", "pages", "page_data"):
+            self.deleted_keys.extend(key for (key,) in self.db.execute("SELECT key FROM pages"))
+            for table in ("sessions", "prefixes", "pages", "page_data"):
                 self.db.execute(f"DELETE FROM {table}")
             if evicted:
                 self._count(evicted_sessions=len(evicted))
@@ -511,18 +511,31 @@ class DiskStore(SqliteFile):
         total = self.db.execute("SELECT coalesce(sum(nbytes), 0) FROM pages").fetchone()[0]
         limit = self.budget_bytes
         evicted: list[str] = []
+        prefixes = 0
         while total > limit:
-            oldest = self.db.execute(
-                "SELECT name FROM sessions ORDER BY last_used, name LIMIT 1").fetchone()
-            if oldest is None:
+            victim = self.db.execute(
+                "SELECT is_session, id FROM (SELECT 0 AS is_session, head AS id, fingerprint, last_used "
+                "FROM prefixes UNION ALL SELECT 1, name, fingerprint, last_used FROM sessions) "
+                "ORDER BY coalesce(fingerprint = ?, 0), is_session, last_used, id LIMIT 1",
+                [fingerprint]).fetchone()
+            if victim is None:
                 break
-            self.db.execute("DELETE FROM sessions WHERE name = ?", oldest)
-            evicted.append(oldest[0])
+            if victim[0]:
+                self.db.execute("DELETE FROM sessions WHERE name = ?", [victim[1]])
+                evicted.append(victim[1])
+            else:
+                self.db.execute("DELETE FROM prefixes WHERE head = ?", [victim[1]])
+                prefixes += 1
             nbytes = self._delete_orphans()[1]
             freed, total = freed + nbytes, total - nbytes
-        if evicted:
-            self._count(evicted_sessions=len(evicted))
+        self._count(evicted_sessions=len(evicted), evicted_prefixes=prefixes)
         return freed, evicted
+
+    def _keep_prefix(self, fingerprint: str, head: str, tokens: int, now: float) -> None:
+        self.db.execute(
+            "INSERT INTO prefixes (head, fingerprint, tokens, last_used) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (head) DO UPDATE SET last_used = excluded.last_used",
+            [head, fingerprint, tokens, now])
 
     def _walk(self, head: str, fingerprint: str) -> tuple[list[_Link], str | None]:
         """The chain ending at ``head``, head first, and the key where the walk broke
@@ -567,6 +580,22 @@ class DiskStore(SqliteFile):
                 [kept[-1].key, sum(len(link.tokens) // 4 for link in kept), keep,
                  sum(link.nbytes for link in kept), name])
             truncated += 1
+        for head, fingerprint, last_used in self.db.execute(
+                "SELECT head, fingerprint, last_used FROM prefixes").fetchall():
+            links, broken = self._walk(head, fingerprint)
+            chain = links[::-1]
+            keep = 0 if broken is not None else next(
+                (i for i, link in enumerate(chain) if link.key in bad), len(chain))
+            if broken is None and keep == len(chain):
+                continue
+            self.db.execute("DELETE FROM prefixes WHERE head = ?", [head])
+            if keep == 0:
+                dropped += 1
+                continue
+            kept = chain[:keep]
+            self._keep_prefix(fingerprint, kept[-1].key, sum(len(link.tokens) // 4 for link in kept),
+                              last_used)
+            truncated += 1
         existing = [key for key in bad if self._page_sizes([key])]
         self._delete_pages(existing)
         self._count(dropped_pages=len(existing))
@@ -589,6 +618,8 @@ class DiskStore(SqliteFile):
     def _delete_pages(self, keys: list[str]) -> None:
         for table in ("pages", "page_data"):
             self.db.conn.executemany(f"DELETE FROM {table} WHERE key = ?", [[k] for k in keys])
+        self.db.conn.executemany("DELETE FROM prefixes WHERE head = ?", [[k] for k in keys])
+        self.deleted_keys.extend(keys)
 
     def _page_sizes(self, keys: Iterable[str]) -> dict[str, int]:
         """nbytes of those of ``keys`` that are stored."""

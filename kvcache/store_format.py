@@ -141,12 +141,26 @@ def _migration_1(db: Database) -> None:
     db.execute("CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)")
 
 
-MIGRATIONS = [_migration_1]
+def _migration_2(db: Database) -> None:
+    # Chains kept for any request, by its tokens alone (no session name): the disk tier.
+    db.execute(
+        """CREATE TABLE prefixes (
+            head TEXT PRIMARY KEY,      -- the key of the chain's last page
+            fingerprint TEXT NOT NULL,
+            tokens INTEGER NOT NULL,
+            last_used REAL NOT NULL     -- last write or read: the budget drops the oldest
+        )"""
+    )
+    db.execute("CREATE INDEX pages_by_fingerprint ON pages (fingerprint)")
+
+
+MIGRATIONS = [_migration_1, _migration_2]
 SCHEMA_VERSION = len(MIGRATIONS)
 
-# Pages reachable from some session's head (UNION: a shared prefix is walked once).
+# Pages reachable from some session's or prefix's head (UNION: a shared prefix is walked
+# once).
 LIVE_PAGES = """WITH RECURSIVE live(key) AS (
-    SELECT head FROM sessions
+    SELECT head FROM sessions UNION SELECT head FROM prefixes
     UNION SELECT pages.parent FROM pages JOIN live ON pages.key = live.key
     WHERE pages.parent IS NOT NULL)"""
 

@@ -61,6 +61,27 @@ class _EngineCollector:
                                 value=cache.sessions)
         yield GaugeMetricFamily("radixchat_cache_hit_rate", "Prompt tokens served by the cache / "
                                 "prompt tokens seen, since start", value=cache.hit_rate)
+        disk = stats.disk
+        if disk is None:
+            return
+        yield GaugeMetricFamily("radixchat_disk_cache_bytes", "KV cache database on disk, WAL included",
+                                value=stats.disk_cache_bytes)
+        yield GaugeMetricFamily("radixchat_disk_cache_pages", "Disk pages of the loaded model",
+                                value=disk.indexed_pages)
+        written = CounterMetricFamily("radixchat_disk_cache_written", "Written to the disk tier since "
+                                      "the model loaded (a stored page is never written again)",
+                                      labels=["unit"])
+        written.add_metric(["bytes"], disk.bytes_written)
+        written.add_metric(["pages"], disk.pages_written)
+        yield written
+        read = CounterMetricFamily("radixchat_disk_cache_read", "Read back from the disk tier since "
+                                   "the model loaded", labels=["unit"])
+        read.add_metric(["bytes"], disk.read_bytes)
+        read.add_metric(["tokens"], disk.read_tokens)
+        read.add_metric(["reads"], disk.reads)
+        yield read
+        yield GaugeMetricFamily("radixchat_disk_cache_writes_stopped", "1 while disk writes are off "
+                                "(disk full)", value=1 if disk.writes_stopped else 0)
 
 
 class ServerMetrics:
@@ -81,8 +102,13 @@ class ServerMetrics:
         self.ttft = Histogram("radixchat_time_to_first_token_seconds", "From a request's arrival to "
                               "its first token, queueing included", buckets=TTFT_BUCKETS,
                               registry=self.registry)
+        self.tier_tokens = Counter("radixchat_prompt_tokens_by_tier", "Prompt tokens of finished "
+                                   "requests by where they came from: the RAM cache, the disk "
+                                   "tier, or computed", ["tier"], registry=self.registry)
         for source in ("ram", "disk"):
             self.cache_hit_tokens.labels(source)
+        for tier in ("ram", "disk", "computed"):
+            self.tier_tokens.labels(tier)
         self.registry.register(_EngineCollector(read_stats, in_flight))
 
     def count_request(self, endpoint: str, status: int) -> None:
@@ -93,6 +119,9 @@ class ServerMetrics:
         self.completion_tokens.inc(stats.completion_tokens)
         self.cache_hit_tokens.labels("ram").inc(stats.cached_tokens)
         self.cache_hit_tokens.labels("disk").inc(stats.restored_tokens)
+        for tier, tokens in (("ram", stats.cached_tokens), ("disk", stats.restored_tokens),
+                             ("computed", stats.computed_tokens)):
+            self.tier_tokens.labels(tier).inc(tokens)
         self.finished.labels(stats.finish_reason).inc()
         if stats.finish_reason != "cancelled":
             self.ttft.observe(ttft_s)

@@ -57,12 +57,15 @@ def _stats(store: DiskStore, path, as_json: bool) -> int:
         print(json.dumps({**asdict(stats), "disk_free_bytes": free, "disk_reserve_bytes": reserve,
                           "sessions_list": [asdict(s) for s in sessions]}))
         return 0
-    print(f"{safe(path)}: {stats.sessions} sessions, {stats.pages} pages, "
+    print(f"{safe(path)}: {stats.sessions} sessions, {stats.prefixes} unnamed prefixes, {stats.pages} pages, "
           f"{stats.bytes / paths.MB:.1f} MB of pages ({stats.file_bytes / paths.MB:.1f} MB on disk, "
           f"budget {stats.budget_bytes / paths.GB:.1f} GB)")
     print(f"saves {stats.saves}, loads {stats.loads}, restored {stats.restored_tokens} tokens "
           f"in {stats.restored_pages} pages, dropped {stats.dropped_pages} bad pages, "
-          f"evicted {stats.evicted_sessions} sessions, {stats.orphan_pages} orphan pages")
+          f"evicted {stats.evicted_sessions} sessions and {stats.evicted_prefixes} prefixes, "
+          f"{stats.orphan_pages} orphan pages")
+    print(f"written {stats.bytes_written / paths.MB:.1f} MB in {stats.pages_written} pages "
+          f"(a stored page is never written again)")
     print(f"disk: {free / paths.GB:.1f} GB free; the cache leaves {reserve / paths.GB:.1f} GB free"
           + ("" if free > reserve else " (so it stores nothing now)"))
     for info in sessions:

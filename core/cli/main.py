@@ -11,6 +11,7 @@
     radixchat cache stats|verify|clear   the disk cache of session KV
     radixchat chats verify         list the chat history's damaged rows
     radixchat bench cpu            measure the CPU backend setups (see README)
+    radixchat bench restore|pressure|multiturn|serve   the cache and API benchmarks
     radixchat bench constrain      what constrained decoding costs per token
     radixchat bench agent          a coding-agent session: TTFT with and without our cache, vs mlx_lm.server
     radixchat bench pull           `radixchat pull` from a loopback hub vs curl (source checkout)
@@ -149,13 +150,25 @@ def build_parser() -> argparse.ArgumentParser:
     multiturn.add_argument("--max-tokens", type=int, default=48, help="reply length per turn")
     multiturn.add_argument("--repeats", type=int, default=3, help="repetitions (medians are reported)")
     multiturn.add_argument("--page-size", type=int, help="tokens per KV page")
+    multiturn.add_argument("--segment-mb", type=float,
+                           help="the KV pool grows by this many MiB at a time (0: all at once; default 32)")
     multiturn.add_argument("--json", action="store_true")
     restore = bench_sub.add_parser("restore", help="TTFT after a restart: restored vs recomputed vs RAM")
     _add_common(restore)
     restore.add_argument("--model", default="default")
     restore.add_argument("--tokens", type=int, default=2000, help="length of the session's history")
     restore.add_argument("--repeats", type=int, default=3)
+    restore.add_argument("--api", action="store_true",
+                         help="an unnamed API client's prompt (disk tier by tokens) instead of a chat session")
     restore.add_argument("--json", action="store_true")
+    pressure = bench_sub.add_parser("pressure", help="a pool a quarter of the working set: disk tier vs RAM only")
+    _add_common(pressure)
+    pressure.add_argument("--model", default="default")
+    pressure.add_argument("--clients", type=int, default=16, help="clients cycling through their prompts")
+    pressure.add_argument("--tokens", type=int, default=1000, help="each client's prompt length")
+    pressure.add_argument("--rounds", type=int, default=3, help="times each client sends its prompt")
+    pressure.add_argument("--repeats", type=int, default=3)
+    pressure.add_argument("--json", action="store_true")
     bench_serve = bench_sub.add_parser("serve", help="API decode throughput: N concurrent streaming clients vs one")
     _add_common(bench_serve)
     bench_serve.add_argument("--model", default="default")
@@ -237,6 +250,10 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
             from core.cli.bench.cpu import run_bench_cpu
 
             return run_bench_cpu(args)
+        if args.command == "bench" and args.bench_command == "restore" and args.api:
+            from core.cli.bench.restore_api import run_bench_restore_api
+
+            return run_bench_restore_api(args)
         if args.command == "bench" and args.bench_command == "restore":
             from core.cli.bench.restore import run_bench_restore
 
@@ -245,6 +262,10 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
             from core.cli.bench.multiturn import run_bench_multiturn
 
             return run_bench_multiturn(args)
+        if args.command == "bench" and args.bench_command == "pressure":
+            from core.cli.bench.pressure import run_bench_pressure
+
+            return run_bench_pressure(args)
         if args.command == "bench" and args.bench_command == "serve":
             from core.cli.bench.serve import run_bench_serve
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 from core import paths
 from core.engine.types import DoneEvent, ErrorEvent, Event, GenerationRequest, RequestStats
 from core.errors import ErrorKind, ModelLoadError, UserError
-from kvcache.stats import CacheStats
+from kvcache.stats import CacheStats, DiskTierStats
 
 if TYPE_CHECKING:  # core.models.loader imports mlx: only the engine thread loads it
     from core.models.loader import ModelInfo
@@ -50,6 +50,7 @@ class EngineStats:
     rss_bytes: int = 0  # the whole process (read when stats() is called)
     disk_cache_bytes: int = 0  # the KV cache database on disk, WAL included (idem)
     disk_cache_budget_bytes: int = 0  # 0 while the disk cache is off
+    disk: DiskTierStats | None = None  # the disk tier's reads and writes (None while off)
 
 
 class RequestHandle:
@@ -134,6 +135,8 @@ class Engine:
         pool_bytes: int | None = None,
         disk_cache: bool = True,
         disk_budget_bytes: int | None = None,
+        disk_min_tokens: int | None = None,
+        pool_segment_bytes: int | None = None,
         chat_template: str | None = None,
     ):
         self.data_root = Path(data_root)
@@ -143,9 +146,11 @@ class Engine:
         self._page_size = page_size
         self._pool_tokens = pool_tokens
         self._pool_bytes = pool_bytes
+        self._pool_segment_bytes = pool_segment_bytes  # None: the builder's default; 0: no segments
         self._disk_cache = disk_cache
         self._disk_budget = disk_budget_bytes
-        self._persister = None  # kvcache.persist.SessionPersister, engine thread only
+        self._disk_min_tokens = disk_min_tokens  # unnamed requests shorter than this stay off disk
+        self._persister = None  # kvcache.persist.DiskTier, engine thread only
         self.disk_cache_error: str | None = None  # why the disk cache is off, if it is
         self._stats = EngineStats()
         self._served = 0
@@ -204,9 +209,11 @@ class Engine:
                     disk += path.stat().st_size
                 except OSError:
                     pass
-        budget = (self._disk_budget or paths.default_disk_budget()) if self._persister is not None else 0
+        persister = self._persister
+        budget = (self._disk_budget or paths.default_disk_budget()) if persister is not None else 0
         return dataclasses.replace(self._stats, rss_bytes=rss, disk_cache_bytes=disk,
-                                   disk_cache_budget_bytes=budget)
+                                   disk_cache_budget_bytes=budget,
+                                   disk=persister.stats() if persister is not None else None)
 
     def load(self, spec: str, weights_format: str = "auto", timeout: float | None = None) -> ModelInfo:
         """Switch models. On failure the previous model stays loaded and UserError is raised."""
@@ -300,7 +307,7 @@ class Engine:
         self._publish_stats(force=not self._scheduler.busy)  # the last step's figures always
 
     def _open_persister(self, fingerprint: str):
-        from kvcache.persist import SessionPersister
+        from kvcache.persist import MIN_WRITE_TOKENS, DiskTier
         from kvcache.sqlite_file import set_aside
         from kvcache.store import DiskStoreError
 
@@ -310,8 +317,9 @@ class Engine:
         for attempt in (1, 2):
             try:
                 self.data_root.mkdir(parents=True, exist_ok=True)
-                return SessionPersister(path, self._prefix_cache, fingerprint,
-                                        self._disk_budget or paths.default_disk_budget())
+                return DiskTier(path, self._prefix_cache, fingerprint,
+                                self._disk_budget or paths.default_disk_budget(),
+                                MIN_WRITE_TOKENS if self._disk_min_tokens is None else self._disk_min_tokens)
             except DiskStoreError as exc:
                 if attempt == 1 and getattr(exc, "reason", None) in ("corrupt", "foreign"):
                     # A cache only costs time to rebuild: keep the damaged file beside it
@@ -449,6 +457,8 @@ class Engine:
             pool_tokens=self._pool_tokens,
             pool_bytes=self._pool_bytes,
             disable=not self._use_cache,
+            # None: the builder's segments; 0: the whole pool at once
+            **({} if self._pool_segment_bytes is None else {"segment_bytes": self._pool_segment_bytes or None}),
         )
         self._loaded = loaded
         self._prefix_cache = PrefixCache(loaded.model, build)

@@ -117,8 +117,8 @@ class Scheduler:
                 f"the prompt is {len(prompt)} tokens but {loaded.info.name} has a context of {context}"
             )
         cache_on = self.prefix_cache is not None and request.use_cache and self.prefix_cache.enabled
-        persister = self.persister if cache_on and request.session is not None else None
-        restored = persister.restore(request.session, prompt) if persister is not None else 0
+        persister = self.persister if cache_on else None
+        restored = persister.restore(prompt, request.session) if persister is not None else 0
         prefix = self.prefix_cache.match(prompt) if cache_on else None
         try:
             self._admit(handle, prompt, prefix, restored, started, min(request.sampling.max_tokens,
@@ -163,12 +163,15 @@ class Scheduler:
             mx.random.seed(params.seed)
         handle._emit(ProgressEvent(cached, len(prompt)))
         hybrid = prefix is not None and self.prefix_cache.hybrid
+        began = time.perf_counter()
         try:
             logits = prefill(self.loaded.model, prompt[cached:], caches, on_chunk,
                              on_prefilled if hybrid else None)
         except Cancelled:
             self._finish(state, "cancelled", None, None)
             return
+        if self.persister is not None:  # the rate a disk read must beat
+            self.persister.observe_prefill(len(prompt) - cached, time.perf_counter() - began)
         history = mx.array(prompt)
         for processor in processors:
             logits = processor(history, logits)
@@ -379,6 +382,6 @@ class Scheduler:
         end_snapshot = self.prefix_cache.snapshot(caches, len(seen))
         resumed = [state.prefix.snapshot] if state.prefix.snapshot is not None else []  # for disk
         snapshots = resumed + state.snapshots + ([end_snapshot] if end_snapshot is not None else [])
-        if self.persister is not None and session is not None:
+        if self.persister is not None:  # a session's chain, or a long enough request's
             self.persister.save(session, seen, caches, snapshots)
         self.prefix_cache.commit(state.prefix, seen, caches, snapshots, session)

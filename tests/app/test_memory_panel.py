@@ -16,7 +16,7 @@ from app.format import count, decimals_for, duration, human_bytes, nice_step, pe
 from app.memory_panel import MemoryPanel, nice_bytes_axis  # noqa: E402
 from core.engine.engine import EngineStats  # noqa: E402
 from core.models.loader import ModelInfo  # noqa: E402
-from kvcache.stats import CacheStats  # noqa: E402
+from kvcache.stats import CacheStats, DiskTierStats  # noqa: E402
 
 GB, MB = 2**30, 2**20
 
@@ -40,6 +40,12 @@ def loaded(**changes) -> tuple[EngineStats, float]:
                  **{name: stats.pop(name) for name in ("page_size", "pages_total", "pages_used", "pages_evictable",
                                                        "pages_locked", "pool_bytes")})
     return EngineStats(model=model, cache=CacheStats(**cache), **stats), now
+
+
+def tier_stats(**changes) -> DiskTierStats:
+    figures = {f.name: 0 for f in dataclasses.fields(DiskTierStats)}
+    figures["writes_stopped"] = None
+    return DiskTierStats(**{**figures, **changes})
 
 
 @pytest.fixture
@@ -97,6 +103,10 @@ def test_figures_show_the_snapshot(panel):
     assert pool_used.at(0).y() == 128 * MB  # a quarter of the pool's bytes
     assert panel.series["rss"].at(0).y() == int(2.4 * GB)
 
+    panel.update_stats(*loaded(time=101.0, disk=tier_stats(bytes_written=12 * MB)))
+    assert text(panel, "diskCacheValue") == "256 MB of 10.0 GB · 2% · 12.0 MB written"
+    panel.update_stats(*loaded(time=101.5, disk=tier_stats(bytes_written=12 * MB, writes_stopped="the disk is full")))
+    assert text(panel, "diskCacheValue") == "256 MB of 10.0 GB · 2% · 12.0 MB written · writes stopped (disk full)"
     panel.update_stats(*loaded(time=102.0, requests_running=0, disk_cache_budget_bytes=0))
     assert text(panel, "modelValue") == "SmolLM2-135M · idle"
     assert text(panel, "diskCacheValue") == "off"

@@ -1,4 +1,4 @@
-"""SessionPersister on tiny models: what a save writes (page ends, snapshots, only new
+"""DiskTier on tiny models: what a save writes (page ends, snapshots, only new
 pages serialized), and that a restore into a fresh cache brings back the very K/V bytes
 saved, as far as the prompt and (for a hybrid model) a snapshot allow."""
 
@@ -12,7 +12,7 @@ from mlx_lm.utils import load
 import kvcache.persist as persist
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from kvcache.builder import build_kv_cache
-from kvcache.persist import DISK_PAGE_TOKENS, SessionPersister, _resume_point
+from kvcache.persist import DISK_PAGE_TOKENS, DiskTier, _resume_point
 from kvcache.prefix_cache import PrefixCache
 from kvcache.store import ChainPage
 
@@ -55,16 +55,16 @@ def db(tmp_path):
     return tmp_path / "kvcache.db"
 
 
-def saved(model, db, tokens, snapshot_at=(), session="chat") -> SessionPersister:
+def saved(model, db, tokens, snapshot_at=(), session="chat") -> DiskTier:
     pc = prefix_cache(model)
     caches, snaps = computed(model, pc, tokens, snapshot_at)
-    persister = SessionPersister(db, pc, FP)
+    persister = DiskTier(db, pc, FP)
     persister.save(session, tokens, caches, snaps)
     persister.flush(timeout=30)
     return persister
 
 
-def chain(persister: SessionPersister, session="chat") -> list[ChainPage]:
+def chain(persister: DiskTier, session="chat") -> list[ChainPage]:
     with persister.reader.read_session(session, FP, record=False) as reading:
         return list(reading.chain)
 
@@ -92,7 +92,7 @@ def test_pages_end_every_page_size_at_snapshots_and_at_the_end(model, db, tokens
 def test_a_hybrid_chain_without_a_snapshot_at_its_end_is_not_saved(model, db, tokens):
     pc = prefix_cache(model)
     caches, _ = computed(model, pc, tokens)
-    persister = SessionPersister(db, pc, FP)
+    persister = DiskTier(db, pc, FP)
     try:
         persister.save("chat", tokens, caches, [])  # no snapshots handed over
         persister.flush(timeout=30)
@@ -103,7 +103,7 @@ def test_a_hybrid_chain_without_a_snapshot_at_its_end_is_not_saved(model, db, to
 
 def test_a_longer_turn_serializes_only_its_new_pages(model, db, tokens, monkeypatch):
     pc = prefix_cache(model)
-    persister = SessionPersister(db, pc, FP)
+    persister = DiskTier(db, pc, FP)
     try:
         caches, snaps = computed(model, pc, tokens[:130])
         persister.save("chat", tokens[:130], caches, snaps)
@@ -138,10 +138,10 @@ def test_restore_brings_back_the_saved_bytes(model, db, tokens):
     saved(model, db, tokens, snapshot_at=(100,)).close()
     original, _ = computed(model, prefix_cache(model), tokens)
     pc = prefix_cache(model)
-    persister = SessionPersister(db, pc, FP)
+    persister = DiskTier(db, pc, FP)
     try:
         prompt = tokens + [7, 8, 9]
-        assert persister.restore("chat", prompt) == 150
+        assert persister.restore(prompt, "chat") == 150
         prefix = pc.match(prompt)
         assert prefix.length == 150
         caches = pc.make_caches(prefix)
@@ -153,7 +153,7 @@ def test_restore_brings_back_the_saved_bytes(model, db, tokens):
         reference = model(mx.array(prompt)[None], cache=make_prompt_cache(model))[0, -1]
         assert mx.allclose(logits, reference, rtol=1e-4, atol=1e-4).item()
         pc.release(prefix)
-        assert persister.restore("chat", prompt) == 0  # RAM serves it now
+        assert persister.restore(prompt, "chat") == 0  # RAM serves it now
     finally:
         persister.close()
 
@@ -161,10 +161,10 @@ def test_restore_brings_back_the_saved_bytes(model, db, tokens):
 def test_restore_stops_where_the_prompt_leaves_the_chain(model, db, tokens):
     saved(model, db, tokens, snapshot_at=(100,)).close()
     pc = prefix_cache(model)
-    persister = SessionPersister(db, pc, FP)
+    persister = DiskTier(db, pc, FP)
     try:
         prompt = tokens[:120] + [0, 0, 0]  # leaves the chain inside its second page
-        got = persister.restore("chat", prompt)
+        got = persister.restore(prompt, "chat")
         assert got == (100 if pc.hybrid else 120)  # a hybrid model resumes at a snapshot
         assert pc.cached_length(prompt) == got
     finally:
@@ -174,10 +174,10 @@ def test_restore_stops_where_the_prompt_leaves_the_chain(model, db, tokens):
 def test_nothing_is_restored_for_another_model_or_an_unknown_session(model, db, tokens):
     saved(model, db, tokens, snapshot_at=(100,)).close()
     pc = prefix_cache(model)
-    other = SessionPersister(db, pc, "b" * 64)
+    other = DiskTier(db, pc, "b" * 64)
     try:
-        assert other.restore("chat", tokens + [1]) == 0
-        assert other.restore("nobody", tokens + [1]) == 0
+        assert other.restore(tokens + [1], "chat") == 0
+        assert other.restore(tokens + [1], "nobody") == 0
         assert pc.cached_length(tokens) == 0
     finally:
         other.close()

@@ -278,3 +278,33 @@ def test_budget_from_device_memory(monkeypatch):
 
 def test_device_memory_is_read():
     assert pool_module.device_memory_bytes() > 2**20
+
+
+# -- RAM on demand: a pool in segments --
+
+
+def test_a_pool_in_segments_reads_and_writes_like_a_whole_one():
+    whole = KVPagePool(full_layout(), num_pages=9, page_size=PAGE)
+    grown = KVPagePool(full_layout(), num_pages=9, page_size=PAGE, segment_pages=3)
+    assert (grown.reserved_pages, whole.reserved_pages) == (2, 9)  # segment 0 holds the null page
+    assert grown.nbytes * 10 == whole.nbytes * 3 == grown.budget_bytes * 3
+    allocator = PageAllocator(9, grown.reserved_pages)
+    while allocator.reserved < 9:
+        allocator.add_pages(grown.grow())
+        allocator.check_invariants()
+    assert grown.grow() == [] and grown.reserved_pages == 9 and grown.nbytes == whole.nbytes
+    pages = [2, 3, 4, 9, 5]  # runs that cross segment ends (3 | 6 | 9)
+    keys, values = random_kv(len(pages) * PAGE - 1, seed=3)
+    mid_keys, mid_values = random_kv(5, seed=4)
+    for pool in (whole, grown):
+        for layer in range(2):
+            pool.write(layer, pages, keys, values)
+            pool.write_slots(layer, [7 * PAGE + 3, 8 * PAGE, 8 * PAGE + 1, 1 * PAGE, 6 * PAGE + 2],
+                             mid_keys, mid_values)
+    slots = [9 * PAGE + 1, 2 * PAGE, 2 * PAGE + 3, 3 * PAGE, 7 * PAGE + 3, 8 * PAGE + 1, 1 * PAGE, 5 * PAGE + 2]
+    for layer in range(2):
+        for a, b in zip(whole.gather(layer, slots), grown.gather(layer, slots)):
+            assert_bitwise_equal(a, b)
+        one_segment = [3 * PAGE, 3 * PAGE + 1, 4 * PAGE + 2]
+        for a, b in zip(whole.gather(layer, mx.array(one_segment)), grown.gather(layer, one_segment)):
+            assert_bitwise_equal(a, b)

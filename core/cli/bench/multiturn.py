@@ -144,7 +144,8 @@ def run_bench_multiturn(args) -> int:
     for rep in range(args.repeats):
         print(f"radixchat: bench multiturn: repetition {rep + 1}/{args.repeats}", file=sys.stderr, flush=True)
         engine = Engine(root, args.model, weights_format="auto", use_cache=True,
-                        page_size=args.page_size, pool_tokens=pool_tokens).start()
+                        page_size=args.page_size, pool_tokens=pool_tokens,
+                        pool_segment_bytes=None if args.segment_mb is None else int(args.segment_mb * 2**20)).start()
         try:
             info = engine.wait_ready()
             if info.fingerprint != loaded.info.fingerprint:

@@ -303,6 +303,9 @@ def test_metrics_count_requests_and_tokens(server, client):
     assert grew("radixchat_cache_hit_tokens_total", [("source", "ram")]) == \
         reply.usage.prompt_tokens_details.cached_tokens
     assert grew("radixchat_time_to_first_token_seconds_count") == 1
+    assert sum(grew("radixchat_prompt_tokens_by_tier_total", [("tier", tier)])
+               for tier in ("ram", "disk", "computed")) == reply.usage.prompt_tokens
+    assert ("radixchat_disk_cache_written_total", (("unit", "bytes"),)) in after
     assert after[("radixchat_kv_pages", (("state", "total"),))] > 0
     assert ("radixchat_mlx_memory_bytes", (("kind", "active"),)) in after
     assert after[("radixchat_requests_in_flight", ())] == 0

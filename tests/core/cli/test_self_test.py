@@ -49,7 +49,7 @@ def test_a_broken_disk_store_is_named(capsys, monkeypatch, home):
     def broken(*args, **kwargs):
         raise DiskStoreError("simulated: cannot open the cache database")
 
-    monkeypatch.setattr(kvcache.persist, "SessionPersister", broken)
+    monkeypatch.setattr(kvcache.persist, "DiskTier", broken)
     assert main(["--self-test"]) == 1
     line = capsys.readouterr().out.strip()
     assert line.startswith("radixchat self-test: FAILED at disk save: disk cache off: ")

@@ -93,6 +93,7 @@ def test_cache_commands(capsys, tiny_model, tmp_path):
     assert main(["cache", "stats", "--json", "--data-dir", str(tmp_path)]) == 0
     stats = json.loads(capsys.readouterr().out)
     assert stats["sessions"] == 2 and stats["pages"] >= 2 and stats["bytes"] > 0
+    assert stats["bytes_written"] == stats["bytes"] and stats["pages_written"] == stats["pages"]
     assert main(["cache", "verify", "--json", "--data-dir", str(tmp_path)]) == 0
     assert json.loads(capsys.readouterr().out)["bad_pages"] == 0
     assert main(["cache", "clear", "--session", "a", "--data-dir", str(tmp_path)]) == 0

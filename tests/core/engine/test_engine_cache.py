@@ -120,3 +120,23 @@ def test_gemma3_multi_turn_identical_with_cache(gemma_file, tmp_path):
         assert stats.snapshots > 0 and stats.enabled
     finally:
         engine.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["llama", "sliding"])
+def test_a_pool_grown_in_segments_gives_the_same_replies(kind, tmp_path):
+    """Segments of one page: every gather spans several, as a long chat in a grown pool does."""
+    spec = TinyModelSpec(kind=kind, num_layers=2, sliding_window=16)
+    path = write_tiny_model(tmp_path / kind, spec)
+    engine = Engine(tmp_path / "data", str(path), pool_tokens=4096, disk_cache=False,
+                    pool_segment_bytes=1).start()  # 1 byte: one page per segment
+    try:
+        engine.wait_ready(60)
+        start = engine.stats().cache
+        cached, cached_stats = chat(engine, True, "s")
+        plain, _ = chat(engine, False, "t")
+        grown = engine.stats().cache
+    finally:
+        engine.shutdown()
+    assert cached == plain and sum(s.cached_tokens for s in cached_stats) > 0
+    assert start.pages_reserved == 0 and start.pool_bytes < grown.pool_bytes < grown.pool_budget_bytes
+    assert grown.pages_used <= grown.pages_reserved < grown.pages_total

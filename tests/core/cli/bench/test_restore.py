@@ -30,3 +30,15 @@ def test_bench_restore_summary_and_user_errors(capsys, tiny_model, tmp_path):
     assert "context" in capsys.readouterr().err
     assert main([*args, "--tokens", "10"]) == 2
     assert "--tokens" in capsys.readouterr().err
+
+
+def test_bench_restore_api_mode(capsys, tiny_model, tmp_path):
+    code = main(["bench", "restore", "--api", "--model", str(tiny_model), "--data-dir", str(tmp_path),
+                 "--tokens", "300", "--repeats", "1", "--json"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["mode"] == "api" and report["replies_identical"]
+    assert report["restored_tokens"] >= report["prompt_tokens"] - 64  # the unnamed prefix came back
+    assert all(value > 0 for value in report["ttft_s"].values())
+    assert report["repetitions"][0]["bytes_written"] > 0
+    assert not list((tmp_path / "tmp").iterdir())

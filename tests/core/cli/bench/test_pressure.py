@@ -1,0 +1,23 @@
+"""``radixchat bench pressure`` on a tiny model: it runs both ways, reads back, reports."""
+
+from __future__ import annotations
+
+import json
+
+from core.cli.main import main
+
+
+def test_bench_pressure_json_and_summary(capsys, tiny_model, tmp_path):
+    args = ["bench", "pressure", "--model", str(tiny_model), "--data-dir", str(tmp_path),
+            "--clients", "4", "--tokens", "300", "--rounds", "2", "--repeats", "1"]
+    assert main([*args, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["replies_identical"]
+    assert report["pool_tokens"] < report["clients"] * report["prompt_tokens"] / 2  # RAM holds a quarter
+    disk, ram = report["tokens_after_first_round"]["disk"], report["tokens_after_first_round"]["ram"]
+    assert disk["restored"] > 0 and ram["restored"] == 0  # evicted prefixes came back from disk
+    assert disk["computed"] < ram["computed"]
+    assert 1.0 <= report["written_vs_distinct"] < 1.5  # every distinct position at least once
+    assert not list((tmp_path / "tmp").iterdir())
+    assert main([*args, "--clients", "1"]) == 2
+    assert "--clients" in capsys.readouterr().err
