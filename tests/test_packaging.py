@@ -45,6 +45,7 @@ def run_spec(monkeypatch, tmp_path, platform: str) -> dict:
     hooks = types.ModuleType("PyInstaller.utils.hooks")
     hooks.collect_submodules = lambda package, filter=None: [f"{package}.stand_in"]
     hooks.collect_dynamic_libs = lambda package: [(f"/site-packages/{package}/lib/lib{package}.dylib", f"{package}/lib")]
+    hooks.copy_metadata = lambda package: [(f"/site-packages/{package}-1.0.dist-info", f"{package}-1.0.dist-info")]
     bindepend = types.ModuleType("PyInstaller.depend.bindepend")
     bindepend.get_imports = lambda filename: []
     monkeypatch.setitem(sys.modules, "PyInstaller.utils.hooks", hooks)
@@ -62,6 +63,13 @@ def run_spec(monkeypatch, tmp_path, platform: str) -> dict:
     namespace.update(SPECPATH=str(ROOT), workpath=str(tmp_path), __file__=str(SPEC), __name__="__main__")
     exec(compile(SPEC.read_text(), str(SPEC), "exec"), namespace)
     return {"made": made, "namespace": namespace}
+
+
+def test_the_grammar_librarys_metadata_is_bundled(monkeypatch, tmp_path):
+    # llguidance reads its version from its metadata on import: without it every
+    # constrained request failed in the bundle (its self-test caught it)
+    datas = run_spec(monkeypatch, tmp_path, "linux")["made"]["Analysis"].kwargs["datas"]
+    assert ("/site-packages/llguidance-1.0.dist-info", "llguidance-1.0.dist-info") in datas
 
 
 def test_linux_builds_one_folder_named_radixchat(monkeypatch, tmp_path):

@@ -14,6 +14,7 @@ given) and is removed afterwards.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import tempfile
 import time
@@ -29,6 +30,9 @@ log = logging.getLogger(__name__)
 
 SESSION = "self-test"
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
+CONSTRAINED_SAMPLING = SamplingParams(temperature=0.0, max_tokens=48)
+CONSTRAINED_SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+                      "additionalProperties": False}
 POOL_TOKENS = 4096
 READY_TIMEOUT_S = 120.0
 FIRST_QUESTION = "Hello! This is RadixChat's self-test. Please say something."
@@ -104,6 +108,7 @@ def _run(work: Path, started: float) -> SelfTestReport:
 
         model = str(write_tiny_model(work / "tiny-llama", TinyModelSpec(num_layers=2)))
     data = work / "data"
+    data.mkdir()  # as paths.data_dir() makes it for the app
 
     first = _start(data, model, "engine start")
     try:
@@ -140,6 +145,7 @@ def _run(work: Path, started: float) -> SelfTestReport:
         plain = _ask(second, history, "turn 2 without cache", use_cache=False)
         _check("determinism", plain.text == turn2.text,
                f"the cached reply {turn2.text!r} differs from the uncached {plain.text!r}")
+        _check_constrained(second, history)
     finally:
         with _stage("engine shutdown"):
             second.shutdown()
@@ -147,6 +153,26 @@ def _run(work: Path, started: float) -> SelfTestReport:
     return SelfTestReport(mlx=mlx, turn1_prompt=s1.prompt_tokens, turn1_cached=s1.cached_tokens,
                           turn2_prompt=s2.prompt_tokens, turn2_restored=s2.restored_tokens,
                           seconds=time.perf_counter() - started)
+
+
+def _check_constrained(engine, history: list[ChatMessage]) -> None:
+    """A reply held to a JSON schema (the grammar library and the schema checker load, and
+    the random tiny model can only write what the schema allows)."""
+    import jsonschema
+
+    request = GenerationRequest(messages=tuple(history), sampling=CONSTRAINED_SAMPLING,
+                                json_schema=CONSTRAINED_SCHEMA)
+    with _stage("constrained output"):
+        events = list(engine.stream(request))
+    last = events[-1] if events else None
+    if isinstance(last, ErrorEvent):
+        raise SelfTestFailure("constrained output", last.message)
+    _check("constrained output", isinstance(last, DoneEvent) and last.stats.finish_reason == "stop",
+           f"the reply did not finish: {last!r}")
+    try:
+        jsonschema.validate(json.loads(last.text), CONSTRAINED_SCHEMA)
+    except (ValueError, jsonschema.ValidationError) as exc:
+        raise SelfTestFailure("constrained output", f"{last.text!r} does not fit its schema: {exc}") from None
 
 
 def _start(data: Path, model: str, stage: str):

@@ -123,9 +123,11 @@ def tool_markup(tokenizer) -> ToolMarkup | None:
 
 def grammar_for(request, markup: ToolMarkup | None) -> str | None:
     """The llguidance grammar constraining ``request``'s reply, or None for free text."""
+    forced = request.tools and request.tool_choice in ("required", "function")
+    if not forced and request.json_schema is None:
+        return None
     import llguidance
 
-    forced = request.tools and request.tool_choice in ("required", "function")
     if forced:
         if markup is None or not markup.json_calls:
             raise UserError("this model's tool-call format cannot be constrained: use tool_choice "
