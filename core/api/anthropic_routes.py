@@ -9,13 +9,13 @@ import time
 from typing import AsyncIterator
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from core.api.anthropic_schema import (CountTokensRequest, MessageBuilder, MessagesCall, MessagesRequest,
                                        count_request, to_call)
 from core.api.errors import engine_error, shutting_down
-from core.api.relay import CLIENT_GONE, EngineEvents, sse
-from core.api.routing import SSE_HEADERS, JsonRoute, SessionHeader, server_of
+from core.api.relay import EngineEvents, reply_stream, reply_whole, sse
+from core.api.routing import JsonRoute, SessionHeader, server_of
 from core.engine.types import DoneEvent, ErrorEvent, Event, ProgressEvent, TokenEvent, ToolCallEvent
 from core.errors import UserError
 
@@ -32,26 +32,10 @@ async def messages(body: MessagesRequest, request: Request, session: SessionHead
     events = EngineEvents(api, handle, request, arrived)
     builder = MessageBuilder(call)
     if not call.stream:
-        try:
-            done, error = await events.collect()
-        finally:
-            handle.cancel()
-        if request.scope.get(CLIENT_GONE):
-            return Response(status_code=499)
-        if error is not None:
-            raise engine_error(error, chat=True)
-        if done is None or done.stats.finish_reason == "cancelled":
-            raise shutting_down()
-        return JSONResponse(builder.full(done.text, done.stats, done.tool_calls))
-
-    first = await events.first()  # an error before anything is sent is an HTTP error
-    if isinstance(first, ErrorEvent) or first is None or request.scope.get(CLIENT_GONE):
-        handle.cancel()
-        if request.scope.get(CLIENT_GONE):
-            return Response(status_code=499)
-        raise engine_error(first, chat=True) if first is not None else shutting_down()
-    return StreamingResponse(_stream(call, builder, first, events), media_type="text/event-stream",
-                             headers=SSE_HEADERS)
+        return await reply_whole(request, handle, events, True,
+                                 lambda done: builder.full(done.text, done.stats, done.tool_calls))
+    return await reply_stream(request, handle, events, True,
+                              lambda first: _stream(call, builder, first, events))
 
 
 async def _stream(call: MessagesCall, builder: MessageBuilder, first: Event,

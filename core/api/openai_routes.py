@@ -7,14 +7,14 @@ import time
 from typing import AsyncIterator
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from core.api import anthropic_schema
 from core.api.errors import ApiError, engine_error, shutting_down
 from core.api.openai_schema import (ChatCompletionRequest, CompletionCall, CompletionRequest, ReplyBuilder,
                                     model_object, to_call)
-from core.api.relay import CLIENT_GONE, EngineEvents, sse
-from core.api.routing import SSE_HEADERS, JsonRoute, SessionHeader, server_of
+from core.api.relay import EngineEvents, reply_stream, reply_whole, sse
+from core.api.routing import JsonRoute, SessionHeader, server_of
 from core.engine.types import DoneEvent, ErrorEvent, Event, TokenEvent, ToolCallEvent
 
 router = APIRouter(route_class=JsonRoute)
@@ -80,26 +80,10 @@ async def generate(request: Request, body: ChatCompletionRequest | CompletionReq
     events = EngineEvents(api, handle, request, arrived)
     reply = ReplyBuilder(call, card)
     if not call.stream:
-        try:
-            done, error = await events.collect()
-        finally:
-            handle.cancel()  # a no-op once the request has ended
-        if request.scope.get(CLIENT_GONE):
-            return Response(status_code=499)  # nobody will read it
-        if error is not None:
-            raise engine_error(error, call.chat)
-        if done is None or done.stats.finish_reason == "cancelled":
-            raise shutting_down()
-        return JSONResponse(reply.full(done.text, done.stats, done.tool_calls))
-
-    first = await events.first()  # an error before anything is sent is an HTTP error
-    if isinstance(first, ErrorEvent) or first is None or request.scope.get(CLIENT_GONE):
-        handle.cancel()
-        if request.scope.get(CLIENT_GONE):
-            return Response(status_code=499)
-        raise engine_error(first, call.chat) if first is not None else shutting_down()
-    return StreamingResponse(_chunks(call, reply, first, events), media_type="text/event-stream",
-                             headers=SSE_HEADERS)
+        return await reply_whole(request, handle, events, call.chat,
+                                 lambda done: reply.full(done.text, done.stats, done.tool_calls))
+    return await reply_stream(request, handle, events, call.chat,
+                              lambda first: _chunks(call, reply, first, events))
 
 
 async def _chunks(call: CompletionCall, reply: ReplyBuilder, first: Event,
