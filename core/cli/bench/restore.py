@@ -220,7 +220,9 @@ def _repetition(folder: Path, spec: str, tokens: int) -> Repetition:
         ttft_ram_s=ram.stats.ttft_s, replies_identical=restored.text == recompute.text == ram.text, **rates)
 
 
-def run_bench_restore(args) -> int:
+def checked_model(args) -> tuple[Path, str]:
+    """The data folder and the resolved model spec, once ``--tokens`` and ``--repeats``
+    are known to be usable (both restore benches start here)."""
     for name, low in (("tokens", 64), ("repeats", 1)):
         if getattr(args, name) < low:
             raise UserError(f"--{name} must be at least {low}")
@@ -228,7 +230,11 @@ def run_bench_restore(args) -> int:
     from core.models.loader import resolve_spec
 
     root = paths.data_dir(args.data_dir)
-    spec = str(resolve_spec(args.model, root, None if args.json else print_progress).resolve())
+    return root, str(resolve_spec(args.model, root, None if args.json else print_progress).resolve())
+
+
+def run_bench_restore(args) -> int:
+    root, spec = checked_model(args)
     reps: list[Repetition] = []
     started = time.perf_counter()
     for rep in range(args.repeats):

@@ -28,7 +28,7 @@ from core import paths
 from core.api.server import ApiServer
 from core.engine.engine import Engine
 from core.errors import UserError
-from core.cli.bench.restore import (BUILD_REPLY_TOKENS, FIRST_QUESTION, FOLLOW_UP, REPLY_TOKENS,
+from core.cli.bench.restore import (BUILD_REPLY_TOKENS, checked_model, FIRST_QUESTION, FOLLOW_UP, REPLY_TOKENS,
                                     _drop_from_page_cache, _notes, _scratch_folder)
 
 
@@ -139,14 +139,7 @@ def _repetition(folder: Path, spec: str, tokens: int) -> ApiRepetition:
 
 
 def run_bench_restore_api(args) -> int:
-    from core.cli.progress import print_progress
-    from core.models.loader import resolve_spec
-
-    for name, low in (("tokens", 64), ("repeats", 1)):
-        if getattr(args, name) < low:
-            raise UserError(f"--{name} must be at least {low}")
-    root = paths.data_dir(args.data_dir)
-    spec = str(resolve_spec(args.model, root, None if args.json else print_progress).resolve())
+    root, spec = checked_model(args)
     report = _report(args, spec, root)
     print(json.dumps(report, indent=2) if args.json else format_api_summary(report))
     return 0
