@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 
-from core.engine.types import (ChatMessage, DoneEvent, ErrorEvent, GenerationRequest, ProgressEvent,
+from core.engine.types import (CHAT_PRIORITY, ChatMessage, DoneEvent, ErrorEvent, GenerationRequest, ProgressEvent,
                                SamplingParams, TokenEvent)
 from core.errors import UserError
 from core.api.server import ApiServer
@@ -152,6 +152,7 @@ class EngineBridge(QObject):
             messages=tuple(ChatMessage(role, content) for role, content in messages),
             sampling=SamplingParams(**{**params, "stop": tuple(params.get("stop", ()))}),
             session=session,
+            priority=CHAT_PRIORITY,  # a person is watching: ahead of waiting API requests
         )
         self._handle = self.engine.submit(request)
         self._poll.setInterval(BUSY_POLL_MS)

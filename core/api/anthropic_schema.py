@@ -31,8 +31,8 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Discriminator, Field, Tag, field_validator
 
 from core.api.errors import ApiError, invalid
-from core.api.openai_schema import MAX_STOPS, max_tokens, session_name
-from core.api.wire import ModelCard, Text, WireModel
+from core.api.openai_schema import MAX_STOPS, max_tokens, priority_of, session_name
+from core.api.wire import MAX_PRIORITY, ModelCard, Text, WireModel
 from core.engine.constrain import SchemaError, check_schema
 from core.engine.types import ChatMessage, GenerationRequest, RequestStats, SamplingParams, ToolCall
 
@@ -125,6 +125,9 @@ class MessagesRequest(CountTokensRequest):
     metadata: Metadata | None = None
     session: Text | None = Field(None, description="RadixChat: the chat session whose cache this request "
                                                    "extends (or the X-RadixChat-Session header)")
+    priority: int | None = Field(None, ge=0, le=MAX_PRIORITY,
+                                 description="RadixChat: lower is prefilled sooner; 0 (default) or more "
+                                             "(or the X-RadixChat-Priority header)")
 
     @field_validator("stop_sequences")
     @classmethod
@@ -235,7 +238,8 @@ def tool_request(body: CountTokensRequest) -> dict[str, Any]:
     return {"tools": openai_tools, "tool_choice": mode, "tool_name": choice.name if mode == "function" else None}
 
 
-def to_call(body: MessagesRequest, card: ModelCard, session_header: str | None = None) -> MessagesCall:
+def to_call(body: MessagesRequest, card: ModelCard, session_header: str | None = None,
+            priority_header: str | None = None) -> MessagesCall:
     check_model(body.model, card)
     sampling = SamplingParams(
         temperature=1.0 if body.temperature is None else body.temperature,
@@ -245,7 +249,8 @@ def to_call(body: MessagesRequest, card: ModelCard, session_header: str | None =
         stop=tuple(body.stop_sequences or ()),
     )
     request = GenerationRequest(messages=chat_messages(body), sampling=sampling,
-                                session=session_name(body.session, session_header), **tool_request(body))
+                                session=session_name(body.session, session_header),
+                                priority=priority_of(body.priority, priority_header), **tool_request(body))
     return MessagesCall(request, body.model, bool(body.stream))
 
 

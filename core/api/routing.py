@@ -1,4 +1,5 @@
-"""What the routes share: strict JSON bodies, the server behind a request, the session header.
+"""What the routes share: strict JSON bodies, the server behind a request, the session and
+priority headers.
 
 :class:`JsonRoute` is FastAPI's route with the body read by :func:`parse_json`: JSON as
 RFC 8259 has it (no NaN or Infinity, which Python's json module reads by default), and
@@ -14,12 +15,16 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable
 from fastapi import Header, Request
 from fastapi.routing import APIRoute
 
+from core.api.wire import PRIORITY_HEADER
+
 if TYPE_CHECKING:
     from core.api.state import ApiState
 
 SESSION_HEADER = "X-RadixChat-Session"
 SessionHeader = Annotated[str | None, Header(alias=SESSION_HEADER, description="the chat session whose "
                                                                                  "cache this request extends")]
+PriorityHeader = Annotated[str | None, Header(alias=PRIORITY_HEADER, description="lower is prefilled sooner: "
+                                                                                   "0 (default) or more")]
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 

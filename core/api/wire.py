@@ -18,6 +18,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict
 from pydantic_core import PydanticCustomError
 
 MAX_SESSION_CHARS = 256
+MAX_PRIORITY = 2**31 - 1
+PRIORITY_HEADER = "X-RadixChat-Priority"  # a request's priority where its body cannot carry one (Anthropic SDKs)
 MODEL_ALIASES = ("default",)
 
 
