@@ -32,7 +32,8 @@ from core.engine.tools import ToolCallText
 from core.engine.types import DoneEvent, ErrorEvent, ProgressEvent, RequestStats, TokenEvent, ToolCallEvent
 from core.errors import ContextLengthError, ErrorKind, UserError
 from core.engine import generation
-from core.engine.generation import ChunkedPrefill, StopText, render_prompt, sampling_tools, vocab_size
+from core.engine.generation import (PREFILL_CHUNK, ChunkedPrefill, StopText, render_prompt, sampling_tools,
+                                    vocab_size)
 from core.engine.pacing import ChunkPacer
 
 MAX_BATCH = 16  # requests decoded together
@@ -107,7 +108,7 @@ class Scheduler:
         self.markup = tool_markup(loaded.tokenizer)
         self.grammars = Grammars(loaded.tokenizer, self.vocab or len(loaded.tokenizer.get_vocab()))
         self.batch = BatchGenerator(loaded.model, completion_batch_size=MAX_BATCH,
-                                    prefill_batch_size=MAX_BATCH, prefill_step_size=generation.PREFILL_CHUNK)
+                                    prefill_batch_size=MAX_BATCH, prefill_step_size=PREFILL_CHUNK)
         self.batched: dict[int, _Active] = {}  # batch uid -> request
         self.solo: _Solo | None = None
         self.waiting: list[_Prefill] = []  # admitted, not yet decoding
@@ -126,6 +127,15 @@ class Scheduler:
     @property
     def busy(self) -> bool:
         return bool(self.batched) or self.solo is not None or bool(self.waiting)
+
+    # ------------------------------------------------------------------ step
+    def step(self) -> None:
+        """One decode step for every decoding request, then one chunk of prefill for the
+        first waiting request: a long prompt goes in between the others' tokens."""
+        if self.solo is not None or self.batched:
+            self._decode_step()
+        if self.waiting:
+            self._prefill_step()
 
     # ------------------------------------------------------------------ admit
     def admit(self, handle) -> None:
@@ -343,16 +353,9 @@ class Scheduler:
             log.exception("moving a request into the decode batch failed")
             self._fail(state, f"internal error: {exc}")
 
-    # ------------------------------------------------------------------ step
-    def step(self) -> None:
-        """One decode step for every decoding request, then one chunk of prefill for the
-        first waiting request: a long prompt goes in between the others' tokens."""
-        if self.solo is not None or self.batched:
-            self._decode_step()
-        if self.waiting:
-            self._prefill_step()
-
+    # ------------------------------------------------------------------ decode
     def _decode_step(self) -> None:
+        """One decode step for every running request."""
         if self.solo is not None:
             self._solo_step()
             return
@@ -384,7 +387,7 @@ class Scheduler:
         self.batched.clear()
         self.solo = None
         self.batch = BatchGenerator(self.loaded.model, completion_batch_size=MAX_BATCH,
-                                    prefill_batch_size=MAX_BATCH, prefill_step_size=generation.PREFILL_CHUNK)
+                                    prefill_batch_size=MAX_BATCH, prefill_step_size=PREFILL_CHUNK)
 
     # ------------------------------------------------------------------ tokens
     def _take(self, state: _Active, token: int) -> str | None:
