@@ -3,8 +3,8 @@
 On the engine directly (no HTTP), greedy, the prompt cache off so every prompt is computed.
 After a warm-up request, each repetition runs, on prompts of its own:
 
-1. the stream alone: one client streams ``--max-tokens`` tokens (the model counts, so the
-   reply does not end early); its inter-token gaps are the arrival times of its token
+1. the stream alone: one client streams ``--max-tokens`` tokens (the model continues a
+   count, so the reply does not end early); its inter-token gaps are the arrival times of its token
    events, one after the other, as its reading thread sees them;
 2. the long prompt alone: a ``--long-tokens`` prompt (about 3,000 tokens by default), one
    token of reply; its time to first token is from submit to its reply's end;
@@ -51,8 +51,11 @@ def _greedy(messages: tuple[ChatMessage, ...], max_tokens: int) -> GenerationReq
 
 
 def stream_request(tag: str, max_tokens: int) -> GenerationRequest:
-    """A reply that keeps going: counting."""
-    return _greedy((ChatMessage("user", f"({tag}) Count from 1 to 2000, one number per line."),), max_tokens)
+    """A reply that keeps going: the continuation of a count (raw text, no chat template: a
+    chat reply may end after a few lines)."""
+    count = "\n".join(str(n) for n in range(1, 21))
+    return GenerationRequest(prompt_text=f"({tag}) Numbers, one per line:\n{count}\n", use_cache=False,
+                             sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens))
 
 
 def long_messages(tag: str, sentences: int) -> tuple[ChatMessage, ...]:
