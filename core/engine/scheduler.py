@@ -223,7 +223,11 @@ class Scheduler:
         state.handle._emit(ProgressEvent(cached, len(prompt)))
 
     def _chunk(self, job: _Prefill, size: int) -> None:
-        """One chunk of ``job``'s prefill (``size`` 0: ``PREFILL_CHUNK``), timed."""
+        """One chunk of ``job``'s prefill (``size`` 0: ``PREFILL_CHUNK``), timed. The decode
+        step queued before it finishes first: the chunk would wait for it on the same stream
+        anyway, and its time is not the chunk's (the pacer sizes chunks from their own rate)."""
+        if self.solo is not None or self.batched:
+            mx.synchronize(generation_stream)
         began = time.perf_counter()
         tokens = job.run.advance(size or generation.PREFILL_CHUNK)
         seconds = time.perf_counter() - began
