@@ -54,12 +54,17 @@ class EngineStats:
 
 
 class RequestHandle:
-    """The client's side of one submitted request: its events and a cancel switch."""
+    """The client's side of one submitted request: its events and a cancel switch.
+
+    A thread reads the events with :meth:`events` (blocking). An event loop instead asks
+    to be woken (:meth:`on_events`) and takes what has arrived with :meth:`take`, so no
+    thread per request is needed to carry the tokens across."""
 
     def __init__(self, request: GenerationRequest):
         self.request = request
-        self._events: queue.Queue = queue.Queue()
+        self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._cancel = threading.Event()
+        self._wake: Callable[[], None] | None = None
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -76,12 +81,36 @@ class RequestHandle:
                 return
             yield item
 
+    def on_events(self, wake: Callable[[], None]) -> None:
+        """Call ``wake()`` whenever events arrive (on the engine thread: it must be quick and
+        never block), and once now if some are already waiting. Then read with :meth:`take`."""
+        self._wake = wake
+        if not self._events.empty():
+            wake()
+
+    def take(self) -> tuple[list[Event], bool]:
+        """The events that have arrived, without waiting; and whether the stream has ended
+        (nothing comes after)."""
+        taken: list[Event] = []
+        while True:
+            try:
+                item = self._events.get_nowait()
+            except queue.Empty:
+                return taken, False
+            if item is _END:
+                return taken, True
+            taken.append(item)
+
     # engine side
     def _emit(self, event: Event) -> None:
         self._events.put(event)
+        if self._wake is not None:
+            self._wake()
 
     def _finish(self) -> None:
         self._events.put(_END)
+        if self._wake is not None:
+            self._wake()
 
 
 @dataclass
