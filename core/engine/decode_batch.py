@@ -106,10 +106,9 @@ class DecodeBatch:
             mx.clear_cache()
         out = []
         for response in responses:
-            if response.uid in self._skip:
+            if response.uid in self._skip:  # never its last report: it joined for 2 or more
                 self._skip.discard(response.uid)
-                if response.finish_reason is None:
-                    continue
+                continue
             out.append(Generated(response.uid, response.token, response.finish_reason is not None,
                                  response.prompt_cache, response.all_tokens))
         return out
