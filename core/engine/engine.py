@@ -227,10 +227,11 @@ class Engine:
         requests run, the figures are refreshed only once someone has asked for them (this
         call asks), at most every ``PUBLISH_EVERY_S``: a poll sees them as of its last poll
         or later, and a server nobody polls spends nothing on them."""
-        self._stats_wanted = True
         import dataclasses
 
         import psutil
+
+        self._stats_wanted = True
 
         try:
             rss = psutil.Process().memory_info().rss  # one /proc read; polled a few times a second
