@@ -303,10 +303,11 @@ class DiskStore(SqliteFile):
         """The session's chain inside one read transaction: ``reader.chain`` (tokens and
         snapshot flags, no K/V) to decide what to use, then ``reader.pages(n)`` streams
         the K/V of the first ``n`` pages. Another model's or an unknown session, or one
-        whose chain does not start at ``namespace``'s root: an empty chain. On leaving, :meth:`record_reading` marks the pages handed out used and
-        deletes bad pages found on the way (their sessions cut back before them); with
-        ``record=False`` the caller does that later, on a thread that may wait for the
-        write lock (the engine's restore hands it to its writer thread)."""
+        whose chain does not start at ``namespace``'s root: an empty chain. On leaving,
+        :meth:`record_reading` marks the pages handed out used and deletes bad pages found
+        on the way (their sessions cut back before them); with ``record=False`` the caller
+        does that later, on a thread that may wait for the write lock (the engine's restore
+        hands it to its writer thread)."""
         reader = SessionReader(self, [], set())
         found = False
         with self._read():

@@ -15,10 +15,10 @@ is parsed.
 
 :class:`RequestChecks` (innermost) then checks the API key (``Authorization: Bearer KEY``
 or ``x-api-key: KEY``, any of the keys set; ``/health`` is open), notes the key's cache
-namespace for the routes (each key has its own: see :mod:`core.engine.namespaces`) and, for the JSON endpoints, a JSON content
-type (415: a cross-site ``text/plain`` POST needs no preflight), a declared length (411)
-within the limit (413, before the body is read), and reads the body whole to replay it to
-the routes. Errors are sent in the endpoint's dialect.
+namespace for the routes (each key has its own: see :mod:`core.engine.namespaces`) and,
+for the JSON endpoints, a JSON content type (415: a cross-site ``text/plain`` POST needs
+no preflight), a declared length (411) within the limit (413, before the body is read),
+and reads the body whole to replay it to the routes. Errors are sent in the endpoint's dialect.
 """
 
 from __future__ import annotations
