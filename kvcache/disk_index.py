@@ -4,10 +4,10 @@ its tokens without touching the database.
 The store's pages are content addressed (``key = hash(fingerprint, parent key,
 tokens)``), so the same tokens after the same parent are the same page whoever wrote
 them -- inside one cache namespace, whose root is the parent of its chains' first pages.
-The index maps each parent to its children, grouped by their first token; a
-lookup walks the prompt from its namespace's root (never reaching another's pages), one
-dict lookup and one bytes comparison per page, and re-derives each key it follows from the tokens (a stale or damaged entry
-never leads to a wrong page). A miss costs one dict lookup: no K/V read, no query.
+The index maps each parent to its children, grouped by their first token; a lookup
+walks the prompt from its namespace's root (never reaching another's pages), one dict
+lookup and one bytes comparison per page, and re-derives each key it follows from the
+tokens (a stale or damaged entry never leads to a wrong page). A miss costs one dict lookup: no K/V read, no query.
 
 Built once when a model loads (:meth:`DiskStore.index`, metadata only) and kept current
 by the cache writer thread (pages written, pages deleted); read by the engine thread.
