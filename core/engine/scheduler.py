@@ -6,9 +6,11 @@ the first token is sampled from that prefill's logits, so time to first token ne
 waits for other requests. A request that runs alone then decodes on its own cache
 objects the way ``mlx_lm.generate_step`` does (one sequence, the next step queued
 before the current token is read), with nothing to merge, mask or extract. When a
-second request arrives, the running one hands its cache over to mlx-lm's
-``BatchGenerator``, which takes per-request prompt caches and decodes every running
-request in one forward pass per step. When a request ends (EOS, stop string, max
+second request arrives, the running one hands its cache over to the decode batch
+(``core.engine.decode_batch``, over mlx-lm's ``GenerationBatch``), which takes per-request
+prompt caches and decodes every running request in one forward pass per step; a request
+joins it with its first token as its next input, so joining costs the others no forward
+pass of its own. When a request ends (EOS, stop string, max
 tokens, cancel) it leaves with its cache, which goes into the radix tree and, for
 sessions, to disk.
 """
@@ -20,15 +22,16 @@ import time
 from dataclasses import dataclass, field
 
 import mlx.core as mx
-from mlx_lm.generate import BatchGenerator, generation_stream
+from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 
 from core.engine.constrain import Grammars, check_schema, check_tools, grammar_for, tool_markup
+from core.engine.decode_batch import DecodeBatch
 from core.engine.namespaces import label as namespace_label
 from core.engine.tools import ToolCallText
 from core.engine.types import DoneEvent, ErrorEvent, ProgressEvent, RequestStats, TokenEvent, ToolCallEvent
 from core.errors import ContextLengthError, ErrorKind, UserError
-from core.engine.generation import (PREFILL_CHUNK, Cancelled, StopText, prefill, render_prompt, sampling_tools,
+from core.engine.generation import (Cancelled, StopText, prefill, render_prompt, sampling_tools,
                              vocab_size)
 
 MAX_BATCH = 16  # requests decoded together
@@ -84,8 +87,7 @@ class Scheduler:
         self.vocab = vocab_size(loaded.model, loaded.config)
         self.markup = tool_markup(loaded.tokenizer)
         self.grammars = Grammars(loaded.tokenizer, self.vocab or len(loaded.tokenizer.get_vocab()))
-        self.batch = BatchGenerator(loaded.model, completion_batch_size=MAX_BATCH,
-                                    prefill_batch_size=MAX_BATCH, prefill_step_size=PREFILL_CHUNK)
+        self.batch = DecodeBatch(loaded.model, MAX_BATCH)
         self.batched: dict[int, _Active] = {}  # batch uid -> request
         self.solo: _Solo | None = None
 
@@ -193,10 +195,9 @@ class Scheduler:
         self._insert(state, first, caches, list(prompt), sampler, processors)
 
     def _insert(self, state: _Active, last: int, caches, cache_tokens, sampler, processors) -> None:
-        """Join the batch: ``last`` (taken, not yet in ``caches``) is fed next."""
-        uid = self.batch.insert([[last]], max_tokens=[state.max_tokens - len(state.generated)],
-                                caches=[caches], all_tokens=[cache_tokens], samplers=[sampler],
-                                logits_processors=[processors])[0]
+        """Join the batch: ``last`` (taken, not yet in ``caches``) is fed at its next step."""
+        uid = self.batch.join(last, caches, cache_tokens, sampler, processors,
+                              state.max_tokens - len(state.generated))
         self.batched[uid] = state
 
     # ------------------------------------------------------------------ solo decode
@@ -261,23 +262,23 @@ class Scheduler:
             return
         for uid, state in list(self.batched.items()):
             if state.handle.cancelled:
-                caches, tokens = self.batch.remove([uid], return_prompt_caches=True)[uid]
+                caches, tokens = self.batch.remove(uid)
                 del self.batched[uid]
                 self._finish_safely(state, "cancelled", caches, tokens)
         if not self.batched:
             return
-        for response in self.batch.next_generated():
-            state = self.batched.get(response.uid)
+        for generated in self.batch.step():
+            state = self.batched.get(generated.uid)
             if state is None:
                 continue
-            finish = self._take(state, response.token)
-            if finish is None and response.finish_reason is None:
+            finish = self._take(state, generated.token)
+            if finish is None and not generated.finished:
                 continue
-            if response.finish_reason is not None:  # the batch let it go, with its cache
-                caches, tokens = response.prompt_cache, response.all_tokens
+            if generated.finished:  # the batch let it go, with its cache
+                caches, tokens = generated.caches, generated.cache_tokens
             else:
-                caches, tokens = self.batch.remove([response.uid], return_prompt_caches=True)[response.uid]
-            del self.batched[response.uid]
+                caches, tokens = self.batch.remove(generated.uid)
+            del self.batched[generated.uid]
             self._finish_safely(state, finish or "length", caches, tokens)
 
     def fail_all(self, message: str) -> None:
@@ -286,8 +287,8 @@ class Scheduler:
             self._fail(state, message)
         self.batched.clear()
         self.solo = None
-        self.batch = BatchGenerator(self.loaded.model, completion_batch_size=MAX_BATCH,
-                                    prefill_batch_size=MAX_BATCH, prefill_step_size=PREFILL_CHUNK)
+        self.batch.close()
+        self.batch = DecodeBatch(self.loaded.model, MAX_BATCH)
 
     # ------------------------------------------------------------------ tokens
     def _take(self, state: _Active, token: int) -> str | None:
