@@ -143,12 +143,12 @@ def test_a_client_may_ask_for_a_lower_priority():
     completion = to_call(CompletionRequest.model_validate({"prompt": "p", "priority": 3}), CARD)
     assert completion.request.priority == 3
     body = ChatCompletionRequest.model_validate({"messages": HI})
-    assert to_call(body, CARD, None, " 4 ").request.priority == 4  # or the X-RadixChat-Priority header
+    assert to_call(body, CARD, None, priority_header=" 4 ").request.priority == 4  # or the header
     assert to_call(ChatCompletionRequest.model_validate({"messages": HI, "priority": 2}), CARD, None,
-                   "9").request.priority == 2  # the body wins
+                   priority_header="9").request.priority == 2  # the body wins
     for bad in ("-1", "soon", "1.5", str(2**31)):
         with pytest.raises(ApiError) as caught:
-            to_call(body, CARD, None, bad)
+            to_call(body, CARD, None, priority_header=bad)
         assert caught.value.param == "X-RadixChat-Priority"
     # never ahead of the app's own chat window (CHAT_PRIORITY is below 0)
     assert refusal(ChatCompletionRequest, {"messages": HI, "priority": -1}).param == "priority"
@@ -158,7 +158,8 @@ def test_anthropic_messages_take_a_priority_too():
     from core.api import anthropic_schema
 
     body = {"model": "tiny", "max_tokens": 5, "messages": HI}
-    call = anthropic_schema.to_call(anthropic_schema.MessagesRequest.model_validate(body), CARD, None, "5")
+    call = anthropic_schema.to_call(anthropic_schema.MessagesRequest.model_validate(body), CARD, None,
+                                    priority_header="5")
     assert call.request.priority == 5
     with_body = anthropic_schema.MessagesRequest.model_validate({**body, "priority": 1})
     assert anthropic_schema.to_call(with_body, CARD).request.priority == 1

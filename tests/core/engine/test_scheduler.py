@@ -106,7 +106,7 @@ def test_a_failed_hand_over_ends_the_running_request_with_an_error(loaded, monke
     s = scheduler(loaded)
     first, second = (handle(p) for p in PROMPTS)
     start(s, first)
-    monkeypatch.setattr(s.batch, "insert", lambda *a, **k: (_ for _ in ()).throw(MemoryError("no room")))
+    monkeypatch.setattr(s.batch, "join", lambda *a, **k: (_ for _ in ()).throw(MemoryError("no room")))
     start(s, second)
     failed = list(second.events(timeout=0))  # the new request fails as before...
     assert isinstance(failed[-1], ErrorEvent) and failed[-1].kind is ErrorKind.OUT_OF_MEMORY
