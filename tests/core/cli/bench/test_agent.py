@@ -145,4 +145,4 @@ def test_bench_agent_without_the_no_cache_way(tmp_path, capsys, monkeypatch):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert started == [True]
-    assert "ours / mlx_lm.server:      0.500" in out and "without cache" not in out
+    assert "ours / mlx_lm.server:      0.500" in out and "median 0.500" in out and "without cache" not in out
