@@ -15,6 +15,7 @@
     radixchat bench constrain      what constrained decoding costs per token
     radixchat bench agent          a coding-agent session: TTFT with and without our cache, vs mlx_lm.server
     radixchat bench pull           `radixchat pull` from a loopback hub vs curl (source checkout)
+    radixchat bench fairness       a stream's inter-token gaps while another client's long prompt goes in
 
 Errors meant for the user print one line on stderr and exit with status 2.
 """
@@ -210,6 +211,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench_constrain.add_argument("--max-tokens", type=int, default=48, help="reply length per request")
     bench_constrain.add_argument("--repeats", type=int, default=3, help="repetitions (medians are reported)")
     bench_constrain.add_argument("--json", action="store_true")
+    bench_fairness = bench_sub.add_parser("fairness", help="a stream's inter-token gaps while another client's "
+                                                           "long prompt is prefilled")
+    _add_common(bench_fairness)
+    bench_fairness.add_argument("--model", default="default")
+    bench_fairness.add_argument("--long-tokens", type=int, default=3000, help="the long prompt's length, tokens")
+    bench_fairness.add_argument("--max-tokens", type=int, default=64, help="the stream's reply alone, tokens")
+    bench_fairness.add_argument("--repeats", type=int, default=3, help="repetitions (medians are reported)")
+    bench_fairness.add_argument("--json", action="store_true")
     bench_pull = bench_sub.add_parser("pull", help="`radixchat pull` from a loopback hub vs curl (source checkout)")
     bench_pull.add_argument("--mb", type=int, default=500, help="size of the weights file, MiB")
     bench_pull.add_argument("--repeats", type=int, default=3, help="repetitions (medians are reported)")
@@ -300,6 +309,10 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
             from core.cli.bench.constrain import run_bench_constrain
 
             return run_bench_constrain(args)
+        if args.command == "bench" and args.bench_command == "fairness":
+            from core.cli.bench.fairness import run_bench_fairness
+
+            return run_bench_fairness(args)
         if args.command == "bench" and args.bench_command == "pull":
             from core.cli.bench.pull import run_bench_pull
 

@@ -2,9 +2,10 @@
 
 Clients (CLI, GUI bridge, HTTP server) submit :class:`GenerationRequest` values and
 read a stream of events back; only plain values cross the thread boundary. The engine
-loads its model inside its own thread (MLX streams are per thread), prefills requests one
-at a time and decodes all running requests together (``core.engine.scheduler``), and checks
-each request's cancel flag between prefill chunks and between decode steps.
+loads its model inside its own thread (MLX streams are per thread), prefills requests
+a chunk at a time between the decode steps of the running requests, which it decodes
+together (``core.engine.scheduler``), and checks each request's cancel flag between
+prefill chunks and between decode steps.
 
     engine = Engine(data_root, model_spec="default")
     engine.start()
@@ -315,6 +316,8 @@ class Engine:
             if command is not None:
                 if isinstance(command, RequestHandle):
                     self._do_request(command)
+                    if not self._commands.empty():  # take every waiting request in before the
+                        continue  # next step: the scheduler picks among them by priority
                 elif isinstance(command, _ForgetCommand):
                     self._forget(command.session, command.namespace)
                 elif isinstance(command, _CountCommand):
@@ -509,7 +512,7 @@ class Engine:
         self._publish_stats()
 
     def _do_request(self, handle: RequestHandle) -> None:
-        """Admit a request: prefill it, then it decodes with the others in the batch."""
+        """Admit a request: it waits its turn to prefill, then decodes with the others."""
         try:
             if handle.cancelled:
                 handle._emit(DoneEvent("", RequestStats(finish_reason="cancelled")))
@@ -555,5 +558,5 @@ class Engine:
             mlx_cache_bytes=mx.get_cache_memory(),
             mlx_peak_bytes=mx.get_peak_memory(),
             requests_served=self._served,
-            requests_running=len(self._scheduler.active) if self._scheduler is not None else 0,
+            requests_running=self._scheduler.running if self._scheduler is not None else 0,
         )

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.core.engine.test_scheduler import _no_locks, done, handle, loaded, run_alone, scheduler  # noqa: F401
+from tests.core.engine.test_scheduler import (_no_locks, done, handle, loaded, run_alone, scheduler,  # noqa: F401
+                                             start)
 
 PROMPTS = ("the first question is this one", "and a second, different prompt",
            "a third one, a little longer than the others", "four")
@@ -14,14 +15,15 @@ MAX_TOKENS = (20, 2, 9, 5)  # the second joins with one token left
 
 
 def _staggered(s, handles) -> None:
-    """Admit the first, step twice, admit the second, step, admit the rest back to back."""
-    s.admit(handles[0])
+    """Start the first, step twice, start the second, step, start the rest back to back
+    (``start``: admitted and prefilled, its first token taken)."""
+    start(s, handles[0])
     s.step()
     s.step()
-    s.admit(handles[1])
+    start(s, handles[1])
     s.step()
     for h in handles[2:]:
-        s.admit(h)
+        start(s, h)
     while s.busy:
         s.step()
 
@@ -57,8 +59,8 @@ def test_a_batched_reply_leaves_its_exact_cache(loaded):
 def test_cancel_right_after_joining(loaded, steps):
     s = scheduler(loaded)
     first, second = handle(PROMPTS[0], max_tokens=30), handle(PROMPTS[1], max_tokens=30)
-    s.admit(first)
-    s.admit(second)  # both in the batch now; the second has not been fed yet
+    start(s, first)
+    start(s, second)  # both in the batch now; the second has not been fed yet
     for _ in range(steps):
         s.step()
     second.cancel()
