@@ -149,3 +149,45 @@ def test_count_counts_past_the_limit(loaded):
     checked, _ = prompts(loaded, max_prompt_tokens=20)
     request = user("h" * 100)
     assert checked.count(request) == len(render_prompt(loaded.tokenizer, request)) > 100
+
+
+NO_MLX_SCRIPT = """
+import sys
+from transformers import AutoTokenizer
+from core.engine.prompt import PromptLimit, Prompts
+from core.engine.types import ChatMessage, GenerationRequest
+from core.errors import ContextLengthError
+
+class Wrapper:  # what mlx-lm's TokenizerWrapper adds (importing mlx_lm imports mlx)
+    has_chat_template = True
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+prompts = Prompts(Wrapper(AutoTokenizer.from_pretrained(sys.argv[1])), PromptLimit("tiny", 512))
+chat = GenerationRequest(messages=(ChatMessage("system", "be brief"), ChatMessage("user", "hi")))
+ids = prompts.tokens(chat)
+assert len(ids) == prompts.count(chat)
+try:
+    prompts.tokens(GenerationRequest(prompt_text="x" * 10**6))
+except ContextLengthError:
+    pass
+print(len(ids), sorted(m for m in sys.modules if m == "mlx" or m.startswith(("mlx.", "mlx_lm"))))
+"""
+
+
+def test_rendering_and_tokenising_never_load_mlx(loaded, tiny_model):
+    """The prompt threads never call MLX, which only the engine thread may: rendering a chat
+    template, tokenising and the limit's checks run in a process where mlx is never imported."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", NO_MLX_SCRIPT, str(tiny_model)], capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stderr[-800:]
+    count, modules = run.stdout.split(maxsplit=1)
+    expected = render_prompt(loaded.tokenizer, GenerationRequest(
+        messages=(ChatMessage("system", "be brief"), ChatMessage("user", "hi"))))
+    assert int(count) == len(expected)  # the same prompt the engine would get
+    assert modules.strip() == "[]"
