@@ -69,6 +69,7 @@ class RequestHandle:
         self._events: queue.Queue = queue.Queue()
         self._cancel = threading.Event()
         self._prompt: tuple[int, list[int]] | None = None  # (model load, token ids), from a prompt thread
+        self.prompt_s = 0.0  # seconds its prompt took to render and tokenise (its TTFT counts them)
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -482,8 +483,10 @@ class Engine:
         engine thread. A prompt refused here (past the size limit, empty, tools the template
         cannot take) ends here: the engine thread never sees it."""
         if not handle.cancelled:  # a cancelled one goes straight on, to end as cancelled
+            started = time.perf_counter()
             try:
                 handle._prompt = (prompts.load, prompts.tokens(handle.request))
+                handle.prompt_s = time.perf_counter() - started
             except UserError as exc:
                 self._refuse(handle, ErrorEvent(str(exc), exc.kind))
                 return

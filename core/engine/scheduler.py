@@ -101,7 +101,7 @@ class Scheduler:
     def admit(self, handle) -> None:
         """Prefill ``handle``'s request and start decoding it (or finish it at once)."""
         request, loaded = handle.request, self.loaded
-        started = time.perf_counter()
+        started = time.perf_counter() - handle.prompt_s  # rendered and tokenised on a prompt thread
         if request.tools:
             check_tools(request.tools, request.tool_choice, request.tool_name)
         if request.json_schema is not None:

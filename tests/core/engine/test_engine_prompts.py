@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 from mlx_lm.tokenizer_utils import TokenizerWrapper
@@ -112,6 +113,19 @@ def test_no_prompt_is_rendered_or_tokenised_on_the_engine_thread(engine, monkeyp
     assert engine.count_tokens(ask("counted")) > len("counted")
     assert {what for _, what in spy.threads} == {"template", "encode"}  # the spy sees the work
     assert spy.on_engine_thread() == []
+
+
+def test_time_to_first_token_counts_the_prompts_rendering(engine, monkeypatch):
+    render = TokenizerWrapper.apply_chat_template
+
+    def slow_render(*args, **kwargs):
+        time.sleep(0.3)  # a render that takes longer than the tiny model's prefill
+        return render(*args, **kwargs)
+
+    monkeypatch.setattr(TokenizerWrapper, "apply_chat_template", slow_render)
+    handle = engine.submit(ask("slowly rendered"))
+    done = list(handle.events(timeout=60))[-1]
+    assert handle.prompt_s >= 0.3 and done.stats.ttft_s >= handle.prompt_s
 
 
 def test_a_prompt_worked_out_for_the_previous_model_is_worked_out_again(long_context_model, tmp_path,
