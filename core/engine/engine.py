@@ -277,12 +277,12 @@ class Engine:
         self._commands.put(_ForgetCommand(session))
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Finish the current request, drop the model and the cache, park the thread."""
+        """Finish the requests submitted so far, drop the model and the cache, park the thread."""
+        self._prompt_pool.shutdown(wait=True)  # the prompts being worked out reach the queue first
         if self._thread is not None:
             self._commands.put(_STOP)
             self._stopped.wait(timeout)
             self._thread = None
-        self._prompt_pool.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------ engine thread
     def _run(self) -> None:

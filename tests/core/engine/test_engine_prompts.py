@@ -176,3 +176,11 @@ def test_max_prompt_tokens_refuses_a_longer_prompt_before_the_engine(tiny_model,
         assert isinstance(list(eng.stream(ask("short")))[-1], DoneEvent)
     finally:
         eng.shutdown()
+
+
+def test_shutdown_finishes_a_request_whose_prompt_was_being_worked_out(tiny_model, tmp_path):
+    eng = Engine(tmp_path, str(tiny_model), pool_tokens=1024).start()
+    eng.wait_ready(timeout=60)
+    handle = eng.submit(ask("submitted just before the end"))
+    eng.shutdown()
+    assert isinstance(list(handle.events(timeout=60))[-1], DoneEvent)
