@@ -5,7 +5,8 @@ CPU work on the tokenizer, which is not MLX: they run on the thread that asks
 (``Engine.count_tokens``) or on the engine's small pool of prompt threads
 (``Engine.submit``), never on the engine thread, so a huge message costs the streams
 being decoded nothing. The engine thread gets the request back carrying its token ids.
-Nothing here imports mlx (``tests/test_layering.py`` checks).
+Nothing here imports mlx (``tests/core/engine/test_prompt.py`` renders and tokenises
+in a process where mlx never loads).
 
 The limit (:class:`PromptLimit`): a prompt has at most the model's context less one token
 (room for the first generated one), or ``--max-prompt-tokens`` if that is smaller. Before
