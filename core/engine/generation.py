@@ -1,8 +1,9 @@
 """The pieces of one request that run on the engine thread (see ``core.engine.scheduler``).
 
-Prompt rendering (chat template), chunked prefill advanced a chunk at a time,
-sampling through ``mlx_lm.sample_utils``, and streaming text with stop strings held
-back until they can no longer match.
+Chunked prefill advanced a chunk at a time, sampling through ``mlx_lm.sample_utils``,
+and streaming text with stop strings held back until they can no longer match. The
+prompt itself is rendered and tokenised off the engine thread (``core.engine.prompt``):
+a request reaches the scheduler carrying its token ids.
 """
 
 from __future__ import annotations
@@ -14,53 +15,11 @@ import mlx.nn as nn
 from mlx_lm.generate import generation_stream
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
-from core.engine.constrain import tool_markup, tool_name
-from core.engine.tools import template_message
-from core.engine.types import GenerationRequest, SamplingParams
-from core.errors import UserError
+from core.engine.prompt import render_prompt  # noqa: F401  (the scheduler's: token ids as given)
+from core.engine.types import SamplingParams
 
 PREFILL_CHUNK = 256  # tokens per prefill chunk when no other request decodes
 SINGLE_CALL_TAIL = 64  # a remaining prompt this short is computed in one model call
-
-
-def render_prompt(tokenizer, request: GenerationRequest) -> list[int]:
-    """Token ids of the request's prompt (never empty)."""
-    tokens = _render(tokenizer, request)
-    if not tokens:
-        raise UserError("empty prompt: nothing to generate from")
-    return tokens
-
-
-def _render(tokenizer, request: GenerationRequest) -> list[int]:
-    if request.prompt_tokens is not None:
-        return list(request.prompt_tokens)
-    if request.prompt_text is not None:
-        return list(tokenizer.encode(request.prompt_text))
-    if not request.messages:
-        raise UserError("empty request: no messages and no prompt")
-    messages = [template_message(m) for m in request.messages]
-    tools = list(request.tools) if request.tools and request.tool_choice != "none" else None
-    if tools:
-        return _render_with_tools(tokenizer, messages, tools)
-    if getattr(tokenizer, "has_chat_template", False):
-        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
-    text = "\n".join(f"{m['role']}: {m['content']}" for m in messages) + "\nassistant:"
-    return list(tokenizer.encode(text))
-
-
-def _render_with_tools(tokenizer, messages: list[dict], tools: list[dict]) -> list[int]:
-    """The prompt with ``tools`` handed to the chat template. A template that has no tool
-    markup, or drops the tools, cannot serve them: a clear error, not a model that never
-    hears of its tools."""
-    fix = "start RadixChat with --chat-template FILE (a Jinja template that takes tools)"
-    if not getattr(tokenizer, "has_chat_template", False) or tool_markup(tokenizer) is None:
-        raise UserError(f"this model's chat template cannot take tools: {fix}")
-    text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
-                                         tokenize=False)
-    missing = [name for t in tools if (name := tool_name(t)) not in text]
-    if missing:
-        raise UserError(f"this model's chat template drops the tools ({', '.join(missing)}): {fix}")
-    return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 class StopText:

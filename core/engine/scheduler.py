@@ -144,7 +144,7 @@ class Scheduler:
         """Check ``handle``'s request and queue it for prefill (:meth:`step` runs it, a chunk
         at a time). Raises UserError for a request that cannot run."""
         request, loaded = handle.request, self.loaded
-        started = time.perf_counter()
+        started = time.perf_counter() - handle.prompt_s  # rendered and tokenised on a prompt thread
         if request.tools:
             check_tools(request.tools, request.tool_choice, request.tool_name)
         if request.json_schema is not None:

@@ -38,7 +38,7 @@ from core import paths
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from core.errors import UserError
-from core.engine.generation import render_prompt
+from core.engine.prompt import render_prompt
 
 SYSTEM_PROMPT = "You are a helpful travel assistant. Answer briefly."
 USER_MESSAGES = (

@@ -103,6 +103,19 @@ def test_a_failed_turn_does_not_end_the_interactive_chat(capsys, tiny_model, tmp
         assert [m.content for m in store.messages(session.id)][0] == "after the error"
 
 
+def test_max_prompt_tokens_refuses_a_longer_message_in_one_line(capsys, tiny_model, tmp_path):
+    base = ["chat", "--model", str(tiny_model), "--data-dir", str(tmp_path), "--max-tokens", "4",
+            "--kv-tokens", "4096", "--max-prompt-tokens", "30"]
+    assert main([*base, "a message longer than thirty tokens, surely"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("radixchat: ") and "the prompt is " in err[-1]
+    assert err[-1].endswith("but prompts are limited to 30 tokens (--max-prompt-tokens)")
+    assert main([*base, "hi"]) == 0
+    with pytest.raises(SystemExit):
+        main(["serve", "--max-prompt-tokens", "0"])
+    assert "0 is not a positive number" in capsys.readouterr().err
+
+
 def test_no_cache_computes_everything(capsys, tiny_model, tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO("one\ntwo\n"))
     assert main(["chat", "--model", str(tiny_model), "--data-dir", str(tmp_path), "--temp", "0",

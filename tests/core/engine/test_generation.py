@@ -1,5 +1,5 @@
-"""The engine thread's per-request pieces on a tiny generated model: prompt rendering,
-stop strings, the vocabulary size, sampling tools and chunked, cancellable prefill."""
+"""The engine thread's per-request pieces on a tiny generated model: stop strings, the
+vocabulary size, sampling tools and chunked, cancellable prefill."""
 
 from __future__ import annotations
 
@@ -9,60 +9,15 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
 from core.engine import generation
-from core.engine.generation import (PREFILL_CHUNK, SINGLE_CALL_TAIL, ChunkedPrefill, StopText, render_prompt,
-                                    sampling_tools, vocab_size)
-from core.engine.types import ChatMessage, GenerationRequest, SamplingParams
-from core.errors import UserError
+from core.engine.generation import (PREFILL_CHUNK, SINGLE_CALL_TAIL, ChunkedPrefill, StopText, sampling_tools,
+                                    vocab_size)
+from core.engine.types import SamplingParams
 from core.models.loader import load_model
 
 
 @pytest.fixture(scope="module")
 def loaded(tiny_model, tmp_path_factory):
     return load_model(str(tiny_model), tmp_path_factory.mktemp("data"))
-
-
-class PlainTokenizer:
-    """A tokenizer without a chat template: one id per byte."""
-
-    has_chat_template = False
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode())
-
-
-# ---------------------------------------------------------------- render_prompt
-
-
-def test_prompt_tokens_are_taken_as_given(loaded):
-    assert render_prompt(loaded.tokenizer, GenerationRequest(prompt_tokens=(5, 6, 7))) == [5, 6, 7]
-
-
-def test_prompt_text_is_encoded_without_a_template(loaded):
-    tokens = render_prompt(loaded.tokenizer, GenerationRequest(prompt_text="hello"))
-    assert tokens == list(loaded.tokenizer.encode("hello"))
-    assert loaded.tokenizer.decode(tokens).endswith("hello")
-
-
-def test_messages_go_through_the_chat_template(loaded):
-    messages = (ChatMessage("system", "be brief"), ChatMessage("user", "hi"))
-    tokens = render_prompt(loaded.tokenizer, GenerationRequest(messages=messages))
-    expected = loaded.tokenizer.apply_chat_template(
-        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}], add_generation_prompt=True)
-    assert tokens == list(expected)
-    text = loaded.tokenizer.decode(tokens)
-    assert "be brief" in text and text.index("be brief") < text.index("hi")
-
-
-def test_messages_without_a_template_become_role_lines():
-    request = GenerationRequest(messages=(ChatMessage("user", "hi"), ChatMessage("assistant", "yo")))
-    assert bytes(render_prompt(PlainTokenizer(), request)) == b"user: hi\nassistant: yo\nassistant:"
-
-
-@pytest.mark.parametrize("request_", [GenerationRequest(), GenerationRequest(prompt_text=""),
-                                      GenerationRequest(prompt_tokens=())])
-def test_an_empty_request_is_a_user_error(request_):
-    with pytest.raises(UserError, match="empty"):
-        render_prompt(PlainTokenizer(), request_)
 
 
 # ---------------------------------------------------------------- StopText
