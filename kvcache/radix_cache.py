@@ -307,17 +307,24 @@ class RadixCache:
     def peek_length(self, tokens: Sequence[int]) -> int:
         """What ``match_prefix`` would return as length, without splitting, counting or
         touching LRU times."""
+        return len(self.peek_values(tokens))
+
+    def peek_values(self, tokens: Sequence[int]) -> tuple[int, ...]:
+        """What ``match_prefix`` would return as values (the cached prefix's slots),
+        without splitting, counting or touching LRU times."""
         if self.disable:
-            return 0
+            return ()
         tokens = tuple(map(int, tokens))
         path = self._walk(tokens, split=False)
         if self.require_snapshots:
             while path and path[-1].snapshot is None:
                 path.pop()
-            return sum(len(node.key) for node in path)
-        matched = sum(len(node.key) for node in path)
-        child = (path[-1] if path else self.root).children.get(tokens[matched]) if matched < len(tokens) else None
-        return matched + (_common_len(child.key, tokens, matched) if child is not None else 0)
+        values = tuple(itertools.chain.from_iterable(node.value for node in path))
+        matched = len(values)
+        if self.require_snapshots or matched >= len(tokens):
+            return values
+        child = (path[-1] if path else self.root).children.get(tokens[matched])
+        return values + (child.value[: _common_len(child.key, tokens, matched)] if child is not None else ())
 
     def nodes(self) -> Iterator[TreeNode]:
         """Every node except the root (any order)."""
