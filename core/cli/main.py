@@ -126,7 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (beyond loopback needs --api-key)")
     serve.add_argument("--port", type=_port, default=8000)
     serve.add_argument("--model", default="default", help="known name, .gguf file, MLX folder or HF repo id")
-    serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: $RADIXCHAT_API_KEY)")
+    serve.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                       help="require 'Authorization: Bearer KEY' (default: $RADIXCHAT_API_KEY); repeatable: "
+                            "each key is a client of its own, whose cached prompts no other key's requests reach")
+    serve.add_argument("--api-keys-file", metavar="FILE",
+                       help="more keys, one a line ('#' starts a comment), as for --api-key")
     serve.add_argument("--allow-origin", action="append", default=[], metavar="URL",
                        help="let web pages from this origin (like http://localhost:3000) call the API; "
                             "repeatable ('*': any page). Without it, requests from browsers are refused")
@@ -169,10 +173,15 @@ def build_parser() -> argparse.ArgumentParser:
     pressure.add_argument("--rounds", type=int, default=3, help="times each client sends its prompt")
     pressure.add_argument("--repeats", type=int, default=3)
     pressure.add_argument("--json", action="store_true")
-    bench_serve = bench_sub.add_parser("serve", help="API decode throughput: N concurrent streaming clients vs one")
+    bench_serve = bench_sub.add_parser("serve", help="API decode throughput: N concurrent streaming clients vs one"
+                                                     " (--against mlx-lm: and vs mlx_lm.server)")
     _add_common(bench_serve)
     bench_serve.add_argument("--model", default="default")
-    bench_serve.add_argument("--streams", type=int, default=4, help="concurrent clients")
+    bench_serve.add_argument("--streams", type=int, nargs="+", metavar="N",
+                             help="concurrent clients, besides one (default: 4; 4 8 with --against)")
+    bench_serve.add_argument("--against", choices=("mlx-lm",),
+                             help="also mlx_lm.server on the same weights; both servers as subprocesses, "
+                                  "interleaved run by run")
     bench_serve.add_argument("--max-tokens", type=int, default=64, help="reply length per request")
     bench_serve.add_argument("--repeats", type=int, default=3, help="repetitions (medians are reported)")
     bench_serve.add_argument("--json", action="store_true")
@@ -266,6 +275,10 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
             from core.cli.bench.pressure import run_bench_pressure
 
             return run_bench_pressure(args)
+        if args.command == "bench" and args.bench_command == "serve" and args.against:
+            from core.cli.bench.serve_against import run_bench_serve_against
+
+            return run_bench_serve_against(args)
         if args.command == "bench" and args.bench_command == "serve":
             from core.cli.bench.serve import run_bench_serve
 

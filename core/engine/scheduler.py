@@ -6,9 +6,11 @@ the first token is sampled from that prefill's logits, so time to first token ne
 waits for other requests. A request that runs alone then decodes on its own cache
 objects the way ``mlx_lm.generate_step`` does (one sequence, the next step queued
 before the current token is read), with nothing to merge, mask or extract. When a
-second request arrives, the running one hands its cache over to mlx-lm's
-``BatchGenerator``, which takes per-request prompt caches and decodes every running
-request in one forward pass per step. When a request ends (EOS, stop string, max
+second request arrives, the running one hands its cache over to the decode batch
+(``core.engine.decode_batch``, over mlx-lm's ``GenerationBatch``), which takes per-request
+prompt caches and decodes every running request in one forward pass per step; a request
+joins it with its first token as its next input, so joining costs the others no forward
+pass of its own. When a request ends (EOS, stop string, max
 tokens, cancel) it leaves with its cache, which goes into the radix tree and, for
 sessions, to disk.
 """
@@ -20,14 +22,16 @@ import time
 from dataclasses import dataclass, field
 
 import mlx.core as mx
-from mlx_lm.generate import BatchGenerator, generation_stream
+from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 
 from core.engine.constrain import Grammars, check_schema, check_tools, grammar_for, tool_markup
+from core.engine.decode_batch import DecodeBatch
+from core.engine.namespaces import label as namespace_label
 from core.engine.tools import ToolCallText
 from core.engine.types import DoneEvent, ErrorEvent, ProgressEvent, RequestStats, TokenEvent, ToolCallEvent
 from core.errors import ContextLengthError, ErrorKind, UserError
-from core.engine.generation import (PREFILL_CHUNK, Cancelled, StopText, prefill, render_prompt, sampling_tools,
+from core.engine.generation import (Cancelled, StopText, prefill, render_prompt, sampling_tools,
                              vocab_size)
 
 MAX_BATCH = 16  # requests decoded together
@@ -83,8 +87,7 @@ class Scheduler:
         self.vocab = vocab_size(loaded.model, loaded.config)
         self.markup = tool_markup(loaded.tokenizer)
         self.grammars = Grammars(loaded.tokenizer, self.vocab or len(loaded.tokenizer.get_vocab()))
-        self.batch = BatchGenerator(loaded.model, completion_batch_size=MAX_BATCH,
-                                    prefill_batch_size=MAX_BATCH, prefill_step_size=PREFILL_CHUNK)
+        self.batch = DecodeBatch(loaded.model, MAX_BATCH)
         self.batched: dict[int, _Active] = {}  # batch uid -> request
         self.solo: _Solo | None = None
 
@@ -118,8 +121,9 @@ class Scheduler:
             )
         cache_on = self.prefix_cache is not None and request.use_cache and self.prefix_cache.enabled
         persister = self.persister if cache_on else None
-        restored = persister.restore(prompt, request.session) if persister is not None else 0
-        prefix = self.prefix_cache.match(prompt) if cache_on else None
+        namespace = request.cache_namespace
+        restored = persister.restore(prompt, request.session, namespace) if persister is not None else 0
+        prefix = self.prefix_cache.match(prompt, namespace) if cache_on else None
         try:
             self._admit(handle, prompt, prefix, restored, started, min(request.sampling.max_tokens,
                                                                         context - len(prompt)))
@@ -191,10 +195,9 @@ class Scheduler:
         self._insert(state, first, caches, list(prompt), sampler, processors)
 
     def _insert(self, state: _Active, last: int, caches, cache_tokens, sampler, processors) -> None:
-        """Join the batch: ``last`` (taken, not yet in ``caches``) is fed next."""
-        uid = self.batch.insert([[last]], max_tokens=[state.max_tokens - len(state.generated)],
-                                caches=[caches], all_tokens=[cache_tokens], samplers=[sampler],
-                                logits_processors=[processors])[0]
+        """Join the batch: ``last`` (taken, not yet in ``caches``) is fed at its next step."""
+        uid = self.batch.join(last, caches, cache_tokens, sampler, processors,
+                              state.max_tokens - len(state.generated))
         self.batched[uid] = state
 
     # ------------------------------------------------------------------ solo decode
@@ -259,23 +262,23 @@ class Scheduler:
             return
         for uid, state in list(self.batched.items()):
             if state.handle.cancelled:
-                caches, tokens = self.batch.remove([uid], return_prompt_caches=True)[uid]
+                caches, tokens = self.batch.remove(uid)
                 del self.batched[uid]
                 self._finish_safely(state, "cancelled", caches, tokens)
         if not self.batched:
             return
-        for response in self.batch.next_generated():
-            state = self.batched.get(response.uid)
+        for generated in self.batch.step():
+            state = self.batched.get(generated.uid)
             if state is None:
                 continue
-            finish = self._take(state, response.token)
-            if finish is None and response.finish_reason is None:
+            finish = self._take(state, generated.token)
+            if finish is None and not generated.finished:
                 continue
-            if response.finish_reason is not None:  # the batch let it go, with its cache
-                caches, tokens = response.prompt_cache, response.all_tokens
+            if generated.finished:  # the batch let it go, with its cache
+                caches, tokens = generated.caches, generated.cache_tokens
             else:
-                caches, tokens = self.batch.remove([response.uid], return_prompt_caches=True)[response.uid]
-            del self.batched[response.uid]
+                caches, tokens = self.batch.remove(generated.uid)
+            del self.batched[generated.uid]
             self._finish_safely(state, finish or "length", caches, tokens)
 
     def fail_all(self, message: str) -> None:
@@ -284,8 +287,8 @@ class Scheduler:
             self._fail(state, message)
         self.batched.clear()
         self.solo = None
-        self.batch = BatchGenerator(self.loaded.model, completion_batch_size=MAX_BATCH,
-                                    prefill_batch_size=MAX_BATCH, prefill_step_size=PREFILL_CHUNK)
+        self.batch.close()
+        self.batch = DecodeBatch(self.loaded.model, MAX_BATCH)
 
     # ------------------------------------------------------------------ tokens
     def _take(self, state: _Active, token: int) -> str | None:
@@ -371,6 +374,7 @@ class Scheduler:
             constraint_cpu_s=state.grammar.cpu_s if state.grammar is not None else 0.0,
             finish_reason=finish,
             stop_sequence=state.stop_text.matched if finish == "stop" else None,
+            cache_namespace=namespace_label(handle.request.cache_namespace),
         )
         calls = tuple(state.tool_text.calls) if state.tool_text is not None else ()
         handle._emit(DoneEvent("".join(state.shown), stats, calls))
@@ -383,5 +387,5 @@ class Scheduler:
         resumed = [state.prefix.snapshot] if state.prefix.snapshot is not None else []  # for disk
         snapshots = resumed + state.snapshots + ([end_snapshot] if end_snapshot is not None else [])
         if self.persister is not None:  # a session's chain, or a long enough request's
-            self.persister.save(session, seen, caches, snapshots)
+            self.persister.save(session, seen, caches, snapshots, state.prefix.namespace)
         self.prefix_cache.commit(state.prefix, seen, caches, snapshots, session)

@@ -98,7 +98,7 @@ def test_a_failed_hand_over_ends_the_running_request_with_an_error(loaded, monke
     s = scheduler(loaded)
     first, second = (handle(p) for p in PROMPTS)
     s.admit(first)
-    monkeypatch.setattr(s.batch, "insert", lambda *a, **k: (_ for _ in ()).throw(MemoryError("no room")))
+    monkeypatch.setattr(s.batch, "join", lambda *a, **k: (_ for _ in ()).throw(MemoryError("no room")))
     with pytest.raises(MemoryError):
         s.admit(second)  # the new request fails as before (the engine reports it)...
     events = list(first.events(timeout=0))  # ...and the running one ends instead of hanging
