@@ -135,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="let web pages from this origin (like http://localhost:3000) call the API; "
                             "repeatable ('*': any page). Without it, requests from browsers are refused")
     serve.add_argument("--kv-tokens", type=int, help="KV pool size in tokens (default: from free memory)")
+    serve.add_argument("--no-cache", action="store_true",
+                       help="compute every prompt whole: no prefix cache, no disk cache (for comparisons)")
     serve.add_argument("--chat-template", metavar="FILE",
                        help="a Jinja chat template replacing the model's own (e.g. one that takes tools)")
 
@@ -194,6 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench_agent.add_argument("--rounds", type=int, default=10, help="tool rounds per agent")
     bench_agent.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template that takes tools "
                              "(for models whose own does not)")
+    bench_agent.add_argument("--endpoint", choices=("messages", "chat"), default="messages",
+                             help="drive our server through /v1/messages (Anthropic) or /v1/chat/completions "
+                                  "(mlx_lm.server always gets /v1/chat/completions)")
+    bench_agent.add_argument("--nocache-every", type=int, default=1, metavar="K",
+                             help="our server without cache runs only every K-th request (the ratio is taken "
+                                  "over those; 1: all of them)")
+    bench_agent.add_argument("--skip-nocache", action="store_true", help="leave out our server without cache")
     bench_agent.add_argument("--json", action="store_true")
     bench_constrain = bench_sub.add_parser("constrain", help="what constrained decoding costs per token")
     _add_common(bench_constrain)

@@ -302,6 +302,8 @@ class Engine:
     def _run(self) -> None:
         deferred: list = []  # loads and stops wait until the running requests are done
         while True:
+            if self._persister is not None:  # the pages of replies just sent, for the disk
+                self._persister.serialize_pending()
             busy = self._scheduler is not None and self._scheduler.busy
             if busy or not deferred:
                 try:
