@@ -3,7 +3,10 @@
 The ``mlx-cpu`` wheel ships a reference BLAS. Loading the system's OpenBLAS with
 ``RTLD_GLOBAL`` before the first ``import mlx`` makes MLX's GEMM calls resolve to it:
 measured here (2 cores, x86_64) a 512x512 float32 matmul went from 51 ms to 1.4 ms.
-This runs from ``core/__init__`` so it happens before any module imports mlx.
+``core/__init__`` arranges for this to run right before the first ``import mlx`` in the
+process (:func:`prepare_before_mlx`), whoever imports it: a command that never touches
+MLX (``radixchat pull``, ``search``) does not pay for loading OpenBLAS and starting its
+threads (~20 ms).
 
 ``RADIXCHAT_OPENBLAS=0`` turns it off; ``RADIXCHAT_OPENBLAS=/path/libopenblas.so.0``
 names the library. On macOS nothing is done: MLX uses Accelerate and Metal.
@@ -18,8 +21,6 @@ default (2.03 s / 0.20 s / 58.5 ms against 2.02-2.07 s / 0.19-0.20 s / 58-61 ms)
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import sys
 from dataclasses import dataclass
@@ -48,6 +49,8 @@ _SETUP: BlasSetup | None = None
 
 
 def _find_openblas() -> str | None:
+    import ctypes.util
+
     for candidate in _CANDIDATES:
         if Path(candidate).exists():
             return candidate
@@ -73,6 +76,8 @@ def prepare_cpu_backend() -> BlasSetup:
                 None, "system OpenBLAS not found (apt install libopenblas0-pthread)"
             )
         else:
+            import ctypes
+
             os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", THREAD_TIMEOUT)  # read when loaded
             try:
                 ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
@@ -84,3 +89,25 @@ def prepare_cpu_backend() -> BlasSetup:
 
 def blas_setup() -> BlasSetup:
     return prepare_cpu_backend()
+
+
+class _BeforeMlx:
+    """An import hook (first on ``sys.meta_path``) that runs :func:`prepare_cpu_backend`
+    when ``mlx`` is about to be imported, then steps aside: it finds nothing itself, so
+    the import goes on as usual."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "mlx" or name.startswith("mlx."):
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            prepare_cpu_backend()
+        return None
+
+
+def prepare_before_mlx() -> None:
+    """Have :func:`prepare_cpu_backend` run right before the process first imports mlx (at
+    once if it has already: then it only records that it came too late)."""
+    if "mlx" in sys.modules:
+        prepare_cpu_backend()
+    elif _SETUP is None and not any(isinstance(f, _BeforeMlx) for f in sys.meta_path):
+        sys.meta_path.insert(0, _BeforeMlx())

@@ -303,14 +303,16 @@ class DiskTier:
                 room: int = 0) -> int:
         """Restore ``tokens[start:]`` (of ``namespace``) from the chain being read, streaming its pages (those
         wholly before ``start``, which RAM holds, are not read). The K/V of each layer is
-        joined into one buffer with ``room`` spare positions (rounded up to mlx-lm's
-        KVCache step), so a request resuming from it prefills in place (see
-        ``insert_restored``). A page that fails its check ends the stream: what came before
-        it (back to a snapshot, for a hybrid model) is restored, the rest is recomputed."""
+        joined into one buffer, RAM's part first (``tokens[:start]``, copied out of the
+        pool), with ``room`` spare positions (rounded up to mlx-lm's KVCache step), so a
+        request resuming from it takes it as its cache and prefills in place (see
+        ``insert_restored``), whether or not RAM held the start of its prompt. A page that
+        fails its check ends the stream: what came before it (back to a snapshot, for a
+        hybrid model) is restored, the rest is recomputed."""
         began = time.perf_counter()
         layers = len(self.prefix_cache.build.layout.full_layer_indices)
         spare = KVCache.step * -(-(len(tokens) + max(room, 1)) // KVCache.step) - len(tokens)
-        joined = _Joiner(2 * layers, len(tokens) - start + spare)
+        joined = _Joiner(2 * layers, len(tokens) + spare)
         count = _pages_for(reading.chain, len(tokens))
         first = offset = 0
         while first < count and offset + len(reading.chain[first].tokens) <= start:
@@ -322,13 +324,15 @@ class DiskTier:
             nbytes += len(page.kv) + len(page.snapshot or b"")
             if offset + take > start and layers:
                 lo = max(0, start - offset)
-                joined.add(offset + lo - start, take - lo, lo, kv_views(page.kv, layers, len(page.tokens)))
+                joined.add(offset + lo, take - lo, lo, kv_views(page.kv, layers, len(page.tokens)))
             if page.snapshot is not None and offset + len(page.tokens) <= len(tokens):
                 snapshots[offset + len(page.tokens)] = page.snapshot
             offset += take
         end = max(snapshots, default=0) if self.prefix_cache.hybrid else offset
         if end <= start:
             return 0
+        if start and layers:
+            joined.add_arrays(0, self.prefix_cache.cached_kv(tokens[:start], namespace))
         snapshot = snapshot_from_bytes(snapshots[end]) if end in snapshots else None
         restored = self.prefix_cache.insert_restored(tokens[:end], start, joined.layers(), snapshot, namespace)
         if restored:
@@ -493,6 +497,15 @@ class _Joiner:
             self.targets = [np.array(buffer, copy=False) for buffer in self.buffers]  # views
         for target, (_, view) in zip(self.targets, views):
             target[:, at : at + n] = view[:, lo : lo + n]
+
+    def add_arrays(self, at: int, layers_kv: list[tuple[mx.array, mx.array]]) -> None:
+        """Each layer's ``(keys, values)``, ``(heads, n, head_dim)`` MLX arrays, go to
+        ``at..at+n-1`` (after the first :meth:`add`: the buffers exist)."""
+        arrays = [a for pair in layers_kv for a in pair]
+        arrays = [a.astype(mx.bfloat16).view(mx.uint16) if name == "bfloat16" else a.astype(buffer.dtype)
+                  for a, name, buffer in zip(arrays, self.names, self.buffers)]  # as the buffers hold it
+        mx.eval(arrays)
+        self.add(at, arrays[0].shape[1], 0, [(name, np.array(a, copy=False)) for a, name in zip(arrays, self.names)])
 
     def layers(self) -> list[tuple[mx.array, mx.array]]:
         """``(keys, values)`` per layer; [] when nothing was added."""

@@ -237,33 +237,27 @@ class PrefixCache:
         (in ``namespace``, the one the disk chain belongs to).
 
         ``layers_kv[i]`` is ``(keys, values)`` of full-attention layer ``i`` (pool order),
-        each ``(heads, m, head_dim)`` with ``m >= len(tokens) - start``: the first
-        ``len(tokens) - start`` positions are the restored tokens, the rest is spare room.
+        each ``(heads, m, head_dim)`` with ``m >= len(tokens)``: the K/V of the whole
+        sequence, position by position (the first ``start`` as RAM holds them, see
+        :meth:`cached_kv`; then the restored tokens), the rest spare room.
         ``tokens[:start]`` must already be cached. Returns the tokens now cached beyond
         ``start`` (0 if the pool is full).
 
-        When the whole sequence was restored (``start == 0``), the same arrays also become
-        the mlx-lm cache objects of a hot entry: the request that asked for the restore
-        takes them without gathering its prefix back out of the pool, and its prefill
-        fills the spare room in place. The copy into the pool waits (see
-        :meth:`flush_writes`) until that request has its first token, or until anything
-        allocates from or gathers out of the pool, whichever comes first: the tree holds
-        the pages, and nothing reads them before.
+        The same arrays also become the mlx-lm cache objects of a hot entry: the request
+        that asked for the restore takes them without gathering its prefix back out of
+        the pool, and its prefill fills the spare room in place. The copy of the restored
+        tokens into the pool waits (see :meth:`flush_writes`) until that request has its
+        first token, or until anything allocates from or gathers out of the pool,
+        whichever comes first: the tree holds the pages, and nothing reads them before.
         """
         prefix = self.match(list(tokens) + [0], namespace)  # locks tokens[:start] while we allocate
         try:
             if not self.enabled or prefix.length < start:
                 return 0
 
-            def source(pool_index: int, a: int, b: int):
-                keys, values = layers_kv[pool_index]
-                return keys[:, a - start : b - start], values[:, a - start : b - start]
-
             snapshots = [snapshot] if snapshot is not None else []
             if self.hybrid and not snapshots:
                 return 0
-            if start or prefix.length:
-                return self._store(prefix, list(tokens), source, snapshots) or 0
             # The pool copy reads the hot caches when it runs: the request's prefill updates
             # them in place meanwhile (only past len(tokens)); a reference held to the
             # arrays themselves would make that update copy every layer instead.
@@ -311,6 +305,21 @@ class PrefixCache:
             self.write_back(tokens, source, [snapshot] if snapshot is not None else [], namespace)
         except Exception:  # the prefix is recomputed when it is asked for again, no more
             log.exception("writing back an evicted prefix failed")
+
+    def cached_kv(self, tokens: list[int], namespace: str = "") -> list[tuple[mx.array, mx.array]]:
+        """The K/V RAM holds for ``tokens`` in ``namespace`` (all cached: see
+        :meth:`cached_length`), as ``(keys, values)`` per full-attention layer (pool
+        order), each ``(heads, n, head_dim)``, evaluated: what a restore puts before the
+        tokens it reads from disk. No locks, no counters."""
+        slots = self.tree.peek_values(tokens, namespace)
+        if len(slots) != len(tokens):
+            raise ValueError(f"RAM holds {len(slots)} of the {len(tokens)} tokens asked for")
+        self.flush_writes()  # restored K/V still on its way into these pages
+        layers = []
+        for pool_index in range(len(self._full_layers)):
+            keys, values = self.pool.gather(pool_index, slots)
+            layers.append((keys[0], values[0]))
+        return layers
 
     def cached_length(self, tokens: list[int], namespace: str = "") -> int:
         """How much of ``tokens`` a request in ``namespace`` would get from RAM now (no

@@ -338,18 +338,25 @@ class RadixCache:
     def peek_length(self, tokens: Sequence[int], namespace: str = "") -> int:
         """What ``match_prefix`` would return as length, without splitting, counting or
         touching LRU times."""
+        return len(self.peek_values(tokens, namespace))
+
+    def peek_values(self, tokens: Sequence[int], namespace: str = "") -> tuple[int, ...]:
+        """What ``match_prefix`` would return as values (the cached prefix's slots),
+        without splitting, counting or touching LRU times."""
         top = self._top(namespace)
         if self.disable or top is None:
-            return 0
+            return ()
         tokens = tuple(map(int, tokens))
         path = self._walk(tokens, top, split=False)
         if self.require_snapshots:
             while path and path[-1].snapshot is None:
                 path.pop()
-            return sum(len(node.key) for node in path)
-        matched = sum(len(node.key) for node in path)
-        child = (path[-1] if path else top).children.get(tokens[matched]) if matched < len(tokens) else None
-        return matched + (_common_len(child.key, tokens, matched) if child is not None else 0)
+        values = tuple(itertools.chain.from_iterable(node.value for node in path))
+        matched = len(values)
+        if self.require_snapshots or matched >= len(tokens):
+            return values
+        child = (path[-1] if path else top).children.get(tokens[matched])
+        return values + (child.value[: _common_len(child.key, tokens, matched)] if child is not None else ())
 
     def nodes(self) -> Iterator[TreeNode]:
         """Every node except the root and the anchors (any order), in every namespace."""

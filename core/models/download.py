@@ -11,8 +11,8 @@ objects, which costs more CPU than the transfer) and appended to
 connection is retried from where it stopped), written and hashed on a second thread
 while the next bytes arrive; a whole file whose SHA-256 (LFS files) or git blob id
 (small files) matches what the hub listed becomes ``blobs/<etag>``. Only when every file
-is there does ``hf_hub_download`` link them into ``snapshots/<commit>`` (config.json
-last), so the model lists never see half a model. A cancel, a lost connection or a
+is there are they linked into ``snapshots/<commit>`` as huggingface_hub links them
+(config.json last), so the model lists never see half a model. A cancel, a lost connection or a
 killed app leaves the ``.incomplete`` file, and the next pull asks for the rest only
 (huggingface_hub 2.x restarts such a file from zero, and its ``http_get`` gathers 10 MB
 before it reports progress: too coarse for a cancel button, and slower).
@@ -199,13 +199,12 @@ def _fetch_all(plan: RepoPlan, files: list[RepoFile], meter: "_Meter", hashes) -
 
 def _fetch(plan: RepoPlan, file: RepoFile, meter: "_Meter", hashes: FileHashCache | None) -> None:
     """One file into ``blobs/<etag>``, resuming its ``.incomplete`` part, verified."""
-    from huggingface_hub import hf_hub_url
     from huggingface_hub.utils import build_hf_headers
 
     blob, partial, _ = _paths(plan, file)
     # The commit's URL names these bytes for good; the hub redirects it to its CDN, and
     # the HTTP client drops the token on a redirect to another host.
-    url = hf_hub_url(plan.repo_id, file.path, revision=plan.commit, endpoint=hub.endpoint())
+    url = hub.file_url(plan.repo_id, file.path, plan.commit)
     try:
         headers = build_hf_headers(token=hub.token() or False, library_name="radixchat")
         with open(partial, "ab", buffering=0) as raw:  # the buffers are large: no second copy
@@ -314,27 +313,23 @@ def _size(path: Path) -> int:
 
 
 def _link(plan: RepoPlan, storage: Path, revision: str) -> Path:
-    """Link the verified blobs into the snapshot through ``hf_hub_download`` (which finds
-    each blob in place and fetches nothing but its metadata); ``config.json`` last, then
-    ``refs/<revision>``."""
-    from huggingface_hub import hf_hub_download
-
+    """Link the verified blobs into ``snapshots/<commit>`` as huggingface_hub links them (a
+    relative symlink to ``../../blobs/<etag>``; a copy where the file system has no
+    symlinks), ``config.json`` last, then ``refs/<revision>``. No request: every blob was
+    checked against the hash the hub listed for this commit (``hf_hub_download`` would ask
+    the hub again with a HEAD per file only to find the blob in place)."""
     snapshot = storage / "snapshots" / plan.commit
-    token = hub.token() or False
-
-    def link(file: RepoFile) -> None:
-        hf_hub_download(plan.repo_id, file.path, revision=plan.commit, cache_dir=storage.parent,
-                        endpoint=hub.endpoint(), token=token, library_name="radixchat")
-
     missing = [f for f in plan.files if not (snapshot / f.path).is_file()]
-    try:
-        with ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="pull-link") as pool:
-            list(pool.map(link, [f for f in missing if f.path != "config.json"]))
-        for file in missing:
-            if file.path == "config.json":
-                link(file)
-    except Exception as exc:
-        raise hub.hub_error(exc, plan.repo_id) from None
+    for file in sorted(missing, key=lambda f: f.path == "config.json"):  # sorted() keeps the order otherwise
+        blob, _, pointer = _paths(plan, file)
+        pointer.parent.mkdir(parents=True, exist_ok=True)
+        tmp = pointer.with_name(f".{pointer.name}.{os.getpid()}.tmp")
+        tmp.unlink(missing_ok=True)
+        try:
+            os.symlink(os.path.relpath(blob, pointer.parent), tmp)
+        except OSError:  # no symlinks here (Windows without the right): as huggingface_hub, a copy
+            shutil.copyfile(blob, tmp)
+        os.replace(tmp, pointer)
     if revision != plan.commit:
         ref = storage / "refs" / revision
         ref.parent.mkdir(parents=True, exist_ok=True)

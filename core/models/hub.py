@@ -172,26 +172,51 @@ def check_online() -> None:
                            f"({exc.strerror or exc}); local models still work") from None
 
 
-def _online_api():
-    """:func:`api` once :func:`check_online` has passed; the probe's round trip runs while
-    huggingface_hub is imported (a tenth of a second or more), not after it."""
-    import threading
+def repo_info(repo_id: str, revision: str = "main") -> dict:
+    """One revision of a model repo with its files' metadata, as the hub's JSON: ``id``,
+    ``sha``, ``siblings`` (``rfilename``, ``size``, ``blobId``, ``lfs.sha256``),
+    ``config``, ``gguf``. The request ``HfApi.model_info(files_metadata=True)`` sends
+    (``GET /api/models/{repo}/revision/{rev}?blobs=true``, huggingface_hub's headers and
+    token), through :mod:`core.models.http_get`: importing ``HfApi`` (its module defines
+    a hundred dataclasses) took longer than the request, and ``radixchat pull`` needs
+    nothing else of it. An HTTP error becomes huggingface_hub's own typed error, and then
+    a :class:`HubError` as any other (gated, private, no such repo or revision)."""
+    import json
+    from urllib.parse import quote
 
-    failure: list[OfflineError] = []
+    from huggingface_hub.utils import build_hf_headers
 
-    def probe() -> None:
-        try:
-            check_online()
-        except OfflineError as exc:
-            failure.append(exc)
+    from core.models import http_get
 
-    prober = threading.Thread(target=probe, name="hub-probe", daemon=True)
-    prober.start()
-    client = api()
-    prober.join()
-    if failure:
-        raise failure[0]
-    return client
+    check_repo_id(repo_id)
+    check_online()
+    url = f"{endpoint()}/api/models/{repo_id}/revision/{quote(revision, safe='')}?blobs=true"
+    try:
+        headers = build_hf_headers(token=token() or False, library_name="radixchat")
+        with http_get.open_get(url, headers, timeout=API_TIMEOUT) as response:
+            info = json.loads(response.read())
+    except Exception as exc:
+        raise hub_error(exc, repo_id) from None
+    if not isinstance(info, dict) or not isinstance(info.get("sha"), str):
+        raise HubError(f"the hub's answer for {repo_id} is not a model's revision: try again later")
+    return info
+
+
+def file_url(repo_id: str, path: str, revision: str) -> str:
+    """Where the hub serves a file of a repo at a revision (``hf_hub_url``'s layout)."""
+    from urllib.parse import quote
+
+    return f"{endpoint()}/{repo_id}/resolve/{quote(revision, safe='')}/{quote(path)}"
+
+
+def _repo_files(info: dict) -> list["RepoFile"]:
+    files = []
+    for s in info.get("siblings") or []:
+        lfs = s.get("lfs") if isinstance(s.get("lfs"), dict) else None
+        size = s.get("size") or (lfs.get("size") if lfs else 0)
+        files.append(RepoFile(s["rfilename"], int(size or 0), lfs.get("sha256") if lfs else None,
+                              s.get("blobId") or ""))
+    return files
 
 
 def check_repo_id(repo_id: str) -> None:
@@ -375,18 +400,12 @@ def plan(repo_id: str, filename: str | None = None, revision: str = "main",
          on_cpu: bool | None = None, machine_bytes: int | None = None) -> RepoPlan:
     """The files to download for ``repo_id`` (an MLX model's weights, config, tokenizer and
     template), or for one GGUF file of it; :class:`HubError` says why not."""
-    check_repo_id(repo_id)
-    try:
-        info = _online_api().model_info(repo_id, revision=revision, files_metadata=True, timeout=API_TIMEOUT)
-    except HubError:
-        raise
-    except Exception as exc:
-        raise hub_error(exc, repo_id) from None
-    files = [RepoFile(s.rfilename, int(s.size or (s.lfs.size if s.lfs else 0)),
-                      s.lfs.sha256 if s.lfs else None, s.blob_id or "") for s in (info.siblings or [])]
+    info = repo_info(repo_id, revision)
+    files = _repo_files(info)
+    commit = info["sha"]
     by_path = {f.path: f for f in files}
     ggufs = tuple(f for f in files if is_model_gguf(f.path))
-    gguf_info = info.gguf if isinstance(info.gguf, dict) else {}
+    gguf_info = info.get("gguf") if isinstance(info.get("gguf"), dict) else {}
     if filename is not None:
         if not filename.lower().endswith(".gguf"):
             raise HubError(f"{repo_id}:{filename}: only a .gguf file can be pulled on its own")
@@ -397,21 +416,21 @@ def plan(repo_id: str, filename: str | None = None, revision: str = "main",
             raise HubError(f"{filename} is one part of a split GGUF: RadixChat loads single-file GGUFs only")
         if _PROJECTOR_GGUF.search(filename):
             raise HubError(f"{filename} is a vision projector, not a language model")
-        return _gguf_plan(repo_id, info.sha, by_path[filename], gguf_info, on_cpu, machine_bytes)
+        return _gguf_plan(repo_id, commit, by_path[filename], gguf_info, on_cpu, machine_bytes)
     weights = [f for f in files if "/" not in f.path and fnmatch.fnmatch(f.path, "*.safetensors")
                and not any(fnmatch.fnmatch(f.path, p) for p in SKIPPED_WEIGHTS)]
     if weights and "config.json" in by_path:
         chosen = tuple(f for f in files if "/" not in f.path and any(fnmatch.fnmatch(f.path, p) for p in MLX_PATTERNS)
                        and not any(fnmatch.fnmatch(f.path, p) for p in SKIPPED_WEIGHTS))
-        config = info.config if isinstance(info.config, dict) else {}
+        config = info.get("config") if isinstance(info.get("config"), dict) else {}
         architecture = config.get("model_type")
         if architecture and not mlx_lm_supports(architecture):
             raise HubError(f"{repo_id} is a {architecture} model, which mlx-lm can't load")
         size = sum(f.size for f in weights)
         fit = estimate_fit("hf-cache", size, None, on_cpu, machine_bytes)
-        return RepoPlan(repo_id, info.sha, "mlx", chosen, repo_id, architecture, fit)
+        return RepoPlan(repo_id, commit, "mlx", chosen, repo_id, architecture, fit)
     if len(ggufs) == 1:
-        return _gguf_plan(repo_id, info.sha, ggufs[0], gguf_info, on_cpu, machine_bytes)
+        return _gguf_plan(repo_id, commit, ggufs[0], gguf_info, on_cpu, machine_bytes)
     if ggufs:
         raise ChooseFileError(f"{repo_id} has {len(ggufs)} GGUF files: choose one, e.g. "
                               f"`radixchat pull {repo_id}:{ggufs[0].path}`", ggufs)
@@ -426,14 +445,7 @@ def is_model_gguf(path: str) -> bool:
 
 def gguf_files(repo_id: str, revision: str = "main") -> tuple[RepoFile, ...]:
     """The GGUF files of a repo (its quantizations), smallest first."""
-    check_repo_id(repo_id)
-    check_online()
-    try:
-        info = api().model_info(repo_id, revision=revision, files_metadata=True, timeout=API_TIMEOUT)
-    except Exception as exc:
-        raise hub_error(exc, repo_id) from None
-    return tuple(sorted((RepoFile(s.rfilename, int(s.size or 0), s.lfs.sha256 if s.lfs else None, s.blob_id or "")
-                         for s in info.siblings or [] if is_model_gguf(s.rfilename)),
+    return tuple(sorted((f for f in _repo_files(repo_info(repo_id, revision)) if is_model_gguf(f.path)),
                         key=lambda f: (f.size, f.path)))
 
 

@@ -158,6 +158,44 @@ def test_restore_brings_back_the_saved_bytes(model, db, tokens):
         persister.close()
 
 
+def test_a_restore_past_what_ram_holds_is_taken_whole_without_a_gather(model, db, tokens, monkeypatch):
+    """RAM holds the prompt's first 40 tokens (another request shared them), the disk all
+    150: the restore joins RAM's K/V and the disk's into one buffer per layer, which the
+    request takes as its cache (no gather out of the pool); the pool gets the same bytes."""
+    saved(model, db, tokens, snapshot_at=(40, 100)).close()
+    original, _ = computed(model, prefix_cache(model), tokens)
+    pc = prefix_cache(model)
+    head, snaps = computed(model, pc, tokens[:40])
+    pc.commit(pc.match(tokens[:40]), tokens[:40], head, snaps)
+    persister = DiskTier(db, pc, FP)
+    gathers = []
+    gather = pc.pool.gather
+    monkeypatch.setattr(pc.pool, "gather", lambda *a: gathers.append(a) or gather(*a))
+    try:
+        prompt = tokens + [7, 8, 9]
+        assert pc.cached_length(prompt) == 40
+        assert persister.restore(prompt, None) == 110
+        gathers.clear()  # RAM's 40 tokens were copied out once, into the joined buffers
+        prefix = pc.match(prompt)
+        assert prefix.length == 150
+        caches = pc.make_caches(prefix)
+        assert gathers == []
+        for layer in pc.build.layout.full_layer_indices:
+            assert mx.array_equal(caches[layer].keys[..., :150, :], original[layer].keys[..., :150, :]).item()
+            assert mx.array_equal(caches[layer].values[..., :150, :], original[layer].values[..., :150, :]).item()
+        logits = model(mx.array(prompt[150:])[None], cache=caches)[0, -1]
+        reference = model(mx.array(prompt)[None], cache=make_prompt_cache(model))[0, -1]
+        assert mx.allclose(logits, reference, rtol=1e-4, atol=1e-4).item()
+        pc.release(prefix)
+        pc.flush_writes()
+        pooled = pc.make_caches(pc.match(tokens + [0]))  # the hot entry is taken: from the pool now
+        assert gathers
+        for layer in pc.build.layout.full_layer_indices:
+            assert mx.array_equal(pooled[layer].keys[..., :150, :], original[layer].keys[..., :150, :]).item()
+    finally:
+        persister.close()
+
+
 def test_restore_stops_where_the_prompt_leaves_the_chain(model, db, tokens):
     saved(model, db, tokens, snapshot_at=(100,)).close()
     pc = prefix_cache(model)

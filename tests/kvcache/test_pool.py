@@ -283,6 +283,26 @@ def test_device_memory_is_read():
 # -- RAM on demand: a pool in segments --
 
 
+def test_a_grown_segment_takes_its_memory_at_its_first_write_in_place():
+    """grow() hands out the pages at once; the segment's memory comes with the first
+    write into it (zeros and the write in one evaluation, no second copy)."""
+    heads, head_dim, page = 4, 64, 64
+    pool = KVPagePool(full_layout(1, heads, head_dim), num_pages=1023, page_size=page, segment_pages=256)
+    segment = pool.nbytes
+    keys, values = random_kv(2 * page, heads, head_dim)
+    mx.eval(keys, values)
+    before = mx.get_active_memory()
+    pages = pool.grow()
+    assert pages == list(range(256, 512)) and pool.reserved_pages == 511
+    assert mx.get_active_memory() - before < 0.1 * segment  # nothing taken yet
+    mx.reset_peak_memory()
+    pool.write(0, pages[:2], keys, values)
+    assert mx.get_active_memory() - before > 0.9 * segment  # now it is
+    assert mx.get_peak_memory() - before < 1.1 * segment  # and made in place
+    assert_bitwise_equal(pool.gather(0, page_slots(pages[:2], page, 2 * page))[0], keys[None])
+    assert_bitwise_equal(pool.gather(0, page_slots(pages[2:3], page, page))[0], mx.zeros_like(keys[None, :, :page]))
+
+
 def test_a_pool_in_segments_reads_and_writes_like_a_whole_one():
     whole = KVPagePool(full_layout(), num_pages=9, page_size=PAGE)
     grown = KVPagePool(full_layout(), num_pages=9, page_size=PAGE, segment_pages=3)

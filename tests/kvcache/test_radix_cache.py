@@ -530,17 +530,19 @@ def test_node_at_finds_exact_ends_and_splits():
     cache.check_invariants()
 
 
-def test_peek_length_agrees_with_match_and_changes_nothing():
+def test_peek_length_and_values_agree_with_match_and_change_nothing():
     for hybrid in (False, True):
         cache = RadixCache(require_snapshots=hybrid)
         cache.insert([1, 2, 3, 4, 5], [10, 11, 12, 13, 14], snapshot="end" if hybrid else None)
         cache.insert([1, 2, 3], [10, 11, 12], snapshot="mid" if hybrid else None)
         before = (cache.stats(), cache.node_count())
         for probe in ([1, 2, 3, 4, 9], [1, 2], [1, 2, 3, 4, 5, 6], [7]):
-            length = cache.peek_length(probe)
+            length, values = cache.peek_length(probe), cache.peek_values(probe)
             assert (cache.stats(), cache.node_count()) == before
-            assert length == cache.match_prefix(probe).length
+            match = cache.match_prefix(probe)
+            assert (length, values) == (match.length, match.values)
             before = (cache.stats(), cache.node_count())
+        assert cache.peek_values([1, 2, 3], "another namespace") == ()
         cache.check_invariants()
 
 

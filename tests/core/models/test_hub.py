@@ -79,6 +79,20 @@ def test_plan_takes_only_what_a_model_needs(loopback_hub):
     assert weights.sha256 == loopback_hub.repos[TINY_MLX].files["model.safetensors"].sha256
 
 
+def test_repo_info_reads_what_hfapi_model_info_reads(loopback_hub):
+    """plan() asks the hub itself (no HfApi import): same request, same files and hashes."""
+    from huggingface_hub import HfApi
+
+    for repo_id in (TINY_MLX, TWO_GGUF):
+        info = HfApi(endpoint=hub.endpoint(), token=False).model_info(repo_id, revision="main", files_metadata=True)
+        mine = hub.repo_info(repo_id)
+        assert mine["sha"] == info.sha and mine.get("config") == info.config and mine.get("gguf") == info.gguf
+        assert hub._repo_files(mine) == [
+            hub.RepoFile(s.rfilename, s.size, s.lfs.sha256 if s.lfs else None, s.blob_id) for s in info.siblings]
+    gets = [path for method, path in loopback_hub.requests if path.startswith(f"/api/models/{TWO_GGUF}")]
+    assert gets[-1] == gets[-2], gets  # the very request HfApi sends
+
+
 def test_gguf_repos_list_their_files(loopback_hub):
     with pytest.raises(ChooseFileError) as chosen:
         hub.plan(TWO_GGUF)
