@@ -8,6 +8,7 @@
     radixchat search QUERY         MLX and GGUF models on the Hugging Face hub, and whether each fits
     radixchat pull REPO[:FILE]     download a model from the hub into the HF cache (resumes)
     radixchat serve                the OpenAI- and Anthropic-compatible API on 127.0.0.1:8000
+    radixchat serve --hosts FILE   the same, the model split over several machines (mlx.launch, ring)
     radixchat cache stats|verify|clear   the disk cache of session KV
     radixchat chats verify         list the chat history's damaged rows
     radixchat bench cpu            measure the CPU backend setups (see README)
@@ -133,6 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--kv-tokens", type=int, help="KV pool size in tokens (default: from free memory)")
     serve.add_argument("--chat-template", metavar="FILE",
                        help="a Jinja chat template replacing the model's own (e.g. one that takes tools)")
+    serve.add_argument("--hosts", metavar="HOSTFILE",
+                       help="run the model split over the machines of an mlx.launch hostfile (ring backend; "
+                            "this machine first: it serves the API); see README")
+    serve.add_argument("--ring-port", type=_port, help="with --hosts: the ring's first port (default: mlx.launch's)")
+    serve.add_argument("--group-member", action="store_true", help=argparse.SUPPRESS)  # a rank started by --hosts
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)

@@ -21,6 +21,20 @@ from core.models.chat_template import read_chat_template
 
 def run_serve(args) -> int:
     """``radixchat serve``: load the model, serve until Ctrl-C (or SIGTERM), shut down cleanly."""
+    if getattr(args, "hosts", None) or getattr(args, "group_member", False):
+        from core.cli.serve_group import run_group, run_group_member
+
+        return run_group_member(args) if args.group_member else run_group(args)
+    api_key, origins = check_serve_args(args)
+    root = paths.data_dir(args.data_dir)
+    template = read_chat_template(args.chat_template) if args.chat_template else None
+    engine = Engine(root, args.model, pool_tokens=args.kv_tokens, on_load_progress=print_progress,
+                    chat_template=template).start()
+    return serve_engine(engine, args, api_key, origins)
+
+
+def check_serve_args(args) -> tuple[str | None, list[str]]:
+    """The API key and the allowed origins; what cannot work refused before any model loads."""
     api_key = args.api_key or os.environ.get("RADIXCHAT_API_KEY") or None
     check_bind(args.host, api_key)  # before the model loads
     origins = list(args.allow_origin or ())
@@ -30,16 +44,17 @@ def run_serve(args) -> int:
         except ValueError as exc:
             raise UserError(f"--allow-origin: {exc}") from None
     check_port_free(args.host, args.port)  # likewise: a busy port fails in a moment, not after the load
-    root = paths.data_dir(args.data_dir)
-    template = read_chat_template(args.chat_template) if args.chat_template else None
-    engine = Engine(root, args.model, pool_tokens=args.kv_tokens, on_load_progress=print_progress,
-                    chat_template=template).start()
+    return api_key, origins
+
+
+def serve_engine(engine: Engine, args, api_key: str | None, origins: list[str], what: str = "") -> int:
+    """Serve the API on a started ``engine`` until Ctrl-C (or SIGTERM); shut it down."""
     server = None
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         info = engine.wait_ready()
         server = ApiServer(engine, args.host, args.port, api_key=api_key, allow_origins=origins).start()
-        print(f"radixchat: serving {safe(info.name)} at {server.address}/v1 (Ctrl-C to stop)",
+        print(f"radixchat: serving {safe(info.name)}{what} at {server.address}/v1 (Ctrl-C to stop)",
               file=sys.stderr, flush=True)
         threading.Event().wait()
     except KeyboardInterrupt:

@@ -99,11 +99,14 @@ def load_model(
     weights_format: str = "auto",
     progress: ProgressFn | None = None,
     chat_template: str | None = None,
+    shard: Callable[[nn.Module], None] | None = None,
 ) -> LoadedModel:
     """Load ``spec``; every failure a user can fix is a :class:`ModelLoadError`.
 
     ``chat_template`` (Jinja text) replaces the model's own template; without it, a known
     model may come with a better one from ``resources/`` (the default model's takes tools).
+    ``shard`` (a rank of a group: ``core.distributed``) cuts the model to this machine's
+    part while an MLX folder's weights are still lazy, so only that part is read into memory.
     """
     started = time.perf_counter()
     fmt = resolve_weights_format(weights_format)
@@ -113,12 +116,14 @@ def load_model(
     if path.is_file() and path.suffix.lower() == ".gguf":
         model, tokenizer, config, files = _load_gguf(path, data_root)
     elif path.is_dir():
-        model, tokenizer, config, files = _load_mlx_dir(path, fmt)
+        model, tokenizer, config, files = _load_mlx_dir(path, fmt, lazy=shard is not None)
     else:
         raise ModelLoadError(f"{path} is neither a .gguf file nor a model folder with config.json")
     template = chat_template or _known_template(path)
     if template is not None:
         tokenizer = with_chat_template(tokenizer, template)
+    if shard is not None:
+        shard(model)
     _apply_weights_format(model, fmt)
     mx.eval(model.parameters())
     hashes = FileHashCache.in_data_folder(data_root)
@@ -158,7 +163,7 @@ def _load_gguf(path: Path, data_root: Path):
     return model, tokenizer, contents.config, [path]
 
 
-def _load_mlx_dir(path: Path, weights_format: str = "stored"):
+def _load_mlx_dir(path: Path, weights_format: str = "stored", lazy: bool = False):
     from mlx_lm.utils import load as mlx_lm_load
 
     config_file = path / "config.json"
@@ -173,7 +178,7 @@ def _load_mlx_dir(path: Path, weights_format: str = "stored"):
     if not weight_files:
         raise ModelLoadError(f"{path} has no .safetensors weights")
     try:
-        model, tokenizer = mlx_lm_load(str(path))
+        model, tokenizer = mlx_lm_load(str(path), lazy=lazy)
     except ValueError as exc:
         if "not supported" in str(exc):
             raise ModelLoadError(f"{path.name}: model type {config.get('model_type')!r} is not supported") from exc

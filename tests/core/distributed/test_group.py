@@ -1,0 +1,168 @@
+"""A model split over 2 ranks on loopback (``radixchat serve --hosts``), end to end: greedy
+replies the same as one process's, cached and not, after a restart of the group; each
+rank's disk slice restores, a rank missing its slice costs a recompute; a killed rank
+ends the request with an error naming its host, and a new group starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from core.distributed.group import SILENCE_S
+from core.distributed.shard import rank_cache_name
+from core.engine.engine import Engine
+from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
+from core.models.tiny_model import TinyModelSpec, write_tiny_model
+from kvcache.store import DiskStore
+from tests.core.distributed.group_fixture import needs_ring, start_group
+
+pytestmark = [needs_ring, pytest.mark.distributed]
+
+TOKENS = 24
+LYON = [{"role": "user", "content": "Plan a day in Lyon, please."}]
+OTHER = [{"role": "user", "content": "Something else entirely: a poem about rain."}]
+BATCH = [[{"role": "user", "content": f"Question number {i}, asked at the same time."}] for i in range(3)]
+
+
+def reference(model, conversations: list[list[dict]]) -> list[str]:
+    """Greedy replies of one process, no cache at all."""
+    (model.parent / "reference-data").mkdir(exist_ok=True)
+    engine = Engine(model.parent / "reference-data", str(model), use_cache=False, disk_cache=False).start()
+    engine.wait_ready(120)
+    try:
+        replies = []
+        for messages in conversations:
+            request = GenerationRequest(messages=tuple(ChatMessage(m["role"], m["content"]) for m in messages),
+                                        sampling=SamplingParams(temperature=0.0, max_tokens=TOKENS))
+            done = list(engine.stream(request))[-1]
+            assert isinstance(done, DoneEvent), done
+            replies.append(done.text)
+        return replies
+    finally:
+        engine.shutdown()
+
+
+def text(reply: dict) -> str:
+    return reply["choices"][0]["message"]["content"]
+
+
+def cached(reply: dict) -> int:
+    return reply["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def follow_up(first: str) -> list[dict]:
+    return [*LYON, {"role": "assistant", "content": first}, {"role": "user", "content": "And the evening?"}]
+
+
+def concurrent(group, conversations) -> list[dict]:
+    replies = [None] * len(conversations)
+
+    def ask(i):
+        replies[i] = group.chat(conversations[i], max_tokens=TOKENS)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(conversations))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return replies
+
+
+def first_group(group, expected: dict) -> None:
+    """Uncached, cached (RAM), a session's follow-up, three requests decoded together."""
+    a1 = group.chat(LYON, session="lyon", max_tokens=TOKENS)
+    assert text(a1) == expected["lyon"] and cached(a1) == 0
+    again = group.chat(LYON, max_tokens=TOKENS)
+    assert text(again) == expected["lyon"] and cached(again) == a1["usage"]["prompt_tokens"] - 1
+    a2 = group.chat(follow_up(text(a1)), session="lyon", max_tokens=TOKENS)
+    assert text(a2) == expected["evening"] and cached(a2) > a1["usage"]["prompt_tokens"] - 1
+    b1 = group.chat(OTHER, session="other", max_tokens=TOKENS)
+    assert text(b1) == expected["other"]
+    assert [text(r) for r in concurrent(group, BATCH)] == expected["batch"]
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    # a long context: the killed-rank test needs a reply still running when the rank dies
+    return write_tiny_model(tmp_path_factory.mktemp("dist") / "tiny-llama",
+                            TinyModelSpec(num_layers=2, max_position_embeddings=8192))
+
+
+def expectations(model) -> dict:
+    replies = reference(model, [LYON, OTHER, *BATCH])
+    evening = reference(model, [follow_up(replies[0])])[0]
+    return {"lyon": replies[0], "other": replies[1], "batch": replies[2:], "evening": evening}
+
+
+def test_a_split_llama_answers_as_one_process_restores_and_survives_a_killed_rank(llama, tmp_path):
+    expected = expectations(llama)
+    data = tmp_path / "data"
+    group = start_group(llama, data, tmp_path)
+    try:
+        first_group(group, expected)
+    finally:
+        group.stop()
+    stores = [data / rank_cache_name(rank, 2) for rank in (0, 1)]
+    assert all(store.exists() for store in stores)
+    with DiskStore(stores[1]) as store:  # rank 1 loses one session's slice: that one is recomputed
+        assert store.clear("other") > 0
+
+    group = start_group(llama, data, tmp_path)  # a restart of the group
+    try:
+        a2 = group.chat(follow_up(expected["lyon"]), session="lyon", max_tokens=TOKENS)
+        assert text(a2) == expected["evening"]
+        assert cached(a2) == a2["usage"]["prompt_tokens"] - 1  # both ranks restored their slices
+        b1 = group.chat(OTHER, session="other", max_tokens=TOKENS)
+        assert text(b1) == expected["other"]
+        # rank 0 restored all of it, rank 1 only what it shares with "lyon" (the chat template's
+        # first tokens): the ranks agreed on the shorter, the rest was recomputed
+        assert 0 < cached(b1) < b1["usage"]["prompt_tokens"] - 1
+
+        conn, response = group.stream(LYON, max_tokens=7000)
+        assert response.status == 200
+        assert b"content" in response.readline() or b"content" in response.readline()
+        os.kill(group.rank_pid(1), signal.SIGKILL)
+        killed = time.monotonic()
+        error = None
+        for line in response:
+            if line.startswith(b"data: {") and b'"error"' in line:
+                error = json.loads(line[6:])["error"]
+                break
+        waited = time.monotonic() - killed
+        conn.close()
+        assert error is not None, group.output()
+        assert "rank 1 (127.0.0.1)" in error["message"]
+        assert waited < SILENCE_S  # the channel closing is seen at once, not by a heartbeat timeout
+        group.launcher.wait(60)  # every rank exits
+        assert "rank 1 (127.0.0.1) left the group" in group.output()
+    finally:
+        group.stop()
+
+    group = start_group(llama, data, tmp_path)  # a new group starts after the fault
+    try:
+        assert text(group.chat(LYON, session="lyon", max_tokens=TOKENS)) == expected["lyon"]
+    finally:
+        group.stop()
+
+
+def test_a_split_hybrid_model_answers_as_one_process(tmp_path):
+    model = write_tiny_model(tmp_path / "tiny-llama-sliding",
+                             TinyModelSpec(kind="llama-sliding", num_layers=4, sliding_window=16))
+    expected = expectations(model)
+    data = tmp_path / "data"
+    group = start_group(model, data, tmp_path)
+    try:
+        first_group(group, expected)
+    finally:
+        group.stop()
+    group = start_group(model, data, tmp_path)
+    try:
+        a2 = group.chat(follow_up(expected["lyon"]), session="lyon", max_tokens=TOKENS)
+        assert text(a2) == expected["evening"] and cached(a2) > 0  # restored to a snapshot's end
+    finally:
+        group.stop()
