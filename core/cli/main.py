@@ -241,6 +241,10 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
             from core.cli.chats import run_chats
 
             return run_chats(args)
+        if args.command == "serve" and (args.hosts or args.group_member):
+            from core.cli.serve_group import run_group, run_group_member
+
+            return run_group_member(args) if args.group_member else run_group(args)
         if args.command == "serve":
             from core.cli.serve import run_serve
 

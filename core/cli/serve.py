@@ -21,10 +21,6 @@ from core.models.chat_template import read_chat_template
 
 def run_serve(args) -> int:
     """``radixchat serve``: load the model, serve until Ctrl-C (or SIGTERM), shut down cleanly."""
-    if getattr(args, "hosts", None) or getattr(args, "group_member", False):
-        from core.cli.serve_group import run_group, run_group_member
-
-        return run_group_member(args) if args.group_member else run_group(args)
     api_key, origins = check_serve_args(args)
     root = paths.data_dir(args.data_dir)
     template = read_chat_template(args.chat_template) if args.chat_template else None
