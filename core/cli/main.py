@@ -13,6 +13,7 @@
     radixchat chats verify         list the chat history's damaged rows
     radixchat bench cpu            measure the CPU backend setups (see README)
     radixchat bench restore|pressure|multiturn|serve   the cache and API benchmarks
+    radixchat bench distributed    1 process vs the model split over 2 ranks on loopback
     radixchat bench constrain      what constrained decoding costs per token
     radixchat bench agent          a coding-agent session: TTFT with and without our cache, vs mlx_lm.server
     radixchat bench pull           `radixchat pull` from a loopback hub vs curl (source checkout)
@@ -175,6 +176,15 @@ def build_parser() -> argparse.ArgumentParser:
     pressure.add_argument("--rounds", type=int, default=3, help="times each client sends its prompt")
     pressure.add_argument("--repeats", type=int, default=3)
     pressure.add_argument("--json", action="store_true")
+    bench_dist = bench_sub.add_parser("distributed", help="the same greedy chat on 1 process and split over 2 ranks "
+                                                          "on loopback: TTFT and decode, cached and not")
+    _add_common(bench_dist)
+    bench_dist.add_argument("--model", help="a model that splits over 2 (default: a generated llama)")
+    bench_dist.add_argument("--prompt-tokens", default="128,1024", help="prompt lengths, comma separated")
+    bench_dist.add_argument("--max-tokens", type=int, default=32, help="reply length")
+    bench_dist.add_argument("--kv-tokens", type=int, default=16384, help="KV pool of each server, in tokens")
+    bench_dist.add_argument("--repeats", type=int, default=3, help="repetitions (medians are reported)")
+    bench_dist.add_argument("--json", action="store_true")
     bench_serve = bench_sub.add_parser("serve", help="API decode throughput: N concurrent streaming clients vs one")
     _add_common(bench_serve)
     bench_serve.add_argument("--model", default="default")
@@ -276,6 +286,10 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
             from core.cli.bench.pressure import run_bench_pressure
 
             return run_bench_pressure(args)
+        if args.command == "bench" and args.bench_command == "distributed":
+            from core.cli.bench.distributed import run_bench_distributed
+
+            return run_bench_distributed(args)
         if args.command == "bench" and args.bench_command == "serve":
             from core.cli.bench.serve import run_bench_serve
 

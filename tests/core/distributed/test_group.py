@@ -123,18 +123,7 @@ def test_a_split_llama_answers_as_one_process_restores_and_survives_a_killed_ran
         # first tokens): the ranks agreed on the shorter, the rest was recomputed
         assert 0 < cached(b1) < b1["usage"]["prompt_tokens"] - 1
 
-        conn, response = group.stream(LYON, max_tokens=7000)
-        assert response.status == 200
-        assert b"content" in response.readline() or b"content" in response.readline()
-        os.kill(group.rank_pid(1), signal.SIGKILL)
-        killed = time.monotonic()
-        error = None
-        for line in response:
-            if line.startswith(b"data: {") and b'"error"' in line:
-                error = json.loads(line[6:])["error"]
-                break
-        waited = time.monotonic() - killed
-        conn.close()
+        error, waited = stream_until_error(group, lambda: os.kill(group.rank_pid(1), signal.SIGKILL))
         assert error is not None, group.output()
         assert "rank 1 (127.0.0.1)" in error["message"]
         assert waited < SILENCE_S  # the channel closing is seen at once, not by a heartbeat timeout
@@ -150,9 +139,27 @@ def test_a_split_llama_answers_as_one_process_restores_and_survives_a_killed_ran
         group.stop()
 
 
+def stream_until_error(group, after) -> tuple[dict | None, float]:
+    """Stream a long reply; call ``after()`` once it runs; the error event and how long
+    after ``after()`` it came."""
+    conn, response = group.stream(LYON, max_tokens=7000)
+    try:
+        assert response.status == 200
+        assert b"content" in response.readline() or b"content" in response.readline()
+        after()
+        began = time.monotonic()
+        for line in response:
+            if line.startswith(b"data: {") and b'"error"' in line:
+                return json.loads(line[6:])["error"], time.monotonic() - began
+        return None, time.monotonic() - began
+    finally:
+        conn.close()
+
+
 def test_a_split_hybrid_model_answers_as_one_process(tmp_path):
     model = write_tiny_model(tmp_path / "tiny-llama-sliding",
-                             TinyModelSpec(kind="llama-sliding", num_layers=4, sliding_window=16))
+                             TinyModelSpec(kind="llama-sliding", num_layers=4, sliding_window=16,
+                                           max_position_embeddings=8192))
     expected = expectations(model)
     data = tmp_path / "data"
     group = start_group(model, data, tmp_path)
@@ -161,8 +168,21 @@ def test_a_split_hybrid_model_answers_as_one_process(tmp_path):
     finally:
         group.stop()
     group = start_group(model, data, tmp_path)
+    stopped = None
     try:
         a2 = group.chat(follow_up(expected["lyon"]), session="lyon", max_tokens=TOKENS)
         assert text(a2) == expected["evening"] and cached(a2) > 0  # restored to a snapshot's end
+
+        def freeze():  # a host that stops answering, its connections open (asleep, cable out)
+            nonlocal stopped
+            stopped = group.rank_pid(1)
+            os.kill(stopped, signal.SIGSTOP)
+
+        error, waited = stream_until_error(group, freeze)
+        assert error is not None, group.output()
+        assert "rank 1 (127.0.0.1) stopped answering" in error["message"]
+        assert waited < SILENCE_S + 5  # the heartbeat timeout, not a hang
     finally:
+        if stopped is not None:
+            os.kill(stopped, signal.SIGCONT)
         group.stop()
