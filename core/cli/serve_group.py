@@ -54,11 +54,18 @@ def run_group(args) -> int:
     print(f"radixchat: starting {safe(path.name)} split over {len(hosts)} hosts "
           f"({', '.join(h.ssh for h in hosts)}; {plan.kv_heads // plan.world} of {plan.kv_heads} KV heads each)",
           file=sys.stderr, flush=True)
-    launcher = subprocess.Popen(command)  # the API key, if any, stays in the environment
+    # Ctrl-C reaches every process on this terminal. Only rank 0 acts on it (it stops the
+    # group in order, every rank flushing its disk cache); mlx.launch starts with SIGINT
+    # ignored, which its ranks inherit, so it lives on to relay their last words.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        launcher = subprocess.Popen(command)  # the API key, if any, stays in the environment
+    finally:
+        signal.signal(signal.SIGINT, previous)
     while True:
         try:
             return launcher.wait()
-        except KeyboardInterrupt:  # every rank got it too: rank 0 stops the group, wait for that
+        except KeyboardInterrupt:  # rank 0 stops the group: wait for that
             continue
 
 
@@ -79,6 +86,7 @@ def run_group_member(args) -> int:
             os._exit(EXIT_GROUP_FAULT)
 
     if leader:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # started ignoring it (see run_group)
         api_key, origins = check_serve_args(args)
     else:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches every rank: rank 0 stops the group

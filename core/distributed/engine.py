@@ -22,13 +22,19 @@ only rank 0 decides anything that depends on time or on its clients:
   (:class:`AgreedPrefixCache`, an ``all_min``), so a hit on rank 0 is a hit everywhere
   or a recompute everywhere, never a different answer.
 
-A fault (a rank gone, silent or failed: :mod:`core.distributed.group`) ends every open
-request at once with an error naming the host; the caller then stops the process.
+Every rank checks the others: when a request ends, each of the other ranks tells rank 0 a
+digest of how it ended (the reply's text and tokens, or the error), and rank 0 compares it
+with its own. Ranks out of step are a bug: the group stops rather than go on answering.
+
+A fault (a rank gone, silent or failed, or out of step: :mod:`core.distributed.group`)
+ends every open request at once with an error naming the host; the caller then stops the
+process.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import queue
 import random
@@ -39,7 +45,7 @@ from core.distributed.shard import rank_cache_name, rank_fingerprint, shard_mode
 from core.distributed.wire import request_from_dict, request_to_dict
 from core.engine.engine import (_STOP, Engine, RequestHandle, _CountCommand, _FlushCommand, _ForgetCommand,
                                 _GiveWayCommand, _LoadCommand)
-from core.engine.types import ErrorEvent
+from core.engine.types import DoneEvent, ErrorEvent
 from core.errors import ErrorKind, ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -55,12 +61,18 @@ class ShardHandle:
         self.client = client
         self._on_end = on_end
         self.latched = False
+        self.outcome = "no end"  # a digest of how the request ended (compared across ranks)
 
     @property
     def cancelled(self) -> bool:
         return self.latched
 
     def _emit(self, event) -> None:
+        if isinstance(event, DoneEvent):
+            text = hashlib.sha256(event.text.encode()).hexdigest()[:16]
+            self.outcome = f"{event.stats.finish_reason} {event.stats.completion_tokens} tokens {text}"
+        elif isinstance(event, ErrorEvent):
+            self.outcome = f"error {event.kind.value}"
         if self.client is not None:
             self.client._emit(event)
 
@@ -114,6 +126,10 @@ class ShardedEngine(Engine):
         self._clients_lock = threading.Lock()
         self._next_id = 0
         self.fault: str | None = None
+        self._outcomes: dict[tuple[int, int], str] = {}  # rank 0: (rank, request id) -> digest, first told
+        self._outcomes_lock = threading.Lock()
+        if isinstance(channel, LeaderChannel):
+            channel.on_message = self._on_peer_message
 
     # ------------------------------------------------------------ client API (rank 0)
     def submit(self, request) -> RequestHandle:
@@ -306,12 +322,38 @@ class ShardedEngine(Engine):
         elif op == "stop":
             self._close_persister()
             self._loaded = self._prefix_cache = self._scheduler = None
+            if isinstance(self.channel, FollowerChannel):
+                self.channel.send({"op": "stopped"})
+            else:
+                self.channel.wait_stopped()
             self._park()
         if self._scheduler is not None and self._scheduler.busy:
             self._step()
 
     def _ended(self, shard: ShardHandle) -> None:
         self._live.pop(shard.rid, None)
+        if isinstance(self.channel, FollowerChannel):
+            self.channel.send({"op": "outcome", "id": shard.rid, "outcome": shard.outcome})
+            return
         if shard.client is not None:
             with self._clients_lock:
                 self._clients.discard(shard.client)
+        for rank in range(1, self.member.world):
+            self._compare(rank, shard.rid, shard.outcome)
+
+    def _on_peer_message(self, rank: int, message: dict) -> None:
+        if message.get("op") == "outcome":
+            self._compare(rank, int(message["id"]), str(message["outcome"]))
+
+    def _compare(self, rank: int, rid: int, outcome: str) -> None:
+        """Rank 0's and ``rank``'s digests of request ``rid``, whichever comes second
+        compared with the first (any thread)."""
+        with self._outcomes_lock:
+            other = self._outcomes.pop((rank, rid), None)
+            if other is None:
+                self._outcomes[(rank, rid)] = outcome
+                return
+        if other != outcome:
+            self.channel.faults.report(
+                f"{self.member.name(rank)} is out of step with rank 0 (request {rid} ended "
+                f"{outcome!r} on one, {other!r} on the other)")

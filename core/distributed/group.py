@@ -121,8 +121,11 @@ class LeaderChannel:
     def __init__(self, member: Membership, listener: socket.socket, on_fault: Callable[[str], None]):
         self.member = member
         self.faults = _Faults(on_fault)
+        # what another rank reports (other than heartbeats and faults), from its watch thread
+        self.on_message: Callable[[int, dict[str, Any]], None] = lambda rank, message: None
         self._send_lock = threading.Lock()
         self._peers: dict[int, socket.socket] = {}
+        self._gone: dict[int, threading.Event] = {}  # set when a rank has stopped (or is gone)
         listener.settimeout(CONNECT_S)
         try:
             while len(self._peers) < member.world - 1:
@@ -137,6 +140,7 @@ class LeaderChannel:
         finally:
             listener.close()
         for rank, conn in self._peers.items():
+            self._gone[rank] = threading.Event()
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             threading.Thread(target=self._watch, args=(rank, conn), daemon=True,
                              name=f"radixchat-watch-rank{rank}").start()
@@ -153,12 +157,26 @@ class LeaderChannel:
                 except OSError as exc:
                     self.faults.report(f"{self.member.name(rank)} cannot be reached: {exc}")
 
+    def wait_stopped(self, timeout: float = 60.0) -> None:
+        """After "stop": until every rank has flushed its cache and said so (or is gone).
+        Rank 0 must not exit before: its sockets would reset, and a reset drops what a
+        rank has not read yet, the stop among it."""
+        deadline = time.monotonic() + timeout
+        for gone in self._gone.values():
+            gone.wait(max(0.0, deadline - time.monotonic()))
+
     def _beat(self) -> None:
         while self.faults.message is None and not self.faults.closing:
             self.broadcast({"op": "beat"})
             time.sleep(BEAT_S)
 
     def _watch(self, rank: int, conn: socket.socket) -> None:
+        try:
+            self._read_from(rank, conn)
+        finally:
+            self._gone[rank].set()
+
+    def _read_from(self, rank: int, conn: socket.socket) -> None:
         name = self.member.name(rank)
         while True:
             try:
@@ -172,6 +190,10 @@ class LeaderChannel:
             if message.get("op") == "fault":
                 self.faults.report(f"{name} failed: {message.get('error')}")
                 return
+            if message.get("op") == "stopped":
+                return
+            if message.get("op") != "beat":
+                self.on_message(rank, message)
 
 
 class FollowerChannel:
@@ -192,6 +214,13 @@ class FollowerChannel:
     def receive(self) -> dict[str, Any]:
         """Rank 0's next decision (blocks; heartbeats are taken out)."""
         return self._inbox.get()
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Tell rank 0 ``message`` (a channel that broke is a fault, reported)."""
+        try:
+            self._send(message)
+        except OSError as exc:
+            self.faults.report(f"{self.member.name(0)} cannot be reached: {exc}")
 
     def report_fault(self, error: str) -> None:
         """This rank failed: tell rank 0 (best effort), then report it here."""

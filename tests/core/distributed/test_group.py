@@ -84,6 +84,16 @@ def first_group(group, expected: dict) -> None:
     b1 = group.chat(OTHER, session="other", max_tokens=TOKENS)
     assert text(b1) == expected["other"]
     assert [text(r) for r in concurrent(group, BATCH)] == expected["batch"]
+    # sampling without a seed: every rank draws the same (the random state is seeded alike)
+    status, sampled = group.request({"messages": OTHER, "max_tokens": TOKENS, "temperature": 0.9})
+    assert status == 200 and sampled["usage"]["completion_tokens"] > 0
+    # a client that leaves mid-reply: the cancel lands at the same step on every rank
+    conn, response = group.stream(LYON, max_tokens=4000)
+    assert response.status == 200 and response.readline()
+    response.close()
+    conn.close()
+    assert text(group.chat(OTHER, max_tokens=TOKENS)) == expected["other"]
+    assert "out of step" not in group.output()  # every request ended alike on both ranks
 
 
 @pytest.fixture(scope="module")
@@ -153,6 +163,7 @@ def stream_until_error(group, after) -> tuple[dict | None, float]:
                 return json.loads(line[6:])["error"], time.monotonic() - began
         return None, time.monotonic() - began
     finally:
+        response.close()
         conn.close()
 
 

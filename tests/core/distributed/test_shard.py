@@ -102,3 +102,21 @@ def test_messages_are_framed_and_a_closed_peer_is_seen():
         a.close()
         with pytest.raises(ChannelClosed):
             recv_message(b)
+
+
+def test_rank_0_stops_the_group_when_a_rank_ends_a_request_otherwise(tmp_path):
+    from core.distributed.engine import ShardedEngine
+    from core.distributed.group import LeaderChannel, Membership, _Faults
+
+    reports = []
+    channel = LeaderChannel.__new__(LeaderChannel)  # no sockets: only its fault reporting is used
+    channel.member = Membership(0, 2, ("studio", "macbook"))
+    channel.faults = _Faults(reports.append)
+    engine = ShardedEngine(tmp_path, channel.member, None, channel, model_spec=None)
+    channel.on_message(1, {"op": "outcome", "id": 1, "outcome": "stop 5 tokens ab"})  # rank 1 first
+    engine._compare(1, 1, "stop 5 tokens ab")
+    engine._compare(1, 2, "length 9 tokens cd")  # rank 0 first
+    channel.on_message(1, {"op": "outcome", "id": 2, "outcome": "length 9 tokens ce"})
+    assert reports == ["rank 1 (macbook) is out of step with rank 0 (request 2 ended 'length 9 tokens ce' "
+                       "on one, 'length 9 tokens cd' on the other)"]
+    assert engine._outcomes == {}
