@@ -173,7 +173,7 @@ class ShardedEngine(Engine):
         try:
             loaded = load_model(spec, self.data_root, weights_format, self._on_load_progress,
                                 chat_template=self._chat_template,
-                                shard=lambda model: shard_model(model, self.mlx_group))
+                                shard=lambda model: shard_model(model, self.mlx_group), parts=self.member.world)
         except Exception as exc:  # reported after the others learn of it
             error = exc
         ok = [0] * self.member.world
