@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 
+from core.engine import namespaces
 from core.engine.types import (ChatMessage, DoneEvent, ErrorEvent, GenerationRequest, ProgressEvent,
                                SamplingParams, TokenEvent)
 from core.errors import UserError
@@ -101,7 +102,7 @@ class EngineBridge(QObject):
 
     def forget_session(self, name: str) -> None:
         """Drop a deleted chat's cached KV, in RAM and on disk (queued to the engine thread)."""
-        self.engine.forget_session(name)
+        self.engine.forget_session(name, namespaces.APP)
 
     def give_disk_space_back(self) -> int:
         """The disk is full and a chat turn could not be saved: delete the KV cache's files
@@ -152,6 +153,7 @@ class EngineBridge(QObject):
             messages=tuple(ChatMessage(role, content) for role, content in messages),
             sampling=SamplingParams(**{**params, "stop": tuple(params.get("stop", ()))}),
             session=session,
+            cache_namespace=namespaces.APP,  # the chats' own: no API client shares their prefixes
         )
         self._handle = self.engine.submit(request)
         self._poll.setInterval(BUSY_POLL_MS)

@@ -6,6 +6,9 @@ and computed by the model (``computed_tokens``); the three add up to ``prompt_to
 for a turn that reached its first token. The panel plots the last turns as stacked bars
 with the time to first token on a second axis, and shows the last turn's split, the
 session's hit rate, and the app's hit rate and evictions since start (``update_totals``).
+It names the cache namespace that served the last turn (``cache_namespace``: the app's
+chats share prefixes among themselves only, never with API clients) and how many
+namespaces the RAM cache holds now.
 
 Slots: ``set_turns`` (the session changed), ``add_turn`` (a turn finished),
 ``update_totals`` (the engine's ``EngineStats``, as the memory panel gets them).
@@ -39,6 +42,7 @@ class TurnSplit:
     computed: int
     prompt: int
     ttft_s: float
+    namespace: str = ""  # the cache namespace the prompt was looked up in (a label; "" before namespaces)
 
     @classmethod
     def of(cls, stats: RequestStats | dict) -> TurnSplit:
@@ -48,15 +52,18 @@ class TurnSplit:
         ram, disk, computed = (max(0, int(stats.get(key) or 0))
                                for key in ("cached_tokens", "restored_tokens", "computed_tokens"))
         prompt = max(int(stats.get("prompt_tokens") or 0), ram + disk + computed)
-        return cls(ram, disk, computed, prompt, max(0.0, float(stats.get("ttft_s") or 0.0)))
+        namespace = stats.get("cache_namespace")
+        return cls(ram, disk, computed, prompt, max(0.0, float(stats.get("ttft_s") or 0.0)),
+                   namespace if isinstance(namespace, str) else "")
 
     @property
     def hit(self) -> int:
         return self.ram + self.disk
 
     def describe(self) -> str:
+        where = f" (namespace {self.namespace})" if self.namespace and self.hit else ""
         return (f"{count(self.prompt)} prompt tokens: {count(self.ram)} RAM · {count(self.disk)} disk"
-                f" · {count(self.computed)} computed")
+                f" · {count(self.computed)} computed{where}")
 
 
 def hit_rate(turns: list[TurnSplit]) -> tuple[float, int]:
@@ -81,7 +88,7 @@ class CachePanel(ChartPanel):
         self.values: dict[str, QLabel] = {}
         for row, (key, caption) in enumerate((("lastTurn", "Last turn"), ("ttft", "First token"),
                                               ("sessionHitRate", "Session hits"), ("appHitRate", "App hits"),
-                                              ("evictions", "Evictions"))):
+                                              ("evictions", "Evictions"), ("namespace", "Namespace"))):
             title = QLabel(caption)
             title.setForegroundRole(QPalette.ColorRole.PlaceholderText)
             value = QLabel("—")
@@ -92,6 +99,10 @@ class CachePanel(ChartPanel):
             grid.addWidget(title, row, 0, Qt.AlignmentFlag.AlignTop)
             grid.addWidget(value, row, 1)
         grid.setColumnStretch(1, 1)
+        self.values["namespace"].setToolTip("The cache namespace the last turn's prompt was looked up in: "
+                                            "cached prefixes are shared inside a namespace only (the app's "
+                                            "chats, each API key, each cache_salt)")
+        self._namespaces_in_ram: int | None = None
 
         self.ram_set, self.disk_set, self.computed_set = (
             self._bar_set(title, colour) for title, colour in
@@ -165,6 +176,10 @@ class CachePanel(ChartPanel):
         pages, tokens = (cache.evicted_pages, cache.evicted_tokens) if cache is not None else (0, 0)
         self.values["evictions"].setText(f"{count(tokens)} tokens ({count(pages)} pages)" if pages or tokens
                                          else "none")
+        namespaces = cache.namespaces if cache is not None else None
+        if namespaces != self._namespaces_in_ram:
+            self._namespaces_in_ram = namespaces
+            self._show_namespace()
 
     # -- for tests and callers --
 
@@ -192,6 +207,7 @@ class CachePanel(ChartPanel):
             turns = len(self.turns)
             self.values["sessionHitRate"].setText(
                 f"{percent(rate)} of {count(prompt)} tokens · {count(turns)} turn{'s' if turns != 1 else ''}")
+        self._show_namespace()
 
         for bar_set, field in ((self.ram_set, "ram"), (self.disk_set, "disk"), (self.computed_set, "computed")):
             bar_set.remove(0, bar_set.count())
@@ -214,6 +230,13 @@ class CachePanel(ChartPanel):
         scale, unit = (0.001, "ms") if ttft_step * 4 < 1 else (1, "s")
         self.ttft_axis.shown.setLabelFormat(f"%.{decimals_for(ttft_step / scale)}f {unit}")
         self.ttft_axis.set_range(0, ttft_step * 4, 0, ttft_step * 4 / scale)
+
+    def _show_namespace(self) -> None:
+        shown = self.turns[-1].namespace if self.turns and self.turns[-1].namespace else "—"
+        held = self._namespaces_in_ram
+        if held:
+            shown += f" · {count(held)} in RAM"
+        self.values["namespace"].setText(shown)
 
     def _bar_set(self, title: str, colour: str) -> QBarSet:
         bar_set = QBarSet(title)

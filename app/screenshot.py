@@ -90,6 +90,7 @@ def _link_model(model_spec: str, data_root: Path, root: Path, provision) -> str:
 def _two_turns_then_restart(root: Path, spec: str, store, session) -> None:
     """Turns 1 and 2 in an engine that then shuts down: its cache stays on disk."""
     from core.engine.engine import Engine
+    from core.engine import namespaces
     from core.engine.types import ChatMessage, DoneEvent, ErrorEvent, GenerationRequest, SamplingParams
     from core.errors import UserError
 
@@ -99,7 +100,8 @@ def _two_turns_then_restart(root: Path, spec: str, store, session) -> None:
         history = [ChatMessage("system", SYSTEM_PROMPT)]
         for question in QUESTIONS[:2]:
             request = GenerationRequest(messages=tuple(history) + (ChatMessage("user", question),),
-                                        sampling=SamplingParams(**SAMPLING), session=session.name)
+                                        sampling=SamplingParams(**SAMPLING), session=session.name,
+                                        cache_namespace=namespaces.APP)
             done = None
             for event in engine.stream(request):
                 if isinstance(event, ErrorEvent):

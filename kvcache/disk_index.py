@@ -3,10 +3,11 @@ its tokens without touching the database.
 
 The store's pages are content addressed (``key = hash(fingerprint, parent key,
 tokens)``), so the same tokens after the same parent are the same page whoever wrote
-them. The index maps each parent to its children, grouped by their first token; a
-lookup walks the prompt from the root, one dict lookup and one bytes comparison per
-page, and re-derives each key it follows from the tokens (a stale or damaged entry
-never leads to a wrong page). A miss costs one dict lookup: no K/V read, no query.
+them -- inside one cache namespace, whose root is the parent of its chains' first pages.
+The index maps each parent to its children, grouped by their first token; a lookup
+walks the prompt from its namespace's root (never reaching another's pages), one dict
+lookup and one bytes comparison per page, and re-derives each key it follows from the
+tokens (a stale or damaged entry never leads to a wrong page). A miss costs one dict lookup: no K/V read, no query.
 
 Built once when a model loads (:meth:`DiskStore.index`, metadata only) and kept current
 by the cache writer thread (pages written, pages deleted); read by the engine thread.
@@ -22,7 +23,7 @@ import threading
 from collections.abc import Iterable, Sequence
 
 from kvcache.store import ChainPage, IndexedPage
-from kvcache.store_format import page_key, unpack_tokens
+from kvcache.store_format import namespace_root, page_key, unpack_tokens
 
 
 class DiskIndex:
@@ -32,7 +33,7 @@ class DiskIndex:
         self.fingerprint = fingerprint
         self._lock = threading.Lock()
         self._pages: dict[str, IndexedPage] = {}
-        # parent key (None: a first page) -> first token's bytes -> the children starting so
+        # parent key (a namespace's root: a first page) -> first token's bytes -> the children starting so
         self._children: dict[str | None, dict[bytes, list[IndexedPage]]] = {}
         self.add(pages)
 
@@ -74,15 +75,15 @@ class DiskIndex:
         if not groups:
             self._children.pop(page.parent, None)
 
-    def match(self, prompt: Sequence[int]) -> list[ChainPage]:
-        """The stored chain that follows ``prompt`` furthest, first page first: every page
+    def match(self, prompt: Sequence[int], namespace: str = "") -> list[ChainPage]:
+        """The stored chain of ``namespace`` that follows ``prompt`` furthest, first page first: every page
         whose tokens are the prompt's at its place, then (where the walk stops) the child
         sharing the longest run of tokens with the rest of the prompt, if any (a
         token-exact model can use part of it). Prefers the longer page where several
         match. [] when the disk holds nothing of the prompt."""
         blob = struct.pack(f"<{len(prompt)}i", *prompt)
         chain: list[ChainPage] = []
-        parent: str | None = None
+        parent: str | None = namespace_root(namespace)
         at = 0
         with self._lock:
             while at < len(blob):

@@ -20,6 +20,10 @@ serializes only pages the store does not have, and a writer thread owns its own
 A full disk stops the writes (one line in the log and in the stats) and serving goes on;
 writing is tried again after ``RETRY_AFTER_S``. Every page read is verified (checksum,
 fingerprint, key): a damaged page costs a recompute, never a wrong answer.
+
+Every call names the request's cache namespace: chains are written under its root and
+looked up from it (see :mod:`kvcache.store_format`), and a session's row is named within
+it, so the disk serves a prompt only what its own namespace wrote.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from kvcache.serialize import SerializeError, kv_to_bytes, kv_views, snapshot_fr
 from kvcache.snapshot import Snapshot
 from kvcache.stats import DiskTierStats
 from kvcache.store import (DEFAULT_BUDGET, ChainPage, DiskStore, DiskStoreError, IndexedPage, PageData,
-                           SessionReader, chain_keys, pack_tokens)
+                           SessionReader, chain_keys, namespace_root, pack_tokens, session_row)
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +57,10 @@ _RATE_WEIGHT = 0.3  # weight of the newest measurement in the running rates
 
 @dataclass(frozen=True)
 class _SaveJob:
-    session: str | None  # None: a prefix, kept by its tokens
+    session: str | None  # the session's row (see session_row); None: a prefix, kept by its tokens
     pages: tuple[PageData, ...]
     queued: frozenset[str]  # keys of the pages serialized for it (not to serialize again)
+    namespace: str = ""
 
 
 _BUDGET = "enforce the budget"  # a job: make the store fit its budget (at load)
@@ -118,22 +123,25 @@ class DiskTier:
         if tokens >= DISK_PAGE_TOKENS and seconds > 0:
             self._prefill_rate = _running(self._prefill_rate, tokens / seconds)
 
-    def save(self, session: str | None, tokens: list[int], caches: list, snapshots: list[Snapshot]) -> None:
-        """Queue the chain of ``tokens`` (``caches`` hold exactly them) for writing: a
-        session's always, an unnamed request's when it reaches ``min_write_tokens``."""
+    def save(self, session: str | None, tokens: list[int], caches: list, snapshots: list[Snapshot],
+             namespace: str = "") -> None:
+        """Queue the chain of ``tokens`` (``caches`` hold exactly them) for writing in
+        ``namespace``: a session's always, an unnamed request's when it reaches
+        ``min_write_tokens``."""
         full = self.prefix_cache.build.layout.full_layer_indices
-        self._save(session, tokens, cache_source(caches, full), snapshots)
+        self._save(session, tokens, cache_source(caches, full), snapshots, namespace)
 
-    def write_back(self, tokens: list[int], source, snapshots: list[Snapshot]) -> None:
-        """RAM is evicting the prefix ``tokens`` (its K/V from ``source``, as the pool
-        still holds it): queue what the disk lacks of it, so RAM pressure costs a read
-        later, not a recompute (the prefix cache calls this; see ``write_back`` there)."""
+    def write_back(self, tokens: list[int], source, snapshots: list[Snapshot], namespace: str = "") -> None:
+        """RAM is evicting the prefix ``tokens`` of ``namespace`` (its K/V from ``source``,
+        as the pool still holds it): queue what the disk lacks of it, so RAM pressure costs
+        a read later, not a recompute (the prefix cache calls this; see ``write_back`` there)."""
         self._counts["write_backs"] += 1
-        self._save(None, tokens, source, snapshots, min_tokens=DISK_PAGE_TOKENS)
+        self._save(None, tokens, source, snapshots, namespace, min_tokens=DISK_PAGE_TOKENS)
 
     def _save(self, session: str | None, tokens: list[int], source, snapshots: list[Snapshot],
-              min_tokens: int | None = None) -> None:
-        """The chain of ``tokens``, K/V from ``source(layer, a, b)``, to the writer thread.
+              namespace: str = "", min_tokens: int | None = None) -> None:
+        """The chain of ``tokens`` in ``namespace``, K/V from ``source(layer, a, b)``, to
+        the writer thread.
 
         Pages end every ``DISK_PAGE_TOKENS`` tokens and at every snapshot (the end of the
         prompt, the end of the reply), and carry the snapshot that ends with them, so a
@@ -150,7 +158,7 @@ class DiskTier:
         full = self.prefix_cache.build.layout.full_layer_indices
         ends = sorted(set(range(DISK_PAGE_TOKENS, len(tokens), DISK_PAGE_TOKENS)) | set(by_end) | {len(tokens)})
         pages, starts = [], [0, *ends[:-1]]
-        keys = chain_keys(self.fingerprint, [tokens[a:b] for a, b in zip(starts, ends)])
+        keys = chain_keys(self.fingerprint, [tokens[a:b] for a, b in zip(starts, ends)], namespace)
         known = 0
         for start, end, key in zip(starts, ends, keys):
             chunk = tuple(tokens[start:end])
@@ -167,29 +175,31 @@ class DiskTier:
             return  # all on disk already: nothing to write
         queued = frozenset(key for key, page in zip(keys, pages) if page.kv is not None)
         self._queued |= queued
-        self._jobs.put(_SaveJob(session, tuple(pages), queued))  # indexed once written
+        row = session_row(session, namespace) if session is not None else None
+        self._jobs.put(_SaveJob(row, tuple(pages), queued, namespace))  # indexed once written
 
-    def restore(self, prompt: list[int], session: str | None = None) -> int:
-        """Bring what the disk holds of ``prompt`` beyond what RAM holds into RAM, if reading
-        it beats computing it. Returns the tokens restored (0 when nothing was needed,
-        found or worth it). Any failure here costs a recompute, never the request."""
+    def restore(self, prompt: list[int], session: str | None = None, namespace: str = "") -> int:
+        """Bring what the disk holds of ``prompt`` in ``namespace`` beyond what RAM holds
+        into RAM, if reading it beats computing it. Returns the tokens restored (0 when
+        nothing was needed, found or worth it). Any failure here costs a recompute, never
+        the request."""
         try:
-            restored = self._restore_by_tokens(prompt)
+            restored = self._restore_by_tokens(prompt, namespace)
             if not restored and session is not None:  # saved by another process since the load
-                restored = self._restore_session(session, prompt)
+                restored = self._restore_session(session, prompt, namespace)
             return restored
         except (DiskStoreError, SerializeError, ValueError, AttributeError, KeyError) as exc:
             self.last_error = str(exc)
             log.warning("restoring a cached prefix failed: %s", exc)
             return 0
 
-    def _restore_by_tokens(self, prompt: list[int]) -> int:
+    def _restore_by_tokens(self, prompt: list[int], namespace: str) -> int:
         usable_limit = len(prompt) - 1  # the last prompt token is always computed
-        chain = self.index.match(prompt)
+        chain = self.index.match(prompt, namespace)
         if not chain:
             return 0
         best = _resume_point(chain, prompt, usable_limit, self.prefix_cache.hybrid)
-        in_ram = self.prefix_cache.cached_length(prompt[:usable_limit])
+        in_ram = self.prefix_cache.cached_length(prompt[:usable_limit], namespace)
         if best <= in_ram or not self._worth_reading(best - in_ram):
             return 0
         if -(-best // self.prefix_cache.page_size) > self.prefix_cache.allocator.num_pages:
@@ -197,14 +207,15 @@ class DiskTier:
         reading = None
         count = _pages_for(chain, best)
         try:
-            with self.reader.read_chain(self.fingerprint, [page.key for page in chain[:count]]) as reading:
+            with self.reader.read_chain(self.fingerprint, [page.key for page in chain[:count]],
+                                        namespace) as reading:
                 self.index.discard(reading.missing)  # deleted by another process
                 if len(reading.chain) < count:  # cut short: what is left may still serve
                     best = _resume_point(reading.chain, prompt, usable_limit, self.prefix_cache.hybrid)
                     count = len(reading.chain)
                     if best <= in_ram:
                         return 0
-                return self._insert(prompt[:best], reading, in_ram, room=len(prompt) - best + 1)
+                return self._insert(prompt[:best], reading, in_ram, namespace, room=len(prompt) - best + 1)
         finally:  # marking pages used takes the write lock: the writer thread waits for it
             if reading is not None and (reading.used or reading.suspects):
                 last = reading.used[-1].key if reading.used else None
@@ -218,27 +229,30 @@ class DiskTier:
         self._counts["skipped_reads"] += 1
         return False
 
-    def _restore_session(self, session: str, prompt: list[int]) -> int:
+    def _restore_session(self, session: str, prompt: list[int], namespace: str) -> int:
         usable_limit = len(prompt) - 1
-        in_ram = self.prefix_cache.cached_length(prompt[:usable_limit])
+        in_ram = self.prefix_cache.cached_length(prompt[:usable_limit], namespace)
+        session = session_row(session, namespace)
         stored = self.reader.session(session)
         if stored is None or stored.fingerprint != self.fingerprint or stored.tokens <= in_ram:
             return 0
         reading = None
         try:
-            with self.reader.read_session(session, self.fingerprint, record=False) as reading:
+            with self.reader.read_session(session, self.fingerprint, record=False,
+                                          namespace=namespace) as reading:
                 best = _resume_point(reading.chain, prompt, usable_limit, self.prefix_cache.hybrid)
                 if best <= in_ram:
                     return 0
                 if -(-best // self.prefix_cache.page_size) > self.prefix_cache.allocator.num_pages:
                     return 0  # the pool can never hold it: don't read it only to drop it
-                return self._insert(prompt[:best], reading, in_ram, room=len(prompt) - best + 1)
+                return self._insert(prompt[:best], reading, in_ram, namespace, room=len(prompt) - best + 1)
         finally:  # marking pages used takes the write lock: the writer thread waits for it
             if reading is not None and (reading.used or reading.suspects):
                 self._jobs.put(_RecordJob(session, tuple(reading.used), frozenset(reading.suspects), None))
 
-    def _insert(self, tokens: list[int], reading: SessionReader, start: int, room: int = 0) -> int:
-        """Restore ``tokens[start:]`` from the chain being read, streaming its pages (those
+    def _insert(self, tokens: list[int], reading: SessionReader, start: int, namespace: str,
+                room: int = 0) -> int:
+        """Restore ``tokens[start:]`` (of ``namespace``) from the chain being read, streaming its pages (those
         wholly before ``start``, which RAM holds, are not read). The K/V of each layer is
         joined into one buffer with ``room`` spare positions (rounded up to mlx-lm's
         KVCache step), so a request resuming from it prefills in place (see
@@ -267,7 +281,7 @@ class DiskTier:
         if end <= start:
             return 0
         snapshot = snapshot_from_bytes(snapshots[end]) if end in snapshots else None
-        restored = self.prefix_cache.insert_restored(tokens[:end], start, joined.layers(), snapshot)
+        restored = self.prefix_cache.insert_restored(tokens[:end], start, joined.layers(), snapshot, namespace)
         if restored:
             seconds = time.perf_counter() - began
             self._read_rate = _running(self._read_rate, nbytes / seconds) if seconds > 0 else self._read_rate
@@ -276,10 +290,10 @@ class DiskTier:
             self._counts["read_bytes"] += nbytes
         return restored
 
-    def forget(self, session: str) -> None:
-        """Queue the removal of ``session``'s cache from disk (the chat was deleted); pages
-        that other sessions share stay."""
-        self._jobs.put(_ForgetJob(session))
+    def forget(self, session: str, namespace: str = "") -> None:
+        """Queue the removal of ``session``'s cache (of ``namespace``) from disk (the chat
+        was deleted); pages that other sessions share stay."""
+        self._jobs.put(_ForgetJob(session_row(session, namespace)))
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every queued save is written (tests, shutdown)."""
@@ -336,9 +350,9 @@ class DiskTier:
         what = f"the cache of {job.session}" if job.session is not None else "a cached prefix"
         try:
             if job.session is not None:
-                result = self._writer.save_session(job.session, self.fingerprint, job.pages)
+                result = self._writer.save_session(job.session, self.fingerprint, job.pages, job.namespace)
             else:
-                result = self._writer.save_prefix(self.fingerprint, job.pages)
+                result = self._writer.save_prefix(self.fingerprint, job.pages, job.namespace)
         except DiskStoreError as exc:  # disk full, locked...: the cache costs time, no more
             self._counts["write_errors"] += 1
             if getattr(exc, "reason", None) == "full" or "full" in str(exc):
@@ -357,8 +371,8 @@ class DiskTier:
             self._stop_writes(f"the disk is nearly full: the KV cache keeps its reserve free ({self._writer.path})")
         self._counts["pages_written"] += result.pages_written
         self._counts["bytes_written"] += result.bytes_written
-        keys = chain_keys(self.fingerprint, [p.tokens for p in job.pages])[: result.pages]
-        parents = [None, *keys[:-1]]
+        keys = chain_keys(self.fingerprint, [p.tokens for p in job.pages], job.namespace)[: result.pages]
+        parents = [namespace_root(job.namespace), *keys[:-1]]
         self.index.add(IndexedPage(key, parent, pack_tokens(page.tokens), page.snapshot is not None)
                        for key, parent, page in zip(keys, parents, job.pages))
         if result.pages < len(job.pages):

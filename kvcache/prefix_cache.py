@@ -2,16 +2,20 @@
 
 One :class:`PrefixCache` per loaded model, used by the engine thread only::
 
-    prefix = cache.match(prompt)                  # longest cached prefix, locked
-    caches = cache.make_caches(prefix)            # mlx-lm cache objects holding it
-    ...prefill prompt[prefix.length:], decode... # snapshots at chosen boundaries
-    cache.commit(prefix, tokens, caches, snapshots, session="chat-1")
+    prefix = cache.match(prompt, namespace="app")  # longest cached prefix, locked
+    caches = cache.make_caches(prefix)             # mlx-lm cache objects holding it
+    ...prefill prompt[prefix.length:], decode...  # snapshots at chosen boundaries
+    cache.commit(prefix, tokens, caches, snapshots, session="chat-1")  # in the prefix's namespace
 
 Full-attention K/V lives in the page pool (one slot per token); the radix tree maps
 token sequences to slots. Layers the pool can't rebuild (sliding window, recurrent) come
 back from snapshots taken at node ends; for such hybrid models a match is cut back to
 the deepest node holding one. Sessions keep a lock on their conversation's frontier so
 their pages are evicted only after anonymous ones.
+
+Namespaces: a request's prefix is matched and stored in its namespace only (the
+tree's), and sessions and hot caches are kept per namespace too, so nothing one
+namespace cached ever serves another; the pool and its eviction are shared.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ class Prefix:
     node: TreeNode
     snapshot: Snapshot | None
     tokens: tuple[int, ...]  # the matched tokens
+    namespace: str = ""  # where it was matched, and where its commit stores
 
 
 def cache_source(caches: list, full_layers: tuple[int, ...]):
@@ -69,6 +74,7 @@ class PrefixCache:
     full-attention layer); the session table (session name -> the tree node ending its
     conversation, least recently used first); up to ``HOT_ENTRIES`` recent requests'
     own mlx-lm cache objects; and restored K/V waiting to be copied into the pool.
+    Sessions and hot entries are keyed by namespace too.
 
     Who owns what:
 
@@ -114,15 +120,17 @@ class PrefixCache:
         )
         self._full_layers = tuple(layout.full_layer_indices) if layout else ()
         self.hybrid = bool(self._snapshot_layers)
-        self._sessions: OrderedDict[str, TreeNode] = OrderedDict()  # LRU order, oldest first
+        # (namespace, session name) -> its frontier; LRU order, oldest first
+        self._sessions: OrderedDict[tuple[str, str], TreeNode] = OrderedDict()
         self._prompt_tokens = 0
         self._evicted_pages = 0
-        self._hot: OrderedDict[tuple[int, ...], list] = OrderedDict()  # recent caches, LRU
+        self._hot: OrderedDict[tuple[str, tuple[int, ...]], list] = OrderedDict()  # (namespace, tokens), LRU
         self._placeholders = itertools.count(1)  # slot stand-ins when nothing is paged
         self._open: set[int] = set()  # id() of prefixes matched and not yet committed/released
         self._pending_writes: list[tuple] = []  # restored K/V not yet in the pool (flush_writes)
         # The lower tier's hook, while one is open: called with an evicted leaf's whole path
-        # (tokens, a source of their K/V, the snapshots at its end) before its pages go.
+        # (tokens, a source of their K/V, the snapshots at its end, its namespace) before
+        # its pages go.
         self.write_back = None
         self.tree.on_evict = self._evicting
 
@@ -131,14 +139,15 @@ class PrefixCache:
         return not self.build.disable_radix_cache
 
     # ----------------------------------------------------------- request path
-    def match(self, prompt: list[int]) -> Prefix:
-        """The longest usable cached prefix of ``prompt`` (never all of it: the last
-        prompt token is always computed, for its logits). Locked until commit/release."""
+    def match(self, prompt: list[int], namespace: str = "") -> Prefix:
+        """The longest usable prefix of ``prompt`` cached in ``namespace`` (never all of it:
+        the last prompt token is always computed, for its logits). Locked until
+        commit/release."""
         self._prompt_tokens += len(prompt)
-        result = self.tree.match_prefix(prompt[:-1])
+        result = self.tree.match_prefix(prompt[:-1], namespace)
         self.tree.inc_lock_ref(result.last_node)
         prefix = Prefix(result.length, result.values, result.last_node, result.snapshot,
-                        tuple(prompt[: result.length]))
+                        tuple(prompt[: result.length]), namespace)
         self._open.add(id(prefix))
         return prefix
 
@@ -189,8 +198,8 @@ class PrefixCache:
         snapshots: list[Snapshot] = (),
         session: str | None = None,
     ) -> int:
-        """Store ``tokens`` (everything ``caches`` holds) in the tree and release the
-        prefix. Returns how many new tokens went into the pool."""
+        """Store ``tokens`` (everything ``caches`` holds) in the tree, in the prefix's
+        namespace, and release the prefix. Returns how many new tokens went into the pool."""
         try:
             if not self.enabled:
                 return 0
@@ -202,9 +211,9 @@ class PrefixCache:
                 tokens = tokens[: max(s.length for s in snapshots)]
             stored = self._store(prefix, tokens, cache_source(caches, self._full_layers), snapshots)
             if session is not None and stored is not None:
-                self._move_session(session, tokens)
+                self._move_session(session, tokens, prefix.namespace)
             if stored is not None and len(tokens) == held:
-                self._keep_hot(tokens, caches)
+                self._keep_hot(tokens, caches, prefix.namespace)
             return stored or 0
         finally:
             self.release(prefix)
@@ -216,14 +225,16 @@ class PrefixCache:
             self._open.discard(id(prefix))
             self.tree.dec_lock_ref(prefix.node)
 
-    def forget_session(self, session: str) -> None:
-        node = self._sessions.pop(session, None)
+    def forget_session(self, session: str, namespace: str = "") -> None:
+        node = self._sessions.pop((namespace, session), None)
         if node is not None:
             self.tree.dec_lock_ref(node)
 
     # ----------------------------------------------------------- internals
-    def insert_restored(self, tokens: list[int], start: int, layers_kv: list, snapshot: Snapshot | None) -> int:
-        """Put K/V restored from disk for ``tokens[start:]`` into the pool and the tree.
+    def insert_restored(self, tokens: list[int], start: int, layers_kv: list, snapshot: Snapshot | None,
+                        namespace: str = "") -> int:
+        """Put K/V restored from disk for ``tokens[start:]`` into the pool and the tree
+        (in ``namespace``, the one the disk chain belongs to).
 
         ``layers_kv[i]`` is ``(keys, values)`` of full-attention layer ``i`` (pool order),
         each ``(heads, m, head_dim)`` with ``m >= len(tokens) - start``: the first
@@ -239,7 +250,7 @@ class PrefixCache:
         allocates from or gathers out of the pool, whichever comes first: the tree holds
         the pages, and nothing reads them before.
         """
-        prefix = self.match(list(tokens) + [0])  # locks tokens[:start] while we allocate
+        prefix = self.match(list(tokens) + [0], namespace)  # locks tokens[:start] while we allocate
         try:
             if not self.enabled or prefix.length < start:
                 return 0
@@ -260,7 +271,7 @@ class PrefixCache:
             stored = self._store(prefix, list(tokens), cache_source(caches, self._full_layers),
                                  snapshots, defer=True) or 0
             if stored:
-                self._keep_hot(list(tokens), caches)
+                self._keep_hot(list(tokens), caches, namespace)
             return stored
         finally:
             self.release(prefix)
@@ -281,8 +292,9 @@ class PrefixCache:
         from the root to the lower tier, which writes what it does not have yet."""
         if self.write_back is None:
             return
+        namespace = self.tree.namespace_of(node)
         path = []
-        while node is not None and node is not self.tree.root:
+        while node is not None and node.key:  # up to its namespace's top
             path.append(node)
             node = node.parent
         path.reverse()
@@ -296,13 +308,14 @@ class PrefixCache:
 
         snapshot = path[-1].snapshot if path else None
         try:
-            self.write_back(tokens, source, [snapshot] if snapshot is not None else [])
+            self.write_back(tokens, source, [snapshot] if snapshot is not None else [], namespace)
         except Exception:  # the prefix is recomputed when it is asked for again, no more
             log.exception("writing back an evicted prefix failed")
 
-    def cached_length(self, tokens: list[int]) -> int:
-        """How much of ``tokens`` a request would get from RAM now (no locks, no counters)."""
-        return self.tree.peek_length(tokens)
+    def cached_length(self, tokens: list[int], namespace: str = "") -> int:
+        """How much of ``tokens`` a request in ``namespace`` would get from RAM now (no
+        locks, no counters)."""
+        return self.tree.peek_length(tokens, namespace)
 
     def flush_writes(self) -> None:
         """Copy restored K/V into the pool pages the tree already gave them (the engine
@@ -341,7 +354,7 @@ class PrefixCache:
             by_end.setdefault(len(tokens), None)
         owned = prefix.length  # values[:owned] are settled: the tree's, or freed duplicates
         for end in sorted(by_end):
-            already = self.tree.insert(tokens[:end], values[:end], by_end[end])
+            already = self.tree.insert(tokens[:end], values[:end], by_end[end], prefix.namespace)
             self._free_slots(values[owned:already])  # the tree kept its own slots for these
             owned = end
         return len(new_slots)
@@ -372,28 +385,29 @@ class PrefixCache:
         self.tree.dec_lock_ref(node)
         return True
 
-    def _move_session(self, session: str, tokens: list[int]) -> None:
-        node = self.tree.node_at(tokens)
+    def _move_session(self, session: str, tokens: list[int], namespace: str) -> None:
+        node = self.tree.node_at(tokens, namespace)
         if node is None:
             return
         self.tree.inc_lock_ref(node)
-        self.forget_session(session)
-        self._sessions[session] = node
+        self.forget_session(session, namespace)
+        self._sessions[namespace, session] = node
 
-    def _keep_hot(self, tokens: list[int], caches: list) -> None:
+    def _keep_hot(self, tokens: list[int], caches: list, namespace: str) -> None:
         if all(getattr(caches[i], "offset", None) == len(tokens) for i in self._full_layers):
-            self._hot[tuple(tokens)] = caches
+            self._hot[namespace, tuple(tokens)] = caches
             while len(self._hot) > HOT_ENTRIES:
                 self._hot.popitem(last=False)
 
     def _take_hot(self, prefix: Prefix) -> list | None:
-        for tokens, caches in reversed(self._hot.items()):
-            if len(tokens) < prefix.length or tokens[: prefix.length] != prefix.tokens:
+        for (namespace, tokens), caches in reversed(self._hot.items()):
+            if (namespace != prefix.namespace or len(tokens) < prefix.length
+                    or tokens[: prefix.length] != prefix.tokens):
                 continue
             excess = len(tokens) - prefix.length
             if excess and not all(type(c) is KVCache for c in caches):
                 continue  # sliding / recurrent state can't be cut back: gather instead
-            del self._hot[tokens]
+            del self._hot[namespace, tokens]
             if excess:
                 for cache in caches:
                     cache.trim(excess)
@@ -430,6 +444,7 @@ class PrefixCache:
             evicted_tokens=tree.evicted_tokens,
             evicted_pages=self._evicted_pages,
             sessions=len(self._sessions),
+            namespaces=tree.namespaces,
         )
 
     def _page_census(self) -> tuple[int, int, int, int]:

@@ -29,6 +29,13 @@ back into it.
 Hybrid models (sliding-window or recurrent layers) pass ``require_snapshots``:
 a node end is a resume point only if it holds a snapshot of the state that
 per-token KV cannot rebuild, and ``match_prefix`` cuts back to the deepest one.
+
+Namespaces: every call takes a ``namespace`` (a string; ``""`` by default). Each
+namespace has its own top node, so a prefix is only ever matched inside the namespace
+that inserted it: the same tokens in two namespaces are two paths, two sets of
+slots. Namespace ``""`` hangs off the root itself; any other one off an anchor (an
+empty node below the root, made by its first insert and dropped with its last node).
+Eviction stays one LRU over every namespace: the pool is shared, its contents are not.
 """
 
 from __future__ import annotations
@@ -44,7 +51,8 @@ OnFree = Callable[[tuple[int, ...]], None]
 class TreeNode:
     """One edge of the tree: ``key`` tokens and their ``value`` slots, ending at this node."""
 
-    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access", "snapshot", "serial")
+    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access", "snapshot", "serial",
+                 "namespace")
 
     def __init__(self, key: tuple[int, ...], value: tuple[int, ...], parent: TreeNode | None, serial: int):
         self.children: dict[int, TreeNode] = {}  # keyed by the child's first token
@@ -55,6 +63,7 @@ class TreeNode:
         self.last_access = 0  # tick of the LRU clock, not wall time
         self.snapshot: object | None = None  # state at the END of this edge (hybrid models)
         self.serial = serial  # creation order: a deterministic tie-break for eviction
+        self.namespace: str | None = None  # set on a namespace's top node only (root or anchor)
 
     def __repr__(self) -> str:
         return f"TreeNode(key={self.key[:8]}{'...' if len(self.key) > 8 else ''}, lock_ref={self.lock_ref})"
@@ -75,9 +84,10 @@ class RadixStats:
     cached_tokens: int  # sum of matched lengths
     evicted_tokens: int
     evicted_nodes: int
-    nodes: int  # nodes other than the root
+    nodes: int  # nodes other than the root and the namespace anchors
     evictable_tokens: int
     protected_tokens: int
+    namespaces: int = 0  # namespaces holding at least one node
 
 
 def _common_len(key: tuple[int, ...], tokens: tuple[int, ...], start: int) -> int:
@@ -96,7 +106,10 @@ class RadixCache:
     evicted, never holds a snapshot) and below it :class:`TreeNode` edges; each edge's
     ``key`` is a run of token ids and its ``value`` the same number of opaque ints (KV
     slots ``page * page_size + offset``, or negative placeholders when nothing is
-    paged). Children are keyed by their first token, so no two siblings share one. On
+    paged). Children are keyed by their first token, so no two siblings share one. Each
+    namespace other than ``""`` starts at an anchor (an empty node whose parent is the
+    root, kept in ``_tops`` and not among the root's children); ``""`` starts at the
+    root. On
     hybrid models (``require_snapshots``) a node may carry a snapshot of the
     sliding-window / recurrent state after its last token; a match is cut back to the
     deepest node with one. Counters (hits, misses, cached and evicted tokens) and an LRU
@@ -128,6 +141,10 @@ class RadixCache:
       the tree.
     - A snapshot sits at a node's end, never mid-edge: on a hybrid tree a match never
       splits an edge to end where no snapshot can be.
+    - Namespaces: every match, insert and lookup starts at the top of its namespace and
+      lock walks stop at a top (a node with an empty key), so no call reaches a node or a
+      value of another namespace. An anchor holds no value, is never locked, evicted or
+      counted, and has at least one child (its last node's eviction drops it).
     """
 
     def __init__(self, on_free: OnFree | None = None, *, require_snapshots: bool = False, disable: bool = False):
@@ -143,6 +160,8 @@ class RadixCache:
         self._serials = itertools.count()
         self.root = TreeNode((), (), None, next(self._serials))
         self.root.lock_ref = 1  # the root is never evicted; lock walks stop below it
+        self.root.namespace = ""
+        self._anchors: dict[str, TreeNode] = {}  # the top of every namespace but "", by name
         self._clock = 0
         # Invariant: _evictable == sum(len(n.value) for non-root n with lock_ref == 0)
         #            _protected == sum(len(n.value) for non-root n with lock_ref > 0)
@@ -154,22 +173,24 @@ class RadixCache:
 
     # ----------------------------------------------------------------- public API
 
-    def match_prefix(self, tokens: Sequence[int]) -> MatchResult:
-        """The longest cached prefix of ``tokens`` (cut back to a snapshot when required)."""
-        if self.disable:
+    def match_prefix(self, tokens: Sequence[int], namespace: str = "") -> MatchResult:
+        """The longest prefix of ``tokens`` cached in ``namespace`` (cut back to a snapshot
+        when required). A miss ends at the namespace's top (the root if it has none yet)."""
+        top = self._top(namespace)
+        if self.disable or top is None:
             self._misses += 1
             return MatchResult((), 0, self.root, None)
         tokens = tuple(map(int, tokens))
         now = self._tick()
         # With require_snapshots a mid-edge end is never a resume point: don't split for it.
-        path = self._walk(tokens, split=not self.require_snapshots)
+        path = self._walk(tokens, top, split=not self.require_snapshots)
         if self.require_snapshots:
             while path and path[-1].snapshot is None:
                 path.pop()
         for node in path:
             node.last_access = now
         values = tuple(itertools.chain.from_iterable(node.value for node in path))
-        last = path[-1] if path else self.root
+        last = path[-1] if path else top
         if values:
             self._hits += 1
             self._cached_tokens += len(values)
@@ -177,8 +198,10 @@ class RadixCache:
             self._misses += 1
         return MatchResult(values, len(values), last, last.snapshot)
 
-    def insert(self, tokens: Sequence[int], values: Sequence[int], snapshot: object | None = None) -> int:
-        """Cache ``tokens`` -> ``values``; returns how many leading tokens were already cached.
+    def insert(self, tokens: Sequence[int], values: Sequence[int], snapshot: object | None = None,
+               namespace: str = "") -> int:
+        """Cache ``tokens`` -> ``values`` in ``namespace``; returns how many leading tokens
+        were already cached there.
 
         The tree takes ``values[returned:]``; ``values[:returned]`` stay the caller's
         (duplicates of the tree's own slots: free them). ``snapshot``, if given, is
@@ -192,11 +215,14 @@ class RadixCache:
         if self.disable:
             self._free(values)  # the tree takes everything and keeps nothing
             return 0
+        if not tokens:
+            return 0
         now = self._tick()
-        path = self._walk(tokens, split=True)
+        top = self._top(namespace, create=True)
+        path = self._walk(tokens, top, split=True)
         for node in path:
             node.last_access = now
-        end = path[-1] if path else self.root
+        end = path[-1] if path else top
         already = sum(len(node.key) for node in path)
         if already < len(tokens):
             leaf = TreeNode(tokens[already:], values[already:], end, next(self._serials))
@@ -217,9 +243,9 @@ class RadixCache:
         whole subtree is unlocked (hence evictable, leaf by leaf). Sizes move from
         evictable to protected when a node's count leaves 0.
         """
-        if node is not self.root and node.parent is None:
+        if node.key and node.parent is None:
             raise ValueError(f"{node!r} is no longer in the tree (evicted or reset); match again")
-        while node is not self.root:
+        while node.key:  # up to the namespace's top (the root, or an anchor: never locked)
             if node.lock_ref == 0:
                 self._evictable -= len(node.value)
                 self._protected += len(node.value)
@@ -228,12 +254,12 @@ class RadixCache:
 
     def dec_lock_ref(self, node: TreeNode) -> None:
         """Release a lock taken by ``inc_lock_ref``. A lock on a node dropped by ``reset`` died with it."""
-        if node is not self.root and node.parent is None:
+        if node.key and node.parent is None:
             return
-        if node is not self.root and node.lock_ref <= 0:
+        if node.key and node.lock_ref <= 0:
             raise ValueError(f"dec_lock_ref without a matching inc_lock_ref on {node!r}")
         # By the invariant every ancestor has lock_ref >= node's > 0: no count goes negative.
-        while node is not self.root:
+        while node.key:
             if node.lock_ref == 1:
                 self._protected -= len(node.value)
                 self._evictable += len(node.value)
@@ -256,7 +282,7 @@ class RadixCache:
             if self.on_evict is not None:
                 self.on_evict(node)
             self._delete_leaf(node)
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+            if parent.key and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, self._evict_entry(parent))
         return freed
 
@@ -282,46 +308,58 @@ class RadixCache:
             nodes=self._nodes,
             evictable_tokens=self._evictable,
             protected_tokens=self._protected,
+            namespaces=len(self._anchors) + bool(self.root.children),
         )
 
     def reset(self) -> None:
         """Drop every node (locked ones too) and free all values; counters start over."""
         old = list(self._iter_nodes())
-        for node in old:
+        for node in [*old, *self._anchors.values()]:
             node.parent = None  # later dec_lock_ref on them is a no-op, inc_lock_ref an error
         self._init_state()
         for node in old:
             self._free(node.value)
 
-    def node_at(self, tokens: Sequence[int]) -> TreeNode | None:
-        """The node ending exactly at ``len(tokens)`` (splitting an edge if needed), or
-        None if ``tokens`` is not all cached. Touches no counter and no LRU time."""
+    def node_at(self, tokens: Sequence[int], namespace: str = "") -> TreeNode | None:
+        """The node of ``namespace`` ending exactly at ``len(tokens)`` (splitting an edge if
+        needed), or None if ``tokens`` is not all cached there. Touches no counter and no
+        LRU time."""
         tokens = tuple(map(int, tokens))
+        top = self._top(namespace)
+        if top is None:
+            return self.root if not tokens else None
         if not tokens:
-            return self.root
-        path = self._walk(tokens, split=True)
+            return top
+        path = self._walk(tokens, top, split=True)
         if sum(len(node.key) for node in path) != len(tokens):
             return None
         return path[-1]
 
-    def peek_length(self, tokens: Sequence[int]) -> int:
+    def peek_length(self, tokens: Sequence[int], namespace: str = "") -> int:
         """What ``match_prefix`` would return as length, without splitting, counting or
         touching LRU times."""
-        if self.disable:
+        top = self._top(namespace)
+        if self.disable or top is None:
             return 0
         tokens = tuple(map(int, tokens))
-        path = self._walk(tokens, split=False)
+        path = self._walk(tokens, top, split=False)
         if self.require_snapshots:
             while path and path[-1].snapshot is None:
                 path.pop()
             return sum(len(node.key) for node in path)
         matched = sum(len(node.key) for node in path)
-        child = (path[-1] if path else self.root).children.get(tokens[matched]) if matched < len(tokens) else None
+        child = (path[-1] if path else top).children.get(tokens[matched]) if matched < len(tokens) else None
         return matched + (_common_len(child.key, tokens, matched) if child is not None else 0)
 
     def nodes(self) -> Iterator[TreeNode]:
-        """Every node except the root (any order)."""
+        """Every node except the root and the anchors (any order), in every namespace."""
         return self._iter_nodes()
+
+    def namespace_of(self, node: TreeNode) -> str:
+        """The namespace ``node`` belongs to (its top's)."""
+        while node.key:
+            node = node.parent
+        return node.namespace
 
     def all_values(self) -> set[int]:
         return {v for node in self._iter_nodes() for v in node.value}
@@ -333,7 +371,12 @@ class RadixCache:
         assert root.lock_ref == 1 and root.snapshot is None, "root lock_ref must stay 1, with no snapshot"
         evictable = protected = nodes = 0
         seen: set[int] = set()
-        stack = [root]
+        for name, anchor in self._anchors.items():
+            assert name and anchor.namespace == name, f"anchor of {name!r} names {anchor.namespace!r}"
+            assert anchor.parent is root and anchor.key == () and anchor.value == (), f"anchor {name!r} not empty"
+            assert anchor.children and anchor.snapshot is None, f"anchor {name!r}: childless or with a snapshot"
+        tops = [root, *self._anchors.values()]
+        stack = list(tops)
         while stack:
             node = stack.pop()
             child_locks = 0
@@ -343,7 +386,7 @@ class RadixCache:
                 assert child.key[0] == first, f"{child!r}: keyed by {first}, starts with {child.key[0]}"
                 child_locks += child.lock_ref
                 stack.append(child)
-            if node is root:
+            if not node.key:  # a namespace's top
                 continue
             nodes += 1
             assert len(node.key) == len(node.value), f"{node!r}: {len(node.key)} tokens, {len(node.value)} values"
@@ -366,12 +409,24 @@ class RadixCache:
         self._clock += 1
         return self._clock
 
-    def _walk(self, tokens: tuple[int, ...], *, split: bool) -> list[TreeNode]:
-        """Nodes fully matched by ``tokens``, root excluded. With ``split``, a match that
-        ends mid-edge splits that edge so the last node ends exactly at the match;
-        without, the partial edge is left out."""
+    def _top(self, namespace: str, create: bool = False) -> TreeNode | None:
+        """The node a namespace's paths start at: the root for ``""``, else its anchor
+        (made when ``create``; None when it has none)."""
+        if not namespace:
+            return self.root
+        anchor = self._anchors.get(namespace)
+        if anchor is None and create:
+            anchor = TreeNode((), (), self.root, next(self._serials))
+            anchor.namespace = namespace
+            self._anchors[namespace] = anchor
+        return anchor
+
+    def _walk(self, tokens: tuple[int, ...], top: TreeNode, *, split: bool) -> list[TreeNode]:
+        """Nodes fully matched by ``tokens`` below ``top`` (excluded). With ``split``, a
+        match that ends mid-edge splits that edge so the last node ends exactly at the
+        match; without, the partial edge is left out."""
         path: list[TreeNode] = []
-        node, i = self.root, 0
+        node, i = top, 0
         while i < len(tokens):
             child = node.children.get(tokens[i])
             if child is None:
@@ -410,7 +465,11 @@ class RadixCache:
 
     def _delete_leaf(self, node: TreeNode) -> None:
         assert not node.children and node.lock_ref == 0, f"evicting a non-leaf or locked {node!r}"
-        del node.parent.children[node.key[0]]
+        parent = node.parent
+        del parent.children[node.key[0]]
+        if not parent.key and parent is not self.root and not parent.children:  # an emptied anchor
+            del self._anchors[parent.namespace]
+            parent.parent = None
         node.parent = None
         node.snapshot = None
         self._evictable -= len(node.value)
@@ -425,7 +484,7 @@ class RadixCache:
 
     def _iter_nodes(self) -> Iterator[TreeNode]:
         """Every node except the root."""
-        stack = list(self.root.children.values())
+        stack = [child for top in (self.root, *self._anchors.values()) for child in top.children.values()]
         while stack:
             node = stack.pop()
             stack.extend(node.children.values())

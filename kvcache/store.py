@@ -9,6 +9,11 @@ Pages are content addressed, so a prefix shared by many sessions is stored once:
 
     key = page_key(fingerprint, parent key, token ids)     # sha256, hex
 
+Inside its cache namespace, that is: a chain's first page has its namespace's root as
+parent (:func:`~kvcache.store_format.namespace_root`: None for namespace "", the only
+one before namespaces existed), so the same tokens in two namespaces are two chains,
+and a walk, a read or a session load in one namespace never reaches another's pages.
+
 A session row names its model fingerprint and the key of its chain's last page (its
 head). A prefix row does the same for a chain kept for any request by its tokens alone
 (the disk tier: no session name); the engine finds such chains through an in-memory
@@ -48,8 +53,8 @@ from pathlib import Path
 from kvcache.sqlite_file import SqliteFile
 from kvcache.store_reader import ChainPage, IndexedPage, SessionReader, _Link  # noqa: F401  (this module's API too)
 from kvcache.store_format import (  # noqa: F401  (page_key, pack_tokens...: this module's API too)
-    LIVE_PAGES, MIGRATIONS, SCHEMA_VERSION, PageData, StoredPage, chain_keys, pack_tokens,
-    page_checksum, page_key, page_problem, page_rows, unpack_tokens)
+    LIVE_PAGES, MIGRATIONS, SCHEMA_VERSION, PageData, StoredPage, chain_keys, is_root, namespace_root,
+    pack_tokens, page_checksum, page_key, page_problem, page_rows, session_row, unpack_tokens)
 
 log = logging.getLogger(__name__)
 
@@ -191,9 +196,9 @@ class DiskStore(SqliteFile):
 
     # -- saving --
 
-    def page_keys(self, fingerprint: str, pages_tokens: Sequence[Sequence[int]]) -> list[str]:
-        """The keys of a chain of pages, first page first."""
-        return chain_keys(fingerprint, pages_tokens)
+    def page_keys(self, fingerprint: str, pages_tokens: Sequence[Sequence[int]], namespace: str = "") -> list[str]:
+        """The keys of a chain of pages of ``namespace``, first page first."""
+        return chain_keys(fingerprint, pages_tokens, namespace)
 
     def missing_keys(self, keys: Iterable[str]) -> set[str]:
         """Those of ``keys`` the store does not have (so their K/V must be serialized)."""
@@ -201,25 +206,29 @@ class DiskStore(SqliteFile):
         with self._read():
             return keys - set(self._page_sizes(keys))
 
-    def save_session(self, session: str, fingerprint: str, pages: Sequence[PageData]) -> SaveResult:
-        """Save a session's whole chain, first page first, then enforce the budget.
+    def save_session(self, session: str, fingerprint: str, pages: Sequence[PageData],
+                     namespace: str = "") -> SaveResult:
+        """Save a session's whole chain (in ``namespace``; ``session`` is the row's name,
+        see :func:`~kvcache.store_format.session_row`), first page first, then enforce the
+        budget.
 
         Pages the store has already (same key) are not rewritten. One transaction: after
         a crash the session is in its old state or its new one. No pages: the session's
         cache is cleared."""
         if not session:
             raise ValueError("a session needs a name")
-        return self._save_chain(fingerprint, pages, session)
+        return self._save_chain(fingerprint, pages, session, namespace)
 
-    def save_prefix(self, fingerprint: str, pages: Sequence[PageData]) -> SaveResult:
-        """Keep a chain for any later request that starts with its tokens (no session):
-        its last page becomes a prefix head, which the budget drops before sessions.
-        Pages the store has are not rewritten; one transaction, as for a session."""
-        return self._save_chain(fingerprint, pages, None)
+    def save_prefix(self, fingerprint: str, pages: Sequence[PageData], namespace: str = "") -> SaveResult:
+        """Keep a chain for any later request of ``namespace`` that starts with its tokens
+        (no session): its last page becomes a prefix head, which the budget drops before
+        sessions. Pages the store has are not rewritten; one transaction, as for a session."""
+        return self._save_chain(fingerprint, pages, None, namespace)
 
-    def _save_chain(self, fingerprint: str, pages: Sequence[PageData], session: str | None) -> SaveResult:
-        keys = self.page_keys(fingerprint, [page.tokens for page in pages])
-        parents = [None, *keys[:-1]]
+    def _save_chain(self, fingerprint: str, pages: Sequence[PageData], session: str | None,
+                    namespace: str = "") -> SaveResult:
+        keys = self.page_keys(fingerprint, [page.tokens for page in pages], namespace)
+        parents = [namespace_root(namespace), *keys[:-1]]
         missing = self.missing_keys(keys)
         to_write = [(key, parent, page) for key, parent, page in zip(keys, parents, pages)
                     if key in missing and page.kv is not None]
@@ -279,23 +288,26 @@ class DiskStore(SqliteFile):
 
     # -- loading --
 
-    def load_session(self, session: str, fingerprint: str) -> list[StoredPage]:
+    def load_session(self, session: str, fingerprint: str, namespace: str = "") -> list[StoredPage]:
         """The session's chain, first page first, every page checked.
 
         Stops at the first bad or missing page: bad pages are deleted (so the engine
-        recomputes them) and the good prefix is returned. Another model's session: []."""
-        with self.read_session(session, fingerprint) as reader:
+        recomputes them) and the good prefix is returned. Another model's session, or a
+        chain of another namespace: []."""
+        with self.read_session(session, fingerprint, namespace=namespace) as reader:
             return list(reader.pages())
 
     @contextmanager
-    def read_session(self, session: str, fingerprint: str, record: bool = True) -> Iterator[SessionReader]:
+    def read_session(self, session: str, fingerprint: str, record: bool = True,
+                     namespace: str = "") -> Iterator[SessionReader]:
         """The session's chain inside one read transaction: ``reader.chain`` (tokens and
         snapshot flags, no K/V) to decide what to use, then ``reader.pages(n)`` streams
-        the K/V of the first ``n`` pages. Another model's or an unknown session: an empty
-        chain. On leaving, :meth:`record_reading` marks the pages handed out used and
-        deletes bad pages found on the way (their sessions cut back before them); with
-        ``record=False`` the caller does that later, on a thread that may wait for the
-        write lock (the engine's restore hands it to its writer thread)."""
+        the K/V of the first ``n`` pages. Another model's or an unknown session, or one
+        whose chain does not start at ``namespace``'s root: an empty chain. On leaving,
+        :meth:`record_reading` marks the pages handed out used and deletes bad pages found
+        on the way (their sessions cut back before them); with ``record=False`` the caller
+        does that later, on a thread that may wait for the write lock (the engine's restore
+        hands it to its writer thread)."""
         reader = SessionReader(self, [], set())
         found = False
         with self._read():
@@ -307,6 +319,8 @@ class DiskStore(SqliteFile):
                 if broken is not None:  # the pages before the break cannot be reached
                     reader.suspects.add(broken)
                     links = []
+                if links and links[-1].parent != namespace_root(namespace):
+                    found, links = False, []  # another namespace's chain: not this one's to read
                 reader = SessionReader(self, links[::-1], reader.suspects)
             try:
                 yield reader
@@ -316,16 +330,17 @@ class DiskStore(SqliteFile):
             self.record_reading(session, fingerprint, reader.used, reader.suspects)
 
     @contextmanager
-    def read_chain(self, fingerprint: str, keys: Sequence[str]) -> Iterator[SessionReader]:
+    def read_chain(self, fingerprint: str, keys: Sequence[str], namespace: str = "") -> Iterator[SessionReader]:
         """The chain of ``keys`` (first page first, as a caller found it by a prompt's
         tokens in its index) inside one read transaction, as :meth:`read_session` gives a
         session's. Each page is checked as a walk checks it (this fingerprint, the previous
-        key as parent, a key that is the hash of both and the tokens); the chain stops
-        before the first that fails. Keys no longer stored end up in ``reader.missing``."""
+        key as parent -- the first page's is ``namespace``'s root --, a key that is the hash
+        of both and the tokens); the chain stops before the first that fails. Keys no longer
+        stored end up in ``reader.missing``."""
         with self._read():
             links: list[_Link] = []
             missing: set[str] = set()
-            parent = None
+            parent = namespace_root(namespace)
             for key in keys:
                 row = self.db.execute(
                     "SELECT parent, fingerprint, tokens, nbytes, checksum FROM pages WHERE key = ?",
@@ -540,11 +555,11 @@ class DiskStore(SqliteFile):
     def _walk(self, head: str, fingerprint: str) -> tuple[list[_Link], str | None]:
         """The chain ending at ``head``, head first, and the key where the walk broke
         (missing, another fingerprint, or a key that is not its hash), or None when it
-        reached the first page. Reads no K/V."""
+        reached the first page (whose parent is its namespace's root). Reads no K/V."""
         links: list[_Link] = []
         seen: set[str] = set()
         key: str | None = head
-        while key is not None:
+        while not is_root(key):
             row = self.db.execute(
                 "SELECT parent, fingerprint, tokens, nbytes, checksum FROM pages WHERE key = ?",
                 [key]).fetchone()

@@ -63,17 +63,48 @@ def _sha256(*parts: bytes | None) -> str:
 
 
 def page_key(fingerprint: str, parent: str | None, tokens: Sequence[int] | bytes) -> str:
-    """A page's key: sha256 over the model fingerprint, the parent page's key ("" for
-    a chain's first page) and the packed token ids."""
+    """A page's key: sha256 over the model fingerprint, the parent page's key (for a
+    chain's first page its namespace's root: "" for namespace "") and the packed token ids."""
     blob = tokens if isinstance(tokens, bytes) else pack_tokens(tokens)
     return _sha256(fingerprint.encode(), (parent or "").encode(), blob)
 
 
-def chain_keys(fingerprint: str, pages_tokens: Sequence[Sequence[int]]) -> list[str]:
-    """The keys of a chain of pages, first page first (no database needed)."""
+# -- cache namespaces: prefixes are shared only inside one --
+#
+# A chain's first page has its namespace's root as parent: None for namespace "" (every
+# page written before namespaces existed is one of those), else "ns:" and the SHA-256 of
+# the namespace's name. The root enters the first page's key, and so every key after it:
+# the same tokens in two namespaces are two chains that never meet, while inside one
+# namespace a page keeps one key (stored once, never rewritten). A root is no page's key
+# (those are 64 hex digits): a walk up the parents ends at it.
+
+ROOT_PREFIX = "ns:"
+
+
+def namespace_root(namespace: str) -> str | None:
+    """The parent key of ``namespace``'s first pages (None for the namespace "")."""
+    if not namespace:
+        return None
+    return ROOT_PREFIX + hashlib.sha256(namespace.encode()).hexdigest()
+
+
+def is_root(key: str | None) -> bool:
+    """Whether ``key`` (a parent) is where a chain starts rather than a page."""
+    return key is None or key.startswith(ROOT_PREFIX)
+
+
+def session_row(session: str, namespace: str) -> str:
+    """The store's name for ``session`` of ``namespace`` (sessions of two namespaces never
+    share a row; namespace "" keeps the bare name, as before namespaces)."""
+    return f"{namespace}/{session}" if namespace else session
+
+
+def chain_keys(fingerprint: str, pages_tokens: Sequence[Sequence[int]], namespace: str = "") -> list[str]:
+    """The keys of a chain of pages of ``namespace``, first page first (no database needed)."""
     keys: list[str] = []
+    root = namespace_root(namespace)
     for tokens in pages_tokens:
-        keys.append(page_key(fingerprint, keys[-1] if keys else None, tokens))
+        keys.append(page_key(fingerprint, keys[-1] if keys else root, tokens))
     return keys
 
 

@@ -15,7 +15,7 @@ from core.api.anthropic_schema import (CountTokensRequest, MessageBuilder, Messa
                                        count_request, to_call)
 from core.api.errors import engine_error, shutting_down
 from core.api.relay import EngineEvents, reply_stream, reply_whole, sse
-from core.api.routing import JsonRoute, SessionHeader, server_of
+from core.api.routing import JsonRoute, SessionHeader, key_namespace, named, server_of
 from core.engine.types import DoneEvent, ErrorEvent, Event, ProgressEvent, TokenEvent, ToolCallEvent
 from core.errors import UserError
 
@@ -27,15 +27,17 @@ PING_EVERY_S = 10.0  # a long prefill sends pings, so proxies and clients see a 
 async def messages(body: MessagesRequest, request: Request, session: SessionHeader = None) -> Response:
     arrived = time.monotonic()
     api = server_of(request)
-    call = to_call(body, api.model_card(), session)
+    call = to_call(body, api.model_card(), session, key_namespace(request))
     handle = api.submit(call.request)
     events = EngineEvents(api, handle, request, arrived)
     builder = MessageBuilder(call)
     if not call.stream:
-        return await reply_whole(request, handle, events, True,
-                                 lambda done: builder.full(done.text, done.stats, done.tool_calls))
-    return await reply_stream(request, handle, events, True,
-                              lambda first: _stream(call, builder, first, events))
+        return named(await reply_whole(request, handle, events, True,
+                                       lambda done: builder.full(done.text, done.stats, done.tool_calls)),
+                     call.request.cache_namespace)
+    return named(await reply_stream(request, handle, events, True,
+                                    lambda first: _stream(call, builder, first, events)),
+                 call.request.cache_namespace)
 
 
 async def _stream(call: MessagesCall, builder: MessageBuilder, first: Event,

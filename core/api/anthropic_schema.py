@@ -31,9 +31,10 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Discriminator, Field, Tag, field_validator
 
 from core.api.errors import ApiError, invalid
-from core.api.openai_schema import MAX_STOPS, max_tokens, session_name
-from core.api.wire import ModelCard, Text, WireModel
+from core.api.openai_schema import MAX_STOPS, max_tokens, session_name, usage_extra
+from core.api.wire import CACHE_SALT_TEXT, MAX_SALT_CHARS, ModelCard, Text, WireModel
 from core.engine.constrain import SchemaError, check_schema
+from core.engine.namespaces import with_salt
 from core.engine.types import ChatMessage, GenerationRequest, RequestStats, SamplingParams, ToolCall
 
 BLOCK_JOIN = "\n\n"  # text blocks of one message (or of the system prompt) become one text
@@ -85,6 +86,8 @@ class Message(WireModel):
 
 class Metadata(WireModel):
     user_id: Text | None = None
+    cache_salt: Text | None = Field(None, min_length=1, max_length=MAX_SALT_CHARS,
+                                    description="RadixChat: " + CACHE_SALT_TEXT + " (or the body's cache_salt)")
 
 
 class Tool(WireModel):
@@ -125,6 +128,8 @@ class MessagesRequest(CountTokensRequest):
     metadata: Metadata | None = None
     session: Text | None = Field(None, description="RadixChat: the chat session whose cache this request "
                                                    "extends (or the X-RadixChat-Session header)")
+    cache_salt: Text | None = Field(None, min_length=1, max_length=MAX_SALT_CHARS,
+                                    description="RadixChat: " + CACHE_SALT_TEXT + " (or metadata.cache_salt)")
 
     @field_validator("stop_sequences")
     @classmethod
@@ -235,7 +240,19 @@ def tool_request(body: CountTokensRequest) -> dict[str, Any]:
     return {"tools": openai_tools, "tool_choice": mode, "tool_name": choice.name if mode == "function" else None}
 
 
-def to_call(body: MessagesRequest, card: ModelCard, session_header: str | None = None) -> MessagesCall:
+def cache_salt(body: MessagesRequest) -> str | None:
+    """The body's ``cache_salt``, or its ``metadata.cache_salt`` (where a client can only
+    set metadata); both: they must agree."""
+    inner = body.metadata.cache_salt if body.metadata is not None else None
+    if body.cache_salt is not None and inner is not None and inner != body.cache_salt:
+        raise invalid("cache_salt", "cache_salt and metadata.cache_salt differ: send one of them")
+    return body.cache_salt or inner
+
+
+def to_call(body: MessagesRequest, card: ModelCard, session_header: str | None = None,
+            namespace: str = "") -> MessagesCall:
+    """The engine request for a validated body, in cache namespace ``namespace`` (the API
+    key's) split by the body's cache salt."""
     check_model(body.model, card)
     sampling = SamplingParams(
         temperature=1.0 if body.temperature is None else body.temperature,
@@ -245,7 +262,8 @@ def to_call(body: MessagesRequest, card: ModelCard, session_header: str | None =
         stop=tuple(body.stop_sequences or ()),
     )
     request = GenerationRequest(messages=chat_messages(body), sampling=sampling,
-                                session=session_name(body.session, session_header), **tool_request(body))
+                                session=session_name(body.session, session_header),
+                                cache_namespace=with_salt(namespace, cache_salt(body)), **tool_request(body))
     return MessagesCall(request, body.model, bool(body.stream))
 
 
@@ -279,8 +297,9 @@ def usage(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict[st
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached_tokens}
 
 
-def final_usage(stats: RequestStats) -> dict[str, int]:
-    return usage(stats.prompt_tokens, stats.cached_tokens + stats.restored_tokens, stats.completion_tokens)
+def final_usage(stats: RequestStats) -> dict[str, Any]:
+    return {**usage(stats.prompt_tokens, stats.cached_tokens + stats.restored_tokens, stats.completion_tokens),
+            **usage_extra(stats)}
 
 
 class MessageBuilder:

@@ -14,10 +14,11 @@ is parsed.
   (preflights included) from Starlette's ``CORSMiddleware``, next in line.
 
 :class:`RequestChecks` (innermost) then checks the API key (``Authorization: Bearer KEY``
-or ``x-api-key: KEY``; ``/health`` is open) and, for the JSON endpoints, a JSON content
-type (415: a cross-site ``text/plain`` POST needs no preflight), a declared length (411)
-within the limit (413, before the body is read), and reads the body whole to replay it to
-the routes. Errors are sent in the endpoint's dialect.
+or ``x-api-key: KEY``, any of the keys set; ``/health`` is open), notes the key's cache
+namespace for the routes (each key has its own: see :mod:`core.engine.namespaces`) and,
+for the JSON endpoints, a JSON content type (415: a cross-site ``text/plain`` POST needs
+no preflight), a declared length (411) within the limit (413, before the body is read),
+and reads the body whole to replay it to the routes. Errors are sent in the endpoint's dialect.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from core.api.errors import ApiError, dialect_of
 from core.api.relay import CLIENT_GONE
+from core.api.routing import CACHE_NAMESPACE
 
 if TYPE_CHECKING:
     from core.api.state import ApiState
@@ -164,7 +166,10 @@ class RequestChecks:
         """Raise ApiError to refuse; return the receive callable the routes should use."""
         path = scope["path"].rstrip("/") or "/"
         headers = _headers(scope)
-        if path not in OPEN_ENDPOINTS and not self._authorized(headers):
+        key = self._key(headers)
+        if key is not None or not self.api.api_keys:
+            scope[CACHE_NAMESPACE] = self.api.cache_namespace(key)
+        elif path not in OPEN_ENDPOINTS:
             raise ApiError(401, "missing or incorrect API key: send 'Authorization: Bearer KEY' "
                                 "(or 'x-api-key: KEY')", code="invalid_api_key",
                            headers={"WWW-Authenticate": "Bearer"})
@@ -183,14 +188,18 @@ class RequestChecks:
                            code="unsupported_media_type", headers={"Connection": "close"})
         return await self._buffered(receive)
 
-    def _authorized(self, headers: dict[str, str]) -> bool:
-        key = self.api.api_key
-        if key is None:
-            return True
+    def _key(self, headers: dict[str, str]) -> str | None:
+        """The API key this request carries, if it is one of the keys set (else None).
+        Every key is compared, in constant time each."""
         scheme, _, token = headers.get("authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode()):
-            return True
-        return hmac.compare_digest(headers.get("x-api-key", "").strip().encode(), key.encode())
+        sent = [token.strip().encode()] if scheme.lower() == "bearer" else []
+        sent.append(headers.get("x-api-key", "").strip().encode())
+        found = None
+        for key in self.api.api_keys:
+            for candidate in sent:
+                if hmac.compare_digest(candidate, key.encode()) and found is None:
+                    found = key
+        return found
 
     def _too_large(self, size: str) -> ApiError:
         return ApiError(413, f"the request body is {size}; the limit is {self.api.max_body_bytes} "

@@ -59,6 +59,8 @@ class _EngineCollector:
                                 value=cache.tree_tokens)
         yield GaugeMetricFamily("radixchat_cache_sessions", "Sessions holding a cache frontier",
                                 value=cache.sessions)
+        yield GaugeMetricFamily("radixchat_cache_namespaces", "Cache namespaces holding prefixes in RAM "
+                                "(prefixes are shared only inside one)", value=cache.namespaces)
         yield GaugeMetricFamily("radixchat_cache_hit_rate", "Prompt tokens served by the cache / "
                                 "prompt tokens seen, since start", value=cache.hit_rate)
         disk = stats.disk

@@ -14,7 +14,7 @@ from core.api.errors import ApiError, engine_error, shutting_down
 from core.api.openai_schema import (ChatCompletionRequest, CompletionCall, CompletionRequest, ReplyBuilder,
                                     model_object, to_call)
 from core.api.relay import EngineEvents, reply_stream, reply_whole, sse
-from core.api.routing import JsonRoute, SessionHeader, server_of
+from core.api.routing import JsonRoute, SessionHeader, key_namespace, named, server_of
 from core.engine.types import DoneEvent, ErrorEvent, Event, TokenEvent, ToolCallEvent
 
 router = APIRouter(route_class=JsonRoute)
@@ -75,15 +75,17 @@ async def generate(request: Request, body: ChatCompletionRequest | CompletionReq
     arrived = time.monotonic()
     api = server_of(request)
     card = api.model_card()
-    call = to_call(body, card, session)
+    call = to_call(body, card, session, key_namespace(request))
     handle = api.submit(call.request)
     events = EngineEvents(api, handle, request, arrived)
     reply = ReplyBuilder(call, card)
     if not call.stream:
-        return await reply_whole(request, handle, events, call.chat,
-                                 lambda done: reply.full(done.text, done.stats, done.tool_calls))
-    return await reply_stream(request, handle, events, call.chat,
-                              lambda first: _chunks(call, reply, first, events))
+        return named(await reply_whole(request, handle, events, call.chat,
+                                       lambda done: reply.full(done.text, done.stats, done.tool_calls)),
+                     call.request.cache_namespace)
+    return named(await reply_stream(request, handle, events, call.chat,
+                                    lambda first: _chunks(call, reply, first, events)),
+                 call.request.cache_namespace)
 
 
 async def _chunks(call: CompletionCall, reply: ReplyBuilder, first: Event,

@@ -21,7 +21,9 @@ from pydantic import Field, field_validator
 from core.api.errors import ApiError, invalid
 from core.api.openai_tools import (ResponseFormat, ToolCallIn, ToolChoice, ToolDef, call_object, check_tool_message,
                                    message_calls, tool_fields)
-from core.api.wire import MAX_SESSION_CHARS, MODEL_ALIASES, ModelCard, Text, WireModel
+from core.api.wire import (CACHE_SALT_TEXT, MAX_SALT_CHARS, MAX_SESSION_CHARS, MODEL_ALIASES, ModelCard, Text,
+                           WireModel)
+from core.engine.namespaces import with_salt
 from core.engine.types import ChatMessage, GenerationRequest, RequestStats, SamplingParams, ToolCall
 
 __all__ = ["ApiError", "ChatCompletionRequest", "CompletionCall", "CompletionRequest", "MODEL_ALIASES",
@@ -76,6 +78,8 @@ class _Sampling(WireModel):
     session: Text | None = Field(None, max_length=MAX_SESSION_CHARS,
                                  description="the chat session whose cache this request extends "
                                              "(or the X-RadixChat-Session header)")
+    cache_salt: Text | None = Field(None, min_length=1, max_length=MAX_SALT_CHARS,
+                                    description=CACHE_SALT_TEXT + " (as vLLM's API)")
     user: Text | None = None
 
     @field_validator("stop")
@@ -244,12 +248,14 @@ def chat_messages(messages: list[Message]) -> tuple[ChatMessage, ...]:
 
 
 def to_call(body: ChatCompletionRequest | CompletionRequest, card: ModelCard,
-            session_header: str | None = None) -> CompletionCall:
-    """The engine request for a validated body; raise :class:`ApiError` for what the loaded
+            session_header: str | None = None, namespace: str = "") -> CompletionCall:
+    """The engine request for a validated body, in cache namespace ``namespace`` (the API
+    key's) split by the body's ``cache_salt``; raise :class:`ApiError` for what the loaded
     model refuses."""
     check_model(body.model, card)
     chat = isinstance(body, ChatCompletionRequest)
     session = session_name(body.session, session_header)
+    namespace = with_salt(namespace, body.cache_salt)
     if chat:
         if body.functions:
             raise invalid("functions", "'functions' is deprecated and not supported; use 'tools'")
@@ -259,12 +265,13 @@ def to_call(body: ChatCompletionRequest | CompletionRequest, card: ModelCard,
         else:
             limit = max_tokens(body.max_tokens, "max_tokens", card.context_length)
         request = GenerationRequest(messages=chat_messages(body.messages), sampling=sampling_params(body, limit),
-                                    session=session, **extra)
+                                    session=session, cache_namespace=namespace, **extra)
     else:
         limit = max_tokens(body.max_tokens, "max_tokens", card.context_length)
         text, tokens = _prompt(body.prompt)
         request = GenerationRequest(prompt_text=text, prompt_tokens=tokens,
-                                    sampling=sampling_params(body, limit), session=session)
+                                    sampling=sampling_params(body, limit), session=session,
+                                    cache_namespace=namespace)
     options = body.stream_options or StreamOptions()
     return CompletionCall(chat, request, bool(body.stream), bool(options.include_usage))
 
@@ -280,7 +287,17 @@ def usage(stats: RequestStats) -> dict[str, Any]:
         "completion_tokens": stats.completion_tokens,
         "total_tokens": stats.prompt_tokens + stats.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": stats.cached_tokens + stats.restored_tokens},
+        **usage_extra(stats),
     }
+
+
+def usage_extra(stats: RequestStats) -> dict[str, Any]:
+    """RadixChat's figures beside a usage object (both dialects): the cache namespace the
+    prompt was looked up in, and how much of the hit came from RAM and from disk."""
+    if not stats.cache_namespace:
+        return {}
+    return {"radixchat": {"cache_namespace": stats.cache_namespace, "ram_tokens": stats.cached_tokens,
+                          "disk_tokens": stats.restored_tokens}}
 
 
 def finish_reason(stats: RequestStats) -> str:

@@ -11,13 +11,18 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Annotated, Any, Callable
 
-from fastapi import Header, Request
+from fastapi import Header, Request, Response
 from fastapi.routing import APIRoute
+
+from core.engine import namespaces
 
 if TYPE_CHECKING:
     from core.api.state import ApiState
 
 SESSION_HEADER = "X-RadixChat-Session"
+# The reply names the cache namespace its prompt was looked up in (a label, never a key).
+NAMESPACE_HEADER = "X-RadixChat-Cache-Namespace"
+CACHE_NAMESPACE = "radixchat.cache_namespace"  # scope key: the guard's, from the API key used
 SessionHeader = Annotated[str | None, Header(alias=SESSION_HEADER, description="the chat session whose "
                                                                                  "cache this request extends")]
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -25,6 +30,17 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 def server_of(request: Request) -> "ApiState":
     return request.app.state.api
+
+
+def named(response: Response, namespace: str) -> Response:
+    """``response`` with the header naming the cache namespace of its request (a label)."""
+    response.headers[NAMESPACE_HEADER] = namespaces.label(namespace)
+    return response
+
+
+def key_namespace(request: Request) -> str:
+    """The cache namespace of the key this request came with (the guard put it there)."""
+    return request.scope.get(CACHE_NAMESPACE) or server_of(request).cache_namespace(None)
 
 
 def _no_constant(name: str) -> None:

@@ -57,9 +57,16 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_bind(host: str, api_key: str | None) -> None:
+def api_keys(keys: str | Sequence[str] | None) -> tuple[str, ...]:
+    """One key, several (one cache namespace each), or none, as a tuple."""
+    if keys is None:
+        return ()
+    return (keys,) if isinstance(keys, str) else tuple(keys)
+
+
+def check_bind(host: str, api_key: str | Sequence[str] | None) -> None:
     """Refuse to listen beyond loopback without an API key."""
-    if not api_key and not is_loopback(host):
+    if not any(api_keys(api_key)) and not is_loopback(host):
         raise UserError(f"refusing to serve on {host} without an API key: pass --api-key KEY "
                         "(or set RADIXCHAT_API_KEY), or bind to 127.0.0.1")
 
@@ -68,7 +75,7 @@ class ApiServer:
     """The HTTP API over one engine; serves on a background thread between start() and stop()."""
 
     def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 8000,
-                 api_key: str | None = None, model_name: str | None = None,
+                 api_key: str | Sequence[str] | None = None, model_name: str | None = None,
                  max_body_bytes: int = MAX_BODY_BYTES, allow_origins: Sequence[str] = ()):
         check_bind(host, api_key)
         try:
@@ -77,7 +84,8 @@ class ApiServer:
             raise UserError(f"--allow-origin: {exc}") from None
         self.host = host
         self.port = port
-        self.state = ApiState(engine, host, api_key, model_name, max_body_bytes, origins)
+        # Several keys: one client each, and one cache namespace each (core.engine.namespaces)
+        self.state = ApiState(engine, host, api_keys(api_key), model_name, max_body_bytes, origins)
         self._uvicorn: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 

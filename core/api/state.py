@@ -12,6 +12,7 @@ from pathlib import Path
 from core.api.errors import ApiError, shutting_down
 from core.api.metrics import ServerMetrics
 from core.api.wire import MODEL_ALIASES, ModelCard
+from core.engine import namespaces
 from core.engine.engine import Engine, RequestHandle
 from core.engine.types import GenerationRequest
 
@@ -26,11 +27,11 @@ def _version() -> str:
 class ApiState:
     """The engine behind the API, its settings, and the requests it is serving now."""
 
-    def __init__(self, engine: Engine, host: str, api_key: str | None, model_name: str | None,
+    def __init__(self, engine: Engine, host: str, api_keys: tuple[str, ...], model_name: str | None,
                  max_body_bytes: int, allow_origins: tuple[str, ...]):
         self.engine = engine
         self.host = host
-        self.api_key = api_key or None
+        self.api_keys = tuple(dict.fromkeys(key for key in api_keys if key))  # none: no key asked
         self.model_name = model_name
         self.max_body_bytes = max_body_bytes
         self.allow_origins = allow_origins
@@ -40,6 +41,16 @@ class ApiState:
         self._lock = threading.Lock()
         self.stopping = False
         self.metrics = ServerMetrics(engine.stats, lambda: len(self._handles))
+
+    @property
+    def api_key(self) -> str | None:
+        """The first key (None when the API takes requests without one)."""
+        return self.api_keys[0] if self.api_keys else None
+
+    @staticmethod
+    def cache_namespace(key: str | None) -> str:
+        """The cache namespace of requests made with ``key`` (None: no keys are set)."""
+        return namespaces.API if key is None else namespaces.for_key(key)
 
     def model_card(self) -> ModelCard:
         info = self.engine.model_info

@@ -18,6 +18,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict
 from pydantic_core import PydanticCustomError
 
 MAX_SESSION_CHARS = 256
+MAX_SALT_CHARS = 256
+CACHE_SALT_TEXT = ("a secret of the client's: cached prompt prefixes are shared only with requests "
+                   "that send the same salt (with the same API key)")
 MODEL_ALIASES = ("default",)
 
 

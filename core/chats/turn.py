@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from core.chats.store import ChatStore, Message, Session, readable
 from core.errors import StoreError
+from core.engine import namespaces
 from core.engine.types import ChatMessage, GenerationRequest, RequestStats, SamplingParams
 
 
@@ -86,9 +87,9 @@ class ChatTurn:
         return [m.stats for m in self.kept if m.role == "assistant" and m.stats]
 
     def request(self, sampling: SamplingParams, use_cache: bool = True) -> GenerationRequest:
-        """The engine request for this turn, in the session's cache."""
+        """The engine request for this turn, in the session's cache (the app's namespace)."""
         return GenerationRequest(messages=self.messages, sampling=sampling, session=self.session.name,
-                                 use_cache=use_cache)
+                                 use_cache=use_cache, cache_namespace=namespaces.APP)
 
     @staticmethod
     def keeps(text: str, stats: RequestStats | None) -> bool:

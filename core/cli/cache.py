@@ -8,9 +8,10 @@ from dataclasses import asdict
 
 from core import paths
 from core.cli.terminal import safe
+from core.engine import namespaces
 from core.errors import StoreError
 from kvcache.sqlite_file import remove_files
-from kvcache.store import DiskStore, DiskStoreError
+from kvcache.store import DiskStore, DiskStoreError, session_row
 
 
 def run_cache(args) -> int:
@@ -37,6 +38,8 @@ def run_cache(args) -> int:
                       + ("clean" if report.clean else "repaired"))
                 return 0
             freed = store.clear(args.session)
+            if args.session is not None:  # a chat's name: the app's chats are rows of its namespace
+                freed += store.clear(session_row(args.session, namespaces.APP))
     except DiskStoreError as exc:
         if args.cache_command != "clear" or args.session is not None or getattr(exc, "reason", None) == "locked":
             raise StoreError(str(exc)) from exc  # (a locked cache is in use: never pulled from under it)

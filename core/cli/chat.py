@@ -155,6 +155,7 @@ def _run_turn(engine, store, session: Session, prompt: str, sampling, args):
             "ttft_s": round(stats.ttft_s, 4),
             "decode_tps": round(stats.decode_tps, 2),
             "finish_reason": stats.finish_reason,
+            "cache_namespace": stats.cache_namespace,
         }), flush=True)
     else:
         print(flush=True)

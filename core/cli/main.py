@@ -128,7 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (beyond loopback needs --api-key)")
     serve.add_argument("--port", type=_port, default=8000)
     serve.add_argument("--model", default="default", help="known name, .gguf file, MLX folder or HF repo id")
-    serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: $RADIXCHAT_API_KEY)")
+    serve.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                       help="require 'Authorization: Bearer KEY' (default: $RADIXCHAT_API_KEY); repeatable: "
+                            "each key is a client of its own, whose cached prompts no other key's requests reach")
+    serve.add_argument("--api-keys-file", metavar="FILE",
+                       help="more keys, one a line ('#' starts a comment), as for --api-key")
     serve.add_argument("--allow-origin", action="append", default=[], metavar="URL",
                        help="let web pages from this origin (like http://localhost:3000) call the API; "
                             "repeatable ('*': any page). Without it, requests from browsers are refused")

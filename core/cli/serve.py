@@ -8,6 +8,7 @@ import signal
 import socket
 import sys
 import threading
+from pathlib import Path
 
 from core import paths
 from core.api.guard import normalize_origin
@@ -29,9 +30,9 @@ def run_serve(args) -> int:
     return serve_engine(engine, args, api_key, origins)
 
 
-def check_serve_args(args) -> tuple[str | None, list[str]]:
-    """The API key and the allowed origins; what cannot work refused before any model loads."""
-    api_key = args.api_key or os.environ.get("RADIXCHAT_API_KEY") or None
+def check_serve_args(args) -> tuple[list[str], list[str]]:
+    """The API keys and the allowed origins; what cannot work refused before any model loads."""
+    api_key = api_keys_of(args)
     check_bind(args.host, api_key)  # before the model loads
     origins = list(args.allow_origin or ())
     for origin in origins:
@@ -43,7 +44,7 @@ def check_serve_args(args) -> tuple[str | None, list[str]]:
     return api_key, origins
 
 
-def serve_engine(engine: Engine, args, api_key: str | None, origins: list[str], what: str = "") -> int:
+def serve_engine(engine: Engine, args, api_key: list[str], origins: list[str], what: str = "") -> int:
     """Serve the API on a started ``engine`` until Ctrl-C (or SIGTERM); shut it down."""
     server = None
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -61,6 +62,25 @@ def serve_engine(engine: Engine, args, api_key: str | None, origins: list[str], 
             server.stop()
         engine.shutdown()
     return 0
+
+
+def api_keys_of(args) -> list[str]:
+    """The keys of ``--api-key`` (repeatable) and ``--api-keys-file``, else $RADIXCHAT_API_KEY.
+    Each key is a client of its own, with its own cache namespace."""
+    keys = [key.strip() for key in args.api_key or () if key.strip()]
+    if getattr(args, "api_keys_file", None):
+        try:
+            text = Path(args.api_keys_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeError) as exc:
+            raise UserError(f"cannot read the API keys file {args.api_keys_file}: {exc}") from None
+        keys += [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+        if not keys:
+            raise UserError(f"the API keys file {args.api_keys_file} holds no key")
+    if not keys and os.environ.get("RADIXCHAT_API_KEY"):
+        keys = [os.environ["RADIXCHAT_API_KEY"]]
+    if any(any(c.isspace() for c in key) for key in keys):
+        raise UserError("an API key may not contain spaces")
+    return list(dict.fromkeys(keys))
 
 
 def check_port_free(host: str, port: int) -> None:

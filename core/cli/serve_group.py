@@ -50,6 +50,10 @@ def run_group(args) -> int:
         serve_args += ["--kv-tokens", str(args.kv_tokens)]
     if args.chat_template:
         serve_args += ["--chat-template", os.path.abspath(args.chat_template)]
+    for key in args.api_key or ():  # rank 0 serves: it needs the keys (as typed, like the rest)
+        serve_args += ["--api-key", key]
+    if getattr(args, "api_keys_file", None):
+        serve_args += ["--api-keys-file", os.path.abspath(args.api_keys_file)]
     command = launch_command(args.hosts, hosts, serve_args, args.ring_port)
     print(f"radixchat: starting {safe(path.name)} split over {len(hosts)} hosts "
           f"({', '.join(h.ssh for h in hosts)}; {plan.kv_heads // plan.world} of {plan.kv_heads} KV heads each)",
@@ -59,7 +63,7 @@ def run_group(args) -> int:
     # ignored, which its ranks inherit, so it lives on to relay their last words.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        launcher = subprocess.Popen(command)  # the API key, if any, stays in the environment
+        launcher = subprocess.Popen(command)  # $RADIXCHAT_API_KEY, if set, stays in the environment
     finally:
         signal.signal(signal.SIGINT, previous)
     while True:

@@ -100,13 +100,13 @@ class AgreedPrefixCache:
         return int(mx.distributed.all_min(mx.array([value], dtype=mx.int32), group=self._group,
                                           stream=mx.cpu).item())
 
-    def match(self, prompt: list[int]):
-        prefix = self._inner.match(prompt)
+    def match(self, prompt: list[int], namespace: str = ""):
+        prefix = self._inner.match(prompt, namespace)
         agreed = self._min(prefix.length)
         while True:
             if prefix.length != agreed:  # longer here: take the agreed part (a snapshot's end, if hybrid)
                 self._inner.release(prefix)
-                prefix = self._inner.match(prompt[: agreed + 1])
+                prefix = self._inner.match(prompt[: agreed + 1], namespace)
             lowest = self._min(prefix.length)
             if lowest == agreed:  # every rank now holds exactly ``agreed``
                 return prefix

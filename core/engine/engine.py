@@ -101,6 +101,7 @@ class _FlushCommand:
 @dataclass
 class _ForgetCommand:
     session: str
+    namespace: str = ""
 
 
 @dataclass
@@ -252,10 +253,11 @@ class Engine:
             raise command.error
         return command.tokens
 
-    def forget_session(self, session: str) -> None:
-        """Drop ``session``'s cache (the chat was deleted): its lock on RAM pages at once,
-        its disk cache soon after, off the caller's thread. Shared pages stay."""
-        self._commands.put(_ForgetCommand(session))
+    def forget_session(self, session: str, namespace: str = "") -> None:
+        """Drop the cache of ``session`` of cache namespace ``namespace`` (the chat was
+        deleted): its lock on RAM pages at once, its disk cache soon after, off the
+        caller's thread. Shared pages stay."""
+        self._commands.put(_ForgetCommand(session, namespace))
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Finish the current request, drop the model and the cache, park the thread."""
@@ -280,7 +282,7 @@ class Engine:
                 if isinstance(command, RequestHandle):
                     self._do_request(command)
                 elif isinstance(command, _ForgetCommand):
-                    self._forget(command.session)
+                    self._forget(command.session, command.namespace)
                 elif isinstance(command, _CountCommand):
                     self._count(command)
                 elif isinstance(command, _FlushCommand):
@@ -357,19 +359,19 @@ class Engine:
         finally:
             command.done.set()
 
-    def _forget(self, session: str) -> None:
+    def _forget(self, session: str, namespace: str) -> None:
         if self._prefix_cache is not None:
-            self._prefix_cache.forget_session(session)
+            self._prefix_cache.forget_session(session, namespace)
         if self._persister is not None:
-            self._persister.forget(session)
+            self._persister.forget(session, namespace)
             return
         path = self._kv_db
         if self._disk_cache and path.exists():  # saved under another model, or the cache is off
-            from kvcache.store import DiskStore, DiskStoreError
+            from kvcache.store import DiskStore, DiskStoreError, session_row
 
             try:
                 with DiskStore(path) as store:
-                    store.clear(session)
+                    store.clear(session_row(session, namespace))
             except DiskStoreError as exc:
                 log.warning("removing the cache of %s failed: %s", session, exc)
 

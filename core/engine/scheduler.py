@@ -24,6 +24,7 @@ from mlx_lm.generate import BatchGenerator, generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 
 from core.engine.constrain import Grammars, check_schema, check_tools, grammar_for, tool_markup
+from core.engine.namespaces import label as namespace_label
 from core.engine.tools import ToolCallText
 from core.engine.types import DoneEvent, ErrorEvent, ProgressEvent, RequestStats, TokenEvent, ToolCallEvent
 from core.errors import ContextLengthError, ErrorKind, UserError
@@ -118,8 +119,9 @@ class Scheduler:
             )
         cache_on = self.prefix_cache is not None and request.use_cache and self.prefix_cache.enabled
         persister = self.persister if cache_on else None
-        restored = persister.restore(prompt, request.session) if persister is not None else 0
-        prefix = self.prefix_cache.match(prompt) if cache_on else None
+        namespace = request.cache_namespace
+        restored = persister.restore(prompt, request.session, namespace) if persister is not None else 0
+        prefix = self.prefix_cache.match(prompt, namespace) if cache_on else None
         try:
             self._admit(handle, prompt, prefix, restored, started, min(request.sampling.max_tokens,
                                                                         context - len(prompt)))
@@ -371,6 +373,7 @@ class Scheduler:
             constraint_cpu_s=state.grammar.cpu_s if state.grammar is not None else 0.0,
             finish_reason=finish,
             stop_sequence=state.stop_text.matched if finish == "stop" else None,
+            cache_namespace=namespace_label(handle.request.cache_namespace),
         )
         calls = tuple(state.tool_text.calls) if state.tool_text is not None else ()
         handle._emit(DoneEvent("".join(state.shown), stats, calls))
@@ -383,5 +386,5 @@ class Scheduler:
         resumed = [state.prefix.snapshot] if state.prefix.snapshot is not None else []  # for disk
         snapshots = resumed + state.snapshots + ([end_snapshot] if end_snapshot is not None else [])
         if self.persister is not None:  # a session's chain, or a long enough request's
-            self.persister.save(session, seen, caches, snapshots)
+            self.persister.save(session, seen, caches, snapshots, state.prefix.namespace)
         self.prefix_cache.commit(state.prefix, seen, caches, snapshots, session)

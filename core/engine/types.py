@@ -61,7 +61,9 @@ TOOL_CHOICES = ("auto", "none", "required", "function")
 @dataclass(frozen=True)
 class GenerationRequest:
     """One request: chat messages (rendered with the model's chat template) or raw text
-    or token ids. ``session`` names the chat whose cache this request extends."""
+    or token ids. ``session`` names the chat whose cache this request extends;
+    ``cache_namespace`` says whose cached prefixes it may use (and where its own go):
+    only those of requests in the same namespace (see :mod:`core.engine.namespaces`)."""
 
     messages: tuple[ChatMessage, ...] = ()
     prompt_text: str | None = None
@@ -69,6 +71,7 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     session: str | None = None
     use_cache: bool = True
+    cache_namespace: str = ""  # core.engine.namespaces: APP, API, for_key(...), with_salt(...)
     # Tools the model may call, OpenAI style ({"type": "function", "function": {"name",
     # "description", "parameters"}}), handed to the chat template. Plain dicts, never
     # changed once submitted.
@@ -104,6 +107,7 @@ class RequestStats:
     constraint_cpu_s: float = 0.0  # CPU time spent enforcing a grammar (constrained decoding)
     finish_reason: str = "stop"  # "stop" | "length" | "cancelled" | "tool_calls"
     stop_sequence: str | None = None  # the stop string that ended the reply (finish_reason "stop")
+    cache_namespace: str = ""  # the cache namespace that served the hit: a short label (namespaces.label)
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ def test_the_bridge_hands_out_the_engines_dataclasses(qtbot, tmp_path):
     the window's questions about the engine go through the bridge."""
     engine = InstantEngine(tmp_path)
     forgotten = []
-    engine.forget_session = forgotten.append
+    engine.forget_session = lambda session, namespace="": forgotten.append((session, namespace))
     bridge = EngineBridge(tmp_path, None, engine=engine)
     with qtbot.waitSignal(bridge.finished, timeout=30000) as done:
         bridge.send([("user", "hello")], {"max_tokens": 4})
@@ -82,5 +82,5 @@ def test_the_bridge_hands_out_the_engines_dataclasses(qtbot, tmp_path):
     assert isinstance(polled.args[0], EngineStats) and polled.args[0].requests_served == engine.stats().requests_served
     assert bridge.data_root == tmp_path and bridge.model_info is None
     bridge.forget_session("chat-1")
-    assert forgotten == ["chat-1"]
+    assert forgotten == [("chat-1", "app")]
     bridge.shutdown()

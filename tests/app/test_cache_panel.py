@@ -134,3 +134,15 @@ def test_totals_show_the_app_hit_rate_and_evictions(panel):
     assert text(panel, "evictionsValue") == "none"
     panel.update_totals(EngineStats())  # no cache
     assert text(panel, "appHitRateValue") == "—"
+
+
+def test_the_namespace_that_served_the_turn_is_shown(panel):
+    assert text(panel, "namespaceValue") == "—"
+    panel.add_turn(RequestStats(prompt_tokens=100, cached_tokens=80, computed_tokens=20, cache_namespace="app"))
+    assert text(panel, "namespaceValue") == "app"
+    assert text(panel, "lastTurnValue").endswith("(namespace app)")
+    panel.update_totals(totals(hit_tokens=80, prompt_tokens=100, namespaces=3))
+    assert text(panel, "namespaceValue") == "app · 3 in RAM"
+    panel.set_turns([turn(0, 0, 512)])  # a turn stored before namespaces: none named
+    assert text(panel, "namespaceValue") == "— · 3 in RAM"
+    assert "namespace" not in text(panel, "lastTurnValue")

@@ -223,7 +223,7 @@ def test_deleting_a_chat_forgets_its_cache(qtbot, open_window, tmp_path):
     window.sessions.delete(doomed.id)
     with qtbot.waitSignal(window.sessions.sessionDeleted, timeout=WAIT_MS):
         window.sessions.confirm_box.button(QMessageBox.StandardButton.Yes).click()
-    assert engine.forgotten == [doomed.name]
+    assert engine.forgotten == [(doomed.name, "app")]  # the app's chats: their own cache namespace
     assert window.session is not None and window.session.title is None  # a fresh chat
     assert store.messages(window.session.id) == [] and window.chat.message_count() == 0
     assert [s.id for s in store.list_sessions()] == [window.session.id]

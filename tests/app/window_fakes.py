@@ -29,7 +29,7 @@ class FakeEngine(Engine):
         super().__init__(data_root, model_spec=None)
         self.load_error, self.events, self.switch_error = load_error, events, switch_error
         self.requests: list[GenerationRequest] = []
-        self.forgotten: list[str] = []
+        self.forgotten: list[tuple[str, str]] = []  # (session, cache namespace)
         self._info = None if load_error else _info()
 
     def start(self) -> Engine:
@@ -54,8 +54,8 @@ class FakeEngine(Engine):
         handle._finish()
         return handle
 
-    def forget_session(self, session: str) -> None:
-        self.forgotten.append(session)
+    def forget_session(self, session: str, namespace: str = "") -> None:
+        self.forgotten.append((session, namespace))
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Nothing runs in the fake, so there is nothing to stop."""

@@ -195,3 +195,29 @@ def test_resume_point():
     assert _resume_point(pages, prompt, limit=10, hybrid=True) == 10  # page ends with snapshots
     assert _resume_point(pages, prompt, limit=9, hybrid=True) == 8
     assert _resume_point(pages, [1, 2, 3, 4, 5, 6, 0], limit=6, hybrid=True) == 0  # no snapshot before
+
+
+def test_restore_serves_only_the_namespace_that_saved(model, db, tokens):
+    pc = prefix_cache(model)
+    caches, snaps = computed(model, pc, tokens, (100,))
+    writer = DiskTier(db, pc, FP, min_write_tokens=1)
+    writer.save("chat", tokens, caches, snaps, namespace="app")
+    writer.save(None, tokens, caches, snaps, namespace="alice")  # a prefix, kept by its tokens
+    writer.flush(timeout=30)
+    writer.close()
+    pc = prefix_cache(model)
+    persister = DiskTier(db, pc, FP)  # a restart: the index is read from the file
+    try:
+        prompt = tokens + [7, 8, 9]
+        for namespace in ("api", "bob", ""):  # by tokens, and by the same session's name
+            assert persister.restore(prompt, "chat", namespace) == 0
+            assert pc.cached_length(prompt, namespace) == 0
+        assert persister.restore(prompt, None, "alice") == 150
+        assert pc.cached_length(prompt, "alice") == 150 and pc.cached_length(prompt, "app") == 0
+        assert persister.restore(prompt, "chat", "app") == 150
+        assert persister.reader.session("app/chat") is not None and persister.reader.session("chat") is None
+        persister.forget("chat", "app")
+        persister.flush(timeout=30)
+        assert persister.reader.session("app/chat") is None
+    finally:
+        persister.close()

@@ -43,9 +43,9 @@ def run(model, tokens, caches):
     return logits
 
 
-def serve(pc: PrefixCache, model, prompt, session=None):
+def serve(pc: PrefixCache, model, prompt, session=None, namespace=""):
     """One request through the cache: match, compute the rest, snapshot, commit."""
-    prefix = pc.match(prompt)
+    prefix = pc.match(prompt, namespace)
     caches = pc.make_caches(prefix)
     logits = run(model, prompt[prefix.length :], caches)
     snaps = [s for s in [pc.snapshot(caches, len(prompt))] if s is not None]
@@ -188,7 +188,7 @@ def test_restored_kv_serves_the_next_request_exactly(tiny):
     source = make_cache(model)
     history = list(range(40, 90))
     serve(source, model, history)
-    caches = source._hot[tuple(history)]  # K/V and snapshot "from disk", with 30 spare positions
+    caches = source._hot["", tuple(history)]  # K/V and snapshot "from disk", with 30 spare positions
     layers_kv = [tuple(mx.concatenate([a[0, :, : len(history)], mx.zeros_like(a[0, :, :30])], axis=1)
                        for a in (caches[i].keys, caches[i].values)) for i in source._full_layers]
     snapshot = source.snapshot(caches, len(history))
@@ -236,3 +236,36 @@ def test_a_failed_pool_write_gives_its_pages_back(tiny, monkeypatch):
         pc.commit(prefix, prompt, caches)
     assert pc.allocator.free_pages == free
     pc.tree.check_invariants()
+
+
+def test_namespaces_share_the_pool_never_a_prefix(tiny):
+    kind, model = tiny
+    pc = make_cache(model)
+    system = list(range(30, 90))
+    serve(pc, model, system + [1, 2], session="chat", namespace="alice")
+    # Another namespace (and the default one) get nothing of it, not even the hot caches
+    # the last request left behind; the session's name is alice's alone.
+    cached, logits = serve(pc, model, system + [3, 4], session="chat", namespace="bob")
+    assert cached == 0 and serve(pc, model, system + [5])[0] == 0
+    expected = reference_logits(model, system + [3, 4])
+    assert float(mx.abs(logits - expected).max()) <= 1e-4 * float(mx.abs(expected).max())
+    assert pc.stats().sessions == 2 and pc.stats().namespaces == 3
+    # Inside a namespace the shared system prompt still serves every request.
+    cached, logits = serve(pc, model, system + [6, 7], namespace="alice")
+    assert cached == (len(system) if kind == "llama" else 0)  # hybrid: no snapshot at the branch
+    assert serve(pc, model, system + [1, 2, 8], namespace="alice")[0] == len(system) + 2
+    pc.forget_session("chat", "bob")
+    assert pc.stats().sessions == 1
+    check_pages(pc)
+
+
+def test_a_write_back_names_the_evicted_prefix_namespace():
+    path = write_tiny_model(Path(tempfile.mkdtemp()) / "m", SPECS["llama"])
+    model, _ = load(str(path))
+    pc = make_cache(model, pool_tokens=64, page_size=8)
+    handed = []
+    pc.write_back = lambda tokens, source, snapshots, namespace: handed.append((tuple(tokens), namespace))
+    first = [(7 * j) % 250 + 1 for j in range(40)]
+    serve(pc, model, first, namespace="alice")
+    serve(pc, model, [(5 * j) % 250 + 3 for j in range(40)], namespace="bob")  # evicts alice's
+    assert (tuple(first), "alice") in handed

@@ -28,9 +28,9 @@ class FreeLog:
 
 
 def path_of(cache: RadixCache, node: TreeNode) -> tuple[int, ...]:
-    """The tokens from the root to the end of ``node``."""
+    """The tokens from the top of ``node``'s namespace to its end."""
     parts = []
-    while node is not cache.root:
+    while node.key:
         assert node.parent is not None, "node is detached"
         parts.append(node.key)
         node = node.parent
@@ -317,7 +317,7 @@ def test_counters():
     cache.evict(1)  # the split left [1, 2] -> [3]: the leaf [3] goes
     assert cache.stats() == RadixStats(
         hits=2, misses=1, cached_tokens=5, evicted_tokens=1, evicted_nodes=1,
-        nodes=1, evictable_tokens=2, protected_tokens=0,
+        nodes=1, evictable_tokens=2, protected_tokens=0, namespaces=1,
     )
 
 
@@ -365,13 +365,16 @@ def test_module_is_pure_python():
 # ------------------------------------------------------------------ property test
 
 TOKENS = st.lists(st.integers(0, 2), max_size=7).map(tuple)
+NAMESPACES = st.sampled_from(["", "", "a", "b"])  # mostly the default one: deep trees too
 
 
 class RadixMachine(RuleBasedStateMachine):
     """Random insert / match / lock / unlock / evict / reset against a model.
 
     The model maps every cached prefix to the slot of its last token (a radix tree is
-    a prefix-closed set of such prefixes), plus the snapshot stored at each prefix.
+    a prefix-closed set of such prefixes), plus the snapshot stored at each prefix. Its
+    keys are ``(namespace, *tokens)``: a prefix inserted in one namespace is cached in
+    that one only, so every match checked against the model is also an isolation check.
     """
 
     require_snapshots = False
@@ -398,53 +401,57 @@ class RadixMachine(RuleBasedStateMachine):
         self.model = {k: v for k, v in self.model.items() if v not in self.freed}
         self.snaps = {k: s for k, s in self.snaps.items() if k in self.model}
 
-    def _cached_len(self, tokens: tuple[int, ...]) -> int:
+    def _cached_len(self, key: tuple) -> int:
+        """Tokens of ``key`` (namespace, *tokens) cached in its namespace."""
         j = 0
-        while j < len(tokens) and tokens[: j + 1] in self.model:
+        while j < len(key) - 1 and key[: j + 2] in self.model:
             j += 1
         return j
 
-    def _resume_len(self, tokens: tuple[int, ...]) -> int:
-        j = self._cached_len(tokens)
+    def _resume_len(self, key: tuple) -> int:
+        j = self._cached_len(key)
         if self.require_snapshots:
-            while j > 0 and tokens[:j] not in self.snaps:
+            while j > 0 and key[: j + 1] not in self.snaps:
                 j -= 1
         return j
 
-    @rule(tokens=TOKENS, with_snapshot=st.booleans())
-    def insert(self, tokens, with_snapshot):
+    @rule(tokens=TOKENS, with_snapshot=st.booleans(), ns=NAMESPACES)
+    def insert(self, tokens, with_snapshot, ns):
         values = slots(self.next_value, len(tokens))
         self.next_value += len(tokens)
         snapshot = object() if with_snapshot and tokens else None
-        already = self.cache.insert(tokens, values, snapshot)
-        assert already == self._cached_len(tokens)
+        already = self.cache.insert(tokens, values, snapshot, namespace=ns)
+        key = (ns, *tokens)
+        assert already == self._cached_len(key)
         self.taken.update(values[already:])
         for j in range(already, len(tokens)):
-            self.model[tokens[: j + 1]] = values[j]
+            self.model[key[: j + 2]] = values[j]
         if snapshot is not None:
-            self.snaps[tokens] = snapshot
+            self.snaps[key] = snapshot
 
-    def _match(self, tokens) -> MatchResult:
-        m = self.cache.match_prefix(tokens)
-        n = self._resume_len(tokens)
+    def _match(self, tokens, ns) -> MatchResult:
+        m = self.cache.match_prefix(tokens, namespace=ns)
+        key = (ns, *tokens)
+        n = self._resume_len(key)
         assert m.length == len(m.values) == n
-        assert m.values == tuple(self.model[tokens[: j + 1]] for j in range(n))  # property 1
+        assert m.values == tuple(self.model[key[: j + 2]] for j in range(n))  # property 1
         assert path_of(self.cache, m.last_node) == tokens[:n]
-        assert m.snapshot is self.snaps.get(tokens[:n])
+        assert n == 0 or self.cache.namespace_of(m.last_node) == ns
+        assert m.snapshot is self.snaps.get(key[: n + 1])
         self.matches += 1
         self.hits += n > 0
         self.matched_tokens += n
         return m
 
-    @rule(tokens=TOKENS)
-    def match(self, tokens):
-        self._match(tokens)
+    @rule(tokens=TOKENS, ns=NAMESPACES)
+    def match(self, tokens, ns):
+        self._match(tokens, ns)
 
-    @rule(tokens=TOKENS)
-    def lock(self, tokens):
-        m = self._match(tokens)
+    @rule(tokens=TOKENS, ns=NAMESPACES)
+    def lock(self, tokens, ns):
+        m = self._match(tokens, ns)
         self.cache.inc_lock_ref(m.last_node)
-        self.locks.append((m.last_node, tokens[: m.length]))
+        self.locks.append((m.last_node, (ns, *tokens[: m.length])))
 
     @precondition(lambda self: self.locks)
     @rule(data=st.data())
@@ -461,7 +468,7 @@ class RadixMachine(RuleBasedStateMachine):
         assert self.cache.evictable_size() == evictable - got
         self.evicted_tokens += got
         self._sync_model()
-        assert all(k[:-1] in self.model for k in self.model if len(k) > 1), "eviction left a hole"
+        assert all(k[:-1] in self.model for k in self.model if len(k) > 2), "eviction left a hole"
 
     @rule(roll=st.integers(0, 7))
     def reset(self, roll):
@@ -486,16 +493,17 @@ class RadixMachine(RuleBasedStateMachine):
         assert in_tree == set(self.model.values())
         assert self.cache.total_size() == len(self.model)
         # Property 2: a locked prefix stays cached, and exactly the locked paths are protected.
-        protected: set[tuple[int, ...]] = set()
+        protected: set[tuple] = set()
         for node, prefix in self.locks:
-            assert path_of(self.cache, node) == prefix
-            protected.update(prefix[:j] for j in range(1, len(prefix) + 1))
+            assert path_of(self.cache, node) == prefix[1:]
+            protected.update(prefix[:j] for j in range(2, len(prefix) + 1))
         assert protected <= self.model.keys()
         assert self.cache.protected_size() == len(protected)
         stats = self.cache.stats()
         assert (stats.hits, stats.misses) == (self.hits, self.matches - self.hits)
         assert (stats.cached_tokens, stats.evicted_tokens) == (self.matched_tokens, self.evicted_tokens)
         assert stats.nodes == self.cache.node_count()
+        assert stats.namespaces == len({key[0] for key in self.model})
 
 
 class HybridRadixMachine(RadixMachine):
@@ -534,3 +542,40 @@ def test_peek_length_agrees_with_match_and_changes_nothing():
             assert length == cache.match_prefix(probe).length
             before = (cache.stats(), cache.node_count())
         cache.check_invariants()
+
+
+def test_namespaces_never_match_each_other():
+    cache = RadixCache()
+    cache.insert([1, 2, 3, 4], slots(10, 4), namespace="alice")
+    assert cache.match_prefix([1, 2, 3, 4, 5], namespace="bob").length == 0
+    assert cache.match_prefix([1, 2, 3, 4, 5]).length == 0  # "" is a namespace of its own
+    assert cache.peek_length([1, 2, 3], namespace="bob") == 0
+    assert cache.node_at([1, 2], namespace="bob") is None
+    m = cache.match_prefix([1, 2, 9], namespace="alice")
+    assert (m.length, m.values) == (2, (10, 11))
+    assert cache.namespace_of(m.last_node) == "alice"
+    # The same tokens in another namespace are a path of their own, with their own slots.
+    assert cache.insert([1, 2, 3], slots(20, 3), namespace="bob") == 0
+    assert cache.match_prefix([1, 2, 3, 4], namespace="bob").values == (20, 21, 22)
+    assert cache.match_prefix([1, 2, 3, 9], namespace="alice").values == (10, 11, 12)
+    assert cache.stats().namespaces == 2
+    cache.check_invariants()
+
+
+def test_eviction_is_one_lru_over_every_namespace_and_drops_empty_anchors():
+    log = FreeLog()
+    cache = RadixCache(log)
+    cache.insert([1, 2], [10, 11], namespace="a")
+    cache.insert([1, 2], [20, 21], namespace="b")
+    cache.insert([1, 2], [30, 31])
+    cache.match_prefix([1, 2, 0], namespace="a")  # "a" is now the most recently used
+    locked = cache.match_prefix([1, 2, 0], namespace="b").last_node
+    cache.inc_lock_ref(locked)
+    assert cache.evict(2) == 2 and log.values == [30, 31]  # "": the oldest unlocked
+    assert cache.evict(2) == 2 and log.values[2:] == [10, 11]  # then "a"; "b" is locked
+    assert cache.stats().namespaces == 1 and cache.match_prefix([1, 2], namespace="a").length == 0
+    cache.check_invariants()
+    cache.dec_lock_ref(locked)
+    assert cache.evict(5) == 2 and cache.stats().namespaces == 0
+    cache.dec_lock_ref(cache.match_prefix([1], namespace="b").last_node)  # a miss's node: no lock to give
+    cache.check_invariants()

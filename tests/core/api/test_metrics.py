@@ -13,7 +13,7 @@ from kvcache.stats import CacheStats
 CACHE = CacheStats(enabled=True, disabled_reason=None, page_size=16, pages_total=100, pages_used=40,
                    pages_evictable=30, pages_locked=10, pool_bytes=1 << 20, tree_nodes=7, tree_tokens=600,
                    snapshots=0, snapshot_bytes=0, hits=3, misses=1, hit_tokens=300, prompt_tokens=400,
-                   evicted_tokens=0, evicted_pages=0, sessions=2)
+                   evicted_tokens=0, evicted_pages=0, sessions=2, namespaces=3)
 
 
 def samples(metrics: ServerMetrics) -> dict[tuple[str, tuple], float]:
@@ -37,6 +37,7 @@ def test_engine_figures_are_read_at_scrape_time():
     assert got[("radixchat_kv_pages", (("state", "evictable"),))] == 30
     assert got[("radixchat_cache_hit_rate", ())] == 0.75
     assert got[("radixchat_cache_sessions", ())] == 2
+    assert got[("radixchat_cache_namespaces", ())] == 3
     stats[0] = EngineStats()  # no model, no cache yet: no cache figures, no error
     got = samples(metrics)
     assert ("radixchat_kv_pages", (("state", "total"),)) not in got

@@ -29,6 +29,7 @@ def test_chat_json_stores_both_turns(capsys, tiny_model, tmp_path):
     assert set(first) >= {"reply", "session", "prompt_tokens", "cached_tokens", "restored_tokens",
                           "computed_tokens", "completion_tokens", "ttft_s", "decode_tps"}
     assert first["session"] == "work" and first["completion_tokens"] == 8
+    assert first["cache_namespace"] == "app"  # the chats' own namespace, as in the window
     assert first["prompt_tokens"] == first["computed_tokens"] + first["cached_tokens"]
     second = chat_json(capsys, tiny_model, tmp_path, "--session", "work", "and again")
     assert second["prompt_tokens"] > first["prompt_tokens"] + first["completion_tokens"]

@@ -85,9 +85,9 @@ def chat_forever(log_path):
 
     original = DiskStore.save_session
 
-    def save_session(self, session, fingerprint, pages):
+    def save_session(self, session, fingerprint, pages, *more, **options):  # (the namespace...)
         mark("B", session, time.monotonic())
-        result = original(self, session, fingerprint, pages)
+        result = original(self, session, fingerprint, pages, *more, **options)
         mark("E", session, time.monotonic())
         return result
 
