@@ -18,7 +18,9 @@ from core.distributed.shard import rank_cache_name
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
+from core.engine.namespaces import API
 from kvcache.store import DiskStore
+from kvcache.store_format import session_row
 from tests.core.distributed.group_fixture import needs_ring, start_group
 
 pytestmark = [needs_ring, pytest.mark.distributed]
@@ -120,7 +122,7 @@ def test_a_split_llama_answers_as_one_process_restores_and_survives_a_killed_ran
     stores = [data / rank_cache_name(rank, 2) for rank in (0, 1)]
     assert all(store.exists() for store in stores)
     with DiskStore(stores[1]) as store:  # rank 1 loses one session's slice: that one is recomputed
-        assert store.clear("other") > 0
+        assert store.clear(session_row("other", API)) > 0
 
     group = start_group(llama, data, tmp_path)  # a restart of the group
     try:
