@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 
 from core.engine import namespaces
-from core.engine.types import (ChatMessage, DoneEvent, ErrorEvent, GenerationRequest, ProgressEvent,
+from core.engine.types import (CHAT_PRIORITY, ChatMessage, DoneEvent, ErrorEvent, GenerationRequest, ProgressEvent,
                                SamplingParams, TokenEvent)
 from core.errors import UserError
 from core.api.server import ApiServer
@@ -153,6 +153,7 @@ class EngineBridge(QObject):
             messages=tuple(ChatMessage(role, content) for role, content in messages),
             sampling=SamplingParams(**{**params, "stop": tuple(params.get("stop", ()))}),
             session=session,
+            priority=CHAT_PRIORITY,  # a person is watching: ahead of waiting API requests
             cache_namespace=namespaces.APP,  # the chats' own: no API client shares their prefixes
         )
         self._handle = self.engine.submit(request)

@@ -7,7 +7,8 @@ holds is read back (streamed, every page verified by the store) when the measure
 rate says that is faster than the measured prefill rate would compute it.
 
 What is written, and when (never on the engine thread's critical path: the engine
-serializes only pages the store does not have, and a writer thread owns its own
+serializes only pages the store does not have, after the request's reply has ended
+(:meth:`DiskTier.serialize_pending`), and a writer thread owns its own
 :class:`DiskStore` connection):
 - at the end of a session's turn, the session's chain (a chat's cache survives a restart);
 - at the end of any other request whose tokens reach ``min_write_tokens``, its chain as a
@@ -63,6 +64,22 @@ class _SaveJob:
     namespace: str = ""
 
 
+@dataclass(frozen=True)
+class _Unserialized:
+    """A save whose new pages are still MLX arrays: ``layers[i]`` is full-attention layer
+    ``i``'s (keys, values) of tokens ``lo..`` (slices of the request's own caches: MLX
+    arrays are values, so a later in-place update of those caches leaves them as they
+    were). ``pages`` are (tokens, start, end, snapshot, stored), ``stored`` for a page the
+    disk has or is getting; ``row`` the session's row (None: a prefix)."""
+
+    row: str | None
+    pages: tuple[tuple[tuple[int, ...], int, int, Snapshot | None, bool], ...]
+    layers: tuple[tuple[mx.array, mx.array], ...]
+    lo: int
+    queued: frozenset[str]
+    namespace: str
+
+
 _BUDGET = "enforce the budget"  # a job: make the store fit its budget (at load)
 
 
@@ -100,6 +117,7 @@ class DiskTier:
         self._token_bytes = layout.bytes_per_token if layout is not None else 0
         self._jobs: queue.Queue = queue.Queue()
         self._queued: set[str] = set()  # keys serialized and not yet written (engine adds, writer removes)
+        self._unserialized: list[_Unserialized] = []  # saves waiting for serialize_pending (engine thread)
         self.last_error: str | None = None
         self._stopped_until = 0.0  # writes are off until then (disk full)
         self._counts = dict(reads=0, read_tokens=0, read_bytes=0, skipped_reads=0, pages_written=0,
@@ -127,9 +145,33 @@ class DiskTier:
              namespace: str = "") -> None:
         """Queue the chain of ``tokens`` (``caches`` hold exactly them) for writing in
         ``namespace``: a session's always, an unnamed request's when it reaches
-        ``min_write_tokens``."""
+        ``min_write_tokens``.
+
+        Only the pages' K/V are taken now (slices, no copy); their bytes are made by
+        :meth:`serialize_pending`, which the engine calls once the request's reply has been
+        sent: serializing a long prompt's pages takes tens of milliseconds the client
+        need not wait for."""
         full = self.prefix_cache.build.layout.full_layer_indices
-        self._save(session, tokens, cache_source(caches, full), snapshots, namespace)
+        self._save(session, tokens, cache_source(caches, full), snapshots, namespace, later=True)
+
+    def serialize_pending(self) -> None:
+        """Make the bytes of the pages :meth:`save` took and hand them to the writer thread
+        (engine thread; the engine calls it between requests, ``flush`` before it waits)."""
+        pending, self._unserialized = self._unserialized, []
+        for save in pending:
+            try:
+                pages = tuple(
+                    PageData(chunk, None) if stored else PageData(
+                        chunk, kv_to_bytes([(k[:, a - save.lo : b - save.lo], v[:, a - save.lo : b - save.lo])
+                                            for k, v in save.layers]),
+                        snapshot_to_bytes(snapshot) if snapshot else None)
+                    for chunk, a, b, snapshot, stored in save.pages)
+            except Exception:  # the cache costs a recompute later, no more
+                self._counts["write_errors"] += 1
+                self._queued.difference_update(save.queued)
+                log.exception("serializing a cached prefix failed")
+                continue
+            self._jobs.put(_SaveJob(save.row, pages, save.queued, save.namespace))
 
     def write_back(self, tokens: list[int], source, snapshots: list[Snapshot], namespace: str = "") -> None:
         """RAM is evicting the prefix ``tokens`` of ``namespace`` (its K/V from ``source``,
@@ -139,7 +181,7 @@ class DiskTier:
         self._save(None, tokens, source, snapshots, namespace, min_tokens=DISK_PAGE_TOKENS)
 
     def _save(self, session: str | None, tokens: list[int], source, snapshots: list[Snapshot],
-              namespace: str = "", min_tokens: int | None = None) -> None:
+              namespace: str = "", min_tokens: int | None = None, later: bool = False) -> None:
         """The chain of ``tokens`` in ``namespace``, K/V from ``source(layer, a, b)``, to
         the writer thread.
 
@@ -147,6 +189,9 @@ class DiskTier:
         prompt, the end of the reply), and carry the snapshot that ends with them, so a
         hybrid model can resume from any of those points after a restart. Pages the disk
         has are not serialized; an unnamed chain the disk has whole is not queued at all.
+        ``later``: take the new pages' K/V as slices of ``source`` and serialize them in
+        :meth:`serialize_pending` (``source`` must give arrays that stay as they are, as a
+        request's own caches do; the pool's pages do not: they are reused in place).
         """
         if session is None and len(tokens) < (self.min_write_tokens if min_tokens is None else min_tokens):
             return
@@ -157,26 +202,30 @@ class DiskTier:
             return  # a hybrid chain must be resumable at least at its end
         full = self.prefix_cache.build.layout.full_layer_indices
         ends = sorted(set(range(DISK_PAGE_TOKENS, len(tokens), DISK_PAGE_TOKENS)) | set(by_end) | {len(tokens)})
-        pages, starts = [], [0, *ends[:-1]]
+        starts = [0, *ends[:-1]]
         keys = chain_keys(self.fingerprint, [tokens[a:b] for a, b in zip(starts, ends)], namespace)
-        known = 0
+        plan = []  # (tokens, start, end, snapshot, stored)
         for start, end, key in zip(starts, ends, keys):
-            chunk = tuple(tokens[start:end])
             snapshot = by_end.get(end)
-            if (key in self.index and (snapshot is None or self.index.has_snapshot(key))
-                    or key in self._queued):  # stored, or on its way
-                pages.append(PageData(chunk, None))
-                known += 1
-            else:
-                kv = kv_to_bytes([source(i, start, end) for i in range(len(full))])
-                pages.append(PageData(chunk, kv, snapshot_to_bytes(snapshot) if snapshot else None))
+            stored = (key in self.index and (snapshot is None or self.index.has_snapshot(key))
+                      or key in self._queued)  # stored, or on its way
+            plan.append((tuple(tokens[start:end]), start, end, snapshot, stored))
+        known = sum(stored for *_, stored in plan)
         self._counts["pages_not_rewritten"] += known
-        if session is None and known == len(pages):
+        if session is None and known == len(plan):
             return  # all on disk already: nothing to write
-        queued = frozenset(key for key, page in zip(keys, pages) if page.kv is not None)
+        queued = frozenset(key for key, page in zip(keys, plan) if not page[-1])
         self._queued |= queued
         row = session_row(session, namespace) if session is not None else None
-        self._jobs.put(_SaveJob(row, tuple(pages), queued, namespace))  # indexed once written
+        if later:
+            lo = min((start for _, start, _, _, stored in plan if not stored), default=0)
+            layers = tuple(source(i, lo, len(tokens)) for i in range(len(full))) if queued else ()
+            self._unserialized.append(_Unserialized(row, tuple(plan), layers, lo, queued, namespace))
+            return
+        pages = tuple(PageData(chunk, None) if stored else PageData(
+            chunk, kv_to_bytes([source(i, start, end) for i in range(len(full))]),
+            snapshot_to_bytes(snapshot) if snapshot else None) for chunk, start, end, snapshot, stored in plan)
+        self._jobs.put(_SaveJob(row, pages, queued, namespace))  # indexed once written
 
     def restore(self, prompt: list[int], session: str | None = None, namespace: str = "") -> int:
         """Bring what the disk holds of ``prompt`` in ``namespace`` beyond what RAM holds
@@ -297,6 +346,7 @@ class DiskTier:
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every queued save is written (tests, shutdown)."""
+        self.serialize_pending()
         done = threading.Event()
         self._jobs.put(done)
         done.wait(timeout)

@@ -15,7 +15,7 @@ from core.api.anthropic_schema import (CountTokensRequest, MessageBuilder, Messa
                                        count_request, to_call)
 from core.api.errors import engine_error, shutting_down
 from core.api.relay import EngineEvents, reply_stream, reply_whole, sse
-from core.api.routing import JsonRoute, SessionHeader, key_namespace, named, server_of
+from core.api.routing import JsonRoute, PriorityHeader, SessionHeader, key_namespace, named, server_of
 from core.engine.types import DoneEvent, ErrorEvent, Event, ProgressEvent, TokenEvent, ToolCallEvent
 from core.errors import UserError
 
@@ -24,10 +24,11 @@ PING_EVERY_S = 10.0  # a long prefill sends pings, so proxies and clients see a 
 
 
 @router.post("/v1/messages", summary="Create a message (Anthropic)")
-async def messages(body: MessagesRequest, request: Request, session: SessionHeader = None) -> Response:
+async def messages(body: MessagesRequest, request: Request, session: SessionHeader = None,
+                   priority: PriorityHeader = None) -> Response:
     arrived = time.monotonic()
     api = server_of(request)
-    call = to_call(body, api.model_card(), session, key_namespace(request))
+    call = to_call(body, api.model_card(), session, key_namespace(request), priority)
     handle = api.submit(call.request)
     events = EngineEvents(api, handle, request, arrived)
     builder = MessageBuilder(call)

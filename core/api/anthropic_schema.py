@@ -31,8 +31,8 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Discriminator, Field, Tag, field_validator
 
 from core.api.errors import ApiError, invalid
-from core.api.openai_schema import MAX_STOPS, max_tokens, session_name, usage_extra
-from core.api.wire import CACHE_SALT_TEXT, MAX_SALT_CHARS, ModelCard, Text, WireModel
+from core.api.openai_schema import MAX_STOPS, max_tokens, priority_of, session_name, usage_extra
+from core.api.wire import CACHE_SALT_TEXT, MAX_PRIORITY, MAX_SALT_CHARS, ModelCard, Text, WireModel
 from core.engine.constrain import SchemaError, check_schema
 from core.engine.namespaces import with_salt
 from core.engine.types import ChatMessage, GenerationRequest, RequestStats, SamplingParams, ToolCall
@@ -130,6 +130,9 @@ class MessagesRequest(CountTokensRequest):
                                                    "extends (or the X-RadixChat-Session header)")
     cache_salt: Text | None = Field(None, min_length=1, max_length=MAX_SALT_CHARS,
                                     description="RadixChat: " + CACHE_SALT_TEXT + " (or metadata.cache_salt)")
+    priority: int | None = Field(None, ge=0, le=MAX_PRIORITY,
+                                 description="RadixChat: lower is prefilled sooner; 0 (default) or more "
+                                             "(or the X-RadixChat-Priority header)")
 
     @field_validator("stop_sequences")
     @classmethod
@@ -250,7 +253,7 @@ def cache_salt(body: MessagesRequest) -> str | None:
 
 
 def to_call(body: MessagesRequest, card: ModelCard, session_header: str | None = None,
-            namespace: str = "") -> MessagesCall:
+            namespace: str = "", priority_header: str | None = None) -> MessagesCall:
     """The engine request for a validated body, in cache namespace ``namespace`` (the API
     key's) split by the body's cache salt."""
     check_model(body.model, card)
@@ -263,7 +266,8 @@ def to_call(body: MessagesRequest, card: ModelCard, session_header: str | None =
     )
     request = GenerationRequest(messages=chat_messages(body), sampling=sampling,
                                 session=session_name(body.session, session_header),
-                                cache_namespace=with_salt(namespace, cache_salt(body)), **tool_request(body))
+                                cache_namespace=with_salt(namespace, cache_salt(body)),
+                                priority=priority_of(body.priority, priority_header), **tool_request(body))
     return MessagesCall(request, body.model, bool(body.stream))
 
 

@@ -14,7 +14,7 @@ from core.api.errors import ApiError, engine_error, shutting_down
 from core.api.openai_schema import (ChatCompletionRequest, CompletionCall, CompletionRequest, ReplyBuilder,
                                     model_object, to_call)
 from core.api.relay import EngineEvents, reply_stream, reply_whole, sse
-from core.api.routing import JsonRoute, SessionHeader, key_namespace, named, server_of
+from core.api.routing import JsonRoute, PriorityHeader, SessionHeader, key_namespace, named, server_of
 from core.engine.types import DoneEvent, ErrorEvent, Event, TokenEvent, ToolCallEvent
 
 router = APIRouter(route_class=JsonRoute)
@@ -61,21 +61,22 @@ def retrieve_model(model: str, request: Request) -> JSONResponse:
 
 @router.post("/v1/chat/completions", summary="Chat completion (OpenAI)")
 async def chat_completions(body: ChatCompletionRequest, request: Request,
-                           session: SessionHeader = None) -> Response:
-    return await generate(request, body, session)
+                           session: SessionHeader = None, priority: PriorityHeader = None) -> Response:
+    return await generate(request, body, session, priority)
 
 
 @router.post("/v1/completions", summary="Text completion (OpenAI, legacy)")
-async def completions(body: CompletionRequest, request: Request, session: SessionHeader = None) -> Response:
-    return await generate(request, body, session)
+async def completions(body: CompletionRequest, request: Request, session: SessionHeader = None,
+                      priority: PriorityHeader = None) -> Response:
+    return await generate(request, body, session, priority)
 
 
 async def generate(request: Request, body: ChatCompletionRequest | CompletionRequest,
-                   session: str | None) -> Response:
+                   session: str | None, priority: str | None = None) -> Response:
     arrived = time.monotonic()
     api = server_of(request)
     card = api.model_card()
-    call = to_call(body, card, session, key_namespace(request))
+    call = to_call(body, card, session, key_namespace(request), priority)
     handle = api.submit(call.request)
     events = EngineEvents(api, handle, request, arrived)
     reply = ReplyBuilder(call, card)

@@ -21,8 +21,8 @@ from pydantic import Field, field_validator
 from core.api.errors import ApiError, invalid
 from core.api.openai_tools import (ResponseFormat, ToolCallIn, ToolChoice, ToolDef, call_object, check_tool_message,
                                    message_calls, tool_fields)
-from core.api.wire import (CACHE_SALT_TEXT, MAX_SALT_CHARS, MAX_SESSION_CHARS, MODEL_ALIASES, ModelCard, Text,
-                           WireModel)
+from core.api.wire import (CACHE_SALT_TEXT, MAX_PRIORITY, MAX_SALT_CHARS, MAX_SESSION_CHARS, MODEL_ALIASES,
+                           PRIORITY_HEADER, ModelCard, Text, WireModel)
 from core.engine.namespaces import with_salt
 from core.engine.types import ChatMessage, GenerationRequest, RequestStats, SamplingParams, ToolCall
 
@@ -80,6 +80,9 @@ class _Sampling(WireModel):
                                              "(or the X-RadixChat-Session header)")
     cache_salt: Text | None = Field(None, min_length=1, max_length=MAX_SALT_CHARS,
                                     description=CACHE_SALT_TEXT + " (as vLLM's API)")
+    priority: int | None = Field(None, ge=0, le=MAX_PRIORITY,
+                                 description="vLLM's: lower is prefilled sooner; 0 (default) or more, the "
+                                             "app's own chat goes first (or the X-RadixChat-Priority header)")
     user: Text | None = None
 
     @field_validator("stop")
@@ -200,6 +203,25 @@ def session_name(body_session: str | None, header: str | None) -> str | None:
     return session
 
 
+def priority_of(body_priority: int | None, header: str | None) -> int:
+    """The request's place among waiting requests: the body's ``priority`` or the
+    X-RadixChat-Priority header, 0 without either. A client may only ask to wait longer
+    (0 or more): the app's own chat window goes before every API request."""
+    if body_priority is not None:
+        return body_priority
+    text = header_text(PRIORITY_HEADER, header)
+    if text is None or not text.strip():
+        return 0
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_PRIORITY:
+        raise invalid(PRIORITY_HEADER, f"the {PRIORITY_HEADER} header must be a whole number from 0 to "
+                                       f"{MAX_PRIORITY} (lower is sooner)")
+    return value
+
+
 def sampling_params(body: _Sampling, limit: int) -> SamplingParams:
     """OpenAI's defaults (temperature 1, top_p 1, up to ``limit`` tokens), plus mlx-lm's extras."""
     stop = [body.stop] if isinstance(body.stop, str) else body.stop or []
@@ -248,7 +270,8 @@ def chat_messages(messages: list[Message]) -> tuple[ChatMessage, ...]:
 
 
 def to_call(body: ChatCompletionRequest | CompletionRequest, card: ModelCard,
-            session_header: str | None = None, namespace: str = "") -> CompletionCall:
+            session_header: str | None = None, namespace: str = "",
+            priority_header: str | None = None) -> CompletionCall:
     """The engine request for a validated body, in cache namespace ``namespace`` (the API
     key's) split by the body's ``cache_salt``; raise :class:`ApiError` for what the loaded
     model refuses."""
@@ -256,6 +279,7 @@ def to_call(body: ChatCompletionRequest | CompletionRequest, card: ModelCard,
     chat = isinstance(body, ChatCompletionRequest)
     session = session_name(body.session, session_header)
     namespace = with_salt(namespace, body.cache_salt)
+    priority = priority_of(body.priority, priority_header)
     if chat:
         if body.functions:
             raise invalid("functions", "'functions' is deprecated and not supported; use 'tools'")
@@ -265,13 +289,13 @@ def to_call(body: ChatCompletionRequest | CompletionRequest, card: ModelCard,
         else:
             limit = max_tokens(body.max_tokens, "max_tokens", card.context_length)
         request = GenerationRequest(messages=chat_messages(body.messages), sampling=sampling_params(body, limit),
-                                    session=session, cache_namespace=namespace, **extra)
+                                    session=session, cache_namespace=namespace, priority=priority, **extra)
     else:
         limit = max_tokens(body.max_tokens, "max_tokens", card.context_length)
         text, tokens = _prompt(body.prompt)
         request = GenerationRequest(prompt_text=text, prompt_tokens=tokens,
                                     sampling=sampling_params(body, limit), session=session,
-                                    cache_namespace=namespace)
+                                    cache_namespace=namespace, priority=priority)
     options = body.stream_options or StreamOptions()
     return CompletionCall(chat, request, bool(body.stream), bool(options.include_usage))
 

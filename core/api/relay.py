@@ -1,9 +1,10 @@
 """An engine request's events on the server's event loop, and the client watched while it runs.
 
-The engine's :class:`RequestHandle` is a blocking queue fed by the engine thread. One
-small thread per request drains it onto the event loop (:class:`EngineEvents`); the same
-thread records the request's metrics and takes it off the in-flight list as soon as it
-ends, whether or not anyone still reads the events (a client that left stops reading).
+The engine's :class:`RequestHandle` is a queue fed by the engine thread. It wakes the
+event loop when events arrive (:class:`_Waker`: one wake-up per decode step for all the
+streams it fed), and on the loop :class:`EngineEvents` takes them, records the request's
+metrics and takes it off the in-flight list as soon as it ends, whether or not anyone
+still reads the events (a client that left stops reading).
 A client that goes away cancels its request: :func:`watch_disconnect` while a reply is
 being computed, Starlette's ``StreamingResponse`` (which cancels the body's task) while
 events are being streamed.
@@ -12,9 +13,9 @@ events are being streamed.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
-import threading
 import time
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
@@ -41,29 +42,31 @@ class EngineEvents:
         self.handle = handle
         self._scope, self._receive = request.scope, request.receive
         self._arrived = arrived
-        self._loop = asyncio.get_running_loop()
+        self._first_token_at: float | None = None
+        self._ended = False
         self._queue: asyncio.Queue[Event | None] = asyncio.Queue()
-        threading.Thread(target=self._pump, name="radixchat-api-events", daemon=True).start()
+        handle.on_events(_waker(api, asyncio.get_running_loop()).wake_for(self))
 
-    def _pump(self) -> None:
-        first_token_at = None
-        try:
-            for event in self.handle.events():
-                if isinstance(event, (TokenEvent, ToolCallEvent)) and first_token_at is None:
-                    first_token_at = time.monotonic()
-                elif isinstance(event, DoneEvent):
-                    ttft = (first_token_at or time.monotonic()) - self._arrived
-                    self.api.metrics.record_generation(event.stats, ttft)
-                if isinstance(event, (DoneEvent, ErrorEvent)):
-                    self.api.release(self.handle)  # no longer in flight, before the reply is sent
-                self._put(event)
-        finally:
+    def _take(self) -> None:
+        """On the event loop: move what the engine sent onto the queue, recording the
+        request's metrics and taking it off the in-flight list as soon as it ends, whether
+        or not anyone still reads the events (a client that left stops reading)."""
+        if self._ended:
+            return
+        events, ended = self.handle.take()
+        for event in events:
+            if isinstance(event, (TokenEvent, ToolCallEvent)) and self._first_token_at is None:
+                self._first_token_at = time.monotonic()
+            elif isinstance(event, DoneEvent):
+                ttft = (self._first_token_at or time.monotonic()) - self._arrived
+                self.api.metrics.record_generation(event.stats, ttft)
+            if isinstance(event, (DoneEvent, ErrorEvent)):
+                self.api.release(self.handle)  # no longer in flight, before the reply is sent
+            self._queue.put_nowait(event)
+        if ended:
+            self._ended = True
             self.api.release(self.handle)
-            self._put(None)
-
-    def _put(self, item: Event | None) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is closed: the server stopped
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+            self._queue.put_nowait(None)
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self
@@ -89,6 +92,40 @@ class EngineEvents:
                 elif isinstance(event, ErrorEvent):
                     error = event
         return done, error
+
+
+class _Waker:
+    """Wakes the event loop for the requests whose events arrived: the engine thread marks
+    a request ready, and one callback on the loop takes the events of every request marked
+    since it last ran. A decode step that sends a token to each of N streams costs the
+    loop one wake-up, not N (nor N threads, one per request, blocking on their queues)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self._ready: collections.deque[EngineEvents] = collections.deque()
+        self._scheduled = False
+
+    def wake_for(self, events: EngineEvents) -> Callable[[], None]:
+        def wake() -> None:  # engine thread
+            self._ready.append(events)
+            if not self._scheduled:
+                self._scheduled = True
+                with contextlib.suppress(RuntimeError):  # the loop is closed: the server stopped
+                    self.loop.call_soon_threadsafe(self._take_all)
+        return wake
+
+    def _take_all(self) -> None:  # event loop
+        self._scheduled = False  # before taking: a request marked from now on schedules again
+        while self._ready:
+            self._ready.popleft()._take()
+
+
+def _waker(api: "ApiState", loop: asyncio.AbstractEventLoop) -> _Waker:
+    """The API's waker on ``loop`` (one per server; a new one if the server runs a new loop)."""
+    waker = api.events_waker
+    if waker is None or waker.loop is not loop:
+        waker = api.events_waker = _Waker(loop)
+    return waker
 
 
 @contextlib.asynccontextmanager

@@ -1,4 +1,5 @@
-"""What the routes share: strict JSON bodies, the server behind a request, the session header.
+"""What the routes share: strict JSON bodies, the server behind a request, the session and
+priority headers.
 
 :class:`JsonRoute` is FastAPI's route with the body read by :func:`parse_json`: JSON as
 RFC 8259 has it (no NaN or Infinity, which Python's json module reads by default), and
@@ -15,6 +16,7 @@ from fastapi import Header, Request, Response
 from fastapi.routing import APIRoute
 
 from core.engine import namespaces
+from core.api.wire import PRIORITY_HEADER
 
 if TYPE_CHECKING:
     from core.api.state import ApiState
@@ -25,6 +27,8 @@ NAMESPACE_HEADER = "X-RadixChat-Cache-Namespace"
 CACHE_NAMESPACE = "radixchat.cache_namespace"  # scope key: the guard's, from the API key used
 SessionHeader = Annotated[str | None, Header(alias=SESSION_HEADER, description="the chat session whose "
                                                                                  "cache this request extends")]
+PriorityHeader = Annotated[str | None, Header(alias=PRIORITY_HEADER, description="lower is prefilled sooner: "
+                                                                                   "0 (default) or more")]
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 

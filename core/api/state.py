@@ -40,6 +40,7 @@ class ApiState:
         self._handles: set[RequestHandle] = set()
         self._lock = threading.Lock()
         self.stopping = False
+        self.events_waker = None  # core.api.relay's, made on the server's event loop
         self.metrics = ServerMetrics(engine.stats, lambda: len(self._handles))
 
     @property

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from core.chats.store import ChatStore, Message, Session, readable
 from core.errors import StoreError
 from core.engine import namespaces
-from core.engine.types import ChatMessage, GenerationRequest, RequestStats, SamplingParams
+from core.engine.types import CHAT_PRIORITY, ChatMessage, GenerationRequest, RequestStats, SamplingParams
 
 
 def last_turn_start(messages: list[Message]) -> int:
@@ -87,9 +87,10 @@ class ChatTurn:
         return [m.stats for m in self.kept if m.role == "assistant" and m.stats]
 
     def request(self, sampling: SamplingParams, use_cache: bool = True) -> GenerationRequest:
-        """The engine request for this turn, in the session's cache (the app's namespace)."""
+        """The engine request for this turn, in the session's cache (the app's namespace). A
+        person is watching it: it is prefilled before waiting API requests (``CHAT_PRIORITY``)."""
         return GenerationRequest(messages=self.messages, sampling=sampling, session=self.session.name,
-                                 use_cache=use_cache, cache_namespace=namespaces.APP)
+                                 use_cache=use_cache, cache_namespace=namespaces.APP, priority=CHAT_PRIORITY)
 
     @staticmethod
     def keeps(text: str, stats: RequestStats | None) -> bool:

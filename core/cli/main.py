@@ -17,6 +17,7 @@
     radixchat bench constrain      what constrained decoding costs per token
     radixchat bench agent          a coding-agent session: TTFT with and without our cache, vs mlx_lm.server
     radixchat bench pull           `radixchat pull` from a loopback hub vs curl (source checkout)
+    radixchat bench fairness       a stream's inter-token gaps while another client's long prompt goes in
 
 Errors meant for the user print one line on stderr and exit with status 2.
 """
@@ -137,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="let web pages from this origin (like http://localhost:3000) call the API; "
                             "repeatable ('*': any page). Without it, requests from browsers are refused")
     serve.add_argument("--kv-tokens", type=int, help="KV pool size in tokens (default: from free memory)")
+    serve.add_argument("--no-cache", action="store_true",
+                       help="compute every prompt whole: no prefix cache, no disk cache (for comparisons)")
     serve.add_argument("--chat-template", metavar="FILE",
                        help="a Jinja chat template replacing the model's own (e.g. one that takes tools)")
     serve.add_argument("--hosts", metavar="HOSTFILE",
@@ -189,10 +192,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench_dist.add_argument("--kv-tokens", type=int, default=16384, help="KV pool of each server, in tokens")
     bench_dist.add_argument("--repeats", type=int, default=3, help="repetitions (medians are reported)")
     bench_dist.add_argument("--json", action="store_true")
-    bench_serve = bench_sub.add_parser("serve", help="API decode throughput: N concurrent streaming clients vs one")
+    bench_serve = bench_sub.add_parser("serve", help="API decode throughput: N concurrent streaming clients vs one"
+                                                     " (--against mlx-lm: and vs mlx_lm.server)")
     _add_common(bench_serve)
     bench_serve.add_argument("--model", default="default")
-    bench_serve.add_argument("--streams", type=int, default=4, help="concurrent clients")
+    bench_serve.add_argument("--streams", type=int, nargs="+", metavar="N",
+                             help="concurrent clients, besides one (default: 4; 4 8 with --against)")
+    bench_serve.add_argument("--against", choices=("mlx-lm",),
+                             help="also mlx_lm.server on the same weights; both servers as subprocesses, "
+                                  "interleaved run by run")
     bench_serve.add_argument("--max-tokens", type=int, default=64, help="reply length per request")
     bench_serve.add_argument("--repeats", type=int, default=3, help="repetitions (medians are reported)")
     bench_serve.add_argument("--json", action="store_true")
@@ -205,6 +213,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench_agent.add_argument("--rounds", type=int, default=10, help="tool rounds per agent")
     bench_agent.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template that takes tools "
                              "(for models whose own does not)")
+    bench_agent.add_argument("--endpoint", choices=("messages", "chat"), default="messages",
+                             help="drive our server through /v1/messages (Anthropic) or /v1/chat/completions "
+                                  "(mlx_lm.server always gets /v1/chat/completions)")
+    bench_agent.add_argument("--nocache-every", type=int, default=1, metavar="K",
+                             help="our server without cache runs only every K-th request (the ratio is taken "
+                                  "over those; 1: all of them)")
+    bench_agent.add_argument("--skip-nocache", action="store_true", help="leave out our server without cache")
     bench_agent.add_argument("--json", action="store_true")
     bench_constrain = bench_sub.add_parser("constrain", help="what constrained decoding costs per token")
     _add_common(bench_constrain)
@@ -212,6 +227,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench_constrain.add_argument("--max-tokens", type=int, default=48, help="reply length per request")
     bench_constrain.add_argument("--repeats", type=int, default=3, help="repetitions (medians are reported)")
     bench_constrain.add_argument("--json", action="store_true")
+    bench_fairness = bench_sub.add_parser("fairness", help="a stream's inter-token gaps while another client's "
+                                                           "long prompt is prefilled")
+    _add_common(bench_fairness)
+    bench_fairness.add_argument("--model", default="default")
+    bench_fairness.add_argument("--long-tokens", type=int, default=3000, help="the long prompt's length, tokens")
+    bench_fairness.add_argument("--max-tokens", type=int, default=64, help="the stream's reply alone, tokens")
+    bench_fairness.add_argument("--repeats", type=int, default=3, help="repetitions (medians are reported)")
+    bench_fairness.add_argument("--json", action="store_true")
     bench_pull = bench_sub.add_parser("pull", help="`radixchat pull` from a loopback hub vs curl (source checkout)")
     bench_pull.add_argument("--mb", type=int, default=500, help="size of the weights file, MiB")
     bench_pull.add_argument("--repeats", type=int, default=3, help="repetitions (medians are reported)")
@@ -294,6 +317,10 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
             from core.cli.bench.distributed import run_bench_distributed
 
             return run_bench_distributed(args)
+        if args.command == "bench" and args.bench_command == "serve" and args.against:
+            from core.cli.bench.serve_against import run_bench_serve_against
+
+            return run_bench_serve_against(args)
         if args.command == "bench" and args.bench_command == "serve":
             from core.cli.bench.serve import run_bench_serve
 
@@ -306,6 +333,10 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
             from core.cli.bench.constrain import run_bench_constrain
 
             return run_bench_constrain(args)
+        if args.command == "bench" and args.bench_command == "fairness":
+            from core.cli.bench.fairness import run_bench_fairness
+
+            return run_bench_fairness(args)
         if args.command == "bench" and args.bench_command == "pull":
             from core.cli.bench.pull import run_bench_pull
 

@@ -26,7 +26,7 @@ def run_serve(args) -> int:
     root = paths.data_dir(args.data_dir)
     template = read_chat_template(args.chat_template) if args.chat_template else None
     engine = Engine(root, args.model, pool_tokens=args.kv_tokens, on_load_progress=print_progress,
-                    chat_template=template).start()
+                    chat_template=template, use_cache=not getattr(args, "no_cache", False)).start()
     return serve_engine(engine, args, api_key, origins)
 
 

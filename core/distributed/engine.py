@@ -45,6 +45,7 @@ from core.distributed.shard import rank_cache_name, rank_fingerprint, shard_mode
 from core.distributed.wire import request_from_dict, request_to_dict
 from core.engine.engine import (_STOP, Engine, RequestHandle, _CountCommand, _FlushCommand, _ForgetCommand,
                                 _GiveWayCommand, _LoadCommand)
+from core.engine.pacing import ChunkPacer
 from core.engine.types import DoneEvent, ErrorEvent
 from core.errors import ErrorKind, ModelLoadError
 
@@ -111,6 +112,14 @@ class AgreedPrefixCache:
             if lowest == agreed:  # every rank now holds exactly ``agreed``
                 return prefix
             agreed = lowest
+
+
+class GroupPacer(ChunkPacer):
+    """Prefill chunks interleaved with decode, sized alike on every rank: a rank's measured
+    rate is its own, so none is used (the smallest chunk while others decode)."""
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        pass
 
 
 class ShardedEngine(Engine):
@@ -200,6 +209,8 @@ class ShardedEngine(Engine):
             self._pool_tokens = self._agreed_pool_tokens(loaded)
         super()._install(loaded, command)
         self._scheduler.prefix_cache = AgreedPrefixCache(self._prefix_cache, self.mlx_group)
+        if getattr(self._scheduler, "pacer", None) is not None:  # chunk sizes the same on every rank
+            self._scheduler.pacer = GroupPacer()
         mx.eval(mx.distributed.all_sum(mx.array(1), group=self.mlx_group, stream=mx.cpu))  # all installed
 
     def _agreed_pool_tokens(self, loaded) -> int | None:

@@ -1,6 +1,6 @@
 """The pieces of one request that run on the engine thread (see ``core.engine.scheduler``).
 
-Prompt rendering (chat template), chunked prefill that can be cancelled between chunks,
+Prompt rendering (chat template), chunked prefill advanced a chunk at a time,
 sampling through ``mlx_lm.sample_utils``, and streaming text with stop strings held
 back until they can no longer match.
 """
@@ -19,12 +19,8 @@ from core.engine.tools import template_message
 from core.engine.types import GenerationRequest, SamplingParams
 from core.errors import UserError
 
-PREFILL_CHUNK = 256  # tokens per prefill step: cancel is checked between steps
+PREFILL_CHUNK = 256  # tokens per prefill chunk when no other request decodes
 SINGLE_CALL_TAIL = 64  # a remaining prompt this short is computed in one model call
-
-
-class Cancelled(Exception):
-    """Raised inside prefill when the client cancelled."""
 
 
 def render_prompt(tokenizer, request: GenerationRequest) -> list[int]:
@@ -133,33 +129,49 @@ def sampling_tools(params: SamplingParams, vocab: int | None = None):
     return sampler, processors
 
 
-def prefill(model, tokens: list[int], cache: list, on_chunk: Callable[[int], None],
-            on_prefilled: Callable[[int], None] | None = None) -> mx.array:
-    """Feed ``tokens`` into ``cache``; return the logits after the last one, ``(1, vocab)``.
+class ChunkedPrefill:
+    """One prompt's prefill as a piece of scheduler state: each :meth:`advance` feeds the
+    next chunk into ``cache``, so the engine can run other requests' decode steps between
+    chunks (and check cancel there).
 
     Chunks of the prompt evaluate only the cache, so the vocabulary projection of those
     positions is never computed. A short tail (a follow-up turn) goes in as one call
-    whose last position gives the logits. ``on_chunk(n)`` runs after every chunk (raise
-    :class:`Cancelled` there to stop). ``on_prefilled(n)``, if given, runs when all but
-    the last token are in the cache: the engine snapshots hybrid state there, so the
-    same prompt asked again (regenerate) can resume right before its last token.
+    whose last position gives the logits (``logits``, ``(1, vocab)``, once ``finished``).
+    ``on_prefilled(n)``, if given, runs when all but the last token are in the cache: the
+    engine snapshots hybrid state there, so the same prompt asked again (regenerate) can
+    resume right before its last token.
     """
-    done = 0
-    tail = 1 if on_prefilled is not None else SINGLE_CALL_TAIL
-    while len(tokens) - done > tail:
-        chunk = tokens[done : min(done + PREFILL_CHUNK, len(tokens) - 1)]
+
+    def __init__(self, model, tokens: list[int], cache: list,
+                 on_prefilled: Callable[[int], None] | None = None):
+        self.model, self.tokens, self.cache = model, tokens, cache
+        self.on_prefilled = on_prefilled
+        self.tail = 1 if on_prefilled is not None else SINGLE_CALL_TAIL
+        self.done = 0  # tokens in the cache
+        self.logits: mx.array | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.logits is not None
+
+    def advance(self, size: int) -> int:
+        """Feed the next chunk (at most ``size`` tokens, but a last call of at most
+        ``SINGLE_CALL_TAIL``); returns how many tokens went in."""
+        rest = len(self.tokens) - self.done
+        if rest > min(self.tail, max(1, size)):
+            chunk = self.tokens[self.done : min(self.done + max(1, size), len(self.tokens) - 1)]
+            with mx.stream(generation_stream):
+                self.model(mx.array(chunk)[None], cache=self.cache)
+            mx.eval([c.state for c in self.cache])
+            self.done += len(chunk)
+            return len(chunk)
+        if self.on_prefilled is not None:
+            self.on_prefilled(self.done)
         with mx.stream(generation_stream):
-            model(mx.array(chunk)[None], cache=cache)
-        mx.eval([c.state for c in cache])
-        done += len(chunk)
-        on_chunk(done)
-    if on_prefilled is not None:
-        on_prefilled(done)
-    with mx.stream(generation_stream):
-        logits = last_logits(model, mx.array(tokens[done:])[None], cache)
-    mx.eval(logits, [c.state for c in cache])
-    on_chunk(len(tokens))
-    return logits
+            logits = last_logits(self.model, mx.array(self.tokens[self.done :])[None], self.cache)
+        mx.eval(logits, [c.state for c in self.cache])
+        self.done, self.logits = len(self.tokens), logits
+        return rest
 
 
 # mlx-lm architectures whose ``Model.__call__`` is exactly ``head(self.model(inputs,

@@ -1,16 +1,22 @@
-"""Requests on the engine thread: prefill one at a time, decode together in one batch.
+"""Requests on the engine thread: prefill a chunk at a time, decode together in one batch.
 
-A new request is rendered, matched against the prefix cache and prefilled on its own
-(in chunks, cancellable, snapshotting hybrid state right before its last prompt token);
-the first token is sampled from that prefill's logits, so time to first token never
-waits for other requests. A request that runs alone then decodes on its own cache
-objects the way ``mlx_lm.generate_step`` does (one sequence, the next step queued
-before the current token is read), with nothing to merge, mask or extract. When a
-second request arrives, the running one hands its cache over to mlx-lm's
-``BatchGenerator``, which takes per-request prompt caches and decodes every running
-request in one forward pass per step. When a request ends (EOS, stop string, max
-tokens, cancel) it leaves with its cache, which goes into the radix tree and, for
-sessions, to disk.
+A new request is rendered and checked, then waits its turn (by priority, then arrival:
+the chat window's turns before API requests, see ``core.engine.types.CHAT_PRIORITY``).
+Its prefill is state the scheduler advances one chunk per step: each step first gives
+every decoding request its next token, then feeds one chunk of the first waiting prompt,
+sized by ``core.engine.pacing`` so the decoding streams wait at most ``DECODE_WAIT_S``
+for it. A prompt is matched against the prefix cache (RAM, then disk) when its prefill
+starts, is cancellable between chunks, and snapshots hybrid state right before its last
+prompt token; the first token is sampled from its prefill's logits. A request that runs
+alone then decodes on its own cache objects the way ``mlx_lm.generate_step`` does (one
+sequence, the next step queued before the current token is read), with nothing to merge,
+mask or extract. When a second request gets its first token, the running one hands its
+cache over to the decode batch (``core.engine.decode_batch``, over mlx-lm's
+``GenerationBatch``), which takes per-request prompt caches and decodes every running
+request in one forward pass per step; a request joins it with its first token as its next
+input, so joining costs the others no forward pass of its own. When a request ends (EOS,
+stop string, max tokens, cancel) it leaves with its cache, which goes into the radix tree
+and, for sessions, to disk.
 """
 
 from __future__ import annotations
@@ -20,16 +26,18 @@ import time
 from dataclasses import dataclass, field
 
 import mlx.core as mx
-from mlx_lm.generate import BatchGenerator, generation_stream
+from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 
 from core.engine.constrain import Grammars, check_schema, check_tools, grammar_for, tool_markup
+from core.engine.decode_batch import DecodeBatch
 from core.engine.namespaces import label as namespace_label
 from core.engine.tools import ToolCallText
 from core.engine.types import DoneEvent, ErrorEvent, ProgressEvent, RequestStats, TokenEvent, ToolCallEvent
 from core.errors import ContextLengthError, ErrorKind, UserError
-from core.engine.generation import (PREFILL_CHUNK, Cancelled, StopText, prefill, render_prompt, sampling_tools,
-                             vocab_size)
+from core.engine import generation
+from core.engine.generation import ChunkedPrefill, StopText, render_prompt, sampling_tools, vocab_size
+from core.engine.pacing import ChunkPacer
 
 MAX_BATCH = 16  # requests decoded together
 
@@ -70,12 +78,30 @@ class _Solo:
     context: mx.array | None  # prompt + generated, for logits processors
 
 
+@dataclass
+class _Prefill:
+    """A request admitted but not yet decoding: waiting for its turn, or prefilling a chunk
+    per scheduler step (engine thread only)."""
+
+    state: _Active
+    sampler: object
+    processors: list
+    order: tuple[int, int]  # (priority, arrival): the least goes first
+    run: ChunkedPrefill | None = None  # once started
+    caches: list | None = None
+    compute_s: float = 0.0  # time spent in its chunks (not in others' decode steps between them)
+    flush: bool = False  # restored from disk: flush the pool writes once it has its first token
+
+
 class Scheduler:
     """Admits requests and steps the shared decode batch of one loaded model."""
 
     def __init__(self, loaded, prefix_cache, persister, on_finished=lambda: None,
-                 on_progress=lambda: None):
+                 on_progress=lambda: None, pacer: ChunkPacer | None = None, interleave: bool = True):
         self.loaded = loaded
+        # Sizes prefill chunks while others decode; None (interleave off): a prompt is
+        # prefilled whole in the step that starts it, as before interleaving.
+        self.pacer = (pacer or ChunkPacer()) if interleave else None
         self.on_finished = on_finished
         self.on_progress = on_progress  # after each prefill chunk (live memory panels)
         self.prefix_cache = prefix_cache
@@ -84,23 +110,39 @@ class Scheduler:
         self.vocab = vocab_size(loaded.model, loaded.config)
         self.markup = tool_markup(loaded.tokenizer)
         self.grammars = Grammars(loaded.tokenizer, self.vocab or len(loaded.tokenizer.get_vocab()))
-        self.batch = BatchGenerator(loaded.model, completion_batch_size=MAX_BATCH,
-                                    prefill_batch_size=MAX_BATCH, prefill_step_size=PREFILL_CHUNK)
+        self.batch = DecodeBatch(loaded.model, MAX_BATCH)
         self.batched: dict[int, _Active] = {}  # batch uid -> request
         self.solo: _Solo | None = None
+        self.waiting: list[_Prefill] = []  # admitted, not yet decoding
+        self._arrivals = 0
 
     @property
     def active(self) -> list[_Active]:
-        """Every running request."""
+        """Every decoding request."""
         return list(self.batched.values()) + ([self.solo.state] if self.solo is not None else [])
 
     @property
+    def running(self) -> int:
+        """Requests admitted and not yet finished: decoding, prefilling or waiting to."""
+        return len(self.batched) + (self.solo is not None) + len(self.waiting)
+
+    @property
     def busy(self) -> bool:
-        return bool(self.batched) or self.solo is not None
+        return bool(self.batched) or self.solo is not None or bool(self.waiting)
+
+    # ------------------------------------------------------------------ step
+    def step(self) -> None:
+        """One decode step for every decoding request, then one chunk of prefill for the
+        first waiting request: a long prompt goes in between the others' tokens."""
+        if self.solo is not None or self.batched:
+            self._decode_step()
+        if self.waiting:
+            self._prefill_step()
 
     # ------------------------------------------------------------------ admit
     def admit(self, handle) -> None:
-        """Prefill ``handle``'s request and start decoding it (or finish it at once)."""
+        """Check ``handle``'s request and queue it for prefill (:meth:`step` runs it, a chunk
+        at a time). Raises UserError for a request that cannot run."""
         request, loaded = handle.request, self.loaded
         started = time.perf_counter()
         if request.tools:
@@ -117,86 +159,150 @@ class Scheduler:
             raise ContextLengthError(
                 f"the prompt is {len(prompt)} tokens but {loaded.info.name} has a context of {context}"
             )
-        cache_on = self.prefix_cache is not None and request.use_cache and self.prefix_cache.enabled
-        persister = self.persister if cache_on else None
-        namespace = request.cache_namespace
-        restored = persister.restore(prompt, request.session, namespace) if persister is not None else 0
-        prefix = self.prefix_cache.match(prompt, namespace) if cache_on else None
-        try:
-            self._admit(handle, prompt, prefix, restored, started, min(request.sampling.max_tokens,
-                                                                        context - len(prompt)))
-        except BaseException:
-            if prefix is not None:
-                self.prefix_cache.release(prefix)
-            raise
-        finally:
-            if restored:  # after the first token: the restored K/V's copy into the pool
-                self.prefix_cache.flush_writes()
-
-    def _admit(self, handle, prompt, prefix, restored, started, max_tokens) -> None:
-        request = handle.request
         params = request.sampling
         grammar = grammar_for(request, self.markup)  # before prefill: a bad one fails at once
         sampler, processors = sampling_tools(params, self.vocab)
         if grammar is not None:
             grammar = self.grammars.processor(grammar, len(prompt))
             processors = [*processors, grammar]
-        caches = (self.prefix_cache.make_caches(prefix, room=len(prompt) - prefix.length + 1)
-                  if prefix is not None else make_prompt_cache(self.loaded.model))
-        cached = prefix.length if prefix is not None else 0
-        detok = self.loaded.tokenizer.detokenizer
-        detok.reset()
         calls_on = request.tools and request.tool_choice != "none" and self.markup is not None
-        state = _Active(handle, prompt, prefix, cached, min(restored, cached), started, max_tokens,
-                        StopText(params.stop), detok,
+        state = _Active(handle, prompt, None, 0, 0, started, min(params.max_tokens, context - len(prompt)),
+                        StopText(params.stop), loaded.tokenizer.detokenizer,
                         ToolCallText(self.markup, request.tools) if calls_on else None, grammar)
+        self._arrivals += 1
+        self.waiting.append(_Prefill(state, sampler, processors, (request.priority, self._arrivals)))
 
-        def on_chunk(done: int) -> None:
-            if handle.cancelled:
-                raise Cancelled
-            handle._emit(ProgressEvent(cached + done, len(prompt)))
-            self.on_progress()
+    def _prefill_step(self) -> None:
+        """End the waiting requests that were cancelled; then the first waiting request (by
+        priority, then arrival) takes one chunk of prefill: a chunk sized by the pacer while
+        others decode, the whole prompt when interleaving is off."""
+        for job in [j for j in self.waiting if j.state.handle.cancelled]:
+            self._end_prefill(job, "cancelled")
+        if not self.waiting:
+            return
+        job = min(self.waiting, key=lambda j: j.order)
+        try:
+            if job.run is None:
+                self._start_prefill(job)
+            if self.pacer is None:  # the whole prompt now, cancel still checked between chunks
+                self._chunk(job, 0)
+                while not job.run.finished and not job.state.handle.cancelled:
+                    self._chunk(job, 0)
+            else:
+                self._chunk(job, self.pacer.size(self.solo is not None or bool(self.batched)))
+            if job.state.handle.cancelled:
+                self._end_prefill(job, "cancelled")
+            elif job.run.finished:
+                self.waiting.remove(job)
+                self._first_token(job)
+        except Exception as exc:  # this request fails; the others run on
+            if job in self.waiting:
+                self.waiting.remove(job)
+            self._end_with_error(job, exc)
+
+    def _start_prefill(self, job: _Prefill) -> None:
+        """Match the prompt against the cache (RAM, then disk) and set up its prefill."""
+        state, request = job.state, job.state.handle.request
+        prompt = state.prompt
+        cache_on = self.prefix_cache is not None and request.use_cache and self.prefix_cache.enabled
+        persister = self.persister if cache_on else None
+        namespace = request.cache_namespace
+        restored = persister.restore(prompt, request.session, namespace) if persister is not None else 0
+        job.flush = bool(restored)  # the restored K/V's copy into the pool: after the first token
+        prefix = self.prefix_cache.match(prompt, namespace) if cache_on else None
+        state.prefix = prefix
+        state.cached = prefix.length if prefix is not None else 0
+        state.restored = min(restored, state.cached)
+        job.caches = (self.prefix_cache.make_caches(prefix, room=len(prompt) - prefix.length + 1)
+                      if prefix is not None else make_prompt_cache(self.loaded.model))
+        cached, caches = state.cached, job.caches
 
         def on_prefilled(done: int) -> None:
             if done and (snap := self.prefix_cache.snapshot(caches, cached + done)):
                 state.snapshots.append(snap)
 
-        if params.seed is not None:
-            mx.random.seed(params.seed)
-        handle._emit(ProgressEvent(cached, len(prompt)))
         hybrid = prefix is not None and self.prefix_cache.hybrid
+        job.run = ChunkedPrefill(self.loaded.model, prompt[cached:], caches, on_prefilled if hybrid else None)
+        state.handle._emit(ProgressEvent(cached, len(prompt)))
+
+    def _chunk(self, job: _Prefill, size: int) -> None:
+        """One chunk of ``job``'s prefill (``size`` 0: ``PREFILL_CHUNK``), timed. The decode
+        step queued before it finishes first: the chunk would wait for it on the same stream
+        anyway, and its time is not the chunk's (the pacer sizes chunks from their own rate)."""
+        if self.solo is not None or self.batched:
+            mx.synchronize(generation_stream)
         began = time.perf_counter()
+        tokens = job.run.advance(size or generation.PREFILL_CHUNK)
+        seconds = time.perf_counter() - began
+        job.compute_s += seconds
+        if self.pacer is not None:
+            self.pacer.observe(tokens, seconds)
+        job.state.handle._emit(ProgressEvent(job.state.cached + job.run.done, len(job.state.prompt)))
+        self.on_progress()
+
+    def _first_token(self, job: _Prefill) -> None:
+        """The prompt is in: sample the first token, then decode alone or in the batch."""
+        state, caches, prompt = job.state, job.caches, job.state.prompt
         try:
-            logits = prefill(self.loaded.model, prompt[cached:], caches, on_chunk,
-                             on_prefilled if hybrid else None)
-        except Cancelled:
-            self._finish(state, "cancelled", None, None)
-            return
-        if self.persister is not None:  # the rate a disk read must beat
-            self.persister.observe_prefill(len(prompt) - cached, time.perf_counter() - began)
-        history = mx.array(prompt)
-        for processor in processors:
-            logits = processor(history, logits)
-        first = sampler(logits - mx.logsumexp(logits, keepdims=True)).item()
-        finish = self._take(state, first)
-        if finish is not None:  # done after one token: the cache holds the prompt
-            self._finish(state, finish, caches, prompt)
-            return
-        if self.solo is None and not self.batched:
-            solo = _Solo(state, caches, sampler, processors, list(prompt) + [first], None,
-                         history if processors else None)
-            solo.pending = self._solo_forward(solo, mx.array([first]))
-            self.solo = solo
-            return
-        if self.solo is not None:
-            self._hand_over()
-        self._insert(state, first, caches, list(prompt), sampler, processors)
+            if self.persister is not None:  # the rate a disk read must beat
+                self.persister.observe_prefill(len(prompt) - state.cached, job.compute_s)
+            seed = state.handle.request.sampling.seed
+            if seed is not None:
+                mx.random.seed(seed)
+            logits, history = job.run.logits, mx.array(prompt)
+            for processor in job.processors:
+                logits = processor(history, logits)
+            first = job.sampler(logits - mx.logsumexp(logits, keepdims=True)).item()
+            state.detok.reset()
+            finish = self._take(state, first)
+            if finish is not None:  # done after one token: the cache holds the prompt
+                self._finish(state, finish, caches, prompt)
+                return
+            if self.solo is None and not self.batched:
+                solo = _Solo(state, caches, job.sampler, job.processors, list(prompt) + [first], None,
+                             history if job.processors else None)
+                solo.pending = self._solo_forward(solo, mx.array([first]))
+                self.solo = solo
+                return
+            if self.solo is not None:
+                self._hand_over()
+            self._insert(state, first, caches, list(prompt), job.sampler, job.processors)
+        finally:
+            if job.flush:
+                self.prefix_cache.flush_writes()
+
+    def _end_prefill(self, job: _Prefill, finish: str) -> None:
+        """A waiting or prefilling request ends before its first token (cancelled)."""
+        self.waiting.remove(job)
+        try:
+            self._finish(job.state, finish, None, None)
+        finally:
+            if job.flush:
+                self.prefix_cache.flush_writes()
+
+    def _end_with_error(self, job: _Prefill, exc: Exception) -> None:
+        state = job.state
+        if isinstance(exc, UserError):
+            event = ErrorEvent(str(exc), exc.kind)
+        elif isinstance(exc, MemoryError):
+            event = ErrorEvent("out of memory: try a shorter prompt or a smaller model", ErrorKind.OUT_OF_MEMORY)
+        else:
+            log.exception("prefilling a request failed")
+            event = ErrorEvent(f"internal error: {exc}", ErrorKind.INTERNAL)
+        try:
+            if state.prefix is not None:
+                self.prefix_cache.release(state.prefix)
+            if job.flush:
+                self.prefix_cache.flush_writes()
+        finally:
+            state.handle._emit(event)
+            state.handle._finish()
+            self.on_finished()
 
     def _insert(self, state: _Active, last: int, caches, cache_tokens, sampler, processors) -> None:
-        """Join the batch: ``last`` (taken, not yet in ``caches``) is fed next."""
-        uid = self.batch.insert([[last]], max_tokens=[state.max_tokens - len(state.generated)],
-                                caches=[caches], all_tokens=[cache_tokens], samplers=[sampler],
-                                logits_processors=[processors])[0]
+        """Join the batch: ``last`` (taken, not yet in ``caches``) is fed at its next step."""
+        uid = self.batch.join(last, caches, cache_tokens, sampler, processors,
+                              state.max_tokens - len(state.generated))
         self.batched[uid] = state
 
     # ------------------------------------------------------------------ solo decode
@@ -254,30 +360,30 @@ class Scheduler:
             self._fail(state, f"internal error: {exc}")
 
     # ------------------------------------------------------------------ decode
-    def step(self) -> None:
+    def _decode_step(self) -> None:
         """One decode step for every running request."""
         if self.solo is not None:
             self._solo_step()
             return
         for uid, state in list(self.batched.items()):
             if state.handle.cancelled:
-                caches, tokens = self.batch.remove([uid], return_prompt_caches=True)[uid]
+                caches, tokens = self.batch.remove(uid)
                 del self.batched[uid]
                 self._finish_safely(state, "cancelled", caches, tokens)
         if not self.batched:
             return
-        for response in self.batch.next_generated():
-            state = self.batched.get(response.uid)
+        for generated in self.batch.step():
+            state = self.batched.get(generated.uid)
             if state is None:
                 continue
-            finish = self._take(state, response.token)
-            if finish is None and response.finish_reason is None:
+            finish = self._take(state, generated.token)
+            if finish is None and not generated.finished:
                 continue
-            if response.finish_reason is not None:  # the batch let it go, with its cache
-                caches, tokens = response.prompt_cache, response.all_tokens
+            if generated.finished:  # the batch let it go, with its cache
+                caches, tokens = generated.caches, generated.cache_tokens
             else:
-                caches, tokens = self.batch.remove([response.uid], return_prompt_caches=True)[response.uid]
-            del self.batched[response.uid]
+                caches, tokens = self.batch.remove(generated.uid)
+            del self.batched[generated.uid]
             self._finish_safely(state, finish or "length", caches, tokens)
 
     def fail_all(self, message: str) -> None:
@@ -286,8 +392,8 @@ class Scheduler:
             self._fail(state, message)
         self.batched.clear()
         self.solo = None
-        self.batch = BatchGenerator(self.loaded.model, completion_batch_size=MAX_BATCH,
-                                    prefill_batch_size=MAX_BATCH, prefill_step_size=PREFILL_CHUNK)
+        self.batch.close()
+        self.batch = DecodeBatch(self.loaded.model, MAX_BATCH)
 
     # ------------------------------------------------------------------ tokens
     def _take(self, state: _Active, token: int) -> str | None:

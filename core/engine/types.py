@@ -57,6 +57,11 @@ class ChatMessage:
 
 TOOL_CHOICES = ("auto", "none", "required", "function")
 
+# Which waiting request is prefilled first: the lowest ``priority``, then the earliest
+# (vLLM's convention). API requests take 0 or more (0 by default); the chat window's turns
+# (and ``radixchat chat``'s) take CHAT_PRIORITY, since a person is watching them.
+CHAT_PRIORITY = -1
+
 
 @dataclass(frozen=True)
 class GenerationRequest:
@@ -83,6 +88,8 @@ class GenerationRequest:
     tool_name: str | None = None
     # Structured output: the reply is JSON valid against this schema (constrained decoding).
     json_schema: dict | None = None
+    # Admission order among waiting requests: lower goes first (see CHAT_PRIORITY).
+    priority: int = 0
 
     def __post_init__(self) -> None:
         if self.tool_choice not in TOOL_CHOICES:

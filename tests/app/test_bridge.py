@@ -11,7 +11,7 @@ from PySide6.QtCore import QCoreApplication  # noqa: E402
 
 from app.bridge import EngineBridge  # noqa: E402
 from core.engine.engine import Engine, EngineStats, RequestHandle  # noqa: E402
-from core.engine.types import DoneEvent, GenerationRequest, RequestStats, TokenEvent  # noqa: E402
+from core.engine.types import CHAT_PRIORITY, DoneEvent, GenerationRequest, RequestStats, TokenEvent  # noqa: E402
 
 PUBLIC = ("loadProgress", "modelLoading", "modelReady", "loadFailed", "progress", "token", "finished", "failed",
           "serverStopped", "statsUpdated")
@@ -64,6 +64,18 @@ def test_a_reply_is_relayed_in_order(qtbot, tmp_path):
         bridge.send([("user", "hello")], {"max_tokens": 4, "unknown": 1})
         assert bridge.busy
     assert seen == [("token", "Hi")] and done.args[0] == "Hi" and not bridge.busy
+    bridge.shutdown()
+
+
+def test_the_chat_windows_requests_go_before_api_requests(qtbot, tmp_path):
+    engine = InstantEngine(tmp_path)
+    sent = []
+    answer = engine.submit
+    engine.submit = lambda request: (sent.append(request), answer(request))[1]
+    bridge = EngineBridge(tmp_path, None, engine=engine)
+    with qtbot.waitSignal(bridge.finished, timeout=30000):
+        bridge.send([("user", "hello")], {"max_tokens": 4})
+    assert [r.priority for r in sent] == [CHAT_PRIORITY]
     bridge.shutdown()
 
 

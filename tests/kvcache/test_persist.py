@@ -197,6 +197,43 @@ def test_resume_point():
     assert _resume_point(pages, [1, 2, 3, 4, 5, 6, 0], limit=6, hybrid=True) == 0  # no snapshot before
 
 
+def test_a_save_is_serialized_later_as_the_caches_were_when_saved(model, db, tokens, monkeypatch):
+    """save() takes the new pages' K/V without serializing them (the engine sends the reply
+    first); what is written later is what the caches held at the save, even if the
+    request's caches were updated in place since (a follow-up extending them)."""
+    pc = prefix_cache(model)
+    caches, snaps = computed(model, pc, tokens)
+    full = pc.build.layout.full_layer_indices
+    want = [(mx.array(caches[i].keys[..., :150, :]), mx.array(caches[i].values[..., :150, :])) for i in full]
+    serialized = []
+    real = persist.kv_to_bytes
+    monkeypatch.setattr(persist, "kv_to_bytes", lambda arrays: serialized.append(len(arrays)) or real(arrays))
+    persister = DiskTier(db, pc, FP)
+    try:
+        persister.save("chat", tokens, caches, snaps)
+        assert serialized == []
+        for i in full:  # written over in place, as a follow-up's prefill writes past a trim
+            caches[i].keys[..., 40:150, :] = 0.0
+            caches[i].values[..., 40:150, :] = 0.0
+        persister.serialize_pending()
+        assert len(serialized) == 3  # the pages ending at 64, 128 and 150
+        persister.flush(timeout=30)
+    finally:
+        persister.close()
+    fresh = prefix_cache(model)
+    reader = DiskTier(db, fresh, FP)
+    try:
+        assert reader.restore(tokens + [7], "chat") == 150
+        prefix = fresh.match(tokens + [7])
+        restored = fresh.make_caches(prefix)
+        for i, (keys, values) in zip(full, want):
+            assert mx.array_equal(restored[i].keys[..., :150, :], keys).item()
+            assert mx.array_equal(restored[i].values[..., :150, :], values).item()
+        fresh.release(prefix)
+    finally:
+        reader.close()
+
+
 def test_restore_serves_only_the_namespace_that_saved(model, db, tokens):
     pc = prefix_cache(model)
     caches, snaps = computed(model, pc, tokens, (100,))

@@ -102,7 +102,7 @@ def prompt_messages(number: int) -> list[dict[str, str]]:
 def stream_chat(host: str, port: int, messages: list[dict[str, str]], max_tokens: int,
                 start: threading.Barrier | None = None) -> StreamResult:
     """One greedy streaming chat request over a raw connection; waits on ``start`` first."""
-    body = json.dumps({"model": "default", "messages": messages, "max_tokens": max_tokens,
+    body = json.dumps({"messages": messages, "max_tokens": max_tokens,  # no model: the one served
                        "temperature": 0, "stream": True, "stream_options": {"include_usage": True}})
     conn = http.client.HTTPConnection(host, port, timeout=600)
     try:
@@ -127,10 +127,11 @@ def stream_chat(host: str, port: int, messages: list[dict[str, str]], max_tokens
             if chunk.get("usage"):
                 usage = chunk["usage"]
             for choice in chunk.get("choices", ()):
+                delta = choice.get("delta") or {}
+                if delta.get("content") or delta.get("tool_calls"):  # a piece of the reply (mlx_lm.server
+                    stamps.append(now)  # sends the role with every piece, and the last piece with the end)
                 if choice.get("finish_reason"):
                     reason, finished_at = choice["finish_reason"], now
-                elif "role" not in choice["delta"]:  # neither the opening chunk nor the closing one
-                    stamps.append(now)
     finally:
         conn.close()
     if not stamps and finished_at is not None:  # one token, and it was the end (no text)
@@ -141,15 +142,16 @@ def stream_chat(host: str, port: int, messages: list[dict[str, str]], max_tokens
     return StreamResult(usage["completion_tokens"], cached, reason or "?", sent_at, stamps[0], stamps[-1])
 
 
-def run_round(server: ApiServer, first_number: int, streams: int, max_tokens: int) -> RoundResult:
-    """``streams`` clients released together, requests ``first_number`` onwards."""
+def run_round(host: str, port: int, first_number: int, streams: int, max_tokens: int) -> RoundResult:
+    """``streams`` clients released together on the server at ``host:port``, requests
+    ``first_number`` onwards."""
     start = threading.Barrier(streams)
     results: list[StreamResult | None] = [None] * streams
     errors: list[BaseException] = []
 
     def client(index: int) -> None:
         try:
-            results[index] = stream_chat(server.host, server.port, prompt_messages(first_number + index),
+            results[index] = stream_chat(host, port, prompt_messages(first_number + index),
                                          max_tokens, start)
         except BaseException as exc:  # handed to the main thread
             errors.append(exc)
@@ -174,19 +176,27 @@ def run_round(server: ApiServer, first_number: int, streams: int, max_tokens: in
         cached_tokens_each=[r.cached_tokens for r in done], finish_reasons=[r.finish_reason for r in done])
 
 
-def run_bench_serve(args) -> int:
-    for name in ("streams", "max_tokens", "repeats"):
-        if getattr(args, name) < 1:
+def stream_counts(args) -> list[int]:
+    """The rounds' client counts: 1, then ``--streams`` (4, or 4 and 8 with ``--against``),
+    checked along with the other arguments."""
+    counts = args.streams or ([4, 8] if getattr(args, "against", None) else [4])
+    for name, value in (("streams", min(counts)), ("max_tokens", args.max_tokens), ("repeats", args.repeats)):
+        if value < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
     if args.max_tokens < 2:
         raise UserError("--max-tokens must be at least 2 (decode throughput needs two tokens)")
+    return sorted({1, *counts})
+
+
+def run_bench_serve(args) -> int:
+    counts = stream_counts(args)
     from core.cli.progress import print_progress
 
     root = paths.data_dir(args.data_dir)
     engine = Engine(root, args.model, pool_tokens=POOL_TOKENS, disk_cache=False,
                     on_load_progress=print_progress).start()
     server = None
-    rounds: dict[int, list[RoundResult]] = {1: [], args.streams: []}
+    rounds: dict[int, list[RoundResult]] = {n: [] for n in counts}
     try:
         info = engine.wait_ready()
         server = ApiServer(engine, "127.0.0.1", 0).start()
@@ -194,10 +204,10 @@ def run_bench_serve(args) -> int:
         stream_chat(server.host, server.port, prompt_messages(number), WARMUP_TOKENS)
         number += 1
         for rep in range(args.repeats):
-            for streams in (1, args.streams):
+            for streams in counts:
                 print(f"radixchat: bench serve: repetition {rep + 1}/{args.repeats}, {streams} "
                       f"stream{'s' if streams > 1 else ''}", file=sys.stderr, flush=True)
-                rounds[streams].append(run_round(server, number, streams, args.max_tokens))
+                rounds[streams].append(run_round(server.host, server.port, number, streams, args.max_tokens))
                 number += streams
     finally:
         if server is not None:
@@ -208,45 +218,51 @@ def run_bench_serve(args) -> int:
     return 0
 
 
-def _version(package: str) -> str | None:
+def version(package: str) -> str | None:
     try:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
         return None
 
 
+def machine() -> dict:
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "mlx": version("mlx"), "mlx_lm": version("mlx-lm")}
+
+
 def _report(args, info, rounds: dict[int, list[RoundResult]]) -> dict:
-    n = args.streams
+    counts = sorted(rounds)
+    many = [n for n in counts if n > 1]
 
     def median(streams: int, field: str) -> float:
         return statistics.median(getattr(r, field) for r in rounds[streams])
 
-    one, many = median(1, "tokens_per_s"), median(n, "tokens_per_s")
-    ratio = many / one if one > 0 else None
+    tps = {n: median(n, "tokens_per_s") for n in counts}
     report = {
         "model": info.name, "spec": args.model, "fingerprint": info.fingerprint,
-        "weights_format": info.weights_format,
-        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "cpu_count": os.cpu_count(), "mlx": _version("mlx"), "mlx_lm": _version("mlx-lm")},
-        "streams": n, "max_tokens": args.max_tokens, "repeats": args.repeats, "pool_tokens": POOL_TOKENS,
+        "weights_format": info.weights_format, "machine": machine(),
+        "streams": many[0] if many else 1, "stream_counts": counts,
+        "max_tokens": args.max_tokens, "repeats": args.repeats, "pool_tokens": POOL_TOKENS,
         "method": "greedy streaming chat requests over raw HTTP to an in-process ApiServer; a round's "
                   "throughput = completion tokens summed over its clients / (last token - first token "
                   "of the round); medians over repetitions",
         "rounds": {str(s): [asdict(r) for r in rs] for s, rs in rounds.items()},
-        "tokens_per_s": {"1": one, str(n): many},
-        "per_stream_tokens_per_s": {"1": one, str(n): many / n},
-        "wall_s": {"1": median(1, "wall_s"), str(n): median(n, "wall_s")},
-        "stream_overlap": {"1": median(1, "stream_overlap"), str(n): median(n, "stream_overlap")},
+        "tokens_per_s": {str(n): tps[n] for n in counts},
+        "per_stream_tokens_per_s": {str(n): tps[n] / n for n in counts},
+        "wall_s": {str(n): median(n, "wall_s") for n in counts},
+        "stream_overlap": {str(n): median(n, "stream_overlap") for n in counts},
         "ttft_s_median": {str(s): statistics.median(t for r in rs for t in r.ttft_s) for s, rs in rounds.items()},
     }
-    if n != 4:
-        report[f"throughput_ratio_{n}_vs_1"] = ratio
-    report["throughput_ratio_4_vs_1"] = ratio  # named for the target of 4 streams
+    ratios = {n: tps[n] / tps[1] if tps[1] > 0 else None for n in many}
+    for n in many:
+        if n != 4:
+            report[f"throughput_ratio_{n}_vs_1"] = ratios[n]
+    # named for the issue's target of 4 streams; with other counts, the first one's ratio
+    report["throughput_ratio_4_vs_1"] = ratios.get(4, ratios[many[0]] if many else None)
     return report
 
 
 def format_table(report: dict) -> str:
-    n = str(report["streams"])
     m = report["machine"]
     lines = [
         f"model: {report['model']} ({report['weights_format']} weights, fingerprint {report['fingerprint'][:16]})",
@@ -256,11 +272,13 @@ def format_table(report: dict) -> str:
         "",
         f"{'clients':>8}{'tok/s (sum)':>13}{'tok/s each':>12}{'wall (s)':>10}{'overlap':>9}{'TTFT (s)':>10}",
     ]
-    for streams in ("1", n):
+    for streams in map(str, report["stream_counts"]):
         lines.append(f"{streams:>8}{report['tokens_per_s'][streams]:>13.1f}"
                      f"{report['per_stream_tokens_per_s'][streams]:>12.1f}{report['wall_s'][streams]:>10.2f}"
                      f"{report['stream_overlap'][streams]:>9.2f}{report['ttft_s_median'][streams]:>10.3f}")
-    ratio = report["throughput_ratio_4_vs_1"]
-    lines += ["", f"aggregate throughput, {n} clients / 1 client: "
-              + (f"{ratio:.2f}x" if ratio is not None else "n/a")]
+    lines.append("")
+    for n in report["stream_counts"][1:]:
+        ratio = report.get(f"throughput_ratio_{n}_vs_1", report["throughput_ratio_4_vs_1"])
+        lines.append(f"aggregate throughput, {n} clients / 1 client: "
+                     + (f"{ratio:.2f}x" if ratio is not None else "n/a"))
     return "\n".join(lines)

@@ -219,3 +219,16 @@ def test_an_http_1_0_client_gets_its_stream_until_the_connection_closes(server):
     response = exchange(server, request)
     assert status_of(response) == 200 and header(response, "Transfer-Encoding") is None
     assert response.endswith(b"data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+    ("/v1/messages", {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+])
+def test_the_priority_header_reaches_both_dialects(server, path, body):
+    data = json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    ok = http_request(server, "POST", path, data, {**headers, "X-RadixChat-Priority": "3"})
+    assert status_of(ok) == 200, ok
+    bad = http_request(server, "POST", path, data, {**headers, "X-RadixChat-Priority": "-2"})
+    assert status_of(bad) == 400 and "X-RadixChat-Priority" in json.dumps(body_of(bad))

@@ -137,6 +137,35 @@ def test_the_session_header_gives_way_to_the_body():
         to_call(ChatCompletionRequest.model_validate({"messages": HI}), CARD, "h" * 300)
 
 
+def test_a_client_may_ask_for_a_lower_priority():
+    assert chat_call().request.priority == 0
+    assert chat_call(priority=7).request.priority == 7  # vLLM's field: lower is sooner
+    completion = to_call(CompletionRequest.model_validate({"prompt": "p", "priority": 3}), CARD)
+    assert completion.request.priority == 3
+    body = ChatCompletionRequest.model_validate({"messages": HI})
+    assert to_call(body, CARD, None, priority_header=" 4 ").request.priority == 4  # or the header
+    assert to_call(ChatCompletionRequest.model_validate({"messages": HI, "priority": 2}), CARD, None,
+                   priority_header="9").request.priority == 2  # the body wins
+    for bad in ("-1", "soon", "1.5", str(2**31)):
+        with pytest.raises(ApiError) as caught:
+            to_call(body, CARD, None, priority_header=bad)
+        assert caught.value.param == "X-RadixChat-Priority"
+    # never ahead of the app's own chat window (CHAT_PRIORITY is below 0)
+    assert refusal(ChatCompletionRequest, {"messages": HI, "priority": -1}).param == "priority"
+
+
+def test_anthropic_messages_take_a_priority_too():
+    from core.api import anthropic_schema
+
+    body = {"model": "tiny", "max_tokens": 5, "messages": HI}
+    call = anthropic_schema.to_call(anthropic_schema.MessagesRequest.model_validate(body), CARD, None,
+                                    priority_header="5")
+    assert call.request.priority == 5
+    with_body = anthropic_schema.MessagesRequest.model_validate({**body, "priority": 1})
+    assert anthropic_schema.to_call(with_body, CARD).request.priority == 1
+    assert anthropic_schema.to_call(anthropic_schema.MessagesRequest.model_validate(body), CARD).request.priority == 0
+
+
 @pytest.mark.parametrize("prompt, text, tokens", [
     ("once", "once", None), (["once"], "once", None), ([1, 2, 3], None, (1, 2, 3)), ([[4, 5]], None, (4, 5)),
 ])

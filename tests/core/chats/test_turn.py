@@ -10,7 +10,7 @@ import pytest
 
 from core.chats.store import ChatStore
 from core.chats.turn import ChatTurn, last_turn_start
-from core.engine.types import ChatMessage, RequestStats, SamplingParams
+from core.engine.types import CHAT_PRIORITY, ChatMessage, GenerationRequest, RequestStats, SamplingParams
 
 DONE = RequestStats(prompt_tokens=12, cached_tokens=8, computed_tokens=4, completion_tokens=3, ttft_s=0.25)
 
@@ -43,6 +43,7 @@ def test_messages_are_the_system_prompt_the_history_and_the_question(store):
     request = turn.request(SamplingParams(temperature=0.0), use_cache=False)
     assert request.messages == turn.messages and request.session == "work"
     assert request.sampling == SamplingParams(temperature=0.0) and request.use_cache is False
+    assert request.priority == CHAT_PRIORITY < GenerationRequest().priority  # before API requests
 
 
 def test_no_system_prompt_no_system_message(store):

@@ -212,3 +212,27 @@ def test_default_model_unnamed_prompt_after_a_restart(data_root_with_default):
     assert restored.stats.restored_tokens >= d1.stats.prompt_tokens - 1
     assert ram.stats.cached_tokens >= d1.stats.prompt_tokens - 1 and ram.stats.restored_tokens == 0
     assert restored.text == ram.text == plain.text
+
+
+def test_a_reply_ends_before_its_pages_are_serialized_for_disk(tmp_path, tiny_model, monkeypatch):
+    """The client gets the whole reply first; the engine makes the disk pages' bytes after
+    (still before the next request or a flush), and they reach the disk."""
+    import kvcache.persist as persist
+
+    engine = start(tmp_path / "data", tiny_model, disk_min_tokens=64)
+    served_then = []
+    real = persist.kv_to_bytes
+
+    def serialize(arrays):
+        served_then.append(engine.stats().requests_served)  # counted once its DoneEvent is out
+        return real(arrays)
+
+    monkeypatch.setattr(persist, "kv_to_bytes", serialize)
+    try:
+        done = ask(engine, QUESTION)
+        engine.flush_disk_cache()
+        disk = engine.stats().disk
+    finally:
+        engine.shutdown()
+    assert served_then and set(served_then) == {1}
+    assert disk.pages_written == len(served_then) > 0 and done.stats.prompt_tokens >= 64

@@ -7,13 +7,14 @@ import threading
 import pytest
 
 from core.engine import generation
-from core.engine.engine import Engine
+from core.engine.engine import Engine, RequestHandle
 from core.engine.types import (
     ChatMessage,
     DoneEvent,
     ErrorEvent,
     GenerationRequest,
     ProgressEvent,
+    RequestStats,
     SamplingParams,
     TokenEvent,
 )
@@ -258,3 +259,19 @@ def test_count_tokens_is_the_prompt_a_request_would_have(engine):
     assert engine.count_tokens(GenerationRequest(prompt_tokens=(1, 2, 3))) == 3
     with pytest.raises(UserError):
         engine.count_tokens(GenerationRequest())
+
+
+def test_a_handle_wakes_its_reader_and_hands_over_what_arrived():
+    handle = RequestHandle(GenerationRequest(prompt_text="hi"))
+    handle._emit(TokenEvent("a"))  # before anyone listens
+    wakes = []
+    handle.on_events(lambda: wakes.append(1))
+    assert wakes == [1]  # what was waiting already
+    handle._emit(TokenEvent("b"))
+    assert wakes == [1, 1]
+    assert handle.take() == ([TokenEvent("a"), TokenEvent("b")], False)
+    assert handle.take() == ([], False)
+    done = DoneEvent("ab", RequestStats())
+    handle._emit(done)
+    handle._finish()
+    assert handle.take() == ([done], True) and len(wakes) == 4

@@ -9,7 +9,7 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
 from core.engine import generation
-from core.engine.generation import (PREFILL_CHUNK, SINGLE_CALL_TAIL, Cancelled, StopText, prefill, render_prompt,
+from core.engine.generation import (PREFILL_CHUNK, SINGLE_CALL_TAIL, ChunkedPrefill, StopText, render_prompt,
                                     sampling_tools, vocab_size)
 from core.engine.types import ChatMessage, GenerationRequest, SamplingParams
 from core.errors import UserError
@@ -158,18 +158,28 @@ def _reference_logits(model, tokens):
     return model(mx.array(tokens)[None], cache=make_prompt_cache(model))[:, -1, :]
 
 
+def prefill(model, tokens, cache, on_chunk, on_prefilled=None, size=PREFILL_CHUNK):
+    run = ChunkedPrefill(model, tokens, cache, on_prefilled)
+    while not run.finished:
+        run.advance(size)
+        on_chunk(run.done)
+    return run.logits
+
+
+@pytest.mark.parametrize("size", [PREFILL_CHUNK, 32, 5])
 @pytest.mark.parametrize("length", [1, SINGLE_CALL_TAIL, SINGLE_CALL_TAIL + 1, PREFILL_CHUNK + 70])
-def test_prefill_gives_the_last_logits_and_fills_the_cache(loaded, length):
+def test_prefill_gives_the_last_logits_and_fills_the_cache(loaded, length, size):
     tokens = [(7 * i + 3) % 200 + 1 for i in range(length)]
     cache = make_prompt_cache(loaded.model)
     chunks = []
-    logits = prefill(loaded.model, tokens, cache, chunks.append)
+    logits = prefill(loaded.model, tokens, cache, chunks.append, size=size)
     assert logits.shape == (1, loaded.config["vocab_size"])
     assert mx.allclose(logits, _reference_logits(loaded.model, tokens), rtol=1e-4, atol=1e-4).item()
     assert all(c.offset == length for c in cache)
     assert chunks[-1] == length and chunks == sorted(chunks)
-    assert all(b - a <= PREFILL_CHUNK for a, b in zip([0] + chunks, chunks))
-    if length <= SINGLE_CALL_TAIL:
+    assert all(b - a <= max(size, SINGLE_CALL_TAIL) for a, b in zip([0] + chunks, chunks))
+    assert all(b - a <= size for a, b in zip([0] + chunks[:-1], chunks[:-1]))  # chunks keep to their size
+    if length <= min(size, SINGLE_CALL_TAIL):
         assert chunks == [length]  # a short prompt is one call
 
 
@@ -186,15 +196,10 @@ def test_prefill_reports_when_all_but_the_last_token_are_in(loaded):
     assert mx.allclose(logits, _reference_logits(loaded.model, tokens), rtol=1e-4, atol=1e-4).item()
 
 
-def test_cancel_stops_prefill_between_chunks(loaded):
+def test_a_prefill_advances_one_chunk_per_call(loaded):
     tokens = list(range(1, 3 * PREFILL_CHUNK))
     cache = make_prompt_cache(loaded.model)
-    calls = []
-
-    def on_chunk(done):
-        calls.append(done)
-        raise Cancelled
-
-    with pytest.raises(Cancelled):
-        prefill(loaded.model, tokens, cache, on_chunk)
-    assert calls == [PREFILL_CHUNK] and cache[0].offset == PREFILL_CHUNK  # nothing after the cancel
+    run = ChunkedPrefill(loaded.model, tokens, cache)
+    assert run.advance(PREFILL_CHUNK) == PREFILL_CHUNK and not run.finished
+    assert cache[0].offset == PREFILL_CHUNK  # nothing beyond the chunk
+    assert run.advance(40) == 40 and cache[0].offset == PREFILL_CHUNK + 40

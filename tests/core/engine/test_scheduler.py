@@ -11,6 +11,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from core.engine.engine import RequestHandle
 from core.engine.types import DoneEvent, ErrorEvent, GenerationRequest, SamplingParams
+from core.errors import ErrorKind
 from core.engine.generation import last_logits
 from core.models.loader import load_model
 from core.engine.scheduler import Scheduler
@@ -43,8 +44,15 @@ def done(h: RequestHandle) -> DoneEvent:
     return events[-1]
 
 
-def run_alone(s: Scheduler, h: RequestHandle) -> DoneEvent:
+def start(s: Scheduler, h: RequestHandle) -> None:
+    """Admit ``h`` and step until its prefill is done (the others decode meanwhile)."""
     s.admit(h)
+    while any(job.state.handle is h for job in s.waiting):
+        s.step()
+
+
+def run_alone(s: Scheduler, h: RequestHandle) -> DoneEvent:
+    start(s, h)
     while s.busy:
         s.step()
     return done(h)
@@ -60,11 +68,11 @@ def test_hand_over_to_the_batch_keeps_replies(loaded, sampling, steps_before):
     alone = [run_alone(s, handle(p, **sampling)) for p in PROMPTS]
     assert s.solo is None and not s.batched
     first, second = (handle(p, **sampling) for p in PROMPTS)
-    s.admit(first)
+    start(s, first)
     assert s.solo is not None  # alone: no batch
     for _ in range(steps_before):
         s.step()
-    s.admit(second)  # the first request joins the batch with the second
+    start(s, second)  # the first request joins the batch with the second
     assert s.solo is None and len(s.active) == 2
     while s.busy:
         s.step()
@@ -86,7 +94,7 @@ def test_solo_max_tokens_and_cache_contents(loaded, max_tokens):
 def test_cancel_while_solo(loaded):
     s = scheduler(loaded)
     h = handle(PROMPTS[0], max_tokens=50)
-    s.admit(h)
+    start(s, h)
     s.step()
     h.cancel()
     while s.busy:
@@ -97,10 +105,11 @@ def test_cancel_while_solo(loaded):
 def test_a_failed_hand_over_ends_the_running_request_with_an_error(loaded, monkeypatch):
     s = scheduler(loaded)
     first, second = (handle(p) for p in PROMPTS)
-    s.admit(first)
-    monkeypatch.setattr(s.batch, "insert", lambda *a, **k: (_ for _ in ()).throw(MemoryError("no room")))
-    with pytest.raises(MemoryError):
-        s.admit(second)  # the new request fails as before (the engine reports it)...
+    start(s, first)
+    monkeypatch.setattr(s.batch, "join", lambda *a, **k: (_ for _ in ()).throw(MemoryError("no room")))
+    start(s, second)
+    failed = list(second.events(timeout=0))  # the new request fails as before...
+    assert isinstance(failed[-1], ErrorEvent) and failed[-1].kind is ErrorKind.OUT_OF_MEMORY
     events = list(first.events(timeout=0))  # ...and the running one ends instead of hanging
     assert isinstance(events[-1], ErrorEvent) and "no room" in events[-1].message
     assert s.solo is None and not s.batched

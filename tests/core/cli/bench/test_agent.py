@@ -7,7 +7,8 @@ import json
 
 from core.api.openai_schema import ChatCompletionRequest, to_call
 from core.api.wire import ModelCard
-from core.cli.bench.agent import _piece
+from core.cli.bench import agent
+from core.cli.bench.agent import CHAT, MESSAGES, Reply, Served, _piece, _usage, replay_interleaved
 from core.cli.bench.agent_trace import ROUNDS, anthropic_body, build_trace, openai_body
 from core.cli.main import main
 from core.models.chat_template import SMOLLM2_TOOLS_TEMPLATE
@@ -66,16 +67,82 @@ def test_stream_pieces_of_both_dialects():
     assert text == ["Hi"]
 
 
+def test_usage_of_both_dialects_gives_prompt_and_cached_tokens():
+    usage = {}
+    _usage(MESSAGES, {"type": "message_start", "message": {"usage": {"input_tokens": 30,
+                                                                     "cache_read_input_tokens": 70}}}, usage)
+    assert usage == {"prompt": 100, "cached": 70}
+    _usage(MESSAGES, {"type": "message_delta", "usage": {"input_tokens": 10, "cache_read_input_tokens": 90,
+                                                         "output_tokens": 4}}, usage)
+    assert usage == {"prompt": 100, "cached": 90}  # the final figures win
+    usage = {}
+    _usage(CHAT, {"choices": [{"delta": {"content": "Hi"}}]}, usage)
+    assert usage == {}
+    _usage(CHAT, {"choices": [], "usage": {"prompt_tokens": 100, "prompt_tokens_details": {"cached_tokens": 64}}},
+           usage)
+    assert usage == {"prompt": 100, "cached": 64}
+    assert Reply(1.0, 2.0, "", 100, 64).computed_tokens == 36 and Reply(1.0, 2.0, "").computed_tokens is None
+
+
+def test_the_ways_take_turns_request_by_request(monkeypatch):
+    """Request i goes to every server (the order rotating) before request i + 1 goes to any;
+    each server sees the trace in order; a server limited to some requests skips the others."""
+    sent = []
+
+    def fake_stream(host, port, path, body, headers=None):
+        sent.append((port, len(body["messages"])))
+        return Reply(0.1, 0.2, "x")
+
+    monkeypatch.setattr(agent, "stream", fake_stream)
+    trace = build_trace(1)  # 6 requests
+    servers = [Served(name, "127.0.0.1", port, path, None, None)
+               for name, port, path in (("a", 1, MESSAGES), ("b", 2, CHAT), ("c", 3, CHAT))]
+    replies = replay_interleaved(servers, trace, 4, {"b": {0, 3}})
+    assert [port for port, _ in sent] == [1, 2, 3, 3, 1, 3, 1, 1, 2, 3, 3, 1, 3, 1]
+    for port in (1, 3):  # the trace in order: the history grows
+        sizes = [n for p, n in sent if p == port]
+        assert len(sizes) == 6 and sizes == sorted(sizes)
+    assert [r is not None for r in replies["b"]] == [True, False, False, True, False, False]
+
+
 def test_bench_agent_json_on_a_tiny_model(tmp_path, capsys):
     model = write_tiny_model(tmp_path / "tiny", TinyModelSpec(num_layers=2, max_position_embeddings=32768))
     template = resource_path(SMOLLM2_TOOLS_TEMPLATE)
     argv = ["bench", "agent", "--model", str(model), "--rounds", "2", "--max-tokens", "4", "--json",
-            "--chat-template", str(template), "--data-dir", str(tmp_path)]
+            "--chat-template", str(template), "--data-dir", str(tmp_path), "--nocache-every", "3"]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["requests"] == 8 and report["replies_identical"] is True
+    assert report["nocache_requests"] == [0, 3, 6]
     assert list(report)[-3:] == ["ttft_sum_s", "ratio_ours_vs_ours_no_cache", "ratio_ours_vs_mlx_lm_server"]
     assert set(report["ttft_sum_s"]) == {"ours_cache", "ours_no_cache", "mlx_lm_server"}
     assert all(v > 0 for v in report["ttft_sum_s"].values())
     assert report["ratio_ours_vs_ours_no_cache"] > 0 and report["ratio_ours_vs_mlx_lm_server"] > 0
     assert all(len(run) == 8 for runs in report["ttft_s"].values() for run in runs)
+    assert [t is not None for t in report["ttft_s"]["ours_no_cache"][0]] == [i in (0, 3, 6) for i in range(8)]
+    computed = report["computed_tokens"]
+    # every server reports its usage; our cache serves the history (served with --no-cache: none of it)
+    assert all(n is not None and n > 0 for way in ("ours_cache", "mlx_lm_server") for n in computed[way])
+    assert all(computed["ours_cache"][i] < computed["ours_no_cache"][i] for i in (3, 6))
+    assert report["computed_tokens_sum"]["ours_cache"] < sum(n for n in computed["ours_no_cache"] if n)
+
+
+def test_bench_agent_without_the_no_cache_way(tmp_path, capsys, monkeypatch):
+    started = []
+
+    def fake_start(data, model, use_cache, path=MESSAGES, template_file=None):
+        started.append(use_cache)
+        return Served("ours_cache" if use_cache else "ours_no_cache", "127.0.0.1", 1, path, None, None)
+
+    monkeypatch.setattr(agent, "save_mlx_folder", lambda *a, **k: None)
+    monkeypatch.setattr(agent, "start_ours", fake_start)
+    monkeypatch.setattr(agent, "start_mlx_lm_server",
+                        lambda folder: Served("mlx_lm_server", "127.0.0.1", 2, CHAT, None, None))
+    monkeypatch.setattr(Served, "stop", lambda self: None)
+    monkeypatch.setattr(agent, "stream", lambda host, port, path, body, headers=None:
+                        Reply(0.1 * port, 1.0, "same", 10, 4))
+    argv = ["bench", "agent", "--rounds", "1", "--skip-nocache", "--endpoint", "chat", "--data-dir", str(tmp_path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert started == [True]
+    assert "ours / mlx_lm.server:      0.500" in out and "median 0.500" in out and "without cache" not in out

@@ -39,3 +39,21 @@ def test_bench_serve_table_and_bad_args(tmp_path, capsys):
     assert "--streams must be at least 1" in capsys.readouterr().err
     assert main(["bench", "serve", "--model", str(tmp_path / "nope"), "--data-dir", str(tmp_path)]) == EXIT_USER_ERROR
     assert "no model at" in capsys.readouterr().err
+
+
+def test_bench_serve_against_mlx_lm_on_a_tiny_model(tmp_path, capsys):
+    path = write_tiny_model(tmp_path / "tiny")
+    argv = ["bench", "serve", "--against", "mlx-lm", "--model", str(path), "--streams", "2", "--max-tokens", "6",
+            "--repeats", "2", "--json", "--data-dir", str(tmp_path)]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+
+    assert report["against"] == "mlx_lm.server" and report["stream_counts"] == [1, 2]
+    assert list(report)[-2:] == ["targets", "ratio_ours_vs_mlx_lm"] and report["targets"] == {"1": 1.0}
+    for server in ("ours", "mlx_lm"):
+        for streams in ("1", "2"):
+            rounds = report["rounds"][server][streams]
+            assert len(rounds) == 2  # one per repetition, the two servers taking turns
+            assert all(r["completion_tokens_each"] == [6] * int(streams) for r in rounds)
+            assert all(r["finish_reasons"] == ["length"] * int(streams) for r in rounds)
+    assert report["tokens_per_s"]["ours"]["2"] > 0 and report["ratio_ours_vs_mlx_lm"]["2"] > 0

@@ -1,0 +1,100 @@
+"""An API server as a subprocess for a benchmark: ours (``radixchat serve``) or
+``mlx_lm.server``, started on a free loopback port, waited for, and stopped.
+
+Both start with ``import core`` before anything imports mlx, so both get the CPU setup
+of :mod:`core.cpu_setup` (the system OpenBLAS preloaded): the figures compare servers,
+not BLAS libraries. Clients in the benchmark's own process then share no interpreter
+(and no GIL) with either server.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from core.errors import UserError
+
+START_TIMEOUT_S = 300
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def mlx_lm_server_code(folder: Path, port: int) -> str:
+    """Python code that runs ``mlx_lm.server`` on MLX folder ``folder`` after ``import core``."""
+    return ("import core, sys; from mlx_lm.server import main; "
+            f"sys.argv = ['mlx_lm.server', '--model', {str(folder)!r}, '--host', '127.0.0.1', "
+            f"'--port', '{port}', '--log-level', 'WARNING']; main()")
+
+
+def radixchat_server_code(model: str, data_dir: Path, port: int, kv_tokens: int) -> str:
+    """Python code that runs ``radixchat serve`` (our API over our engine)."""
+    argv = ["serve", "--model", model, "--host", "127.0.0.1", "--port", str(port),
+            "--data-dir", str(data_dir), "--kv-tokens", str(kv_tokens)]
+    return f"import core, sys; from core.cli.main import main; sys.exit(main({argv!r}))"
+
+
+class ServerProcess:
+    """``python -c code`` serving on 127.0.0.1:``port``; ready once ``GET /v1/models``
+    answers 200. Use as a context manager: it is terminated on exit."""
+
+    def __init__(self, name: str, code: str, port: int):
+        self.name, self.code, self.port = name, code, port
+        self.host = "127.0.0.1"
+        self._log = None
+        self._process: subprocess.Popen | None = None
+
+    def __enter__(self) -> "ServerProcess":
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+        self._log = tempfile.TemporaryFile()
+        self._process = subprocess.Popen([sys.executable, "-c", self.code], env=env, stdout=self._log,
+                                         stderr=subprocess.STDOUT)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._process is not None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            self._process = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                self._log.seek(0)
+                last = self._log.read().decode(errors="replace").strip().splitlines()[-1:]
+                raise UserError(f"{self.name} exited with {self._process.returncode}: {' '.join(last)}")
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=5)
+            try:
+                conn.request("GET", "/v1/models")
+                if conn.getresponse().status == 200:
+                    return
+            except OSError:
+                pass
+            finally:
+                conn.close()
+            time.sleep(0.5)
+        raise UserError(f"{self.name} did not answer within {START_TIMEOUT_S} s")

@@ -1,0 +1,51 @@
+"""How big the next prefill chunk may be while other requests are decoding.
+
+The scheduler alternates: every running stream takes a decode step, then the prompt being
+prefilled takes one chunk. A stream's next token therefore waits for at most one chunk,
+and the chunk is sized from the prefill rate measured on the chunks before it so that it
+takes about ``DECODE_WAIT_S``. The rate is the last chunk's (tokens per second at nearly
+the depth of the next one: attention makes a chunk deep in a long prompt slower per token
+than the first), and the size keeps a margin below the budget for the next chunk being
+deeper still. Nobody decoding: full ``PREFILL_CHUNK`` chunks, as a prefill alone runs.
+
+The bound: a decode step waits for one chunk of at most ``DECODE_WAIT_S`` (0.5 s), so a
+stream's inter-token gap is at most its own decode step plus 0.5 s, as long as the rate
+holds from one chunk to the next and ``MIN_CHUNK`` tokens fit in the budget (on a machine
+where 32 tokens of prefill take longer than 0.5 s, a chunk is never smaller than that).
+Chunks are not made smaller than they must be: each one costs the long prompt one decode
+step of the others, so its time to first token stays near its solo prefill.
+"""
+
+from __future__ import annotations
+
+from core.engine import generation
+
+DECODE_WAIT_S = 0.5  # the longest a running stream's decode step should wait for a prefill chunk
+MIN_CHUNK = 32  # tokens; chunk sizes are multiples of this
+MARGIN = 0.8  # aim below the budget: the next chunk is deeper, so a little slower per token
+
+
+class ChunkPacer:
+    """Sizes prefill chunks from the measured prefill rate (engine thread only)."""
+
+    def __init__(self, budget_s: float = DECODE_WAIT_S, largest: int | None = None):
+        self.budget_s = budget_s
+        self.largest = largest  # None: generation.PREFILL_CHUNK
+        self.seconds_per_token: float | None = None  # the last measured chunk's
+
+    def size(self, decoding: bool) -> int:
+        """Tokens for the next chunk: the most that fits the budget while others are
+        ``decoding``, else the largest chunk."""
+        largest = self.largest or generation.PREFILL_CHUNK
+        if not decoding:
+            return largest
+        if self.seconds_per_token is None:  # nothing measured yet: a small first chunk measures it
+            return min(MIN_CHUNK, largest)
+        fits = int(self.budget_s * MARGIN / self.seconds_per_token)
+        return max(min(MIN_CHUNK, largest), min(largest, fits // MIN_CHUNK * MIN_CHUNK))
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """A chunk of ``tokens`` took ``seconds``. Short calls (a prompt's last few tokens)
+        are mostly fixed cost and say little about the rate: they are not counted."""
+        if tokens >= MIN_CHUNK and seconds > 0:
+            self.seconds_per_token = seconds / tokens

@@ -1,0 +1,71 @@
+"""The decode batch: requests join a running batch with their first token as their next
+input (no forward pass of their own), wait for a row when the batch is full, leave with
+caches that hold exactly their tokens, and give the greedy replies they give alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.core.engine.test_scheduler import (_no_locks, done, handle, loaded, run_alone, scheduler,  # noqa: F401
+                                             start)
+
+PROMPTS = ("the first question is this one", "and a second, different prompt",
+           "a third one, a little longer than the others", "four")
+MAX_TOKENS = (20, 2, 9, 5)  # the second joins with one token left
+
+
+def _staggered(s, handles) -> None:
+    """Start the first, step twice, start the second, step, start the rest back to back
+    (``start``: admitted and prefilled, its first token taken)."""
+    start(s, handles[0])
+    s.step()
+    s.step()
+    start(s, handles[1])
+    s.step()
+    for h in handles[2:]:
+        start(s, h)
+    while s.busy:
+        s.step()
+
+
+@pytest.mark.parametrize("max_rows", [16, 2])
+def test_joining_a_running_batch_keeps_every_reply(loaded, max_rows):
+    s = scheduler(loaded)
+    alone = [run_alone(s, handle(p, max_tokens=n)) for p, n in zip(PROMPTS, MAX_TOKENS)]
+    s = scheduler(loaded)
+    s.batch.max_rows = max_rows  # 2: the later requests wait for a row to leave
+    handles = [handle(p, max_tokens=n) for p, n in zip(PROMPTS, MAX_TOKENS)]
+    _staggered(s, handles)
+    together = [done(h) for h in handles]
+    assert [d.text for d in together] == [d.text for d in alone]
+    assert [d.stats.completion_tokens for d in together] == [d.stats.completion_tokens for d in alone]
+    assert [d.stats.finish_reason for d in together] == [d.stats.finish_reason for d in alone]
+    assert len(s.batch) == 0 and _no_locks(s)
+    assert s.prefix_cache.tree.check_invariants() is None
+
+
+def test_a_batched_reply_leaves_its_exact_cache(loaded):
+    s = scheduler(loaded)
+    handles = [handle(p, max_tokens=n) for p, n in zip(PROMPTS, MAX_TOKENS)]
+    _staggered(s, handles)
+    first = [done(h) for h in handles]
+    again = [run_alone(s, handle(p, max_tokens=n + 4)) for p, n in zip(PROMPTS, MAX_TOKENS)]
+    for before, after in zip(first, again):
+        assert after.stats.cached_tokens == after.stats.prompt_tokens - 1  # the prompt came back
+        assert after.text.startswith(before.text)
+
+
+@pytest.mark.parametrize("steps", [0, 1])
+def test_cancel_right_after_joining(loaded, steps):
+    s = scheduler(loaded)
+    first, second = handle(PROMPTS[0], max_tokens=30), handle(PROMPTS[1], max_tokens=30)
+    start(s, first)
+    start(s, second)  # both in the batch now; the second has not been fed yet
+    for _ in range(steps):
+        s.step()
+    second.cancel()
+    while s.busy:
+        s.step()
+    assert done(second).stats.finish_reason == "cancelled"
+    assert done(first).stats.completion_tokens == 30
+    assert len(s.batch) == 0 and _no_locks(s)

@@ -1,0 +1,201 @@
+"""A long prompt's prefill goes in a chunk per scheduler step, between the running streams'
+decode steps (issue 19, finding 1: a long prompt stopped every stream until it was in);
+replies are the same with interleaving on and off; cancel, the cache and priorities hold.
+
+Measured in steps and event order, never in wall-clock time.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from core.engine.engine import RequestHandle
+from core.engine.pacing import ChunkPacer
+from core.engine.scheduler import Scheduler
+from core.engine.types import CHAT_PRIORITY, DoneEvent, GenerationRequest, ProgressEvent, SamplingParams
+from core.models.loader import load_model
+from core.models.tiny_model import TinyModelSpec, write_tiny_model
+from kvcache.builder import build_kv_cache
+from kvcache.prefix_cache import PrefixCache
+
+CHUNK = 32  # the pacer's largest chunk here: a 600-token prompt is ~19 chunks
+LONG = "".join(chr(97 + (i * 7) % 26) for i in range(600))  # byte tokenizer: ~600 tokens
+
+
+@pytest.fixture(scope="module", params=["llama", "sliding"])
+def loaded(request, tmp_path_factory):
+    spec = TinyModelSpec(kind=request.param, num_layers=2, sliding_window=32, max_position_embeddings=2048)
+    path = write_tiny_model(tmp_path_factory.mktemp(request.param) / "m", spec)
+    return load_model(str(path), tmp_path_factory.mktemp("data"))
+
+
+def scheduler(loaded, interleave: bool = True) -> Scheduler:
+    build = build_kv_cache(loaded.model, weight_bytes=loaded.info.weight_bytes, pool_tokens=8192)
+    return Scheduler(loaded, PrefixCache(loaded.model, build), None,
+                     pacer=ChunkPacer(largest=CHUNK), interleave=interleave)
+
+
+class Watched(RequestHandle):
+    """A handle that calls ``on_event(event)`` as the engine side emits each event."""
+
+    def __init__(self, request, on_event=lambda event: None):
+        super().__init__(request)
+        self.on_event = on_event
+
+    def _emit(self, event):
+        self.on_event(event)
+        super()._emit(event)
+
+
+def request(text: str, max_tokens: int = 40, priority: int = 0) -> GenerationRequest:
+    return GenerationRequest(prompt_text=text, priority=priority,
+                             sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens))
+
+
+def done(h: RequestHandle) -> DoneEvent:
+    events = list(h.events(timeout=0))
+    assert isinstance(events[-1], DoneEvent), events[-1]
+    return events[-1]
+
+
+def start(s: Scheduler, h: RequestHandle) -> None:
+    """Admit ``h`` and step until it has its first token."""
+    s.admit(h)
+    while any(job.state.handle is h for job in s.waiting):
+        s.step()
+
+
+def finish(s: Scheduler) -> None:
+    while s.busy:
+        s.step()
+
+
+def decoding(s: Scheduler, h: RequestHandle):
+    return next(state for state in s.active if state.handle is h)
+
+
+@pytest.mark.parametrize("streams", [1, 2])
+def test_running_streams_get_tokens_between_the_chunks_of_a_long_prompt(loaded, streams):
+    s = scheduler(loaded)
+    running = [RequestHandle(request(f"stream {i} says", max_tokens=200)) for i in range(streams)]
+    for h in running:
+        start(s, h)
+    states = [decoding(s, h) for h in running]  # solo (one stream) or in the batch (two)
+    seen: list[list[int]] = []  # at each progress event of the long prompt: each stream's tokens so far
+
+    def on_event(event):
+        if isinstance(event, ProgressEvent):
+            seen.append([len(state.generated) for state in states])
+
+    long = Watched(request(LONG, max_tokens=4), on_event)
+    start(s, long)
+    chunks = len(seen) - 1  # the first event is the prefill's start
+    assert chunks >= 600 // CHUNK
+    for before, after in zip(seen[1:], seen[2:]):  # between two chunks every stream took a step
+        assert all(b == a + 1 for a, b in zip(before, after)), (before, after)
+    finish(s)
+    assert [done(h).stats.completion_tokens for h in running] == [200] * streams  # nobody stopped early
+    stats = done(long).stats
+    assert stats.computed_tokens == stats.prompt_tokens
+
+
+def test_nobody_decoding_a_prompt_goes_in_whole_chunks(loaded):
+    s = scheduler(loaded)
+    sizes: list[int] = []
+    h = Watched(request(LONG, max_tokens=2), lambda e: sizes.append(e.done) if isinstance(e, ProgressEvent) else 0)
+    start(s, h)
+    steps = [b - a for a, b in zip(sizes, sizes[1:])]
+    assert max(steps) == CHUNK and len(steps) <= 600 // CHUNK + 2
+
+
+def _together(loaded, interleave: bool, cancel_long_after: int | None = None):
+    """A short stream, then a long prompt while it decodes, then a third request behind it;
+    their DoneEvents."""
+    s = scheduler(loaded, interleave)
+    first = RequestHandle(request("a short question", max_tokens=60))
+    start(s, first)
+    for _ in range(3):
+        s.step()
+    chunks = []
+
+    def on_event(event):
+        if isinstance(event, ProgressEvent):
+            chunks.append(event.done)
+            if cancel_long_after is not None and len(chunks) > cancel_long_after:
+                long.cancel()
+
+    long = Watched(request(LONG, max_tokens=30), on_event)
+    third = RequestHandle(request("and a third one", max_tokens=30))
+    s.admit(long)
+    s.admit(third)
+    finish(s)
+    assert s.prefix_cache.stats().pages_locked == 0 and s.prefix_cache.tree.check_invariants() is None
+    return s, [done(h) for h in (first, long, third)]
+
+
+def test_greedy_replies_are_the_same_with_interleaving_on_and_off(loaded):
+    _, on = _together(loaded, True)
+    _, off = _together(loaded, False)
+    assert [d.text for d in on] == [d.text for d in off]
+    assert [d.stats.completion_tokens for d in on] == [d.stats.completion_tokens for d in off]
+    alone = scheduler(loaded)
+    h = RequestHandle(request(LONG, max_tokens=30))
+    start(alone, h)
+    finish(alone)
+    assert done(h).text == on[1].text
+
+
+def test_an_interleaved_prompt_is_cached_exactly(loaded):
+    s, (_, long, _) = _together(loaded, True)
+    again = RequestHandle(request(LONG, max_tokens=30))
+    start(s, again)
+    finish(s)
+    reply = done(again)
+    assert reply.stats.cached_tokens == reply.stats.prompt_tokens - 1  # hybrid: the snapshot before the last token
+    assert reply.text == long.text
+
+
+def test_cancel_mid_prefill_while_others_decode(loaded):
+    s, (first, long, third) = _together(loaded, True, cancel_long_after=3)
+    assert long.stats.finish_reason == "cancelled" and long.stats.completion_tokens == 0
+    assert first.stats.completion_tokens == 60 and third.stats.completion_tokens == 30
+    _, (first_off, _, third_off) = _together(loaded, False)
+    assert (first.text, third.text) == (first_off.text, third_off.text)
+
+
+def test_a_request_cancelled_while_waiting_ends_without_running(loaded):
+    s = scheduler(loaded)
+    first = RequestHandle(request("running", max_tokens=30))
+    start(s, first)
+    long, queued = RequestHandle(request(LONG)), RequestHandle(request("queued"))
+    s.admit(long)
+    s.admit(queued)
+    queued.cancel()
+    s.step()
+    assert [job.state.handle for job in s.waiting] == [long]
+    stats = done(queued).stats
+    assert stats.finish_reason == "cancelled" and stats.computed_tokens == 0
+    finish(s)
+
+
+def test_the_chat_window_goes_before_waiting_api_requests(loaded):
+    s = scheduler(loaded)
+    running = RequestHandle(request("already streaming", max_tokens=200))
+    start(s, running)
+    order: list[str] = []
+
+    def first_token(name):
+        return lambda event: order.append(name) if not isinstance(event, ProgressEvent) and name not in order else 0
+
+    api = Watched(request(LONG, max_tokens=5), first_token("api"))
+    low = Watched(request("a background job", max_tokens=5, priority=5), first_token("low"))
+    s.admit(low)
+    s.admit(api)
+    for _ in range(3):  # the API's long prompt has started
+        s.step()
+    assert s.waiting[0].run is not None or s.waiting[1].run is not None
+    chat = Watched(request("the person's question", max_tokens=5, priority=CHAT_PRIORITY), first_token("chat"))
+    s.admit(chat)
+    finish(s)
+    assert order == ["chat", "api", "low"]  # the chat overtook the API prompt already prefilling
+    assert all(done(h).stats.finish_reason == "length" for h in (api, low, chat, running))
