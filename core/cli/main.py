@@ -8,10 +8,12 @@
     radixchat search QUERY         MLX and GGUF models on the Hugging Face hub, and whether each fits
     radixchat pull REPO[:FILE]     download a model from the hub into the HF cache (resumes)
     radixchat serve                the OpenAI- and Anthropic-compatible API on 127.0.0.1:8000
+    radixchat serve --hosts FILE   the same, the model split over several machines (mlx.launch, ring)
     radixchat cache stats|verify|clear   the disk cache of session KV
     radixchat chats verify         list the chat history's damaged rows
     radixchat bench cpu            measure the CPU backend setups (see README)
     radixchat bench restore|pressure|multiturn|serve   the cache and API benchmarks
+    radixchat bench distributed    1 process vs the model split over 2 ranks on loopback
     radixchat bench constrain      what constrained decoding costs per token
     radixchat bench agent          a coding-agent session: TTFT with and without our cache, vs mlx_lm.server
     radixchat bench pull           `radixchat pull` from a loopback hub vs curl (source checkout)
@@ -154,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--chat-template", metavar="FILE",
                        help="a Jinja chat template replacing the model's own (e.g. one that takes tools)")
     serve.add_argument("--max-prompt-tokens", type=_positive, metavar="N", help=MAX_PROMPT_HELP)
+    serve.add_argument("--hosts", metavar="HOSTFILE",
+                       help="run the model split over the machines of an mlx.launch hostfile (ring backend; "
+                            "this machine first: it serves the API); see README")
+    serve.add_argument("--ring-port", type=_port, help="with --hosts: the ring's first port (default: mlx.launch's)")
+    serve.add_argument("--group-member", action="store_true", help=argparse.SUPPRESS)  # a rank started by --hosts
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
@@ -190,6 +197,15 @@ def build_parser() -> argparse.ArgumentParser:
     pressure.add_argument("--rounds", type=int, default=3, help="times each client sends its prompt")
     pressure.add_argument("--repeats", type=int, default=3)
     pressure.add_argument("--json", action="store_true")
+    bench_dist = bench_sub.add_parser("distributed", help="the same greedy chat on 1 process and split over 2 ranks "
+                                                          "on loopback: TTFT and decode, cached and not")
+    _add_common(bench_dist)
+    bench_dist.add_argument("--model", help="a model that splits over 2 (default: a generated llama)")
+    bench_dist.add_argument("--prompt-tokens", default="128,1024", help="prompt lengths, comma separated")
+    bench_dist.add_argument("--max-tokens", type=int, default=32, help="reply length")
+    bench_dist.add_argument("--kv-tokens", type=int, default=16384, help="KV pool of each server, in tokens")
+    bench_dist.add_argument("--repeats", type=int, default=3, help="repetitions (medians are reported)")
+    bench_dist.add_argument("--json", action="store_true")
     bench_serve = bench_sub.add_parser("serve", help="API decode throughput: N concurrent streaming clients vs one"
                                                      " (--against mlx-lm: and vs mlx_lm.server)")
     _add_common(bench_serve)
@@ -276,6 +292,10 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
             from core.cli.chats import run_chats
 
             return run_chats(args)
+        if args.command == "serve" and (args.hosts or args.group_member):
+            from core.cli.serve_group import run_group, run_group_member
+
+            return run_group_member(args) if args.group_member else run_group(args)
         if args.command == "serve":
             from core.cli.serve import run_serve
 
@@ -307,6 +327,10 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
             from core.cli.bench.pressure import run_bench_pressure
 
             return run_bench_pressure(args)
+        if args.command == "bench" and args.bench_command == "distributed":
+            from core.cli.bench.distributed import run_bench_distributed
+
+            return run_bench_distributed(args)
         if args.command == "bench" and args.bench_command == "serve" and args.against:
             from core.cli.bench.serve_against import run_bench_serve_against
 

@@ -22,6 +22,17 @@ from core.models.chat_template import read_chat_template
 
 def run_serve(args) -> int:
     """``radixchat serve``: load the model, serve until Ctrl-C (or SIGTERM), shut down cleanly."""
+    api_key, origins = check_serve_args(args)
+    root = paths.data_dir(args.data_dir)
+    template = read_chat_template(args.chat_template) if args.chat_template else None
+    engine = Engine(root, args.model, pool_tokens=args.kv_tokens, on_load_progress=print_progress,
+                    chat_template=template, use_cache=not getattr(args, "no_cache", False),
+                    max_prompt_tokens=getattr(args, "max_prompt_tokens", None)).start()
+    return serve_engine(engine, args, api_key, origins)
+
+
+def check_serve_args(args) -> tuple[list[str], list[str]]:
+    """The API keys and the allowed origins; what cannot work refused before any model loads."""
     api_key = api_keys_of(args)
     check_bind(args.host, api_key)  # before the model loads
     origins = list(args.allow_origin or ())
@@ -31,17 +42,17 @@ def run_serve(args) -> int:
         except ValueError as exc:
             raise UserError(f"--allow-origin: {exc}") from None
     check_port_free(args.host, args.port)  # likewise: a busy port fails in a moment, not after the load
-    root = paths.data_dir(args.data_dir)
-    template = read_chat_template(args.chat_template) if args.chat_template else None
-    engine = Engine(root, args.model, pool_tokens=args.kv_tokens, on_load_progress=print_progress,
-                    chat_template=template, use_cache=not getattr(args, "no_cache", False),
-                    max_prompt_tokens=getattr(args, "max_prompt_tokens", None)).start()
+    return api_key, origins
+
+
+def serve_engine(engine: Engine, args, api_key: list[str], origins: list[str], what: str = "") -> int:
+    """Serve the API on a started ``engine`` until Ctrl-C (or SIGTERM); shut it down."""
     server = None
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         info = engine.wait_ready()
         server = ApiServer(engine, args.host, args.port, api_key=api_key, allow_origins=origins).start()
-        print(f"radixchat: serving {safe(info.name)} at {server.address}/v1 (Ctrl-C to stop)",
+        print(f"radixchat: serving {safe(info.name)}{what} at {server.address}/v1 (Ctrl-C to stop)",
               file=sys.stderr, flush=True)
         threading.Event().wait()
     except KeyboardInterrupt:

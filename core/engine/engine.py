@@ -173,8 +173,11 @@ class Engine:
         pool_segment_bytes: int | None = None,
         chat_template: str | None = None,
         max_prompt_tokens: int | None = None,
+        kv_cache_path: Path | None = None,
     ):
         self.data_root = Path(data_root)
+        # the disk cache's database (None: the data folder's; a rank of a group has its own)
+        self._kv_db = Path(kv_cache_path) if kv_cache_path is not None else paths.kv_cache_db_path(self.data_root)
         self._chat_template = chat_template  # Jinja text replacing the model's own template
         self._max_prompt_tokens = max_prompt_tokens  # None: the model's context is the limit
         self._prompts: Prompts | None = None  # the loaded model's (set on the engine thread, read anywhere)
@@ -249,7 +252,7 @@ class Engine:
             rss = 0
         disk = 0
         if self._persister is not None:
-            for path in paths.kv_cache_db_files(self.data_root)[:2]:  # the database and its WAL
+            for path in (self._kv_db, self._kv_db.with_name(self._kv_db.name + "-wal")):  # the database, its WAL
                 try:
                     disk += path.stat().st_size
                 except OSError:
@@ -377,7 +380,7 @@ class Engine:
 
         if not (self._disk_cache and self._use_cache and self._prefix_cache.enabled):
             return None
-        path = paths.kv_cache_db_path(self.data_root)
+        path = self._kv_db
         for attempt in (1, 2):
             try:
                 self.data_root.mkdir(parents=True, exist_ok=True)
@@ -409,7 +412,7 @@ class Engine:
         if self._persister is not None:
             self._persister.forget(session, namespace)
             return
-        path = paths.kv_cache_db_path(self.data_root)
+        path = self._kv_db
         if self._disk_cache and path.exists():  # saved under another model, or the cache is off
             from kvcache.store import DiskStore, DiskStoreError, session_row
 
@@ -442,7 +445,7 @@ class Engine:
             return 0
         fingerprint = self._persister.fingerprint if self._persister is not None else None
         self._close_persister()
-        freed = remove_files(paths.kv_cache_db_path(self.data_root))
+        freed = remove_files(self._kv_db)
         log.warning("the disk is full: the KV cache (%.1f MB) was deleted to save the chat history",
                     freed / 1e6)
         if fingerprint is not None:
@@ -467,12 +470,16 @@ class Engine:
         self._stopped.set()
         threading.Event().wait()
 
-    def _do_load(self, command: _LoadCommand) -> None:
+    def _load_model(self, spec: str, weights_format: str):
+        """The LoadedModel for ``spec`` (a sharded engine loads its shard instead)."""
         from core.models.loader import load_model
 
+        return load_model(spec, self.data_root, weights_format, self._on_load_progress,
+                          chat_template=self._chat_template)
+
+    def _do_load(self, command: _LoadCommand) -> None:
         try:
-            loaded = load_model(command.spec, self.data_root, command.weights_format, self._on_load_progress,
-                                chat_template=self._chat_template)
+            loaded = self._load_model(command.spec, command.weights_format)
         except UserError as exc:
             command.error = str(exc)
         except Exception as exc:  # a bug: keep the engine alive, report one line

@@ -28,7 +28,7 @@ from core.models.chat_template import shipped_template, with_chat_template
 from core.models.fingerprint import model_fingerprint
 from core.models.hashing import FileHashCache
 from core.models.gguf_import import build_model, build_tokenizer, read_gguf
-from core.models.memory_estimate import check_fits
+from core.models.memory_estimate import check_fits, machine_memory
 
 WEIGHT_FORMATS = ("auto", "stored", "float32", "float16", "bfloat16")
 ProgressFn = Callable[[str, "float | None"], None]
@@ -99,11 +99,16 @@ def load_model(
     weights_format: str = "auto",
     progress: ProgressFn | None = None,
     chat_template: str | None = None,
+    shard: Callable[[nn.Module], None] | None = None,
+    parts: int = 1,
 ) -> LoadedModel:
     """Load ``spec``; every failure a user can fix is a :class:`ModelLoadError`.
 
     ``chat_template`` (Jinja text) replaces the model's own template; without it, a known
     model may come with a better one from ``resources/`` (the default model's takes tools).
+    ``shard`` (a rank of a group: ``core.distributed``) cuts the model to this machine's
+    part while an MLX folder's weights are still lazy, so only that part is read into memory;
+    ``parts`` is how many machines share the model (the memory check counts all of theirs).
     """
     started = time.perf_counter()
     fmt = resolve_weights_format(weights_format)
@@ -111,14 +116,16 @@ def load_model(
     if progress:
         progress(f"loading {path.name}", None)
     if path.is_file() and path.suffix.lower() == ".gguf":
-        model, tokenizer, config, files = _load_gguf(path, data_root)
+        model, tokenizer, config, files = _load_gguf(path, data_root, parts)
     elif path.is_dir():
-        model, tokenizer, config, files = _load_mlx_dir(path, fmt)
+        model, tokenizer, config, files = _load_mlx_dir(path, fmt, lazy=shard is not None, parts=parts)
     else:
         raise ModelLoadError(f"{path} is neither a .gguf file nor a model folder with config.json")
     template = chat_template or _known_template(path)
     if template is not None:
         tokenizer = with_chat_template(tokenizer, template)
+    if shard is not None:
+        shard(model)
     _apply_weights_format(model, fmt)
     mx.eval(model.parameters())
     hashes = FileHashCache.in_data_folder(data_root)
@@ -145,20 +152,20 @@ def _known_template(path: Path) -> str | None:
     return shipped_template(known.chat_template) if known and known.chat_template else None
 
 
-def _load_gguf(path: Path, data_root: Path):
+def _load_gguf(path: Path, data_root: Path, parts: int = 1):
     """A GGUF file's model and tokenizer; what is slow to rebuild (weights converted from
     K-quants, the tokenizer) is kept under ``data_root`` by the file's SHA-256."""
     from core.models.gguf_convert import ConversionCache
 
     digest = FileHashCache.in_data_folder(data_root).sha256(path)
     contents = read_gguf(path, ConversionCache.under(data_root, digest))
-    check_fits(contents.config, path.name)  # its metadata, before the model is built
+    check_fits(contents.config, path.name, memory=machine_memory() * parts)  # before the model is built
     model = build_model(contents.config, dict(contents.weights))
     tokenizer = build_tokenizer(contents.metadata, data_root / "tokenizers" / f"{digest[:32]}.json")
     return model, tokenizer, contents.config, [path]
 
 
-def _load_mlx_dir(path: Path, weights_format: str = "stored"):
+def _load_mlx_dir(path: Path, weights_format: str = "stored", lazy: bool = False, parts: int = 1):
     from mlx_lm.utils import load as mlx_lm_load
 
     config_file = path / "config.json"
@@ -168,12 +175,12 @@ def _load_mlx_dir(path: Path, weights_format: str = "stored"):
         config = json.loads(config_file.read_text())
     except ValueError as exc:
         raise ModelLoadError(f"{config_file} is not valid JSON: {exc}") from exc
-    check_fits(config, str(config_file), weights_format)  # before anything is built
+    check_fits(config, str(config_file), weights_format, memory=machine_memory() * parts)  # before anything is built
     weight_files = sorted(path.glob("*.safetensors"))
     if not weight_files:
         raise ModelLoadError(f"{path} has no .safetensors weights")
     try:
-        model, tokenizer = mlx_lm_load(str(path))
+        model, tokenizer = mlx_lm_load(str(path), lazy=lazy)
     except ValueError as exc:
         if "not supported" in str(exc):
             raise ModelLoadError(f"{path.name}: model type {config.get('model_type')!r} is not supported") from exc

@@ -9,7 +9,9 @@ downloaded model. Three kinds cover the cache layouts the engine must handle:
 - ``"sliding"``: mlx-lm ``gemma3_text``, sliding-window layers (``RotatingKVCache``)
   alternating with global ones (``KVCache``);
 - ``"recurrent"``: mlx-lm ``qwen3_next``, gated-delta linear-attention layers
-  (``ArraysCache``) alternating with full attention (``KVCache``).
+  (``ArraysCache``) alternating with full attention (``KVCache``);
+- ``"llama-sliding"``: mlx-lm ``llama`` with sliding-window layers alternating with full
+  ones (its ``layer_types``): a hybrid model mlx-lm can split over machines (``shard``).
 
 Weights come from ``mx.random.key(spec.seed)`` alone, so one spec always gives the same
 bytes. Linear layers are drawn with std ``1/sqrt(fan_in)`` and the output head a few times
@@ -30,7 +32,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-KINDS = ("llama", "sliding", "recurrent")
+KINDS = ("llama", "sliding", "recurrent", "llama-sliding")
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
@@ -54,7 +56,7 @@ class TinyModelSpec:
     """What to generate. ``num_layers`` must be even for "sliding" and "recurrent",
     whose layers alternate between the two kinds (sliding/linear first)."""
 
-    kind: str = "llama"  # "llama" | "sliding" | "recurrent"
+    kind: str = "llama"  # "llama" | "sliding" | "recurrent" | "llama-sliding"
     hidden_size: int = 64
     num_layers: int = 2
     num_heads: int = 4
@@ -63,7 +65,7 @@ class TinyModelSpec:
     max_position_embeddings: int = 512
     seed: int = 0
     dtype: str = "float32"
-    sliding_window: int = 16  # "sliding" only: tokens a sliding layer keeps
+    sliding_window: int = 16  # "sliding", "llama-sliding": tokens a sliding layer keeps
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -100,13 +102,16 @@ def model_config(spec: TinyModelSpec) -> dict:
         "radixchat_tiny_model": asdict(spec),
     }
     half = spec.num_layers // 2
-    if spec.kind == "llama":
+    if spec.kind in ("llama", "llama-sliding"):
+        sliding = {"sliding_window": spec.sliding_window,
+                   "layer_types": ["sliding_attention", "full_attention"] * half} if spec.kind != "llama" else {}
         return {
             "model_type": "llama",
             "architectures": ["LlamaForCausalLM"],
             **common,
             "rms_norm_eps": 1e-5,
             "rope_theta": 10000.0,
+            **sliding,
         }
     if spec.kind == "sliding":
         return {

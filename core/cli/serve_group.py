@@ -1,0 +1,113 @@
+"""``radixchat serve --hosts HOSTFILE``: the API on a model split over several machines.
+
+The command checks what it can on this machine (the hostfile, the address, whether the
+model splits over that many hosts: its config only, no weights), then runs ``mlx.launch``
+with MLX's ring backend, which starts ``radixchat serve --group-member`` on every host.
+Rank 0 (the first host) serves the API; the others run rank 0's decisions on their part of
+the model (:mod:`core.distributed.engine`).
+
+A rank that dies, cannot be reached or fails ends every open request with an error that
+names its host (within about a second of a process dying, ``SILENCE_S`` of a host going
+silent), then every rank exits: start the group again (the disk caches restore).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+from core import paths
+from core.cli.progress import print_progress
+from core.cli.serve import check_serve_args, serve_engine
+from core.cli.terminal import safe
+from core.errors import UserError
+from core.models.chat_template import read_chat_template
+
+FAULT_GRACE_S = 1.0  # after a fault, rank 0 lets the errors reach the clients, then exits
+EXIT_GROUP_FAULT = 3
+
+
+def run_group(args) -> int:
+    """Check, then start every rank with ``mlx.launch``; wait for the group to end."""
+    from core.distributed.launch import launch_command, read_hostfile
+    from core.distributed.shard import model_config, split_plan
+    from core.models.loader import resolve_spec
+
+    hosts = read_hostfile(args.hosts)
+    check_serve_args(args)  # rank 0 is this machine: its address and port
+    root = paths.data_dir(args.data_dir)
+    if args.chat_template:
+        read_chat_template(args.chat_template)  # a bad file fails here, not on every host
+    path = resolve_spec(args.model, root, print_progress)
+    plan = split_plan(model_config(path), len(hosts), path.name)
+    serve_args = ["--model", str(path), "--host", args.host, "--port", str(args.port), "--data-dir", str(root)]
+    for origin in args.allow_origin or ():
+        serve_args += ["--allow-origin", origin]
+    if args.kv_tokens:
+        serve_args += ["--kv-tokens", str(args.kv_tokens)]
+    if args.chat_template:
+        serve_args += ["--chat-template", os.path.abspath(args.chat_template)]
+    for key in args.api_key or ():  # rank 0 serves: it needs the keys (as typed, like the rest)
+        serve_args += ["--api-key", key]
+    if getattr(args, "api_keys_file", None):
+        serve_args += ["--api-keys-file", os.path.abspath(args.api_keys_file)]
+    command = launch_command(args.hosts, hosts, serve_args, args.ring_port)
+    print(f"radixchat: starting {safe(path.name)} split over {len(hosts)} hosts "
+          f"({', '.join(h.ssh for h in hosts)}; {plan.kv_heads // plan.world} of {plan.kv_heads} KV heads each)",
+          file=sys.stderr, flush=True)
+    # Ctrl-C reaches every process on this terminal. Only rank 0 acts on it (it stops the
+    # group in order, every rank flushing its disk cache); mlx.launch starts with SIGINT
+    # ignored, which its ranks inherit, so it lives on to relay their last words.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        launcher = subprocess.Popen(command)  # $RADIXCHAT_API_KEY, if set, stays in the environment
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    while True:
+        try:
+            return launcher.wait()
+        except KeyboardInterrupt:  # rank 0 stops the group: wait for that
+            continue
+
+
+def run_group_member(args) -> int:
+    """One rank: join the group, load this rank's part; rank 0 serves, the others follow."""
+    from core.distributed.engine import ShardedEngine
+    from core.distributed.group import join_group
+
+    engine: ShardedEngine | None = None
+    leader = os.environ.get("MLX_RANK", "0") == "0"
+
+    def on_fault(message: str) -> None:
+        print(f"radixchat: {message}; stopping the group", file=sys.stderr, flush=True)
+        if engine is not None and leader:
+            engine.fail_group(f"the model's group broke: {message}")
+            threading.Timer(FAULT_GRACE_S, os._exit, (EXIT_GROUP_FAULT,)).start()
+        else:
+            os._exit(EXIT_GROUP_FAULT)
+
+    if leader:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # started ignoring it (see run_group)
+        api_key, origins = check_serve_args(args)
+    else:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches every rank: rank 0 stops the group
+    root = paths.data_dir(args.data_dir)
+    template = read_chat_template(args.chat_template) if args.chat_template else None
+    mlx_group, channel = join_group(on_fault)
+    member = channel.member
+    engine = ShardedEngine(root, member, mlx_group, channel, model_spec=args.model, pool_tokens=args.kv_tokens,
+                           on_load_progress=print_progress if leader else None, chat_template=template)
+    engine.start()
+    if leader:
+        what = f" split over {member.world} hosts"
+        return serve_engine(engine, args, api_key, origins, what)
+    try:
+        engine.wait_ready()
+    except UserError as exc:
+        print(f"radixchat: {member.name(member.rank)}: {exc}", file=sys.stderr, flush=True)
+        os._exit(2)
+    engine.wait_stopped()
+    os._exit(0)  # the engine thread is parked (see Engine._park)

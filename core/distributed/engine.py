@@ -1,0 +1,370 @@
+"""The engine of one rank of a group: rank 0 decides, every rank computes.
+
+Every rank runs the ordinary engine (:class:`core.engine.engine.Engine`: scheduler, prefix
+cache, disk tier) on its shard of the model; the forward passes meet in MLX's collectives.
+For the collectives to pair up, every rank must run the same steps in the same order, so
+only rank 0 decides anything that depends on time or on its clients:
+
+- Rank 0's engine loop turns each iteration into a *tick*: the command it takes this turn
+  (a request, with its id; forgetting a session; flushing the disk cache; stopping) and
+  the requests whose clients cancelled since the last tick. It sends the tick to every
+  rank, then applies it; the other ranks apply the same ticks in the same order, and
+  after each one step their decode batch exactly when rank 0 steps its own.
+- A request's cancel flag is read only at ticks (latched): a cancel lands between two
+  steps on every rank at once, never mid-prefill on one rank only.
+- What follows from the ticks is computed, not sent: every rank renders the same prompt,
+  samples the same token (the logits after the all-sum are the same bytes on every rank;
+  sampling's random state is seeded alike at load), ends the reply at the same token.
+- The cache: each rank's tree, pool and disk store hold its own heads. Which prefix a
+  request reuses must be the same length everywhere, though a rank's disk may have
+  lost pages another still holds (damage, a full disk, another world size): before a
+  request is prefilled the ranks agree on the shortest match among them
+  (:class:`AgreedPrefixCache`, an ``all_min``), so a hit on rank 0 is a hit everywhere
+  or a recompute everywhere, never a different answer.
+
+Every rank checks the others: when a request ends, each of the other ranks tells rank 0 a
+digest of how it ended (the reply's text and tokens, or the error), and rank 0 compares it
+with its own. Ranks out of step are a bug: the group stops rather than go on answering.
+
+A fault (a rank gone, silent or failed, or out of step: :mod:`core.distributed.group`)
+ends every open request at once with an error naming the host; the caller then stops the
+process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import queue
+import random
+import threading
+
+from core.distributed.group import FollowerChannel, LeaderChannel, Membership
+from core.distributed.shard import rank_cache_name, rank_fingerprint, shard_model
+from core.distributed.wire import request_from_dict, request_to_dict
+from core.engine.engine import (_STOP, Engine, RequestHandle, _CountCommand, _FlushCommand, _ForgetCommand,
+                                _GiveWayCommand, _LoadCommand)
+from core.engine.pacing import ChunkPacer
+from core.engine.types import DoneEvent, ErrorEvent
+from core.errors import ErrorKind, ModelLoadError
+
+log = logging.getLogger(__name__)
+
+
+class ShardHandle:
+    """A request as every rank runs it: the request, a cancel flag latched at ticks, and
+    (on rank 0) the client's handle its events go to."""
+
+    def __init__(self, rid: int, request, client: RequestHandle | None, on_end):
+        self.rid = rid
+        self.request = request
+        self.client = client
+        self._on_end = on_end
+        self.latched = False
+        self.outcome = "no end"  # a digest of how the request ended (compared across ranks)
+
+    @property
+    def cancelled(self) -> bool:
+        return self.latched
+
+    def _emit(self, event) -> None:
+        if isinstance(event, DoneEvent):
+            text = hashlib.sha256(event.text.encode()).hexdigest()[:16]
+            self.outcome = f"{event.stats.finish_reason} {event.stats.completion_tokens} tokens {text}"
+        elif isinstance(event, ErrorEvent):
+            self.outcome = f"error {event.kind.value}"
+        if self.client is not None:
+            self.client._emit(event)
+
+    def _finish(self) -> None:
+        if self.client is not None:
+            self.client._finish()
+        self._on_end(self)
+
+
+class AgreedPrefixCache:
+    """The prefix cache as the scheduler sees it on a rank of a group: ``match`` returns a
+    prefix of the same length on every rank (the shortest any rank holds); the rest is the
+    rank's own prefix cache."""
+
+    def __init__(self, inner, mlx_group):
+        self._inner = inner
+        self._group = mlx_group
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def _min(self, value: int) -> int:
+        import mlx.core as mx
+
+        return int(mx.distributed.all_min(mx.array([value], dtype=mx.int32), group=self._group,
+                                          stream=mx.cpu).item())
+
+    def match(self, prompt: list[int], namespace: str = ""):
+        prefix = self._inner.match(prompt, namespace)
+        agreed = self._min(prefix.length)
+        while True:
+            if prefix.length != agreed:  # longer here: take the agreed part (a snapshot's end, if hybrid)
+                self._inner.release(prefix)
+                prefix = self._inner.match(prompt[: agreed + 1], namespace)
+            lowest = self._min(prefix.length)
+            if lowest == agreed:  # every rank now holds exactly ``agreed``
+                return prefix
+            agreed = lowest
+
+
+class GroupPacer(ChunkPacer):
+    """Prefill chunks interleaved with decode, sized alike on every rank: a rank's measured
+    rate is its own, so none is used (the smallest chunk while others decode)."""
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        pass
+
+
+class ShardedEngine(Engine):
+    """:class:`Engine` on one rank of a group (see the module's docstring)."""
+
+    def __init__(self, data_root, member: Membership, mlx_group, channel, **kwargs):
+        super().__init__(data_root, kv_cache_path=data_root / rank_cache_name(member.rank, member.world), **kwargs)
+        self.member = member
+        self.mlx_group = mlx_group
+        self.channel: LeaderChannel | FollowerChannel = channel
+        self._live: dict[int, ShardHandle] = {}  # engine thread: requests admitted, not finished
+        self._clients: set[RequestHandle] = set()  # rank 0: client handles not yet finished
+        self._clients_lock = threading.Lock()
+        self._next_id = 0
+        self.fault: str | None = None
+        self._outcomes: dict[tuple[int, int], str] = {}  # rank 0: (rank, request id) -> digest, first told
+        self._outcomes_lock = threading.Lock()
+        if isinstance(channel, LeaderChannel):
+            channel.on_message = self._on_peer_message
+
+    # ------------------------------------------------------------ client API (rank 0)
+    def submit(self, request) -> RequestHandle:
+        handle = RequestHandle(request)
+        with self._clients_lock:
+            fault = self.fault
+            if fault is None:
+                self._clients.add(handle)
+        if fault is not None:
+            handle._emit(ErrorEvent(fault, ErrorKind.MODEL_NOT_LOADED))
+            handle._finish()
+            return handle
+        self._commands.put(handle)
+        return handle
+
+    def wait_stopped(self) -> None:
+        """Block until the group stops (rank 0 said so) and this rank's cache is flushed."""
+        self._stopped.wait()
+
+    def fail_group(self, message: str) -> None:
+        """The group broke (any thread): end every open request with ``message``; later
+        requests get it at once."""
+        with self._clients_lock:
+            self.fault = message
+            clients, self._clients = self._clients, set()
+        for handle in clients:
+            handle._emit(ErrorEvent(message, ErrorKind.MODEL_NOT_LOADED))
+            handle._finish()
+
+    # ------------------------------------------------------------ loading (every rank)
+    def _load_model(self, spec: str, weights_format: str):
+        """Load this rank's shard; then every rank learns whether all ranks loaded, and
+        sampling's random state is seeded alike everywhere."""
+        import mlx.core as mx
+
+        from core.models.loader import load_model
+
+        if self._info is not None:
+            raise ModelLoadError("a group serves the model it started with: restart the group to change it")
+        loaded = error = None
+        try:
+            loaded = load_model(spec, self.data_root, weights_format, self._on_load_progress,
+                                chat_template=self._chat_template,
+                                shard=lambda model: shard_model(model, self.mlx_group), parts=self.member.world)
+        except Exception as exc:  # reported after the others learn of it
+            error = exc
+        ok = [0] * self.member.world
+        ok[self.member.rank] = int(error is None)
+        seed = random.getrandbits(30) if self.member.leader else 0
+        status = mx.distributed.all_sum(mx.array(ok + [seed], dtype=mx.int32), group=self.mlx_group,
+                                        stream=mx.cpu).tolist()
+        if error is not None:
+            raise error
+        failed = [self.member.name(r) for r in range(self.member.world) if not status[r]]
+        if failed:
+            raise ModelLoadError(f"{', '.join(failed)} could not load {spec} (its log says why)")
+        mx.random.seed(status[-1])
+        fingerprint = rank_fingerprint(loaded.info.fingerprint, self.member.rank, self.member.world)
+        loaded.info = dataclasses.replace(loaded.info, fingerprint=fingerprint)
+        return loaded
+
+    def _install(self, loaded, command) -> None:
+        """As the engine does, with the pool as large as the smallest rank's (so the trees
+        evict alike) and the agreed match."""
+        import mlx.core as mx
+
+        if self._pool_tokens is None and self._pool_bytes is None and self._use_cache:
+            self._pool_tokens = self._agreed_pool_tokens(loaded)
+        super()._install(loaded, command)
+        self._scheduler.prefix_cache = AgreedPrefixCache(self._prefix_cache, self.mlx_group)
+        if getattr(self._scheduler, "pacer", None) is not None:  # chunk sizes the same on every rank
+            self._scheduler.pacer = GroupPacer()
+        mx.eval(mx.distributed.all_sum(mx.array(1), group=self.mlx_group, stream=mx.cpu))  # all installed
+
+    def _agreed_pool_tokens(self, loaded) -> int | None:
+        import mlx.core as mx
+
+        from kvcache.builder import DEFAULT_PAGE_SIZE
+        from kvcache.layout import cache_layout
+        from kvcache.pool import pool_pages_for_budget
+
+        page = self._page_size or DEFAULT_PAGE_SIZE
+        try:
+            pages = pool_pages_for_budget(cache_layout(loaded.model), page, weight_bytes=loaded.info.weight_bytes,
+                                          fraction=0.25)
+        except ValueError:
+            pages = -1  # no paged cache for this model: the builder says why
+        lowest = int(mx.distributed.all_min(mx.array([pages], dtype=mx.int64), group=self.mlx_group,
+                                            stream=mx.cpu).item())
+        return lowest * page if lowest > 0 else None
+
+    # ------------------------------------------------------------ the loop
+    def _run(self) -> None:
+        first = self._commands.get()  # the model every rank loads at start
+        if isinstance(first, _LoadCommand):
+            self._do_load(first)
+        else:
+            self._ready.set()
+        if self._info is None:
+            self.channel.faults.closing = True  # the load failed: the caller ends the process
+            self._park()
+        try:
+            if self.member.leader:
+                self._lead()
+            else:
+                self._follow()
+        except Exception as exc:  # a bug: the group cannot go on in step
+            log.exception("the engine of %s failed", self.member.name(self.member.rank))
+            if isinstance(self.channel, FollowerChannel):
+                self.channel.report_fault(f"engine failed: {exc}")
+            else:
+                self.channel.faults.report(f"{self.member.name(0)} failed: engine failed: {exc}")
+
+    def _lead(self) -> None:
+        deferred: list = []
+        while True:
+            busy = self._scheduler is not None and self._scheduler.busy
+            command = None
+            if deferred and not busy:
+                command = deferred.pop(0)
+            else:
+                try:
+                    command = self._commands.get(block=not busy)
+                except queue.Empty:
+                    pass
+            if isinstance(command, _CountCommand):  # the tokenizer only: no MLX, nothing to share
+                self._count(command)
+                command = None
+            elif isinstance(command, _LoadCommand):
+                command.error = "a group serves the model it started with: restart the group to change it"
+                command.done.set()
+                command = None
+            elif command is _STOP and busy:
+                deferred.append(command)
+                command = None
+            if command is None and not busy:
+                continue
+            tick = {"op": "tick", "cancel": self._cancels(), "cmd": self._encode(command)}
+            self.channel.broadcast(tick)
+            self._apply(tick, command)
+
+    def _follow(self) -> None:
+        while True:
+            self._apply(self.channel.receive(), None)
+
+    def _cancels(self) -> list[int]:
+        return [rid for rid, shard in self._live.items()
+                if shard.client is not None and shard.client.cancelled and not shard.latched]
+
+    def _encode(self, command) -> dict | None:
+        if command is None:
+            return None
+        if isinstance(command, RequestHandle):
+            self._next_id += 1
+            return {"op": "request", "id": self._next_id, "request": request_to_dict(command.request),
+                    "cancelled": command.cancelled}
+        if isinstance(command, _ForgetCommand):
+            return {"op": "forget", "session": command.session}
+        if isinstance(command, _FlushCommand):
+            return {"op": "flush"}
+        if isinstance(command, _GiveWayCommand):
+            return {"op": "give_way"}
+        if command is _STOP:
+            return {"op": "stop"}
+        raise TypeError(f"no tick for {command!r}")
+
+    def _apply(self, tick: dict, local) -> None:
+        """Apply one tick (``local``: rank 0's own command object); "stop" never returns."""
+        for rid in tick.get("cancel") or ():
+            if rid in self._live:
+                self._live[rid].latched = True
+        cmd = tick.get("cmd")
+        op = cmd["op"] if cmd else None
+        if op == "request":
+            shard = ShardHandle(cmd["id"], local.request if local is not None else request_from_dict(cmd["request"]),
+                                local, self._ended)
+            shard.latched = bool(cmd["cancelled"])
+            self._live[shard.rid] = shard
+            self._do_request(shard)
+        elif op == "forget":
+            self._forget(cmd["session"])
+        elif op == "flush":
+            if self._persister is not None:
+                self._persister.flush()
+            if local is not None:
+                local.done.set()
+        elif op == "give_way":
+            freed = self._give_way()
+            if local is not None:
+                local.freed = freed
+                local.done.set()
+        elif op == "stop":
+            self._close_persister()
+            self._loaded = self._prefix_cache = self._scheduler = None
+            if isinstance(self.channel, FollowerChannel):
+                self.channel.send({"op": "stopped"})
+            else:
+                self.channel.wait_stopped()
+            self._park()
+        if self._scheduler is not None and self._scheduler.busy:
+            self._step()
+
+    def _ended(self, shard: ShardHandle) -> None:
+        self._live.pop(shard.rid, None)
+        if isinstance(self.channel, FollowerChannel):
+            self.channel.send({"op": "outcome", "id": shard.rid, "outcome": shard.outcome})
+            return
+        if shard.client is not None:
+            with self._clients_lock:
+                self._clients.discard(shard.client)
+        for rank in range(1, self.member.world):
+            self._compare(rank, shard.rid, shard.outcome)
+
+    def _on_peer_message(self, rank: int, message: dict) -> None:
+        if message.get("op") == "outcome":
+            self._compare(rank, int(message["id"]), str(message["outcome"]))
+
+    def _compare(self, rank: int, rid: int, outcome: str) -> None:
+        """Rank 0's and ``rank``'s digests of request ``rid``, whichever comes second
+        compared with the first (any thread)."""
+        with self._outcomes_lock:
+            other = self._outcomes.pop((rank, rid), None)
+            if other is None:
+                self._outcomes[(rank, rid)] = outcome
+                return
+        if other != outcome:
+            self.channel.faults.report(
+                f"{self.member.name(rank)} is out of step with rank 0 (request {rid} ended "
+                f"{outcome!r} on one, {other!r} on the other)")

@@ -1,0 +1,80 @@
+"""Starting a group: the hostfile, and the ``mlx.launch`` command that runs every rank.
+
+The hostfile is MLX's own (``mlx.launch --hostfile``): JSON, a list of hosts (or an object
+with ``"hosts"``), each with the name ``ssh`` reaches it by and the ``ips`` the ring
+connects over (a Thunderbolt bridge's or the Ethernet address)::
+
+    [{"ssh": "mac-studio.local", "ips": ["10.0.0.1"]},
+     {"ssh": "macbook.local", "ips": ["10.0.0.2"]}]
+
+Rank 0 is the first host: it serves the API, so list this machine first. Every host needs
+RadixChat at the same path and the model at the same path (or the same data folder name).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from core.distributed.group import HOSTS_ENV
+from core.errors import UserError
+
+
+@dataclass(frozen=True)
+class Host:
+    ssh: str
+    ips: tuple[str, ...]
+
+
+def read_hostfile(path: str | os.PathLike) -> list[Host]:
+    """The hosts of ``path``, checked: at least two, each with an IP for the ring."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"no hostfile at {path}") from None
+    except (OSError, ValueError) as exc:
+        raise UserError(f"the hostfile {path} is not readable JSON: {exc}") from exc
+    entries = data.get("hosts") if isinstance(data, dict) else data
+    if not isinstance(entries, list) or not all(isinstance(e, dict) and e.get("ssh") for e in entries):
+        raise UserError(f'the hostfile {path} must list hosts as {{"ssh": NAME, "ips": [IP]}}')
+    hosts = [Host(str(e["ssh"]), tuple(str(ip) for ip in e.get("ips") or ())) for e in entries]
+    if len(hosts) < 2:
+        raise UserError(f"the hostfile {path} lists {len(hosts)} host: a group needs at least 2")
+    missing = [h.ssh for h in hosts if not h.ips]
+    if missing:
+        raise UserError(f"the hostfile {path} gives no IP for {', '.join(missing)}: the ring backend "
+                        "connects over IPs (a Thunderbolt bridge's or the Ethernet address)")
+    return hosts
+
+
+def mlx_launch() -> str:
+    """The ``mlx.launch`` beside this Python (or on PATH)."""
+    beside = Path(sys.executable).with_name("mlx.launch")
+    found = str(beside) if beside.exists() else shutil.which("mlx.launch")
+    if found is None:
+        raise UserError("mlx.launch was not found: install mlx (it comes with it)")
+    return found
+
+
+def member_command() -> list[str]:
+    """How a rank runs ``radixchat`` (this same program)."""
+    if getattr(sys, "frozen", False):  # the packaged app is its own interpreter
+        return [sys.executable]
+    return [sys.executable, "-m", "core.cli.main"]
+
+
+def launch_command(hostfile: str | os.PathLike, hosts: list[Host], serve_args: list[str],
+                   starting_port: int | None = None) -> list[str]:
+    """The ``mlx.launch`` command that starts ``radixchat serve`` on every host (ring backend)."""
+    command = [mlx_launch(), "--backend", "ring", "--hostfile", str(hostfile),
+               "--env", f"{HOSTS_ENV}={json.dumps([h.ssh for h in hosts])}"]
+    if os.environ.get("PYTHONPATH"):  # a source checkout: the same tree on every host
+        command += ["--env", f"PYTHONPATH={os.environ['PYTHONPATH']}"]
+    if starting_port is not None:
+        command += ["--starting-port", str(starting_port)]
+    return [*command, "--", *member_command(), "serve", *serve_args, "--group-member"]

@@ -1,0 +1,70 @@
+"""What rank 0 tells the other ranks, as plain JSON values.
+
+Messages on the control channel are length-prefixed JSON objects (4 bytes big-endian
+length, then UTF-8 JSON): never pickles, so a peer can send values, not code. A request
+crosses as the dict of its :class:`GenerationRequest` and comes back equal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+import struct
+from typing import Any
+
+from core.engine.types import ChatMessage, GenerationRequest, SamplingParams, ToolCall
+
+MAX_MESSAGE = 256 << 20  # a prompt of a few million tokens; anything longer is a broken peer
+
+
+class ChannelClosed(ConnectionError):
+    """The peer closed the connection (or it broke)."""
+
+
+def request_to_dict(request: GenerationRequest) -> dict[str, Any]:
+    return dataclasses.asdict(request)
+
+
+def request_from_dict(data: dict[str, Any]) -> GenerationRequest:
+    sampling = dict(data["sampling"])
+    sampling["stop"] = tuple(sampling.get("stop") or ())
+    messages = tuple(
+        ChatMessage(**{**m, "tool_calls": tuple(ToolCall(**c) for c in m.get("tool_calls") or ())})
+        for m in data.get("messages") or ())
+    tokens = data.get("prompt_tokens")
+    return GenerationRequest(
+        **{**data, "messages": messages, "sampling": SamplingParams(**sampling),
+           "prompt_tokens": tuple(tokens) if tokens is not None else None,
+           "tools": tuple(data.get("tools") or ())})
+
+
+def send_message(sock: socket.socket, message: dict[str, Any]) -> None:
+    body = json.dumps(message, separators=(",", ":")).encode()
+    sock.sendall(struct.pack(">I", len(body)) + body)
+
+
+def recv_message(sock: socket.socket) -> dict[str, Any]:
+    """The next message; :class:`ChannelClosed` when the peer is gone (or sent garbage).
+    A socket timeout propagates as ``TimeoutError`` (``socket.timeout``)."""
+    (length,) = struct.unpack(">I", _recv_exactly(sock, 4))
+    if length > MAX_MESSAGE:
+        raise ChannelClosed(f"a message of {length} bytes: not a RadixChat peer")
+    try:
+        return json.loads(_recv_exactly(sock, length))
+    except ValueError as exc:
+        raise ChannelClosed(f"a message that is not JSON: {exc}") from exc
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    chunks, got = [], 0
+    while got < n:
+        try:
+            chunk = sock.recv(n - got)
+        except (ConnectionResetError, BrokenPipeError) as exc:
+            raise ChannelClosed(str(exc)) from exc
+        if not chunk:
+            raise ChannelClosed("connection closed")
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
