@@ -43,11 +43,10 @@ import threading
 from core.distributed.group import FollowerChannel, LeaderChannel, Membership
 from core.distributed.shard import rank_cache_name, rank_fingerprint, shard_model
 from core.distributed.wire import request_from_dict, request_to_dict
-from core.engine.engine import (_STOP, Engine, RequestHandle, _CountCommand, _FlushCommand, _ForgetCommand,
-                                _GiveWayCommand, _LoadCommand)
+from core.engine.engine import _STOP, Engine, RequestHandle, _FlushCommand, _ForgetCommand, _GiveWayCommand, _LoadCommand
 from core.engine.pacing import ChunkPacer
 from core.engine.types import DoneEvent, ErrorEvent
-from core.errors import ErrorKind, ModelLoadError
+from core.errors import ErrorKind, ModelLoadError, UserError
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +62,8 @@ class ShardHandle:
         self._on_end = on_end
         self.latched = False
         self.outcome = "no end"  # a digest of how the request ended (compared across ranks)
+        self._prompt: tuple[int, list[int]] | None = None  # (model load, token ids): see ShardedEngine._do_request
+        self.prompt_s = 0.0
 
     @property
     def cancelled(self) -> bool:
@@ -264,10 +265,7 @@ class ShardedEngine(Engine):
                     command = self._commands.get(block=not busy)
                 except queue.Empty:
                     pass
-            if isinstance(command, _CountCommand):  # the tokenizer only: no MLX, nothing to share
-                self._count(command)
-                command = None
-            elif isinstance(command, _LoadCommand):
+            if isinstance(command, _LoadCommand):
                 command.error = "a group serves the model it started with: restart the group to change it"
                 command.done.set()
                 command = None
@@ -340,6 +338,20 @@ class ShardedEngine(Engine):
             self._park()
         if self._scheduler is not None and self._scheduler.busy:
             self._step()
+
+    def _do_request(self, handle) -> None:
+        """As the engine does, with the prompt worked out here, in step on every rank (a
+        prompt thread would hand it back at a different step on each): a group renders and
+        tokenises on the engine thread."""
+        if not handle.cancelled and handle._prompt is None and self._prompts is not None:
+            try:
+                handle._prompt = (self._prompts.load, self._prompts.tokens(handle.request))
+            except UserError as exc:
+                handle._emit(ErrorEvent(str(exc), exc.kind))
+                handle._finish()
+                self._count_served()
+                return
+        super()._do_request(handle)
 
     def _ended(self, shard: ShardHandle) -> None:
         self._live.pop(shard.rid, None)
