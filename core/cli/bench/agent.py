@@ -50,6 +50,7 @@ from pathlib import Path
 
 from core import paths
 from core.cli.bench.agent_trace import Trace, anthropic_body, build_trace, openai_body
+from core.cli.bench.server_process import wait_until_answers
 from core.errors import UserError
 from core.models.chat_template import read_chat_template
 
@@ -266,21 +267,12 @@ def run_mlx_lm_server(folder: Path, trace: Trace, max_tokens: int) -> list[Reply
 
 
 def _wait_for_port(port: int, process, log, name: str = "mlx_lm.server") -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            log.seek(0)
-            raise UserError(f"{name} exited with {process.returncode}: "
-                            f"{log.read().decode(errors='replace').strip().splitlines()[-1:]}")
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-        try:
-            conn.request("GET", "/v1/models")
-            if conn.getresponse().status == 200:
-                return
-        except OSError:
-            time.sleep(0.5)
-        finally:
-            conn.close()
+    if wait_until_answers(process, port, "/v1/models", START_TIMEOUT_S):
+        return
+    if process.poll() is not None:
+        log.seek(0)
+        raise UserError(f"{name} exited with {process.returncode}: "
+                        f"{log.read().decode(errors='replace').strip().splitlines()[-1:]}")
     raise UserError(f"{name} did not answer within {START_TIMEOUT_S} s")
 
 

@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from core.cli.bench.server_process import wait_until_answers
 from core.errors import UserError
 
 START_TIMEOUT_S = 180.0
@@ -64,21 +65,11 @@ def _start(args: list[str], port: int, log: Path) -> subprocess.Popen:
     command = [sys.executable, "-m", "core.cli.main", "serve", "--port", str(port), *args]
     with open(log, "wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise UserError(f"bench distributed: a server exited ({process.returncode}): "
-                            f"{log.read_text(errors='replace').strip().splitlines()[-1:]}")
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-        try:
-            conn.request("GET", "/health")
-            if conn.getresponse().status == 200:
-                return process
-        except OSError:
-            pass
-        finally:
-            conn.close()
-        time.sleep(0.5)
+    if wait_until_answers(process, port, "/health", START_TIMEOUT_S):
+        return process
+    if process.poll() is not None:
+        raise UserError(f"bench distributed: a server exited ({process.returncode}): "
+                        f"{log.read_text(errors='replace').strip().splitlines()[-1:]}")
     _stop(process)
     raise UserError(f"bench distributed: a server did not start within {START_TIMEOUT_S:.0f} s")
 

@@ -24,6 +24,24 @@ START_TIMEOUT_S = 300
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
+def wait_until_answers(process, port: int, path: str, timeout_s: float, host: str = "127.0.0.1") -> bool:
+    """Poll ``GET path`` on ``host:port`` every half second until it answers 200 (True), or
+    ``process`` exits or ``timeout_s`` passes (False: the caller says which, in its words)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and process.poll() is None:
+        conn = http.client.HTTPConnection(host, port, timeout=5)
+        try:
+            conn.request("GET", path)
+            if conn.getresponse().status == 200:
+                return True
+        except OSError:
+            pass  # not listening yet
+        finally:
+            conn.close()
+        time.sleep(0.5)
+    return False
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -81,20 +99,10 @@ class ServerProcess:
             self._log = None
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                self._log.seek(0)
-                last = self._log.read().decode(errors="replace").strip().splitlines()[-1:]
-                raise UserError(f"{self.name} exited with {self._process.returncode}: {' '.join(last)}")
-            conn = http.client.HTTPConnection(self.host, self.port, timeout=5)
-            try:
-                conn.request("GET", "/v1/models")
-                if conn.getresponse().status == 200:
-                    return
-            except OSError:
-                pass
-            finally:
-                conn.close()
-            time.sleep(0.5)
+        if wait_until_answers(self._process, self.port, "/v1/models", START_TIMEOUT_S, self.host):
+            return
+        if self._process.poll() is not None:
+            self._log.seek(0)
+            last = self._log.read().decode(errors="replace").strip().splitlines()[-1:]
+            raise UserError(f"{self.name} exited with {self._process.returncode}: {' '.join(last)}")
         raise UserError(f"{self.name} did not answer within {START_TIMEOUT_S} s")

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from core.cli.bench.server_process import wait_until_answers
+
 ROOT = Path(__file__).resolve().parents[3]
 START_S = 120.0  # two processes importing MLX and loading on a busy 2-core machine
 
@@ -142,19 +144,9 @@ def start_group(model: Path, data_dir: Path, work: Path, extra: tuple[str, ...] 
         launcher = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
     group = Group(launcher, port, log, data_dir)
-    deadline = time.monotonic() + START_S
-    while time.monotonic() < deadline:
-        if launcher.poll() is not None:
-            raise AssertionError(f"the group exited with {launcher.returncode}:\n{group.output()}")
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-        try:
-            conn.request("GET", "/health")
-            if conn.getresponse().status == 200:
-                return group
-        except OSError:
-            pass
-        finally:
-            conn.close()
-        time.sleep(0.5)
+    if wait_until_answers(launcher, port, "/health", START_S):
+        return group
+    if launcher.poll() is not None:
+        raise AssertionError(f"the group exited with {launcher.returncode}:\n{group.output()}")
     group.stop()
     raise AssertionError(f"the group did not start in {START_S:.0f} s:\n{group.output()}")
