@@ -8,7 +8,7 @@
     radixchat search QUERY         MLX and GGUF models on the Hugging Face hub, and whether each fits
     radixchat pull REPO[:FILE]     download a model from the hub into the HF cache (resumes)
     radixchat serve                the OpenAI- and Anthropic-compatible API on 127.0.0.1:8000
-    radixchat serve --hosts FILE   the same, the model split over several machines (mlx.launch, ring)
+    radixchat serve --hosts FILE   the same, the model split over several machines (mlx.launch, ring/jaccl)
     radixchat cache stats|verify|clear   the disk cache of session KV
     radixchat chats verify         list the chat history's damaged rows
     radixchat bench cpu            measure the CPU backend setups (see README)
@@ -160,6 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run the model split over the machines of an mlx.launch hostfile (ring backend; "
                             "this machine first: it serves the API); see README")
     serve.add_argument("--ring-port", type=_port, help="with --hosts: the ring's first port (default: mlx.launch's)")
+    serve.add_argument("--backend", choices=("ring", "jaccl"),
+                       help="with --hosts: MLX's ring (TCP, any network) or JACCL (RDMA over Thunderbolt 5, "
+                            "macOS 26.2+) (default: the hostfile's \"backend\", else ring)")
+    serve.add_argument("--split", choices=("auto", "tensor", "pipeline"), default="auto",
+                       help="with --hosts: split each layer's heads over the hosts (tensor), or the layers "
+                            "(pipeline, for the architectures mlx-lm pipelines); auto: tensor where it can")
     serve.add_argument("--group-member", action="store_true", help=argparse.SUPPRESS)  # a rank started by --hosts
 
     bench = sub.add_parser("bench", help="benchmarks")
