@@ -9,7 +9,7 @@
     radixchat pull REPO[:FILE]     download a model from the hub into the HF cache (resumes)
     radixchat serve                the OpenAI- and Anthropic-compatible API on 127.0.0.1:8000
     radixchat serve --hosts FILE   the same, the model split over several machines (mlx.launch, ring/jaccl)
-    radixchat cache stats|verify|clear   the disk cache of session KV
+    radixchat cache stats|verify|clear   the disk caches of session KV (this machine's, each rank's)
     radixchat chats verify         list the chat history's damaged rows
     radixchat bench cpu            measure the CPU backend setups (see README)
     radixchat bench restore|pressure|multiturn|serve   the cache and API benchmarks
@@ -128,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
         _add_common(command)
         if name == "clear":
             command.add_argument("--session", help="only this session (default: everything)")
+            command.add_argument("--store", metavar="NAME",
+                                 help="only this store: single (kvcache.db) or a group's rank, as "
+                                      "`cache stats` names it (rank1of2); default: all of them")
         else:
             command.add_argument("--json", action="store_true")
 

@@ -28,6 +28,7 @@ import dataclasses
 import hashlib
 import importlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -183,3 +184,18 @@ def rank_fingerprint(fingerprint: str, rank: int, world: int, method: str = TENS
 def rank_cache_name(rank: int, world: int) -> str:
     """The file name of rank ``rank``'s disk cache (ranks on one machine share a data folder)."""
     return f"kvcache-rank{rank}of{world}.db"
+
+
+_RANK_CACHE = re.compile(r"kvcache-rank(\d+)of(\d+)\.db")
+
+
+def rank_cache_stores(root: Path) -> list[tuple[str, Path]]:
+    """The ranks' disk caches in the data folder ``root`` as ``("rank1of2", path)``, by
+    group size, then rank."""
+    found = []
+    for path in root.glob("kvcache-rank*of*.db"):
+        match = _RANK_CACHE.fullmatch(path.name)
+        if match:
+            rank, world = int(match[1]), int(match[2])
+            found.append(((world, rank), (f"rank{rank}of{world}", path)))
+    return [store for _, store in sorted(found)]
