@@ -214,6 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_dist.add_argument("--max-tokens", type=int, default=32, help="reply length")
     bench_dist.add_argument("--kv-tokens", type=int, default=16384, help="KV pool of each server, in tokens")
     bench_dist.add_argument("--repeats", type=int, default=3, help="repetitions (medians are reported)")
+    bench_dist.add_argument("--split", choices=("tensor", "pipeline"), default="tensor",
+                            help="how the 2 ranks split the model (pipeline: the default model is a qwen2)")
     bench_dist.add_argument("--json", action="store_true")
     bench_serve = bench_sub.add_parser("serve", help="API decode throughput: N concurrent streaming clients vs one"
                                                      " (--against mlx-lm: and vs mlx_lm.server)")
