@@ -46,7 +46,7 @@ import random
 import threading
 
 from core.distributed.group import FollowerChannel, LeaderChannel, Membership
-from core.distributed.shard import TENSOR, PIPELINE, rank_cache_name, rank_fingerprint, shard_model
+from core.distributed.shard import PIPELINE, TENSOR, rank_cache_name, rank_fingerprint, shard_model
 from core.distributed.wire import request_from_dict, request_to_dict
 from core.engine.engine import _STOP, Engine, RequestHandle, _FlushCommand, _ForgetCommand, _GiveWayCommand, _LoadCommand
 from core.engine.pacing import ChunkPacer

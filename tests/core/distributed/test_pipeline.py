@@ -12,8 +12,15 @@ from core.distributed.shard import rank_cache_name
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from kvcache.serialize import unpack_arrays
 from tests.core.distributed.group_fixture import needs_ring, start_group
-from tests.core.distributed.test_group import (OTHER, TOKENS, cached, expectations, first_group, follow_up,
-                                               text)
+from tests.core.distributed.test_group import (
+    OTHER,
+    TOKENS,
+    cached,
+    expectations,
+    first_group,
+    follow_up,
+    text,
+)
 
 pytestmark = [needs_ring, pytest.mark.distributed]
 
