@@ -21,6 +21,11 @@ _RANK_END = re.compile(r"Node with rank (\d+) (?:exited with code (-?\d+)|(was k
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
+def plain(line: str) -> str:
+    """``line`` without terminal colour codes (MLX's launcher colours its warnings)."""
+    return _ANSI.sub("", line)
+
+
 def fault_line(message: str) -> str:
     """The line a rank prints when it sees the group break."""
     return f"radixchat: {message}{FAULT_SUFFIX}"
