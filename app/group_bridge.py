@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from typing import Callable
 
 from PySide6.QtCore import QObject, Qt, Signal
@@ -19,10 +20,12 @@ from core.distributed.group_server import GroupCheck, GroupServer, check_group
 
 log = logging.getLogger(__name__)
 
+LOG_LINES = 500  # the group's output kept for a dialog
+
 
 class GroupBridge(QObject):
     checked = Signal(object)  # a GroupCheck, for the hostfile and model last asked about
-    started = Signal(str)  # the command that runs (for the log)
+    started = Signal(str)  # "$ " and the command that runs (for the log)
     line = Signal(str)  # a line of the group's output
     serving = Signal(str)  # the API's address
     fault = Signal(str)  # a rank died or failed: the message names it and its host
@@ -38,6 +41,10 @@ class GroupBridge(QObject):
         self._server_factory = server_factory
         self._server: GroupServer | None = None
         self._check_asked: tuple[str, str] | None = None
+        # what a dialog opened later shows: the running group's address, fault and output
+        self.address = ""
+        self.last_fault = ""
+        self.lines: deque[str] = deque(maxlen=LOG_LINES)
         self._relay.connect(self._emit, Qt.ConnectionType.QueuedConnection)
 
     @property
@@ -57,8 +64,12 @@ class GroupBridge(QObject):
         if self._server is not None:
             raise RuntimeError("a group is already running")
         self._server = self._server_factory(hostfile, model_path, port, self.data_dir, self._on_event)
+        self.address, self.last_fault = "", ""
+        self.lines.clear()
         self._server.start()
-        self.started.emit(" ".join(self._server.command))
+        command = "$ " + " ".join(self._server.command)
+        self.lines.append(command)
+        self.started.emit(command)
 
     def stop(self) -> None:
         """Stop the group as Ctrl-C would (returns at once; ``ended`` follows)."""
@@ -96,4 +107,11 @@ class GroupBridge(QObject):
             return
         if name == "ended":
             self._server = None
+            self.address = ""
+        elif name == "serving":
+            self.address = payload
+        elif name == "fault":
+            self.last_fault = payload
+        elif name == "line":
+            self.lines.append(payload)
         getattr(self, name).emit(payload)

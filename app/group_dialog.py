@@ -14,10 +14,9 @@ from PySide6.QtGui import QFont
 from PySide6.QtWidgets import (QDialog, QFileDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit, QListWidget,
                                QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
-from app.group_bridge import GroupBridge
+from app.group_bridge import LOG_LINES, GroupBridge
 from core.distributed.group_server import GroupCheck
 
-LOG_LINES = 500  # the group's output kept in the dialog
 OK_STYLE = "color: #1a7f37;"
 FAULT_STYLE = "color: #cf222e; font-weight: 600;"
 
@@ -91,13 +90,17 @@ class GroupServeDialog(QDialog):
         self.resize(640, 520)
 
         bridge.checked.connect(self._on_checked)
-        bridge.started.connect(lambda command: self._append(f"$ {command}"))
+        bridge.started.connect(self._append)
         bridge.line.connect(self._append)
         bridge.serving.connect(self._on_serving)
         bridge.fault.connect(self._on_fault)
         bridge.ended.connect(self._on_ended)
-        if bridge.running:
-            self.state = "starting"  # reopened while a group runs: its next event says more
+        if bridge.running:  # reopened while a group runs: where it stands
+            self.state = "serving" if bridge.address else "starting"
+            self.serving_address = bridge.address
+            self.log.setPlainText("\n".join(bridge.lines))
+            if bridge.last_fault:
+                self._on_fault(bridge.last_fault)
         self._update()
         if hostfile:
             self.check()

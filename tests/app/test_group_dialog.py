@@ -101,6 +101,11 @@ def test_start_and_stop_show_the_groups_state(qtbot, tmp_path, llama):
     assert serving.args == ["http://127.0.0.1:8123/v1"]
     assert dialog.status_label.text() == "Serving at http://127.0.0.1:8123/v1 over 2 hosts"
     assert dialog.stop_button.isEnabled() and not dialog.start_button.isEnabled()
+    dialog.close()  # the group runs on; the dialog opened again shows where it stands
+    dialog = GroupServeDialog(bridge, llama.name, str(llama), str(hostfile(tmp_path)), port=8123)
+    qtbot.addWidget(dialog)
+    assert dialog.status_label.text() == "Serving at http://127.0.0.1:8123/v1"
+    assert SERVING.format(port=8123) in dialog.log.toPlainText() and dialog.stop_button.isEnabled()
     with qtbot.waitSignal(bridge.ended, timeout=30000) as ended:
         dialog.stop_button.click()
         assert dialog.status_label.text() == "Stopping the group…"
