@@ -93,11 +93,17 @@ def run_group(args) -> int:
 
 
 def _relay(stream, outcome: GroupOutcome) -> None:
-    """Pass the group's stderr on, line by line, reading how it ends as it goes."""
-    for raw in iter(stream.readline, b""):
-        sys.stderr.buffer.write(raw)
+    """Pass the group's stderr on as it comes (progress bars redraw with a carriage return,
+    not a newline), reading how it ends line by line."""
+    pending = b""
+    for chunk in iter(lambda: os.read(stream.fileno(), 65536), b""):
+        sys.stderr.buffer.write(chunk)
         sys.stderr.buffer.flush()
-        outcome.read(raw.decode(errors="replace"))
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            outcome.read(line.decode(errors="replace"))
+    if pending:
+        outcome.read(pending.decode(errors="replace"))
 
 
 def run_group_member(args) -> int:
