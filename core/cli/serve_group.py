@@ -71,7 +71,10 @@ def run_group(args) -> int:
     # ignored, which its ranks inherit, so it lives on to relay their last words.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:  # $RADIXCHAT_API_KEY, if set, stays in the environment
-        launcher = subprocess.Popen(command, stderr=subprocess.PIPE, env={**os.environ, SECRET_ENV: new_secret()})
+        # stdin a pipe nobody writes to: MLX's launcher relays its stdin to the ranks with a
+        # select loop that spins on a stdin at end of file (/dev/null, as under a service).
+        launcher = subprocess.Popen(command, stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env={**os.environ, SECRET_ENV: new_secret()})
     finally:
         signal.signal(signal.SIGINT, previous)
     outcome = GroupOutcome([h.ssh for h in hosts])
