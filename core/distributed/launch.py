@@ -83,13 +83,27 @@ def run_launcher(argv: list[str]) -> int:
     """``radixchat _launch-group ARGS``: ``mlx.launch ARGS`` run in this process. The group's
     secret comes in this process's environment (not on a command line) and goes on to every
     rank the way ``mlx.launch --env`` sends variables."""
-    from mlx._distributed_utils.launch import main as mlx_launch_main
+    import mlx._distributed_utils.launch as mlx_launcher
 
+    _never_wait_to_write(mlx_launcher)
     secret = os.environ.get(SECRET_ENV)
     env = ["--env", f"{SECRET_ENV}={secret}"] if secret else []
     sys.argv = ["mlx.launch", *env, *argv]
-    mlx_launch_main()  # it logs each rank's exit; it returns nothing (see core.distributed.outcome)
+    mlx_launcher.main()  # it logs each rank's exit; it returns nothing (see core.distributed.outcome)
     return 0
+
+
+def _never_wait_to_write(mlx_launcher) -> None:
+    """MLX's launcher relays its stdin to each rank in a thread that selects on the rank's
+    stdin pipe for writing, which is always writable: each thread spins, about 0.6 of a core
+    for the group's whole life on a 2-rank group here. Nothing is ever typed to a rank (serve
+    --hosts gives the launcher a pipe nobody writes to), so its select waits on reads only."""
+    select = mlx_launcher.select
+
+    def select_reads(rlist, wlist, xlist, timeout=None):
+        return select(rlist, [], xlist, timeout)
+
+    mlx_launcher.select = select_reads
 
 
 def launch_command(hostfile: str | os.PathLike, hosts: list[Host], serve_args: list[str],
