@@ -2,9 +2,10 @@
 
 Two servers run side by side on this machine: ``radixchat serve`` (one process) and
 ``radixchat serve --hosts`` with a loopback hostfile (2 ranks over MLX's ring backend, the
-model split by tensor parallelism, or by layers with ``--split pipeline``). For each prompt length and repetition, each server in
-turn gets a fresh prompt (uncached: the whole prompt is computed) and then the same prompt
-again (cached: only its last token is), streamed greedy replies of ``--max-tokens``. The
+model split by tensor parallelism, or by layers with ``--split pipeline``). For each prompt
+length and repetition, each server in turn gets a fresh prompt (uncached: the whole prompt
+is computed) and then the same prompt again (cached: only its last token is), streamed
+greedy replies of ``--max-tokens``. The
 client measures time to first token and the decode rate (completion tokens after the
 first, over the time from the first token to the last). Medians over repetitions.
 
@@ -132,9 +133,9 @@ def prompt_of(length: int, tag: str) -> str:
 
 
 def run_bench_distributed(args) -> int:
-    from core.distributed.launch import mlx_launch
+    from core.distributed.launch import launcher_command
 
-    mlx_launch()  # fails in one line where mlx.launch is missing
+    launcher_command()  # fails in one line where MLX's launcher is missing
     lengths = sorted({int(n) for n in str(args.prompt_tokens).split(",") if n.strip()})
     with tempfile.TemporaryDirectory(prefix="radixchat-bench-dist-") as tmp:
         work = Path(tmp)

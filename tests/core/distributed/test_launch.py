@@ -1,85 +1,92 @@
-"""Which backend a group starts on (ring, or JACCL where MLX offers it), and JACCL refused in
-one line where it cannot run. Nothing here can run JACCL for real (it needs Macs joined by
-Thunderbolt 5 with RDMA enabled): the choice, the checks and the command are tested."""
+"""The command that starts a group, for a source checkout and for the packaged app (which
+ships no `mlx.launch` script: MLX's launcher runs inside our own executable), and the
+launcher route itself, run for real on one local rank."""
 
 from __future__ import annotations
 
+import hashlib
 import json
-
-import pytest
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 from core.cli.main import main
-from core.distributed import launch
-from core.distributed.group import launched_backend
-from core.distributed.launch import choose_backend, launch_command, read_hostfile
-from core.errors import UserError
-from core.models.tiny_model import TinyModelSpec, write_tiny_model
+from core.distributed.group import SECRET_ENV, new_secret
+from core.distributed.launch import LAUNCH_COMMAND, launch_command, read_hostfile
 
-TWO = [{"ssh": "studio", "ips": ["10.0.0.1"]}, {"ssh": "macbook", "ips": ["10.0.0.2"]}]
-RDMA = [{**TWO[0], "rdma": [None, "rdma_en3"]}, {**TWO[1], "rdma": ["rdma_en3", None]}]
+ROOT = Path(__file__).resolve().parents[3]
 
 
-def hostfile(tmp_path, data) -> str:
+def hostfile(tmp_path) -> Path:
     path = tmp_path / "hosts.json"
-    path.write_text(json.dumps(data))
-    return str(path)
+    path.write_text(json.dumps([{"ssh": "studio.local", "ips": ["10.0.0.1"]},
+                                {"ssh": "macbook.local", "ips": ["10.0.0.2"]}]))
+    return path
 
 
-@pytest.fixture
-def on_a_mac_with_jaccl(monkeypatch):
-    import mlx.core as mx
-
-    monkeypatch.setattr(launch.platform, "system", lambda: "Darwin")
-    monkeypatch.setattr(mx.distributed, "is_available", lambda backend="any": True)
-
-
-def test_ring_unless_the_option_or_the_hostfile_asks_for_jaccl(tmp_path, on_a_mac_with_jaccl):
-    assert choose_backend(hostfile(tmp_path, TWO)) == "ring"
-    assert choose_backend(hostfile(tmp_path, {"hosts": RDMA})) == "ring"
-    assert choose_backend(hostfile(tmp_path, {"backend": "jaccl", "hosts": RDMA})) == "jaccl"
-    assert choose_backend(hostfile(tmp_path, RDMA), "jaccl") == "jaccl"
-    assert choose_backend(hostfile(tmp_path, {"backend": "jaccl", "hosts": RDMA}), "ring") == "ring"
-    with pytest.raises(UserError, match="asks for the 'mpi' backend"):
-        choose_backend(hostfile(tmp_path, {"backend": "mpi", "hosts": TWO}))
-
-
-def test_jaccl_needs_an_rdma_device_towards_every_other_host(tmp_path, on_a_mac_with_jaccl):
-    with pytest.raises(UserError, match="gives studio no \"rdma\" device"):
-        choose_backend(hostfile(tmp_path, TWO), "jaccl")
-    with pytest.raises(UserError, match="gives macbook no \"rdma\" device"):
-        choose_backend(hostfile(tmp_path, [RDMA[0], {**RDMA[1], "rdma": [None, None]}]), "jaccl")
+def test_the_packaged_app_launches_a_group_through_itself(tmp_path, monkeypatch):
+    app = "/Applications/RadixChat.app/Contents/MacOS/RadixChat"
+    monkeypatch.setattr(sys, "frozen", True, raising=False)
+    monkeypatch.setattr(sys, "executable", app)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    path = hostfile(tmp_path)
+    command = launch_command(path, read_hostfile(path), ["--model", "/m", "--port", "8000"], 40000)
+    split = command.index("--")
+    launcher, member = command[:split], command[split + 1:]
+    assert launcher[:2] == [app, LAUNCH_COMMAND]  # MLX's launcher, inside the app's own executable
+    assert launcher[launcher.index("--backend") + 1] == "ring"
+    assert launcher[launcher.index("--hostfile") + 1] == str(path)
+    assert launcher[launcher.index("--starting-port") + 1] == "40000"
+    assert 'RADIXCHAT_GROUP_HOSTS=["studio.local", "macbook.local"]' in launcher
+    assert member == [app, "serve", "--model", "/m", "--port", "8000", "--group-member"]
+    assert not any(SECRET_ENV in part for part in command)  # the secret never rides a command line
 
 
-def test_jaccl_is_refused_where_it_cannot_run(tmp_path, monkeypatch):
-    import mlx.core as mx
-
-    path = hostfile(tmp_path, {"backend": "jaccl", "hosts": RDMA})
-    monkeypatch.setattr(launch.platform, "system", lambda: "Linux")
-    with pytest.raises(UserError, match="runs on macOS only, not Linux: use --backend ring"):
-        choose_backend(path)
-    monkeypatch.setattr(launch.platform, "system", lambda: "Darwin")
-    monkeypatch.setattr(mx.distributed, "is_available", lambda backend="any": backend != "jaccl")
-    with pytest.raises(UserError, match="cannot use JACCL here .*macOS 26.2"):
-        choose_backend(path)
+def test_a_source_checkout_launches_through_python(tmp_path, monkeypatch):
+    monkeypatch.delattr(sys, "frozen", raising=False)
+    monkeypatch.setenv("PYTHONPATH", "/src/radixchat")
+    path = hostfile(tmp_path)
+    command = launch_command(path, read_hostfile(path), ["--model", "/m"])
+    assert command[:4] == [sys.executable, "-m", "core.cli.main", LAUNCH_COMMAND]
+    assert "PYTHONPATH=/src/radixchat" in command
+    assert command[command.index("--") + 1:] == [sys.executable, "-m", "core.cli.main", "serve", "--model", "/m",
+                                                 "--group-member"]
 
 
-def test_serve_hosts_refuses_jaccl_in_one_line_before_anything_starts(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(launch.platform, "system", lambda: "Linux")  # as here; also on a Mac CI
-    model = write_tiny_model(tmp_path / "m", TinyModelSpec())
-    calls = []
-    monkeypatch.setattr(launch, "mlx_launch", lambda: calls.append("mlx.launch") or "mlx.launch")
-    code = main(["serve", "--hosts", hostfile(tmp_path, RDMA), "--backend", "jaccl", "--model", str(model),
-                 "--port", "0", "--data-dir", str(tmp_path / "data")])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and "JACCL (RDMA over Thunderbolt) runs on macOS only" in err[0]
-    assert calls == []  # mlx.launch never looked for, nothing started
+def test_the_hidden_launcher_runs_mlxs(capsys):
+    assert main([LAUNCH_COMMAND, "--print-python"]) == 0
+    assert capsys.readouterr().out.strip() == sys.executable
 
 
-def test_the_launch_command_names_the_backend_and_each_rank_joins_it(tmp_path):
-    path = hostfile(tmp_path, RDMA)
-    command = launch_command(path, read_hostfile(path), ["--model", "m"], backend="jaccl")
-    assert command[command.index("--backend") + 1] == "jaccl"
-    # a rank joins what mlx.launch started it for: JACCL's coordinator, else the ring's hostfile
-    assert launched_backend({"MLX_JACCL_COORDINATOR": "10.0.0.1:32323", "MLX_RANK": "1"}) == "jaccl"
-    assert launched_backend({"MLX_HOSTFILE": "/tmp/h.json", "MLX_RANK": "1"}) == "ring"
-    assert launched_backend({}) is None
+def test_the_launcher_hands_the_secret_to_a_rank_in_its_environment_only(tmp_path):
+    secret = new_secret()
+    digest = hashlib.sha256(secret.encode()).hexdigest()  # the rank's own command line must not hold it
+    rank = ("import hashlib, os; secret = os.environ[%r]; cmdline = open('/proc/self/cmdline', 'rb').read(); "
+            "print('rank', os.environ['MLX_RANK'], hashlib.sha256(secret.encode()).hexdigest() == %r, "
+            "secret.encode() in cmdline)" % (SECRET_ENV, digest))
+    done = subprocess.run([sys.executable, "-m", "core.cli.main", LAUNCH_COMMAND, "--hosts", "127.0.0.1",
+                           "--", sys.executable, "-c", rank],
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), SECRET_ENV: secret},
+                          stdin=subprocess.PIPE, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["rank", "0", "True", "False"], (done.stdout, done.stderr)
+
+
+def test_the_launcher_waits_on_reads_only_so_its_rank_threads_do_not_spin():
+    import types
+    from select import select
+
+    from core.distributed.launch import _never_wait_to_write
+
+    launcher = types.SimpleNamespace(select=select)
+    _never_wait_to_write(launcher)
+    read_end, write_end = os.pipe()
+    try:  # a rank's stdin pipe is always writable: unpatched, select returns it at once
+        assert select([read_end], [write_end], [], 0.05)[1] == [write_end]
+        assert launcher.select([read_end], [write_end], [], 0.05) == ([], [], [])
+        os.write(write_end, b"x")  # what is there to read still comes back
+        assert launcher.select([read_end], [write_end], [], 0.05) == ([read_end], [], [])
+    finally:
+        os.close(read_end)
+        os.close(write_end)
