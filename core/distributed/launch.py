@@ -9,6 +9,12 @@ connects over (a Thunderbolt bridge's or the Ethernet address)::
 
 Rank 0 is the first host: it serves the API, so list this machine first. Every host needs
 RadixChat at the same path and the model at the same path (or the same data folder name).
+
+The backend is MLX's ring (TCP over any network) unless ``--backend`` or the hostfile's
+``"backend"`` asks for JACCL (RDMA over Thunderbolt 5, macOS 26.2+), whose hostfile also
+lists each host's RDMA device towards every other host (``"rdma"``, MLX's format, as
+``mlx.distributed_config --backend jaccl`` writes it). Where JACCL cannot run it is refused
+here, in one line, before anything starts.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import platform
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +57,39 @@ def read_hostfile(path: str | os.PathLike) -> list[Host]:
         raise UserError(f"the hostfile {path} gives no IP for {', '.join(missing)}: the ring backend "
                         "connects over IPs (a Thunderbolt bridge's or the Ethernet address)")
     return hosts
+
+
+BACKENDS = ("ring", "jaccl")
+
+
+def choose_backend(path: str | os.PathLike, requested: str | None = None) -> str:
+    """The backend the group runs on: ``requested`` (``--backend``), else the hostfile's
+    ``"backend"``, else ring; a backend that cannot run here is refused in one line."""
+    data = json.loads(Path(path).read_text())  # read_hostfile has checked it
+    backend = requested or (data.get("backend") if isinstance(data, dict) else None) or "ring"
+    if backend not in BACKENDS:
+        raise UserError(f"the hostfile {path} asks for the {backend!r} backend: a group runs on ring or jaccl")
+    if backend == "jaccl":
+        check_jaccl(data.get("hosts") if isinstance(data, dict) else data, path)
+    return backend
+
+
+def check_jaccl(entries: list[dict], path) -> None:
+    """JACCL can run here (macOS, an MLX with it) and the hostfile names the RDMA devices."""
+    import mlx.core as mx
+
+    if platform.system() != "Darwin":
+        raise UserError(f"JACCL (RDMA over Thunderbolt) runs on macOS only, not {platform.system()}: "
+                        "use --backend ring")
+    if not mx.distributed.is_available("jaccl"):
+        raise UserError("this MLX cannot use JACCL here (it needs macOS 26.2 or later on Thunderbolt 5, "
+                        "RDMA enabled with `rdma_ctl enable` in macOS Recovery): use --backend ring")
+    for i, entry in enumerate(entries):
+        rdma = entry.get("rdma")
+        if not isinstance(rdma, list) or len(rdma) != len(entries) or rdma[i] is not None \
+                or any(d is None for j, d in enumerate(rdma) if j != i):
+            raise UserError(f"the hostfile {path} gives {entry.get('ssh')} no \"rdma\" device towards every "
+                            "other host (null for itself): write it with `mlx.distributed_config --backend jaccl`")
 
 
 LAUNCH_COMMAND = "_launch-group"  # the hidden subcommand that runs MLX's launcher (see run_launcher)
@@ -107,9 +147,9 @@ def _never_wait_to_write(mlx_launcher) -> None:
 
 
 def launch_command(hostfile: str | os.PathLike, hosts: list[Host], serve_args: list[str],
-                   starting_port: int | None = None) -> list[str]:
-    """The ``mlx.launch`` command that starts ``radixchat serve`` on every host (ring backend)."""
-    command = [*launcher_command(), "--backend", "ring", "--hostfile", str(hostfile),
+                   starting_port: int | None = None, backend: str = "ring") -> list[str]:
+    """The ``mlx.launch`` command that starts ``radixchat serve`` on every host."""
+    command = [*launcher_command(), "--backend", backend, "--hostfile", str(hostfile),
                "--env", f"{HOSTS_ENV}={json.dumps([h.ssh for h in hosts])}"]
     if os.environ.get("PYTHONPATH"):  # a source checkout: the same tree on every host
         command += ["--env", f"PYTHONPATH={os.environ['PYTHONPATH']}"]
