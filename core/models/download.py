@@ -199,14 +199,12 @@ def _fetch_all(plan: RepoPlan, files: list[RepoFile], meter: "_Meter", hashes) -
 
 def _fetch(plan: RepoPlan, file: RepoFile, meter: "_Meter", hashes: FileHashCache | None) -> None:
     """One file into ``blobs/<etag>``, resuming its ``.incomplete`` part, verified."""
-    from huggingface_hub.utils import build_hf_headers
-
     blob, partial, _ = _paths(plan, file)
     # The commit's URL names these bytes for good; the hub redirects it to its CDN, and
     # the HTTP client drops the token on a redirect to another host.
     url = hub.file_url(plan.repo_id, file.path, plan.commit)
     try:
-        headers = build_hf_headers(token=hub.token() or False, library_name="radixchat")
+        headers = hub.request_headers()
         with open(partial, "ab", buffering=0) as raw:  # the buffers are large: no second copy
             sink = _Sink(raw, file)
             try:
