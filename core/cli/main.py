@@ -270,6 +270,12 @@ GuiRunner = Callable[[argparse.Namespace, Path], int]
 def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
     """Run the command line; ``gui`` opens the app (``app.launcher`` passes it in, since
     core never imports app)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] and argv[0].startswith("_"):  # a hidden subcommand (its module is imported only then)
+        from core.distributed.launch import LAUNCH_COMMAND, run_launcher
+
+        if argv[0] == LAUNCH_COMMAND:  # MLX's launcher, run by `serve --hosts` (even in the app)
+            return run_launcher(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
