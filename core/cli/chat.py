@@ -20,6 +20,17 @@ HELP = "commands: /stats (last turn's figures), /quit"
 EXIT_NOT_SAVED = 2  # the reply was shown, but the turn is not in the chat history
 
 
+def sampling_params(args) -> SamplingParams:
+    """The sampling the flags ask for; a flag left out (None) keeps SamplingParams' default,
+    the one copy of the defaults (the parser does not import the engine to read them)."""
+    given = {"temperature": args.temp, "top_p": args.top_p, "top_k": args.top_k, "min_p": args.min_p,
+             "repetition_penalty": args.repetition_penalty, "seed": args.seed, "max_tokens": args.max_tokens}
+    try:
+        return SamplingParams(**{k: v for k, v in given.items() if v is not None}, stop=tuple(args.stop))
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+
+
 def run_chat(args) -> int:
     # What the command line gave is checked before anything is made.
     if args.session is not None:
@@ -27,19 +38,7 @@ def run_chat(args) -> int:
     if args.prompt is not None:
         _check_prompt(args.prompt)
     root = paths.data_dir(args.data_dir)
-    try:
-        sampling = SamplingParams(
-            temperature=args.temp,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            min_p=args.min_p,
-            repetition_penalty=args.repetition_penalty,
-            seed=args.seed,
-            max_tokens=args.max_tokens,
-            stop=tuple(args.stop),
-        )
-    except ValueError as exc:
-        raise UserError(str(exc)) from exc
+    sampling = sampling_params(args)
     template = read_chat_template(args.chat_template) if args.chat_template else None
     with ChatStore(paths.chats_db_path(root)) as store:  # a newer or locked database fails first
         engine = Engine(root, args.model, args.weights, use_cache=not args.no_cache,

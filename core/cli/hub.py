@@ -9,7 +9,7 @@ from pathlib import Path
 from core import paths
 from core.cli.terminal import safe
 from core.errors import UserError
-from core.models import download, hf_cache, hub, installed, provision
+from core.models import download, hub  # models and rm import theirs when they run
 
 
 def human(n: float | None) -> str:
@@ -113,6 +113,8 @@ def run_pull(args) -> int:
 
 
 def run_models(args) -> int:
+    from core.models import hf_cache, installed, provision
+
     root = paths.data_dir(args.data_dir)
     if getattr(args, "models_command", None) == "rm":
         return _remove(root, args.name, args.yes)
@@ -139,6 +141,8 @@ def run_models(args) -> int:
 
 
 def _remove(root: Path, spec: str, yes: bool) -> int:
+    from core.models import installed
+
     model = installed.find(root, spec)
     partial = next((p for p in installed.partial_downloads() if p.repo_id == spec), None)
     if model is None and partial is None:

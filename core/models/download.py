@@ -181,7 +181,9 @@ def _check_architecture(plan: RepoPlan) -> None:
 
 def _fetch_all(plan: RepoPlan, files: list[RepoFile], meter: "_Meter", hashes) -> None:
     with ThreadPoolExecutor(max_workers=min(MAX_WORKERS, len(files)), thread_name_prefix="pull") as pool:
-        futures = [pool.submit(_fetch, plan, f, meter, hashes) for f in sorted(files, key=lambda f: f.size)]
+        # The largest first: it takes longest, so it starts before the small ones take the
+        # GIL to open their requests (MAX_WORKERS at once; the rest as workers free up).
+        futures = [pool.submit(_fetch, plan, f, meter, hashes) for f in sorted(files, key=lambda f: -f.size)]
         try:
             done, _ = wait(futures, return_when=FIRST_EXCEPTION)
         except KeyboardInterrupt:
@@ -199,14 +201,12 @@ def _fetch_all(plan: RepoPlan, files: list[RepoFile], meter: "_Meter", hashes) -
 
 def _fetch(plan: RepoPlan, file: RepoFile, meter: "_Meter", hashes: FileHashCache | None) -> None:
     """One file into ``blobs/<etag>``, resuming its ``.incomplete`` part, verified."""
-    from huggingface_hub.utils import build_hf_headers
-
     blob, partial, _ = _paths(plan, file)
     # The commit's URL names these bytes for good; the hub redirects it to its CDN, and
     # the HTTP client drops the token on a redirect to another host.
     url = hub.file_url(plan.repo_id, file.path, plan.commit)
     try:
-        headers = build_hf_headers(token=hub.token() or False, library_name="radixchat")
+        headers = hub.request_headers()
         with open(partial, "ab", buffering=0) as raw:  # the buffers are large: no second copy
             sink = _Sink(raw, file)
             try:
@@ -355,7 +355,8 @@ class _Sink:
         self._raw, self._file = raw, file
         self._free: queue.SimpleQueue = queue.SimpleQueue()
         for _ in range(self.BUFFERS):
-            self._free.put(bytearray(self.BUFFER_BYTES))
+            # a small file needs no more (the one byte over shows a body longer than listed)
+            self._free.put(bytearray(min(self.BUFFER_BYTES, file.size + 1)))
         self._to_hash: queue.Queue = queue.Queue()
         self._to_write: queue.Queue = queue.Queue()
         self._error: BaseException | None = None

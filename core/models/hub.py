@@ -16,6 +16,7 @@ machine's memory.
 from __future__ import annotations
 
 import ast
+import builtins
 import fnmatch
 import os
 import re
@@ -24,8 +25,6 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from urllib.parse import urlsplit
-
-import psutil
 
 from core.errors import UserError
 from core.models.catalog import GGUF_BITS_PER_WEIGHT, estimate_memory_bytes, runs_on_cpu
@@ -145,10 +144,60 @@ def endpoint() -> str:
 
 
 def token() -> str | None:
-    """The user's HF token: ``HF_TOKEN`` or the one ``hf auth login`` stored."""
+    """The user's HF token, as huggingface_hub's ``get_token`` finds it: a token exchanged
+    through OIDC (``HF_OIDC_RESOURCE``), else ``HF_TOKEN`` (or ``HUGGING_FACE_HUB_TOKEN``),
+    else the one ``hf auth login`` stored (an OAuth one is refreshed), else Colab's secret.
+
+    Where the answer is certain without it (no OIDC; a token in the environment, or no
+    token file and no IPython), it is read here: ``get_token``'s module imports
+    huggingface_hub's errors, HTTP client, yaml and filelock (a sixth of ``radixchat
+    pull``'s start-up). Otherwise ``get_token`` answers. A test keeps the two equal."""
+    from huggingface_hub import constants
+
+    if not os.environ.get("HF_OIDC_RESOURCE"):
+        env = _clean_token(os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN"))
+        if env is not None:
+            return env
+        if not os.path.exists(constants.HF_TOKEN_PATH) and not hasattr(builtins, "get_ipython"):
+            return None
     from huggingface_hub import get_token
 
     return get_token()
+
+
+def _clean_token(value: str | None) -> str | None:
+    """As huggingface_hub cleans a token: line breaks out, spaces trimmed, empty is none."""
+    return None if value is None else (value.replace("\r", "").replace("\n", "").strip() or None)
+
+
+def request_headers() -> dict[str, str]:
+    """The headers of a request to the hub: what huggingface_hub's
+    ``build_hf_headers(token=token() or False, library_name="radixchat")`` gives (its user
+    agent, with the versions and, unless telemetry is off, torch's and the AI agent
+    running us; the token), from its light modules only (``build_hf_headers``'s module
+    imports ``get_token``'s). A test keeps the two equal; a huggingface_hub without these
+    modules gets its own function."""
+    try:
+        from huggingface_hub import constants
+        from huggingface_hub.utils._detect_agent import detect_agent
+        from huggingface_hub.utils._runtime import (get_hf_hub_version, get_python_version, get_torch_version,
+                                                    is_torch_available)
+    except ImportError:  # another layout of huggingface_hub
+        from huggingface_hub.utils import build_hf_headers
+
+        return build_hf_headers(token=token() or False, library_name="radixchat")
+    agent = f"radixchat/None; hf_hub/{get_hf_hub_version()}; python/{get_python_version()}"
+    if not constants.HF_HUB_DISABLE_TELEMETRY:
+        if is_torch_available():
+            agent += f"; torch/{get_torch_version()}"
+        if harness := detect_agent():
+            agent += f"; agent/{harness}"
+    if constants.HF_HUB_USER_AGENT_ORIGIN is not None:
+        agent += "; origin/" + constants.HF_HUB_USER_AGENT_ORIGIN
+    headers = {"user-agent": "; ".join({part.strip(): None for part in agent.split(";")})}
+    if secret := token():
+        headers["authorization"] = f"Bearer {secret}"
+    return headers
 
 
 def api():
@@ -184,15 +233,12 @@ def repo_info(repo_id: str, revision: str = "main") -> dict:
     import json
     from urllib.parse import quote
 
-    from huggingface_hub.utils import build_hf_headers
-
     from core.models import http_get
 
     check_repo_id(repo_id)
-    check_online()
     url = f"{endpoint()}/api/models/{repo_id}/revision/{quote(revision, safe='')}?blobs=true"
     try:
-        headers = build_hf_headers(token=token() or False, library_name="radixchat")
+        headers = _headers_once_online()
         with http_get.open_get(url, headers, timeout=API_TIMEOUT) as response:
             info = json.loads(response.read())
     except Exception as exc:
@@ -200,6 +246,35 @@ def repo_info(repo_id: str, revision: str = "main") -> dict:
     if not isinstance(info, dict) or not isinstance(info.get("sha"), str):
         raise HubError(f"the hub's answer for {repo_id} is not a model's revision: try again later")
     return info
+
+
+def _headers_once_online() -> dict[str, str]:
+    """:func:`request_headers`, once :func:`check_online` has passed: the probe's round
+    trip runs on a thread while the headers are made (they import and read files, and
+    once a day huggingface_hub fetches its registry of AI agents for the user agent)."""
+    import threading
+
+    failure: list[OfflineError] = []
+
+    def probe() -> None:
+        try:
+            check_online()
+        except OfflineError as exc:
+            failure.append(exc)
+
+    prober = threading.Thread(target=probe, name="hub-probe", daemon=True)
+    prober.start()
+    try:
+        headers = request_headers()
+    except Exception:
+        prober.join()
+        if failure:  # offline says more than what failed for want of the network
+            raise failure[0] from None
+        raise
+    prober.join()
+    if failure:
+        raise failure[0]
+    return headers
 
 
 def file_url(repo_id: str, path: str, revision: str) -> str:
@@ -341,7 +416,14 @@ def quantization_of(name: str) -> str | None:
 
 
 def machine_memory_bytes() -> int:
-    return int(psutil.virtual_memory().total)
+    """The machine's RAM: from sysconf where there is one (what psutil reads on Linux and
+    macOS, without importing it: a pull is a new Python each time), else psutil."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        import psutil
+
+        return int(psutil.virtual_memory().total)
 
 
 def kv_pool_bytes(weights_bytes: int, machine_bytes: int) -> int:
@@ -382,14 +464,26 @@ def _mlx_lm_folder() -> str | None:
 
 @lru_cache(maxsize=1)
 def _mlx_lm_remapping(folder: str) -> dict[str, str]:
-    """``mlx_lm.utils.MODEL_REMAPPING``, read from its source (a dict literal)."""
+    """``mlx_lm.utils.MODEL_REMAPPING``, read from its source (a dict literal): the
+    assignment's own lines when they can be told apart (parsing the whole module took
+    ~10 ms of a pull's start), else the whole module."""
     try:
-        tree = ast.parse(Path(folder, "utils.py").read_text(encoding="utf-8"))
+        source = Path(folder, "utils.py").read_text(encoding="utf-8")
+    except OSError:
+        return {}
+    start = source.find("\nMODEL_REMAPPING = {")
+    end = source.find("\n}", start)
+    for text in ([source[start + 1:end + 2]] if start >= 0 and end >= 0 else []) + [source]:
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
         for node in tree.body:
             if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "MODEL_REMAPPING" for t in node.targets):
-                return dict(ast.literal_eval(node.value))
-    except (OSError, SyntaxError, ValueError):
-        pass
+                try:
+                    return dict(ast.literal_eval(node.value))
+                except ValueError:
+                    return {}
     return {}
 
 

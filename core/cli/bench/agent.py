@@ -39,9 +39,7 @@ import http.client
 import json
 import os
 import platform
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,17 +48,16 @@ from pathlib import Path
 
 from core import paths
 from core.cli.bench.agent_trace import Trace, anthropic_body, build_trace, openai_body
-from core.cli.bench.server_process import wait_until_answers
+from core.cli.bench.server_process import ServerProcess, free_port, mlx_lm_server_code, radixchat_server_code
 from core.errors import UserError
 from core.models.chat_template import read_chat_template
 
 WAYS = ("ours_cache", "ours_no_cache", "mlx_lm_server")
 POOL_TOKENS = 65536
-START_TIMEOUT_S = 300
+STOP_TIMEOUT_S = 60  # a server still busy with a long prompt takes a while to stop
 REQUEST_TIMEOUT_S = 900
 MESSAGES = "/v1/messages"
 CHAT = "/v1/chat/completions"
-REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 @dataclass(frozen=True)
@@ -193,66 +190,39 @@ def warm_up(server: "Served") -> None:
 # ------------------------------------------------------------------ the servers
 @dataclass
 class Served:
-    """A server in its own process, answering at ``host:port`` on ``path``."""
+    """A server in its own process (a started :class:`ServerProcess`; None: a test's
+    stand-in), answering at ``host:port``, and the endpoint the bench sends it requests on."""
 
     name: str
     host: str
     port: int
     path: str
-    process: subprocess.Popen
-    log: object  # a temporary file: the server's output
+    server: ServerProcess | None
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self.log.close()
+        if self.server is not None:
+            self.server.stop()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _start(name: str, argv: list[str], port: int, path: str) -> Served:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
-    log = tempfile.TemporaryFile()
-    process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-    served = Served(name, "127.0.0.1", port, path, process, log)
-    try:
-        _wait_for_port(port, process, log, name)
-    except BaseException:
-        served.stop()
-        raise
-    return served
+def _start(name: str, code: str, port: int, path: str) -> Served:
+    server = ServerProcess(name, code, port, stop_timeout_s=STOP_TIMEOUT_S).start()
+    return Served(name, server.host, port, path, server)
 
 
 def start_ours(data: Path, model: str, use_cache: bool, path: str = MESSAGES,
                template_file: str | None = None) -> Served:
     """``radixchat serve`` on data folder ``data`` (its caches there), with or without its
     cache, in its own process (as mlx_lm.server runs), on a free loopback port."""
-    port = _free_port()
-    argv = [sys.executable, "-m", "core.cli.main", "serve", "--data-dir", str(data), "--model", model,
-            "--port", str(port), "--kv-tokens", str(POOL_TOKENS)]
-    if template_file:
-        argv += ["--chat-template", str(template_file)]
-    if not use_cache:
-        argv.append("--no-cache")
-    return _start("ours_cache" if use_cache else "ours_no_cache", argv, port, path)
+    port = free_port()
+    code = radixchat_server_code(model, data, port, POOL_TOKENS, use_cache=use_cache, chat_template=template_file)
+    return _start("ours_cache" if use_cache else "ours_no_cache", code, port, path)
 
 
 def start_mlx_lm_server(folder: Path) -> Served:
     """``mlx_lm.server`` on the MLX model ``folder`` (its prompt cache on, the default),
     after ``import core`` (the same CPU setup as ours), on a free loopback port."""
-    port = _free_port()
-    code = ("import core, sys; from mlx_lm.server import main; "
-            f"sys.argv = ['mlx_lm.server', '--model', {str(folder)!r}, '--host', '127.0.0.1', "
-            f"'--port', '{port}', '--log-level', 'WARNING']; main()")
-    return _start("mlx_lm_server", [sys.executable, "-c", code], port, CHAT)
+    port = free_port()
+    return _start("mlx_lm_server", mlx_lm_server_code(folder, port), port, CHAT)
 
 
 def run_mlx_lm_server(folder: Path, trace: Trace, max_tokens: int) -> list[Reply]:
@@ -264,16 +234,6 @@ def run_mlx_lm_server(folder: Path, trace: Trace, max_tokens: int) -> list[Reply
                 for i in range(len(trace.requests))]
     finally:
         server.stop()
-
-
-def _wait_for_port(port: int, process, log, name: str = "mlx_lm.server") -> None:
-    if wait_until_answers(process, port, "/v1/models", START_TIMEOUT_S):
-        return
-    if process.poll() is not None:
-        log.seek(0)
-        raise UserError(f"{name} exited with {process.returncode}: "
-                        f"{log.read().decode(errors='replace').strip().splitlines()[-1:]}")
-    raise UserError(f"{name} did not answer within {START_TIMEOUT_S} s")
 
 
 def _link_models(root: Path, data: Path) -> None:

@@ -1,16 +1,18 @@
-"""``radixchat bench pull``: ``radixchat pull`` of a repo with one large weights file from a
-loopback hub, against a plain ``curl`` of the same file from the same server.
+"""``radixchat bench pull``: ``radixchat pull`` of a repo with one large weights file from
+a loopback hub, against a plain ``curl`` of the same file from the same server.
 
 Each repetition runs ``curl -o FILE URL`` (the weights file alone), then the whole
 ``radixchat pull REPO`` command in a new Python process (start-up and imports, the hub's
 metadata, every file of the model, SHA-256 while writing, linking into the HF cache),
-into an empty HF cache. Reported: the median wall time of each, the pull's download
-alone (PullResult.seconds, as the command prints it), the ratio of rates (curl's median
-time / the pull's), curl followed by ``openssl dgst -sha256`` of its file (the same work
-as a verified download, for reference: curl checks nothing), the CPU time of each (user + system, the figure a loaded machine
-blurs least), and the load average before and after. Then a pull cancelled half-way
-and resumed: the bytes the server sent for the resume against the bytes that were
-missing.
+into an empty HF cache, run as an installed copy runs: a byte-compiled copy of ``core``,
+with an HF_HOME of its own, where the first pull keeps the hub's registry of AI agents
+for a day as huggingface_hub does (see :func:`_as_installed`). Reported: the median wall
+time of each, the pull's download alone (PullResult.seconds, as the command prints it),
+the ratio of rates (curl's median time / the pull's), curl followed by ``openssl dgst
+-sha256`` of its file (the same work as a verified download, for reference: curl checks
+nothing), the CPU time of each (user + system, the figure a loaded machine blurs least),
+and the load average before and after. Then a pull cancelled half-way and resumed: the
+bytes the server sent for the resume against the bytes that were missing.
 
 The loopback hub is the test suite's (``tests/core/models/hub_fixture.py``): a test
 double with fault injection, not part of the product, so it is not shipped under
@@ -89,6 +91,8 @@ def measure(fixture, megabytes: int, repeats: int) -> dict:
         env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_XET": "1",
                "PYTHONPATH": os.pathsep.join(filter(None, (str(checkout), os.environ.get("PYTHONPATH"))))}
         env.pop("HF_HUB_OFFLINE", None)
+        pull_env = _as_installed(env, checkout, work)
+        hub.agent_registry = fixture.AGENT_REGISTRY  # as the hub answers it: the first pull keeps it in HF_HOME
         openssl = shutil.which("openssl")
         runs: dict[str, list[float]] = {k: [] for k in ("curl_s", "curl_cpu_s", "pull_s", "pull_cpu_s",
                                                           "pull_download_s", "curl_then_sha256_s")}
@@ -108,11 +112,12 @@ def measure(fixture, megabytes: int, repeats: int) -> dict:
 
             cache = work / f"hf-{i}"
             seconds, cpu, out = _timed([sys.executable, "-m", "core.cli.main", "pull", REPO, "--data-dir",
-                                        str(work / f"data-{i}")], {**env, "HF_HUB_CACHE": str(cache)})
+                                        str(work / f"data-{i}")], {**pull_env, "HF_HUB_CACHE": str(cache)}, work)
             runs["pull_s"].append(seconds)
             runs["pull_cpu_s"].append(cpu)
             runs["pull_download_s"].append(_download_seconds(out.stderr))
             shutil.rmtree(cache)
+        hub.agent_registry = None  # this process's HF_HOME is the user's: it keeps no loopback copy
         resumed = _resume(hub, work, size, env)
         served_total = repo.files[WEIGHTS].size
     finally:
@@ -133,11 +138,25 @@ def measure(fixture, megabytes: int, repeats: int) -> dict:
     }
 
 
-def _timed(command: list[str], env: dict) -> tuple[float, float, subprocess.CompletedProcess]:
+def _as_installed(env: dict, checkout: Path, work: Path) -> dict:
+    """The pull's environment: a copy of the checkout's ``core`` package, byte-compiled, as
+    pip and PyInstaller install it (the pull from the checkout compiled RadixChat's modules
+    at every start where PYTHONDONTWRITEBYTECODE is set, as in this project's sessions: no
+    installed copy does; the Python library's own bytecode is used as it is), and an
+    HF_HOME of its own, where huggingface_hub keeps the hub's registry of AI agents for a
+    day (the first pull fetches it). The pull runs in ``work``, so the checkout is not on
+    its path."""
+    installed = work / "installed"
+    shutil.copytree(checkout / "core", installed / "core", ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(installed)], check=True, capture_output=True)
+    return {**env, "PYTHONPATH": str(installed), "HF_HOME": str(work / "hf-home")}
+
+
+def _timed(command: list[str], env: dict, cwd: Path | None = None) -> tuple[float, float, subprocess.CompletedProcess]:
     """Wall and CPU seconds (user + system) of one child process."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    out = subprocess.run(command, env=env, capture_output=True, text=True)
+    out = subprocess.run(command, env=env, capture_output=True, text=True, cwd=cwd)
     seconds = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if out.returncode != 0:

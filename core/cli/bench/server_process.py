@@ -55,24 +55,37 @@ def mlx_lm_server_code(folder: Path, port: int) -> str:
             f"'--port', '{port}', '--log-level', 'WARNING']; main()")
 
 
-def radixchat_server_code(model: str, data_dir: Path, port: int, kv_tokens: int) -> str:
-    """Python code that runs ``radixchat serve`` (our API over our engine)."""
+def radixchat_server_code(model: str, data_dir: Path, port: int, kv_tokens: int, *, use_cache: bool = True,
+                          chat_template: str | None = None) -> str:
+    """Python code that runs ``radixchat serve`` (our API over our engine); without its
+    cache (``--no-cache``) or with another chat template when asked."""
     argv = ["serve", "--model", model, "--host", "127.0.0.1", "--port", str(port),
             "--data-dir", str(data_dir), "--kv-tokens", str(kv_tokens)]
+    if chat_template:
+        argv += ["--chat-template", str(chat_template)]
+    if not use_cache:
+        argv.append("--no-cache")
     return f"import core, sys; from core.cli.main import main; sys.exit(main({argv!r}))"
 
 
 class ServerProcess:
     """``python -c code`` serving on 127.0.0.1:``port``; ready once ``GET /v1/models``
-    answers 200. Use as a context manager: it is terminated on exit."""
+    answers 200. Use as a context manager (or :meth:`start` and :meth:`stop`): it is
+    terminated on exit, and killed if it has not ended ``stop_timeout_s`` later."""
 
-    def __init__(self, name: str, code: str, port: int):
-        self.name, self.code, self.port = name, code, port
+    def __init__(self, name: str, code: str, port: int, stop_timeout_s: float = 30):
+        self.name, self.code, self.port, self.stop_timeout_s = name, code, port, stop_timeout_s
         self.host = "127.0.0.1"
         self._log = None
         self._process: subprocess.Popen | None = None
 
     def __enter__(self) -> "ServerProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> "ServerProcess":
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)}
         self._log = tempfile.TemporaryFile()
@@ -81,15 +94,15 @@ class ServerProcess:
         try:
             self._wait_ready()
         except BaseException:
-            self.__exit__(None, None, None)
+            self.stop()
             raise
         return self
 
-    def __exit__(self, *exc) -> None:
+    def stop(self) -> None:
         if self._process is not None:
             self._process.terminate()
             try:
-                self._process.wait(timeout=30)
+                self._process.wait(timeout=self.stop_timeout_s)
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait()

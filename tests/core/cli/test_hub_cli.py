@@ -72,18 +72,54 @@ def test_progress_line_formats():
 
 
 def test_pull_imports_only_what_it_needs(loopback_hub, tmp_path):
-    """`radixchat pull` starts a new Python each time: no mlx, numpy or GGUF reader (a
-    tenth of a second and more of start-up that a download does not use)."""
+    """`radixchat pull` starts a new Python each time: it imports no mlx, numpy or GGUF
+    reader, none of the engine, the API server, the chat store or provisioning, and of
+    huggingface_hub neither HfApi, file_download nor its token and header code (their
+    errors, HTTP client, yaml and filelock): start-up a download does not use. The
+    registry of AI agents huggingface_hub keeps for its user agent is in HF_HOME, as its
+    daily fetch leaves it (fetching it takes huggingface_hub's HTTP client)."""
+    import json
     import os
     import subprocess
     import sys
     from pathlib import Path
 
-    heavy = ("mlx", "mlx_lm", "numpy", "gguf", "transformers", "sentencepiece", "PySide6", "kvcache")
+    from tests.core.models.hub_fixture import AGENT_REGISTRY
+
+    home = Path(os.environ["HF_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    (home / ".agent_harnesses.json").write_text(json.dumps(AGENT_REGISTRY))
+    heavy = ("mlx", "mlx_lm", "numpy", "gguf", "transformers", "sentencepiece", "PySide6", "kvcache", "fastapi",
+             "uvicorn", "starlette", "core.engine", "core.api", "core.chats", "core.models.provision",
+             "core.models.pypi_download", "core.models.loader", "huggingface_hub.hf_api", "huggingface_hub.file_download",
+             "huggingface_hub.utils._auth", "huggingface_hub.utils._headers", "huggingface_hub.errors", "httpx2", "yaml",
+             "filelock", "psutil")
     code = ("import sys; from core.cli.main import main; status = main(['pull', sys.argv[1], '--data-dir', sys.argv[2]]);"
-            f" print(sorted({{m.split('.')[0] for m in sys.modules}} & set({heavy!r}))); sys.exit(status)")
+            f" print(sorted(m for m in sys.modules if m.startswith(tuple(h + '.' for h in {heavy!r})) or m in {heavy!r}));"
+            " sys.exit(status)")
     root = Path(__file__).resolve().parents[3]
     out = subprocess.run([sys.executable, "-c", code, TINY_MLX, str(tmp_path / "data")], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(root)}, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_every_import_the_commands_make_when_they_run_resolves():
+    """core.cli.main imports each command's code when the command runs: every one of
+    those imports names a module and a name that exist."""
+    import ast
+    import importlib
+    from pathlib import Path
+
+    import core.cli.main as cli_main
+
+    tree = ast.parse(Path(cli_main.__file__).read_text(encoding="utf-8"))
+    found = []
+    for function in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+        for node in (n for n in ast.walk(function) if isinstance(n, ast.ImportFrom)):
+            module = importlib.import_module(node.module)
+            for alias in node.names:
+                assert hasattr(module, alias.name) or importlib.import_module(f"{node.module}.{alias.name}")
+                found.append(f"{node.module}.{alias.name}")
+    assert "core.cli.bench.pull.run_bench_pull" in found and "core.models.provision" in found
+    assert len(found) >= 20

@@ -197,17 +197,17 @@ def test_serve_refuses_a_malformed_allowed_origin_before_loading(tmp_path, capsy
 
 
 def test_chat_parser_sampling_defaults_are_the_engines():
-    """``radixchat chat`` with no sampling flags samples as a bare SamplingParams() does."""
-    from dataclasses import fields
+    """``radixchat chat`` with no sampling flags samples as a bare SamplingParams() does;
+    a flag given replaces only its own field."""
+    from dataclasses import replace
 
+    from core.cli.chat import sampling_params
     from core.cli.main import build_parser
     from core.engine.types import SamplingParams
 
-    args = build_parser().parse_args(["chat", "hello"])
-    flags = {"temperature": "temp"}  # field -> argparse dest, where they differ
-    parsed = {f.name: getattr(args, flags.get(f.name, f.name)) for f in fields(SamplingParams)}
-    parsed["stop"] = tuple(parsed["stop"])
-    assert SamplingParams(**parsed) == SamplingParams()
+    assert sampling_params(build_parser().parse_args(["chat", "hello"])) == SamplingParams()
+    args = build_parser().parse_args(["chat", "hello", "--temp", "0", "--max-tokens", "7", "--stop", "x"])
+    assert sampling_params(args) == replace(SamplingParams(), temperature=0.0, max_tokens=7, stop=("x",))
 
 
 def test_cache_stats_shows_the_budget_in_the_apps_unit(capsys, tmp_path):

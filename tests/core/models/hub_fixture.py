@@ -125,6 +125,11 @@ class LoopbackHub:
         self.bytes_served: collections.Counter = collections.Counter()
         self.requests: list[tuple[str, str]] = []
         self.sending = 0  # file bodies being sent now
+        # What GET /api/agent-harnesses answers: the registry of AI agents huggingface_hub
+        # puts in its user agent, fetched from the hub once a day into HF_HOME. None: 404,
+        # as before; the default, since an in-process client would keep the loopback's copy
+        # in the real HF_HOME (huggingface_hub fixes that path when it is imported).
+        self.agent_registry: dict | None = None
         self._lock = threading.Lock()
         hub = self
 
@@ -191,6 +196,8 @@ class _Handler(BaseHTTPRequestHandler):
         query = parse_qs(url.query)
         with self.hub._lock:
             self.hub.requests.append((self.command, self.path))
+        if parts == ["api", "agent-harnesses"] and self.hub.agent_registry is not None:
+            return self._json(self.hub.agent_registry)
         if parts[:2] == ["api", "models"]:
             if len(parts) == 2:
                 return self._json(self._search(query))
@@ -344,6 +351,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _count(self, key: tuple[str, str], n: int) -> None:
         with self.hub._lock:
             self.hub.bytes_served[key] += n
+
+
+AGENT_REGISTRY = {"standardEnvVars": [], "harnesses": {}}  # the hub's answer's shape, no agent in it
 
 
 def hub_environment(monkeypatch, hub: LoopbackHub, home: Path) -> Path:

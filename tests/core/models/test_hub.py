@@ -93,6 +93,66 @@ def test_repo_info_reads_what_hfapi_model_info_reads(loopback_hub):
     assert gets[-1] == gets[-2], gets  # the very request HfApi sends
 
 
+@pytest.fixture
+def no_token(monkeypatch, tmp_path):
+    """No token anywhere: not in the environment, no token file (in ``tmp_path``)."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "token"))
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE"):
+        monkeypatch.delenv(name, raising=False)
+    return tmp_path / "token"
+
+
+def test_token_is_the_one_huggingface_hub_finds(no_token, monkeypatch):
+    """hub.token() reads the environment itself where the answer is certain and asks
+    huggingface_hub's get_token otherwise: the same token (or none) either way."""
+    from huggingface_hub import get_token
+
+    assert hub.token() is None and get_token() is None
+    for env in ({"HF_TOKEN": "hf_env"}, {"HF_TOKEN": " hf_spaced\r\n"}, {"HUGGING_FACE_HUB_TOKEN": "hf_old"},
+                {"HF_TOKEN": "", "HUGGING_FACE_HUB_TOKEN": "hf_old"}, {"HF_TOKEN": " \n"}):
+        with monkeypatch.context() as patch:
+            for name, value in env.items():
+                patch.setenv(name, value)
+            assert hub.token() == get_token(), env
+    no_token.write_text("hf_file\n")  # `hf auth login`'s file: huggingface_hub reads it
+    assert hub.token() == get_token() == "hf_file"
+    monkeypatch.setenv("HF_TOKEN", "hf_env")  # the environment comes first
+    assert hub.token() == get_token() == "hf_env"
+
+
+@pytest.mark.parametrize("telemetry_off", [False, True])
+def test_request_headers_are_build_hf_headers(no_token, monkeypatch, telemetry_off):
+    """The headers of a request to the hub are huggingface_hub's own, user agent (with the
+    AI agent its registry finds, unless telemetry is off) and token alike."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import _detect_agent, build_hf_headers
+
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", telemetry_off)
+    monkeypatch.setattr(_detect_agent, "_registry", {"standardEnvVars": ["AI_AGENT"],
+                                                    "harnesses": {"radix-test": {"envVars": {"RADIX_TEST_AGENT": "*"}}}})
+    monkeypatch.setenv("RADIX_TEST_AGENT", "1")
+    for token, origin in ((None, None), ("hf_secret", "studio")):
+        if token:
+            monkeypatch.setenv("HF_TOKEN", token)
+        monkeypatch.setattr(constants, "HF_HUB_USER_AGENT_ORIGIN", origin)
+        mine = hub.request_headers()
+        assert mine == build_hf_headers(token=hub.token() or False, library_name="radixchat")
+        assert ("agent/radix-test" in mine["user-agent"]) != telemetry_off
+        assert mine.get("authorization") == (f"Bearer {token}" if token else None)
+
+
+def test_mlx_lm_facts_read_without_importing_it():
+    """The remapping read from mlx_lm/utils.py's source is mlx_lm's own; the machine's
+    memory is psutil's figure."""
+    import psutil
+    from mlx_lm.utils import MODEL_REMAPPING
+
+    assert hub._mlx_lm_remapping(hub._mlx_lm_folder()) == MODEL_REMAPPING
+    assert hub.machine_memory_bytes() == psutil.virtual_memory().total
+
+
 def test_gguf_repos_list_their_files(loopback_hub):
     with pytest.raises(ChooseFileError) as chosen:
         hub.plan(TWO_GGUF)

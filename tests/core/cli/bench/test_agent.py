@@ -95,7 +95,7 @@ def test_the_ways_take_turns_request_by_request(monkeypatch):
 
     monkeypatch.setattr(agent, "stream", fake_stream)
     trace = build_trace(1)  # 6 requests
-    servers = [Served(name, "127.0.0.1", port, path, None, None)
+    servers = [Served(name, "127.0.0.1", port, path, None)
                for name, port, path in (("a", 1, MESSAGES), ("b", 2, CHAT), ("c", 3, CHAT))]
     replies = replay_interleaved(servers, trace, 4, {"b": {0, 3}})
     assert [port for port, _ in sent] == [1, 2, 3, 3, 1, 3, 1, 1, 2, 3, 3, 1, 3, 1]
@@ -132,13 +132,12 @@ def test_bench_agent_without_the_no_cache_way(tmp_path, capsys, monkeypatch):
 
     def fake_start(data, model, use_cache, path=MESSAGES, template_file=None):
         started.append(use_cache)
-        return Served("ours_cache" if use_cache else "ours_no_cache", "127.0.0.1", 1, path, None, None)
+        return Served("ours_cache" if use_cache else "ours_no_cache", "127.0.0.1", 1, path, None)
 
     monkeypatch.setattr(agent, "save_mlx_folder", lambda *a, **k: None)
     monkeypatch.setattr(agent, "start_ours", fake_start)
     monkeypatch.setattr(agent, "start_mlx_lm_server",
-                        lambda folder: Served("mlx_lm_server", "127.0.0.1", 2, CHAT, None, None))
-    monkeypatch.setattr(Served, "stop", lambda self: None)
+                        lambda folder: Served("mlx_lm_server", "127.0.0.1", 2, CHAT, None))
     monkeypatch.setattr(agent, "stream", lambda host, port, path, body, headers=None:
                         Reply(0.1 * port, 1.0, "same", 10, 4))
     argv = ["bench", "agent", "--rounds", "1", "--skip-nocache", "--endpoint", "chat", "--data-dir", str(tmp_path)]
