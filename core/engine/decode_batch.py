@@ -68,25 +68,45 @@ class DecodeBatch:
         self._old_wired_limit = maybe_set_recommended_wired_limit()  # Metal: as BatchGenerator does
 
     def __len__(self) -> int:
-        return len(self._batch) + len(self._waiting)
+        return len(self._batch) + sum(len(rows) for rows in self._waiting)
 
     def join(self, token: int, caches: list, cache_tokens: list[int], sampler, processors, max_tokens: int) -> int:
         """Add a request whose ``caches`` hold ``cache_tokens`` and whose next input is
         ``token`` (already taken by the caller, not yet in the caches), for at most
         ``max_tokens`` more tokens. Returns its uid."""
-        if max_tokens < 1:
-            raise ValueError("a request joins the batch for at least one more token")
-        uid = self._next_uid
         with mx.stream(generation_stream):
             merged = [layer.merge([layer]) for layer in caches]
-            rows = _JoiningRows(self.model, [uid], mx.array([token], dtype=mx.uint32), merged,
-                                [list(cache_tokens)], [sampler], greedy_sampler, [list(processors)],
-                                [StopSequences()], [max_tokens + 1], placeholder=self._placeholder)
-        self._next_uid += 1
-        self._skip.add(uid)
-        self._waiting.append(rows)
+        return self.join_rows([token], merged, [cache_tokens], [sampler], [processors], [max_tokens])[0]
+
+    def join_rows(self, tokens: list[int], merged: list, cache_tokens: list[list[int]], samplers: list,
+                  processors: list, max_tokens: list[int]) -> list[int]:
+        """Add requests together whose caches are already merged, a batch cache per layer
+        with a row each (a batched prefill's, ``core.engine.batch_prefill``): as
+        :meth:`join`, one value per row. Returns their uids."""
+        if min(max_tokens) < 1:
+            raise ValueError("a request joins the batch for at least one more token")
+        uids = list(range(self._next_uid, self._next_uid + len(tokens)))
+        with mx.stream(generation_stream):
+            if len(uids) > 1 and (self._waiting or len(self._batch) + len(uids) > self.max_rows):
+                # not all of them fit now: they wait a row each, as joins one by one do
+                for i, uid in enumerate(uids):
+                    one = [layer.merge([layer.extract(i)]) for layer in merged]
+                    self._waiting.append(self._rows([uid], tokens[i : i + 1], one, cache_tokens[i : i + 1],
+                                                    samplers[i : i + 1], processors[i : i + 1],
+                                                    max_tokens[i : i + 1]))
+            else:
+                self._waiting.append(self._rows(uids, tokens, merged, cache_tokens, samplers, processors,
+                                                max_tokens))
+        self._next_uid += len(uids)
+        self._skip.update(uids)
         self._admit_waiting()
-        return uid
+        return uids
+
+    def _rows(self, uids, tokens, merged, cache_tokens, samplers, processors, max_tokens) -> _JoiningRows:
+        return _JoiningRows(self.model, uids, mx.array(tokens, dtype=mx.uint32), merged,
+                            [list(t) for t in cache_tokens], list(samplers), greedy_sampler,
+                            [list(p) for p in processors], [StopSequences() for _ in uids],
+                            [n + 1 for n in max_tokens], placeholder=self._placeholder)
 
     def _admit_waiting(self) -> None:
         while self._waiting and len(self._batch) < self.max_rows:
