@@ -7,6 +7,9 @@ Measured in forwards and events, never in wall-clock time.
 
 from __future__ import annotations
 
+import threading
+import time
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -261,3 +264,46 @@ def test_rows_logits_equal_each_prompt_alone(loaded):
         np.testing.assert_allclose(np.array(rows.logits[i]), np.array(alone[0]), rtol=1e-4, atol=1e-4)
         kv = rows.caches(i)[0]
         assert kv.offset == len(p)
+
+
+def test_requests_sent_together_are_prefilled_together(tiny_model, tmp_path, monkeypatch):
+    """Through the engine: four requests submitted at once, their prompts still on the
+    prompt threads when the first reaches the engine; it waits for the others (nobody
+    decodes) and prefills all four in one forward, with the replies they get one by one."""
+    from core.engine import engine as engine_module
+    from core.engine.engine import Engine
+
+    monkeypatch.setattr(engine_module, "GATHER_S", 30.0)  # here: until all four are in
+    go = threading.Event()
+    prepare = Engine._prepare_one
+
+    def held(self, handle, prompts):  # the first prompt goes on, the others wait for ``go``
+        if handle.request.prompt_text != PROMPTS[0]:
+            go.wait(30)
+        prepare(self, handle, prompts)
+
+    monkeypatch.setattr(Engine, "_prepare_one", held)
+    eng = Engine(tmp_path / "data", str(tiny_model), pool_tokens=8192).start()
+    try:
+        eng.wait_ready()
+        backbone = type(eng._loaded.model.model)
+        calls: list[tuple[int, int]] = []
+        original = backbone.__call__
+
+        def counted(module, inputs, *args, **kwargs):
+            calls.append(tuple(inputs.shape[:2]))
+            return original(module, inputs, *args, **kwargs)
+
+        monkeypatch.setattr(backbone, "__call__", counted)
+        requests = [GenerationRequest(prompt_text=t, sampling=SamplingParams(temperature=0.0, max_tokens=12))
+                    for t in PROMPTS]
+        handles = [eng.submit(r) for r in requests]
+        time.sleep(0.3)  # the first is in the engine's hands meanwhile (not a timed assert)
+        go.set()
+        together = [list(h.events(timeout=60))[-1] for h in handles]
+        prefills = [c for c in calls if c[1] > 1]
+        assert len(prefills) == 1 and prefills[0][0] == 4, calls
+        alone = [list(eng.submit(r).events(timeout=60))[-1] for r in requests]  # one at a time
+    finally:
+        eng.shutdown()
+    assert [d.text for d in together] == [d.text for d in alone]
