@@ -52,6 +52,33 @@ class _JoiningRows(GenerationBatch):
         return [], []  # only from __init__: the running batch steps these rows
 
 
+class _Batch(GenerationBatch):
+    """The running rows: mlx-lm's ``GenerationBatch``, with one shortcut. When every row is
+    greedy (mlx-lm's ``greedy_sampler``, no logits processors) the next tokens are the
+    argmax of the logits as they come: normalising them first (``logits - logsumexp``, on
+    ``rows x vocab`` values, which the greedy choice does not depend on) took 6.6 ms a step
+    at 8 rows of SmolLM2 here, a few percent of the step, for log-probabilities nobody here
+    reads. Any other row takes mlx-lm's own step."""
+
+    placeholder: mx.array  # the log-probabilities a greedy step reports (set by DecodeBatch)
+
+    def _step(self):
+        if any(self.logits_processors) or any(s is not None and s is not greedy_sampler for s in self.samplers):
+            return super()._step()
+        self._current_tokens = self._next_tokens
+        self._current_logprobs = self._next_logprobs
+        inputs = self._current_tokens
+        logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
+        self._next_tokens = mx.argmax(logits, axis=-1)
+        self._next_logprobs = [self.placeholder] * len(self.uids)  # what was not computed
+        mx.async_eval(self._next_tokens)
+        mx.eval(inputs, self._current_logprobs)  # as mlx-lm's step: this step's tokens
+        inputs = inputs.tolist()
+        for held, token in zip(self.tokens, inputs):
+            held.append(token)
+        return inputs, self._current_logprobs
+
+
 class DecodeBatch:
     """The running requests' batch (engine thread only): at most ``max_rows`` decode
     together; a request joining a full batch waits (its caches kept) until a row leaves."""
@@ -59,12 +86,13 @@ class DecodeBatch:
     def __init__(self, model, max_rows: int):
         self.model = model
         self.max_rows = max_rows
-        self._batch = GenerationBatch.empty(model, greedy_sampler)
+        self._placeholder = mx.zeros((1,))
+        self._batch = _Batch.empty(model, greedy_sampler)
+        self._batch.placeholder = self._placeholder
         self._waiting: list[_JoiningRows] = []
         self._skip: set[int] = set()  # rows whose next report is the token they joined with
         self._next_uid = 0
         self._steps = 0
-        self._placeholder = mx.zeros((1,))
         self._old_wired_limit = maybe_set_recommended_wired_limit()  # Metal: as BatchGenerator does
 
     def __len__(self) -> int:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.sample_utils import greedy_sampler
 
 from core.engine import batch_prefill
 from core.engine.constrain import Grammars, check_schema, check_tools, grammar_for, tool_markup
@@ -434,7 +435,10 @@ class Scheduler:
                 solo.context = mx.concatenate([solo.context, y])
                 for processor in solo.processors:
                     logits = processor(solo.context, logits)
-            sampled = solo.sampler(logits - mx.logsumexp(logits, keepdims=True))
+            if solo.sampler is greedy_sampler and not solo.processors:  # as the decode batch's _Batch
+                sampled = mx.argmax(logits, axis=-1)
+            else:
+                sampled = solo.sampler(logits - mx.logsumexp(logits, keepdims=True))
         mx.async_eval(sampled)
         return sampled
 
