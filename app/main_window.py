@@ -19,6 +19,8 @@ from app.bridge import EngineBridge
 from app.cache_panel import CachePanel
 from app.chat_view import ChatView
 from app.composer import Composer
+from app.group_bridge import GroupBridge
+from app.group_dialog import GroupServeDialog
 from app.memory_panel import MemoryPanel
 from app.model_picker import ModelPickerDialog
 from app.session_list import SessionList
@@ -46,6 +48,8 @@ class MainWindow(QMainWindow):
         self._turn: ChatTurn | None = None  # the turn whose reply the window waits for
         self._from_composer = False  # it came from the composer (not a regenerate)
         self.error_box: QMessageBox | None = None
+        self.group_bridge = GroupBridge(str(bridge.data_root), parent=self)  # serving over several Macs
+        self.group_dialog: GroupServeDialog | None = None
 
         self.setWindowTitle("RadixChat")
         self.setUnifiedTitleAndToolBarOnMac(True)
@@ -123,6 +127,8 @@ class MainWindow(QMainWindow):
         self.serve_action.setToolTip("Serve the OpenAI-compatible API on 127.0.0.1"
                                      + (f":{self.server_port}" if self.server_port else ""))
         self.serve_action.toggled.connect(self._on_serve_toggled)
+        self.group_action = action("Serve Over Several Macs…", self.open_group_serve, None,
+                                   "Serve the API with the model split over the Macs of a hostfile")
 
         menus = self.menuBar()
         file_menu = menus.addMenu("&File")
@@ -132,7 +138,9 @@ class MainWindow(QMainWindow):
         for act in (self.regenerate_action, self.stop_action, self.session_settings_action):
             chat_menu.addAction(act)
         menus.addMenu("&Model").addAction(self.model_action)
-        menus.addMenu("&Server").addAction(self.serve_action)
+        server_menu = menus.addMenu("&Server")
+        server_menu.addAction(self.serve_action)
+        server_menu.addAction(self.group_action)
         menus.addMenu("&View").addAction(self.panels_action)
 
         toolbar = self.addToolBar("Main")
@@ -162,6 +170,8 @@ class MainWindow(QMainWindow):
         bridge.finished.connect(self._on_finished)
         bridge.failed.connect(self._on_failed)
         bridge.serverStopped.connect(self._on_server_stopped)
+        self.group_bridge.serving.connect(lambda address: self._set_state_text(f"Group serving at {address}", 8000))
+        self.group_bridge.fault.connect(lambda message: self._set_state_text(f"The group broke: {message}"))
         bridge.statsUpdated.connect(self.memory_panel.update_stats)
         bridge.statsUpdated.connect(self.cache_panel.update_totals)
         self.composer.sendRequested.connect(self.send)
@@ -187,6 +197,7 @@ class MainWindow(QMainWindow):
         self.settings.window_state = bytes(self.saveState().data())
         self.settings.splitter_state = bytes(self.splitter.saveState().data())
         self.serve_action.setChecked(False)  # stops the API server (the app's exit waits for it)
+        self.group_bridge.stop()  # and a group serving the API (run_app waits for it)
         if self._turn is not None:  # stop the reply and keep what came so far, as Stop does
             turn, self._turn = self._turn, None
             self.bridge.cancel()
@@ -482,6 +493,25 @@ class MainWindow(QMainWindow):
             return
         self.server_label.setText(f"API: {address}")
         self.server_label.show()
+
+    def open_group_serve(self) -> None:
+        """The Serve settings for a group of Macs (the model: the one loaded now)."""
+        info = self.bridge.model_info
+        if info is None:
+            self._set_state_text("Wait for the model to load, then serve it over several Macs", 5000)
+            return
+        if self.group_dialog is not None:
+            self.group_dialog.raise_()
+            self.group_dialog.activateWindow()
+            return
+        dialog = GroupServeDialog(self.group_bridge, info.name, info.path, self.settings.group_hostfile or "",
+                                  self.server_port or 8000, parent=self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.start_button.clicked.connect(  # the hostfile a group was started with: offered next time
+            lambda: setattr(self.settings, "group_hostfile", dialog.hostfile.text().strip() or None))
+        dialog.destroyed.connect(lambda: setattr(self, "group_dialog", None))
+        dialog.show()
+        self.group_dialog = dialog
 
     def _on_server_stopped(self) -> None:
         self.server_label.hide()

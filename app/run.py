@@ -44,6 +44,7 @@ def run_app(data_root: Path, model_spec: str, data_root_chosen: bool = True) -> 
     try:
         app.exec()
     finally:
+        window.group_bridge.shutdown()  # a group serving the API stops in order (its ranks flush)
         bridge.shutdown()
         store.close()
     return 0

@@ -151,6 +151,15 @@ class AppSettings:
         self._set("last_model", value or None)
 
     @property
+    def group_hostfile(self) -> str | None:
+        """The hostfile last used to serve over several Macs."""
+        return self._get("group_hostfile", str) or None
+
+    @group_hostfile.setter
+    def group_hostfile(self, value: str | None) -> None:
+        self._set("group_hostfile", value or None)
+
+    @property
     def last_session(self) -> int | None:
         """The chat that was open when the app last closed (reopened at start)."""
         return self._get("last_session", int) or None

@@ -280,3 +280,28 @@ def test_the_api_stack_is_bundled_with_uvicorns_named_parts(monkeypatch, tmp_pat
         assert table[UVICORN_PARTS[part]].partition(":")[0] in hidden, part  # imported by name at run time
     assert not {"pydantic", "pydantic_core", "fastapi", "starlette", "uvicorn", "h11"} & excludes
     assert {"openai", "anthropic"} <= excludes  # test clients only
+
+
+def test_bundle_serves_a_group_through_itself(bundle, tmp_path):
+    """`serve --hosts` from the bundle, which ships no mlx.launch: MLX's launcher runs as the
+    executable's hidden `_launch-group`, and both ranks are the executable too (2 on loopback)."""
+    from core.cli.bench.server_process import wait_until_answers
+    from core.models.tiny_model import TinyModelSpec, write_tiny_model
+    from tests.core.distributed.group_fixture import Group, free_port, write_hostfile
+
+    model = write_tiny_model(tmp_path / "tiny-llama", TinyModelSpec(num_layers=2))
+    port, log = free_port(), tmp_path / "group.log"
+    command = [str(bundle), "serve", "--hosts", str(write_hostfile(tmp_path / "hosts.json")), "--model", str(model),
+               "--port", str(port), "--data-dir", str(tmp_path / "data"), "--ring-port", str(free_port(2))]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
+                                env=bundle_env(tmp_path / "home"), cwd=tmp_path, start_new_session=True)
+    group = Group(proc, port, log, tmp_path / "data")
+    try:
+        assert wait_until_answers(proc, port, "/health", 300), group.output()
+        reply = group.chat([{"role": "user", "content": "Hello over two ranks"}], max_tokens=8)
+        assert reply["usage"]["completion_tokens"] > 0
+    finally:
+        group.stop()
+    assert proc.returncode == 0, group.output()
+    assert "split over 2 hosts" in group.output() and "Traceback" not in group.output()

@@ -34,6 +34,7 @@ from core import paths
 from core.models import provision
 from core.cli.progress import print_progress
 from core.cli.terminal import safe
+from core.distributed.launch import LAUNCH_COMMAND
 from core.engine.types import SamplingParams
 from core.errors import UserError
 
@@ -270,6 +271,11 @@ GuiRunner = Callable[[argparse.Namespace, Path], int]
 def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
     """Run the command line; ``gui`` opens the app (``app.launcher`` passes it in, since
     core never imports app)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [LAUNCH_COMMAND]:  # hidden: MLX's launcher, run by `serve --hosts` (even in the app)
+        from core.distributed.launch import run_launcher
+
+        return run_launcher(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,

@@ -8,7 +8,12 @@ the model (:mod:`core.distributed.engine`).
 
 A rank that dies, cannot be reached or fails ends every open request with an error that
 names its host (within about a second of a process dying, ``SILENCE_S`` of a host going
-silent), then every rank exits: start the group again (the disk caches restore).
+silent), then every rank exits: start the group again (the disk caches restore). The
+command then says why in one last line (``ENDED_PREFIX``) and exits with
+``EXIT_GROUP_FAULT``; it exits 0 only when the group stopped cleanly (Ctrl-C).
+
+Each launch makes a new secret for the ranks' control channel and hands it to the launcher
+in its environment (see :mod:`core.distributed.group`).
 """
 
 from __future__ import annotations
@@ -23,15 +28,18 @@ from core import paths
 from core.cli.progress import print_progress
 from core.cli.serve import check_serve_args, serve_engine
 from core.cli.terminal import safe
+from core.distributed.outcome import ENDED_PREFIX, GroupOutcome, fault_line
 from core.errors import UserError
 from core.models.chat_template import read_chat_template
 
 FAULT_GRACE_S = 1.0  # after a fault, rank 0 lets the errors reach the clients, then exits
-EXIT_GROUP_FAULT = 3
+EXIT_GROUP_FAULT = 3  # serve --hosts's status when a rank died or the group ended on a fault
+RELAY_DRAIN_S = 5.0  # after the launcher exits, its last lines still to pass on
 
 
 def run_group(args) -> int:
     """Check, then start every rank with ``mlx.launch``; wait for the group to end."""
+    from core.distributed.group import SECRET_ENV, new_secret
     from core.distributed.launch import launch_command, read_hostfile
     from core.distributed.shard import model_config, split_plan
     from core.models.loader import resolve_spec
@@ -62,15 +70,43 @@ def run_group(args) -> int:
     # group in order, every rank flushing its disk cache); mlx.launch starts with SIGINT
     # ignored, which its ranks inherit, so it lives on to relay their last words.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        launcher = subprocess.Popen(command)  # $RADIXCHAT_API_KEY, if set, stays in the environment
+    try:  # $RADIXCHAT_API_KEY, if set, stays in the environment
+        # stdin a pipe nobody writes to: MLX's launcher relays its stdin to the ranks with a
+        # select loop that spins on a stdin at end of file (/dev/null, as under a service).
+        launcher = subprocess.Popen(command, stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env={**os.environ, SECRET_ENV: new_secret()})
     finally:
         signal.signal(signal.SIGINT, previous)
+    outcome = GroupOutcome([h.ssh for h in hosts])
+    relay = threading.Thread(target=_relay, args=(launcher.stderr, outcome), daemon=True,
+                             name="radixchat-group-stderr")
+    relay.start()
     while True:
         try:
-            return launcher.wait()
+            code = launcher.wait()
+            break
         except KeyboardInterrupt:  # rank 0 stops the group: wait for that
             continue
+    relay.join(RELAY_DRAIN_S)
+    verdict = outcome.verdict(code)
+    if verdict is None:
+        return 0
+    print(f"{ENDED_PREFIX}{safe(verdict)}", file=sys.stderr, flush=True)
+    return EXIT_GROUP_FAULT
+
+
+def _relay(stream, outcome: GroupOutcome) -> None:
+    """Pass the group's stderr on as it comes (progress bars redraw with a carriage return,
+    not a newline), reading how it ends line by line."""
+    pending = b""
+    for chunk in iter(lambda: os.read(stream.fileno(), 65536), b""):
+        sys.stderr.buffer.write(chunk)
+        sys.stderr.buffer.flush()
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            outcome.read(line.decode(errors="replace"))
+    if pending:
+        outcome.read(pending.decode(errors="replace"))
 
 
 def run_group_member(args) -> int:
@@ -82,7 +118,7 @@ def run_group_member(args) -> int:
     leader = os.environ.get("MLX_RANK", "0") == "0"
 
     def on_fault(message: str) -> None:
-        print(f"radixchat: {message}; stopping the group", file=sys.stderr, flush=True)
+        print(fault_line(message), file=sys.stderr, flush=True)
         if engine is not None and leader:
             engine.fail_group(f"the model's group broke: {message}")
             threading.Timer(FAULT_GRACE_S, os._exit, (EXIT_GROUP_FAULT,)).start()

@@ -17,13 +17,24 @@ collective (which has no timeout of its own):
 
 Each side reports the first such fault once, through ``on_fault(message)``; the message
 names the rank and its host.
+
+The channel is authenticated: ``radixchat serve --hosts`` makes a random secret for each
+launch and hands it to every rank in its environment (``RADIXCHAT_GROUP_SECRET``, never on
+a rank's command line). A rank that connects answers rank 0's random challenge with an
+HMAC of it under the secret, and rank 0 answers the rank's challenge in turn (so a rank
+knows it reached rank 0); a connection that fails is dropped with one line in the log,
+and rank 0 goes on waiting for the real rank. Nothing is read from a peer before it has
+proved itself but a small handshake message.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
 import os
+import secrets
 import socket
 import threading
 import time
@@ -31,7 +42,7 @@ from dataclasses import dataclass
 from queue import Queue
 from typing import Any, Callable
 
-from core.distributed.wire import ChannelClosed, recv_message, send_message
+from core.distributed.wire import HANDSHAKE_MAX, ChannelClosed, recv_message, send_message
 from core.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -39,7 +50,9 @@ log = logging.getLogger(__name__)
 BEAT_S = 1.0  # a heartbeat this often, each way
 SILENCE_S = 10.0  # a peer silent this long is gone
 CONNECT_S = 60.0  # the other ranks must join within this (they load nothing before)
+HANDSHAKE_S = 5.0  # a connection must prove itself within this
 HOSTS_ENV = "RADIXCHAT_GROUP_HOSTS"  # the hosts' names, rank by rank (JSON), for messages
+SECRET_ENV = "RADIXCHAT_GROUP_SECRET"  # this launch's secret (hex), in every rank's environment
 
 
 class GroupError(UserError):
@@ -67,6 +80,22 @@ def ring_addresses(text: str) -> list[str]:
     return [entries[0].rsplit(":", 1)[0] for entries in json.loads(text)]
 
 
+def new_secret() -> str:
+    """A fresh secret for one launch of a group."""
+    return secrets.token_hex(32)
+
+
+def _proof(secret: str, role: str, challenge: str, rank: int) -> str:
+    """What a peer in ``role`` answers to ``challenge``: an HMAC under the group's secret,
+    bound to the role and the rank, so an answer cannot be replayed the other way."""
+    text = f"radixchat-group/1 {role} {rank} {challenge}".encode()
+    return hmac.new(bytes.fromhex(secret), text, hashlib.sha256).hexdigest()
+
+
+def _check_proof(secret: str, role: str, challenge: str, rank: int, proof: object) -> bool:
+    return isinstance(proof, str) and hmac.compare_digest(_proof(secret, role, challenge, rank), proof)
+
+
 def join_group(on_fault: Callable[[str], None]):
     """Open MLX's ring group and the control channel; returns ``(mlx_group, channel)``,
     the channel a :class:`LeaderChannel` on rank 0, a :class:`FollowerChannel` elsewhere."""
@@ -74,6 +103,13 @@ def join_group(on_fault: Callable[[str], None]):
 
     if not os.environ.get("MLX_HOSTFILE"):
         raise GroupError("not started as a group: run `radixchat serve --hosts HOSTFILE`")
+    secret = os.environ.pop(SECRET_ENV, "")  # popped: nothing this rank starts inherits it
+    try:
+        bytes.fromhex(secret)
+    except ValueError:
+        secret = ""
+    if not secret:
+        raise GroupError(f"no group secret in ${SECRET_ENV}: run `radixchat serve --hosts HOSTFILE`")
     try:
         group = mx.distributed.init(strict=True, backend="ring")
     except (RuntimeError, ValueError) as exc:
@@ -91,9 +127,9 @@ def join_group(on_fault: Callable[[str], None]):
     # rank 0's port to every rank (a sum where only rank 0 adds anything)
     port = int(mx.distributed.all_sum(mx.array([port], dtype=mx.int32), group=group, stream=mx.cpu).item())
     if member.leader:
-        channel = LeaderChannel(member, listener, on_fault)
+        channel = LeaderChannel(member, listener, on_fault, secret)
     else:
-        channel = FollowerChannel(member, (addresses[0], port), on_fault)
+        channel = FollowerChannel(member, (addresses[0], port), on_fault, secret)
     return group, channel
 
 
@@ -118,7 +154,8 @@ class _Faults:
 class LeaderChannel:
     """Rank 0's side: broadcasts decisions, watches every other rank."""
 
-    def __init__(self, member: Membership, listener: socket.socket, on_fault: Callable[[str], None]):
+    def __init__(self, member: Membership, listener: socket.socket, on_fault: Callable[[str], None],
+                 secret: str):
         self.member = member
         self.faults = _Faults(on_fault)
         # what another rank reports (other than heartbeats and faults), from its watch thread
@@ -134,9 +171,12 @@ class LeaderChannel:
                 except TimeoutError:
                     missing = [member.name(r) for r in range(1, member.world) if r not in self._peers]
                     raise GroupError(f"{', '.join(missing)} never joined the control channel") from None
+                rank = self._admit(conn, secret)
+                if rank is None:
+                    conn.close()
+                    continue
                 conn.settimeout(SILENCE_S)
-                hello = recv_message(conn)
-                self._peers[int(hello["rank"])] = conn
+                self._peers[rank] = conn
         finally:
             listener.close()
         for rank, conn in self._peers.items():
@@ -145,6 +185,32 @@ class LeaderChannel:
             threading.Thread(target=self._watch, args=(rank, conn), daemon=True,
                              name=f"radixchat-watch-rank{rank}").start()
         threading.Thread(target=self._beat, daemon=True, name="radixchat-beat").start()
+
+    def _admit(self, conn: socket.socket, secret: str) -> int | None:
+        """The rank ``conn`` proved it is (challenge, answer, then rank 0's own proof), or
+        None, logged in one line, for anything else."""
+        try:
+            peer = "%s:%s" % conn.getpeername()[:2]
+        except OSError:
+            peer = "a peer"
+        conn.settimeout(HANDSHAKE_S)
+        challenge = secrets.token_hex(32)
+        try:
+            send_message(conn, {"op": "challenge", "challenge": challenge})
+            hello = recv_message(conn, HANDSHAKE_MAX)
+            rank = hello.get("rank")
+            valid = (hello.get("op") == "hello" and isinstance(rank, int) and 0 < rank < self.member.world
+                     and rank not in self._peers and isinstance(hello.get("challenge"), str)
+                     and _check_proof(secret, "rank", challenge, rank, hello.get("proof")))
+            if not valid:
+                log.warning("the group's control channel refused %s: it did not prove it is a rank of "
+                            "this group (wrong secret or not a RadixChat rank)", peer)
+                return None
+            send_message(conn, {"op": "welcome", "proof": _proof(secret, "leader", hello["challenge"], rank)})
+            return rank
+        except (OSError, ValueError, AttributeError) as exc:  # timeouts, garbage, a closed socket
+            log.warning("the group's control channel refused %s: no valid handshake (%s)", peer, exc)
+            return None
 
     def broadcast(self, message: dict[str, Any]) -> None:
         """Send ``message`` to every other rank (a broken peer is a fault, reported)."""
@@ -164,6 +230,11 @@ class LeaderChannel:
         deadline = time.monotonic() + timeout
         for gone in self._gone.values():
             gone.wait(max(0.0, deadline - time.monotonic()))
+
+    def close(self) -> None:
+        """After :meth:`wait_stopped`: close the connections to the other ranks."""
+        for conn in self._peers.values():
+            conn.close()
 
     def _beat(self) -> None:
         while self.faults.message is None and not self.faults.closing:
@@ -199,17 +270,36 @@ class LeaderChannel:
 class FollowerChannel:
     """Another rank's side: receives rank 0's decisions in order, sends heartbeats."""
 
-    def __init__(self, member: Membership, leader: tuple[str, int], on_fault: Callable[[str], None]):
+    def __init__(self, member: Membership, leader: tuple[str, int], on_fault: Callable[[str], None],
+                 secret: str):
         self.member = member
         self.faults = _Faults(on_fault)
         self._send_lock = threading.Lock()
         self._inbox: Queue = Queue()
         self._sock = socket.create_connection(leader, timeout=CONNECT_S)
+        self._handshake(secret)
         self._sock.settimeout(SILENCE_S)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._send({"op": "hello", "rank": member.rank})
         threading.Thread(target=self._read, daemon=True, name="radixchat-leader-reader").start()
         threading.Thread(target=self._beat, daemon=True, name="radixchat-beat").start()
+
+    def _handshake(self, secret: str) -> None:
+        """Answer rank 0's challenge; check its answer to ours (:class:`GroupError` if not)."""
+        name, rank = self.member.name(0), self.member.rank
+        challenge = secrets.token_hex(32)
+        try:
+            asked = recv_message(self._sock, HANDSHAKE_MAX)
+            send_message(self._sock, {"op": "hello", "rank": rank, "challenge": challenge,
+                                      "proof": _proof(secret, "rank", str(asked.get("challenge")), rank)})
+            welcome = recv_message(self._sock, HANDSHAKE_MAX)
+        except (OSError, ValueError, AttributeError) as exc:
+            self._sock.close()
+            raise GroupError(f"{name} refused this rank on the control channel (a different "
+                             f"launch's secret?): {exc}") from None
+        if not _check_proof(secret, "leader", challenge, rank, welcome.get("proof")):
+            self._sock.close()
+            log.warning("the group's control channel: %s did not prove it is this group's rank 0", name)
+            raise GroupError(f"{name} did not prove it belongs to this group (wrong secret)")
 
     def receive(self) -> dict[str, Any]:
         """Rank 0's next decision (blocks; heartbeats are taken out)."""
@@ -229,6 +319,10 @@ class FollowerChannel:
         except OSError:
             pass
         self.faults.report(f"{self.member.name(self.member.rank)} failed: {error}")
+
+    def close(self) -> None:
+        """After rank 0's stop: close the connection to it."""
+        self._sock.close()
 
     def _send(self, message: dict[str, Any]) -> None:
         with self._send_lock:

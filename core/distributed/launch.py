@@ -13,14 +13,14 @@ RadixChat at the same path and the model at the same path (or the same data fold
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.distributed.group import HOSTS_ENV
+from core.distributed.group import HOSTS_ENV, SECRET_ENV
 from core.errors import UserError
 
 
@@ -52,26 +52,50 @@ def read_hostfile(path: str | os.PathLike) -> list[Host]:
     return hosts
 
 
-def mlx_launch() -> str:
-    """The ``mlx.launch`` beside this Python (or on PATH)."""
-    beside = Path(sys.executable).with_name("mlx.launch")
-    found = str(beside) if beside.exists() else shutil.which("mlx.launch")
-    if found is None:
-        raise UserError("mlx.launch was not found: install mlx (it comes with it)")
-    return found
+LAUNCH_COMMAND = "_launch-group"  # the hidden subcommand that runs MLX's launcher (see run_launcher)
 
 
-def member_command() -> list[str]:
-    """How a rank runs ``radixchat`` (this same program)."""
+def radixchat_command() -> list[str]:
+    """How to run ``radixchat`` (this same program) again, for a rank or for the launcher."""
     if getattr(sys, "frozen", False):  # the packaged app is its own interpreter
         return [sys.executable]
     return [sys.executable, "-m", "core.cli.main"]
 
 
+def member_command() -> list[str]:
+    """How a rank runs ``radixchat``."""
+    return radixchat_command()
+
+
+def launcher_command() -> list[str]:
+    """How to run MLX's launcher (``mlx.launch``'s code): through our own hidden subcommand,
+    so that the packaged app, which ships no ``mlx.launch`` script, can start a group too."""
+    try:
+        found = importlib.util.find_spec("mlx._distributed_utils.launch") is not None
+    except ModuleNotFoundError:
+        found = False
+    if not found:
+        raise UserError("MLX's launcher (mlx._distributed_utils) is missing: install mlx")
+    return [*radixchat_command(), LAUNCH_COMMAND]
+
+
+def run_launcher(argv: list[str]) -> int:
+    """``radixchat _launch-group ARGS``: ``mlx.launch ARGS`` run in this process. The group's
+    secret comes in this process's environment (not on a command line) and goes on to every
+    rank the way ``mlx.launch --env`` sends variables."""
+    from mlx._distributed_utils.launch import main as mlx_launch_main
+
+    secret = os.environ.get(SECRET_ENV)
+    env = ["--env", f"{SECRET_ENV}={secret}"] if secret else []
+    sys.argv = ["mlx.launch", *env, *argv]
+    mlx_launch_main()  # it logs each rank's exit; it returns nothing (see core.distributed.outcome)
+    return 0
+
+
 def launch_command(hostfile: str | os.PathLike, hosts: list[Host], serve_args: list[str],
                    starting_port: int | None = None) -> list[str]:
     """The ``mlx.launch`` command that starts ``radixchat serve`` on every host (ring backend)."""
-    command = [mlx_launch(), "--backend", "ring", "--hostfile", str(hostfile),
+    command = [*launcher_command(), "--backend", "ring", "--hostfile", str(hostfile),
                "--env", f"{HOSTS_ENV}={json.dumps([h.ssh for h in hosts])}"]
     if os.environ.get("PYTHONPATH"):  # a source checkout: the same tree on every host
         command += ["--env", f"PYTHONPATH={os.environ['PYTHONPATH']}"]

@@ -16,6 +16,7 @@ from typing import Any
 from core.engine.types import ChatMessage, GenerationRequest, SamplingParams, ToolCall
 
 MAX_MESSAGE = 256 << 20  # a prompt of a few million tokens; anything longer is a broken peer
+HANDSHAKE_MAX = 4096  # before a peer has proved itself, no message may be longer
 
 
 class ChannelClosed(ConnectionError):
@@ -44,16 +45,19 @@ def send_message(sock: socket.socket, message: dict[str, Any]) -> None:
     sock.sendall(struct.pack(">I", len(body)) + body)
 
 
-def recv_message(sock: socket.socket) -> dict[str, Any]:
-    """The next message; :class:`ChannelClosed` when the peer is gone (or sent garbage).
-    A socket timeout propagates as ``TimeoutError`` (``socket.timeout``)."""
+def recv_message(sock: socket.socket, max_size: int = MAX_MESSAGE) -> dict[str, Any]:
+    """The next message, at most ``max_size`` bytes; :class:`ChannelClosed` when the peer is
+    gone (or sent garbage). A socket timeout propagates as ``TimeoutError``."""
     (length,) = struct.unpack(">I", _recv_exactly(sock, 4))
-    if length > MAX_MESSAGE:
+    if length > max_size:
         raise ChannelClosed(f"a message of {length} bytes: not a RadixChat peer")
     try:
-        return json.loads(_recv_exactly(sock, length))
+        message = json.loads(_recv_exactly(sock, length))
     except ValueError as exc:
         raise ChannelClosed(f"a message that is not JSON: {exc}") from exc
+    if not isinstance(message, dict):
+        raise ChannelClosed("a message that is not a JSON object")
+    return message
 
 
 def _recv_exactly(sock: socket.socket, n: int) -> bytes:

@@ -129,9 +129,9 @@ def prompt_of(length: int, tag: str) -> str:
 
 
 def run_bench_distributed(args) -> int:
-    from core.distributed.launch import mlx_launch
+    from core.distributed.launch import launcher_command
 
-    mlx_launch()  # fails in one line where mlx.launch is missing
+    launcher_command()  # fails in one line where MLX's launcher is missing
     lengths = sorted({int(n) for n in str(args.prompt_tokens).split(",") if n.strip()})
     with tempfile.TemporaryDirectory(prefix="radixchat-bench-dist-") as tmp:
         work = Path(tmp)

@@ -7,9 +7,9 @@ MLX's and mlx-lm's own CI test distributed code this way: every rank a process o
 from __future__ import annotations
 
 import http.client
+import importlib.util
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -29,8 +29,7 @@ START_S = 120.0  # two processes importing MLX and loading on a busy 2-core mach
 def ring_available() -> bool:
     import mlx.core as mx
 
-    launcher = Path(sys.executable).with_name("mlx.launch")
-    return (launcher.exists() or shutil.which("mlx.launch") is not None) and mx.distributed.is_available()
+    return importlib.util.find_spec("mlx._distributed_utils.launch") is not None and mx.distributed.is_available()
 
 
 needs_ring = pytest.mark.skipif(not ring_available(), reason="MLX's ring backend (mlx.launch) is not available")

@@ -13,7 +13,9 @@ import time
 
 import pytest
 
+from core.cli.serve_group import EXIT_GROUP_FAULT
 from core.distributed.group import SILENCE_S
+from core.distributed.outcome import ENDED_PREFIX
 from core.distributed.shard import rank_cache_name
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
@@ -119,6 +121,8 @@ def test_a_split_llama_answers_as_one_process_restores_and_survives_a_killed_ran
         first_group(group, expected)
     finally:
         group.stop()
+    assert group.launcher.returncode == 0, group.output()  # a clean stop (Ctrl-C)
+    assert ENDED_PREFIX not in group.output()
     stores = [data / rank_cache_name(rank, 2) for rank in (0, 1)]
     assert all(store.exists() for store in stores)
     with DiskStore(stores[1]) as store:  # rank 1 loses one session's slice: that one is recomputed
@@ -139,8 +143,9 @@ def test_a_split_llama_answers_as_one_process_restores_and_survives_a_killed_ran
         assert error is not None, group.output()
         assert "rank 1 (127.0.0.1)" in error["message"]
         assert waited < SILENCE_S  # the channel closing is seen at once, not by a heartbeat timeout
-        group.launcher.wait(60)  # every rank exits
-        assert "rank 1 (127.0.0.1) left the group" in group.output()
+        # every rank exits, and so does `serve --hosts`, saying why, with a status that is not 0
+        assert group.launcher.wait(60) == EXIT_GROUP_FAULT, group.output()
+        assert f"{ENDED_PREFIX}rank 1 (127.0.0.1) left the group" in group.output()
     finally:
         group.stop()
 
