@@ -355,7 +355,7 @@ class Engine:
             if busy or not deferred:
                 try:
                     command = self._commands.get(block=not busy or gather,
-                                                 timeout=self._gather_since + GATHER_S - time.monotonic()
+                                                 timeout=max(0.0, self._gather_since + GATHER_S - time.monotonic())
                                                  if gather else None)
                 except queue.Empty:
                     command = None

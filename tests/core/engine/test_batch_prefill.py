@@ -274,12 +274,11 @@ def test_requests_sent_together_are_prefilled_together(tiny_model, tmp_path, mon
     from core.engine.engine import Engine
 
     monkeypatch.setattr(engine_module, "GATHER_S", 30.0)  # here: until all four are in
-    go = threading.Event()
+    submitted, go = threading.Event(), threading.Event()
     prepare = Engine._prepare_one
 
-    def held(self, handle, prompts):  # the first prompt goes on, the others wait for ``go``
-        if handle.request.prompt_text != PROMPTS[0]:
-            go.wait(30)
+    def held(self, handle, prompts):  # the first prompt goes on once all four are submitted,
+        (submitted if handle.request.prompt_text == PROMPTS[0] else go).wait(30)  # the others on ``go``
         prepare(self, handle, prompts)
 
     monkeypatch.setattr(Engine, "_prepare_one", held)
@@ -298,6 +297,7 @@ def test_requests_sent_together_are_prefilled_together(tiny_model, tmp_path, mon
         requests = [GenerationRequest(prompt_text=t, sampling=SamplingParams(temperature=0.0, max_tokens=12))
                     for t in PROMPTS]
         handles = [eng.submit(r) for r in requests]
+        submitted.set()
         time.sleep(0.3)  # the first is in the engine's hands meanwhile (not a timed assert)
         go.set()
         together = [list(h.events(timeout=60))[-1] for h in handles]
