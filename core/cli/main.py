@@ -8,8 +8,8 @@
     radixchat search QUERY         MLX and GGUF models on the Hugging Face hub, and whether each fits
     radixchat pull REPO[:FILE]     download a model from the hub into the HF cache (resumes)
     radixchat serve                the OpenAI- and Anthropic-compatible API on 127.0.0.1:8000
-    radixchat serve --hosts FILE   the same, the model split over several machines (mlx.launch, ring)
-    radixchat cache stats|verify|clear   the disk cache of session KV
+    radixchat serve --hosts FILE   the same, the model split over several machines (mlx.launch, ring/jaccl)
+    radixchat cache stats|verify|clear   the disk caches of session KV (this machine's, each rank's)
     radixchat chats verify         list the chat history's damaged rows
     radixchat bench cpu            measure the CPU backend setups (see README)
     radixchat bench restore|pressure|multiturn|serve   the cache and API benchmarks
@@ -129,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
         _add_common(command)
         if name == "clear":
             command.add_argument("--session", help="only this session (default: everything)")
+            command.add_argument("--store", metavar="NAME",
+                                 help="only this store: single (kvcache.db) or a group's rank, as "
+                                      "`cache stats` names it (rank1of2); default: all of them")
         else:
             command.add_argument("--json", action="store_true")
 
@@ -161,6 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run the model split over the machines of an mlx.launch hostfile (ring backend; "
                             "this machine first: it serves the API); see README")
     serve.add_argument("--ring-port", type=_port, help="with --hosts: the ring's first port (default: mlx.launch's)")
+    serve.add_argument("--backend", choices=("ring", "jaccl"),
+                       help="with --hosts: MLX's ring (TCP, any network) or JACCL (RDMA over Thunderbolt 5, "
+                            "macOS 26.2+) (default: the hostfile's \"backend\", else ring)")
+    serve.add_argument("--split", choices=("auto", "tensor", "pipeline"), default="auto",
+                       help="with --hosts: split each layer's heads over the hosts (tensor), or the layers "
+                            "(pipeline, for the architectures mlx-lm pipelines); auto: tensor where it can")
     serve.add_argument("--group-member", action="store_true", help=argparse.SUPPRESS)  # a rank started by --hosts
 
     bench = sub.add_parser("bench", help="benchmarks")
@@ -206,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_dist.add_argument("--max-tokens", type=int, default=32, help="reply length")
     bench_dist.add_argument("--kv-tokens", type=int, default=16384, help="KV pool of each server, in tokens")
     bench_dist.add_argument("--repeats", type=int, default=3, help="repetitions (medians are reported)")
+    bench_dist.add_argument("--split", choices=("tensor", "pipeline"), default="tensor",
+                            help="how the 2 ranks split the model (pipeline: the default model is a qwen2)")
     bench_dist.add_argument("--json", action="store_true")
     bench_serve = bench_sub.add_parser("serve", help="API decode throughput: N concurrent streaming clients vs one"
                                                      " (--against mlx-lm: and vs mlx_lm.server)")

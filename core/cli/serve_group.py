@@ -40,18 +40,20 @@ RELAY_DRAIN_S = 5.0  # after the launcher exits, its last lines still to pass on
 def run_group(args) -> int:
     """Check, then start every rank with ``mlx.launch``; wait for the group to end."""
     from core.distributed.group import SECRET_ENV, new_secret
-    from core.distributed.launch import launch_command, read_hostfile
+    from core.distributed.launch import choose_backend, launch_command, read_hostfile
     from core.distributed.shard import model_config, split_plan
     from core.models.loader import resolve_spec
 
     hosts = read_hostfile(args.hosts)
+    backend = choose_backend(args.hosts, args.backend)
     check_serve_args(args)  # rank 0 is this machine: its address and port
     root = paths.data_dir(args.data_dir)
     if args.chat_template:
         read_chat_template(args.chat_template)  # a bad file fails here, not on every host
     path = resolve_spec(args.model, root, print_progress)
-    plan = split_plan(model_config(path), len(hosts), path.name)
-    serve_args = ["--model", str(path), "--host", args.host, "--port", str(args.port), "--data-dir", str(root)]
+    plan = split_plan(model_config(path), len(hosts), path.name, args.split)
+    serve_args = ["--model", str(path), "--host", args.host, "--port", str(args.port), "--data-dir", str(root),
+                  "--split", plan.method]
     for origin in args.allow_origin or ():
         serve_args += ["--allow-origin", origin]
     if args.kv_tokens:
@@ -62,9 +64,9 @@ def run_group(args) -> int:
         serve_args += ["--api-key", key]
     if getattr(args, "api_keys_file", None):
         serve_args += ["--api-keys-file", os.path.abspath(args.api_keys_file)]
-    command = launch_command(args.hosts, hosts, serve_args, args.ring_port)
+    command = launch_command(args.hosts, hosts, serve_args, args.ring_port, backend)
     print(f"radixchat: starting {safe(path.name)} split over {len(hosts)} hosts "
-          f"({', '.join(h.ssh for h in hosts)}; {plan.kv_heads // plan.world} of {plan.kv_heads} KV heads each)",
+          f"({', '.join(h.ssh for h in hosts)}; {plan.describe()}; {backend} backend)",
           file=sys.stderr, flush=True)
     # Ctrl-C reaches every process on this terminal. Only rank 0 acts on it (it stops the
     # group in order, every rank flushing its disk cache); mlx.launch starts with SIGINT
@@ -134,7 +136,8 @@ def run_group_member(args) -> int:
     template = read_chat_template(args.chat_template) if args.chat_template else None
     mlx_group, channel = join_group(on_fault)
     member = channel.member
-    engine = ShardedEngine(root, member, mlx_group, channel, model_spec=args.model, pool_tokens=args.kv_tokens,
+    engine = ShardedEngine(root, member, mlx_group, channel, split=args.split, model_spec=args.model,
+                           pool_tokens=args.kv_tokens,
                            on_load_progress=print_progress if leader else None, chat_template=template)
     engine.start()
     if leader:

@@ -15,12 +15,17 @@ only rank 0 decides anything that depends on time or on its clients:
 - What follows from the ticks is computed, not sent: every rank renders the same prompt,
   samples the same token (the logits after the all-sum are the same bytes on every rank;
   sampling's random state is seeded alike at load), ends the reply at the same token.
-- The cache: each rank's tree, pool and disk store hold its own heads. Which prefix a
+- The cache: each rank's tree, pool and disk store hold its own heads (tensor parallel)
+  or its own layers (pipeline: :mod:`core.distributed.shard`). Which prefix a
   request reuses must be the same length everywhere, though a rank's disk may have
   lost pages another still holds (damage, a full disk, another world size): before a
   request is prefilled the ranks agree on the shortest match among them
   (:class:`AgreedPrefixCache`, an ``all_min``), so a hit on rank 0 is a hit everywhere
-  or a recompute everywhere, never a different answer.
+  or a recompute everywhere, never a different answer. A pipeline's ranks hold different
+  layers, so their caches could differ in kind (one rank's layers all paged, another's
+  with recurrent state, which snapshots and so prefills in other chunks): the ranks
+  compare theirs at load, and where they differ the prefix cache is off on every rank
+  (every forward must run on every rank alike).
 
 Every rank checks the others: when a request ends, each of the other ranks tells rank 0 a
 digest of how it ended (the reply's text and tokens, or the error), and rank 0 compares it
@@ -41,7 +46,7 @@ import random
 import threading
 
 from core.distributed.group import FollowerChannel, LeaderChannel, Membership
-from core.distributed.shard import rank_cache_name, rank_fingerprint, shard_model
+from core.distributed.shard import PIPELINE, TENSOR, rank_cache_name, rank_fingerprint, shard_model
 from core.distributed.wire import request_from_dict, request_to_dict
 from core.engine.engine import _STOP, Engine, RequestHandle, _FlushCommand, _ForgetCommand, _GiveWayCommand, _LoadCommand
 from core.engine.pacing import ChunkPacer
@@ -98,7 +103,13 @@ class AgreedPrefixCache:
 
     def _min(self, value: int) -> int:
         import mlx.core as mx
+        from mlx_lm.generate import generation_stream
 
+        # A decode step may still be running on the generation stream (launched ahead, as
+        # mlx-lm does): its collectives and this one would share the group's connections in
+        # an order that can differ between ranks (a pipeline's send/recv then read each
+        # other's bytes), so it finishes first.
+        mx.synchronize(generation_stream)
         return int(mx.distributed.all_min(mx.array([value], dtype=mx.int32), group=self._group,
                                           stream=mx.cpu).item())
 
@@ -126,9 +137,10 @@ class GroupPacer(ChunkPacer):
 class ShardedEngine(Engine):
     """:class:`Engine` on one rank of a group (see the module's docstring)."""
 
-    def __init__(self, data_root, member: Membership, mlx_group, channel, **kwargs):
+    def __init__(self, data_root, member: Membership, mlx_group, channel, split: str = TENSOR, **kwargs):
         super().__init__(data_root, kv_cache_path=data_root / rank_cache_name(member.rank, member.world), **kwargs)
         self.member = member
+        self.split = split  # TENSOR or PIPELINE (decided before launch: core.distributed.shard.split_plan)
         self.mlx_group = mlx_group
         self.channel: LeaderChannel | FollowerChannel = channel
         self._live: dict[int, ShardHandle] = {}  # engine thread: requests admitted, not finished
@@ -183,7 +195,8 @@ class ShardedEngine(Engine):
         try:
             loaded = load_model(spec, self.data_root, weights_format, self._on_load_progress,
                                 chat_template=self._chat_template,
-                                shard=lambda model: shard_model(model, self.mlx_group), parts=self.member.world)
+                                shard=lambda model: shard_model(model, self.mlx_group, self.split),
+                                parts=self.member.world)
         except Exception as exc:  # reported after the others learn of it
             error = exc
         ok = [0] * self.member.world
@@ -197,7 +210,7 @@ class ShardedEngine(Engine):
         if failed:
             raise ModelLoadError(f"{', '.join(failed)} could not load {spec} (its log says why)")
         mx.random.seed(status[-1])
-        fingerprint = rank_fingerprint(loaded.info.fingerprint, self.member.rank, self.member.world)
+        fingerprint = rank_fingerprint(loaded.info.fingerprint, self.member.rank, self.member.world, self.split)
         loaded.info = dataclasses.replace(loaded.info, fingerprint=fingerprint)
         return loaded
 
@@ -206,6 +219,8 @@ class ShardedEngine(Engine):
         evict alike) and the agreed match."""
         import mlx.core as mx
 
+        if self.split == PIPELINE and self._use_cache:
+            self._use_cache = self._same_cache_kind(loaded)
         if self._pool_tokens is None and self._pool_bytes is None and self._use_cache:
             self._pool_tokens = self._agreed_pool_tokens(loaded)
         super()._install(loaded, command)
@@ -215,6 +230,26 @@ class ShardedEngine(Engine):
         # the ranks agree on each prompt's cached prefix one prompt at a time: no batched prefill
         self._scheduler.batch_prefill = False
         mx.eval(mx.distributed.all_sum(mx.array(1), group=self.mlx_group, stream=mx.cpu))  # all installed
+
+    def _same_cache_kind(self, loaded) -> bool:
+        """Whether this pipeline's ranks cache alike (every rank's layers paged, or every
+        rank's hybrid in the same way); if not, the prefix cache is off on every rank."""
+        import mlx.core as mx
+
+        from kvcache.layout import cache_layout
+
+        try:
+            layout = cache_layout(loaded.model)
+            kind = 1 + int(layout.is_hybrid_swa) + 2 * int(layout.is_hybrid_ssm)
+        except ValueError:
+            kind = 0  # no paged cache for these layers
+        kinds = [0] * self.member.world
+        kinds[self.member.rank] = kind
+        kinds = mx.distributed.all_sum(mx.array(kinds, dtype=mx.int32), group=self.mlx_group, stream=mx.cpu).tolist()
+        if len(set(kinds)) == 1 and kinds[0]:
+            return True
+        log.warning("prefix cache off: the pipeline's ranks cache differently (kinds %s by rank)", kinds)
+        return False
 
     def _agreed_pool_tokens(self, loaded) -> int | None:
         import mlx.core as mx

@@ -80,6 +80,13 @@ def ring_addresses(text: str) -> list[str]:
     return [entries[0].rsplit(":", 1)[0] for entries in json.loads(text)]
 
 
+def launched_backend(environ) -> str | None:
+    """The backend ``mlx.launch`` started this rank for (None: not started by it)."""
+    if environ.get("MLX_JACCL_COORDINATOR"):
+        return "jaccl"
+    return "ring" if environ.get("MLX_HOSTFILE") else None
+
+
 def new_secret() -> str:
     """A fresh secret for one launch of a group."""
     return secrets.token_hex(32)
@@ -101,7 +108,8 @@ def join_group(on_fault: Callable[[str], None]):
     the channel a :class:`LeaderChannel` on rank 0, a :class:`FollowerChannel` elsewhere."""
     import mlx.core as mx
 
-    if not os.environ.get("MLX_HOSTFILE"):
+    backend = launched_backend(os.environ)
+    if backend is None:
         raise GroupError("not started as a group: run `radixchat serve --hosts HOSTFILE`")
     secret = os.environ.pop(SECRET_ENV, "")  # popped: nothing this rank starts inherits it
     try:
@@ -111,11 +119,14 @@ def join_group(on_fault: Callable[[str], None]):
     if not secret:
         raise GroupError(f"no group secret in ${SECRET_ENV}: run `radixchat serve --hosts HOSTFILE`")
     try:
-        group = mx.distributed.init(strict=True, backend="ring")
+        group = mx.distributed.init(strict=True, backend=backend)
     except (RuntimeError, ValueError) as exc:
-        raise GroupError(f"cannot join the ring: {exc}") from exc
-    with open(os.environ["MLX_HOSTFILE"]) as f:
-        addresses = ring_addresses(f.read())
+        raise GroupError(f"cannot join the {backend} group: {exc}") from exc
+    if backend == "ring":
+        with open(os.environ["MLX_HOSTFILE"]) as f:
+            addresses = ring_addresses(f.read())
+    else:  # JACCL: rank 0's address is its coordinator's
+        addresses = [os.environ["MLX_JACCL_COORDINATOR"].rsplit(":", 1)[0]] * group.size()
     names = tuple(json.loads(os.environ[HOSTS_ENV])) if os.environ.get(HOSTS_ENV) else tuple(addresses)
     member = Membership(group.rank(), group.size(), names)
     listener = None

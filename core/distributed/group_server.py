@@ -50,7 +50,7 @@ class GroupCheck:
 def check_group(hostfile: str, model_path: str) -> GroupCheck:
     """Read ``hostfile`` and the config of the model at ``model_path``; never raises a
     :class:`UserError` (its line becomes the summary). Reads files: call it off the GUI thread."""
-    from core.distributed.shard import model_config, split_plan
+    from core.distributed.shard import PIPELINE, model_config, split_plan
 
     try:
         hosts = read_hostfile(hostfile)
@@ -62,8 +62,9 @@ def check_group(hostfile: str, model_path: str) -> GroupCheck:
         plan = split_plan(model_config(path), len(hosts), path.name)
     except UserError as exc:
         return GroupCheck(names, False, str(exc))
-    return GroupCheck(names, True, f"{path.name} splits over {len(hosts)} hosts: "
-                                   f"{plan.kv_heads // plan.world} of its {plan.kv_heads} KV heads on each")
+    share = (plan.describe() if plan.method == PIPELINE
+             else f"{plan.kv_heads // plan.world} of its {plan.kv_heads} KV heads on each")
+    return GroupCheck(names, True, f"{path.name} splits over {len(hosts)} hosts: {share}")
 
 
 class GroupServer:

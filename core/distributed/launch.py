@@ -9,6 +9,12 @@ connects over (a Thunderbolt bridge's or the Ethernet address)::
 
 Rank 0 is the first host: it serves the API, so list this machine first. Every host needs
 RadixChat at the same path and the model at the same path (or the same data folder name).
+
+The backend is MLX's ring (TCP over any network) unless ``--backend`` or the hostfile's
+``"backend"`` asks for JACCL (RDMA over Thunderbolt 5, macOS 26.2+), whose hostfile also
+lists each host's RDMA device towards every other host (``"rdma"``, MLX's format, as
+``mlx.distributed_config --backend jaccl`` writes it). Where JACCL cannot run it is refused
+here, in one line, before anything starts.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import platform
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +59,39 @@ def read_hostfile(path: str | os.PathLike) -> list[Host]:
     return hosts
 
 
+BACKENDS = ("ring", "jaccl")
+
+
+def choose_backend(path: str | os.PathLike, requested: str | None = None) -> str:
+    """The backend the group runs on: ``requested`` (``--backend``), else the hostfile's
+    ``"backend"``, else ring; a backend that cannot run here is refused in one line."""
+    data = json.loads(Path(path).read_text())  # read_hostfile has checked it
+    backend = requested or (data.get("backend") if isinstance(data, dict) else None) or "ring"
+    if backend not in BACKENDS:
+        raise UserError(f"the hostfile {path} asks for the {backend!r} backend: a group runs on ring or jaccl")
+    if backend == "jaccl":
+        check_jaccl(data.get("hosts") if isinstance(data, dict) else data, path)
+    return backend
+
+
+def check_jaccl(entries: list[dict], path) -> None:
+    """JACCL can run here (macOS, an MLX with it) and the hostfile names the RDMA devices."""
+    import mlx.core as mx
+
+    if platform.system() != "Darwin":
+        raise UserError(f"JACCL (RDMA over Thunderbolt) runs on macOS only, not {platform.system()}: "
+                        "use --backend ring")
+    if not mx.distributed.is_available("jaccl"):
+        raise UserError("this MLX cannot use JACCL here (it needs macOS 26.2 or later on Thunderbolt 5, "
+                        "RDMA enabled with `rdma_ctl enable` in macOS Recovery): use --backend ring")
+    for i, entry in enumerate(entries):
+        rdma = entry.get("rdma")
+        if not isinstance(rdma, list) or len(rdma) != len(entries) or rdma[i] is not None \
+                or any(d is None for j, d in enumerate(rdma) if j != i):
+            raise UserError(f"the hostfile {path} gives {entry.get('ssh')} no \"rdma\" device towards every "
+                            "other host (null for itself): write it with `mlx.distributed_config --backend jaccl`")
+
+
 LAUNCH_COMMAND = "_launch-group"  # the hidden subcommand that runs MLX's launcher (see run_launcher)
 
 
@@ -83,19 +123,33 @@ def run_launcher(argv: list[str]) -> int:
     """``radixchat _launch-group ARGS``: ``mlx.launch ARGS`` run in this process. The group's
     secret comes in this process's environment (not on a command line) and goes on to every
     rank the way ``mlx.launch --env`` sends variables."""
-    from mlx._distributed_utils.launch import main as mlx_launch_main
+    import mlx._distributed_utils.launch as mlx_launcher
 
+    _never_wait_to_write(mlx_launcher)
     secret = os.environ.get(SECRET_ENV)
     env = ["--env", f"{SECRET_ENV}={secret}"] if secret else []
     sys.argv = ["mlx.launch", *env, *argv]
-    mlx_launch_main()  # it logs each rank's exit; it returns nothing (see core.distributed.outcome)
+    mlx_launcher.main()  # it logs each rank's exit; it returns nothing (see core.distributed.outcome)
     return 0
 
 
+def _never_wait_to_write(mlx_launcher) -> None:
+    """MLX's launcher relays its stdin to each rank in a thread that selects on the rank's
+    stdin pipe for writing, which is always writable: each thread spins, about 0.6 of a core
+    for the group's whole life on a 2-rank group here. Nothing is ever typed to a rank (serve
+    --hosts gives the launcher a pipe nobody writes to), so its select waits on reads only."""
+    select = mlx_launcher.select
+
+    def select_reads(rlist, wlist, xlist, timeout=None):
+        return select(rlist, [], xlist, timeout)
+
+    mlx_launcher.select = select_reads
+
+
 def launch_command(hostfile: str | os.PathLike, hosts: list[Host], serve_args: list[str],
-                   starting_port: int | None = None) -> list[str]:
-    """The ``mlx.launch`` command that starts ``radixchat serve`` on every host (ring backend)."""
-    command = [*launcher_command(), "--backend", "ring", "--hostfile", str(hostfile),
+                   starting_port: int | None = None, backend: str = "ring") -> list[str]:
+    """The ``mlx.launch`` command that starts ``radixchat serve`` on every host."""
+    command = [*launcher_command(), "--backend", backend, "--hostfile", str(hostfile),
                "--env", f"{HOSTS_ENV}={json.dumps([h.ssh for h in hosts])}"]
     if os.environ.get("PYTHONPATH"):  # a source checkout: the same tree on every host
         command += ["--env", f"PYTHONPATH={os.environ['PYTHONPATH']}"]

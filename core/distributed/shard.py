@@ -1,24 +1,34 @@
 """Which models a group can split, and splitting one as it loads.
 
-A model runs over a group with mlx-lm's tensor parallelism (``Model.shard(group)``): every
-rank holds its share of each layer's attention heads and MLP columns, and the layers'
-outputs are summed over the group (``all_sum``) inside the forward. That needs the mlx-lm
-architecture to have ``shard`` and the head counts and MLP width to divide by the number
-of ranks. Both are read from the model's config (``config.json``, or a GGUF file's
-header) before any weight is read, so a model the group cannot split is refused in one
-line at once, not after minutes of loading.
+Two splits, both mlx-lm's:
 
-The cache of a sharded model holds this rank's heads only: its pages are this rank's, and
-so is its disk store, whose fingerprint names the rank and the group's size
-(:func:`rank_fingerprint`): the slice saved by rank 1 of 2 is never read by another rank or
-another split of the model.
+- **tensor parallel** (``Model.shard(group)``): every rank holds its share of each layer's
+  attention heads and MLP columns, and the layers' outputs are summed over the group
+  (``all_sum``) inside the forward. It needs the architecture to have ``shard`` and the
+  head counts and MLP width to divide by the number of ranks.
+- **pipeline** (``PipelineMixin.pipeline(group)``, for the architectures that have it):
+  every rank holds whole layers, a run of them (rank 0 the last ones); the hidden state
+  goes from rank to rank (``send``/``recv``), and the last rank's output is gathered on
+  every rank. It needs at least as many layers as ranks.
+
+``"auto"`` takes tensor parallel where it can split the model (a collective per layer, but
+every rank works on every token), else the pipeline. Both are read from the model's config
+(``config.json``, or a GGUF file's header) before any weight is read, so a model the group
+cannot split is refused in one line at once, not after minutes of loading.
+
+The cache of a split model holds this rank's heads (tensor) or layers (pipeline) only: its
+pages are this rank's, and so is its disk store, whose fingerprint names the split, the
+rank and the group's size (:func:`rank_fingerprint`): the slice saved by rank 1 of 2 is
+never read by another rank or another split of the model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,8 +39,12 @@ from core.errors import ModelLoadError, UserError
 _GGUF_MODEL_TYPES = {"gemma3": "gemma3_text"}
 
 
+TENSOR, PIPELINE = "tensor", "pipeline"
+SPLITS = ("auto", TENSOR, PIPELINE)  # what a user may ask for (``--split``)
+
+
 class UnsplittableModel(UserError):
-    """A model the group cannot split (no tensor-parallel split, heads that do not divide)."""
+    """A model the group cannot split (no split in mlx-lm, heads that do not divide...)."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +55,16 @@ class SplitPlan:
     world: int
     heads: int
     kv_heads: int
+    method: str = TENSOR  # TENSOR | PIPELINE
+    layers: int = 0  # the model's layers (a pipeline shares them out)
+
+    def describe(self) -> str:
+        """What each rank holds, for the start-up line."""
+        if self.method == PIPELINE:
+            low, high = self.layers // self.world, -(-self.layers // self.world)
+            share = f"{low}" if low == high else f"{low} or {high}"
+            return f"pipelined: {share} of {self.layers} layers each"
+        return f"{self.kv_heads // self.world} of {self.kv_heads} KV heads each"
 
 
 def model_config(path: Path) -> dict[str, Any]:
@@ -66,17 +90,11 @@ def model_config(path: Path) -> dict[str, Any]:
         raise ModelLoadError(f"{config_file} is not valid JSON: {exc}") from exc
 
 
-def split_plan(config: dict[str, Any], world: int, name: str) -> SplitPlan:
-    """How ``config``'s model splits over ``world`` ranks, or :class:`UnsplittableModel`
-    saying in one line why it cannot."""
+def split_plan(config: dict[str, Any], world: int, name: str, split: str = "auto") -> SplitPlan:
+    """How ``config``'s model splits over ``world`` ranks (``split``: "auto", "tensor" or
+    "pipeline"), or :class:`UnsplittableModel` saying in one line why it cannot."""
     text = config.get("text_config") or {}
     model_type = str(config.get("model_type") or text.get("model_type") or "")
-    model_class = _model_class(config)
-    if model_class is None or not hasattr(model_class, "shard"):
-        raise UnsplittableModel(
-            f"{name} cannot run over several machines: mlx-lm has no tensor-parallel split for "
-            f"model type {model_type!r} (llama, qwen2, qwen3 and other architectures with a "
-            f"`shard` method can)")
 
     def count(key: str) -> int | None:
         value = config.get(key, text.get(key))
@@ -84,12 +102,47 @@ def split_plan(config: dict[str, Any], world: int, name: str) -> SplitPlan:
 
     heads = count("num_attention_heads")
     kv_heads = count("num_key_value_heads") or heads
+    layers = count("num_hidden_layers") or 0
+    model_class = _model_class(config)
+    tensor = model_class is not None and hasattr(model_class, "shard")
+    pipeline = _has_pipeline(config)
+    plan = SplitPlan(model_type, world, heads or 0, kv_heads or 0, TENSOR, layers)
+    if split == PIPELINE or (split == "auto" and pipeline and not tensor):
+        if not pipeline:
+            raise UnsplittableModel(
+                f"{name} cannot run pipelined: mlx-lm has no pipeline split for model type {model_type!r} "
+                f"(qwen2, qwen3_moe, qwen3_next, deepseek_v3 and other architectures with a `pipeline` method do)")
+        if layers < world:
+            raise UnsplittableModel(
+                f"{name} cannot be pipelined over {world} machines: it has only {layers} layers")
+        return dataclasses.replace(plan, method=PIPELINE)
+    if not tensor:
+        raise UnsplittableModel(
+            f"{name} cannot run over several machines: mlx-lm has no tensor-parallel "
+            f"{'split' if split == TENSOR else 'or pipeline split'} for model type {model_type!r} "
+            f"(llama, qwen2, qwen3 and other architectures with a `shard` method split by heads"
+            f"{'' if split == TENSOR else '; qwen2, qwen3_next, deepseek_v3 and others with `pipeline` by layers'})")
     ffn = count("intermediate_size")
     for label, value in (("attention heads", heads), ("KV heads", kv_heads), ("MLP width", ffn)):
         if value is not None and value % world:
+            if split == "auto" and pipeline and layers >= world:
+                return dataclasses.replace(plan, method=PIPELINE)
             raise UnsplittableModel(
-                f"{name} cannot be split over {world} machines: its {value} {label} do not divide by {world}")
-    return SplitPlan(model_type, world, heads or 0, kv_heads or 0)
+                f"{name} cannot be split over {world} machines: its {value} {label} do not divide by {world}"
+                + (" (and mlx-lm has no pipeline split for it)" if split == "auto" and not pipeline else ""))
+    return plan
+
+
+def _has_pipeline(config: dict[str, Any]) -> bool:
+    """Whether mlx-lm's module for ``config`` has a pipelined model (a ``PipelineMixin``)."""
+    model_class = _model_class(config)
+    if model_class is None:
+        return False
+    from mlx_lm.models.pipeline import PipelineMixin
+
+    module = importlib.import_module(model_class.__module__)
+    return any(isinstance(v, type) and issubclass(v, PipelineMixin) and v is not PipelineMixin
+               for v in vars(module).values())
 
 
 def _model_class(config: dict[str, Any]):
@@ -106,16 +159,43 @@ def _model_class(config: dict[str, Any]):
         return None
 
 
-def shard_model(model, group) -> None:
-    """Cut ``model`` (weights still lazy) to this rank's part of ``group``'s split."""
-    model.shard(group)
+def shard_model(model, group, method: str = TENSOR) -> None:
+    """Cut ``model`` (weights still lazy) to this rank's part of ``group``'s split: its heads
+    (tensor) or its layers (pipeline; the others become None and are never read)."""
+    if method != PIPELINE:
+        model.shard(group)
+        return
+    for path in (("model",), ("language_model", "model")):  # where mlx-lm keeps the pipelined part
+        part = model
+        for name in path:
+            part = getattr(part, name, None)
+        if part is not None and hasattr(part, "pipeline"):
+            part.pipeline(group)
+            return
+    raise ModelLoadError(f"{type(model).__module__}: no pipelined part found (model.model.pipeline)")
 
 
-def rank_fingerprint(fingerprint: str, rank: int, world: int) -> str:
-    """The fingerprint of rank ``rank``'s slice of a model split over ``world`` ranks."""
-    return hashlib.sha256(f"{fingerprint}/tensor-parallel/rank {rank} of {world}".encode()).hexdigest()
+def rank_fingerprint(fingerprint: str, rank: int, world: int, method: str = TENSOR) -> str:
+    """The fingerprint of rank ``rank``'s slice of a model split ``method``-wise over ``world`` ranks."""
+    kind = "tensor-parallel" if method == TENSOR else method
+    return hashlib.sha256(f"{fingerprint}/{kind}/rank {rank} of {world}".encode()).hexdigest()
 
 
 def rank_cache_name(rank: int, world: int) -> str:
     """The file name of rank ``rank``'s disk cache (ranks on one machine share a data folder)."""
     return f"kvcache-rank{rank}of{world}.db"
+
+
+_RANK_CACHE = re.compile(r"kvcache-rank(\d+)of(\d+)\.db")
+
+
+def rank_cache_stores(root: Path) -> list[tuple[str, Path]]:
+    """The ranks' disk caches in the data folder ``root`` as ``("rank1of2", path)``, by
+    group size, then rank."""
+    found = []
+    for path in root.glob("kvcache-rank*of*.db"):
+        match = _RANK_CACHE.fullmatch(path.name)
+        if match:
+            rank, world = int(match[1]), int(match[2])
+            found.append(((world, rank), (f"rank{rank}of{world}", path)))
+    return [store for _, store in sorted(found)]

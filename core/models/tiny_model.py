@@ -3,7 +3,7 @@
 Tests (and ``radixchat --self-test``) need real mlx-lm models without a download.
 :func:`write_tiny_model` writes ``config.json``, ``model.safetensors`` and a byte-level
 tokenizer with a ChatML template; ``mlx_lm.utils.load(path)`` loads the result like any
-downloaded model. Three kinds cover the cache layouts the engine must handle:
+downloaded model. These kinds cover the cache layouts the engine must handle:
 
 - ``"llama"``: mlx-lm ``llama``, every layer full attention (``KVCache``);
 - ``"sliding"``: mlx-lm ``gemma3_text``, sliding-window layers (``RotatingKVCache``)
@@ -11,7 +11,9 @@ downloaded model. Three kinds cover the cache layouts the engine must handle:
 - ``"recurrent"``: mlx-lm ``qwen3_next``, gated-delta linear-attention layers
   (``ArraysCache``) alternating with full attention (``KVCache``);
 - ``"llama-sliding"``: mlx-lm ``llama`` with sliding-window layers alternating with full
-  ones (its ``layer_types``): a hybrid model mlx-lm can split over machines (``shard``).
+  ones (its ``layer_types``): a hybrid model mlx-lm can split over machines (``shard``);
+- ``"qwen2"``: mlx-lm ``qwen2``, every layer full attention: a dense model mlx-lm can split
+  both ways over machines (``shard`` and ``pipeline``; ``llama`` has no pipeline split).
 
 Weights come from ``mx.random.key(spec.seed)`` alone, so one spec always gives the same
 bytes. Linear layers are drawn with std ``1/sqrt(fan_in)`` and the output head a few times
@@ -32,7 +34,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-KINDS = ("llama", "sliding", "recurrent", "llama-sliding")
+KINDS = ("llama", "sliding", "recurrent", "llama-sliding", "qwen2")
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
@@ -56,7 +58,7 @@ class TinyModelSpec:
     """What to generate. ``num_layers`` must be even for "sliding" and "recurrent",
     whose layers alternate between the two kinds (sliding/linear first)."""
 
-    kind: str = "llama"  # "llama" | "sliding" | "recurrent" | "llama-sliding"
+    kind: str = "llama"  # "llama" | "sliding" | "recurrent" | "llama-sliding" | "qwen2"
     hidden_size: int = 64
     num_layers: int = 2
     num_heads: int = 4
@@ -74,7 +76,7 @@ class TinyModelSpec:
             raise ValueError(f"dtype must be one of {tuple(DTYPES)}, not {self.dtype!r}")
         if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
             raise ValueError("hidden_size % num_heads and num_heads % num_kv_heads must be 0")
-        if self.kind != "llama" and (self.num_layers < 2 or self.num_layers % 2):
+        if self.kind not in ("llama", "qwen2") and (self.num_layers < 2 or self.num_layers % 2):
             raise ValueError(f"kind {self.kind!r} needs an even num_layers >= 2")
         if self.num_layers < 1:
             raise ValueError("num_layers must be >= 1")
@@ -102,6 +104,9 @@ def model_config(spec: TinyModelSpec) -> dict:
         "radixchat_tiny_model": asdict(spec),
     }
     half = spec.num_layers // 2
+    if spec.kind == "qwen2":
+        return {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], **common,
+                "rms_norm_eps": 1e-6, "rope_theta": 10000.0}
     if spec.kind in ("llama", "llama-sliding"):
         sliding = {"sliding_window": spec.sliding_window,
                    "layer_types": ["sliding_attention", "full_attention"] * half} if spec.kind != "llama" else {}

@@ -2,16 +2,19 @@
 
 Two servers run side by side on this machine: ``radixchat serve`` (one process) and
 ``radixchat serve --hosts`` with a loopback hostfile (2 ranks over MLX's ring backend, the
-model split by tensor parallelism). For each prompt length and repetition, each server in
-turn gets a fresh prompt (uncached: the whole prompt is computed) and then the same prompt
-again (cached: only its last token is), streamed greedy replies of ``--max-tokens``. The
+model split by tensor parallelism, or by layers with ``--split pipeline``). For each prompt
+length and repetition, each server in turn gets a fresh prompt (uncached: the whole prompt
+is computed) and then the same prompt again (cached: only its last token is), streamed
+greedy replies of ``--max-tokens``. The
 client measures time to first token and the decode rate (completion tokens after the
 first, over the time from the first token to the last). Medians over repetitions.
 
 On one machine the split model is slower (2 processes share the cores and every layer
-adds two all-sums per token): the figures show what the collectives cost per token and
-how that grows with the prompt, not what two Macs gain. The default model is a generated
-llama (random weights) whose heads divide by 2; ``--model`` takes any model that splits.
+adds two all-sums per token; a pipeline adds a send and an all-gather per token, but its
+ranks work in turn): the figures show what the collectives cost per token and how that
+grows with the prompt, not what two Macs gain. The default model is a generated llama
+(random weights) whose heads divide by 2, or for ``--split pipeline`` a qwen2 of the same
+shape (llama has no pipeline split); ``--model`` takes any model that splits.
 """
 
 from __future__ import annotations
@@ -35,13 +38,14 @@ REQUEST_TIMEOUT_S = 600.0
 MODES = ("single", "split2")
 
 
-def bench_model(folder: Path) -> Path:
-    """A generated llama big enough that compute, not Python, shows (heads divide by 2)."""
+def bench_model(folder: Path, kind: str = "llama") -> Path:
+    """A generated model big enough that compute, not Python, shows (heads divide by 2):
+    a llama, or a qwen2 (the same shape; it also pipelines)."""
     from core.models.tiny_model import TinyModelSpec, write_tiny_model
 
-    spec = TinyModelSpec(hidden_size=512, num_layers=4, num_heads=8, num_kv_heads=4, intermediate_size=1536,
-                         max_position_embeddings=8192)
-    return write_tiny_model(folder / "bench-llama", spec)
+    spec = TinyModelSpec(kind=kind, hidden_size=512, num_layers=4, num_heads=8, num_kv_heads=4,
+                         intermediate_size=1536, max_position_embeddings=8192)
+    return write_tiny_model(folder / f"bench-{kind}", spec)
 
 
 def _free_port(span: int = 1) -> int:
@@ -135,7 +139,8 @@ def run_bench_distributed(args) -> int:
     lengths = sorted({int(n) for n in str(args.prompt_tokens).split(",") if n.strip()})
     with tempfile.TemporaryDirectory(prefix="radixchat-bench-dist-") as tmp:
         work = Path(tmp)
-        model = Path(args.model) if args.model else bench_model(work)
+        split = getattr(args, "split", "tensor")
+        model = Path(args.model) if args.model else bench_model(work, "qwen2" if split == "pipeline" else "llama")
         hosts = work / "hosts.json"
         hosts.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * 2))
         ports = {mode: _free_port() for mode in MODES}
@@ -145,7 +150,8 @@ def run_bench_distributed(args) -> int:
             servers["single"] = _start([*common, "--data-dir", str(work / "single")], ports["single"],
                                        work / "single.log")
             servers["split2"] = _start([*common, "--data-dir", str(work / "split"), "--hosts", str(hosts),
-                                        "--ring-port", str(_free_port(2))], ports["split2"], work / "split.log")
+                                        "--ring-port", str(_free_port(2)), "--split", split], ports["split2"],
+                                       work / "split.log")
             for mode in MODES:  # warm-up: first-call compilation and allocation
                 ask(ports[mode], prompt_of(32, f"warm-up {mode}"), 4)
             runs = {mode: {n: {"uncached": [], "cached": []} for n in lengths} for mode in MODES}
@@ -184,12 +190,14 @@ def _report(args, model: Path, lengths, runs, same: bool) -> dict:
             row["collective_ms_per_token"] = 1000 * (1 / split - 1 / single) if single and split else None
             rows.append(row)
     return {"model": str(model), "repeats": args.repeats, "max_tokens": args.max_tokens,
-            "ranks": 2, "transport": "loopback (127.0.0.1), MLX ring backend", "cpus": os.cpu_count(),
+            "ranks": 2, "split": getattr(args, "split", "tensor"),
+            "transport": "loopback (127.0.0.1), MLX ring backend", "cpus": os.cpu_count(),
             "same_greedy_replies": same, "rows": rows}
 
 
 def format_table(report: dict) -> str:
-    lines = [f"bench distributed: {Path(report['model']).name}, 1 process vs 2 ranks on {report['transport']}, "
+    lines = [f"bench distributed: {Path(report['model']).name}, 1 process vs 2 ranks ({report['split']} split) "
+             f"on {report['transport']}, "
              f"medians of {report['repeats']}, {report['max_tokens']} tokens a reply",
              f"{'prompt':>7} {'cache':>9} {'TTFT 1 proc':>12} {'TTFT 2 ranks':>13} {'decode 1 proc':>14} "
              f"{'decode 2 ranks':>15} {'+ms/token':>10}"]

@@ -26,6 +26,10 @@ def test_check_group_names_the_hosts_and_the_split(tmp_path):
     assert len(check.hosts) == 3 and not check.splits and "do not divide by 3" in check.summary
     check = check_group(str(tmp_path / "missing.json"), str(model))
     assert not check.splits and check.hosts == () and check.summary.startswith("no hostfile at")
+    # a model with no split by heads but a pipeline: its layers are shared out
+    pipelined = write_tiny_model(tmp_path / "tiny-next", TinyModelSpec(kind="recurrent", num_layers=4))
+    check = check_group(str(hosts), str(pipelined))
+    assert check.splits and check.summary == "tiny-next splits over 2 hosts: pipelined: 2 of 4 layers each"
 
 
 def run(script: str, stop: bool = False) -> list[tuple[str, str]]:

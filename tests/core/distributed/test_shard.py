@@ -33,10 +33,42 @@ def test_the_default_models_shape_is_refused_over_two():
         split_plan({"model_type": "llama", "num_attention_heads": 9, "num_key_value_heads": 3}, 2, "SmolLM2")
 
 
-@pytest.mark.parametrize("model_type", ["gemma3_text", "qwen3_next", "no_such_model"])
+@pytest.mark.parametrize("model_type", ["gemma3_text", "no_such_model"])
 def test_an_architecture_without_a_split_is_refused(model_type):
-    with pytest.raises(UnsplittableModel, match=f"no tensor-parallel split for model type '{model_type}'"):
+    with pytest.raises(UnsplittableModel, match=f"no tensor-parallel or pipeline split for model type '{model_type}'"):
         split_plan({"model_type": model_type, "num_attention_heads": 4, "num_key_value_heads": 2}, 2, "m")
+
+
+def test_a_model_only_mlx_lm_pipelines_runs_pipelined():
+    config = {"model_type": "qwen3_next", "num_attention_heads": 4, "num_key_value_heads": 2,
+              "num_hidden_layers": 4}
+    plan = split_plan(config, 2, "m")
+    assert (plan.method, plan.layers) == ("pipeline", 4)
+    assert plan.describe() == "pipelined: 2 of 4 layers each"
+    assert split_plan({**config, "num_hidden_layers": 5}, 2, "m").describe() == "pipelined: 2 or 3 of 5 layers each"
+    with pytest.raises(UnsplittableModel, match="no tensor-parallel split for model type 'qwen3_next'"):
+        split_plan(config, 2, "m", "tensor")
+    with pytest.raises(UnsplittableModel, match="cannot be pipelined over 8 machines: it has only 4 layers"):
+        split_plan(config, 8, "m")
+
+
+def test_a_model_with_both_splits_takes_tensor_unless_asked_or_its_heads_do_not_divide():
+    config = {"model_type": "qwen2", "num_attention_heads": 4, "num_key_value_heads": 2,
+              "intermediate_size": 128, "num_hidden_layers": 6}
+    assert split_plan(config, 2, "m").method == "tensor"
+    assert split_plan(config, 2, "m", "pipeline").method == "pipeline"
+    assert split_plan(config, 3, "m").method == "pipeline"  # 4 heads do not divide by 3
+    with pytest.raises(UnsplittableModel, match="its 4 attention heads do not divide by 3$"):
+        split_plan(config, 3, "m", "tensor")
+
+
+def test_a_model_mlx_lm_cannot_pipeline_is_refused_when_asked():
+    # llama: tensor parallel only; the default SmolLM2 (9 heads) then has no split over 2 at all
+    with pytest.raises(UnsplittableModel, match="cannot run pipelined: mlx-lm has no pipeline split for model type 'llama'"):
+        split_plan({"model_type": "llama", "num_attention_heads": 4, "num_hidden_layers": 4}, 2, "m", "pipeline")
+    with pytest.raises(UnsplittableModel, match="do not divide by 2 \\(and mlx-lm has no pipeline split for it\\)"):
+        split_plan({"model_type": "llama", "num_attention_heads": 9, "num_key_value_heads": 3,
+                    "num_hidden_layers": 30}, 2, "SmolLM2")
 
 
 def test_serve_hosts_refuses_an_unsplittable_model_before_launching(tmp_path, capsys):
@@ -57,8 +89,9 @@ def test_model_config_reads_only_the_config(tmp_path):
 
 
 def test_each_rank_has_its_own_fingerprint_and_store():
-    prints = {rank_fingerprint("abc", r, w) for r, w in [(0, 2), (1, 2), (0, 4), (1, 4)]}
-    assert len(prints) == 4 and "abc" not in prints
+    prints = {rank_fingerprint("abc", r, w, split) for r, w in [(0, 2), (1, 2), (0, 4), (1, 4)]
+              for split in ("tensor", "pipeline")}
+    assert len(prints) == 8 and "abc" not in prints
     assert rank_cache_name(1, 2) != rank_cache_name(0, 2)
 
 
