@@ -227,6 +227,8 @@ class ShardedEngine(Engine):
         self._scheduler.prefix_cache = AgreedPrefixCache(self._prefix_cache, self.mlx_group)
         if getattr(self._scheduler, "pacer", None) is not None:  # chunk sizes the same on every rank
             self._scheduler.pacer = GroupPacer()
+        # the ranks agree on each prompt's cached prefix one prompt at a time: no batched prefill
+        self._scheduler.batch_prefill = False
         mx.eval(mx.distributed.all_sum(mx.array(1), group=self.mlx_group, stream=mx.cpu))  # all installed
 
     def _same_cache_kind(self, loaded) -> bool:

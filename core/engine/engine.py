@@ -43,6 +43,10 @@ log = logging.getLogger(__name__)
 _END = object()  # end of a request's event stream
 PUBLISH_EVERY_S = 0.1  # the decode loop's stats refresh (see Engine._publish_stats)
 PROMPT_THREADS = 2  # prompts rendered and tokenised at once (a long one does not hold up a short one)
+# Nobody decoding and prompts still being rendered: the engine waits up to this long for
+# them before it starts a prefill, so that requests sent together are prefilled together
+# (core.engine.batch_prefill) instead of the first alone and the others after it.
+GATHER_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -183,6 +187,9 @@ class Engine:
         self._prompts: Prompts | None = None  # the loaded model's (set on the engine thread, read anywhere)
         self._loads = 0  # models installed so far: a prompt is worked out for one of them
         self._prompt_pool = ThreadPoolExecutor(PROMPT_THREADS, thread_name_prefix="radixchat-prompt")
+        self._rendering = 0  # prompts on the prompt threads, not yet queued for the engine
+        self._rendering_lock = threading.Lock()
+        self._gather_since: float | None = None  # engine thread: when it began waiting for them
         self._initial = (model_spec, weights_format)
         self._use_cache = use_cache
         self._page_size = page_size
@@ -282,10 +289,21 @@ class Engine:
             self._commands.put(handle)
         else:
             try:
-                self._prompt_pool.submit(self._prepare, handle, prompts)
+                self._render(handle, prompts)
             except RuntimeError:  # shut down: queued as before, never to be served
                 self._commands.put(handle)
         return handle
+
+    def _render(self, handle: RequestHandle, prompts: Prompts) -> None:
+        """Have a prompt thread work out ``handle``'s prompt (:meth:`_prepare`)."""
+        with self._rendering_lock:
+            self._rendering += 1
+        try:
+            self._prompt_pool.submit(self._prepare, handle, prompts)
+        except BaseException:
+            with self._rendering_lock:
+                self._rendering -= 1
+            raise
 
     def stream(self, request: GenerationRequest) -> Iterator[Event]:
         """Submit and iterate; closing the iterator early cancels the request."""
@@ -333,9 +351,12 @@ class Engine:
             if self._persister is not None:  # the pages of replies just sent, for the disk
                 self._persister.serialize_pending()
             busy = self._scheduler is not None and self._scheduler.busy
+            gather = busy and self._gathering()
             if busy or not deferred:
                 try:
-                    command = self._commands.get(block=not busy)
+                    command = self._commands.get(block=not busy or gather,
+                                                 timeout=max(0.0, self._gather_since + GATHER_S - time.monotonic())
+                                                 if gather else None)
                 except queue.Empty:
                     command = None
             else:
@@ -343,8 +364,10 @@ class Engine:
             if command is not None:
                 if isinstance(command, RequestHandle):
                     self._do_request(command)
-                    if not self._commands.empty():  # take every waiting request in before the
-                        continue  # next step: the scheduler picks among them by priority
+                    # take every waiting request in before the next step (the scheduler picks
+                    # among them by priority), and those still being rendered, briefly
+                    if not self._commands.empty() or (self._scheduler is not None and self._gathering()):
+                        continue
                 elif isinstance(command, _ForgetCommand):
                     self._forget(command.session, command.namespace)
                 elif isinstance(command, _FlushCommand):
@@ -365,7 +388,22 @@ class Engine:
             if self._scheduler is not None and self._scheduler.busy:
                 self._step()
 
+    def _gathering(self) -> bool:
+        """Whether to wait for the prompts still being rendered before the next step:
+        nobody decodes, the waiting requests have not started, and it is less than
+        ``GATHER_S`` since the wait began (a long prompt's rendering is not waited for)."""
+        s = self._scheduler
+        if (not s.batch_prefill or s.solo is not None or s.batched or not self._rendering
+                or any(job.run is not None for job in s.waiting)):
+            self._gather_since = None
+            return False
+        now = time.monotonic()
+        if self._gather_since is None:
+            self._gather_since = now
+        return now - self._gather_since < GATHER_S
+
     def _step(self) -> None:
+        self._gather_since = None
         try:
             self._scheduler.step()
         except Exception as exc:  # a bug: end the running requests, keep the engine
@@ -532,6 +570,13 @@ class Engine:
         """On a prompt thread: work out the request's token ids, then queue it for the
         engine thread. A prompt refused here (past the size limit, empty, tools the template
         cannot take) ends here: the engine thread never sees it."""
+        try:
+            self._prepare_one(handle, prompts)
+        finally:
+            with self._rendering_lock:
+                self._rendering -= 1
+
+    def _prepare_one(self, handle: RequestHandle, prompts: Prompts) -> None:
         if not handle.cancelled:  # a cancelled one goes straight on, to end as cancelled
             started = time.perf_counter()
             try:
@@ -563,7 +608,7 @@ class Engine:
                 handle._emit(ErrorEvent(self._load_error or "no model is loaded", ErrorKind.MODEL_NOT_LOADED))
             elif handle._prompt is None or handle._prompt[0] != self._prompts.load:
                 # submitted before this model was in: its prompt is worked out for this one
-                self._prompt_pool.submit(self._prepare, handle, self._prompts)
+                self._render(handle, self._prompts)
                 return
             else:
                 ids = handle._prompt[1]

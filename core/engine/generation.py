@@ -145,6 +145,17 @@ _BACKBONE_THEN_HEAD = {
 }
 
 
+def _backbone_and_head(model):
+    """``(backbone, head)`` for the architectures listed above, else None."""
+    tied = _BACKBONE_THEN_HEAD.get(type(model).__module__)
+    if tied is None or type(model).__name__ != "Model":
+        return None
+    flag = model
+    for name in tied.split("."):
+        flag = getattr(flag, name)
+    return model.model, (model.model.embed_tokens.as_linear if flag else model.lm_head)
+
+
 def last_logits(model, inputs: mx.array, cache: list) -> mx.array:
     """The logits after the last of ``inputs`` (``(1, n)``), as ``(1, vocab)``.
 
@@ -154,12 +165,20 @@ def last_logits(model, inputs: mx.array, cache: list) -> mx.array:
     slicing the full projection: a row of a matrix product does not depend on the
     other rows.) Any other model runs whole.
     """
-    tied = _BACKBONE_THEN_HEAD.get(type(model).__module__)
-    if tied is None or type(model).__name__ != "Model":
-        return model(inputs, cache=cache)[:, -1, :]
-    hidden = model.model(inputs, cache)[:, -1:, :]
-    flag = model
-    for name in tied.split("."):
-        flag = getattr(flag, name)
-    head = model.model.embed_tokens.as_linear if flag else model.lm_head
-    return head(hidden)[:, -1, :]
+    return rows_logits(model, inputs, cache, [inputs.shape[1] - 1])
+
+
+def rows_logits(model, inputs: mx.array, cache: list, last: list[int]) -> mx.array:
+    """The logits after position ``last[i]`` of row ``i`` of ``inputs`` (``(B, n)``, rows
+    right-padded past their ``last``), as ``(B, vocab)``; the vocabulary projection on
+    those positions only where :func:`last_logits` can."""
+    split = _backbone_and_head(model)
+    rows = mx.arange(len(last))
+    at = mx.array(last)
+    if split is None:
+        return model(inputs, cache=cache)[rows, at, :]
+    backbone, head = split
+    hidden = backbone(inputs, cache)
+    if len(last) == 1:  # one row: a slice, as before
+        return head(hidden[:, last[0] : last[0] + 1, :])[:, -1, :]
+    return head(hidden[rows, at, :])

@@ -48,6 +48,16 @@ class ChunkPacer:
         fits = int(self.budget_s * MARGIN / self.seconds_per_token)
         return max(min(MIN_CHUNK, largest), min(largest, fits // CHUNK_STEP * CHUNK_STEP))
 
+    def batch_tokens(self, decoding: bool, idle: int) -> int:
+        """Padded tokens (rows x the longest row) one batched prefill of several waiting
+        prompts may take (``core.engine.batch_prefill``): what fits the budget while others
+        are ``decoding`` (no cap at the largest chunk: the budget is the bound), else ``idle``."""
+        if not decoding:
+            return idle
+        if self.seconds_per_token is None:
+            return MIN_CHUNK
+        return max(MIN_CHUNK, int(self.budget_s * MARGIN / self.seconds_per_token))
+
     def observe(self, tokens: int, seconds: float) -> None:
         """A chunk of ``tokens`` took ``seconds``. Short calls (a prompt's last few tokens)
         are mostly fixed cost and say little about the rate: they are not counted."""

@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.sample_utils import greedy_sampler
 
+from core.engine import batch_prefill
 from core.engine.constrain import Grammars, check_schema, check_tools, grammar_for, tool_markup
 from core.engine.decode_batch import DecodeBatch
 from core.engine.namespaces import label as namespace_label
@@ -97,8 +99,11 @@ class Scheduler:
     """Admits requests and steps the shared decode batch of one loaded model."""
 
     def __init__(self, loaded, prefix_cache, persister, on_finished=lambda: None,
-                 on_progress=lambda: None, pacer: ChunkPacer | None = None, interleave: bool = True):
+                 on_progress=lambda: None, pacer: ChunkPacer | None = None, interleave: bool = True,
+                 batch_prefill: bool = True):
         self.loaded = loaded
+        # Prompts that wait together prefilled in one padded forward (core.engine.batch_prefill)
+        self.batch_prefill = batch_prefill
         # Sizes prefill chunks while others decode; None (interleave off): a prompt is
         # prefilled whole in the step that starts it, as before interleaving.
         self.pacer = (pacer or ChunkPacer()) if interleave else None
@@ -180,6 +185,13 @@ class Scheduler:
             self._end_prefill(job, "cancelled")
         if not self.waiting:
             return
+        if self.batch_prefill and len(self.waiting) > 1 and min(self.waiting, key=lambda j: j.order).run is None:
+            group = self._batch_group()
+            if len(group) > 1:
+                self._prefill_together(group)
+                return
+            if not self.waiting:
+                return
         job = min(self.waiting, key=lambda j: j.order)
         try:
             if job.run is None:
@@ -199,6 +211,105 @@ class Scheduler:
             if job in self.waiting:
                 self.waiting.remove(job)
             self._end_with_error(job, exc)
+
+    def _batch_group(self) -> list[_Prefill]:
+        """The waiting prompts that go together, in turn: the first waiting one and those
+        right behind it, while their padded rests fit the pacer's budget (all of them
+        started: matched against the cache). One that does not fit stays started, for the
+        one-at-a-time path."""
+        decoding = self.solo is not None or bool(self.batched)
+        tokens = (self.pacer.batch_tokens(decoding, batch_prefill.IDLE_TOKENS) if self.pacer is not None
+                  else batch_prefill.IDLE_TOKENS)
+        group: list[_Prefill] = []
+        rests: list[int] = []
+        for job in sorted(self.waiting, key=lambda j: j.order)[: batch_prefill.PREFILL_ROWS]:
+            if job.run is not None and job.run.done:  # part-way through its chunks
+                break
+            try:
+                if job.run is None:
+                    self._start_prefill(job)
+            except Exception as exc:
+                self.waiting.remove(job)
+                self._end_with_error(job, exc)
+                continue
+            rest = len(job.state.prompt) - job.state.cached
+            if (not batch_prefill.batchable(job.caches)
+                    or batch_prefill.rows_that_fit([*rests, rest], tokens) <= len(rests)):
+                break
+            group.append(job)
+            rests.append(rest)
+        return group
+
+    def _prefill_together(self, group: list[_Prefill]) -> None:
+        """Prefill ``group``'s prompts in one padded forward; each row takes its first
+        token from its own logits, and they start decoding together."""
+        if self.solo is not None or self.batched:
+            mx.synchronize(generation_stream)  # as _chunk: the queued decode step is not ours
+        for job in group:
+            self.waiting.remove(job)
+        began = time.perf_counter()
+        try:
+            rows = batch_prefill.prefill_rows(self.loaded.model, [job.caches for job in group],
+                                              [job.state.prompt[: job.state.cached] for job in group],
+                                              [job.state.prompt[job.state.cached :] for job in group])
+        except Exception as exc:  # these requests fail; the others run on
+            for job in group:
+                self._end_with_error(job, exc)
+            return
+        seconds = time.perf_counter() - began
+        if self.pacer is not None:
+            self.pacer.observe(rows.padded_tokens, seconds)
+        computed = sum(len(job.state.prompt) - job.state.cached for job in group)
+        for job in group:
+            job.compute_s += seconds * (len(job.state.prompt) - job.state.cached) / computed
+            job.state.handle._emit(ProgressEvent(len(job.state.prompt), len(job.state.prompt)))
+        self.on_progress()
+        try:
+            self._first_tokens(group, rows)
+        finally:
+            if any(job.flush for job in group):
+                self.prefix_cache.flush_writes()
+
+    def _first_tokens(self, group: list[_Prefill], rows) -> None:
+        """Each row of a batched prefill samples its first token; those not done join the
+        decode batch together, their merged caches as they are (or, alone, decode solo)."""
+        joining: list[tuple[int, _Prefill, int]] = []  # (row, request, its first token)
+        for row, job in enumerate(group):
+            state = job.state
+            if state.handle.cancelled:  # during the forward: ends as a cancel while waiting does
+                self._finish_safely(state, "cancelled", None, None)
+                continue
+            try:
+                first = self._sample_first(job, rows.logits[row : row + 1])
+                finish = self._take(state, first)
+                if finish is not None:  # done after one token: the cache holds the prompt
+                    self._finish(state, finish, rows.caches(row), list(state.prompt))
+                    continue
+            except Exception as exc:
+                self._end_with_error(job, exc)
+                continue
+            joining.append((row, job, first))
+        if not joining:
+            return
+        try:
+            if len(joining) == 1 and self.solo is None and not self.batched:
+                row, job, first = joining[0]
+                self._go_solo(job, rows.caches(row), first)
+                return
+            if self.solo is not None:
+                self._hand_over()
+            rows.keep([row for row, _, _ in joining])
+            uids = self.batch.join_rows(
+                [first for _, _, first in joining], rows.batch.prompt_cache, rows.batch.tokens,
+                [job.sampler for _, job, _ in joining], [job.processors for _, job, _ in joining],
+                [job.state.max_tokens - len(job.state.generated) for _, job, _ in joining])
+        except Exception as exc:
+            log.exception("starting a batched prefill's requests failed")
+            for _, job, _ in joining:
+                self._fail(job.state, f"internal error: {exc}")
+            return
+        for uid, (_, job, _) in zip(uids, joining):
+            self.batched[uid] = job.state
 
     def _start_prefill(self, job: _Prefill) -> None:
         """Match the prompt against the cache (RAM, then disk) and set up its prefill."""
@@ -244,25 +355,13 @@ class Scheduler:
         """The prompt is in: sample the first token, then decode alone or in the batch."""
         state, caches, prompt = job.state, job.caches, job.state.prompt
         try:
-            if self.persister is not None:  # the rate a disk read must beat
-                self.persister.observe_prefill(len(prompt) - state.cached, job.compute_s)
-            seed = state.handle.request.sampling.seed
-            if seed is not None:
-                mx.random.seed(seed)
-            logits, history = job.run.logits, mx.array(prompt)
-            for processor in job.processors:
-                logits = processor(history, logits)
-            first = job.sampler(logits - mx.logsumexp(logits, keepdims=True)).item()
-            state.detok.reset()
+            first = self._sample_first(job, job.run.logits)
             finish = self._take(state, first)
             if finish is not None:  # done after one token: the cache holds the prompt
                 self._finish(state, finish, caches, prompt)
                 return
             if self.solo is None and not self.batched:
-                solo = _Solo(state, caches, job.sampler, job.processors, list(prompt) + [first], None,
-                             history if job.processors else None)
-                solo.pending = self._solo_forward(solo, mx.array([first]))
-                self.solo = solo
+                self._go_solo(job, caches, first)
                 return
             if self.solo is not None:
                 self._hand_over()
@@ -270,6 +369,28 @@ class Scheduler:
         finally:
             if job.flush:
                 self.prefix_cache.flush_writes()
+
+    def _sample_first(self, job: _Prefill, logits: mx.array) -> int:
+        """The first token from the logits after the prompt (``(1, vocab)``)."""
+        state, prompt = job.state, job.state.prompt
+        if self.persister is not None:  # the rate a disk read must beat
+            self.persister.observe_prefill(len(prompt) - state.cached, job.compute_s)
+        seed = state.handle.request.sampling.seed
+        if seed is not None:
+            mx.random.seed(seed)
+        history = mx.array(prompt)
+        for processor in job.processors:
+            logits = processor(history, logits)
+        state.detok.reset()
+        return job.sampler(logits - mx.logsumexp(logits, keepdims=True)).item()
+
+    def _go_solo(self, job: _Prefill, caches: list, first: int) -> None:
+        """Nothing else decodes: ``job`` decodes alone, ``first`` its next input."""
+        prompt = job.state.prompt
+        solo = _Solo(job.state, caches, job.sampler, job.processors, list(prompt) + [first], None,
+                     mx.array(prompt) if job.processors else None)
+        solo.pending = self._solo_forward(solo, mx.array([first]))
+        self.solo = solo
 
     def _end_prefill(self, job: _Prefill, finish: str) -> None:
         """A waiting or prefilling request ends before its first token (cancelled)."""
@@ -314,7 +435,10 @@ class Scheduler:
                 solo.context = mx.concatenate([solo.context, y])
                 for processor in solo.processors:
                     logits = processor(solo.context, logits)
-            sampled = solo.sampler(logits - mx.logsumexp(logits, keepdims=True))
+            if solo.sampler is greedy_sampler and not solo.processors:  # as the decode batch's _Batch
+                sampled = mx.argmax(logits, axis=-1)
+            else:
+                sampled = solo.sampler(logits - mx.logsumexp(logits, keepdims=True))
         mx.async_eval(sampled)
         return sampled
 

@@ -69,3 +69,36 @@ def test_cancel_right_after_joining(loaded, steps):
     assert done(second).stats.finish_reason == "cancelled"
     assert done(first).stats.completion_tokens == 30
     assert len(s.batch) == 0 and _no_locks(s)
+
+
+def test_greedy_rows_give_mlx_lms_own_tokens(loaded):
+    """The batch's greedy shortcut (argmax of the logits, not normalised first) picks the
+    tokens mlx-lm's ``BatchGenerator`` picks for the same prompts."""
+    from mlx_lm.generate import BatchGenerator
+
+    from core.engine.engine import RequestHandle
+    from core.engine.types import GenerationRequest, SamplingParams
+
+    s = scheduler(loaded)
+    tokenizer = s.loaded.tokenizer
+    ids = [tokenizer.encode(p) for p in PROMPTS]
+    handles = [RequestHandle(GenerationRequest(prompt_tokens=tuple(p),
+                                               sampling=SamplingParams(temperature=0.0, max_tokens=12)))
+               for p in ids]
+    for h in handles:
+        s.admit(h)
+    while s.busy:
+        s.step()
+    ours = [done(h).text for h in handles]
+    generator = BatchGenerator(s.loaded.model, max_tokens=12, stop_tokens=[[e] for e in tokenizer.eos_token_ids])
+    uids = generator.insert(ids)
+    theirs: dict[int, list[int]] = {uid: [] for uid in uids}
+    finished: set[int] = set()
+    while len(finished) < len(uids):
+        for r in generator.next_generated():
+            if r.token not in tokenizer.eos_token_ids:
+                theirs[r.uid].append(r.token)
+            if r.finish_reason is not None:
+                finished.add(r.uid)
+    generator.close()
+    assert ours == [tokenizer.decode(theirs[u]) for u in uids]
