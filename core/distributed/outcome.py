@@ -6,6 +6,11 @@ and only logs each rank's end (``Node with rank 1 exited with code 3``). ``radix
 :class:`GroupOutcome`, which keeps the first fault a rank reported (the rank and host it
 names) and every rank that ended badly; after the launcher exits, :meth:`verdict` says in
 one line why the group ended on a fault, or None when it stopped cleanly.
+
+A rank's fault line can be lost: once a rank has ended badly, MLX's launcher writes out
+what its ranks printed so far and stops relaying, so a line rank 0 prints a moment later
+never arrives. The launcher's own log of each rank's end comes through (it writes it
+directly), so the verdict then names the rank that ended badly and how.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -145,7 +146,10 @@ def test_a_split_llama_answers_as_one_process_restores_and_survives_a_killed_ran
         assert waited < SILENCE_S  # the channel closing is seen at once, not by a heartbeat timeout
         # every rank exits, and so does `serve --hosts`, saying why, with a status that is not 0
         assert group.launcher.wait(60) == EXIT_GROUP_FAULT, group.output()
-        assert f"{ENDED_PREFIX}rank 1 (127.0.0.1) left the group" in group.output()
+        # rank 0's own fault line ("left the group") or, when MLX's launcher drops a rank's last
+        # output (core.distributed.outcome), its log of how rank 1 ended: either names the host
+        assert re.search(re.escape(f"{ENDED_PREFIX}rank 1 (127.0.0.1) ") + "(left the group|was killed by SIGKILL)",
+                         group.output()), group.output()
     finally:
         group.stop()
 
