@@ -294,7 +294,7 @@ def test_bundle_serves_a_group_through_itself(bundle, tmp_path):
     command = [str(bundle), "serve", "--hosts", str(write_hostfile(tmp_path / "hosts.json")), "--model", str(model),
                "--port", str(port), "--data-dir", str(tmp_path / "data"), "--ring-port", str(free_port(2))]
     with log.open("wb") as out:
-        proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
                                 env=bundle_env(tmp_path / "home"), cwd=tmp_path, start_new_session=True)
     group = Group(proc, port, log, tmp_path / "data")
     try:
