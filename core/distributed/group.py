@@ -261,13 +261,8 @@ class LeaderChannel:
     def _read_from(self, rank: int, conn: socket.socket) -> None:
         name = self.member.name(rank)
         while True:
-            try:
-                message = recv_message(conn)
-            except TimeoutError:
-                self.faults.report(f"{name} stopped answering (nothing for {SILENCE_S:.0f} s)")
-                return
-            except (ChannelClosed, OSError) as exc:
-                self.faults.report(f"{name} left the group ({exc})")
+            message = _receive(conn, name, self.faults)
+            if message is None:
                 return
             if message.get("op") == "fault":
                 self.faults.report(f"{name} failed: {message.get('error')}")
@@ -276,6 +271,18 @@ class LeaderChannel:
                 return
             if message.get("op") != "beat":
                 self.on_message(rank, message)
+
+
+def _receive(sock: socket.socket, name: str, faults: "_Faults") -> dict | None:
+    """The next message from ``name`` over ``sock``; None once it went silent or left (the
+    fault reported)."""
+    try:
+        return recv_message(sock)
+    except TimeoutError:
+        faults.report(f"{name} stopped answering (nothing for {SILENCE_S:.0f} s)")
+    except (ChannelClosed, OSError) as exc:
+        faults.report(f"{name} left the group ({exc})")
+    return None
 
 
 class FollowerChannel:
@@ -351,13 +358,8 @@ class FollowerChannel:
     def _read(self) -> None:
         name = self.member.name(0)
         while True:
-            try:
-                message = recv_message(self._sock)
-            except TimeoutError:
-                self.faults.report(f"{name} stopped answering (nothing for {SILENCE_S:.0f} s)")
-                return
-            except (ChannelClosed, OSError) as exc:
-                self.faults.report(f"{name} left the group ({exc})")
+            message = _receive(self._sock, name, self.faults)
+            if message is None:
                 return
             if message.get("op") == "stop":
                 self.faults.closing = True
