@@ -273,7 +273,7 @@ class LeaderChannel:
                 self.on_message(rank, message)
 
 
-def _receive(sock: socket.socket, name: str, faults: "_Faults") -> dict | None:
+def _receive(sock: socket.socket, name: str, faults: _Faults) -> dict | None:
     """The next message from ``name`` over ``sock``; None once it went silent or left (the
     fault reported)."""
     try:
