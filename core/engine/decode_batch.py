@@ -18,12 +18,16 @@ the token it was fed; the caller has taken that token already, so the report is 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch, StopSequences, generation_stream
+from mlx_lm.models.cache import BatchKVCache
 from mlx_lm.sample_utils import greedy_sampler
 from mlx_lm.utils import maybe_set_recommended_wired_limit
+
+from core.engine.cpu_speedups import shared_positions
 
 CLEAR_CACHE_EVERY = 512  # steps, as BatchGenerator does: MLX's buffer cache is given back
 
@@ -62,13 +66,21 @@ class _Batch(GenerationBatch):
 
     placeholder: mx.array  # the log-probabilities a greedy step reports (set by DecodeBatch)
 
+    def _positions(self):
+        """Every layer's cache at the same positions (full attention): one rotary table
+        serves them all for this step (``core.engine.cpu_speedups``)."""
+        if self.prompt_cache and all(type(c) is BatchKVCache for c in self.prompt_cache):
+            return shared_positions(self.model, self.prompt_cache[0].offset)
+        return contextlib.nullcontext()
+
     def _step(self):
         if any(self.logits_processors) or any(s is not None and s is not greedy_sampler for s in self.samplers):
             return super()._step()
         self._current_tokens = self._next_tokens
         self._current_logprobs = self._next_logprobs
         inputs = self._current_tokens
-        logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
+        with self._positions():
+            logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
         self._next_tokens = mx.argmax(logits, axis=-1)
         self._next_logprobs = [self.placeholder] * len(self.uids)  # what was not computed
         mx.async_eval(self._next_tokens)

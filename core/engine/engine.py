@@ -510,10 +510,15 @@ class Engine:
 
     def _load_model(self, spec: str, weights_format: str):
         """The LoadedModel for ``spec`` (a sharded engine loads its shard instead)."""
+        from core.engine import cpu_speedups
         from core.models.loader import load_model
 
-        return load_model(spec, self.data_root, weights_format, self._on_load_progress,
-                          chat_template=self._chat_template)
+        loaded = load_model(spec, self.data_root, weights_format, self._on_load_progress,
+                            chat_template=self._chat_template)
+        if cpu_speedups.wanted():
+            done = cpu_speedups.apply(loaded.model)
+            log.info("CPU backend: %s", "; ".join(done) or "no speed-up applies to this model")
+        return loaded
 
     def _do_load(self, command: _LoadCommand) -> None:
         try:

@@ -1,0 +1,226 @@
+"""A cheaper forward pass on MLX's CPU backend, computing the same bits.
+
+On the CPU a decode step of the default model (30 layers, 1 to 8 rows) is about two
+thirds OpenBLAS GEMMs, which mlx-lm and we call alike on the same weights. The rest is
+some 4,400 small operations that MLX schedules one by one on its stream thread, after
+the engine thread has built and dispatched each of them: on two cores that thread's work
+competes with the GEMMs'. mlx-lm's models write those operations for any backend, and on
+the CPU several of them fall back to compositions of many. Three changes, applied to the
+loaded model on the engine thread, leave 2,600 operations a step (8 rows) and change no
+bit of any result: each is tested to give arrays equal to mlx-lm's own
+(``tests/core/engine/test_cpu_speedups.py``), prefilling and decoding, alone and batched.
+
+* **Rotary tables.** ``mx.fast.rope`` on the CPU builds its sines and cosines on every
+  call, 60 times a step at the same positions, and applies them in some twenty
+  operations. The table is built once per positions (once per step for the whole decode
+  batch, :func:`shared_positions`) and applied in four: ``x * cos + swapped(x) * sin``,
+  with the signs folded into the table, which is the same arithmetic.
+* **Grouped-query attention folded.** For one new token per row, the CPU's attention
+  broadcasts each key head over the query heads that share it and runs a small GEMM per
+  query head; here the query heads that share a key head are the rows of one GEMM.
+* **Transposes kept.** ``nn.Linear`` multiplies by ``weight.T``, a new transpose node
+  every call (210 a step); here each layer keeps that transpose, a view of the same
+  memory, so the products are the same.
+
+Not applied on Metal (the GPU has its own fused kernels), to quantized layers, or in a
+group of Macs (not tried there). ``RADIXCHAT_CPU_SPEEDUPS=0``
+turns them off. The figures (``radixchat bench serve --against mlx-lm``) are in the README.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+from typing import Iterator
+
+import mlx.core as mx
+import mlx.nn as nn
+
+
+def wanted() -> bool:
+    """Whether to apply them: on the CPU backend, unless ``RADIXCHAT_CPU_SPEEDUPS=0``."""
+    return _on() and mx.default_device() == mx.cpu
+
+
+def _on() -> bool:
+    return os.environ.get("RADIXCHAT_CPU_SPEEDUPS", "1") != "0"
+
+
+def apply(model: nn.Module) -> list[str]:
+    """Apply the speed-ups to ``model`` (engine thread). Returns what was done, in words."""
+    done = []
+    linears = 0
+    for _, module in model.named_modules():
+        if type(module) is nn.Linear:
+            module.__class__ = _TransposedLinear
+            module._held = _Transposed(module.weight)
+            linears += 1
+    if linears:
+        done.append(f"{linears} linear layers keep their weights' transposes")
+    tables = _RopeTables()
+    ropes = 0
+    for _, module in model.named_modules():
+        if type(module) is nn.RoPE and module.dims % 2 == 0:
+            module.__class__ = _TabledRoPE
+            module._tables = tables
+            ropes += 1
+    if ropes:
+        model._radixchat_rope_tables = tables
+        done.append(f"{ropes} rotary embeddings share their tables")
+    folded = _fold_attention(model)
+    if folded:
+        done.append(f"grouped-query attention folded in {', '.join(folded)}")
+    return done
+
+
+@contextlib.contextmanager
+def shared_positions(model: nn.Module, offset) -> Iterator[None]:
+    """While a batch's forward runs: every layer's cache has ``offset`` as its positions
+    (a decode batch of full-attention caches), so one rotary table serves every layer."""
+    tables = getattr(model, "_radixchat_rope_tables", None)
+    if tables is None or not isinstance(offset, mx.array):
+        yield
+        return
+    tables.step_offset = offset
+    try:
+        yield
+    finally:
+        tables.step_offset = None
+        tables.clear()
+
+
+# ---------------------------------------------------------------------- linear layers
+class _Transposed:
+    """A weight and its transpose, evaluated once: a view of the same memory."""
+
+    def __init__(self, weight: mx.array):
+        self.weight, self.t = weight, weight.T
+        mx.eval(self.t)
+
+
+class _TransposedLinear(nn.Linear):
+    """``nn.Linear`` multiplying by its weight's transpose kept from the last call rather
+    than by a new transpose node each call (the same view, so the same product)."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        weight = self["weight"]
+        if self._held.weight is not weight:  # replaced since: hold the new one
+            self._held = _Transposed(weight)
+        if "bias" in self:
+            return mx.addmm(self["bias"], x, self._held.t)
+        return x @ self._held.t
+
+
+# ---------------------------------------------------------------------- rotary tables
+class _RopeTables:
+    """Cosines and sines by (rope parameters, positions, length): computed as
+    ``mx.fast.rope`` computes them on the CPU, so applying them gives its very bits."""
+
+    MAX_ENTRIES = 8  # a forward needs one or two (two rope bases); a hybrid batch one per layer
+
+    def __init__(self):
+        self.step_offset: mx.array | None = None
+        self._tables: dict[tuple, tuple] = {}
+
+    def clear(self) -> None:
+        self._tables.clear()
+
+    def get(self, rope: nn.RoPE, length: int, offset) -> tuple[mx.array, mx.array] | None:
+        params = (rope.dims, float(rope.base), float(rope.scale), bool(rope.traditional), length)
+        if isinstance(offset, int):
+            key, positions = params + ("at", offset), offset
+        elif isinstance(offset, mx.array) and offset.ndim == 1:
+            step = self.step_offset is not None and offset.shape == self.step_offset.shape
+            positions = self.step_offset if step else offset
+            key = params + (("step",) if step else ("array", id(offset)))
+        else:
+            return None
+        entry = self._tables.get(key)
+        if entry is None:
+            if len(self._tables) >= self.MAX_ENTRIES:
+                self._tables.clear()
+            entry = self._tables[key] = (*_table(positions, length, *params[:3], params[3]), positions)
+        return entry[0], entry[1]
+
+
+def _table(offset, length: int, dims: int, base: float, scale: float, traditional: bool) -> tuple[mx.array, mx.array]:
+    """The cosines and sines ``mx.fast.rope`` computes for these positions, laid out over
+    the rotated features: ``x * cos + swapped(x) * sin`` is then its rotation, bit for bit
+    (``a + (-b)`` is ``a - b`` exactly, and addition commutes)."""
+    half = dims // 2
+    inv_freqs = mx.exp(mx.arange(0, -half, -1, dtype=mx.float32) * (math.log(base) / half))
+    steps = mx.arange(length, dtype=mx.float32)
+    if isinstance(offset, int):
+        theta = ((steps + offset) * scale)[:, None] * inv_freqs[None, :]  # (length, half)
+    else:
+        positions = (steps[None, :] + offset.astype(mx.float32)[:, None]) * scale
+        theta = (positions[:, :, None] * inv_freqs[None, None, :])[:, None]  # (rows, 1, length, half)
+    cos, sin = mx.cos(theta), mx.sin(theta)
+    if traditional:  # neighbours (x0, x1) turn into (x0 cos - x1 sin, x1 cos + x0 sin)
+        cos = mx.repeat(cos, 2, axis=-1)
+        sin = mx.stack([-sin, sin], axis=-1).reshape(*sin.shape[:-1], dims)
+    else:  # the first half with the second
+        cos = mx.concatenate([cos, cos], axis=-1)
+        sin = mx.concatenate([-sin, sin], axis=-1)
+    return cos, sin
+
+
+class _TabledRoPE(nn.RoPE):
+    """``nn.RoPE`` applying a shared table: the bits of ``mx.fast.rope`` on the CPU, in
+    four operations instead of its twenty-odd."""
+
+    def __call__(self, x: mx.array, offset=0) -> mx.array:
+        table = self._tables.get(self, x.shape[-2], offset) if x.ndim == 4 else None
+        if table is None:
+            return super().__call__(x, offset)
+        cos, sin = table
+        rotated = x[..., : self.dims] if self.dims < x.shape[-1] else x
+        if self.traditional:
+            swapped = rotated.reshape(*rotated.shape[:-1], self.dims // 2, 2)[..., ::-1].reshape(rotated.shape)
+        else:
+            half = self.dims // 2
+            swapped = mx.concatenate([rotated[..., half:], rotated[..., :half]], axis=-1)
+        out = rotated * cos + swapped * sin
+        if self.dims < x.shape[-1]:
+            out = mx.concatenate([out, x[..., self.dims :]], axis=-1)
+        return out
+
+
+# ---------------------------------------------------------------------- folded attention
+def _fold_attention(model: nn.Module) -> list[str]:
+    """Wrap ``scaled_dot_product_attention`` where the model's attention modules look it
+    up (their mlx-lm module). The wrapper is the same function wherever it does not fold,
+    so another model of that kind in this process computes what it did."""
+    folded = []
+    for _, module in model.named_modules():
+        home = sys.modules.get(type(module).__module__)
+        original = getattr(home, "scaled_dot_product_attention", None)
+        name = getattr(home, "__name__", "").rsplit(".", 1)[-1]
+        if not callable(original) or name in folded:
+            continue
+        if not getattr(original, "_radixchat_folded", False):  # else wrapped for an earlier model
+            home.scaled_dot_product_attention = _folding(original)
+        folded.append(name)
+    return folded
+
+
+def _folding(original):
+    def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None, **kwargs):
+        rows, heads, length, dims = queries.shape
+        kv_heads = keys.shape[1]
+        if (length != 1 or not _on() or heads == kv_heads or sinks is not None or kwargs or hasattr(cache, "bits")
+                or keys.ndim != 4 or heads % kv_heads
+                or (mask is not None and (not isinstance(mask, mx.array) or mask.ndim != 4
+                                          or mask.shape[1] != 1 or mask.shape[2] != 1))):
+            if sinks is not None:
+                kwargs["sinks"] = sinks
+            return original(queries, keys, values, cache=cache, scale=scale, mask=mask, **kwargs)
+        out = mx.fast.scaled_dot_product_attention(
+            queries.reshape(rows, kv_heads, heads // kv_heads, dims), keys, values, scale=scale, mask=mask)
+        return out.reshape(rows, heads, 1, dims)
+
+    scaled_dot_product_attention._radixchat_folded = True
+    scaled_dot_product_attention.__wrapped__ = original
+    return scaled_dot_product_attention

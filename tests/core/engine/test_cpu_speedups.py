@@ -1,0 +1,184 @@
+"""The CPU backend's speed-ups compute the very bits mlx-lm's own forward computes: fused
+projections, shared rotary tables and folded grouped-query attention, on every kind of
+tiny model and on the real default model (whose matrices take OpenBLAS's other kernels),
+prefilling and decoding, alone and in a left-padded batch."""
+
+from __future__ import annotations
+
+import itertools
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
+
+from core.engine import cpu_speedups
+from core.engine.cpu_speedups import _RopeTables, _TabledRoPE, shared_positions
+from core.models.loader import load_model
+from core.models.tiny_model import TinyModelSpec, write_tiny_model
+
+KINDS = ("llama", "qwen2", "sliding", "recurrent", "llama-sliding")
+
+
+def _spec(kind: str) -> TinyModelSpec:
+    return TinyModelSpec(kind=kind, num_layers=2 if kind in ("llama", "qwen2") else 4, num_heads=6,
+                         num_kv_heads=2, hidden_size=96, sliding_window=8)
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def two_copies(request, tmp_path_factory):
+    """The same tiny model loaded twice: as mlx-lm builds it, and sped up."""
+    path = write_tiny_model(tmp_path_factory.mktemp(request.param) / "m", _spec(request.param))
+    data = tmp_path_factory.mktemp("data")
+    plain, fast = load_model(str(path), data), load_model(str(path), data)
+    done = cpu_speedups.apply(fast.model)
+    assert any("rotary" in d for d in done)
+    return plain.model, fast.model
+
+
+def _run(model, prompts: list[list[int]], steps: int) -> list[mx.array]:
+    """Logits of a prefill of each prompt alone, then of ``steps`` greedy decode steps of
+    all of them in one left-padded batch (as the decode batch runs them)."""
+    out = []
+    for prompt in prompts:
+        cache = make_prompt_cache(model)
+        logits = model(mx.array([prompt]), cache=cache)
+        out.append(logits)
+        for _ in range(2):  # decoding alone: an int offset
+            logits = model(mx.argmax(logits[:, -1:], axis=-1), cache=cache)
+            out.append(logits)
+    width = max(map(len, prompts))
+    padding = [width - len(p) for p in prompts]
+    if not all(type(c) is KVCache for c in make_prompt_cache(model)):
+        return out  # a batch of full-attention caches, where the decode batch shares the tables
+    cache = [BatchKVCache(padding) for _ in model.layers]
+    logits = model(mx.array([[0] * pad + p for pad, p in zip(padding, prompts)]), cache=cache)
+    out.append(logits)
+    tokens = mx.argmax(logits[:, -1:], axis=-1)
+    for _ in range(steps):
+        with shared_positions(model, cache[0].offset):
+            logits = model(tokens, cache=cache)
+        out.append(logits)
+        tokens = mx.argmax(logits[:, -1:], axis=-1)
+    return out
+
+
+def test_a_sped_up_tiny_model_computes_the_same_bits(two_copies):
+    plain, fast = two_copies
+    prompts = [[5, 17, 99, 3, 42, 8, 1, 77, 23], [9, 9, 100, 12], list(range(30, 52))]
+    want, got = _run(plain, prompts, 4), _run(fast, prompts, 4)
+    assert len(want) == len(got)
+    for a, b in zip(want, got):
+        assert mx.array_equal(a, b).item()
+
+
+def test_the_real_default_model_computes_the_same_bits(default_model_file, tmp_path):
+    plain = load_model(str(default_model_file), tmp_path).model
+    fast = load_model(str(default_model_file), tmp_path).model
+    done = cpu_speedups.apply(fast)
+    assert done == ["210 linear layers keep their weights' transposes", "30 rotary embeddings share their tables",
+                    "grouped-query attention folded in llama"]
+    prompts = [list(range(1000, 1040)), list(range(2000, 2013)), list(range(300, 364))]
+    for a, b in zip(_run(plain, prompts, 3), _run(fast, prompts, 3)):
+        assert mx.array_equal(a, b).item()
+
+
+@pytest.mark.parametrize("traditional", [False, True])
+def test_rotary_tables_give_mx_fast_ropes_bits(traditional):
+    for rows, length, width, dims, base, scale, kind in itertools.product(
+            (1, 3), (1, 7), (64, 48), (64, 32), (1e4, 1e6), (1.0, 0.25), ("int", "array")):
+        if dims > width:
+            continue
+        x = mx.random.normal((rows, 2, length, width))
+        offset = 777 if kind == "int" else mx.array([3 + 50 * i for i in range(rows)])
+        rope = nn.RoPE(dims, traditional=traditional, base=base, scale=scale)
+        want = rope(x, offset=offset)
+        rope.__class__, rope._tables = _TabledRoPE, _RopeTables()
+        assert mx.array_equal(want, rope(x, offset=offset)).item(), (rows, length, width, dims, base, kind)
+
+
+def test_one_table_serves_every_layer_in_a_batch_step():
+    tables = _RopeTables()
+    ropes = []
+    for _ in range(3):
+        rope = nn.RoPE(16, base=1e4)
+        rope.__class__, rope._tables = _TabledRoPE, tables
+        ropes.append(rope)
+    x = mx.random.normal((2, 2, 1, 16))
+    model = nn.Module()
+    model._radixchat_rope_tables = tables
+    step = mx.array([10, 4])
+    with shared_positions(model, step):
+        outs = [rope(x, offset=mx.array([10, 4])) for rope in ropes]  # each layer its own offset array
+        assert len(tables._tables) == 1
+    assert not tables._tables  # dropped after the step
+    for out in outs:
+        assert mx.array_equal(out, mx.fast.rope(x, 16, traditional=False, base=1e4, scale=1.0,
+                                                offset=mx.array([10, 4]))).item()
+
+
+def test_a_replaced_weight_is_used():
+    linear = nn.Linear(8, 4)
+    model = nn.Module()
+    model.proj = linear
+    cpu_speedups.apply(model)
+    x = mx.random.normal((2, 8))
+    assert mx.array_equal(linear(x), mx.addmm(linear.bias, x, linear.weight.T)).item()
+    new = mx.random.normal((4, 8))
+    linear.weight = new
+    assert mx.array_equal(linear(x), mx.addmm(linear.bias, x, new.T)).item()
+
+
+def test_folded_attention_passes_what_it_cannot_fold_through():
+    calls = []
+
+    def original(queries, keys, values, cache, scale, mask, sinks=None):
+        calls.append(queries.shape)
+        return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
+
+    folded = cpu_speedups._folding(original)
+    keys, values = mx.random.normal((2, 2, 9, 16)), mx.random.normal((2, 2, 9, 16))
+    one = mx.random.normal((2, 6, 1, 16))
+    masks = [None, mx.array([[True] * 9, [False] * 3 + [True] * 6])[:, None, None, :]]
+    for mask in masks:  # folded
+        assert mx.array_equal(folded(one, keys, values, cache=None, scale=0.25, mask=mask),
+                              original(one, keys, values, cache=None, scale=0.25, mask=mask)).item()
+    calls.clear()
+    several = mx.random.normal((2, 6, 3, 16))
+    folded(several, keys, values, cache=None, scale=0.25, mask="causal")  # a prompt: passed through
+    assert calls == [several.shape]
+
+
+def test_only_on_the_cpu_and_not_when_turned_off(monkeypatch):
+    monkeypatch.setenv("RADIXCHAT_CPU_SPEEDUPS", "0")
+    assert not cpu_speedups.wanted()
+    monkeypatch.delenv("RADIXCHAT_CPU_SPEEDUPS")
+    assert cpu_speedups.wanted() == (mx.default_device() == mx.cpu)
+
+
+def test_the_engine_sped_up_gives_the_replies_it_gives_without(tiny_model, tmp_path, monkeypatch):
+    """Through the engine (which applies them at load on the CPU): the same greedy replies,
+    alone and decoded together, with the speed-ups and without."""
+    from core.engine.engine import Engine
+    from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
+
+    def replies(folder) -> list[str]:
+        engine = Engine(tmp_path / folder, str(tiny_model), pool_tokens=4096).start()
+        try:
+            engine.wait_ready(timeout=60)
+            rope = engine._loaded.model.layers[0].self_attn.rope
+            assert (type(rope) is _TabledRoPE) == cpu_speedups.wanted()
+            asks = [GenerationRequest(messages=(ChatMessage("user", text),), use_cache=False,
+                                      sampling=SamplingParams(temperature=0.0, max_tokens=16))
+                    for text in ("one question", "a second, longer question than that", "three")]
+            alone = [list(engine.stream(a))[-1] for a in asks]
+            handles = [engine.submit(a) for a in asks]  # decoded together
+            together = [list(h.events())[-1] for h in handles]
+        finally:
+            engine.shutdown()
+        assert all(isinstance(d, DoneEvent) for d in alone + together)
+        return [d.text for d in alone + together]
+
+    sped_up = replies("on")
+    monkeypatch.setenv("RADIXCHAT_CPU_SPEEDUPS", "0")
+    assert replies("off") == sped_up
