@@ -33,7 +33,7 @@ import contextlib
 import math
 import os
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 import mlx.core as mx
 import mlx.nn as nn

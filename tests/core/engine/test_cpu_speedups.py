@@ -160,7 +160,12 @@ def test_the_engine_sped_up_gives_the_replies_it_gives_without(tiny_model, tmp_p
     """Through the engine (which applies them at load on the CPU): the same greedy replies,
     alone and decoded together, with the speed-ups and without."""
     from core.engine.engine import Engine
-    from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
+    from core.engine.types import (
+        ChatMessage,
+        DoneEvent,
+        GenerationRequest,
+        SamplingParams,
+    )
 
     def replies(folder) -> list[str]:
         engine = Engine(tmp_path / folder, str(tiny_model), pool_tokens=4096).start()
