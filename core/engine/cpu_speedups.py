@@ -59,6 +59,14 @@ def apply(model: nn.Module) -> list[str]:
             linears += 1
     if linears:
         done.append(f"{linears} linear layers keep their weights' transposes")
+    norms = 0
+    for _, module in model.named_modules():
+        if type(module) is nn.RMSNorm:
+            module.__class__ = _DecodeRMSNorm
+            module._held = _Widened(module.weight)
+            norms += 1
+    if norms:
+        done.append(f"{norms} norms skip their broadcasts when decoding")
     tables = _RopeTables()
     ropes = 0
     for _, module in model.named_modules():
@@ -113,6 +121,40 @@ class _TransposedLinear(nn.Linear):
         return x @ self._held.t
 
 
+# ---------------------------------------------------------------------- norms
+class _Widened:
+    """A norm's weight, and per decode shape that weight and the constants of the norm
+    laid out at that shape."""
+
+    def __init__(self, weight: mx.array):
+        self.weight = weight
+        self.shapes: dict[tuple[int, ...], tuple[mx.array, mx.array, mx.array]] = {}
+
+
+class _DecodeRMSNorm(nn.RMSNorm):
+    """``nn.RMSNorm`` for one new token per row, as ``mx.fast.rms_norm`` computes it on the
+    CPU (``x * rsqrt(mean(x^2) + eps) * weight``, the mean a sum times ``1/n``), with its
+    weight and constants already at the rows' shape: eight operations where it takes
+    eleven, three of them broadcasts. Other shapes (prompts) take ``mx.fast.rms_norm``."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        weight = self["weight"]
+        if x.ndim != 3 or x.shape[1] != 1 or x.shape[0] > 64 or x.dtype != mx.float32 \
+                or weight.dtype != mx.float32:
+            return super().__call__(x)
+        if self._held.weight is not weight:  # replaced since
+            self._held = _Widened(weight)
+        wide = self._held.shapes.get(x.shape)
+        if wide is None:
+            rows = (x.shape[0], 1, 1)
+            wide = self._held.shapes[x.shape] = (
+                mx.broadcast_to(weight, x.shape), mx.full(rows, 1.0 / x.shape[-1], mx.float32),
+                mx.full(rows, self.eps, mx.float32))
+            mx.eval(wide)
+        widened, inverse_n, eps = wide
+        return (x * mx.rsqrt(mx.sum(mx.square(x), axis=-1, keepdims=True) * inverse_n + eps)) * widened
+
+
 # ---------------------------------------------------------------------- rotary tables
 class _RopeTables:
     """Cosines and sines by (rope parameters, positions, length): computed as
@@ -127,7 +169,11 @@ class _RopeTables:
     def clear(self) -> None:
         self._tables.clear()
 
-    def get(self, rope: nn.RoPE, length: int, offset) -> tuple[mx.array, mx.array] | None:
+    def get(self, rope: nn.RoPE, shape: tuple[int, ...], offset) -> tuple[mx.array, mx.array] | None:
+        """The table for rotating an array of ``shape`` (..., length, dims) at ``offset``,
+        broadcast to that shape (once per shape: each layer's rotation then multiplies
+        arrays of one shape, with no broadcast of its own)."""
+        length = shape[-2]
         params = (rope.dims, float(rope.base), float(rope.scale), bool(rope.traditional), length)
         if isinstance(offset, int):
             key, positions = params + ("at", offset), offset
@@ -141,8 +187,13 @@ class _RopeTables:
         if entry is None:
             if len(self._tables) >= self.MAX_ENTRIES:
                 self._tables.clear()
-            entry = self._tables[key] = (*_table(positions, length, *params[:3], params[3]), positions)
-        return entry[0], entry[1]
+            entry = self._tables[key] = (*_table(positions, length, *params[:3], params[3]), positions, {})
+        cos, sin, _, wide = entry
+        if cos.shape == shape:
+            return cos, sin
+        if shape not in wide:
+            wide[shape] = (mx.broadcast_to(cos, shape), mx.broadcast_to(sin, shape))
+        return wide[shape]
 
 
 def _table(offset, length: int, dims: int, base: float, scale: float, traditional: bool) -> tuple[mx.array, mx.array]:
@@ -172,11 +223,11 @@ class _TabledRoPE(nn.RoPE):
     four operations instead of its twenty-odd."""
 
     def __call__(self, x: mx.array, offset=0) -> mx.array:
-        table = self._tables.get(self, x.shape[-2], offset) if x.ndim == 4 else None
+        rotated = x[..., : self.dims] if self.dims < x.shape[-1] else x
+        table = self._tables.get(self, rotated.shape, offset) if x.ndim == 4 else None
         if table is None:
             return super().__call__(x, offset)
         cos, sin = table
-        rotated = x[..., : self.dims] if self.dims < x.shape[-1] else x
         if self.traditional:
             swapped = rotated.reshape(*rotated.shape[:-1], self.dims // 2, 2)[..., ::-1].reshape(rotated.shape)
         else:
