@@ -5,26 +5,31 @@ thirds OpenBLAS GEMMs, which mlx-lm and we call alike on the same weights. The r
 some 4,400 small operations that MLX schedules one by one on its stream thread, after
 the engine thread has built and dispatched each of them: on two cores that thread's work
 competes with the GEMMs'. mlx-lm's models write those operations for any backend, and on
-the CPU several of them fall back to compositions of many. Three changes, applied to the
-loaded model on the engine thread, leave 2,600 operations a step (8 rows) and change no
-bit of any result: each is tested to give arrays equal to mlx-lm's own
+the CPU several of them fall back to compositions of many. The changes below, applied to
+the loaded model on the engine thread, leave 2,224 operations a step (8 rows) and change
+no bit of any result: each is tested to give arrays equal to mlx-lm's own
 (``tests/core/engine/test_cpu_speedups.py``), prefilling and decoding, alone and batched.
 
 * **Rotary tables.** ``mx.fast.rope`` on the CPU builds its sines and cosines on every
   call, 60 times a step at the same positions, and applies them in some twenty
   operations. The table is built once per positions (once per step for the whole decode
-  batch, :func:`shared_positions`) and applied in four: ``x * cos + swapped(x) * sin``,
-  with the signs folded into the table, which is the same arithmetic.
-* **Grouped-query attention folded.** For one new token per row, the CPU's attention
-  broadcasts each key head over the query heads that share it and runs a small GEMM per
-  query head; here the query heads that share a key head are the rows of one GEMM.
+  batch, :func:`shared_positions`), broadcast once to the rows' shape, and applied in
+  four: ``x * cos + swapped(x) * sin``, the signs folded into the table (the same
+  arithmetic: ``a + (-b)`` is ``a - b``).
+* **Attention for one new token.** The CPU's attention broadcasts each key head over the
+  query heads that share it and runs a small GEMM per query head; here the query heads
+  that share a key head (up to 3: with 4 rows or more OpenBLAS's small GEMM sums in
+  another order) are the rows of one GEMM, and its scale, lowest value and the step's
+  mask come already at the scores' shape.
+* **Norms for one new token**, as ``mx.fast.rms_norm`` computes them on the CPU, with the
+  weight and constants already at the rows' shape: 8 operations where it takes 11.
 * **Transposes kept.** ``nn.Linear`` multiplies by ``weight.T``, a new transpose node
   every call (210 a step); here each layer keeps that transpose, a view of the same
-  memory, so the products are the same.
+  memory.
 
 Not applied on Metal (the GPU has its own fused kernels), to quantized layers, or in a
-group of Macs (not tried there). ``RADIXCHAT_CPU_SPEEDUPS=0``
-turns them off. The figures (``radixchat bench serve --against mlx-lm``) are in the README.
+group of Macs (not tried there). ``RADIXCHAT_CPU_SPEEDUPS=0`` turns them off. The
+figures (``radixchat bench serve --against mlx-lm``) are in the README.
 """
 
 from __future__ import annotations
@@ -257,21 +262,60 @@ def _fold_attention(model: nn.Module) -> list[str]:
     return folded
 
 
+MAX_FOLDED = 3  # query heads per key head: up to 3 rows, OpenBLAS's small GEMM gave the same bits here
+
+
 def _folding(original):
     def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None, **kwargs):
         rows, heads, length, dims = queries.shape
         kv_heads = keys.shape[1]
         if (length != 1 or not _on() or heads == kv_heads or sinks is not None or kwargs or hasattr(cache, "bits")
-                or keys.ndim != 4 or heads % kv_heads
+                or keys.ndim != 4 or heads % kv_heads or heads // kv_heads > MAX_FOLDED
                 or (mask is not None and (not isinstance(mask, mx.array) or mask.ndim != 4
                                           or mask.shape[1] != 1 or mask.shape[2] != 1))):
             if sinks is not None:
                 kwargs["sinks"] = sinks
             return original(queries, keys, values, cache=cache, scale=scale, mask=mask, **kwargs)
-        out = mx.fast.scaled_dot_product_attention(
-            queries.reshape(rows, kv_heads, heads // kv_heads, dims), keys, values, scale=scale, mask=mask)
+        if queries.dtype != mx.float32:
+            out = mx.fast.scaled_dot_product_attention(
+                queries.reshape(rows, kv_heads, heads // kv_heads, dims), keys, values, scale=scale, mask=mask)
+            return out.reshape(rows, heads, 1, dims)
+        # what mx.fast.scaled_dot_product_attention computes on the CPU, with its constants and
+        # the step's mask already at the scores' shape (one broadcast a step, not three a layer)
+        folded = queries.reshape(rows, kv_heads, heads // kv_heads, dims)
+        scores = (_wide(("scale", scale), folded.shape, scale) * folded) @ keys.swapaxes(-1, -2)
+        if mask is not None:
+            lowest = _wide("lowest", scores.shape, float(mx.finfo(mx.float32).min))
+            if mask.dtype == mx.bool_:
+                scores = mx.where(_wide_mask(mask, scores.shape), scores, lowest)
+            else:
+                scores = scores + _wide_mask(mask, scores.shape)
+        out = mx.softmax(scores, axis=-1, precise=True) @ values
         return out.reshape(rows, heads, 1, dims)
 
     scaled_dot_product_attention._radixchat_folded = True
     scaled_dot_product_attention.__wrapped__ = original
     return scaled_dot_product_attention
+
+
+_WIDE: dict[tuple, mx.array] = {}  # constants and masks at the shapes they are used at
+
+
+def _wide(name, shape: tuple[int, ...], value: float) -> mx.array:
+    key = (name, shape)
+    if key not in _WIDE:
+        if len(_WIDE) >= 32:
+            _WIDE.clear()
+        _WIDE[key] = mx.broadcast_to(mx.array(value, mx.float32), shape)
+    return _WIDE[key]
+
+
+def _wide_mask(mask: mx.array, shape: tuple[int, ...]) -> mx.array:
+    """``mask`` broadcast to ``shape``, once for every layer of a forward (they share it)."""
+    key = ("mask", id(mask), shape)
+    entry = _WIDE.get(key)
+    if entry is None or entry[0] is not mask:
+        if len(_WIDE) >= 32:
+            _WIDE.clear()
+        entry = _WIDE[key] = (mask, mx.broadcast_to(mask, shape))
+    return entry[1]
