@@ -102,3 +102,36 @@ def test_greedy_rows_give_mlx_lms_own_tokens(loaded):
                 finished.add(r.uid)
     generator.close()
     assert ours == [tokenizer.decode(theirs[u]) for u in uids]
+
+
+def test_rows_ending_together_send_their_last_tokens_before_storing_caches(loaded, monkeypatch):
+    """When several rows end at one step, every row's last token is sent before any of
+    them stores its cache and sends its stats: the last rows' tokens do not wait for the
+    others' stores."""
+    from core.engine.engine import RequestHandle
+    from core.engine.types import DoneEvent, TokenEvent
+
+    if loaded.info.model_type != "llama":
+        pytest.skip("hybrid models prefill one prompt at a time: their rows join, so end, at different steps")
+    log: list[tuple[int, str]] = []
+    emit = RequestHandle._emit
+
+    def logged(self, event):
+        log.append((id(self), type(event).__name__))
+        emit(self, event)
+
+    monkeypatch.setattr(RequestHandle, "_emit", logged)
+    s = scheduler(loaded)
+    handles = [handle(p, max_tokens=6) for p in PROMPTS[:3]]
+    for h in handles:
+        s.admit(h)  # prefilled together, so they join the batch at one step
+    while s.busy:
+        s.step()
+    ends = {id(h): done(h) for h in handles}
+    together = [h for h in handles if ends[id(h)].stats.finish_reason == "length"]
+    assert len(together) >= 2 and len({ends[id(h)].stats.completion_tokens for h in together}) == 1
+    for a in together:
+        last_token = max(i for i, (who, kind) in enumerate(log) if who == id(a) and kind == TokenEvent.__name__)
+        for b in together:
+            stats_sent = next(i for i, (who, kind) in enumerate(log) if who == id(b) and kind == DoneEvent.__name__)
+            assert last_token < stats_sent
