@@ -55,33 +55,24 @@ def _on() -> bool:
 
 def apply(model: nn.Module) -> list[str]:
     """Apply the speed-ups to ``model`` (engine thread). Returns what was done, in words."""
-    done = []
-    linears = 0
-    for _, module in model.named_modules():
-        if type(module) is nn.Linear:
-            module.__class__ = _TransposedLinear
-            module._held = _Transposed(module.weight)
-            linears += 1
-    if linears:
-        done.append(f"{linears} linear layers keep their weights' transposes")
-    norms = 0
-    for _, module in model.named_modules():
-        if type(module) is nn.RMSNorm:
-            module.__class__ = _DecodeRMSNorm
-            module._held = _Widened(module.weight)
-            norms += 1
-    if norms:
-        done.append(f"{norms} norms skip their broadcasts when decoding")
     tables = _RopeTables()
-    ropes = 0
-    for _, module in model.named_modules():
-        if type(module) is nn.RoPE and module.dims % 2 == 0:
-            module.__class__ = _TabledRoPE
-            module._tables = tables
-            ropes += 1
-    if ropes:
+    swaps = (  # (mlx's class, ours, what it holds, in words)
+        (nn.Linear, _TransposedLinear, lambda m: _Transposed(m.weight), "linear layers keep their weights' transposes"),
+        (nn.RMSNorm, _DecodeRMSNorm, lambda m: _Widened(m.weight), "norms skip their broadcasts when decoding"),
+        (nn.RoPE, _TabledRoPE, lambda m: tables, "rotary embeddings share their tables"),
+    )
+    done = []
+    for mlx_class, ours, held, words in swaps:
+        count = 0
+        for _, module in model.named_modules():
+            if type(module) is mlx_class and (mlx_class is not nn.RoPE or module.dims % 2 == 0):
+                module.__class__ = ours
+                module._held = held(module)
+                count += 1
+        if count:
+            done.append(f"{count} {words}")
+    if any(type(m) is _TabledRoPE for _, m in model.named_modules()):
         model._radixchat_rope_tables = tables
-        done.append(f"{ropes} rotary embeddings share their tables")
     folded = _fold_attention(model)
     if folded:
         done.append(f"grouped-query attention folded in {', '.join(folded)}")
@@ -229,7 +220,7 @@ class _TabledRoPE(nn.RoPE):
 
     def __call__(self, x: mx.array, offset=0) -> mx.array:
         rotated = x[..., : self.dims] if self.dims < x.shape[-1] else x
-        table = self._tables.get(self, rotated.shape, offset) if x.ndim == 4 else None
+        table = self._held.get(self, rotated.shape, offset) if x.ndim == 4 else None
         if table is None:
             return super().__call__(x, offset)
         cos, sin = table

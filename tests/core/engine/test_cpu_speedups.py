@@ -94,7 +94,7 @@ def test_rotary_tables_give_mx_fast_ropes_bits(traditional):
         offset = 777 if kind == "int" else mx.array([3 + 50 * i for i in range(rows)])
         rope = nn.RoPE(dims, traditional=traditional, base=base, scale=scale)
         want = rope(x, offset=offset)
-        rope.__class__, rope._tables = _TabledRoPE, _RopeTables()
+        rope.__class__, rope._held = _TabledRoPE, _RopeTables()
         assert mx.array_equal(want, rope(x, offset=offset)).item(), (rows, length, width, dims, base, kind)
 
 
@@ -103,7 +103,7 @@ def test_one_table_serves_every_layer_in_a_batch_step():
     ropes = []
     for _ in range(3):
         rope = nn.RoPE(16, base=1e4)
-        rope.__class__, rope._tables = _TabledRoPE, tables
+        rope.__class__, rope._held = _TabledRoPE, tables
         ropes.append(rope)
     x = mx.random.normal((2, 2, 1, 16))
     model = nn.Module()
