@@ -262,25 +262,24 @@ def _folding(original):
         kv_heads = keys.shape[1]
         if (length != 1 or not _on() or heads == kv_heads or sinks is not None or kwargs or hasattr(cache, "bits")
                 or keys.ndim != 4 or heads % kv_heads or heads // kv_heads > MAX_FOLDED
+                or queries.dtype != mx.float32
                 or (mask is not None and (not isinstance(mask, mx.array) or mask.ndim != 4
                                           or mask.shape[1] != 1 or mask.shape[2] != 1))):
             if sinks is not None:
                 kwargs["sinks"] = sinks
             return original(queries, keys, values, cache=cache, scale=scale, mask=mask, **kwargs)
-        if queries.dtype != mx.float32:
-            out = mx.fast.scaled_dot_product_attention(
-                queries.reshape(rows, kv_heads, heads // kv_heads, dims), keys, values, scale=scale, mask=mask)
-            return out.reshape(rows, heads, 1, dims)
         # what mx.fast.scaled_dot_product_attention computes on the CPU, with its constants and
         # the step's mask already at the scores' shape (one broadcast a step, not three a layer)
         folded = queries.reshape(rows, kv_heads, heads // kv_heads, dims)
-        scores = (_wide(("scale", scale), folded.shape, scale) * folded) @ keys.swapaxes(-1, -2)
+        scores = (_wide(mx.array(scale, mx.float32), folded.shape, ("scale", scale)) * folded) \
+            @ keys.swapaxes(-1, -2)
         if mask is not None:
-            lowest = _wide("lowest", scores.shape, float(mx.finfo(mx.float32).min))
+            wide_mask = _wide(mask, scores.shape, id(mask))  # the same mask for every layer
             if mask.dtype == mx.bool_:
-                scores = mx.where(_wide_mask(mask, scores.shape), scores, lowest)
+                lowest = mx.array(mx.finfo(mx.float32).min, mx.float32)
+                scores = mx.where(wide_mask, scores, _wide(lowest, scores.shape, "lowest"))
             else:
-                scores = scores + _wide_mask(mask, scores.shape)
+                scores = scores + wide_mask
         out = mx.softmax(scores, axis=-1, precise=True) @ values
         return out.reshape(rows, heads, 1, dims)
 
@@ -289,24 +288,15 @@ def _folding(original):
     return scaled_dot_product_attention
 
 
-_WIDE: dict[tuple, mx.array] = {}  # constants and masks at the shapes they are used at
+_WIDE: dict[tuple, tuple[mx.array, mx.array]] = {}  # (what, its broadcast) by (key, shape)
 
 
-def _wide(name, shape: tuple[int, ...], value: float) -> mx.array:
-    key = (name, shape)
-    if key not in _WIDE:
+def _wide(value: mx.array, shape: tuple[int, ...], key) -> mx.array:
+    """``value`` broadcast to ``shape``, made once for every layer that uses it (``key``
+    names the value; the entry holds it, so an ``id`` in the key stays its own)."""
+    entry = _WIDE.get((key, shape))
+    if entry is None:
         if len(_WIDE) >= 32:
             _WIDE.clear()
-        _WIDE[key] = mx.broadcast_to(mx.array(value, mx.float32), shape)
-    return _WIDE[key]
-
-
-def _wide_mask(mask: mx.array, shape: tuple[int, ...]) -> mx.array:
-    """``mask`` broadcast to ``shape``, once for every layer of a forward (they share it)."""
-    key = ("mask", id(mask), shape)
-    entry = _WIDE.get(key)
-    if entry is None or entry[0] is not mask:
-        if len(_WIDE) >= 32:
-            _WIDE.clear()
-        entry = _WIDE[key] = (mask, mx.broadcast_to(mask, shape))
+        entry = _WIDE[(key, shape)] = (value, mx.broadcast_to(value, shape))
     return entry[1]

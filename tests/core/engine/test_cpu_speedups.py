@@ -154,6 +154,10 @@ def test_folded_attention_gives_the_same_bits(heads, kv_heads):
         calls.clear()
         folded(several, keys, values, cache=None, scale=0.125, mask="causal")  # a prompt: passed through
         assert calls == [several.shape]
+        calls.clear()
+        half = one.astype(mx.float16)
+        folded(half, keys.astype(mx.float16), values.astype(mx.float16), cache=None, scale=0.125, mask=None)
+        assert calls == [half.shape]  # only float32 is folded (its bits tested)
 
 
 def test_only_on_the_cpu_and_not_when_turned_off(monkeypatch):
