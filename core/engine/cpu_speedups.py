@@ -71,6 +71,14 @@ def apply(model: nn.Module) -> list[str]:
                 count += 1
         if count:
             done.append(f"{count} {words}")
+    count = 0
+    for _, module in model.named_modules():
+        flat = _flat_class(type(module))
+        if flat is not None:
+            module.__class__ = flat
+            count += 1
+    if count:
+        done.append(f"{count} attention and MLP blocks decode on rows, not on 1-token sequences")
     if any(type(m) is _TabledRoPE for _, m in model.named_modules()):
         model._radixchat_rope_tables = tables
     folded = _fold_attention(model)
@@ -115,6 +123,55 @@ class _TransposedLinear(nn.Linear):
         if "bias" in self:
             return mx.addmm(self["bias"], x, self._held.t)
         return x @ self._held.t
+
+
+# ---------------------------------------------------------------------- one token per row
+class _FlatAttention:
+    """A llama-style attention block taking one new token per row as rows: ``[B, D]``
+    through its projections (no flatten and unflatten around each product), the heads
+    laid out by a reshape alone (with one position the transpose to ``[B, heads, 1, dims]``
+    moves nothing), the output back in one reshape. The same products on the same
+    numbers: the same bits. Prompts take mlx-lm's own path."""
+
+    def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
+        rows, length, width = x.shape
+        if length != 1 or cache is None:
+            return super().__call__(x, mask, cache)
+        flat = x.reshape(rows, width)
+        queries = self.rope(self.q_proj(flat).reshape(rows, self.n_heads, 1, -1), offset=cache.offset)
+        keys = self.rope(self.k_proj(flat).reshape(rows, self.n_kv_heads, 1, -1), offset=cache.offset)
+        keys, values = cache.update_and_fetch(keys, self.v_proj(flat).reshape(rows, self.n_kv_heads, 1, -1))
+        attend = sys.modules[type(self).__module__].scaled_dot_product_attention  # folded, or mlx-lm's
+        output = attend(queries, keys, values, cache=cache, scale=self.scale, mask=mask)
+        return self.o_proj(output.reshape(rows, -1)).reshape(rows, 1, -1)
+
+
+class _FlatMLP:
+    """A llama-style MLP taking one new token per row as rows (``[B, D]``): three products
+    with no flatten and unflatten around each."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if x.ndim != 3 or x.shape[1] != 1:
+            return super().__call__(x)
+        return super().__call__(x.reshape(x.shape[0], x.shape[2])).reshape(x.shape[0], 1, -1)
+
+
+_FLAT: dict[type, type] = {}  # mlx-lm's class -> ours (made once per class)
+
+
+def _flat_class(cls: type) -> type | None:
+    """Ours for mlx-lm's llama and qwen2 attention and MLP classes (whose forward the
+    mixins above rewrite), None for any other class."""
+    if cls not in _FLAT:
+        from mlx_lm.models import llama, qwen2
+
+        mixin = {llama.Attention: _FlatAttention, qwen2.Attention: _FlatAttention,
+                 llama.MLP: _FlatMLP, qwen2.MLP: _FlatMLP}.get(cls)
+        if mixin is None:
+            return None
+        # in mlx-lm's module, where the attention looks up (and the fold wraps) its function
+        _FLAT[cls] = type(f"{mixin.__name__}{cls.__name__}", (mixin, cls), {"__module__": cls.__module__})
+    return _FLAT[cls]
 
 
 # ---------------------------------------------------------------------- norms

@@ -78,6 +78,7 @@ def test_the_real_default_model_computes_the_same_bits(default_model_file, tmp_p
     done = cpu_speedups.apply(fast)
     assert done == ["210 linear layers keep their weights' transposes", "61 norms skip their broadcasts when decoding",
                     "30 rotary embeddings share their tables",
+                    "60 attention and MLP blocks decode on rows, not on 1-token sequences",
                     "grouped-query attention folded in llama"]
     prompts = [list(range(1000, 1040)), list(range(2000, 2013)), list(range(300, 364))]
     for a, b in zip(_run(plain, prompts, 3), _run(fast, prompts, 3)):
