@@ -6,23 +6,31 @@ some 4,400 small operations that MLX schedules one by one on its stream thread, 
 the engine thread has built and dispatched each of them: on two cores that thread's work
 competes with the GEMMs'. mlx-lm's models write those operations for any backend, and on
 the CPU several of them fall back to compositions of many. The changes below, applied to
-the loaded model on the engine thread, leave 2,224 operations a step (8 rows) and change
-no bit of any result: each is tested to give arrays equal to mlx-lm's own
+the loaded model on the engine thread, leave 1,382 operations a step and change no bit
+of any result: each is tested to give arrays equal to mlx-lm's own
 (``tests/core/engine/test_cpu_speedups.py``), prefilling and decoding, alone and batched.
 
 * **Rotary tables.** ``mx.fast.rope`` on the CPU builds its sines and cosines on every
   call, 60 times a step at the same positions, and applies them in some twenty
   operations. The table is built once per positions (once per step for the whole decode
-  batch, :func:`shared_positions`), broadcast once to the rows' shape, and applied in
-  four: ``x * cos + swapped(x) * sin``, the signs folded into the table (the same
-  arithmetic: ``a + (-b)`` is ``a - b``).
+  batch, :func:`shared_positions`), broadcast once to the rows' shape, and applied as
+  ``x * cos + swapped(x) * sin`` (one fused kernel, :func:`_rotate`), the signs folded
+  into the table (the same arithmetic: ``a + (-b)`` is ``a - b``).
 * **Attention for one new token.** The CPU's attention broadcasts each key head over the
   query heads that share it and runs a small GEMM per query head; here the query heads
   that share a key head (up to 3: with 4 rows or more OpenBLAS's small GEMM sums in
   another order) are the rows of one GEMM, and its scale, lowest value and the step's
   mask come already at the scores' shape.
 * **Norms for one new token**, as ``mx.fast.rms_norm`` computes them on the CPU, with the
-  weight and constants already at the rows' shape: 8 operations where it takes 11.
+  weight and constants already at the rows' shape, the arithmetic after the sum of
+  squares one fused kernel (:func:`_rms`): 3 operations where it takes 11.
+* **One token per row as rows.** Llama and qwen2 attention and MLP blocks take a decode
+  step's ``[B, 1, D]`` as ``[B, D]``: no flatten and unflatten around each product, and
+  the heads laid out by a reshape alone.
+* **Fused kernels** are MLX's ``mx.compile`` (shapeless), which on the CPU builds C++ at
+  run time, as mlx-lm's own ``swiglu`` already does in every llama MLP; each fused
+  function is tested to give the bits of its operations run one by one, and is built at
+  load (:func:`_warm_up`) rather than in the first reply.
 * **Transposes kept.** ``nn.Linear`` multiplies by ``weight.T``, a new transpose node
   every call (210 a step); here each layer keeps that transpose, a view of the same
   memory.
@@ -35,10 +43,12 @@ figures (``radixchat bench serve --against mlx-lm``) are in the README.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import sys
 from collections.abc import Iterator
+from functools import partial
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -84,7 +94,27 @@ def apply(model: nn.Module) -> list[str]:
     folded = _fold_attention(model)
     if folded:
         done.append(f"grouped-query attention folded in {', '.join(folded)}")
+    _warm_up(model, tables)
     return done
+
+
+def _warm_up(model: nn.Module, tables: "_RopeTables") -> None:
+    """Have MLX build the fused kernels of :func:`_rms` and :func:`_rotate` now, at load,
+    rather than in the first reply: MLX compiles them to C++ at run time (as it does
+    mlx-lm's own ``swiglu``), about a second each the first time on a machine (it keeps
+    them in its cache folder), one per layout, so each is run once here on the layouts a
+    forward gives it: one row and a batch, a prompt and one token."""
+    norm = next((m for _, m in model.named_modules() if type(m) is _DecodeRMSNorm), None)
+    rope = next((m for _, m in model.named_modules() if type(m) is _TabledRoPE), None)
+    out = []
+    for rows in (1, 2):
+        if norm is not None and norm.weight.dtype == mx.float32 and norm.weight.ndim == 1:
+            out.append(norm(mx.zeros((rows, 1, norm.weight.shape[0]), mx.float32)))
+        if rope is not None:
+            for length, offset in itertools.product((1, 2), (3, mx.full((rows,), 3, mx.int32))):
+                out.append(rope(mx.zeros((rows, 2, length, rope.dims), mx.float32), offset=offset))
+    mx.eval(out)
+    tables.clear()
 
 
 @contextlib.contextmanager
@@ -187,8 +217,9 @@ class _Widened:
 class _DecodeRMSNorm(nn.RMSNorm):
     """``nn.RMSNorm`` for one new token per row, as ``mx.fast.rms_norm`` computes it on the
     CPU (``x * rsqrt(mean(x^2) + eps) * weight``, the mean a sum times ``1/n``), with its
-    weight and constants already at the rows' shape: eight operations where it takes
-    eleven, three of them broadcasts. Other shapes (prompts) take ``mx.fast.rms_norm``."""
+    weight and constants already at the rows' shape and the arithmetic after the sum one
+    fused kernel: three operations where it takes eleven, three of them broadcasts.
+    Other shapes (prompts) take ``mx.fast.rms_norm``."""
 
     def __call__(self, x: mx.array) -> mx.array:
         weight = self["weight"]
@@ -205,7 +236,17 @@ class _DecodeRMSNorm(nn.RMSNorm):
                 mx.full(rows, self.eps, mx.float32))
             mx.eval(wide)
         widened, inverse_n, eps = wide
-        return (x * mx.rsqrt(mx.sum(mx.square(x), axis=-1, keepdims=True) * inverse_n + eps)) * widened
+        return _rms(x, widened, inverse_n, eps)
+
+
+@partial(mx.compile, shapeless=True)
+def _rms(x, widened, inverse_n, eps):
+    return (x * mx.rsqrt(mx.sum(mx.square(x), axis=-1, keepdims=True) * inverse_n + eps)) * widened
+
+
+@partial(mx.compile, shapeless=True)
+def _rotate(x, swapped, cos, sin):
+    return x * cos + swapped * sin
 
 
 # ---------------------------------------------------------------------- rotary tables
@@ -273,7 +314,7 @@ def _table(offset, length: int, dims: int, base: float, scale: float, traditiona
 
 class _TabledRoPE(nn.RoPE):
     """``nn.RoPE`` applying a shared table: the bits of ``mx.fast.rope`` on the CPU, in
-    four operations instead of its twenty-odd."""
+    a few operations instead of its twenty-odd."""
 
     def __call__(self, x: mx.array, offset=0) -> mx.array:
         rotated = x[..., : self.dims] if self.dims < x.shape[-1] else x
@@ -286,7 +327,7 @@ class _TabledRoPE(nn.RoPE):
         else:
             half = self.dims // 2
             swapped = mx.concatenate([rotated[..., half:], rotated[..., :half]], axis=-1)
-        out = rotated * cos + swapped * sin
+        out = _rotate(rotated, swapped, cos, sin)
         if self.dims < x.shape[-1]:
             out = mx.concatenate([out, x[..., self.dims :]], axis=-1)
         return out

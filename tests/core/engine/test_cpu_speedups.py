@@ -131,6 +131,25 @@ def test_a_replaced_weight_is_used():
     assert mx.array_equal(linear(x), mx.addmm(linear.bias, x, new.T)).item()
 
 
+def test_the_fused_norm_and_rotation_give_the_bits_of_their_operations_one_by_one():
+    """MLX compiles ``_rms`` and ``_rotate`` into one kernel each: on every layout a forward
+    gives them (one row or several, a broadcast weight or table, one token or a prompt)
+    they compute what their operations compute one at a time."""
+    def rms(x, widened, inverse_n, eps):
+        return (x * mx.rsqrt(mx.sum(mx.square(x), axis=-1, keepdims=True) * inverse_n + eps)) * widened
+
+    for rows in (1, 3, 8):
+        x, weight = mx.random.normal((rows, 1, 576)) * 4, mx.random.normal((576,))
+        constants = (mx.broadcast_to(weight, x.shape), mx.full((rows, 1, 1), 1 / 576, mx.float32),
+                     mx.full((rows, 1, 1), 1e-5, mx.float32))
+        assert mx.array_equal(cpu_speedups._rms(x, *constants), rms(x, *constants)).item()
+        for length in (1, 5):
+            x, swapped = mx.random.normal((rows, 9, length, 64)), mx.random.normal((rows, 9, length, 64))
+            cos, sin = mx.random.normal((rows, 1, length, 64)), mx.random.normal((length, 64))
+            cos, sin = mx.broadcast_to(cos, x.shape), mx.broadcast_to(sin, x.shape)
+            assert mx.array_equal(cpu_speedups._rotate(x, swapped, cos, sin), x * cos + swapped * sin).item()
+
+
 @pytest.mark.parametrize("heads,kv_heads", [(6, 2), (9, 3), (8, 4), (8, 8)])
 def test_folded_attention_gives_the_same_bits(heads, kv_heads):
     calls = []
