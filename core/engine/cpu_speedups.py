@@ -186,7 +186,7 @@ class _FlatMLP:
         return super().__call__(x.reshape(x.shape[0], x.shape[2])).reshape(x.shape[0], 1, -1)
 
 
-_FLAT: dict[type, type] = {}  # mlx-lm's class -> ours (made once per class)
+_FLAT: dict[type, type | None] = {}  # a class -> ours, or None where none applies (once per class)
 
 
 def _flat_class(cls: type) -> type | None:
@@ -197,10 +197,9 @@ def _flat_class(cls: type) -> type | None:
 
         mixin = {llama.Attention: _FlatAttention, qwen2.Attention: _FlatAttention,
                  llama.MLP: _FlatMLP, qwen2.MLP: _FlatMLP}.get(cls)
-        if mixin is None:
-            return None
         # in mlx-lm's module, where the attention looks up (and the fold wraps) its function
-        _FLAT[cls] = type(f"{mixin.__name__}{cls.__name__}", (mixin, cls), {"__module__": cls.__module__})
+        _FLAT[cls] = None if mixin is None else type(f"{mixin.__name__}{cls.__name__}", (mixin, cls),
+                                                      {"__module__": cls.__module__})
     return _FLAT[cls]
 
 
