@@ -1,22 +1,20 @@
 """Make MLX's CPU backend fast on Linux.
 
 The ``mlx-cpu`` wheel ships a reference BLAS. Loading the system's OpenBLAS with
-``RTLD_GLOBAL`` before the first ``import mlx`` makes MLX's GEMM calls resolve to it:
-measured here (2 cores, x86_64) a 512x512 float32 matmul went from 51 ms to 1.4 ms.
+``RTLD_GLOBAL`` before the first ``import mlx`` makes MLX's GEMM calls resolve to it,
+many times faster (measured: docs/benchmarks.md).
 ``core/__init__`` arranges for this to run right before the first ``import mlx`` in the
 process (:func:`prepare_before_mlx`), whoever imports it: a command that never touches
 MLX (``radixchat pull``, ``search``) does not pay for loading OpenBLAS and starting its
-threads (~20 ms).
+threads.
 
 ``RADIXCHAT_OPENBLAS=0`` turns it off; ``RADIXCHAT_OPENBLAS=/path/libopenblas.so.0``
 names the library. On macOS nothing is done: MLX uses Accelerate and Metal.
 
 OpenBLAS's worker threads busy-wait for 2^28 cycles (about 0.1 s) after every call
-before they sleep, so after each request they kept the other core busy for nothing: a
-disk restore started right after another request read its pages at a third of the
-speed. ``OPENBLAS_THREAD_TIMEOUT`` (2^n cycles) is set to 16 unless the user set it;
-measured here, prefill, a 28-token follow-up and decode were as fast as with the
-default (2.03 s / 0.20 s / 58.5 ms against 2.02-2.07 s / 0.19-0.20 s / 58-61 ms).
+before they sleep, so after each request they kept the other core busy for nothing and
+slowed a disk restore that followed. ``OPENBLAS_THREAD_TIMEOUT`` (2^n cycles) is set to 16
+unless the user set it, at no cost to prefill or decode (measured: docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -39,7 +37,7 @@ THREAD_TIMEOUT = "16"  # OpenBLAS workers spin 2^16 cycles (~25 us) before sleep
 
 @dataclass(frozen=True)
 class BlasSetup:
-    """What :func:`prepare_cpu_backend` did, for diagnostics and the README figures."""
+    """What :func:`prepare_cpu_backend` did, for diagnostics and the benchmarks."""
 
     library: str | None
     reason: str

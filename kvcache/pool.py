@@ -4,21 +4,21 @@ A *page* holds ``page_size`` consecutive tokens of one sequence; a *slot* names 
 place in the pool: ``slot = page_id * page_size + offset``. Page 0 is the null page: it
 stays zero and is never handed out, so a zero page id can mean "no page".
 
-In-place writes (measured on MLX 0.32's CPU backend, a 64 MB pool): an update of the pool
-(``pool[a:b] = pages`` or a scatter ``pool[idx] = kv``) followed by ``mx.eval`` reuses the
-pool's buffer, peak memory growing only by the update itself (~0.3 MB for two pages), as
-long as nothing else references that buffer. Two things do, and each turns the next write
-into a copy of the whole array (+32 MB there): a live slice view of the pool
+In-place writes (MLX 0.32's CPU backend; measured: docs/benchmarks.md): an update of the
+pool (``pool[a:b] = pages`` or a scatter ``pool[idx] = kv``) followed by ``mx.eval`` reuses
+the pool's buffer, peak memory growing only by the update itself, as long as nothing else
+references that buffer. Two things do, and each turns the next write into a copy of the
+whole array: a live slice view of the pool
 (``pool[1:3]``), and a lazy, not yet evaluated read of it. So this pool never hands out
 views (every read is a gather, a fresh array) and evaluates its reads and writes before
 returning.
 
-Speed on the CPU: a scatter costs ~10 ns per element whatever its shape; a slice update
-runs near memcpy speed plus a fixed cost per update (2,000 tokens x 30 layers of 3 KV
-heads x 64 dims: 43 ms as one slice per 64-token page, 215 ms as scatters; even at 8-token
-pages). So whole pages go in as slice updates, one per run of consecutive page ids (a
-fresh allocator hands out consecutive ids), and only the tokens that finish a partly
-filled page (``write_tokens``; decode steps) go through the scatter of ``write_slots``.
+Speed on the CPU: a scatter costs the same per element whatever its shape; a slice update
+runs near memcpy speed plus a fixed cost per update, and wins even at 8-token pages
+(measured: docs/benchmarks.md). So whole pages go in as slice updates, one per run of
+consecutive page ids (a fresh allocator hands out consecutive ids), and only the tokens
+that finish a partly filled page (``write_tokens``; decode steps) go through the scatter
+of ``write_slots``.
 
 RAM on demand: the pool is a list of *segments* of ``segment_pages`` pages each (page
 ``p`` lives in segment ``p // segment_pages``), allocated one at a time as the pages fill
@@ -100,8 +100,8 @@ class KVPagePool:
         the zeros are made and updated in place in one go (the write donates them), so
         the memory is taken and touched where it is first used, not here. A restore grows
         the pool for pages whose K/V is copied in only after its request's first token
-        (``PrefixCache.flush_writes``): that token no longer waits for the zeroing (~13 ms
-        per 32 MiB segment on this 2-core VM)."""
+        (``PrefixCache.flush_writes``): that token no longer waits for the zeroing (its cost:
+        docs/benchmarks.md)."""
         before = self.reserved_pages if self._segments else 0
         if self._segments and before >= self.num_pages:
             return []

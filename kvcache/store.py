@@ -68,8 +68,8 @@ RESERVE_FRACTION = 0.05
 SQLITE_PAGE_SIZE = 65536  # set when the file is created: long overflow chains read faster
 # No memory map (SQLite's default): a restore reads each page's K/V with an incremental
 # blob read, which SQLite serves with read() from the file straight into the result
-# (a memory map faults the file in 4 KB at a time instead). A 93 MB session streamed cold
-# in 61-64 ms that way, 71-76 ms through a 2 GB map; a plain read() of a file took 42-75.
+# (a memory map faults the file in 4 KB at a time instead), measured the faster of the two
+# (docs/benchmarks.md).
 _HASH_THREADS = min(4, os.cpu_count() or 1)  # checksums of a load, in parallel
 _IN_CHUNK = 500  # keys per "key IN (...)" query, under SQLite's variable limit
 

@@ -1,7 +1,8 @@
-"""The import rules of DESIGN.md, checked by reading the source (``ast``; nothing is
-imported): data flows app -> core -> kvcache -> mlx, and no module imports one that
-imports it back. Every ``import`` counts, at the top of a module or inside a function
-(a circle through a lazy import is still a circle), ``if TYPE_CHECKING:`` ones too."""
+"""The import rules of docs/architecture.md ("Layers"), checked by reading the source
+(``ast``; nothing is imported): data flows app -> core -> kvcache -> mlx, and no module
+imports one that imports it back. Every ``import`` counts, at the top of a module or inside
+a function (a circle through a lazy import is still a circle), ``if TYPE_CHECKING:`` ones
+too."""
 
 from __future__ import annotations
 

@@ -135,8 +135,8 @@ def run_launcher(argv: list[str]) -> int:
 
 def _never_wait_to_write(mlx_launcher) -> None:
     """MLX's launcher relays its stdin to each rank in a thread that selects on the rank's
-    stdin pipe for writing, which is always writable: each thread spins, about 0.6 of a core
-    for the group's whole life on a 2-rank group here. Nothing is ever typed to a rank (serve
+    stdin pipe for writing, which is always writable: each thread spins, a good part of a
+    core for the group's whole life (docs/benchmarks.md). Nothing is ever typed to a rank (serve
     --hosts gives the launcher a pipe nobody writes to), so its select waits on reads only."""
     select = mlx_launcher.select
 

@@ -7,13 +7,13 @@ that grammar becomes a :class:`GrammarProcessor`, an mlx-lm logits processor (th
 tokens the grammar allows. It goes in the request's own processor list, so in the
 scheduler's batched decode each row has its own constraint or none.
 
-Why llguidance (measured on SmolLM2's 49k-token vocabulary, MLX on the CPU): it
-compiles a schema in milliseconds (an Earley parser over a lexer, nothing precomputed
-over the vocabulary), computes a mask in well under a millisecond, takes Lark grammars
+Why llguidance (measured: docs/benchmarks.md): it compiles a schema at once (an Earley
+parser over a lexer, nothing precomputed over the vocabulary), computes a mask cheaply
+for every token, takes Lark grammars
 that embed JSON schemas (the ``<tool_call>`` wrapper around a call's JSON), and
 reports unsupported schema features up front. outlines-core masks faster but compiles
-each schema into a DFA over the whole vocabulary (~0.17 s for a small object, growing
-with the schema) and takes only regular languages; xgrammar imports torch (and triton
+each schema into a DFA over the whole vocabulary (slowly, and more slowly the larger the
+schema) and takes only regular languages; xgrammar imports torch (and triton
 on Linux) at import time, which this app does not ship.
 """
 

@@ -2,11 +2,11 @@
 
 On the CPU a decode step of the default model (30 layers, 1 to 8 rows) is about two
 thirds OpenBLAS GEMMs, which mlx-lm and we call alike on the same weights. The rest is
-some 4,400 small operations that MLX schedules one by one on its stream thread, after
+thousands of small operations that MLX schedules one by one on its stream thread, after
 the engine thread has built and dispatched each of them: on two cores that thread's work
 competes with the GEMMs'. mlx-lm's models write those operations for any backend, and on
 the CPU several of them fall back to compositions of many. The changes below, applied to
-the loaded model on the engine thread, leave 1,382 operations a step and change no bit
+the loaded model on the engine thread, leave far fewer operations a step and change no bit
 of any result: each is tested to give arrays equal to mlx-lm's own
 (``tests/core/engine/test_cpu_speedups.py``), prefilling and decoding, alone and batched.
 
@@ -37,7 +37,8 @@ of any result: each is tested to give arrays equal to mlx-lm's own
 
 Not applied on Metal (the GPU has its own fused kernels), to quantized layers, or in a
 group of Macs (not tried there). ``RADIXCHAT_CPU_SPEEDUPS=0`` turns them off. The
-figures (``radixchat bench serve --against mlx-lm``) are in the README.
+figures (operation counts, ``radixchat bench serve --against mlx-lm``) are in
+docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -101,8 +102,8 @@ def apply(model: nn.Module) -> list[str]:
 def _warm_up(model: nn.Module, tables: "_RopeTables") -> None:
     """Have MLX build the fused kernels of :func:`_rms` and :func:`_rotate` now, at load,
     rather than in the first reply: MLX compiles them to C++ at run time (as it does
-    mlx-lm's own ``swiglu``), about a second each the first time on a machine (it keeps
-    them in its cache folder), one per layout, so each is run once here on the layouts a
+    mlx-lm's own ``swiglu``), slowly the first time on a machine (it keeps them in its
+    cache folder), one per layout, so each is run once here on the layouts a
     forward gives it: one row and a batch, a prompt and one token."""
     norm = next((m for _, m in model.named_modules() if type(m) is _DecodeRMSNorm), None)
     rope = next((m for _, m in model.named_modules() if type(m) is _TabledRoPE), None)

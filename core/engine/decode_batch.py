@@ -60,9 +60,9 @@ class _Batch(GenerationBatch):
     """The running rows: mlx-lm's ``GenerationBatch``, with one shortcut. When every row is
     greedy (mlx-lm's ``greedy_sampler``, no logits processors) the next tokens are the
     argmax of the logits as they come: normalising them first (``logits - logsumexp``, on
-    ``rows x vocab`` values, which the greedy choice does not depend on) took 6.6 ms a step
-    at 8 rows of SmolLM2 here, a few percent of the step, for log-probabilities nobody here
-    reads. Any other row takes mlx-lm's own step."""
+    ``rows x vocab`` values, which the greedy choice does not depend on) costs a few percent
+    of a step (measured: docs/benchmarks.md), for log-probabilities nobody here reads. Any
+    other row takes mlx-lm's own step."""
 
     placeholder: mx.array  # the log-probabilities a greedy step reports (set by DecodeBatch)
 

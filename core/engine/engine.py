@@ -640,9 +640,9 @@ class Engine:
     def _publish_stats(self, force: bool = True) -> None:
         """Replace the figures ``stats()`` hands out. From the decode loop and prefill chunks
         (``force=False``) only when they were asked for since the last time, and at most
-        every ``PUBLISH_EVERY_S``: the tree census walks every cached token (about 46 ms
-        for 200,000 here, holding the GIL the decode step needs), and the GUI polls 4 times
-        a second."""
+        every ``PUBLISH_EVERY_S``: the tree census walks every cached token (holding the GIL
+        the decode step needs; its cost: docs/benchmarks.md), and the GUI polls 4 times a
+        second."""
         import mlx.core as mx
 
         now = time.monotonic()

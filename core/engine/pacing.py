@@ -13,8 +13,8 @@ stream's inter-token gap is at most its own decode step plus 0.75 s, as long as 
 holds from one chunk to the next and ``MIN_CHUNK`` tokens fit in the budget (on a machine
 where 32 tokens of prefill take longer than that, a chunk is never smaller than 32).
 Sizes go in steps of ``CHUNK_STEP`` tokens, so a chunk is not rounded far below what
-fits (with 32-token steps, a 0.5 s budget gave 1.45x the solo prefill on SmolLM2 here;
-8-token steps and 0.75 s gave 1.29x, the stream's longest gap 0.84 s).
+fits (the step and the budget were chosen by ``radixchat bench fairness``:
+docs/benchmarks.md).
 Chunks are not made smaller than they must be: each one costs the long prompt one decode
 step of the others, so its time to first token stays near its solo prefill.
 """

@@ -16,8 +16,8 @@ with one character per byte, SentencePiece ones with one per character, ``▁`` 
 space; added tokens are spelled as they are), so a text longer than ``limit × longest
 entry`` characters has more tokens than the limit and is refused without being
 tokenised. SmolLM2's longest entry is 81 characters: with its 8,192-token context,
-a prompt of over 663,471 characters is refused at once (an 8 MB message took ~10 s to
-tokenise).
+a prompt of over 663,471 characters is refused at once (tokenising a message of megabytes
+takes seconds: docs/benchmarks.md).
 """
 
 from __future__ import annotations

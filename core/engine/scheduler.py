@@ -504,8 +504,8 @@ class Scheduler:
             finish = self._take(state, generated.token)
             if finish is not None or generated.finished:
                 ending.append((generated, state, finish))
-        # every row's token is out before the rows that end store their caches (10-30 ms
-        # each for the default model): the last rows' last tokens do not wait for them
+        # every row's token is out before the rows that end store their caches (which takes
+        # a while: docs/benchmarks.md): the last rows' last tokens do not wait for them
         for generated, state, finish in ending:
             if generated.finished:  # the batch let it go, with its cache
                 caches, tokens = generated.caches, generated.cache_tokens

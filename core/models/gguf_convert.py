@@ -8,7 +8,7 @@ into one of two layouts:
 
 - ``float32`` (the CPU default): every tensor dequantized to float32. This is what the
   CPU runs fastest (quantized matmuls are slow on MLX's CPU backend, and so is its
-  ``mx.dequantize``: ~10 s for Gemma 3 270M, mostly the 5-bit tensors), so a cached load
+  ``mx.dequantize``, measured: docs/benchmarks.md), so a cached load
   is just reading the file. The values equal ``gguf.quants.dequantize``'s bit for bit.
 - ``affine`` (the Metal default): every type whose values are ``scale * q + bias`` over
   groups of 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K) is repacked bit for bit into

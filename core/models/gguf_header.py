@@ -3,7 +3,7 @@
 One parser for every reader of a GGUF header: the importer (``core.models.gguf_import``)
 and the conversion (``core.models.gguf_convert``) on the engine thread, and the model
 picker's parameter counts (``core.models.catalog``), which must not import mlx.
-Much faster than ``gguf.GGUFReader`` (which takes ~10 s on a 262k-token vocabulary).
+Much faster than ``gguf.GGUFReader`` on a large vocabulary (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def read_header(path: Path, metadata: bool = True) -> GGUFHeader:
 
     With ``metadata=False`` the values are stepped over, not decoded, and the header's
     metadata holds only ``general.alignment`` (where the file sets it): enough for the
-    tensor directory, about twice as fast on a large vocabulary (what the picker needs).
+    tensor directory, and faster on a large vocabulary (what the picker needs).
 
     Raises :class:`ModelLoadError` on a truncated, corrupt or non-GGUF file.
     """

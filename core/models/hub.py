@@ -150,8 +150,9 @@ def token() -> str | None:
 
     Where the answer is certain without it (no OIDC; a token in the environment, or no
     token file and no IPython), it is read here: ``get_token``'s module imports
-    huggingface_hub's errors, HTTP client, yaml and filelock (a sixth of ``radixchat
-    pull``'s start-up). Otherwise ``get_token`` answers. A test keeps the two equal."""
+    huggingface_hub's errors, HTTP client, yaml and filelock (a good part of ``radixchat
+    pull``'s start-up: docs/benchmarks.md). Otherwise ``get_token`` answers. A test keeps
+    the two equal."""
     from huggingface_hub import constants
 
     if not os.environ.get("HF_OIDC_RESOURCE"):
@@ -465,8 +466,8 @@ def _mlx_lm_folder() -> str | None:
 @lru_cache(maxsize=1)
 def _mlx_lm_remapping(folder: str) -> dict[str, str]:
     """``mlx_lm.utils.MODEL_REMAPPING``, read from its source (a dict literal): the
-    assignment's own lines when they can be told apart (parsing the whole module took
-    ~10 ms of a pull's start), else the whole module."""
+    assignment's own lines when they can be told apart (parsing the whole module slowed a
+    pull's start), else the whole module."""
     try:
         source = Path(folder, "utils.py").read_text(encoding="utf-8")
     except OSError:

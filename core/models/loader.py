@@ -7,7 +7,7 @@ MLX arrays and never crosses threads; :class:`ModelInfo` is its plain-value summ
 
 Weight format: on Metal the weights stay as stored (quantized stays quantized). On the
 CPU backend quantized matmuls are slow and float16 arithmetic is slow on x86, so
-``auto`` dequantizes to float32 there (see README for the measured figures).
+``auto`` dequantizes to float32 there (measured: docs/benchmarks.md).
 """
 
 from __future__ import annotations

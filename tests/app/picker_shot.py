@@ -1,6 +1,6 @@
 """Render the model picker mid-download to a PNG (the README's picture).
 
-    QT_QPA_PLATFORM=offscreen python -m tests.app.picker_shot resources/docs/picker-download.png
+    QT_QPA_PLATFORM=offscreen python -m tests.app.picker_shot docs/images/picker-download.png
 
 A loopback hub serves a few repos named like real ones (their hub cards give the
 parameter counts the fits column uses; the files are a tiny model and 120 MB of
