@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from core.cli.main import EXIT_USER_ERROR, main
-from core.models import download, hf_cache, hub, hub_paths
+from core.models import download, hf_cache, hub
 from core.models.hub import HubError
 from tests.core.models.hub_fixture import HubFile, HubRepo, LoopbackHub
 
@@ -153,6 +153,8 @@ def test_the_checks_agree_with_huggingface_hub(tmp_path):
 
 def test_a_commit_id_is_what_huggingface_hub_takes_for_one():
     from huggingface_hub.file_download import REGEX_COMMIT_HASH
+
+    from core.models import hub_paths
 
     assert hub_paths.COMMIT_ID.pattern == REGEX_COMMIT_HASH.pattern
     assert hub_paths.is_commit_id("0123456789abcdef0123456789abcdef01234567")
