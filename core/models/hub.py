@@ -1,10 +1,12 @@
 """The Hugging Face hub: search it, and decide what a download of a repo takes.
 
-Everything goes through ``huggingface_hub`` (``HfApi``). The endpoint (``HF_ENDPOINT``)
-and the token (``HF_TOKEN``, or the one ``hf auth login`` stored) are read at call time,
-so a test can point the client at a loopback hub. Each failure the user can act on is a
-:class:`HubError` with a one-line reason: no network, no such repo, a gated or private
-repo, no weights RadixChat can use, an architecture mlx-lm or the GGUF import can't map.
+Everything goes through ``huggingface_hub``: its requests, headers, token, pagination,
+``ModelInfo`` and errors. The endpoint (``HF_ENDPOINT``) and the token (``HF_TOKEN``, or the
+one ``hf auth login`` stored) are read at call time, so a test can point the client at a
+loopback hub. Each failure the user can act on is a :class:`HubError` with a one-line
+reason: no network, no such repo, a gated or private repo, no weights RadixChat can use, an
+architecture mlx-lm or the GGUF import can't map, an answer that is not safe to use (what
+the hub names becomes paths on disk: see :mod:`core.models.hub_paths`).
 
 Whether a model fits is estimated before any byte is downloaded, the way
 :mod:`core.models.catalog` estimates local files: the weights as this backend will hold
@@ -203,12 +205,6 @@ def request_headers() -> dict[str, str]:
     if secret := token():
         headers["authorization"] = f"Bearer {secret}"
     return headers
-
-
-def api():
-    from huggingface_hub import HfApi
-
-    return HfApi(endpoint=endpoint(), token=token() or False, library_name="radixchat")
 
 
 def check_online() -> None:
