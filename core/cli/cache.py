@@ -97,13 +97,12 @@ def _clear(path: Path, session: str | None, label: str) -> None:
 
 
 def _verify(store: DiskStore, as_json: bool) -> dict:
-    report = asdict(store.verify())
+    result = store.verify()
     if not as_json:
-        print(f"checked {report['pages_checked']} pages: {report['bad_pages']} bad (dropped), "
-              f"{report['sessions_truncated']} sessions cut back, {report['sessions_dropped']} dropped, "
-              f"{report['orphans_removed']} orphan pages removed — "
-              + ("clean" if report["clean"] else "repaired"))
-    return report
+        print(f"checked {result.pages_checked} pages: {result.bad_pages} bad (dropped), "
+              f"{result.sessions_truncated} sessions cut back, {result.sessions_dropped} dropped, "
+              f"{result.orphans_removed} orphan pages removed — " + ("clean" if result.clean else "repaired"))
+    return {**asdict(result), "clean": result.clean}
 
 
 def _stats(store: DiskStore, path, as_json: bool) -> dict:

@@ -251,6 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_constrain.add_argument("--model", default="default")
     bench_constrain.add_argument("--max-tokens", type=int, default=48, help="reply length per request")
     bench_constrain.add_argument("--repeats", type=int, default=3, help="repetitions (medians are reported)")
+    bench_constrain.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template that takes tools "
+                                 "(for models whose own does not: the tool_required mode needs one)")
     bench_constrain.add_argument("--json", action="store_true")
     bench_fairness = bench_sub.add_parser("fairness", help="a stream's inter-token gaps while another client's "
                                                            "long prompt is prefilled")

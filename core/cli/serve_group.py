@@ -6,6 +6,10 @@ with MLX's ring backend, which starts ``radixchat serve --group-member`` on ever
 Rank 0 (the first host) serves the API; the others run rank 0's decisions on their part of
 the model (:mod:`core.distributed.engine`).
 
+Stopping the command stops the group (:mod:`core.distributed.stop`): Ctrl-C, SIGTERM or
+SIGHUP make rank 0 stop every rank in order, as Ctrl-C on the terminal always did; were the
+command killed outright, the launcher sees it gone and does the same.
+
 A rank that dies, cannot be reached or fails ends every open request with an error that
 names its host (within about a second of a process dying, ``SILENCE_S`` of a host going
 silent), then every rank exits: start the group again (the disk caches restore). The
@@ -29,6 +33,7 @@ from core.cli.progress import print_progress
 from core.cli.serve import check_serve_args, serve_engine
 from core.cli.terminal import safe
 from core.distributed.outcome import ENDED_PREFIX, GroupOutcome, fault_line
+from core.distributed.stop import LIFELINE_ENV, GroupStopper, on_stop_signals, restore_signals
 from core.errors import UserError
 from core.models.chat_template import read_chat_template
 
@@ -39,7 +44,6 @@ RELAY_DRAIN_S = 5.0  # after the launcher exits, its last lines still to pass on
 
 def run_group(args) -> int:
     """Check, then start every rank with ``mlx.launch``; wait for the group to end."""
-    from core.distributed.group import SECRET_ENV, new_secret
     from core.distributed.launch import choose_backend, launch_command, read_hostfile
     from core.distributed.shard import model_config, split_plan
     from core.models.loader import resolve_spec
@@ -68,33 +72,53 @@ def run_group(args) -> int:
     print(f"radixchat: starting {safe(path.name)} split over {len(hosts)} hosts "
           f"({', '.join(h.ssh for h in hosts)}; {plan.describe()}; {backend} backend)",
           file=sys.stderr, flush=True)
-    # Ctrl-C reaches every process on this terminal. Only rank 0 acts on it (it stops the
-    # group in order, every rank flushing its disk cache); mlx.launch starts with SIGINT
-    # ignored, which its ranks inherit, so it lives on to relay their last words.
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:  # $RADIXCHAT_API_KEY, if set, stays in the environment
-        # stdin a pipe nobody writes to: MLX's launcher relays its stdin to the ranks with a
-        # select loop that spins on a stdin at end of file (/dev/null, as under a service).
-        launcher = subprocess.Popen(command, stdin=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    env={**os.environ, SECRET_ENV: new_secret()})
+    launcher, lifeline = _start_launcher(command)
+    # From here the command's stop signals stop the launcher's whole group (core.distributed.stop):
+    # SIGINT first, which only rank 0 acts on, then harder if it has not ended.
+    stopper = GroupStopper(launcher.pid)
+    previous = on_stop_signals(stopper.stop)
+    try:
+        outcome = GroupOutcome([h.ssh for h in hosts])
+        relay = threading.Thread(target=_relay, args=(launcher.stderr, outcome), daemon=True,
+                                 name="radixchat-group-stderr")
+        relay.start()
+        code = launcher.wait()
+        relay.join(RELAY_DRAIN_S)
     finally:
-        signal.signal(signal.SIGINT, previous)
-    outcome = GroupOutcome([h.ssh for h in hosts])
-    relay = threading.Thread(target=_relay, args=(launcher.stderr, outcome), daemon=True,
-                             name="radixchat-group-stderr")
-    relay.start()
-    while True:
-        try:
-            code = launcher.wait()
-            break
-        except KeyboardInterrupt:  # rank 0 stops the group: wait for that
-            continue
-    relay.join(RELAY_DRAIN_S)
+        stopper.close()
+        restore_signals(previous)
+        os.close(lifeline)
     verdict = outcome.verdict(code)
     if verdict is None:
         return 0
     print(f"{ENDED_PREFIX}{safe(verdict)}", file=sys.stderr, flush=True)
     return EXIT_GROUP_FAULT
+
+
+def _start_launcher(command: list[str]) -> tuple[subprocess.Popen, int]:
+    """MLX's launcher, in a process group of its own (its ranks on this machine join it),
+    and the write end of its lifeline (see core.distributed.stop), to hold until it ends.
+
+    The launcher starts with SIGINT ignored, which its ranks and ssh's inherit: a group's
+    SIGINT is for rank 0 alone (it stops the group in order), and the launcher lives on to
+    relay the ranks' last words. Its stdin is a pipe nobody writes to: MLX's launcher relays
+    its stdin to the ranks with a select loop that spins on a stdin at end of file
+    (/dev/null, as under a service). $RADIXCHAT_API_KEY, if set, stays in the environment."""
+    from core.distributed.group import SECRET_ENV, new_secret
+
+    lifeline_read, lifeline_write = os.pipe()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        launcher = subprocess.Popen(command, stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env={**os.environ, SECRET_ENV: new_secret(), LIFELINE_ENV: str(lifeline_read)},
+                                    pass_fds=(lifeline_read,), start_new_session=True)
+    except BaseException:
+        os.close(lifeline_write)
+        raise
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        os.close(lifeline_read)
+    return launcher, lifeline_write
 
 
 def _relay(stream, outcome: GroupOutcome) -> None:

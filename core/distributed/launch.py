@@ -126,11 +126,34 @@ def run_launcher(argv: list[str]) -> int:
     import mlx._distributed_utils.launch as mlx_launcher
 
     _never_wait_to_write(mlx_launcher)
+    _stop_the_group_when_the_command_is_gone()
     secret = os.environ.get(SECRET_ENV)
     env = ["--env", f"{SECRET_ENV}={secret}"] if secret else []
     sys.argv = ["mlx.launch", *env, *argv]
     mlx_launcher.main()  # it logs each rank's exit; it returns nothing (see core.distributed.outcome)
     return 0
+
+
+def _stop_the_group_when_the_command_is_gone() -> None:
+    """``serve --hosts`` hands this launcher the read end of its lifeline (see
+    core.distributed.stop): when the command is gone (killed outright), stop this process
+    group (the ranks on this machine, the ssh's to the others) as the command would have.
+    Nobody reads this launcher's output any more then: it goes nowhere, so that writing it
+    does not end the launcher before its ranks."""
+    from core.distributed.stop import LIFELINE_ENV, GroupStopper, watch_lifeline
+
+    fd = os.environ.pop(LIFELINE_ENV, None)  # popped: the ranks do not inherit it
+    if fd is None or not fd.isdigit():
+        return
+
+    def command_gone() -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for stream in (1, 2):
+            os.dup2(devnull, stream)
+        os.close(devnull)
+        GroupStopper(os.getpgrp()).stop()
+
+    watch_lifeline(int(fd), command_gone)
 
 
 def _never_wait_to_write(mlx_launcher) -> None:

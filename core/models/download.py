@@ -115,6 +115,7 @@ def partial_bytes(plan: RepoPlan) -> int:
 def download(plan: RepoPlan, *, data_root: Path | None = None, progress: ProgressFn | None = None,
              cancel: threading.Event | None = None, revision: str = "main") -> PullResult:
     started = time.monotonic()
+    hub.check_plan(plan)  # nothing the hub named leaves the repo's folders
     cancel = cancel or threading.Event()
     storage = hf_cache.repo_folder(plan.repo_id)
     assert storage is not None  # plan checked the repo id

@@ -33,6 +33,7 @@ any check is removed and rebuilt, so a damaged cache costs time, never a wrong a
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -295,14 +296,24 @@ class ConversionCache:
                 "weights_sha256": digest.sha256,
             }
             self._write_meta(meta, tmp)
-            if self.folder.exists():
-                shutil.rmtree(self.folder)
-            os.rename(tmp, self.folder)
+            self._move_into_place(tmp)
         except (OSError, RuntimeError) as exc:
             log.warning("could not keep converted weights in %s (%s): the next load converts again", self.folder, exc)
         finally:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
+
+    def _move_into_place(self, tmp: Path) -> None:
+        """``tmp`` becomes the entry, in one rename. An entry already there was kept by
+        another process converting the same file at once (a bad or older one is removed by
+        :meth:`load` before a conversion): the same bytes, possibly being read now, so it
+        stays and ``tmp`` goes."""
+        try:
+            os.rename(tmp, self.folder)
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY) or not self.folder.is_dir():
+                raise
+            log.info("converted weights in %s were kept by another process meanwhile", self.folder)
 
     def _remove_stale_temps(self) -> None:
         """Temp folders a crashed conversion left (an hour old: no live one is that slow)."""

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -319,14 +321,27 @@ def build_tokenizer(metadata: dict[str, Any], cache_file: Path | None = None):
         if cache_file is None:
             hf_tokenizer = _hf_tokenizer(metadata, tokenizer_object=backend)
         else:
-            cache_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache_file.with_suffix(".tmp")
-            backend.save(str(tmp))
-            tmp.replace(cache_file)
+            _keep_tokenizer(backend, cache_file)
             hf_tokenizer = _hf_tokenizer(metadata, tokenizer_file=str(cache_file))
     from core.models.chat_template import tool_calling
 
     return TokenizerWrapper(hf_tokenizer, eos_token_ids=_eos_ids(metadata), **tool_calling(hf_tokenizer))
+
+
+def _keep_tokenizer(backend, cache_file: Path) -> None:
+    """Write the tokenizer to ``cache_file`` whole or not at all: into a temporary file of
+    this process's own, then moved into place. Two processes importing the same file at once
+    each write their own (the same bytes) and the last move wins; a reader only ever sees a
+    whole file."""
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=cache_file.parent, prefix=f".{cache_file.stem}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        backend.save(name)
+        os.replace(name, cache_file)
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
 
 
 def _hf_tokenizer(metadata: dict[str, Any], **source: Any):

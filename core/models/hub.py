@@ -1,10 +1,12 @@
 """The Hugging Face hub: search it, and decide what a download of a repo takes.
 
-Everything goes through ``huggingface_hub`` (``HfApi``). The endpoint (``HF_ENDPOINT``)
-and the token (``HF_TOKEN``, or the one ``hf auth login`` stored) are read at call time,
-so a test can point the client at a loopback hub. Each failure the user can act on is a
-:class:`HubError` with a one-line reason: no network, no such repo, a gated or private
-repo, no weights RadixChat can use, an architecture mlx-lm or the GGUF import can't map.
+Everything goes through ``huggingface_hub``: its requests, headers, token, pagination,
+``ModelInfo`` and errors. The endpoint (``HF_ENDPOINT``) and the token (``HF_TOKEN``, or the
+one ``hf auth login`` stored) are read at call time, so a test can point the client at a
+loopback hub. Each failure the user can act on is a :class:`HubError` with a one-line
+reason: no network, no such repo, a gated or private repo, no weights RadixChat can use, an
+architecture mlx-lm or the GGUF import can't map, an answer that is not safe to use (what
+the hub names becomes paths on disk: see :mod:`core.models.hub_paths`).
 
 Whether a model fits is estimated before any byte is downloaded, the way
 :mod:`core.models.catalog` estimates local files: the weights as this backend will hold
@@ -18,6 +20,7 @@ from __future__ import annotations
 import ast
 import builtins
 import fnmatch
+import logging
 import os
 import re
 import socket
@@ -27,7 +30,10 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from core.errors import UserError
+from core.models import hub_paths
 from core.models.catalog import GGUF_BITS_PER_WEIGHT, estimate_memory_bytes, runs_on_cpu
+
+log = logging.getLogger(__name__)
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 PROBE_TIMEOUT = 3.0  # seconds to open a connection to the hub before saying "offline"
@@ -47,6 +53,7 @@ KV_POOL_FRACTION = 0.25
 KV_POOL_MAX_BYTES = 2 << 30
 FITS, TIGHT, WONT_FIT = "fits", "tight", "won't fit"
 FIT_LIMITS = ((0.70, FITS), (0.90, TIGHT))  # share of the machine's memory
+MLX_BITS = (2, 3, 4, 5, 6, 8)  # what mlx quantizes to
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
                 "I8": 1, "U8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "BOOL": 1, "I64": 8, "U64": 8}
 _SPLIT_GGUF = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)  # llama.cpp's gguf-split parts
@@ -201,12 +208,6 @@ def request_headers() -> dict[str, str]:
     return headers
 
 
-def api():
-    from huggingface_hub import HfApi
-
-    return HfApi(endpoint=endpoint(), token=token() or False, library_name="radixchat")
-
-
 def check_online() -> None:
     """Raise :class:`OfflineError` at once (no retries) when the hub can't be reached."""
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
@@ -246,6 +247,7 @@ def repo_info(repo_id: str, revision: str = "main") -> dict:
         raise hub_error(exc, repo_id) from None
     if not isinstance(info, dict) or not isinstance(info.get("sha"), str):
         raise HubError(f"the hub's answer for {repo_id} is not a model's revision: try again later")
+    check_commit(info["sha"], repo_id)
     return info
 
 
@@ -285,14 +287,62 @@ def file_url(repo_id: str, path: str, revision: str) -> str:
     return f"{endpoint()}/{repo_id}/resolve/{quote(revision, safe='')}/{quote(path)}"
 
 
-def _repo_files(info: dict) -> list["RepoFile"]:
+def _repo_files(info: dict, repo_id: str) -> list["RepoFile"]:
+    """The files the hub lists, each checked before it can name a path on disk: one that
+    is malformed or names a path outside the repo's folders refuses the whole repo (the
+    hub's answer for it is not to be trusted), before anything is downloaded."""
+    siblings = info.get("siblings")
+    if siblings is None:
+        return []
+    if not isinstance(siblings, list):
+        raise _refused(repo_id, "its list of files is not a list")
     files = []
-    for s in info.get("siblings") or []:
+    for s in siblings:
+        if not isinstance(s, dict) or not isinstance(s.get("rfilename"), str):
+            raise _refused(repo_id, f"it lists a file without a name: {str(s)[:80]!r}")
         lfs = s.get("lfs") if isinstance(s.get("lfs"), dict) else None
-        size = s.get("size") or (lfs.get("size") if lfs else 0)
-        files.append(RepoFile(s["rfilename"], int(size or 0), lfs.get("sha256") if lfs else None,
-                              s.get("blobId") or ""))
+        size = s.get("size") if s.get("size") is not None else (lfs.get("size") if lfs else 0)
+        files.append(check_file(RepoFile(s["rfilename"], size, lfs.get("sha256") if lfs else None,
+                                         s.get("blobId") or ""), repo_id))
     return files
+
+
+def _refused(repo_id: str, what: str) -> HubError:
+    return HubError(f"the hub's answer for {repo_id} is refused: {what}; nothing was downloaded")
+
+
+def check_commit(commit: object, repo_id: str) -> str:
+    """``commit``, when it is a commit id (it names the snapshot's folder)."""
+    if not hub_paths.is_commit_id(commit):
+        raise _refused(repo_id, f"its commit id {commit!r} is not one (40 hex digits)")
+    return commit
+
+
+def check_repo_path(path: object, repo_id: str) -> str:
+    """``path``, when it stays inside the snapshot folder it is joined to."""
+    if not hub_paths.is_repo_path(path):
+        raise _refused(repo_id, f"it lists a file path outside its snapshot folder: {path!r}")
+    return path
+
+
+def check_file(file: "RepoFile", repo_id: str) -> "RepoFile":
+    """``file``, when its path, blob name (its hash) and size are safe to use."""
+    check_repo_path(file.path, repo_id)
+    if not hub_paths.is_blob_name(file.sha256, file.blob_id):
+        raise _refused(repo_id, f"{file.path!r} is listed with a hash that is not one "
+                                f"({file.sha256 if file.sha256 is not None else file.blob_id!r})")
+    if isinstance(file.size, bool) or not isinstance(file.size, int) or file.size < 0:
+        raise _refused(repo_id, f"{file.path!r} is listed with a size that is not one ({file.size!r})")
+    return file
+
+
+def check_plan(plan: "RepoPlan") -> "RepoPlan":
+    """``plan``, when every name in it is safe to join to the cache's folders (a plan from
+    :func:`plan` always is: this is the last check before anything is written)."""
+    check_commit(plan.commit, plan.repo_id)
+    for file in plan.files:
+        check_file(file, plan.repo_id)
+    return plan
 
 
 def check_repo_id(repo_id: str) -> None:
@@ -350,58 +400,117 @@ def _network_errors() -> tuple[type[BaseException], ...]:
 def search(query: str, limit: int = 20, on_cpu: bool | None = None,
            machine_bytes: int | None = None) -> list[SearchResult]:
     """Models matching ``query`` with MLX weights (``mlx-community`` first) and GGUF files,
-    each sorted by downloads, with whether each fits this machine."""
+    each sorted by downloads, with whether each fits this machine. A result the hub sends
+    malformed costs only itself: it is left out, or shown without the figure that is wrong."""
     query = (query or "").strip()
     if not query:
         raise HubError("search for something: a model name such as qwen3 or llama-3.2")
     check_online()
-    client = api()
-    expand = ["downloads", "gated", "safetensors", "gguf", "config", "tags", "library_name"]
     results: dict[str, SearchResult] = {}
     try:
         for tag in ("mlx", "gguf"):
-            for info in client.list_models(search=query, filter=tag, sort="downloads", limit=limit,
-                                           expand=expand):
-                if info.id not in results:
-                    results[info.id] = _search_result(info, tag, on_cpu, machine_bytes)
+            for card in _search_cards(query, tag, limit):
+                result = _read_card(card, tag, on_cpu, machine_bytes)
+                if result is not None and result.repo_id not in results:
+                    results[result.repo_id] = result
     except Exception as exc:
         raise hub_error(exc) from None
     return sorted(results.values(),
                   key=lambda r: (r.kind != "mlx", not r.repo_id.startswith("mlx-community/"), -r.downloads))
 
 
+def _search_cards(query: str, tag: str, limit: int):
+    """The hub's cards (plain JSON) for a search: what ``HfApi.list_models`` asks for and
+    pages through (``GET /api/models``, its headers and token), before it reads each card
+    into a ``ModelInfo``: there one card it cannot read ends the whole listing."""
+    from itertools import islice
+
+    from huggingface_hub.utils import paginate
+
+    params = {"search": query, "filter": [tag], "sort": "downloads", "limit": limit,
+              "expand": ["downloads", "gated", "safetensors", "gguf", "config", "tags", "library_name"]}
+    return islice(paginate(f"{endpoint()}/api/models", params=params, headers=request_headers()), limit)
+
+
+def _read_card(card: object, kind: str, on_cpu: bool | None, machine_bytes: int | None) -> SearchResult | None:
+    """One card as a result (read as ``list_models`` reads it), or None, logged, when the
+    hub sent it malformed past reading."""
+    from huggingface_hub.hf_api import ModelInfo
+
+    try:
+        if not isinstance(card, dict):
+            raise TypeError(f"a card that is not an object: {str(card)[:80]!r}")
+        info = ModelInfo(**{"siblings": None, **card})
+        if not isinstance(info.id, str):
+            raise TypeError(f"an id that is not text: {info.id!r}")
+        check_repo_id(info.id)
+        return _search_result(info, kind, on_cpu, machine_bytes)
+    except (HubError, KeyError, TypeError, ValueError, AttributeError, ArithmeticError) as exc:
+        log.warning("left out a search result the hub sent malformed (%s: %s)", type(exc).__name__, exc)
+        return None
+
+
 def _search_result(info, kind: str, on_cpu: bool | None, machine_bytes: int | None) -> SearchResult:
+    """A result from what the hub says of a repo; a figure that cannot be right (a count
+    that is not a positive whole number, bits outside what MLX quantizes to, an
+    architecture that is not a name) is left out rather than believed."""
     quantization = quantization_of(info.id)
     config = info.config if isinstance(info.config, dict) else {}
+    architecture = config.get("model_type")
     if kind == "mlx":
-        counts = dict(info.safetensors.parameters) if info.safetensors else {}
-        size = sum(n * _DTYPE_BYTES.get(dtype.upper(), 2) for dtype, n in counts.items()) or None
+        counts = _parameter_counts(info.safetensors.parameters if info.safetensors else None)
+        size = _plausible(sum(n * _DTYPE_BYTES.get(dtype.upper(), 2) for dtype, n in counts.items()))
         bits = _bits(config, info.id)
-        parameters = sum(n * (32 // bits if dtype.upper() == "U32" else 1) for dtype, n in counts.items()) or None
-        if bits < 16 and quantization is None:
+        packed = any(dtype.upper() == "U32" for dtype in counts)  # quantized weights, 32 // bits a word
+        parameters = None if packed and bits is None else \
+            _plausible(sum(n * (32 // bits if dtype.upper() == "U32" else 1) for dtype, n in counts.items()))
+        if bits is not None and quantization is None:
             quantization = f"{bits}bit"
-        architecture = config.get("model_type")
+        architecture = architecture if isinstance(architecture, str) else None
         problem = None if architecture is None or mlx_lm_supports(architecture) else \
             f"a {architecture} model, which mlx-lm can't load"
         fit = estimate_fit("hf-cache", size, parameters, on_cpu, machine_bytes) if size else None
     else:
         gguf = info.gguf if isinstance(info.gguf, dict) else {}
-        parameters = gguf.get("total")
-        architecture = gguf.get("architecture")
+        parameters = _plausible(gguf.get("total"))
+        architecture = gguf.get("architecture") if isinstance(gguf.get("architecture"), str) else None
         size = int(parameters * GGUF_BITS_PER_WEIGHT / 8) if parameters else None  # until a file is chosen
         problem = None if architecture is None or architecture in GGUF_ARCHITECTURES else \
             f"a GGUF of the {architecture} family, which RadixChat's import can't map yet"
         fit = estimate_fit("gguf", size, parameters, on_cpu, machine_bytes) if size else None
-    return SearchResult(info.id, kind, int(info.downloads or 0), parameters, quantization, size, fit,
+    downloads = info.downloads if _is_count(info.downloads) else 0
+    return SearchResult(info.id, kind, downloads, parameters, quantization, size, fit,
                         gated=bool(info.gated), architecture=architecture, problem=problem)
 
 
-def _bits(config: dict, repo_id: str) -> int:
+MAX_PARAMETERS = 10**14  # a hundred times the largest models: a count past it is not believed
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _plausible(value: object) -> int | None:
+    """A positive count of weights or bytes the hub stated, or None where it cannot be one."""
+    return value if _is_count(value) and 0 < value <= MAX_PARAMETERS * 8 else None
+
+
+def _parameter_counts(counts: object) -> dict[str, int]:
+    """The hub's weights per dtype, keeping only entries that are a dtype and a count."""
+    if not isinstance(counts, dict):
+        return {}
+    return {dtype: n for dtype, n in counts.items() if isinstance(dtype, str) and _plausible(n)}
+
+
+def _bits(config: dict, repo_id: str) -> int | None:
+    """The bits per weight of a quantized MLX model (its config, else its name), None when
+    neither says a width MLX quantizes to."""
     quantization = config.get("quantization") or config.get("quantization_config") or {}
-    if isinstance(quantization, dict) and isinstance(quantization.get("bits"), int):
-        return quantization["bits"]
+    bits = quantization.get("bits") if isinstance(quantization, dict) else None
+    if _is_count(bits) and bits in MLX_BITS:
+        return bits
     match = re.search(r"(\d+)-?bit", repo_id, re.IGNORECASE)
-    return int(match.group(1)) if match and int(match.group(1)) in (2, 3, 4, 5, 6, 8) else 16
+    return int(match.group(1)) if match and int(match.group(1)) in MLX_BITS else None
 
 
 def quantization_of(name: str) -> str | None:
@@ -496,7 +605,7 @@ def plan(repo_id: str, filename: str | None = None, revision: str = "main",
     """The files to download for ``repo_id`` (an MLX model's weights, config, tokenizer and
     template), or for one GGUF file of it; :class:`HubError` says why not."""
     info = repo_info(repo_id, revision)
-    files = _repo_files(info)
+    files = _repo_files(info, repo_id)
     commit = info["sha"]
     by_path = {f.path: f for f in files}
     ggufs = tuple(f for f in files if is_model_gguf(f.path))
@@ -540,7 +649,7 @@ def is_model_gguf(path: str) -> bool:
 
 def gguf_files(repo_id: str, revision: str = "main") -> tuple[RepoFile, ...]:
     """The GGUF files of a repo (its quantizations), smallest first."""
-    return tuple(sorted((f for f in _repo_files(repo_info(repo_id, revision)) if is_model_gguf(f.path)),
+    return tuple(sorted((f for f in _repo_files(repo_info(repo_id, revision), repo_id) if is_model_gguf(f.path)),
                         key=lambda f: (f.size, f.path)))
 
 

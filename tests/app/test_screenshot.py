@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import json
 import os
 import statistics
@@ -54,3 +55,13 @@ def test_a_failed_turn_says_why(qtbot, tmp_path, tiny_model):
     data.mkdir()
     with pytest.raises(UserError, match="the third turn failed: the prompt is .* tokens but .* has a context of 512"):
         run_screenshot(tmp_path / "shot.png", data, str(tiny_model))  # its 512-token context is too short
+
+
+def test_bench_gui_prints_a_line_a_reply_and_the_median(qtbot, tmp_path, tiny_model, capsys):
+    args = argparse.Namespace(model=str(tiny_model), max_tokens=8, repeats=2, json=False)
+    assert run_bench_gui(args, tmp_path) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["reply 1", "reply 2", "median over 2 replies"]
+    assert all(re.search(r"pieces in [\d.]+ s, \d+ ticks: lateness p50 [\d.]+ ms, p99 [\d.]+ ms, max [\d.]+ ms$",
+                         line) for line in lines[:2])
+    assert re.fullmatch(r"median over 2 replies: p50 [\d.]+ ms, p99 [\d.]+ ms \(target p99 < 50 ms\)", lines[2])

@@ -29,6 +29,7 @@ from core import paths
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from core.errors import UserError
+from core.models.chat_template import read_chat_template
 
 PROMPT = "Describe a fictional person: their name, age, city and three hobbies."
 SCHEMA = {"type": "object",
@@ -71,8 +72,9 @@ def run_bench_constrain(args) -> int:
         raise UserError("--repeats must be at least 1 and --max-tokens at least 8")
     from core.cli.progress import print_progress
 
+    template = read_chat_template(args.chat_template) if getattr(args, "chat_template", None) else None
     engine = Engine(paths.data_dir(args.data_dir), args.model, disk_cache=False, pool_tokens=16384,
-                    on_load_progress=print_progress).start()
+                    on_load_progress=print_progress, chat_template=template).start()
     solo: dict[str, list[float]] = {"free": [], "json_schema": [], "tool_required": []}
     tokens: dict[str, list[int]] = {mode: [] for mode in solo}
     cpu_ms: dict[str, list[float]] = {"json_schema": [], "tool_required": [], "json_schema_batched": []}

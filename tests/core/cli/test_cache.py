@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import sqlite3
+from contextlib import closing
+
+import pytest
 
 from core import paths
 from core.cli.main import main
@@ -73,3 +77,23 @@ def test_clear_clears_every_store_or_the_one_asked(tmp_path, capsys):
     assert main(["cache", "clear", "--store", "rank2of2", "--data-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no KV cache store 'rank2of2'" in err[0] and "single, rank0of2, rank1of2" in err[0]
+
+
+@pytest.mark.faults
+def test_verify_says_clean_or_repaired_for_every_store(tmp_path, capsys):
+    """Today: `cache verify` without --json ended in a traceback (KeyError: 'clean')."""
+    write_stores(tmp_path, {"kvcache.db": 2, "kvcache-rank0of2.db": 1})
+    assert main(["cache", "verify", "--data-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["checked 2 pages: 0 bad (dropped), 0 sessions cut back, 0 dropped, 0 orphan pages removed — clean",
+                   "rank0of2: checked 1 pages: 0 bad (dropped), 0 sessions cut back, 0 dropped, "
+                   "0 orphan pages removed — clean"]
+    with closing(sqlite3.connect(tmp_path / "kvcache.db")) as conn, conn:
+        conn.execute("UPDATE page_data SET kv = ? WHERE rowid = (SELECT min(rowid) FROM page_data)", [b"damaged"])
+    assert main(["cache", "verify", "--data-dir", str(tmp_path)]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == "checked 2 pages: 1 bad (dropped), 0 sessions cut back, 1 dropped, 0 orphan pages removed — repaired"
+    assert main(["cache", "verify", "--json", "--data-dir", str(tmp_path)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["pages_checked"], report["clean"]) == (1, True)
+    assert [(r["store"], r["clean"]) for r in report["rank_stores"]] == [("rank0of2", True)]

@@ -123,3 +123,8 @@ def test_every_import_the_commands_make_when_they_run_resolves():
                 found.append(f"{node.module}.{alias.name}")
     assert "core.cli.bench.pull.run_bench_pull" in found and "core.models.provision" in found
     assert len(found) >= 20
+
+
+def test_a_search_with_no_match_says_so(loopback_hub, capsys, tmp_path):
+    assert main(["search", "zzz-nothing\x1b[2J", "--data-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == "no MLX or GGUF models on the hub match 'zzz-nothing\\x1b[2J'\n"

@@ -14,6 +14,7 @@ import pytest
 from core import paths
 from core.chats.store import ChatStore
 from core.cli.main import main
+from tests.core.models.test_provision import fake_pip  # noqa: F401  (a fixture: pip replaced by a fake wheel)
 
 
 def chat_json(capsys, model, data, *extra) -> dict:
@@ -218,3 +219,22 @@ def test_cache_stats_shows_the_budget_in_the_apps_unit(capsys, tmp_path):
     assert main(["cache", "stats", "--data-dir", str(tmp_path)]) == 0
     assert f"budget {DEFAULT_BUDGET / paths.GB:.1f} GB" in capsys.readouterr().out
     assert DEFAULT_BUDGET / paths.GB == 10  # "Default (10 GB)" in Preferences
+
+
+def test_fetch_model_prints_its_progress_and_then_the_path(capsys, tmp_path, monkeypatch, fake_pip):
+    """What a person reads: pip's progress and the check on stderr, the file's path on stdout
+    (once fetched, and again, at once, when it is there)."""
+    from core.models import known
+    from tests.core.models.test_provision import PAYLOAD, fake_model
+
+    monkeypatch.setitem(known.KNOWN_MODELS, "tiny", fake_model())
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "no-hub"))
+    assert main(["fetch-model", "tiny", "--data-dir", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    path = paths.models_dir(tmp_path) / "tiny.gguf"
+    assert captured.out == f"{path}\n" and path.read_bytes() == PAYLOAD
+    err = captured.err.splitlines()
+    assert all(line.startswith("radixchat: ") for line in err) and any("downloading fake-pkg 1.0" in e for e in err)
+    assert err[-2:] == ["radixchat: verifying tiny.gguf", "radixchat: tiny.gguf is ready 100.0%"]
+    assert main(["fetch-model", "tiny", "--data-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == f"{path}\n" and fake_pip == [("fake-pkg", "1.0")]

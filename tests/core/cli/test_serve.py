@@ -1,8 +1,16 @@
-"""``radixchat serve``'s API keys: repeated --api-key, a keys file, $RADIXCHAT_API_KEY."""
+"""``radixchat serve``: what it says when it serves and when it stops; its API keys
+(repeated --api-key, a keys file, $RADIXCHAT_API_KEY)."""
 
 from __future__ import annotations
 
 import argparse
+import http.client
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -40,3 +48,35 @@ def test_beyond_loopback_any_key_will_do():
     check_bind("0.0.0.0", ["a", "b"])
     with pytest.raises(UserError, match="API key"):
         check_bind("0.0.0.0", [])
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
+def test_serve_says_where_it_serves_and_that_it_stops(tiny_model, tmp_path, signum):
+    """What a person reads: the address once the model is loaded and the API answers, one
+    line when it stops (Ctrl-C or a service manager's SIGTERM), exit 0."""
+    root = Path(__file__).resolve().parents[3]
+    command = [sys.executable, "-m", "core.cli.main", "serve", "--model", str(tiny_model), "--port", "0",
+               "--data-dir", str(tmp_path / "data")]
+    with subprocess.Popen(command, cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as server:
+        try:
+            lines = []
+            for line in server.stderr:  # the model loads first; the address comes once the API answers
+                lines.append(line.rstrip("\n"))
+                if line.startswith("radixchat: serving"):
+                    break
+            serving = re.fullmatch(
+                r"radixchat: serving tiny-llama at http://127\.0\.0\.1:(\d+)/v1 \(Ctrl-C to stop\)", lines[-1])
+            assert serving, lines
+            conn = http.client.HTTPConnection("127.0.0.1", int(serving.group(1)), timeout=30)
+            conn.request("GET", "/health")
+            assert conn.getresponse().status == 200
+            conn.close()
+            server.send_signal(signum)
+            rest = server.stderr.read()
+            assert server.wait(60) == 0, rest
+            assert rest.splitlines()[-1] == "radixchat: stopping"
+            assert lines[0] == "radixchat: loading tiny-llama" and server.stdout.read() == ""
+        finally:
+            if server.poll() is None:
+                server.kill()

@@ -216,7 +216,8 @@ class _Handler(BaseHTTPRequestHandler):
         elif len(parts) >= 5 and parts[2] == "resolve":
             repo = self._repo("/".join(parts[:2]), files=True)
             if repo is not None and self._revision(repo, parts[3]):
-                return self._file(repo, "/".join(parts[4:]), head)
+                # the rest of the path as sent: a hostile repo's absolute file name too
+                return self._file(repo, unquote(url.path.split("/", 5)[5]), head)
             return None
         return self._error(404, "NotFound", "no such route")
 

@@ -185,3 +185,17 @@ def test_stale_temp_folders_are_removed_fresh_ones_kept(tmp_path):
     os.utime(stale, (hour_ago, hour_ago))
     _entry(tmp_path)
     assert not stale.exists() and fresh.exists()
+
+
+@pytest.mark.faults
+def test_a_second_process_s_conversion_leaves_the_first_one_in_place(tmp_path):
+    """Two processes converting the same file at once: the one that finishes second finds
+    the other's entry in place and keeps it (a reader may have it open). Today: it removed
+    that entry and put its own in its place."""
+    cache, config = _entry(tmp_path)
+    kept = (cache.folder / gguf_convert.WEIGHTS_FILE).stat().st_ino
+    cache.save(config, {"a": mx.arange(10, dtype=mx.float32), "b": mx.ones((3, 4))})  # the other process
+    assert (cache.folder / gguf_convert.WEIGHTS_FILE).stat().st_ino == kept
+    assert sorted(p.name for p in cache.folder.parent.iterdir()) == ["float32"]  # its temporary folder is gone
+    weights = cache.load(config)
+    assert weights is not None and mx.array_equal(weights["a"], mx.arange(10, dtype=mx.float32))

@@ -93,3 +93,89 @@ def test_truncated_gguf(default_model_file, tmp_path, keep):
         cut.write_bytes(src.read(keep))
     with pytest.raises(ModelLoadError, match="truncated or corrupt"):
         read_gguf(cut)
+
+
+# Two processes building the same tokenizer cache at once. Each one, once it has written its
+# file and before it moves it into place, waits (up to 30 s) for the other to get that far:
+# the moment where a shared temporary name broke one of them. Test-side only: the
+# conversion transformers' GGUF code returns is wrapped in the child.
+BUILD_AT_ONCE = """
+import os, sys, time
+from pathlib import Path
+
+import transformers.integrations.gguf.gguf_tokenizer_mapping as mapping
+
+from core.models.gguf_header import read_header
+from core.models.gguf_import import build_tokenizer
+
+source, cache_file, barrier = map(Path, sys.argv[1:4])
+convert = mapping.convert_gguf_tokenizer
+
+
+class SavesThenWaits:
+    def __init__(self, backend):
+        self.backend = backend
+
+    def save(self, path, *args, **kwargs):
+        self.backend.save(path, *args, **kwargs)
+        (barrier / str(os.getpid())).touch()
+        deadline = time.monotonic() + 30
+        while len(list(barrier.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
+def converted(*args, **kwargs):
+    backend, extra = convert(*args, **kwargs)
+    return SavesThenWaits(backend), extra
+
+
+mapping.convert_gguf_tokenizer = converted
+tokenizer = build_tokenizer(read_header(source).metadata, cache_file)
+print(tokenizer.encode("The capital of France is Paris."))
+"""
+
+
+@pytest.mark.faults
+def test_two_processes_building_the_same_tokenizer_at_once(default_model_file, tmp_path):
+    """Today: one of them died on the shared ``tokenizers/<sha>.tmp`` (FileNotFoundError)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    cache_file = tmp_path / "tokenizers" / "smollm.json"
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    command = [sys.executable, "-c", BUILD_AT_ONCE, str(default_model_file), str(cache_file), str(barrier)]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    children = [subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True) for _ in range(2)]
+    results = [child.communicate(timeout=300) for child in children]
+    assert [child.returncode for child in children] == [0, 0], [err[-2000:] for _, err in results]
+    assert len(list(barrier.iterdir())) == 2  # both did write their file before either moved it
+    (first, _), (second, _) = results
+    assert first == second and first.startswith("[")
+    assert sorted(p.name for p in cache_file.parent.iterdir()) == ["smollm.json"]  # no temporary file left
+
+
+@pytest.mark.faults
+def test_two_processes_importing_the_same_new_gguf_at_once(default_model_file, tmp_path):
+    """The whole load, twice at once into one fresh data folder: both load, and agree."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    code = ("import sys; from pathlib import Path; from core.models.loader import load_model; "
+            "loaded = load_model(sys.argv[1], Path(sys.argv[2]), 'stored'); "
+            "print(loaded.info.fingerprint, loaded.tokenizer.encode('The capital of France is Paris.'))")
+    command = [sys.executable, "-c", code, str(default_model_file), str(tmp_path / "data")]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    children = [subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True) for _ in range(2)]
+    results = [child.communicate(timeout=300) for child in children]
+    assert [child.returncode for child in children] == [0, 0], [err[-2000:] for _, err in results]
+    assert results[0][0] == results[1][0]
+    assert [p.suffix for p in (tmp_path / "data" / "tokenizers").iterdir()] == [".json"]

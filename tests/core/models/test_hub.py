@@ -87,7 +87,7 @@ def test_repo_info_reads_what_hfapi_model_info_reads(loopback_hub):
         info = HfApi(endpoint=hub.endpoint(), token=False).model_info(repo_id, revision="main", files_metadata=True)
         mine = hub.repo_info(repo_id)
         assert mine["sha"] == info.sha and mine.get("config") == info.config and mine.get("gguf") == info.gguf
-        assert hub._repo_files(mine) == [
+        assert hub._repo_files(mine, repo_id) == [
             hub.RepoFile(s.rfilename, s.size, s.lfs.sha256 if s.lfs else None, s.blob_id) for s in info.siblings]
     gets = [path for method, path in loopback_hub.requests if path.startswith(f"/api/models/{TWO_GGUF}")]
     assert gets[-1] == gets[-2], gets  # the very request HfApi sends

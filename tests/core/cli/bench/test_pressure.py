@@ -25,3 +25,15 @@ def test_bench_pressure_json_and_summary(capsys, tiny_model, tmp_path, monkeypat
     assert not list((tmp_path / "tmp").iterdir())
     assert main([*args, "--clients", "1"]) == 2
     assert "--clients" in capsys.readouterr().err
+
+
+def test_bench_pressure_summary(capsys, tiny_model, tmp_path, monkeypatch):
+    monkeypatch.setattr(persist, "read_pays", lambda *rates: True)
+    assert main(["bench", "pressure", "--model", str(tiny_model), "--data-dir", str(tmp_path),
+                 "--clients", "4", "--tokens", "300", "--rounds", "2", "--repeats", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"model: {tiny_model}") and "4 clients x 2 rounds" in lines[0]
+    assert lines[1].startswith("TTFT sum after round 1: disk tier ") and "(target <= 0.5)" in lines[1]
+    assert lines[2].startswith("prompt tokens after round 1, disk tier: ") and "from disk" in lines[2]
+    assert lines[3].startswith("written ") and lines[3].endswith("(target <= 1.1)")
+    assert lines[4] == "replies: identical both ways"

@@ -35,3 +35,19 @@ def test_bench_pull_json(tmp_path, capsys, monkeypatch):
 def test_bench_pull_needs_sizes(capsys):
     assert main(["bench", "pull", "--mb", "0"]) == EXIT_USER_ERROR
     assert "at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="the benchmark compares with curl")
+def test_bench_pull_table(tmp_path, capsys, monkeypatch):
+    for name in ("HF_ENDPOINT", "HF_HUB_CACHE", "HF_HUB_DISABLE_XET"):
+        monkeypatch.setenv(name, "unset")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    assert main(["bench", "pull", "--mb", "2", "--repeats", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "file: 2 MB, median of 1"
+    assert lines[1].startswith("curl -o FILE URL:") and lines[1].endswith(" s)") and "MB/s" in lines[1]
+    assert lines[2].startswith("radixchat pull (command):") and lines[2].endswith("% of curl")
+    assert lines[3].startswith("radixchat pull (download):") and lines[3].endswith("% of curl")
+    assert any(line.startswith("CPU time (user+sys, median): curl ") and "load average" in line for line in lines)
+    assert lines[-1].startswith("resume after a cancel at ") and "were missing" in lines[-1]

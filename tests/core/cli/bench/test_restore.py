@@ -42,3 +42,16 @@ def test_bench_restore_api_mode(capsys, tiny_model, tmp_path):
     assert all(value > 0 for value in report["ttft_s"].values())
     assert report["repetitions"][0]["bytes_written"] > 0
     assert not list((tmp_path / "tmp").iterdir())
+
+
+def test_bench_restore_api_summary(capsys, tiny_model, tmp_path):
+    code = main(["bench", "restore", "--api", "--model", str(tiny_model), "--data-dir", str(tmp_path),
+                 "--tokens", "300", "--repeats", "1"])
+    assert code == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"model: {tiny_model} (") and "API, unnamed client; medians of 1" in lines[0]
+    assert lines[1].startswith("first prompt ") and "after the restart the follow-up" in lines[1]
+    assert lines[1].endswith(" from disk")
+    assert lines[2].startswith("TTFT (client side): restored ") and "recomputed" in lines[2] and "RAM hit" in lines[2]
+    assert "(target <= 0.05)" in lines[3] and "(target <= 1.5)" in lines[3]
+    assert lines[4] == "replies: identical in all three ways"

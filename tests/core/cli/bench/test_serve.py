@@ -57,3 +57,18 @@ def test_bench_serve_against_mlx_lm_on_a_tiny_model(tmp_path, capsys):
             assert all(r["completion_tokens_each"] == [6] * int(streams) for r in rounds)
             assert all(r["finish_reasons"] == ["length"] * int(streams) for r in rounds)
     assert report["tokens_per_s"]["ours"]["2"] > 0 and report["ratio_ours_vs_mlx_lm"]["2"] > 0
+
+
+def test_bench_serve_against_mlx_lm_table(tmp_path, capsys):
+    path = write_tiny_model(tmp_path / "tiny")
+    argv = ["bench", "serve", "--against", "mlx-lm", "--model", str(path), "--streams", "2", "--max-tokens", "4",
+            "--repeats", "1", "--data-dir", str(tmp_path)]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == (f"model: {path}; 4 greedy tokens per request; medians of 1 repetitions, "
+                        "the two servers interleaved")
+    assert lines[1].startswith("machine: ") and "mlx-lm" in lines[1] and lines[2] == ""
+    assert lines[3].split() == ["clients", "ours", "tok/s", "mlx_lm", "tok/s", "ours/mlx_lm", "target"]
+    one, two = lines[4].split(), lines[5].split()
+    assert one[0] == "1" and one[3].endswith("x") and one[4] == "1.0x"  # the one-client target
+    assert two[0] == "2" and two[3].endswith("x") and len(two) == 4
