@@ -1,4 +1,4 @@
-"""A cheaper forward pass on MLX's CPU backend, computing the same bits.
+"""A cheaper forward pass on MLX's CPU backend, computing the same numbers.
 
 On the CPU a decode step of the default model (30 layers, 1 to 8 rows) is about two
 thirds OpenBLAS GEMMs, which mlx-lm and we call alike on the same weights. The rest is
@@ -6,9 +6,13 @@ some 4,400 small operations that MLX schedules one by one on its stream thread, 
 the engine thread has built and dispatched each of them: on two cores that thread's work
 competes with the GEMMs'. mlx-lm's models write those operations for any backend, and on
 the CPU several of them fall back to compositions of many. The changes below, applied to
-the loaded model on the engine thread, leave 1,382 operations a step and change no bit
-of any result: each is tested to give arrays equal to mlx-lm's own
-(``tests/core/engine/test_cpu_speedups.py``), prefilling and decoding, alone and batched.
+the loaded model on the engine thread, leave 1,382 operations a step. With the OpenBLAS
+kernels they were measured on (AVX-512) they changed no bit of any result; they are other
+computations of the same numbers, though (a GEMM over more rows, a compiled kernel), and
+with another kernel family (``OPENBLAS_CORETYPE=Prescott``) the folded attention's last
+bit moves. So they are tested (``tests/core/engine/test_cpu_speedups.py``) to agree with
+mlx-lm's own forward within float32 rounding and to choose the same greedy tokens,
+prefilling and decoding, alone and batched, under every kernel family CI runs.
 
 * **Rotary tables.** ``mx.fast.rope`` on the CPU builds its sines and cosines on every
   call, 60 times a step at the same positions, and applies them in some twenty
@@ -350,7 +354,7 @@ def _fold_attention(model: nn.Module) -> list[str]:
     return folded
 
 
-MAX_FOLDED = 3  # query heads per key head: up to 3 rows, OpenBLAS's small GEMM gave the same bits here
+MAX_FOLDED = 3  # query heads per key head: up to 3 rows, OpenBLAS's AVX-512 small GEMM gave the same bits
 
 
 def _folding(original):
