@@ -26,10 +26,10 @@ def test_the_launcher_is_there_with_main_and_its_select():
     assert callable(getattr(launcher, "main", None)), f"{installed()}: {LAUNCHER}.main is gone; this breaks {GROUPS}"
     assert not inspect.signature(launcher.main).parameters, (
         f"{installed()}: {LAUNCHER}.main now takes arguments (it read sys.argv); this breaks {GROUPS}")
-    assert getattr(launcher, "select", None) is select, (
+    source = inspect.getsource(launcher)  # (its select may be ours already: a group ran in this process)
+    assert "from select import select" in source and "select(" in source and callable(launcher.select), (
         f"{installed()}: {LAUNCHER} no longer calls select as a module global; the stdin relay of "
         f"{GROUPS} spins a core per rank again")
-    assert "select(" in inspect.getsource(launcher), f"{installed()}: {LAUNCHER} no longer selects"
 
 
 def test_the_launcher_waits_on_reads_only_so_its_rank_threads_do_not_spin():
