@@ -112,13 +112,21 @@ class ToolMarkup:
     json_calls: bool  # the call between the markers is {"name": ..., "arguments": {...}}
 
 
+def has_tool_markup(tokenizer) -> bool:
+    """Whether the model writes tool calls in a markup mlx-lm parses (its tokenizer
+    wrapper's ``has_tool_calling``); imports nothing, for the prompt threads."""
+    return bool(getattr(tokenizer, "has_tool_calling", False))
+
+
 def tool_markup(tokenizer) -> ToolMarkup | None:
-    """The model's tool-call markup, from its tokenizer wrapper; None if it has none."""
-    if not getattr(tokenizer, "has_tool_calling", False):
+    """The model's tool-call markup, from its tokenizer wrapper; None if it has none
+    (engine thread: it imports mlx-lm's internals, ``core.mlx_lm_compat``)."""
+    if not has_tool_markup(tokenizer):
         return None
+    from core.mlx_lm_compat import writes_json_tool_calls
+
     parse = tokenizer.tool_parser
-    return ToolMarkup(tokenizer.tool_call_start, tokenizer.tool_call_end, parse,
-                      getattr(parse, "__module__", "") == "mlx_lm.tool_parsers.json_tools")
+    return ToolMarkup(tokenizer.tool_call_start, tokenizer.tool_call_end, parse, writes_json_tool_calls(parse))
 
 
 def grammar_for(request, markup: ToolMarkup | None) -> str | None:
@@ -208,8 +216,10 @@ class Grammars:
         import llguidance.hf
 
         if self._llg is None:
-            hf = getattr(self.tokenizer, "_tokenizer", self.tokenizer)  # the HF tokenizer inside
-            self._llg = llguidance.hf.from_tokenizer(hf, n_vocab=self.vocab, eos_token=self.eos)
+            from core.mlx_lm_compat import hf_tokenizer
+
+            self._llg = llguidance.hf.from_tokenizer(hf_tokenizer(self.tokenizer), n_vocab=self.vocab,
+                                                     eos_token=self.eos)
         matcher = llguidance.LLMatcher(self._llg, grammar, log_level=0)
         if matcher.is_error():
             raise UserError(f"the output constraint cannot be used: {matcher.get_error()}")

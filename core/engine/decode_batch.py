@@ -18,16 +18,14 @@ the token it was fed; the caller has taken that token already, so the report is 
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import mlx.core as mx
-from mlx_lm.generate import GenerationBatch, StopSequences, generation_stream
 from mlx_lm.models.cache import BatchKVCache
 from mlx_lm.sample_utils import greedy_sampler
-from mlx_lm.utils import maybe_set_recommended_wired_limit
 
 from core.engine.cpu_speedups import shared_positions
+from core.mlx_lm_compat import GreedyBatch, JoiningRows, generation_stream, maybe_set_recommended_wired_limit
 
 CLEAR_CACHE_EVERY = 512  # steps, as BatchGenerator does: MLX's buffer cache is given back
 
@@ -43,52 +41,16 @@ class Generated:
     cache_tokens: list[int] | None = None
 
 
-class _JoiningRows(GenerationBatch):
-    """Rows whose next input is known: constructing it computes nothing (``GenerationBatch``
-    steps its rows at once), and its rows carry a placeholder for the log-probabilities of
-    that input, which the running batch reports at its next step and nobody here reads."""
+class _Batch(GreedyBatch):
+    """The running rows (mlx-lm's ``GenerationBatch`` with the greedy shortcut of
+    ``GreedyBatch``), every layer's rotary table shared in a step where it can be."""
 
-    def __init__(self, *args, placeholder: mx.array, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._next_logprobs = [placeholder] * len(self.uids)
-
-    def _step(self):
-        return [], []  # only from __init__: the running batch steps these rows
-
-
-class _Batch(GenerationBatch):
-    """The running rows: mlx-lm's ``GenerationBatch``, with one shortcut. When every row is
-    greedy (mlx-lm's ``greedy_sampler``, no logits processors) the next tokens are the
-    argmax of the logits as they come: normalising them first (``logits - logsumexp``, on
-    ``rows x vocab`` values, which the greedy choice does not depend on) costs a few percent
-    of a step (measured: docs/benchmarks.md), for log-probabilities nobody here reads. Any
-    other row takes mlx-lm's own step."""
-
-    placeholder: mx.array  # the log-probabilities a greedy step reports (set by DecodeBatch)
-
-    def _positions(self):
+    def forward_context(self):
         """Every layer's cache at the same positions (full attention): one rotary table
         serves them all for this step (``core.engine.cpu_speedups``)."""
         if self.prompt_cache and all(type(c) is BatchKVCache for c in self.prompt_cache):
             return shared_positions(self.model, self.prompt_cache[0].offset)
-        return contextlib.nullcontext()
-
-    def _step(self):
-        if any(self.logits_processors) or any(s is not None and s is not greedy_sampler for s in self.samplers):
-            return super()._step()
-        self._current_tokens = self._next_tokens
-        self._current_logprobs = self._next_logprobs
-        inputs = self._current_tokens
-        with self._positions():
-            logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
-        self._next_tokens = mx.argmax(logits, axis=-1)
-        self._next_logprobs = [self.placeholder] * len(self.uids)  # what was not computed
-        mx.async_eval(self._next_tokens)
-        mx.eval(inputs, self._current_logprobs)  # as mlx-lm's step: this step's tokens
-        inputs = inputs.tolist()
-        for held, token in zip(self.tokens, inputs):
-            held.append(token)
-        return inputs, self._current_logprobs
+        return super().forward_context()
 
 
 class DecodeBatch:
@@ -101,7 +63,7 @@ class DecodeBatch:
         self._placeholder = mx.zeros((1,))
         self._batch = _Batch.empty(model, greedy_sampler)
         self._batch.placeholder = self._placeholder
-        self._waiting: list[_JoiningRows] = []
+        self._waiting: list[JoiningRows] = []
         self._skip: set[int] = set()  # rows whose next report is the token they joined with
         self._next_uid = 0
         self._steps = 0
@@ -142,11 +104,10 @@ class DecodeBatch:
         self._admit_waiting()
         return uids
 
-    def _rows(self, uids, tokens, merged, cache_tokens, samplers, processors, max_tokens) -> _JoiningRows:
-        return _JoiningRows(self.model, uids, mx.array(tokens, dtype=mx.uint32), merged,
-                            [list(t) for t in cache_tokens], list(samplers), greedy_sampler,
-                            [list(p) for p in processors], [StopSequences() for _ in uids],
-                            [n + 1 for n in max_tokens], placeholder=self._placeholder)
+    def _rows(self, uids, tokens, merged, cache_tokens, samplers, processors, max_tokens) -> JoiningRows:
+        # one more token each: the report of the token a row joined with is skipped
+        return JoiningRows(self.model, uids, tokens, merged, cache_tokens, samplers, processors,
+                           [n + 1 for n in max_tokens], self._placeholder)
 
     def _admit_waiting(self) -> None:
         while self._waiting and len(self._batch) < self.max_rows:

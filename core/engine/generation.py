@@ -12,11 +12,11 @@ from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.generate import generation_stream
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
 from core.engine.prompt import render_prompt  # noqa: F401  (the scheduler's: token ids as given)
 from core.engine.types import SamplingParams
+from core.mlx_lm_compat import backbone_and_head, generation_stream
 
 PREFILL_CHUNK = 256  # tokens per prefill chunk when no other request decodes
 SINGLE_CALL_TAIL = 64  # a remaining prompt this short is computed in one model call
@@ -133,37 +133,16 @@ class ChunkedPrefill:
         return rest
 
 
-# mlx-lm architectures whose ``Model.__call__`` is exactly ``head(self.model(inputs,
-# cache))``, with the head ``self.lm_head`` or, tied, ``self.model.embed_tokens.as_linear``;
-# the value says where the "tied" flag lives.
-_BACKBONE_THEN_HEAD = {
-    "mlx_lm.models.llama": "args.tie_word_embeddings",
-    "mlx_lm.models.qwen2": "args.tie_word_embeddings",
-    "mlx_lm.models.qwen3": "args.tie_word_embeddings",
-    "mlx_lm.models.smollm3": "args.tie_word_embeddings",
-    "mlx_lm.models.gemma3_text": "tie_word_embeddings",
-}
-
-
-def _backbone_and_head(model):
-    """``(backbone, head)`` for the architectures listed above, else None."""
-    tied = _BACKBONE_THEN_HEAD.get(type(model).__module__)
-    if tied is None or type(model).__name__ != "Model":
-        return None
-    flag = model
-    for name in tied.split("."):
-        flag = getattr(flag, name)
-    return model.model, (model.model.embed_tokens.as_linear if flag else model.lm_head)
-
-
 def last_logits(model, inputs: mx.array, cache: list) -> mx.array:
     """The logits after the last of ``inputs`` (``(1, n)``), as ``(1, vocab)``.
 
-    For the architectures listed above, the vocabulary projection runs on the last
+    For the architectures whose forward is ``head(backbone(...))``
+    (``core.mlx_lm_compat.backbone_and_head``), the vocabulary projection runs on the last
     position only: for a 27-token follow-up on SmolLM2 the projection is a fifth of the
-    forward pass, and the other 26 rows of it are thrown away. (The same row as
-    slicing the full projection: a row of a matrix product does not depend on the
-    other rows.) Any other model runs whole.
+    forward pass, and the other 26 rows of it are thrown away. (The row slicing the full
+    projection gives, within float32 rounding: a row of a matrix product does not depend
+    on the other rows, though a BLAS may sum one row in another order than a block of
+    them.) Any other model runs whole.
     """
     return rows_logits(model, inputs, cache, [inputs.shape[1] - 1])
 
@@ -172,7 +151,7 @@ def rows_logits(model, inputs: mx.array, cache: list, last: list[int]) -> mx.arr
     """The logits after position ``last[i]`` of row ``i`` of ``inputs`` (``(B, n)``, rows
     right-padded past their ``last``), as ``(B, vocab)``; the vocabulary projection on
     those positions only where :func:`last_logits` can."""
-    split = _backbone_and_head(model)
+    split = backbone_and_head(model)
     rows = mx.arange(len(last))
     at = mx.array(last)
     if split is None:

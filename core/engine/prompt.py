@@ -26,7 +26,7 @@ import math
 import threading
 from dataclasses import dataclass
 
-from core.engine.constrain import tool_markup, tool_name
+from core.engine.constrain import has_tool_markup, tool_name
 from core.engine.tools import template_message
 from core.engine.types import GenerationRequest
 from core.errors import ContextLengthError, UserError
@@ -131,7 +131,7 @@ def _text_with_tools(tokenizer, messages: list[dict], tools: list[dict]) -> str:
     markup, or drops the tools, cannot serve them: a clear error, not a model that never
     hears of its tools."""
     fix = "start RadixChat with --chat-template FILE (a Jinja template that takes tools)"
-    if not getattr(tokenizer, "has_chat_template", False) or tool_markup(tokenizer) is None:
+    if not getattr(tokenizer, "has_chat_template", False) or not has_tool_markup(tokenizer):
         raise UserError(f"this model's chat template cannot take tools: {fix}")
     text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
                                          tokenize=False)

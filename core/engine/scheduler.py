@@ -26,7 +26,6 @@ import time
 from dataclasses import dataclass, field
 
 import mlx.core as mx
-from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 
@@ -40,6 +39,7 @@ from core.errors import ContextLengthError, ErrorKind, UserError
 from core.engine import generation
 from core.engine.generation import ChunkedPrefill, StopText, render_prompt, sampling_tools, vocab_size
 from core.engine.pacing import ChunkPacer
+from core.mlx_lm_compat import generation_stream
 
 MAX_BATCH = 16  # requests decoded together
 

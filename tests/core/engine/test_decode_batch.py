@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.core.engine.token_log import TokenLog
 from tests.core.engine.test_scheduler import (_no_locks, done, handle, loaded, run_alone, scheduler,  # noqa: F401
                                              start)
 
@@ -29,14 +30,20 @@ def _staggered(s, handles) -> None:
 
 
 @pytest.mark.parametrize("max_rows", [16, 2])
-def test_joining_a_running_batch_keeps_every_reply(loaded, max_rows):
+def test_joining_a_running_batch_keeps_every_reply(loaded, max_rows, monkeypatch):
+    """Alone against joining a running batch: different computations (GEMMs over other
+    numbers of rows), so the greedy replies are compared token by token."""
+    log = TokenLog(monkeypatch)
     s = scheduler(loaded)
     alone = [run_alone(s, handle(p, max_tokens=n)) for p, n in zip(PROMPTS, MAX_TOKENS)]
+    tokens_alone = log.by_prompt()
+    log.clear()
     s = scheduler(loaded)
     s.batch.max_rows = max_rows  # 2: the later requests wait for a row to leave
     handles = [handle(p, max_tokens=n) for p, n in zip(PROMPTS, MAX_TOKENS)]
     _staggered(s, handles)
     together = [done(h) for h in handles]
+    assert log.by_prompt() == tokens_alone
     assert [d.text for d in together] == [d.text for d in alone]
     assert [d.stats.completion_tokens for d in together] == [d.stats.completion_tokens for d in alone]
     assert [d.stats.finish_reason for d in together] == [d.stats.finish_reason for d in alone]
