@@ -532,7 +532,7 @@ class Scheduler:
         if token in self.eos:
             return "stop"
         state.detok.add_token(token)
-        piece, hit = state.stop_text.feed(state.detok.text)
+        piece, hit = state.stop_text.feed(state.detok.last_segment)
         self._show(state, piece, (token,))
         if hit:
             return "stop"
@@ -576,7 +576,7 @@ class Scheduler:
         handle, prompt = state.handle, state.prompt
         if state.generated and not state.stop_text.hit:  # EOS, length, cancel: no more text
             state.detok.finalize()
-            self._show(state, state.stop_text.finish(state.detok.text))
+            self._show(state, state.stop_text.finish(state.detok.last_segment))
         if state.tool_text is not None:
             self._show(state, "", final=True)
             if state.tool_text.calls and finish == "stop":
