@@ -610,7 +610,12 @@ class Scheduler:
             cache_namespace=namespace_label(handle.request.cache_namespace),
         )
         calls = tuple(state.tool_text.calls) if state.tool_text is not None else ()
-        handle._emit(DoneEvent("".join(state.shown), stats, calls))
+        failure = state.grammar.failure if state.grammar is not None and finish != "cancelled" else None
+        if failure is not None:  # what was sent is not what the schema asks for: never a finished reply
+            handle._emit(ErrorEvent(f"the output constraint failed after {n} tokens ({failure}); the reply "
+                                    "would not match the schema: a simpler schema may work", ErrorKind.BAD_REQUEST))
+        else:
+            handle._emit(DoneEvent("".join(state.shown), stats, calls))
         handle._finish()
         self.on_finished()
 
