@@ -31,6 +31,8 @@ import uvicorn
 
 from core.api.errors import engine_error
 from core.api.guard import normalize_origin
+from core.api.limits import RequestLimits
+from core.api.schema_checks import SchemaChecks
 from core.api.metrics import ServerMetrics
 from core.api.state import ApiState
 from core.engine.engine import Engine
@@ -76,7 +78,8 @@ class ApiServer:
 
     def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 8000,
                  api_key: str | Sequence[str] | None = None, model_name: str | None = None,
-                 max_body_bytes: int = MAX_BODY_BYTES, allow_origins: Sequence[str] = ()):
+                 max_body_bytes: int = MAX_BODY_BYTES, allow_origins: Sequence[str] = (),
+                 limits: RequestLimits = RequestLimits()):
         check_bind(host, api_key)
         try:
             origins = tuple(normalize_origin(origin) for origin in allow_origins)
@@ -85,7 +88,7 @@ class ApiServer:
         self.host = host
         self.port = port
         # Several keys: one client each, and one cache namespace each (core.engine.namespaces)
-        self.state = ApiState(engine, host, api_keys(api_key), model_name, max_body_bytes, origins)
+        self.state = ApiState(engine, host, api_keys(api_key), model_name, max_body_bytes, origins, limits)
         self._uvicorn: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -157,6 +160,8 @@ class ApiServer:
             if self._thread.is_alive():
                 log.warning("the API server did not stop within %.0f s", timeout)
         self._uvicorn = self._thread = None
+        self.state.schema_checks.close()
+        self.state.schema_checks = SchemaChecks()  # start() again: a new pool
         self.state.stopping = False
 
     def __enter__(self) -> "ApiServer":

@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from core.api.limits import MAX_SCHEMA_BYTES, MAX_TOOLS
 from core.errors import UserError
 from core.models.known import KNOWN_MODELS
 
@@ -159,6 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--chat-template", metavar="FILE",
                        help="a Jinja chat template replacing the model's own (e.g. one that takes tools)")
     serve.add_argument("--max-prompt-tokens", type=_positive, metavar="N", help=MAX_PROMPT_HELP)
+    serve.add_argument("--max-tools", type=_positive, default=MAX_TOOLS, metavar="N",
+                       help=f"tools one request may bring (default: {MAX_TOOLS})")
+    serve.add_argument("--max-schema-bytes", type=_positive, default=MAX_SCHEMA_BYTES, metavar="N",
+                       help="bytes of JSON one request's tools and response schema may come to "
+                            f"(default: {MAX_SCHEMA_BYTES:,}; checking a schema costs ~10 µs a byte)")
     serve.add_argument("--hosts", metavar="HOSTFILE",
                        help="run the model split over the machines of an mlx.launch hostfile (ring backend; "
                             "this machine first: it serves the API); see README")

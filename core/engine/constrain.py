@@ -19,8 +19,11 @@ on Linux) at import time, which this app does not ship.
 
 from __future__ import annotations
 
+import collections
+import hashlib
 import json
 import logging
+import threading
 import time
 from dataclasses import dataclass
 
@@ -36,6 +39,11 @@ _JSON_OPTIONS = {"whitespace_flexible": False}
 # 100 levels raised RecursionError in jsonschema: a 500), and a thread's stack is smaller
 # than the main thread's on macOS; real tool schemas nest a dozen levels at most.
 MAX_SCHEMA_DEPTH = 64
+# Schemas that passed check_schema, by digest: agents send the same tools every turn, and
+# jsonschema's meta-schema check costs about 10 µs a byte. Bounded (LRU), thread-safe.
+_PASSED: collections.OrderedDict[tuple[bytes, bool], None] = collections.OrderedDict()
+_PASSED_MAX = 4096
+_PASSED_LOCK = threading.Lock()
 
 
 class SchemaError(UserError):
@@ -50,15 +58,35 @@ class SchemaError(UserError):
 def check_schema(schema, param: str, enforced: bool = True) -> None:
     """Raise :class:`SchemaError` naming ``param`` if ``schema`` is not valid JSON Schema or,
     when decoding will be ``enforced`` against it, uses a feature the grammar library cannot
-    enforce."""
-    import jsonschema
-    import llguidance
-
+    enforce. A schema that passed is remembered (by digest): it is not checked again."""
     if not isinstance(schema, (dict, bool)):
         raise SchemaError(f"{param} must be a JSON Schema object", param)
     if json_depth(schema) > MAX_SCHEMA_DEPTH:
         raise SchemaError(f"{param} is nested too deeply: more than {MAX_SCHEMA_DEPTH} levels of objects "
                           "and arrays", param)
+    digest = hashlib.sha256(json.dumps(schema, sort_keys=True).encode()).digest()
+    if _passed(digest, enforced):
+        return
+    _check_schema(schema, param, enforced)
+    with _PASSED_LOCK:
+        _PASSED[digest, enforced] = None
+        while len(_PASSED) > _PASSED_MAX:
+            _PASSED.popitem(last=False)
+
+
+def _passed(digest: bytes, enforced: bool) -> bool:
+    with _PASSED_LOCK:
+        for key in ((digest, True), (digest, False)) if not enforced else ((digest, True),):
+            if key in _PASSED:
+                _PASSED.move_to_end(key)
+                return True
+    return False
+
+
+def _check_schema(schema, param: str, enforced: bool) -> None:
+    import jsonschema
+    import llguidance
+
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as exc:
@@ -125,6 +153,15 @@ def check_tools(tools, tool_choice: str, name: str | None) -> None:
     if tool_choice == "function" and name not in names:
         raise SchemaError(f"tool_choice names {name!r}, which is not among the tools "
                           f"({', '.join(names)})", "tool_choice")
+
+
+def check_request(request) -> None:
+    """A request's tools and JSON schema, as :func:`check_tools` and :func:`check_schema`
+    check them (on a prompt thread, never the engine thread: checks cost ~10 µs a byte)."""
+    if request.tools:
+        check_tools(request.tools, request.tool_choice, request.tool_name)
+    if request.json_schema is not None:
+        check_schema(request.json_schema, "response_format.json_schema.schema")
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 
 from core.engine import batch_prefill
-from core.engine.constrain import Grammars, check_schema, check_tools, grammar_for, tool_markup
+from core.engine.constrain import Grammars, grammar_for, tool_markup
 from core.engine.decode_batch import DecodeBatch
 from core.engine.namespaces import label as namespace_label
 from core.engine.tools import ToolCallText
@@ -150,11 +150,7 @@ class Scheduler:
         at a time). Raises UserError for a request that cannot run."""
         request, loaded = handle.request, self.loaded
         started = time.perf_counter() - handle.prompt_s  # rendered and tokenised on a prompt thread
-        if request.tools:
-            check_tools(request.tools, request.tool_choice, request.tool_name)
-        if request.json_schema is not None:
-            check_schema(request.json_schema, "response_format.json_schema.schema")
-        prompt = render_prompt(loaded.tokenizer, request)
+        prompt = render_prompt(loaded.tokenizer, request)  # schemas checked on the prompt thread (engine.py)
         context = loaded.info.context_length
         if self.vocab is not None and not 0 <= min(prompt) <= max(prompt) < self.vocab:
             bad = next(t for t in prompt if not 0 <= t < self.vocab)
