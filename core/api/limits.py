@@ -11,8 +11,7 @@ prompt. Two 1.5 MB bodies of 30,000 tools each held every other client for 35-50
   names the limit and the option that raises it;
 - :class:`core.api.schema_checks.SchemaChecks` runs the checks off the event loop.
 
-Light to import (the command line's help names the defaults): the error type is
-imported when a limit is hit.
+The defaults are in :mod:`core.limits` (the command line's help names them).
 """
 
 from __future__ import annotations
@@ -21,8 +20,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-MAX_TOOLS = 256  # OpenAI's own limit is 128 functions; agents with many MCP servers send more
-MAX_SCHEMA_BYTES = 512 * 1024  # a few seconds of jsonschema at most, once (checks are cached)
+from core.limits import MAX_SCHEMA_BYTES, MAX_TOOLS
+
+__all__ = ["MAX_SCHEMA_BYTES", "MAX_TOOLS", "RequestLimits"]
 
 
 @dataclass(frozen=True)

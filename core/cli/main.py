@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from core.api.limits import MAX_SCHEMA_BYTES, MAX_TOOLS
+from core.limits import MAX_CONNECTIONS, MAX_SCHEMA_BYTES, MAX_TOOLS
 from core.errors import UserError
 from core.models.known import KNOWN_MODELS
 
@@ -165,6 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-schema-bytes", type=_positive, default=MAX_SCHEMA_BYTES, metavar="N",
                        help="bytes of JSON one request's tools and response schema may come to "
                             f"(default: {MAX_SCHEMA_BYTES:,}; checking a schema costs ~10 µs a byte)")
+    serve.add_argument("--max-connections", type=_positive, default=MAX_CONNECTIONS, metavar="N",
+                       help=f"connections held open at once (default: {MAX_CONNECTIONS:,}; kept below the "
+                            "open-file limit, which is raised where the system allows); past it the one idle "
+                            "longest is closed")
     serve.add_argument("--hosts", metavar="HOSTFILE",
                        help="run the model split over the machines of an mlx.launch hostfile (ring backend; "
                             "this machine first: it serves the API); see README")
