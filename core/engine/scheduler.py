@@ -1,7 +1,9 @@
 """Requests on the engine thread: prefill a chunk at a time, decode together in one batch.
 
-A new request is rendered and checked, then waits its turn (by priority, then arrival:
-the chat window's turns before API requests, see ``core.engine.types.CHAT_PRIORITY``).
+A new request is rendered and checked, then waits its turn (by priority, then the client
+with the fewest requests decoding, then arrival: the chat window's turns before API
+requests, see ``core.engine.types.CHAT_PRIORITY``, and a client's next prompts after
+another client's first; a client is its cache namespace less any salt).
 Its prefill is state the scheduler advances one chunk per step: each step first gives
 every decoding request its next token, then feeds one chunk of the first waiting prompt,
 sized by ``core.engine.pacing`` so the decoding streams wait at most ``DECODE_WAIT_S``
@@ -14,7 +16,8 @@ mask or extract. When a second request gets its first token, the running one han
 cache over to the decode batch (``core.engine.decode_batch``, over mlx-lm's
 ``GenerationBatch``), which takes per-request prompt caches and decodes every running
 request in one forward pass per step; a request joins it with its first token as its next
-input, so joining costs the others no forward pass of its own. When a request ends (EOS,
+input, so joining costs the others no forward pass of its own. The batch shares its rows
+fairly between clients (it parks a row of a client over its share for a client under it). When a request ends (EOS,
 stop string, max tokens, cancel) it leaves with its cache, which goes into the radix tree
 and, for sessions, to disk.
 """
@@ -34,6 +37,7 @@ from core.engine import batch_prefill
 from core.engine.constrain import Grammars, grammar_for, tool_markup
 from core.engine.decode_batch import DecodeBatch
 from core.engine.namespaces import label as namespace_label
+from core.engine.namespaces import owner as namespace_owner
 from core.engine.tools import ToolCallText
 from core.engine.types import DoneEvent, ErrorEvent, ProgressEvent, RequestStats, TokenEvent, ToolCallEvent
 from core.errors import ContextLengthError, ErrorKind, UserError
@@ -93,6 +97,11 @@ class _Prefill:
     caches: list | None = None
     compute_s: float = 0.0  # time spent in its chunks (not in others' decode steps between them)
     flush: bool = False  # restored from disk: flush the pool writes once it has its first token
+
+
+def _group(state: _Active) -> str:
+    """The client a request is from, for its fair share: its cache namespace less any salt."""
+    return namespace_owner(state.handle.request.cache_namespace)
 
 
 class Scheduler:
@@ -181,14 +190,14 @@ class Scheduler:
             self._end_prefill(job, "cancelled")
         if not self.waiting:
             return
-        if self.batch_prefill and len(self.waiting) > 1 and min(self.waiting, key=lambda j: j.order).run is None:
+        if self.batch_prefill and len(self.waiting) > 1 and min(self.waiting, key=self._turn).run is None:
             group = self._batch_group()
             if len(group) > 1:
                 self._prefill_together(group)
                 return
             if not self.waiting:
                 return
-        job = min(self.waiting, key=lambda j: j.order)
+        job = min(self.waiting, key=self._turn)
         try:
             if job.run is None:
                 self._start_prefill(job)
@@ -208,6 +217,15 @@ class Scheduler:
                 self.waiting.remove(job)
             self._end_with_error(job, exc)
 
+    def _turn(self, job: _Prefill) -> tuple[int, int, int]:
+        """Which waiting prompt goes first: by priority, then the client with the fewest
+        requests decoding (round robin between clients: one with 16 streams running does not
+        keep another's first request waiting behind its next ones), then arrival."""
+        group = _group(job.state)
+        decoding = self.batch.rows_of(group) + (self.solo is not None and _group(self.solo.state) == group)
+        priority, arrival = job.order
+        return priority, decoding, arrival
+
     def _batch_group(self) -> list[_Prefill]:
         """The waiting prompts that go together, in turn: the first waiting one and those
         right behind it, while their padded rests fit the pacer's budget (all of them
@@ -218,7 +236,7 @@ class Scheduler:
                   else batch_prefill.IDLE_TOKENS)
         group: list[_Prefill] = []
         rests: list[int] = []
-        for job in sorted(self.waiting, key=lambda j: j.order)[: batch_prefill.PREFILL_ROWS]:
+        for job in sorted(self.waiting, key=self._turn)[: batch_prefill.PREFILL_ROWS]:
             if job.run is not None and job.run.done:  # part-way through its chunks
                 break
             try:
@@ -298,7 +316,8 @@ class Scheduler:
             uids = self.batch.join_rows(
                 [first for _, _, first in joining], rows.batch.prompt_cache, rows.batch.tokens,
                 [job.sampler for _, job, _ in joining], [job.processors for _, job, _ in joining],
-                [job.state.max_tokens - len(job.state.generated) for _, job, _ in joining])
+                [job.state.max_tokens - len(job.state.generated) for _, job, _ in joining],
+                [_group(job.state) for _, job, _ in joining])
         except Exception as exc:
             log.exception("starting a batched prefill's requests failed")
             for _, job, _ in joining:
@@ -419,7 +438,7 @@ class Scheduler:
     def _insert(self, state: _Active, last: int, caches, cache_tokens, sampler, processors) -> None:
         """Join the batch: ``last`` (taken, not yet in ``caches``) is fed at its next step."""
         uid = self.batch.join(last, caches, cache_tokens, sampler, processors,
-                              state.max_tokens - len(state.generated))
+                              state.max_tokens - len(state.generated), _group(state))
         self.batched[uid] = state
 
     # ------------------------------------------------------------------ solo decode
