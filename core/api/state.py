@@ -19,6 +19,9 @@ from core.engine.engine import Engine, RequestHandle
 from core.engine.types import GenerationRequest
 
 
+MAX_UNSENT_EVENTS = 256  # a stream's events waiting for its client past the socket's buffers (core.api.relay)
+
+
 def _version() -> str:
     try:
         return version("radixchat")
@@ -38,6 +41,7 @@ class ApiState:
         self.max_body_bytes = max_body_bytes
         self.allow_origins = allow_origins
         self.limits = limits  # what one request may bring
+        self.max_unsent_events = MAX_UNSENT_EVENTS  # a stream's backlog before its client is cut off
         self.schema_checks = SchemaChecks()  # where a body's schemas are checked (never the event loop)
         self.version = _version()
         self.started_at = int(time.time())
