@@ -18,6 +18,7 @@
     radixchat bench agent          a coding-agent session: TTFT with and without our cache, vs mlx_lm.server
     radixchat bench pull           `radixchat pull` from a loopback hub vs curl (source checkout)
     radixchat bench fairness       a stream's inter-token gaps while another client's long prompt goes in
+    radixchat bench hostile        another client's answers during a flood of connections, a greedy client, a huge body
 
 Errors meant for the user print one line on stderr and exit with status 2.
 """
@@ -183,6 +184,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    hostile = bench_sub.add_parser("hostile", help="what a flood of connections, a client that never reads and a "
+                                                   "huge body cost another client (target: answers within 2 s)")
+    _add_common(hostile)
+    hostile.add_argument("--model", default="default")
+    hostile.add_argument("--scenes", nargs="+", choices=("quiet", "flood", "greedy", "tools"),
+                         help="default: all (quiet: nobody attacking, the reference)")
+    hostile.add_argument("--connections", type=_positive, default=2100, help="flood: half-sent request heads held")
+    hostile.add_argument("--streams", type=_positive, default=16, help="greedy: key A's streams that are never read")
+    hostile.add_argument("--long-tokens", type=_positive, default=2000, help="greedy: each stream's max_tokens")
+    hostile.add_argument("--tools", type=_positive, default=30_000, help="tools: tools in each of key A's bodies")
+    hostile.add_argument("--probes", type=_positive, default=5, help="the other client's requests per scene")
+    hostile.add_argument("--kv-tokens", type=_positive, default=32768, help="the server's KV pool, in tokens")
+    hostile.add_argument("--json", action="store_true")
     cpu = bench_sub.add_parser("cpu", help="CPU backend setups: OpenBLAS and weight formats")
     _add_common(cpu)
     cpu.add_argument("--model", default="default")
@@ -334,6 +348,10 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
 
             return {"models": hub_cli.run_models, "search": hub_cli.run_search, "pull": hub_cli.run_pull}[
                 args.command](args)
+        if args.command == "bench" and args.bench_command == "hostile":
+            from core.cli.bench.hostile import run_bench_hostile
+
+            return run_bench_hostile(args)
         if args.command == "bench" and args.bench_command == "cpu":
             from core.cli.bench.cpu import run_bench_cpu
 
