@@ -110,9 +110,8 @@ class ConnectionGuard:
         self.open = 0
         self._waiting: collections.OrderedDict[GuardedH11Protocol, None] = collections.OrderedDict()
         self._evicted = _EveryFewSeconds(
-            f"at the connection limit ({self.cap:,}): closed {{count}} idle connections and refused the ones "
-            "with no idle connection to close in the last {seconds} s (radixchat serve --max-connections N "
-            "raises the limit)")
+            f"at the connection limit ({self.cap:,}): closed {{count}} idle connections to make room in the "
+            "last {seconds} s (radixchat serve --max-connections N raises the limit)")
         self._refused = _EveryFewSeconds(
             f"at the connection limit ({self.cap:,}) with every connection serving a request: refused "
             "{count} connections in the last {seconds} s (radixchat serve --max-connections N raises the limit)")
