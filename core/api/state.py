@@ -10,7 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from core.api.errors import ApiError, shutting_down
-from core.api.limits import RequestLimits
+from core.api.limits import ByteAllowance, RequestLimits
 from core.api.schema_checks import SchemaChecks
 from core.api.metrics import ServerMetrics
 from core.api.wire import MODEL_ALIASES, ModelCard
@@ -42,6 +42,7 @@ class ApiState:
         self.allow_origins = allow_origins
         self.limits = limits  # what one request may bring
         self.max_unsent_events = MAX_UNSENT_EVENTS  # a stream's backlog before its client is cut off
+        self.body_bytes = ByteAllowance(burst=max_body_bytes)  # what each client's bodies may bring a second
         self.schema_checks = SchemaChecks()  # where a body's schemas are checked (never the event loop)
         self.version = _version()
         self.started_at = int(time.time())

@@ -251,12 +251,17 @@ def _in_flight(port: int) -> int:
         conn.close()
 
 
-def _rest(sock: socket.socket) -> bytes:
-    """What a silent stream's socket holds by now (read for at most a couple of seconds)."""
-    sock.settimeout(2)
+def _rest(sock: socket.socket, seconds: float = 1.0) -> bytes:
+    """What a silent stream's socket holds by now, read for at most ``seconds`` (reading lets
+    the stream go on, so not to its end)."""
+    deadline = time.monotonic() + seconds
     received = b""
     try:
-        while chunk := sock.recv(65536):
+        while (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
             received += chunk
     except OSError:
         pass
