@@ -347,10 +347,11 @@ def _print_table(report: dict) -> None:
         worst = "failed" if scene["worst_s"] is None else f"{scene['worst_s']:.2f} s"
         median = "-" if scene["median_s"] is None else f"{scene['median_s']:.2f} s"
         print(f"  {scene['name']:7} {scene['what']}", file=out)
-        kind = "first token" if scene["ends"] else "answer"
-        line = f"          the other client's {kind}: worst {worst}, median {median}"
-        if scene["ends"]:
-            line += f"; its whole reply: worst {max(scene['ends']):.2f} s"
+        if scene["ends"] and scene["probes"]:
+            line = (f"          the other client's first token: worst {max(scene['probes']):.2f} s, median "
+                    f"{median}; its whole reply: worst {max(scene['ends']):.2f} s")
+        else:
+            line = f"          the other client's answer: worst {worst}, median {median}"
         print(line + ("  (meets the target)" if scene["meets"] else "  (MISSES the target)"), file=out)
         for failure in scene["failures"][:3]:
             print(f"          failed: {failure}", file=out)
