@@ -23,7 +23,8 @@ def test_bench_hostile_json_and_table(tmp_path, capsys):
         assert not scene["failures"], scene
         assert len(scene["probes"]) in (2, 4) and scene["worst_s"] == max(scene["probes"] + scene["ends"])
     assert scenes["flood"]["attacker"]["connections_opened"] >= 200
-    assert len(scenes["greedy"]["ends"]) == 2 and len(scenes["greedy"]["attacker"]["streams_running_at_each_probe"]) == 2
+    greedy = scenes["greedy"]
+    assert len(greedy["ends"]) == 2 and len(greedy["attacker"]["streams_running_at_each_probe"]) == 2
     assert scenes["tools"]["attacker"]["statuses"] == [400]  # 2,000 tools: past the limit, refused
     assert main(argv + ["--scenes", "quiet"]) == 0
     table = capsys.readouterr().out
