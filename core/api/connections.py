@@ -21,7 +21,9 @@ answers every *request* 503 past the limit, so idle sockets make real clients fa
   while real clients, which send their heads at once, get in. Only when every connection
   is serving a request is the new one refused (503, then closed);
 - one log line per ``LOG_EVERY_S`` for what it closes or refuses, and for the accepts
-  asyncio reports failing (:meth:`ConnectionGuard.loop_exception`), never one a connection.
+  asyncio reports failing (:meth:`ConnectionGuard.loop_exception`), never one a connection;
+- a kernel send buffer of ``SEND_BUFFER_BYTES`` per connection, so a client that stops
+  reading pins little kernel memory and is seen falling behind soon.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import socket
 import time
 from dataclasses import dataclass
 
@@ -42,6 +45,10 @@ log = logging.getLogger(__name__)
 HEAD_TIMEOUT_S = 10.0  # from a connection's start (or a head's first byte) to the head's end
 RESERVED_FDS = 64  # descriptors kept for the rest of the process (a server with a model loaded used 16)
 LOG_EVERY_S = 10.0
+# The kernel's send buffer of a connection (Linux doubles it; autotuning would let it grow to
+# megabytes): what a client that stops reading leaves queued in the kernel, and so how soon
+# the server sees it fall behind (core.api.relay cuts it off). Ample for a local stream.
+SEND_BUFFER_BYTES = 64 * 1024
 ACCEPT_FAILED = "socket.accept() out of system resource"  # asyncio's message
 _BUSY = b'{"error": {"message": "the server is at its connection limit; try again", "type": "server_error", ' \
         b'"code": "busy"}}'
@@ -169,6 +176,9 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
         if self.guard.made(self):
             self.guard.waiting(self, True)
             self._arm_head_timer()
