@@ -18,6 +18,7 @@
     radixchat bench agent          a coding-agent session: TTFT with and without our cache, vs mlx_lm.server
     radixchat bench pull           `radixchat pull` from a loopback hub vs curl (source checkout)
     radixchat bench fairness       a stream's inter-token gaps while another client's long prompt goes in
+    radixchat bench hostile        another client's answers during a flood of connections, a greedy client, a huge body
 
 Errors meant for the user print one line on stderr and exit with status 2.
 """
@@ -31,6 +32,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from core.limits import MAX_CONNECTIONS, MAX_SCHEMA_BYTES, MAX_TOOLS
 from core.errors import UserError
 from core.models.known import KNOWN_MODELS
 
@@ -195,6 +197,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--chat-template", metavar="FILE",
                        help="a Jinja chat template replacing the model's own (e.g. one that takes tools)")
     serve.add_argument("--max-prompt-tokens", type=_positive, metavar="N", help=MAX_PROMPT_HELP)
+    serve.add_argument("--max-tools", type=_positive, default=MAX_TOOLS, metavar="N",
+                       help=f"tools one request may bring (default: {MAX_TOOLS})")
+    serve.add_argument("--max-schema-bytes", type=_positive, default=MAX_SCHEMA_BYTES, metavar="N",
+                       help="bytes of JSON one request's tools and response schema may come to "
+                            f"(default: {MAX_SCHEMA_BYTES:,}; checking a schema costs ~10 µs a byte)")
+    serve.add_argument("--max-connections", type=_positive, default=MAX_CONNECTIONS, metavar="N",
+                       help=f"connections held open at once (default: {MAX_CONNECTIONS:,}; kept below the "
+                            "open-file limit, which is raised where the system allows); past it the one idle "
+                            "longest is closed")
     serve.add_argument("--hosts", metavar="HOSTFILE",
                        help="run the model split over the machines of an mlx.launch hostfile (ring backend; "
                             "this machine first: it serves the API); see README")
@@ -209,6 +220,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    hostile = bench_sub.add_parser("hostile", help="what a flood of connections, a client that never reads and a "
+                                                   "huge body cost another client (target: answers within 2 s)")
+    _add_common(hostile)
+    hostile.add_argument("--model", default="default")
+    hostile.add_argument("--scenes", nargs="+", choices=("quiet", "flood", "greedy", "tools"),
+                         help="default: all (quiet: nobody attacking, the reference)")
+    hostile.add_argument("--connections", type=_positive, default=2100, help="flood: half-sent request heads held")
+    hostile.add_argument("--streams", type=_positive, default=16, help="greedy: key A's streams that are never read")
+    hostile.add_argument("--long-tokens", type=_positive, default=2000, help="greedy: each stream's max_tokens")
+    hostile.add_argument("--tools", type=_positive, default=30_000, help="tools: tools in each of key A's bodies")
+    hostile.add_argument("--probes", type=_positive, default=5, help="the other client's requests per scene")
+    hostile.add_argument("--kv-tokens", type=_positive, default=32768, help="the server's KV pool, in tokens")
+    hostile.add_argument("--json", action="store_true")
     cpu = bench_sub.add_parser("cpu", help="CPU backend setups: OpenBLAS and weight formats")
     _add_common(cpu)
     cpu.add_argument("--model", default="default", help=MODEL_HELP)
@@ -362,6 +386,10 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
 
             return {"models": hub_cli.run_models, "search": hub_cli.run_search, "pull": hub_cli.run_pull}[
                 args.command](args)
+        if args.command == "bench" and args.bench_command == "hostile":
+            from core.cli.bench.hostile import run_bench_hostile
+
+            return run_bench_hostile(args)
         if args.command == "bench" and args.bench_command == "cpu":
             from core.cli.bench.cpu import run_bench_cpu
 
