@@ -104,6 +104,14 @@ class GreedyBatch(GenerationBatch):
         return inputs, self._current_logprobs
 
 
+def row_to_park(batch: GenerationBatch, index: int) -> tuple[int, int]:
+    """What row ``index`` of a running ``batch`` needs to leave and come back later: its next
+    input token (sampled at the last step, not yet reported) and the tokens it may still
+    generate (its ``max_tokens`` less those generated)."""
+    token = int(batch._next_tokens[index].item())
+    return token, batch.max_tokens[index] - batch._num_tokens[index]
+
+
 # ---------------------------------------------------------------------- tokenizers
 def infer_tool_parser(hf_tokenizer) -> str | None:
     """The name of the ``mlx_lm.tool_parsers`` module for the tool calls ``hf_tokenizer``'s

@@ -35,7 +35,8 @@ from mlx_lm.models.cache import BatchKVCache
 from mlx_lm.sample_utils import greedy_sampler
 
 from core.engine.cpu_speedups import shared_positions
-from core.mlx_lm_compat import GreedyBatch, JoiningRows, generation_stream, maybe_set_recommended_wired_limit
+from core.mlx_lm_compat import (GreedyBatch, JoiningRows, generation_stream, maybe_set_recommended_wired_limit,
+                                row_to_park)
 
 CLEAR_CACHE_EVERY = 512  # steps, as BatchGenerator does: MLX's buffer cache is given back
 
@@ -168,10 +169,10 @@ class DecodeBatch:
         with mx.stream(generation_stream):
             caches = batch.extract_cache(index)
             merged = [layer.merge([layer]) for layer in caches]
-            rows = _JoiningRows(self.model, [uid], batch._next_tokens[index : index + 1], merged,
-                                [list(batch.tokens[index])], [batch.samplers[index]], greedy_sampler,
-                                [list(batch.logits_processors[index] or [])], [StopSequences()],
-                                [batch.max_tokens[index] - batch._num_tokens[index]], placeholder=self._placeholder)
+            token, left = row_to_park(batch, index)
+            rows = JoiningRows(self.model, [uid], [token], merged, [list(batch.tokens[index])],
+                               [batch.samplers[index]], [list(batch.logits_processors[index] or [])], [left],
+                               self._placeholder)
             batch.filter([i for i in range(len(batch)) if i != index])
         self._waiting.append(rows)
         self.parked += 1

@@ -245,13 +245,14 @@ def test_models_said_to_be_head_of_backbone_are(module, extra):
 
 
 def test_a_generation_batch_keeps_the_fields_the_decode_batch_sets():
-    """``GreedyBatch._step`` and ``JoiningRows`` read and set these between steps."""
+    """``GreedyBatch._step``, ``JoiningRows`` and ``row_to_park`` read and set these between steps."""
     from mlx_lm.generate import GenerationBatch
     from mlx_lm.sample_utils import greedy_sampler
 
     batch = GenerationBatch.empty(_tiny("llama"), greedy_sampler)
     fields = ("model", "uids", "prompt_cache", "tokens", "samplers", "logits_processors",
-              "_current_tokens", "_current_logprobs", "_next_tokens", "_next_logprobs")
+              "max_tokens",
+              "_current_tokens", "_current_logprobs", "_next_tokens", "_next_logprobs", "_num_tokens")
     missing = [f for f in fields if not hasattr(batch, f)]
     assert not missing, f"{installed()}: GenerationBatch no longer keeps {', '.join(missing)}; this breaks {DECODE}"
     response = {f.name for f in dataclasses.fields(GenerationBatch.Response)}
