@@ -223,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     hostile = bench_sub.add_parser("hostile", help="what a flood of connections, a client that never reads and a "
                                                    "huge body cost another client (target: answers within 2 s)")
     _add_common(hostile)
-    hostile.add_argument("--model", default="default")
+    hostile.add_argument("--model", default="default", help=MODEL_HELP)
     hostile.add_argument("--scenes", nargs="+", choices=("quiet", "flood", "greedy", "tools"),
                          help="default: all (quiet: nobody attacking, the reference)")
     hostile.add_argument("--connections", type=_positive, default=2100, help="flood: half-sent request heads held")
@@ -232,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     hostile.add_argument("--tools", type=_positive, default=30_000, help="tools: tools in each of key A's bodies")
     hostile.add_argument("--probes", type=_positive, default=5, help="the other client's requests per scene")
     hostile.add_argument("--kv-tokens", type=_positive, default=32768, help="the server's KV pool, in tokens")
-    hostile.add_argument("--json", action="store_true")
+    hostile.add_argument("--json", action="store_true", help=JSON_HELP)
     cpu = bench_sub.add_parser("cpu", help="CPU backend setups: OpenBLAS and weight formats")
     _add_common(cpu)
     cpu.add_argument("--model", default="default", help=MODEL_HELP)
