@@ -14,7 +14,6 @@ import pytest
 from core import paths
 from core.chats.store import ChatStore
 from core.cli.main import main
-from tests.core.models.test_provision import fake_pip  # noqa: F401  (a fixture: pip replaced by a fake wheel)
 
 
 def chat_json(capsys, model, data, *extra) -> dict:

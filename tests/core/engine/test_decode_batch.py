@@ -8,8 +8,7 @@ import pytest
 
 from core.engine.types import DoneEvent
 from tests.core.engine.token_log import TokenLog
-from tests.core.engine.test_scheduler import (_no_locks, done, handle, loaded, run_alone, scheduler,  # noqa: F401
-                                             start)
+from tests.core.engine.test_scheduler import _no_locks, done, handle, run_alone, scheduler, start
 
 PROMPTS = ("the first question is this one", "and a second, different prompt",
            "a third one, a little longer than the others", "four")
