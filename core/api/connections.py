@@ -70,6 +70,10 @@ class ConnectionLimits:
     head_timeout_s: float = HEAD_TIMEOUT_S
 
 
+# a server started without --max-connections (frozen: one can be shared)
+DEFAULT_CONNECTION_LIMITS = ConnectionLimits()
+
+
 def raise_open_file_limit(wanted: int) -> int:
     """Raise the soft limit on open files towards ``wanted`` (never past the hard limit,
     never lower); the soft limit in force. Where there is no such limit (Windows), ``wanted``."""

@@ -459,7 +459,7 @@ def test_sigkill_during_saves_leaves_a_consistent_store(tmp_path):
             assert child.poll() is None, (folder / "log").read_text()
             assert time.monotonic() < deadline
             time.sleep(0.01)
-    for folder, _, child in trials:
+    for _, _, child in trials:
         child.stdin.write(b"go\n")
         child.stdin.flush()
         time.sleep(rng.uniform(0.002, 0.05))

@@ -26,6 +26,7 @@ import platform
 import statistics
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -78,9 +79,8 @@ def _engine_turn(
         session="bench" if use_cache else None,
         use_cache=use_cache,
     )
-    last = None
-    for last in engine.stream(request):
-        pass
+    events = deque(engine.stream(request), maxlen=1)  # run to the end, keep the last
+    last = events[0] if events else None
     if not isinstance(last, DoneEvent):
         raise UserError(f"bench multiturn: {getattr(last, 'message', 'no reply from the engine')}")
     s = last.stats

@@ -26,6 +26,7 @@ import shutil
 import statistics
 import sys
 import time
+from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -63,9 +64,8 @@ def _ask(engine: Engine, messages: list[ChatMessage]) -> DoneEvent:
     request = GenerationRequest(
         messages=tuple(messages), sampling=SamplingParams(temperature=0.0, max_tokens=REPLY_TOKENS)
     )
-    last = None
-    for last in engine.stream(request):
-        pass
+    events = deque(engine.stream(request), maxlen=1)  # run to the end, keep the last
+    last = events[0] if events else None
     if not isinstance(last, DoneEvent):
         raise UserError(f"bench pressure: {getattr(last, 'message', 'no reply from the engine')}")
     return last

@@ -26,6 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -74,9 +75,8 @@ def _ask(
         use_cache=use_cache,
         sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens),
     )
-    last = None
-    for last in engine.stream(request):
-        pass
+    events = deque(engine.stream(request), maxlen=1)  # run to the end, keep the last
+    last = events[0] if events else None
     if not isinstance(last, DoneEvent):
         raise UserError(f"bench restore: {getattr(last, 'message', 'no reply from the engine')}")
     return last
