@@ -237,7 +237,8 @@ class CachePanel(ChartPanel):
             rate, prompt = hit_rate(self.turns)
             turns = len(self.turns)
             self.values["sessionHitRate"].setText(
-                f"{percent(rate)} of {count(prompt)} tokens · {count(turns)} turn{'s' if turns != 1 else ''}"
+                f"{percent(rate)} of {count(prompt)} tokens · {count(turns)} "
+                f"turn{'s' if turns != 1 else ''}"
             )
         self._show_namespace()
 

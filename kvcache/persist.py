@@ -526,7 +526,8 @@ class DiskTier:
             return
         if result.gave_way:  # the disk is down to the store's reserve: nothing was written
             self._stop_writes(
-                f"the disk is nearly full: the KV cache keeps its reserve free ({self._writer.path})"
+                "the disk is nearly full: the KV cache keeps its reserve free "
+                f"({self._writer.path})"
             )
         self._counts["pages_written"] += result.pages_written
         self._counts["bytes_written"] += result.bytes_written

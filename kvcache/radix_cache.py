@@ -77,7 +77,10 @@ class TreeNode:
         self.namespace: str | None = None  # set on a namespace's top node only (root or anchor)
 
     def __repr__(self) -> str:
-        return f"TreeNode(key={self.key[:8]}{'...' if len(self.key) > 8 else ''}, lock_ref={self.lock_ref})"
+        return (
+            f"TreeNode(key={self.key[:8]}{'...' if len(self.key) > 8 else ''}, "
+            f"lock_ref={self.lock_ref})"
+        )
 
 
 @dataclass(frozen=True)

@@ -633,9 +633,12 @@ class DiskStore(SqliteFile):
         prefixes = 0
         while total > limit:
             victim = self.db.execute(
-                "SELECT is_session, id FROM (SELECT 0 AS is_session, head AS id, fingerprint, last_used "
-                "FROM prefixes UNION ALL SELECT 1, name, fingerprint, last_used FROM sessions) "
-                "ORDER BY coalesce(fingerprint = ?, 0), is_session, last_used, id LIMIT 1",
+                (
+                    "SELECT is_session, id FROM (SELECT 0 AS is_session, head AS id, "
+                    "fingerprint, last_used FROM prefixes UNION ALL SELECT 1, name, fingerprint, "
+                    "last_used FROM sessions) ORDER BY coalesce(fingerprint = ?, 0), is_session, "
+                    "last_used, id LIMIT 1"
+                ),
                 [fingerprint],
             ).fetchone()
             if victim is None:

@@ -128,20 +128,21 @@ class ConnectionGuard:
         self.open = 0
         self._waiting: collections.OrderedDict[GuardedH11Protocol, None] = collections.OrderedDict()
         self._evicted = _EveryFewSeconds(
-            f"at the connection limit ({self.cap:,}): closed {{count}} idle connections to make room in the "
-            "last {seconds} s (radixchat serve --max-connections N raises the limit)"
+            f"at the connection limit ({self.cap:,}): closed {{count}} idle connections to make "
+            "room in the last {seconds} s (radixchat serve --max-connections N raises the limit)"
         )
         self._refused = _EveryFewSeconds(
-            f"at the connection limit ({self.cap:,}) with every connection serving a request: refused "
-            "{count} connections in the last {seconds} s (radixchat serve --max-connections N raises the limit)"
+            f"at the connection limit ({self.cap:,}) with every connection serving a request: "
+            "refused {count} connections in the last {seconds} s (radixchat serve "
+            "--max-connections N raises the limit)"
         )
         self._timed_out = _EveryFewSeconds(
-            f"closed {{count}} connections that sent no whole request head within {limits.head_timeout_s:g} s "
-            "(in the last {seconds} s)"
+            "closed {count} connections that sent no whole request head within "
+            f"{limits.head_timeout_s:g} s (in the last {{seconds}} s)"
         )
         self._accept_failed = _EveryFewSeconds(
-            "out of file descriptors: connections were not accepted {count} times in the last {seconds} s "
-            "(raise the open-file limit, or lower --max-connections)"
+            "out of file descriptors: connections were not accepted {count} times in the last "
+            "{seconds} s (raise the open-file limit, or lower --max-connections)"
         )
 
     def made(self, connection: GuardedH11Protocol) -> bool:

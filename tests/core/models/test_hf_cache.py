@@ -102,7 +102,11 @@ def test_import_is_light():
     """hf_cache must not pull in huggingface_hub, mlx or Qt."""
     import subprocess
 
-    code = "import sys, core.models.hf_cache, core.models.provision; print(sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'huggingface_hub', 'PySide6', 'mlx_lm', 'transformers')))"
+    code = (
+        "import sys, core.models.hf_cache, core.models.provision; print(sorted(m for m in "
+        "sys.modules if m.split('.')[0] in ('mlx', 'huggingface_hub', 'PySide6', 'mlx_lm', "
+        "'transformers')))"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
