@@ -18,8 +18,8 @@ A session row names its model fingerprint and the key of its chain's last page (
 head). A prefix row does the same for a chain kept for any request by its tokens alone
 (the disk tier: no session name); the engine finds such chains through an in-memory
 index of the model's pages (:meth:`DiskStore.index`) and reads them by their keys
-(:meth:`DiskStore.read_chain`). Loading follows parent keys from the head back to the first page, one
-primary-key lookup each, then reads the K/V of those pages only.
+(:meth:`DiskStore.read_chain`). Loading follows parent keys from the head back to the first
+page, one primary-key lookup each, then reads the K/V of those pages only.
 
 Invariants, each kept by every write transaction (``BEGIN IMMEDIATE``):
 - every page is reachable from some session's or prefix's head: a write that orphans

@@ -31,7 +31,8 @@ def fake_python(folder: Path, name: str, version: tuple[int, int]) -> Path:
     major, minor = version
     path.write_text(f"""#!/bin/sh
 if [ "$1" = "-c" ]; then
-  exec {sys.executable} -c "import sys; sys.version_info = ({major}, {minor}, 0, 'final', 0); exec(sys.argv[1])" "$2"
+  exec {sys.executable} -c \\
+    "import sys; sys.version_info = ({major}, {minor}, 0, 'final', 0); exec(sys.argv[1])" "$2"
 fi
 exec {sys.executable} "$@"
 """)

@@ -52,8 +52,8 @@ LOG_EVERY_S = 10.0
 SEND_BUFFER_BYTES = 64 * 1024
 ACCEPT_FAILED = "socket.accept() out of system resource"  # asyncio's message
 _BUSY = (
-    b'{"error": {"message": "the server is at its connection limit; try again", "type": "server_error", '
-    b'"code": "busy"}}'
+    b'{"error": {"message": "the server is at its connection limit; try again", '
+    b'"type": "server_error", "code": "busy"}}'
 )
 BUSY_REPLY = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"

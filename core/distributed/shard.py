@@ -119,13 +119,16 @@ def split_plan(config: dict[str, Any], world: int, name: str, split: str = "auto
             )
         return dataclasses.replace(plan, method=PIPELINE)
     if not tensor:
+        by_layers = (
+            ""
+            if split == TENSOR
+            else "; qwen2, qwen3_next, deepseek_v3 and others with `pipeline` by layers"
+        )
         raise UnsplittableModel(
             f"{name} cannot run over several machines: mlx-lm has no tensor-parallel "
             f"{'split' if split == TENSOR else 'or pipeline split'} for model type "
             f"{model_type!r} (llama, qwen2, qwen3 and other architectures with a `shard` method "
-            "split by "
-            "heads"
-            f"{'' if split == TENSOR else '; qwen2, qwen3_next, deepseek_v3 and others with `pipeline` by layers'})"
+            f"split by heads{by_layers})"
         )
     ffn = count("intermediate_size")
     for label, value in (("attention heads", heads), ("KV heads", kv_heads), ("MLP width", ffn)):
@@ -181,7 +184,8 @@ def shard_model(model, group, method: str = TENSOR) -> None:
 
 
 def rank_fingerprint(fingerprint: str, rank: int, world: int, method: str = TENSOR) -> str:
-    """The fingerprint of rank ``rank``'s slice of a model split ``method``-wise over ``world`` ranks."""
+    """The fingerprint of rank ``rank``'s slice of a model split ``method``-wise over ``world``
+    ranks."""
     kind = "tensor-parallel" if method == TENSOR else method
     return hashlib.sha256(f"{fingerprint}/{kind}/rank {rank} of {world}".encode()).hexdigest()
 

@@ -342,7 +342,8 @@ def _python() -> str:
 def _run_streaming(
     argv: list[str], on_line: Callable[[str], None] | None, env: dict | None = None
 ) -> tuple[int, list[str]]:
-    """Run ``argv``, passing each output line (stdout and stderr) on; return the exit status and the last lines."""
+    """Run ``argv``, passing each output line (stdout and stderr) on; return the exit status and
+    the last lines."""
     tail: list[str] = []
     try:
         proc = subprocess.Popen(

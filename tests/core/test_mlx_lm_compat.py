@@ -350,7 +350,8 @@ def test_models_said_to_be_head_of_backbone_are(module, extra):
 
 
 def test_a_generation_batch_keeps_the_fields_the_decode_batch_sets():
-    """``GreedyBatch._step``, ``JoiningRows`` and ``row_to_park`` read and set these between steps."""
+    """``GreedyBatch._step``, ``JoiningRows`` and ``row_to_park`` read and set these between
+    steps."""
     from mlx_lm.generate import GenerationBatch
     from mlx_lm.sample_utils import greedy_sampler
 

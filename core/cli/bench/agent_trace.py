@@ -193,7 +193,9 @@ TOOLS = (
     },
     {
         "name": "list_directory",
-        "description": "List a folder of the repository: names, sizes, and a trailing slash on folders.",
+        "description": (
+            "List a folder of the repository: names, sizes, and a trailing slash on folders."
+        ),
         "parameters": {
             "type": "object",
             "properties": {

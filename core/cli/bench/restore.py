@@ -8,12 +8,12 @@ the store keeps the N-token session). A shuts down, every RAM cache with it. The
 session's read is timed as a restore reads it (``DiskStore.read_session``: every page
 streamed, checksummed and dropped once used) against a plain sequential read of as many
 bytes in the same folder, cold (after ``fsync`` + ``POSIX_FADV_DONTNEED``) and
-warm (again right away), three times each, the two taking turns to go first. Engine B starts on that folder (the restart), warms up on an
-unrelated request, the database leaves the page cache again, then **restore**: the
-follow-up in the session (its history comes back from disk), and **recompute**: the same
-request with ``use_cache=False``. TTFT is the engine's own (request start to first
-token, restore included); the three greedy replies must agree (reported, never hidden).
-Medians over repetitions; ratios are ratios of medians.
+warm (again right away), three times each, the two taking turns to go first. Engine B starts on
+that folder (the restart), warms up on an unrelated request, the database leaves the page cache
+again, then **restore**: the follow-up in the session (its history comes back from disk), and
+**recompute**: the same request with ``use_cache=False``. TTFT is the engine's own (request
+start to first token, restore included); the three greedy replies must agree (reported, never
+hidden). Medians over repetitions; ratios are ratios of medians.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""`radixchat cache`: a chat's cache found by its name; every store, the single one and each rank's."""
+"""`radixchat cache`: a chat's cache found by its name; every store, the single one and each
+rank's."""
 
 from __future__ import annotations
 

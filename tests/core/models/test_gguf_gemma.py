@@ -144,7 +144,8 @@ def test_chat_template_uses_gemma_turns(gemma):
         messages, add_generation_prompt=True, tokenize=False
     )
     assert prompt == (
-        "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n"
+        "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n"
+        "<start_of_turn>model\nHello!<end_of_turn>\n"
         "<start_of_turn>user\nCapital of France?<end_of_turn>\n<start_of_turn>model\n"
     )
     ids = gemma.tokenizer.apply_chat_template(messages[1:2], add_generation_prompt=True)

@@ -120,7 +120,10 @@ def test_import_is_light():
 def test_a_model_without_all_its_weights_is_not_offered(cache):
     """A download in progress (or cut short) links config.json before or without the
     weights: such a snapshot is not a model yet."""
-    index = b'{"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}'
+    index = (
+        b'{"weight_map": {"a": "model-00001-of-00002.safetensors", '
+        b'"b": "model-00002-of-00002.safetensors"}}'
+    )
     make_repo(
         cache,
         "org/sharded",

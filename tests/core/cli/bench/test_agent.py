@@ -199,7 +199,8 @@ def test_bench_agent_json_on_a_tiny_model(tmp_path, capsys):
         i in (0, 3, 6) for i in range(8)
     ]
     computed = report["computed_tokens"]
-    # every server reports its usage; our cache serves the history (served with --no-cache: none of it)
+    # every server reports its usage; our cache serves the history (served with --no-cache: none
+    # of it)
     assert all(
         n is not None and n > 0 for way in ("ours_cache", "mlx_lm_server") for n in computed[way]
     )
