@@ -30,7 +30,7 @@ def percent(fraction: float | None, digits: int = 0) -> str:
     """0.423 -> "42%". A non-zero share never reads "0%" and a partial one never "100%"."""
     value = 100 * float(fraction or 0)
     text = f"{value:.{digits}f}%"
-    smallest = 10 ** -digits
+    smallest = 10**-digits
     if 0 < value < smallest / 2:
         return f"<{smallest:g}%"
     if 100 - smallest / 2 <= value < 100:
@@ -44,7 +44,8 @@ def count(n: float | None) -> str:
 
 
 def duration(seconds: float | None) -> str:
-    """A short duration: 0.0421 -> "42 ms", 1.234 -> "1.23 s", 12.34 -> "12.3 s", 75 -> "1 min 15 s"."""
+    """A short duration: 0.0421 -> "42 ms", 1.234 -> "1.23 s", 12.34 -> "12.3 s",
+    75 -> "1 min 15 s"."""
     s = max(0.0, float(seconds or 0))
     if s < 0.9995:
         return f"{s * 1000:.0f} ms"

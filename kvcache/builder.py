@@ -17,6 +17,7 @@ MAX_RUNNING_REQUESTS = 64
 
 SEGMENT_BYTES = 32 << 20  # the pool grows by this much at a time (RAM on demand)
 
+
 @dataclass(frozen=True)
 class KVCacheBuildResult:
     """Everything the engine needs to cache KV for one model, built once per load."""
@@ -49,9 +50,10 @@ def build_kv_cache(
 ) -> KVCacheBuildResult:
     """Lay out, size and preallocate the cache; a model we can't page gets a disabled tree.
 
-    ``pool_tokens`` (a size in tokens) or ``pool_bytes`` (a RAM budget) overrides the memory budget (``memory_fraction`` of the device's
-    recommended working set, or of available RAM, minus the weights). The pool takes that
-    budget in segments of about ``segment_bytes`` as it fills (None: all of it at once).
+    ``pool_tokens`` (a size in tokens) or ``pool_bytes`` (a RAM budget) overrides the memory
+    budget (``memory_fraction`` of the device's recommended working set, or of available RAM,
+    minus the weights). The pool takes that budget in segments of about ``segment_bytes`` as it
+    fills (None: all of it at once).
     """
     reason = "disabled by the user (--no-cache)" if disable else None
     layout = None
@@ -62,7 +64,11 @@ def build_kv_cache(
     pages = 0
     if layout is not None and reason is None:
         pages = pool_pages_for_budget(
-            layout, page_size, weight_bytes=weight_bytes, fraction=memory_fraction, tokens=pool_tokens,
+            layout,
+            page_size,
+            weight_bytes=weight_bytes,
+            fraction=memory_fraction,
+            tokens=pool_tokens,
             budget_bytes=pool_bytes,
         )
         if layout.full_layer_indices and pages == 0:

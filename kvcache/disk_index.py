@@ -7,7 +7,8 @@ them -- inside one cache namespace, whose root is the parent of its chains' firs
 The index maps each parent to its children, grouped by their first token; a lookup
 walks the prompt from its namespace's root (never reaching another's pages), one dict
 lookup and one bytes comparison per page, and re-derives each key it follows from the
-tokens (a stale or damaged entry never leads to a wrong page). A miss costs one dict lookup: no K/V read, no query.
+tokens (a stale or damaged entry never leads to a wrong page). A miss costs one dict lookup: no
+K/V read, no query.
 
 Built once when a model loads (:meth:`DiskStore.index`, metadata only) and kept current
 by the cache writer thread (pages written, pages deleted); read by the engine thread.
@@ -33,7 +34,8 @@ class DiskIndex:
         self.fingerprint = fingerprint
         self._lock = threading.Lock()
         self._pages: dict[str, IndexedPage] = {}
-        # parent key (a namespace's root: a first page) -> first token's bytes -> the children starting so
+        # parent key (a namespace's root: a first page) -> first token's bytes -> the children
+        # starting so
         self._children: dict[str | None, dict[bytes, list[IndexedPage]]] = {}
         self.add(pages)
 
@@ -57,7 +59,9 @@ class DiskIndex:
                 if page.key in self._pages:  # stored once: its first writer's snapshot flag
                     continue
                 self._pages[page.key] = page
-                self._children.setdefault(page.parent, {}).setdefault(page.tokens[:4], []).append(page)
+                self._children.setdefault(page.parent, {}).setdefault(page.tokens[:4], []).append(
+                    page
+                )
 
     def discard(self, keys: Iterable[str]) -> None:
         with self._lock:
@@ -76,28 +80,39 @@ class DiskIndex:
             self._children.pop(page.parent, None)
 
     def match(self, prompt: Sequence[int], namespace: str = "") -> list[ChainPage]:
-        """The stored chain of ``namespace`` that follows ``prompt`` furthest, first page first: every page
-        whose tokens are the prompt's at its place, then (where the walk stops) the child
-        sharing the longest run of tokens with the rest of the prompt, if any (a
-        token-exact model can use part of it). Prefers the longer page where several
-        match. [] when the disk holds nothing of the prompt."""
+        """The stored chain of ``namespace`` that follows ``prompt`` furthest, first page first:
+        every page whose tokens are the prompt's at its place, then (where the walk stops) the
+        child sharing the longest run of tokens with the rest of the prompt, if any (a
+        token-exact model can use part of it). Prefers the longer page where several match. []
+        when the disk holds nothing of the prompt."""
         blob = struct.pack(f"<{len(prompt)}i", *prompt)
         chain: list[ChainPage] = []
         parent: str | None = namespace_root(namespace)
         at = 0
         with self._lock:
             while at < len(blob):
-                siblings = self._children.get(parent, {}).get(blob[at: at + 4], ())
-                full = [p for p in siblings if blob[at: at + len(p.tokens)] == p.tokens
-                        and page_key(self.fingerprint, parent, p.tokens) == p.key]
+                siblings = self._children.get(parent, {}).get(blob[at : at + 4], ())
+                full = [
+                    p
+                    for p in siblings
+                    if blob[at : at + len(p.tokens)] == p.tokens
+                    and page_key(self.fingerprint, parent, p.tokens) == p.key
+                ]
                 if full:
                     page = max(full, key=lambda p: len(p.tokens))
                     chain.append(ChainPage(page.key, unpack_tokens(page.tokens), page.has_snapshot))
                     parent, at = page.key, at + len(page.tokens)
                     continue
-                partial = max(siblings, key=lambda p: _common_bytes(p.tokens, blob[at:]), default=None)
-                if partial is not None and page_key(self.fingerprint, parent, partial.tokens) == partial.key:
-                    chain.append(ChainPage(partial.key, unpack_tokens(partial.tokens), partial.has_snapshot))
+                partial = max(
+                    siblings, key=lambda p: _common_bytes(p.tokens, blob[at:]), default=None
+                )
+                if (
+                    partial is not None
+                    and page_key(self.fingerprint, parent, partial.tokens) == partial.key
+                ):
+                    chain.append(
+                        ChainPage(partial.key, unpack_tokens(partial.tokens), partial.has_snapshot)
+                    )
                 break
         return chain
 

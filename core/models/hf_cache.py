@@ -127,14 +127,17 @@ def list_cached_ggufs() -> list[tuple[str, Path]]:
 
 def _repo_folders() -> list[tuple[str, Path]]:
     try:
-        folders = sorted(p for p in hf_cache_root().iterdir() if p.name.startswith(_MODEL_PREFIX) and p.is_dir())
+        folders = sorted(
+            p for p in hf_cache_root().iterdir() if p.name.startswith(_MODEL_PREFIX) and p.is_dir()
+        )
     except OSError:
         return []
-    return [(folder.name[len(_MODEL_PREFIX):].replace("--", "/"), folder) for folder in folders]
+    return [(folder.name[len(_MODEL_PREFIX) :].replace("--", "/"), folder) for folder in folders]
 
 
 def list_cached_repos() -> list[tuple[str, Path]]:
-    """Every cached model repo with a complete MLX model, as ``(repo_id, snapshot folder)``, sorted."""
+    """Every cached model repo with a complete MLX model, as ``(repo_id, snapshot folder)``,
+    sorted."""
     repos = []
     for repo_id, _folder in _repo_folders():
         snapshot = resolve_repo(repo_id)

@@ -15,6 +15,7 @@ from app.settings_dialogs import AppSettings  # noqa: E402
 from core.chats.store import ChatStore  # noqa: E402
 from core.engine.engine import Engine  # noqa: E402
 from core.paths import chats_db_path  # noqa: E402
+from tests.faults.conftest import small_disk  # noqa: E402,F401  (test_main_window_faults: a full disk)
 
 
 @pytest.fixture
@@ -26,7 +27,9 @@ def open_window(qtbot, tmp_path):
     def open_(spec: str | None = None, engine: Engine | None = None, server_port: int = 0):
         bridge = EngineBridge(tmp_path, spec, engine=engine)
         store = ChatStore(chats_db_path(tmp_path))
-        settings = AppSettings(QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat))
+        settings = AppSettings(
+            QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
+        )
         window = MainWindow(bridge, store, settings, server_port=server_port)
         qtbot.addWidget(window)
         window.show()
