@@ -182,3 +182,21 @@ def test_the_namespace_that_served_the_turn_is_shown(panel):
     panel.set_turns([turn(0, 0, 512)])  # a turn stored before namespaces: none named
     assert text(panel, "namespaceValue") == "— · 3 in RAM"
     assert "namespace" not in text(panel, "lastTurnValue")
+
+
+def test_every_figure_explains_itself(qtbot):
+    """Each caption and its figure carry a plain-words tooltip (Evictions, Namespace...)."""
+    from PySide6.QtWidgets import QLabel
+
+    panel = CachePanel()
+    qtbot.addWidget(panel)
+    captions = {
+        label.text(): label.toolTip()
+        for label in panel.findChildren(QLabel)
+        if not label.objectName() and label.text()
+    }
+    for key, value in panel.values.items():
+        assert len(value.toolTip().split()) >= 8, key
+    assert "dropped from RAM" in captions["Evictions"] and "room" in captions["Evictions"]
+    assert "no client sees another's prompts" in captions["Namespace"]
+    assert "computed by the model now" in captions["Last turn"]
