@@ -33,6 +33,7 @@ from app.chat_settings import DEFAULT_SAMPLING, SessionSettingsDialog
 from app.chat_view import ChatView
 from app.collapsible import CollapsibleSection
 from app.composer import Composer
+from app.downloads import DownloadManager, DownloadsDialog, DownloadsStatus
 from app.memory_panel import MemoryPanel
 from app.model_picker import ModelPickerDialog
 from app.server_controls import ServerControls
@@ -79,6 +80,8 @@ class MainWindow(ChatReplies, QMainWindow):
         self.server = ServerControls(
             self, bridge, self.settings, self._set_state_text, port_override=server_port
         )
+        self.downloads = DownloadManager(bridge.data_root, self)  # they go on while you chat
+        self.downloads_dialog: DownloadsDialog | None = None
         self._build_widgets()
         self._build_actions()
         self._connect()
@@ -124,6 +127,8 @@ class MainWindow(ChatReplies, QMainWindow):
         bar = self.statusBar()
         bar.addWidget(self.model_label)
         bar.addWidget(self.state_label, 1)
+        self.downloads_status = DownloadsStatus(self.downloads)
+        bar.addPermanentWidget(self.downloads_status)
         bar.addPermanentWidget(self.speed_label)
         bar.addPermanentWidget(self.server_label)
 
@@ -169,7 +174,12 @@ class MainWindow(ChatReplies, QMainWindow):
         chat_menu = menus.addMenu("&Chat")
         for act in (self.regenerate_action, self.stop_action, self.session_settings_action):
             chat_menu.addAction(act)
-        menus.addMenu("&Model").addAction(self.model_action)
+        self.downloads_action = action(
+            "Downloads…", self.open_downloads, None, "Downloads from the hub: cancel, resume, load"
+        )
+        model_menu = menus.addMenu("&Model")
+        model_menu.addAction(self.model_action)
+        model_menu.addAction(self.downloads_action)
         server_menu = menus.addMenu("&Server")
         for act in self.server.actions():
             server_menu.addAction(act)
@@ -214,6 +224,11 @@ class MainWindow(ChatReplies, QMainWindow):
         self.sessions.sessionSelected.connect(self.open_session)
         self.sessions.sessionDeleted.connect(self._on_session_deleted)
         self.sessions.newRequested.connect(self.new_chat)
+        self.downloads_status.button.clicked.connect(self.open_downloads)
+        self.downloads.finished.connect(self._on_download_finished)
+        self.downloads.failed.connect(
+            lambda target, message: self._set_state_text(f"Download of {target}: {message}")
+        )
 
     def _restore_layout(self) -> None:
         geometry, state = self.settings.window_geometry, self.settings.window_state
@@ -241,6 +256,7 @@ class MainWindow(ChatReplies, QMainWindow):
         self.settings.window_state = bytes(self.saveState().data())
         self.settings.splitter_state = bytes(self.splitter.saveState().data())
         self.server.stop()  # the API server (the app's exit waits for it) and a group's
+        self.downloads.cancel_all()  # their bytes are kept: the next start resumes them
         self._waiting.clear()  # never sent: nothing stored
         if self._turn is not None:  # stop the reply and keep what came so far, as Stop does
             turn, self._turn = self._turn, None
@@ -387,12 +403,26 @@ class MainWindow(ChatReplies, QMainWindow):
     def choose_model(self) -> None:
         info = self.bridge.model_info
         dialog = ModelPickerDialog(
-            self.bridge.data_root, info.spec if info is not None else None, self
+            self.bridge.data_root,
+            info.spec if info is not None else None,
+            self,
+            downloads=self.downloads,
         )
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.accepted.connect(lambda: self._load(dialog.chosen_spec()))
         dialog.open()
         self.model_dialog = dialog
+
+    def open_downloads(self) -> None:
+        if self.downloads_dialog is None:
+            self.downloads_dialog = DownloadsDialog(self.downloads, self)
+            self.downloads_dialog.loadRequested.connect(self._load)
+        self.downloads_dialog.refresh()
+        self.downloads_dialog.show()
+        self.downloads_dialog.raise_()
+
+    def _on_download_finished(self, target: str, spec: str) -> None:
+        self._set_state_text(f"{spec} is downloaded: load it from Model… or Model › Downloads…")
 
     def _load(self, spec: str | None) -> None:
         if spec and not self.bridge.loading and not self._generating:

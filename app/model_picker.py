@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.downloads import DownloadManager
 from app.format import human_bytes
 from app.hub_panel import HubPanel
 from core.errors import UserError
@@ -49,7 +50,8 @@ class ModelPickerDialog(QDialog):
 
     ``current_spec`` is preselected (added as a row when it is a file or folder the
     list does not show). ``on_cpu``: whether the memory column assumes MLX's CPU
-    backend (float32 weights); by default, everywhere but macOS."""
+    backend (float32 weights); by default, everywhere but macOS. ``downloads``: the
+    window's downloads, which go on after the picker closes."""
 
     def __init__(
         self,
@@ -57,6 +59,7 @@ class ModelPickerDialog(QDialog):
         current_spec: str | None = None,
         parent: QWidget | None = None,
         on_cpu: bool | None = None,
+        downloads: DownloadManager | None = None,
     ):
         super().__init__(parent)
         self.setWindowTitle("Choose a model")
@@ -100,7 +103,7 @@ class ModelPickerDialog(QDialog):
         self.delete_button.clicked.connect(self._on_delete)
         self.disk_label = QLabel()
         self.disk_label.setEnabled(False)  # dim
-        self.hub_panel = HubPanel(self.data_root, self.on_cpu)
+        self.hub_panel = HubPanel(self.data_root, self.on_cpu, downloads=downloads)
         self.hub_panel.downloaded.connect(self._on_downloaded)
         self.buttons = QDialogButtonBox(
             QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
@@ -200,24 +203,19 @@ class ModelPickerDialog(QDialog):
         self.tree.setCurrentItem(None)
         self._fill()
         self.error_label.hide()
-        self.hub_panel._say(
+        self.hub_panel.say(
             f"Deleted {spec}: {human_bytes(deleted.freed_bytes)}, and {deleted.kv_sessions} "
             f"cached sessions ({human_bytes(deleted.kv_bytes)})"
         )
 
-    def done(self, result: int) -> None:
-        """Closing the picker (OK, Cancel, Esc) stops a download: what came so far is
-        kept, and the next download of that model resumes it."""
-        self.hub_panel.cancel_download()
-        super().done(result)
-
     def accept(self) -> None:
-        if (
-            self.tabs.currentIndex() == 1
-            and self.hub_panel.target()
-            and not self.hub_panel.is_downloading()
-        ):
-            self.hub_panel.start_download()  # Enter on a search result downloads it
+        """OK or Enter. On the Download tab it never loads the other tab's model: Enter in
+        the search box searches (the box's own returnPressed), Enter on a result downloads
+        it. A download goes on after the picker closes."""
+        if self.tabs.currentIndex() == 1:
+            panel = self.hub_panel
+            if not panel.query.hasFocus() and panel.target() and not panel.is_downloading():
+                panel.start_download()
             return
         if self.chosen_spec() is not None:
             super().accept()
