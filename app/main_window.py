@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
 
 from app.bridge import EngineBridge
 from app.cache_panel import CachePanel
+from app.chat_files import ChatFiles
 from app.chat_settings import DEFAULT_SAMPLING, SessionSettingsDialog
 from app.chat_view import ChatView
 from app.collapsible import CollapsibleSection
@@ -69,6 +70,7 @@ class MainWindow(ChatReplies, QMainWindow):
         self._turn: ChatTurn | None = None  # the reply running now (in any chat)
         self._from_composer = False  # it came from the composer (not a regenerate)
         self._reply = ""  # what it streamed so far
+        self._made_with = None  # its model and sampling
         self._waiting: list[WaitingAsk] = []  # messages that wait for it, in order
         self._loading_spec = ""
         self._fallback_model = fallback_model
@@ -81,6 +83,9 @@ class MainWindow(ChatReplies, QMainWindow):
             self, bridge, self.settings, self._set_state_text, port_override=server_port
         )
         self.downloads = DownloadManager(bridge.data_root, self)  # they go on while you chat
+        self.chat_files = ChatFiles(
+            self, store, lambda: self.session.id if self.session else None, self._set_state_text
+        )
         self.downloads_dialog: DownloadsDialog | None = None
         self._build_widgets()
         self._build_actions()
@@ -169,7 +174,11 @@ class MainWindow(ChatReplies, QMainWindow):
 
         menus = self.menuBar()
         file_menu = menus.addMenu("&File")
-        for act in (self.new_action, self.app_settings_action, self.quit_action):
+        file_menu.addAction(self.new_action)
+        file_menu.addAction(self.chat_files.import_action)
+        file_menu.addAction(self.chat_files.export_action)
+        file_menu.addSeparator()
+        for act in (self.app_settings_action, self.quit_action):
             file_menu.addAction(act)
         chat_menu = menus.addMenu("&Chat")
         for act in (self.regenerate_action, self.stop_action, self.session_settings_action):
@@ -225,6 +234,7 @@ class MainWindow(ChatReplies, QMainWindow):
         self.sessions.sessionDeleted.connect(self._on_session_deleted)
         self.sessions.newRequested.connect(self.new_chat)
         self.downloads_status.button.clicked.connect(self.open_downloads)
+        self.chat_files.imported.connect(self._on_imported)
         self.downloads.finished.connect(self._on_download_finished)
         self.downloads.failed.connect(
             lambda target, message: self._set_state_text(f"Download of {target}: {message}")
@@ -262,7 +272,8 @@ class MainWindow(ChatReplies, QMainWindow):
             turn, self._turn = self._turn, None
             self.bridge.cancel()
             try:
-                turn.finish(self.store, self._reply, None)  # nothing yet: nothing stored
+                # nothing yet: nothing stored
+                turn.finish(self.store, self._reply, None, self._made_with)
             except StoreError as exc:
                 log.warning("the reply being written when the window closed is lost: %s", exc)
         super().closeEvent(event)
@@ -329,6 +340,10 @@ class MainWindow(ChatReplies, QMainWindow):
         self._update_state()
         if damage or session.damaged:  # shown as read (bad bytes as U+FFFD), said in one row
             self.chat.add_error(f"Damaged: {damage or 'this chat: ' + session.damaged}")
+
+    def _on_imported(self, session_id: int) -> None:
+        self.sessions.refresh(select_id=session_id)
+        self.open_session(session_id)
 
     def _on_session_deleted(self, session_id: int, name: str) -> None:
         if name:

@@ -15,7 +15,7 @@ from app.bridge import EngineBridge
 from app.chat_view import ChatView
 from app.composer import Composer
 from core.chats.store import ChatStore, Session, readable
-from core.chats.turn import ChatTurn
+from core.chats.turn import ChatTurn, MadeWith
 from core.engine.types import RequestStats
 from core.errors import StoreError
 from core.paths import MB
@@ -43,6 +43,7 @@ class ChatReplies:
     _turn: ChatTurn | None  # the reply running now (in any chat)
     _from_composer: bool  # it came from the composer (not a regenerate)
     _reply: str  # what it streamed so far
+    _made_with: MadeWith | None  # its model and sampling, stored with it
     _waiting: list[WaitingAsk]  # messages that wait for it, in order
 
     def _show_pending(self, session_id: int) -> None:
@@ -145,6 +146,7 @@ class ChatReplies:
             self._set_state_text(f"Check the chat settings: {exc}")
             return False
         self._turn, self._from_composer, self._reply = turn, from_composer, ""
+        self._made_with = MadeWith(self.model_name, self.sampling(turn.session))
         if self._visible(turn):
             if not shown:
                 self._show_sent(turn, from_composer)
@@ -262,7 +264,13 @@ class ChatReplies:
             )
         else:
             self._set_state_text(f"The reply in “{turn.session.title or 'a new chat'}” is done")
-        saved = turn.save(self.store, text, stats, make_room=self.bridge.give_disk_space_back)
+        saved = turn.save(
+            self.store,
+            text,
+            stats,
+            make_room=self.bridge.give_disk_space_back,
+            made_with=self._made_with,
+        )
         if saved.error:  # the reply stays shown; the chat goes on in memory
             self._set_state_text(f"This reply is shown but was not saved: {saved.error}")
             return

@@ -56,7 +56,8 @@ def test_a_turn_streams_into_the_chat_and_is_stored(qtbot, open_window, tiny_mod
     assert window.composer.send_button.isEnabled() and window.composer.text() == ""
     stored = store.messages(window.session.id)
     assert [(m.role, m.content) for m in stored] == [("user", "Hello there"), ("assistant", reply)]
-    assert stored[1].stats == dataclasses.asdict(stats)
+    made_with = {"model": name, "sampling": window.sampling()}  # kept for the export
+    assert stored[1].stats == {**dataclasses.asdict(stats), **made_with}
     assert window.session.title == "Hello there"  # titled by its first message
     assert window.sessions.current_id() == window.session.id
 

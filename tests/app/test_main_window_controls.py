@@ -4,6 +4,7 @@ last-used model gone at start. Every test waits on signals."""
 
 from __future__ import annotations
 
+import json
 import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -101,12 +102,26 @@ def test_every_menu_and_toolbar_action_does_what_it_says(qtbot, open_window, tmp
         )
         dialog.close()
 
+    def export_chat(action):
+        window.chat_files._ask_export_path = lambda stem: (str(tmp_path / "out.json"), "")
+        action.trigger()
+        assert json.loads((tmp_path / "out.json").read_text())["messages"][0]["content"] == "hello"
+
+    def import_chat(action):
+        window.chat_files._ask_import_path = lambda: str(tmp_path / "out.json")
+        before = len(store.list_sessions())
+        action.trigger()
+        assert len(store.list_sessions()) == before + 1 and window.chat.message_count() >= 2
+        window.sessions.sessionSelected.emit(first_session)
+
     def quits(action):
         action.trigger()
         assert not window.isVisible()
 
     effects = {
         "New chat": new_chat,
+        "Export Chat": export_chat,
+        "Import Chat": import_chat,
         "Preferences": opens("app_dialog"),
         "Regenerate Reply": regenerate,
         "Stop": stop,
