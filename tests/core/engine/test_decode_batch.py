@@ -122,13 +122,13 @@ def test_rows_ending_together_send_their_last_tokens_before_storing_caches(loade
     if loaded.info.model_type != "llama":
         pytest.skip("hybrid models prefill one prompt at a time: their rows join, so end, at different steps")
     log: list[tuple[int, str]] = []
-    emit = RequestHandle._emit
+    emit = RequestHandle.emit
 
     def logged(self, event):
         log.append((id(self), type(event).__name__))
         emit(self, event)
 
-    monkeypatch.setattr(RequestHandle, "_emit", logged)
+    monkeypatch.setattr(RequestHandle, "emit", logged)
     s = scheduler(loaded)
     handles = [handle(p, max_tokens=6) for p in PROMPTS[:3]]
     for h in handles:

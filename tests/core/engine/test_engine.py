@@ -263,15 +263,15 @@ def test_count_tokens_is_the_prompt_a_request_would_have(engine):
 
 def test_a_handle_wakes_its_reader_and_hands_over_what_arrived():
     handle = RequestHandle(GenerationRequest(prompt_text="hi"))
-    handle._emit(TokenEvent("a"))  # before anyone listens
+    handle.emit(TokenEvent("a"))  # before anyone listens
     wakes = []
     handle.on_events(lambda: wakes.append(1))
     assert wakes == [1]  # what was waiting already
-    handle._emit(TokenEvent("b"))
+    handle.emit(TokenEvent("b"))
     assert wakes == [1, 1]
     assert handle.take() == ([TokenEvent("a"), TokenEvent("b")], False)
     assert handle.take() == ([], False)
     done = DoneEvent("ab", RequestStats())
-    handle._emit(done)
-    handle._finish()
+    handle.emit(done)
+    handle.finish()
     assert handle.take() == ([done], True) and len(wakes) == 4

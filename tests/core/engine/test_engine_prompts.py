@@ -87,8 +87,8 @@ def test_a_huge_message_never_holds_up_a_stream(engine, monkeypatch):
     spy = TokenizerSpy(monkeypatch)
     stream = engine.submit(ask("keep talking", max_tokens=4000))
     emitted: list = []  # what the engine has sent the stream (read or not)
-    send = stream._emit
-    stream._emit = lambda event: (emitted.append(event), send(event))
+    send = stream.emit
+    stream.emit = lambda event: (emitted.append(event), send(event))
     events = stream.events(timeout=120)
     tokens(events, 1)
     huge = engine.submit(ask("z" * HUGE))

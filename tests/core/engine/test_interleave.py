@@ -43,9 +43,9 @@ class Watched(RequestHandle):
         super().__init__(request)
         self.on_event = on_event
 
-    def _emit(self, event):
+    def emit(self, event):
         self.on_event(event)
-        super()._emit(event)
+        super().emit(event)
 
 
 def request(text: str, max_tokens: int = 40, priority: int = 0) -> GenerationRequest:
