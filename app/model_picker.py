@@ -170,8 +170,8 @@ class ModelPickerDialog(QDialog):
         self.tree.setCurrentItem(None)
         self._fill()
         self.error_label.hide()
-        self.hub_panel._say(f"Deleted {spec}: {human_bytes(deleted.freed_bytes)}, and {deleted.kv_sessions} "
-                            f"cached sessions ({human_bytes(deleted.kv_bytes)})")
+        self.hub_panel.say(f"Deleted {spec}: {human_bytes(deleted.freed_bytes)}, and {deleted.kv_sessions} "
+                           f"cached sessions ({human_bytes(deleted.kv_bytes)})")
 
     def done(self, result: int) -> None:
         """Closing the picker (OK, Cancel, Esc) stops a download: what came so far is
