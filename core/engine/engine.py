@@ -149,7 +149,12 @@ class RequestHandle:
 
 
 class Engine:
-    """Owns the model and all MLX work on one thread for the life of the app."""
+    """Owns the model and all MLX work on one thread for the life of the app.
+
+    A subclass runs it otherwise (:class:`core.distributed.engine.ShardedEngine`: one rank
+    of a group) by overriding its engine-thread steps: ``_run`` (the loop over the
+    commands of :mod:`core.engine.commands`), ``_load_model``, ``_install`` and
+    ``_do_request``."""
 
     def __init__(
         self,
