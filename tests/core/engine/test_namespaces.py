@@ -5,7 +5,6 @@ the PIN (so the test can fail)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
@@ -13,6 +12,7 @@ from core.engine import namespaces
 from core.engine.engine import Engine
 from core.engine.types import DoneEvent, GenerationRequest, RequestStats, SamplingParams
 from tests.core.engine.pin_attack import attack, learned_nothing, victim_prompt
+from tests.core.engine.helpers import start_engine
 
 ONE_TOKEN = SamplingParams(temperature=0.0, max_tokens=1)
 PINS = ("4831", "2907")
@@ -29,13 +29,6 @@ def served(stats: RequestStats) -> int:
     return stats.cached_tokens + stats.restored_tokens  # what usage.cached_tokens says
 
 
-def start(data: Path, model: Path, **options) -> Engine:
-    data.mkdir(exist_ok=True)
-    engine = Engine(data, str(model), pool_tokens=4096, **options).start()
-    engine.wait_ready(60)
-    return engine
-
-
 def probe(engine: Engine, namespace: str):
     return lambda prompt: served(run(engine, prompt, namespace))
 
@@ -45,7 +38,7 @@ def test_the_pin_attack_in_ram(tmp_path, tiny_model, attacker):
     victim = namespaces.for_key("victim's key")
     results = []
     for pin in PINS:
-        engine = start(tmp_path / pin, tiny_model, disk_cache=False)
+        engine = start_engine(tmp_path / pin, tiny_model, disk_cache=False)
         try:
             stats = run(engine, victim_prompt(pin), victim, session="secrets")
             assert stats.cache_namespace == namespaces.label(victim) and stats.cache_namespace.startswith("key-")
@@ -67,14 +60,14 @@ def test_the_pin_attack_on_disk_after_a_restart(tmp_path, tiny_model, attacker):
     results = []
     for pin in PINS:
         data = tmp_path / pin
-        first = start(data, tiny_model, disk_min_tokens=1)
+        first = start_engine(data, tiny_model, disk_min_tokens=1)
         try:
             run(first, victim_prompt(pin), victim, session="secrets")
             run(first, victim_prompt(pin)[:-5], victim)  # an unnamed chain too, kept by its tokens
             first.flush_disk_cache()
         finally:
             first.shutdown()
-        second = start(data, tiny_model, disk_min_tokens=1)  # RAM is empty: only the disk knows
+        second = start_engine(data, tiny_model, disk_min_tokens=1)  # RAM is empty: only the disk knows
         try:
             namespace = victim if attacker == "same" else attacker
             guess, seen = attack(probe(second, namespace))
@@ -91,7 +84,7 @@ def test_the_pin_attack_on_disk_after_a_restart(tmp_path, tiny_model, attacker):
 
 
 def test_a_system_prompt_is_still_shared_inside_a_namespace(tmp_path, tiny_model):
-    engine = start(tmp_path, tiny_model, disk_cache=False)
+    engine = start_engine(tmp_path, tiny_model, disk_cache=False)
     system = "You are a careful assistant who answers in one short line. " * 2
     try:
         run(engine, system + "First question?", namespaces.APP, session="one")
