@@ -1,6 +1,7 @@
 """Plain helpers of the engine tests (their fixtures are in conftest.py): a tiny model
 loaded, a scheduler driven on the test's own thread, requests and their replies, an
-engine started and ready."""
+engine started and ready, and the tools the tool tests offer (the API's tests use them
+too)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,28 @@ from pathlib import Path
 from core.engine.engine import Engine, RequestHandle
 from core.engine.scheduler import Scheduler
 from core.engine.types import DoneEvent, GenerationRequest, SamplingParams
+from core.models.chat_template import shipped_template
 from core.models.loader import LoadedModel, load_model
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from kvcache.builder import build_kv_cache
 from kvcache.prefix_cache import PrefixCache
+
+# Two tools, as OpenAI's API takes them (a city's weather; the time in a zone).
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
+                                                    "unit": {"enum": ["C", "F"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}},
+                                       "required": ["zone"], "additionalProperties": False}}}
+
+
+def anthropic_tool(tool: dict) -> dict:
+    """An OpenAI tool as Anthropic's API takes it."""
+    function = tool["function"]
+    described = {"description": function["description"]} if "description" in function else {}
+    return {"name": function["name"], **described, "input_schema": function["parameters"]}
 
 
 def load_tiny(tmp_path_factory, kind: str, **spec) -> LoadedModel:
@@ -76,3 +95,10 @@ def start_engine(data: Path, model: Path, pool_tokens: int = 4096, **options) ->
     engine = Engine(data, str(model), pool_tokens=pool_tokens, **options).start()
     engine.wait_ready(timeout=60)
     return engine
+
+
+def start_tools_engine(data: Path, model: Path) -> Engine:
+    """An engine for the tool tests: the shipped tool-capable template, room for tools in
+    the pool, no disk cache (``model``: one with room for them, ``long_tiny_model``)."""
+    return start_engine(data, model, pool_tokens=16384, disk_cache=False,
+                        chat_template=shipped_template("smollm2_tools.jinja"))

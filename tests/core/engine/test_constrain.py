@@ -14,29 +14,19 @@ from core.engine.engine import Engine
 from core.engine.types import (ChatMessage, DoneEvent, ErrorEvent, GenerationRequest, SamplingParams, TokenEvent,
                                ToolCallEvent)
 from core.errors import ErrorKind
-from core.models.chat_template import shipped_template
-from tests.core.engine.helpers import last_done, start_engine
+from tests.core.engine.helpers import TIME, WEATHER, last_done, start_tools_engine
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=120)
 SCHEMA = {"type": "object",
           "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "green", "blue"]},
                          "name": {"type": "string", "maxLength": 6}},
           "required": ["ok", "color", "name"], "additionalProperties": False}
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather of a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
-                                                    "unit": {"enum": ["C", "F"]}},
-                   "required": ["city", "unit"], "additionalProperties": False}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}},
-                                       "required": ["zone"], "additionalProperties": False}}}
 TOOLS = (WEATHER, TIME)
 
 
 @pytest.fixture(scope="module")
 def engine(long_tiny_model, tmp_path_factory):
-    eng = start_engine(tmp_path_factory.mktemp("data"), long_tiny_model, pool_tokens=16384, disk_cache=False,
-                       chat_template=shipped_template("smollm2_tools.jinja"))
+    eng = start_tools_engine(tmp_path_factory.mktemp("data"), long_tiny_model)
     yield eng
     eng.shutdown()
 
