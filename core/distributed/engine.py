@@ -59,7 +59,8 @@ log = logging.getLogger(__name__)
 
 class ShardHandle:
     """A request as every rank runs it: the request, a cancel flag latched at ticks, and
-    (on rank 0) the client's handle its events go to."""
+    (on rank 0) the client's handle its events go to. The engine side of a
+    :class:`RequestHandle` (``emit``, ``finish``, ``prepared``), which the scheduler uses."""
 
     def __init__(self, rid: int, request, client: RequestHandle | None, on_end):
         self.rid = rid
