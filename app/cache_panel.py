@@ -42,7 +42,8 @@ class TurnSplit:
     computed: int
     prompt: int
     ttft_s: float
-    namespace: str = ""  # the cache namespace the prompt was looked up in (a label; "" before namespaces)
+    # the cache namespace the prompt was looked up in (a label; "" before namespaces)
+    namespace: str = ""
 
     @classmethod
     def of(cls, stats: RequestStats | dict) -> TurnSplit:
@@ -129,7 +130,8 @@ class CachePanel(ChartPanel):
         self.x_axis.shown.setGridLineVisible(False)
         self.tokens_axis = AxisPair(self.chart, Qt.AlignmentFlag.AlignLeft, (self.bars,))
         self.tokens_axis.shown.setTickCount(5)
-        self.ttft_axis = AxisPair(self.chart, Qt.AlignmentFlag.AlignRight, (self.ttft_series,))  # s; s or ms
+        # s; s or ms
+        self.ttft_axis = AxisPair(self.chart, Qt.AlignmentFlag.AlignRight, (self.ttft_series,))
         self.ttft_axis.shown.setTickCount(5)
         self.ttft_axis.shown.setGridLineVisible(False)
         self.chart_view = chart_view(self.chart)

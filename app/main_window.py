@@ -48,7 +48,8 @@ class MainWindow(QMainWindow):
         self._turn: ChatTurn | None = None  # the turn whose reply the window waits for
         self._from_composer = False  # it came from the composer (not a regenerate)
         self.error_box: QMessageBox | None = None
-        self.group_bridge = GroupBridge(str(bridge.data_root), parent=self)  # serving over several Macs
+        # serving over several Macs
+        self.group_bridge = GroupBridge(str(bridge.data_root), parent=self)
         self.group_dialog: GroupServeDialog | None = None
 
         self.setWindowTitle("RadixChat")
@@ -507,7 +508,8 @@ class MainWindow(QMainWindow):
         dialog = GroupServeDialog(self.group_bridge, info.name, info.path, self.settings.group_hostfile or "",
                                   self.server_port or 8000, parent=self)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        dialog.start_button.clicked.connect(  # the hostfile a group was started with: offered next time
+        # the hostfile a group was started with: offered next time
+        dialog.start_button.clicked.connect(
             lambda: setattr(self.settings, "group_hostfile", dialog.hostfile.text().strip() or None))
         dialog.destroyed.connect(lambda: setattr(self, "group_dialog", None))
         dialog.show()

@@ -116,8 +116,10 @@ class DiskTier:
         layout = prefix_cache.build.layout
         self._token_bytes = layout.bytes_per_token if layout is not None else 0
         self._jobs: queue.Queue = queue.Queue()
-        self._queued: set[str] = set()  # keys serialized and not yet written (engine adds, writer removes)
-        self._unserialized: list[_Unserialized] = []  # saves waiting for serialize_pending (engine thread)
+        # keys serialized and not yet written (engine adds, writer removes)
+        self._queued: set[str] = set()
+        # saves waiting for serialize_pending (engine thread)
+        self._unserialized: list[_Unserialized] = []
         self.last_error: str | None = None
         self._stopped_until = 0.0  # writes are off until then (disk full)
         self._counts = dict(reads=0, read_tokens=0, read_bytes=0, skipped_reads=0, pages_written=0,
@@ -503,7 +505,8 @@ class _Joiner:
         ``at..at+n-1`` (after the first :meth:`add`: the buffers exist)."""
         arrays = [a for pair in layers_kv for a in pair]
         arrays = [a.astype(mx.bfloat16).view(mx.uint16) if name == "bfloat16" else a.astype(buffer.dtype)
-                  for a, name, buffer in zip(arrays, self.names, self.buffers)]  # as the buffers hold it
+                  # as the buffers hold it
+                  for a, name, buffer in zip(arrays, self.names, self.buffers)]
         mx.eval(arrays)
         self.add(at, arrays[0].shape[1], 0, [(name, np.array(a, copy=False)) for a, name in zip(arrays, self.names)])
 

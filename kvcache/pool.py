@@ -142,7 +142,8 @@ class KVPagePool:
             kv = kv.astype(self.keys[layer].dtype)
             if full:
                 pages = self._as_pages(layer, kv[:, : full * self.page_size], full)
-                for at, first, count in self._runs(page_ids[:full]):  # slice updates: see the module doc
+                # slice updates: see the module doc
+                for at, first, count in self._runs(page_ids[:full]):
                     pool, local = self._arrays(layer, first)[side], first % self.segment_pages
                     pool[local : local + count] = pages[at : at + count]
                     touched.append(pool)

@@ -226,7 +226,8 @@ def tool_request(body: CountTokensRequest, limits: RequestLimits = RequestLimits
     limits.check_body({"tools": tools})
     limits.check_schemas(tool.model_dump(exclude_none=True) for tool in tools)
     for i, tool in enumerate(tools):
-        try:  # the same schemas come on every turn of an agent: checked once (check_schema remembers)
+        # the same schemas come on every turn of an agent: checked once (check_schema remembers)
+        try:
             check_schema(tool.input_schema, f"tools[{i}].input_schema")
         except SchemaError as exc:
             raise invalid(exc.param, str(exc)) from None

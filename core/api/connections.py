@@ -43,7 +43,8 @@ from core.limits import MAX_CONNECTIONS
 log = logging.getLogger(__name__)
 
 HEAD_TIMEOUT_S = 10.0  # from a connection's start (or a head's first byte) to the head's end
-RESERVED_FDS = 64  # descriptors kept for the rest of the process (a server with a model loaded used 16)
+# descriptors kept for the rest of the process (a server with a model loaded used 16)
+RESERVED_FDS = 64
 LOG_EVERY_S = 10.0
 # The kernel's send buffer of a connection (Linux doubles it; autotuning would let it grow to
 # megabytes): what a client that stops reading leaves queued in the kernel, and so how soon

@@ -42,7 +42,8 @@ class ByteAllowance:
 
     def __init__(self, burst: int, per_s: float = BODY_BYTES_PER_S):
         self.burst, self.per_s = burst, per_s
-        self._buckets: dict[str, tuple[float, float]] = {}  # client (a key's, never a salt's) -> (bytes left, when)
+        # client (a key's, never a salt's) -> (bytes left, when)
+        self._buckets: dict[str, tuple[float, float]] = {}
 
     async def take(self, client: str, size: int) -> None:
         """Wait until ``client`` may have sent ``size`` more bytes."""

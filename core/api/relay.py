@@ -135,7 +135,8 @@ class _Waker:
         self._scheduled = False
 
     def wake_for(self, events: EngineEvents) -> Callable[[], None]:
-        def wake() -> None:  # engine thread (or a prompt thread refusing a prompt: appends are safe)
+        # engine thread (or a prompt thread refusing a prompt: appends are safe)
+        def wake() -> None:
             self._ready.append(events)
             if not self._scheduled:
                 self._scheduled = True

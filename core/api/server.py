@@ -113,7 +113,8 @@ class ApiServer:
             raise UserError(f"cannot listen on port {self.port}: a port is 0 to 65535")
         sock = self._listen()
         self.port = sock.getsockname()[1]
-        self.connections = ConnectionGuard(self.connection_limits)  # raises the open-file limit if it must
+        # raises the open-file limit if it must
+        self.connections = ConnectionGuard(self.connection_limits)
         config = uvicorn.Config(build_app(self.state), **{**UVICORN_PARTS, "http": protocol_for(self.connections)},
                                 log_config=None, access_log=False, server_header=False,
                                 timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=GRACEFUL_S,

@@ -88,7 +88,8 @@ def _clear(path: Path, session: str | None, label: str) -> None:
                 freed += store.clear(session_row(session, namespaces.APP))
     except DiskStoreError as exc:
         if session is not None or getattr(exc, "reason", None) == "locked":
-            raise StoreError(str(exc)) from exc  # (a locked cache is in use: never pulled from under it)
+            # (a locked cache is in use: never pulled from under it)
+            raise StoreError(str(exc)) from exc
         # Clearing everything needs a write (and a VACUUM needs room for a copy): on a full
         # disk, or a file that cannot be opened, delete the files instead; that always works.
         freed = remove_files(path)

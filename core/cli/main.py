@@ -216,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--split", choices=("auto", "tensor", "pipeline"), default="auto",
                        help="with --hosts: split each layer's heads over the hosts (tensor), or the layers "
                             "(pipeline, for the architectures mlx-lm pipelines); auto: tensor where it can")
-    serve.add_argument("--group-member", action="store_true", help=argparse.SUPPRESS)  # a rank started by --hosts
+    # a rank started by --hosts
+    serve.add_argument("--group-member", action="store_true", help=argparse.SUPPRESS)
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
@@ -344,7 +345,8 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
     """Run the command line; ``gui`` opens the app (``app.launcher`` passes it in, since
     core never imports app)."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] and argv[0].startswith("_"):  # a hidden subcommand (its module is imported only then)
+    # a hidden subcommand (its module is imported only then)
+    if argv[:1] and argv[0].startswith("_"):
         from core.distributed.launch import LAUNCH_COMMAND, run_launcher
 
         if argv[0] == LAUNCH_COMMAND:  # MLX's launcher, run by `serve --hosts` (even in the app)

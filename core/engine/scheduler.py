@@ -159,7 +159,8 @@ class Scheduler:
         at a time). Raises UserError for a request that cannot run."""
         request, loaded = handle.request, self.loaded
         started = time.perf_counter() - handle.prompt_s  # rendered and tokenised on a prompt thread
-        prompt = render_prompt(loaded.tokenizer, request)  # schemas checked on the prompt thread (engine.py)
+        # schemas checked on the prompt thread (engine.py)
+        prompt = render_prompt(loaded.tokenizer, request)
         context = loaded.info.context_length
         if self.vocab is not None and not 0 <= min(prompt) <= max(prompt) < self.vocab:
             bad = next(t for t in prompt if not 0 <= t < self.vocab)
@@ -450,7 +451,8 @@ class Scheduler:
                 solo.context = mx.concatenate([solo.context, y])
                 for processor in solo.processors:
                     logits = processor(solo.context, logits)
-            if solo.sampler is greedy_sampler and not solo.processors:  # as the decode batch's _Batch
+            # as the decode batch's _Batch
+            if solo.sampler is greedy_sampler and not solo.processors:
                 sampled = mx.argmax(logits, axis=-1)
             else:
                 sampled = solo.sampler(logits - mx.logsumexp(logits, keepdims=True))
@@ -626,7 +628,8 @@ class Scheduler:
         )
         calls = tuple(state.tool_text.calls) if state.tool_text is not None else ()
         failure = state.grammar.failure if state.grammar is not None and finish != "cancelled" else None
-        if failure is not None:  # what was sent is not what the schema asks for: never a finished reply
+        # what was sent is not what the schema asks for: never a finished reply
+        if failure is not None:
             handle.emit(ErrorEvent(f"the output constraint failed after {n} tokens ({failure}); the reply "
                                     "would not match the schema: a simpler schema may work", ErrorKind.BAD_REQUEST))
         else:

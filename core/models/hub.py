@@ -461,7 +461,8 @@ def _search_result(info, kind: str, on_cpu: bool | None, machine_bytes: int | No
         counts = _parameter_counts(info.safetensors.parameters if info.safetensors else None)
         size = _plausible(sum(n * _DTYPE_BYTES.get(dtype.upper(), 2) for dtype, n in counts.items()))
         bits = _bits(config, info.id)
-        packed = any(dtype.upper() == "U32" for dtype in counts)  # quantized weights, 32 // bits a word
+        # quantized weights, 32 // bits a word
+        packed = any(dtype.upper() == "U32" for dtype in counts)
         parameters = None if packed and bits is None else \
             _plausible(sum(n * (32 // bits if dtype.upper() == "U32" else 1) for dtype, n in counts.items()))
         if bits is not None and quantization is None:
@@ -474,7 +475,8 @@ def _search_result(info, kind: str, on_cpu: bool | None, machine_bytes: int | No
         gguf = info.gguf if isinstance(info.gguf, dict) else {}
         parameters = _plausible(gguf.get("total"))
         architecture = gguf.get("architecture") if isinstance(gguf.get("architecture"), str) else None
-        size = int(parameters * GGUF_BITS_PER_WEIGHT / 8) if parameters else None  # until a file is chosen
+        # until a file is chosen
+        size = int(parameters * GGUF_BITS_PER_WEIGHT / 8) if parameters else None
         problem = None if architecture is None or architecture in GGUF_ARCHITECTURES else \
             f"a GGUF of the {architecture} family, which RadixChat's import can't map yet"
         fit = estimate_fit("gguf", size, parameters, on_cpu, machine_bytes) if size else None

@@ -161,7 +161,8 @@ def fetch_model(name: str | KnownModel, data_root: Path, progress: Progress | No
     finally:
         if tmp is not None:
             tmp.unlink(missing_ok=True)
-    FileHashCache.in_data_folder(data_root).remember(final, model.sha256)  # checked while it was written
+    # checked while it was written
+    FileHashCache.in_data_folder(data_root).remember(final, model.sha256)
     report(f"{model.filename} is ready", 1.0)
     return final
 

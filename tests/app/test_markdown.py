@@ -53,7 +53,8 @@ def test_markdown_renders_bold_and_shaded_fixed_pitch_code(body):
     frame = QTextCursor(code).currentFrame()
     assert frame != document.rootFrame()
     assert frame.frameFormat().background().color() == code_background(body.palette())
-    assert frame == QTextCursor(_block_with(document, "y = 2")).currentFrame()  # one box per code block
+    # one box per code block
+    assert frame == QTextCursor(_block_with(document, "y = 2")).currentFrame()
     assert QTextCursor(_block_with(document, "After.")).currentFrame() == document.rootFrame()
 
 

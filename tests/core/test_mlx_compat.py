@@ -26,7 +26,8 @@ def test_the_launcher_is_there_with_main_and_its_select():
     assert callable(getattr(launcher, "main", None)), f"{installed()}: {LAUNCHER}.main is gone; this breaks {GROUPS}"
     assert not inspect.signature(launcher.main).parameters, (
         f"{installed()}: {LAUNCHER}.main now takes arguments (it read sys.argv); this breaks {GROUPS}")
-    source = inspect.getsource(launcher)  # (its select may be ours already: a group ran in this process)
+    # (its select may be ours already: a group ran in this process)
+    source = inspect.getsource(launcher)
     assert "from select import select" in source and "select(" in source and callable(launcher.select), (
         f"{installed()}: {LAUNCHER} no longer calls select as a module global; the stdin relay of "
         f"{GROUPS} spins a core per rank again")

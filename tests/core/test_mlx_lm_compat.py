@@ -38,7 +38,8 @@ class Reliance:
 
     where: str
     breaks: str  # what in RadixChat stops working without it
-    parameters: tuple[str, ...] | None = None  # the signature's leading parameters, in order (self excluded)
+    # the signature's leading parameters, in order (self excluded)
+    parameters: tuple[str, ...] | None = None
     keywords: tuple[str, ...] = ()  # parameters passed by name (anywhere in the signature)
 
     def resolve(self):

@@ -20,7 +20,8 @@ def turn(capsys, model, data, text) -> dict:
 
 
 @pytest.mark.parametrize("content", [b"this is not a database " * 100,  # not SQLite at all
-                                     b"SQLite format 3\x00" + b"\x07" * 4000])  # a header, then garbage
+                                     # a header, then garbage
+                                     b"SQLite format 3\x00" + b"\x07" * 4000])
 def test_an_unreadable_cache_is_set_aside_and_rebuilt(capsys, caplog, tiny_model, tmp_path, content):
     """Today: 'disk cache off' at every start, and the second turn restores nothing."""
     (tmp_path / "kvcache.db").write_bytes(content)

@@ -159,7 +159,8 @@ def run_bench_distributed(args) -> int:
             for rep in range(args.repeats):
                 for n in lengths:
                     texts = {}
-                    for mode in (MODES if rep % 2 == 0 else MODES[::-1]):  # interleaved, order alternating
+                    # interleaved, order alternating
+                    for mode in (MODES if rep % 2 == 0 else MODES[::-1]):
                         prompt = prompt_of(n, f"repetition {rep} length {n}")
                         runs[mode][n]["uncached"].append(ask(ports[mode], prompt, args.max_tokens))
                         runs[mode][n]["cached"].append(ask(ports[mode], prompt, args.max_tokens))

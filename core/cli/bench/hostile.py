@@ -197,7 +197,8 @@ def greedy(port: int, streams: int, long_tokens: int, probes: int) -> Scene:
     scene = Scene("greedy", f"{streams} streams of {long_tokens} tokens on key A whose client never reads")
     count = "\n".join(str(n) for n in range(1, 21))
     requests = []
-    for i in range(streams):  # a count to continue (raw text: a chat reply may end after a few lines)
+    # a count to continue (raw text: a chat reply may end after a few lines)
+    for i in range(streams):
         body = json.dumps({"prompt": f"({i}) Numbers, one per line:\n{count}\n", "max_tokens": long_tokens,
                            "temperature": 0, "stream": True}).encode()
         requests.append(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer %s\r\n"

@@ -92,7 +92,8 @@ def measure(fixture, megabytes: int, repeats: int) -> dict:
                "PYTHONPATH": os.pathsep.join(filter(None, (str(checkout), os.environ.get("PYTHONPATH"))))}
         env.pop("HF_HUB_OFFLINE", None)
         pull_env = _as_installed(env, checkout, work)
-        hub.agent_registry = fixture.AGENT_REGISTRY  # as the hub answers it: the first pull keeps it in HF_HOME
+        # as the hub answers it: the first pull keeps it in HF_HOME
+        hub.agent_registry = fixture.AGENT_REGISTRY
         openssl = shutil.which("openssl")
         runs: dict[str, list[float]] = {k: [] for k in ("curl_s", "curl_cpu_s", "pull_s", "pull_cpu_s",
                                                           "pull_download_s", "curl_then_sha256_s")}
@@ -180,7 +181,8 @@ def _resume(hub, work: Path, size: int, env: dict) -> dict:
     from core.models import download
 
     cancel = threading.Event()
-    hub.rate = size / 2.0  # bytes/s for this pull only: progress comes often enough to cancel mid-file
+    # bytes/s for this pull only: progress comes often enough to cancel mid-file
+    hub.rate = size / 2.0
     try:
         download.pull(REPO, cancel=cancel, progress=lambda p: cancel.set() if p.done_bytes > size // 2 else None)
     except download.DownloadCancelled:

@@ -58,7 +58,8 @@ class Repetition:
     ttft_ram_s: float
     replies_identical: bool
     session_bytes: int  # tokens + K/V (+ snapshots) of the session's pages, as read
-    load_cold_s: float | None  # DiskStore.read_session, all pages; cold: None where it cannot be had
+    # DiskStore.read_session, all pages; cold: None where it cannot be had
+    load_cold_s: float | None
     load_warm_s: float
     plain_cold_s: float | None  # a sequential read of a file of session_bytes
     plain_warm_s: float

@@ -109,7 +109,8 @@ def _repetition(folder: Path, spec: str, tokens: int) -> ApiRepetition:
     engine, server = serve()
     try:
         base = _stream(server, _messages(0, FIRST_QUESTION), 1).prompt_tokens  # also the warm-up
-        one = _stream(server, _messages(1, FIRST_QUESTION), 1).prompt_tokens  # (short: tiny contexts too)
+        # (short: tiny contexts too)
+        one = _stream(server, _messages(1, FIRST_QUESTION), 1).prompt_tokens
         count = max(1, round((tokens - base) / max(1.0, one - base)))
         first = _stream(server, _messages(count, FIRST_QUESTION), BUILD_REPLY_TOKENS)
         engine.flush_disk_cache()
@@ -122,7 +123,8 @@ def _repetition(folder: Path, spec: str, tokens: int) -> ApiRepetition:
     _drop_from_page_cache(*paths.kv_cache_db_files(folder))
     engine, server = serve()  # "after a restart"
     try:
-        _stream(server, [{"role": "user", "content": "Hello"}], 1)  # warm-up (too short to be written)
+        # warm-up (too short to be written)
+        _stream(server, [{"role": "user", "content": "Hello"}], 1)
         _drop_from_page_cache(*paths.kv_cache_db_files(folder))
         restore = _stream(server, follow_up, REPLY_TOKENS)
         restored = engine.stats().disk.read_tokens

@@ -128,8 +128,10 @@ def stream_chat(host: str, port: int, messages: list[dict[str, str]], max_tokens
                 usage = chunk["usage"]
             for choice in chunk.get("choices", ()):
                 delta = choice.get("delta") or {}
-                if delta.get("content") or delta.get("tool_calls"):  # a piece of the reply (mlx_lm.server
-                    stamps.append(now)  # sends the role with every piece, and the last piece with the end)
+                # a piece of the reply (mlx_lm.server sends the role with every piece, and the
+                # last piece with the end)
+                if delta.get("content") or delta.get("tool_calls"):
+                    stamps.append(now)
                 if choice.get("finish_reason"):
                     reason, finished_at = choice["finish_reason"], now
     finally:

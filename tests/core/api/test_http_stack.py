@@ -79,7 +79,8 @@ def test_a_cross_site_text_plain_post_is_refused(server):
     assert status_of(response) == 403 and body_of(response)["error"]["code"] == "origin_not_allowed"
     response = http_request(server, "POST", "/v1/chat/completions", CHAT, {"Content-Type": "text/plain"})
     assert status_of(response) == 415 and body_of(response)["error"]["code"] == "unsupported_media_type"
-    assert status_of(http_request(server, "POST", "/v1/chat/completions", CHAT)) == 415  # no type at all
+    # no type at all
+    assert status_of(http_request(server, "POST", "/v1/chat/completions", CHAT)) == 415
     assert status_of(http_request(server, "POST", "/v1/chat/completions", CHAT, JSON)) == 200
 
 

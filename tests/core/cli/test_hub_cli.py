@@ -35,7 +35,8 @@ def test_pull_then_models_then_rm(loopback_hub, capsys, tmp_path):
     assert "hub mlx" in line and "1.1 MB" in line and "last used just now" in line
     assert "downloaded from the hub: 1 model, 1.1 MB" in out
 
-    assert main(["models", "rm", TINY_MLX, *data]) == EXIT_USER_ERROR  # stdin is no terminal: needs --yes
+    # stdin is no terminal: needs --yes
+    assert main(["models", "rm", TINY_MLX, *data]) == EXIT_USER_ERROR
     assert "--yes" in capsys.readouterr().err
     assert main(["models", "rm", TINY_MLX, "--yes", *data]) == 0
     assert f"deleted {TINY_MLX}" in capsys.readouterr().out and hf_cache.resolve_repo(TINY_MLX) is None

@@ -14,7 +14,6 @@ import pytest
 from core import paths
 from core.chats.store import ChatStore
 from core.cli.main import main
-from tests.core.models.test_provision import fake_pip  # noqa: F401  (a fixture: pip replaced by a fake wheel)
 
 
 def chat_json(capsys, model, data, *extra) -> dict:
@@ -43,7 +42,8 @@ def test_chat_json_stores_both_turns(capsys, tiny_model, tmp_path):
 
 
 def test_chat_template_file_replaces_the_models_own(capsys, tiny_model, tmp_path):
-    once, twice = tmp_path / "once.jinja", tmp_path / "twice.jinja"  # the tiny model's tokens are bytes
+    # the tiny model's tokens are bytes
+    once, twice = tmp_path / "once.jinja", tmp_path / "twice.jinja"
     once.write_text("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
                     "{% endfor %}<|im_start|>assistant\n")
     twice.write_text(once.read_text().replace("{{ m.content }}", "{{ m.content }}{{ m.content }}"))
@@ -293,5 +293,6 @@ def test_version_names_radixchat_mlx_and_mlx_lm(capsys):
     assert line.startswith(f"radixchat {version('radixchat')} (")
     assert f"mlx {version('mlx')}," in line and f"mlx-lm {version('mlx-lm')}," in line
     run = subprocess.run([sys.executable, "-m", "core.cli.main", "--version"], capture_output=True, text=True,
-                         timeout=60)  # as a user runs it: a new process, which imports no MLX for it
+                         # as a user runs it: a new process, which imports no MLX for it
+                         timeout=60)
     assert run.returncode == 0 and run.stdout.strip() == line, run.stderr

@@ -31,7 +31,8 @@ def test_self_test_passes_with_one_line(capsys, home):
     match = OK_LINE.match(out[0])
     assert match, out[0]
     turn1_prompt, restored, turn2_prompt = (int(g) for g in match.groups()[1:])
-    assert 0 < turn1_prompt < restored < turn2_prompt  # turn 1's prompt and reply came back from disk
+    # turn 1's prompt and reply came back from disk
+    assert 0 < turn1_prompt < restored < turn2_prompt
     assert not home.exists() or not any(home.iterdir())
 
 

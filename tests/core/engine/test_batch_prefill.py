@@ -97,7 +97,8 @@ def test_rows_with_different_cached_prefixes(long_loaded, monkeypatch):
     assert [d.text for d in on] == [d.text for d in off]
     assert [d.stats.cached_tokens for d in on] == [d.stats.cached_tokens for d in off]
     if long_loaded.info.name and not _hybrid(long_loaded):
-        assert min(d.stats.cached_tokens for d in on) > 0  # the shared system prompt came from the tree
+        # the shared system prompt came from the tree
+        assert min(d.stats.cached_tokens for d in on) > 0
 
 
 def _hybrid(loaded) -> bool:
@@ -264,7 +265,8 @@ def test_requests_sent_together_are_prefilled_together(tiny_model, tmp_path, mon
     prepare = Engine._prepare_one
 
     def held(self, handle, prompts):  # the first prompt goes on once all four are submitted,
-        (submitted if handle.request.prompt_text == PROMPTS[0] else go).wait(30)  # the others on ``go``
+        # the others on ``go``
+        (submitted if handle.request.prompt_text == PROMPTS[0] else go).wait(30)
         prepare(self, handle, prompts)
 
     monkeypatch.setattr(Engine, "_prepare_one", held)

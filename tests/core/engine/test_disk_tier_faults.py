@@ -96,6 +96,7 @@ def test_a_full_disk_stops_writes_and_serving_goes_on(how, tmp_path, tiny_model,
     finally:
         engine.shutdown()
     assert disk.writes_stopped is not None and "full" in disk.writes_stopped
-    assert disk.write_errors == (how == "write fails") and disk.pages_written == 0  # the rest not tried
+    # the rest not tried
+    assert disk.write_errors == (how == "write fails") and disk.pages_written == 0
     lines = [r.getMessage() for r in caplog.records if r.name == "kvcache.persist"]
     assert len(lines) == 1 and "writes stopped" in lines[0]

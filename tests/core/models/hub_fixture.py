@@ -354,7 +354,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.hub.bytes_served[key] += n
 
 
-AGENT_REGISTRY = {"standardEnvVars": [], "harnesses": {}}  # the hub's answer's shape, no agent in it
+# the hub's answer's shape, no agent in it
+AGENT_REGISTRY = {"standardEnvVars": [], "harnesses": {}}
 
 
 def hub_environment(monkeypatch, hub: LoopbackHub, home: Path) -> Path:
@@ -380,7 +381,8 @@ def free_port_url() -> str:
 # ---------------------------------------------------------------------------- the test repos
 
 GOOD_TOKEN = "hf_loopback_good_token"
-TINY_MLX = "mlx-community/Tiny-Llama-128"  # a tiny float32 llama (1 MB of weights) + files a model doesn't need
+# a tiny float32 llama (1 MB of weights) + files a model doesn't need
+TINY_MLX = "mlx-community/Tiny-Llama-128"
 BIG_MLX = "mlx-community/Tiny-Llama-Wide"  # 27 MB of weights: several 10 MB chunks (cancel, resume)
 OTHER_MLX = "someone/tiny-chat-mlx"  # more downloads, but not mlx-community
 GIANT_MLX = "mlx-community/Giant-70B-4bit"  # the hub says 70B parameters: won't fit
@@ -465,7 +467,8 @@ def loopback_hub(hub_sources, tmp_path, monkeypatch):
     hub.close()
 
 
-if __name__ == "__main__":  # serve a folder as a repo, by hand: python -m tests.core.models.hub_fixture FOLDER
+# serve a folder as a repo, by hand: python -m tests.core.models.hub_fixture FOLDER
+if __name__ == "__main__":
     import sys
 
     served = LoopbackHub()

@@ -228,7 +228,8 @@ def test_affine_layout_keeps_the_file_quantization(gemma, gemma_file, tmp_path):
     model = build_model(contents.config, dict(contents.weights))
     attn, exact = model.layers[0].self_attn, gemma.model.layers[0].self_attn
     assert (attn.q_proj.bits, attn.o_proj.bits, attn.v_proj.bits) == (5, 4, 8)  # Q5_0, Q4_K, Q8_0
-    assert model.layers[0].mlp.down_proj.bits == 8 and model.model.embed_tokens.bits == 8  # Q6_K, Q8_0
+    # Q6_K, Q8_0
+    assert model.layers[0].mlp.down_proj.bits == 8 and model.model.embed_tokens.bits == 8
     for module, reference in ((attn.q_proj, exact.q_proj), (attn.o_proj, exact.o_proj), (attn.v_proj, exact.v_proj)):
         values = mx.dequantize(
             module.weight, module.scales.astype(mx.float32), module.biases.astype(mx.float32),

