@@ -21,16 +21,18 @@ STDLIB = frozenset({"os._exit"})
 # Left for the other half of issue 28 (core/cli: the command table and the benches;
 # core/models: the split by job), which empties it. An entry found no more fails the test
 # too: remove it then. Nothing outside core/cli and core/models may be added.
-PENDING = frozenset({
-    "core/cli/bench/pressure.py: from core.cli.bench.restore import _notes",
-    "core/cli/bench/pressure.py: from core.cli.bench.restore import _scratch_folder",
-    "core/cli/bench/restore_api.py: from core.cli.bench.restore import _drop_from_page_cache",
-    "core/cli/bench/restore_api.py: from core.cli.bench.restore import _notes",
-    "core/cli/bench/restore_api.py: from core.cli.bench.restore import _scratch_folder",
-    "core/cli/bench/serve_against.py: from core.cli.bench.agent import _link_models",
-    "core/models/catalog.py: provision._folder_size",
-    "core/models/catalog.py: provision._is_mlx_dir",
-})
+PENDING = frozenset(
+    {
+        "core/cli/bench/pressure.py: from core.cli.bench.restore import _notes",
+        "core/cli/bench/pressure.py: from core.cli.bench.restore import _scratch_folder",
+        "core/cli/bench/restore_api.py: from core.cli.bench.restore import _drop_from_page_cache",
+        "core/cli/bench/restore_api.py: from core.cli.bench.restore import _notes",
+        "core/cli/bench/restore_api.py: from core.cli.bench.restore import _scratch_folder",
+        "core/cli/bench/serve_against.py: from core.cli.bench.agent import _link_models",
+        "core/models/catalog.py: provision._folder_size",
+        "core/models/catalog.py: provision._is_mlx_dir",
+    }
+)
 
 
 def private(name: str) -> bool:
@@ -47,13 +49,20 @@ def private_imports(path: str, source: str) -> list[str]:
     found = []
     for node in ast.walk(ast.parse(source, path)):
         if isinstance(node, ast.Import):
-            found += [f"{path}: import {alias.name}" for alias in node.names
-                      if ours(alias.name) and any(map(private, alias.name.split(".")))]
+            found += [
+                f"{path}: import {alias.name}"
+                for alias in node.names
+                if ours(alias.name) and any(map(private, alias.name.split(".")))
+            ]
         elif isinstance(node, ast.ImportFrom) and (node.level or ours(node.module or "")):
             module = "." * node.level + (node.module or "")
             if any(map(private, (node.module or "").split("."))):
                 found.append(f"{path}: from {module} import ...")
-            found += [f"{path}: from {module} import {alias.name}" for alias in node.names if private(alias.name)]
+            found += [
+                f"{path}: from {module} import {alias.name}"
+                for alias in node.names
+                if private(alias.name)
+            ]
     return found
 
 
@@ -61,7 +70,9 @@ def _is_own(node: ast.expr) -> bool:
     """``self``, ``cls`` or ``super()``: the object's own attributes."""
     if isinstance(node, ast.Name):
         return node.id in ("self", "cls")
-    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "super"
+    return (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "super"
+    )
 
 
 def _reaches(tree: ast.AST) -> list[tuple[ast.expr, str, bool]]:
@@ -71,9 +82,14 @@ def _reaches(tree: ast.AST) -> list[tuple[ast.expr, str, bool]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
             found.append((node.value, node.attr, isinstance(node.ctx, ast.Store)))
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-              and node.func.id in ("getattr", "setattr", "hasattr", "delattr") and len(node.args) >= 2
-              and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "setattr", "hasattr", "delattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+        ):
             found.append((node.args[0], node.args[1].value, node.func.id == "setattr"))
     return found
 
@@ -124,7 +140,9 @@ def product_sources() -> dict[str, str]:
 
 def _check(found: list[str], what: str) -> None:
     new = sorted(set(found) - PENDING)
-    assert not new, f"{what} (give the name a public one where it is defined):\n  " + "\n  ".join(new)
+    assert not new, f"{what} (give the name a public one where it is defined):\n  " + "\n  ".join(
+        new
+    )
 
 
 def test_product_code_imports_no_private_names_of_its_own_modules():
@@ -148,29 +166,43 @@ def test_the_checks_find_what_they_look_for():
     """Guards the tests above against passing on a check that finds nothing."""
     imports = "from core.b import _x, y\nimport core._m\nfrom . import _z\nfrom mlx_lm.models import _w\nfrom core._m import v\n"
     assert sorted(private_imports("core/a.py", imports)) == [
-        "core/a.py: from . import _z", "core/a.py: from core._m import ...", "core/a.py: from core.b import _x",
-        "core/a.py: import core._m"]
+        "core/a.py: from . import _z",
+        "core/a.py: from core._m import ...",
+        "core/a.py: from core.b import _x",
+        "core/a.py: import core._m",
+    ]
     owner = "class Handle:\n    def _emit(self, e):\n        self._sent = e\n"
-    user = ("def run(handle, other):\n"
-            "    handle._emit(1)\n"  # another module's method: found
-            "    other.x._sent\n"  # idem, through a chain
-            "    getattr(handle, '_sent')\n"  # idem, by getattr
-            "    handle.model._tag = 1\n"  # a tag this module puts on an object: fine
-            "    return handle.model._tag\n"
-            "class Mine:\n"
-            "    def _step(self):\n"
-            "        super()._step()\n"  # its own, through super(): fine
-            "        self._count = 1\n"
-            "    def same(self, twin):\n"
-            "        return twin._count + twin._step()\n"  # another instance of a class of this module: fine
-            "import os\nos._exit(0)\n")
-    found = ["core/user.py: handle._emit", "core/user.py: handle._sent", "core/user.py: other.x._sent"]
+    user = (
+        "def run(handle, other):\n"
+        "    handle._emit(1)\n"  # another module's method: found
+        "    other.x._sent\n"  # idem, through a chain
+        "    getattr(handle, '_sent')\n"  # idem, by getattr
+        "    handle.model._tag = 1\n"  # a tag this module puts on an object: fine
+        "    return handle.model._tag\n"
+        "class Mine:\n"
+        "    def _step(self):\n"
+        "        super()._step()\n"  # its own, through super(): fine
+        "        self._count = 1\n"
+        "    def same(self, twin):\n"
+        "        return twin._count + twin._step()\n"  # another instance of a class of this module: fine
+        "import os\nos._exit(0)\n"
+    )
+    found = [
+        "core/user.py: handle._emit",
+        "core/user.py: handle._sent",
+        "core/user.py: other.x._sent",
+    ]
     assert sorted(private_reaches({"core/owner.py": owner, "core/user.py": user})) == found
     # a tag another module defines for its own class is that module's: found
     tagged = {"core/owner.py": owner + "class Model:\n    _tag = 0\n", "core/user.py": user}
-    assert sorted(private_reaches(tagged)) == sorted(found + ["core/user.py: handle.model._tag"] * 2)
+    assert sorted(private_reaches(tagged)) == sorted(
+        found + ["core/user.py: handle.model._tag"] * 2
+    )
     # another instance of a class of this module, by a name another module uses too: found
-    shared = {"core/owner.py": owner + "class Other:\n    def _step(self):\n        pass\n", "core/user.py": user}
+    shared = {
+        "core/owner.py": owner + "class Other:\n    def _step(self):\n        pass\n",
+        "core/user.py": user,
+    }
     assert sorted(private_reaches(shared)) == sorted(found + ["core/user.py: twin._step"])
     # the compat modules reach other libraries' privates on purpose
     assert private_reaches({"core/owner.py": owner, "core/mlx_lm_compat.py": user}) == []
@@ -178,4 +210,8 @@ def test_the_checks_find_what_they_look_for():
 
 def test_the_walk_sees_the_code():
     sources = product_sources()
-    assert "core/engine/engine.py" in sources and "kvcache/store.py" in sources and "app/bridge.py" in sources
+    assert (
+        "core/engine/engine.py" in sources
+        and "kvcache/store.py" in sources
+        and "app/bridge.py" in sources
+    )

@@ -11,13 +11,12 @@ from pathlib import Path
 
 from core.api.errors import ApiError, shutting_down
 from core.api.limits import ByteAllowance, RequestLimits
-from core.api.schema_checks import SchemaChecks
 from core.api.metrics import ServerMetrics
+from core.api.schema_checks import SchemaChecks
 from core.api.wire import MODEL_ALIASES, ModelCard
 from core.engine import namespaces
 from core.engine.engine import Engine, RequestHandle
 from core.engine.types import GenerationRequest
-
 
 # a stream's events waiting for its client past the socket's buffers (core.api.relay)
 MAX_UNSENT_EVENTS = 256
@@ -33,8 +32,16 @@ def _version() -> str:
 class ApiState:
     """The engine behind the API, its settings, and the requests it is serving now."""
 
-    def __init__(self, engine: Engine, host: str, api_keys: tuple[str, ...], model_name: str | None,
-                 max_body_bytes: int, allow_origins: tuple[str, ...], limits: RequestLimits = RequestLimits()):
+    def __init__(
+        self,
+        engine: Engine,
+        host: str,
+        api_keys: tuple[str, ...],
+        model_name: str | None,
+        max_body_bytes: int,
+        allow_origins: tuple[str, ...],
+        limits: RequestLimits = RequestLimits(),
+    ):
         self.engine = engine
         self.host = host
         self.api_keys = tuple(dict.fromkeys(key for key in api_keys if key))  # none: no key asked
@@ -69,11 +76,14 @@ class ApiState:
     def model_card(self) -> ModelCard:
         info = self.engine.model_info
         if info is None:
-            raise ApiError(503, "no model is loaded yet", type="server_error", code="model_not_loaded")
+            raise ApiError(
+                503, "no model is loaded yet", type="server_error", code="model_not_loaded"
+            )
         model_id = self.model_name or info.name
         aliases = {model_id, info.name, info.spec, Path(info.path).name, *MODEL_ALIASES}
-        return ModelCard(model_id, info.fingerprint, info.context_length, frozenset(aliases),
-                         self.started_at)
+        return ModelCard(
+            model_id, info.fingerprint, info.context_length, frozenset(aliases), self.started_at
+        )
 
     def submit(self, request: GenerationRequest) -> RequestHandle:
         with self._lock:

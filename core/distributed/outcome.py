@@ -71,7 +71,9 @@ class GroupOutcome:
             rank = int(end.group(1))
             code = int(end.group(2)) if end.group(2) is not None else None
             if code != 0:
-                self.ends.setdefault(rank, "was stopped by the launcher" if code is None else _how(code))
+                self.ends.setdefault(
+                    rank, "was stopped by the launcher" if code is None else _how(code)
+                )
         return None
 
     def verdict(self, launcher_code: int = 0) -> str | None:

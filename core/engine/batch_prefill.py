@@ -83,7 +83,9 @@ class PrefilledRows:
             self.batch.filter(rows)
 
 
-def prefill_rows(model, caches: list[list], held: list[list[int]], rests: list[list[int]]) -> PrefilledRows:
+def prefill_rows(
+    model, caches: list[list], held: list[list[int]], rests: list[list[int]]
+) -> PrefilledRows:
     """Prefill ``rests[i]`` (non-empty) on top of ``caches[i]`` (holding ``held[i]``) for
     every row in one padded forward; see the module's docstring."""
     lengths = [len(rest) for rest in rests]
@@ -91,8 +93,14 @@ def prefill_rows(model, caches: list[list], held: list[list[int]], rests: list[l
     padding = [longest - n for n in lengths]
     with mx.stream(generation_stream):
         # (samplers and processors stay the scheduler's: the batch carries the rows' caches)
-        batch = PromptProcessingBatch(model, list(range(len(caches))), caches, tokens=[list(h) for h in held],
-                                      samplers=[None] * len(caches), logits_processors=[()] * len(caches))
+        batch = PromptProcessingBatch(
+            model,
+            list(range(len(caches))),
+            caches,
+            tokens=[list(h) for h in held],
+            samplers=[None] * len(caches),
+            logits_processors=[()] * len(caches),
+        )
         if max(padding) > 0:
             # right padded
             inputs = mx.array([rest + [0] * (longest - len(rest)) for rest in rests])

@@ -60,8 +60,12 @@ def raise_hub_error(error: urllib.error.HTTPError, url: str) -> None:
         body = b""
     finally:
         error.close()
-    response = httpx2.Response(error.code, headers=list(error.headers.items()), content=body,
-                               request=httpx2.Request("GET", error.url or url))
+    response = httpx2.Response(
+        error.code,
+        headers=list(error.headers.items()),
+        content=body,
+        request=httpx2.Request("GET", error.url or url),
+    )
     hf_raise_for_status(response)
     raise urllib.error.URLError(f"HTTP {error.code}")  # a status huggingface_hub lets through (3xx)
 

@@ -317,8 +317,15 @@ def test_counters():
     cache.match_prefix([5])
     cache.evict(1)  # the split left [1, 2] -> [3]: the leaf [3] goes
     assert cache.stats() == RadixStats(
-        hits=2, misses=1, cached_tokens=5, evicted_tokens=1, evicted_nodes=1,
-        nodes=1, evictable_tokens=2, protected_tokens=0, namespaces=1,
+        hits=2,
+        misses=1,
+        cached_tokens=5,
+        evicted_tokens=1,
+        evicted_nodes=1,
+        nodes=1,
+        evictable_tokens=2,
+        protected_tokens=0,
+        namespaces=1,
     )
 
 
@@ -502,7 +509,10 @@ class RadixMachine(RuleBasedStateMachine):
         assert self.cache.protected_size() == len(protected)
         stats = self.cache.stats()
         assert (stats.hits, stats.misses) == (self.hits, self.matches - self.hits)
-        assert (stats.cached_tokens, stats.evicted_tokens) == (self.matched_tokens, self.evicted_tokens)
+        assert (stats.cached_tokens, stats.evicted_tokens) == (
+            self.matched_tokens,
+            self.evicted_tokens,
+        )
         assert stats.nodes == self.cache.node_count()
         assert stats.namespaces == len({key[0] for key in self.model})
 
@@ -511,7 +521,9 @@ class HybridRadixMachine(RadixMachine):
     require_snapshots = True
 
 
-_PROPERTY_SETTINGS = settings(max_examples=150, stateful_step_count=40, deadline=None, database=None)
+_PROPERTY_SETTINGS = settings(
+    max_examples=150, stateful_step_count=40, deadline=None, database=None
+)
 TestRadixProperties = RadixMachine.TestCase
 TestRadixProperties.settings = _PROPERTY_SETTINGS
 TestHybridRadixProperties = HybridRadixMachine.TestCase

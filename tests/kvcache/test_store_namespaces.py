@@ -11,7 +11,7 @@ from contextlib import closing
 import pytest
 
 from kvcache.disk_index import DiskIndex
-from kvcache.store import DiskStore, PageData, chain_keys, namespace_root, page_key, session_row
+from kvcache.store import DiskStore, chain_keys, namespace_root, page_key, session_row
 from tests.kvcache.test_store import FP, make_pages, page, same
 
 CHAIN = [page(0), page(4), page(8, 3)]
@@ -31,7 +31,9 @@ def test_a_namespace_roots_its_chains_and_the_default_keeps_the_old_keys():
     alice, bob = chain_keys(FP, CHAIN, "alice"), chain_keys(FP, CHAIN, "bob")
     assert alice[0] == page_key(FP, namespace_root("alice"), CHAIN[0])
     assert not set(alice) & set(bob) and not set(alice) & set(chain_keys(FP, CHAIN))
-    assert namespace_root("alice") != namespace_root("bob") and len(namespace_root("alice")) == 3 + 64
+    assert (
+        namespace_root("alice") != namespace_root("bob") and len(namespace_root("alice")) == 3 + 64
+    )
     assert session_row("chat", "") == "chat" and session_row("chat", "app") == "app/chat"
 
 
@@ -71,7 +73,10 @@ def test_a_damaged_page_cuts_a_namespaced_session_back(store, tmp_path):
     pages = make_pages(CHAIN)
     store.save_session("app/chat", FP, pages, namespace="app")
     with closing(sqlite3.connect(str(store.path), isolation_level=None)) as conn:
-        conn.execute("UPDATE page_data SET kv = ? WHERE key = ?", [b"x" * 256, chain_keys(FP, CHAIN, "app")[2]])
+        conn.execute(
+            "UPDATE page_data SET kv = ? WHERE key = ?",
+            [b"x" * 256, chain_keys(FP, CHAIN, "app")[2]],
+        )
     report = store.verify()
     assert (report.bad_pages, report.sessions_truncated) == (1, 1)
     assert same(store.load_session("app/chat", FP, namespace="app"), pages[:2])

@@ -11,7 +11,9 @@ from tests.core.engine.helpers import load_tiny
 @pytest.fixture(scope="module", params=["llama", "sliding", "recurrent"])
 def loaded(request, tmp_path_factory):
     """A tiny model of every cache kind (llama: 2 layers; sliding and recurrent: 4), loaded."""
-    return load_tiny(tmp_path_factory, request.param, num_layers=2 if request.param == "llama" else 4)
+    return load_tiny(
+        tmp_path_factory, request.param, num_layers=2 if request.param == "llama" else 4
+    )
 
 
 @pytest.fixture(scope="module", params=["llama", "sliding"])

@@ -17,14 +17,34 @@ from kvcache.builder import build_kv_cache
 from kvcache.prefix_cache import PrefixCache
 
 # Two tools, as OpenAI's API takes them (a city's weather; the time in a zone).
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather of a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
-                                                    "unit": {"enum": ["C", "F"]}},
-                   "required": ["city", "unit"], "additionalProperties": False}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}},
-                                       "required": ["zone"], "additionalProperties": False}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 8},
+                "unit": {"enum": ["C", "F"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 def anthropic_tool(tool: dict) -> dict:
@@ -36,14 +56,18 @@ def anthropic_tool(tool: dict) -> dict:
 
 def load_tiny(tmp_path_factory, kind: str, **spec) -> LoadedModel:
     """A tiny model of ``kind`` (a sliding window of 32 tokens where it has one), loaded."""
-    path = write_tiny_model(tmp_path_factory.mktemp(kind) / "m", TinyModelSpec(kind=kind, sliding_window=32, **spec))
+    path = write_tiny_model(
+        tmp_path_factory.mktemp(kind) / "m", TinyModelSpec(kind=kind, sliding_window=32, **spec)
+    )
     return load_model(str(path), tmp_path_factory.mktemp("data"))
 
 
 def scheduler(loaded: LoadedModel, pool_tokens: int = 4096, **options) -> Scheduler:
     """A scheduler over a fresh cache of ``pool_tokens`` and no disk tier (``options``:
     the scheduler's own, e.g. ``batch_prefill``, ``pacer``, ``interleave``)."""
-    build = build_kv_cache(loaded.model, weight_bytes=loaded.info.weight_bytes, pool_tokens=pool_tokens)
+    build = build_kv_cache(
+        loaded.model, weight_bytes=loaded.info.weight_bytes, pool_tokens=pool_tokens
+    )
     return Scheduler(loaded, PrefixCache(loaded.model, build), None, **options)
 
 
@@ -86,7 +110,9 @@ def run_alone(s: Scheduler, h: RequestHandle) -> DoneEvent:
 
 def no_locks(s: Scheduler) -> bool:
     """Whether no page is locked any more and the tree holds its invariants."""
-    return s.prefix_cache.stats().pages_locked == 0 and s.prefix_cache.tree.check_invariants() is None
+    return (
+        s.prefix_cache.stats().pages_locked == 0 and s.prefix_cache.tree.check_invariants() is None
+    )
 
 
 def start_engine(data: Path, model: Path, pool_tokens: int = 4096, **options) -> Engine:
@@ -100,5 +126,10 @@ def start_engine(data: Path, model: Path, pool_tokens: int = 4096, **options) ->
 def start_tools_engine(data: Path, model: Path) -> Engine:
     """An engine for the tool tests: the shipped tool-capable template, room for tools in
     the pool, no disk cache (``model``: one with room for them, ``long_tiny_model``)."""
-    return start_engine(data, model, pool_tokens=16384, disk_cache=False,
-                        chat_template=shipped_template("smollm2_tools.jinja"))
+    return start_engine(
+        data,
+        model,
+        pool_tokens=16384,
+        disk_cache=False,
+        chat_template=shipped_template("smollm2_tools.jinja"),
+    )

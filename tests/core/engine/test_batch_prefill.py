@@ -22,8 +22,12 @@ from tests.core.engine.helpers import done, finish, handle, no_locks
 from tests.core.engine.token_log import TokenLog
 
 SYSTEM = "You are a careful assistant who answers in full sentences. "  # ~60 tokens, shared
-PROMPTS = ("the first question is this one", "and a second, different prompt that is longer than that",
-           "x", "a fourth, of middling length")
+PROMPTS = (
+    "the first question is this one",
+    "and a second, different prompt that is longer than that",
+    "x",
+    "a fourth, of middling length",
+)
 
 
 def scheduler(loaded, batched: bool = True) -> Scheduler:
@@ -51,7 +55,9 @@ def texts(shared: bool) -> list[str]:
     return [SYSTEM + p if shared else p for p in PROMPTS]
 
 
-def run(loaded, batched: bool, shared: bool, warm: str | None = None, **sampling) -> tuple[Scheduler, list]:
+def run(
+    loaded, batched: bool, shared: bool, warm: str | None = None, **sampling
+) -> tuple[Scheduler, list]:
     """Every prompt admitted at once (``warm``: a request run first, whose prompt the others
     extend); their DoneEvents."""
     s = scheduler(loaded, batched)
@@ -59,7 +65,10 @@ def run(loaded, batched: bool, shared: bool, warm: str | None = None, **sampling
         h = handle(warm, max_tokens=3)
         s.admit(h)
         finish(s)
-    handles = [handle(t, max_tokens=24 - 5 * i, **(sampling if i == 1 else {})) for i, t in enumerate(texts(shared))]
+    handles = [
+        handle(t, max_tokens=24 - 5 * i, **(sampling if i == 1 else {}))
+        for i, t in enumerate(texts(shared))
+    ]
     for h in handles:
         s.admit(h)
     finish(s)
@@ -69,7 +78,9 @@ def run(loaded, batched: bool, shared: bool, warm: str | None = None, **sampling
 
 @pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("sampling", [{}, {"repetition_penalty": 1.3}])
-def test_greedy_replies_are_the_same_with_batched_prefill_on_and_off(long_loaded, shared, sampling, monkeypatch):
+def test_greedy_replies_are_the_same_with_batched_prefill_on_and_off(
+    long_loaded, shared, sampling, monkeypatch
+):
     """Different computations (one padded forward over every prompt against each alone):
     the same greedy tokens, one by one."""
     log = TokenLog(monkeypatch)
@@ -125,8 +136,9 @@ def test_the_pages_are_cached_exactly(long_loaded):
         return
     for text, reply in zip(texts(True), on):
         tokens = s_on.loaded.tokenizer.encode(text)[:8]  # the start of each prompt, in both trees
-        for (k_on, v_on), (k_off, v_off) in zip(s_on.prefix_cache.cached_kv(tokens),
-                                                  s_off.prefix_cache.cached_kv(tokens)):
+        for (k_on, v_on), (k_off, v_off) in zip(
+            s_on.prefix_cache.cached_kv(tokens), s_off.prefix_cache.cached_kv(tokens)
+        ):
             np.testing.assert_allclose(np.array(k_on), np.array(k_off), rtol=1e-4, atol=1e-5)
             np.testing.assert_allclose(np.array(v_on), np.array(v_off), rtol=1e-4, atol=1e-5)
 
@@ -187,7 +199,9 @@ def test_a_budget_too_small_for_two_keeps_one_at_a_time(long_loaded, monkeypatch
 def test_cancel_of_a_row_during_a_batched_prefill(long_loaded, monkeypatch):
     s = scheduler(long_loaded)
     if s.prefix_cache.hybrid:
-        pytest.skip("a hybrid model's prompts go one at a time (test_waiting_prompts_take_one_forward)")
+        pytest.skip(
+            "a hybrid model's prompts go one at a time (test_waiting_prompts_take_one_forward)"
+        )
     handles = [handle(t, max_tokens=24 - 5 * i) for i, t in enumerate(texts(True))]  # as run() does
     for h in handles:
         s.admit(h)
@@ -243,11 +257,14 @@ def test_rows_logits_equal_each_prompt_alone(long_loaded):
     if _hybrid(long_loaded):
         pytest.skip("hybrid models keep the one-at-a-time path")
     prompts = [long_loaded.tokenizer.encode(t) for t in PROMPTS]
-    rows = batch_prefill.prefill_rows(model, [make_prompt_cache(model) for _ in prompts], [[] for _ in prompts],
-                                      prompts)
+    rows = batch_prefill.prefill_rows(
+        model, [make_prompt_cache(model) for _ in prompts], [[] for _ in prompts], prompts
+    )
     for i, p in enumerate(prompts):
         alone = last_logits(model, mx.array(p)[None], make_prompt_cache(model))
-        np.testing.assert_allclose(np.array(rows.logits[i]), np.array(alone[0]), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(
+            np.array(rows.logits[i]), np.array(alone[0]), rtol=1e-4, atol=1e-4
+        )
         assert mx.argmax(rows.logits[i]).item() == mx.argmax(alone[0]).item()
         kv = rows.caches(i)[0]
         assert kv.offset == len(p)
@@ -282,8 +299,12 @@ def test_requests_sent_together_are_prefilled_together(tiny_model, tmp_path, mon
             return original(module, inputs, *args, **kwargs)
 
         monkeypatch.setattr(backbone, "__call__", counted)
-        requests = [GenerationRequest(prompt_text=t, sampling=SamplingParams(temperature=0.0, max_tokens=12))
-                    for t in PROMPTS]
+        requests = [
+            GenerationRequest(
+                prompt_text=t, sampling=SamplingParams(temperature=0.0, max_tokens=12)
+            )
+            for t in PROMPTS
+        ]
         handles = [eng.submit(r) for r in requests]
         submitted.set()
         time.sleep(0.3)  # the first is in the engine's hands meanwhile (not a timed assert)

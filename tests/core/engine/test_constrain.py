@@ -9,18 +9,38 @@ import jsonschema
 import mlx.core as mx
 import pytest
 
-from core.engine.constrain import Grammars, SchemaError, check_schema, check_tools, grammar_for, tool_name
+from core.engine.constrain import (
+    Grammars,
+    SchemaError,
+    check_schema,
+    check_tools,
+    grammar_for,
+    tool_name,
+)
 from core.engine.engine import Engine
-from core.engine.types import (ChatMessage, DoneEvent, ErrorEvent, GenerationRequest, SamplingParams, TokenEvent,
-                               ToolCallEvent)
+from core.engine.types import (
+    ChatMessage,
+    DoneEvent,
+    ErrorEvent,
+    GenerationRequest,
+    SamplingParams,
+    TokenEvent,
+    ToolCallEvent,
+)
 from core.errors import ErrorKind
 from tests.core.engine.helpers import TIME, WEATHER, last_done, start_tools_engine
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=120)
-SCHEMA = {"type": "object",
-          "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "green", "blue"]},
-                         "name": {"type": "string", "maxLength": 6}},
-          "required": ["ok", "color", "name"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "ok": {"type": "boolean"},
+        "color": {"enum": ["red", "green", "blue"]},
+        "name": {"type": "string", "maxLength": 6},
+    },
+    "required": ["ok", "color", "name"],
+    "additionalProperties": False,
+}
 TOOLS = (WEATHER, TIME)
 
 
@@ -32,7 +52,9 @@ def engine(long_tiny_model, tmp_path_factory):
 
 
 def ask(text: str, **kw) -> GenerationRequest:
-    return GenerationRequest(messages=(ChatMessage("user", text),), sampling=kw.pop("sampling", GREEDY), **kw)
+    return GenerationRequest(
+        messages=(ChatMessage("user", text),), sampling=kw.pop("sampling", GREEDY), **kw
+    )
 
 
 # ------------------------------------------------------------------ checks
@@ -57,8 +79,16 @@ def test_bad_tools_name_their_field():
 
 
 def test_a_schema_the_grammar_cant_enforce_is_refused_only_where_it_constrains():
-    lookaround = {"type": "function", "function": {"name": "grep", "parameters": {
-        "type": "object", "properties": {"pattern": {"type": "string", "pattern": "(?=a)b"}}}}}
+    lookaround = {
+        "type": "function",
+        "function": {
+            "name": "grep",
+            "parameters": {
+                "type": "object",
+                "properties": {"pattern": {"type": "string", "pattern": "(?=a)b"}},
+            },
+        },
+    }
     check_tools((WEATHER, lookaround), "auto", None)  # the model only reads it
     check_tools((WEATHER, lookaround), "function", tool_name(WEATHER))  # only WEATHER constrains
     for choice, name in (("required", None), ("function", "grep")):
@@ -77,16 +107,28 @@ def nested(levels: int) -> dict:
 def branches(count: int) -> dict:
     """An anyOf of ``count`` one-key objects: every check up front passes; llguidance's
     parser overflows its row (2,000 items) once the output reaches ``{"``."""
-    return {"anyOf": [{"type": "object", "properties": {f"k{i}": {"const": i}}, "required": [f"k{i}"],
-                       "additionalProperties": False} for i in range(count)]}
+    return {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {f"k{i}": {"const": i}},
+                "required": [f"k{i}"],
+                "additionalProperties": False,
+            }
+            for i in range(count)
+        ]
+    }
 
 
 @pytest.mark.faults
 def test_a_schema_nested_100_levels_is_a_schema_error_not_a_recursion_error():
     """Issue 26.5: 100 levels raised RecursionError inside jsonschema (a 500)."""
-    for check in (lambda s: check_schema(s, "response_format.json_schema.schema"),
-                  lambda s: check_tools(({"type": "function", "function": {"name": "f", "parameters": s}},),
-                                        "auto", None)):
+    for check in (
+        lambda s: check_schema(s, "response_format.json_schema.schema"),
+        lambda s: check_tools(
+            ({"type": "function", "function": {"name": "f", "parameters": s}},), "auto", None
+        ),
+    ):
         with pytest.raises(SchemaError, match="nested too deeply"):
             check(nested(100))
     check_schema(nested(20), "x")  # deep enough for any real tool
@@ -132,7 +174,9 @@ def test_json_schema_output_parses_and_validates(engine):
 
 @pytest.mark.parametrize("choice, name", [("required", None), ("function", "get_time")])
 def test_forced_tool_calls_are_valid_and_stream_without_markup(engine, choice, name):
-    events = list(engine.stream(ask("what time is it", tools=TOOLS, tool_choice=choice, tool_name=name)))
+    events = list(
+        engine.stream(ask("what time is it", tools=TOOLS, tool_choice=choice, tool_name=name))
+    )
     done = last_done(events)
     text = "".join(e.text for e in events if isinstance(e, TokenEvent))
     assert "<tool_call>" not in text and text == done.text
@@ -152,8 +196,12 @@ def test_tool_choice_none_hides_the_tools(engine):
 
 
 def test_batched_rows_each_with_their_own_constraint_or_none(engine):
-    requests = [ask("plain one"), ask("json", json_schema=SCHEMA),
-                ask("call", tools=TOOLS, tool_choice="required"), ask("plain two")]
+    requests = [
+        ask("plain one"),
+        ask("json", json_schema=SCHEMA),
+        ask("call", tools=TOOLS, tool_choice="required"),
+        ask("plain two"),
+    ]
     solo = [last_done(list(engine.stream(r))) for r in requests]
     handles = [engine.submit(r) for r in requests]  # admitted one by one, decoded together
     together = [last_done(list(h.events(timeout=120))) for h in handles]

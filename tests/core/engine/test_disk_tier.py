@@ -15,7 +15,9 @@ from kvcache.store import DiskStore
 from tests.core.engine.helpers import start_engine
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
-QUESTION = ChatMessage("user", "Tell me about the trains, the boats and the old harbour walls. " * 5)
+QUESTION = ChatMessage(
+    "user", "Tell me about the trains, the boats and the old harbour walls. " * 5
+)
 
 
 def ask(engine: Engine, *messages: ChatMessage, **options) -> DoneEvent:
@@ -34,7 +36,11 @@ def test_an_unnamed_prompt_comes_back_from_disk_after_a_restart(kind, tmp_path):
         first.flush_disk_cache()
     finally:
         first.shutdown()
-    follow_up = (QUESTION, ChatMessage("assistant", d1.text), ChatMessage("user", "And the canals?"))
+    follow_up = (
+        QUESTION,
+        ChatMessage("assistant", d1.text),
+        ChatMessage("user", "And the canals?"),
+    )
     second = start_engine(tmp_path / "tiered", model, disk_min_tokens=64)  # a restart: RAM is empty
     try:
         d2 = ask(second, *follow_up)
@@ -112,7 +118,8 @@ def test_a_stored_page_is_never_written_again(tmp_path, tiny_model):
     assert (again.pages_written, again.bytes_written) == (first.pages_written, first.bytes_written)
     assert again.pages_not_rewritten >= first.pages_written
     follow_up = (QUESTION, ChatMessage("assistant", d1.text), ChatMessage("user", "And then?"))
-    engine = start_engine(tmp_path, tiny_model, disk_min_tokens=64)  # a restart: the index comes from disk
+    # a restart: the index comes from disk
+    engine = start_engine(tmp_path, tiny_model, disk_min_tokens=64)
     try:
         ask(engine, *follow_up)
         engine.flush_disk_cache()
@@ -127,7 +134,9 @@ def test_a_stored_page_is_never_written_again(tmp_path, tiny_model):
 
 
 def test_what_ram_evicts_is_written_back_and_read_instead_of_recomputed(tmp_path, tiny_model):
-    other = ChatMessage("user", "Now something else entirely: the mountains, rivers and lakes. " * 5)
+    other = ChatMessage(
+        "user", "Now something else entirely: the mountains, rivers and lakes. " * 5
+    )
     # a pool that holds one of the two prompts; no end-of-request writes for unnamed
     # prompts: only the eviction writes them
     engine = Engine(tmp_path, str(tiny_model), pool_tokens=448, disk_min_tokens=10**6).start()
@@ -159,7 +168,9 @@ def test_after_a_model_switch_the_other_models_pages_go_first(tmp_path):
     with DiskStore(tmp_path / "data" / "kvcache.db") as store:
         first_bytes = store.stats().bytes
     # the same budget, filled by the second model: the first model's pages make room
-    engine = start_engine(tmp_path / "data", second, disk_min_tokens=64, disk_budget_bytes=first_bytes + 1000)
+    engine = start_engine(
+        tmp_path / "data", second, disk_min_tokens=64, disk_budget_bytes=first_bytes + 1000
+    )
     try:
         done = ask(engine, QUESTION)
         engine.flush_disk_cache()
@@ -193,7 +204,12 @@ def test_default_model_unnamed_prompt_after_a_restart(data_root_with_default):
         first.wait_ready(300)
         d1 = ask(first, system, question)
         first.flush_disk_cache()
-        follow_up = (system, question, ChatMessage("assistant", d1.text), ChatMessage("user", "And in Lyon?"))
+        follow_up = (
+            system,
+            question,
+            ChatMessage("assistant", d1.text),
+            ChatMessage("user", "And in Lyon?"),
+        )
         ram = ask(first, *follow_up)
     finally:
         first.shutdown()

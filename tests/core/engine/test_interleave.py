@@ -22,7 +22,9 @@ LONG = "".join(chr(97 + (i * 7) % 26) for i in range(600))  # byte tokenizer: ~6
 
 
 def scheduler(loaded, interleave: bool = True) -> Scheduler:
-    return helpers.scheduler(loaded, pool_tokens=8192, pacer=ChunkPacer(largest=CHUNK), interleave=interleave)
+    return helpers.scheduler(
+        loaded, pool_tokens=8192, pacer=ChunkPacer(largest=CHUNK), interleave=interleave
+    )
 
 
 class Watched(RequestHandle):
@@ -38,8 +40,11 @@ class Watched(RequestHandle):
 
 
 def request(text: str, max_tokens: int = 40, priority: int = 0) -> GenerationRequest:
-    return GenerationRequest(prompt_text=text, priority=priority,
-                             sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens))
+    return GenerationRequest(
+        prompt_text=text,
+        priority=priority,
+        sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens),
+    )
 
 
 def decoding(s: Scheduler, h: RequestHandle):
@@ -76,7 +81,10 @@ def test_running_streams_get_tokens_between_the_chunks_of_a_long_prompt(long_loa
 def test_nobody_decoding_a_prompt_goes_in_whole_chunks(long_loaded):
     s = scheduler(long_loaded)
     sizes: list[int] = []
-    h = Watched(request(LONG, max_tokens=2), lambda e: sizes.append(e.done) if isinstance(e, ProgressEvent) else 0)
+    h = Watched(
+        request(LONG, max_tokens=2),
+        lambda e: sizes.append(e.done) if isinstance(e, ProgressEvent) else 0,
+    )
     start(s, h)
     steps = [b - a for a, b in zip(sizes, sizes[1:])]
     assert max(steps) == CHUNK and len(steps) <= 600 // CHUNK + 2
@@ -103,7 +111,9 @@ def _together(loaded, interleave: bool, cancel_long_after: int | None = None):
     s.admit(long)
     s.admit(third)
     finish(s)
-    assert s.prefix_cache.stats().pages_locked == 0 and s.prefix_cache.tree.check_invariants() is None
+    assert (
+        s.prefix_cache.stats().pages_locked == 0 and s.prefix_cache.tree.check_invariants() is None
+    )
     return s, [done(h) for h in (first, long, third)]
 
 
@@ -167,7 +177,9 @@ def test_the_chat_window_goes_before_waiting_api_requests(long_loaded):
     order: list[str] = []
 
     def first_token(name):
-        return lambda event: order.append(name) if not isinstance(event, ProgressEvent) and name not in order else 0
+        return lambda event: (
+            order.append(name) if not isinstance(event, ProgressEvent) and name not in order else 0
+        )
 
     api = Watched(request(LONG, max_tokens=5), first_token("api"))
     low = Watched(request("a background job", max_tokens=5, priority=5), first_token("low"))
@@ -176,7 +188,9 @@ def test_the_chat_window_goes_before_waiting_api_requests(long_loaded):
     for _ in range(3):  # the API's long prompt has started
         s.step()
     assert s.waiting[0].run is not None or s.waiting[1].run is not None
-    chat = Watched(request("the person's question", max_tokens=5, priority=CHAT_PRIORITY), first_token("chat"))
+    chat = Watched(
+        request("the person's question", max_tokens=5, priority=CHAT_PRIORITY), first_token("chat")
+    )
     s.admit(chat)
     finish(s)
     assert order == ["chat", "api", "low"]  # the chat overtook the API prompt already prefilling

@@ -5,21 +5,22 @@ the PIN (so the test can fail)."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from core.engine import namespaces
 from core.engine.engine import Engine
 from core.engine.types import DoneEvent, GenerationRequest, RequestStats, SamplingParams
-from tests.core.engine.pin_attack import attack, learned_nothing, victim_prompt
 from tests.core.engine.helpers import start_engine
+from tests.core.engine.pin_attack import attack, learned_nothing, victim_prompt
 
 ONE_TOKEN = SamplingParams(temperature=0.0, max_tokens=1)
 PINS = ("4831", "2907")
 
 
 def run(engine: Engine, text: str, namespace: str, session: str | None = None) -> RequestStats:
-    request = GenerationRequest(prompt_text=text, sampling=ONE_TOKEN, cache_namespace=namespace, session=session)
+    request = GenerationRequest(
+        prompt_text=text, sampling=ONE_TOKEN, cache_namespace=namespace, session=session
+    )
     done = list(engine.stream(request))[-1]
     assert isinstance(done, DoneEvent), done
     return done.stats
@@ -33,7 +34,9 @@ def probe(engine: Engine, namespace: str):
     return lambda prompt: served(run(engine, prompt, namespace))
 
 
-@pytest.mark.parametrize("attacker", ["same", namespaces.with_salt(namespaces.API, "mine"), namespaces.API])
+@pytest.mark.parametrize(
+    "attacker", ["same", namespaces.with_salt(namespaces.API, "mine"), namespaces.API]
+)
 def test_the_pin_attack_in_ram(tmp_path, tiny_model, attacker):
     victim = namespaces.for_key("victim's key")
     results = []
@@ -41,7 +44,9 @@ def test_the_pin_attack_in_ram(tmp_path, tiny_model, attacker):
         engine = start_engine(tmp_path / pin, tiny_model, disk_cache=False)
         try:
             stats = run(engine, victim_prompt(pin), victim, session="secrets")
-            assert stats.cache_namespace == namespaces.label(victim) and stats.cache_namespace.startswith("key-")
+            assert stats.cache_namespace == namespaces.label(
+                victim
+            ) and stats.cache_namespace.startswith("key-")
             guess, seen = attack(probe(engine, victim if attacker == "same" else attacker))
         finally:
             engine.shutdown()
@@ -67,7 +72,8 @@ def test_the_pin_attack_on_disk_after_a_restart(tmp_path, tiny_model, attacker):
             first.flush_disk_cache()
         finally:
             first.shutdown()
-        second = start_engine(data, tiny_model, disk_min_tokens=1)  # RAM is empty: only the disk knows
+        # RAM is empty: only the disk knows
+        second = start_engine(data, tiny_model, disk_min_tokens=1)
         try:
             namespace = victim if attacker == "same" else attacker
             guess, seen = attack(probe(second, namespace))

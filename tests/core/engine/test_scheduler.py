@@ -15,7 +15,6 @@ from core.errors import ErrorKind
 from tests.core.engine.helpers import done, finish, handle, no_locks, run_alone, scheduler, start
 from tests.core.engine.token_log import TokenLog
 
-
 PROMPTS = ("the first question is this one", "and a second, different prompt")
 
 
@@ -40,7 +39,9 @@ def test_hand_over_to_the_batch_keeps_replies(loaded, sampling, steps_before, mo
     together = [done(first), done(second)]
     assert [log.of(h) for h in (first, second)] == [log.of(h) for h in alone_handles]
     assert [d.text for d in together] == [d.text for d in alone]
-    assert [d.stats.completion_tokens for d in together] == [d.stats.completion_tokens for d in alone]
+    assert [d.stats.completion_tokens for d in together] == [
+        d.stats.completion_tokens for d in alone
+    ]
 
 
 @pytest.mark.parametrize("max_tokens", [1, 2, 3])
@@ -67,7 +68,9 @@ def test_a_failed_hand_over_ends_the_running_request_with_an_error(loaded, monke
     s = scheduler(loaded)
     first, second = (handle(p) for p in PROMPTS)
     start(s, first)
-    monkeypatch.setattr(s.batch, "join", lambda *a, **k: (_ for _ in ()).throw(MemoryError("no room")))
+    monkeypatch.setattr(
+        s.batch, "join", lambda *a, **k: (_ for _ in ()).throw(MemoryError("no room"))
+    )
     start(s, second)
     failed = list(second.events(timeout=0))  # the new request fails as before...
     assert isinstance(failed[-1], ErrorEvent) and failed[-1].kind is ErrorKind.OUT_OF_MEMORY
