@@ -385,7 +385,8 @@ class MainWindow(QMainWindow):
         return self._turn is not None
 
     def _give_back(self, turn: ChatTurn) -> None:
-        """Undo the message sent in the window: the chat as stored, the text back in the composer."""
+        """Undo the message sent in the window: the chat as stored, the text back in the
+        composer."""
         if turn.replace:
             self.chat.set_messages([(m.role, m.content) for m in turn.stored])
         else:

@@ -2,11 +2,10 @@
 
 ``MemoryPanel.update_stats(stats)`` takes the engine's ``EngineStats`` as the bridge hands
 it over (no model and no cache before a model loads) and refreshes a grid of figures (MLX
-active / cache / peak, process RSS, weights, the KV pool and the disk cache) and a time plot. It is called
-a few times a second, so it stays cheap: one point per series per second at most (the
-newest sample replaces a point younger than that), points older than the plotted window
-are dropped, and the value axis is rescaled only when the data outgrows it or shrinks well
-below it.
+active / cache / peak, process RSS, weights, the KV pool and the disk cache) and a time plot. It
+is called a few times a second, so it stays cheap: one point per series per second at most (the
+newest sample replaces a point younger than that), points older than the plotted window are
+dropped, and the value axis is rescaled only when the data outgrows it or shrinks well below it.
 """
 
 from __future__ import annotations

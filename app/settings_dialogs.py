@@ -160,7 +160,8 @@ class AppSettings:
 
     @property
     def disk_cache_gb(self) -> float | None:
-        """The disk cache's budget in GB (``core.paths.GB`` bytes each); None: the default budget."""
+        """The disk cache's budget in GB (``core.paths.GB`` bytes each); None: the default
+        budget."""
         return self._get("disk_cache_gb", float)
 
     @disk_cache_gb.setter

@@ -164,7 +164,13 @@ def test_what_is_left_for_later_is_still_there_and_only_in_core_cli_and_core_mod
 
 def test_the_checks_find_what_they_look_for():
     """Guards the tests above against passing on a check that finds nothing."""
-    imports = "from core.b import _x, y\nimport core._m\nfrom . import _z\nfrom mlx_lm.models import _w\nfrom core._m import v\n"
+    imports = (
+        "from core.b import _x, y\n"
+        "import core._m\n"
+        "from . import _z\n"
+        "from mlx_lm.models import _w\n"
+        "from core._m import v\n"
+    )
     assert sorted(private_imports("core/a.py", imports)) == [
         "core/a.py: from . import _z",
         "core/a.py: from core._m import ...",
@@ -184,7 +190,8 @@ def test_the_checks_find_what_they_look_for():
         "        super()._step()\n"  # its own, through super(): fine
         "        self._count = 1\n"
         "    def same(self, twin):\n"
-        "        return twin._count + twin._step()\n"  # another instance of a class of this module: fine
+        # another instance of a class of this module: fine
+        "        return twin._count + twin._step()\n"
         "import os\nos._exit(0)\n"
     )
     found = [

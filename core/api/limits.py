@@ -95,6 +95,10 @@ class RequestLimits:
             )
 
 
+# the limits of a server started without --max-tools/--max-schema-bytes (frozen: one can be shared)
+DEFAULT_REQUEST_LIMITS = RequestLimits()
+
+
 def _refusal(message: str, code: str, param: str = "tools"):
     from core.api.errors import ApiError
 

@@ -118,7 +118,8 @@ class EngineEvents:
         return event
 
     async def first(self) -> Event | None:
-        """The next event (None at the end), cancelling the request if the client leaves meanwhile."""
+        """The next event (None at the end), cancelling the request if the client leaves
+        meanwhile."""
         async with watch_disconnect(self._scope, self._receive, self.handle):
             return await self._queue.get()
 

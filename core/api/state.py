@@ -10,7 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from core.api.errors import ApiError, shutting_down
-from core.api.limits import ByteAllowance, RequestLimits
+from core.api.limits import DEFAULT_REQUEST_LIMITS, ByteAllowance, RequestLimits
 from core.api.metrics import ServerMetrics
 from core.api.schema_checks import SchemaChecks
 from core.api.wire import MODEL_ALIASES, ModelCard
@@ -40,7 +40,7 @@ class ApiState:
         model_name: str | None,
         max_body_bytes: int,
         allow_origins: tuple[str, ...],
-        limits: RequestLimits = RequestLimits(),
+        limits: RequestLimits = DEFAULT_REQUEST_LIMITS,
     ):
         self.engine = engine
         self.host = host

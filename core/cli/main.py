@@ -5,20 +5,25 @@
     radixchat fetch-model [NAME]   provision a known model into the data folder
     radixchat models               what models are available locally (size, last use)
     radixchat models rm NAME       delete a downloaded model and its cached KV
-    radixchat search QUERY         MLX and GGUF models on the Hugging Face hub, and whether each fits
+    radixchat search QUERY         MLX and GGUF models on the Hugging Face hub, and whether
+                                   each fits
     radixchat pull REPO[:FILE]     download a model from the hub into the HF cache (resumes)
     radixchat serve                the OpenAI- and Anthropic-compatible API on 127.0.0.1:8000
-    radixchat serve --hosts FILE   the same, the model split over several machines (mlx.launch, ring/jaccl)
+    radixchat serve --hosts FILE   the same, the model split over several machines
+                                   (mlx.launch, ring/jaccl)
     radixchat cache stats|verify|clear   the disk caches of session KV (this machine's, each rank's)
     radixchat chats verify         list the chat history's damaged rows
     radixchat bench cpu            measure the CPU backend setups (see README)
     radixchat bench restore|pressure|multiturn|serve   the cache and API benchmarks
     radixchat bench distributed    1 process vs the model split over 2 ranks on loopback
     radixchat bench constrain      what constrained decoding costs per token
-    radixchat bench agent          a coding-agent session: TTFT with and without our cache, vs mlx_lm.server
+    radixchat bench agent          a coding-agent session: TTFT with and without our cache,
+                                   vs mlx_lm.server
     radixchat bench pull           `radixchat pull` from a loopback hub vs curl (source checkout)
-    radixchat bench fairness       a stream's inter-token gaps while another client's long prompt goes in
-    radixchat bench hostile        another client's answers during a flood of connections, a greedy client, a huge body
+    radixchat bench fairness       a stream's inter-token gaps while another client's long
+                                   prompt goes in
+    radixchat bench hostile        another client's answers during a flood of connections, a
+                                   greedy client, a huge body
 
 Errors meant for the user print one line on stderr and exit with status 2.
 """

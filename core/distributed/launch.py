@@ -105,7 +105,8 @@ def check_jaccl(entries: list[dict], path) -> None:
         ):
             raise UserError(
                 f'the hostfile {path} gives {entry.get("ssh")} no "rdma" device towards every '
-                "other host (null for itself): write it with `mlx.distributed_config --backend jaccl`"
+                "other host (null for itself): write it with "
+                "`mlx.distributed_config --backend jaccl`"
             )
 
 

@@ -17,9 +17,9 @@ cache over to the decode batch (``core.engine.decode_batch``, over mlx-lm's
 ``GenerationBatch``), which takes per-request prompt caches and decodes every running
 request in one forward pass per step; a request joins it with its first token as its next
 input, so joining costs the others no forward pass of its own. The batch shares its rows
-fairly between clients (it parks a row of a client over its share for a client under it). When a request ends (EOS,
-stop string, max tokens, cancel) it leaves with its cache, which goes into the radix tree
-and, for sessions, to disk.
+fairly between clients (it parks a row of a client over its share for a client under it). When a
+request ends (EOS, stop string, max tokens, cancel) it leaves with its cache, which goes into
+the radix tree and, for sessions, to disk.
 """
 
 from __future__ import annotations
@@ -190,7 +190,8 @@ class Scheduler:
             )
         if len(prompt) >= context:
             raise ContextLengthError(
-                f"the prompt is {len(prompt)} tokens but {loaded.info.name} has a context of {context}"
+                f"the prompt is {len(prompt)} tokens but {loaded.info.name} has a context of "
+                f"{context}"
             )
         params = request.sampling
         grammar = grammar_for(request, self.markup)  # before prefill: a bad one fails at once

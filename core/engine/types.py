@@ -7,7 +7,6 @@ read events with these types only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
 
 from core.errors import ErrorKind
 
@@ -160,4 +159,4 @@ class ErrorEvent:
         return self.kind is not ErrorKind.INTERNAL
 
 
-Event = Union[TokenEvent, ProgressEvent, ToolCallEvent, DoneEvent, ErrorEvent]
+Event = TokenEvent | ProgressEvent | ToolCallEvent | DoneEvent | ErrorEvent

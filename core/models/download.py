@@ -275,8 +275,8 @@ def _fetch(plan: RepoPlan, file: RepoFile, meter: _Meter, hashes: FileHashCache 
         partial.unlink(missing_ok=True)
         kind = "SHA-256" if file.sha256 else "git blob id"
         raise HubError(
-            f"{file.path} of {plan.repo_id} failed its hash check ({kind} {digest[:12]}…, the hub lists "
-            f"{expected[:12]}…): the file was deleted; pull again"
+            f"{file.path} of {plan.repo_id} failed its hash check ({kind} {digest[:12]}…, the "
+            f"hub lists {expected[:12]}…): the file was deleted; pull again"
         )
     os.replace(partial, blob)
     if hashes is not None and file.sha256:
@@ -302,7 +302,8 @@ def _transfer(url: str, headers: dict, file: RepoFile, sink: _Sink, meter: _Mete
                     start = 0
                 if response.length is not None and start + response.length > file.size:
                     raise HubError(
-                        f"{file.path} came longer than the {file.size:,} bytes the hub lists: pull again"
+                        f"{file.path} came longer than the {file.size:,} bytes the hub lists: "
+                        "pull again"
                     )
                 _receive(response, file, sink, meter)
         except _retryable() as exc:

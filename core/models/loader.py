@@ -91,8 +91,8 @@ def resolve_spec(spec: str, data_root: Path, progress: ProgressFn | None = None)
         if found is not None:
             return found
         raise ModelLoadError(
-            f"{spec} is not in the local Hugging Face cache ({hf_cache.hf_cache_root()}) or not complete there; "
-            f"get it with `radixchat pull {spec}`, or give a local path"
+            f"{spec} is not in the local Hugging Face cache ({hf_cache.hf_cache_root()}) or not "
+            f"complete there; get it with `radixchat pull {spec}`, or give a local path"
         )
     raise ModelLoadError(
         f"no model at {spec}: give a .gguf file, an MLX model folder, or one of: "

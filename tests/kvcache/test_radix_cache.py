@@ -366,7 +366,10 @@ def test_check_invariants_catches_corruption():
 
 
 def test_module_is_pure_python():
-    code = "import sys, kvcache.radix_cache; bad = {'mlx', 'core', 'app', 'PySide6'} & set(sys.modules); assert not bad, bad"
+    code = (
+        "import sys, kvcache.radix_cache; bad = {'mlx', 'core', 'app', 'PySide6'} & "
+        "set(sys.modules); assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

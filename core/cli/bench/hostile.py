@@ -408,8 +408,8 @@ def _print_table(report: dict) -> None:
         print(f"  {scene['name']:7} {scene['what']}", file=out)
         if scene["ends"] and scene["probes"]:
             line = (
-                f"          the other client's first token: worst {max(scene['probes']):.2f} s, median "
-                f"{median}; its whole reply: worst {max(scene['ends']):.2f} s"
+                f"          the other client's first token: worst {max(scene['probes']):.2f} s, "
+                f"median {median}; its whole reply: worst {max(scene['ends']):.2f} s"
             )
         else:
             line = f"          the other client's answer: worst {worst}, median {median}"

@@ -278,14 +278,15 @@ def print_report(r: dict) -> None:
         f"  = {r['pull_vs_curl'] * 100:.0f}% of curl"
     )
     print(
-        f"radixchat pull (download): {r['pull_download_MBps']:8,.0f} MB/s  {_runs(r['pull_download_s'])}"
-        f"  = {r['download_vs_curl'] * 100:.0f}% of curl"
+        f"radixchat pull (download): {r['pull_download_MBps']:8,.0f} MB/s  "
+        f"{_runs(r['pull_download_s'])}  = {r['download_vs_curl'] * 100:.0f}% of curl"
     )
     if r["curl_then_sha256_median_s"] is not None:
         print(
-            f"curl, then openssl dgst -sha256: {r['file_bytes'] / r['curl_then_sha256_median_s'] / 1e6:,.0f} MB/s  "
-            f"{_runs(r['curl_then_sha256_s'])}  (the same work as a verified pull: the pull runs at "
-            f"{r['pull_vs_curl_then_sha256'] * 100:.0f}% of it)"
+            "curl, then openssl dgst -sha256: "
+            f"{r['file_bytes'] / r['curl_then_sha256_median_s'] / 1e6:,.0f} MB/s  "
+            f"{_runs(r['curl_then_sha256_s'])}  (the same work as a verified pull: the pull runs "
+            f"at {r['pull_vs_curl_then_sha256'] * 100:.0f}% of it)"
         )
     print(
         f"CPU time (user+sys, median): curl {r['curl_cpu_median_s']:.2f} s, radixchat pull "

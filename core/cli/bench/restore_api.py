@@ -220,12 +220,19 @@ def format_api_summary(report: dict) -> str:
         [
             f"model: {report['model']} ({report['model_path']}); API, unnamed client; medians of "
             f"{report['repeats']} repetitions ({report['wall_s']:.0f} s)",
-            f"first prompt {report['prompt_tokens']:.0f} tokens; after the restart the follow-up "
-            f"({report['follow_up_tokens']:.0f} tokens) got {report['restored_tokens']:.0f} from disk",
-            f"TTFT (client side): restored {t['restore']:.3f} s, recomputed {t['recompute']:.3f} s, "
-            f"RAM hit {t['ram']:.3f} s",
-            f"restore / recompute {report['ttft_ratio_restore_vs_recompute']:.3f} (target <= 0.05), "
-            f"restore / RAM {report['ttft_ratio_restore_vs_ram']:.3f} (target <= 1.5)",
+            (
+                f"first prompt {report['prompt_tokens']:.0f} tokens; after the restart the "
+                f"follow-up ({report['follow_up_tokens']:.0f} tokens) got "
+                f"{report['restored_tokens']:.0f} from disk"
+            ),
+            (
+                f"TTFT (client side): restored {t['restore']:.3f} s, recomputed "
+                f"{t['recompute']:.3f} s, RAM hit {t['ram']:.3f} s"
+            ),
+            (
+                f"restore / recompute {report['ttft_ratio_restore_vs_recompute']:.3f} (target <= "
+                f"0.05), restore / RAM {report['ttft_ratio_restore_vs_ram']:.3f} (target <= 1.5)"
+            ),
             "replies: identical in all three ways"
             if report["replies_identical"]
             else "replies: DIFFER",

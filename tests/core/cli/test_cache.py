@@ -1,4 +1,5 @@
-"""`radixchat cache`: a chat's cache found by its name; every store, the single one and each rank's."""
+"""`radixchat cache`: a chat's cache found by its name; every store, the single one and each
+rank's."""
 
 from __future__ import annotations
 
@@ -108,7 +109,10 @@ def test_verify_says_clean_or_repaired_for_every_store(tmp_path, capsys):
     assert main(["cache", "verify", "--data-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out == [
-        "checked 2 pages: 0 bad (dropped), 0 sessions cut back, 0 dropped, 0 orphan pages removed — clean",
+        (
+            "checked 2 pages: 0 bad (dropped), 0 sessions cut back, 0 dropped, 0 orphan pages "
+            "removed — clean"
+        ),
         "rank0of2: checked 1 pages: 0 bad (dropped), 0 sessions cut back, 0 dropped, "
         "0 orphan pages removed — clean",
     ]
@@ -119,9 +123,9 @@ def test_verify_says_clean_or_repaired_for_every_store(tmp_path, capsys):
         )
     assert main(["cache", "verify", "--data-dir", str(tmp_path)]) == 0
     first = capsys.readouterr().out.splitlines()[0]
-    assert (
-        first
-        == "checked 2 pages: 1 bad (dropped), 0 sessions cut back, 1 dropped, 0 orphan pages removed — repaired"
+    assert first == (
+        "checked 2 pages: 1 bad (dropped), 0 sessions cut back, 1 dropped, 0 orphan pages "
+        "removed — repaired"
     )
     assert main(["cache", "verify", "--json", "--data-dir", str(tmp_path)]) == 0
     report = json.loads(capsys.readouterr().out)

@@ -134,8 +134,10 @@ def test_pull_imports_only_what_it_needs(loopback_hub, tmp_path):
         "psutil",
     )
     code = (
-        "import sys; from core.cli.main import main; status = main(['pull', sys.argv[1], '--data-dir', sys.argv[2]]);"
-        f" print(sorted(m for m in sys.modules if m.startswith(tuple(h + '.' for h in {heavy!r})) or m in {heavy!r}));"
+        "import sys; from core.cli.main import main;"
+        " status = main(['pull', sys.argv[1], '--data-dir', sys.argv[2]]);"
+        " print(sorted(m for m in sys.modules"
+        f" if m.startswith(tuple(h + '.' for h in {heavy!r})) or m in {heavy!r}));"
         " sys.exit(status)"
     )
     root = Path(__file__).resolve().parents[3]

@@ -11,7 +11,8 @@ from core import paths
 from core.cli.main import main
 
 OK_LINE = re.compile(
-    r"^radixchat self-test: ok · mlx \S+ \((cpu|gpu)[^)]*\) · turn 1: (\d+) prompt tokens, 0 cached · "
+    r"^radixchat self-test: ok · mlx \S+ \((cpu|gpu)[^)]*\) · "
+    r"turn 1: (\d+) prompt tokens, 0 cached · "
     r"turn 2 after restart: (\d+) of (\d+) restored from disk · [\d.]+ s$"
 )
 

@@ -118,8 +118,8 @@ def _hybrid(loaded) -> bool:
 
 def test_the_pages_are_cached_exactly(long_loaded):
     s_on, on = run(long_loaded, True, True)
-    s_off, off = run(long_loaded, False, True)
-    for d_on, d_off, text in zip(on, off, texts(True)):
+    s_off, _ = run(long_loaded, False, True)
+    for d_on, text in zip(on, texts(True)):
         again_on, again_off = handle(text, max_tokens=30), handle(text, max_tokens=30)
         s_on.admit(again_on)
         finish(s_on)
@@ -134,7 +134,7 @@ def test_the_pages_are_cached_exactly(long_loaded):
         assert again_on.text.startswith(d_on.text)
     if _hybrid(long_loaded):
         return
-    for text, reply in zip(texts(True), on):
+    for text in texts(True):
         tokens = s_on.loaded.tokenizer.encode(text)[:8]  # the start of each prompt, in both trees
         for (k_on, v_on), (k_off, v_off) in zip(
             s_on.prefix_cache.cached_kv(tokens), s_off.prefix_cache.cached_kv(tokens)

