@@ -4,7 +4,7 @@ imported. No module imports another module's ``_private`` name or a ``_private``
 ours, and none reaches ``obj._name`` on an object other than ``self``/``cls``/``super()``
 unless that name is its own. The check goes by names, not types: ``other._x`` passes only
 where this module alone defines ``_x`` (in a class, or by setting it on an object). Tests
-may touch privates; the private names of other libraries (mlx, mlx-lm, uvicorn) are
+may touch privates; the private names of other libraries (mlx, mlx-lm) are
 gathered in the compat modules (``COMPAT``)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections import defaultdict
 from tests.test_layering import PACKAGES, ROOT
 
 # Where other libraries' private names are used, on purpose and in one place each.
-COMPAT = frozenset({"core/mlx_lm_compat.py", "core/mlx_compat.py", "core/api/connections.py"})
+COMPAT = frozenset({"core/mlx_lm_compat.py", "core/mlx_compat.py"})
 # Private in name only: documented API of the standard library.
 STDLIB = frozenset({"os._exit"})
 # Left for the other half of issue 28 (core/cli: the command table and the benches;
