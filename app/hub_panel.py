@@ -169,7 +169,7 @@ class HubPanel(QWidget):
         if not text:
             return
         self.search_button.setEnabled(False)
-        self._say(f"Searching for “{text}”…")
+        self.say(f"Searching for “{text}”…")
         self._keep(
             run_in_thread(
                 lambda: hub.search(text, on_cpu=self.on_cpu),
@@ -183,12 +183,12 @@ class HubPanel(QWidget):
         self.results.clear()
         for result in results:
             self._add_result(result)
-        self._say(f"{len(results)} models" if results else "No MLX or GGUF model matches.")
+        self.say(f"{len(results)} models" if results else "No MLX or GGUF model matches.")
         self._update_buttons()
 
     def _on_search_failed(self, message: str) -> None:
         self.search_button.setEnabled(True)
-        self._say(message, error=True)
+        self.say(message, error=True)
 
     def _add_result(self, r: hub.SearchResult) -> None:
         fit = r.fit.label if r.fit and not r.problem else ("can't load" if r.problem else "?")
@@ -235,12 +235,12 @@ class HubPanel(QWidget):
         result = self.selected_result()
         if result is not None and result.kind == "gguf" and not result.problem:
             repo = result.repo_id
-            self._say(f"Listing the GGUF files of {repo}…")
+            self.say(f"Listing the GGUF files of {repo}…")
             self._keep(
                 run_in_thread(
                     lambda: hub.gguf_files(repo),
                     lambda files: self._on_files(repo, files),
-                    lambda m: self._say(m, error=True),
+                    lambda m: self.say(m, error=True),
                 )
             )
         self._update_buttons()
@@ -253,9 +253,7 @@ class HubPanel(QWidget):
             fit = hub.estimate_fit("gguf", f.size, None, self.on_cpu)
             self.file_box.addItem(f"{f.path} · {human_bytes(f.size)} · {fit.label}", f.path)
         self.file_box.setVisible(bool(files))
-        self._say(
-            f"{len(files)} GGUF files: choose one" if files else f"{repo_id} has no GGUF file"
-        )
+        self.say(f"{len(files)} GGUF files: choose one" if files else f"{repo_id} has no GGUF file")
         self._update_buttons()
 
     def selected_result(self) -> hub.SearchResult | None:
@@ -282,7 +280,7 @@ class HubPanel(QWidget):
         self.progress.setValue(0)
         self.progress.setFormat("starting…")
         self.progress.show()
-        self._say(f"Downloading {target}…")
+        self.say(f"Downloading {target}…")
         relay = _Relay()  # created here so the progress callback can emit from the worker
 
         def work():
@@ -299,7 +297,7 @@ class HubPanel(QWidget):
         if self._cancel is not None:
             self._cancel.set()
             self.cancel_button.setEnabled(False)
-            self._say("Cancelling…")
+            self.say("Cancelling…")
 
     def is_downloading(self) -> bool:
         return self._downloading is not None
@@ -315,14 +313,14 @@ class HubPanel(QWidget):
         self._downloading = self._cancel = None
         self.progress.setValue(1000)
         self.progress.setFormat(f"done · {human_bytes(result.total_bytes)}")
-        self._say(f"{result.spec} is downloaded: it is selected under “On this machine”.")
+        self.say(f"{result.spec} is downloaded: it is selected under “On this machine”.")
         self._update_buttons()
         self.downloaded.emit(result.spec)
 
     def _on_download_failed(self, message: str) -> None:
         self._downloading = self._cancel = None
         self.progress.setFormat("stopped")
-        self._say(message, error=True)
+        self.say(message, error=True)
         self._update_buttons()
 
     # -- helpers --
@@ -343,7 +341,8 @@ class HubPanel(QWidget):
         repo_id = download.parse_target(target)[0]
         return any(p.repo_id == repo_id for p in installed.partial_downloads())
 
-    def _say(self, message: str, error: bool = False) -> None:
+    def say(self, message: str, error: bool = False) -> None:
+        """Show ``message`` in the panel's status line (red for an error)."""
         self.status.setStyleSheet("color: #c0392b;" if error else "")
         self.status.setText(message)
 

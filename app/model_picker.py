@@ -200,7 +200,7 @@ class ModelPickerDialog(QDialog):
         self.tree.setCurrentItem(None)
         self._fill()
         self.error_label.hide()
-        self.hub_panel._say(
+        self.hub_panel.say(
             f"Deleted {spec}: {human_bytes(deleted.freed_bytes)}, and {deleted.kv_sessions} "
             f"cached sessions ({human_bytes(deleted.kv_bytes)})"
         )

@@ -32,13 +32,13 @@ class _Handle(RequestHandle):
 
     def stream(self, text: str) -> None:
         self.streamed += text
-        self._emit(TokenEvent(text))
+        self.emit(TokenEvent(text))
 
     def end(self, event) -> None:
         if not self.ended:
             self.ended = True
-            self._emit(event)
-            self._finish()
+            self.emit(event)
+            self.finish()
 
     def cancel(self) -> None:
         super().cancel()

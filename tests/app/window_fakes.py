@@ -66,8 +66,8 @@ class FakeEngine(Engine):
         self.requests.append(request)
         handle = RequestHandle(request)
         for event in self.events:
-            handle._emit(event)
-        handle._finish()
+            handle.emit(event)
+        handle.finish()
         return handle
 
     def forget_session(self, session: str, namespace: str = "") -> None:
