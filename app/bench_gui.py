@@ -49,7 +49,7 @@ def run_bench_gui(args, data_root: Path) -> int:
     from app.bridge import EngineBridge
     from app.look import apply_look
     from app.main_window import MainWindow
-    from app.screenshot import _link_model, _wait
+    from app.screenshot import link_known_model, run_until_signal
     from app.settings_dialogs import AppSettings
     from core.chats.store import ChatStore
     from core.errors import UserError
@@ -61,7 +61,7 @@ def run_bench_gui(args, data_root: Path) -> int:
     runs = []
     with tempfile.TemporaryDirectory(prefix="radixchat-bench-gui-") as scratch:
         root = Path(scratch)
-        spec = _link_model(args.model, data_root, root, provision)
+        spec = link_known_model(args.model, data_root, root, provision)
         with ChatStore(chats_db_path(root)) as store:
             settings = AppSettings(
                 QSettings(str(root / "settings.ini"), QSettings.Format.IniFormat)
@@ -71,7 +71,7 @@ def run_bench_gui(args, data_root: Path) -> int:
             window.resize(1280, 800)
             window.show()
             try:
-                ok, why = _wait(app, bridge.modelReady, bridge.loadFailed, bridge.start)
+                ok, why = run_until_signal(app, bridge.modelReady, bridge.loadFailed, bridge.start)
                 if not ok:
                     raise UserError(f"the model did not load: {why}")
                 for _ in range(args.repeats):
@@ -94,7 +94,7 @@ def run_bench_gui(args, data_root: Path) -> int:
                     bridge.token.connect(tokens.append)
                     timer.start(TICK_MS)
                     ticks.append(time.perf_counter())
-                    ok, why = _wait(
+                    ok, why = run_until_signal(
                         app, bridge.finished, bridge.failed, lambda: window.send(PROMPT)
                     )
                     timer.stop()

@@ -48,7 +48,7 @@ def run_screenshot(path: Path, data_root: Path, model_spec: str) -> int:
     apply_look(app)
     with tempfile.TemporaryDirectory(prefix="radixchat-screenshot-") as scratch:
         root = Path(scratch)
-        spec = _link_model(model_spec, data_root, root, provision)
+        spec = link_known_model(model_spec, data_root, root, provision)
         with ChatStore(chats_db_path(root)) as store:
             session = store.create_session(settings=dict(SAMPLING), system_prompt=SYSTEM_PROMPT)
             _two_turns_then_restart(root, spec, store, session)
@@ -61,10 +61,10 @@ def run_screenshot(path: Path, data_root: Path, model_spec: str) -> int:
             window.resize(*SIZE)
             window.show()
             try:
-                ok, why = _wait(app, bridge.modelReady, bridge.loadFailed, bridge.start)
+                ok, why = run_until_signal(app, bridge.modelReady, bridge.loadFailed, bridge.start)
                 if not ok:
                     raise UserError(f"the model did not load: {why}")
-                ok, why = _wait(
+                ok, why = run_until_signal(
                     app, bridge.finished, bridge.failed, lambda: window.send(QUESTIONS[2])
                 )
                 if not ok:
@@ -82,7 +82,7 @@ def run_screenshot(path: Path, data_root: Path, model_spec: str) -> int:
     return 0
 
 
-def _link_model(model_spec: str, data_root: Path, root: Path, provision) -> str:
+def link_known_model(model_spec: str, data_root: Path, root: Path, provision) -> str:
     """The model as seen from the scratch folder: known models are linked into its models/."""
     if model_spec not in provision.KNOWN_MODELS:
         return model_spec
@@ -130,7 +130,7 @@ def _two_turns_then_restart(root: Path, spec: str, store, session) -> None:
         engine.shutdown()
 
 
-def _wait(app, ok_signal, fail_signal, start) -> tuple[bool, str]:
+def run_until_signal(app, ok_signal, fail_signal, start) -> tuple[bool, str]:
     """Run ``start`` and the event loop until ``ok_signal`` (True, "") or ``fail_signal``
     (False, its message); (False, "timed out") after ``WAIT_MS``."""
     from PySide6.QtCore import QEventLoop, QTimer

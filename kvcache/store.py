@@ -44,7 +44,7 @@ import shutil
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,7 +67,7 @@ from kvcache.store_format import (  # noqa: F401  (page_key, pack_tokens...: thi
     session_row,
     unpack_tokens,
 )
-from kvcache.store_reader import ChainPage, IndexedPage, SessionReader, _Link  # noqa: F401  (this module's API too)
+from kvcache.store_reader import ChainLink, ChainPage, IndexedPage, SessionReader
 
 log = logging.getLogger(__name__)
 
@@ -392,7 +392,7 @@ class DiskStore(SqliteFile):
         of both and the tokens); the chain stops before the first that fails. Keys no longer
         stored end up in ``reader.missing``."""
         with self._read():
-            links: list[_Link] = []
+            links: list[ChainLink] = []
             missing: set[str] = set()
             parent = namespace_root(namespace)
             for key in keys:
@@ -411,7 +411,7 @@ class DiskStore(SqliteFile):
                     or page_key(fingerprint, row[0], row[2]) != key
                 ):
                     break
-                links.append(_Link(key, row[0], row[2], row[3], row[4]))
+                links.append(ChainLink(key, row[0], row[2], row[3], row[4]))
                 parent = key
             reader = SessionReader(self, links, set())
             reader.missing = missing
@@ -461,7 +461,14 @@ class DiskStore(SqliteFile):
                 restored_tokens=sum(len(page.tokens) for page in used),
             )
 
-    def _fetch(self, link: _Link, has_snapshot: bool):
+    def read_ahead(self, link: ChainLink, has_snapshot: bool) -> Future:
+        """Start reading one page of a chain (a :class:`SessionReader` reads ahead so):
+        a future of the page's K/V, its snapshot and a future of its checksum, or of None
+        when the page has no data row. Inside a read transaction (the reads share the
+        store's connection on its read-ahead thread, one at a time)."""
+        return self._reader.submit(self._fetch, link, has_snapshot)
+
+    def _fetch(self, link: ChainLink, has_snapshot: bool):
         """One page's K/V and snapshot, and its checksum being computed (reader thread),
         or None when the page has no data row."""
         if has_snapshot:
@@ -661,11 +668,11 @@ class DiskStore(SqliteFile):
             [head, fingerprint, tokens, now],
         )
 
-    def _walk(self, head: str, fingerprint: str) -> tuple[list[_Link], str | None]:
+    def _walk(self, head: str, fingerprint: str) -> tuple[list[ChainLink], str | None]:
         """The chain ending at ``head``, head first, and the key where the walk broke
         (missing, another fingerprint, or a key that is not its hash), or None when it
         reached the first page (whose parent is its namespace's root). Reads no K/V."""
-        links: list[_Link] = []
+        links: list[ChainLink] = []
         seen: set[str] = set()
         key: str | None = head
         while not is_root(key):
@@ -683,39 +690,32 @@ class DiskStore(SqliteFile):
             ):
                 return links, key
             seen.add(key)
-            links.append(_Link(key, row[0], row[2], row[3], row[4]))
+            links.append(ChainLink(key, row[0], row[2], row[3], row[4]))
             key = row[0]
         return links, None
 
     def _repair(self, suspects: set[str]) -> tuple[int, int, int, int]:
         """Delete the suspects that really are bad (re-checked: another process may have
-        changed them), cut every session back to the pages before its first bad page,
-        delete orphans. Returns (bad pages, sessions truncated, dropped, orphans)."""
+        changed them), cut every session and prefix back to the pages before its first bad
+        page, delete orphans. Returns (bad pages, chains truncated, dropped, orphans)."""
         bad = {key for key in suspects if self._stored_page_problem(key)}
         truncated = dropped = 0
         for name, fingerprint, head in self.db.execute(
             "SELECT name, fingerprint, head FROM sessions"
         ).fetchall():
-            links, broken = self._walk(head, fingerprint)
-            chain = links[::-1]
-            keep = (
-                0
-                if broken is not None
-                else next((i for i, link in enumerate(chain) if link.key in bad), len(chain))
-            )
-            if broken is None and keep == len(chain):
+            kept = self._sound_part(head, fingerprint, bad)
+            if kept is None:
                 continue
-            if keep == 0:
+            if not kept:
                 self.db.execute("DELETE FROM sessions WHERE name = ?", [name])
                 dropped += 1
                 continue
-            kept = chain[:keep]
             self.db.execute(
                 "UPDATE sessions SET head = ?, tokens = ?, pages = ?, nbytes = ? WHERE name = ?",
                 [
                     kept[-1].key,
-                    sum(len(link.tokens) // 4 for link in kept),
-                    keep,
+                    _chain_tokens(kept),
+                    len(kept),
                     sum(link.nbytes for link in kept),
                     name,
                 ],
@@ -724,28 +724,30 @@ class DiskStore(SqliteFile):
         for head, fingerprint, last_used in self.db.execute(
             "SELECT head, fingerprint, last_used FROM prefixes"
         ).fetchall():
-            links, broken = self._walk(head, fingerprint)
-            chain = links[::-1]
-            keep = (
-                0
-                if broken is not None
-                else next((i for i, link in enumerate(chain) if link.key in bad), len(chain))
-            )
-            if broken is None and keep == len(chain):
+            kept = self._sound_part(head, fingerprint, bad)
+            if kept is None:
                 continue
             self.db.execute("DELETE FROM prefixes WHERE head = ?", [head])
-            if keep == 0:
+            if not kept:
                 dropped += 1
                 continue
-            kept = chain[:keep]
-            self._keep_prefix(
-                fingerprint, kept[-1].key, sum(len(link.tokens) // 4 for link in kept), last_used
-            )
+            self._keep_prefix(fingerprint, kept[-1].key, _chain_tokens(kept), last_used)
             truncated += 1
         existing = [key for key in bad if self._page_sizes([key])]
         self._delete_pages(existing)
         self._count(dropped_pages=len(existing))
         return len(existing), truncated, dropped, self._delete_orphans()[0]
+
+    def _sound_part(self, head: str, fingerprint: str, bad: set[str]) -> list[ChainLink] | None:
+        """The chain ending at ``head`` cut back to the pages before its first page in
+        ``bad``, first page first: None when the whole chain is sound, [] when nothing of it
+        can be kept (its first page is bad, or its walk breaks)."""
+        links, broken = self._walk(head, fingerprint)
+        if broken is not None:
+            return []
+        chain = links[::-1]
+        keep = next((i for i, link in enumerate(chain) if link.key in bad), len(chain))
+        return None if keep == len(chain) else chain[:keep]
 
     def _stored_page_problem(self, key: str) -> str | None:
         row = self.db.execute(
@@ -815,3 +817,8 @@ class DiskStore(SqliteFile):
                 self.db.execute("PRAGMA wal_checkpoint(PASSIVE)")
         except sqlite3.DatabaseError as exc:
             log.debug("checkpoint skipped: %s", exc)
+
+
+def _chain_tokens(links: Sequence[ChainLink]) -> int:
+    """The tokens of a chain of pages (int32 token ids, as stored)."""
+    return sum(len(link.tokens) // 4 for link in links)

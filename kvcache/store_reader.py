@@ -13,7 +13,7 @@ from kvcache.store_format import StoredPage, unpack_tokens
 
 
 @dataclass(frozen=True)
-class _Link:
+class ChainLink:
     """A page's metadata, as a chain walk reads it (no K/V)."""
 
     key: str
@@ -53,11 +53,11 @@ class SessionReader:
 
     READ_AHEAD = 16  # pages in flight beyond the one handed out
 
-    def __init__(self, store, links: list[_Link], suspects: set[str]):
+    def __init__(self, store, links: list[ChainLink], suspects: set[str]):
         self._store = store
         self.suspects = suspects  # keys found bad or missing: repaired when the read ends
         self.used: list[ChainPage] = []  # pages handed out, in order
-        self._links: list[tuple[_Link, ChainPage]] = []
+        self._links: list[tuple[ChainLink, ChainPage]] = []
         self._pending: collections.deque = collections.deque()
         for link in links:
             row = store.db.execute(  # length(): the value itself is not read
@@ -80,13 +80,7 @@ class SessionReader:
         while todo or pending:
             while todo and len(pending) <= self.READ_AHEAD:
                 link, page = todo.popleft()
-                pending.append(
-                    (
-                        link,
-                        page,
-                        self._store._reader.submit(self._store._fetch, link, page.has_snapshot),
-                    )
-                )
+                pending.append((link, page, self._store.read_ahead(link, page.has_snapshot)))
             link, page, future = pending.popleft()
             data = future.result()
             if data is None or data[2].result() != link.checksum:

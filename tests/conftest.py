@@ -26,6 +26,18 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def long_tiny_model(tmp_path_factory) -> Path:
+    """The tiny llama model with a 4096-token context: room for a tool-laden prompt or a
+    reply that outlasts a test (its tokens are bytes)."""
+    from core.models.tiny_model import TinyModelSpec, write_tiny_model
+
+    return write_tiny_model(
+        tmp_path_factory.mktemp("models") / "tiny-4k",
+        TinyModelSpec(num_layers=2, max_position_embeddings=4096),
+    )
+
+
+@pytest.fixture(scope="session")
 def default_model_file() -> Path:
     """The real default model (SmolLM2-135M-Instruct Q4_1 GGUF).
 

@@ -68,6 +68,21 @@ TokenId = Annotated[int, Field(ge=0)]
 
 
 # ------------------------------------------------------------------ request bodies
+def unsupported(
+    *fields: str, message: str = "not supported", allowed: tuple = (None, False, 0, "")
+):
+    """A validator for a body's ``fields``: a value other than ``allowed`` (by default
+    the field's absent or empty values) is refused with ``message`` (a 400 naming the
+    field). Assigned to a name in the body's class, as pydantic collects validators."""
+
+    def check(cls, value):
+        if value not in allowed:
+            raise ValueError(message)
+        return value
+
+    return field_validator(*fields)(classmethod(check))
+
+
 class TextPart(WireModel):
     type: Literal["text"]
     text: Text
@@ -137,19 +152,10 @@ class _Sampling(WireModel):
             raise ValueError(f"at most {MAX_STOPS} stop strings")
         return stop
 
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, n):
-        if n is not None and n != 1:
-            raise ValueError("only n=1 is supported")
-        return n
-
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, value):
-        if value:
-            raise ValueError("not supported; use 'repetition_penalty'")
-        return value
+    _one_choice = unsupported("n", message="only n=1 is supported", allowed=(None, 1))
+    _no_penalty = unsupported(
+        "presence_penalty", "frequency_penalty", message="not supported; use 'repetition_penalty'"
+    )
 
 
 class ChatCompletionRequest(_Sampling):
@@ -172,12 +178,7 @@ class ChatCompletionRequest(_Sampling):
     )
     functions: list[dict[str, Any]] | None = None
 
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, value):
-        if value:
-            raise ValueError("logprobs are not supported")
-        return value
+    _no_logprobs = unsupported("logprobs", message="logprobs are not supported")
 
 
 class CompletionRequest(_Sampling):
@@ -189,26 +190,9 @@ class CompletionRequest(_Sampling):
     best_of: int | None = None
     suffix: Text | None = None
 
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, value):
-        if value is not None:
-            raise ValueError("logprobs are not supported")
-        return value
-
-    @field_validator("echo", "suffix")
-    @classmethod
-    def _no_echo(cls, value):
-        if value:
-            raise ValueError("not supported")
-        return value
-
-    @field_validator("best_of")
-    @classmethod
-    def _one_best(cls, value):
-        if value is not None and value != 1:
-            raise ValueError("only best_of=1 is supported")
-        return value
+    _no_logprobs = unsupported("logprobs", message="logprobs are not supported", allowed=(None,))
+    _no_echo = unsupported("echo", "suffix")
+    _one_best = unsupported("best_of", message="only best_of=1 is supported", allowed=(None, 1))
 
 
 # ------------------------------------------------------------------ checks that need the model

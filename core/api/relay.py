@@ -62,7 +62,7 @@ class EngineEvents:
         self._queue: asyncio.Queue[Event | None] = asyncio.Queue()
         handle.on_events(_waker(api, asyncio.get_running_loop()).wake_for(self))
 
-    def _take(self) -> None:
+    def take_arrived(self) -> None:
         """On the event loop: move what the engine sent onto the queue, recording the
         request's metrics and taking it off the in-flight list as soon as it ends, whether
         or not anyone still reads the events (a client that left stops reading)."""
@@ -163,7 +163,7 @@ class _Waker:
     def _take_all(self) -> None:  # event loop
         self._scheduled = False  # before taking: a request marked from now on schedules again
         while self._ready:
-            self._ready.popleft()._take()
+            self._ready.popleft().take_arrived()
 
 
 def _waker(api: ApiState, loop: asyncio.AbstractEventLoop) -> _Waker:

@@ -48,15 +48,14 @@ import threading
 from core.distributed.group import FollowerChannel, LeaderChannel, Membership
 from core.distributed.shard import PIPELINE, TENSOR, rank_cache_name, rank_fingerprint, shard_model
 from core.distributed.wire import request_from_dict, request_to_dict
-from core.engine.engine import (
-    _STOP,
-    Engine,
-    RequestHandle,
-    _FlushCommand,
-    _ForgetCommand,
-    _GiveWayCommand,
-    _LoadCommand,
+from core.engine.commands import (
+    FlushCommand,
+    ForgetCommand,
+    GiveWayCommand,
+    LoadCommand,
+    StopCommand,
 )
+from core.engine.engine import Engine, PreparedPrompt, RequestHandle
 from core.engine.pacing import ChunkPacer
 from core.engine.types import DoneEvent, ErrorEvent
 from core.errors import ErrorKind, ModelLoadError, UserError
@@ -66,7 +65,8 @@ log = logging.getLogger(__name__)
 
 class ShardHandle:
     """A request as every rank runs it: the request, a cancel flag latched at ticks, and
-    (on rank 0) the client's handle its events go to."""
+    (on rank 0) the client's handle its events go to. The engine side of a
+    :class:`RequestHandle` (``emit``, ``finish``, ``prepared``), which the scheduler uses."""
 
     def __init__(self, rid: int, request, client: RequestHandle | None, on_end):
         self.rid = rid
@@ -75,15 +75,15 @@ class ShardHandle:
         self._on_end = on_end
         self.latched = False
         self.outcome = "no end"  # a digest of how the request ended (compared across ranks)
-        # (model load, token ids): see ShardedEngine._do_request
-        self._prompt: tuple[int, list[int]] | None = None
+        # see ShardedEngine._do_request
+        self.prepared: PreparedPrompt | None = None
         self.prompt_s = 0.0
 
     @property
     def cancelled(self) -> bool:
         return self.latched
 
-    def _emit(self, event) -> None:
+    def emit(self, event) -> None:
         if isinstance(event, DoneEvent):
             text = hashlib.sha256(event.text.encode()).hexdigest()[:16]
             self.outcome = (
@@ -92,11 +92,11 @@ class ShardHandle:
         elif isinstance(event, ErrorEvent):
             self.outcome = f"error {event.kind.value}"
         if self.client is not None:
-            self.client._emit(event)
+            self.client.emit(event)
 
-    def _finish(self) -> None:
+    def finish(self) -> None:
         if self.client is not None:
-            self.client._finish()
+            self.client.finish()
         self._on_end(self)
 
 
@@ -185,8 +185,8 @@ class ShardedEngine(Engine):
             if fault is None:
                 self._clients.add(handle)
         if fault is not None:
-            handle._emit(ErrorEvent(fault, ErrorKind.MODEL_NOT_LOADED))
-            handle._finish()
+            handle.emit(ErrorEvent(fault, ErrorKind.MODEL_NOT_LOADED))
+            handle.finish()
             return handle
         self._commands.put(handle)
         return handle
@@ -202,8 +202,8 @@ class ShardedEngine(Engine):
             self.fault = message
             clients, self._clients = self._clients, set()
         for handle in clients:
-            handle._emit(ErrorEvent(message, ErrorKind.MODEL_NOT_LOADED))
-            handle._finish()
+            handle.emit(ErrorEvent(message, ErrorKind.MODEL_NOT_LOADED))
+            handle.finish()
 
     # ------------------------------------------------------------ loading (every rank)
     def _load_model(self, spec: str, weights_format: str):
@@ -318,7 +318,7 @@ class ShardedEngine(Engine):
     # ------------------------------------------------------------ the loop
     def _run(self) -> None:
         first = self._commands.get()  # the model every rank loads at start
-        if isinstance(first, _LoadCommand):
+        if isinstance(first, LoadCommand):
             self._do_load(first)
         else:
             self._ready.set()
@@ -349,13 +349,13 @@ class ShardedEngine(Engine):
                     command = self._commands.get(block=not busy)
                 except queue.Empty:
                     pass
-            if isinstance(command, _LoadCommand):
+            if isinstance(command, LoadCommand):
                 command.error = (
                     "a group serves the model it started with: restart the group to change it"
                 )
                 command.done.set()
                 command = None
-            elif command is _STOP and busy:
+            elif isinstance(command, StopCommand) and busy:
                 deferred.append(command)
                 command = None
             if command is None and not busy:
@@ -386,13 +386,13 @@ class ShardedEngine(Engine):
                 "request": request_to_dict(command.request),
                 "cancelled": command.cancelled,
             }
-        if isinstance(command, _ForgetCommand):
+        if isinstance(command, ForgetCommand):
             return {"op": "forget", "session": command.session}
-        if isinstance(command, _FlushCommand):
+        if isinstance(command, FlushCommand):
             return {"op": "flush"}
-        if isinstance(command, _GiveWayCommand):
+        if isinstance(command, GiveWayCommand):
             return {"op": "give_way"}
-        if command is _STOP:
+        if isinstance(command, StopCommand):
             return {"op": "stop"}
         raise TypeError(f"no tick for {command!r}")
 
@@ -440,12 +440,14 @@ class ShardedEngine(Engine):
         """As the engine does, with the prompt worked out here, in step on every rank (a
         prompt thread would hand it back at a different step on each): a group renders and
         tokenises on the engine thread."""
-        if not handle.cancelled and handle._prompt is None and self._prompts is not None:
+        if not handle.cancelled and handle.prepared is None and self._prompts is not None:
             try:
-                handle._prompt = (self._prompts.load, self._prompts.tokens(handle.request))
+                handle.prepared = PreparedPrompt(
+                    self._prompts.load, self._prompts.tokens(handle.request)
+                )
             except UserError as exc:
-                handle._emit(ErrorEvent(str(exc), exc.kind))
-                handle._finish()
+                handle.emit(ErrorEvent(str(exc), exc.kind))
+                handle.finish()
                 self._count_served()
                 return
         super()._do_request(handle)

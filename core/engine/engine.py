@@ -26,11 +26,18 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core import paths
+from core.engine.commands import (
+    FlushCommand,
+    ForgetCommand,
+    GiveWayCommand,
+    LoadCommand,
+    StopCommand,
+)
 from core.engine.constrain import check_request
 from core.engine.prompt import PromptLimit, Prompts
 from core.engine.types import DoneEvent, ErrorEvent, Event, GenerationRequest, RequestStats
@@ -69,20 +76,34 @@ class EngineStats:
     disk: DiskTierStats | None = None  # the disk tier's reads and writes (None while off)
 
 
+@dataclass(frozen=True)
+class PreparedPrompt:
+    """A request's prompt as a prompt thread worked it out: its token ids, for the model
+    of the engine's ``load``-th load (a model loaded since needs them worked out again)."""
+
+    load: int
+    tokens: list[int]
+
+
 class RequestHandle:
-    """The client's side of one submitted request: its events and a cancel switch.
+    """One submitted request: the client's side (its events, a cancel switch) and the
+    engine's (:meth:`emit`, :meth:`finish`, ``prepared``).
 
     A thread reads the events with :meth:`events` (blocking). An event loop instead asks
     to be woken (:meth:`on_events`) and takes what has arrived with :meth:`take`, so no
-    thread per request is needed to carry the tokens across."""
+    thread per request is needed to carry the tokens across.
+
+    The engine side is what the scheduler needs of a request: ``request``, ``cancelled``,
+    ``prompt_s``, :meth:`emit` and :meth:`finish` (a sharded engine's
+    :class:`core.distributed.engine.ShardHandle` offers the same)."""
 
     def __init__(self, request: GenerationRequest):
         self.request = request  # as submitted; the engine admits it carrying its token ids
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._cancel = threading.Event()
         self._wake: Callable[[], None] | None = None
-        # (model load, token ids), from a prompt thread
-        self._prompt: tuple[int, list[int]] | None = None
+        # set by a prompt thread, taken by the engine thread
+        self.prepared: PreparedPrompt | None = None
         self.prompt_s = 0.0  # seconds its prompt took to render and tokenise (its TTFT counts them)
 
     def cancel(self) -> None:
@@ -122,48 +143,27 @@ class RequestHandle:
             taken.append(item)
 
     # engine side
-    def _emit(self, event: Event) -> None:
+    def emit(self, event: Event) -> None:
+        """Send ``event`` to the client (the engine thread, or a prompt thread refusing
+        the request)."""
         self._events.put(event)
         if self._wake is not None:
             self._wake()
 
-    def _finish(self) -> None:
+    def finish(self) -> None:
+        """End the stream: nothing is emitted after this."""
         self._events.put(_END)
         if self._wake is not None:
             self._wake()
 
 
-@dataclass
-class _LoadCommand:
-    spec: str
-    weights_format: str
-    done: threading.Event = field(default_factory=threading.Event)
-    info: ModelInfo | None = None
-    error: str | None = None
-
-
-@dataclass
-class _FlushCommand:
-    done: threading.Event
-
-
-@dataclass
-class _ForgetCommand:
-    session: str
-    namespace: str = ""
-
-
-@dataclass
-class _GiveWayCommand:
-    done: threading.Event = field(default_factory=threading.Event)
-    freed: int = 0
-
-
-_STOP = object()
-
-
 class Engine:
-    """Owns the model and all MLX work on one thread for the life of the app."""
+    """Owns the model and all MLX work on one thread for the life of the app.
+
+    A subclass runs it otherwise (:class:`core.distributed.engine.ShardedEngine`: one rank
+    of a group) by overriding its engine-thread steps: ``_run`` (the loop over the
+    commands of :mod:`core.engine.commands`), ``_load_model``, ``_install`` and
+    ``_do_request``."""
 
     def __init__(
         self,
@@ -234,7 +234,7 @@ class Engine:
             self._thread.start()
             spec, fmt = self._initial
             if spec is not None:
-                self._commands.put(_LoadCommand(spec, fmt))
+                self._commands.put(LoadCommand(spec, fmt))
             else:
                 self._ready.set()
         return self
@@ -290,7 +290,7 @@ class Engine:
         self, spec: str, weights_format: str = "auto", timeout: float | None = None
     ) -> ModelInfo:
         """Switch models. On failure the previous model stays loaded and UserError is raised."""
-        command = _LoadCommand(spec, weights_format)
+        command = LoadCommand(spec, weights_format)
         self._commands.put(command)
         command.done.wait(timeout)
         if command.error is not None:
@@ -352,13 +352,13 @@ class Engine:
         """Drop the cache of ``session`` of cache namespace ``namespace`` (the chat was
         deleted): its lock on RAM pages at once, its disk cache soon after, off the
         caller's thread. Shared pages stay."""
-        self._commands.put(_ForgetCommand(session, namespace))
+        self._commands.put(ForgetCommand(session, namespace))
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Finish the requests submitted so far, drop the model and the cache, park the thread."""
         self._prompt_pool.shutdown(wait=True)  # the prompts being worked out reach the queue first
         if self._thread is not None:
-            self._commands.put(_STOP)
+            self._commands.put(StopCommand())
             self._stopped.wait(timeout)
             self._thread = None
 
@@ -391,18 +391,18 @@ class Engine:
                         self._scheduler is not None and self._gathering()
                     ):
                         continue
-                elif isinstance(command, _ForgetCommand):
+                elif isinstance(command, ForgetCommand):
                     self._forget(command.session, command.namespace)
-                elif isinstance(command, _FlushCommand):
+                elif isinstance(command, FlushCommand):
                     if self._persister is not None:
                         self._persister.flush()
                     command.done.set()
-                elif isinstance(command, _GiveWayCommand):
+                elif isinstance(command, GiveWayCommand):
                     command.freed = self._give_way()
                     command.done.set()
                 elif busy:
                     deferred.append(command)
-                elif command is _STOP:
+                elif isinstance(command, StopCommand):
                     self._close_persister()
                     self._loaded = self._prefix_cache = self._scheduler = self._prompts = None
                     self._park()
@@ -503,7 +503,7 @@ class Engine:
         write) and start a new, empty one. Returns the bytes freed (0: nothing to free)."""
         if self._thread is None:  # not started, or shut down: nothing holds the cache open
             return self._give_way()
-        command = _GiveWayCommand()
+        command = GiveWayCommand()
         self._commands.put(command)
         command.done.wait(timeout)
         return command.freed
@@ -526,9 +526,9 @@ class Engine:
 
     def flush_disk_cache(self, timeout: float = 30.0) -> None:
         """Wait until the sessions saved so far are on disk (tests, benchmarks)."""
-        done = threading.Event()
-        self._commands.put(_FlushCommand(done))
-        done.wait(timeout)
+        command = FlushCommand()
+        self._commands.put(command)
+        command.done.wait(timeout)
 
     def _park(self) -> None:
         """Never return. A thread that used MLX runs MLX's thread-local destructors when it
@@ -559,7 +559,7 @@ class Engine:
             log.info("CPU backend: %s", "; ".join(done) or "no speed-up applies to this model")
         return loaded
 
-    def _do_load(self, command: _LoadCommand) -> None:
+    def _do_load(self, command: LoadCommand) -> None:
         try:
             loaded = self._load_model(command.spec, command.weights_format)
         except UserError as exc:
@@ -583,7 +583,7 @@ class Engine:
         self._ready.set()
         command.done.set()
 
-    def _install(self, loaded, command: _LoadCommand) -> None:
+    def _install(self, loaded, command: LoadCommand) -> None:
         from core.engine.scheduler import Scheduler
         from kvcache.builder import DEFAULT_PAGE_SIZE, build_kv_cache
         from kvcache.prefix_cache import PrefixCache
@@ -640,7 +640,7 @@ class Engine:
             started = time.perf_counter()
             try:
                 check_request(handle.request)  # its tools and schema: here, off the engine thread
-                handle._prompt = (prompts.load, prompts.tokens(handle.request))
+                handle.prepared = PreparedPrompt(prompts.load, prompts.tokens(handle.request))
                 handle.prompt_s = time.perf_counter() - started
             except UserError as exc:
                 self._refuse(handle, ErrorEvent(str(exc), exc.kind))
@@ -659,34 +659,34 @@ class Engine:
 
     @staticmethod
     def _refuse(handle: RequestHandle, error: ErrorEvent) -> None:
-        handle._emit(error)
-        handle._finish()
+        handle.emit(error)
+        handle.finish()
 
     def _do_request(self, handle: RequestHandle) -> None:
         """Admit a request: it waits its turn to prefill, then decodes with the others."""
         try:
             if handle.cancelled:
-                handle._emit(DoneEvent("", RequestStats(finish_reason="cancelled")))
+                handle.emit(DoneEvent("", RequestStats(finish_reason="cancelled")))
             elif self._scheduler is None:
-                handle._emit(
+                handle.emit(
                     ErrorEvent(self._load_error or "no model is loaded", ErrorKind.MODEL_NOT_LOADED)
                 )
-            elif handle._prompt is None or handle._prompt[0] != self._prompts.load:
+            elif handle.prepared is None or handle.prepared.load != self._prompts.load:
                 # submitted before this model was in: its prompt is worked out for this one
                 self._render(handle, self._prompts)
                 return
             else:
-                ids = handle._prompt[1]
-                handle._prompt = None
+                ids = handle.prepared.tokens
+                handle.prepared = None
                 handle.request = replace(
                     handle.request, messages=(), prompt_text=None, prompt_tokens=tuple(ids)
                 )
                 self._scheduler.admit(handle)  # finishes the handle itself, now or later
                 return
         except UserError as exc:
-            handle._emit(ErrorEvent(str(exc), exc.kind))
+            handle.emit(ErrorEvent(str(exc), exc.kind))
         except MemoryError:
-            handle._emit(
+            handle.emit(
                 ErrorEvent(
                     "out of memory: try a shorter prompt or a smaller model",
                     ErrorKind.OUT_OF_MEMORY,
@@ -694,8 +694,8 @@ class Engine:
             )
         except Exception as exc:
             log.exception("request failed")
-            handle._emit(ErrorEvent(f"internal error: {exc}", ErrorKind.INTERNAL))
-        handle._finish()
+            handle.emit(ErrorEvent(f"internal error: {exc}", ErrorKind.INTERNAL))
+        handle.finish()
         self._count_served()
 
     def _count_served(self) -> None:

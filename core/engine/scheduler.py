@@ -325,7 +325,7 @@ class Scheduler:
         computed = sum(len(job.state.prompt) - job.state.cached for job in group)
         for job in group:
             job.compute_s += seconds * (len(job.state.prompt) - job.state.cached) / computed
-            job.state.handle._emit(ProgressEvent(len(job.state.prompt), len(job.state.prompt)))
+            job.state.handle.emit(ProgressEvent(len(job.state.prompt), len(job.state.prompt)))
         self.on_progress()
         try:
             self._first_tokens(group, rows)
@@ -409,7 +409,7 @@ class Scheduler:
         job.run = ChunkedPrefill(
             self.loaded.model, prompt[cached:], caches, on_prefilled if hybrid else None
         )
-        state.handle._emit(ProgressEvent(cached, len(prompt)))
+        state.handle.emit(ProgressEvent(cached, len(prompt)))
 
     def _chunk(self, job: _Prefill, size: int) -> None:
         """One chunk of ``job``'s prefill (``size`` 0: ``PREFILL_CHUNK``), timed. The decode
@@ -423,9 +423,7 @@ class Scheduler:
         job.compute_s += seconds
         if self.pacer is not None:
             self.pacer.observe(tokens, seconds)
-        job.state.handle._emit(
-            ProgressEvent(job.state.cached + job.run.done, len(job.state.prompt))
-        )
+        job.state.handle.emit(ProgressEvent(job.state.cached + job.run.done, len(job.state.prompt)))
         self.on_progress()
 
     def _first_token(self, job: _Prefill) -> None:
@@ -502,8 +500,8 @@ class Scheduler:
             if job.flush:
                 self.prefix_cache.flush_writes()
         finally:
-            state.handle._emit(event)
-            state.handle._finish()
+            state.handle.emit(event)
+            state.handle.finish()
             self.on_finished()
 
     def _insert(self, state: _Active, last: int, caches, cache_tokens, sampler, processors) -> None:
@@ -649,9 +647,9 @@ class Scheduler:
                 piece, calls = piece + tail, calls + more
         if piece:
             state.shown.append(piece)
-            state.handle._emit(TokenEvent(piece, token_ids))
+            state.handle.emit(TokenEvent(piece, token_ids))
         for call in calls:
-            state.handle._emit(ToolCallEvent(call))
+            state.handle.emit(ToolCallEvent(call))
 
     def _finish_safely(self, state: _Active, finish: str, caches, cache_tokens) -> None:
         """Finish a request that already left the batch; a bug here still ends its stream."""
@@ -665,8 +663,8 @@ class Scheduler:
         """End ``state``'s stream with an error (a bug), giving its prefix lock back."""
         if state.prefix is not None:
             self.prefix_cache.release(state.prefix)
-        state.handle._emit(ErrorEvent(message, ErrorKind.INTERNAL))
-        state.handle._finish()
+        state.handle.emit(ErrorEvent(message, ErrorKind.INTERNAL))
+        state.handle.finish()
 
     def _finish(self, state: _Active, finish: str, caches, cache_tokens) -> None:
         """Flush the text, store the cache, send the stats, end the stream."""
@@ -716,7 +714,7 @@ class Scheduler:
         )
         # what was sent is not what the schema asks for: never a finished reply
         if failure is not None:
-            handle._emit(
+            handle.emit(
                 ErrorEvent(
                     f"the output constraint failed after {n} tokens ({failure}); the reply "
                     "would not match the schema: a simpler schema may work",
@@ -724,8 +722,8 @@ class Scheduler:
                 )
             )
         else:
-            handle._emit(DoneEvent("".join(state.shown), stats, calls))
-        handle._finish()
+            handle.emit(DoneEvent("".join(state.shown), stats, calls))
+        handle.finish()
         self.on_finished()
 
     def _store(self, state: _Active, seen: list[int], caches: list) -> None:

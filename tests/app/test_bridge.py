@@ -38,11 +38,11 @@ class InstantEngine(Engine):
 
     def submit(self, request: GenerationRequest) -> RequestHandle:
         handle = RequestHandle(request)
-        handle._emit(TokenEvent("Hi"))
-        handle._emit(
+        handle.emit(TokenEvent("Hi"))
+        handle.emit(
             DoneEvent("Hi", RequestStats(prompt_tokens=1, computed_tokens=1, completion_tokens=1))
         )
-        handle._finish()
+        handle.finish()
         return handle
 
     def shutdown(self, timeout: float = 10.0) -> None:

@@ -66,8 +66,8 @@ class FakeEngine(Engine):
         self.requests.append(request)
         handle = RequestHandle(request)
         for event in self.events:
-            handle._emit(event)
-        handle._finish()
+            handle.emit(event)
+        handle.finish()
         return handle
 
     def forget_session(self, session: str, namespace: str = "") -> None:
@@ -87,13 +87,13 @@ class HeldHandle(RequestHandle):
 
     def stream(self, text: str) -> None:
         self.streamed += text
-        self._emit(TokenEvent(text))
+        self.emit(TokenEvent(text))
 
     def end(self, event) -> None:
         if not self.ended:
             self.ended = True
-            self._emit(event)
-            self._finish()
+            self.emit(event)
+            self.finish()
 
     def cancel(self) -> None:
         super().cancel()

@@ -11,49 +11,18 @@ import jsonschema
 import pytest
 
 from core.api.server import ApiServer
-from core.engine.engine import Engine
-from core.models.chat_template import shipped_template
+from tests.core.engine import helpers
+from tests.core.engine.helpers import anthropic_tool, start_tools_engine
 
 MODEL = "claude-haiku-4-5"
-WEATHER = {
-    "name": "get_weather",
-    "description": "The weather of a city",
-    "input_schema": {
-        "type": "object",
-        "properties": {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["C", "F"]}},
-        "required": ["city", "unit"],
-        "additionalProperties": False,
-    },
-}
-TIME = {
-    "name": "get_time",
-    "input_schema": {
-        "type": "object",
-        "properties": {"zone": {"enum": ["UTC", "CET"]}},
-        "required": ["zone"],
-        "additionalProperties": False,
-    },
-}
+WEATHER, TIME = anthropic_tool(helpers.WEATHER), anthropic_tool(helpers.TIME)
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 GREEDY = {"temperature": 0}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    from core.models.tiny_model import TinyModelSpec, write_tiny_model
-
-    root = tmp_path_factory.mktemp("tools")
-    model = write_tiny_model(
-        root / "tiny-long", TinyModelSpec(num_layers=2, max_position_embeddings=4096)
-    )
-    engine = Engine(
-        root / "data",
-        str(model),
-        pool_tokens=16384,
-        disk_cache=False,
-        chat_template=shipped_template("smollm2_tools.jinja"),
-    ).start()
-    engine.wait_ready(timeout=60)
+def server(long_tiny_model, tmp_path_factory):
+    engine = start_tools_engine(tmp_path_factory.mktemp("tools") / "data", long_tiny_model)
     with ApiServer(engine, "127.0.0.1", 0) as api:
         yield api
     engine.shutdown()

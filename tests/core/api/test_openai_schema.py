@@ -91,6 +91,30 @@ def test_bad_chat_bodies_name_their_field(body, param, code):
     assert param in error.message and "\n" not in error.message
 
 
+@pytest.mark.parametrize(
+    "model, field, refused, accepted, message",
+    [
+        (ChatCompletionRequest, "n", 2, 1, "only n=1 is supported"),
+        (ChatCompletionRequest, "presence_penalty", 0.5, 0.0, "use 'repetition_penalty'"),
+        (ChatCompletionRequest, "frequency_penalty", -1.0, 0.0, "use 'repetition_penalty'"),
+        (ChatCompletionRequest, "logprobs", True, False, "logprobs are not supported"),
+        (CompletionRequest, "logprobs", 0, None, "logprobs are not supported"),
+        (CompletionRequest, "echo", True, False, "not supported"),
+        (CompletionRequest, "suffix", "x", "", "not supported"),
+        (CompletionRequest, "best_of", 2, 1, "only best_of=1 is supported"),
+        (CompletionRequest, "n", 0, None, "only n=1 is supported"),
+    ],
+)
+def test_what_is_not_supported_is_refused_naming_the_field(
+    model, field, refused, accepted, message
+):
+    body = {"messages": HI} if model is ChatCompletionRequest else {"prompt": "hi"}
+    error = refusal(model, {**body, field: refused})
+    assert (error.status, error.param, error.code) == (400, field, "invalid_value")
+    assert message in error.message
+    assert getattr(model.model_validate({**body, field: accepted}), field) == accepted
+
+
 def test_a_body_that_is_not_an_object():
     error = refusal(ChatCompletionRequest, [1, 2])
     assert (error.param, error.code) == (None, "invalid_type")

@@ -12,37 +12,8 @@ import pytest
 
 from core.api.server import ApiServer
 from core.engine.engine import Engine
-from core.models.chat_template import shipped_template
-from core.models.tiny_model import TinyModelSpec, write_tiny_model
+from tests.core.engine.helpers import TIME, WEATHER, start_tools_engine
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather of a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 8},
-                "unit": {"enum": ["C", "F"]},
-            },
-            "required": ["city", "unit"],
-            "additionalProperties": False,
-        },
-    },
-}
-TIME = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "parameters": {
-            "type": "object",
-            "properties": {"zone": {"enum": ["UTC", "CET"]}},
-            "required": ["zone"],
-            "additionalProperties": False,
-        },
-    },
-}
 TOOLS = [WEATHER, TIME]
 PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 SCHEMA = {
@@ -55,20 +26,9 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory):
+def client(long_tiny_model, tmp_path_factory):
     """A tiny model (room for tools in its context) with the shipped tool template."""
-    root = tmp_path_factory.mktemp("tools-api")
-    model = write_tiny_model(
-        root / "tiny", TinyModelSpec(num_layers=2, max_position_embeddings=4096)
-    )
-    engine = Engine(
-        root / "data",
-        str(model),
-        pool_tokens=16384,
-        disk_cache=False,
-        chat_template=shipped_template("smollm2_tools.jinja"),
-    ).start()
-    engine.wait_ready(timeout=60)
+    engine = start_tools_engine(tmp_path_factory.mktemp("tools-api") / "data", long_tiny_model)
     server = ApiServer(engine, "127.0.0.1", 0).start()
     yield openai.OpenAI(base_url=server.address + "/v1", api_key="unused", max_retries=0)
     server.stop()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 import urllib.request
 
 import pytest
@@ -13,6 +12,7 @@ import pytest
 from core.api.server import ApiServer
 from core.engine.engine import Engine
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
+from tests.core.api.helpers import wait_for
 
 MAX_TOKENS = 3000
 
@@ -52,15 +52,6 @@ def in_flight(server) -> int:
             if line.startswith("radixchat_requests_in_flight "):
                 return int(float(line.split()[1]))
     raise AssertionError("no radixchat_requests_in_flight in /metrics")
-
-
-def wait_for(predicate, timeout: float = 120.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.mark.faults

@@ -21,6 +21,7 @@ from core.engine.engine import Engine
 from core.engine.types import ErrorEvent
 from core.errors import ErrorKind, UserError
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
+from tests.core.api.helpers import wait_for
 
 MODEL = "tiny"  # the tiny model's folder name: the server's model id
 
@@ -393,15 +394,6 @@ def _post_and_hang_up(server, body: dict, read_until: bytes | None) -> None:
             received += sock.recv(256)
 
 
-def _wait_for(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 @pytest.mark.parametrize("stream", [True, False])
 def test_a_client_that_hangs_up_cancels_its_request(server, client, stream):
     cancelled = finished(server, "cancelled")
@@ -413,7 +405,7 @@ def test_a_client_that_hangs_up_cancels_its_request(server, client, stream):
         "stream": stream,
     }
     _post_and_hang_up(server, body, b"data: " if stream else None)
-    assert _wait_for(lambda: finished(server, "cancelled") == cancelled + 1)
+    assert wait_for(lambda: finished(server, "cancelled") == cancelled + 1, timeout=10)
     assert chat(client, "next, please", max_tokens=3).usage.completion_tokens == 3
 
 

@@ -15,13 +15,10 @@ import numpy as np
 import pytest
 
 from core.engine import batch_prefill
-from core.engine.engine import RequestHandle
 from core.engine.scheduler import Scheduler
-from core.engine.types import DoneEvent, GenerationRequest, SamplingParams, TokenEvent
-from core.models.loader import load_model
-from core.models.tiny_model import TinyModelSpec, write_tiny_model
-from kvcache.builder import build_kv_cache
-from kvcache.prefix_cache import PrefixCache
+from core.engine.types import GenerationRequest, SamplingParams, TokenEvent
+from tests.core.engine import helpers
+from tests.core.engine.helpers import done, finish, handle, no_locks
 from tests.core.engine.token_log import TokenLog
 
 SYSTEM = "You are a careful assistant who answers in full sentences. "  # ~60 tokens, shared
@@ -33,40 +30,8 @@ PROMPTS = (
 )
 
 
-@pytest.fixture(scope="module", params=["llama", "sliding"])
-def loaded(request, tmp_path_factory):
-    spec = TinyModelSpec(
-        kind=request.param, num_layers=2, sliding_window=32, max_position_embeddings=2048
-    )
-    path = write_tiny_model(tmp_path_factory.mktemp(request.param) / "m", spec)
-    return load_model(str(path), tmp_path_factory.mktemp("data"))
-
-
 def scheduler(loaded, batched: bool = True) -> Scheduler:
-    build = build_kv_cache(loaded.model, weight_bytes=loaded.info.weight_bytes, pool_tokens=8192)
-    return Scheduler(loaded, PrefixCache(loaded.model, build), None, batch_prefill=batched)
-
-
-def handle(text: str, max_tokens: int = 24, **sampling) -> RequestHandle:
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, **sampling)
-    return RequestHandle(GenerationRequest(prompt_text=text, sampling=params))
-
-
-def done(h: RequestHandle) -> DoneEvent:
-    events = list(h.events(timeout=0))
-    assert isinstance(events[-1], DoneEvent), events[-1]
-    return events[-1]
-
-
-def finish(s: Scheduler) -> None:
-    while s.busy:
-        s.step()
-
-
-def no_locks(s: Scheduler) -> bool:
-    return (
-        s.prefix_cache.stats().pages_locked == 0 and s.prefix_cache.tree.check_invariants() is None
-    )
+    return helpers.scheduler(loaded, pool_tokens=8192, batch_prefill=batched)
 
 
 class Forwards:
@@ -114,35 +79,35 @@ def run(
 @pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("sampling", [{}, {"repetition_penalty": 1.3}])
 def test_greedy_replies_are_the_same_with_batched_prefill_on_and_off(
-    loaded, shared, sampling, monkeypatch
+    long_loaded, shared, sampling, monkeypatch
 ):
     """Different computations (one padded forward over every prompt against each alone):
     the same greedy tokens, one by one."""
     log = TokenLog(monkeypatch)
-    _, on = run(loaded, True, shared, **sampling)
+    _, on = run(long_loaded, True, shared, **sampling)
     tokens_on = log.by_prompt()
     log.clear()
-    _, off = run(loaded, False, shared, **sampling)
+    _, off = run(long_loaded, False, shared, **sampling)
     assert tokens_on == log.by_prompt()
     assert [d.text for d in on] == [d.text for d in off]
     assert [d.stats.completion_tokens for d in on] == [d.stats.completion_tokens for d in off]
     assert [d.stats.finish_reason for d in on] == [d.stats.finish_reason for d in off]
 
 
-def test_rows_with_different_cached_prefixes(loaded, monkeypatch):
+def test_rows_with_different_cached_prefixes(long_loaded, monkeypatch):
     """A prefix in the cache: the rows that extend it start from it, the others from
     nothing, in the same forward (the merge left-pads the shorter caches). Different
     computations: the same greedy tokens, one by one."""
     warm = SYSTEM + "warm up"
     log = TokenLog(monkeypatch)
-    _, on = run(loaded, True, True, warm=warm)
+    _, on = run(long_loaded, True, True, warm=warm)
     tokens_on = log.by_prompt()
     log.clear()
-    _, off = run(loaded, False, True, warm=warm)
+    _, off = run(long_loaded, False, True, warm=warm)
     assert tokens_on == log.by_prompt()
     assert [d.text for d in on] == [d.text for d in off]
     assert [d.stats.cached_tokens for d in on] == [d.stats.cached_tokens for d in off]
-    if loaded.info.name and not _hybrid(loaded):
+    if long_loaded.info.name and not _hybrid(long_loaded):
         # the shared system prompt came from the tree
         assert min(d.stats.cached_tokens for d in on) > 0
 
@@ -151,9 +116,9 @@ def _hybrid(loaded) -> bool:
     return scheduler(loaded).prefix_cache.hybrid
 
 
-def test_the_pages_are_cached_exactly(loaded):
-    s_on, on = run(loaded, True, True)
-    s_off, _ = run(loaded, False, True)
+def test_the_pages_are_cached_exactly(long_loaded):
+    s_on, on = run(long_loaded, True, True)
+    s_off, _ = run(long_loaded, False, True)
     for d_on, text in zip(on, texts(True)):
         again_on, again_off = handle(text, max_tokens=30), handle(text, max_tokens=30)
         s_on.admit(again_on)
@@ -167,7 +132,7 @@ def test_the_pages_are_cached_exactly(loaded):
         assert again_on.stats.cached_tokens == again_on.stats.prompt_tokens - 1
         assert again_on.text == again_off.text
         assert again_on.text.startswith(d_on.text)
-    if _hybrid(loaded):
+    if _hybrid(long_loaded):
         return
     for text in texts(True):
         tokens = s_on.loaded.tokenizer.encode(text)[:8]  # the start of each prompt, in both trees
@@ -178,14 +143,14 @@ def test_the_pages_are_cached_exactly(loaded):
             np.testing.assert_allclose(np.array(v_on), np.array(v_off), rtol=1e-4, atol=1e-5)
 
 
-def test_waiting_prompts_take_one_forward(loaded, monkeypatch):
+def test_waiting_prompts_take_one_forward(long_loaded, monkeypatch):
     """Four prompts waiting: one step prefills them in one forward and all four have their
     first token (one at a time, the step prefills one). A hybrid model keeps one at a time."""
-    s = scheduler(loaded)
-    handles = [handle(t) for t in texts(False)]
+    s = scheduler(long_loaded)
+    handles = [handle(t, max_tokens=24) for t in texts(False)]
     for h in handles:
         s.admit(h)
-    forwards = Forwards(monkeypatch, loaded)
+    forwards = Forwards(monkeypatch, long_loaded)
     s.step()
     if s.prefix_cache.hybrid:
         assert forwards.calls and all(rows == 1 for rows, _ in forwards.calls)  # one prompt's chunk
@@ -198,18 +163,18 @@ def test_waiting_prompts_take_one_forward(loaded, monkeypatch):
     finish(s)
 
 
-def test_a_running_stream_keeps_decoding_and_the_rows_join_it(loaded, monkeypatch):
+def test_a_running_stream_keeps_decoding_and_the_rows_join_it(long_loaded, monkeypatch):
     """A stream decodes while three prompts wait: the next step is its decode step plus one
     forward for the three, which then decode with it (4 rows). (Its prompt is long enough
     for the pacer to measure a rate from: until it has one, the budget is the smallest chunk.)"""
-    s = scheduler(loaded)
+    s = scheduler(long_loaded)
     running = handle("already streaming, after a prompt long enough to measure", max_tokens=40)
     s.admit(running)
     s.step()
     s.step()
     for t in PROMPTS[:3]:
-        s.admit(handle(t))
-    forwards = Forwards(monkeypatch, loaded)
+        s.admit(handle(t, max_tokens=24))
+    forwards = Forwards(monkeypatch, long_loaded)
     s.step()
     if not s.prefix_cache.hybrid:
         assert [rows for rows, _ in forwards.calls] == [1, 3]  # its decode step, then the three
@@ -220,19 +185,19 @@ def test_a_running_stream_keeps_decoding_and_the_rows_join_it(loaded, monkeypatc
     assert done(running).stats.completion_tokens == 40 and no_locks(s)
 
 
-def test_a_budget_too_small_for_two_keeps_one_at_a_time(loaded, monkeypatch):
+def test_a_budget_too_small_for_two_keeps_one_at_a_time(long_loaded, monkeypatch):
     monkeypatch.setattr(batch_prefill, "IDLE_TOKENS", 1)
-    s = scheduler(loaded)
+    s = scheduler(long_loaded)
     for t in PROMPTS:
-        s.admit(handle(t))
+        s.admit(handle(t, max_tokens=24))
     s.step()
     assert len(s.waiting) >= 3  # one prompt at most got its first token
     finish(s)
     assert no_locks(s)
 
 
-def test_cancel_of_a_row_during_a_batched_prefill(loaded, monkeypatch):
-    s = scheduler(loaded)
+def test_cancel_of_a_row_during_a_batched_prefill(long_loaded, monkeypatch):
+    s = scheduler(long_loaded)
     if s.prefix_cache.hybrid:
         pytest.skip(
             "a hybrid model's prompts go one at a time (test_waiting_prompts_take_one_forward)"
@@ -245,19 +210,19 @@ def test_cancel_of_a_row_during_a_batched_prefill(loaded, monkeypatch):
         if inputs.shape[0] > 1:
             handles[1].cancel()
 
-    Forwards(monkeypatch, loaded, cancel_the_second)
+    Forwards(monkeypatch, long_loaded, cancel_the_second)
     finish(s)
     monkeypatch.undo()
     cancelled = done(handles[1]).stats
     assert cancelled.finish_reason == "cancelled" and cancelled.completion_tokens == 0
     assert no_locks(s) and len(s.batch) == 0
-    _, off = run(loaded, False, True)
+    _, off = run(long_loaded, False, True)
     kept = [0, 2, 3]
     assert [done(handles[i]).text for i in kept] == [off[i].text for i in kept]
 
 
-def test_a_row_done_at_its_first_token_leaves_and_is_cached(loaded):
-    s = scheduler(loaded)
+def test_a_row_done_at_its_first_token_leaves_and_is_cached(long_loaded):
+    s = scheduler(long_loaded)
     one, more = handle(PROMPTS[0], max_tokens=1), handle(PROMPTS[1], max_tokens=10)
     s.admit(one)
     s.admit(more)
@@ -280,7 +245,7 @@ def test_rows_that_fit():
     assert batch_prefill.rows_that_fit([1] * 20, 100, rows=8) == 8
 
 
-def test_rows_logits_equal_each_prompt_alone(loaded):
+def test_rows_logits_equal_each_prompt_alone(long_loaded):
     """One padded forward's last-position logits are each prompt's own, within float32
     rounding, and choose the same greedy token (different computations: a GEMM over the
     padded rows against one prompt's)."""
@@ -288,10 +253,10 @@ def test_rows_logits_equal_each_prompt_alone(loaded):
 
     from core.engine.generation import last_logits
 
-    model = loaded.model
-    if _hybrid(loaded):
+    model = long_loaded.model
+    if _hybrid(long_loaded):
         pytest.skip("hybrid models keep the one-at-a-time path")
-    prompts = [loaded.tokenizer.encode(t) for t in PROMPTS]
+    prompts = [long_loaded.tokenizer.encode(t) for t in PROMPTS]
     rows = batch_prefill.prefill_rows(
         model, [make_prompt_cache(model) for _ in prompts], [[] for _ in prompts], prompts
     )

@@ -28,7 +28,7 @@ from core.engine.types import (
     ToolCallEvent,
 )
 from core.errors import ErrorKind
-from core.models.chat_template import shipped_template
+from tests.core.engine.helpers import TIME, WEATHER, last_done, start_tools_engine
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=120)
 SCHEMA = {
@@ -41,58 +41,12 @@ SCHEMA = {
     "required": ["ok", "color", "name"],
     "additionalProperties": False,
 }
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather of a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 8},
-                "unit": {"enum": ["C", "F"]},
-            },
-            "required": ["city", "unit"],
-            "additionalProperties": False,
-        },
-    },
-}
-TIME = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "parameters": {
-            "type": "object",
-            "properties": {"zone": {"enum": ["UTC", "CET"]}},
-            "required": ["zone"],
-            "additionalProperties": False,
-        },
-    },
-}
 TOOLS = (WEATHER, TIME)
 
 
 @pytest.fixture(scope="module")
-def long_tiny_model(tmp_path_factory):
-    """The tiny model with room for a tool-laden prompt (its tokens are bytes)."""
-    from core.models.tiny_model import TinyModelSpec, write_tiny_model
-
-    return write_tiny_model(
-        tmp_path_factory.mktemp("models") / "tiny-long",
-        TinyModelSpec(num_layers=2, max_position_embeddings=4096),
-    )
-
-
-@pytest.fixture(scope="module")
 def engine(long_tiny_model, tmp_path_factory):
-    eng = Engine(
-        tmp_path_factory.mktemp("data"),
-        str(long_tiny_model),
-        pool_tokens=16384,
-        disk_cache=False,
-        chat_template=shipped_template("smollm2_tools.jinja"),
-    ).start()
-    eng.wait_ready(timeout=60)
+    eng = start_tools_engine(tmp_path_factory.mktemp("data"), long_tiny_model)
     yield eng
     eng.shutdown()
 
@@ -101,11 +55,6 @@ def ask(text: str, **kw) -> GenerationRequest:
     return GenerationRequest(
         messages=(ChatMessage("user", text),), sampling=kw.pop("sampling", GREEDY), **kw
     )
-
-
-def done_of(events) -> DoneEvent:
-    assert isinstance(events[-1], DoneEvent), events[-1]
-    return events[-1]
 
 
 # ------------------------------------------------------------------ checks
@@ -197,7 +146,7 @@ def test_a_grammar_that_fails_at_run_time_ends_the_request_with_an_error(engine)
     assert "output constraint failed" in error.message and "max is 2000" in error.message
     assert len(error.message) < 400  # one line, not the whole grammar llguidance repeats
     # fine, as before
-    reply = done_of(list(engine.stream(ask("json please", json_schema=branches(50)))))
+    reply = last_done(list(engine.stream(ask("json please", json_schema=branches(50)))))
     assert reply.stats.finish_reason in ("stop", "length")
 
 
@@ -217,10 +166,10 @@ def test_mask_follows_the_grammar(engine):
 
 # ------------------------------------------------------------------ requests
 def test_json_schema_output_parses_and_validates(engine):
-    done = done_of(list(engine.stream(ask("describe it", json_schema=SCHEMA))))
+    done = last_done(list(engine.stream(ask("describe it", json_schema=SCHEMA))))
     jsonschema.validate(json.loads(done.text), SCHEMA)
     assert done.stats.finish_reason == "stop" and done.stats.constraint_cpu_s > 0
-    assert done_of(list(engine.stream(ask("describe it")))).stats.constraint_cpu_s == 0
+    assert last_done(list(engine.stream(ask("describe it")))).stats.constraint_cpu_s == 0
 
 
 @pytest.mark.parametrize("choice, name", [("required", None), ("function", "get_time")])
@@ -228,7 +177,7 @@ def test_forced_tool_calls_are_valid_and_stream_without_markup(engine, choice, n
     events = list(
         engine.stream(ask("what time is it", tools=TOOLS, tool_choice=choice, tool_name=name))
     )
-    done = done_of(events)
+    done = last_done(events)
     text = "".join(e.text for e in events if isinstance(e, TokenEvent))
     assert "<tool_call>" not in text and text == done.text
     calls = [e.call for e in events if isinstance(e, ToolCallEvent)]
@@ -241,8 +190,8 @@ def test_forced_tool_calls_are_valid_and_stream_without_markup(engine, choice, n
 
 
 def test_tool_choice_none_hides_the_tools(engine):
-    plain = done_of(list(engine.stream(ask("hello"))))
-    none = done_of(list(engine.stream(ask("hello", tools=TOOLS, tool_choice="none"))))
+    plain = last_done(list(engine.stream(ask("hello"))))
+    none = last_done(list(engine.stream(ask("hello", tools=TOOLS, tool_choice="none"))))
     assert none.text == plain.text and none.tool_calls == ()
 
 
@@ -253,9 +202,9 @@ def test_batched_rows_each_with_their_own_constraint_or_none(engine):
         ask("call", tools=TOOLS, tool_choice="required"),
         ask("plain two"),
     ]
-    solo = [done_of(list(engine.stream(r))) for r in requests]
+    solo = [last_done(list(engine.stream(r))) for r in requests]
     handles = [engine.submit(r) for r in requests]  # admitted one by one, decoded together
-    together = [done_of(list(h.events(timeout=120))) for h in handles]
+    together = [last_done(list(h.events(timeout=120))) for h in handles]
     assert [d.text for d in together] == [d.text for d in solo]  # greedy: same replies batched
     assert [d.tool_calls[0].arguments for d in together[2:3]] == [solo[2].tool_calls[0].arguments]
     jsonschema.validate(json.loads(together[1].text), SCHEMA)

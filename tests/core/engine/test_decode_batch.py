@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from core.engine.types import DoneEvent
-from tests.core.engine.test_scheduler import _no_locks, done, handle, run_alone, scheduler, start
+from tests.core.engine.helpers import done, finish, handle, no_locks, run_alone, scheduler, start
 from tests.core.engine.token_log import TokenLog
 
 PROMPTS = (
@@ -29,8 +29,7 @@ def _staggered(s, handles) -> None:
     s.step()
     for h in handles[2:]:
         start(s, h)
-    while s.busy:
-        s.step()
+    finish(s)
 
 
 @pytest.mark.parametrize("max_rows", [16, 2])
@@ -53,7 +52,7 @@ def test_joining_a_running_batch_keeps_every_reply(loaded, max_rows, monkeypatch
         d.stats.completion_tokens for d in alone
     ]
     assert [d.stats.finish_reason for d in together] == [d.stats.finish_reason for d in alone]
-    assert len(s.batch) == 0 and _no_locks(s)
+    assert len(s.batch) == 0 and no_locks(s)
     assert s.prefix_cache.tree.check_invariants() is None
 
 
@@ -77,11 +76,10 @@ def test_cancel_right_after_joining(loaded, steps):
     for _ in range(steps):
         s.step()
     second.cancel()
-    while s.busy:
-        s.step()
+    finish(s)
     assert done(second).stats.finish_reason == "cancelled"
     assert done(first).stats.completion_tokens == 30
-    assert len(s.batch) == 0 and _no_locks(s)
+    assert len(s.batch) == 0 and no_locks(s)
 
 
 def test_greedy_rows_give_mlx_lms_own_tokens(loaded):
@@ -105,8 +103,7 @@ def test_greedy_rows_give_mlx_lms_own_tokens(loaded):
     ]
     for h in handles:
         s.admit(h)
-    while s.busy:
-        s.step()
+    finish(s)
     ours = [done(h).text for h in handles]
     generator = BatchGenerator(
         s.loaded.model, max_tokens=12, stop_tokens=[[e] for e in tokenizer.eos_token_ids]
@@ -137,19 +134,18 @@ def test_rows_ending_together_send_their_last_tokens_before_storing_caches(loade
             "steps"
         )
     log: list[tuple[int, str]] = []
-    emit = RequestHandle._emit
+    emit = RequestHandle.emit
 
     def logged(self, event):
         log.append((id(self), type(event).__name__))
         emit(self, event)
 
-    monkeypatch.setattr(RequestHandle, "_emit", logged)
+    monkeypatch.setattr(RequestHandle, "emit", logged)
     s = scheduler(loaded)
     handles = [handle(p, max_tokens=6) for p in PROMPTS[:3]]
     for h in handles:
         s.admit(h)  # prefilled together, so they join the batch at one step
-    while s.busy:
-        s.step()
+    finish(s)
     ends = {id(h): done(h) for h in handles}
     together = [h for h in handles if ends[id(h)].stats.finish_reason == "length"]
     assert len(together) >= 2 and len({ends[id(h)].stats.completion_tokens for h in together}) == 1
@@ -209,8 +205,7 @@ def test_a_client_with_every_row_makes_room_for_another_at_the_next_step(loaded)
         assert steps < LONG // 2, "the other client's request waited for a row"
     assert not any(ended(h) for h in greedy)
     assert s.batch.parked >= 1
-    while s.busy:
-        s.step()
+    finish(s)
     assert all(ended(h) and seen[h][-1].stats.completion_tokens == LONG for h in greedy)
 
 
@@ -233,15 +228,14 @@ def test_a_parked_row_gives_the_reply_it_gives_alone(loaded, max_rows):
         s.step()
     for h in handles[3:]:
         start(s, h)
-    while s.busy:
-        s.step()
+    finish(s)
     assert s.batch.parked >= 1
     together = [done(h) for h in handles]
     assert [d.text for d in together] == [d.text for d in alone]
     assert [d.stats.completion_tokens for d in together] == [
         d.stats.completion_tokens for d in alone
     ]
-    assert len(s.batch) == 0 and _no_locks(s)
+    assert len(s.batch) == 0 and no_locks(s)
 
 
 @pytest.mark.faults
@@ -264,5 +258,4 @@ def test_a_new_clients_prompt_is_prefilled_before_a_busy_clients_next_ones(loade
     assert len(waiting) == 3 and all(job.run is None for job in waiting)  # none of them started
     for h in running + queued + [other]:
         h.cancel()
-    while s.busy:
-        s.step()
+    finish(s)

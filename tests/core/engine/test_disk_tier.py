@@ -12,6 +12,7 @@ from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, Samplin
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from kvcache.persist import read_pays
 from kvcache.store import DiskStore
+from tests.core.engine.helpers import start_engine
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 QUESTION = ChatMessage(
@@ -25,17 +26,11 @@ def ask(engine: Engine, *messages: ChatMessage, **options) -> DoneEvent:
     return done
 
 
-def start(data, model, **options) -> Engine:
-    engine = Engine(data, str(model), pool_tokens=4096, **options).start()
-    engine.wait_ready(60)
-    return engine
-
-
 @pytest.mark.parametrize("kind", ["llama", "sliding", "recurrent"])
 def test_an_unnamed_prompt_comes_back_from_disk_after_a_restart(kind, tmp_path):
     spec = TinyModelSpec(kind=kind, num_layers=2 if kind == "llama" else 4, sliding_window=16)
     model = write_tiny_model(tmp_path / kind, spec)
-    first = start(tmp_path / "tiered", model, disk_min_tokens=64)
+    first = start_engine(tmp_path / "tiered", model, disk_min_tokens=64)
     try:
         d1 = ask(first, QUESTION)
         first.flush_disk_cache()
@@ -46,7 +41,7 @@ def test_an_unnamed_prompt_comes_back_from_disk_after_a_restart(kind, tmp_path):
         ChatMessage("assistant", d1.text),
         ChatMessage("user", "And the canals?"),
     )
-    second = start(tmp_path / "tiered", model, disk_min_tokens=64)  # a restart: RAM is empty
+    second = start_engine(tmp_path / "tiered", model, disk_min_tokens=64)  # a restart: RAM is empty
     try:
         d2 = ask(second, *follow_up)
         plain = ask(second, *follow_up, use_cache=False)
@@ -56,7 +51,7 @@ def test_an_unnamed_prompt_comes_back_from_disk_after_a_restart(kind, tmp_path):
     assert d2.stats.restored_tokens >= d1.stats.prompt_tokens - 1
     assert d2.stats.computed_tokens == d2.stats.prompt_tokens - d2.stats.restored_tokens
     assert disk.reads == 1 and disk.read_tokens == d2.stats.restored_tokens
-    ram_only = start(tmp_path / "ram", model, disk_cache=False)
+    ram_only = start_engine(tmp_path / "ram", model, disk_cache=False)
     try:
         r1 = ask(ram_only, QUESTION)
         r2 = ask(ram_only, *follow_up)
@@ -67,7 +62,7 @@ def test_an_unnamed_prompt_comes_back_from_disk_after_a_restart(kind, tmp_path):
 
 
 def test_a_short_unnamed_request_is_not_written(tmp_path, tiny_model):
-    engine = start(tmp_path, tiny_model)  # the default: 256 tokens at least
+    engine = start_engine(tmp_path, tiny_model)  # the default: 256 tokens at least
     try:
         ask(engine, ChatMessage("user", "hi"))
         engine.flush_disk_cache()
@@ -79,7 +74,7 @@ def test_a_short_unnamed_request_is_not_written(tmp_path, tiny_model):
 
 
 def test_a_damaged_unnamed_prefix_is_recomputed_not_used(tmp_path, tiny_model):
-    engine = start(tmp_path, tiny_model, disk_min_tokens=64)
+    engine = start_engine(tmp_path, tiny_model, disk_min_tokens=64)
     try:
         d1 = ask(engine, QUESTION)
         engine.flush_disk_cache()
@@ -91,7 +86,7 @@ def test_a_damaged_unnamed_prefix_is_recomputed_not_used(tmp_path, tiny_model):
             damaged[len(damaged) // 2] ^= 0xFF
             db.execute("UPDATE page_data SET kv = ? WHERE key = ?", [bytes(damaged), key])
     follow_up = (QUESTION, ChatMessage("assistant", d1.text), ChatMessage("user", "More?"))
-    engine = start(tmp_path, tiny_model, disk_min_tokens=64)
+    engine = start_engine(tmp_path, tiny_model, disk_min_tokens=64)
     try:
         again = ask(engine, *follow_up)
         plain = ask(engine, *follow_up, use_cache=False)
@@ -109,7 +104,7 @@ def test_reading_is_chosen_only_when_it_beats_computing():
 
 
 def test_a_stored_page_is_never_written_again(tmp_path, tiny_model):
-    engine = start(tmp_path, tiny_model, disk_min_tokens=64)
+    engine = start_engine(tmp_path, tiny_model, disk_min_tokens=64)
     try:
         d1 = ask(engine, QUESTION)
         engine.flush_disk_cache()
@@ -123,7 +118,8 @@ def test_a_stored_page_is_never_written_again(tmp_path, tiny_model):
     assert (again.pages_written, again.bytes_written) == (first.pages_written, first.bytes_written)
     assert again.pages_not_rewritten >= first.pages_written
     follow_up = (QUESTION, ChatMessage("assistant", d1.text), ChatMessage("user", "And then?"))
-    engine = start(tmp_path, tiny_model, disk_min_tokens=64)  # a restart: the index comes from disk
+    # a restart: the index comes from disk
+    engine = start_engine(tmp_path, tiny_model, disk_min_tokens=64)
     try:
         ask(engine, *follow_up)
         engine.flush_disk_cache()
@@ -163,7 +159,7 @@ def test_what_ram_evicts_is_written_back_and_read_instead_of_recomputed(tmp_path
 def test_after_a_model_switch_the_other_models_pages_go_first(tmp_path):
     first = write_tiny_model(tmp_path / "first", TinyModelSpec(seed=1))
     second = write_tiny_model(tmp_path / "second", TinyModelSpec(seed=2))
-    engine = start(tmp_path / "data", first, disk_min_tokens=64)
+    engine = start_engine(tmp_path / "data", first, disk_min_tokens=64)
     try:
         ask(engine, QUESTION)
         engine.flush_disk_cache()
@@ -172,7 +168,7 @@ def test_after_a_model_switch_the_other_models_pages_go_first(tmp_path):
     with DiskStore(tmp_path / "data" / "kvcache.db") as store:
         first_bytes = store.stats().bytes
     # the same budget, filled by the second model: the first model's pages make room
-    engine = start(
+    engine = start_engine(
         tmp_path / "data", second, disk_min_tokens=64, disk_budget_bytes=first_bytes + 1000
     )
     try:
@@ -188,7 +184,7 @@ def test_after_a_model_switch_the_other_models_pages_go_first(tmp_path):
     # ours whole (the last reply token is never fed back), theirs gone
     assert ours == done.stats.prompt_tokens + done.stats.completion_tokens - 1
     # and a budget lowered below what is stored is met when a model loads
-    engine = start(tmp_path / "data", second, disk_budget_bytes=stats.bytes // 2)
+    engine = start_engine(tmp_path / "data", second, disk_budget_bytes=stats.bytes // 2)
     try:
         engine.flush_disk_cache()
     finally:
@@ -234,7 +230,7 @@ def test_a_reply_ends_before_its_pages_are_serialized_for_disk(tmp_path, tiny_mo
     (still before the next request or a flush), and they reach the disk."""
     import kvcache.persist as persist
 
-    engine = start(tmp_path / "data", tiny_model, disk_min_tokens=64)
+    engine = start_engine(tmp_path / "data", tiny_model, disk_min_tokens=64)
     served_then = []
     real = persist.kv_to_bytes
 

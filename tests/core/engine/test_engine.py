@@ -19,14 +19,14 @@ from core.engine.types import (
     TokenEvent,
 )
 from core.errors import ErrorKind, UserError
+from tests.core.engine.helpers import last_done, start_engine
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_model, tmp_path_factory):
-    eng = Engine(tmp_path_factory.mktemp("data"), str(tiny_model), pool_tokens=8192).start()
-    eng.wait_ready(timeout=60)
+    eng = start_engine(tmp_path_factory.mktemp("data"), tiny_model, pool_tokens=8192)
     yield eng
     eng.shutdown()
 
@@ -41,14 +41,9 @@ def collect(engine: Engine, request: GenerationRequest):
     return events
 
 
-def done_of(events) -> DoneEvent:
-    assert isinstance(events[-1], DoneEvent), events[-1]
-    return events[-1]
-
-
 def test_stream_tokens_then_done_with_stats(engine):
     events = collect(engine, ask("hello", use_cache=False))
-    done = done_of(events)
+    done = last_done(events)
     text = "".join(e.text for e in events if isinstance(e, TokenEvent))
     assert text == done.text and len(text) > 0
     stats = done.stats
@@ -66,36 +61,36 @@ def test_model_info_is_plain(engine):
 
 
 def test_greedy_is_deterministic(engine):
-    a = done_of(collect(engine, ask("same prompt", use_cache=False))).text
-    b = done_of(collect(engine, ask("same prompt", use_cache=False))).text
+    a = last_done(collect(engine, ask("same prompt", use_cache=False))).text
+    b = last_done(collect(engine, ask("same prompt", use_cache=False))).text
     assert a == b
 
 
 def test_seed_reproduces_sampling(engine):
     hot = SamplingParams(temperature=1.5, seed=7, max_tokens=24)
-    a = done_of(collect(engine, ask("seeded", hot, use_cache=False))).text
-    b = done_of(collect(engine, ask("seeded", hot, use_cache=False))).text
+    a = last_done(collect(engine, ask("seeded", hot, use_cache=False))).text
+    b = last_done(collect(engine, ask("seeded", hot, use_cache=False))).text
     other = SamplingParams(temperature=1.5, seed=8, max_tokens=24)
-    c = done_of(collect(engine, ask("seeded", other, use_cache=False))).text
+    c = last_done(collect(engine, ask("seeded", other, use_cache=False))).text
     assert a == b
     assert a != c
 
 
 def test_top_k_one_equals_greedy(engine):
-    greedy = done_of(collect(engine, ask("topk", use_cache=False))).text
+    greedy = last_done(collect(engine, ask("topk", use_cache=False))).text
     top1 = SamplingParams(temperature=1.0, top_k=1, max_tokens=12, seed=3)
-    assert done_of(collect(engine, ask("topk", top1, use_cache=False))).text == greedy
+    assert last_done(collect(engine, ask("topk", top1, use_cache=False))).text == greedy
 
 
 def test_repetition_penalty_changes_greedy_output(engine):
     long = SamplingParams(temperature=0.0, max_tokens=40)
-    plain = done_of(collect(engine, ask("repeat", long, use_cache=False))).text
+    plain = last_done(collect(engine, ask("repeat", long, use_cache=False))).text
     penalised = SamplingParams(temperature=0.0, max_tokens=40, repetition_penalty=5.0)
-    assert done_of(collect(engine, ask("repeat", penalised, use_cache=False))).text != plain
+    assert last_done(collect(engine, ask("repeat", penalised, use_cache=False))).text != plain
 
 
 def test_stop_string_cuts_the_reply(engine):
-    full = done_of(
+    full = last_done(
         collect(
             engine, ask("stops", SamplingParams(temperature=0.0, max_tokens=30), use_cache=False)
         )
@@ -104,7 +99,7 @@ def test_stop_string_cuts_the_reply(engine):
     cut_at = full.text.find(stop)
     params = SamplingParams(temperature=0.0, max_tokens=30, stop=(stop,))
     events = collect(engine, ask("stops", params, use_cache=False))
-    done = done_of(events)
+    done = last_done(events)
     assert done.text == full.text[:cut_at]
     assert "".join(e.text for e in events if isinstance(e, TokenEvent)) == done.text
     assert done.stats.finish_reason == "stop"
@@ -112,10 +107,10 @@ def test_stop_string_cuts_the_reply(engine):
 
 def test_a_reply_ending_on_a_possible_stop_start_keeps_its_tail(engine):
     params = SamplingParams(temperature=0.0, max_tokens=12)
-    full = done_of(collect(engine, ask("tails", params, use_cache=False)))
+    full = last_done(collect(engine, ask("tails", params, use_cache=False)))
     held = SamplingParams(temperature=0.0, max_tokens=12, stop=(full.text[-1] + "\x00never",))
     events = collect(engine, ask("tails", held, use_cache=False))
-    assert done_of(events).text == full.text  # the last character was held back, then shown
+    assert last_done(events).text == full.text  # the last character was held back, then shown
     assert "".join(e.text for e in events if isinstance(e, TokenEvent)) == full.text
 
 
@@ -128,13 +123,13 @@ def test_token_ids_outside_the_vocabulary_are_a_clear_error(engine):
         assert error.user_error and "vocabulary" in error.message and "\n" not in error.message
     huge_top_k = SamplingParams(temperature=1.0, top_k=10**6, max_tokens=3, seed=1)
     assert (
-        done_of(collect(engine, ask("any", huge_top_k, use_cache=False))).stats.completion_tokens
+        last_done(collect(engine, ask("any", huge_top_k, use_cache=False))).stats.completion_tokens
         == 3
     )
 
 
 def test_max_tokens_and_length_reason(engine):
-    done = done_of(
+    done = last_done(
         collect(engine, ask("short", SamplingParams(temperature=0, max_tokens=3), use_cache=False))
     )
     assert done.stats.completion_tokens == 3 and done.stats.finish_reason == "length"
@@ -149,7 +144,7 @@ def test_cancel_mid_decode(engine):
         seen.append(event)
         if isinstance(event, TokenEvent) and len(seen) > 3:
             handle.cancel()
-    done = done_of(seen)
+    done = last_done(seen)
     assert done.stats.finish_reason == "cancelled"
     assert done.stats.completion_tokens < 400
 
@@ -164,7 +159,7 @@ def test_cancel_mid_prefill(engine, monkeypatch):
         events.append(event)
         if isinstance(event, ProgressEvent) and event.done > 0:
             handle.cancel()
-    done = done_of(events)
+    done = last_done(events)
     assert done.stats.finish_reason == "cancelled"
     assert done.stats.completion_tokens == 0
     assert not any(isinstance(e, TokenEvent) for e in events)
@@ -180,21 +175,21 @@ def test_prompt_over_context_is_a_clear_error(engine):
 
 def test_engine_survives_errors(engine):
     collect(engine, GenerationRequest(prompt_text="y" * 600, sampling=GREEDY))
-    assert done_of(collect(engine, ask("still alive"))).stats.completion_tokens > 0
+    assert last_done(collect(engine, ask("still alive"))).stats.completion_tokens > 0
 
 
 def test_follow_up_turn_reuses_the_cache_and_matches_recompute(engine):
     first = ask("first question", session="s-cache")
-    d1 = done_of(collect(engine, first))
+    d1 = last_done(collect(engine, first))
     history = (
         ChatMessage("user", "first question"),
         ChatMessage("assistant", d1.text),
         ChatMessage("user", "second question"),
     )
-    d2 = done_of(
+    d2 = last_done(
         collect(engine, GenerationRequest(messages=history, sampling=GREEDY, session="s-cache"))
     )
-    fresh = done_of(
+    fresh = last_done(
         collect(engine, GenerationRequest(messages=history, sampling=GREEDY, use_cache=False))
     )
     # the second turn only computes what the first turn did not see
@@ -208,7 +203,7 @@ def test_requests_from_many_threads_are_served_in_turn(engine):
     results: dict[int, str] = {}
 
     def client(i: int) -> None:
-        results[i] = done_of(collect(engine, ask(f"client {i}", use_cache=False))).text
+        results[i] = last_done(collect(engine, ask(f"client {i}", use_cache=False))).text
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(3)]
     for t in threads:
@@ -216,7 +211,7 @@ def test_requests_from_many_threads_are_served_in_turn(engine):
     for t in threads:
         t.join(60)
     assert sorted(results) == [0, 1, 2]
-    assert results[0] == done_of(collect(engine, ask("client 0", use_cache=False))).text
+    assert results[0] == last_done(collect(engine, ask("client 0", use_cache=False))).text
 
 
 def test_load_failure_keeps_the_previous_model(engine, tmp_path):
@@ -224,7 +219,7 @@ def test_load_failure_keeps_the_previous_model(engine, tmp_path):
     with pytest.raises(UserError, match="no model at"):
         engine.load(str(tmp_path / "missing.gguf"), timeout=30)
     assert engine.model_info == before
-    assert done_of(collect(engine, ask("after failed load"))).stats.completion_tokens > 0
+    assert last_done(collect(engine, ask("after failed load"))).stats.completion_tokens > 0
 
 
 def test_failed_first_load_reports_on_wait_ready(tmp_path):
@@ -276,7 +271,7 @@ def test_empty_prompt_is_a_clear_error(engine):
 def test_count_tokens_is_the_prompt_a_request_would_have(engine):
     request = ask("how many tokens is this?")
     counted = engine.count_tokens(request)
-    assert counted == done_of(collect(engine, request)).stats.prompt_tokens > 0
+    assert counted == last_done(collect(engine, request)).stats.prompt_tokens > 0
     assert engine.count_tokens(GenerationRequest(prompt_tokens=(1, 2, 3))) == 3
     with pytest.raises(UserError):
         engine.count_tokens(GenerationRequest())
@@ -284,15 +279,15 @@ def test_count_tokens_is_the_prompt_a_request_would_have(engine):
 
 def test_a_handle_wakes_its_reader_and_hands_over_what_arrived():
     handle = RequestHandle(GenerationRequest(prompt_text="hi"))
-    handle._emit(TokenEvent("a"))  # before anyone listens
+    handle.emit(TokenEvent("a"))  # before anyone listens
     wakes = []
     handle.on_events(lambda: wakes.append(1))
     assert wakes == [1]  # what was waiting already
-    handle._emit(TokenEvent("b"))
+    handle.emit(TokenEvent("b"))
     assert wakes == [1, 1]
     assert handle.take() == ([TokenEvent("a"), TokenEvent("b")], False)
     assert handle.take() == ([], False)
     done = DoneEvent("ab", RequestStats())
-    handle._emit(done)
-    handle._finish()
+    handle.emit(done)
+    handle.finish()
     assert handle.take() == ([done], True) and len(wakes) == 4

@@ -24,6 +24,7 @@ from core.engine.types import (
 from core.errors import ErrorKind
 from core.models import loader
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
+from tests.core.engine.helpers import start_engine
 
 HUGE = 4_000_000  # characters: a message of several MB
 ENGINE_THREAD = "radixchat-engine"
@@ -39,18 +40,8 @@ def ask(text: str, max_tokens: int = 8) -> GenerationRequest:
 
 
 @pytest.fixture(scope="module")
-def long_context_model(tmp_path_factory):
-    """The tiny model with room for a long reply: a stream that outlasts the test."""
-    return write_tiny_model(
-        tmp_path_factory.mktemp("models") / "tiny-4k",
-        TinyModelSpec(num_layers=2, max_position_embeddings=4096),
-    )
-
-
-@pytest.fixture(scope="module")
-def engine(long_context_model, tmp_path_factory):
-    eng = Engine(tmp_path_factory.mktemp("data"), str(long_context_model), pool_tokens=8192).start()
-    eng.wait_ready(timeout=60)
+def engine(long_tiny_model, tmp_path_factory):
+    eng = start_engine(tmp_path_factory.mktemp("data"), long_tiny_model, pool_tokens=8192)
     yield eng
     eng.shutdown()
 
@@ -99,8 +90,8 @@ def test_a_huge_message_never_holds_up_a_stream(engine, monkeypatch):
     spy = TokenizerSpy(monkeypatch)
     stream = engine.submit(ask("keep talking", max_tokens=4000))
     emitted: list = []  # what the engine has sent the stream (read or not)
-    send = stream._emit
-    stream._emit = lambda event: (emitted.append(event), send(event))
+    send = stream.emit
+    stream.emit = lambda event: (emitted.append(event), send(event))
     events = stream.events(timeout=120)
     tokens(events, 1)
     huge = engine.submit(ask("z" * HUGE))
@@ -150,7 +141,7 @@ def test_time_to_first_token_counts_the_prompts_rendering(engine, monkeypatch):
 
 
 def test_a_prompt_worked_out_for_the_previous_model_is_worked_out_again(
-    long_context_model, tmp_path, monkeypatch
+    long_tiny_model, tmp_path, monkeypatch
 ):
     """Sent while another model loads: its prompt was rendered for the old one, so the new
     model's template and tokenizer render it again."""
@@ -170,7 +161,7 @@ def test_a_prompt_worked_out_for_the_previous_model_is_worked_out_again(
         go.wait(60)
         return load(*args, **kwargs)
 
-    eng = Engine(tmp_path / "data", str(long_context_model), pool_tokens=4096).start()
+    eng = Engine(tmp_path / "data", str(long_tiny_model), pool_tokens=4096).start()
     try:
         eng.wait_ready(timeout=60)
         request = ask("which model?")

@@ -12,40 +12,18 @@ import pytest
 from core.engine.engine import RequestHandle
 from core.engine.pacing import ChunkPacer
 from core.engine.scheduler import Scheduler
-from core.engine.types import (
-    CHAT_PRIORITY,
-    DoneEvent,
-    GenerationRequest,
-    ProgressEvent,
-    SamplingParams,
-)
-from core.models.loader import load_model
-from core.models.tiny_model import TinyModelSpec, write_tiny_model
-from kvcache.builder import build_kv_cache
-from kvcache.prefix_cache import PrefixCache
+from core.engine.types import CHAT_PRIORITY, GenerationRequest, ProgressEvent, SamplingParams
+from tests.core.engine import helpers
+from tests.core.engine.helpers import done, finish, start
 from tests.core.engine.token_log import TokenLog
 
 CHUNK = 32  # the pacer's largest chunk here: a 600-token prompt is ~19 chunks
 LONG = "".join(chr(97 + (i * 7) % 26) for i in range(600))  # byte tokenizer: ~600 tokens
 
 
-@pytest.fixture(scope="module", params=["llama", "sliding"])
-def loaded(request, tmp_path_factory):
-    spec = TinyModelSpec(
-        kind=request.param, num_layers=2, sliding_window=32, max_position_embeddings=2048
-    )
-    path = write_tiny_model(tmp_path_factory.mktemp(request.param) / "m", spec)
-    return load_model(str(path), tmp_path_factory.mktemp("data"))
-
-
 def scheduler(loaded, interleave: bool = True) -> Scheduler:
-    build = build_kv_cache(loaded.model, weight_bytes=loaded.info.weight_bytes, pool_tokens=8192)
-    return Scheduler(
-        loaded,
-        PrefixCache(loaded.model, build),
-        None,
-        pacer=ChunkPacer(largest=CHUNK),
-        interleave=interleave,
+    return helpers.scheduler(
+        loaded, pool_tokens=8192, pacer=ChunkPacer(largest=CHUNK), interleave=interleave
     )
 
 
@@ -56,9 +34,9 @@ class Watched(RequestHandle):
         super().__init__(request)
         self.on_event = on_event
 
-    def _emit(self, event):
+    def emit(self, event):
         self.on_event(event)
-        super()._emit(event)
+        super().emit(event)
 
 
 def request(text: str, max_tokens: int = 40, priority: int = 0) -> GenerationRequest:
@@ -69,31 +47,13 @@ def request(text: str, max_tokens: int = 40, priority: int = 0) -> GenerationReq
     )
 
 
-def done(h: RequestHandle) -> DoneEvent:
-    events = list(h.events(timeout=0))
-    assert isinstance(events[-1], DoneEvent), events[-1]
-    return events[-1]
-
-
-def start(s: Scheduler, h: RequestHandle) -> None:
-    """Admit ``h`` and step until it has its first token."""
-    s.admit(h)
-    while any(job.state.handle is h for job in s.waiting):
-        s.step()
-
-
-def finish(s: Scheduler) -> None:
-    while s.busy:
-        s.step()
-
-
 def decoding(s: Scheduler, h: RequestHandle):
     return next(state for state in s.active if state.handle is h)
 
 
 @pytest.mark.parametrize("streams", [1, 2])
-def test_running_streams_get_tokens_between_the_chunks_of_a_long_prompt(loaded, streams):
-    s = scheduler(loaded)
+def test_running_streams_get_tokens_between_the_chunks_of_a_long_prompt(long_loaded, streams):
+    s = scheduler(long_loaded)
     running = [RequestHandle(request(f"stream {i} says", max_tokens=200)) for i in range(streams)]
     for h in running:
         start(s, h)
@@ -118,8 +78,8 @@ def test_running_streams_get_tokens_between_the_chunks_of_a_long_prompt(loaded, 
     assert stats.computed_tokens == stats.prompt_tokens
 
 
-def test_nobody_decoding_a_prompt_goes_in_whole_chunks(loaded):
-    s = scheduler(loaded)
+def test_nobody_decoding_a_prompt_goes_in_whole_chunks(long_loaded):
+    s = scheduler(long_loaded)
     sizes: list[int] = []
     h = Watched(
         request(LONG, max_tokens=2),
@@ -157,18 +117,18 @@ def _together(loaded, interleave: bool, cancel_long_after: int | None = None):
     return s, [done(h) for h in (first, long, third)]
 
 
-def test_greedy_replies_are_the_same_with_interleaving_on_and_off(loaded, monkeypatch):
+def test_greedy_replies_are_the_same_with_interleaving_on_and_off(long_loaded, monkeypatch):
     """Different computations (a prompt in chunks between decode steps against whole, rows
     decoded in other batches): the same greedy tokens, one by one."""
     log = TokenLog(monkeypatch)
-    _, on = _together(loaded, True)
+    _, on = _together(long_loaded, True)
     tokens_on = log.by_prompt()
     log.clear()
-    _, off = _together(loaded, False)
+    _, off = _together(long_loaded, False)
     assert tokens_on == log.by_prompt()
     assert [d.text for d in on] == [d.text for d in off]
     assert [d.stats.completion_tokens for d in on] == [d.stats.completion_tokens for d in off]
-    alone = scheduler(loaded)
+    alone = scheduler(long_loaded)
     h = RequestHandle(request(LONG, max_tokens=30))
     start(alone, h)
     finish(alone)
@@ -176,8 +136,8 @@ def test_greedy_replies_are_the_same_with_interleaving_on_and_off(loaded, monkey
     assert done(h).text == on[1].text
 
 
-def test_an_interleaved_prompt_is_cached_exactly(loaded):
-    s, (_, long, _) = _together(loaded, True)
+def test_an_interleaved_prompt_is_cached_exactly(long_loaded):
+    s, (_, long, _) = _together(long_loaded, True)
     again = RequestHandle(request(LONG, max_tokens=30))
     start(s, again)
     finish(s)
@@ -187,16 +147,16 @@ def test_an_interleaved_prompt_is_cached_exactly(loaded):
     assert reply.text == long.text
 
 
-def test_cancel_mid_prefill_while_others_decode(loaded):
-    s, (first, long, third) = _together(loaded, True, cancel_long_after=3)
+def test_cancel_mid_prefill_while_others_decode(long_loaded):
+    s, (first, long, third) = _together(long_loaded, True, cancel_long_after=3)
     assert long.stats.finish_reason == "cancelled" and long.stats.completion_tokens == 0
     assert first.stats.completion_tokens == 60 and third.stats.completion_tokens == 30
-    _, (first_off, _, third_off) = _together(loaded, False)
+    _, (first_off, _, third_off) = _together(long_loaded, False)
     assert (first.text, third.text) == (first_off.text, third_off.text)
 
 
-def test_a_request_cancelled_while_waiting_ends_without_running(loaded):
-    s = scheduler(loaded)
+def test_a_request_cancelled_while_waiting_ends_without_running(long_loaded):
+    s = scheduler(long_loaded)
     first = RequestHandle(request("running", max_tokens=30))
     start(s, first)
     long, queued = RequestHandle(request(LONG)), RequestHandle(request("queued"))
@@ -210,8 +170,8 @@ def test_a_request_cancelled_while_waiting_ends_without_running(loaded):
     finish(s)
 
 
-def test_the_chat_window_goes_before_waiting_api_requests(loaded):
-    s = scheduler(loaded)
+def test_the_chat_window_goes_before_waiting_api_requests(long_loaded):
+    s = scheduler(long_loaded)
     running = RequestHandle(request("already streaming", max_tokens=200))
     start(s, running)
     order: list[str] = []

@@ -5,13 +5,12 @@ the PIN (so the test can fail)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from core.engine import namespaces
 from core.engine.engine import Engine
 from core.engine.types import DoneEvent, GenerationRequest, RequestStats, SamplingParams
+from tests.core.engine.helpers import start_engine
 from tests.core.engine.pin_attack import attack, learned_nothing, victim_prompt
 
 ONE_TOKEN = SamplingParams(temperature=0.0, max_tokens=1)
@@ -31,13 +30,6 @@ def served(stats: RequestStats) -> int:
     return stats.cached_tokens + stats.restored_tokens  # what usage.cached_tokens says
 
 
-def start(data: Path, model: Path, **options) -> Engine:
-    data.mkdir(exist_ok=True)
-    engine = Engine(data, str(model), pool_tokens=4096, **options).start()
-    engine.wait_ready(60)
-    return engine
-
-
 def probe(engine: Engine, namespace: str):
     return lambda prompt: served(run(engine, prompt, namespace))
 
@@ -49,7 +41,7 @@ def test_the_pin_attack_in_ram(tmp_path, tiny_model, attacker):
     victim = namespaces.for_key("victim's key")
     results = []
     for pin in PINS:
-        engine = start(tmp_path / pin, tiny_model, disk_cache=False)
+        engine = start_engine(tmp_path / pin, tiny_model, disk_cache=False)
         try:
             stats = run(engine, victim_prompt(pin), victim, session="secrets")
             assert stats.cache_namespace == namespaces.label(
@@ -73,14 +65,15 @@ def test_the_pin_attack_on_disk_after_a_restart(tmp_path, tiny_model, attacker):
     results = []
     for pin in PINS:
         data = tmp_path / pin
-        first = start(data, tiny_model, disk_min_tokens=1)
+        first = start_engine(data, tiny_model, disk_min_tokens=1)
         try:
             run(first, victim_prompt(pin), victim, session="secrets")
             run(first, victim_prompt(pin)[:-5], victim)  # an unnamed chain too, kept by its tokens
             first.flush_disk_cache()
         finally:
             first.shutdown()
-        second = start(data, tiny_model, disk_min_tokens=1)  # RAM is empty: only the disk knows
+        # RAM is empty: only the disk knows
+        second = start_engine(data, tiny_model, disk_min_tokens=1)
         try:
             namespace = victim if attacker == "same" else attacker
             guess, seen = attack(probe(second, namespace))
@@ -97,7 +90,7 @@ def test_the_pin_attack_on_disk_after_a_restart(tmp_path, tiny_model, attacker):
 
 
 def test_a_system_prompt_is_still_shared_inside_a_namespace(tmp_path, tiny_model):
-    engine = start(tmp_path, tiny_model, disk_cache=False)
+    engine = start_engine(tmp_path, tiny_model, disk_cache=False)
     system = "You are a careful assistant who answers in one short line. " * 2
     try:
         run(engine, system + "First question?", namespaces.APP, session="one")

@@ -9,56 +9,11 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
-from core.engine.engine import RequestHandle
 from core.engine.generation import last_logits
-from core.engine.scheduler import Scheduler
-from core.engine.types import DoneEvent, ErrorEvent, GenerationRequest, SamplingParams
+from core.engine.types import ErrorEvent
 from core.errors import ErrorKind
-from core.models.loader import load_model
-from core.models.tiny_model import TinyModelSpec, write_tiny_model
-from kvcache.builder import build_kv_cache
-from kvcache.prefix_cache import PrefixCache
+from tests.core.engine.helpers import done, finish, handle, no_locks, run_alone, scheduler, start
 from tests.core.engine.token_log import TokenLog
-
-
-@pytest.fixture(scope="module", params=["llama", "sliding", "recurrent"])
-def loaded(request, tmp_path_factory):
-    spec = TinyModelSpec(
-        kind=request.param, num_layers=2 if request.param == "llama" else 4, sliding_window=32
-    )
-    path = write_tiny_model(tmp_path_factory.mktemp(request.param) / "m", spec)
-    return load_model(str(path), tmp_path_factory.mktemp("data"))
-
-
-def scheduler(loaded) -> Scheduler:
-    build = build_kv_cache(loaded.model, weight_bytes=loaded.info.weight_bytes, pool_tokens=4096)
-    return Scheduler(loaded, PrefixCache(loaded.model, build), None)
-
-
-def handle(text: str, max_tokens: int = 20, **sampling) -> RequestHandle:
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, **sampling)
-    return RequestHandle(GenerationRequest(prompt_text=text, sampling=params))
-
-
-def done(h: RequestHandle) -> DoneEvent:
-    events = list(h.events(timeout=0))
-    assert isinstance(events[-1], DoneEvent), events[-1]
-    return events[-1]
-
-
-def start(s: Scheduler, h: RequestHandle) -> None:
-    """Admit ``h`` and step until its prefill is done (the others decode meanwhile)."""
-    s.admit(h)
-    while any(job.state.handle is h for job in s.waiting):
-        s.step()
-
-
-def run_alone(s: Scheduler, h: RequestHandle) -> DoneEvent:
-    start(s, h)
-    while s.busy:
-        s.step()
-    return done(h)
-
 
 PROMPTS = ("the first question is this one", "and a second, different prompt")
 
@@ -80,8 +35,7 @@ def test_hand_over_to_the_batch_keeps_replies(loaded, sampling, steps_before, mo
         s.step()
     start(s, second)  # the first request joins the batch with the second
     assert s.solo is None and len(s.active) == 2
-    while s.busy:
-        s.step()
+    finish(s)
     together = [done(first), done(second)]
     assert [log.of(h) for h in (first, second)] == [log.of(h) for h in alone_handles]
     assert [d.text for d in together] == [d.text for d in alone]
@@ -106,8 +60,7 @@ def test_cancel_while_solo(loaded):
     start(s, h)
     s.step()
     h.cancel()
-    while s.busy:
-        s.step()
+    finish(s)
     assert done(h).stats.finish_reason == "cancelled"
 
 
@@ -124,7 +77,7 @@ def test_a_failed_hand_over_ends_the_running_request_with_an_error(loaded, monke
     events = list(first.events(timeout=0))  # ...and the running one ends instead of hanging
     assert isinstance(events[-1], ErrorEvent) and "no room" in events[-1].message
     assert s.solo is None and not s.batched
-    assert s.prefix_cache.tree.check_invariants() is None and _no_locks(s)
+    assert no_locks(s)
 
 
 def test_a_failure_caching_the_reply_still_sends_the_reply(loaded, monkeypatch):
@@ -137,11 +90,7 @@ def test_a_failure_caching_the_reply_still_sends_the_reply(loaded, monkeypatch):
 
     monkeypatch.setattr(s.prefix_cache, "_store", broken)
     reply = run_alone(s, handle(PROMPTS[0]))
-    assert reply.text == expected and _no_locks(s)
-
-
-def _no_locks(s: Scheduler) -> bool:
-    return s.prefix_cache.stats().pages_locked == 0
+    assert reply.text == expected and no_locks(s)
 
 
 def test_last_logits_equal_the_full_forward(loaded):

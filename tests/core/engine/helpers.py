@@ -1,0 +1,135 @@
+"""Plain helpers of the engine tests (their fixtures are in conftest.py): a tiny model
+loaded, a scheduler driven on the test's own thread, requests and their replies, an
+engine started and ready, and the tools the tool tests offer (the API's tests use them
+too)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from core.engine.engine import Engine, RequestHandle
+from core.engine.scheduler import Scheduler
+from core.engine.types import DoneEvent, GenerationRequest, SamplingParams
+from core.models.chat_template import shipped_template
+from core.models.loader import LoadedModel, load_model
+from core.models.tiny_model import TinyModelSpec, write_tiny_model
+from kvcache.builder import build_kv_cache
+from kvcache.prefix_cache import PrefixCache
+
+# Two tools, as OpenAI's API takes them (a city's weather; the time in a zone).
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 8},
+                "unit": {"enum": ["C", "F"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def anthropic_tool(tool: dict) -> dict:
+    """An OpenAI tool as Anthropic's API takes it."""
+    function = tool["function"]
+    described = {"description": function["description"]} if "description" in function else {}
+    return {"name": function["name"], **described, "input_schema": function["parameters"]}
+
+
+def load_tiny(tmp_path_factory, kind: str, **spec) -> LoadedModel:
+    """A tiny model of ``kind`` (a sliding window of 32 tokens where it has one), loaded."""
+    path = write_tiny_model(
+        tmp_path_factory.mktemp(kind) / "m", TinyModelSpec(kind=kind, sliding_window=32, **spec)
+    )
+    return load_model(str(path), tmp_path_factory.mktemp("data"))
+
+
+def scheduler(loaded: LoadedModel, pool_tokens: int = 4096, **options) -> Scheduler:
+    """A scheduler over a fresh cache of ``pool_tokens`` and no disk tier (``options``:
+    the scheduler's own, e.g. ``batch_prefill``, ``pacer``, ``interleave``)."""
+    build = build_kv_cache(
+        loaded.model, weight_bytes=loaded.info.weight_bytes, pool_tokens=pool_tokens
+    )
+    return Scheduler(loaded, PrefixCache(loaded.model, build), None, **options)
+
+
+def handle(text: str, max_tokens: int = 20, **sampling) -> RequestHandle:
+    """A greedy request for ``text`` (no chat template), not yet admitted."""
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, **sampling)
+    return RequestHandle(GenerationRequest(prompt_text=text, sampling=params))
+
+
+def done(h: RequestHandle) -> DoneEvent:
+    """The DoneEvent that ended ``h`` (which must have ended)."""
+    return last_done(list(h.events(timeout=0)))
+
+
+def last_done(events: list) -> DoneEvent:
+    """The last of ``events``, which must be a DoneEvent."""
+    assert isinstance(events[-1], DoneEvent), events[-1]
+    return events[-1]
+
+
+def start(s: Scheduler, h: RequestHandle) -> None:
+    """Admit ``h`` and step until its prefill is done and it has its first token (the
+    others decode meanwhile)."""
+    s.admit(h)
+    while any(job.state.handle is h for job in s.waiting):
+        s.step()
+
+
+def finish(s: Scheduler) -> None:
+    """Step until every request has ended."""
+    while s.busy:
+        s.step()
+
+
+def run_alone(s: Scheduler, h: RequestHandle) -> DoneEvent:
+    start(s, h)
+    finish(s)
+    return done(h)
+
+
+def no_locks(s: Scheduler) -> bool:
+    """Whether no page is locked any more and the tree holds its invariants."""
+    return (
+        s.prefix_cache.stats().pages_locked == 0 and s.prefix_cache.tree.check_invariants() is None
+    )
+
+
+def start_engine(data: Path, model: Path, pool_tokens: int = 4096, **options) -> Engine:
+    """An engine on ``model`` with its data in ``data``, started, its model loaded."""
+    data.mkdir(parents=True, exist_ok=True)
+    engine = Engine(data, str(model), pool_tokens=pool_tokens, **options).start()
+    engine.wait_ready(timeout=60)
+    return engine
+
+
+def start_tools_engine(data: Path, model: Path) -> Engine:
+    """An engine for the tool tests: the shipped tool-capable template, room for tools in
+    the pool, no disk cache (``model``: one with room for them, ``long_tiny_model``)."""
+    return start_engine(
+        data,
+        model,
+        pool_tokens=16384,
+        disk_cache=False,
+        chat_template=shipped_template("smollm2_tools.jinja"),
+    )
