@@ -42,7 +42,7 @@ def run_bench_gui(args, data_root: Path) -> int:
     from app.main_window import MainWindow
     from app.screenshot import _link_model, _wait
     from app.settings_dialogs import AppSettings
-    from core.models import provision
+    from core.models.pypi import provision
     from core.chats.store import ChatStore
     from core.errors import UserError
     from core.paths import chats_db_path

@@ -34,7 +34,7 @@ from core.api.server import ApiServer
 
 if TYPE_CHECKING:
     from core.engine.engine import Engine, RequestHandle
-    from core.models.loader import ModelInfo
+    from core.models.load.loader import ModelInfo
 
 log = logging.getLogger(__name__)
 

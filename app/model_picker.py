@@ -15,7 +15,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QDialog, QDialogButtonBox, QFi
 from app.format import human_bytes
 from app.hub_panel import HubPanel
 from core.errors import UserError
-from core.models import installed
+from core.models.hub import installed
 from core.models.catalog import CatalogEntry, entry_for_path, model_catalog, runs_on_cpu
 
 COLUMNS = ("Name", "Kind", "Size", "Memory", "Last used")

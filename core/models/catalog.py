@@ -18,11 +18,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from core.models import hf_cache
+from core.models.hub import hf_cache
 from core.errors import UserError
 
 if TYPE_CHECKING:  # provision is imported where it is used: the hub's fit estimate needs none of it
-    from core.models import provision
+    from core.models.pypi import provision
 
 GGUF_BITS_PER_WEIGHT = 4.5  # a typical 4-bit quant with its scales, when the header is unreadable
 FLOAT32_BYTES = 4
@@ -73,7 +73,7 @@ def estimate_memory_bytes(kind: str, size_bytes: int, on_cpu: bool, parameters: 
 def model_catalog(data_root: Path, on_cpu: bool | None = None) -> list[CatalogEntry]:
     """The known models first (``default`` first), downloaded or not, then the local ones
     (GGUF files and MLX folders in ``<data>/models``, MLX repos in the HF cache)."""
-    from core.models import provision
+    from core.models.pypi import provision
 
     on_cpu = runs_on_cpu() if on_cpu is None else on_cpu
     local = provision.list_local_models(data_root)
@@ -111,7 +111,7 @@ def describe_spec(spec: str, data_root: Path) -> str:
 def entry_for_path(path: Path, on_cpu: bool | None = None) -> CatalogEntry:
     """A catalog entry for a file or folder the user picked; :class:`UserError` if it is
     neither a ``.gguf`` file nor an MLX model folder."""
-    from core.models import provision
+    from core.models.pypi import provision
 
     on_cpu = runs_on_cpu() if on_cpu is None else on_cpu
     path = Path(path)
@@ -152,7 +152,7 @@ def gguf_parameter_count(path: Path) -> int | None:
 @lru_cache(maxsize=64)
 def _gguf_parameters(path: str, size: int, mtime_ns: int) -> int:
     """(size and mtime are the cache key: a changed file is read again)"""
-    from core.models.gguf_header import read_header  # numpy and gguf: not for `radixchat pull` / search
+    from core.models.load.gguf_header import read_header  # numpy and gguf: not for `radixchat pull` / search
 
     return read_header(Path(path), metadata=False).parameter_count()
 

@@ -57,7 +57,7 @@ class Reliance:
 DECODE = "the decode batch (core/engine/decode_batch.py: requests joining a running batch, the greedy shortcut)"
 PREFILL = "batched prefill (core/engine/batch_prefill.py)"
 SPEEDUPS = "the CPU speed-ups (core/engine/cpu_speedups.py)"
-TOOLS = "tool calling (core/models/chat_template.py, core/engine/constrain.py)"
+TOOLS = "tool calling (core/models/load/chat_template.py, core/engine/constrain.py)"
 
 RELIED_ON = (
     Reliance("mlx_lm.generate:GenerationBatch.__init__", DECODE,

@@ -50,7 +50,7 @@ from core import paths
 from core.cli.bench.agent_trace import Trace, anthropic_body, build_trace, openai_body
 from core.cli.bench.server_process import ServerProcess, free_port, mlx_lm_server_code, radixchat_server_code
 from core.errors import UserError
-from core.models.chat_template import read_chat_template
+from core.models.load.chat_template import read_chat_template
 
 WAYS = ("ours_cache", "ours_no_cache", "mlx_lm_server")
 POOL_TOKENS = 65536
@@ -253,7 +253,7 @@ def save_mlx_folder(root: Path, model: str, folder: Path, template: str | None =
     import mlx.nn as nn
     from mlx_lm.utils import save_config, save_model
 
-    from core.models.loader import load_model
+    from core.models.load.loader import load_model
 
     loaded = load_model(model, root, chat_template=template)
     config = dict(loaded.config)

@@ -29,7 +29,7 @@ from core import paths
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from core.errors import UserError
-from core.models.chat_template import read_chat_template
+from core.models.load.chat_template import read_chat_template
 
 PROMPT = "Describe a fictional person: their name, age, city and three hobbies."
 SCHEMA = {"type": "object",

@@ -133,7 +133,7 @@ def run_bench_multiturn(args) -> int:
     if args.turns > len(USER_MESSAGES):
         raise UserError(f"--turns can be at most {len(USER_MESSAGES)} (the scripted conversation's length)")
     from core.cli.progress import print_progress
-    from core.models.loader import load_model
+    from core.models.load.loader import load_model
 
     root = paths.data_dir(args.data_dir)
     loaded = load_model(args.model, root, "auto", print_progress)  # the mlx-lm ways' weights

@@ -227,7 +227,7 @@ def checked_model(args) -> tuple[Path, str]:
         if getattr(args, name) < low:
             raise UserError(f"--{name} must be at least {low}")
     from core.cli.progress import print_progress
-    from core.models.loader import resolve_spec
+    from core.models.load.loader import resolve_spec
 
     root = paths.data_dir(args.data_dir)
     return root, str(resolve_spec(args.model, root, None if args.json else print_progress).resolve())

@@ -12,7 +12,7 @@ import pytest
 
 from core.api.server import ApiServer
 from core.engine.engine import Engine
-from core.models.chat_template import shipped_template
+from core.models.load.chat_template import shipped_template
 
 MODEL = "claude-haiku-4-5"
 WEATHER = {"name": "get_weather", "description": "The weather of a city",

@@ -6,8 +6,9 @@ import io
 
 from core.cli import hub as hub_cli
 from core.cli.main import EXIT_USER_ERROR, main
-from core.models import download, hf_cache, usage
-from tests.core.models.hub_fixture import (
+from core.models import usage
+from core.models.hub import download, hf_cache
+from tests.core.models.hub.hub_fixture import (
     MAMBA_GGUF, TINY_MLX, TWO_GGUF, free_port_url)
 
 
@@ -84,14 +85,14 @@ def test_pull_imports_only_what_it_needs(loopback_hub, tmp_path):
     import sys
     from pathlib import Path
 
-    from tests.core.models.hub_fixture import AGENT_REGISTRY
+    from tests.core.models.hub.hub_fixture import AGENT_REGISTRY
 
     home = Path(os.environ["HF_HOME"])
     home.mkdir(parents=True, exist_ok=True)
     (home / ".agent_harnesses.json").write_text(json.dumps(AGENT_REGISTRY))
     heavy = ("mlx", "mlx_lm", "numpy", "gguf", "transformers", "sentencepiece", "PySide6", "kvcache", "fastapi",
-             "uvicorn", "starlette", "core.engine", "core.api", "core.chats", "core.models.provision",
-             "core.models.pypi_download", "core.models.loader", "huggingface_hub.hf_api", "huggingface_hub.file_download",
+             "uvicorn", "starlette", "core.engine", "core.api", "core.chats", "core.models.pypi.provision",
+             "core.models.pypi.wheels", "core.models.load.loader", "huggingface_hub.hf_api", "huggingface_hub.file_download",
              "huggingface_hub.utils._auth", "huggingface_hub.utils._headers", "huggingface_hub.errors", "httpx2", "yaml",
              "filelock", "psutil")
     code = ("import sys; from core.cli.main import main; status = main(['pull', sys.argv[1], '--data-dir', sys.argv[2]]);"
@@ -121,7 +122,7 @@ def test_every_import_the_commands_make_when_they_run_resolves():
             for alias in node.names:
                 assert hasattr(module, alias.name) or importlib.import_module(f"{node.module}.{alias.name}")
                 found.append(f"{node.module}.{alias.name}")
-    assert "core.cli.bench.pull.run_bench_pull" in found and "core.models.provision" in found
+    assert "core.cli.bench.pull.run_bench_pull" in found and "core.models.pypi.provision" in found
     assert len(found) >= 20
 
 

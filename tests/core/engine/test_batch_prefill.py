@@ -18,7 +18,7 @@ from core.engine import batch_prefill
 from core.engine.engine import RequestHandle
 from core.engine.scheduler import Scheduler
 from core.engine.types import DoneEvent, GenerationRequest, SamplingParams, TokenEvent
-from core.models.loader import load_model
+from core.models.load.loader import load_model
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from kvcache.builder import build_kv_cache
 from kvcache.prefix_cache import PrefixCache

@@ -14,7 +14,7 @@ from core.engine.engine import Engine
 from core.engine.types import (ChatMessage, DoneEvent, ErrorEvent, GenerationRequest, SamplingParams, TokenEvent,
                                ToolCallEvent)
 from core.errors import ErrorKind
-from core.models.chat_template import shipped_template
+from core.models.load.chat_template import shipped_template
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=120)
 SCHEMA = {"type": "object",

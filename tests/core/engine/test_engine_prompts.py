@@ -15,7 +15,7 @@ from transformers.tokenization_utils_tokenizers import TokenizersBackend
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent, ErrorEvent, GenerationRequest, SamplingParams, TokenEvent
 from core.errors import ErrorKind
-from core.models import loader
+from core.models.load import loader
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 
 HUGE = 4_000_000  # characters: a message of several MB

@@ -14,7 +14,7 @@ from core.engine import generation
 from core.engine.generation import (PREFILL_CHUNK, SINGLE_CALL_TAIL, ChunkedPrefill, StopText, sampling_tools,
                                     vocab_size)
 from core.engine.types import SamplingParams
-from core.models.loader import load_model
+from core.models.load.loader import load_model
 
 
 @pytest.fixture(scope="module")

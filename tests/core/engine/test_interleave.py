@@ -13,7 +13,7 @@ from core.engine.engine import RequestHandle
 from core.engine.pacing import ChunkPacer
 from core.engine.scheduler import Scheduler
 from core.engine.types import CHAT_PRIORITY, DoneEvent, GenerationRequest, ProgressEvent, SamplingParams
-from core.models.loader import load_model
+from core.models.load.loader import load_model
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from kvcache.builder import build_kv_cache
 from kvcache.prefix_cache import PrefixCache

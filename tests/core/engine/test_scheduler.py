@@ -13,7 +13,7 @@ from core.engine.engine import RequestHandle
 from core.engine.types import DoneEvent, ErrorEvent, GenerationRequest, SamplingParams
 from core.errors import ErrorKind
 from core.engine.generation import last_logits
-from core.models.loader import load_model
+from core.models.load.loader import load_model
 from core.engine.scheduler import Scheduler
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from kvcache.builder import build_kv_cache

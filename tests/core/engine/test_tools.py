@@ -11,7 +11,7 @@ from mlx_lm.tool_parsers import json_tools
 from core.engine.constrain import ToolMarkup
 from core.engine.tools import ToolCallText, template_message
 from core.engine.types import ChatMessage, GenerationRequest, ToolCall
-from core.models.chat_template import read_chat_template, shipped_template
+from core.models.load.chat_template import read_chat_template, shipped_template
 from core.errors import UserError
 
 MARKUP = ToolMarkup(json_tools.tool_call_start, json_tools.tool_call_end, json_tools.parse_tool_call, True)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from core.models import catalog as catalog_module
-from core.models import provision
+from core.models.pypi import provision
 from core.errors import UserError
 from core.models.catalog import (CatalogEntry, entry_for_path, estimate_memory_bytes, gguf_parameter_count,
                                 model_catalog as catalog, safetensors_parameter_count)

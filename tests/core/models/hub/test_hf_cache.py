@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from core.models import hf_cache
+from core.models.hub import hf_cache
 
 
 def make_repo(root: Path, repo_id: str, revs: dict[str, dict[str, bytes]], main: str | None = None) -> Path:
@@ -98,9 +98,9 @@ def test_import_is_light():
     """hf_cache must not pull in huggingface_hub, mlx or Qt."""
     import subprocess
 
-    code = "import sys, core.models.hf_cache, core.models.provision; print(sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'huggingface_hub', 'PySide6', 'mlx_lm', 'transformers')))"
+    code = "import sys, core.models.hub.hf_cache, core.models.pypi.provision; print(sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'huggingface_hub', 'PySide6', 'mlx_lm', 'transformers')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[3])
+                         cwd=Path(__file__).resolve().parents[4])
     assert out.stdout.strip() == "[]"
 
 

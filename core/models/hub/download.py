@@ -1,11 +1,11 @@
 """Download a model from the hub into the standard Hugging Face cache, resumably.
 
-``pull("mlx-community/Qwen3-4B-4bit")`` fetches only what a model needs (hub.plan picks
+``pull("mlx-community/Qwen3-4B-4bit")`` fetches only what a model needs (client.plan picks
 the files), into ``<HF cache>/models--org--name`` as huggingface_hub lays it out, so
 mlx-lm and other tools see the same files, and nothing already there is fetched again.
 
 How a file arrives: its bytes are read from the socket into a few reused buffers
-(:mod:`core.models.http_get`: huggingface_hub's own client hands them over in 64 KB
+(:mod:`core.models.hub.http_get`: huggingface_hub's own client hands them over in 64 KB
 objects, which costs more CPU than the transfer) and appended to
 ``blobs/<etag>.incomplete`` (a ``Range`` request continues a partial file; a dropped
 connection is retried from where it stopped), written and hashed on a second thread
@@ -37,9 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from core.models import hf_cache, http_get, hub
+from core.models.hub import client, hf_cache, http_get
 from core.models.hashing import FileHashCache
-from core.models.hub import HubError, RepoFile, RepoPlan
+from core.models.hub.client import HubError, RepoFile, RepoPlan
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def pull(target: str, *, data_root: Path | None = None, progress: ProgressFn | N
          cancel: threading.Event | None = None, revision: str = "main") -> PullResult:
     """Download ``REPO[:FILE]``; :class:`HubError` (one line) for anything the user can fix."""
     repo_id, filename = parse_target(target)
-    return download(hub.plan(repo_id, filename, revision), data_root=data_root, progress=progress,
+    return download(client.plan(repo_id, filename, revision), data_root=data_root, progress=progress,
                     cancel=cancel, revision=revision)
 
 
@@ -115,7 +115,7 @@ def partial_bytes(plan: RepoPlan) -> int:
 def download(plan: RepoPlan, *, data_root: Path | None = None, progress: ProgressFn | None = None,
              cancel: threading.Event | None = None, revision: str = "main") -> PullResult:
     started = time.monotonic()
-    hub.check_plan(plan)  # nothing the hub named leaves the repo's folders
+    client.check_plan(plan)  # nothing the hub named leaves the repo's folders
     cancel = cancel or threading.Event()
     storage = hf_cache.repo_folder(plan.repo_id)
     assert storage is not None  # plan checked the repo id
@@ -176,7 +176,7 @@ def _check_architecture(plan: RepoPlan) -> None:
         model_type = json.loads(blob.read_text(encoding="utf-8")).get("model_type")
     except (OSError, ValueError, AttributeError):
         raise HubError(f"{plan.repo_id}'s config.json is not valid JSON: not a model RadixChat can load") from None
-    if not model_type or not hub.mlx_lm_supports(str(model_type)):
+    if not model_type or not client.mlx_lm_supports(str(model_type)):
         raise HubError(f"{plan.repo_id} is a {model_type or 'untyped'} model, which mlx-lm can't load")
 
 
@@ -205,9 +205,9 @@ def _fetch(plan: RepoPlan, file: RepoFile, meter: "_Meter", hashes: FileHashCach
     blob, partial, _ = _paths(plan, file)
     # The commit's URL names these bytes for good; the hub redirects it to its CDN, and
     # the HTTP client drops the token on a redirect to another host.
-    url = hub.file_url(plan.repo_id, file.path, plan.commit)
+    url = client.file_url(plan.repo_id, file.path, plan.commit)
     try:
-        headers = hub.request_headers()
+        headers = client.request_headers()
         with open(partial, "ab", buffering=0) as raw:  # the buffers are large: no second copy
             sink = _Sink(raw, file)
             try:
@@ -221,9 +221,9 @@ def _fetch(plan: RepoPlan, file: RepoFile, meter: "_Meter", hashes: FileHashCach
         if exc.errno == errno.ENOSPC:
             raise HubError(f"the disk is full: {file.path} of {plan.repo_id} stopped at "
                            f"{_size(partial) / 1e6:,.0f} MB (kept); free some space and pull again") from None
-        raise hub.hub_error(exc, plan.repo_id) from None
+        raise client.hub_error(exc, plan.repo_id) from None
     except Exception as exc:
-        raise hub.hub_error(exc, plan.repo_id) from None
+        raise client.hub_error(exc, plan.repo_id) from None
     expected = file.sha256 or file.blob_id
     if digest != expected:
         partial.unlink(missing_ok=True)

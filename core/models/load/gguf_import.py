@@ -3,7 +3,7 @@
 Two routes to the tensors. A file holding only F32 / F16 / Q4_0 / Q4_1 / Q8_0 goes through
 MLX's own reader (``mx.load``), which keeps those quantized as MLX affine triples
 (``weight``, ``scales``, ``biases``). Any other file (K-quants, Q5_0, ...) goes through
-:mod:`core.models.gguf_convert`, which converts it (to float32 on the CPU, to MLX's quantized
+:mod:`core.models.load.gguf_convert`, which converts it (to float32 on the CPU, to MLX's quantized
 layout on Metal; exactly, see there) and keeps the result in a :class:`ConversionCache`,
 so only the first load pays for it. Either way the tensors are
 renamed to mlx-lm's names, the hyper-parameters come from the GGUF metadata, and
@@ -39,8 +39,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from core.errors import ModelLoadError
-from core.models.gguf_convert import ConversionCache, convert_tensors, default_layout
-from core.models.gguf_header import GGUFHeader, read_header
+from core.models.load.gguf_convert import ConversionCache, convert_tensors, default_layout
+from core.models.load.gguf_header import GGUFHeader, read_header
 
 log = logging.getLogger(__name__)
 
@@ -323,7 +323,7 @@ def build_tokenizer(metadata: dict[str, Any], cache_file: Path | None = None):
         else:
             _keep_tokenizer(backend, cache_file)
             hf_tokenizer = _hf_tokenizer(metadata, tokenizer_file=str(cache_file))
-    from core.models.chat_template import tool_calling
+    from core.models.load.chat_template import tool_calling
 
     return TokenizerWrapper(hf_tokenizer, eos_token_ids=_eos_ids(metadata), **tool_calling(hf_tokenizer))
 

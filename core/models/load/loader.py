@@ -22,13 +22,15 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from core.models import hf_cache, provision, usage
+from core.models import usage
+from core.models.hub import hf_cache
+from core.models.pypi import provision
 from core.errors import ModelLoadError
-from core.models.chat_template import shipped_template, with_chat_template
-from core.models.fingerprint import model_fingerprint
+from core.models.load.chat_template import shipped_template, with_chat_template
+from core.models.load.fingerprint import model_fingerprint
 from core.models.hashing import FileHashCache
-from core.models.gguf_import import build_model, build_tokenizer, read_gguf
-from core.models.memory_estimate import check_fits, machine_memory
+from core.models.load.gguf_import import build_model, build_tokenizer, read_gguf
+from core.models.load.memory_estimate import check_fits, machine_memory
 
 WEIGHT_FORMATS = ("auto", "stored", "float32", "float16", "bfloat16")
 ProgressFn = Callable[[str, "float | None"], None]
@@ -155,7 +157,7 @@ def _known_template(path: Path) -> str | None:
 def _load_gguf(path: Path, data_root: Path, parts: int = 1):
     """A GGUF file's model and tokenizer; what is slow to rebuild (weights converted from
     K-quants, the tokenizer) is kept under ``data_root`` by the file's SHA-256."""
-    from core.models.gguf_convert import ConversionCache
+    from core.models.load.gguf_convert import ConversionCache
 
     digest = FileHashCache.in_data_folder(data_root).sha256(path)
     contents = read_gguf(path, ConversionCache.under(data_root, digest))

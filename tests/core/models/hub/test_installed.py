@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from core.errors import UserError
-from core.models import download, hf_cache, installed, usage
+from core.models import usage
+from core.models.hub import download, hf_cache, installed
 from kvcache.store import DiskStore
 from kvcache.store_format import PageData
-from tests.core.models.hub_fixture import (
+from tests.core.models.hub.hub_fixture import (
     BIG_MLX, OTHER_MLX, TINY_MLX, TWO_GGUF)
 
 
@@ -31,7 +32,7 @@ def test_list_with_size_and_last_use(loopback_hub, tmp_path):
 
 
 def test_loading_records_the_use(loopback_hub, tmp_path):
-    from core.models.loader import load_model
+    from core.models.load.loader import load_model
 
     download.pull(TINY_MLX, data_root=tmp_path)
     info = load_model(TINY_MLX, tmp_path).info

@@ -1,7 +1,7 @@
 """The header of a GGUF file: metadata and tensor directory, no tensor data, no mlx.
 
-One parser for every reader of a GGUF header: the importer (``core.models.gguf_import``)
-and the conversion (``core.models.gguf_convert``) on the engine thread, and the model
+One parser for every reader of a GGUF header: the importer (``core.models.load.gguf_import``)
+and the conversion (``core.models.load.gguf_convert``) on the engine thread, and the model
 picker's parameter counts (``core.models.catalog``), which must not import mlx.
 Much faster than ``gguf.GGUFReader`` on a large vocabulary (docs/benchmarks.md).
 """

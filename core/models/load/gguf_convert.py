@@ -51,7 +51,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from core.errors import ModelLoadError
-from core.models.gguf_header import GGUFHeader, TensorInfo
+from core.models.load.gguf_header import GGUFHeader, TensorInfo
 from core.models.hashing import FileDigest, recheck
 
 log = logging.getLogger(__name__)

@@ -465,7 +465,7 @@ def loopback_hub(hub_sources, tmp_path, monkeypatch):
     hub.close()
 
 
-if __name__ == "__main__":  # serve a folder as a repo, by hand: python -m tests.core.models.hub_fixture FOLDER
+if __name__ == "__main__":  # serve a folder as a repo, by hand: python -m tests.core.models.hub.hub_fixture FOLDER
     import sys
 
     served = LoopbackHub()

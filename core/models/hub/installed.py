@@ -1,7 +1,7 @@
 """The models downloaded into the Hugging Face cache: list them, delete one.
 
 A downloaded model is a complete MLX repo (``org/name``) or a GGUF file in a repo
-(``org/name:file.gguf``), as :mod:`core.models.hf_cache` finds them. Deleting one removes
+(``org/name:file.gguf``), as :mod:`core.models.hub.hf_cache` finds them. Deleting one removes
 its files from the cache (blobs another file still links stay) and the KV cache saved
 on disk under its fingerprints (:mod:`core.models.usage` knows them); other models'
 cached KV stays.
@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.errors import UserError
-from core.models import hf_cache, usage
-from core.models.download import PARTIAL_SUFFIX
+from core.models import usage
+from core.models.hub import hf_cache
+from core.models.hub.download import PARTIAL_SUFFIX
 
 log = logging.getLogger(__name__)
 

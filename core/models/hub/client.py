@@ -6,7 +6,7 @@ one ``hf auth login`` stored) are read at call time, so a test can point the cli
 loopback hub. Each failure the user can act on is a :class:`HubError` with a one-line
 reason: no network, no such repo, a gated or private repo, no weights RadixChat can use, an
 architecture mlx-lm or the GGUF import can't map, an answer that is not safe to use (what
-the hub names becomes paths on disk: see :mod:`core.models.hub_paths`).
+the hub names becomes paths on disk: see :mod:`core.models.hub.names`).
 
 Whether a model fits is estimated before any byte is downloaded, the way
 :mod:`core.models.catalog` estimates local files: the weights as this backend will hold
@@ -30,7 +30,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from core.errors import UserError
-from core.models import hub_paths
+from core.models.hub import names
 from core.models.catalog import GGUF_BITS_PER_WEIGHT, estimate_memory_bytes, runs_on_cpu
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ MLX_PATTERNS = (
     "added_tokens.json", "vocab.json", "merges.txt", "*.tiktoken", "chat_template.jinja", "chat_template.json",
 )
 SKIPPED_WEIGHTS = ("consolidated*.safetensors",)  # Mistral's original layout, beside the HF one
-# The GGUF families core.models.gguf_import maps (its SUPPORTED_ARCHITECTURES; that module
+# The GGUF families core.models.load.gguf_import maps (its SUPPORTED_ARCHITECTURES; that module
 # imports mlx, this one must not: the picker uses it). A test keeps the two equal.
 GGUF_ARCHITECTURES = ("llama", "gemma3")
 # kvcache.pool's default budget for the KV pool (a test keeps these equal to its own).
@@ -228,14 +228,14 @@ def repo_info(repo_id: str, revision: str = "main") -> dict:
     ``sha``, ``siblings`` (``rfilename``, ``size``, ``blobId``, ``lfs.sha256``),
     ``config``, ``gguf``. The request ``HfApi.model_info(files_metadata=True)`` sends
     (``GET /api/models/{repo}/revision/{rev}?blobs=true``, huggingface_hub's headers and
-    token), through :mod:`core.models.http_get`: importing ``HfApi`` (its module defines
+    token), through :mod:`core.models.hub.http_get`: importing ``HfApi`` (its module defines
     a hundred dataclasses) took longer than the request, and ``radixchat pull`` needs
     nothing else of it. An HTTP error becomes huggingface_hub's own typed error, and then
     a :class:`HubError` as any other (gated, private, no such repo or revision)."""
     import json
     from urllib.parse import quote
 
-    from core.models import http_get
+    from core.models.hub import http_get
 
     check_repo_id(repo_id)
     url = f"{endpoint()}/api/models/{repo_id}/revision/{quote(revision, safe='')}?blobs=true"
@@ -313,14 +313,14 @@ def _refused(repo_id: str, what: str) -> HubError:
 
 def check_commit(commit: object, repo_id: str) -> str:
     """``commit``, when it is a commit id (it names the snapshot's folder)."""
-    if not hub_paths.is_commit_id(commit):
+    if not names.is_commit_id(commit):
         raise _refused(repo_id, f"its commit id {commit!r} is not one (40 hex digits)")
     return commit
 
 
 def check_repo_path(path: object, repo_id: str) -> str:
     """``path``, when it stays inside the snapshot folder it is joined to."""
-    if not hub_paths.is_repo_path(path):
+    if not names.is_repo_path(path):
         raise _refused(repo_id, f"it lists a file path outside its snapshot folder: {path!r}")
     return path
 
@@ -328,7 +328,7 @@ def check_repo_path(path: object, repo_id: str) -> str:
 def check_file(file: "RepoFile", repo_id: str) -> "RepoFile":
     """``file``, when its path, blob name (its hash) and size are safe to use."""
     check_repo_path(file.path, repo_id)
-    if not hub_paths.is_blob_name(file.sha256, file.blob_id):
+    if not names.is_blob_name(file.sha256, file.blob_id):
         raise _refused(repo_id, f"{file.path!r} is listed with a hash that is not one "
                                 f"({file.sha256 if file.sha256 is not None else file.blob_id!r})")
     if isinstance(file.size, bool) or not isinstance(file.size, int) or file.size < 0:
@@ -380,10 +380,10 @@ def hub_error(exc: Exception, repo_id: str | None = None) -> HubError:
 
 def _network_errors() -> tuple[type[BaseException], ...]:
     """The HTTP libraries' transport errors: huggingface_hub 2.x uses httpx2, a download's
-    body comes through the standard library (core.models.http_get)."""
+    body comes through the standard library (core.models.hub.http_get)."""
     import importlib
 
-    from core.models.http_get import network_errors
+    from core.models.hub.http_get import network_errors
 
     for name in ("httpx2", "httpx"):
         try:

@@ -29,7 +29,7 @@ def runtime_versions() -> dict[str, str]:
     import mlx.core as mx
     import mlx_lm
 
-    from core.models.gguf_convert import CACHE_FORMAT  # bumped when the K-quant conversion changes
+    from core.models.load.gguf_convert import CACHE_FORMAT  # bumped when the K-quant conversion changes
 
     return {"mlx": mx.__version__, "mlx_lm": mlx_lm.__version__, "radixchat_numerics": str(NUMERICS_VERSION),
             "gguf_conversion": str(CACHE_FORMAT)}

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from core.errors import ModelLoadError
-from core.models.gguf_header import read_header
+from core.models.load.gguf_header import read_header
 
 T = gguf.GGMLQuantizationType
 
@@ -99,7 +99,7 @@ def test_damaged_files_raise_one_clear_error(tmp_path, metadata):
 
 
 def test_reading_a_header_does_not_import_mlx():
-    code = "import sys, core.models.gguf_header, core.models.catalog; print('mlx' in sys.modules)"
+    code = "import sys, core.models.load.gguf_header, core.models.catalog; print('mlx' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

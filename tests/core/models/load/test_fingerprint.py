@@ -6,9 +6,10 @@ import mlx.core as mx
 import mlx_lm
 import pytest
 
-from core.models import fingerprint as fp, hashing
-from core.models.fingerprint import NUMERICS_VERSION, model_fingerprint, runtime_versions
-from core.models.gguf_convert import CACHE_FORMAT
+from core.models import hashing
+from core.models.load import fingerprint as fp
+from core.models.load.fingerprint import NUMERICS_VERSION, model_fingerprint, runtime_versions
+from core.models.load.gguf_convert import CACHE_FORMAT
 from core.models.hashing import FileHashCache
 
 RUNTIME = {"mlx": "1", "mlx_lm": "2", "radixchat_numerics": "1", "gguf_conversion": "1"}

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from core.models import hashing, provision, pypi_download
+from core.models import hashing
+from core.models.pypi import provision, wheels
 from core.errors import UserError
-from core.models.provision import KNOWN_MODELS, KnownModel, LocalModel
+from core.models.pypi.provision import KNOWN_MODELS, KnownModel, LocalModel
 
 PAYLOAD = b"GGUF" + bytes(range(256)) * 5000  # ~1.3 MB, more than one copy block
 MEMBER = "fake_pkg/tiny.gguf"
@@ -345,7 +346,7 @@ def index(monkeypatch):
     holder.append(FakeIndex(base))
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
-    monkeypatch.setattr(pypi_download, "PYPI_JSON_URL", base + "/pypi")
+    monkeypatch.setattr(wheels, "PYPI_JSON_URL", base + "/pypi")
     for var in ("NO_PROXY", "no_proxy"):
         monkeypatch.setenv(var, "127.0.0.1,localhost")
     yield holder[0]
@@ -419,7 +420,7 @@ def test_direct_without_network_is_one_line(data, no_pip, monkeypatch):
     with socket.socket() as sock:  # a port that nobody listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    monkeypatch.setattr(pypi_download, "PYPI_JSON_URL", f"http://127.0.0.1:{port}/pypi")
+    monkeypatch.setattr(wheels, "PYPI_JSON_URL", f"http://127.0.0.1:{port}/pypi")
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     with pytest.raises(UserError, match=r"no connection to 127\.0\.0\.1.*no network\?.*radixchat fetch-model tiny"):
         provision.fetch_model(fake_model(), data)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from core.errors import ModelLoadError
-from core.models.loader import load_model, resolve_weights_format
+from core.models.load.loader import load_model, resolve_weights_format
 
 
 def copy_model(src: Path, dst: Path) -> Path:
@@ -38,7 +38,7 @@ def test_fingerprint_is_stable_and_tracks_what_changes_numbers(tiny_model, tmp_p
 
 
 def test_fingerprint_changes_with_the_code_that_computes(tiny_model, tmp_path, monkeypatch):
-    import core.models.fingerprint as fp
+    import core.models.load.fingerprint as fp
 
     a = load_model(str(tiny_model), tmp_path).info.fingerprint
     assert set(fp.runtime_versions()) == {"mlx", "mlx_lm", "radixchat_numerics", "gguf_conversion"}

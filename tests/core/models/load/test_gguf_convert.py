@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
-from core.models import gguf_convert, hashing
-from core.models.gguf_convert import ConversionCache, convert_tensor, convert_tensors, default_layout
-from core.models.gguf_header import TensorInfo, read_header
+from core.models import hashing
+from core.models.load import gguf_convert
+from core.models.load.gguf_convert import ConversionCache, convert_tensor, convert_tensors, default_layout
+from core.models.load.gguf_header import TensorInfo, read_header
 
 
 

@@ -10,10 +10,11 @@ import threading
 
 import pytest
 
-from core.models import download, hf_cache, hub, installed, provision
-from core.models.download import DownloadCancelled
-from core.models.hub import HubError
-from tests.core.models.hub_fixture import (
+from core.models.hub import client, download, hf_cache, installed
+from core.models.pypi import provision
+from core.models.hub.download import DownloadCancelled
+from core.models.hub.client import HubError
+from tests.core.models.hub.hub_fixture import (
     BERT_MLX, BIG_MLX, GATED, GOOD_TOKEN, TINY_MLX, TWO_GGUF)
 
 WEIGHTS = "model.safetensors"
@@ -60,13 +61,13 @@ def test_huggingface_hub_sees_the_same_files(loopback_hub, tmp_path):
     served = loopback_hub.served(TINY_MLX)
     assert try_to_load_from_cache(TINY_MLX, "config.json", cache_dir=hf_cache.hf_cache_root()) == \
         str(result.path / "config.json")
-    folder = snapshot_download(TINY_MLX, allow_patterns=list(hub.MLX_PATTERNS), cache_dir=hf_cache.hf_cache_root(),
+    folder = snapshot_download(TINY_MLX, allow_patterns=list(client.MLX_PATTERNS), cache_dir=hf_cache.hf_cache_root(),
                                endpoint=loopback_hub.url)
     assert folder == str(result.path) and loopback_hub.served(TINY_MLX) == served
 
 
 def test_a_pulled_model_loads_and_remembers_its_hashes(loopback_hub, tmp_path):
-    from core.models.loader import load_model
+    from core.models.load.loader import load_model
 
     result = download.pull(TINY_MLX, data_root=tmp_path)
     hashes = json.loads((tmp_path / "file_hashes.json").read_text())

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from core.errors import ModelLoadError
-from core.models.gguf_import import _llama_weights, build_model, read_gguf
-from core.models.loader import load_model
+from core.models.load.gguf_import import _llama_weights, build_model, read_gguf
+from core.models.load.loader import load_model
 
 pytestmark = pytest.mark.real_model
 
@@ -105,8 +105,8 @@ from pathlib import Path
 
 import transformers.integrations.gguf.gguf_tokenizer_mapping as mapping
 
-from core.models.gguf_header import read_header
-from core.models.gguf_import import build_tokenizer
+from core.models.load.gguf_header import read_header
+from core.models.load.gguf_import import build_tokenizer
 
 source, cache_file, barrier = map(Path, sys.argv[1:4])
 convert = mapping.convert_gguf_tokenizer
@@ -143,7 +143,7 @@ def test_two_processes_building_the_same_tokenizer_at_once(default_model_file, t
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[3]
+    root = Path(__file__).resolve().parents[4]
     cache_file = tmp_path / "tokenizers" / "smollm.json"
     barrier = tmp_path / "barrier"
     barrier.mkdir()
@@ -167,8 +167,8 @@ def test_two_processes_importing_the_same_new_gguf_at_once(default_model_file, t
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[3]
-    code = ("import sys; from pathlib import Path; from core.models.loader import load_model; "
+    root = Path(__file__).resolve().parents[4]
+    code = ("import sys; from pathlib import Path; from core.models.load.loader import load_model; "
             "loaded = load_model(sys.argv[1], Path(sys.argv[2]), 'stored'); "
             "print(loaded.info.fingerprint, loaded.tokenizer.encode('The capital of France is Paris.'))")
     command = [sys.executable, "-c", code, str(default_model_file), str(tmp_path / "data")]

@@ -6,7 +6,7 @@ import urllib.request
 
 import pytest
 
-from core.models import http_get
+from core.models.hub import http_get
 
 
 def _redirected(url: str, to: str) -> urllib.request.Request:
@@ -32,7 +32,7 @@ def test_a_redirect_on_the_same_host_keeps_the_token():
 def test_http_errors_are_huggingface_hubs(loopback_hub):
     from huggingface_hub import errors
 
-    from tests.core.models.hub_fixture import GATED
+    from tests.core.models.hub.hub_fixture import GATED
 
     url = f"{loopback_hub.url}/{GATED}/resolve/main/config.json"
     with pytest.raises(errors.GatedRepoError):
@@ -42,7 +42,7 @@ def test_http_errors_are_huggingface_hubs(loopback_hub):
 
 
 def test_a_refused_connection_is_a_network_error():
-    from tests.core.models.hub_fixture import free_port_url
+    from tests.core.models.hub.hub_fixture import free_port_url
 
     with pytest.raises(http_get.network_errors()):
         http_get.open_get(free_port_url() + "/x", {}, timeout=5)

@@ -22,11 +22,12 @@ from mlx_lm.models import gemma3_text
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 from core import paths
-from core.models import gguf_import, provision
+from core.models.load import gguf_import
+from core.models.pypi import provision
 from core.errors import ModelLoadError
-from core.models.gguf_convert import ConversionCache
-from core.models.gguf_import import build_model, mlx_tensor_name, read_gguf
-from core.models.loader import load_model
+from core.models.load.gguf_convert import ConversionCache
+from core.models.load.gguf_import import build_model, mlx_tensor_name, read_gguf
+from core.models.load.loader import load_model
 
 real_model = pytest.mark.real_model
 SENTENCE = (
