@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.errors import UserError
+from core.paths import kv_cache_db_path
 from core.models import usage
 from core.models.hub import hf_cache
 from core.models.hub.download import PARTIAL_SUFFIX
@@ -108,7 +109,7 @@ def delete_model(data_root: Path, spec: str) -> Deleted:
 def drop_cached_kv(data_root: Path, fingerprints: set[str]) -> tuple[int, int]:
     """Delete the sessions cached on disk under ``fingerprints`` (and the pages only they
     reach); returns (sessions, bytes freed)."""
-    db = Path(data_root) / "kvcache.db"
+    db = kv_cache_db_path(data_root)
     if not fingerprints or not db.exists():
         return 0, 0
     from kvcache.store import DiskStore, DiskStoreError

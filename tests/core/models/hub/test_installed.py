@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from core import paths
 from core.errors import UserError
 from core.models import usage
 from core.models.hub import download, hf_cache, installed
@@ -14,7 +15,7 @@ from tests.core.models.hub.hub_fixture import (
 
 
 def _save_sessions(root, sessions: dict[str, str]) -> None:
-    with DiskStore(root / "kvcache.db") as store:
+    with DiskStore(paths.kv_cache_db_path(root)) as store:
         for name, fingerprint in sessions.items():
             store.save_session(name, fingerprint, [PageData((1, 2, 3, 4), b"k" * 512), PageData((5,), b"v" * 128)])
 
@@ -51,7 +52,7 @@ def test_delete_takes_the_models_kv_cache_and_leaves_the_others(loopback_hub, tm
     deleted = installed.delete_model(tmp_path, TINY_MLX)
     assert deleted.kv_sessions == 2 and deleted.kv_bytes > 0 and deleted.freed_bytes >= tiny.total_bytes
     assert not hf_cache.repo_folder(TINY_MLX).exists()
-    with DiskStore(tmp_path / "kvcache.db") as store:
+    with DiskStore(paths.kv_cache_db_path(tmp_path)) as store:
         assert [s.name for s in store.sessions()] == ["chat-c"]
     assert [m.spec for m in installed.installed_models(tmp_path)] == [OTHER_MLX]
     assert usage.uses_under(tmp_path, hf_cache.repo_folder(TINY_MLX)) == []
