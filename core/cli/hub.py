@@ -114,16 +114,17 @@ def run_pull(args) -> int:
 
 def run_models(args) -> int:
     from core.models.hub import hf_cache, installed
-    from core.models.pypi import provision
+    from core.models.local import list_local_models
+    from core.models.pypi.known import KNOWN_MODELS
 
     root = paths.data_dir(args.data_dir)
     if getattr(args, "models_command", None) == "rm":
         return _remove(root, args.name, args.yes)
-    local = [m for m in provision.list_local_models(root) if m.kind not in ("hf-cache", "hf-gguf")]
+    local = [m for m in list_local_models(root) if m.kind not in ("hf-cache", "hf-gguf")]
     present = {m.spec for m in local}
     for model in local:
         print(f"{safe(model.spec):<48} {model.kind:<10} {model.size_bytes / 1e6:9.1f} MB  {safe(model.name)}")
-    for name, known in provision.KNOWN_MODELS.items():
+    for name, known in KNOWN_MODELS.items():
         if name not in present:
             print(f"{name:<48} {'known':<10} {known.size / 1e6:9.1f} MB  not downloaded "
                   f"(radixchat fetch-model {name})")

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 from core.models.hub import hf_cache
 from core.errors import UserError
 
-if TYPE_CHECKING:  # provision is imported where it is used: the hub's fit estimate needs none of it
-    from core.models.pypi import provision
+if TYPE_CHECKING:  # imported where they are used: the hub's fit estimate needs neither
+    from core.models.local import LocalModel
 
 GGUF_BITS_PER_WEIGHT = 4.5  # a typical 4-bit quant with its scales, when the header is unreadable
 FLOAT32_BYTES = 4
@@ -40,7 +40,7 @@ class CatalogEntry:
 
     spec: str  # what the loader accepts: a known name, a path, or a repo id
     name: str
-    kind: str  # provision.LocalModel kinds: "known-gguf" | "gguf" | "mlx-dir" | "hf-cache" | "hf-gguf"
+    kind: str  # LocalModel kinds (core.models.local): "known-gguf" | "gguf" | "mlx-dir" | "hf-cache" | "hf-gguf"
     size_bytes: int  # on disk (for a known model not yet downloaded: what it will be)
     memory_bytes: int  # estimated memory of the loaded weights
     downloaded: bool = True  # False: a known model that is fetched on first use
@@ -73,15 +73,17 @@ def estimate_memory_bytes(kind: str, size_bytes: int, on_cpu: bool, parameters: 
 def model_catalog(data_root: Path, on_cpu: bool | None = None) -> list[CatalogEntry]:
     """The known models first (``default`` first), downloaded or not, then the local ones
     (GGUF files and MLX folders in ``<data>/models``, MLX repos in the HF cache)."""
-    from core.models.pypi import provision
+    from core.models.local import list_local_models
+    from core.models.pypi.known import KNOWN_MODELS
+    from core.models.pypi.provision import known_model_path
 
     on_cpu = runs_on_cpu() if on_cpu is None else on_cpu
-    local = provision.list_local_models(data_root)
+    local = list_local_models(data_root)
     present = {m.spec for m in local if m.kind == "known-gguf"}
     entries = []
-    for known in provision.KNOWN_MODELS.values():
+    for known in KNOWN_MODELS.values():
         downloaded = known.name in present
-        path = provision.known_model_path(known, data_root)
+        path = known_model_path(known, data_root)
         parameters = gguf_parameter_count(path) if downloaded else KNOWN_PARAMETERS.get(known.sha256)
         entries.append(CatalogEntry(
             spec=known.name, name=f"{known.filename.removesuffix('.gguf')} ({known.name})",
@@ -111,20 +113,20 @@ def describe_spec(spec: str, data_root: Path) -> str:
 def entry_for_path(path: Path, on_cpu: bool | None = None) -> CatalogEntry:
     """A catalog entry for a file or folder the user picked; :class:`UserError` if it is
     neither a ``.gguf`` file nor an MLX model folder."""
-    from core.models.pypi import provision
+    from core.models.local import LocalModel, folder_size, is_mlx_folder
 
     on_cpu = runs_on_cpu() if on_cpu is None else on_cpu
     path = Path(path)
     if path.is_file() and path.suffix.lower() == ".gguf":
-        return _entry(provision.LocalModel(path.stem, str(path), "gguf", path.stat().st_size), on_cpu)
-    if provision._is_mlx_dir(path):
-        return _entry(provision.LocalModel(path.name, str(path), "mlx-dir", provision._folder_size(path)), on_cpu)
+        return _entry(LocalModel(path.stem, str(path), "gguf", path.stat().st_size), on_cpu)
+    if is_mlx_folder(path):
+        return _entry(LocalModel(path.name, str(path), "mlx-dir", folder_size(path)), on_cpu)
     if path.is_dir():
         raise UserError(f"{path} is not an MLX model folder: it needs config.json and .safetensors weights")
     raise UserError(f"{path} is not a .gguf file")
 
 
-def _entry(model: provision.LocalModel, on_cpu: bool) -> CatalogEntry:
+def _entry(model: LocalModel, on_cpu: bool) -> CatalogEntry:
     if model.kind == "gguf":
         parameters = gguf_parameter_count(Path(model.spec))
     elif model.kind == "hf-gguf":

@@ -25,6 +25,7 @@ from mlx.utils import tree_flatten
 from core.models import usage
 from core.models.hub import hf_cache
 from core.models.pypi import provision
+from core.models.pypi.known import KNOWN_MODELS
 from core.errors import ModelLoadError
 from core.models.load.chat_template import shipped_template, with_chat_template
 from core.models.load.fingerprint import model_fingerprint
@@ -72,7 +73,7 @@ def resolve_weights_format(requested: str) -> str:
 
 def resolve_spec(spec: str, data_root: Path, progress: ProgressFn | None = None) -> Path:
     """The file or folder a spec names, fetching a known model if needed."""
-    if spec in provision.KNOWN_MODELS:
+    if spec in KNOWN_MODELS:
         return provision.ensure_model(spec, data_root, progress)
     path = Path(spec).expanduser()
     if path.exists():
@@ -92,7 +93,7 @@ def resolve_spec(spec: str, data_root: Path, progress: ProgressFn | None = None)
             f"get it with `radixchat pull {spec}`, or give a local path"
         )
     raise ModelLoadError(f"no model at {spec}: give a .gguf file, an MLX model folder, or one of: "
-                         f"{', '.join(provision.KNOWN_MODELS)}")
+                         f"{', '.join(KNOWN_MODELS)}")
 
 
 def load_model(
@@ -150,7 +151,7 @@ def load_model(
 
 
 def _known_template(path: Path) -> str | None:
-    known = next((m for m in provision.KNOWN_MODELS.values() if m.filename == path.name), None)
+    known = next((m for m in KNOWN_MODELS.values() if m.filename == path.name), None)
     return shipped_template(known.chat_template) if known and known.chat_template else None
 
 

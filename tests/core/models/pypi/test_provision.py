@@ -1,4 +1,4 @@
-"""Fetching known models and listing local ones, offline: pip is replaced by fake wheels,
+"""Fetching known models, offline: pip is replaced by fake wheels,
 PyPI's JSON API by a local HTTP server."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 from core.models import hashing
 from core.models.pypi import provision, wheels
 from core.errors import UserError
-from core.models.pypi.provision import KNOWN_MODELS, KnownModel, LocalModel
+from core.models.pypi.known import KNOWN_MODELS, KnownModel
 
 PAYLOAD = b"GGUF" + bytes(range(256)) * 5000  # ~1.3 MB, more than one copy block
 MEMBER = "fake_pkg/tiny.gguf"
@@ -239,43 +239,6 @@ def test_run_streaming_passes_lines_and_status():
         [sys.executable, "-c", "import sys; print('one'); print('two', file=sys.stderr); sys.exit(3)"], lines.append
     )
     assert rc == 3 and sorted(lines) == ["one", "two"] and sorted(tail) == ["one", "two"]
-
-
-def test_list_local_models(data, fake_pip, monkeypatch, tmp_path):
-    models = data / "models"
-    models.mkdir()
-    (models / "other.gguf").write_bytes(b"GGUF1234")
-    (models / ".hidden.gguf.tmp.part").write_bytes(b"x")
-    mlx = models / "my-mlx"
-    mlx.mkdir()
-    (mlx / "config.json").write_text("{}")
-    (mlx / "model.safetensors").write_bytes(b"w" * 100)
-    (models / "not-a-model").mkdir()
-    (models / "not-a-model" / "config.json").write_text("{}")
-
-    hub = tmp_path / "hub"
-    snap = hub / "models--org--cached" / "snapshots" / "abc"
-    snap.mkdir(parents=True)
-    (snap / "config.json").write_text("{}")
-    (snap / "model.safetensors").write_bytes(b"w" * 10)
-    (hub / "models--org--cached" / "refs").mkdir()
-    (hub / "models--org--cached" / "refs" / "main").write_text("abc")
-    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
-
-    monkeypatch.setitem(KNOWN_MODELS, "tiny", fake_model())
-    provision.fetch_model("tiny", data)
-
-    found = provision.list_local_models(data)
-    assert LocalModel("tiny (tiny)", "tiny", "known-gguf", len(PAYLOAD)) in found
-    assert LocalModel("other", str(models / "other.gguf"), "gguf", 8) in found
-    assert LocalModel("my-mlx", str(mlx), "mlx-dir", 102) in found
-    assert LocalModel("org/cached", "org/cached", "hf-cache", 12) in found
-    assert len(found) == 4
-    assert [m.kind for m in found] == ["known-gguf", "gguf", "mlx-dir", "hf-cache"]
-
-
-def test_list_local_models_empty(data):
-    assert provision.list_local_models(data) == []
 
 
 # ---------------------------------------------------------------------------- direct download (no pip)
