@@ -26,15 +26,14 @@ import math
 import os
 import platform
 import statistics
-import sys
 import threading
 import time
-from importlib import metadata
 
 from core import paths
 from core.engine.engine import Engine, RequestHandle
 from core.engine.types import ChatMessage, DoneEvent, ErrorEvent, GenerationRequest, SamplingParams, TokenEvent
 from core.errors import UserError
+from core.cli.bench.harness import package_version, repetitions
 
 POOL_TOKENS = 16384
 LEAD_TOKENS = 4  # the stream's tokens before the long prompt is sent
@@ -177,21 +176,13 @@ def run_bench_fairness(args) -> int:
             raise UserError(f"--long-tokens {args.long_tokens} does not fit {info.name}'s context "
                             f"of {info.context_length}")
         _ttft(engine, stream_request("warm-up", 1))
-        for rep in range(args.repeats):
-            print(f"radixchat: bench fairness: repetition {rep + 1}/{args.repeats}", file=sys.stderr, flush=True)
+        for rep in repetitions("fairness", args.repeats):
             runs.append(one_repetition(engine, rep, args.long_tokens, args.max_tokens, info.context_length))
     finally:
         engine.shutdown()
     report = _report(args, info, runs)
     print(json.dumps(report, indent=2) if args.json else format_table(report))
     return 0
-
-
-def _version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def _report(args, info, runs: list[dict]) -> dict:
@@ -205,8 +196,8 @@ def _report(args, info, runs: list[dict]) -> dict:
     return {
         "model": info.name, "spec": args.model, "fingerprint": info.fingerprint,
         "weights_format": info.weights_format,
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "mlx": _version("mlx"),
-                    "mlx_lm": _version("mlx-lm"), "load_average": list(os.getloadavg())},
+        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "mlx": package_version("mlx"),
+                    "mlx_lm": package_version("mlx-lm"), "load_average": list(os.getloadavg())},
         "repeats": args.repeats, "max_tokens": args.max_tokens, "long_tokens": args.long_tokens,
         "long_prompt_tokens": statistics.median(run["long_prompt_tokens"] for run in runs),
         "method": "engine directly, greedy, prompt cache off; a stream's gaps are its token events' arrival "

@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 
@@ -39,6 +38,7 @@ from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from core.errors import UserError
 from core.engine.prompt import render_prompt
+from core.cli.bench.harness import repetitions
 
 SYSTEM_PROMPT = "You are a helpful travel assistant. Answer briefly."
 USER_MESSAGES = (
@@ -141,8 +141,7 @@ def run_bench_multiturn(args) -> int:
     MlxLmChat(loaded, reuse=False).turn((ChatMessage("user", "Hello"),), 4)  # warm-up
     history: list[ChatMessage] = [ChatMessage("system", SYSTEM_PROMPT)]
     runs = {way: [] for way in WAYS}  # way -> repetition -> turn -> TurnResult
-    for rep in range(args.repeats):
-        print(f"radixchat: bench multiturn: repetition {rep + 1}/{args.repeats}", file=sys.stderr, flush=True)
+    for rep in repetitions("multiturn", args.repeats):
         engine = Engine(root, args.model, weights_format="auto", use_cache=True,
                         page_size=args.page_size, pool_tokens=pool_tokens,
                         pool_segment_bytes=None if args.segment_mb is None else int(args.segment_mb * 2**20)).start()

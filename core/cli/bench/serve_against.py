@@ -27,9 +27,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 from core import paths
-from core.cli.bench.agent import _link_models, save_mlx_folder
+from core.cli.bench.agent import save_mlx_folder
+from core.cli.bench.harness import announce_repetition, link_models
 from core.cli.bench.serve import (POOL_TOKENS, WARMUP_TOKENS, RoundResult, machine, prompt_messages, run_round,
-                                  stream_chat, stream_counts)
+                                  stream_chat, stream_counts, streams_text)
 from core.cli.bench.server_process import ServerProcess, free_port, mlx_lm_server_code, radixchat_server_code
 
 SERVERS = ("ours", "mlx_lm")
@@ -45,7 +46,7 @@ def run_bench_serve_against(args) -> int:
         print("radixchat: bench serve: saving the model as an MLX folder for mlx_lm.server",
               file=sys.stderr, flush=True)
         save_mlx_folder(root, args.model, mlx_folder)
-        _link_models(root, data)
+        link_models(root, data)
         ours_port, theirs_port = free_port(), free_port()
         with ServerProcess("radixchat serve", radixchat_server_code(args.model, data, ours_port, POOL_TOKENS),
                            ours_port) as ours, \
@@ -58,8 +59,7 @@ def run_bench_serve_against(args) -> int:
                 order = SERVERS if rep % 2 == 0 else SERVERS[::-1]
                 for streams in counts:
                     for name in order:
-                        print(f"radixchat: bench serve: repetition {rep + 1}/{args.repeats}, {streams} "
-                              f"stream{'s' if streams > 1 else ''}, {name}", file=sys.stderr, flush=True)
+                        announce_repetition("serve", rep, args.repeats, f"{streams_text(streams)}, {name}")
                         server = servers[name]
                         rounds[name][streams].append(run_round(server.host, server.port, number, streams,
                                                                args.max_tokens))
