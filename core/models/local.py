@@ -23,7 +23,6 @@ class LocalModel:
     size_bytes: int
 
 
-
 def list_local_models(data_root: Path) -> list[LocalModel]:
     """Known models present, other GGUF files and MLX folders in ``<data>/models``, and
     complete MLX repos and GGUF files (``org/repo:file.gguf``) in the local Hugging Face cache."""
