@@ -52,8 +52,9 @@ class KVPagePool:
     is all zeros.
     """
 
-    def __init__(self, layout: CacheLayout, num_pages: int, page_size: int,
-                 segment_pages: int | None = None):
+    def __init__(
+        self, layout: CacheLayout, num_pages: int, page_size: int, segment_pages: int | None = None
+    ):
         if num_pages < 0 or page_size < 1 or (segment_pages is not None and segment_pages < 1):
             raise ValueError(f"bad pool size: {num_pages} pages of {page_size} tokens")
         self.layout = layout
@@ -89,8 +90,15 @@ class KVPagePool:
     @property
     def budget_bytes(self) -> int:
         """Bytes of the whole pool, once every segment is allocated."""
-        return sum(2 * (self.num_pages + 1) * spec.kv_heads * self.page_size * spec.head_dim
-                   * dtype_from_name(spec.dtype).size for spec in self.layout.full_layers)
+        return sum(
+            2
+            * (self.num_pages + 1)
+            * spec.kv_heads
+            * self.page_size
+            * spec.head_dim
+            * dtype_from_name(spec.dtype).size
+            for spec in self.layout.full_layers
+        )
 
     def grow(self) -> list[int]:
         """Add the next segment; returns its page ids ([] once the pool is whole).
@@ -132,8 +140,9 @@ class KVPagePool:
         self._check_pages(page_ids)
         n = keys.shape[1]
         if len(page_ids) != math.ceil(n / self.page_size):
-            raise ValueError(f"{n} tokens fill {math.ceil(n / self.page_size)} pages, "
-                             f"not {len(page_ids)}")
+            raise ValueError(
+                f"{n} tokens fill {math.ceil(n / self.page_size)} pages, not {len(page_ids)}"
+            )
         self._check_kv(layer, "keys", keys, n)
         self._check_kv(layer, "values", values, n)
         touched = []
@@ -142,12 +151,17 @@ class KVPagePool:
             kv = kv.astype(self.keys[layer].dtype)
             if full:
                 pages = self._as_pages(layer, kv[:, : full * self.page_size], full)
-                for at, first, count in self._runs(page_ids[:full]):  # slice updates: see the module doc
+                for at, first, count in self._runs(
+                    page_ids[:full]
+                ):  # slice updates: see the module doc
                     pool, local = self._arrays(layer, first)[side], first % self.segment_pages
                     pool[local : local + count] = pages[at : at + count]
                     touched.append(pool)
             if n > full * self.page_size:
-                pool, local = self._arrays(layer, page_ids[full])[side], page_ids[full] % self.segment_pages
+                pool, local = (
+                    self._arrays(layer, page_ids[full])[side],
+                    page_ids[full] % self.segment_pages,
+                )
                 pool[local : local + 1] = self._as_pages(layer, kv[:, full * self.page_size :], 1)
                 touched.append(pool)
         mx.eval(touched)
@@ -162,8 +176,9 @@ class KVPagePool:
                 at, first, count = at + take, first + take, count - take
         return runs
 
-    def write_tokens(self, layer: int, page_ids: list[int], start: int,
-                     keys: mx.array, values: mx.array) -> None:
+    def write_tokens(
+        self, layer: int, page_ids: list[int], start: int, keys: mx.array, values: mx.array
+    ) -> None:
         """Write ``(kv_heads, n, head_dim)`` K/V as tokens ``start..start+n-1`` of the
         sequence stored in ``page_ids``: the part that finishes a partly filled page
         token by token, the rest as whole pages."""
@@ -218,8 +233,9 @@ class KVPagePool:
         mx.eval(keys, values)  # no lazy read of the pool may outlive this call
         return keys, values
 
-    def _segment_runs(self, slots: mx.array, low: int | None = None,
-                      high: int | None = None) -> list[tuple[int, int, int]]:
+    def _segment_runs(
+        self, slots: mx.array, low: int | None = None, high: int | None = None
+    ) -> list[tuple[int, int, int]]:
         """``(a, b, segment)``: ``slots[a:b]`` all lie in ``segment``, runs in order. One
         segment (the common case) costs no look at the slots."""
         if len(self._segments) == 1:
@@ -496,6 +512,9 @@ def available_ram_bytes() -> int:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    pages = os.sysconf("SC_AVPHYS_PAGES") if "SC_AVPHYS_PAGES" in os.sysconf_names else \
-        os.sysconf("SC_PHYS_PAGES")
+    pages = (
+        os.sysconf("SC_AVPHYS_PAGES")
+        if "SC_AVPHYS_PAGES" in os.sysconf_names
+        else os.sysconf("SC_PHYS_PAGES")
+    )
     return pages * os.sysconf("SC_PAGE_SIZE")

@@ -18,8 +18,14 @@ import numpy as np
 from kvcache.snapshot import Snapshot, detach_cache
 
 _MAGIC = b"RCKV1\0"
-_NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "int32": np.int32, "uint32": np.uint32,
-                 "int64": np.int64, "bool": np.bool_}
+_NUMPY_DTYPES = {
+    "float32": np.float32,
+    "float16": np.float16,
+    "int32": np.int32,
+    "uint32": np.uint32,
+    "int64": np.int64,
+    "bool": np.bool_,
+}
 
 
 class SerializeError(ValueError):
@@ -91,15 +97,21 @@ def kv_to_bytes(layers: list[tuple[mx.array, mx.array]]) -> bytes:
 
 def kv_from_bytes(blob: bytes, num_layers: int, num_tokens: int) -> list[tuple[mx.array, mx.array]]:
     views = kv_views(blob, num_layers, num_tokens)
-    return [(from_numpy(views[2 * i][0], views[2 * i][1]), from_numpy(*views[2 * i + 1]))
-            for i in range(num_layers)]
+    return [
+        (from_numpy(views[2 * i][0], views[2 * i][1]), from_numpy(*views[2 * i + 1]))
+        for i in range(num_layers)
+    ]
 
 
 def kv_views(blob: bytes, num_layers: int, num_tokens: int) -> list[tuple[str, np.ndarray]]:
     """K then V of every layer as (dtype name, zero-copy numpy view of ``blob``): a restore
     joins many pages' views into one buffer per layer before anything reaches MLX."""
     header, views = _unpack_views(blob)
-    if header.get("kind") != "kv" or header.get("tokens") != num_tokens or len(views) != 2 * num_layers:
+    if (
+        header.get("kind") != "kv"
+        or header.get("tokens") != num_tokens
+        or len(views) != 2 * num_layers
+    ):
         raise SerializeError("K/V blob does not match this page")
     return views
 
@@ -112,7 +124,9 @@ def snapshot_to_bytes(snapshot: Snapshot) -> bytes:
             if isinstance(value, mx.array):
                 slots[name] = len(arrays)
                 arrays.append(value)
-            elif isinstance(value, list) and all(isinstance(v, mx.array) or v is None for v in value):
+            elif isinstance(value, list) and all(
+                isinstance(v, mx.array) or v is None for v in value
+            ):
                 entry = []
                 for item in value:
                     entry.append(None if item is None else len(arrays))
@@ -124,8 +138,14 @@ def snapshot_to_bytes(snapshot: Snapshot) -> bytes:
             else:
                 raise SerializeError(f"cannot save {type(cache).__name__}.{name}")
         cls = type(cache)
-        layers.append({"index": index, "class": f"{cls.__module__}:{cls.__qualname__}",
-                       "plain": plain, "arrays": slots})
+        layers.append(
+            {
+                "index": index,
+                "class": f"{cls.__module__}:{cls.__qualname__}",
+                "plain": plain,
+                "arrays": slots,
+            }
+        )
     return pack_arrays({"kind": "snapshot", "length": snapshot.length, "layers": layers}, arrays)
 
 
@@ -143,8 +163,13 @@ def snapshot_from_bytes(blob: bytes) -> Snapshot:
         for name, value in layer["plain"].items():
             setattr(cache, name, value)
         for name, slot in layer["arrays"].items():
-            setattr(cache, name, [None if s is None else arrays[s] for s in slot]
-                    if isinstance(slot, list) else arrays[slot])
+            setattr(
+                cache,
+                name,
+                [None if s is None else arrays[s] for s in slot]
+                if isinstance(slot, list)
+                else arrays[slot],
+            )
         layers.append((layer["index"], detach_cache(cache)))
     nbytes = sum(a.nbytes for a in arrays)
     return Snapshot(header["length"], tuple(layers), nbytes)

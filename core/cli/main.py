@@ -34,10 +34,21 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
-from core.cli.commands import bench, cache, chat, chats, fetch_model, models, pull, root, search, serve
+from core.cli.commands import (
+    bench,
+    cache,
+    chat,
+    chats,
+    fetch_model,
+    models,
+    pull,
+    root,
+    search,
+    serve,
+)
 from core.errors import UserError
 
 EXIT_USER_ERROR = 2
@@ -47,8 +58,11 @@ DEVELOPER_COMMANDS = (bench,)  # listed apart, after the user's
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="radixchat", description="Chat with local language models on MLX. Without a command: open the app.",
-        epilog=_listing("for developers", DEVELOPER_COMMANDS), formatter_class=argparse.RawDescriptionHelpFormatter)
+        prog="radixchat",
+        description="Chat with local language models on MLX. Without a command: open the app.",
+        epilog=_listing("for developers", DEVELOPER_COMMANDS),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     root.add_options(parser)
     commands = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
     for command in USER_COMMANDS + DEVELOPER_COMMANDS:

@@ -18,8 +18,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from core.models.hub import hf_cache
 from core.errors import UserError
+from core.models.hub import hf_cache
 
 if TYPE_CHECKING:  # imported where they are used: the hub's fit estimate needs neither
     from core.models.local import LocalModel
@@ -55,7 +55,9 @@ def runs_on_cpu() -> bool:
     return sys.platform != "darwin"
 
 
-def estimate_memory_bytes(kind: str, size_bytes: int, on_cpu: bool, parameters: int | None = None) -> int:
+def estimate_memory_bytes(
+    kind: str, size_bytes: int, on_cpu: bool, parameters: int | None = None
+) -> int:
     """The memory a model's weights take once loaded.
 
     On the CPU every weight becomes float32: ``4 * parameters`` when the count is known,
@@ -84,13 +86,20 @@ def model_catalog(data_root: Path, on_cpu: bool | None = None) -> list[CatalogEn
     for known in KNOWN_MODELS.values():
         downloaded = known.name in present
         path = known_model_path(known, data_root)
-        parameters = gguf_parameter_count(path) if downloaded else KNOWN_PARAMETERS.get(known.sha256)
-        entries.append(CatalogEntry(
-            spec=known.name, name=f"{known.filename.removesuffix('.gguf')} ({known.name})",
-            kind="known-gguf", size_bytes=known.size,
-            memory_bytes=estimate_memory_bytes("known-gguf", known.size, on_cpu, parameters),
-            downloaded=downloaded, description=known.description,
-        ))
+        parameters = (
+            gguf_parameter_count(path) if downloaded else KNOWN_PARAMETERS.get(known.sha256)
+        )
+        entries.append(
+            CatalogEntry(
+                spec=known.name,
+                name=f"{known.filename.removesuffix('.gguf')} ({known.name})",
+                kind="known-gguf",
+                size_bytes=known.size,
+                memory_bytes=estimate_memory_bytes("known-gguf", known.size, on_cpu, parameters),
+                downloaded=downloaded,
+                description=known.description,
+            )
+        )
     for model in local:
         if model.kind != "known-gguf":
             entries.append(_entry(model, on_cpu))
@@ -122,7 +131,9 @@ def entry_for_path(path: Path, on_cpu: bool | None = None) -> CatalogEntry:
     if is_mlx_folder(path):
         return _entry(LocalModel(path.name, str(path), "mlx-dir", folder_size(path)), on_cpu)
     if path.is_dir():
-        raise UserError(f"{path} is not an MLX model folder: it needs config.json and .safetensors weights")
+        raise UserError(
+            f"{path} is not an MLX model folder: it needs config.json and .safetensors weights"
+        )
     raise UserError(f"{path} is not a .gguf file")
 
 
@@ -135,8 +146,13 @@ def _entry(model: LocalModel, on_cpu: bool) -> CatalogEntry:
     else:
         folder = Path(model.spec) if model.kind == "mlx-dir" else hf_cache.resolve_repo(model.spec)
         parameters = safetensors_parameter_count(folder) if folder is not None else None
-    return CatalogEntry(spec=model.spec, name=model.name, kind=model.kind, size_bytes=model.size_bytes,
-                        memory_bytes=estimate_memory_bytes(model.kind, model.size_bytes, on_cpu, parameters))
+    return CatalogEntry(
+        spec=model.spec,
+        name=model.name,
+        kind=model.kind,
+        size_bytes=model.size_bytes,
+        memory_bytes=estimate_memory_bytes(model.kind, model.size_bytes, on_cpu, parameters),
+    )
 
 
 # ---------------------------------------------------------------------------- parameter counts
@@ -154,7 +170,9 @@ def gguf_parameter_count(path: Path) -> int | None:
 @lru_cache(maxsize=64)
 def _gguf_parameters(path: str, size: int, mtime_ns: int) -> int:
     """(size and mtime are the cache key: a changed file is read again)"""
-    from core.models.load.gguf_header import read_header  # numpy and gguf: not for `radixchat pull` / search
+    from core.models.load.gguf_header import (
+        read_header,
+    )  # numpy and gguf: not for `radixchat pull` / search
 
     return read_header(Path(path), metadata=False).parameter_count()
 

@@ -19,8 +19,10 @@ from kvcache.snapshot import detach_cache, take_snapshot
 
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
 def test_kv_round_trip_is_exact(dtype):
-    layers = [(mx.random.normal((2, 5, 8)).astype(dtype), mx.random.normal((2, 5, 8)).astype(dtype))
-              for _ in range(3)]
+    layers = [
+        (mx.random.normal((2, 5, 8)).astype(dtype), mx.random.normal((2, 5, 8)).astype(dtype))
+        for _ in range(3)
+    ]
     back = kv_from_bytes(kv_to_bytes(layers), 3, 5)
     for (k, v), (k2, v2) in zip(layers, back):
         assert k2.dtype == dtype and mx.array_equal(k, k2) and mx.array_equal(v, v2)
@@ -38,7 +40,9 @@ def test_damaged_or_mismatched_kv_is_refused():
 
 @pytest.mark.parametrize("kind", ["sliding", "recurrent"])
 def test_snapshot_round_trip_resumes_identically(kind, tmp_path):
-    path = write_tiny_model(tmp_path / kind, TinyModelSpec(kind=kind, num_layers=4, sliding_window=8))
+    path = write_tiny_model(
+        tmp_path / kind, TinyModelSpec(kind=kind, num_layers=4, sliding_window=8)
+    )
     model, _ = load(str(path))
     caches = model.make_cache()
     prompt = mx.array(list(range(30, 60)))[None]

@@ -12,10 +12,10 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from core import paths
 from core.engine.types import DoneEvent, Event
@@ -32,8 +32,12 @@ TRAVEL_NOTES = (
 def announce_repetition(bench: str, rep: int, repeats: int, detail: str = "") -> None:
     """``radixchat: bench NAME: repetition 2/3[, detail]`` on stderr, as repetition ``rep``
     (from 0) starts: what a bench that runs for minutes is doing."""
-    print(f"radixchat: bench {bench}: repetition {rep + 1}/{repeats}" + (f", {detail}" if detail else ""),
-          file=sys.stderr, flush=True)
+    print(
+        f"radixchat: bench {bench}: repetition {rep + 1}/{repeats}"
+        + (f", {detail}" if detail else ""),
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def repetitions(bench: str, repeats: int) -> Iterator[int]:
@@ -109,20 +113,28 @@ def final_event(events: Iterable[Event], bench: str) -> DoneEvent:
     for last in events:
         pass
     if not isinstance(last, DoneEvent):
-        raise UserError(f"bench {bench}: a request failed: {getattr(last, 'message', 'no reply from the engine')}")
+        raise UserError(
+            f"bench {bench}: a request failed: {getattr(last, 'message', 'no reply from the engine')}"
+        )
     return last
 
 
-def chat_stream(conn: http.client.HTTPConnection, body: str, bench: str) -> Iterator[tuple[float, dict]]:
+def chat_stream(
+    conn: http.client.HTTPConnection, body: str, bench: str
+) -> Iterator[tuple[float, dict]]:
     """POST ``body`` (JSON text, a streaming chat request) to ``/v1/chat/completions`` on
     ``conn`` and yield each JSON chunk of the event stream with the ``time.perf_counter()``
     at which its line arrived. The request is sent when the iteration starts. A
     :class:`UserError` naming ``bench`` for an answer other than 200 or an error chunk."""
-    conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
+    conn.request(
+        "POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"}
+    )
     response = conn.getresponse()
     if response.status != 200:
-        raise UserError(f"bench {bench}: the server answered {response.status}: "
-                        f"{response.read().decode(errors='replace')[:200]}")
+        raise UserError(
+            f"bench {bench}: the server answered {response.status}: "
+            f"{response.read().decode(errors='replace')[:200]}"
+        )
     for line in response:
         now = time.perf_counter()
         if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":

@@ -28,14 +28,25 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from core import paths
+from core.cli.bench.harness import (
+    announce_repetition,
+    final_event,
+    scratch_data_folder,
+    travel_notes,
+)
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from core.errors import UserError
-from core.cli.bench.harness import announce_repetition, final_event, scratch_data_folder, travel_notes
 
 REPLY_TOKENS = 8
-QUESTIONS = ("What should I see first?", "Where should I eat tonight?", "How do I get around?",
-             "What is worth skipping?", "Which day is best for the market?", "What should I pack?")
+QUESTIONS = (
+    "What should I see first?",
+    "Where should I eat tonight?",
+    "How do I get around?",
+    "What is worth skipping?",
+    "Which day is best for the market?",
+    "What should I pack?",
+)
 
 
 @dataclass(frozen=True)
@@ -52,13 +63,16 @@ class WayResult:
 
 
 def _ask(engine: Engine, messages: list[ChatMessage]) -> DoneEvent:
-    request = GenerationRequest(messages=tuple(messages),
-                                sampling=SamplingParams(temperature=0.0, max_tokens=REPLY_TOKENS))
+    request = GenerationRequest(
+        messages=tuple(messages), sampling=SamplingParams(temperature=0.0, max_tokens=REPLY_TOKENS)
+    )
     return final_event(engine.stream(request), "pressure")
 
 
 def _system(client: int, notes: int) -> ChatMessage:
-    return ChatMessage("system", f"Client {client}. These are my travel notes.\n{travel_notes(notes)}")
+    return ChatMessage(
+        "system", f"Client {client}. These are my travel notes.\n{travel_notes(notes)}"
+    )
 
 
 def _distinct_tokens(db: Path, fingerprint: str) -> int:
@@ -117,8 +131,14 @@ def _way(way: str, folder: Path, spec: str, args, notes: int, pool: int) -> WayR
         engine.shutdown()
         gc.collect()
         mx.clear_cache()
-    distinct = _distinct_tokens(paths.kv_cache_db_path(folder), fingerprint) * token_bytes if way == "disk" else 0
-    return WayResult(way, later, first, restored, cached, computed, written, distinct, tuple(replies))
+    distinct = (
+        _distinct_tokens(paths.kv_cache_db_path(folder), fingerprint) * token_bytes
+        if way == "disk"
+        else 0
+    )
+    return WayResult(
+        way, later, first, restored, cached, computed, written, distinct, tuple(replies)
+    )
 
 
 def run_bench_pressure(args) -> int:
@@ -133,12 +153,18 @@ def run_bench_pressure(args) -> int:
     root = paths.data_dir(args.data_dir)
     spec = str(resolve_spec(args.model, root, None if args.json else print_progress).resolve())
     started = time.perf_counter()
-    with scratch_data_folder(root, "pressure") as folder:  # size the notes: a calibration engine, no cache
+    with scratch_data_folder(
+        root, "pressure"
+    ) as folder:  # size the notes: a calibration engine, no cache
         engine = Engine(folder, spec, use_cache=False, disk_cache=False).start()
         try:
             engine.wait_ready()
-            base = _ask(engine, [_system(0, 0), ChatMessage("user", QUESTIONS[0])]).stats.prompt_tokens
-            two = _ask(engine, [_system(0, 2), ChatMessage("user", QUESTIONS[0])]).stats.prompt_tokens
+            base = _ask(
+                engine, [_system(0, 0), ChatMessage("user", QUESTIONS[0])]
+            ).stats.prompt_tokens
+            two = _ask(
+                engine, [_system(0, 2), ChatMessage("user", QUESTIONS[0])]
+            ).stats.prompt_tokens
         finally:
             engine.shutdown()
     per_note = max(1.0, (two - base) / 2)
@@ -163,35 +189,55 @@ def _report(args, spec: str, prompt: float, pool: int, results: dict, wall_s: fl
     written, distinct = median("disk", "bytes_written"), median("disk", "distinct_kv_bytes")
     reference = results["ram"][0].replies
     return {
-        "model": args.model, "model_path": spec, "clients": args.clients, "rounds": args.rounds,
-        "repeats": args.repeats, "prompt_tokens": round(prompt), "pool_tokens": pool,
+        "model": args.model,
+        "model_path": spec,
+        "clients": args.clients,
+        "rounds": args.rounds,
+        "repeats": args.repeats,
+        "prompt_tokens": round(prompt),
+        "pool_tokens": pool,
         "wall_s": round(wall_s, 1),
         "ttft_sum_s": {way: median(way, "ttft_sum_s") for way in ("disk", "ram")},
         "ttft_first_round_s": {way: median(way, "ttft_first_round_s") for way in ("disk", "ram")},
         "ttft_ratio_disk_vs_ram": median("disk", "ttft_sum_s") / median("ram", "ttft_sum_s"),
-        "tokens_after_first_round": {way: {name: median(way, f"{name}_tokens") for name in
-                                           ("restored", "cached", "computed")} for way in ("disk", "ram")},
-        "bytes_written": written, "distinct_kv_bytes": distinct,
+        "tokens_after_first_round": {
+            way: {
+                name: median(way, f"{name}_tokens") for name in ("restored", "cached", "computed")
+            }
+            for way in ("disk", "ram")
+        },
+        "bytes_written": written,
+        "distinct_kv_bytes": distinct,
         "written_vs_distinct": written / distinct if distinct else None,
         "replies_identical": all(r.replies == reference for way in results for r in results[way]),
-        "repetitions": {way: [{k: v for k, v in asdict(r).items() if k != "replies"} for r in results[way]]
-                        for way in results},
+        "repetitions": {
+            way: [{k: v for k, v in asdict(r).items() if k != "replies"} for r in results[way]]
+            for way in results
+        },
     }
 
 
 def format_summary(report: dict) -> str:
-    t, f, tok = report["ttft_sum_s"], report["ttft_first_round_s"], report["tokens_after_first_round"]
+    t, f, tok = (
+        report["ttft_sum_s"],
+        report["ttft_first_round_s"],
+        report["tokens_after_first_round"],
+    )
     ratio = report["written_vs_distinct"]
-    return "\n".join([
-        f"model: {report['model']} ({report['model_path']}); {report['clients']} clients x {report['rounds']} "
-        f"rounds, prompts of ~{report['prompt_tokens']} tokens, pool {report['pool_tokens']} tokens; "
-        f"medians of {report['repeats']} ({report['wall_s']:.0f} s)",
-        f"TTFT sum after round 1: disk tier {t['disk']:.2f} s, RAM only {t['ram']:.2f} s -> "
-        f"{report['ttft_ratio_disk_vs_ram']:.3f} (target <= 0.5); round 1: {f['disk']:.2f} s / {f['ram']:.2f} s",
-        f"prompt tokens after round 1, disk tier: {tok['disk']['restored']:.0f} from disk, "
-        f"{tok['disk']['cached']:.0f} RAM, {tok['disk']['computed']:.0f} computed; RAM only: "
-        f"{tok['ram']['cached']:.0f} RAM, {tok['ram']['computed']:.0f} computed",
-        f"written {report['bytes_written'] / 1e6:.1f} MB for {report['distinct_kv_bytes'] / 1e6:.1f} MB of "
-        f"distinct K/V -> {ratio:.3f}x (target <= 1.1)" if ratio is not None else "nothing written",
-        "replies: identical both ways" if report["replies_identical"] else "replies: DIFFER",
-    ])
+    return "\n".join(
+        [
+            f"model: {report['model']} ({report['model_path']}); {report['clients']} clients x {report['rounds']} "
+            f"rounds, prompts of ~{report['prompt_tokens']} tokens, pool {report['pool_tokens']} tokens; "
+            f"medians of {report['repeats']} ({report['wall_s']:.0f} s)",
+            f"TTFT sum after round 1: disk tier {t['disk']:.2f} s, RAM only {t['ram']:.2f} s -> "
+            f"{report['ttft_ratio_disk_vs_ram']:.3f} (target <= 0.5); round 1: {f['disk']:.2f} s / {f['ram']:.2f} s",
+            f"prompt tokens after round 1, disk tier: {tok['disk']['restored']:.0f} from disk, "
+            f"{tok['disk']['cached']:.0f} RAM, {tok['disk']['computed']:.0f} computed; RAM only: "
+            f"{tok['ram']['cached']:.0f} RAM, {tok['ram']['computed']:.0f} computed",
+            f"written {report['bytes_written'] / 1e6:.1f} MB for {report['distinct_kv_bytes'] / 1e6:.1f} MB of "
+            f"distinct K/V -> {ratio:.3f}x (target <= 1.1)"
+            if ratio is not None
+            else "nothing written",
+            "replies: identical both ways" if report["replies_identical"] else "replies: DIFFER",
+        ]
+    )

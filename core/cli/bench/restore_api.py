@@ -25,11 +25,22 @@ from pathlib import Path
 
 from core import paths
 from core.api.server import ApiServer
+from core.cli.bench.harness import (
+    chat_stream,
+    drop_from_page_cache,
+    repetitions,
+    scratch_data_folder,
+    travel_notes,
+)
+from core.cli.bench.restore import (
+    BUILD_REPLY_TOKENS,
+    FIRST_QUESTION,
+    FOLLOW_UP,
+    REPLY_TOKENS,
+    checked_model,
+)
 from core.engine.engine import Engine
 from core.errors import UserError
-from core.cli.bench.harness import (chat_stream, drop_from_page_cache, repetitions, scratch_data_folder,
-                                    travel_notes)
-from core.cli.bench.restore import BUILD_REPLY_TOKENS, checked_model, FIRST_QUESTION, FOLLOW_UP, REPLY_TOKENS
 
 
 @dataclass(frozen=True)
@@ -53,8 +64,16 @@ class _Reply:
 
 def _stream(server: ApiServer, messages: list[dict], max_tokens: int) -> _Reply:
     """One greedy streaming chat request; TTFT as the client sees it."""
-    body = json.dumps({"model": "default", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
-                       "stream": True, "stream_options": {"include_usage": True}})
+    body = json.dumps(
+        {
+            "model": "default",
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    )
     conn = http.client.HTTPConnection(server.host, server.port, timeout=600)
     try:
         conn.connect()
@@ -77,7 +96,8 @@ def _stream(server: ApiServer, messages: list[dict], max_tokens: int) -> _Reply:
 def _messages(count: int, *turns: str) -> list[dict]:
     roles = ("user", "assistant")
     return [{"role": "system", "content": travel_notes(count)}] + [
-        {"role": roles[i % 2], "content": text} for i, text in enumerate(turns)]
+        {"role": roles[i % 2], "content": text} for i, text in enumerate(turns)
+    ]
 
 
 def _repetition(folder: Path, spec: str, tokens: int) -> ApiRepetition:
@@ -99,7 +119,9 @@ def _repetition(folder: Path, spec: str, tokens: int) -> ApiRepetition:
     engine, server = serve()
     try:
         base = _stream(server, _messages(0, FIRST_QUESTION), 1).prompt_tokens  # also the warm-up
-        one = _stream(server, _messages(1, FIRST_QUESTION), 1).prompt_tokens  # (short: tiny contexts too)
+        one = _stream(
+            server, _messages(1, FIRST_QUESTION), 1
+        ).prompt_tokens  # (short: tiny contexts too)
         count = max(1, round((tokens - base) / max(1.0, one - base)))
         first = _stream(server, _messages(count, FIRST_QUESTION), BUILD_REPLY_TOKENS)
         engine.flush_disk_cache()
@@ -112,7 +134,9 @@ def _repetition(folder: Path, spec: str, tokens: int) -> ApiRepetition:
     drop_from_page_cache(*paths.kv_cache_db_files(folder))
     engine, server = serve()  # "after a restart"
     try:
-        _stream(server, [{"role": "user", "content": "Hello"}], 1)  # warm-up (too short to be written)
+        _stream(
+            server, [{"role": "user", "content": "Hello"}], 1
+        )  # warm-up (too short to be written)
         drop_from_page_cache(*paths.kv_cache_db_files(folder))
         restore = _stream(server, follow_up, REPLY_TOKENS)
         restored = engine.stats().disk.read_tokens
@@ -124,8 +148,16 @@ def _repetition(folder: Path, spec: str, tokens: int) -> ApiRepetition:
         recompute = _stream(server, follow_up, REPLY_TOKENS)
     finally:
         close(engine, server)
-    return ApiRepetition(first.prompt_tokens, restore.prompt_tokens, restored, restore.ttft_s, recompute.ttft_s,
-                         ram.ttft_s, ram.text == restore.text == recompute.text, written)
+    return ApiRepetition(
+        first.prompt_tokens,
+        restore.prompt_tokens,
+        restored,
+        restore.ttft_s,
+        recompute.ttft_s,
+        ram.ttft_s,
+        ram.text == restore.text == recompute.text,
+        written,
+    )
 
 
 def run_bench_restore_api(args) -> int:
@@ -141,15 +173,22 @@ def _report(args, spec: str, root: Path) -> dict:
     for _ in repetitions("restore --api", args.repeats):
         with scratch_data_folder(root, "restore") as folder:
             reps.append(_repetition(folder, spec, args.tokens))
-    ttft = {way: statistics.median(getattr(r, f"ttft_{way}_s") for r in reps)
-            for way in ("restore", "recompute", "ram")}
+    ttft = {
+        way: statistics.median(getattr(r, f"ttft_{way}_s") for r in reps)
+        for way in ("restore", "recompute", "ram")
+    }
     return {
-        "mode": "api", "model": args.model, "model_path": spec, "tokens": args.tokens, "repeats": args.repeats,
+        "mode": "api",
+        "model": args.model,
+        "model_path": spec,
+        "tokens": args.tokens,
+        "repeats": args.repeats,
         "wall_s": round(time.perf_counter() - started, 1),
         "prompt_tokens": statistics.median(r.prompt_tokens for r in reps),
         "follow_up_tokens": statistics.median(r.follow_up_tokens for r in reps),
         "restored_tokens": statistics.median(r.restored_tokens for r in reps),
-        "replies_identical": all(r.replies_identical for r in reps), "ttft_s": ttft,
+        "replies_identical": all(r.replies_identical for r in reps),
+        "ttft_s": ttft,
         "ttft_ratio_restore_vs_recompute": ttft["restore"] / ttft["recompute"],
         "ttft_ratio_restore_vs_ram": ttft["restore"] / ttft["ram"],
         "repetitions": [asdict(r) for r in reps],
@@ -158,14 +197,18 @@ def _report(args, spec: str, root: Path) -> dict:
 
 def format_api_summary(report: dict) -> str:
     t = report["ttft_s"]
-    return "\n".join([
-        f"model: {report['model']} ({report['model_path']}); API, unnamed client; medians of "
-        f"{report['repeats']} repetitions ({report['wall_s']:.0f} s)",
-        f"first prompt {report['prompt_tokens']:.0f} tokens; after the restart the follow-up "
-        f"({report['follow_up_tokens']:.0f} tokens) got {report['restored_tokens']:.0f} from disk",
-        f"TTFT (client side): restored {t['restore']:.3f} s, recomputed {t['recompute']:.3f} s, "
-        f"RAM hit {t['ram']:.3f} s",
-        f"restore / recompute {report['ttft_ratio_restore_vs_recompute']:.3f} (target <= 0.05), "
-        f"restore / RAM {report['ttft_ratio_restore_vs_ram']:.3f} (target <= 1.5)",
-        "replies: identical in all three ways" if report["replies_identical"] else "replies: DIFFER",
-    ])
+    return "\n".join(
+        [
+            f"model: {report['model']} ({report['model_path']}); API, unnamed client; medians of "
+            f"{report['repeats']} repetitions ({report['wall_s']:.0f} s)",
+            f"first prompt {report['prompt_tokens']:.0f} tokens; after the restart the follow-up "
+            f"({report['follow_up_tokens']:.0f} tokens) got {report['restored_tokens']:.0f} from disk",
+            f"TTFT (client side): restored {t['restore']:.3f} s, recomputed {t['recompute']:.3f} s, "
+            f"RAM hit {t['ram']:.3f} s",
+            f"restore / recompute {report['ttft_ratio_restore_vs_recompute']:.3f} (target <= 0.05), "
+            f"restore / RAM {report['ttft_ratio_restore_vs_ram']:.3f} (target <= 1.5)",
+            "replies: identical in all three ways"
+            if report["replies_identical"]
+            else "replies: DIFFER",
+        ]
+    )

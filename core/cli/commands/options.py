@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import argparse
 
-MAX_PROMPT_HELP = ("refuse prompts longer than this many tokens, before any work on them "
-                   "(default: the model's context)")
+MAX_PROMPT_HELP = (
+    "refuse prompts longer than this many tokens, before any work on them "
+    "(default: the model's context)"
+)
 MODEL_HELP = "known name, .gguf file, MLX folder or HF repo id (default: %(default)s)"
 JSON_HELP = "print the result as one JSON object instead of text"
 REPEATS_HELP = "repetitions (medians are reported; default: %(default)s)"
 
 
 def add_data_dir(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-dir", help="data folder (default: $RADIXCHAT_HOME or the platform's)")
+    parser.add_argument(
+        "--data-dir", help="data folder (default: $RADIXCHAT_HOME or the platform's)"
+    )
 
 
 def port(text: str) -> int:

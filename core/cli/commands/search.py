@@ -8,7 +8,9 @@ from core.cli.commands.options import add_data_dir
 
 
 def add_parser(subparsers) -> None:
-    search = subparsers.add_parser("search", help="search the Hugging Face hub for MLX and GGUF models")
+    search = subparsers.add_parser(
+        "search", help="search the Hugging Face hub for MLX and GGUF models"
+    )
     add_data_dir(search)
     search.add_argument("query", help="words to look for in model names (like qwen 0.5b)")
     search.add_argument("--limit", type=int, default=20, help="results per kind (MLX, GGUF)")

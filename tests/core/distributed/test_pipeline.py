@@ -59,18 +59,24 @@ def test_a_dense_model_pipelined_when_asked_answers_as_one_process_and_restores(
         first_group(group, expected)
     finally:
         group.stop()
-    for rank in (0, 1):  # each rank's slice: its 2 layers' K and V, every KV head (not half of 4 layers')
+    for rank in (
+        0,
+        1,
+    ):  # each rank's slice: its 2 layers' K and V, every KV head (not half of 4 layers')
         shapes = stored_kv_shapes(data / rank_cache_name(rank, 2))
-        assert shapes and all(len(page) == 2 * 2 and all(s[0] == spec.num_kv_heads for s in page)
-                              for page in shapes), shapes
+        assert shapes and all(
+            len(page) == 2 * 2 and all(s[0] == spec.num_kv_heads for s in page) for page in shapes
+        ), shapes
     restarted_group_restores(model, data, tmp_path, expected, ("--split", "pipeline"))
 
 
 def test_a_hybrid_model_only_mlx_lm_pipelines_runs_pipelined_and_restores(tmp_path):
     # qwen3_next (linear-attention layers alternating with full ones) has no tensor split:
     # the group pipelines it by itself; each rank holds one linear and one full layer
-    model = write_tiny_model(tmp_path / "tiny-qwen3-next",
-                             TinyModelSpec(kind="recurrent", num_layers=4, max_position_embeddings=8192))
+    model = write_tiny_model(
+        tmp_path / "tiny-qwen3-next",
+        TinyModelSpec(kind="recurrent", num_layers=4, max_position_embeddings=8192),
+    )
     expected = expectations(model)
     data = tmp_path / "data"
     group = start_group(model, data, tmp_path)

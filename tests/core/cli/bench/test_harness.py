@@ -10,16 +10,26 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from core.cli.bench.harness import (TRAVEL_NOTES, chat_stream, final_event, link_models, package_version,
-                                    repetitions, scratch_data_folder, travel_notes)
+from core.cli.bench.harness import (
+    TRAVEL_NOTES,
+    chat_stream,
+    final_event,
+    link_models,
+    package_version,
+    repetitions,
+    scratch_data_folder,
+    travel_notes,
+)
 from core.engine.types import DoneEvent, ErrorEvent, RequestStats, TokenEvent
 from core.errors import UserError
 
 
 def test_repetitions_count_from_zero_and_announce_each(capsys):
     assert list(repetitions("multiturn", 2)) == [0, 1]
-    assert capsys.readouterr().err.splitlines() == ["radixchat: bench multiturn: repetition 1/2",
-                                                    "radixchat: bench multiturn: repetition 2/2"]
+    assert capsys.readouterr().err.splitlines() == [
+        "radixchat: bench multiturn: repetition 1/2",
+        "radixchat: bench multiturn: repetition 2/2",
+    ]
 
 
 def test_a_scratch_folder_shares_the_caches_and_goes_even_when_the_run_fails(tmp_path):
@@ -61,7 +71,9 @@ def test_package_version_reads_the_metadata():
 def test_final_event_is_the_done_event_or_a_user_error_naming_the_bench():
     done = DoneEvent("hi", RequestStats())
     assert final_event(iter([TokenEvent("h"), done]), "restore") is done
-    with pytest.raises(UserError, match=r"^bench pressure: a request failed: the prompt is too long$"):
+    with pytest.raises(
+        UserError, match=r"^bench pressure: a request failed: the prompt is too long$"
+    ):
         final_event(iter([TokenEvent("h"), ErrorEvent("the prompt is too long")]), "pressure")
     with pytest.raises(UserError, match="no reply from the engine"):
         final_event(iter([]), "restore")
@@ -103,7 +115,13 @@ def _read(server, bench: str = "serve") -> list[dict]:
 
 
 def test_chat_stream_yields_the_data_chunks_in_order(sse_server):
-    sse_server.lines = [b": a comment\n", b'data: {"n": 1}\n', b"\n", b'data: {"n": 2}\n', b"data: [DONE]\n"]
+    sse_server.lines = [
+        b": a comment\n",
+        b'data: {"n": 1}\n',
+        b"\n",
+        b'data: {"n": 2}\n',
+        b"data: [DONE]\n",
+    ]
     assert _read(sse_server) == [{"n": 1}, {"n": 2}]
 
 
