@@ -30,9 +30,8 @@ class CacheStats:
     sessions: int
     pages_reserved: int = 0  # pages with memory now: the pool grows in segments up to pages_total
     pool_budget_bytes: int = 0  # the pool's bytes once grown to pages_total (0: as pool_bytes)
-    namespaces: int = (
-        0  # cache namespaces holding something in RAM (prefixes are shared only inside one)
-    )
+    # cache namespaces holding something in RAM (prefixes are shared only inside one)
+    namespaces: int = 0
 
     @property
     def hit_rate(self) -> float:

@@ -3,10 +3,12 @@
     radixchat                      open the app
     radixchat chat [PROMPT]        one turn (or an interactive loop) in a chat session
     radixchat serve                the OpenAI- and Anthropic-compatible API on 127.0.0.1:8000
-    radixchat serve --hosts FILE   the same, the model split over several machines (mlx.launch, ring/jaccl)
+    radixchat serve --hosts FILE   the same, the model split over several machines
+                                   (mlx.launch, ring/jaccl)
     radixchat models               what models are available locally (size, last use)
     radixchat models rm NAME       delete a downloaded model and its cached KV
-    radixchat search QUERY         MLX and GGUF models on the Hugging Face hub, and whether each fits
+    radixchat search QUERY         MLX and GGUF models on the Hugging Face hub, and whether
+                                   each fits
     radixchat pull REPO[:FILE]     download a model from the hub into the HF cache (resumes)
     radixchat fetch-model [NAME]   provision a known model into the data folder
     radixchat cache stats|verify|clear   the disk caches of session KV (this machine's, each rank's)
@@ -15,10 +17,13 @@
     radixchat bench restore|pressure|multiturn|serve   the cache and API benchmarks
     radixchat bench distributed    1 process vs the model split over 2 ranks on loopback
     radixchat bench constrain      what constrained decoding costs per token
-    radixchat bench agent          a coding-agent session: TTFT with and without our cache, vs mlx_lm.server
+    radixchat bench agent          a coding-agent session: TTFT with and without our cache,
+                                   vs mlx_lm.server
     radixchat bench pull           `radixchat pull` from a loopback hub vs curl (source checkout)
-    radixchat bench fairness       a stream's inter-token gaps while another client's long prompt goes in
-    radixchat bench hostile        another client's answers during a flood of connections, a greedy client, a huge body
+    radixchat bench fairness       a stream's inter-token gaps while another client's long
+                                   prompt goes in
+    radixchat bench hostile        another client's answers during a flood of connections, a
+                                   greedy client, a huge body
 
 Each command is declared by its module in core/cli/commands/ (its parser, and the function
 that runs it, which imports the command's code only then); this module builds the table
@@ -85,7 +90,8 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
     """Run the command line; ``gui`` opens the app (``app.launcher`` passes it in, since
     core never imports app)."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] and argv[0].startswith("_"):  # a hidden command (its module is imported only then)
+    # a hidden command (its module is imported only then)
+    if argv[:1] and argv[0].startswith("_"):
         from core.distributed.launch import LAUNCH_COMMAND, run_launcher
 
         if argv[0] == LAUNCH_COMMAND:  # MLX's launcher, run by `serve --hosts` (even in the app)

@@ -11,7 +11,7 @@ from contextlib import closing
 import pytest
 
 from kvcache.disk_index import DiskIndex
-from kvcache.store import DiskStore, PageData, chain_keys, namespace_root, page_key, session_row
+from kvcache.store import DiskStore, chain_keys, namespace_root, page_key, session_row
 from tests.kvcache.test_store import FP, make_pages, page, same
 
 CHAIN = [page(0), page(4), page(8, 3)]
@@ -41,9 +41,8 @@ def test_same_tokens_in_two_namespaces_are_two_chains_each_stored_once(store):
     pages = make_pages(CHAIN)
     first = store.save_prefix(FP, pages, namespace="alice")
     assert first.pages_written == 3
-    assert (
-        store.save_prefix(FP, pages, namespace="alice").pages_written == 0
-    )  # no rewrite inside one
+    # no rewrite inside one
+    assert store.save_prefix(FP, pages, namespace="alice").pages_written == 0
     assert store.save_prefix(FP, pages, namespace="bob").pages_written == 3  # a chain of its own
     assert store.stats().pages == 6 and store.stats().orphan_pages == 0
     assert store.verify().clean  # first pages under a root are whole chains, not broken ones

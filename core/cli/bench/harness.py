@@ -12,6 +12,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from importlib import metadata
@@ -109,13 +110,11 @@ def package_version(package: str) -> str | None:
 def final_event(events: Iterable[Event], bench: str) -> DoneEvent:
     """The :class:`DoneEvent` that ends a request's ``events`` (read to the end); a
     :class:`UserError` naming ``bench`` if the request ended any other way."""
-    last = None
-    for last in events:
-        pass
+    kept = deque(events, maxlen=1)  # run to the end, keep the last
+    last = kept[0] if kept else None
     if not isinstance(last, DoneEvent):
-        raise UserError(
-            f"bench {bench}: a request failed: {getattr(last, 'message', 'no reply from the engine')}"
-        )
+        message = getattr(last, "message", "no reply from the engine")
+        raise UserError(f"bench {bench}: a request failed: {message}")
     return last
 
 

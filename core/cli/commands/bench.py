@@ -48,8 +48,8 @@ def _hostile(benches) -> None:
     hostile = _with_model(
         benches.add_parser(
             "hostile",
-            help="what a flood of connections, a client that never reads and a huge body cost another "
-            "client (target: answers within 2 s)",
+            help="what a flood of connections, a client that never reads and a "
+            "huge body cost another client (target: answers within 2 s)",
         )
     )
     hostile.add_argument(
@@ -378,6 +378,5 @@ def _gui(benches) -> None:
         "--repeats", type=int, default=3, help="replies measured (medians are reported)"
     )
     gui.add_argument("--json", action="store_true", help=JSON_HELP)
-    gui.set_defaults(
-        run=None
-    )  # the app runs it (app/bench_gui.py): core.cli.main hands it to the app
+    # the app runs it (app/bench_gui.py): core.cli.main hands it to the app
+    gui.set_defaults(run=None)

@@ -105,9 +105,8 @@ def add_parser(subparsers) -> None:
         help="with --hosts: split each layer's heads over the hosts (tensor), or the layers "
         "(pipeline, for the architectures mlx-lm pipelines); auto: tensor where it can",
     )
-    serve.add_argument(
-        "--group-member", action="store_true", help=argparse.SUPPRESS
-    )  # a rank started by --hosts
+    # a rank started by --hosts
+    serve.add_argument("--group-member", action="store_true", help=argparse.SUPPRESS)
     serve.set_defaults(run=run)
 
 

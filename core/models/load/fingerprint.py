@@ -30,9 +30,8 @@ def runtime_versions() -> dict[str, str]:
     import mlx.core as mx
     import mlx_lm
 
-    from core.models.load.gguf_convert import (
-        CACHE_FORMAT,
-    )  # bumped when the K-quant conversion changes
+    # bumped when the K-quant conversion changes
+    from core.models.load.gguf_convert import CACHE_FORMAT
 
     return {
         "mlx": mx.__version__,

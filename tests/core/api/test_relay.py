@@ -39,7 +39,8 @@ def stream_request(port: int, max_tokens: int) -> bytes:
         }
     ).encode()
     return (
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+        b"Content-Type: application/json\r\n"
         b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (port, len(body), body)
     )
 

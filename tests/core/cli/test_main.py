@@ -14,7 +14,6 @@ import pytest
 from core import paths
 from core.chats.store import ChatStore
 from core.cli.main import main
-from tests.core.models.pypi.test_provision import fake_pip  # noqa: F401  (a fixture: pip replaced by a fake wheel)
 
 
 def chat_json(capsys, model, data, *extra) -> dict:
@@ -67,10 +66,8 @@ def test_chat_json_stores_both_turns(capsys, tiny_model, tmp_path):
 
 
 def test_chat_template_file_replaces_the_models_own(capsys, tiny_model, tmp_path):
-    once, twice = (
-        tmp_path / "once.jinja",
-        tmp_path / "twice.jinja",
-    )  # the tiny model's tokens are bytes
+    # the tiny model's tokens are bytes
+    once, twice = tmp_path / "once.jinja", tmp_path / "twice.jinja"
     once.write_text(
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
         "{% endfor %}<|im_start|>assistant\n"
@@ -471,8 +468,9 @@ def test_version_names_radixchat_mlx_and_mlx_lm(capsys):
         [sys.executable, "-m", "core.cli.main", "--version"],
         capture_output=True,
         text=True,
+        # as a user runs it: a new process, which imports no MLX for it
         timeout=60,
-    )  # as a user runs it: a new process, which imports no MLX for it
+    )
     assert run.returncode == 0 and run.stdout.strip() == line, run.stderr
 
 
@@ -489,7 +487,8 @@ def _leaf_commands(parser, path=()):
 
 
 def test_every_command_names_what_runs_it():
-    """Each command's module sets ``run``; only ``bench gui`` is the app's (core never imports app)."""
+    """Each command's module sets ``run``; only ``bench gui`` is the app's (core never
+    imports app)."""
     import argparse
 
     from core.cli.main import build_parser
@@ -590,8 +589,8 @@ def test_the_command_table_imports_no_commands_code():
     )
     code = (
         "import sys; from core.cli.main import build_parser; build_parser(); "
-        f"print(sorted(m for m in sys.modules if m in {own_code!r} or m.startswith(tuple(h + '.' for h in "
-        f"{heavy!r})) or m in {heavy!r}))"
+        f"print(sorted(m for m in sys.modules if m in {own_code!r} "
+        f"or m.startswith(tuple(h + '.' for h in {heavy!r})) or m in {heavy!r}))"
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr

