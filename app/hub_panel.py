@@ -31,11 +31,13 @@ from PySide6.QtWidgets import (
 from app.format import human_bytes
 from core.errors import UserError
 from core.models.hub import client, download
+from core.models.hub.fit import FITS, TIGHT, WONT_FIT, estimate_fit
+from core.models.hub.search import SearchResult, search
 
 COLUMNS = ("Model", "Kind", "Parameters", "Quant", "Size", "Fits?", "Downloads")
 FIT_COLUMN = 5
 RESULT_ROLE = Qt.ItemDataRole.UserRole
-FIT_COLORS = {client.FITS: "#2e7d32", client.TIGHT: "#b26a00", client.WONT_FIT: "#c62828"}
+FIT_COLORS = {FITS: "#2e7d32", TIGHT: "#b26a00", WONT_FIT: "#c62828"}
 
 
 class _Relay(QObject):
@@ -172,13 +174,13 @@ class HubPanel(QWidget):
         self._say(f"Searching for “{text}”…")
         self._keep(
             run_in_thread(
-                lambda: client.search(text, on_cpu=self.on_cpu),
+                lambda: search(text, on_cpu=self.on_cpu),
                 self._on_results,
                 self._on_search_failed,
             )
         )
 
-    def _on_results(self, results: list[client.SearchResult]) -> None:
+    def _on_results(self, results: list[SearchResult]) -> None:
         self.search_button.setEnabled(True)
         self.results.clear()
         for result in results:
@@ -190,7 +192,7 @@ class HubPanel(QWidget):
         self.search_button.setEnabled(True)
         self._say(message, error=True)
 
-    def _add_result(self, r: client.SearchResult) -> None:
+    def _add_result(self, r: SearchResult) -> None:
         fit = r.fit.label if r.fit and not r.problem else ("can't load" if r.problem else "?")
         name = r.repo_id + ("  🔒" if r.gated else "")
         item = QTreeWidgetItem(
@@ -250,7 +252,7 @@ class HubPanel(QWidget):
         if result is None or result.repo_id != repo_id:
             return
         for f in files:
-            fit = client.estimate_fit("gguf", f.size, None, self.on_cpu)
+            fit = estimate_fit("gguf", f.size, None, self.on_cpu)
             self.file_box.addItem(f"{f.path} · {human_bytes(f.size)} · {fit.label}", f.path)
         self.file_box.setVisible(bool(files))
         self._say(
@@ -258,7 +260,7 @@ class HubPanel(QWidget):
         )
         self._update_buttons()
 
-    def selected_result(self) -> client.SearchResult | None:
+    def selected_result(self) -> SearchResult | None:
         item = self.results.currentItem()
         return item.data(0, RESULT_ROLE) if item is not None else None
 

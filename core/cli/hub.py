@@ -10,6 +10,8 @@ from core import paths
 from core.cli.terminal import safe
 from core.errors import UserError
 from core.models.hub import client, download  # models and rm import theirs when they run
+from core.models.hub.fit import describe_fit, estimate_fit
+from core.models.hub.search import search
 
 
 def human(n: float | None) -> str:
@@ -59,7 +61,7 @@ def ago(timestamp: float | None, now: float | None = None) -> str:
 
 
 def run_search(args) -> int:
-    results = client.search(args.query, limit=args.limit)
+    results = search(args.query, limit=args.limit)
     if not results:
         print(f"no MLX or GGUF models on the hub match {safe(repr(args.query))}")
         return 0
@@ -68,7 +70,7 @@ def run_search(args) -> int:
         f"{'downloads':>10}"
     )
     for r in results:
-        fit = f"no: {safe(r.problem)}" if r.problem else client.describe_fit(r.fit)
+        fit = f"no: {safe(r.problem)}" if r.problem else describe_fit(r.fit)
         gated = " (gated)" if r.gated else ""
         print(
             f"{safe(r.repo_id) + gated:<48} {r.kind:<5} {parameters_text(r.parameters):>7} "
@@ -112,15 +114,15 @@ def run_pull(args) -> int:
     except client.ChooseFileError as exc:
         print(f"radixchat: {safe(exc)}", file=sys.stderr)
         for f in exc.choices:
-            fit = client.estimate_fit("gguf", f.size, None)
+            fit = estimate_fit("gguf", f.size, None)
             choice = f"{safe(repo_id)}:{safe(f.path):<40} {human(f.size):>9}"
-            print(f"  {choice}  {client.describe_fit(fit)}", file=sys.stderr)
+            print(f"  {choice}  {describe_fit(fit)}", file=sys.stderr)
         return 2
     have = download.partial_bytes(plan)
     print(
         f"radixchat: {safe(plan.spec)}: {len(plan.files)} files, {human(plan.size_bytes)}"
         + (f" ({human(have)} already here)" if have else "")
-        + f"; {client.describe_fit(plan.fit)}",
+        + f"; {describe_fit(plan.fit)}",
         file=sys.stderr,
     )
     line = ProgressLine()

@@ -16,6 +16,7 @@ import pytest
 from core.cli.main import EXIT_USER_ERROR, main
 from core.models.hub import client, download, hf_cache
 from core.models.hub.client import HubError
+from core.models.hub.search import search
 from tests.core.models.hub.hub_fixture import HubFile, HubRepo, LoopbackHub
 
 pytestmark = pytest.mark.faults
@@ -265,7 +266,7 @@ def test_one_bad_search_result_costs_only_that_result(capsys, loopback_hub, tmp_
     if "downloads" in card:  # the loopback hub sorts by the number: only the card says otherwise
         card_of = repo.card
         repo.card = lambda: {**card_of(), "downloads": card["downloads"]}
-    results = client.search("tiny", on_cpu=True, machine_bytes=16 * 2**30)
+    results = search("tiny", on_cpu=True, machine_bytes=16 * 2**30)
     ids = [r.repo_id for r in results]
     assert "mlx-community/Tiny-Llama-128" in ids and "gguf-org/Tiny-GGUF" in ids
     for r in results:

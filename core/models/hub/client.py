@@ -1,4 +1,5 @@
-"""The Hugging Face hub: search it, and decide what a download of a repo takes.
+"""The Hugging Face hub's client: its endpoint, token and headers, a repo's files, and what a
+download of a repo takes (:func:`plan`).
 
 Everything goes through ``huggingface_hub``: its requests, headers, token, pagination,
 ``ModelInfo`` and errors. The endpoint (``HF_ENDPOINT``) and the token (``HF_TOKEN``, or the
@@ -8,11 +9,8 @@ reason: no network, no such repo, a gated or private repo, no weights RadixChat 
 architecture mlx-lm or the GGUF import can't map, an answer that is not safe to use (what
 the hub names becomes paths on disk: see :mod:`core.models.hub.names`).
 
-Whether a model fits is estimated before any byte is downloaded, the way
-:mod:`core.models.catalog` estimates local files: the weights as this backend will hold
-them (float32 on the CPU) plus the KV pool the engine would give them (a quarter of the
-memory less the weights, at most 2 GiB: kvcache.pool's defaults), against this
-machine's memory.
+Searching the hub is :mod:`core.models.hub.search`; whether a model fits this machine,
+estimated before any byte is downloaded, :mod:`core.models.hub.fit`.
 """
 
 from __future__ import annotations
@@ -30,8 +28,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from core.errors import UserError
-from core.models.catalog import GGUF_BITS_PER_WEIGHT, estimate_memory_bytes, runs_on_cpu
 from core.models.hub import names
+from core.models.hub.fit import Fit, estimate_fit
 
 log = logging.getLogger(__name__)
 
@@ -59,29 +57,6 @@ SKIPPED_WEIGHTS = ("consolidated*.safetensors",)  # Mistral's original layout, b
 # The GGUF families core.models.load.gguf_import maps (its SUPPORTED_ARCHITECTURES; that module
 # imports mlx, this one must not: the picker uses it). A test keeps the two equal.
 GGUF_ARCHITECTURES = ("llama", "gemma3")
-# kvcache.pool's default budget for the KV pool (a test keeps these equal to its own).
-KV_POOL_FRACTION = 0.25
-KV_POOL_MAX_BYTES = 2 << 30
-FITS, TIGHT, WONT_FIT = "fits", "tight", "won't fit"
-FIT_LIMITS = ((0.70, FITS), (0.90, TIGHT))  # share of the machine's memory
-MLX_BITS = (2, 3, 4, 5, 6, 8)  # what mlx quantizes to
-_DTYPE_BYTES = {
-    "F64": 8,
-    "F32": 4,
-    "I32": 4,
-    "U32": 4,
-    "F16": 2,
-    "BF16": 2,
-    "I16": 2,
-    "U16": 2,
-    "I8": 1,
-    "U8": 1,
-    "F8_E4M3": 1,
-    "F8_E5M2": 1,
-    "BOOL": 1,
-    "I64": 8,
-    "U64": 8,
-}
 _SPLIT_GGUF = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)  # llama.cpp's gguf-split parts
 _PROJECTOR_GGUF = re.compile(r"(^|/)mmproj[^/]*\.gguf$", re.IGNORECASE)  # vision projectors
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}$")
@@ -107,34 +82,6 @@ class ChooseFileError(HubError):
 
 
 # ---------------------------------------------------------------------------- values
-
-
-@dataclass(frozen=True)
-class Fit:
-    """The memory a model takes once loaded against this machine's."""
-
-    weights_bytes: int  # as this backend holds them
-    kv_pool_bytes: int
-    machine_bytes: int
-    label: str  # FITS | TIGHT | WONT_FIT
-
-    @property
-    def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_pool_bytes
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    repo_id: str
-    kind: str  # "mlx" | "gguf"
-    downloads: int
-    parameters: int | None  # as loaded (a packed 4-bit matrix counts all its weights)
-    quantization: str | None  # "4bit", "Q4_K_M"...
-    size_bytes: int | None  # the weights on disk, when the hub says
-    fit: Fit | None
-    gated: bool = False
-    architecture: str | None = None
-    problem: str | None = None  # why it cannot be downloaded (an unsupported family), else None
 
 
 @dataclass(frozen=True)
@@ -457,168 +404,6 @@ def _network_errors() -> tuple[type[BaseException], ...]:
     return network_errors()
 
 
-# ---------------------------------------------------------------------------- search
-
-
-def search(
-    query: str, limit: int = 20, on_cpu: bool | None = None, machine_bytes: int | None = None
-) -> list[SearchResult]:
-    """Models matching ``query`` with MLX weights (``mlx-community`` first) and GGUF files,
-    each sorted by downloads, with whether each fits this machine. A result the hub sends
-    malformed costs only itself: it is left out, or shown without the figure that is wrong."""
-    query = (query or "").strip()
-    if not query:
-        raise HubError("search for something: a model name such as qwen3 or llama-3.2")
-    check_online()
-    results: dict[str, SearchResult] = {}
-    try:
-        for tag in ("mlx", "gguf"):
-            for card in _search_cards(query, tag, limit):
-                result = _read_card(card, tag, on_cpu, machine_bytes)
-                if result is not None and result.repo_id not in results:
-                    results[result.repo_id] = result
-    except Exception as exc:
-        raise hub_error(exc) from None
-    return sorted(
-        results.values(),
-        key=lambda r: (r.kind != "mlx", not r.repo_id.startswith("mlx-community/"), -r.downloads),
-    )
-
-
-def _search_cards(query: str, tag: str, limit: int):
-    """The hub's cards (plain JSON) for a search: what ``HfApi.list_models`` asks for and
-    pages through (``GET /api/models``, its headers and token), before it reads each card
-    into a ``ModelInfo``: there one card it cannot read ends the whole listing."""
-    from itertools import islice
-
-    from huggingface_hub.utils import paginate
-
-    params = {
-        "search": query,
-        "filter": [tag],
-        "sort": "downloads",
-        "limit": limit,
-        "expand": ["downloads", "gated", "safetensors", "gguf", "config", "tags", "library_name"],
-    }
-    return islice(
-        paginate(f"{endpoint()}/api/models", params=params, headers=request_headers()), limit
-    )
-
-
-def _read_card(
-    card: object, kind: str, on_cpu: bool | None, machine_bytes: int | None
-) -> SearchResult | None:
-    """One card as a result (read as ``list_models`` reads it), or None, logged, when the
-    hub sent it malformed past reading."""
-    from huggingface_hub.hf_api import ModelInfo
-
-    try:
-        if not isinstance(card, dict):
-            raise TypeError(f"a card that is not an object: {str(card)[:80]!r}")
-        info = ModelInfo(**{"siblings": None, **card})
-        if not isinstance(info.id, str):
-            raise TypeError(f"an id that is not text: {info.id!r}")
-        check_repo_id(info.id)
-        return _search_result(info, kind, on_cpu, machine_bytes)
-    except (HubError, KeyError, TypeError, ValueError, AttributeError, ArithmeticError) as exc:
-        log.warning(
-            "left out a search result the hub sent malformed (%s: %s)", type(exc).__name__, exc
-        )
-        return None
-
-
-def _search_result(info, kind: str, on_cpu: bool | None, machine_bytes: int | None) -> SearchResult:
-    """A result from what the hub says of a repo; a figure that cannot be right (a count
-    that is not a positive whole number, bits outside what MLX quantizes to, an
-    architecture that is not a name) is left out rather than believed."""
-    quantization = quantization_of(info.id)
-    config = info.config if isinstance(info.config, dict) else {}
-    architecture = config.get("model_type")
-    if kind == "mlx":
-        counts = _parameter_counts(info.safetensors.parameters if info.safetensors else None)
-        size = _plausible(
-            sum(n * _DTYPE_BYTES.get(dtype.upper(), 2) for dtype, n in counts.items())
-        )
-        bits = _bits(config, info.id)
-        # quantized weights, 32 // bits a word
-        packed = any(dtype.upper() == "U32" for dtype in counts)
-        parameters = (
-            None
-            if packed and bits is None
-            else _plausible(
-                sum(
-                    n * (32 // bits if dtype.upper() == "U32" else 1) for dtype, n in counts.items()
-                )
-            )
-        )
-        if bits is not None and quantization is None:
-            quantization = f"{bits}bit"
-        architecture = architecture if isinstance(architecture, str) else None
-        problem = (
-            None
-            if architecture is None or mlx_lm_supports(architecture)
-            else f"a {architecture} model, which mlx-lm can't load"
-        )
-        fit = estimate_fit("hf-cache", size, parameters, on_cpu, machine_bytes) if size else None
-    else:
-        gguf = info.gguf if isinstance(info.gguf, dict) else {}
-        parameters = _plausible(gguf.get("total"))
-        architecture = (
-            gguf.get("architecture") if isinstance(gguf.get("architecture"), str) else None
-        )
-        # until a file is chosen
-        size = int(parameters * GGUF_BITS_PER_WEIGHT / 8) if parameters else None
-        problem = (
-            None
-            if architecture is None or architecture in GGUF_ARCHITECTURES
-            else f"a GGUF of the {architecture} family, which RadixChat's import can't map yet"
-        )
-        fit = estimate_fit("gguf", size, parameters, on_cpu, machine_bytes) if size else None
-    downloads = info.downloads if _is_count(info.downloads) else 0
-    return SearchResult(
-        info.id,
-        kind,
-        downloads,
-        parameters,
-        quantization,
-        size,
-        fit,
-        gated=bool(info.gated),
-        architecture=architecture,
-        problem=problem,
-    )
-
-
-MAX_PARAMETERS = 10**14  # a hundred times the largest models: a count past it is not believed
-
-
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _plausible(value: object) -> int | None:
-    """A positive count of weights or bytes the hub stated, or None where it cannot be one."""
-    return value if _is_count(value) and 0 < value <= MAX_PARAMETERS * 8 else None
-
-
-def _parameter_counts(counts: object) -> dict[str, int]:
-    """The hub's weights per dtype, keeping only entries that are a dtype and a count."""
-    if not isinstance(counts, dict):
-        return {}
-    return {dtype: n for dtype, n in counts.items() if isinstance(dtype, str) and _plausible(n)}
-
-
-def _bits(config: dict, repo_id: str) -> int | None:
-    """The bits per weight of a quantized MLX model (its config, else its name), None when
-    neither says a width MLX quantizes to."""
-    quantization = config.get("quantization") or config.get("quantization_config") or {}
-    bits = quantization.get("bits") if isinstance(quantization, dict) else None
-    if _is_count(bits) and bits in MLX_BITS:
-        return bits
-    match = re.search(r"(\d+)-?bit", repo_id, re.IGNORECASE)
-    return int(match.group(1)) if match and int(match.group(1)) in MLX_BITS else None
-
-
 def quantization_of(name: str) -> str | None:
     """The quantization a file or repo name states (Q4_K_M, 4bit...), else None."""
     match = _QUANT.search(name.rsplit("/", 1)[-1])
@@ -626,43 +411,6 @@ def quantization_of(name: str) -> str | None:
         return match.group(1).upper()
     match = re.search(r"(\d+)-?bit", name, re.IGNORECASE)
     return f"{match.group(1)}bit" if match else None
-
-
-# ---------------------------------------------------------------------------- fits
-
-
-def machine_memory_bytes() -> int:
-    """The machine's RAM: from sysconf where there is one (what psutil reads on Linux and
-    macOS, without importing it: a pull is a new Python each time), else psutil."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        import psutil
-
-        return int(psutil.virtual_memory().total)
-
-
-def kv_pool_bytes(weights_bytes: int, machine_bytes: int) -> int:
-    """The KV pool the engine would give a model of ``weights_bytes`` (kvcache.pool's budget)."""
-    return max(0, min(int(KV_POOL_FRACTION * machine_bytes) - weights_bytes, KV_POOL_MAX_BYTES))
-
-
-def estimate_fit(
-    kind: str,
-    size_bytes: int,
-    parameters: int | None,
-    on_cpu: bool | None = None,
-    machine_bytes: int | None = None,
-) -> Fit:
-    """Weights as this backend holds them plus the KV pool, against the machine's memory:
-    fits (up to 70 %), tight (up to 90 %), won't fit."""
-    on_cpu = runs_on_cpu() if on_cpu is None else on_cpu
-    machine = machine_memory_bytes() if machine_bytes is None else machine_bytes
-    weights = estimate_memory_bytes(kind, size_bytes, on_cpu, parameters)
-    pool = kv_pool_bytes(weights, machine)
-    share = (weights + pool) / machine if machine else float("inf")
-    label = next((name for limit, name in FIT_LIMITS if share <= limit), WONT_FIT)
-    return Fit(weights, pool, machine, label)
 
 
 def mlx_lm_supports(model_type: str) -> bool:
@@ -821,24 +569,14 @@ def _gguf_plan(
     return RepoPlan(repo_id, commit, "gguf", (file,), f"{repo_id}:{file.path}", architecture, fit)
 
 
-def describe_fit(fit: Fit | None) -> str:
-    if fit is None:
-        return "size unknown"
-    return f"{fit.label}: ~{fit.total_bytes / 2**30:.1f} of {fit.machine_bytes / 2**30:.0f} GB"
-
-
 __all__ = [
     "HubError",
     "OfflineError",
     "ChooseFileError",
-    "Fit",
-    "SearchResult",
     "RepoFile",
     "RepoPlan",
-    "search",
     "plan",
     "gguf_files",
-    "estimate_fit",
     "check_online",
     "hub_error",
 ]

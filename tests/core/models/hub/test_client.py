@@ -1,4 +1,4 @@
-"""Searching the hub and planning a download, against the loopback hub."""
+"""The hub client: a repo's files and planning a download, against the loopback hub."""
 
 from __future__ import annotations
 
@@ -8,16 +8,13 @@ import pytest
 
 from core.models.hub import client
 from core.models.hub.client import ChooseFileError, HubError, OfflineError
+from core.models.hub.search import search
 from tests.core.models.hub.hub_fixture import (
     BERT_MLX,
-    BIG_MLX,
-    GATED,
-    GIANT_MLX,
     GOOD_TOKEN,
     MAMBA_GGUF,
     NO_WEIGHTS,
     ONE_GGUF,
-    OTHER_MLX,
     PRIVATE,
     TINY_MLX,
     TWO_GGUF,
@@ -27,62 +24,13 @@ from tests.core.models.hub.hub_fixture import (
 GB = 2**30
 
 
-def test_search_lists_mlx_first_then_gguf_with_fits(loopback_hub, hub_sources):
-    results = client.search("tiny", on_cpu=True, machine_bytes=16 * GB)
-    ids = [r.repo_id for r in results]
-    # MLX before GGUF; mlx-community first, then by downloads; private repos never listed
-    assert ids == [TINY_MLX, BIG_MLX, OTHER_MLX, GATED, TWO_GGUF]
-    tiny = results[0]
-    assert tiny.kind == "mlx" and tiny.architecture == "llama" and tiny.problem is None
-    assert (
-        tiny.parameters == hub_sources.parameters and tiny.size_bytes == 4 * hub_sources.parameters
-    )
-    assert tiny.fit.label == client.FITS and tiny.fit.weights_bytes == 4 * hub_sources.parameters
-    # a quarter of 16 GB is more than the cap
-    assert tiny.fit.kv_pool_bytes == client.KV_POOL_MAX_BYTES
-    assert results[3].gated and not results[0].gated
-    gguf = results[-1]
-    assert gguf.kind == "gguf" and gguf.parameters == 448 and gguf.architecture == "llama"
-    assert [q for q in ("mlx", "gguf") if ("GET", q)]  # both tags were asked for
-    asked = [path for method, path in loopback_hub.requests if path.startswith("/api/models?")]
-    assert any("filter=mlx" in p for p in asked) and any("filter=gguf" in p for p in asked)
-    assert all("sort=downloads" in p for p in asked)
-
-
-def test_search_fits_tight_and_wont_fit(loopback_hub):
-    giant = client.search("giant", on_cpu=False, machine_bytes=48 * GB)[0]
-    assert giant.repo_id == GIANT_MLX and giant.quantization == "4bit"
-    assert giant.parameters == 70_000_000_000 + 2_000_000_000  # U32 words hold 8 4-bit weights
-    assert giant.size_bytes == 70_000_000_000 // 2 + 4_000_000_000  # on Metal: as stored
-    assert giant.fit.label == client.TIGHT  # 39 GB of 51.5 GB (48 GiB): tight
-    assert (
-        client.search("giant", on_cpu=False, machine_bytes=32 * GB)[0].fit.label == client.WONT_FIT
-    )
-    assert client.search("giant", on_cpu=False, machine_bytes=128 * GB)[0].fit.label == client.FITS
-    on_cpu = client.search("giant", on_cpu=True, machine_bytes=128 * GB)[0]
-    assert on_cpu.fit.weights_bytes == 4 * 72_000_000_000 and on_cpu.fit.label == client.WONT_FIT
-
-
-def test_fit_estimate_and_kv_pool_follow_the_engine():
-    from kvcache import pool
-
-    assert client.KV_POOL_MAX_BYTES == pool.DEFAULT_MAX_POOL_BYTES
-    fit = client.estimate_fit("gguf", 100 * 2**20, 135_000_000, on_cpu=True, machine_bytes=8 * GB)
-    assert fit.weights_bytes == 540_000_000 and fit.kv_pool_bytes == 2 * GB - 540_000_000
-    assert (
-        client.kv_pool_bytes(3 * GB, 8 * GB) == 0
-    )  # past a quarter of memory: the minimum pool only
-
-
 def test_gguf_architectures_match_the_import():
     from core.models.load.gguf_import import SUPPORTED_ARCHITECTURES
 
     assert client.GGUF_ARCHITECTURES == SUPPORTED_ARCHITECTURES
 
 
-def test_unsupported_families_are_shown_not_offered(loopback_hub):
-    mamba = client.search("mamba")[0]
-    assert mamba.repo_id == MAMBA_GGUF and "can't map" in mamba.problem
+def test_unsupported_families_are_not_offered(loopback_hub):
     with pytest.raises(HubError, match="mamba family, which RadixChat's import can't map"):
         client.plan(MAMBA_GGUF)
     # the hub did not say: the download reads config.json first
@@ -198,14 +146,11 @@ def test_request_headers_are_build_hf_headers(no_token, monkeypatch, telemetry_o
         assert mine.get("authorization") == (f"Bearer {token}" if token else None)
 
 
-def test_mlx_lm_facts_read_without_importing_it():
-    """The remapping read from mlx_lm/utils.py's source is mlx_lm's own; the machine's
-    memory is psutil's figure."""
-    import psutil
+def test_mlx_lm_remapping_read_without_importing_it():
+    """The remapping read from mlx_lm/utils.py's source is mlx_lm's own."""
     from mlx_lm.utils import MODEL_REMAPPING
 
     assert client._mlx_lm_remapping(client._mlx_lm_folder()) == MODEL_REMAPPING
-    assert client.machine_memory_bytes() == psutil.virtual_memory().total
 
 
 def test_gguf_repos_list_their_files(loopback_hub):
@@ -214,10 +159,8 @@ def test_gguf_repos_list_their_files(loopback_hub):
     # no split part, no vision projector
     assert sorted(f.path for f in chosen.value.choices) == ["tiny-F16.gguf", "tiny-Q8_0.gguf"]
     assert f"radixchat pull {TWO_GGUF}:" in str(chosen.value)
-    assert [f.quantization for f in client.gguf_files(TWO_GGUF)] == [
-        "Q8_0",
-        "F16",
-    ]  # smallest first
+    # smallest first
+    assert [f.quantization for f in client.gguf_files(TWO_GGUF)] == ["Q8_0", "F16"]
     one = client.plan(TWO_GGUF, "tiny-Q8_0.gguf")
     assert one.kind == "gguf" and one.spec == f"{TWO_GGUF}:tiny-Q8_0.gguf" and len(one.files) == 1
     assert client.plan(ONE_GGUF).spec == f"{ONE_GGUF}:solo-Q4_K_M.gguf"  # the only file
@@ -253,19 +196,13 @@ def test_offline_says_so_at_once(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", free_port_url())  # nothing listens there
     started = time.monotonic()
     with pytest.raises(OfflineError, match="offline: can't reach the Hugging Face hub") as raised:
-        client.search("qwen")
+        search("qwen")
     with pytest.raises(OfflineError):
         client.plan(TINY_MLX)
     assert time.monotonic() - started < 2 * client.PROBE_TIMEOUT and "\n" not in str(raised.value)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(OfflineError, match="HF_HUB_OFFLINE is set"):
-        client.search("qwen")
-
-
-def test_empty_search_says_what_to_do(loopback_hub):
-    with pytest.raises(HubError, match="search for something"):
-        client.search("  ")
-    assert client.search("zzz-nothing-matches") == []
+        search("qwen")
 
 
 def test_quantization_from_names():
