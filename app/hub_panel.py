@@ -1,7 +1,7 @@
 """The picker's "Download" tab: search the Hugging Face hub, see whether each model fits,
 download one with a progress bar (bytes, rate, time left), cancel, resume.
 
-Every hub call runs on a plain Python thread (core.models.hub / download do the work);
+Every hub call runs on a plain Python thread (core.models.hub.client / download do the work);
 results come back to the GUI thread through :class:`_Relay`'s signals, so the window
 stays responsive. A cancelled download keeps its bytes: "Resume" continues it.
 """
@@ -30,12 +30,14 @@ from PySide6.QtWidgets import (
 
 from app.format import human_bytes
 from core.errors import UserError
-from core.models import download, hub
+from core.models.hub import client, download
+from core.models.hub.fit import FITS, TIGHT, WONT_FIT, estimate_fit
+from core.models.hub.search import SearchResult, search
 
 COLUMNS = ("Model", "Kind", "Parameters", "Quant", "Size", "Fits?", "Downloads")
 FIT_COLUMN = 5
 RESULT_ROLE = Qt.ItemDataRole.UserRole
-FIT_COLORS = {hub.FITS: "#2e7d32", hub.TIGHT: "#b26a00", hub.WONT_FIT: "#c62828"}
+FIT_COLORS = {FITS: "#2e7d32", TIGHT: "#b26a00", WONT_FIT: "#c62828"}
 
 
 class _Relay(QObject):
@@ -172,13 +174,13 @@ class HubPanel(QWidget):
         self.say(f"Searching for “{text}”…")
         self._keep(
             run_in_thread(
-                lambda: hub.search(text, on_cpu=self.on_cpu),
+                lambda: search(text, on_cpu=self.on_cpu),
                 self._on_results,
                 self._on_search_failed,
             )
         )
 
-    def _on_results(self, results: list[hub.SearchResult]) -> None:
+    def _on_results(self, results: list[SearchResult]) -> None:
         self.search_button.setEnabled(True)
         self.results.clear()
         for result in results:
@@ -190,7 +192,7 @@ class HubPanel(QWidget):
         self.search_button.setEnabled(True)
         self.say(message, error=True)
 
-    def _add_result(self, r: hub.SearchResult) -> None:
+    def _add_result(self, r: SearchResult) -> None:
         fit = r.fit.label if r.fit and not r.problem else ("can't load" if r.problem else "?")
         name = r.repo_id + ("  🔒" if r.gated else "")
         item = QTreeWidgetItem(
@@ -238,25 +240,25 @@ class HubPanel(QWidget):
             self.say(f"Listing the GGUF files of {repo}…")
             self._keep(
                 run_in_thread(
-                    lambda: hub.gguf_files(repo),
+                    lambda: client.gguf_files(repo),
                     lambda files: self._on_files(repo, files),
                     lambda m: self.say(m, error=True),
                 )
             )
         self._update_buttons()
 
-    def _on_files(self, repo_id: str, files: tuple[hub.RepoFile, ...]) -> None:
+    def _on_files(self, repo_id: str, files: tuple[client.RepoFile, ...]) -> None:
         result = self.selected_result()
         if result is None or result.repo_id != repo_id:
             return
         for f in files:
-            fit = hub.estimate_fit("gguf", f.size, None, self.on_cpu)
+            fit = estimate_fit("gguf", f.size, None, self.on_cpu)
             self.file_box.addItem(f"{f.path} · {human_bytes(f.size)} · {fit.label}", f.path)
         self.file_box.setVisible(bool(files))
         self.say(f"{len(files)} GGUF files: choose one" if files else f"{repo_id} has no GGUF file")
         self._update_buttons()
 
-    def selected_result(self) -> hub.SearchResult | None:
+    def selected_result(self) -> SearchResult | None:
         item = self.results.currentItem()
         return item.data(0, RESULT_ROLE) if item is not None else None
 
@@ -336,7 +338,7 @@ class HubPanel(QWidget):
         )
 
     def _has_partial(self, target: str) -> bool:
-        from core.models import installed
+        from core.models.hub import installed
 
         repo_id = download.parse_target(target)[0]
         return any(p.repo_id == repo_id for p in installed.partial_downloads())
