@@ -43,14 +43,14 @@ def test_snapshot_round_trip_resumes_identically(kind, tmp_path):
     caches = model.make_cache()
     prompt = mx.array(list(range(30, 60)))[None]
     model(prompt, cache=caches)
-    indices = tuple(i for i, c in enumerate(caches) if type(c).__name__ != "KVCache")
-    snap = take_snapshot(caches, indices, 30)
+    paths = tuple((i, None) for i, c in enumerate(caches) if type(c).__name__ != "KVCache")
+    snap = take_snapshot(caches, paths, 30)
     back = snapshot_from_bytes(snapshot_to_bytes(snap))
     assert back.length == 30 and back.nbytes == snap.nbytes
     a, b = model.make_cache(), model.make_cache()
     # full layers are not in the snapshot: copy them over so both resume from 30 tokens
     for i, c in enumerate(caches):
-        if i not in indices:
+        if (i, None) not in paths:
             a[i], b[i] = detach_cache(c), detach_cache(c)
     snap.restore_into(a)
     back.restore_into(b)
