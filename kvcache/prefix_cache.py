@@ -455,6 +455,8 @@ class PrefixCache:
             evicted_pages=self._evicted_pages,
             sessions=len(self._sessions),
             namespaces=tree.namespaces,
+            cached_as=self.build.layout.cached_as if self.enabled else "",
+            layout=self.build.layout.describe() if self.build.layout is not None else "",
         )
 
     def _page_census(self) -> tuple[int, int, int, int]:

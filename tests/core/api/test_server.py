@@ -90,6 +90,8 @@ def test_health_and_models(server, client, engine):
     assert [m.id for m in models] == [MODEL]
     assert models[0].to_dict()["radixchat"]["fingerprint"] == engine.model_info.fingerprint
     assert client.models.retrieve("default").id == MODEL
+    cache = client.models.retrieve("default").to_dict()["radixchat"]["cache"]  # how it is cached
+    assert cache["cached_as"] == "pages" and "2 full" in cache["layout"] and "cached as pages" in cache["layout"]
 
 
 def test_chat_non_streaming_and_streaming_agree(client):
