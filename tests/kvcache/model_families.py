@@ -13,7 +13,8 @@ config), with a little seeded noise on every parameter that starts constant (nor
 biases and gates at 0, decay rates, per-channel scales...): a model whose constant start
 makes some path ignore its context (a state that never updates, a gate stuck shut) would
 agree with itself with or without a cache by accident, and the matrix would prove nothing.
-Embeddings and the output head are scaled up so greedy replies have clear top-1 margins.
+An untied output head is scaled up so greedy replies have clear top-1 margins, and gives
+logits only to printable ASCII and newline, so replies are readable text.
 """
 
 from __future__ import annotations
@@ -261,9 +262,9 @@ NOISE = 0.05  # relative size of the noise on parameters that start constant
 EMBED_GAIN = 4.0  # logits of std ~4: clear greedy winners
 
 
-def config_for(name: str) -> dict:
-    """The ``config.json`` of family ``name``'s tiny model."""
-    config = {**BASE, "model_type": name, **FAMILIES[name]}
+def config_for(name: str, **overrides) -> dict:
+    """The ``config.json`` of family ``name``'s tiny model (``overrides`` on top)."""
+    config = {**BASE, "model_type": name, **FAMILIES[name], **overrides}
     config["eos_token_id"] = EOS_TOKEN_IDS
     return config
 
@@ -288,8 +289,9 @@ SLOW_DECAY = (("A_log", (math.log(0.02), math.log(0.2))), ("w_lora.lora.2.bias",
 
 def family_weights(model, seed: int = 0) -> dict[str, mx.array]:
     """``model``'s own initial parameters, those that start constant given noise, recurrent
-    decays made slow (``SLOW_DECAY``), the output head scaled by ``EMBED_GAIN`` (and zero
-    past the tokenizer's ids, for a family that needs a larger vocabulary)."""
+    decays made slow (``SLOW_DECAY``), an untied output head scaled by ``EMBED_GAIN`` with
+    rows only for printable ASCII and newline (as :mod:`core.models.tiny_model` does: greedy
+    replies are readable text, so a chat's history re-tokenises to the tokens generated)."""
     params = dict(tree_flatten(model.parameters()))
     keys = mx.random.split(mx.random.key(seed), len(params))
     weights = {}
@@ -303,20 +305,21 @@ def family_weights(model, seed: int = 0) -> dict[str, mx.array]:
                 value = value + NOISE * scale * mx.random.normal(value.shape, key=key).astype(value.dtype)
             elif value.size == 1:
                 value = value + NOISE * mx.random.normal(value.shape, key=key).astype(value.dtype)
-            if _is_head(name):
-                value = value * (EMBED_GAIN / max(_rms(value), 1e-6))
-                if value.shape[0] > VOCAB_SIZE:  # ids past the tokenizer's: never the greedy pick
-                    value = mx.concatenate([value[:VOCAB_SIZE], mx.zeros_like(value[VOCAB_SIZE:])])
+            if _is_head(name):  # readable replies: only printable ASCII and newline get logits
+                value = value * (EMBED_GAIN / max(_rms(value), 1e-6)) * _emittable(value.shape[0])[:, None]
+            elif name.endswith("embed_tokens.weight") and value.shape[0] > VOCAB_SIZE:  # a tied head
+                value = value * (mx.arange(value.shape[0]) < VOCAB_SIZE)[:, None]  # no ids past the tokenizer's
         weights[name] = value
     mx.eval(weights)
     return weights
 
 
-def write_family(path: Path, name: str, seed: int = 0) -> Path:
-    """A loadable model folder of family ``name`` at ``path`` (config, weights, tokenizer)."""
+def write_family(path: Path, name: str, seed: int = 0, **overrides) -> Path:
+    """A loadable model folder of family ``name`` at ``path`` (config, weights, tokenizer;
+    ``overrides`` on top of the config)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    config = config_for(name)
+    config = config_for(name, **overrides)
     module = importlib.import_module(f"mlx_lm.models.{name}")
     model = module.Model(module.ModelArgs.from_dict(config))
     mx.save_safetensors(str(path / "model.safetensors"), family_weights(model, seed), metadata={"format": "mlx"})
@@ -332,6 +335,12 @@ def _is_head(name: str) -> bool:
     """The embedding table or output head (their scale sets the logits' spread): not inside a layer."""
     parts = name.split(".")
     return parts[-1] == "weight" and len(parts) > 1 and parts[-2] in HEADS and not any(p.isdigit() for p in parts)
+
+
+def _emittable(rows: int) -> mx.array:
+    """1 for the ids an output head favours (printable ASCII and newline), else 0 (the
+    special tokens, and ids past the tokenizer's for a family that needs a larger vocabulary)."""
+    return mx.array([float(i == 10 or 32 <= i <= 126) for i in range(rows)])
 
 
 def _rms(value: mx.array) -> float:
