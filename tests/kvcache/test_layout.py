@@ -219,3 +219,26 @@ def test_model_without_make_cache_gets_one_kvcache_per_layer(load_tiny):
             return inner(inputs, cache=cache)
 
     assert cache_layout(Wrapper()) == cache_layout(inner)
+
+
+def test_a_deepseek_v3_shaped_model_pages_its_latent_not_per_head_kv():
+    """DeepSeek-V3's real shapes (61 layers, 128 heads; built lazily: no weight is ever
+    made, the trial forward is never evaluated): each layer caches a 512-wide latent and
+    a 64-wide rope part per token, 70,272 bytes a token in bfloat16, where per-head K and
+    V (128 heads x (192 + 128)) would take 4,997,120: 71 times as much."""
+    from mlx_lm.models import deepseek_v3
+
+    args = deepseek_v3.ModelArgs.from_dict(dict(
+        model_type="deepseek_v3", vocab_size=129280, hidden_size=7168, intermediate_size=18432,
+        moe_intermediate_size=2048, num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128,
+        n_shared_experts=1, n_routed_experts=256, routed_scaling_factor=2.5, kv_lora_rank=512, q_lora_rank=1536,
+        qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128, n_group=8, topk_group=4, num_experts_per_tok=8,
+        first_k_dense_replace=3, max_position_embeddings=163840))
+    model = deepseek_v3.Model(args)
+    model.set_dtype(mx.bfloat16)
+    before = mx.get_peak_memory()
+    layout = cache_layout(model)
+    assert mx.get_peak_memory() == before  # shapes only
+    assert len(layout.paged) == 61 and layout.cached_as == PAGES
+    assert {(s.key_shape, s.value_shape, s.dtype) for s in layout.paged} == {((1, 512), (1, 64), "bfloat16")}
+    assert layout.bytes_per_token == 61 * (512 + 64) * 2 == 70_272
