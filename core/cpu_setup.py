@@ -46,7 +46,8 @@ class BlasSetup:
 _SETUP: BlasSetup | None = None
 
 
-def _find_openblas() -> str | None:
+def find_openblas() -> str | None:
+    """The system OpenBLAS this module loads when asked to find one, or None."""
     import ctypes.util
 
     for candidate in _CANDIDATES:
@@ -68,7 +69,7 @@ def prepare_cpu_backend() -> BlasSetup:
     elif "mlx.core" in sys.modules:
         _SETUP = BlasSetup(None, "mlx was imported first; OpenBLAS not loaded")
     else:
-        path = wanted if wanted not in ("auto", "1", "") else _find_openblas()
+        path = wanted if wanted not in ("auto", "1", "") else find_openblas()
         if path is None:
             _SETUP = BlasSetup(
                 None, "system OpenBLAS not found (apt install libopenblas0-pthread)"

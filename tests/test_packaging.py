@@ -72,6 +72,12 @@ def test_the_grammar_librarys_metadata_is_bundled(monkeypatch, tmp_path):
     assert ("/site-packages/llguidance-1.0.dist-info", "llguidance-1.0.dist-info") in datas
 
 
+def test_the_versions_radixchat_version_prints_are_bundled(monkeypatch, tmp_path):
+    datas = run_spec(monkeypatch, tmp_path, "linux")["made"]["Analysis"].kwargs["datas"]
+    for name in ("radixchat", "mlx", "mlx-lm"):  # (the stand-in copy_metadata above names them as asked)
+        assert (f"/site-packages/{name}-1.0.dist-info", f"{name}-1.0.dist-info") in datas, name
+
+
 def test_linux_builds_one_folder_named_radixchat(monkeypatch, tmp_path):
     made = run_spec(monkeypatch, tmp_path, "linux")["made"]
     assert "BUNDLE" not in made
@@ -227,6 +233,15 @@ def test_bundle_self_test_passes_and_writes_nothing_inside(bundle, tmp_path):
     assert bundle_state() == before
     home = tmp_path / "home"
     assert not home.exists() or not any(home.iterdir())
+
+
+def test_bundle_prints_its_versions(bundle, tmp_path):
+    from importlib.metadata import version
+
+    done = subprocess.run([str(bundle), "--version"], capture_output=True, text=True, timeout=120,
+                          env=bundle_env(tmp_path / "home"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"radixchat {VERSION} (mlx {version('mlx')}, mlx-lm {version('mlx-lm')}, "), done.stdout
 
 
 def test_bundled_gui_opens_offscreen(bundle, data_root_with_default, tmp_path):

@@ -15,7 +15,8 @@ from core.api.anthropic_schema import (CountTokensRequest, MessageBuilder, Messa
                                        count_request, to_call)
 from core.api.errors import engine_error, shutting_down
 from core.api.relay import EngineEvents, reply_stream, reply_whole, sse
-from core.api.routing import JsonRoute, PriorityHeader, SessionHeader, key_namespace, named, server_of
+from core.api.routing import (JsonRoute, PriorityHeader, SessionHeader, checked_call, key_namespace, named,
+                             server_of)
 from core.engine.types import DoneEvent, ErrorEvent, Event, ProgressEvent, TokenEvent, ToolCallEvent
 from core.errors import UserError
 
@@ -28,7 +29,7 @@ async def messages(body: MessagesRequest, request: Request, session: SessionHead
                    priority: PriorityHeader = None) -> Response:
     arrived = time.monotonic()
     api = server_of(request)
-    call = to_call(body, api.model_card(), session, key_namespace(request), priority)
+    call = await checked_call(request, body, to_call, api.model_card(), session, key_namespace(request), priority)
     handle = api.submit(call.request)
     events = EngineEvents(api, handle, request, arrived)
     builder = MessageBuilder(call)
@@ -94,7 +95,7 @@ async def _stream(call: MessagesCall, builder: MessageBuilder, first: Event,
 @router.post("/v1/messages/count_tokens", summary="Count a message's input tokens (Anthropic)")
 async def count_tokens(body: CountTokensRequest, request: Request) -> JSONResponse:
     api = server_of(request)
-    generation = count_request(body, api.model_card())
+    generation = await checked_call(request, body, count_request, api.model_card())
     try:
         tokens = await asyncio.to_thread(api.engine.count_tokens, generation)
     except UserError as exc:

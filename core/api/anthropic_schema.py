@@ -21,7 +21,6 @@ as a side effect, so nothing counts as a cache creation.
 
 from __future__ import annotations
 
-import functools
 import json
 import uuid
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Discriminator, Field, Tag, field_validator
 
 from core.api.errors import ApiError, invalid
+from core.api.limits import RequestLimits
 from core.api.openai_schema import MAX_STOPS, max_tokens, priority_of, session_name, usage_extra
 from core.api.wire import CACHE_SALT_TEXT, MAX_PRIORITY, MAX_SALT_CHARS, ModelCard, Text, WireModel
 from core.engine.constrain import SchemaError, check_schema
@@ -217,19 +217,17 @@ def chat_messages(body: CountTokensRequest) -> tuple[ChatMessage, ...]:
     return tuple(messages)
 
 
-@functools.lru_cache(maxsize=256)
-def _check_schema(schema_json: str, param: str) -> None:
-    check_schema(json.loads(schema_json), param)
-
-
-def tool_request(body: CountTokensRequest) -> dict[str, Any]:
+def tool_request(body: CountTokensRequest, limits: RequestLimits = RequestLimits()) -> dict[str, Any]:
     """The engine's tool fields for ``body``: tools in the OpenAI shape chat templates take,
-    and the choice. A schema that is not valid JSON Schema (or that the grammar library
-    cannot enforce) or a choice naming no tool is a 400 naming the field."""
+    and the choice. Tools past the ``limits``, a schema that is not valid JSON Schema (or
+    that the grammar library cannot enforce) or a choice naming no tool is a 400 naming the
+    field."""
     tools = body.tools or []
+    limits.check_body({"tools": tools})
+    limits.check_schemas(tool.model_dump(exclude_none=True) for tool in tools)
     for i, tool in enumerate(tools):
-        try:  # the same schemas come on every turn of an agent: checked once
-            _check_schema(json.dumps(tool.input_schema, sort_keys=True), f"tools[{i}].input_schema")
+        try:  # the same schemas come on every turn of an agent: checked once (check_schema remembers)
+            check_schema(tool.input_schema, f"tools[{i}].input_schema")
         except SchemaError as exc:
             raise invalid(exc.param, str(exc)) from None
     choice = body.tool_choice or ToolChoice(type="auto")
@@ -253,7 +251,8 @@ def cache_salt(body: MessagesRequest) -> str | None:
 
 
 def to_call(body: MessagesRequest, card: ModelCard, session_header: str | None = None,
-            namespace: str = "", priority_header: str | None = None) -> MessagesCall:
+            namespace: str = "", priority_header: str | None = None,
+            limits: RequestLimits = RequestLimits()) -> MessagesCall:
     """The engine request for a validated body, in cache namespace ``namespace`` (the API
     key's) split by the body's cache salt."""
     check_model(body.model, card)
@@ -267,13 +266,14 @@ def to_call(body: MessagesRequest, card: ModelCard, session_header: str | None =
     request = GenerationRequest(messages=chat_messages(body), sampling=sampling,
                                 session=session_name(body.session, session_header),
                                 cache_namespace=with_salt(namespace, cache_salt(body)),
-                                priority=priority_of(body.priority, priority_header), **tool_request(body))
+                                priority=priority_of(body.priority, priority_header), **tool_request(body, limits))
     return MessagesCall(request, body.model, bool(body.stream))
 
 
-def count_request(body: CountTokensRequest, card: ModelCard) -> GenerationRequest:
+def count_request(body: CountTokensRequest, card: ModelCard,
+                  limits: RequestLimits = RequestLimits()) -> GenerationRequest:
     check_model(body.model, card)
-    return GenerationRequest(messages=chat_messages(body), **tool_request(body))
+    return GenerationRequest(messages=chat_messages(body), **tool_request(body, limits))
 
 
 # ------------------------------------------------------------------ replies

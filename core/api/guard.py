@@ -18,11 +18,14 @@ or ``x-api-key: KEY``, any of the keys set; ``/health`` is open), notes the key'
 namespace for the routes (each key has its own: see :mod:`core.engine.namespaces`) and,
 for the JSON endpoints, a JSON content type (415: a cross-site ``text/plain`` POST needs
 no preflight), a declared length (411) within the limit (413, before the body is read),
-and reads the body whole to replay it to the routes. Errors are sent in the endpoint's dialect.
+and reads the body whole, within ``BODY_TIMEOUT_S`` (408) and its client's allowance of
+bytes (:class:`core.api.limits.ByteAllowance`), to replay it to the routes.
+Errors are sent in the endpoint's dialect.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -33,6 +36,7 @@ from starlette.middleware.cors import CORSMiddleware
 from core.api.errors import ApiError, dialect_of
 from core.api.relay import CLIENT_GONE
 from core.api.routing import CACHE_NAMESPACE
+from core.engine import namespaces
 
 if TYPE_CHECKING:
     from core.api.state import ApiState
@@ -45,8 +49,7 @@ OPEN_ENDPOINTS = ("/health",)
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 CORS_METHODS = ("GET", "POST", "OPTIONS")
-
-
+BODY_TIMEOUT_S = 60.0  # a request's body, from its head to its end (a body trickled in holds a connection)
 def endpoint_label(path: str) -> str:
     """The metrics label of a path: the endpoint, never the raw path (unbounded labels)."""
     path = path.rstrip("/") or "/"
@@ -186,7 +189,7 @@ class RequestChecks:
             raise ApiError(415, f"{path} takes a JSON body: send 'Content-Type: application/json'"
                                 + (f", not {media_type!r}" if media_type else ""),
                            code="unsupported_media_type", headers={"Connection": "close"})
-        return await self._buffered(receive)
+        return await self._buffered(receive, namespaces.owner(scope.get(CACHE_NAMESPACE, "")))
 
     def _key(self, headers: dict[str, str]) -> str | None:
         """The API key this request carries, if it is one of the keys set (else None).
@@ -205,18 +208,25 @@ class RequestChecks:
         return ApiError(413, f"the request body is {size}; the limit is {self.api.max_body_bytes} "
                              "bytes", code="request_too_large", headers={"Connection": "close"})
 
-    async def _buffered(self, receive) -> Callable:
-        """Read the whole body (within the limit, chunked or not); replay it to the routes."""
+    async def _buffered(self, receive, client: str) -> Callable:
+        """Read the whole body (within the limit, chunked or not, within ``BODY_TIMEOUT_S``, at
+        the ``client``'s allowance of bytes); replay it to the routes."""
         chunks, size, more = [], 0, True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise ApiError(400, "the client went away while sending its body", code="client_gone")
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            more = message.get("more_body", False)
-            if size > self.api.max_body_bytes:
-                raise self._too_large(f"over {size} bytes")
+        try:
+            async with asyncio.timeout(BODY_TIMEOUT_S):
+                while more:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        raise ApiError(400, "the client went away while sending its body", code="client_gone")
+                    chunks.append(message.get("body", b""))
+                    size += len(chunks[-1])
+                    await self.api.body_bytes.take(client, len(chunks[-1]))
+                    more = message.get("more_body", False)
+                    if size > self.api.max_body_bytes:
+                        raise self._too_large(f"over {size} bytes")
+        except TimeoutError:
+            raise ApiError(408, f"the request body did not arrive within {BODY_TIMEOUT_S:g} s",
+                           code="request_timeout", headers={"Connection": "close"}) from None
         body = b"".join(chunks)
         replayed = False
 

@@ -14,7 +14,8 @@ from core.api.errors import ApiError, engine_error, shutting_down
 from core.api.openai_schema import (ChatCompletionRequest, CompletionCall, CompletionRequest, ReplyBuilder,
                                     model_object, to_call)
 from core.api.relay import EngineEvents, reply_stream, reply_whole, sse
-from core.api.routing import JsonRoute, PriorityHeader, SessionHeader, key_namespace, named, server_of
+from core.api.routing import (JsonRoute, PriorityHeader, SessionHeader, checked_call, key_namespace, named,
+                             server_of)
 from core.engine.types import DoneEvent, ErrorEvent, Event, TokenEvent, ToolCallEvent
 
 router = APIRouter(route_class=JsonRoute)
@@ -76,7 +77,7 @@ async def generate(request: Request, body: ChatCompletionRequest | CompletionReq
     arrived = time.monotonic()
     api = server_of(request)
     card = api.model_card()
-    call = to_call(body, card, session, key_namespace(request), priority)
+    call = await checked_call(request, body, to_call, card, session, key_namespace(request), priority)
     handle = api.submit(call.request)
     events = EngineEvents(api, handle, request, arrived)
     reply = ReplyBuilder(call, card)

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator
 
 from core.api.errors import ApiError, invalid
+from core.api.limits import RequestLimits
 from core.api.openai_tools import (ResponseFormat, ToolCallIn, ToolChoice, ToolDef, call_object, check_tool_message,
                                    message_calls, tool_fields)
 from core.api.wire import (CACHE_SALT_TEXT, MAX_PRIORITY, MAX_SALT_CHARS, MAX_SESSION_CHARS, MODEL_ALIASES,
@@ -271,10 +272,10 @@ def chat_messages(messages: list[Message]) -> tuple[ChatMessage, ...]:
 
 def to_call(body: ChatCompletionRequest | CompletionRequest, card: ModelCard,
             session_header: str | None = None, namespace: str = "",
-            priority_header: str | None = None) -> CompletionCall:
+            priority_header: str | None = None, limits: RequestLimits = RequestLimits()) -> CompletionCall:
     """The engine request for a validated body, in cache namespace ``namespace`` (the API
     key's) split by the body's ``cache_salt``; raise :class:`ApiError` for what the loaded
-    model refuses."""
+    model refuses (or what is past the request ``limits``)."""
     check_model(body.model, card)
     chat = isinstance(body, ChatCompletionRequest)
     session = session_name(body.session, session_header)
@@ -283,7 +284,7 @@ def to_call(body: ChatCompletionRequest | CompletionRequest, card: ModelCard,
     if chat:
         if body.functions:
             raise invalid("functions", "'functions' is deprecated and not supported; use 'tools'")
-        extra = tool_fields(body.tools, body.tool_choice, body.response_format)
+        extra = tool_fields(body.tools, body.tool_choice, body.response_format, limits)
         if body.max_completion_tokens is not None:
             limit = max_tokens(body.max_completion_tokens, "max_completion_tokens", card.context_length)
         else:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from core.api.errors import invalid
+from core.api.limits import RequestLimits
 from core.api.wire import Text, WireModel
 from core.engine.constrain import SchemaError, check_schema, check_tools
 from core.engine.types import ToolCall
@@ -76,12 +77,16 @@ class ResponseFormat(WireModel):
 
 
 def tool_fields(tools: list[ToolDef] | None, tool_choice: ToolChoice | None,
-                response_format: ResponseFormat | None) -> dict[str, Any]:
+                response_format: ResponseFormat | None, limits: RequestLimits = RequestLimits()) -> dict[str, Any]:
     """The ``GenerationRequest`` fields for a chat body's tools and response format; a 400
-    naming the field for what cannot be served."""
+    naming the field for what cannot be served (tools past the ``limits`` too)."""
     fields: dict[str, Any] = {}
+    limits.check_body({"tools": tools or []})
     if tools:
         fields["tools"] = tuple(t.model_dump(exclude_none=True) for t in tools)
+    schema_format = response_format.json_schema if response_format is not None else None
+    limits.check_schemas([*fields.get("tools", ()),
+                          *([schema_format.schema_] if schema_format is not None and schema_format.schema_ else [])])
     if isinstance(tool_choice, NamedToolChoice):
         fields["tool_choice"], fields["tool_name"] = "function", tool_choice.function.name
     elif tool_choice is not None:

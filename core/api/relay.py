@@ -8,6 +8,15 @@ still reads the events (a client that left stops reading).
 A client that goes away cancels its request: :func:`watch_disconnect` while a reply is
 being computed, Starlette's ``StreamingResponse`` (which cancels the body's task) while
 events are being streamed.
+
+A client that stays but stops reading a stream is cut off. Its events are sent as fast as
+its socket takes them; once the kernel's buffers and the transport's are full, they pile
+up here. When ``ApiState.max_unsent_events`` of them wait (``core.api.state.MAX_UNSENT_EVENTS``:
+a few hundred tokens past everything the buffers hold), the request is cancelled, so it gives
+its decode row back, and the stream ends with an error event after what was already
+queued. The choice was cancel rather than park: a parked request keeps its KV in memory
+for as long as its client likes, so a client that opens streams and never reads would
+hold memory without bound; a slow client that keeps reading is never this far behind.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import asyncio
 import collections
 import contextlib
 import json
+import logging
 import time
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
@@ -27,9 +37,12 @@ from core.api.routing import SSE_HEADERS
 
 from core.engine.engine import RequestHandle
 from core.engine.types import DoneEvent, ErrorEvent, Event, TokenEvent, ToolCallEvent
+from core.errors import ErrorKind
 
 if TYPE_CHECKING:
     from core.api.state import ApiState
+
+log = logging.getLogger(__name__)
 
 CLIENT_GONE = "radixchat.client_gone"  # scope key: the guard counts a 499 for this request
 
@@ -44,6 +57,8 @@ class EngineEvents:
         self._arrived = arrived
         self._first_token_at: float | None = None
         self._ended = False
+        self.bounded = False  # a stream: cut off when its client falls too far behind
+        self.cut_off = False
         self._queue: asyncio.Queue[Event | None] = asyncio.Queue()
         handle.on_events(_waker(api, asyncio.get_running_loop()).wake_for(self))
 
@@ -62,11 +77,25 @@ class EngineEvents:
                 self.api.metrics.record_generation(event.stats, ttft)
             if isinstance(event, (DoneEvent, ErrorEvent)):
                 self.api.release(self.handle)  # no longer in flight, before the reply is sent
-            self._queue.put_nowait(event)
+            elif self.bounded and not self.cut_off and self._queue.qsize() >= self.api.max_unsent_events:
+                self._cut_off()
+            if not self.cut_off:
+                self._queue.put_nowait(event)
         if ended:
             self._ended = True
             self.api.release(self.handle)
             self._queue.put_nowait(None)
+
+    def _cut_off(self) -> None:
+        """The client stopped reading: cancel the request (its decode row is freed at the next
+        step), end the stream with an error after what is queued, drop what comes after."""
+        waiting = self._queue.qsize()
+        self.cut_off = True
+        self.handle.cancel()
+        log.info("a stream's client stopped reading (%d events waiting): its request is cancelled", waiting)
+        self._queue.put_nowait(ErrorEvent(f"the client stopped reading: {waiting} events were waiting to be "
+                                          "sent, so the reply was cut off here and its request cancelled",
+                                          ErrorKind.BAD_REQUEST))
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self
@@ -168,6 +197,7 @@ async def reply_stream(request: Request, handle: RequestHandle, events: "EngineE
                        chunks: Callable[[Event], AsyncIterator[bytes]]) -> Response:
     """A streaming route's answer, shared by both dialects: an error before anything is sent
     is an HTTP error; after the first event, ``chunks(first)`` streams the rest."""
+    events.bounded = True  # from here on, a client that stops reading is cut off
     first = await events.first()
     if isinstance(first, ErrorEvent) or first is None or request.scope.get(CLIENT_GONE):
         handle.cancel()

@@ -1,16 +1,18 @@
 """What the routes share: strict JSON bodies, the server behind a request, the session and
-priority headers.
+priority headers, and where a body's checks run.
 
 :class:`JsonRoute` is FastAPI's route with the body read by :func:`parse_json`: JSON as
 RFC 8259 has it (no NaN or Infinity, which Python's json module reads by default), and
 a body nested too deeply or not UTF-8 is a JSONDecodeError too, which FastAPI turns into
-a validation error (400 ``invalid_json``).
+a validation error (400 ``invalid_json``). Before pydantic validates the body, its tools
+are counted (:meth:`core.api.limits.RequestLimits.check_body`): 30,000 tools are a 400
+at once, not seconds of validation on the event loop.
 """
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Annotated, Any, Callable
+from typing import TYPE_CHECKING, Annotated, Any, Callable, TypeVar
 
 from fastapi import Header, Request, Response
 from fastapi.routing import APIRoute
@@ -30,6 +32,7 @@ SessionHeader = Annotated[str | None, Header(alias=SESSION_HEADER, description="
 PriorityHeader = Annotated[str | None, Header(alias=PRIORITY_HEADER, description="lower is prefilled sooner: "
                                                                                    "0 (default) or more")]
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+T = TypeVar("T")
 
 
 def server_of(request: Request) -> "ApiState":
@@ -45,6 +48,16 @@ def named(response: Response, namespace: str) -> Response:
 def key_namespace(request: Request) -> str:
     """The cache namespace of the key this request came with (the guard put it there)."""
     return request.scope.get(CACHE_NAMESPACE) or server_of(request).cache_namespace(None)
+
+
+async def checked_call(request: Request, body: Any, to_call: Callable[..., T], *args) -> T:
+    """``to_call(body, *args, limits=...)``: the checks that turn a validated body into an
+    engine request. A body with tools or a response format has its schemas checked, off
+    the event loop (:class:`core.api.schema_checks.SchemaChecks`); any other is cheap, done here."""
+    api = server_of(request)
+    if getattr(body, "tools", None) or getattr(body, "response_format", None):
+        return await api.schema_checks.run(key_namespace(request), to_call, body, *args, limits=api.limits)
+    return to_call(body, *args, limits=api.limits)
 
 
 def _no_constant(name: str) -> None:
@@ -71,12 +84,21 @@ class _StrictJsonRequest(Request):
 
 
 class JsonRoute(APIRoute):
-    """A route whose JSON body is read by :func:`parse_json`."""
+    """A route whose JSON body is read by :func:`parse_json`, its tools counted before
+    pydantic validates it."""
 
     def get_route_handler(self) -> Callable:
         handler = super().get_route_handler()
 
         async def strict_handler(request: Request):
-            return await handler(_StrictJsonRequest(request.scope, request.receive))
+            strict = _StrictJsonRequest(request.scope, request.receive)
+            if request.method == "POST":
+                try:
+                    body = await strict.json()
+                except json.JSONDecodeError:
+                    pass  # FastAPI reads it again and answers 400 invalid_json
+                else:
+                    server_of(strict).limits.check_body(body)
+            return await handler(strict)
 
         return strict_handler

@@ -29,8 +29,11 @@ from typing import Sequence
 
 import uvicorn
 
+from core.api.connections import ConnectionGuard, ConnectionLimits, protocol_for
 from core.api.errors import engine_error
 from core.api.guard import normalize_origin
+from core.api.limits import RequestLimits
+from core.api.schema_checks import SchemaChecks
 from core.api.metrics import ServerMetrics
 from core.api.state import ApiState
 from core.engine.engine import Engine
@@ -44,8 +47,10 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 KEEP_ALIVE_S = 75  # an idle keep-alive connection is closed after this long
 GRACEFUL_S = 5.0  # stop(): how long running replies get to end (they are cancelled first)
 # uvicorn's parts, named (pyinstaller.spec lists the modules these names import): h11, as
-# pure Python as the rest, and no lifespan or websockets, which the API has no use for
+# pure Python as the rest (served through core.api.connections' subclass of its protocol),
+# and no lifespan or websockets, which the API has no use for
 UVICORN_PARTS = {"http": "h11", "loop": "asyncio", "lifespan": "off", "ws": "none"}
+LISTEN_BACKLOG = 128  # also how many accepts asyncio tries in a row (each failing one is reported)
 
 
 def is_loopback(host: str) -> bool:
@@ -76,7 +81,8 @@ class ApiServer:
 
     def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 8000,
                  api_key: str | Sequence[str] | None = None, model_name: str | None = None,
-                 max_body_bytes: int = MAX_BODY_BYTES, allow_origins: Sequence[str] = ()):
+                 max_body_bytes: int = MAX_BODY_BYTES, allow_origins: Sequence[str] = (),
+                 limits: RequestLimits = RequestLimits(), connections: ConnectionLimits = ConnectionLimits()):
         check_bind(host, api_key)
         try:
             origins = tuple(normalize_origin(origin) for origin in allow_origins)
@@ -85,7 +91,9 @@ class ApiServer:
         self.host = host
         self.port = port
         # Several keys: one client each, and one cache namespace each (core.engine.namespaces)
-        self.state = ApiState(engine, host, api_keys(api_key), model_name, max_body_bytes, origins)
+        self.state = ApiState(engine, host, api_keys(api_key), model_name, max_body_bytes, origins, limits)
+        self.connection_limits = connections
+        self.connections: ConnectionGuard | None = None  # while serving
         self._uvicorn: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -105,9 +113,11 @@ class ApiServer:
             raise UserError(f"cannot listen on port {self.port}: a port is 0 to 65535")
         sock = self._listen()
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(build_app(self.state), **UVICORN_PARTS, log_config=None, access_log=False,
-                                server_header=False, timeout_keep_alive=KEEP_ALIVE_S,
-                                timeout_graceful_shutdown=GRACEFUL_S)
+        self.connections = ConnectionGuard(self.connection_limits)  # raises the open-file limit if it must
+        config = uvicorn.Config(build_app(self.state), **{**UVICORN_PARTS, "http": protocol_for(self.connections)},
+                                log_config=None, access_log=False, server_header=False,
+                                timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=GRACEFUL_S,
+                                backlog=LISTEN_BACKLOG)
         self._uvicorn = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._serve, args=(sock,), name="radixchat-api", daemon=True)
         self._thread.start()
@@ -116,7 +126,7 @@ class ApiServer:
         if not self._uvicorn.started:
             sock.close()
             raise UserError(f"the API server on {self.address} failed to start (see the log)")
-        log.info("API listening on %s", self.address)
+        log.info("API listening on %s (at most %d connections)", self.address, self.connections.cap)
         return self
 
     def _listen(self) -> socket.socket:
@@ -126,15 +136,19 @@ class ApiServer:
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((self.host.strip("[]"), self.port))
-            sock.listen(128)
+            sock.listen(LISTEN_BACKLOG)
         except OSError as exc:
             sock.close()
             raise UserError(f"cannot listen on {self.host}:{self.port}: {exc.strerror or exc}") from exc
         return sock
 
     def _serve(self, sock: socket.socket) -> None:
+        async def serve() -> None:
+            asyncio.get_running_loop().set_exception_handler(self.connections.loop_exception)
+            await self._uvicorn.serve(sockets=[sock])
+
         try:
-            asyncio.run(self._uvicorn.serve(sockets=[sock]))
+            asyncio.run(serve())
         except Exception:  # a bug: the thread ends, start() or stop() reports it
             log.exception("the API server failed")
         finally:
@@ -157,6 +171,8 @@ class ApiServer:
             if self._thread.is_alive():
                 log.warning("the API server did not stop within %.0f s", timeout)
         self._uvicorn = self._thread = None
+        self.state.schema_checks.close()
+        self.state.schema_checks = SchemaChecks()  # start() again: a new pool
         self.state.stopping = False
 
     def __enter__(self) -> "ApiServer":

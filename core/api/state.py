@@ -10,11 +10,16 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from core.api.errors import ApiError, shutting_down
+from core.api.limits import ByteAllowance, RequestLimits
+from core.api.schema_checks import SchemaChecks
 from core.api.metrics import ServerMetrics
 from core.api.wire import MODEL_ALIASES, ModelCard
 from core.engine import namespaces
 from core.engine.engine import Engine, RequestHandle
 from core.engine.types import GenerationRequest
+
+
+MAX_UNSENT_EVENTS = 256  # a stream's events waiting for its client past the socket's buffers (core.api.relay)
 
 
 def _version() -> str:
@@ -28,13 +33,17 @@ class ApiState:
     """The engine behind the API, its settings, and the requests it is serving now."""
 
     def __init__(self, engine: Engine, host: str, api_keys: tuple[str, ...], model_name: str | None,
-                 max_body_bytes: int, allow_origins: tuple[str, ...]):
+                 max_body_bytes: int, allow_origins: tuple[str, ...], limits: RequestLimits = RequestLimits()):
         self.engine = engine
         self.host = host
         self.api_keys = tuple(dict.fromkeys(key for key in api_keys if key))  # none: no key asked
         self.model_name = model_name
         self.max_body_bytes = max_body_bytes
         self.allow_origins = allow_origins
+        self.limits = limits  # what one request may bring
+        self.max_unsent_events = MAX_UNSENT_EVENTS  # a stream's backlog before its client is cut off
+        self.body_bytes = ByteAllowance(burst=max_body_bytes)  # what each client's bodies may bring a second
+        self.schema_checks = SchemaChecks()  # where a body's schemas are checked (never the event loop)
         self.version = _version()
         self.started_at = int(time.time())
         self._handles: set[RequestHandle] = set()

@@ -12,6 +12,9 @@ from pathlib import Path
 
 from core import paths
 from core.api.guard import normalize_origin
+from core.api.connections import ConnectionLimits
+from core.api.limits import RequestLimits
+from core.limits import MAX_CONNECTIONS, MAX_SCHEMA_BYTES, MAX_TOOLS
 from core.api.server import ApiServer, check_bind
 from core.cli.progress import print_progress
 from core.cli.terminal import safe
@@ -51,7 +54,9 @@ def serve_engine(engine: Engine, args, api_key: list[str], origins: list[str], w
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         info = engine.wait_ready()
-        server = ApiServer(engine, args.host, args.port, api_key=api_key, allow_origins=origins).start()
+        connections = ConnectionLimits(getattr(args, "max_connections", None) or MAX_CONNECTIONS)
+        server = ApiServer(engine, args.host, args.port, api_key=api_key, allow_origins=origins,
+                           limits=request_limits(args), connections=connections).start()
         print(f"radixchat: serving {safe(info.name)}{what} at {server.address}/v1 (Ctrl-C to stop)",
               file=sys.stderr, flush=True)
         threading.Event().wait()
@@ -63,6 +68,12 @@ def serve_engine(engine: Engine, args, api_key: list[str], origins: list[str], w
             server.stop()
         engine.shutdown()
     return 0
+
+
+def request_limits(args) -> RequestLimits:
+    """What one request may bring (``--max-tools``, ``--max-schema-bytes``)."""
+    return RequestLimits(getattr(args, "max_tools", None) or MAX_TOOLS,
+                         getattr(args, "max_schema_bytes", None) or MAX_SCHEMA_BYTES)
 
 
 def api_keys_of(args) -> list[str]:

@@ -103,7 +103,8 @@ class AgreedPrefixCache:
 
     def _min(self, value: int) -> int:
         import mlx.core as mx
-        from mlx_lm.generate import generation_stream
+
+        from core.mlx_lm_compat import generation_stream
 
         # A decode step may still be running on the generation stream (launched ahead, as
         # mlx-lm does): its collectives and this one would share the group's connections in

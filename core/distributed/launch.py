@@ -19,7 +19,6 @@ here, in one line, before anything starts.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import platform
@@ -29,6 +28,7 @@ from pathlib import Path
 
 from core.distributed.group import HOSTS_ENV, SECRET_ENV
 from core.errors import UserError
+from core.mlx_compat import launcher_installed, run_launcher as run_mlx_launcher
 
 
 @dataclass(frozen=True)
@@ -110,11 +110,7 @@ def member_command() -> list[str]:
 def launcher_command() -> list[str]:
     """How to run MLX's launcher (``mlx.launch``'s code): through our own hidden subcommand,
     so that the packaged app, which ships no ``mlx.launch`` script, can start a group too."""
-    try:
-        found = importlib.util.find_spec("mlx._distributed_utils.launch") is not None
-    except ModuleNotFoundError:
-        found = False
-    if not found:
+    if not launcher_installed():
         raise UserError("MLX's launcher (mlx._distributed_utils) is missing: install mlx")
     return [*radixchat_command(), LAUNCH_COMMAND]
 
@@ -123,14 +119,10 @@ def run_launcher(argv: list[str]) -> int:
     """``radixchat _launch-group ARGS``: ``mlx.launch ARGS`` run in this process. The group's
     secret comes in this process's environment (not on a command line) and goes on to every
     rank the way ``mlx.launch --env`` sends variables."""
-    import mlx._distributed_utils.launch as mlx_launcher
-
-    _never_wait_to_write(mlx_launcher)
     _stop_the_group_when_the_command_is_gone()
     secret = os.environ.get(SECRET_ENV)
     env = ["--env", f"{SECRET_ENV}={secret}"] if secret else []
-    sys.argv = ["mlx.launch", *env, *argv]
-    mlx_launcher.main()  # it logs each rank's exit; it returns nothing (see core.distributed.outcome)
+    run_mlx_launcher([*env, *argv])  # it logs each rank's exit (see core.distributed.outcome)
     return 0
 
 
@@ -154,19 +146,6 @@ def _stop_the_group_when_the_command_is_gone() -> None:
         GroupStopper(os.getpgrp()).stop()
 
     watch_lifeline(int(fd), command_gone)
-
-
-def _never_wait_to_write(mlx_launcher) -> None:
-    """MLX's launcher relays its stdin to each rank in a thread that selects on the rank's
-    stdin pipe for writing, which is always writable: each thread spins, a good part of a
-    core for the group's whole life (docs/benchmarks.md). Nothing is ever typed to a rank (serve
-    --hosts gives the launcher a pipe nobody writes to), so its select waits on reads only."""
-    select = mlx_launcher.select
-
-    def select_reads(rlist, wlist, xlist, timeout=None):
-        return select(rlist, [], xlist, timeout)
-
-    mlx_launcher.select = select_reads
 
 
 def launch_command(hostfile: str | os.PathLike, hosts: list[Host], serve_args: list[str],

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
 import json
 import re
 from dataclasses import dataclass
@@ -135,28 +134,18 @@ def split_plan(config: dict[str, Any], world: int, name: str, split: str = "auto
 
 def _has_pipeline(config: dict[str, Any]) -> bool:
     """Whether mlx-lm's module for ``config`` has a pipelined model (a ``PipelineMixin``)."""
-    model_class = _model_class(config)
-    if model_class is None:
-        return False
-    from mlx_lm.models.pipeline import PipelineMixin
+    from core.mlx_lm_compat import has_pipeline
 
-    module = importlib.import_module(model_class.__module__)
-    return any(isinstance(v, type) and issubclass(v, PipelineMixin) and v is not PipelineMixin
-               for v in vars(module).values())
+    model_class = _model_class(config)
+    return model_class is not None and has_pipeline(model_class)
 
 
 def _model_class(config: dict[str, Any]):
     """The mlx-lm ``Model`` class for ``config`` (None: mlx-lm has no such architecture)."""
-    from mlx_lm.utils import MODEL_REMAPPING
+    from core.mlx_lm_compat import model_class
 
     model_type = config.get("model_type") or (config.get("text_config") or {}).get("model_type")
-    if not model_type:
-        return None
-    model_type = MODEL_REMAPPING.get(model_type, model_type)
-    try:
-        return importlib.import_module(f"mlx_lm.models.{model_type}").Model
-    except (ImportError, AttributeError):
-        return None
+    return model_class(model_type) if model_type else None
 
 
 def shard_model(model, group, method: str = TENSOR) -> None:

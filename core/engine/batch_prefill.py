@@ -35,10 +35,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import mlx.core as mx
-from mlx_lm.generate import PromptProcessingBatch, _right_pad_prompts, generation_stream
 from mlx_lm.models.cache import KVCache
 
 from core.engine.generation import rows_logits
+from core.mlx_lm_compat import PromptProcessingBatch, generation_stream
 
 PREFILL_ROWS = 8  # prompts prefilled together at most (mlx-lm's prefill_batch_size)
 IDLE_TOKENS = 2048  # padded tokens in one batched prefill while nobody decodes (mlx-lm's prefill_step_size)
@@ -93,7 +93,7 @@ def prefill_rows(model, caches: list[list], held: list[list[int]], rests: list[l
         batch = PromptProcessingBatch(model, list(range(len(caches))), caches, tokens=[list(h) for h in held],
                                       samplers=[None] * len(caches), logits_processors=[()] * len(caches))
         if max(padding) > 0:
-            inputs = _right_pad_prompts(rests, max_length=longest)
+            inputs = mx.array([rest + [0] * (longest - len(rest)) for rest in rests])  # right padded
             for cache in batch.prompt_cache:
                 cache.prepare(lengths=lengths, right_padding=padding)
         else:

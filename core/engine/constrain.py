@@ -19,8 +19,11 @@ on Linux) at import time, which this app does not ship.
 
 from __future__ import annotations
 
+import collections
+import hashlib
 import json
 import logging
+import threading
 import time
 from dataclasses import dataclass
 
@@ -32,6 +35,15 @@ log = logging.getLogger(__name__)
 
 # JSON that a small model cannot pad forever: no free whitespace between tokens.
 _JSON_OPTIONS = {"whitespace_flexible": False}
+# Objects and arrays inside one another, at most. The schema checks recurse (a schema of
+# 100 levels raised RecursionError in jsonschema: a 500), and a thread's stack is smaller
+# than the main thread's on macOS; real tool schemas nest a dozen levels at most.
+MAX_SCHEMA_DEPTH = 64
+# Schemas that passed check_schema, by digest: agents send the same tools every turn, and
+# jsonschema's meta-schema check costs about 10 µs a byte. Bounded (LRU), thread-safe.
+_PASSED: collections.OrderedDict[tuple[bytes, bool], None] = collections.OrderedDict()
+_PASSED_MAX = 4096
+_PASSED_LOCK = threading.Lock()
 
 
 class SchemaError(UserError):
@@ -46,12 +58,35 @@ class SchemaError(UserError):
 def check_schema(schema, param: str, enforced: bool = True) -> None:
     """Raise :class:`SchemaError` naming ``param`` if ``schema`` is not valid JSON Schema or,
     when decoding will be ``enforced`` against it, uses a feature the grammar library cannot
-    enforce."""
+    enforce. A schema that passed is remembered (by digest): it is not checked again."""
+    if not isinstance(schema, (dict, bool)):
+        raise SchemaError(f"{param} must be a JSON Schema object", param)
+    if json_depth(schema) > MAX_SCHEMA_DEPTH:
+        raise SchemaError(f"{param} is nested too deeply: more than {MAX_SCHEMA_DEPTH} levels of objects "
+                          "and arrays", param)
+    digest = hashlib.sha256(json.dumps(schema, sort_keys=True).encode()).digest()
+    if _passed(digest, enforced):
+        return
+    _check_schema(schema, param, enforced)
+    with _PASSED_LOCK:
+        _PASSED[digest, enforced] = None
+        while len(_PASSED) > _PASSED_MAX:
+            _PASSED.popitem(last=False)
+
+
+def _passed(digest: bytes, enforced: bool) -> bool:
+    with _PASSED_LOCK:
+        for key in ((digest, True), (digest, False)) if not enforced else ((digest, True),):
+            if key in _PASSED:
+                _PASSED.move_to_end(key)
+                return True
+    return False
+
+
+def _check_schema(schema, param: str, enforced: bool) -> None:
     import jsonschema
     import llguidance
 
-    if not isinstance(schema, (dict, bool)):
-        raise SchemaError(f"{param} must be a JSON Schema object", param)
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as exc:
@@ -68,6 +103,25 @@ def check_schema(schema, param: str, enforced: bool = True) -> None:
     if problem:
         raise SchemaError(f"{param} uses an unsupported schema feature: {problem.splitlines()[-1]}",
                           param)
+
+
+def json_depth(value) -> int:
+    """How many objects and arrays deep ``value`` (JSON as Python values) goes; without
+    recursion, so any depth is measured."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest
+
+
+def first_line(error: str) -> str:
+    """The first line of llguidance's error text (the rest repeats the whole grammar)."""
+    return error.strip().splitlines()[0] if error.strip() else "unknown error"
 
 
 def tool_name(tool: dict) -> str:
@@ -101,6 +155,15 @@ def check_tools(tools, tool_choice: str, name: str | None) -> None:
                           f"({', '.join(names)})", "tool_choice")
 
 
+def check_request(request) -> None:
+    """A request's tools and JSON schema, as :func:`check_tools` and :func:`check_schema`
+    check them (on a prompt thread, never the engine thread: checks cost ~10 µs a byte)."""
+    if request.tools:
+        check_tools(request.tools, request.tool_choice, request.tool_name)
+    if request.json_schema is not None:
+        check_schema(request.json_schema, "response_format.json_schema.schema")
+
+
 @dataclass(frozen=True)
 class ToolMarkup:
     """How a model writes a tool call: between ``start`` and ``end``, parsed by ``parse``
@@ -112,13 +175,21 @@ class ToolMarkup:
     json_calls: bool  # the call between the markers is {"name": ..., "arguments": {...}}
 
 
+def has_tool_markup(tokenizer) -> bool:
+    """Whether the model writes tool calls in a markup mlx-lm parses (its tokenizer
+    wrapper's ``has_tool_calling``); imports nothing, for the prompt threads."""
+    return bool(getattr(tokenizer, "has_tool_calling", False))
+
+
 def tool_markup(tokenizer) -> ToolMarkup | None:
-    """The model's tool-call markup, from its tokenizer wrapper; None if it has none."""
-    if not getattr(tokenizer, "has_tool_calling", False):
+    """The model's tool-call markup, from its tokenizer wrapper; None if it has none
+    (engine thread: it imports mlx-lm's internals, ``core.mlx_lm_compat``)."""
+    if not has_tool_markup(tokenizer):
         return None
+    from core.mlx_lm_compat import writes_json_tool_calls
+
     parse = tokenizer.tool_parser
-    return ToolMarkup(tokenizer.tool_call_start, tokenizer.tool_call_end, parse,
-                      getattr(parse, "__module__", "") == "mlx_lm.tool_parsers.json_tools")
+    return ToolMarkup(tokenizer.tool_call_start, tokenizer.tool_call_end, parse, writes_json_tool_calls(parse))
 
 
 def grammar_for(request, markup: ToolMarkup | None) -> str | None:
@@ -155,6 +226,12 @@ class GrammarProcessor:
     finished grammar allows only end-of-sequence tokens. ``cpu_s`` adds up the engine
     thread's CPU time spent here (feeding the matcher, computing and applying masks): the
     constraint's own cost, apart from waiting for the sampled token.
+
+    A grammar can fail part-way (llguidance has limits: an ``anyOf`` of 2,100 objects
+    passes every check up front, then overflows its parser's row after ``{"``). Then
+    ``failure`` says why and only end-of-sequence is allowed, so the row ends at its next
+    step; the scheduler ends the request with that error, never with the partial text as
+    a finished reply.
     """
 
     def __init__(self, matcher, seen: int, vocab: int, eos: list[int]):
@@ -163,6 +240,7 @@ class GrammarProcessor:
         self.vocab = vocab
         self.eos = np.array(sorted(eos), dtype=np.int64)
         self.cpu_s = 0.0
+        self.failure: str | None = None  # why the grammar failed, if it did
 
     def __call__(self, tokens, logits):
         new = tokens[self.seen:].tolist() if int(tokens.shape[-1]) > self.seen else []  # waits for the token
@@ -178,19 +256,32 @@ class GrammarProcessor:
         if new:
             self.seen += len(new)
             for token in new:
+                if self.failure is not None or self.matcher.is_stopped():
+                    break  # what follows a finished (or failed) grammar is end-of-sequence
                 if not self.matcher.consume_token(int(token)):
-                    log.warning("grammar refused token %s: %s", token, self.matcher.get_error())
-        if self.matcher.is_error():
+                    self._fail(self.matcher.get_error() or f"token {token} was refused")
+        if self.failure is None and self.matcher.is_error():
+            self._fail(self.matcher.get_error())
+        if self.failure is not None or self.matcher.is_stopped():
             allowed = np.zeros(self.vocab, dtype=bool)
         else:
             allowed = np.frombuffer(self.matcher.compute_logit_bias(), dtype=np.uint8)[: self.vocab] > 0
-        if self.matcher.is_stopped() or self.matcher.is_error() or not allowed.any():
+            if self.matcher.is_error():
+                self._fail(self.matcher.get_error())
+                allowed = np.zeros(self.vocab, dtype=bool)
+            elif not allowed.any():
+                self._fail("no token can continue the output")
+        if not allowed.any():
             allowed = allowed.copy()
             allowed[self.eos[self.eos < self.vocab]] = True
         width = logits.shape[-1]
         if width > self.vocab:
             allowed = np.concatenate([allowed, np.zeros(width - self.vocab, dtype=bool)])
         return mx.where(mx.array(allowed[:width]), logits, -mx.inf)
+
+    def _fail(self, error: str) -> None:
+        self.failure = first_line(error)
+        log.warning("the output constraint failed: %s", self.failure)
 
 
 class Grammars:
@@ -208,9 +299,11 @@ class Grammars:
         import llguidance.hf
 
         if self._llg is None:
-            hf = getattr(self.tokenizer, "_tokenizer", self.tokenizer)  # the HF tokenizer inside
-            self._llg = llguidance.hf.from_tokenizer(hf, n_vocab=self.vocab, eos_token=self.eos)
+            from core.mlx_lm_compat import hf_tokenizer
+
+            self._llg = llguidance.hf.from_tokenizer(hf_tokenizer(self.tokenizer), n_vocab=self.vocab,
+                                                     eos_token=self.eos)
         matcher = llguidance.LLMatcher(self._llg, grammar, log_level=0)
         if matcher.is_error():
-            raise UserError(f"the output constraint cannot be used: {matcher.get_error()}")
+            raise UserError(f"the output constraint cannot be used: {first_line(matcher.get_error())}")
         return GrammarProcessor(matcher, prompt_length, self.vocab, self.eos)

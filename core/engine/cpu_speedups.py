@@ -1,4 +1,4 @@
-"""A cheaper forward pass on MLX's CPU backend, computing the same bits.
+"""A cheaper forward pass on MLX's CPU backend, computing the same numbers.
 
 On the CPU a decode step of the default model (30 layers, 1 to 8 rows) is about two
 thirds OpenBLAS GEMMs, which mlx-lm and we call alike on the same weights. The rest is
@@ -6,9 +6,13 @@ thousands of small operations that MLX schedules one by one on its stream thread
 the engine thread has built and dispatched each of them: on two cores that thread's work
 competes with the GEMMs'. mlx-lm's models write those operations for any backend, and on
 the CPU several of them fall back to compositions of many. The changes below, applied to
-the loaded model on the engine thread, leave far fewer operations a step and change no bit
-of any result: each is tested to give arrays equal to mlx-lm's own
-(``tests/core/engine/test_cpu_speedups.py``), prefilling and decoding, alone and batched.
+the loaded model on the engine thread, leave far fewer operations a step. With the OpenBLAS
+kernels they were measured on (AVX-512) they changed no bit of any result; they are other
+computations of the same numbers, though (a GEMM over more rows, a compiled kernel), and
+with another kernel family (``OPENBLAS_CORETYPE=Prescott``) the folded attention's last
+bit moves. So they are tested (``tests/core/engine/test_cpu_speedups.py``) to agree with
+mlx-lm's own forward within float32 rounding and to choose the same greedy tokens,
+prefilling and decoding, alone and batched, under every kernel family CI runs.
 
 * **Rotary tables.** ``mx.fast.rope`` on the CPU builds its sines and cosines on every
   call, 60 times a step at the same positions, and applies them in some twenty
@@ -47,12 +51,13 @@ import contextlib
 import itertools
 import math
 import os
-import sys
 from collections.abc import Iterator
 from functools import partial
 
 import mlx.core as mx
 import mlx.nn as nn
+
+from core import mlx_lm_compat
 
 
 def wanted() -> bool:
@@ -162,7 +167,9 @@ class _FlatAttention:
     through its projections (no flatten and unflatten around each product), the heads
     laid out by a reshape alone (with one position the transpose to ``[B, heads, 1, dims]``
     moves nothing), the output back in one reshape. The same products on the same
-    numbers: the same bits. Prompts take mlx-lm's own path."""
+    numbers: the same bits. Prompts take mlx-lm's own path. It reads mlx-lm's fields
+    ``mlx_lm_compat.ATTENTION_FIELDS`` and calls the attention function its module holds
+    (mlx-lm's, or the fold)."""
 
     def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
         rows, length, width = x.shape
@@ -172,7 +179,7 @@ class _FlatAttention:
         queries = self.rope(self.q_proj(flat).reshape(rows, self.n_heads, 1, -1), offset=cache.offset)
         keys = self.rope(self.k_proj(flat).reshape(rows, self.n_kv_heads, 1, -1), offset=cache.offset)
         keys, values = cache.update_and_fetch(keys, self.v_proj(flat).reshape(rows, self.n_kv_heads, 1, -1))
-        attend = sys.modules[type(self).__module__].scaled_dot_product_attention  # folded, or mlx-lm's
+        attend = mlx_lm_compat.attention_function(type(self))  # folded, or mlx-lm's
         output = attend(queries, keys, values, cache=cache, scale=self.scale, mask=mask)
         return self.o_proj(output.reshape(rows, -1)).reshape(rows, 1, -1)
 
@@ -194,10 +201,8 @@ def _flat_class(cls: type) -> type | None:
     """Ours for mlx-lm's llama and qwen2 attention and MLP classes (whose forward the
     mixins above rewrite), None for any other class."""
     if cls not in _FLAT:
-        from mlx_lm.models import llama, qwen2
-
-        mixin = {llama.Attention: _FlatAttention, qwen2.Attention: _FlatAttention,
-                 llama.MLP: _FlatMLP, qwen2.MLP: _FlatMLP}.get(cls)
+        kind = mlx_lm_compat.llama_style_blocks().get(cls)
+        mixin = {"attention": _FlatAttention, "mlp": _FlatMLP}.get(kind)
         # in mlx-lm's module, where the attention looks up (and the fold wraps) its function
         _FLAT[cls] = None if mixin is None else type(f"{mixin.__name__}{cls.__name__}", (mixin, cls),
                                                       {"__module__": cls.__module__})
@@ -336,22 +341,22 @@ class _TabledRoPE(nn.RoPE):
 # ---------------------------------------------------------------------- folded attention
 def _fold_attention(model: nn.Module) -> list[str]:
     """Wrap ``scaled_dot_product_attention`` where the model's attention modules look it
-    up (their mlx-lm module). The wrapper is the same function wherever it does not fold,
-    so another model of that kind in this process computes what it did."""
+    up (their mlx-lm module: ``mlx_lm_compat.attention_function``). The wrapper is the same
+    function wherever it does not fold, so another model of that kind in this process
+    computes what it did."""
     folded = []
     for _, module in model.named_modules():
-        home = sys.modules.get(type(module).__module__)
-        original = getattr(home, "scaled_dot_product_attention", None)
-        name = getattr(home, "__name__", "").rsplit(".", 1)[-1]
-        if not callable(original) or name in folded:
+        original = mlx_lm_compat.attention_function(type(module))
+        name = type(module).__module__.rsplit(".", 1)[-1]
+        if original is None or name in folded:
             continue
         if not getattr(original, "_radixchat_folded", False):  # else wrapped for an earlier model
-            home.scaled_dot_product_attention = _folding(original)
+            mlx_lm_compat.replace_attention_function(type(module), _folding(original))
         folded.append(name)
     return folded
 
 
-MAX_FOLDED = 3  # query heads per key head: up to 3 rows, OpenBLAS's small GEMM gave the same bits here
+MAX_FOLDED = 3  # query heads per key head: up to 3 rows, OpenBLAS's AVX-512 small GEMM gave the same bits
 
 
 def _folding(original):

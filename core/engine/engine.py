@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from core import paths
+from core.engine.constrain import check_request
 from core.engine.prompt import PromptLimit, Prompts
 from core.engine.types import DoneEvent, ErrorEvent, Event, GenerationRequest, RequestStats
 from core.errors import ErrorKind, ModelLoadError, UserError
@@ -585,6 +586,7 @@ class Engine:
         if not handle.cancelled:  # a cancelled one goes straight on, to end as cancelled
             started = time.perf_counter()
             try:
+                check_request(handle.request)  # its tools and schema: here, off the engine thread
                 handle._prompt = (prompts.load, prompts.tokens(handle.request))
                 handle.prompt_s = time.perf_counter() - started
             except UserError as exc:

@@ -12,55 +12,99 @@ from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.generate import generation_stream
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
 from core.engine.prompt import render_prompt  # noqa: F401  (the scheduler's: token ids as given)
 from core.engine.types import SamplingParams
+from core.mlx_lm_compat import backbone_and_head, generation_stream
 
 PREFILL_CHUNK = 256  # tokens per prefill chunk when no other request decodes
 SINGLE_CALL_TAIL = 64  # a remaining prompt this short is computed in one model call
 
 
 class StopText:
-    """Streams text, holding back any tail that could still become a stop string."""
+    """Streams text, holding back any tail that could still become a stop string.
+
+    Incremental: :meth:`feed` takes the reply's next piece, never the whole reply. Each
+    stop string has a Knuth-Morris-Pratt matcher that takes the piece a character at a
+    time and knows how long a start of its stop string the reply ends with; its failure
+    table is built as far as a match has got, never further. So the work per token is
+    bounded by the token's characters times the number of stop strings (amortised), however
+    long the reply or the stop strings are; the held tail is the longest such start.
+    """
 
     def __init__(self, stops: tuple[str, ...]):
         self.stops = tuple(s for s in stops if s)
-        self.emitted = 0
+        self._matchers = [_StopMatcher(stop) for stop in self.stops]
+        self.pending = ""  # held back: a tail of the reply that is a start of a stop string
         self.hit = False
         self.matched: str | None = None  # the stop string that ended the text
 
-    def feed(self, text: str) -> tuple[str, bool]:
-        """New text safe to show, and whether a stop string was hit (text cut before the
-        earliest one)."""
-        found = [(at, stop) for stop in self.stops
-                 if (at := text.find(stop, max(0, self.emitted - len(stop)))) != -1]
-        if found:
-            at, self.matched = min(found, key=lambda hit: hit[0])
-            out = text[self.emitted : at]
-            self.emitted = at
-            self.hit = True
-            return out, True
-        hold = 0
-        for stop in self.stops:
-            for k in range(min(len(stop) - 1, len(text)), 0, -1):
-                if text.endswith(stop[:k]):
-                    hold = max(hold, k)
-                    break
-        safe = max(self.emitted, len(text) - hold)
-        out = text[self.emitted : safe]
-        self.emitted = safe
-        return out, False
+    def feed(self, piece: str) -> tuple[str, bool]:
+        """The next ``piece`` of the reply: the text now safe to show, and whether a stop
+        string was hit (the text is cut before the earliest one; nothing is shown after)."""
+        if self.hit:
+            return "", True
+        window = self.pending + piece
+        if not self._matchers:
+            self.pending = ""
+            return window, False
+        offset = len(self.pending)  # the matchers have seen the pending tail already
+        earliest: tuple[int, str] | None = None
+        for i, char in enumerate(piece, offset + 1):
+            for matcher in self._matchers:
+                if matcher.advance(char) and (earliest is None or i - len(matcher.stop) < earliest[0]):
+                    earliest = (i - len(matcher.stop), matcher.stop)
+        if earliest is not None:
+            at, self.matched = earliest
+            self.pending, self.hit = "", True
+            return window[:at], True
+        safe = len(window) - max(matcher.matched for matcher in self._matchers)
+        self.pending = window[safe:]
+        return window[:safe], False
 
-    def finish(self, text: str) -> str:
-        """The rest of ``text`` once no more comes: what was held back is shown unless it
+    def finish(self, piece: str = "") -> str:
+        """The last ``piece`` once no more comes, and what was held back, unless it
         completes a stop string."""
-        out, hit = self.feed(text)
-        if not hit:
-            out += text[self.emitted :]
-            self.emitted = len(text)
+        out, hit = self.feed(piece)
+        if hit:
+            return out
+        out, self.pending = out + self.pending, ""
         return out
+
+
+class _StopMatcher:
+    """One stop string's Knuth-Morris-Pratt matcher: ``matched`` is the length of the
+    longest start of ``stop`` the text seen so far ends with. The failure table (the
+    prefix function) grows as ``matched`` does, one entry per character matched."""
+
+    def __init__(self, stop: str):
+        self.stop = stop
+        self.matched = 0
+        self._fail = [0]  # _fail[i]: the longest proper border of stop[: i + 1]
+
+    def advance(self, char: str) -> bool:
+        """Take the next character; True when it completes the stop string."""
+        stop, q = self.stop, self.matched
+        while q and stop[q] != char:
+            q = self._fail[q - 1]
+        if stop[q] == char:
+            q += 1
+        if q == len(stop):  # the text is cut here: what comes after is never shown
+            self.matched = 0
+            return True
+        self._extend(q)
+        self.matched = q
+        return False
+
+    def _extend(self, upto: int) -> None:
+        """Build the failure table up to index ``upto - 1`` (it is used for indices below ``matched``)."""
+        fail, stop = self._fail, self.stop
+        while len(fail) < upto:
+            i, k = len(fail), fail[-1]
+            while k and stop[i] != stop[k]:
+                k = fail[k - 1]
+            fail.append(k + 1 if stop[i] == stop[k] else k)
 
 
 def vocab_size(model, config: dict) -> int | None:
@@ -133,37 +177,16 @@ class ChunkedPrefill:
         return rest
 
 
-# mlx-lm architectures whose ``Model.__call__`` is exactly ``head(self.model(inputs,
-# cache))``, with the head ``self.lm_head`` or, tied, ``self.model.embed_tokens.as_linear``;
-# the value says where the "tied" flag lives.
-_BACKBONE_THEN_HEAD = {
-    "mlx_lm.models.llama": "args.tie_word_embeddings",
-    "mlx_lm.models.qwen2": "args.tie_word_embeddings",
-    "mlx_lm.models.qwen3": "args.tie_word_embeddings",
-    "mlx_lm.models.smollm3": "args.tie_word_embeddings",
-    "mlx_lm.models.gemma3_text": "tie_word_embeddings",
-}
-
-
-def _backbone_and_head(model):
-    """``(backbone, head)`` for the architectures listed above, else None."""
-    tied = _BACKBONE_THEN_HEAD.get(type(model).__module__)
-    if tied is None or type(model).__name__ != "Model":
-        return None
-    flag = model
-    for name in tied.split("."):
-        flag = getattr(flag, name)
-    return model.model, (model.model.embed_tokens.as_linear if flag else model.lm_head)
-
-
 def last_logits(model, inputs: mx.array, cache: list) -> mx.array:
     """The logits after the last of ``inputs`` (``(1, n)``), as ``(1, vocab)``.
 
-    For the architectures listed above, the vocabulary projection runs on the last
+    For the architectures whose forward is ``head(backbone(...))``
+    (``core.mlx_lm_compat.backbone_and_head``), the vocabulary projection runs on the last
     position only: for a 27-token follow-up on SmolLM2 the projection is a fifth of the
-    forward pass, and the other 26 rows of it are thrown away. (The same row as
-    slicing the full projection: a row of a matrix product does not depend on the
-    other rows.) Any other model runs whole.
+    forward pass, and the other 26 rows of it are thrown away. (The row slicing the full
+    projection gives, within float32 rounding: a row of a matrix product does not depend
+    on the other rows, though a BLAS may sum one row in another order than a block of
+    them.) Any other model runs whole.
     """
     return rows_logits(model, inputs, cache, [inputs.shape[1] - 1])
 
@@ -172,7 +195,7 @@ def rows_logits(model, inputs: mx.array, cache: list, last: list[int]) -> mx.arr
     """The logits after position ``last[i]`` of row ``i`` of ``inputs`` (``(B, n)``, rows
     right-padded past their ``last``), as ``(B, vocab)``; the vocabulary projection on
     those positions only where :func:`last_logits` can."""
-    split = _backbone_and_head(model)
+    split = backbone_and_head(model)
     rows = mx.arange(len(last))
     at = mx.array(last)
     if split is None:

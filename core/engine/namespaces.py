@@ -48,6 +48,13 @@ def with_salt(namespace: str, salt: str | None) -> str:
     return f"{namespace}{_SALT}{_digest(b'salt', salt)}"
 
 
+def owner(namespace: str) -> str:
+    """Whose requests ``namespace`` holds: the namespace without its ``cache_salt`` (a
+    client may split its own namespace with salts; it is still one client, as the
+    scheduler's fair share and the API's per-client turns count them)."""
+    return namespace.partition(_SALT)[0]
+
+
 def label(namespace: str) -> str:
     """A short name for reports: no key, no salt, digests cut to a few hex digits."""
     if not namespace:

@@ -1,7 +1,9 @@
 """Requests on the engine thread: prefill a chunk at a time, decode together in one batch.
 
-A new request is rendered and checked, then waits its turn (by priority, then arrival:
-the chat window's turns before API requests, see ``core.engine.types.CHAT_PRIORITY``).
+A new request is rendered and checked, then waits its turn (by priority, then the client
+with the fewest requests decoding, then arrival: the chat window's turns before API
+requests, see ``core.engine.types.CHAT_PRIORITY``, and a client's next prompts after
+another client's first; a client is its cache namespace less any salt).
 Its prefill is state the scheduler advances one chunk per step: each step first gives
 every decoding request its next token, then feeds one chunk of the first waiting prompt,
 sized by ``core.engine.pacing`` so the decoding streams wait at most ``DECODE_WAIT_S``
@@ -14,7 +16,8 @@ mask or extract. When a second request gets its first token, the running one han
 cache over to the decode batch (``core.engine.decode_batch``, over mlx-lm's
 ``GenerationBatch``), which takes per-request prompt caches and decodes every running
 request in one forward pass per step; a request joins it with its first token as its next
-input, so joining costs the others no forward pass of its own. When a request ends (EOS,
+input, so joining costs the others no forward pass of its own. The batch shares its rows
+fairly between clients (it parks a row of a client over its share for a client under it). When a request ends (EOS,
 stop string, max tokens, cancel) it leaves with its cache, which goes into the radix tree
 and, for sessions, to disk.
 """
@@ -26,20 +29,21 @@ import time
 from dataclasses import dataclass, field
 
 import mlx.core as mx
-from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 
 from core.engine import batch_prefill
-from core.engine.constrain import Grammars, check_schema, check_tools, grammar_for, tool_markup
+from core.engine.constrain import Grammars, grammar_for, tool_markup
 from core.engine.decode_batch import DecodeBatch
 from core.engine.namespaces import label as namespace_label
+from core.engine.namespaces import owner as namespace_owner
 from core.engine.tools import ToolCallText
 from core.engine.types import DoneEvent, ErrorEvent, ProgressEvent, RequestStats, TokenEvent, ToolCallEvent
 from core.errors import ContextLengthError, ErrorKind, UserError
 from core.engine import generation
 from core.engine.generation import ChunkedPrefill, StopText, render_prompt, sampling_tools, vocab_size
 from core.engine.pacing import ChunkPacer
+from core.mlx_lm_compat import generation_stream
 
 MAX_BATCH = 16  # requests decoded together
 
@@ -93,6 +97,11 @@ class _Prefill:
     caches: list | None = None
     compute_s: float = 0.0  # time spent in its chunks (not in others' decode steps between them)
     flush: bool = False  # restored from disk: flush the pool writes once it has its first token
+
+
+def _group(state: _Active) -> str:
+    """The client a request is from, for its fair share: its cache namespace less any salt."""
+    return namespace_owner(state.handle.request.cache_namespace)
 
 
 class Scheduler:
@@ -150,11 +159,7 @@ class Scheduler:
         at a time). Raises UserError for a request that cannot run."""
         request, loaded = handle.request, self.loaded
         started = time.perf_counter() - handle.prompt_s  # rendered and tokenised on a prompt thread
-        if request.tools:
-            check_tools(request.tools, request.tool_choice, request.tool_name)
-        if request.json_schema is not None:
-            check_schema(request.json_schema, "response_format.json_schema.schema")
-        prompt = render_prompt(loaded.tokenizer, request)
+        prompt = render_prompt(loaded.tokenizer, request)  # schemas checked on the prompt thread (engine.py)
         context = loaded.info.context_length
         if self.vocab is not None and not 0 <= min(prompt) <= max(prompt) < self.vocab:
             bad = next(t for t in prompt if not 0 <= t < self.vocab)
@@ -185,14 +190,14 @@ class Scheduler:
             self._end_prefill(job, "cancelled")
         if not self.waiting:
             return
-        if self.batch_prefill and len(self.waiting) > 1 and min(self.waiting, key=lambda j: j.order).run is None:
+        if self.batch_prefill and len(self.waiting) > 1 and min(self.waiting, key=self._turn).run is None:
             group = self._batch_group()
             if len(group) > 1:
                 self._prefill_together(group)
                 return
             if not self.waiting:
                 return
-        job = min(self.waiting, key=lambda j: j.order)
+        job = min(self.waiting, key=self._turn)
         try:
             if job.run is None:
                 self._start_prefill(job)
@@ -212,6 +217,15 @@ class Scheduler:
                 self.waiting.remove(job)
             self._end_with_error(job, exc)
 
+    def _turn(self, job: _Prefill) -> tuple[int, int, int]:
+        """Which waiting prompt goes first: by priority, then the client with the fewest
+        requests decoding (round robin between clients: one with 16 streams running does not
+        keep another's first request waiting behind its next ones), then arrival."""
+        group = _group(job.state)
+        decoding = self.batch.rows_of(group) + (self.solo is not None and _group(self.solo.state) == group)
+        priority, arrival = job.order
+        return priority, decoding, arrival
+
     def _batch_group(self) -> list[_Prefill]:
         """The waiting prompts that go together, in turn: the first waiting one and those
         right behind it, while their padded rests fit the pacer's budget (all of them
@@ -222,7 +236,7 @@ class Scheduler:
                   else batch_prefill.IDLE_TOKENS)
         group: list[_Prefill] = []
         rests: list[int] = []
-        for job in sorted(self.waiting, key=lambda j: j.order)[: batch_prefill.PREFILL_ROWS]:
+        for job in sorted(self.waiting, key=self._turn)[: batch_prefill.PREFILL_ROWS]:
             if job.run is not None and job.run.done:  # part-way through its chunks
                 break
             try:
@@ -302,7 +316,8 @@ class Scheduler:
             uids = self.batch.join_rows(
                 [first for _, _, first in joining], rows.batch.prompt_cache, rows.batch.tokens,
                 [job.sampler for _, job, _ in joining], [job.processors for _, job, _ in joining],
-                [job.state.max_tokens - len(job.state.generated) for _, job, _ in joining])
+                [job.state.max_tokens - len(job.state.generated) for _, job, _ in joining],
+                [_group(job.state) for _, job, _ in joining])
         except Exception as exc:
             log.exception("starting a batched prefill's requests failed")
             for _, job, _ in joining:
@@ -423,7 +438,7 @@ class Scheduler:
     def _insert(self, state: _Active, last: int, caches, cache_tokens, sampler, processors) -> None:
         """Join the batch: ``last`` (taken, not yet in ``caches``) is fed at its next step."""
         uid = self.batch.join(last, caches, cache_tokens, sampler, processors,
-                              state.max_tokens - len(state.generated))
+                              state.max_tokens - len(state.generated), _group(state))
         self.batched[uid] = state
 
     # ------------------------------------------------------------------ solo decode
@@ -532,7 +547,7 @@ class Scheduler:
         if token in self.eos:
             return "stop"
         state.detok.add_token(token)
-        piece, hit = state.stop_text.feed(state.detok.text)
+        piece, hit = state.stop_text.feed(state.detok.last_segment)
         self._show(state, piece, (token,))
         if hit:
             return "stop"
@@ -576,7 +591,7 @@ class Scheduler:
         handle, prompt = state.handle, state.prompt
         if state.generated and not state.stop_text.hit:  # EOS, length, cancel: no more text
             state.detok.finalize()
-            self._show(state, state.stop_text.finish(state.detok.text))
+            self._show(state, state.stop_text.finish(state.detok.last_segment))
         if state.tool_text is not None:
             self._show(state, "", final=True)
             if state.tool_text.calls and finish == "stop":
@@ -610,7 +625,12 @@ class Scheduler:
             cache_namespace=namespace_label(handle.request.cache_namespace),
         )
         calls = tuple(state.tool_text.calls) if state.tool_text is not None else ()
-        handle._emit(DoneEvent("".join(state.shown), stats, calls))
+        failure = state.grammar.failure if state.grammar is not None and finish != "cancelled" else None
+        if failure is not None:  # what was sent is not what the schema asks for: never a finished reply
+            handle._emit(ErrorEvent(f"the output constraint failed after {n} tokens ({failure}); the reply "
+                                    "would not match the schema: a simpler schema may work", ErrorKind.BAD_REQUEST))
+        else:
+            handle._emit(DoneEvent("".join(state.shown), stats, calls))
         handle._finish()
         self.on_finished()
 

@@ -47,9 +47,9 @@ def shipped_template(name: str) -> str:
 def tool_calling(hf_tokenizer) -> dict:
     """mlx-lm's tool-call fields for a Hugging Face tokenizer's current chat template
     (``TokenizerWrapper`` keyword arguments; all None when it writes no tool calls)."""
-    from mlx_lm.tokenizer_utils import _infer_tool_parser  # the table mlx-lm's own load uses
+    from core.mlx_lm_compat import infer_tool_parser  # the table mlx-lm's own load uses
 
-    kind = _infer_tool_parser(hf_tokenizer) if hf_tokenizer.chat_template else None
+    kind = infer_tool_parser(hf_tokenizer) if hf_tokenizer.chat_template else None
     if kind is None:
         return {"tool_parser": None, "tool_call_start": None, "tool_call_end": None}
     module = importlib.import_module(f"mlx_lm.tool_parsers.{kind}")
@@ -62,7 +62,9 @@ def with_chat_template(tokenizer, template: str):
     the tool calls it implies (same vocabulary, detokenizer and end-of-sequence tokens)."""
     from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-    hf = getattr(tokenizer, "_tokenizer", tokenizer)  # the Hugging Face tokenizer inside
+    from core.mlx_lm_compat import hf_tokenizer
+
+    hf = hf_tokenizer(tokenizer)
     hf.chat_template = template
     detokenizer = tokenizer.detokenizer
     return TokenizerWrapper(hf, lambda _hf: detokenizer, eos_token_ids=sorted(tokenizer.eos_token_ids),

@@ -146,7 +146,8 @@ def test_writes_reuse_the_pool_buffer():
 
 def test_gathered_kv_continues_a_model_exactly(tmp_path):
     """Prefill, page the K/V, gather it into fresh KVCaches: the next logits are the
-    from-scratch logits, bit for bit."""
+    from-scratch logits, bit for bit. The same computation: the same K/V values in the
+    same shapes through the same one-token forward; only the buffer holding them differs."""
     model, _ = load(str(write_tiny_model(tmp_path / "m", TinyModelSpec(num_layers=2))))
     layout = cache_layout(model)
     tokens = mx.array([[72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108]])

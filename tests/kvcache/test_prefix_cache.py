@@ -1,5 +1,10 @@
-"""PrefixCache on tiny models of each kind: exact logits from cached prefixes, page
-accounting, eviction under pool pressure, sessions."""
+"""PrefixCache on tiny models of each kind: logits from cached prefixes as from scratch,
+page accounting, eviction under pool pressure, sessions.
+
+A cached prefix and the prompt's rest against one prefill of the whole prompt are
+different computations (OpenBLAS may sum another shape of product in another order), so
+their logits are compared within DESIGN's float32 rounding (1e-4 relative) and their
+greedy choice must be the same token (:func:`assert_as_from_scratch`)."""
 
 from __future__ import annotations
 
@@ -57,6 +62,14 @@ def reference_logits(model, tokens):
     return run(model, tokens, make_prompt_cache(model))
 
 
+def assert_as_from_scratch(logits, expected) -> None:
+    """Different computations (a cached prefix and the rest against one whole prefill):
+    within float32 rounding, and the same greedy next token."""
+    scale = float(mx.abs(expected).max())
+    assert float(mx.abs(logits - expected).max()) <= 1e-4 * scale, "logits drift past float32 rounding"
+    assert mx.argmax(logits).item() == mx.argmax(expected).item(), "another greedy token than from scratch"
+
+
 def check_pages(pc: PrefixCache):
     """Every used page is referenced once per tree slot in it, and nothing leaks."""
     pc.tree.check_invariants()
@@ -78,9 +91,7 @@ def test_cached_prefix_gives_the_same_logits(tiny):
     turn2 = turn1 + list(range(100, 137))
     cached, logits = serve(pc, model, turn2)
     assert cached == len(turn1)  # snapshot at the end of turn 1 (hybrid) or any prefix
-    expected = reference_logits(model, turn2)
-    scale = float(mx.abs(expected).max())
-    assert float(mx.abs(logits - expected).max()) <= 1e-4 * scale
+    assert_as_from_scratch(logits, reference_logits(model, turn2))
     check_pages(pc)
 
 
@@ -98,8 +109,7 @@ def test_gathered_caches_have_room_for_the_rest_of_the_prompt(tiny):
     capacity = [c.keys.shape[2] for c in full]
     logits = run(model, turn2[prefix.length :], caches)
     assert [c.keys.shape[2] for c in full] == capacity  # filled in place, never regrown
-    expected = reference_logits(model, turn2)
-    assert float(mx.abs(logits - expected).max()) <= 1e-4 * float(mx.abs(expected).max())
+    assert_as_from_scratch(logits, reference_logits(model, turn2))
     pc.release(prefix)
     check_pages(pc)
 
@@ -114,8 +124,7 @@ def test_partial_overlap_and_branching(tiny):
         assert cached == len(base)  # token-exact: the shared part, not a page multiple
     else:
         assert cached == 0  # no snapshot at the branch point
-    expected = reference_logits(model, base + [7, 8, 9, 10])
-    assert float(mx.abs(logits - expected).max()) <= 1e-4 * float(mx.abs(expected).max())
+    assert_as_from_scratch(logits, reference_logits(model, base + [7, 8, 9, 10]))
     check_pages(pc)
 
 
@@ -129,8 +138,7 @@ def test_pool_pressure_evicts_and_stays_exact(tiny):
     assert pc.stats().evicted_tokens > 0 and pc.stats().evicted_pages > 0
     last = prompts[-1] + [3, 4, 5]
     cached, logits = serve(pc, model, last)
-    expected = reference_logits(model, last)
-    assert float(mx.abs(logits - expected).max()) <= 1e-4 * float(mx.abs(expected).max())
+    assert_as_from_scratch(logits, reference_logits(model, last))
     check_pages(pc)
 
 
@@ -202,8 +210,7 @@ def test_restored_kv_serves_the_next_request_exactly(tiny):
     if pc.paged:  # the restored buffers themselves: nothing gathered from the pool
         assert restored[pc.paged[0][0]].keys.shape[2] == len(history) + 30
     logits = run(model, prompt[prefix.length :], restored)
-    expected = reference_logits(model, prompt)
-    assert float(mx.abs(logits - expected).max()) <= 1e-4 * float(mx.abs(expected).max())
+    assert_as_from_scratch(logits, reference_logits(model, prompt))
     pc.commit(prefix, prompt, restored, [s for s in [pc.snapshot(restored, len(prompt))] if s])
     assert not pc._pending_writes  # ...until the commit allocates, after the prefill ran in place
     pc._hot.clear()
@@ -211,8 +218,7 @@ def test_restored_kv_serves_the_next_request_exactly(tiny):
     again = pc.match(longer)  # and the pool holds the same K/V
     assert again.length == len(prompt)
     logits = run(model, longer[again.length :], pc.make_caches(again))
-    expected = reference_logits(model, longer)
-    assert float(mx.abs(logits - expected).max()) <= 1e-4 * float(mx.abs(expected).max())
+    assert_as_from_scratch(logits, reference_logits(model, longer))
     pc.release(again)
     check_pages(pc)
 
@@ -247,8 +253,7 @@ def test_namespaces_share_the_pool_never_a_prefix(tiny):
     # the last request left behind; the session's name is alice's alone.
     cached, logits = serve(pc, model, system + [3, 4], session="chat", namespace="bob")
     assert cached == 0 and serve(pc, model, system + [5])[0] == 0
-    expected = reference_logits(model, system + [3, 4])
-    assert float(mx.abs(logits - expected).max()) <= 1e-4 * float(mx.abs(expected).max())
+    assert_as_from_scratch(logits, reference_logits(model, system + [3, 4]))
     assert pc.stats().sessions == 2 and pc.stats().namespaces == 3
     # Inside a namespace the shared system prompt still serves every request.
     cached, logits = serve(pc, model, system + [6, 7], namespace="alice")

@@ -55,6 +55,7 @@ def test_snapshot_round_trip_resumes_identically(kind, tmp_path):
     snap.restore_into(a)
     back.restore_into(b)
     nxt = mx.array([[7, 8, 9]])
+    # the same computation: the same forward on the same state, once as taken, once read back
     assert mx.array_equal(model(nxt, cache=a), model(nxt, cache=b))
 
 

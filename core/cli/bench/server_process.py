@@ -56,11 +56,11 @@ def mlx_lm_server_code(folder: Path, port: int) -> str:
 
 
 def radixchat_server_code(model: str, data_dir: Path, port: int, kv_tokens: int, *, use_cache: bool = True,
-                          chat_template: str | None = None) -> str:
+                          chat_template: str | None = None, extra: list[str] | tuple[str, ...] = ()) -> str:
     """Python code that runs ``radixchat serve`` (our API over our engine); without its
-    cache (``--no-cache``) or with another chat template when asked."""
+    cache (``--no-cache``) or with another chat template when asked, ``extra`` arguments last."""
     argv = ["serve", "--model", model, "--host", "127.0.0.1", "--port", str(port),
-            "--data-dir", str(data_dir), "--kv-tokens", str(kv_tokens)]
+            "--data-dir", str(data_dir), "--kv-tokens", str(kv_tokens), *extra]
     if chat_template:
         argv += ["--chat-template", str(chat_template)]
     if not use_cache:
@@ -69,12 +69,15 @@ def radixchat_server_code(model: str, data_dir: Path, port: int, kv_tokens: int,
 
 
 class ServerProcess:
-    """``python -c code`` serving on 127.0.0.1:``port``; ready once ``GET /v1/models``
-    answers 200. Use as a context manager (or :meth:`start` and :meth:`stop`): it is
-    terminated on exit, and killed if it has not ended ``stop_timeout_s`` later."""
+    """``python -c code`` serving on 127.0.0.1:``port``; ready once ``GET ready_path``
+    answers 200 (``/health`` for a server that asks for a key). Use as a context manager
+    (or :meth:`start` and :meth:`stop`): it is terminated on exit, and killed if it has not
+    ended ``stop_timeout_s`` later."""
 
-    def __init__(self, name: str, code: str, port: int, stop_timeout_s: float = 30):
+    def __init__(self, name: str, code: str, port: int, stop_timeout_s: float = 30,
+                 ready_path: str = "/v1/models"):
         self.name, self.code, self.port, self.stop_timeout_s = name, code, port, stop_timeout_s
+        self.ready_path = ready_path
         self.host = "127.0.0.1"
         self._log = None
         self._process: subprocess.Popen | None = None
@@ -112,7 +115,7 @@ class ServerProcess:
             self._log = None
 
     def _wait_ready(self) -> None:
-        if wait_until_answers(self._process, self.port, "/v1/models", START_TIMEOUT_S, self.host):
+        if wait_until_answers(self._process, self.port, self.ready_path, START_TIMEOUT_S, self.host):
             return
         if self._process.poll() is not None:
             self._log.seek(0)

@@ -110,3 +110,15 @@ def test_bad_tool_requests_are_400s_naming_the_field(client, change, where):
         call_tool(client, **change)
     message = caught.value.body["error"]["message"]
     assert message.startswith(where) or f"'{where}'" in message, message
+
+
+@pytest.mark.faults
+def test_an_input_schema_nested_100_levels_is_a_400(client):
+    """Issue 26.5: was a 500 (RecursionError in jsonschema) with a traceback in the log."""
+    schema: dict = {"type": "string"}
+    for _ in range(100):
+        schema = {"type": "object", "properties": {"a": schema}}
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        call_tool(client, tools=[{**WEATHER, "input_schema": schema}])
+    message = caught.value.body["error"]["message"]
+    assert message.startswith("tools[0].input_schema") and "nested too deeply" in message

@@ -232,3 +232,15 @@ def test_the_priority_header_reaches_both_dialects(server, path, body):
     assert status_of(ok) == 200, ok
     bad = http_request(server, "POST", path, data, {**headers, "X-RadixChat-Priority": "-2"})
     assert status_of(bad) == 400 and "X-RadixChat-Priority" in json.dumps(body_of(bad))
+
+
+@pytest.mark.faults
+def test_a_body_that_never_ends_is_a_408(server, monkeypatch):
+    """Issue 26.3: a body trickled in (or never sent) held its connection for good."""
+    from core.api import guard
+
+    monkeypatch.setattr(guard, "BODY_TIMEOUT_S", 0.5)
+    request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n%s" % (len(CHAT), CHAT[:10]))
+    response = exchange(server, request)
+    assert status_of(response) == 408 and body_of(response)["error"]["code"] == "request_timeout"

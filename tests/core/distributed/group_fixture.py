@@ -7,7 +7,6 @@ MLX's and mlx-lm's own CI test distributed code this way: every rank a process o
 from __future__ import annotations
 
 import http.client
-import importlib.util
 import json
 import os
 import signal
@@ -29,7 +28,9 @@ START_S = 120.0  # two processes importing MLX and loading on a busy 2-core mach
 def ring_available() -> bool:
     import mlx.core as mx
 
-    return importlib.util.find_spec("mlx._distributed_utils.launch") is not None and mx.distributed.is_available()
+    from core.mlx_compat import launcher_installed
+
+    return launcher_installed() and mx.distributed.is_available()
 
 
 needs_ring = pytest.mark.skipif(not ring_available(), reason="MLX's ring backend (mlx.launch) is not available")

@@ -110,6 +110,9 @@ def llama(tmp_path_factory):
 
 
 def expectations(model) -> dict:
+    """One process's greedy replies. A group computes them otherwise (split by heads, each
+    rank's partial products summed across ranks, or by layers): different computations,
+    compared by their greedy replies (``text``) and never by their bits."""
     replies = reference(model, [LYON, OTHER, *BATCH])
     evening = reference(model, [follow_up(replies[0])])[0]
     return {"lyon": replies[0], "other": replies[1], "batch": replies[2:], "evening": evening}

@@ -71,22 +71,3 @@ def test_the_launcher_hands_the_secret_to_a_rank_in_its_environment_only(tmp_pat
                           stdin=subprocess.PIPE, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["rank", "0", "True", "False"], (done.stdout, done.stderr)
-
-
-def test_the_launcher_waits_on_reads_only_so_its_rank_threads_do_not_spin():
-    import types
-    from select import select
-
-    from core.distributed.launch import _never_wait_to_write
-
-    launcher = types.SimpleNamespace(select=select)
-    _never_wait_to_write(launcher)
-    read_end, write_end = os.pipe()
-    try:  # a rank's stdin pipe is always writable: unpatched, select returns it at once
-        assert select([read_end], [write_end], [], 0.05)[1] == [write_end]
-        assert launcher.select([read_end], [write_end], [], 0.05) == ([], [], [])
-        os.write(write_end, b"x")  # what is there to read still comes back
-        assert launcher.select([read_end], [write_end], [], 0.05) == ([read_end], [], [])
-    finally:
-        os.close(read_end)
-        os.close(write_end)

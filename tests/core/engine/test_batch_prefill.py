@@ -22,6 +22,7 @@ from core.models.loader import load_model
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from kvcache.builder import build_kv_cache
 from kvcache.prefix_cache import PrefixCache
+from tests.core.engine.token_log import TokenLog
 
 SYSTEM = "You are a careful assistant who answers in full sentences. "  # ~60 tokens, shared
 PROMPTS = ("the first question is this one", "and a second, different prompt that is longer than that",
@@ -99,20 +100,31 @@ def run(loaded, batched: bool, shared: bool, warm: str | None = None, **sampling
 
 @pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("sampling", [{}, {"repetition_penalty": 1.3}])
-def test_greedy_replies_are_the_same_with_batched_prefill_on_and_off(loaded, shared, sampling):
+def test_greedy_replies_are_the_same_with_batched_prefill_on_and_off(loaded, shared, sampling, monkeypatch):
+    """Different computations (one padded forward over every prompt against each alone):
+    the same greedy tokens, one by one."""
+    log = TokenLog(monkeypatch)
     _, on = run(loaded, True, shared, **sampling)
+    tokens_on = log.by_prompt()
+    log.clear()
     _, off = run(loaded, False, shared, **sampling)
+    assert tokens_on == log.by_prompt()
     assert [d.text for d in on] == [d.text for d in off]
     assert [d.stats.completion_tokens for d in on] == [d.stats.completion_tokens for d in off]
     assert [d.stats.finish_reason for d in on] == [d.stats.finish_reason for d in off]
 
 
-def test_rows_with_different_cached_prefixes(loaded):
+def test_rows_with_different_cached_prefixes(loaded, monkeypatch):
     """A prefix in the cache: the rows that extend it start from it, the others from
-    nothing, in the same forward (the merge left-pads the shorter caches)."""
+    nothing, in the same forward (the merge left-pads the shorter caches). Different
+    computations: the same greedy tokens, one by one."""
     warm = SYSTEM + "warm up"
+    log = TokenLog(monkeypatch)
     _, on = run(loaded, True, True, warm=warm)
+    tokens_on = log.by_prompt()
+    log.clear()
     _, off = run(loaded, False, True, warm=warm)
+    assert tokens_on == log.by_prompt()
     assert [d.text for d in on] == [d.text for d in off]
     assert [d.stats.cached_tokens for d in on] == [d.stats.cached_tokens for d in off]
     if loaded.info.name and not _hybrid(loaded):
@@ -133,6 +145,8 @@ def test_the_pages_are_cached_exactly(loaded):
         s_off.admit(again_off)
         finish(s_off)
         again_on, again_off = done(again_on), done(again_off)
+        # the pages each tree cached (batched, or one at a time: different computations)
+        # give the same greedy replies
         assert again_on.stats.cached_tokens == again_off.stats.cached_tokens
         assert again_on.stats.cached_tokens == again_on.stats.prompt_tokens - 1
         assert again_on.text == again_off.text
@@ -248,7 +262,9 @@ def test_rows_that_fit():
 
 
 def test_rows_logits_equal_each_prompt_alone(loaded):
-    """One padded forward's last-position logits are each prompt's own, within float32."""
+    """One padded forward's last-position logits are each prompt's own, within float32
+    rounding, and choose the same greedy token (different computations: a GEMM over the
+    padded rows against one prompt's)."""
     from mlx_lm.models.cache import make_prompt_cache
 
     from core.engine.generation import last_logits
@@ -262,6 +278,7 @@ def test_rows_logits_equal_each_prompt_alone(loaded):
     for i, p in enumerate(prompts):
         alone = last_logits(model, mx.array(p)[None], make_prompt_cache(model))
         np.testing.assert_allclose(np.array(rows.logits[i]), np.array(alone[0]), rtol=1e-4, atol=1e-4)
+        assert mx.argmax(rows.logits[i]).item() == mx.argmax(alone[0]).item()
         kv = rows.caches(i)[0]
         assert kv.offset == len(p)
 

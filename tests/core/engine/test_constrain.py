@@ -91,6 +91,46 @@ def test_a_schema_the_grammar_cant_enforce_is_refused_only_where_it_constrains()
         assert err.value.param == "tools[1].function.parameters"
 
 
+def nested(levels: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+def branches(count: int) -> dict:
+    """An anyOf of ``count`` one-key objects: every check up front passes; llguidance's
+    parser overflows its row (2,000 items) once the output reaches ``{"``."""
+    return {"anyOf": [{"type": "object", "properties": {f"k{i}": {"const": i}}, "required": [f"k{i}"],
+                       "additionalProperties": False} for i in range(count)]}
+
+
+@pytest.mark.faults
+def test_a_schema_nested_100_levels_is_a_schema_error_not_a_recursion_error():
+    """Issue 26.5: 100 levels raised RecursionError inside jsonschema (a 500)."""
+    for check in (lambda s: check_schema(s, "response_format.json_schema.schema"),
+                  lambda s: check_tools(({"type": "function", "function": {"name": "f", "parameters": s}},),
+                                        "auto", None)):
+        with pytest.raises(SchemaError, match="nested too deeply"):
+            check(nested(100))
+    check_schema(nested(20), "x")  # deep enough for any real tool
+
+
+@pytest.mark.faults
+def test_a_grammar_that_fails_at_run_time_ends_the_request_with_an_error(engine):
+    """Issue 26.5: an anyOf of 2,100 branches passes the checks, then its grammar fails after
+    ``{"``: the request ends with an error, never that text as a finished reply."""
+    check_schema(branches(2100), "x")  # nothing up front can tell
+    events = list(engine.stream(ask("json please", json_schema=branches(2100))))
+    assert not [e for e in events if isinstance(e, DoneEvent)], events[-1]
+    error = events[-1]
+    assert isinstance(error, ErrorEvent) and error.kind is ErrorKind.BAD_REQUEST
+    assert "output constraint failed" in error.message and "max is 2000" in error.message
+    assert len(error.message) < 400  # one line, not the whole grammar llguidance repeats
+    reply = done_of(list(engine.stream(ask("json please", json_schema=branches(50)))))  # fine, as before
+    assert reply.stats.finish_reason in ("stop", "length")
+
+
 def test_mask_follows_the_grammar(engine):
     tokenizer = engine._loaded.tokenizer  # the engine thread is idle between requests
     grammars = Grammars(tokenizer, 259)

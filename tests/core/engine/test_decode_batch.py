@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from core.engine.types import DoneEvent
+from tests.core.engine.token_log import TokenLog
 from tests.core.engine.test_scheduler import (_no_locks, done, handle, loaded, run_alone, scheduler,  # noqa: F401
                                              start)
 
@@ -29,14 +31,20 @@ def _staggered(s, handles) -> None:
 
 
 @pytest.mark.parametrize("max_rows", [16, 2])
-def test_joining_a_running_batch_keeps_every_reply(loaded, max_rows):
+def test_joining_a_running_batch_keeps_every_reply(loaded, max_rows, monkeypatch):
+    """Alone against joining a running batch: different computations (GEMMs over other
+    numbers of rows), so the greedy replies are compared token by token."""
+    log = TokenLog(monkeypatch)
     s = scheduler(loaded)
     alone = [run_alone(s, handle(p, max_tokens=n)) for p, n in zip(PROMPTS, MAX_TOKENS)]
+    tokens_alone = log.by_prompt()
+    log.clear()
     s = scheduler(loaded)
     s.batch.max_rows = max_rows  # 2: the later requests wait for a row to leave
     handles = [handle(p, max_tokens=n) for p, n in zip(PROMPTS, MAX_TOKENS)]
     _staggered(s, handles)
     together = [done(h) for h in handles]
+    assert log.by_prompt() == tokens_alone
     assert [d.text for d in together] == [d.text for d in alone]
     assert [d.stats.completion_tokens for d in together] == [d.stats.completion_tokens for d in alone]
     assert [d.stats.finish_reason for d in together] == [d.stats.finish_reason for d in alone]
@@ -135,3 +143,94 @@ def test_rows_ending_together_send_their_last_tokens_before_storing_caches(loade
         for b in together:
             stats_sent = next(i for i, (who, kind) in enumerate(log) if who == id(b) and kind == DoneEvent.__name__)
             assert last_token < stats_sent
+
+
+def _of(namespace: str, text: str, max_tokens: int):
+    from core.engine.engine import RequestHandle
+    from core.engine.types import GenerationRequest, SamplingParams
+
+    return RequestHandle(GenerationRequest(prompt_text=text, cache_namespace=namespace,
+                                           sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens)))
+
+
+LONG = 120  # tokens: the greedy client's streams outlast the other's short request
+
+
+@pytest.mark.faults
+def test_a_client_with_every_row_makes_room_for_another_at_the_next_step(loaded):
+    """Issue 26.4: 16 streams of key A held key B's 4-token request 77 s (until a row of A's
+    ended). A row of A's is parked now: B decodes at once and ends before any of A's."""
+    s = scheduler(loaded)
+    s.batch.max_rows = 4
+    greedy = [_of("key-a", f"stream {i} of the greedy client", LONG) for i in range(4)]
+    for h in greedy:
+        start(s, h)
+    s.step()
+    assert len(s.batched) == 4 and not s.batch._waiting
+    other = _of("key-b", "the other client", 4)
+    start(s, other)
+    seen: dict = {h: [] for h in [*greedy, other]}
+
+    def ended(h) -> bool:
+        events, _ = h.take()
+        seen[h] += events
+        return any(isinstance(e, DoneEvent) for e in seen[h])
+
+    steps = 0
+    while not ended(other):
+        s.step()
+        steps += 1
+        assert steps < LONG // 2, "the other client's request waited for a row"
+    assert not any(ended(h) for h in greedy)
+    assert s.batch.parked >= 1
+    while s.busy:
+        s.step()
+    assert all(ended(h) and seen[h][-1].stats.completion_tokens == LONG for h in greedy)
+
+
+@pytest.mark.parametrize("max_rows", [2, 3])
+def test_a_parked_row_gives_the_reply_it_gives_alone(loaded, max_rows):
+    prompts = [("key-a", "the first question is this one", 24), ("key-a", "and a second, different prompt", 30),
+               ("key-a", "a third, a little longer than the others", 18), ("key-b", "the other client", 6),
+               ("key-c", "and a third client", 9)]
+    s = scheduler(loaded)
+    alone = [run_alone(s, _of(ns, text, n)) for ns, text, n in prompts]
+    s = scheduler(loaded)
+    s.batch.max_rows = max_rows
+    handles = [_of(ns, text, n) for ns, text, n in prompts]
+    for h in handles[:3]:
+        start(s, h)
+        s.step()
+    for h in handles[3:]:
+        start(s, h)
+    while s.busy:
+        s.step()
+    assert s.batch.parked >= 1
+    together = [done(h) for h in handles]
+    assert [d.text for d in together] == [d.text for d in alone]
+    assert [d.stats.completion_tokens for d in together] == [d.stats.completion_tokens for d in alone]
+    assert len(s.batch) == 0 and _no_locks(s)
+
+
+@pytest.mark.faults
+def test_a_new_clients_prompt_is_prefilled_before_a_busy_clients_next_ones(loaded):
+    """Round robin: key A has streams running and more prompts waiting; key B's prompt, sent
+    last, is prefilled first."""
+    s = scheduler(loaded)
+    s.batch_prefill = False
+    running = [_of("key-a", f"running stream {i}", LONG) for i in range(2)]
+    for h in running:
+        start(s, h)
+    queued = [_of("key-a", f"queued prompt {i}", 4) for i in range(3)]
+    for h in queued:
+        s.admit(h)
+    other = _of("key-b+salt-ignored", "the other client", 4)
+    s.admit(other)
+    while any(job.state.handle is other for job in s.waiting):
+        s.step()
+    waiting = [job for job in s.waiting if job.state.handle in queued]
+    assert len(waiting) == 3 and all(job.run is None for job in waiting)  # none of them started
+    for h in running + queued + [other]:
+        h.cancel()
+    while s.busy:
+        s.step()

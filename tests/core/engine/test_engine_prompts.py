@@ -189,3 +189,25 @@ def test_shutdown_finishes_a_request_whose_prompt_was_being_worked_out(tiny_mode
     handle = eng.submit(ask("submitted just before the end"))
     eng.shutdown()
     assert isinstance(list(handle.events(timeout=60))[-1], DoneEvent)
+
+
+@pytest.mark.faults
+def test_no_schema_is_checked_on_the_engine_thread(engine, monkeypatch):
+    """Issue 26.2: the engine thread checked every tool's schema again (jsonschema: about
+    10 µs a byte), holding every stream meanwhile. A prompt thread checks them now."""
+    import jsonschema
+
+    checked_on: list[str] = []
+    original = jsonschema.Draft202012Validator.check_schema.__func__
+
+    def spy(cls, schema, *args, **kwargs):
+        checked_on.append(threading.current_thread().name)
+        return original(cls, schema, *args, **kwargs)
+
+    monkeypatch.setattr(jsonschema.Draft202012Validator, "check_schema", classmethod(spy))
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "description": f"unique {time.time()}"}
+    request = GenerationRequest(messages=(ChatMessage("user", "a number"),), json_schema=schema,
+                                sampling=SamplingParams(temperature=0.0, max_tokens=4), use_cache=False)
+    events = list(engine.stream(request))
+    assert isinstance(events[-1], (DoneEvent, ErrorEvent)), events[-1]
+    assert checked_on and ENGINE_THREAD not in checked_on, checked_on

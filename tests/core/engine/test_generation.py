@@ -3,6 +3,8 @@ vocabulary size, sampling tools and chunked, cancellable prefill."""
 
 from __future__ import annotations
 
+import random
+
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
@@ -26,41 +28,87 @@ def loaded(tiny_model, tmp_path_factory):
 def test_stop_text_holds_back_partial_matches():
     stream = StopText(("END",))
     assert stream.feed("abc") == ("abc", False)
-    assert stream.feed("abcE") == ("", False)
-    assert stream.feed("abcEN") == ("", False)
-    assert stream.feed("abcENx") == ("ENx", False)
-    assert stream.feed("abcENxEND tail") == ("", True)
-    assert stream.emitted == len("abcENx")
+    assert stream.feed("E") == ("", False)
+    assert stream.feed("N") == ("", False)
+    assert stream.feed("x") == ("ENx", False)
+    assert stream.feed("END tail") == ("", True)
+    assert stream.feed("more") == ("", True)  # nothing after the stop
 
 
 def test_stop_text_cuts_at_the_earliest_stop_and_shows_held_text_at_the_end():
     cut = StopText(("User:", "\n\n"))
     assert cut.feed("Hi\n\nUser: x") == ("Hi", True)
     assert cut.matched == "\n\n"  # the one that ended the text (the API reports it)
+    both = StopText(("abcd", "bc"))
+    assert both.feed("xabcd") == ("x", True) and both.matched == "abcd"  # the earliest start wins
     stream = StopText(("\n\n",))
     assert stream.feed("done.\n") == ("done.", False)
-    assert stream.finish("done.\n") == "\n"  # no more text: "\n" never became a stop
+    assert stream.finish() == "\n"  # no more text: "\n" never became a stop
     ended = StopText(("END",))
     assert ended.feed("abE") == ("ab", False)
-    assert ended.finish("abEND") == ""  # the last bytes completed the stop
+    assert ended.finish("ND") == ""  # the last bytes completed the stop
 
 
 def test_stop_text_without_stops_passes_everything_and_ignores_empty_stops():
     stream = StopText(("",))
     assert stream.stops == ()
-    assert stream.feed("a") == ("a", False) and stream.feed("ab") == ("b", False)
-    assert stream.finish("abc") == "c" and not stream.hit
+    assert stream.feed("a") == ("a", False) and stream.feed("b") == ("b", False)
+    assert stream.finish("c") == "c" and not stream.hit
+
+
+def streamed(stops: tuple[str, ...], text: str, sizes) -> tuple[str, bool]:
+    """What a StopText shows of ``text`` fed in pieces of the given sizes (cycled)."""
+    stream, shown, at, i = StopText(stops), "", 0, 0
+    while at < len(text):
+        size = sizes[i % len(sizes)]
+        piece, hit = stream.feed(text[at : at + size])
+        shown, at, i = shown + piece, at + size, i + 1
+        if hit:
+            return shown, True
+    return shown + stream.finish(), False
 
 
 def test_stop_text_streamed_pieces_add_up_to_the_text_before_the_stop():
-    text = "one two ST three STOP four"
-    stream, shown = StopText(("STOP",)), ""
-    for end in range(1, len(text) + 1):
-        piece, hit = stream.feed(text[:end])
+    assert streamed(("STOP",), "one two ST three STOP four", [1]) == ("one two ST three ", True)
+    assert streamed(("STOP",), "one two ST three STOP four", [3, 1, 7]) == ("one two ST three ", True)
+    assert streamed(("STOP",), "one two ST three STO", [2]) == ("one two ST three STO", False)
+
+
+@pytest.mark.faults
+def test_stop_text_agrees_with_a_search_of_the_whole_text_on_every_piece():
+    """Issue 26.5: the check is incremental (each piece, never the whole reply again); what
+    it shows is what searching the whole reply so far after each piece would show."""
+    rng = random.Random(26)
+    for trial in range(3000):
+        alphabet = "ab" if trial % 2 else "abc\n"
+        stops = tuple("".join(rng.choice(alphabet) for _ in range(rng.randint(1, 6)))
+                      for _ in range(rng.randint(1, 3)))
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        sizes = [rng.randint(1, 5) for _ in range(4)]
+        expected, at, i = (text, False), 0, 0
+        while at < len(text):  # the reference: a search of the whole text after each piece
+            at, i = at + sizes[i % len(sizes)], i + 1
+            found = [(pos, stop) for stop in stops if (pos := text[:at].find(stop)) != -1]
+            if found:
+                expected = (text[: min(found)[0]], True)
+                break
+        assert streamed(stops, text, sizes) == expected, (stops, text, sizes)
+
+
+@pytest.mark.faults
+def test_long_stop_strings_hold_back_only_what_could_still_match():
+    """16 stop strings of 400,000 characters (the issue's case): the reply streams, a
+    reply that spells a long start of one is held back, then shown once it turns away."""
+    stops = tuple(chr(ord("A") + i) * 400_000 for i in range(16))
+    stream, shown = StopText(stops), ""
+    for _ in range(2000):
+        piece, hit = stream.feed("word ")
         shown += piece
-        if hit:
-            break
-    assert shown == "one two ST three " and stream.hit
+        assert not hit
+    assert shown == "word " * 2000 and stream.pending == ""
+    for _ in range(1000):
+        assert stream.feed("BBBBB") == ("", False)  # 5,000 characters of a start of "BBB..."
+    assert stream.feed("x") == ("B" * 5000 + "x", False)
 
 
 # ---------------------------------------------------------------- vocab_size, sampling_tools

@@ -17,6 +17,7 @@ from core.models.loader import load_model
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from kvcache.builder import build_kv_cache
 from kvcache.prefix_cache import PrefixCache
+from tests.core.engine.token_log import TokenLog
 
 CHUNK = 32  # the pacer's largest chunk here: a 600-token prompt is ~19 chunks
 LONG = "".join(chr(97 + (i * 7) % 26) for i in range(600))  # byte tokenizer: ~600 tokens
@@ -133,15 +134,22 @@ def _together(loaded, interleave: bool, cancel_long_after: int | None = None):
     return s, [done(h) for h in (first, long, third)]
 
 
-def test_greedy_replies_are_the_same_with_interleaving_on_and_off(loaded):
+def test_greedy_replies_are_the_same_with_interleaving_on_and_off(loaded, monkeypatch):
+    """Different computations (a prompt in chunks between decode steps against whole, rows
+    decoded in other batches): the same greedy tokens, one by one."""
+    log = TokenLog(monkeypatch)
     _, on = _together(loaded, True)
+    tokens_on = log.by_prompt()
+    log.clear()
     _, off = _together(loaded, False)
+    assert tokens_on == log.by_prompt()
     assert [d.text for d in on] == [d.text for d in off]
     assert [d.stats.completion_tokens for d in on] == [d.stats.completion_tokens for d in off]
     alone = scheduler(loaded)
     h = RequestHandle(request(LONG, max_tokens=30))
     start(alone, h)
     finish(alone)
+    assert log.of(h) == tokens_on[LONG]
     assert done(h).text == on[1].text
 
 

@@ -191,3 +191,19 @@ def test_rendering_and_tokenising_never_load_mlx(loaded, tiny_model):
         messages=(ChatMessage("system", "be brief"), ChatMessage("user", "hi"))))
     assert int(count) == len(expected)  # the same prompt the engine would get
     assert modules.strip() == "[]"
+
+
+@pytest.mark.faults
+def test_the_tool_names_are_found_in_one_pass_over_the_prompt():
+    """Issue 26.2: the check that the template kept every tool searched the whole prompt once
+    per tool (quadratic: 30,000 tools in a 1.5 MB prompt). One pass now, same answers: a
+    name anywhere in the text counts, inside longer words and dotted names too."""
+    from core.engine.prompt import names_missing
+
+    text = '{"name": "get_weather"} functions.lookup_v2 [search] grep-files:x "a b" tool_9'
+    names = ["get_weather", "lookup_v2", "search", "grep-files", "files", "tool_9", "tool_1", "a b", "ookup",
+             "weather2", "x", "a c"]
+    assert names_missing(text, names) == ["tool_1", "weather2", "a c"]
+    many = [f"tool_{i}" for i in range(30_000)]
+    prompt = " ".join(f'{{"name": "{name}"}}' for name in many[::2])
+    assert names_missing(prompt, many) == [name for name in many[1::2] if name not in prompt]

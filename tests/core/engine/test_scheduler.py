@@ -18,6 +18,7 @@ from core.engine.scheduler import Scheduler
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from kvcache.builder import build_kv_cache
 from kvcache.prefix_cache import PrefixCache
+from tests.core.engine.token_log import TokenLog
 
 
 @pytest.fixture(scope="module", params=["llama", "sliding", "recurrent"])
@@ -63,9 +64,13 @@ PROMPTS = ("the first question is this one", "and a second, different prompt")
 
 @pytest.mark.parametrize("sampling", [{}, {"repetition_penalty": 1.3}])
 @pytest.mark.parametrize("steps_before", [0, 1, 5])
-def test_hand_over_to_the_batch_keeps_replies(loaded, sampling, steps_before):
+def test_hand_over_to_the_batch_keeps_replies(loaded, sampling, steps_before, monkeypatch):
+    """Alone, then decoded in a batch of two: different computations (a batch's GEMM over
+    two rows), so the replies are compared token by token."""
+    log = TokenLog(monkeypatch)
     s = scheduler(loaded)
-    alone = [run_alone(s, handle(p, **sampling)) for p in PROMPTS]
+    alone_handles = [handle(p, **sampling) for p in PROMPTS]
+    alone = [run_alone(s, h) for h in alone_handles]
     assert s.solo is None and not s.batched
     first, second = (handle(p, **sampling) for p in PROMPTS)
     start(s, first)
@@ -77,6 +82,7 @@ def test_hand_over_to_the_batch_keeps_replies(loaded, sampling, steps_before):
     while s.busy:
         s.step()
     together = [done(first), done(second)]
+    assert [log.of(h) for h in (first, second)] == [log.of(h) for h in alone_handles]
     assert [d.text for d in together] == [d.text for d in alone]
     assert [d.stats.completion_tokens for d in together] == [d.stats.completion_tokens for d in alone]
 
@@ -140,6 +146,10 @@ def test_last_logits_equal_the_full_forward(loaded):
     full = model(tokens, cache=a)[:, -1, :]
     last = last_logits(model, tokens, b)
     assert last.shape == full.shape
+    # different computations (the vocabulary projection of the last row alone against all
+    # rows'): within float32 rounding, and the same greedy token
     assert mx.allclose(last, full, rtol=1e-5, atol=1e-5).item()
-    states = [tree_flatten([c.state for c in cache]) for cache in (a, b)]  # same K/V went in
+    assert mx.argmax(last).item() == mx.argmax(full).item()
+    # the same computation (the same backbone forward over the same tokens): the same K/V
+    states = [tree_flatten([c.state for c in cache]) for cache in (a, b)]
     assert all(mx.array_equal(p, q).item() for (_, p), (_, q) in zip(*states) if p is not None)

@@ -148,6 +148,8 @@ def test_logits_match_gguf_package_dequantization(gemma, reference):
     tokens = mx.array(gemma.tokenizer.encode(SENTENCE))[None]
     ours, theirs = gemma.model(tokens)[0], reference(tokens)[0]
     mx.eval(ours, theirs)
+    # different computations (our conversion's weights against the gguf package's): within
+    # float32 rounding, and the same greedy token at every position
     scale = float(mx.abs(theirs).max())
     assert float(mx.abs(ours - theirs).max()) <= 1e-4 * scale
     assert mx.array_equal(ours.argmax(axis=-1), theirs.argmax(axis=-1))
@@ -191,6 +193,8 @@ def test_conversion_cache_is_reused(gemma, gemma_file, data_root, monkeypatch):
     assert again.info.fingerprint == gemma.info.fingerprint
     assert seconds < max(10.0, gemma.info.load_seconds / 2)
     tokens = mx.array(gemma.tokenizer.encode("Hello there"))[None]
+    # the same computation (the same weights, read back from the conversion cache, through
+    # the same forward): the same bits
     assert mx.array_equal(again.model(tokens), gemma.model(tokens))
 
 
