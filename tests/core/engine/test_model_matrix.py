@@ -23,15 +23,9 @@ import pytest
 
 from core.engine.engine import Engine
 from core.engine.types import DoneEvent, GenerationRequest, SamplingParams, TokenEvent
-from tests.kvcache.model_families import FAMILIES, SKIPPED, write_family
+from tests.kvcache.model_families import FAMILIES, NEEDS_METAL, SKIPPED, write_family
 
 pytestmark = pytest.mark.model_matrix
-
-# Families whose mlx-lm code runs Metal kernels only (mx.fast.metal_kernel, no fallback)
-NEEDS_METAL = {
-    "bitnet": "its BitLinear layers run a Metal kernel (mlx_lm/models/bitlinear_layers.py)",
-    "muse_spark": "its norms and expert routing run Metal kernels (mlx_lm/kernels/)",
-}
 
 REPLY_TOKENS = 10
 GREEDY = SamplingParams(temperature=0.0, max_tokens=REPLY_TOKENS)
