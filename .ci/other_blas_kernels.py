@@ -18,7 +18,17 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 AVX512 = {"skylakex", "cooperlake", "sapphirerapids", "zen4", "zen5"}
-AVX2 = {"haswell", "zen", "skylake", "broadwell", "excavator", "steamroller", "zen2", "zen3", "alderlake"}
+AVX2 = {
+    "haswell",
+    "zen",
+    "skylake",
+    "broadwell",
+    "excavator",
+    "steamroller",
+    "zen2",
+    "zen3",
+    "alderlake",
+}
 AVX = {"sandybridge", "bulldozer", "piledriver"}
 
 
@@ -31,7 +41,12 @@ def own_core(path: str) -> str:
 def cpu_flags() -> set[str]:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return {flag for line in f if line.startswith(("flags", "Features")) for flag in line.split(":")[1].split()}
+            return {
+                flag
+                for line in f
+                if line.startswith(("flags", "Features"))
+                for flag in line.split(":")[1].split()
+            }
     except OSError:
         return set()
 

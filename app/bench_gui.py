@@ -32,7 +32,9 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run_bench_gui(args, data_root: Path) -> int:
-    if sys.platform.startswith("linux") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+    if sys.platform.startswith("linux") and not (
+        os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
+    ):
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from PySide6.QtCore import QEventLoop, QSettings, Qt, QTimer
     from PySide6.QtWidgets import QApplication
@@ -42,9 +44,9 @@ def run_bench_gui(args, data_root: Path) -> int:
     from app.main_window import MainWindow
     from app.screenshot import _link_model, _wait
     from app.settings_dialogs import AppSettings
-    from core.models import provision
     from core.chats.store import ChatStore
     from core.errors import UserError
+    from core.models import provision
     from core.paths import chats_db_path
 
     app = QApplication.instance() or QApplication(sys.argv)
@@ -54,7 +56,9 @@ def run_bench_gui(args, data_root: Path) -> int:
         root = Path(scratch)
         spec = _link_model(args.model, data_root, root, provision)
         with ChatStore(chats_db_path(root)) as store:
-            settings = AppSettings(QSettings(str(root / "settings.ini"), QSettings.Format.IniFormat))
+            settings = AppSettings(
+                QSettings(str(root / "settings.ini"), QSettings.Format.IniFormat)
+            )
             bridge = EngineBridge(root, spec)
             window = MainWindow(bridge, store, settings, server_port=0)
             window.resize(1280, 800)
@@ -65,8 +69,15 @@ def run_bench_gui(args, data_root: Path) -> int:
                     raise UserError(f"the model did not load: {why}")
                 for _ in range(args.repeats):
                     window.new_chat()
-                    store.update_session(window.session.id, settings={
-                        "temperature": 0.0, "top_p": 1.0, "max_tokens": args.max_tokens, "seed": None})
+                    store.update_session(
+                        window.session.id,
+                        settings={
+                            "temperature": 0.0,
+                            "top_p": 1.0,
+                            "max_tokens": args.max_tokens,
+                            "seed": None,
+                        },
+                    )
                     window.session = store.get_session_by_id(window.session.id)
                     ticks: list[float] = []
                     timer = QTimer()
@@ -76,16 +87,24 @@ def run_bench_gui(args, data_root: Path) -> int:
                     bridge.token.connect(tokens.append)
                     timer.start(TICK_MS)
                     ticks.append(time.perf_counter())
-                    ok, why = _wait(app, bridge.finished, bridge.failed, lambda: window.send(PROMPT))
+                    ok, why = _wait(
+                        app, bridge.finished, bridge.failed, lambda: window.send(PROMPT)
+                    )
                     timer.stop()
                     bridge.token.disconnect(tokens.append)
                     if not ok:
                         raise UserError(f"the reply failed: {why}")
                     late = [max(0.0, (b - a) * 1000 - TICK_MS) for a, b in zip(ticks, ticks[1:])]
-                    runs.append({"tokens": len(tokens), "ticks": len(late),
-                                 "seconds": ticks[-1] - ticks[0],
-                                 "p50_ms": percentile(late, 50), "p99_ms": percentile(late, 99),
-                                 "max_ms": max(late, default=0.0)})
+                    runs.append(
+                        {
+                            "tokens": len(tokens),
+                            "ticks": len(late),
+                            "seconds": ticks[-1] - ticks[0],
+                            "p50_ms": percentile(late, 50),
+                            "p99_ms": percentile(late, 99),
+                            "max_ms": max(late, default=0.0),
+                        }
+                    )
                     pause = QEventLoop()
                     QTimer.singleShot(300, pause.quit)
                     pause.exec()
@@ -93,7 +112,10 @@ def run_bench_gui(args, data_root: Path) -> int:
                 window.close()
                 bridge.shutdown()
     result = {
-        "model": args.model, "max_tokens": args.max_tokens, "repeats": args.repeats, "tick_ms": TICK_MS,
+        "model": args.model,
+        "max_tokens": args.max_tokens,
+        "repeats": args.repeats,
+        "tick_ms": TICK_MS,
         "runs": runs,
         "p50_ms": statistics.median(r["p50_ms"] for r in runs),
         "p99_ms": statistics.median(r["p99_ms"] for r in runs),
@@ -103,8 +125,12 @@ def run_bench_gui(args, data_root: Path) -> int:
         print(json.dumps(result))
         return 0
     for i, run in enumerate(runs, 1):
-        print(f"reply {i}: {run['tokens']} pieces in {run['seconds']:.1f} s, {run['ticks']} ticks: "
-              f"lateness p50 {run['p50_ms']:.2f} ms, p99 {run['p99_ms']:.2f} ms, max {run['max_ms']:.1f} ms")
-    print(f"median over {len(runs)} replies: p50 {result['p50_ms']:.2f} ms, p99 {result['p99_ms']:.2f} ms "
-          f"(target p99 < 50 ms)")
+        print(
+            f"reply {i}: {run['tokens']} pieces in {run['seconds']:.1f} s, {run['ticks']} ticks: "
+            f"lateness p50 {run['p50_ms']:.2f} ms, p99 {run['p99_ms']:.2f} ms, max {run['max_ms']:.1f} ms"
+        )
+    print(
+        f"median over {len(runs)} replies: p50 {result['p50_ms']:.2f} ms, p99 {result['p99_ms']:.2f} ms "
+        f"(target p99 < 50 ms)"
+    )
     return 0

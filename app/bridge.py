@@ -26,11 +26,19 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 
-from core.engine import namespaces
-from core.engine.types import (CHAT_PRIORITY, ChatMessage, DoneEvent, ErrorEvent, GenerationRequest, ProgressEvent,
-                               SamplingParams, TokenEvent)
-from core.errors import UserError
 from core.api.server import ApiServer
+from core.engine import namespaces
+from core.engine.types import (
+    CHAT_PRIORITY,
+    ChatMessage,
+    DoneEvent,
+    ErrorEvent,
+    GenerationRequest,
+    ProgressEvent,
+    SamplingParams,
+    TokenEvent,
+)
+from core.errors import UserError
 
 if TYPE_CHECKING:
     from core.engine.engine import Engine, RequestHandle
@@ -60,16 +68,26 @@ class EngineBridge(QObject):
 
     _relay = Signal(str, object)  # (signal name, args): any thread -> the GUI thread
 
-    def __init__(self, data_root: Path | None = None, model_spec: str = "default", *,
-                 engine: Engine | None = None, engine_options: dict | None = None,
-                 parent: QObject | None = None):
+    def __init__(
+        self,
+        data_root: Path | None = None,
+        model_spec: str = "default",
+        *,
+        engine: Engine | None = None,
+        engine_options: dict | None = None,
+        parent: QObject | None = None,
+    ):
         """``engine_options``: keyword arguments for the Engine (pool_bytes, disk_budget_bytes...)."""
         super().__init__(parent)
         if engine is None:
             from core.engine.engine import Engine  # imported on use: it loads mlx
 
-            engine = Engine(Path(data_root), model_spec, on_load_progress=self._on_load_progress,
-                            **(engine_options or {}))
+            engine = Engine(
+                Path(data_root),
+                model_spec,
+                on_load_progress=self._on_load_progress,
+                **(engine_options or {}),
+            )
         self.engine = engine
         self._model_spec = model_spec or ""  # the first model, for modelLoading
         self._handle: RequestHandle | None = None
@@ -125,7 +143,9 @@ class EngineBridge(QObject):
         self._loading = True
         self.modelLoading.emit(spec)
         self._poll.setInterval(BUSY_POLL_MS)
-        threading.Thread(target=self._load, args=(spec,), name="radixchat-bridge-load", daemon=True).start()
+        threading.Thread(
+            target=self._load, args=(spec,), name="radixchat-bridge-load", daemon=True
+        ).start()
 
     def poll_stats(self) -> None:
         """Emit statsUpdated with the engine's latest figures (the timer calls this)."""
@@ -143,7 +163,9 @@ class EngineBridge(QObject):
             self._poll.setInterval(interval)
         self.statsUpdated.emit(stats)
 
-    def send(self, messages: list[tuple[str, str]], sampling: dict, session: str | None = None) -> None:
+    def send(
+        self, messages: list[tuple[str, str]], sampling: dict, session: str | None = None
+    ) -> None:
         """Ask for a reply to ``messages`` ((role, content) pairs); tokens, then finished or failed.
         ``sampling`` holds SamplingParams fields (other keys are ignored)."""
         if self._handle is not None:
@@ -158,8 +180,9 @@ class EngineBridge(QObject):
         )
         self._handle = self.engine.submit(request)
         self._poll.setInterval(BUSY_POLL_MS)
-        threading.Thread(target=self._read, args=(self._handle,), name="radixchat-bridge-reply",
-                         daemon=True).start()
+        threading.Thread(
+            target=self._read, args=(self._handle,), name="radixchat-bridge-reply", daemon=True
+        ).start()
 
     def cancel(self) -> None:
         if self._handle is not None:
@@ -186,8 +209,12 @@ class EngineBridge(QObject):
         server, self._server = self._server, None
         if server is None:
             return
-        self._server_stopping = threading.Thread(target=self._stop_server, args=(server,),
-                                                 name="radixchat-bridge-server-stop", daemon=True)
+        self._server_stopping = threading.Thread(
+            target=self._stop_server,
+            args=(server,),
+            name="radixchat-bridge-server-stop",
+            daemon=True,
+        )
         self._server_stopping.start()
 
     def shutdown(self) -> None:

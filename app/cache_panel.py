@@ -25,8 +25,8 @@ from PySide6.QtCore import QPointF, Qt
 from PySide6.QtGui import QColor, QCursor, QPalette, QPen
 from PySide6.QtWidgets import QGridLayout, QLabel, QStackedWidget, QToolTip, QVBoxLayout, QWidget
 
-from app.format import count, decimals_for, duration, nice_step, percent
 from app.charts import BLUE, GREEN, ORANGE, PURPLE, AxisPair, ChartPanel, chart_view, compact_chart
+from app.format import count, decimals_for, duration, nice_step, percent
 from core.engine.types import RequestStats
 
 if TYPE_CHECKING:
@@ -42,19 +42,29 @@ class TurnSplit:
     computed: int
     prompt: int
     ttft_s: float
-    namespace: str = ""  # the cache namespace the prompt was looked up in (a label; "" before namespaces)
+    namespace: str = (
+        ""  # the cache namespace the prompt was looked up in (a label; "" before namespaces)
+    )
 
     @classmethod
     def of(cls, stats: RequestStats | dict) -> TurnSplit:
         """From a reply's RequestStats, or a stored turn's dict of one (keys may be missing or odd)."""
         if isinstance(stats, RequestStats):
             stats = dataclasses.asdict(stats)
-        ram, disk, computed = (max(0, int(stats.get(key) or 0))
-                               for key in ("cached_tokens", "restored_tokens", "computed_tokens"))
+        ram, disk, computed = (
+            max(0, int(stats.get(key) or 0))
+            for key in ("cached_tokens", "restored_tokens", "computed_tokens")
+        )
         prompt = max(int(stats.get("prompt_tokens") or 0), ram + disk + computed)
         namespace = stats.get("cache_namespace")
-        return cls(ram, disk, computed, prompt, max(0.0, float(stats.get("ttft_s") or 0.0)),
-                   namespace if isinstance(namespace, str) else "")
+        return cls(
+            ram,
+            disk,
+            computed,
+            prompt,
+            max(0.0, float(stats.get("ttft_s") or 0.0)),
+            namespace if isinstance(namespace, str) else "",
+        )
 
     @property
     def hit(self) -> int:
@@ -62,12 +72,17 @@ class TurnSplit:
 
     def describe(self) -> str:
         where = f" (namespace {self.namespace})" if self.namespace and self.hit else ""
-        return (f"{count(self.prompt)} prompt tokens: {count(self.ram)} RAM · {count(self.disk)} disk"
-                f" · {count(self.computed)} computed{where}")
+        return (
+            f"{count(self.prompt)} prompt tokens: {count(self.ram)} RAM · {count(self.disk)} disk"
+            f" · {count(self.computed)} computed{where}"
+        )
 
 
-CACHED_AS = {"pages": "KV pages", "snapshots": "state snapshots (no full-attention layer)",
-             "pages+snapshots": "KV pages + state snapshots"}
+CACHED_AS = {
+    "pages": "KV pages",
+    "snapshots": "state snapshots (no full-attention layer)",
+    "pages+snapshots": "KV pages + state snapshots",
+}
 
 
 def cached_as_text(cache) -> str:
@@ -100,10 +115,17 @@ class CachePanel(ChartPanel):
         grid.setHorizontalSpacing(10)
         grid.setVerticalSpacing(2)
         self.values: dict[str, QLabel] = {}
-        for row, (key, caption) in enumerate((("lastTurn", "Last turn"), ("ttft", "First token"),
-                                              ("sessionHitRate", "Session hits"), ("appHitRate", "App hits"),
-                                              ("evictions", "Evictions"), ("namespace", "Namespace"),
-                                              ("cachedAs", "Cached as"))):
+        for row, (key, caption) in enumerate(
+            (
+                ("lastTurn", "Last turn"),
+                ("ttft", "First token"),
+                ("sessionHitRate", "Session hits"),
+                ("appHitRate", "App hits"),
+                ("evictions", "Evictions"),
+                ("namespace", "Namespace"),
+                ("cachedAs", "Cached as"),
+            )
+        ):
             title = QLabel(caption)
             title.setForegroundRole(QPalette.ColorRole.PlaceholderText)
             value = QLabel("—")
@@ -114,14 +136,17 @@ class CachePanel(ChartPanel):
             grid.addWidget(title, row, 0, Qt.AlignmentFlag.AlignTop)
             grid.addWidget(value, row, 1)
         grid.setColumnStretch(1, 1)
-        self.values["namespace"].setToolTip("The cache namespace the last turn's prompt was looked up in: "
-                                            "cached prefixes are shared inside a namespace only (the app's "
-                                            "chats, each API key, each cache_salt)")
+        self.values["namespace"].setToolTip(
+            "The cache namespace the last turn's prompt was looked up in: "
+            "cached prefixes are shared inside a namespace only (the app's "
+            "chats, each API key, each cache_salt)"
+        )
         self._namespaces_in_ram: int | None = None
 
         self.ram_set, self.disk_set, self.computed_set = (
-            self._bar_set(title, colour) for title, colour in
-            (("RAM hit", GREEN), ("Disk restore", BLUE), ("Computed", ORANGE)))
+            self._bar_set(title, colour)
+            for title, colour in (("RAM hit", GREEN), ("Disk restore", BLUE), ("Computed", ORANGE))
+        )
         self.bars = QStackedBarSeries()
         self.bars.setBarWidth(0.7)
         for bar_set in (self.ram_set, self.disk_set, self.computed_set):
@@ -144,13 +169,17 @@ class CachePanel(ChartPanel):
         self.x_axis.shown.setGridLineVisible(False)
         self.tokens_axis = AxisPair(self.chart, Qt.AlignmentFlag.AlignLeft, (self.bars,))
         self.tokens_axis.shown.setTickCount(5)
-        self.ttft_axis = AxisPair(self.chart, Qt.AlignmentFlag.AlignRight, (self.ttft_series,))  # s; s or ms
+        self.ttft_axis = AxisPair(
+            self.chart, Qt.AlignmentFlag.AlignRight, (self.ttft_series,)
+        )  # s; s or ms
         self.ttft_axis.shown.setTickCount(5)
         self.ttft_axis.shown.setGridLineVisible(False)
         self.chart_view = chart_view(self.chart)
 
-        self.empty_label = QLabel("No turns yet in this chat.\nEach reply's prompt will show here, split "
-                                  "into tokens served from the RAM cache, restored from disk, and computed.")
+        self.empty_label = QLabel(
+            "No turns yet in this chat.\nEach reply's prompt will show here, split "
+            "into tokens served from the RAM cache, restored from disk, and computed."
+        )
         self.empty_label.setObjectName("emptyState")
         self.empty_label.setWordWrap(True)
         self.empty_label.setAlignment(Qt.AlignmentFlag.AlignCenter)
@@ -185,12 +214,19 @@ class CachePanel(ChartPanel):
         cache = stats.cache
         seen, hit = (cache.prompt_tokens, cache.hit_tokens) if cache is not None else (0, 0)
         rate = cache.hit_rate if cache is not None else 0.0
-        self.values["appHitRate"].setText(f"{percent(rate)} of {count(seen)} tokens" if seen else "—")
-        self.values["appHitRate"].setToolTip(f"{count(hit)} of {count(seen)} prompt tokens served from "
-                                             "the cache since the app started" if seen else "")
+        self.values["appHitRate"].setText(
+            f"{percent(rate)} of {count(seen)} tokens" if seen else "—"
+        )
+        self.values["appHitRate"].setToolTip(
+            f"{count(hit)} of {count(seen)} prompt tokens served from "
+            "the cache since the app started"
+            if seen
+            else ""
+        )
         pages, tokens = (cache.evicted_pages, cache.evicted_tokens) if cache is not None else (0, 0)
-        self.values["evictions"].setText(f"{count(tokens)} tokens ({count(pages)} pages)" if pages or tokens
-                                         else "none")
+        self.values["evictions"].setText(
+            f"{count(tokens)} tokens ({count(pages)} pages)" if pages or tokens else "none"
+        )
         self.values["cachedAs"].setText(cached_as_text(cache))
         self.values["cachedAs"].setToolTip(cache.layout if cache is not None else "")
         namespaces = cache.namespaces if cache is not None else None
@@ -206,7 +242,7 @@ class CachePanel(ChartPanel):
 
     @property
     def plotted_turns(self) -> list[TurnSplit]:
-        return self.turns[-self.MAX_BARS:]
+        return self.turns[-self.MAX_BARS :]
 
     # -- helpers --
 
@@ -223,10 +259,15 @@ class CachePanel(ChartPanel):
             rate, prompt = hit_rate(self.turns)
             turns = len(self.turns)
             self.values["sessionHitRate"].setText(
-                f"{percent(rate)} of {count(prompt)} tokens · {count(turns)} turn{'s' if turns != 1 else ''}")
+                f"{percent(rate)} of {count(prompt)} tokens · {count(turns)} turn{'s' if turns != 1 else ''}"
+            )
         self._show_namespace()
 
-        for bar_set, field in ((self.ram_set, "ram"), (self.disk_set, "disk"), (self.computed_set, "computed")):
+        for bar_set, field in (
+            (self.ram_set, "ram"),
+            (self.disk_set, "disk"),
+            (self.computed_set, "computed"),
+        ):
             bar_set.remove(0, bar_set.count())
             bar_set.append([float(getattr(turn, field)) for turn in shown])
         self.ttft_series.replace([QPointF(i, turn.ttft_s) for i, turn in enumerate(shown)])
@@ -267,6 +308,8 @@ class CachePanel(ChartPanel):
             QToolTip.hideText()
             return
         turn, number = shown[index], len(self.turns) - len(shown) + index + 1
-        QToolTip.showText(QCursor.pos(), f"Turn {number}: {turn.describe()}\nFirst token after "
-                                         f"{duration(turn.ttft_s)}", self.chart_view)
-
+        QToolTip.showText(
+            QCursor.pos(),
+            f"Turn {number}: {turn.describe()}\nFirst token after {duration(turn.ttft_s)}",
+            self.chart_view,
+        )

@@ -11,6 +11,7 @@ from PySide6.QtWidgets import QSizePolicy, QWidget
 # Mid-luminance colours that read on light and dark backgrounds alike.
 BLUE, ORANGE, GREEN, PURPLE, RED = "#4C9BE8", "#F2A33A", "#3FB68B", "#B07AA1", "#E8684A"
 
+
 def small_font(widget: QWidget) -> QFont:
     """The widget's font, a size or so smaller: for axes, legends and captions."""
     font = QFont(widget.font())

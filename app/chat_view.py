@@ -30,8 +30,17 @@ import time
 
 from PySide6.QtCore import QEvent, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QGuiApplication, QPainter, QPalette
-from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QScrollArea, QSizePolicy, QStackedLayout, QToolButton,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QScrollArea,
+    QSizePolicy,
+    QStackedLayout,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.markdown import MarkdownView, is_dark, mix
 
@@ -45,7 +54,9 @@ def bubble_colour(palette: QPalette, role: str) -> QColor:
     base = palette.color(QPalette.ColorRole.Base)
     if role == "error":
         return mix(base, error_colour(palette), 0.18 if is_dark(palette) else 0.12)
-    return mix(base, palette.color(QPalette.ColorRole.Highlight), 0.20 if is_dark(palette) else 0.11)
+    return mix(
+        base, palette.color(QPalette.ColorRole.Highlight), 0.20 if is_dark(palette) else 0.11
+    )
 
 
 def error_colour(palette: QPalette) -> QColor:
@@ -235,7 +246,9 @@ class ChatView(QWidget):
         bar.rangeChanged.connect(self._on_range_changed)
         bar.valueChanged.connect(self._on_scrolled)
 
-        self.regenerate_button = tool_button("Regenerate", "regenerateButton", "Generate this reply again")
+        self.regenerate_button = tool_button(
+            "Regenerate", "regenerateButton", "Generate this reply again"
+        )
         self.regenerate_button.clicked.connect(self.regenerateRequested)
         self.edit_button = tool_button("Edit", "editButton", "Edit this message and send it again")
         self.edit_button.clicked.connect(self._on_edit)

@@ -18,7 +18,9 @@ class Composer(QWidget):
         self._ready = False
         self._generating = False
 
-        self.banner = QLabel("Editing your last message: sending replaces it and its reply. Esc cancels.")
+        self.banner = QLabel(
+            "Editing your last message: sending replaces it and its reply. Esc cancels."
+        )
         self.banner.setObjectName("editBanner")
         self.banner.setWordWrap(True)
         self.banner.hide()
@@ -88,8 +90,10 @@ class Composer(QWidget):
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         if watched is self.input and event.type() == QEvent.Type.KeyPress:
-            if (event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
-                    and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier):
+            if (
+                event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
+                and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier
+            ):
                 self.send()
                 return True
             if event.key() == Qt.Key.Key_Escape:

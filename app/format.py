@@ -30,7 +30,7 @@ def percent(fraction: float | None, digits: int = 0) -> str:
     """0.423 -> "42%". A non-zero share never reads "0%" and a partial one never "100%"."""
     value = 100 * float(fraction or 0)
     text = f"{value:.{digits}f}%"
-    smallest = 10 ** -digits
+    smallest = 10**-digits
     if 0 < value < smallest / 2:
         return f"<{smallest:g}%"
     if 100 - smallest / 2 <= value < 100:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from PySide6.QtCore import QObject, Qt, Signal
 
@@ -33,8 +33,12 @@ class GroupBridge(QObject):
 
     _relay = Signal(str, object)  # (signal name, args): any thread -> the GUI thread
 
-    def __init__(self, data_dir: str, parent: QObject | None = None,
-                 server_factory: Callable[..., GroupServer] = GroupServer):
+    def __init__(
+        self,
+        data_dir: str,
+        parent: QObject | None = None,
+        server_factory: Callable[..., GroupServer] = GroupServer,
+    ):
         """``server_factory``: how a group is started (a test passes one that adds arguments)."""
         super().__init__(parent)
         self.data_dir = data_dir
@@ -56,14 +60,20 @@ class GroupBridge(QObject):
         """Read the hostfile and the model's config off the GUI thread; ``checked`` follows
         (a later call wins: an older answer is dropped)."""
         self._check_asked = (hostfile, model_path)
-        threading.Thread(target=self._check, args=(hostfile, model_path), daemon=True,
-                         name="radixchat-group-check").start()
+        threading.Thread(
+            target=self._check,
+            args=(hostfile, model_path),
+            daemon=True,
+            name="radixchat-group-check",
+        ).start()
 
     def start(self, hostfile: str, model_path: str, port: int) -> None:
         """Start the group (returns at once); ``serving`` or ``fault``, then ``ended``, follow."""
         if self._server is not None:
             raise RuntimeError("a group is already running")
-        self._server = self._server_factory(hostfile, model_path, port, self.data_dir, self._on_event)
+        self._server = self._server_factory(
+            hostfile, model_path, port, self.data_dir, self._on_event
+        )
         self.address, self.last_fault = "", ""
         self.lines.clear()
         self._server.start()

@@ -11,8 +11,20 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QFont
-from PySide6.QtWidgets import (QDialog, QFileDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit, QListWidget,
-                               QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QDialog,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QPlainTextEdit,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.group_bridge import LOG_LINES, GroupBridge
 from core.distributed.group_server import GroupCheck
@@ -24,8 +36,15 @@ FAULT_STYLE = "color: #cf222e; font-weight: 600;"
 class GroupServeDialog(QDialog):
     """``model_name`` and ``model_path``: the model the group serves (the app's current one)."""
 
-    def __init__(self, bridge: GroupBridge, model_name: str, model_path: str, hostfile: str = "",
-                 port: int = 8000, parent: QWidget | None = None):
+    def __init__(
+        self,
+        bridge: GroupBridge,
+        model_name: str,
+        model_path: str,
+        hostfile: str = "",
+        port: int = 8000,
+        parent: QWidget | None = None,
+    ):
         super().__init__(parent)
         self.setWindowTitle("Serve over several Macs")
         self.bridge = bridge
@@ -45,7 +64,9 @@ class GroupServeDialog(QDialog):
         row.addWidget(self.browse_button)
         self.hosts = QListWidget()
         self.hosts.setMaximumHeight(self.fontMetrics().lineSpacing() * 5 + 8)
-        self.hosts.setToolTip("Rank 0, the first host, serves the API; every host runs its part of the model")
+        self.hosts.setToolTip(
+            "Rank 0, the first host, serves the API; every host runs its part of the model"
+        )
         self.model_label = QLabel(model_name)
         self.model_label.setToolTip(model_path)
         self.split_label = QLabel("Choose a hostfile")
@@ -178,7 +199,8 @@ class GroupServeDialog(QDialog):
         texts = {
             "stopped": "Not running",
             "starting": f"Starting on {len(hosts)} hosts…" if hosts else "Starting…",
-            "serving": f"Serving at {self.serving_address}" + (f" over {len(hosts)} hosts" if hosts else ""),
+            "serving": f"Serving at {self.serving_address}"
+            + (f" over {len(hosts)} hosts" if hosts else ""),
             "stopping": "Stopping the group…",
         }
         self.status_label.setText(texts[self.state])
@@ -197,5 +219,7 @@ class GroupServeDialog(QDialog):
 
     def _ask_file(self, start: str) -> str:
         """The hostfile the user picks ("" if cancelled); a test replaces it."""
-        path, _ = QFileDialog.getOpenFileName(self, "Choose a hostfile", start, "Hostfiles (*.json);;All files (*)")
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Choose a hostfile", start, "Hostfiles (*.json);;All files (*)"
+        )
         return path

@@ -9,12 +9,24 @@ stays responsive. A cancelled download keeps its bytes: "Resume" continues it.
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtGui import QBrush, QColor
-from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeaderView, QLabel, QLineEdit,
-                               QProgressBar, QPushButton, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QProgressBar,
+    QPushButton,
+    QTreeWidget,
+    QTreeWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.format import human_bytes
 from core.errors import UserError
@@ -70,13 +82,18 @@ def duration_text(seconds: float | None) -> str:
     if seconds is None:
         return "--:--"
     seconds = int(seconds)
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else \
-        f"{seconds // 60}:{seconds % 60:02d}"
+    return (
+        f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+        if seconds >= 3600
+        else f"{seconds // 60}:{seconds % 60:02d}"
+    )
 
 
 def progress_text(p: download.DownloadProgress) -> str:
-    return (f"{human_bytes(p.done_bytes)} of {human_bytes(p.total_bytes)} · {human_bytes(p.rate)}/s · "
-            f"{duration_text(p.eta_seconds)} left")
+    return (
+        f"{human_bytes(p.done_bytes)} of {human_bytes(p.total_bytes)} · {human_bytes(p.rate)}/s · "
+        f"{duration_text(p.eta_seconds)} left"
+    )
 
 
 class HubPanel(QWidget):
@@ -103,9 +120,12 @@ class HubPanel(QWidget):
         self.results.setHeaderLabels(COLUMNS)
         self.results.setRootIsDecorated(False)
         self.results.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
-        self.results.headerItem().setToolTip(FIT_COLUMN, "The weights as this machine will hold them plus the KV "
-                                                         "pool, against its memory: fits (up to 70 %), tight, "
-                                                         "won't fit")
+        self.results.headerItem().setToolTip(
+            FIT_COLUMN,
+            "The weights as this machine will hold them plus the KV "
+            "pool, against its memory: fits (up to 70 %), tight, "
+            "won't fit",
+        )
         header = self.results.header()
         header.setStretchLastSection(False)
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
@@ -150,7 +170,13 @@ class HubPanel(QWidget):
             return
         self.search_button.setEnabled(False)
         self._say(f"Searching for “{text}”…")
-        self._keep(run_in_thread(lambda: hub.search(text, on_cpu=self.on_cpu), self._on_results, self._on_search_failed))
+        self._keep(
+            run_in_thread(
+                lambda: hub.search(text, on_cpu=self.on_cpu),
+                self._on_results,
+                self._on_search_failed,
+            )
+        )
 
     def _on_results(self, results: list[hub.SearchResult]) -> None:
         self.search_button.setEnabled(True)
@@ -167,9 +193,17 @@ class HubPanel(QWidget):
     def _add_result(self, r: hub.SearchResult) -> None:
         fit = r.fit.label if r.fit and not r.problem else ("can't load" if r.problem else "?")
         name = r.repo_id + ("  🔒" if r.gated else "")
-        item = QTreeWidgetItem([name, "MLX" if r.kind == "mlx" else "GGUF", parameters_text(r.parameters),
-                                r.quantization or "", human_bytes(r.size_bytes) if r.size_bytes else "",
-                                fit, f"{r.downloads:,}"])
+        item = QTreeWidgetItem(
+            [
+                name,
+                "MLX" if r.kind == "mlx" else "GGUF",
+                parameters_text(r.parameters),
+                r.quantization or "",
+                human_bytes(r.size_bytes) if r.size_bytes else "",
+                fit,
+                f"{r.downloads:,}",
+            ]
+        )
         item.setData(0, RESULT_ROLE, r)
         color = FIT_COLORS.get(fit, "#777777")
         item.setForeground(FIT_COLUMN, QBrush(QColor("white")))
@@ -177,10 +211,14 @@ class HubPanel(QWidget):
         item.setTextAlignment(FIT_COLUMN, Qt.AlignmentFlag.AlignCenter)
         tips = [r.problem] if r.problem else []
         if r.fit:
-            tips.append(f"about {human_bytes(r.fit.weights_bytes)} of weights + {human_bytes(r.fit.kv_pool_bytes)} "
-                        f"of KV pool, of {human_bytes(r.fit.machine_bytes)}")
+            tips.append(
+                f"about {human_bytes(r.fit.weights_bytes)} of weights + {human_bytes(r.fit.kv_pool_bytes)} "
+                f"of KV pool, of {human_bytes(r.fit.machine_bytes)}"
+            )
         if r.gated:
-            tips.append("gated: needs your Hugging Face token (HF_TOKEN or `hf auth login`) and its licence accepted")
+            tips.append(
+                "gated: needs your Hugging Face token (HF_TOKEN or `hf auth login`) and its licence accepted"
+            )
         item.setToolTip(0, "\n".join(tips))
         item.setToolTip(FIT_COLUMN, "\n".join(tips))
         if r.problem:
@@ -196,8 +234,13 @@ class HubPanel(QWidget):
         if result is not None and result.kind == "gguf" and not result.problem:
             repo = result.repo_id
             self._say(f"Listing the GGUF files of {repo}…")
-            self._keep(run_in_thread(lambda: hub.gguf_files(repo), lambda files: self._on_files(repo, files),
-                                     lambda m: self._say(m, error=True)))
+            self._keep(
+                run_in_thread(
+                    lambda: hub.gguf_files(repo),
+                    lambda files: self._on_files(repo, files),
+                    lambda m: self._say(m, error=True),
+                )
+            )
         self._update_buttons()
 
     def _on_files(self, repo_id: str, files: tuple[hub.RepoFile, ...]) -> None:
@@ -208,7 +251,9 @@ class HubPanel(QWidget):
             fit = hub.estimate_fit("gguf", f.size, None, self.on_cpu)
             self.file_box.addItem(f"{f.path} · {human_bytes(f.size)} · {fit.label}", f.path)
         self.file_box.setVisible(bool(files))
-        self._say(f"{len(files)} GGUF files: choose one" if files else f"{repo_id} has no GGUF file")
+        self._say(
+            f"{len(files)} GGUF files: choose one" if files else f"{repo_id} has no GGUF file"
+        )
         self._update_buttons()
 
     def selected_result(self) -> hub.SearchResult | None:
@@ -239,7 +284,9 @@ class HubPanel(QWidget):
         relay = _Relay()  # created here so the progress callback can emit from the worker
 
         def work():
-            return download.pull(target, data_root=root, cancel=cancel, progress=relay.progress.emit)
+            return download.pull(
+                target, data_root=root, cancel=cancel, progress=relay.progress.emit
+            )
 
         self._keep(run_in_thread(work, self._on_downloaded, self._on_download_failed))
         self._keep(relay)
@@ -284,7 +331,9 @@ class HubPanel(QWidget):
         self.cancel_button.setEnabled(busy)
         target = self.target()
         self.download_button.setEnabled(not busy and target is not None)
-        self.download_button.setText("Resume" if target and not busy and self._has_partial(target) else "Download")
+        self.download_button.setText(
+            "Resume" if target and not busy and self._has_partial(target) else "Download"
+        )
 
     def _has_partial(self, target: str) -> bool:
         from core.models import installed

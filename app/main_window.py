@@ -12,8 +12,15 @@ import logging
 
 from PySide6.QtCore import QSignalBlocker, Qt
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
-from PySide6.QtWidgets import (QLabel, QMainWindow, QMessageBox, QSplitter, QToolButton,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QLabel,
+    QMainWindow,
+    QMessageBox,
+    QSplitter,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.bridge import EngineBridge
 from app.cache_panel import CachePanel
@@ -24,7 +31,12 @@ from app.group_dialog import GroupServeDialog
 from app.memory_panel import MemoryPanel
 from app.model_picker import ModelPickerDialog
 from app.session_list import SessionList
-from app.settings_dialogs import DEFAULT_SAMPLING, AppSettings, AppSettingsDialog, SessionSettingsDialog
+from app.settings_dialogs import (
+    DEFAULT_SAMPLING,
+    AppSettings,
+    AppSettingsDialog,
+    SessionSettingsDialog,
+)
 from core.chats.store import ChatStore, Session, readable
 from core.chats.turn import ChatTurn
 from core.engine.types import RequestStats
@@ -37,8 +49,14 @@ log = logging.getLogger(__name__)
 class MainWindow(QMainWindow):
     """``server_port``: where "Serve API" listens on 127.0.0.1 (0: any free port)."""
 
-    def __init__(self, bridge: EngineBridge, store: ChatStore, settings: AppSettings | None = None,
-                 parent: QWidget | None = None, server_port: int = 8000):
+    def __init__(
+        self,
+        bridge: EngineBridge,
+        store: ChatStore,
+        settings: AppSettings | None = None,
+        parent: QWidget | None = None,
+        server_port: int = 8000,
+    ):
         super().__init__(parent)
         self.bridge, self.store = bridge, store
         self.settings = settings if settings is not None else AppSettings()
@@ -48,7 +66,9 @@ class MainWindow(QMainWindow):
         self._turn: ChatTurn | None = None  # the turn whose reply the window waits for
         self._from_composer = False  # it came from the composer (not a regenerate)
         self.error_box: QMessageBox | None = None
-        self.group_bridge = GroupBridge(str(bridge.data_root), parent=self)  # serving over several Macs
+        self.group_bridge = GroupBridge(
+            str(bridge.data_root), parent=self
+        )  # serving over several Macs
         self.group_dialog: GroupServeDialog | None = None
 
         self.setWindowTitle("RadixChat")
@@ -110,13 +130,20 @@ class MainWindow(QMainWindow):
 
         self.new_action = self.sessions.new_action  # Ctrl+N, window-wide; newRequested -> new_chat
         self.model_action = action("Model…", self.choose_model, "Ctrl+M", "Choose the model")
-        self.session_settings_action = action("Chat Settings…", self.edit_session_settings, "Ctrl+,",
-                                              "System prompt and sampling for this chat")
-        self.app_settings_action = action("Preferences…", self.edit_app_settings, None,
-                                          "Data folder, memory and disk budgets")
+        self.session_settings_action = action(
+            "Chat Settings…",
+            self.edit_session_settings,
+            "Ctrl+,",
+            "System prompt and sampling for this chat",
+        )
+        self.app_settings_action = action(
+            "Preferences…", self.edit_app_settings, None, "Data folder, memory and disk budgets"
+        )
         self.app_settings_action.setMenuRole(QAction.MenuRole.PreferencesRole)
         self.regenerate_action = action("Regenerate Reply", self.regenerate, "Ctrl+R")
-        self.stop_action = action("Stop", self._on_escape, Qt.Key.Key_Escape, "Stop the reply (Esc)")
+        self.stop_action = action(
+            "Stop", self._on_escape, Qt.Key.Key_Escape, "Stop the reply (Esc)"
+        )
         self.quit_action = action("Quit", self.close, QKeySequence.StandardKey.Quit)
         self.quit_action.setMenuRole(QAction.MenuRole.QuitRole)
         self.panels_action = action("Show Panels", self.panels.setVisible, "Ctrl+Shift+P")
@@ -124,11 +151,17 @@ class MainWindow(QMainWindow):
         self.panels_action.setChecked(True)
         self.serve_action = QAction("Serve API", self)
         self.serve_action.setCheckable(True)
-        self.serve_action.setToolTip("Serve the OpenAI-compatible API on 127.0.0.1"
-                                     + (f":{self.server_port}" if self.server_port else ""))
+        self.serve_action.setToolTip(
+            "Serve the OpenAI-compatible API on 127.0.0.1"
+            + (f":{self.server_port}" if self.server_port else "")
+        )
         self.serve_action.toggled.connect(self._on_serve_toggled)
-        self.group_action = action("Serve Over Several Macs…", self.open_group_serve, None,
-                                   "Serve the API with the model split over the Macs of a hostfile")
+        self.group_action = action(
+            "Serve Over Several Macs…",
+            self.open_group_serve,
+            None,
+            "Serve the API with the model split over the Macs of a hostfile",
+        )
 
         menus = self.menuBar()
         file_menu = menus.addMenu("&File")
@@ -155,7 +188,9 @@ class MainWindow(QMainWindow):
         toolbar.addSeparator()
         toolbar.addAction(self.serve_action)
         spacer = QWidget()
-        spacer.setSizePolicy(spacer.sizePolicy().Policy.Expanding, spacer.sizePolicy().Policy.Preferred)
+        spacer.setSizePolicy(
+            spacer.sizePolicy().Policy.Expanding, spacer.sizePolicy().Policy.Preferred
+        )
         toolbar.addWidget(spacer)
         toolbar.addAction(self.panels_action)
 
@@ -170,8 +205,12 @@ class MainWindow(QMainWindow):
         bridge.finished.connect(self._on_finished)
         bridge.failed.connect(self._on_failed)
         bridge.serverStopped.connect(self._on_server_stopped)
-        self.group_bridge.serving.connect(lambda address: self._set_state_text(f"Group serving at {address}", 8000))
-        self.group_bridge.fault.connect(lambda message: self._set_state_text(f"The group broke: {message}"))
+        self.group_bridge.serving.connect(
+            lambda address: self._set_state_text(f"Group serving at {address}", 8000)
+        )
+        self.group_bridge.fault.connect(
+            lambda message: self._set_state_text(f"The group broke: {message}")
+        )
         bridge.statsUpdated.connect(self.memory_panel.update_stats)
         bridge.statsUpdated.connect(self.cache_panel.update_totals)
         self.composer.sendRequested.connect(self.send)
@@ -230,7 +269,9 @@ class MainWindow(QMainWindow):
         if self.session is not None and not self.chat.message_count():
             self.composer.input.setFocus()
             return
-        settings = dict(self.session.settings) if self.session is not None else dict(DEFAULT_SAMPLING)
+        settings = (
+            dict(self.session.settings) if self.session is not None else dict(DEFAULT_SAMPLING)
+        )
         system = self.session.system_prompt if self.session is not None else None
         try:
             session = self.store.create_session(settings=settings, system_prompt=system)
@@ -247,7 +288,9 @@ class MainWindow(QMainWindow):
             return
         try:
             session = self.store.get_session_by_id(session_id)
-            messages, damage = readable(self.store.messages(session_id) if session is not None else [])
+            messages, damage = readable(
+                self.store.messages(session_id) if session is not None else []
+            )
         except StoreError as exc:
             self._set_state_text(f"Could not open the chat: {exc}")
             return
@@ -304,7 +347,13 @@ class MainWindow(QMainWindow):
         """Ask for a reply to ``text`` after the stored chat (less its last turn when
         ``replace``). The store only changes when the reply is done (``ChatTurn.finish``), so a
         reply that fails or is stopped before its first token loses nothing."""
-        if not text or self._generating or self.bridge.busy or not self.model_name or self.session is None:
+        if (
+            not text
+            or self._generating
+            or self.bridge.busy
+            or not self.model_name
+            or self.session is None
+        ):
             return
         try:
             turn = ChatTurn.start(self.store, self.session, text, replace=replace)
@@ -322,7 +371,9 @@ class MainWindow(QMainWindow):
         if from_composer:
             self.composer.finish_edit()
             self.composer.input.clear()
-        if replace or any(self.chat.message_role(i) == "error" for i in range(self.chat.message_count())):
+        if replace or any(
+            self.chat.message_role(i) == "error" for i in range(self.chat.message_count())
+        ):
             self.chat.set_messages(messages[:-1])  # the chat as it will be stored (no error rows)
         self.chat.add_user_message(text)
         self.chat.begin_reply()
@@ -377,8 +428,13 @@ class MainWindow(QMainWindow):
     def _on_load_failed(self, message: str) -> None:
         still = f" {self.model_name} stays loaded." if self.model_name else ""
         self._set_state_text(f"Could not load the model: {message}")
-        self.error_box = QMessageBox(QMessageBox.Icon.Warning, "RadixChat", "Could not load the model." + still,
-                                     QMessageBox.StandardButton.Ok, self)
+        self.error_box = QMessageBox(
+            QMessageBox.Icon.Warning,
+            "RadixChat",
+            "Could not load the model." + still,
+            QMessageBox.StandardButton.Ok,
+            self,
+        )
         self.error_box.setInformativeText(message)
         self.error_box.open()
         self._update_state()
@@ -404,14 +460,18 @@ class MainWindow(QMainWindow):
             self._set_state_text("Stopped before the reply began")
             self._update_state()
             return
-        note = (f"{'stopped · ' if stopped else ''}{stats.completion_tokens} tokens · "
-                f"{stats.decode_tps:.1f} tok/s · TTFT {stats.ttft_s:.2f} s")
+        note = (
+            f"{'stopped · ' if stopped else ''}{stats.completion_tokens} tokens · "
+            f"{stats.decode_tps:.1f} tok/s · TTFT {stats.ttft_s:.2f} s"
+        )
         self.chat.end_reply(text, note)
         self.cache_panel.set_turns(turn.kept_stats + [stats])
         served = stats.cached_tokens + stats.restored_tokens
         self.speed_label.setText(f"{stats.decode_tps:.1f} tok/s")
-        self._set_state_text(f"{'Stopped' if stopped else 'Done'} · prompt {stats.prompt_tokens} tokens, "
-                             f"{served} from the cache · TTFT {stats.ttft_s:.2f} s")
+        self._set_state_text(
+            f"{'Stopped' if stopped else 'Done'} · prompt {stats.prompt_tokens} tokens, "
+            f"{served} from the cache · TTFT {stats.ttft_s:.2f} s"
+        )
         self._update_state()
         if self.session is None:
             return
@@ -420,8 +480,10 @@ class MainWindow(QMainWindow):
             self._set_state_text(f"This reply is shown but was not saved: {saved.error}")
             return
         if saved.cache_freed:
-            self._set_state_text(f"The disk is full: the KV cache ({saved.cache_freed / MB:.1f} MB) "
-                                 "was deleted to save this reply")
+            self._set_state_text(
+                f"The disk is full: the KV cache ({saved.cache_freed / MB:.1f} MB) "
+                "was deleted to save this reply"
+            )
         try:
             self.session = self.store.get_session_by_id(self.session.id) or self.session
             self.sessions.refresh(select_id=self.session.id)
@@ -442,7 +504,9 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------------ dialogs
     def choose_model(self) -> None:
         info = self.bridge.model_info
-        dialog = ModelPickerDialog(self.bridge.data_root, info.spec if info is not None else None, self)
+        dialog = ModelPickerDialog(
+            self.bridge.data_root, info.spec if info is not None else None, self
+        )
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.accepted.connect(lambda: self._load(dialog.chosen_spec()))
         dialog.open()
@@ -465,7 +529,9 @@ class MainWindow(QMainWindow):
         if self.session is None:
             return
         try:
-            self.store.update_session(self.session.id, settings=settings, system_prompt=system_prompt)
+            self.store.update_session(
+                self.session.id, settings=settings, system_prompt=system_prompt
+            )
             self.session = self.store.get_session_by_id(self.session.id) or self.session
         except StoreError as exc:
             self._set_state_text(f"Could not save the settings: {exc}")
@@ -498,17 +564,26 @@ class MainWindow(QMainWindow):
         """The Serve settings for a group of Macs (the model: the one loaded now)."""
         info = self.bridge.model_info
         if info is None:
-            self._set_state_text("Wait for the model to load, then serve it over several Macs", 5000)
+            self._set_state_text(
+                "Wait for the model to load, then serve it over several Macs", 5000
+            )
             return
         if self.group_dialog is not None:
             self.group_dialog.raise_()
             self.group_dialog.activateWindow()
             return
-        dialog = GroupServeDialog(self.group_bridge, info.name, info.path, self.settings.group_hostfile or "",
-                                  self.server_port or 8000, parent=self)
+        dialog = GroupServeDialog(
+            self.group_bridge,
+            info.name,
+            info.path,
+            self.settings.group_hostfile or "",
+            self.server_port or 8000,
+            parent=self,
+        )
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.start_button.clicked.connect(  # the hostfile a group was started with: offered next time
-            lambda: setattr(self.settings, "group_hostfile", dialog.hostfile.text().strip() or None))
+            lambda: setattr(self.settings, "group_hostfile", dialog.hostfile.text().strip() or None)
+        )
         dialog.destroyed.connect(lambda: setattr(self, "group_dialog", None))
         dialog.show()
         self.group_dialog = dialog
@@ -520,8 +595,12 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------------ helpers
     def _update_state(self) -> None:
-        ready = (bool(self.model_name) and not self.bridge.loading and not self.bridge.busy
-                 and self.session is not None)
+        ready = (
+            bool(self.model_name)
+            and not self.bridge.loading
+            and not self.bridge.busy
+            and self.session is not None
+        )
         self.composer.set_state(ready=ready, generating=self._generating)
         self.chat.set_busy(self._generating or not ready)
         idle = not self._generating

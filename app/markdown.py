@@ -13,18 +13,35 @@ import math
 import re
 
 from PySide6.QtCore import QEvent, Qt, QUrl
-from PySide6.QtGui import (QColor, QDesktopServices, QFontDatabase, QPalette, QTextBlockFormat, QTextCharFormat,
-                           QTextCursor, QTextDocument, QTextFormat, QTextFrameFormat)
+from PySide6.QtGui import (
+    QColor,
+    QDesktopServices,
+    QFontDatabase,
+    QPalette,
+    QTextBlockFormat,
+    QTextCharFormat,
+    QTextCursor,
+    QTextDocument,
+    QTextFormat,
+    QTextFrameFormat,
+)
 from PySide6.QtWidgets import QFrame, QSizePolicy, QTextBrowser, QWidget
 
 FREEZE_CHARS = 1000  # a streaming message re-renders about this much Markdown at most
-MARKDOWN_FEATURES = QTextDocument.MarkdownFeature.MarkdownDialectGitHub | QTextDocument.MarkdownFeature.MarkdownNoHTML
+MARKDOWN_FEATURES = (
+    QTextDocument.MarkdownFeature.MarkdownDialectGitHub
+    | QTextDocument.MarkdownFeature.MarkdownNoHTML
+)
 
 
 def mix(a: QColor, b: QColor, share: float) -> QColor:
     """``share`` of ``b`` over ``a``."""
-    return QColor.fromRgbF(*(x * (1 - share) + y * share for x, y in
-                             zip((a.redF(), a.greenF(), a.blueF()), (b.redF(), b.greenF(), b.blueF()))))
+    return QColor.fromRgbF(
+        *(
+            x * (1 - share) + y * share
+            for x, y in zip((a.redF(), a.greenF(), a.blueF()), (b.redF(), b.greenF(), b.blueF()))
+        )
+    )
 
 
 def is_dark(palette: QPalette) -> bool:
@@ -32,8 +49,11 @@ def is_dark(palette: QPalette) -> bool:
 
 
 def code_background(palette: QPalette) -> QColor:
-    return mix(palette.color(QPalette.ColorRole.Base), palette.color(QPalette.ColorRole.Text),
-                0.10 if is_dark(palette) else 0.055)
+    return mix(
+        palette.color(QPalette.ColorRole.Base),
+        palette.color(QPalette.ColorRole.Text),
+        0.10 if is_dark(palette) else 0.055,
+    )
 
 
 def render_markdown(document: QTextDocument, text: str, palette: QPalette) -> None:
@@ -82,8 +102,13 @@ def freeze_point(text: str) -> int:
             if line.strip() and set(line.strip()) == {fence[0]} and len(line.strip()) >= len(fence):
                 fence = ""
         else:
-            if (blank and position and line.endswith("\n")  # a partial line may become anything
-                    and not line[0].isspace() and not _NOT_A_PARAGRAPH.match(line)):
+            if (
+                blank
+                and position
+                and line.endswith("\n")  # a partial line may become anything
+                and not line[0].isspace()
+                and not _NOT_A_PARAGRAPH.match(line)
+            ):
                 point = position
             opening = _FENCE.match(line)
             fence = opening.group(1) if opening else ""
@@ -166,7 +191,9 @@ def _collapse_frame_neighbours(document: QTextDocument, start: int, cursor: QTex
     flat.setTopMargin(0)
     flat.setBottomMargin(0)
     block = document.findBlock(start)
-    previous_in_frame = block.previous().isValid() and QTextCursor(block.previous()).currentFrame() != root
+    previous_in_frame = (
+        block.previous().isValid() and QTextCursor(block.previous()).currentFrame() != root
+    )
     while block.isValid():
         in_frame = QTextCursor(block).currentFrame() != root
         following = block.next()
@@ -214,7 +241,11 @@ class MarkdownView(QTextBrowser):
         its finished paragraphs freeze too (see ``freeze_point``), so a render's cost does not
         grow with the reply."""
         document, palette = self.document(), self.palette()
-        frozen = self._frozen if self._markdown is not None and text.startswith(self._markdown[:self._frozen]) else 0
+        frozen = (
+            self._frozen
+            if self._markdown is not None and text.startswith(self._markdown[: self._frozen])
+            else 0
+        )
         tail = text[frozen:]
         split = freeze_point(tail) if len(tail) > FREEZE_CHARS else 0
         head, rest = (tail[:split], tail[split:]) if split else (tail, "")

@@ -21,7 +21,17 @@ from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QColor, QFont, QPainter, QPalette, QPen
 from PySide6.QtWidgets import QGridLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
-from app.charts import BLUE, GREEN, ORANGE, PURPLE, RED, AxisPair, ChartPanel, chart_view, compact_chart
+from app.charts import (
+    BLUE,
+    GREEN,
+    ORANGE,
+    PURPLE,
+    RED,
+    AxisPair,
+    ChartPanel,
+    chart_view,
+    compact_chart,
+)
 from app.format import count, decimals_for, human_bytes, nice_step, percent
 from core.paths import GB, MB
 
@@ -35,13 +45,20 @@ def nice_bytes_axis(top_bytes: float, intervals: int = 4) -> tuple[float, float,
     """(axis top in bytes, axis top in display units, unit, label format) for an axis from 0
     that covers ``top_bytes`` in ``intervals`` round steps."""
     top_bytes = max(float(top_bytes), 1.0)
-    unit, size = next(((name, size) for name, size in (("GB", _GB), ("MB", _MB), ("KB", _KB))
-                       if top_bytes >= 0.75 * size), ("B", 1))  # "1.0 GB" rather than "2000 MB"
+    unit, size = next(
+        (
+            (name, size)
+            for name, size in (("GB", _GB), ("MB", _MB), ("KB", _KB))
+            if top_bytes >= 0.75 * size
+        ),
+        ("B", 1),
+    )  # "1.0 GB" rather than "2000 MB"
     step = nice_step(top_bytes / size, intervals)
     return step * intervals * size, step * intervals, unit, f"%.{decimals_for(step)}f {unit}"
 
 
 # -- the pool bar --
+
 
 class PoolBar(QWidget):
     """The KV pool as one thin bar: locked, evictable and other used pages out of all pages."""
@@ -85,6 +102,7 @@ class PoolBar(QWidget):
 
 # -- the panel --
 
+
 def _swatch(colour: str, text: str) -> str:
     return f'<span style="color:{colour}">&#9632;</span>&nbsp;{text}'
 
@@ -93,10 +111,16 @@ class MemoryPanel(ChartPanel):
     """Memory figures and their plot; feed it with ``update_stats``."""
 
     WINDOW_S = 300.0  # the plotted span
-    MIN_SPACING_S = 1.0  # the newest point moves with each sample until it is this far from the one before
+    MIN_SPACING_S = (
+        1.0  # the newest point moves with each sample until it is this far from the one before
+    )
     MAX_POINTS = 330  # per series, whatever the timing
-    SERIES = (("mlx_active", "MLX active", BLUE), ("mlx_cache", "MLX cache", ORANGE),
-              ("rss", "RSS", PURPLE), ("pool_used", "KV used", GREEN))  # short: the legend is one line
+    SERIES = (
+        ("mlx_active", "MLX active", BLUE),
+        ("mlx_cache", "MLX cache", ORANGE),
+        ("rss", "RSS", PURPLE),
+        ("pool_used", "KV used", GREEN),
+    )  # short: the legend is one line
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -118,9 +142,13 @@ class MemoryPanel(ChartPanel):
         figures.setHorizontalSpacing(10)
         figures.setVerticalSpacing(2)
         self.values: dict[str, QLabel] = {}
-        for row, col, key, caption in ((0, 0, "mlxActive", "MLX active"), (1, 0, "mlxCache", "MLX cache"),
-                                       (2, 0, "mlxPeak", "MLX peak"), (0, 2, "rss", "Process RSS"),
-                                       (1, 2, "weights", "Weights")):
+        for row, col, key, caption in (
+            (0, 0, "mlxActive", "MLX active"),
+            (1, 0, "mlxCache", "MLX cache"),
+            (2, 0, "mlxPeak", "MLX peak"),
+            (0, 2, "rss", "Process RSS"),
+            (1, 2, "weights", "Weights"),
+        ):
             figures.addWidget(self._caption(caption), row, col)
             figures.addWidget(self._add_value(key), row, col + 1)
         figures.setColumnStretch(1, 1)
@@ -130,11 +158,17 @@ class MemoryPanel(ChartPanel):
         pool.setHorizontalSpacing(10)
         pool.setVerticalSpacing(2)
         self.pool_bar = PoolBar()
-        self.pool_bar.setToolTip("KV pool pages: locked (in use by running requests), evictable "
-                                 "(cached, free to drop), other used (held by running requests only)")
-        rows = (("poolCapacity", "KV pool"), ("poolUsed", _swatch(ORANGE, "Used")),
-                ("poolEvictable", _swatch(GREEN, "Evictable")), ("poolLocked", _swatch(RED, "Locked")),
-                ("diskCache", "Disk cache"))
+        self.pool_bar.setToolTip(
+            "KV pool pages: locked (in use by running requests), evictable "
+            "(cached, free to drop), other used (held by running requests only)"
+        )
+        rows = (
+            ("poolCapacity", "KV pool"),
+            ("poolUsed", _swatch(ORANGE, "Used")),
+            ("poolEvictable", _swatch(GREEN, "Evictable")),
+            ("poolLocked", _swatch(RED, "Locked")),
+            ("diskCache", "Disk cache"),
+        )
         self.pool_details: list[QWidget] = [self.pool_bar]  # hidden while the cache is off
         for row, (key, caption) in enumerate(rows):
             title, value = self._caption(caption), self._add_value(key)
@@ -188,26 +222,43 @@ class MemoryPanel(ChartPanel):
         self.cache_note.setText(f"KV cache off: {reason}" if reason else "KV cache off")
         self.cache_note.setVisible(off and bool(name))
 
-        def before_a_model(value: int) -> int | None:  # a zero before any model is unknown, not none
+        def before_a_model(
+            value: int,
+        ) -> int | None:  # a zero before any model is unknown, not none
             return value if value or model is not None else None
 
-        for key, value in (("mlxActive", before_a_model(stats.mlx_active_bytes)),
-                           ("mlxCache", before_a_model(stats.mlx_cache_bytes)),
-                           ("mlxPeak", before_a_model(stats.mlx_peak_bytes)), ("rss", stats.rss_bytes),
-                           ("weights", model.weight_bytes if model is not None else None)):
+        for key, value in (
+            ("mlxActive", before_a_model(stats.mlx_active_bytes)),
+            ("mlxCache", before_a_model(stats.mlx_cache_bytes)),
+            ("mlxPeak", before_a_model(stats.mlx_peak_bytes)),
+            ("rss", stats.rss_bytes),
+            ("weights", model.weight_bytes if model is not None else None),
+        ):
             self.values[key].setText(self._bytes(value))
 
         page_size, total = (cache.page_size, cache.pages_total) if cache is not None else (0, 0)
-        used, evictable, locked = ((cache.pages_used, cache.pages_evictable, cache.pages_locked)
-                                   if cache is not None else (0, 0, 0))
+        used, evictable, locked = (
+            (cache.pages_used, cache.pages_evictable, cache.pages_locked)
+            if cache is not None
+            else (0, 0, 0)
+        )
         pool_bytes = cache.pool_bytes if cache is not None else 0
         pool_budget = cache.pool_budget_bytes if cache is not None else 0
         if total > 0:
-            reserved = (f"{human_bytes(pool_bytes)} of {human_bytes(pool_budget)} reserved"
-                        if pool_budget > pool_bytes else human_bytes(pool_bytes))
+            reserved = (
+                f"{human_bytes(pool_bytes)} of {human_bytes(pool_budget)} reserved"
+                if pool_budget > pool_bytes
+                else human_bytes(pool_bytes)
+            )
             self.values["poolCapacity"].setText(f"{reserved} · {count(total * page_size)} tokens")
-            for key, pages in (("poolUsed", used), ("poolEvictable", evictable), ("poolLocked", locked)):
-                self.values[key].setText(f"{count(pages * page_size)} tokens · {percent(pages / total)}")
+            for key, pages in (
+                ("poolUsed", used),
+                ("poolEvictable", evictable),
+                ("poolLocked", locked),
+            ):
+                self.values[key].setText(
+                    f"{count(pages * page_size)} tokens · {percent(pages / total)}"
+                )
         else:
             for key in ("poolCapacity", "poolUsed", "poolEvictable", "poolLocked"):
                 self.values[key].setText("off" if off and name else "—")
@@ -224,16 +275,23 @@ class MemoryPanel(ChartPanel):
             self.values["diskCache"].setText(
                 f"{human_bytes(disk)} of {human_bytes(budget)} · {percent(disk / budget)}"
                 + (f" · {human_bytes(written)} written" if written else "")
-                + (" · writes stopped (disk full)" if stopped else ""))
-            self.values["diskCache"].setToolTip(str(stopped) if stopped else
-                                                "bytes written to disk since the model loaded")
+                + (" · writes stopped (disk full)" if stopped else "")
+            )
+            self.values["diskCache"].setToolTip(
+                str(stopped) if stopped else "bytes written to disk since the model loaded"
+            )
         else:
             self.values["diskCache"].setText("off" if name else "—")
 
-        self._plot(float(now) if now is not None else time.monotonic(), {
-            "mlx_active": float(stats.mlx_active_bytes), "mlx_cache": float(stats.mlx_cache_bytes),
-            "rss": float(stats.rss_bytes),
-            "pool_used": (pool_budget or pool_bytes) * used / total if total > 0 else 0.0})
+        self._plot(
+            float(now) if now is not None else time.monotonic(),
+            {
+                "mlx_active": float(stats.mlx_active_bytes),
+                "mlx_cache": float(stats.mlx_cache_bytes),
+                "rss": float(stats.rss_bytes),
+                "pool_used": (pool_budget or pool_bytes) * used / total if total > 0 else 0.0,
+            },
+        )
 
     # -- for tests and callers --
 
@@ -262,7 +320,8 @@ class MemoryPanel(ChartPanel):
             self._tops.append(top)
         drop = 0
         while len(self._xs) - drop > self.MAX_POINTS or (
-                len(self._xs) - drop >= 2 and self._xs[drop + 1] <= x - self.WINDOW_S):
+            len(self._xs) - drop >= 2 and self._xs[drop + 1] <= x - self.WINDOW_S
+        ):
             drop += 1  # keep one point left of the window, so the line reaches its edge
         if drop:
             for _ in range(drop):
@@ -319,6 +378,7 @@ class MemoryPanel(ChartPanel):
     def _caption(self, text: str) -> QLabel:
         label = QLabel(text)
         label.setTextFormat(Qt.TextFormat.RichText if "<" in text else Qt.TextFormat.PlainText)
-        label.setForegroundRole(QPalette.ColorRole.PlaceholderText)  # captions recede, figures stand out
+        label.setForegroundRole(
+            QPalette.ColorRole.PlaceholderText
+        )  # captions recede, figures stand out
         return label
-

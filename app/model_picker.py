@@ -8,9 +8,22 @@ from __future__ import annotations
 from pathlib import Path
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import (QAbstractItemView, QDialog, QDialogButtonBox, QFileDialog, QHBoxLayout, QHeaderView,
-                               QLabel, QMessageBox, QPushButton, QTabWidget, QTreeWidget, QTreeWidgetItem,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QDialog,
+    QDialogButtonBox,
+    QFileDialog,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QMessageBox,
+    QPushButton,
+    QTabWidget,
+    QTreeWidget,
+    QTreeWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.format import human_bytes
 from app.hub_panel import HubPanel
@@ -19,8 +32,13 @@ from core.models import installed
 from core.models.catalog import CatalogEntry, entry_for_path, model_catalog, runs_on_cpu
 
 COLUMNS = ("Name", "Kind", "Size", "Memory", "Last used")
-KIND_LABELS = {"known-gguf": "GGUF", "gguf": "GGUF", "mlx-dir": "MLX folder", "hf-cache": "Hugging Face cache",
-               "hf-gguf": "GGUF · Hugging Face cache"}
+KIND_LABELS = {
+    "known-gguf": "GGUF",
+    "gguf": "GGUF",
+    "mlx-dir": "MLX folder",
+    "hf-cache": "Hugging Face cache",
+    "hf-gguf": "GGUF · Hugging Face cache",
+}
 HUB_KINDS = ("hf-cache", "hf-gguf")  # downloaded into the HF cache: the picker can delete them
 SPEC_ROLE = Qt.ItemDataRole.UserRole
 
@@ -33,8 +51,13 @@ class ModelPickerDialog(QDialog):
     list does not show). ``on_cpu``: whether the memory column assumes MLX's CPU
     backend (float32 weights); by default, everywhere but macOS."""
 
-    def __init__(self, data_root: Path, current_spec: str | None = None, parent: QWidget | None = None,
-                 on_cpu: bool | None = None):
+    def __init__(
+        self,
+        data_root: Path,
+        current_spec: str | None = None,
+        parent: QWidget | None = None,
+        on_cpu: bool | None = None,
+    ):
         super().__init__(parent)
         self.setWindowTitle("Choose a model")
         self.on_cpu = runs_on_cpu() if on_cpu is None else on_cpu
@@ -49,7 +72,9 @@ class ModelPickerDialog(QDialog):
         self.tree.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.tree.headerItem().setToolTip(3, self._memory_note())
         for column in (2, 3):
-            self.tree.headerItem().setTextAlignment(column, Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+            self.tree.headerItem().setTextAlignment(
+                column, Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
+            )
         header = self.tree.header()
         header.setStretchLastSection(False)
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
@@ -77,7 +102,9 @@ class ModelPickerDialog(QDialog):
         self.disk_label.setEnabled(False)  # dim
         self.hub_panel = HubPanel(self.data_root, self.on_cpu)
         self.hub_panel.downloaded.connect(self._on_downloaded)
-        self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        self.buttons = QDialogButtonBox(
+            QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
+        )
         self.buttons.accepted.connect(self.accept)
         self.buttons.rejected.connect(self.reject)
         files = QHBoxLayout()
@@ -117,8 +144,11 @@ class ModelPickerDialog(QDialog):
         for entry in entries:
             self._add(entry)
         total = sum(m.size_bytes for m in self._hub_models.values())
-        self.disk_label.setText(f"Downloaded from the hub: {len(self._hub_models)} · {human_bytes(total)}"
-                                if self._hub_models else "")
+        self.disk_label.setText(
+            f"Downloaded from the hub: {len(self._hub_models)} · {human_bytes(total)}"
+            if self._hub_models
+            else ""
+        )
         self._on_current_changed(None)
         if chosen:
             item = self._item(chosen)
@@ -170,8 +200,10 @@ class ModelPickerDialog(QDialog):
         self.tree.setCurrentItem(None)
         self._fill()
         self.error_label.hide()
-        self.hub_panel._say(f"Deleted {spec}: {human_bytes(deleted.freed_bytes)}, and {deleted.kv_sessions} "
-                            f"cached sessions ({human_bytes(deleted.kv_bytes)})")
+        self.hub_panel._say(
+            f"Deleted {spec}: {human_bytes(deleted.freed_bytes)}, and {deleted.kv_sessions} "
+            f"cached sessions ({human_bytes(deleted.kv_bytes)})"
+        )
 
     def done(self, result: int) -> None:
         """Closing the picker (OK, Cancel, Esc) stops a download: what came so far is
@@ -180,7 +212,11 @@ class ModelPickerDialog(QDialog):
         super().done(result)
 
     def accept(self) -> None:
-        if self.tabs.currentIndex() == 1 and self.hub_panel.target() and not self.hub_panel.is_downloading():
+        if (
+            self.tabs.currentIndex() == 1
+            and self.hub_panel.target()
+            and not self.hub_panel.is_downloading()
+        ):
             self.hub_panel.start_download()  # Enter on a search result downloads it
             return
         if self.chosen_spec() is not None:
@@ -196,8 +232,12 @@ class ModelPickerDialog(QDialog):
         return QFileDialog.getExistingDirectory(self, "Open an MLX model folder")
 
     def _confirm_delete(self, spec: str, size: int) -> bool:
-        answer = QMessageBox.question(self, "Delete model", f"Delete {spec} ({human_bytes(size)}) from the Hugging "
-                                      "Face cache, and its cached KV? Chats keep their history.")
+        answer = QMessageBox.question(
+            self,
+            "Delete model",
+            f"Delete {spec} ({human_bytes(size)}) from the Hugging "
+            "Face cache, and its cached KV? Chats keep their history.",
+        )
         return answer == QMessageBox.StandardButton.Yes
 
     # -- helpers --
@@ -208,7 +248,9 @@ class ModelPickerDialog(QDialog):
         item = self._item(spec) or self._item(str(path))
         if item is None:
             if not path.exists():
-                self._show_error(f"{spec} is not on this machine (moved or deleted?): pick another model")
+                self._show_error(
+                    f"{spec} is not on this machine (moved or deleted?): pick another model"
+                )
                 return
             try:
                 item = self._add(entry_for_path(path, self.on_cpu))
@@ -225,13 +267,22 @@ class ModelPickerDialog(QDialog):
         if entry.kind == "known-gguf":
             kind += " · downloaded" if entry.downloaded else " · downloads on first use"
         hub_model = getattr(self, "_hub_models", {}).get(entry.spec)
-        last_used = (_ago(hub_model.last_used) if hub_model else "")
-        item = QTreeWidgetItem([entry.name, kind, human_bytes(entry.size_bytes), human_bytes(entry.memory_bytes),
-                                last_used])
+        last_used = _ago(hub_model.last_used) if hub_model else ""
+        item = QTreeWidgetItem(
+            [
+                entry.name,
+                kind,
+                human_bytes(entry.size_bytes),
+                human_bytes(entry.memory_bytes),
+                last_used,
+            ]
+        )
         item.setData(0, SPEC_ROLE, entry.spec)
         item.setToolTip(0, "\n".join(text for text in (entry.description, entry.spec) if text))
         for column in (2, 3):
-            item.setTextAlignment(column, Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+            item.setTextAlignment(
+                column, Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
+            )
         self.tree.addTopLevelItem(item)
         return item
 
@@ -244,8 +295,10 @@ class ModelPickerDialog(QDialog):
 
     def _memory_note(self) -> str:
         if self.on_cpu:
-            return ("Memory: the weights once loaded. MLX's CPU backend runs them as float32, "
-                    "so a 4-bit model takes about 7 times its file size.")
+            return (
+                "Memory: the weights once loaded. MLX's CPU backend runs them as float32, "
+                "so a 4-bit model takes about 7 times its file size."
+            )
         return "Memory: the weights once loaded; they stay as stored, about the file size."
 
     def _show_error(self, message: str) -> None:

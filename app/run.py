@@ -28,8 +28,12 @@ def run_app(data_root: Path, model_spec: str, data_root_chosen: bool = True) -> 
             Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
             data_root = Path(settings.data_dir)
         except OSError as exc:  # the default folder still works: say so and go on
-            QMessageBox.warning(None, "RadixChat", f"The data folder in Preferences cannot be used, so "
-                                f"RadixChat uses {data_root}.\n\n{exc.strerror or exc}: {settings.data_dir}")
+            QMessageBox.warning(
+                None,
+                "RadixChat",
+                f"The data folder in Preferences cannot be used, so "
+                f"RadixChat uses {data_root}.\n\n{exc.strerror or exc}: {settings.data_dir}",
+            )
     if model_spec == "default" and settings.last_model:
         model_spec = settings.last_model
     try:

@@ -28,7 +28,9 @@ WAIT_MS = 600_000
 
 
 def run_screenshot(path: Path, data_root: Path, model_spec: str) -> int:
-    if sys.platform.startswith("linux") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+    if sys.platform.startswith("linux") and not (
+        os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
+    ):
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from PySide6.QtCore import QEventLoop, QSettings, QTimer
     from PySide6.QtWidgets import QApplication
@@ -37,9 +39,9 @@ def run_screenshot(path: Path, data_root: Path, model_spec: str) -> int:
     from app.look import apply_look
     from app.main_window import MainWindow
     from app.settings_dialogs import AppSettings
-    from core.models import provision
     from core.chats.store import ChatStore
     from core.errors import UserError
+    from core.models import provision
     from core.paths import chats_db_path
 
     app = QApplication.instance() or QApplication(sys.argv)
@@ -51,7 +53,9 @@ def run_screenshot(path: Path, data_root: Path, model_spec: str) -> int:
             session = store.create_session(settings=dict(SAMPLING), system_prompt=SYSTEM_PROMPT)
             _two_turns_then_restart(root, spec, store, session)
 
-            settings = AppSettings(QSettings(str(root / "settings.ini"), QSettings.Format.IniFormat))
+            settings = AppSettings(
+                QSettings(str(root / "settings.ini"), QSettings.Format.IniFormat)
+            )
             bridge = EngineBridge(root, spec)
             window = MainWindow(bridge, store, settings, server_port=0)
             window.resize(*SIZE)
@@ -60,7 +64,9 @@ def run_screenshot(path: Path, data_root: Path, model_spec: str) -> int:
                 ok, why = _wait(app, bridge.modelReady, bridge.loadFailed, bridge.start)
                 if not ok:
                     raise UserError(f"the model did not load: {why}")
-                ok, why = _wait(app, bridge.finished, bridge.failed, lambda: window.send(QUESTIONS[2]))
+                ok, why = _wait(
+                    app, bridge.finished, bridge.failed, lambda: window.send(QUESTIONS[2])
+                )
                 if not ok:
                     raise UserError(f"the third turn failed: {why}")
                 loop = QEventLoop()
@@ -89,9 +95,15 @@ def _link_model(model_spec: str, data_root: Path, root: Path, provision) -> str:
 
 def _two_turns_then_restart(root: Path, spec: str, store, session) -> None:
     """Turns 1 and 2 in an engine that then shuts down: its cache stays on disk."""
-    from core.engine.engine import Engine
     from core.engine import namespaces
-    from core.engine.types import ChatMessage, DoneEvent, ErrorEvent, GenerationRequest, SamplingParams
+    from core.engine.engine import Engine
+    from core.engine.types import (
+        ChatMessage,
+        DoneEvent,
+        ErrorEvent,
+        GenerationRequest,
+        SamplingParams,
+    )
     from core.errors import UserError
 
     engine = Engine(root, spec).start()
@@ -99,9 +111,12 @@ def _two_turns_then_restart(root: Path, spec: str, store, session) -> None:
         engine.wait_ready()
         history = [ChatMessage("system", SYSTEM_PROMPT)]
         for question in QUESTIONS[:2]:
-            request = GenerationRequest(messages=tuple(history) + (ChatMessage("user", question),),
-                                        sampling=SamplingParams(**SAMPLING), session=session.name,
-                                        cache_namespace=namespaces.APP)
+            request = GenerationRequest(
+                messages=tuple(history) + (ChatMessage("user", question),),
+                sampling=SamplingParams(**SAMPLING),
+                session=session.name,
+                cache_namespace=namespaces.APP,
+            )
             done = None
             for event in engine.stream(request):
                 if isinstance(event, ErrorEvent):

@@ -12,9 +12,21 @@ import time
 
 from PySide6.QtCore import QEvent, QModelIndex, QObject, QPoint, QRect, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QColor, QFont, QKeySequence, QPainter, QPalette
-from PySide6.QtWidgets import (QAbstractItemView, QLabel, QLineEdit, QListWidget, QListWidgetItem, QMenu,
-                               QMessageBox, QPushButton, QStyle, QStyledItemDelegate, QStyleOptionViewItem,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QMenu,
+    QMessageBox,
+    QPushButton,
+    QStyle,
+    QStyledItemDelegate,
+    QStyleOptionViewItem,
+    QVBoxLayout,
+    QWidget,
+)
 
 from core.chats.store import ChatStore, Session
 from core.errors import StoreError
@@ -36,7 +48,7 @@ def relative_time(then: float, now: float | None = None) -> str:
     if seconds < 3600:
         return f"{int(seconds // 60)} min ago"
     t, today = time.localtime(then), time.localtime(now)
-    days = (_day_number(today) - _day_number(t))
+    days = _day_number(today) - _day_number(t)
     if days == 0:
         return f"{int(seconds // 3600)} h ago"
     if days == 1:
@@ -71,10 +83,14 @@ class SessionDelegate(QStyledItemDelegate):
         if style is not None:  # background, selection and focus, without the text
             style.drawControl(QStyle.ControlElement.CE_ItemViewItem, opt, painter, opt.widget)
         selected = bool(option.state & QStyle.StateFlag.State_Selected)
-        group = QPalette.ColorGroup.Active if option.state & QStyle.StateFlag.State_Active \
+        group = (
+            QPalette.ColorGroup.Active
+            if option.state & QStyle.StateFlag.State_Active
             else QPalette.ColorGroup.Inactive
-        text = option.palette.color(group, QPalette.ColorRole.HighlightedText if selected
-                                    else QPalette.ColorRole.Text)
+        )
+        text = option.palette.color(
+            group, QPalette.ColorRole.HighlightedText if selected else QPalette.ColorRole.Text
+        )
         dim = QColor(text)
         dim.setAlphaF(0.6)
         top, bottom = self._lines(option.rect, option.fontMetrics.lineSpacing())
@@ -83,16 +99,25 @@ class SessionDelegate(QStyledItemDelegate):
         font.setItalic(index.data(TITLE_ROLE) is None)  # "New chat": not a title the user gave
         painter.setFont(font)
         painter.setPen(text)
-        painter.drawText(top, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
-                         option.fontMetrics.elidedText(index.data(), Qt.TextElideMode.ElideRight, top.width()))
+        painter.drawText(
+            top,
+            Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
+            option.fontMetrics.elidedText(index.data(), Qt.TextElideMode.ElideRight, top.width()),
+        )
         painter.setFont(option.font)
         painter.setPen(dim)
-        painter.drawText(bottom, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
-                         option.fontMetrics.elidedText(index.data(WHEN_ROLE) or "", Qt.TextElideMode.ElideRight,
-                                                       bottom.width()))
+        painter.drawText(
+            bottom,
+            Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
+            option.fontMetrics.elidedText(
+                index.data(WHEN_ROLE) or "", Qt.TextElideMode.ElideRight, bottom.width()
+            ),
+        )
         painter.restore()
 
-    def updateEditorGeometry(self, editor: QWidget, option: QStyleOptionViewItem, index: QModelIndex) -> None:
+    def updateEditorGeometry(
+        self, editor: QWidget, option: QStyleOptionViewItem, index: QModelIndex
+    ) -> None:
         top, _ = self._lines(option.rect, option.fontMetrics.lineSpacing())
         editor.setGeometry(top.adjusted(-4, -3, 4, 3))
 
@@ -108,8 +133,9 @@ class SessionDelegate(QStyledItemDelegate):
     @staticmethod
     def _lines(rect: QRect, line: int) -> tuple[QRect, QRect]:
         inner = rect.adjusted(10, 6, -10, -6)
-        return QRect(inner.left(), inner.top(), inner.width(), line), \
-            QRect(inner.left(), inner.top() + line, inner.width(), line)
+        return QRect(inner.left(), inner.top(), inner.width(), line), QRect(
+            inner.left(), inner.top() + line, inner.width(), line
+        )
 
 
 class SessionList(QWidget):
@@ -147,11 +173,15 @@ class SessionList(QWidget):
 
         self.list = QListWidget()
         self.delegate = SessionDelegate(self.list)
-        self.delegate.renamed.connect(self._on_renamed,  # after the editor has closed
-                                     type=Qt.ConnectionType.QueuedConnection)
+        self.delegate.renamed.connect(
+            self._on_renamed,  # after the editor has closed
+            type=Qt.ConnectionType.QueuedConnection,
+        )
         self.list.setItemDelegate(self.delegate)
         self.list.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
-        self.list.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)  # rename_action edits
+        self.list.setEditTriggers(
+            QAbstractItemView.EditTrigger.NoEditTriggers
+        )  # rename_action edits
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._on_context_menu)
@@ -179,7 +209,9 @@ class SessionList(QWidget):
         for action in (self.rename_action, self.delete_action):  # only while the list has focus
             action.setShortcutContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
             self.list.addAction(action)
-        self.addAction(self.new_action)  # window-wide: share this action rather than a second Ctrl+N
+        self.addAction(
+            self.new_action
+        )  # window-wide: share this action rather than a second Ctrl+N
         self.new_button = QPushButton("New chat")
         shortcut = self.new_action.shortcut().toString(QKeySequence.SequenceFormat.NativeText)
         self.new_button.setToolTip(f"New chat ({shortcut})")
@@ -263,8 +295,13 @@ class SessionList(QWidget):
             return
         self._deleting = session_id
         if self.confirm_box is None:
-            self.confirm_box = QMessageBox(QMessageBox.Icon.Question, "Delete chat", "",
-                                           QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No, self)
+            self.confirm_box = QMessageBox(
+                QMessageBox.Icon.Question,
+                "Delete chat",
+                "",
+                QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
+                self,
+            )
             self.confirm_box.button(QMessageBox.StandardButton.Yes).setText("Delete")
             self.confirm_box.finished.connect(self._on_confirm_finished)
         self.confirm_box.setText(f"Delete “{item.text()}”? Its messages and cached KV are removed.")
@@ -318,8 +355,11 @@ class SessionList(QWidget):
         self.context_menu.popup(self.list.viewport().mapToGlobal(pos))
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
-        if (watched is self.list.viewport() and event.type() == QEvent.Type.MouseButtonPress
-                and event.button() == Qt.MouseButton.RightButton):
+        if (
+            watched is self.list.viewport()
+            and event.type() == QEvent.Type.MouseButtonPress
+            and event.button() == Qt.MouseButton.RightButton
+        ):
             return True  # the context menu follows; the highlighted chat stays
         return super().eventFilter(watched, event)
 

@@ -8,13 +8,31 @@ edits the part of it that takes effect at the next start (data folder, memory bu
 from __future__ import annotations
 
 from PySide6.QtCore import QByteArray, QSettings
-from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QDoubleSpinBox, QFileDialog, QFormLayout, QHBoxLayout,
-                               QLabel, QLineEdit, QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QDialog,
+    QDialogButtonBox,
+    QDoubleSpinBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
 
 from core.engine.types import SamplingParams
 from core.paths import GB, MB, default_disk_budget, gb_to_bytes
 
-SESSION_SAMPLING_KEYS = ("temperature", "top_p", "max_tokens", "seed")  # what a chat's settings edit
+SESSION_SAMPLING_KEYS = (
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "seed",
+)  # what a chat's settings edit
 # a new chat's sampling: the engine's defaults (SamplingParams' fields), not a copy of them
 DEFAULT_SAMPLING = {key: getattr(SamplingParams(), key) for key in SESSION_SAMPLING_KEYS}
 MAX_TOKENS_LIMIT = 32768
@@ -46,7 +64,9 @@ class SessionSettingsDialog(QDialog):
         self.top_p.setRange(0.01, 1.0)
         self.top_p.setSingleStep(0.05)
         self.top_p.setDecimals(2)
-        self.top_p.setToolTip("Sample only from the likeliest tokens that together have this probability")
+        self.top_p.setToolTip(
+            "Sample only from the likeliest tokens that together have this probability"
+        )
         self.max_tokens = QSpinBox()
         self.max_tokens.setRange(1, MAX_TOKENS_LIMIT)
         self.max_tokens.setSingleStep(64)
@@ -54,24 +74,36 @@ class SessionSettingsDialog(QDialog):
         self.seed = QSpinBox()
         self.seed.setRange(-1, MAX_SEED)  # the minimum is the special value: no seed
         self.seed.setSpecialValueText(RANDOM_SEED_TEXT)
-        self.seed.setToolTip("The same seed and settings give the same reply; “random” differs each time")
+        self.seed.setToolTip(
+            "The same seed and settings give the same reply; “random” differs each time"
+        )
         self._show(self._settings)
-        width = max(box.sizeHint().width() for box in (self.temperature, self.top_p, self.max_tokens, self.seed))
+        width = max(
+            box.sizeHint().width()
+            for box in (self.temperature, self.top_p, self.max_tokens, self.seed)
+        )
         for box in (self.temperature, self.top_p, self.max_tokens, self.seed):
             box.setMinimumWidth(width)  # one column of equal boxes
 
         form = QFormLayout()
-        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.ExpandingFieldsGrow)  # numbers stay narrow
+        form.setFieldGrowthPolicy(
+            QFormLayout.FieldGrowthPolicy.ExpandingFieldsGrow
+        )  # numbers stay narrow
         form.addRow("System prompt:", self.system_prompt)
         form.addRow("Temperature:", self.temperature)
         form.addRow("Top-p:", self.top_p)
         form.addRow("Max tokens:", self.max_tokens)
         form.addRow("Seed:", self.seed)
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
-                                   | QDialogButtonBox.StandardButton.RestoreDefaults)
+        buttons = QDialogButtonBox(
+            QDialogButtonBox.StandardButton.Ok
+            | QDialogButtonBox.StandardButton.Cancel
+            | QDialogButtonBox.StandardButton.RestoreDefaults
+        )
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
-        buttons.button(QDialogButtonBox.StandardButton.RestoreDefaults).clicked.connect(self.restore_defaults)
+        buttons.button(QDialogButtonBox.StandardButton.RestoreDefaults).clicked.connect(
+            self.restore_defaults
+        )
         self.buttons = buttons
         column = QVBoxLayout(self)
         column.addLayout(form)
@@ -80,9 +112,13 @@ class SessionSettingsDialog(QDialog):
 
     def values(self) -> tuple[dict, str | None]:
         seed = self.seed.value()
-        settings = {**self._settings, "temperature": round(self.temperature.value(), 2),
-                    "top_p": round(self.top_p.value(), 2), "max_tokens": self.max_tokens.value(),
-                    "seed": None if seed == self.seed.minimum() else seed}
+        settings = {
+            **self._settings,
+            "temperature": round(self.temperature.value(), 2),
+            "top_p": round(self.top_p.value(), 2),
+            "max_tokens": self.max_tokens.value(),
+            "seed": None if seed == self.seed.minimum() else seed,
+        }
         prompt = self.system_prompt.toPlainText()
         return settings, (prompt if prompt.strip() else None)
 
@@ -91,7 +127,10 @@ class SessionSettingsDialog(QDialog):
         self._show(DEFAULT_SAMPLING)
 
     def _show(self, settings: dict) -> None:
-        value = {**DEFAULT_SAMPLING, **{k: v for k, v in settings.items() if v is not None or k == "seed"}}
+        value = {
+            **DEFAULT_SAMPLING,
+            **{k: v for k, v in settings.items() if v is not None or k == "seed"},
+        }
         self.temperature.setValue(float(value["temperature"]))
         self.top_p.setValue(float(value["top_p"]))
         self.max_tokens.setValue(int(value["max_tokens"]))
@@ -223,8 +262,13 @@ class AppSettingsDialog(QDialog):
     ``default_data_dir`` is shown for an empty data folder field; OK (or ``apply()``)
     writes the fields into ``settings``."""
 
-    def __init__(self, settings: AppSettings, default_data_dir: str,
-                 default_disk_cache_gb: float | None = None, parent: QWidget | None = None):
+    def __init__(
+        self,
+        settings: AppSettings,
+        default_data_dir: str,
+        default_disk_cache_gb: float | None = None,
+        parent: QWidget | None = None,
+    ):
         super().__init__(parent)
         self.setWindowTitle("RadixChat settings")
         self.settings = settings
@@ -267,7 +311,9 @@ class AppSettingsDialog(QDialog):
         form.addRow("Disk cache budget:", self.disk_cache_gb)
         note = QLabel("Changes apply the next time RadixChat starts.")
         note.setEnabled(False)  # dim
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        buttons = QDialogButtonBox(
+            QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
+        )
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         column = QVBoxLayout(self)
@@ -288,7 +334,9 @@ class AppSettingsDialog(QDialog):
         super().accept()
 
     def _on_browse(self) -> None:
-        folder = self._ask_directory(self.data_dir.text() or self.data_dir.placeholderText().removeprefix("Default: "))
+        folder = self._ask_directory(
+            self.data_dir.text() or self.data_dir.placeholderText().removeprefix("Default: ")
+        )
         if folder:
             self.data_dir.setText(folder)
 

@@ -71,9 +71,7 @@ def prepare_cpu_backend() -> BlasSetup:
     else:
         path = wanted if wanted not in ("auto", "1", "") else find_openblas()
         if path is None:
-            _SETUP = BlasSetup(
-                None, "system OpenBLAS not found (apt install libopenblas0-pthread)"
-            )
+            _SETUP = BlasSetup(None, "system OpenBLAS not found (apt install libopenblas0-pthread)")
         else:
             import ctypes
 

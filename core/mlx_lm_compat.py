@@ -45,9 +45,20 @@ from mlx_lm.tokenizer_utils import _infer_tool_parser
 from mlx_lm.utils import MODEL_REMAPPING, maybe_set_recommended_wired_limit
 
 __all__ = [
-    "ATTENTION_FIELDS", "GreedyBatch", "JoiningRows", "PromptProcessingBatch", "attention_function",
-    "backbone_and_head", "generation_stream", "has_pipeline", "hf_tokenizer", "infer_tool_parser",
-    "llama_style_blocks", "maybe_set_recommended_wired_limit", "model_class", "replace_attention_function",
+    "ATTENTION_FIELDS",
+    "GreedyBatch",
+    "JoiningRows",
+    "PromptProcessingBatch",
+    "attention_function",
+    "backbone_and_head",
+    "generation_stream",
+    "has_pipeline",
+    "hf_tokenizer",
+    "infer_tool_parser",
+    "llama_style_blocks",
+    "maybe_set_recommended_wired_limit",
+    "model_class",
+    "replace_attention_function",
     "writes_json_tool_calls",
 ]
 
@@ -60,11 +71,30 @@ class JoiningRows(GenerationBatch):
     is empty), and each row carries ``placeholder`` for the log-probabilities of that
     input, which the running batch reports at its next step."""
 
-    def __init__(self, model, uids: list[int], tokens: list[int], caches: list, cache_tokens: list[list[int]],
-                 samplers: list, processors: list, max_tokens: list[int], placeholder: mx.array):
-        super().__init__(model, uids, mx.array(tokens, dtype=mx.uint32), caches, [list(t) for t in cache_tokens],
-                         list(samplers), greedy_sampler, [list(p) for p in processors],
-                         [StopSequences() for _ in uids], list(max_tokens))
+    def __init__(
+        self,
+        model,
+        uids: list[int],
+        tokens: list[int],
+        caches: list,
+        cache_tokens: list[list[int]],
+        samplers: list,
+        processors: list,
+        max_tokens: list[int],
+        placeholder: mx.array,
+    ):
+        super().__init__(
+            model,
+            uids,
+            mx.array(tokens, dtype=mx.uint32),
+            caches,
+            [list(t) for t in cache_tokens],
+            list(samplers),
+            greedy_sampler,
+            [list(p) for p in processors],
+            [StopSequences() for _ in uids],
+            list(max_tokens),
+        )
         self._next_logprobs = [placeholder] * len(self.uids)
 
     def _step(self):
@@ -87,7 +117,9 @@ class GreedyBatch(GenerationBatch):
         return contextlib.nullcontext()
 
     def _step(self):
-        if any(self.logits_processors) or any(s is not None and s is not greedy_sampler for s in self.samplers):
+        if any(self.logits_processors) or any(
+            s is not None and s is not greedy_sampler for s in self.samplers
+        ):
             return super()._step()
         self._current_tokens = self._next_tokens
         self._current_logprobs = self._next_logprobs
@@ -136,7 +168,16 @@ def writes_json_tool_calls(parse) -> bool:
 
 # ---------------------------------------------------------------------- model internals
 # What the CPU speed-ups' rows-as-rows attention reads of mlx-lm's llama-style attention.
-ATTENTION_FIELDS = ("rope", "q_proj", "k_proj", "v_proj", "o_proj", "n_heads", "n_kv_heads", "scale")
+ATTENTION_FIELDS = (
+    "rope",
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "n_heads",
+    "n_kv_heads",
+    "scale",
+)
 ATTENTION_FUNCTION = "scaled_dot_product_attention"  # looked up in the attention class's module
 
 
@@ -144,7 +185,12 @@ def llama_style_blocks() -> dict[type, str]:
     """mlx-lm's llama-style blocks, ``"attention"`` or ``"mlp"``: their forwards are
     ``__call__(x, mask=None, cache=None)`` (attention, reading :data:`ATTENTION_FIELDS`)
     and ``__call__(x)`` (the MLP, any leading shape)."""
-    return {llama.Attention: "attention", qwen2.Attention: "attention", llama.MLP: "mlp", qwen2.MLP: "mlp"}
+    return {
+        llama.Attention: "attention",
+        qwen2.Attention: "attention",
+        llama.MLP: "mlp",
+        qwen2.MLP: "mlp",
+    }
 
 
 def attention_function(module_class: type) -> Callable | None:
@@ -197,5 +243,7 @@ def model_class(model_type: str):
 def has_pipeline(model_cls: type) -> bool:
     """Whether ``model_cls``'s mlx-lm module has a model split by layers (a ``PipelineMixin``)."""
     module = importlib.import_module(model_cls.__module__)
-    return any(isinstance(v, type) and issubclass(v, PipelineMixin) and v is not PipelineMixin
-               for v in vars(module).values())
+    return any(
+        isinstance(v, type) and issubclass(v, PipelineMixin) and v is not PipelineMixin
+        for v in vars(module).values()
+    )

@@ -28,7 +28,9 @@ def data_dir(override: str | os.PathLike | None = None, *, create: bool = True) 
     else:
         path = Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
     if path.exists() and not path.is_dir():
-        raise UserError(f"the data folder {safe_path(path)} is a file, not a folder; give another --data-dir")
+        raise UserError(
+            f"the data folder {safe_path(path)} is a file, not a folder; give another --data-dir"
+        )
     if not create:
         if not path.is_dir():
             raise UserError(f"there is no data folder at {safe_path(path)}")
@@ -36,7 +38,9 @@ def data_dir(override: str | os.PathLike | None = None, *, create: bool = True) 
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:  # a parent that is a file, no permission, a read-only disk
-        raise UserError(f"cannot create the data folder {safe_path(path)}: {exc.strerror or exc}") from exc
+        raise UserError(
+            f"cannot create the data folder {safe_path(path)}: {exc.strerror or exc}"
+        ) from exc
     return path
 
 

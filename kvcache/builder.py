@@ -17,6 +17,7 @@ MAX_RUNNING_REQUESTS = 64
 
 SEGMENT_BYTES = 32 << 20  # the pool grows by this much at a time (RAM on demand)
 
+
 @dataclass(frozen=True)
 class KVCacheBuildResult:
     """Everything the engine needs to cache KV for one model, built once per load."""
@@ -62,7 +63,11 @@ def build_kv_cache(
     pages = 0
     if layout is not None and reason is None:
         pages = pool_pages_for_budget(
-            layout, page_size, weight_bytes=weight_bytes, fraction=memory_fraction, tokens=pool_tokens,
+            layout,
+            page_size,
+            weight_bytes=weight_bytes,
+            fraction=memory_fraction,
+            tokens=pool_tokens,
             budget_bytes=pool_bytes,
         )
         if layout.paged and pages == 0:

@@ -57,7 +57,9 @@ class DiskIndex:
                 if page.key in self._pages:  # stored once: its first writer's snapshot flag
                     continue
                 self._pages[page.key] = page
-                self._children.setdefault(page.parent, {}).setdefault(page.tokens[:4], []).append(page)
+                self._children.setdefault(page.parent, {}).setdefault(page.tokens[:4], []).append(
+                    page
+                )
 
     def discard(self, keys: Iterable[str]) -> None:
         with self._lock:
@@ -87,17 +89,28 @@ class DiskIndex:
         at = 0
         with self._lock:
             while at < len(blob):
-                siblings = self._children.get(parent, {}).get(blob[at: at + 4], ())
-                full = [p for p in siblings if blob[at: at + len(p.tokens)] == p.tokens
-                        and page_key(self.fingerprint, parent, p.tokens) == p.key]
+                siblings = self._children.get(parent, {}).get(blob[at : at + 4], ())
+                full = [
+                    p
+                    for p in siblings
+                    if blob[at : at + len(p.tokens)] == p.tokens
+                    and page_key(self.fingerprint, parent, p.tokens) == p.key
+                ]
                 if full:
                     page = max(full, key=lambda p: len(p.tokens))
                     chain.append(ChainPage(page.key, unpack_tokens(page.tokens), page.has_snapshot))
                     parent, at = page.key, at + len(page.tokens)
                     continue
-                partial = max(siblings, key=lambda p: _common_bytes(p.tokens, blob[at:]), default=None)
-                if partial is not None and page_key(self.fingerprint, parent, partial.tokens) == partial.key:
-                    chain.append(ChainPage(partial.key, unpack_tokens(partial.tokens), partial.has_snapshot))
+                partial = max(
+                    siblings, key=lambda p: _common_bytes(p.tokens, blob[at:]), default=None
+                )
+                if (
+                    partial is not None
+                    and page_key(self.fingerprint, parent, partial.tokens) == partial.key
+                ):
+                    chain.append(
+                        ChainPage(partial.key, unpack_tokens(partial.tokens), partial.has_snapshot)
+                    )
                 break
         return chain
 

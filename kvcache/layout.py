@@ -40,7 +40,13 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import mlx.core as mx
-from mlx_lm.models.cache import CacheList, ConcatenateKVCache, KVCache, RotatingKVCache, make_prompt_cache
+from mlx_lm.models.cache import (
+    CacheList,
+    ConcatenateKVCache,
+    KVCache,
+    RotatingKVCache,
+    make_prompt_cache,
+)
 
 FULL, SLIDING, AUXILIARY = "full", "sliding", "auxiliary"
 KINDS = (FULL, SLIDING, AUXILIARY)
@@ -200,9 +206,11 @@ class CacheLayout:
         parts += [sliding, f"{len(self.auxiliary)} auxiliary"]
         shapes = sorted({s.describe_kv() for s in self.caches if s.kind != AUXILIARY})
         notes = sorted({s.note for s in self.caches if s.note})
-        text = (f"{len(self.caches)} caches in {self.slots or len(self.caches)} slots: {', '.join(parts)}; "
-                f"KV heads x head dim: {', '.join(shapes) or 'none'}; "
-                f"{self.bytes_per_token:,} pooled bytes/token; cached as {self.cached_as}")
+        text = (
+            f"{len(self.caches)} caches in {self.slots or len(self.caches)} slots: {', '.join(parts)}; "
+            f"KV heads x head dim: {', '.join(shapes) or 'none'}; "
+            f"{self.bytes_per_token:,} pooled bytes/token; cached as {self.cached_as}"
+        )
         return text + (f" (snapshotted: {'; '.join(notes)})" if notes else "")
 
 
@@ -211,7 +219,9 @@ def cache_layout(model) -> CacheLayout:
     try:
         caches = make_prompt_cache(model)
     except Exception as e:  # noqa: BLE001  (any model failure becomes one clear error)
-        raise ValueError(f"{type(model).__name__} cannot make its caches ({type(e).__name__}: {e})") from e
+        raise ValueError(
+            f"{type(model).__name__} cannot make its caches ({type(e).__name__}: {e})"
+        ) from e
     if not caches or all(c is None for c in caches):
         raise ValueError(f"{type(model).__name__} makes no caches")
     _run_probe(model, caches)
@@ -284,8 +294,9 @@ def _spec(index: int, slot: int, member: int | None, cache) -> CacheSpec:
         return CacheSpec(kind=AUXILIARY, note=note, **common)
     shapes = _kv_shapes(cache)
     if shapes is None:
-        return CacheSpec(kind=AUXILIARY, note=f"{name} holding no plain K/V after a trial forward",
-                         **common)
+        return CacheSpec(
+            kind=AUXILIARY, note=f"{name} holding no plain K/V after a trial forward", **common
+        )
     if getattr(cache, "offset", None) != PROBE_TOKENS:
         return CacheSpec(kind=AUXILIARY, note=f"{name} not one row per token", **common)
     return CacheSpec(kind=FULL, **shapes, **common)
@@ -300,8 +311,13 @@ def _kv_shapes(cache) -> dict | None:
         return None
     if keys.dtype != values.dtype:
         return None
-    return dict(key_heads=keys.shape[1], key_dim=keys.shape[3], value_heads=values.shape[1],
-                value_dim=values.shape[3], dtype=dtype_name(keys.dtype))
+    return dict(
+        key_heads=keys.shape[1],
+        key_dim=keys.shape[3],
+        value_heads=values.shape[1],
+        value_dim=values.shape[3],
+        dtype=dtype_name(keys.dtype),
+    )
 
 
 def _is_state(cache) -> bool:

@@ -42,11 +42,28 @@ from mlx_lm.models.cache import KVCache
 
 from kvcache.disk_index import DiskIndex
 from kvcache.prefix_cache import PrefixCache, cache_source
-from kvcache.serialize import SerializeError, kv_to_bytes, kv_views, snapshot_from_bytes, snapshot_to_bytes
+from kvcache.serialize import (
+    SerializeError,
+    kv_to_bytes,
+    kv_views,
+    snapshot_from_bytes,
+    snapshot_to_bytes,
+)
 from kvcache.snapshot import Snapshot
 from kvcache.stats import DiskTierStats
-from kvcache.store import (DEFAULT_BUDGET, ChainPage, DiskStore, DiskStoreError, IndexedPage, PageData,
-                           SessionReader, chain_keys, namespace_root, pack_tokens, session_row)
+from kvcache.store import (
+    DEFAULT_BUDGET,
+    ChainPage,
+    DiskStore,
+    DiskStoreError,
+    IndexedPage,
+    PageData,
+    SessionReader,
+    chain_keys,
+    namespace_root,
+    pack_tokens,
+    session_row,
+)
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +118,14 @@ class _RecordJob:
 class DiskTier:
     """The disk tier of one loaded model (engine thread API; a writer thread inside)."""
 
-    def __init__(self, path: Path, prefix_cache: PrefixCache, fingerprint: str,
-                 budget_bytes: int = DEFAULT_BUDGET, min_write_tokens: int = MIN_WRITE_TOKENS):
+    def __init__(
+        self,
+        path: Path,
+        prefix_cache: PrefixCache,
+        fingerprint: str,
+        budget_bytes: int = DEFAULT_BUDGET,
+        min_write_tokens: int = MIN_WRITE_TOKENS,
+    ):
         self.prefix_cache = prefix_cache
         self.fingerprint = fingerprint
         self.min_write_tokens = min_write_tokens
@@ -116,15 +139,30 @@ class DiskTier:
         layout = prefix_cache.build.layout
         self._token_bytes = layout.bytes_per_token if layout is not None else 0
         self._jobs: queue.Queue = queue.Queue()
-        self._queued: set[str] = set()  # keys serialized and not yet written (engine adds, writer removes)
-        self._unserialized: list[_Unserialized] = []  # saves waiting for serialize_pending (engine thread)
+        self._queued: set[str] = (
+            set()
+        )  # keys serialized and not yet written (engine adds, writer removes)
+        self._unserialized: list[
+            _Unserialized
+        ] = []  # saves waiting for serialize_pending (engine thread)
         self.last_error: str | None = None
         self._stopped_until = 0.0  # writes are off until then (disk full)
-        self._counts = dict(reads=0, read_tokens=0, read_bytes=0, skipped_reads=0, pages_written=0,
-                            bytes_written=0, pages_not_rewritten=0, write_errors=0, write_backs=0)
+        self._counts = dict(
+            reads=0,
+            read_tokens=0,
+            read_bytes=0,
+            skipped_reads=0,
+            pages_written=0,
+            bytes_written=0,
+            pages_not_rewritten=0,
+            write_errors=0,
+            write_backs=0,
+        )
         self._read_rate = 0.0  # bytes/s, running
         self._prefill_rate = 0.0  # tokens/s, running
-        self._thread = threading.Thread(target=self._write_loop, name="radixchat-cache-writer", daemon=True)
+        self._thread = threading.Thread(
+            target=self._write_loop, name="radixchat-cache-writer", daemon=True
+        )
         self._thread.start()
         prefix_cache.write_back = self.write_back
         self._jobs.put(_BUDGET)  # a lowered budget, another model's pages, a crash: fit now
@@ -132,17 +170,27 @@ class DiskTier:
     # ------------------------------------------------------------ engine thread
     def stats(self) -> DiskTierStats:
         stopped = self.last_error if time.monotonic() < self._stopped_until else None
-        return DiskTierStats(indexed_pages=len(self.index), writes_stopped=stopped,
-                             read_bytes_per_s=self._read_rate, prefill_tokens_per_s=self._prefill_rate,
-                             **self._counts)
+        return DiskTierStats(
+            indexed_pages=len(self.index),
+            writes_stopped=stopped,
+            read_bytes_per_s=self._read_rate,
+            prefill_tokens_per_s=self._prefill_rate,
+            **self._counts,
+        )
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         """A prefill of ``tokens`` took ``seconds``: the rate a restore must beat."""
         if tokens >= DISK_PAGE_TOKENS and seconds > 0:
             self._prefill_rate = _running(self._prefill_rate, tokens / seconds)
 
-    def save(self, session: str | None, tokens: list[int], caches: list, snapshots: list[Snapshot],
-             namespace: str = "") -> None:
+    def save(
+        self,
+        session: str | None,
+        tokens: list[int],
+        caches: list,
+        snapshots: list[Snapshot],
+        namespace: str = "",
+    ) -> None:
         """Queue the chain of ``tokens`` (``caches`` hold exactly them) for writing in
         ``namespace``: a session's always, an unnamed request's when it reaches
         ``min_write_tokens``.
@@ -151,8 +199,14 @@ class DiskTier:
         :meth:`serialize_pending`, which the engine calls once the request's reply has been
         sent: serializing a long prompt's pages takes tens of milliseconds the client
         need not wait for."""
-        self._save(session, tokens, cache_source(caches, self.prefix_cache.paged), snapshots, namespace,
-                   later=True)
+        self._save(
+            session,
+            tokens,
+            cache_source(caches, self.prefix_cache.paged),
+            snapshots,
+            namespace,
+            later=True,
+        )
 
     def serialize_pending(self) -> None:
         """Make the bytes of the pages :meth:`save` took and hand them to the writer thread
@@ -161,11 +215,20 @@ class DiskTier:
         for save in pending:
             try:
                 pages = tuple(
-                    PageData(chunk, None) if stored else PageData(
-                        chunk, kv_to_bytes([(k[:, a - save.lo : b - save.lo], v[:, a - save.lo : b - save.lo])
-                                            for k, v in save.layers]),
-                        snapshot_to_bytes(snapshot) if snapshot else None)
-                    for chunk, a, b, snapshot, stored in save.pages)
+                    PageData(chunk, None)
+                    if stored
+                    else PageData(
+                        chunk,
+                        kv_to_bytes(
+                            [
+                                (k[:, a - save.lo : b - save.lo], v[:, a - save.lo : b - save.lo])
+                                for k, v in save.layers
+                            ]
+                        ),
+                        snapshot_to_bytes(snapshot) if snapshot else None,
+                    )
+                    for chunk, a, b, snapshot, stored in save.pages
+                )
             except Exception:  # the cache costs a recompute later, no more
                 self._counts["write_errors"] += 1
                 self._queued.difference_update(save.queued)
@@ -173,15 +236,25 @@ class DiskTier:
                 continue
             self._jobs.put(_SaveJob(save.row, pages, save.queued, save.namespace))
 
-    def write_back(self, tokens: list[int], source, snapshots: list[Snapshot], namespace: str = "") -> None:
+    def write_back(
+        self, tokens: list[int], source, snapshots: list[Snapshot], namespace: str = ""
+    ) -> None:
         """RAM is evicting the prefix ``tokens`` of ``namespace`` (its K/V from ``source``,
         as the pool still holds it): queue what the disk lacks of it, so RAM pressure costs
         a read later, not a recompute (the prefix cache calls this; see ``write_back`` there)."""
         self._counts["write_backs"] += 1
         self._save(None, tokens, source, snapshots, namespace, min_tokens=DISK_PAGE_TOKENS)
 
-    def _save(self, session: str | None, tokens: list[int], source, snapshots: list[Snapshot],
-              namespace: str = "", min_tokens: int | None = None, later: bool = False) -> None:
+    def _save(
+        self,
+        session: str | None,
+        tokens: list[int],
+        source,
+        snapshots: list[Snapshot],
+        namespace: str = "",
+        min_tokens: int | None = None,
+        later: bool = False,
+    ) -> None:
         """The chain of ``tokens`` in ``namespace``, K/V from ``source(layer, a, b)``, to
         the writer thread.
 
@@ -193,7 +266,9 @@ class DiskTier:
         :meth:`serialize_pending` (``source`` must give arrays that stay as they are, as a
         request's own caches do; the pool's pages do not: they are reused in place).
         """
-        if session is None and len(tokens) < (self.min_write_tokens if min_tokens is None else min_tokens):
+        if session is None and len(tokens) < (
+            self.min_write_tokens if min_tokens is None else min_tokens
+        ):
             return
         if time.monotonic() < self._stopped_until:
             return  # the disk is full: serving goes on without writing
@@ -201,14 +276,21 @@ class DiskTier:
         if self.prefix_cache.hybrid and len(tokens) not in by_end:
             return  # a hybrid chain must be resumable at least at its end
         full = self.prefix_cache.paged
-        ends = sorted(set(range(DISK_PAGE_TOKENS, len(tokens), DISK_PAGE_TOKENS)) | set(by_end) | {len(tokens)})
+        ends = sorted(
+            set(range(DISK_PAGE_TOKENS, len(tokens), DISK_PAGE_TOKENS))
+            | set(by_end)
+            | {len(tokens)}
+        )
         starts = [0, *ends[:-1]]
         keys = chain_keys(self.fingerprint, [tokens[a:b] for a, b in zip(starts, ends)], namespace)
         plan = []  # (tokens, start, end, snapshot, stored)
         for start, end, key in zip(starts, ends, keys):
             snapshot = by_end.get(end)
-            stored = (key in self.index and (snapshot is None or self.index.has_snapshot(key))
-                      or key in self._queued)  # stored, or on its way
+            stored = (
+                key in self.index
+                and (snapshot is None or self.index.has_snapshot(key))
+                or key in self._queued
+            )  # stored, or on its way
             plan.append((tuple(tokens[start:end]), start, end, snapshot, stored))
         known = sum(stored for *_, stored in plan)
         self._counts["pages_not_rewritten"] += known
@@ -220,11 +302,20 @@ class DiskTier:
         if later:
             lo = min((start for _, start, _, _, stored in plan if not stored), default=0)
             layers = tuple(source(i, lo, len(tokens)) for i in range(len(full))) if queued else ()
-            self._unserialized.append(_Unserialized(row, tuple(plan), layers, lo, queued, namespace))
+            self._unserialized.append(
+                _Unserialized(row, tuple(plan), layers, lo, queued, namespace)
+            )
             return
-        pages = tuple(PageData(chunk, None) if stored else PageData(
-            chunk, kv_to_bytes([source(i, start, end) for i in range(len(full))]),
-            snapshot_to_bytes(snapshot) if snapshot else None) for chunk, start, end, snapshot, stored in plan)
+        pages = tuple(
+            PageData(chunk, None)
+            if stored
+            else PageData(
+                chunk,
+                kv_to_bytes([source(i, start, end) for i in range(len(full))]),
+                snapshot_to_bytes(snapshot) if snapshot else None,
+            )
+            for chunk, start, end, snapshot, stored in plan
+        )
         self._jobs.put(_SaveJob(row, pages, queued, namespace))  # indexed once written
 
     def restore(self, prompt: list[int], session: str | None = None, namespace: str = "") -> int:
@@ -256,21 +347,28 @@ class DiskTier:
         reading = None
         count = _pages_for(chain, best)
         try:
-            with self.reader.read_chain(self.fingerprint, [page.key for page in chain[:count]],
-                                        namespace) as reading:
+            with self.reader.read_chain(
+                self.fingerprint, [page.key for page in chain[:count]], namespace
+            ) as reading:
                 self.index.discard(reading.missing)  # deleted by another process
                 if len(reading.chain) < count:  # cut short: what is left may still serve
-                    best = _resume_point(reading.chain, prompt, usable_limit, self.prefix_cache.hybrid)
+                    best = _resume_point(
+                        reading.chain, prompt, usable_limit, self.prefix_cache.hybrid
+                    )
                     count = len(reading.chain)
                     if best <= in_ram:
                         return 0
-                return self._insert(prompt[:best], reading, in_ram, namespace, room=len(prompt) - best + 1)
+                return self._insert(
+                    prompt[:best], reading, in_ram, namespace, room=len(prompt) - best + 1
+                )
         finally:  # marking pages used takes the write lock: the writer thread waits for it
             if reading is not None and (reading.used or reading.suspects):
                 last = reading.used[-1].key if reading.used else None
                 end = sum(len(page.tokens) for page in chain[:count])
                 head = (last, end) if count and last == chain[count - 1].key else None
-                self._jobs.put(_RecordJob(None, tuple(reading.used), frozenset(reading.suspects), head))
+                self._jobs.put(
+                    _RecordJob(None, tuple(reading.used), frozenset(reading.suspects), head)
+                )
 
     def _fits(self, tokens: int) -> bool:
         """Whether the pool can hold ``tokens`` tokens at all (always, for a model that
@@ -294,20 +392,26 @@ class DiskTier:
             return 0
         reading = None
         try:
-            with self.reader.read_session(session, self.fingerprint, record=False,
-                                          namespace=namespace) as reading:
+            with self.reader.read_session(
+                session, self.fingerprint, record=False, namespace=namespace
+            ) as reading:
                 best = _resume_point(reading.chain, prompt, usable_limit, self.prefix_cache.hybrid)
                 if best <= in_ram:
                     return 0
                 if not self._fits(best):
                     return 0  # the pool can never hold it: don't read it only to drop it
-                return self._insert(prompt[:best], reading, in_ram, namespace, room=len(prompt) - best + 1)
+                return self._insert(
+                    prompt[:best], reading, in_ram, namespace, room=len(prompt) - best + 1
+                )
         finally:  # marking pages used takes the write lock: the writer thread waits for it
             if reading is not None and (reading.used or reading.suspects):
-                self._jobs.put(_RecordJob(session, tuple(reading.used), frozenset(reading.suspects), None))
+                self._jobs.put(
+                    _RecordJob(session, tuple(reading.used), frozenset(reading.suspects), None)
+                )
 
-    def _insert(self, tokens: list[int], reading: SessionReader, start: int, namespace: str,
-                room: int = 0) -> int:
+    def _insert(
+        self, tokens: list[int], reading: SessionReader, start: int, namespace: str, room: int = 0
+    ) -> int:
         """Restore ``tokens[start:]`` (of ``namespace``) from the chain being read, streaming its pages (those
         wholly before ``start``, which RAM holds, are not read). The K/V of each layer is
         joined into one buffer, RAM's part first (``tokens[:start]``, copied out of the
@@ -341,10 +445,14 @@ class DiskTier:
         if start and layers:
             joined.add_arrays(0, self.prefix_cache.cached_kv(tokens[:start], namespace))
         snapshot = snapshot_from_bytes(snapshots[end]) if end in snapshots else None
-        restored = self.prefix_cache.insert_restored(tokens[:end], start, joined.layers(), snapshot, namespace)
+        restored = self.prefix_cache.insert_restored(
+            tokens[:end], start, joined.layers(), snapshot, namespace
+        )
         if restored:
             seconds = time.perf_counter() - began
-            self._read_rate = _running(self._read_rate, nbytes / seconds) if seconds > 0 else self._read_rate
+            self._read_rate = (
+                _running(self._read_rate, nbytes / seconds) if seconds > 0 else self._read_rate
+            )
             self._counts["reads"] += 1
             self._counts["read_tokens"] += restored
             self._counts["read_bytes"] += nbytes
@@ -396,8 +504,9 @@ class DiskTier:
             return
         if isinstance(job, _RecordJob):
             try:
-                self._writer.record_reading(job.session, self.fingerprint, job.used, set(job.suspects),
-                                            job.head)
+                self._writer.record_reading(
+                    job.session, self.fingerprint, job.used, set(job.suspects), job.head
+                )
             except Exception as exc:  # last-use times and repairs wait for the next read
                 log.warning("recording a cache read failed: %s", exc)
             return
@@ -411,7 +520,9 @@ class DiskTier:
         what = f"the cache of {job.session}" if job.session is not None else "a cached prefix"
         try:
             if job.session is not None:
-                result = self._writer.save_session(job.session, self.fingerprint, job.pages, job.namespace)
+                result = self._writer.save_session(
+                    job.session, self.fingerprint, job.pages, job.namespace
+                )
             else:
                 result = self._writer.save_prefix(self.fingerprint, job.pages, job.namespace)
         except DiskStoreError as exc:  # disk full, locked...: the cache costs time, no more
@@ -429,13 +540,19 @@ class DiskTier:
             self._forget_missing()
             return
         if result.gave_way:  # the disk is down to the store's reserve: nothing was written
-            self._stop_writes(f"the disk is nearly full: the KV cache keeps its reserve free ({self._writer.path})")
+            self._stop_writes(
+                f"the disk is nearly full: the KV cache keeps its reserve free ({self._writer.path})"
+            )
         self._counts["pages_written"] += result.pages_written
         self._counts["bytes_written"] += result.bytes_written
-        keys = chain_keys(self.fingerprint, [p.tokens for p in job.pages], job.namespace)[: result.pages]
+        keys = chain_keys(self.fingerprint, [p.tokens for p in job.pages], job.namespace)[
+            : result.pages
+        ]
         parents = [namespace_root(job.namespace), *keys[:-1]]
-        self.index.add(IndexedPage(key, parent, pack_tokens(page.tokens), page.snapshot is not None)
-                       for key, parent, page in zip(keys, parents, job.pages))
+        self.index.add(
+            IndexedPage(key, parent, pack_tokens(page.tokens), page.snapshot is not None)
+            for key, parent, page in zip(keys, parents, job.pages)
+        )
         if result.pages < len(job.pages):
             self._forget_missing()  # another process deleted pages
 
@@ -458,7 +575,9 @@ class DiskTier:
             log.warning("checking which cached pages are on disk failed: %s", exc)
 
 
-def read_pays(tokens: int, token_bytes: int, read_bytes_per_s: float, prefill_tokens_per_s: float) -> bool:
+def read_pays(
+    tokens: int, token_bytes: int, read_bytes_per_s: float, prefill_tokens_per_s: float
+) -> bool:
     """Whether reading ``tokens`` (``token_bytes`` each on disk) beats computing them, at
     the measured rates; True until both are measured (the first read measures the disk)."""
     if not (read_bytes_per_s and prefill_tokens_per_s):
@@ -498,7 +617,9 @@ class _Joiner:
         if not self.buffers:
             for name, first in views[: self.arrays]:
                 dtype = mx.uint16 if name == "bfloat16" else getattr(mx, name)  # bfloat16: its bits
-                self.buffers.append(mx.zeros((first.shape[0], self.length, first.shape[2]), dtype=dtype))
+                self.buffers.append(
+                    mx.zeros((first.shape[0], self.length, first.shape[2]), dtype=dtype)
+                )
                 self.names.append(name)
             mx.eval(self.buffers)
             self.targets = [np.array(buffer, copy=False) for buffer in self.buffers]  # views
@@ -509,15 +630,25 @@ class _Joiner:
         """Each layer's ``(keys, values)``, ``(heads, n, head_dim)`` MLX arrays, go to
         ``at..at+n-1`` (after the first :meth:`add`: the buffers exist)."""
         arrays = [a for pair in layers_kv for a in pair]
-        arrays = [a.astype(mx.bfloat16).view(mx.uint16) if name == "bfloat16" else a.astype(buffer.dtype)
-                  for a, name, buffer in zip(arrays, self.names, self.buffers)]  # as the buffers hold it
+        arrays = [
+            a.astype(mx.bfloat16).view(mx.uint16) if name == "bfloat16" else a.astype(buffer.dtype)
+            for a, name, buffer in zip(arrays, self.names, self.buffers)
+        ]  # as the buffers hold it
         mx.eval(arrays)
-        self.add(at, arrays[0].shape[1], 0, [(name, np.array(a, copy=False)) for a, name in zip(arrays, self.names)])
+        self.add(
+            at,
+            arrays[0].shape[1],
+            0,
+            [(name, np.array(a, copy=False)) for a, name in zip(arrays, self.names)],
+        )
 
     def layers(self) -> list[tuple[mx.array, mx.array]]:
         """``(keys, values)`` per layer; [] when nothing was added."""
         self.targets = []
-        joined = [b.view(mx.bfloat16) if name == "bfloat16" else b for b, name in zip(self.buffers, self.names)]
+        joined = [
+            b.view(mx.bfloat16) if name == "bfloat16" else b
+            for b, name in zip(self.buffers, self.names)
+        ]
         return list(zip(joined[0::2], joined[1::2]))
 
 

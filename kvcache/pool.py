@@ -55,8 +55,9 @@ class KVPagePool:
     is all zeros.
     """
 
-    def __init__(self, layout: CacheLayout, num_pages: int, page_size: int,
-                 segment_pages: int | None = None):
+    def __init__(
+        self, layout: CacheLayout, num_pages: int, page_size: int, segment_pages: int | None = None
+    ):
         if num_pages < 0 or page_size < 1 or (segment_pages is not None and segment_pages < 1):
             raise ValueError(f"bad pool size: {num_pages} pages of {page_size} tokens")
         self.layout = layout
@@ -65,8 +66,10 @@ class KVPagePool:
         self.segment_pages = min(segment_pages or num_pages + 1, num_pages + 1)
         self._segments: list[tuple[list[mx.array], list[mx.array]]] = []
         # head index columns (H, 1) of each layer's keys and values, for gathers and scatters
-        self._heads = [(mx.arange(spec.key_heads)[:, None], mx.arange(spec.value_heads)[:, None])
-                       for spec in layout.paged]
+        self._heads = [
+            (mx.arange(spec.key_heads)[:, None], mx.arange(spec.value_heads)[:, None])
+            for spec in layout.paged
+        ]
         self.grow()
 
     @property
@@ -115,7 +118,9 @@ class KVPagePool:
         for spec in self.layout.paged:
             dtype = dtype_from_name(spec.dtype)
             keys.append(mx.zeros((count, spec.key_heads, self.page_size, spec.key_dim), dtype))
-            values.append(mx.zeros((count, spec.value_heads, self.page_size, spec.value_dim), dtype))
+            values.append(
+                mx.zeros((count, spec.value_heads, self.page_size, spec.value_dim), dtype)
+            )
         if not self._segments:
             mx.eval(keys, values)
         self._segments.append((keys, values))
@@ -135,8 +140,9 @@ class KVPagePool:
         self._check_pages(page_ids)
         n = keys.shape[1]
         if len(page_ids) != math.ceil(n / self.page_size):
-            raise ValueError(f"{n} tokens fill {math.ceil(n / self.page_size)} pages, "
-                             f"not {len(page_ids)}")
+            raise ValueError(
+                f"{n} tokens fill {math.ceil(n / self.page_size)} pages, not {len(page_ids)}"
+            )
         self._check_kv(layer, "keys", keys, n)
         self._check_kv(layer, "values", values, n)
         touched = []
@@ -145,12 +151,17 @@ class KVPagePool:
             kv = kv.astype(self.keys[layer].dtype)
             if full:
                 pages = self._as_pages(kv[:, : full * self.page_size], full)
-                for at, first, count in self._runs(page_ids[:full]):  # slice updates: see the module doc
+                for at, first, count in self._runs(
+                    page_ids[:full]
+                ):  # slice updates: see the module doc
                     pool, local = self._arrays(layer, first)[side], first % self.segment_pages
                     pool[local : local + count] = pages[at : at + count]
                     touched.append(pool)
             if n > full * self.page_size:
-                pool, local = self._arrays(layer, page_ids[full])[side], page_ids[full] % self.segment_pages
+                pool, local = (
+                    self._arrays(layer, page_ids[full])[side],
+                    page_ids[full] % self.segment_pages,
+                )
                 pool[local : local + 1] = self._as_pages(kv[:, full * self.page_size :], 1)
                 touched.append(pool)
         mx.eval(touched)
@@ -165,8 +176,9 @@ class KVPagePool:
                 at, first, count = at + take, first + take, count - take
         return runs
 
-    def write_tokens(self, layer: int, page_ids: list[int], start: int,
-                     keys: mx.array, values: mx.array) -> None:
+    def write_tokens(
+        self, layer: int, page_ids: list[int], start: int, keys: mx.array, values: mx.array
+    ) -> None:
         """Write ``(heads, n, dim)`` K and V as tokens ``start..start+n-1`` of the
         sequence stored in ``page_ids``: the part that finishes a partly filled page
         token by token, the rest as whole pages."""
@@ -221,8 +233,9 @@ class KVPagePool:
         mx.eval(keys, values)  # no lazy read of the pool may outlive this call
         return keys, values
 
-    def _segment_runs(self, slots: mx.array, low: int | None = None,
-                      high: int | None = None) -> list[tuple[int, int, int]]:
+    def _segment_runs(
+        self, slots: mx.array, low: int | None = None, high: int | None = None
+    ) -> list[tuple[int, int, int]]:
         """``(a, b, segment)``: ``slots[a:b]`` all lie in ``segment``, runs in order. One
         segment (the common case) costs no look at the slots."""
         if len(self._segments) == 1:
@@ -498,6 +511,9 @@ def available_ram_bytes() -> int:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    pages = os.sysconf("SC_AVPHYS_PAGES") if "SC_AVPHYS_PAGES" in os.sysconf_names else \
-        os.sysconf("SC_PHYS_PAGES")
+    pages = (
+        os.sysconf("SC_AVPHYS_PAGES")
+        if "SC_AVPHYS_PAGES" in os.sysconf_names
+        else os.sysconf("SC_PHYS_PAGES")
+    )
     return pages * os.sysconf("SC_PAGE_SIZE")

@@ -125,7 +125,9 @@ class PrefixCache:
         self._sessions: OrderedDict[tuple[str, str], TreeNode] = OrderedDict()
         self._prompt_tokens = 0
         self._evicted_pages = 0
-        self._hot: OrderedDict[tuple[str, tuple[int, ...]], list] = OrderedDict()  # (namespace, tokens), LRU
+        self._hot: OrderedDict[tuple[str, tuple[int, ...]], list] = (
+            OrderedDict()
+        )  # (namespace, tokens), LRU
         self._placeholders = itertools.count(1)  # slot stand-ins when nothing is paged
         self._open: set[int] = set()  # id() of prefixes matched and not yet committed/released
         self._pending_writes: list[tuple] = []  # restored K/V not yet in the pool (flush_writes)
@@ -147,8 +149,14 @@ class PrefixCache:
         self._prompt_tokens += len(prompt)
         result = self.tree.match_prefix(prompt[:-1], namespace)
         self.tree.inc_lock_ref(result.last_node)
-        prefix = Prefix(result.length, result.values, result.last_node, result.snapshot,
-                        tuple(prompt[: result.length]), namespace)
+        prefix = Prefix(
+            result.length,
+            result.values,
+            result.last_node,
+            result.snapshot,
+            tuple(prompt[: result.length]),
+            namespace,
+        )
         self._open.add(id(prefix))
         return prefix
 
@@ -232,8 +240,14 @@ class PrefixCache:
             self.tree.dec_lock_ref(node)
 
     # ----------------------------------------------------------- internals
-    def insert_restored(self, tokens: list[int], start: int, layers_kv: list, snapshot: Snapshot | None,
-                        namespace: str = "") -> int:
+    def insert_restored(
+        self,
+        tokens: list[int],
+        start: int,
+        layers_kv: list,
+        snapshot: Snapshot | None,
+        namespace: str = "",
+    ) -> int:
         """Put K/V restored from disk for ``tokens[start:]`` into the pool and the tree
         (in ``namespace``, the one the disk chain belongs to).
 
@@ -263,8 +277,12 @@ class PrefixCache:
             # them in place meanwhile (only past len(tokens)); a reference held to the
             # arrays themselves would make that update copy every layer instead.
             caches = self._restored_caches(len(tokens), layers_kv, snapshot)
-            stored = self._store(prefix, list(tokens), cache_source(caches, self.paged),
-                                 snapshots, defer=True) or 0
+            stored = (
+                self._store(
+                    prefix, list(tokens), cache_source(caches, self.paged), snapshots, defer=True
+                )
+                or 0
+            )
             if stored:
                 self._keep_hot(list(tokens), caches, namespace)
             return stored
@@ -334,27 +352,39 @@ class PrefixCache:
         for pool_index, pages, source, a, b in pending:
             self.pool.write(pool_index, pages, *source(pool_index, a, b))
 
-    def _store(self, prefix: Prefix, tokens: list[int], source, snapshots, defer: bool = False) -> int | None:
+    def _store(
+        self, prefix: Prefix, tokens: list[int], source, snapshots, defer: bool = False
+    ) -> int | None:
         new = len(tokens) - prefix.length
         if new <= 0:
             return 0
         if not self.paged:  # pure recurrent: nothing to page, snapshots carry it all
-            return self._insert(prefix, tokens, [-next(self._placeholders) for _ in range(new)], snapshots)
+            return self._insert(
+                prefix, tokens, [-next(self._placeholders) for _ in range(new)], snapshots
+            )
         pages = self._alloc(math.ceil(new / self.page_size))
         if pages is None:
             return None
         try:
             for pool_index in range(len(self.paged)):
                 if defer:
-                    self._pending_writes.append((pool_index, pages, source, prefix.length, len(tokens)))
+                    self._pending_writes.append(
+                        (pool_index, pages, source, prefix.length, len(tokens))
+                    )
                 else:
-                    self.pool.write(pool_index, pages, *source(pool_index, prefix.length, len(tokens)))
+                    self.pool.write(
+                        pool_index, pages, *source(pool_index, prefix.length, len(tokens))
+                    )
         except BaseException:  # out of memory...: the pages go back, not lost to the pool
             self.allocator.decref(pages)
             raise
-        new_slots = [page * self.page_size + i for page in pages for i in range(self.page_size)][:new]
+        new_slots = [page * self.page_size + i for page in pages for i in range(self.page_size)][
+            :new
+        ]
         # The allocator counts one reference per slot the tree holds; alloc gave one per page.
-        self.allocator.incref([slot // self.page_size for slot in new_slots if slot % self.page_size])
+        self.allocator.incref(
+            [slot // self.page_size for slot in new_slots if slot % self.page_size]
+        )
         return self._insert(prefix, tokens, new_slots, snapshots)
 
     def _insert(self, prefix: Prefix, tokens: list[int], new_slots: list[int], snapshots) -> int:
@@ -404,15 +434,20 @@ class PrefixCache:
         self._sessions[namespace, session] = node
 
     def _keep_hot(self, tokens: list[int], caches: list, namespace: str) -> None:
-        if all(getattr(cache_at(caches, path), "offset", None) == len(tokens) for path in self.paged):
+        if all(
+            getattr(cache_at(caches, path), "offset", None) == len(tokens) for path in self.paged
+        ):
             self._hot[namespace, tuple(tokens)] = caches
             while len(self._hot) > HOT_ENTRIES:
                 self._hot.popitem(last=False)
 
     def _take_hot(self, prefix: Prefix) -> list | None:
         for (namespace, tokens), caches in reversed(self._hot.items()):
-            if (namespace != prefix.namespace or len(tokens) < prefix.length
-                    or tokens[: prefix.length] != prefix.tokens):
+            if (
+                namespace != prefix.namespace
+                or len(tokens) < prefix.length
+                or tokens[: prefix.length] != prefix.tokens
+            ):
                 continue
             excess = len(tokens) - prefix.length
             if excess and not all(type(c) is KVCache for c in caches):

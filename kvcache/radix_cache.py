@@ -42,8 +42,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
 
 OnFree = Callable[[tuple[int, ...]], None]
 
@@ -51,10 +51,21 @@ OnFree = Callable[[tuple[int, ...]], None]
 class TreeNode:
     """One edge of the tree: ``key`` tokens and their ``value`` slots, ending at this node."""
 
-    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access", "snapshot", "serial",
-                 "namespace")
+    __slots__ = (
+        "children",
+        "parent",
+        "key",
+        "value",
+        "lock_ref",
+        "last_access",
+        "snapshot",
+        "serial",
+        "namespace",
+    )
 
-    def __init__(self, key: tuple[int, ...], value: tuple[int, ...], parent: TreeNode | None, serial: int):
+    def __init__(
+        self, key: tuple[int, ...], value: tuple[int, ...], parent: TreeNode | None, serial: int
+    ):
         self.children: dict[int, TreeNode] = {}  # keyed by the child's first token
         self.parent = parent  # None for the root and for nodes no longer in the tree
         self.key = key
@@ -147,7 +158,13 @@ class RadixCache:
       counted, and has at least one child (its last node's eviction drops it).
     """
 
-    def __init__(self, on_free: OnFree | None = None, *, require_snapshots: bool = False, disable: bool = False):
+    def __init__(
+        self,
+        on_free: OnFree | None = None,
+        *,
+        require_snapshots: bool = False,
+        disable: bool = False,
+    ):
         self.on_free = on_free
         # Called with each leaf just before eviction frees it (its slots still hold its
         # K/V): a lower tier writes back what it does not have yet.
@@ -198,8 +215,13 @@ class RadixCache:
             self._misses += 1
         return MatchResult(values, len(values), last, last.snapshot)
 
-    def insert(self, tokens: Sequence[int], values: Sequence[int], snapshot: object | None = None,
-               namespace: str = "") -> int:
+    def insert(
+        self,
+        tokens: Sequence[int],
+        values: Sequence[int],
+        snapshot: object | None = None,
+        namespace: str = "",
+    ) -> int:
         """Cache ``tokens`` -> ``values`` in ``namespace``; returns how many leading tokens
         were already cached there.
 
@@ -272,7 +294,9 @@ class RadixCache:
         A parent left childless becomes a candidate in turn. Stops early only when
         nothing evictable remains, so it frees >= min(num_tokens, evictable_size()).
         """
-        heap = [self._evict_entry(n) for n in self._iter_nodes() if not n.children and n.lock_ref == 0]
+        heap = [
+            self._evict_entry(n) for n in self._iter_nodes() if not n.children and n.lock_ref == 0
+        ]
         heapq.heapify(heap)
         freed = 0
         while freed < num_tokens and heap:
@@ -356,7 +380,9 @@ class RadixCache:
         if self.require_snapshots or matched >= len(tokens):
             return values
         child = (path[-1] if path else top).children.get(tokens[matched])
-        return values + (child.value[: _common_len(child.key, tokens, matched)] if child is not None else ())
+        return values + (
+            child.value[: _common_len(child.key, tokens, matched)] if child is not None else ()
+        )
 
     def nodes(self) -> Iterator[TreeNode]:
         """Every node except the root and the anchors (any order), in every namespace."""
@@ -374,14 +400,24 @@ class RadixCache:
     def check_invariants(self) -> None:
         """Recount everything; raise AssertionError naming the first violation."""
         root = self.root
-        assert root.parent is None and root.key == () and root.value == (), "root must be empty and parentless"
-        assert root.lock_ref == 1 and root.snapshot is None, "root lock_ref must stay 1, with no snapshot"
+        assert root.parent is None and root.key == () and root.value == (), (
+            "root must be empty and parentless"
+        )
+        assert root.lock_ref == 1 and root.snapshot is None, (
+            "root lock_ref must stay 1, with no snapshot"
+        )
         evictable = protected = nodes = 0
         seen: set[int] = set()
         for name, anchor in self._anchors.items():
-            assert name and anchor.namespace == name, f"anchor of {name!r} names {anchor.namespace!r}"
-            assert anchor.parent is root and anchor.key == () and anchor.value == (), f"anchor {name!r} not empty"
-            assert anchor.children and anchor.snapshot is None, f"anchor {name!r}: childless or with a snapshot"
+            assert name and anchor.namespace == name, (
+                f"anchor of {name!r} names {anchor.namespace!r}"
+            )
+            assert anchor.parent is root and anchor.key == () and anchor.value == (), (
+                f"anchor {name!r} not empty"
+            )
+            assert anchor.children and anchor.snapshot is None, (
+                f"anchor {name!r}: childless or with a snapshot"
+            )
         tops = [root, *self._anchors.values()]
         stack = list(tops)
         while stack:
@@ -390,24 +426,36 @@ class RadixCache:
             for first, child in node.children.items():
                 assert child.parent is node, f"{child!r}: parent link does not point back"
                 assert child.key, f"{child!r}: empty key below the root"
-                assert child.key[0] == first, f"{child!r}: keyed by {first}, starts with {child.key[0]}"
+                assert child.key[0] == first, (
+                    f"{child!r}: keyed by {first}, starts with {child.key[0]}"
+                )
                 child_locks += child.lock_ref
                 stack.append(child)
             if not node.key:  # a namespace's top
                 continue
             nodes += 1
-            assert len(node.key) == len(node.value), f"{node!r}: {len(node.key)} tokens, {len(node.value)} values"
-            assert node.lock_ref >= child_locks >= 0, f"{node!r}: lock_ref below its children's sum {child_locks}"
+            assert len(node.key) == len(node.value), (
+                f"{node!r}: {len(node.key)} tokens, {len(node.value)} values"
+            )
+            assert node.lock_ref >= child_locks >= 0, (
+                f"{node!r}: lock_ref below its children's sum {child_locks}"
+            )
             assert node.last_access <= self._clock, f"{node!r}: last_access ahead of the clock"
             if node.lock_ref == 0:
                 evictable += len(node.value)
             else:
                 protected += len(node.value)
             dup = seen.intersection(node.value)
-            assert not dup and len(set(node.value)) == len(node.value), f"{node!r}: duplicate value(s) {dup}"
+            assert not dup and len(set(node.value)) == len(node.value), (
+                f"{node!r}: duplicate value(s) {dup}"
+            )
             seen.update(node.value)
-        assert evictable == self._evictable, f"evictable_size {self._evictable} != recount {evictable}"
-        assert protected == self._protected, f"protected_size {self._protected} != recount {protected}"
+        assert evictable == self._evictable, (
+            f"evictable_size {self._evictable} != recount {evictable}"
+        )
+        assert protected == self._protected, (
+            f"protected_size {self._protected} != recount {protected}"
+        )
         assert nodes == self._nodes, f"node_count {self._nodes} != recount {nodes}"
 
     # ----------------------------------------------------------------- internals
@@ -491,7 +539,9 @@ class RadixCache:
 
     def _iter_nodes(self) -> Iterator[TreeNode]:
         """Every node except the root."""
-        stack = [child for top in (self.root, *self._anchors.values()) for child in top.children.values()]
+        stack = [
+            child for top in (self.root, *self._anchors.values()) for child in top.children.values()
+        ]
         while stack:
             node = stack.pop()
             stack.extend(node.children.values())

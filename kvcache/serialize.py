@@ -19,8 +19,21 @@ import numpy as np
 from kvcache.snapshot import Snapshot, detach_cache
 
 _MAGIC = b"RCKV1\0"
-_NUMPY_DTYPES = {name: getattr(np, name) for name in ("float32", "float16", "int8", "int16", "int32",
-                                                         "int64", "uint8", "uint16", "uint32", "uint64")}
+_NUMPY_DTYPES = {
+    name: getattr(np, name)
+    for name in (
+        "float32",
+        "float16",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+    )
+}
 _NUMPY_DTYPES["bool"] = np.bool_
 
 
@@ -93,15 +106,21 @@ def kv_to_bytes(layers: list[tuple[mx.array, mx.array]]) -> bytes:
 
 def kv_from_bytes(blob: bytes, num_layers: int, num_tokens: int) -> list[tuple[mx.array, mx.array]]:
     views = kv_views(blob, num_layers, num_tokens)
-    return [(from_numpy(views[2 * i][0], views[2 * i][1]), from_numpy(*views[2 * i + 1]))
-            for i in range(num_layers)]
+    return [
+        (from_numpy(views[2 * i][0], views[2 * i][1]), from_numpy(*views[2 * i + 1]))
+        for i in range(num_layers)
+    ]
 
 
 def kv_views(blob: bytes, num_layers: int, num_tokens: int) -> list[tuple[str, np.ndarray]]:
     """K then V of every layer as (dtype name, zero-copy numpy view of ``blob``): a restore
     joins many pages' views into one buffer per layer before anything reaches MLX."""
     header, views = _unpack_views(blob)
-    if header.get("kind") != "kv" or header.get("tokens") != num_tokens or len(views) != 2 * num_layers:
+    if (
+        header.get("kind") != "kv"
+        or header.get("tokens") != num_tokens
+        or len(views) != 2 * num_layers
+    ):
         raise SerializeError("K/V blob does not match this page")
     return views
 
@@ -119,7 +138,9 @@ def snapshot_to_bytes(snapshot: Snapshot) -> bytes:
             if isinstance(value, mx.array):
                 slots[name] = len(arrays)
                 arrays.append(value)
-            elif isinstance(value, list) and all(isinstance(v, mx.array) or v is None for v in value):
+            elif isinstance(value, list) and all(
+                isinstance(v, mx.array) or v is None for v in value
+            ):
                 entry = []
                 for item in value:
                     entry.append(None if item is None else len(arrays))
@@ -131,7 +152,12 @@ def snapshot_to_bytes(snapshot: Snapshot) -> bytes:
             else:
                 values[name] = _encode(value, arrays, f"{type(cache).__name__}.{name}")
         cls = type(cache)
-        layer = {"index": slot, "class": f"{cls.__module__}:{cls.__qualname__}", "plain": plain, "arrays": slots}
+        layer = {
+            "index": slot,
+            "class": f"{cls.__module__}:{cls.__qualname__}",
+            "plain": plain,
+            "arrays": slots,
+        }
         if member is not None:
             layer["member"] = member
         if values:
@@ -148,14 +174,18 @@ def _encode(value, arrays: list, what: str):
     if value is None or isinstance(value, (int, float, str, bool)):
         return {"plain": value}
     if isinstance(value, (list, tuple)):
-        return {"tuple" if isinstance(value, tuple) else "list": [_encode(v, arrays, what) for v in value]}
+        return {
+            "tuple" if isinstance(value, tuple) else "list": [
+                _encode(v, arrays, what) for v in value
+            ]
+        }
     raise SerializeError(f"cannot save {what} ({type(value).__name__})")
 
 
 def _decode(encoded, arrays: list):
     if not isinstance(encoded, dict) or len(encoded) != 1:
         raise SerializeError("bad snapshot value")
-    (kind, value), = encoded.items()
+    ((kind, value),) = encoded.items()
     if kind == "array":
         return arrays[value]
     if kind == "plain":
@@ -181,8 +211,13 @@ def snapshot_from_bytes(blob: bytes) -> Snapshot:
             for name, value in layer["plain"].items():
                 setattr(cache, name, value)
             for name, slot in layer["arrays"].items():
-                setattr(cache, name, [None if s is None else arrays[s] for s in slot]
-                        if isinstance(slot, list) else arrays[slot])
+                setattr(
+                    cache,
+                    name,
+                    [None if s is None else arrays[s] for s in slot]
+                    if isinstance(slot, list)
+                    else arrays[slot],
+                )
             for name, value in layer.get("values", {}).items():
                 setattr(cache, name, _decode(value, arrays))
             layers.append(((layer["index"], layer.get("member")), detach_cache(cache)))

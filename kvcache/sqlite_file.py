@@ -63,8 +63,9 @@ class SqliteFile:
             raise
 
     def _wording(self, kind: str, text: str = "", version: int = 0) -> str:
-        return self.wordings[kind].format(path=self.path, text=text, version=version,
-                                          known=self.schema_version)
+        return self.wordings[kind].format(
+            path=self.path, text=text, version=version, known=self.schema_version
+        )
 
     def _user_version(self) -> int:
         return self.db.execute("PRAGMA user_version").fetchone()[0]

@@ -49,12 +49,25 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-
 from kvcache.sqlite_file import SqliteFile
-from kvcache.store_reader import ChainPage, IndexedPage, SessionReader, _Link  # noqa: F401  (this module's API too)
 from kvcache.store_format import (  # noqa: F401  (page_key, pack_tokens...: this module's API too)
-    LIVE_PAGES, MIGRATIONS, SCHEMA_VERSION, PageData, StoredPage, chain_keys, is_root, namespace_root,
-    pack_tokens, page_checksum, page_key, page_problem, page_rows, session_row, unpack_tokens)
+    LIVE_PAGES,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    PageData,
+    StoredPage,
+    chain_keys,
+    is_root,
+    namespace_root,
+    pack_tokens,
+    page_checksum,
+    page_key,
+    page_problem,
+    page_rows,
+    session_row,
+    unpack_tokens,
+)
+from kvcache.store_reader import ChainPage, IndexedPage, SessionReader, _Link  # noqa: F401  (this module's API too)
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +149,12 @@ class VerifyReport:
 
     @property
     def clean(self) -> bool:
-        return not (self.bad_pages or self.sessions_truncated or self.sessions_dropped
-                    or self.orphans_removed)
+        return not (
+            self.bad_pages
+            or self.sessions_truncated
+            or self.sessions_dropped
+            or self.orphans_removed
+        )
 
 
 class DiskStore(SqliteFile):
@@ -148,18 +165,28 @@ class DiskStore(SqliteFile):
     error = DiskStoreError
     migrations = MIGRATIONS
     wordings = {
-        "newer": ("{path} was written by a newer RadixChat (KV cache schema {version}, "
-                  "this version knows {known}); running without the disk cache"),
+        "newer": (
+            "{path} was written by a newer RadixChat (KV cache schema {version}, "
+            "this version knows {known}); running without the disk cache"
+        ),
         "foreign": "{path} is a SQLite database but not a RadixChat KV cache; move it aside",
         "locked": "{path} is locked by another RadixChat process",
-        "full": ("the disk is full: cannot write the KV cache {path} (nothing was written); "
-                 "free some space or lower the cache budget"),
+        "full": (
+            "the disk is full: cannot write the KV cache {path} (nothing was written); "
+            "free some space or lower the cache budget"
+        ),
         "corrupt": "{path} is not a readable KV cache ({text}); move it aside",
         "io": "cannot use the KV cache {path}: {text}",
     }
 
-    def __init__(self, path: Path, *, budget_bytes: int = DEFAULT_BUDGET, timeout: float = 2.0,
-                 reserve_bytes: int | None = None):
+    def __init__(
+        self,
+        path: Path,
+        *,
+        budget_bytes: int = DEFAULT_BUDGET,
+        timeout: float = 2.0,
+        reserve_bytes: int | None = None,
+    ):
         self.path = Path(path)
         self.budget_bytes = budget_bytes
         self.reserve_bytes = reserve_bytes  # None: max(MIN_RESERVE, RESERVE_FRACTION of the disk)
@@ -196,7 +223,9 @@ class DiskStore(SqliteFile):
 
     # -- saving --
 
-    def page_keys(self, fingerprint: str, pages_tokens: Sequence[Sequence[int]], namespace: str = "") -> list[str]:
+    def page_keys(
+        self, fingerprint: str, pages_tokens: Sequence[Sequence[int]], namespace: str = ""
+    ) -> list[str]:
         """The keys of a chain of pages of ``namespace``, first page first."""
         return chain_keys(fingerprint, pages_tokens, namespace)
 
@@ -206,8 +235,9 @@ class DiskStore(SqliteFile):
         with self._read():
             return keys - set(self._page_sizes(keys))
 
-    def save_session(self, session: str, fingerprint: str, pages: Sequence[PageData],
-                     namespace: str = "") -> SaveResult:
+    def save_session(
+        self, session: str, fingerprint: str, pages: Sequence[PageData], namespace: str = ""
+    ) -> SaveResult:
         """Save a session's whole chain (in ``namespace``; ``session`` is the row's name,
         see :func:`~kvcache.store_format.session_row`), first page first, then enforce the
         budget.
@@ -219,19 +249,25 @@ class DiskStore(SqliteFile):
             raise ValueError("a session needs a name")
         return self._save_chain(fingerprint, pages, session, namespace)
 
-    def save_prefix(self, fingerprint: str, pages: Sequence[PageData], namespace: str = "") -> SaveResult:
+    def save_prefix(
+        self, fingerprint: str, pages: Sequence[PageData], namespace: str = ""
+    ) -> SaveResult:
         """Keep a chain for any later request of ``namespace`` that starts with its tokens
         (no session): its last page becomes a prefix head, which the budget drops before
         sessions. Pages the store has are not rewritten; one transaction, as for a session."""
         return self._save_chain(fingerprint, pages, None, namespace)
 
-    def _save_chain(self, fingerprint: str, pages: Sequence[PageData], session: str | None,
-                    namespace: str = "") -> SaveResult:
+    def _save_chain(
+        self, fingerprint: str, pages: Sequence[PageData], session: str | None, namespace: str = ""
+    ) -> SaveResult:
         keys = self.page_keys(fingerprint, [page.tokens for page in pages], namespace)
         parents = [namespace_root(namespace), *keys[:-1]]
         missing = self.missing_keys(keys)
-        to_write = [(key, parent, page) for key, parent, page in zip(keys, parents, pages)
-                    if key in missing and page.kv is not None]
+        to_write = [
+            (key, parent, page)
+            for key, parent, page in zip(keys, parents, pages)
+            if key in missing and page.kv is not None
+        ]
         rows = self._hashers.map(lambda job: page_rows(fingerprint, *job), to_write)
         prepared = {key: row for (key, _, _), row in zip(to_write, rows)}  # before the lock
         now = time.time()
@@ -259,8 +295,10 @@ class DiskStore(SqliteFile):
             gives_way = 2 * sum(row["nbytes"] for row in new_pages) > room
             if gives_way:  # the disk is nearly full: write nothing, the session keeps its old chain
                 chain, new_pages, new_data, tokens = [], [], [], 0
-                log.info("not saving %s: the disk is nearly full",
-                         f"the cache of {session}" if session is not None else "a cached prefix")
+                log.info(
+                    "not saving %s: the disk is nearly full",
+                    f"the cache of {session}" if session is not None else "a cached prefix",
+                )
             self.db["pages"].insert_all(new_pages, ignore=True)
             self.db["page_data"].insert_all(new_data, ignore=True)
             self._touch_pages(chain, now)
@@ -271,19 +309,31 @@ class DiskStore(SqliteFile):
                 if not gives_way:
                     self.db.execute("DELETE FROM sessions WHERE name = ?", [session])
                 if chain:
-                    self.db["sessions"].insert({
-                        "name": session, "fingerprint": fingerprint, "head": chain[-1],
-                        "tokens": tokens, "pages": len(chain), "nbytes": nbytes,
-                        "updated_at": now, "last_used": now,
-                    })
+                    self.db["sessions"].insert(
+                        {
+                            "name": session,
+                            "fingerprint": fingerprint,
+                            "head": chain[-1],
+                            "tokens": tokens,
+                            "pages": len(chain),
+                            "nbytes": nbytes,
+                            "updated_at": now,
+                            "last_used": now,
+                        }
+                    )
             written = sum(row["nbytes"] for row in new_pages)
             self._count(saves=1, pages_written=len(new_pages), bytes_written=written)
             _freed, evicted = self._enforce_budget(room, fingerprint)
         self._checkpoint(shrink=room < 0)
         return SaveResult(
-            session=session, head=chain[-1] if chain else None, pages=len(chain), tokens=tokens,
-            pages_written=len(new_pages), bytes_written=written,
-            evicted_sessions=tuple(evicted), gave_way=gives_way,
+            session=session,
+            head=chain[-1] if chain else None,
+            pages=len(chain),
+            tokens=tokens,
+            pages_written=len(new_pages),
+            bytes_written=written,
+            evicted_sessions=tuple(evicted),
+            gave_way=gives_way,
         )
 
     # -- loading --
@@ -298,8 +348,9 @@ class DiskStore(SqliteFile):
             return list(reader.pages())
 
     @contextmanager
-    def read_session(self, session: str, fingerprint: str, record: bool = True,
-                     namespace: str = "") -> Iterator[SessionReader]:
+    def read_session(
+        self, session: str, fingerprint: str, record: bool = True, namespace: str = ""
+    ) -> Iterator[SessionReader]:
         """The session's chain inside one read transaction: ``reader.chain`` (tokens and
         snapshot flags, no K/V) to decide what to use, then ``reader.pages(n)`` streams
         the K/V of the first ``n`` pages. Another model's or an unknown session, or one
@@ -312,7 +363,8 @@ class DiskStore(SqliteFile):
         found = False
         with self._read():
             row = self.db.execute(
-                "SELECT fingerprint, head FROM sessions WHERE name = ?", [session]).fetchone()
+                "SELECT fingerprint, head FROM sessions WHERE name = ?", [session]
+            ).fetchone()
             if row is not None and row[0] == fingerprint:
                 found = True
                 links, broken = self._walk(row[1], fingerprint)
@@ -330,7 +382,9 @@ class DiskStore(SqliteFile):
             self.record_reading(session, fingerprint, reader.used, reader.suspects)
 
     @contextmanager
-    def read_chain(self, fingerprint: str, keys: Sequence[str], namespace: str = "") -> Iterator[SessionReader]:
+    def read_chain(
+        self, fingerprint: str, keys: Sequence[str], namespace: str = ""
+    ) -> Iterator[SessionReader]:
         """The chain of ``keys`` (first page first, as a caller found it by a prompt's
         tokens in its index) inside one read transaction, as :meth:`read_session` gives a
         session's. Each page is checked as a walk checks it (this fingerprint, the previous
@@ -344,12 +398,18 @@ class DiskStore(SqliteFile):
             for key in keys:
                 row = self.db.execute(
                     "SELECT parent, fingerprint, tokens, nbytes, checksum FROM pages WHERE key = ?",
-                    [key]).fetchone()
+                    [key],
+                ).fetchone()
                 if row is None:
                     missing.add(key)
                     break
-                if (row[0] != parent or row[1] != fingerprint or not row[2] or len(row[2]) % 4
-                        or page_key(fingerprint, row[0], row[2]) != key):
+                if (
+                    row[0] != parent
+                    or row[1] != fingerprint
+                    or not row[2]
+                    or len(row[2]) % 4
+                    or page_key(fingerprint, row[0], row[2]) != key
+                ):
                     break
                 links.append(_Link(key, row[0], row[2], row[3], row[4]))
                 parent = key
@@ -365,11 +425,19 @@ class DiskStore(SqliteFile):
         tier holds in memory to find a prompt's pages by its tokens."""
         rows = self._rows(
             "SELECT p.key, p.parent, p.tokens, d.snapshot IS NOT NULL FROM pages AS p "
-            "JOIN page_data AS d ON d.key = p.key WHERE p.fingerprint = ?", [fingerprint])
+            "JOIN page_data AS d ON d.key = p.key WHERE p.fingerprint = ?",
+            [fingerprint],
+        )
         return [IndexedPage(key, parent, tokens, bool(snap)) for key, parent, tokens, snap in rows]
 
-    def record_reading(self, session: str | None, fingerprint: str, used: Sequence[ChainPage],
-                       suspects: set[str], head: tuple[str, int] | None = None) -> None:
+    def record_reading(
+        self,
+        session: str | None,
+        fingerprint: str,
+        used: Sequence[ChainPage],
+        suspects: set[str],
+        head: tuple[str, int] | None = None,
+    ) -> None:
         """After a read: mark ``used`` pages (and the session) used, repair ``suspects``.
         ``head`` (key, tokens up to it): the end of what a read by tokens used, kept as a
         prefix so the budget counts it as used now. A reading that used no page and found
@@ -382,23 +450,31 @@ class DiskStore(SqliteFile):
                 self._repair(suspects)
             if head is not None and self._page_sizes([head[0]]):
                 self._keep_prefix(fingerprint, head[0], head[1], now)
-            self.db.execute("UPDATE sessions SET last_used = ? WHERE name = ? AND fingerprint = ?",
-                            [now, session, fingerprint])
+            self.db.execute(
+                "UPDATE sessions SET last_used = ? WHERE name = ? AND fingerprint = ?",
+                [now, session, fingerprint],
+            )
             self._touch_pages([page.key for page in used], now)
-            self._count(loads=1, restored_pages=len(used),
-                        restored_tokens=sum(len(page.tokens) for page in used))
+            self._count(
+                loads=1,
+                restored_pages=len(used),
+                restored_tokens=sum(len(page.tokens) for page in used),
+            )
 
     def _fetch(self, link: _Link, has_snapshot: bool):
         """One page's K/V and snapshot, and its checksum being computed (reader thread),
         or None when the page has no data row."""
         if has_snapshot:
             row = self.db.execute(
-                "SELECT kv, snapshot FROM page_data WHERE key = ?", [link.key]).fetchone()
+                "SELECT kv, snapshot FROM page_data WHERE key = ?", [link.key]
+            ).fetchone()
             if row is None:
                 return None
             kv, snapshot = row
         else:
-            row = self.db.execute("SELECT rowid FROM page_data WHERE key = ?", [link.key]).fetchone()
+            row = self.db.execute(
+                "SELECT rowid FROM page_data WHERE key = ?", [link.key]
+            ).fetchone()
             if row is None:
                 return None
             # Straight into the bytes object: SQLite reads the overflow pages from the file
@@ -411,14 +487,19 @@ class DiskStore(SqliteFile):
 
     def session(self, name: str) -> SessionInfo | None:
         """One session's row (a primary-key lookup), or None."""
-        rows = self._rows("SELECT name, fingerprint, tokens, pages, nbytes, updated_at, last_used "
-                          "FROM sessions WHERE name = ?", [name])
+        rows = self._rows(
+            "SELECT name, fingerprint, tokens, pages, nbytes, updated_at, last_used "
+            "FROM sessions WHERE name = ?",
+            [name],
+        )
         return SessionInfo(*rows[0]) if rows else None
 
     def sessions(self) -> list[SessionInfo]:
         """All sessions, most recently used first."""
-        rows = self._rows("SELECT name, fingerprint, tokens, pages, nbytes, updated_at, last_used "
-                          "FROM sessions ORDER BY last_used DESC, name")
+        rows = self._rows(
+            "SELECT name, fingerprint, tokens, pages, nbytes, updated_at, last_used "
+            "FROM sessions ORDER BY last_used DESC, name"
+        )
         return [SessionInfo(*row) for row in rows]
 
     def stats(self) -> StoreStats:
@@ -426,18 +507,35 @@ class DiskStore(SqliteFile):
             sessions = self.db.execute("SELECT count(*) FROM sessions").fetchone()[0]
             prefixes = self.db.execute("SELECT count(*) FROM prefixes").fetchone()[0]
             pages, nbytes = self.db.execute(
-                "SELECT count(*), coalesce(sum(nbytes), 0) FROM pages").fetchone()
+                "SELECT count(*), coalesce(sum(nbytes), 0) FROM pages"
+            ).fetchone()
             orphans = self.db.execute(
-                f"{LIVE_PAGES} SELECT count(*) FROM pages WHERE key NOT IN live").fetchone()[0]
+                f"{LIVE_PAGES} SELECT count(*) FROM pages WHERE key NOT IN live"
+            ).fetchone()[0]
             counters = dict(self.db.execute("SELECT name, value FROM counters").fetchall())
         files = [self.path, self.path.with_name(self.path.name + "-wal")]
         return StoreStats(
-            sessions=sessions, prefixes=prefixes, pages=pages, bytes=nbytes,
+            sessions=sessions,
+            prefixes=prefixes,
+            pages=pages,
+            bytes=nbytes,
             file_bytes=sum(f.stat().st_size for f in files if f.exists()),
-            orphan_pages=orphans, budget_bytes=self.budget_bytes,
-            **{name: counters.get(name, 0) for name in (
-                "saves", "loads", "restored_pages", "restored_tokens", "dropped_pages",
-                "evicted_sessions", "evicted_prefixes", "pages_written", "bytes_written")},
+            orphan_pages=orphans,
+            budget_bytes=self.budget_bytes,
+            **{
+                name: counters.get(name, 0)
+                for name in (
+                    "saves",
+                    "loads",
+                    "restored_pages",
+                    "restored_tokens",
+                    "dropped_pages",
+                    "evicted_sessions",
+                    "evicted_prefixes",
+                    "pages_written",
+                    "bytes_written",
+                )
+            },
         )
 
     def verify(self) -> VerifyReport:
@@ -457,7 +555,8 @@ class DiskStore(SqliteFile):
         with self._transaction():
             bad, truncated, dropped, orphans = self._repair(suspects)
             strays = self.db.execute(
-                "DELETE FROM page_data WHERE key NOT IN (SELECT key FROM pages)").rowcount
+                "DELETE FROM page_data WHERE key NOT IN (SELECT key FROM pages)"
+            ).rowcount
         return VerifyReport(checked, bad, truncated, dropped, orphans + strays)
 
     # -- deleting --
@@ -512,15 +611,20 @@ class DiskStore(SqliteFile):
         space back to the disk through a VACUUM, which needs room for what is left, so
         only an empty cache can be sure to return it (see :meth:`_checkpoint`)."""
         if room < 0:
-            evicted = [name for (name,) in self.db.execute("SELECT name FROM sessions ORDER BY name")]
+            evicted = [
+                name for (name,) in self.db.execute("SELECT name FROM sessions ORDER BY name")
+            ]
             freed = self.db.execute("SELECT coalesce(sum(nbytes), 0) FROM pages").fetchone()[0]
             self.deleted_keys.extend(key for (key,) in self.db.execute("SELECT key FROM pages"))
             for table in ("sessions", "prefixes", "pages", "page_data"):
                 self.db.execute(f"DELETE FROM {table}")
             if evicted:
                 self._count(evicted_sessions=len(evicted))
-                log.warning("the disk is past the KV cache's reserve: %d cached sessions evicted "
-                            "to give the space back", len(evicted))
+                log.warning(
+                    "the disk is past the KV cache's reserve: %d cached sessions evicted "
+                    "to give the space back",
+                    len(evicted),
+                )
             return freed, evicted
         freed = self._delete_orphans()[1]
         total = self.db.execute("SELECT coalesce(sum(nbytes), 0) FROM pages").fetchone()[0]
@@ -532,7 +636,8 @@ class DiskStore(SqliteFile):
                 "SELECT is_session, id FROM (SELECT 0 AS is_session, head AS id, fingerprint, last_used "
                 "FROM prefixes UNION ALL SELECT 1, name, fingerprint, last_used FROM sessions) "
                 "ORDER BY coalesce(fingerprint = ?, 0), is_session, last_used, id LIMIT 1",
-                [fingerprint]).fetchone()
+                [fingerprint],
+            ).fetchone()
             if victim is None:
                 break
             if victim[0]:
@@ -550,7 +655,8 @@ class DiskStore(SqliteFile):
         self.db.execute(
             "INSERT INTO prefixes (head, fingerprint, tokens, last_used) VALUES (?, ?, ?, ?) "
             "ON CONFLICT (head) DO UPDATE SET last_used = excluded.last_used",
-            [head, fingerprint, tokens, now])
+            [head, fingerprint, tokens, now],
+        )
 
     def _walk(self, head: str, fingerprint: str) -> tuple[list[_Link], str | None]:
         """The chain ending at ``head``, head first, and the key where the walk broke
@@ -562,9 +668,16 @@ class DiskStore(SqliteFile):
         while not is_root(key):
             row = self.db.execute(
                 "SELECT parent, fingerprint, tokens, nbytes, checksum FROM pages WHERE key = ?",
-                [key]).fetchone()
-            if (row is None or key in seen or row[1] != fingerprint or not row[2]
-                    or len(row[2]) % 4 or page_key(fingerprint, row[0], row[2]) != key):
+                [key],
+            ).fetchone()
+            if (
+                row is None
+                or key in seen
+                or row[1] != fingerprint
+                or not row[2]
+                or len(row[2]) % 4
+                or page_key(fingerprint, row[0], row[2]) != key
+            ):
                 return links, key
             seen.add(key)
             links.append(_Link(key, row[0], row[2], row[3], row[4]))
@@ -578,11 +691,15 @@ class DiskStore(SqliteFile):
         bad = {key for key in suspects if self._stored_page_problem(key)}
         truncated = dropped = 0
         for name, fingerprint, head in self.db.execute(
-                "SELECT name, fingerprint, head FROM sessions").fetchall():
+            "SELECT name, fingerprint, head FROM sessions"
+        ).fetchall():
             links, broken = self._walk(head, fingerprint)
             chain = links[::-1]
-            keep = 0 if broken is not None else next(
-                (i for i, link in enumerate(chain) if link.key in bad), len(chain))
+            keep = (
+                0
+                if broken is not None
+                else next((i for i, link in enumerate(chain) if link.key in bad), len(chain))
+            )
             if broken is None and keep == len(chain):
                 continue
             if keep == 0:
@@ -592,15 +709,25 @@ class DiskStore(SqliteFile):
             kept = chain[:keep]
             self.db.execute(
                 "UPDATE sessions SET head = ?, tokens = ?, pages = ?, nbytes = ? WHERE name = ?",
-                [kept[-1].key, sum(len(link.tokens) // 4 for link in kept), keep,
-                 sum(link.nbytes for link in kept), name])
+                [
+                    kept[-1].key,
+                    sum(len(link.tokens) // 4 for link in kept),
+                    keep,
+                    sum(link.nbytes for link in kept),
+                    name,
+                ],
+            )
             truncated += 1
         for head, fingerprint, last_used in self.db.execute(
-                "SELECT head, fingerprint, last_used FROM prefixes").fetchall():
+            "SELECT head, fingerprint, last_used FROM prefixes"
+        ).fetchall():
             links, broken = self._walk(head, fingerprint)
             chain = links[::-1]
-            keep = 0 if broken is not None else next(
-                (i for i, link in enumerate(chain) if link.key in bad), len(chain))
+            keep = (
+                0
+                if broken is not None
+                else next((i for i, link in enumerate(chain) if link.key in bad), len(chain))
+            )
             if broken is None and keep == len(chain):
                 continue
             self.db.execute("DELETE FROM prefixes WHERE head = ?", [head])
@@ -608,8 +735,9 @@ class DiskStore(SqliteFile):
                 dropped += 1
                 continue
             kept = chain[:keep]
-            self._keep_prefix(fingerprint, kept[-1].key, sum(len(link.tokens) // 4 for link in kept),
-                              last_used)
+            self._keep_prefix(
+                fingerprint, kept[-1].key, sum(len(link.tokens) // 4 for link in kept), last_used
+            )
             truncated += 1
         existing = [key for key in bad if self._page_sizes([key])]
         self._delete_pages(existing)
@@ -620,13 +748,15 @@ class DiskStore(SqliteFile):
         row = self.db.execute(
             "SELECT p.key, p.parent, p.fingerprint, p.tokens, p.checksum, d.kv, d.snapshot "
             "FROM pages AS p LEFT JOIN page_data AS d ON d.key = p.key WHERE p.key = ?",
-            [key]).fetchone()
+            [key],
+        ).fetchone()
         return "missing" if row is None else page_problem(*row)
 
     def _delete_orphans(self) -> tuple[int, int]:
         """Delete the pages no session reaches; returns (pages, bytes)."""
         orphans = self.db.execute(
-            f"{LIVE_PAGES} SELECT key, nbytes FROM pages WHERE key NOT IN live").fetchall()
+            f"{LIVE_PAGES} SELECT key, nbytes FROM pages WHERE key NOT IN live"
+        ).fetchall()
         self._delete_pages([key for key, _ in orphans])
         return len(orphans), sum(nbytes for _, nbytes in orphans)
 
@@ -641,21 +771,26 @@ class DiskStore(SqliteFile):
         keys = list(dict.fromkeys(keys))
         sizes: dict[str, int] = {}
         for start in range(0, len(keys), _IN_CHUNK):
-            chunk = keys[start:start + _IN_CHUNK]
-            sizes.update(self.db.execute(
-                f"SELECT key, nbytes FROM pages WHERE key IN ({', '.join('?' * len(chunk))})",
-                chunk).fetchall())
+            chunk = keys[start : start + _IN_CHUNK]
+            sizes.update(
+                self.db.execute(
+                    f"SELECT key, nbytes FROM pages WHERE key IN ({', '.join('?' * len(chunk))})",
+                    chunk,
+                ).fetchall()
+            )
         return sizes
 
     def _touch_pages(self, keys: list[str], now: float) -> None:
-        self.db.conn.executemany("UPDATE pages SET last_used = ? WHERE key = ?",
-                                 [[now, key] for key in keys])
+        self.db.conn.executemany(
+            "UPDATE pages SET last_used = ? WHERE key = ?", [[now, key] for key in keys]
+        )
 
     def _count(self, **amounts: int) -> None:
         self.db.conn.executemany(
             "INSERT INTO counters (name, value) VALUES (?, ?) "
             "ON CONFLICT (name) DO UPDATE SET value = value + excluded.value",
-            [[name, amount] for name, amount in amounts.items() if amount])
+            [[name, amount] for name, amount in amounts.items() if amount],
+        )
 
     def _rows(self, sql: str, params: list | None = None) -> list[tuple]:
         with self._errors():

@@ -99,7 +99,9 @@ def session_row(session: str, namespace: str) -> str:
     return f"{namespace}/{session}" if namespace else session
 
 
-def chain_keys(fingerprint: str, pages_tokens: Sequence[Sequence[int]], namespace: str = "") -> list[str]:
+def chain_keys(
+    fingerprint: str, pages_tokens: Sequence[Sequence[int]], namespace: str = ""
+) -> list[str]:
     """The keys of a chain of pages of ``namespace``, first page first (no database needed)."""
     keys: list[str] = []
     root = namespace_root(namespace)
@@ -122,8 +124,15 @@ def page_checksum(tokens: bytes, kv: bytes, snapshot: bytes | None) -> str:
     return f"crc32:{crc:08x}"
 
 
-def page_problem(key: str, parent: str | None, fingerprint: str, tokens: bytes,
-                  checksum: str, kv: bytes | None, snapshot: bytes | None) -> str | None:
+def page_problem(
+    key: str,
+    parent: str | None,
+    fingerprint: str,
+    tokens: bytes,
+    checksum: str,
+    kv: bytes | None,
+    snapshot: bytes | None,
+) -> str | None:
     """Why a stored page must not be used, or None."""
     if not tokens or len(tokens) % 4 or page_key(fingerprint, parent, tokens) != key:
         return "key does not match its fingerprint, parent and tokens"
@@ -196,13 +205,18 @@ LIVE_PAGES = """WITH RECURSIVE live(key) AS (
     WHERE pages.parent IS NOT NULL)"""
 
 
-def page_rows(fingerprint: str, key: str, parent: str | None,
-               page: PageData) -> tuple[dict, dict]:
+def page_rows(fingerprint: str, key: str, parent: str | None, page: PageData) -> tuple[dict, dict]:
     """The ``pages`` row (without last_used) and the ``page_data`` row of a new page."""
     tokens = pack_tokens(page.tokens)
     nbytes = len(tokens) + len(page.kv) + len(page.snapshot or b"")
     return (
-        {"key": key, "parent": parent, "fingerprint": fingerprint, "tokens": tokens,
-         "nbytes": nbytes, "checksum": page_checksum(tokens, page.kv, page.snapshot)},
+        {
+            "key": key,
+            "parent": parent,
+            "fingerprint": fingerprint,
+            "tokens": tokens,
+            "nbytes": nbytes,
+            "checksum": page_checksum(tokens, page.kv, page.snapshot),
+        },
         {"key": key, "kv": page.kv, "snapshot": page.snapshot},
     )

@@ -61,24 +61,32 @@ class SessionReader:
         self._pending: collections.deque = collections.deque()
         for link in links:
             row = store.db.execute(  # length(): the value itself is not read
-                "SELECT length(snapshot) FROM page_data WHERE key = ?", [link.key]).fetchone()
+                "SELECT length(snapshot) FROM page_data WHERE key = ?", [link.key]
+            ).fetchone()
             if row is None:
                 suspects.add(link.key)
                 break
-            self._links.append((link, ChainPage(link.key, unpack_tokens(link.tokens), row[0] is not None)))
+            self._links.append(
+                (link, ChainPage(link.key, unpack_tokens(link.tokens), row[0] is not None))
+            )
         self.chain = [page for _, page in self._links]
 
     def pages(self, count: int | None = None, first: int = 0) -> Iterator[StoredPage]:
         """Pages ``first`` to ``count - 1`` of the chain (None: to the end) with their K/V,
         in order, each verified against its checksum before it is handed out. Stops at
         the first bad or missing page."""
-        todo = collections.deque(self._links[first: len(self._links) if count is None else count])
+        todo = collections.deque(self._links[first : len(self._links) if count is None else count])
         pending = self._pending
         while todo or pending:
             while todo and len(pending) <= self.READ_AHEAD:
                 link, page = todo.popleft()
-                pending.append((link, page, self._store._reader.submit(
-                    self._store._fetch, link, page.has_snapshot)))
+                pending.append(
+                    (
+                        link,
+                        page,
+                        self._store._reader.submit(self._store._fetch, link, page.has_snapshot),
+                    )
+                )
             link, page, future = pending.popleft()
             data = future.result()
             if data is None or data[2].result() != link.checksum:

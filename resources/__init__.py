@@ -1,4 +1,5 @@
 """Static resources of RadixChat: app metadata, icons, style sheets, default settings."""
+
 from importlib import resources as _resources
 
 

@@ -64,8 +64,10 @@ def main() -> int:
     try:
         import PIL  # noqa: F401
     except ImportError:
-        print("make_icons: Pillow is missing (pip install -e '.[package]'): RadixChat.icns not written",
-              file=sys.stderr)
+        print(
+            "make_icons: Pillow is missing (pip install -e '.[package]'): RadixChat.icns not written",
+            file=sys.stderr,
+        )
         return 1
     write_icns(ICNS)
     print(f"wrote {ICNS} ({', '.join(map(str, ICNS_SIZES))} px)")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-import core  # noqa: E402,F401  (loads the system OpenBLAS before anything imports mlx)
 import pytest  # noqa: E402
 
+import core  # noqa: E402,F401  (loads the system OpenBLAS before anything imports mlx)
 from core import paths  # noqa: E402
 from core.models import provision  # noqa: E402
 from tests.core.models.hub_fixture import hub_sources, loopback_hub  # noqa: E402,F401  (the loopback hub)
@@ -20,7 +20,9 @@ def tiny_model(tmp_path_factory) -> Path:
     """A tiny llama model (random weights, byte tokenizer, ChatML template)."""
     from core.models.tiny_model import TinyModelSpec, write_tiny_model
 
-    return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama", TinyModelSpec(num_layers=2))
+    return write_tiny_model(
+        tmp_path_factory.mktemp("models") / "tiny-llama", TinyModelSpec(num_layers=2)
+    )
 
 
 @pytest.fixture(scope="session")

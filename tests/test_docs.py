@@ -104,21 +104,28 @@ def test_the_readme_stays_short():
     lines = len(README.read_text(encoding="utf-8").splitlines())
     assert lines < README_MAX_LINES, (
         f"README.md has {lines} lines (keep it under {README_MAX_LINES}): "
-        "move detail into docs/ and link it")
+        "move detail into docs/ and link it"
+    )
 
 
 def test_slug_spells_anchors_as_github_does():
-    assert slug("Batched decode against mlx_lm.server (`bench serve --against mlx-lm`)") == \
-        "batched-decode-against-mlx_lmserver-bench-serve---against-mlx-lm"
+    assert (
+        slug("Batched decode against mlx_lm.server (`bench serve --against mlx-lm`)")
+        == "batched-decode-against-mlx_lmserver-bench-serve---against-mlx-lm"
+    )
     assert slug("The window's responsiveness") == "the-windows-responsiveness"
-    assert slug("When things go wrong: a full disk, a damaged database") == \
-        "when-things-go-wrong-a-full-disk-a-damaged-database"
+    assert (
+        slug("When things go wrong: a full disk, a damaged database")
+        == "when-things-go-wrong-a-full-disk-a-damaged-database"
+    )
 
 
 def test_a_broken_link_is_found(tmp_path):
     page = tmp_path / "page.md"
-    text = ("# Title\n\nSee [there](missing.md), [here](#title), [no](#nowhere) "
-            "and `[code](not-a-link.md)`.\n```\n[fenced](also-not.md)\n```\n")
+    text = (
+        "# Title\n\nSee [there](missing.md), [here](#title), [no](#nowhere) "
+        "and `[code](not-a-link.md)`.\n```\n[fenced](also-not.md)\n```\n"
+    )
     page.write_text(text, encoding="utf-8")
     assert [link.target for link in links_in(page)] == ["missing.md", "#title", "#nowhere"]
     assert [broken(link) is None for link in links_in(page)] == [False, True, False]

@@ -64,7 +64,9 @@ def _under(name: str, prefixes: tuple[str, ...]) -> bool:
 
 
 def offending(importer: tuple[str, ...], forbidden: tuple[str, ...]) -> list[str]:
-    return [str(i) for i in all_imports() if _under(i.source, importer) and _under(i.target, forbidden)]
+    return [
+        str(i) for i in all_imports() if _under(i.source, importer) and _under(i.target, forbidden)
+    ]
 
 
 def test_the_walk_sees_the_code():
@@ -87,7 +89,10 @@ def test_core_imports_neither_app_nor_pyside6():
 
 def test_app_imports_neither_mlx_nor_kvcache():
     bad = offending(("app",), ("mlx", "mlx_lm", "kvcache"))
-    assert not bad, "app must not import mlx, mlx_lm or kvcache (it reaches kvcache through core):\n  " + "\n  ".join(bad)
+    assert not bad, (
+        "app must not import mlx, mlx_lm or kvcache (it reaches kvcache through core):\n  "
+        + "\n  ".join(bad)
+    )
 
 
 def test_the_api_does_not_import_the_command_line():
@@ -155,4 +160,6 @@ def test_no_import_circles():
         inside = set(members)
         lines.append("circle: " + ", ".join(members))
         lines += [f"    {i}" for i in imports if i.source in inside and i.target in inside]
-    assert not circles, "modules that import each other (directly or round a loop):\n" + "\n".join(lines)
+    assert not circles, "modules that import each other (directly or round a loop):\n" + "\n".join(
+        lines
+    )

@@ -39,15 +39,24 @@ exec {sys.executable} "$@"
     return path
 
 
-def dry_run(tmp_path: Path, pythons: dict[str, tuple[int, int]], *args: str) -> subprocess.CompletedProcess:
+def dry_run(
+    tmp_path: Path, pythons: dict[str, tuple[int, int]], *args: str
+) -> subprocess.CompletedProcess:
     """``make -n setup`` with only ``pythons`` on the PATH, into a venv that is not there yet."""
-    bin_dir = tmp_path / ("path-" + "-".join(f"{n}={v}" for n, v in sorted(pythons.items())).replace(" ", ""))
+    bin_dir = tmp_path / (
+        "path-" + "-".join(f"{n}={v}" for n, v in sorted(pythons.items())).replace(" ", "")
+    )
     bin_dir.mkdir(parents=True)
     for name, version in pythons.items():
         fake_python(bin_dir, name, version)
-    return subprocess.run([MAKE, "-n", "setup", f"VENV={tmp_path / 'venv'}", *args], cwd=ROOT,
-                          env={"PATH": str(bin_dir), "HOME": str(tmp_path)},
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [MAKE, "-n", "setup", f"VENV={tmp_path / 'venv'}", *args],
+        cwd=ROOT,
+        env={"PATH": str(bin_dir), "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def venv_python(run: subprocess.CompletedProcess) -> str:
@@ -59,8 +68,13 @@ def venv_python(run: subprocess.CompletedProcess) -> str:
 @needs_make
 def test_the_newest_candidate_that_is_new_enough_is_picked(tmp_path):
     # a stock Mac's python3 is Xcode's 3.9; Homebrew added 3.12
-    assert venv_python(dry_run(tmp_path, {"python3": (3, 9), "python3.12": (3, 12)})) == "python3.12"
-    assert venv_python(dry_run(tmp_path, {"python3.11": (3, 11), "python3.13": (3, 13)})) == "python3.13"
+    assert (
+        venv_python(dry_run(tmp_path, {"python3": (3, 9), "python3.12": (3, 12)})) == "python3.12"
+    )
+    assert (
+        venv_python(dry_run(tmp_path, {"python3.11": (3, 11), "python3.13": (3, 13)}))
+        == "python3.13"
+    )
     assert venv_python(dry_run(tmp_path, {"python3": (3, 12)})) == "python3"
 
 
@@ -88,13 +102,23 @@ def test_python_named_is_used_or_refused(tmp_path):
     assert venv_python(run) == "my-python"  # named: used, though a newer one is on the PATH
     old = fake_python(bin_dir, "old-python", (3, 9))
     run = dry_run(tmp_path / "again", {"python3.13": (3, 13)}, f"PYTHON={old}")
-    assert run.returncode != 0 and f"PYTHON={old}" in run.stderr and len(run.stderr.strip().splitlines()) == 1
+    assert (
+        run.returncode != 0
+        and f"PYTHON={old}" in run.stderr
+        and len(run.stderr.strip().splitlines()) == 1
+    )
 
 
 @needs_make
 def test_cleaning_needs_no_python(tmp_path):
-    run = subprocess.run([MAKE, "-n", "clean"], cwd=ROOT, env={"PATH": str(tmp_path)}, capture_output=True,
-                         text=True, timeout=60)
+    run = subprocess.run(
+        [MAKE, "-n", "clean"],
+        cwd=ROOT,
+        env={"PATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 0 and "rm -rf" in run.stdout, run.stderr
 
 
@@ -103,7 +127,9 @@ def test_the_app_is_built_from_the_lock_file(tmp_path):
     venv = tmp_path / "venv"
     venv.mkdir()
     (venv / ".installed").touch()  # set up already: only the app's own steps are printed
-    run = subprocess.run([MAKE, "-n", "app", f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [MAKE, "-n", "app", f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert run.returncode == 0, run.stderr
     installs = [line for line in run.stdout.splitlines() if "pip install" in line]
     assert installs[0].endswith("-r requirements-lock.txt")
@@ -120,7 +146,12 @@ PLATFORMS = {  # what markers see on each platform the app is built on, with the
 def _environment(platform: str) -> dict[str, str]:
     from packaging.markers import default_environment
 
-    return {**default_environment(), **PLATFORMS[platform], "python_version": "3.11", "python_full_version": "3.11.9"}
+    return {
+        **default_environment(),
+        **PLATFORMS[platform],
+        "python_version": "3.11",
+        "python_full_version": "3.11.9",
+    }
 
 
 def _pinned(platform: str) -> dict[str, Version]:
@@ -132,7 +163,9 @@ def _pinned(platform: str) -> dict[str, Version]:
             if requirement.marker is None or requirement.marker.evaluate(_environment(platform)):
                 (spec,) = requirement.specifier
                 assert spec.operator == "==", line
-                assert _name(requirement.name) not in pins, f"{requirement.name} pinned twice for {platform}"
+                assert _name(requirement.name) not in pins, (
+                    f"{requirement.name} pinned twice for {platform}"
+                )
                 pins[_name(requirement.name)] = Version(spec.version)
     return pins
 
@@ -148,8 +181,11 @@ def test_the_lock_pins_every_dependency_within_its_range(platform):
     import tomllib
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    wanted = [*project["dependencies"], *project["optional-dependencies"]["dev"],
-              *project["optional-dependencies"]["package"]]
+    wanted = [
+        *project["dependencies"],
+        *project["optional-dependencies"]["dev"],
+        *project["optional-dependencies"]["package"],
+    ]
     pins = _pinned(platform)
     problems = []
     for text in wanted:
@@ -161,7 +197,10 @@ def test_the_lock_pins_every_dependency_within_its_range(platform):
             problems.append(f"{name} is not pinned")
         elif not requirement.specifier.contains(pins[name]):
             problems.append(f"{name}=={pins[name]} is outside {requirement.specifier}")
-    assert not problems, f"requirements-lock.txt is stale for {platform} (run `make lock`):\n  " + "\n  ".join(problems)
+    assert not problems, (
+        f"requirements-lock.txt is stale for {platform} (run `make lock`):\n  "
+        + "\n  ".join(problems)
+    )
     # MLX's kernels come as their own package, at MLX's version: Metal on a Mac, the CPU's on Linux
     kernels = "mlx-metal" if platform == "darwin" else "mlx-cpu"
     assert pins.get(kernels) == pins["mlx"], f"{kernels} is not pinned at mlx's version"

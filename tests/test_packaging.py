@@ -12,10 +12,10 @@ it after `make app`; a bundle left from an earlier build may not match the sourc
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
-import re
 import time
 import types
 from pathlib import Path
@@ -37,15 +37,24 @@ class Target:
 
     def __init__(self, *args, **kwargs):
         self.args, self.kwargs = args, kwargs
-        self.binaries, self.datas, self.pure, self.scripts = [], list(kwargs.get("datas", [])), [], []
+        self.binaries, self.datas, self.pure, self.scripts = (
+            [],
+            list(kwargs.get("datas", [])),
+            [],
+            [],
+        )
 
 
 def run_spec(monkeypatch, tmp_path, platform: str) -> dict:
     """Execute pyinstaller.spec as PyInstaller would, on ``platform``, with recording targets."""
     hooks = types.ModuleType("PyInstaller.utils.hooks")
     hooks.collect_submodules = lambda package, filter=None: [f"{package}.stand_in"]
-    hooks.collect_dynamic_libs = lambda package: [(f"/site-packages/{package}/lib/lib{package}.dylib", f"{package}/lib")]
-    hooks.copy_metadata = lambda package: [(f"/site-packages/{package}-1.0.dist-info", f"{package}-1.0.dist-info")]
+    hooks.collect_dynamic_libs = lambda package: [
+        (f"/site-packages/{package}/lib/lib{package}.dylib", f"{package}/lib")
+    ]
+    hooks.copy_metadata = lambda package: [
+        (f"/site-packages/{package}-1.0.dist-info", f"{package}-1.0.dist-info")
+    ]
     bindepend = types.ModuleType("PyInstaller.depend.bindepend")
     bindepend.get_imports = lambda filename: []
     monkeypatch.setitem(sys.modules, "PyInstaller.utils.hooks", hooks)
@@ -57,10 +66,13 @@ def run_spec(monkeypatch, tmp_path, platform: str) -> dict:
         def make(*args, **kwargs):
             made[name] = Target(*args, **kwargs)
             return made[name]
+
         return make
 
     namespace = {name: recorder(name) for name in ("Analysis", "PYZ", "EXE", "COLLECT", "BUNDLE")}
-    namespace.update(SPECPATH=str(ROOT), workpath=str(tmp_path), __file__=str(SPEC), __name__="__main__")
+    namespace.update(
+        SPECPATH=str(ROOT), workpath=str(tmp_path), __file__=str(SPEC), __name__="__main__"
+    )
     exec(compile(SPEC.read_text(), str(SPEC), "exec"), namespace)
     return {"made": made, "namespace": namespace}
 
@@ -74,7 +86,11 @@ def test_the_grammar_librarys_metadata_is_bundled(monkeypatch, tmp_path):
 
 def test_the_versions_radixchat_version_prints_are_bundled(monkeypatch, tmp_path):
     datas = run_spec(monkeypatch, tmp_path, "linux")["made"]["Analysis"].kwargs["datas"]
-    for name in ("radixchat", "mlx", "mlx-lm"):  # (the stand-in copy_metadata above names them as asked)
+    for name in (
+        "radixchat",
+        "mlx",
+        "mlx-lm",
+    ):  # (the stand-in copy_metadata above names them as asked)
         assert (f"/site-packages/{name}-1.0.dist-info", f"{name}-1.0.dist-info") in datas, name
 
 
@@ -87,10 +103,22 @@ def test_linux_builds_one_folder_named_radixchat(monkeypatch, tmp_path):
     analysis = made["Analysis"].kwargs
     assert analysis["pathex"] == [str(ROOT)]
     hidden = analysis["hiddenimports"]
-    assert {"PySide6.QtCharts", "PySide6.QtSvg", "mlx_lm.models.stand_in", "mlx.stand_in"} <= set(hidden)
+    assert {"PySide6.QtCharts", "PySide6.QtSvg", "mlx_lm.models.stand_in", "mlx.stand_in"} <= set(
+        hidden
+    )
     excludes = set(analysis["excludes"])
-    assert {"torch", "tensorflow", "jax", "PIL", "tests", "pytest", "PySide6.QtWebEngineCore",
-            "PySide6.QtQml", "PySide6.QtQuick", "PySide6.QtNetwork"} <= excludes
+    assert {
+        "torch",
+        "tensorflow",
+        "jax",
+        "PIL",
+        "tests",
+        "pytest",
+        "PySide6.QtWebEngineCore",
+        "PySide6.QtQml",
+        "PySide6.QtQuick",
+        "PySide6.QtNetwork",
+    } <= excludes
     assert "transformers.models.llama.modeling_llama" in excludes
     assert not any(".tokenization_" in name or ".configuration_" in name for name in excludes)
 
@@ -98,7 +126,13 @@ def test_linux_builds_one_folder_named_radixchat(monkeypatch, tmp_path):
 def test_resources_ship_the_icons_but_not_the_icon_script(monkeypatch, tmp_path):
     datas = run_spec(monkeypatch, tmp_path, "linux")["made"]["Analysis"].kwargs["datas"]
     shipped = {Path(src).name for src, dest in datas if dest == "resources"}
-    assert {"app.json", "RadixChat.png", "RadixChat.svg", "RadixChat.icns", "smollm2_tools.jinja"} <= shipped
+    assert {
+        "app.json",
+        "RadixChat.png",
+        "RadixChat.svg",
+        "RadixChat.icns",
+        "smollm2_tools.jinja",
+    } <= shipped
     assert "make_icons.py" not in shipped
 
 
@@ -107,7 +141,9 @@ def test_macos_app_bundle_and_info_plist(monkeypatch, tmp_path):
     # a console EXE would make BUNDLE write LSBackgroundOnly: no Dock icon, no menu bar
     assert made["EXE"].kwargs["console"] is False and made["EXE"].kwargs["argv_emulation"] is False
     bundle = made["BUNDLE"]
-    assert bundle.args == (made["COLLECT"],)  # a one-folder .app (PyInstaller 6: from COLLECT, not EXE)
+    assert bundle.args == (
+        made["COLLECT"],
+    )  # a one-folder .app (PyInstaller 6: from COLLECT, not EXE)
     kwargs = bundle.kwargs
     assert kwargs["name"] == "RadixChat.app"
     assert kwargs["bundle_identifier"] == "org.radixchat.RadixChat"
@@ -134,7 +170,10 @@ def test_macos_minimum_follows_the_wheels(monkeypatch, tmp_path):
         def read_text(self, name):
             return f"Wheel-Version: 1.0\nTag: {self.tag}\n"
 
-    tags = {"mlx": "cp311-cp311-macosx_14_0_arm64", "PySide6-Essentials": "cp39-abi3-macosx_13_0_universal2"}
+    tags = {
+        "mlx": "cp311-cp311-macosx_14_0_arm64",
+        "PySide6-Essentials": "cp39-abi3-macosx_13_0_universal2",
+    }
 
     def distribution(name):
         if name not in tags:
@@ -159,8 +198,11 @@ def test_macos_ships_mlx_metal_kernels_beside_libmlx(monkeypatch, tmp_path):
     namespace = importlib.machinery.ModuleSpec("mlx", None, is_package=True)
     namespace.submodule_search_locations = [str(fake)]
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *args: namespace if name == "mlx" else real_find_spec(name, *args))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *args: namespace if name == "mlx" else real_find_spec(name, *args),
+    )
     datas = run_spec(monkeypatch, tmp_path, "darwin")["made"]["Analysis"].kwargs["datas"]
     assert (str(fake / "lib" / "mlx.metallib"), "mlx/lib") in datas
 
@@ -168,14 +210,29 @@ def test_macos_ships_mlx_metal_kernels_beside_libmlx(monkeypatch, tmp_path):
 def test_the_trimming_keeps_what_the_app_uses(monkeypatch, tmp_path):
     keep = run_spec(monkeypatch, tmp_path, "linux")["namespace"]["_keep"]
     plugins = "PySide6/Qt/plugins"
-    for kept in ("platforms/libqxcb.so", "platforms/libqoffscreen.so", "platforms/libqwayland.so",
-                 "platforms/libqcocoa.dylib", "imageformats/libqsvg.so", "imageformats/libqjpeg.so",
-                 "iconengines/libqsvgicon.so", "platformthemes/libqxdgdesktopportal.so",
-                 "xcbglintegrations/libqxcb-glx-integration.so", "styles/libqmacstyle.dylib"):
+    for kept in (
+        "platforms/libqxcb.so",
+        "platforms/libqoffscreen.so",
+        "platforms/libqwayland.so",
+        "platforms/libqcocoa.dylib",
+        "imageformats/libqsvg.so",
+        "imageformats/libqjpeg.so",
+        "iconengines/libqsvgicon.so",
+        "platformthemes/libqxdgdesktopportal.so",
+        "xcbglintegrations/libqxcb-glx-integration.so",
+        "styles/libqmacstyle.dylib",
+    ):
         assert keep(f"{plugins}/{kept}"), kept
-    for dropped in ("platforms/libqeglfs.so", "platforms/libqvnc.so", "platforms/libqlinuxfb.so",
-                    "imageformats/libqpdf.so", "imageformats/libqtiff.so", "platformthemes/libqgtk3.so",
-                    "platforminputcontexts/libqtvirtualkeyboardplugin.so", "egldeviceintegrations/libqeglfs-kms.so"):
+    for dropped in (
+        "platforms/libqeglfs.so",
+        "platforms/libqvnc.so",
+        "platforms/libqlinuxfb.so",
+        "imageformats/libqpdf.so",
+        "imageformats/libqtiff.so",
+        "platformthemes/libqgtk3.so",
+        "platforminputcontexts/libqtvirtualkeyboardplugin.so",
+        "egldeviceintegrations/libqeglfs-kms.so",
+    ):
         assert not keep(f"{plugins}/{dropped}"), dropped
     assert not keep("PySide6/Qt/translations/qtbase_de.qm")
     assert not keep("mlx/include/mlx/array.h")
@@ -212,21 +269,35 @@ def bundle() -> Path:
 
 def bundle_state() -> dict[str, tuple[int, int]]:
     """Every path in the bundle with its size and modification time."""
-    return {str(p.relative_to(BUNDLE)): (p.lstat().st_size, p.lstat().st_mtime_ns) for p in BUNDLE.rglob("*")}
+    return {
+        str(p.relative_to(BUNDLE)): (p.lstat().st_size, p.lstat().st_mtime_ns)
+        for p in BUNDLE.rglob("*")
+    }
 
 
 def bundle_env(home: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     # the user's data, config and cache folders stay untouched
-    env.update(QT_QPA_PLATFORM="offscreen", RADIXCHAT_HOME=str(home), XDG_CONFIG_HOME=str(home / "config"),
-               XDG_CACHE_HOME=str(home / "cache"), XDG_DATA_HOME=str(home / "share"))
+    env.update(
+        QT_QPA_PLATFORM="offscreen",
+        RADIXCHAT_HOME=str(home),
+        XDG_CONFIG_HOME=str(home / "config"),
+        XDG_CACHE_HOME=str(home / "cache"),
+        XDG_DATA_HOME=str(home / "share"),
+    )
     return env
 
 
 def test_bundle_self_test_passes_and_writes_nothing_inside(bundle, tmp_path):
     before = bundle_state()
-    done = subprocess.run([str(bundle), "--self-test"], capture_output=True, text=True, timeout=300,
-                          env=bundle_env(tmp_path / "home"), cwd=tmp_path)
+    done = subprocess.run(
+        [str(bundle), "--self-test"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=bundle_env(tmp_path / "home"),
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("radixchat self-test: ok · mlx "), done.stdout
     assert "restored from disk" in done.stdout
@@ -238,10 +309,18 @@ def test_bundle_self_test_passes_and_writes_nothing_inside(bundle, tmp_path):
 def test_bundle_prints_its_versions(bundle, tmp_path):
     from importlib.metadata import version
 
-    done = subprocess.run([str(bundle), "--version"], capture_output=True, text=True, timeout=120,
-                          env=bundle_env(tmp_path / "home"), cwd=tmp_path)
+    done = subprocess.run(
+        [str(bundle), "--version"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=bundle_env(tmp_path / "home"),
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith(f"radixchat {VERSION} (mlx {version('mlx')}, mlx-lm {version('mlx-lm')}, "), done.stdout
+    assert done.stdout.startswith(
+        f"radixchat {VERSION} (mlx {version('mlx')}, mlx-lm {version('mlx-lm')}, "
+    ), done.stdout
 
 
 def test_bundled_gui_opens_offscreen(bundle, data_root_with_default, tmp_path):
@@ -249,8 +328,13 @@ def test_bundled_gui_opens_offscreen(bundle, data_root_with_default, tmp_path):
     before = bundle_state()
     log = tmp_path / "gui.log"
     with log.open("w") as out:
-        proc = subprocess.Popen([str(bundle), "--data-dir", str(data_root_with_default)], stdout=out,
-                                stderr=subprocess.STDOUT, env=bundle_env(tmp_path / "home"), cwd=tmp_path)
+        proc = subprocess.Popen(
+            [str(bundle), "--data-dir", str(data_root_with_default)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=bundle_env(tmp_path / "home"),
+            cwd=tmp_path,
+        )
         try:
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline and proc.poll() is None:
@@ -267,16 +351,23 @@ def test_bundled_gui_opens_offscreen(bundle, data_root_with_default, tmp_path):
     output = log.read_text(errors="replace")
     assert still_running, f"the bundled app exited with {proc.returncode}:\n{output}"
     assert "Traceback" not in output and "ModuleNotFoundError" not in output, output
-    assert (data_root_with_default / "chats.db").exists()  # the app used the data folder it was given
+    assert (
+        data_root_with_default / "chats.db"
+    ).exists()  # the app used the data folder it was given
     assert bundle_state() == before
 
 
 def test_bundle_takes_a_screenshot(bundle, data_root_with_default, tmp_path):
     """`--screenshot` from the bundle: the full window, both panels (QtCharts), the real model."""
     shot = tmp_path / "bundle.png"
-    done = subprocess.run([str(bundle), "--data-dir", str(data_root_with_default), "--screenshot", str(shot)],
-                          capture_output=True, text=True, timeout=600, env=bundle_env(tmp_path / "home"),
-                          cwd=tmp_path)
+    done = subprocess.run(
+        [str(bundle), "--data-dir", str(data_root_with_default), "--screenshot", str(shot)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=bundle_env(tmp_path / "home"),
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
@@ -292,7 +383,9 @@ def test_the_api_stack_is_bundled_with_uvicorns_named_parts(monkeypatch, tmp_pat
     analysis = run_spec(monkeypatch, tmp_path, "linux")["made"]["Analysis"].kwargs
     hidden, excludes = set(analysis["hiddenimports"]), set(analysis["excludes"])
     for table, part in ((HTTP_PROTOCOLS, "http"), (LOOP_FACTORIES, "loop"), (LIFESPAN, "lifespan")):
-        assert table[UVICORN_PARTS[part]].partition(":")[0] in hidden, part  # imported by name at run time
+        assert table[UVICORN_PARTS[part]].partition(":")[0] in hidden, (
+            part
+        )  # imported by name at run time
     assert not {"pydantic", "pydantic_core", "fastapi", "starlette", "uvicorn", "h11"} & excludes
     assert {"openai", "anthropic"} <= excludes  # test clients only
 
@@ -306,11 +399,29 @@ def test_bundle_serves_a_group_through_itself(bundle, tmp_path):
 
     model = write_tiny_model(tmp_path / "tiny-llama", TinyModelSpec(num_layers=2))
     port, log = free_port(), tmp_path / "group.log"
-    command = [str(bundle), "serve", "--hosts", str(write_hostfile(tmp_path / "hosts.json")), "--model", str(model),
-               "--port", str(port), "--data-dir", str(tmp_path / "data"), "--ring-port", str(free_port(2))]
+    command = [
+        str(bundle),
+        "serve",
+        "--hosts",
+        str(write_hostfile(tmp_path / "hosts.json")),
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--ring-port",
+        str(free_port(2)),
+    ]
     with log.open("wb") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
-                                env=bundle_env(tmp_path / "home"), cwd=tmp_path, start_new_session=True)
+        proc = subprocess.Popen(
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=bundle_env(tmp_path / "home"),
+            cwd=tmp_path,
+            start_new_session=True,
+        )
     group = Group(proc, port, log, tmp_path / "data")
     try:
         assert wait_until_answers(proc, port, "/health", 300), group.output()

@@ -6,17 +6,30 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from core.api.anthropic_schema import (CountTokensRequest, MessageBuilder, MessagesCall, MessagesRequest,
-                                       count_request, to_call)
+from core.api.anthropic_schema import (
+    CountTokensRequest,
+    MessageBuilder,
+    MessagesCall,
+    MessagesRequest,
+    count_request,
+    to_call,
+)
 from core.api.errors import engine_error, shutting_down
 from core.api.relay import EngineEvents, reply_stream, reply_whole, sse
-from core.api.routing import (JsonRoute, PriorityHeader, SessionHeader, checked_call, key_namespace, named,
-                             server_of)
+from core.api.routing import (
+    JsonRoute,
+    PriorityHeader,
+    SessionHeader,
+    checked_call,
+    key_namespace,
+    named,
+    server_of,
+)
 from core.engine.types import DoneEvent, ErrorEvent, Event, ProgressEvent, TokenEvent, ToolCallEvent
 from core.errors import UserError
 
@@ -25,25 +38,42 @@ PING_EVERY_S = 10.0  # a long prefill sends pings, so proxies and clients see a 
 
 
 @router.post("/v1/messages", summary="Create a message (Anthropic)")
-async def messages(body: MessagesRequest, request: Request, session: SessionHeader = None,
-                   priority: PriorityHeader = None) -> Response:
+async def messages(
+    body: MessagesRequest,
+    request: Request,
+    session: SessionHeader = None,
+    priority: PriorityHeader = None,
+) -> Response:
     arrived = time.monotonic()
     api = server_of(request)
-    call = await checked_call(request, body, to_call, api.model_card(), session, key_namespace(request), priority)
+    call = await checked_call(
+        request, body, to_call, api.model_card(), session, key_namespace(request), priority
+    )
     handle = api.submit(call.request)
     events = EngineEvents(api, handle, request, arrived)
     builder = MessageBuilder(call)
     if not call.stream:
-        return named(await reply_whole(request, handle, events, True,
-                                       lambda done: builder.full(done.text, done.stats, done.tool_calls)),
-                     call.request.cache_namespace)
-    return named(await reply_stream(request, handle, events, True,
-                                    lambda first: _stream(call, builder, first, events)),
-                 call.request.cache_namespace)
+        return named(
+            await reply_whole(
+                request,
+                handle,
+                events,
+                True,
+                lambda done: builder.full(done.text, done.stats, done.tool_calls),
+            ),
+            call.request.cache_namespace,
+        )
+    return named(
+        await reply_stream(
+            request, handle, events, True, lambda first: _stream(call, builder, first, events)
+        ),
+        call.request.cache_namespace,
+    )
 
 
-async def _stream(call: MessagesCall, builder: MessageBuilder, first: Event,
-                  events: EngineEvents) -> AsyncIterator[bytes]:
+async def _stream(
+    call: MessagesCall, builder: MessageBuilder, first: Event, events: EngineEvents
+) -> AsyncIterator[bytes]:
     """Anthropic's event sequence: message_start, ping, then per content block
     content_block_start, content_block_delta..., content_block_stop, and at the end
     message_delta (stop_reason, usage), message_stop. A text block opens with its first

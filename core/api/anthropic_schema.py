@@ -24,8 +24,8 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Annotated, Any, Literal, Union
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator
 
@@ -44,7 +44,9 @@ BLOCK_JOIN = "\n\n"  # text blocks of one message (or of the system prompt) beco
 class TextBlock(WireModel):
     type: Literal["text"]
     text: Text
-    cache_control: dict[str, Any] | None = Field(None, description="accepted; every prefix is cached")
+    cache_control: dict[str, Any] | None = Field(
+        None, description="accepted; every prefix is cached"
+    )
 
 
 class ToolUseBlock(WireModel):
@@ -72,10 +74,12 @@ def _block_tag(value: Any) -> str | None:
 # Tagged by the class names (not the "type" values): an error's location then reads
 # messages[0].content[1].text, never messages[0].content[1].text.text
 ContentBlock = Annotated[
-    Union[Annotated[TextBlock, Tag("TextBlock")], Annotated[ToolUseBlock, Tag("ToolUseBlock")],
-          Annotated[ToolResultBlock, Tag("ToolResultBlock")]],
-    Discriminator(_block_tag, custom_error_type="invalid_block",
-                  custom_error_message=f"a content block's type is one of {', '.join(_BLOCK_TAGS)}"),
+    Annotated[TextBlock, Tag("TextBlock")] | Annotated[ToolUseBlock, Tag("ToolUseBlock")] | Annotated[ToolResultBlock, Tag("ToolResultBlock")],
+    Discriminator(
+        _block_tag,
+        custom_error_type="invalid_block",
+        custom_error_message=f"a content block's type is one of {', '.join(_BLOCK_TAGS)}",
+    ),
 ]
 
 
@@ -86,8 +90,12 @@ class Message(WireModel):
 
 class Metadata(WireModel):
     user_id: Text | None = None
-    cache_salt: Text | None = Field(None, min_length=1, max_length=MAX_SALT_CHARS,
-                                    description="RadixChat: " + CACHE_SALT_TEXT + " (or the body's cache_salt)")
+    cache_salt: Text | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_SALT_CHARS,
+        description="RadixChat: " + CACHE_SALT_TEXT + " (or the body's cache_salt)",
+    )
 
 
 class Tool(WireModel):
@@ -126,13 +134,24 @@ class MessagesRequest(CountTokensRequest):
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=0, le=2**31 - 1)
     metadata: Metadata | None = None
-    session: Text | None = Field(None, description="RadixChat: the chat session whose cache this request "
-                                                   "extends (or the X-RadixChat-Session header)")
-    cache_salt: Text | None = Field(None, min_length=1, max_length=MAX_SALT_CHARS,
-                                    description="RadixChat: " + CACHE_SALT_TEXT + " (or metadata.cache_salt)")
-    priority: int | None = Field(None, ge=0, le=MAX_PRIORITY,
-                                 description="RadixChat: lower is prefilled sooner; 0 (default) or more "
-                                             "(or the X-RadixChat-Priority header)")
+    session: Text | None = Field(
+        None,
+        description="RadixChat: the chat session whose cache this request "
+        "extends (or the X-RadixChat-Session header)",
+    )
+    cache_salt: Text | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_SALT_CHARS,
+        description="RadixChat: " + CACHE_SALT_TEXT + " (or metadata.cache_salt)",
+    )
+    priority: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_PRIORITY,
+        description="RadixChat: lower is prefilled sooner; 0 (default) or more "
+        "(or the X-RadixChat-Priority header)",
+    )
 
     @field_validator("stop_sequences")
     @classmethod
@@ -152,8 +171,13 @@ class MessagesCall:
 
 def check_model(model: str, card: ModelCard) -> None:
     if model not in card.aliases and not model.startswith("claude"):
-        raise ApiError(404, f"the model '{model}' does not exist; this server serves '{card.id}' "
-                            "(and answers to any claude-... name)", param="model", code="model_not_found")
+        raise ApiError(
+            404,
+            f"the model '{model}' does not exist; this server serves '{card.id}' "
+            "(and answers to any claude-... name)",
+            param="model",
+            code="model_not_found",
+        )
 
 
 def _text(content: str | list | None) -> str:
@@ -176,11 +200,20 @@ def _user(message: Message, i: int, calls: dict[str, str]) -> list[ChatMessage]:
             texts.append(block.text)
             continue
         if block.tool_use_id not in calls:
-            raise invalid(f"{where}.tool_use_id", f"tool_result {block.tool_use_id!r} answers no tool_use "
-                                                  "block of the assistant message before it")
+            raise invalid(
+                f"{where}.tool_use_id",
+                f"tool_result {block.tool_use_id!r} answers no tool_use "
+                "block of the assistant message before it",
+            )
         content = _text(block.content)
-        results.append(ChatMessage("tool", f"Error: {content}" if block.is_error else content,
-                                   tool_call_id=block.tool_use_id, name=calls[block.tool_use_id]))
+        results.append(
+            ChatMessage(
+                "tool",
+                f"Error: {content}" if block.is_error else content,
+                tool_call_id=block.tool_use_id,
+                name=calls[block.tool_use_id],
+            )
+        )
     return results + ([ChatMessage("user", BLOCK_JOIN.join(texts))] if texts else [])
 
 
@@ -190,11 +223,15 @@ def _assistant(message: Message, i: int) -> ChatMessage:
     texts, calls = [], []
     for j, block in enumerate(message.content):
         if isinstance(block, ToolResultBlock):
-            raise invalid(f"messages[{i}].content[{j}]", "a tool_result block belongs in a user message")
+            raise invalid(
+                f"messages[{i}].content[{j}]", "a tool_result block belongs in a user message"
+            )
         if isinstance(block, TextBlock):
             texts.append(block.text)
         else:
-            calls.append(ToolCall(block.id, block.name, json.dumps(block.input, ensure_ascii=False)))
+            calls.append(
+                ToolCall(block.id, block.name, json.dumps(block.input, ensure_ascii=False))
+            )
     return ChatMessage("assistant", BLOCK_JOIN.join(texts), tool_calls=tuple(calls))
 
 
@@ -212,12 +249,18 @@ def chat_messages(body: CountTokensRequest) -> tuple[ChatMessage, ...]:
             messages.extend(_user(message, i, calls))
             calls = {}
     if body.messages[-1].role == "assistant":
-        raise invalid(f"messages[{len(body.messages) - 1}]", "a final assistant message (a prefill to "
-                      "continue) is not supported: end with a user message", code="unsupported_value")
+        raise invalid(
+            f"messages[{len(body.messages) - 1}]",
+            "a final assistant message (a prefill to "
+            "continue) is not supported: end with a user message",
+            code="unsupported_value",
+        )
     return tuple(messages)
 
 
-def tool_request(body: CountTokensRequest, limits: RequestLimits = RequestLimits()) -> dict[str, Any]:
+def tool_request(
+    body: CountTokensRequest, limits: RequestLimits = RequestLimits()
+) -> dict[str, Any]:
     """The engine's tool fields for ``body``: tools in the OpenAI shape chat templates take,
     and the choice. Tools past the ``limits``, a schema that is not valid JSON Schema (or
     that the grammar library cannot enforce) or a choice naming no tool is a 400 naming the
@@ -234,11 +277,26 @@ def tool_request(body: CountTokensRequest, limits: RequestLimits = RequestLimits
     if choice.type in ("any", "tool") and not tools:
         raise invalid("tool_choice", f"tool_choice {choice.type!r} needs tools")
     if choice.type == "tool" and choice.name not in {tool.name for tool in tools}:
-        raise invalid("tool_choice.name", f"tool_choice names {choice.name!r}, which is not among the tools")
-    openai_tools = tuple({"type": "function", "function": {"name": tool.name, "description": tool.description or "",
-                                                           "parameters": tool.input_schema}} for tool in tools)
+        raise invalid(
+            "tool_choice.name", f"tool_choice names {choice.name!r}, which is not among the tools"
+        )
+    openai_tools = tuple(
+        {
+            "type": "function",
+            "function": {
+                "name": tool.name,
+                "description": tool.description or "",
+                "parameters": tool.input_schema,
+            },
+        }
+        for tool in tools
+    )
     mode = {"auto": "auto", "any": "required", "tool": "function", "none": "none"}[choice.type]
-    return {"tools": openai_tools, "tool_choice": mode, "tool_name": choice.name if mode == "function" else None}
+    return {
+        "tools": openai_tools,
+        "tool_choice": mode,
+        "tool_name": choice.name if mode == "function" else None,
+    }
 
 
 def cache_salt(body: MessagesRequest) -> str | None:
@@ -250,9 +308,14 @@ def cache_salt(body: MessagesRequest) -> str | None:
     return body.cache_salt or inner
 
 
-def to_call(body: MessagesRequest, card: ModelCard, session_header: str | None = None,
-            namespace: str = "", priority_header: str | None = None,
-            limits: RequestLimits = RequestLimits()) -> MessagesCall:
+def to_call(
+    body: MessagesRequest,
+    card: ModelCard,
+    session_header: str | None = None,
+    namespace: str = "",
+    priority_header: str | None = None,
+    limits: RequestLimits = RequestLimits(),
+) -> MessagesCall:
     """The engine request for a validated body, in cache namespace ``namespace`` (the API
     key's) split by the body's cache salt."""
     check_model(body.model, card)
@@ -263,15 +326,20 @@ def to_call(body: MessagesRequest, card: ModelCard, session_header: str | None =
         max_tokens=max_tokens(body.max_tokens, "max_tokens", card.context_length),
         stop=tuple(body.stop_sequences or ()),
     )
-    request = GenerationRequest(messages=chat_messages(body), sampling=sampling,
-                                session=session_name(body.session, session_header),
-                                cache_namespace=with_salt(namespace, cache_salt(body)),
-                                priority=priority_of(body.priority, priority_header), **tool_request(body, limits))
+    request = GenerationRequest(
+        messages=chat_messages(body),
+        sampling=sampling,
+        session=session_name(body.session, session_header),
+        cache_namespace=with_salt(namespace, cache_salt(body)),
+        priority=priority_of(body.priority, priority_header),
+        **tool_request(body, limits),
+    )
     return MessagesCall(request, body.model, bool(body.stream))
 
 
-def count_request(body: CountTokensRequest, card: ModelCard,
-                  limits: RequestLimits = RequestLimits()) -> GenerationRequest:
+def count_request(
+    body: CountTokensRequest, card: ModelCard, limits: RequestLimits = RequestLimits()
+) -> GenerationRequest:
     check_model(body.model, card)
     return GenerationRequest(messages=chat_messages(body), **tool_request(body, limits))
 
@@ -279,13 +347,24 @@ def count_request(body: CountTokensRequest, card: ModelCard,
 # ------------------------------------------------------------------ replies
 def model_object(card: ModelCard, name: str | None = None) -> dict[str, Any]:
     """The loaded model as Anthropic's ``/v1/models`` lists one (``name``: the name asked for)."""
-    created = datetime.fromtimestamp(card.created, timezone.utc).isoformat().replace("+00:00", "Z")
-    return {"type": "model", "id": name or card.id, "display_name": card.id, "created_at": created,
-            "lifecycle": "active", "max_input_tokens": card.context_length}
+    created = datetime.fromtimestamp(card.created, UTC).isoformat().replace("+00:00", "Z")
+    return {
+        "type": "model",
+        "id": name or card.id,
+        "display_name": card.id,
+        "created_at": created,
+        "lifecycle": "active",
+        "max_input_tokens": card.context_length,
+    }
 
 
 def model_list(card: ModelCard) -> dict[str, Any]:
-    return {"data": [model_object(card)], "has_more": False, "first_id": card.id, "last_id": card.id}
+    return {
+        "data": [model_object(card)],
+        "has_more": False,
+        "first_id": card.id,
+        "last_id": card.id,
+    }
 
 
 def stop_reason(stats: RequestStats) -> str:
@@ -297,13 +376,23 @@ def stop_reason(stats: RequestStats) -> str:
 
 
 def usage(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict[str, int]:
-    return {"input_tokens": prompt_tokens - cached_tokens, "output_tokens": output_tokens,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached_tokens}
+    return {
+        "input_tokens": prompt_tokens - cached_tokens,
+        "output_tokens": output_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached_tokens,
+    }
 
 
 def final_usage(stats: RequestStats) -> dict[str, Any]:
-    return {**usage(stats.prompt_tokens, stats.cached_tokens + stats.restored_tokens, stats.completion_tokens),
-            **usage_extra(stats)}
+    return {
+        **usage(
+            stats.prompt_tokens,
+            stats.cached_tokens + stats.restored_tokens,
+            stats.completion_tokens,
+        ),
+        **usage_extra(stats),
+    }
 
 
 class MessageBuilder:
@@ -313,19 +402,35 @@ class MessageBuilder:
         self.id = "msg_" + uuid.uuid4().hex[:24]
         self.model = call.model
 
-    def full(self, text: str, stats: RequestStats, calls: tuple[ToolCall, ...] = ()) -> dict[str, Any]:
+    def full(
+        self, text: str, stats: RequestStats, calls: tuple[ToolCall, ...] = ()
+    ) -> dict[str, Any]:
         content = [{"type": "text", "text": text}] if text else []  # as Anthropic: no empty blocks
         content += [self.tool_use(call) for call in calls]
-        return {**self._message(content, stop_reason(stats), stats.stop_sequence),
-                "usage": final_usage(stats)}
+        return {
+            **self._message(content, stop_reason(stats), stats.stop_sequence),
+            "usage": final_usage(stats),
+        }
 
     def _message(self, content: list, reason: str | None, sequence: str | None) -> dict[str, Any]:
-        return {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
-                "content": content, "stop_reason": reason, "stop_sequence": sequence}
+        return {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": content,
+            "stop_reason": reason,
+            "stop_sequence": sequence,
+        }
 
     def start(self, prompt_tokens: int, cached_tokens: int) -> dict[str, Any]:
-        return {"type": "message_start", "message": {**self._message([], None, None),
-                                                     "usage": usage(prompt_tokens, cached_tokens, 0)}}
+        return {
+            "type": "message_start",
+            "message": {
+                **self._message([], None, None),
+                "usage": usage(prompt_tokens, cached_tokens, 0),
+            },
+        }
 
     @staticmethod
     def tool_use(call: ToolCall, with_input: bool = True) -> dict[str, Any]:
@@ -337,17 +442,28 @@ class MessageBuilder:
 
     @staticmethod
     def block_start(index: int = 0, call: ToolCall | None = None) -> dict[str, Any]:
-        block = MessageBuilder.tool_use(call, with_input=False) if call else {"type": "text", "text": ""}
+        block = (
+            MessageBuilder.tool_use(call, with_input=False)
+            if call
+            else {"type": "text", "text": ""}
+        )
         return {"type": "content_block_start", "index": index, "content_block": block}
 
     @staticmethod
     def input_delta(call: ToolCall, index: int) -> dict[str, Any]:
-        return {"type": "content_block_delta", "index": index,
-                "delta": {"type": "input_json_delta", "partial_json": call.arguments}}
+        return {
+            "type": "content_block_delta",
+            "index": index,
+            "delta": {"type": "input_json_delta", "partial_json": call.arguments},
+        }
 
     @staticmethod
     def text_delta(text: str, index: int = 0) -> dict[str, Any]:
-        return {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": text}}
+        return {
+            "type": "content_block_delta",
+            "index": index,
+            "delta": {"type": "text_delta", "text": text},
+        }
 
     @staticmethod
     def block_stop(index: int = 0) -> dict[str, Any]:
@@ -355,6 +471,8 @@ class MessageBuilder:
 
     @staticmethod
     def delta(stats: RequestStats) -> dict[str, Any]:
-        return {"type": "message_delta", "delta": {"stop_reason": stop_reason(stats),
-                                                   "stop_sequence": stats.stop_sequence},
-                "usage": final_usage(stats)}
+        return {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop_reason(stats), "stop_sequence": stats.stop_sequence},
+            "usage": final_usage(stats),
+        }

@@ -37,7 +37,9 @@ def error_response(request: Request, error: ApiError) -> JSONResponse:
         log.warning("%s %s -> %d %s", request.method, path, error.status, error.message)
     else:
         log.info("%s %s -> %d %s", request.method, path, error.status, error.message)
-    return JSONResponse(error.body_for(dialect_of(path)), status_code=error.status, headers=error.headers)
+    return JSONResponse(
+        error.body_for(dialect_of(path)), status_code=error.status, headers=error.headers
+    )
 
 
 async def _api_error(request: Request, error: ApiError) -> JSONResponse:
@@ -55,9 +57,17 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     if exc.status_code == 404:
         error = ApiError(404, f"unknown endpoint: {request.method} {path}", code="unknown_url")
     elif exc.status_code == 405:
-        allowed = [m.strip() for m in (exc.headers or {}).get("Allow", "").split(",") if m.strip() != "HEAD"]
-        error = ApiError(405, f"{path} does not accept {request.method} (use {', '.join(allowed)})",
-                         code="method_not_allowed", headers={"Allow": ", ".join(allowed)})
+        allowed = [
+            m.strip()
+            for m in (exc.headers or {}).get("Allow", "").split(",")
+            if m.strip() != "HEAD"
+        ]
+        error = ApiError(
+            405,
+            f"{path} does not accept {request.method} (use {', '.join(allowed)})",
+            code="method_not_allowed",
+            headers={"Allow": ", ".join(allowed)},
+        )
     else:
         error = ApiError(exc.status_code, str(exc.detail), code=None)
     return error_response(request, error)
@@ -65,18 +75,27 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
 
 async def _bug(request: Request, exc: Exception) -> JSONResponse:
     # Starlette raises the exception again once this answer is sent: uvicorn logs its traceback
-    error = ApiError(500, f"internal error ({type(exc).__name__}); the server logged it", type="server_error",
-                     code="internal_error")
+    error = ApiError(
+        500,
+        f"internal error ({type(exc).__name__}); the server logged it",
+        type="server_error",
+        code="internal_error",
+    )
     return error_response(request, error)
 
 
-def build_app(api: "ApiState") -> Guard:
+def build_app(api: ApiState) -> Guard:
     """The ASGI application over ``api`` (what :class:`core.api.server.ApiServer` serves)."""
 
-    app = FastAPI(title="RadixChat", version=api.version, docs_url=None, redoc_url=None,
-                  openapi_url="/openapi.json",
-                  description="OpenAI- and Anthropic-compatible API over a local model with a "
-                              "radix prefix cache.")
+    app = FastAPI(
+        title="RadixChat",
+        version=api.version,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/openapi.json",
+        description="OpenAI- and Anthropic-compatible API over a local model with a "
+        "radix prefix cache.",
+    )
     app.state.api = api
     app.include_router(openai_routes.router)
     app.include_router(anthropic_routes.router)

@@ -43,17 +43,23 @@ from core.limits import MAX_CONNECTIONS
 log = logging.getLogger(__name__)
 
 HEAD_TIMEOUT_S = 10.0  # from a connection's start (or a head's first byte) to the head's end
-RESERVED_FDS = 64  # descriptors kept for the rest of the process (a server with a model loaded used 16)
+RESERVED_FDS = (
+    64  # descriptors kept for the rest of the process (a server with a model loaded used 16)
+)
 LOG_EVERY_S = 10.0
 # The kernel's send buffer of a connection (Linux doubles it; autotuning would let it grow to
 # megabytes): what a client that stops reading leaves queued in the kernel, and so how soon
 # the server sees it fall behind (core.api.relay cuts it off). Ample for a local stream.
 SEND_BUFFER_BYTES = 64 * 1024
 ACCEPT_FAILED = "socket.accept() out of system resource"  # asyncio's message
-_BUSY = b'{"error": {"message": "the server is at its connection limit; try again", "type": "server_error", ' \
-        b'"code": "busy"}}'
-BUSY_REPLY = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
-              b"content-length: %d\r\n\r\n%s" % (len(_BUSY), _BUSY))
+_BUSY = (
+    b'{"error": {"message": "the server is at its connection limit; try again", "type": "server_error", '
+    b'"code": "busy"}}'
+)
+BUSY_REPLY = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
+    b"content-length: %d\r\n\r\n%s" % (len(_BUSY), _BUSY)
+)
 
 
 @dataclass(frozen=True)
@@ -103,7 +109,9 @@ class _EveryFewSeconds:
         self.count += 1
         now = time.monotonic()
         if self.logged_at is None or now - self.logged_at >= LOG_EVERY_S:
-            log.warning(self.message.format(count=f"{self.count:,}", seconds=f"{now - self.since:.0f}"))
+            log.warning(
+                self.message.format(count=f"{self.count:,}", seconds=f"{now - self.since:.0f}")
+            )
             self.count, self.since, self.logged_at = 0, now, now
 
 
@@ -118,18 +126,22 @@ class ConnectionGuard:
         self._waiting: collections.OrderedDict[GuardedH11Protocol, None] = collections.OrderedDict()
         self._evicted = _EveryFewSeconds(
             f"at the connection limit ({self.cap:,}): closed {{count}} idle connections to make room in the "
-            "last {seconds} s (radixchat serve --max-connections N raises the limit)")
+            "last {seconds} s (radixchat serve --max-connections N raises the limit)"
+        )
         self._refused = _EveryFewSeconds(
             f"at the connection limit ({self.cap:,}) with every connection serving a request: refused "
-            "{count} connections in the last {seconds} s (radixchat serve --max-connections N raises the limit)")
+            "{count} connections in the last {seconds} s (radixchat serve --max-connections N raises the limit)"
+        )
         self._timed_out = _EveryFewSeconds(
             f"closed {{count}} connections that sent no whole request head within {limits.head_timeout_s:g} s "
-            "(in the last {seconds} s)")
+            "(in the last {seconds} s)"
+        )
         self._accept_failed = _EveryFewSeconds(
             "out of file descriptors: connections were not accepted {count} times in the last {seconds} s "
-            "(raise the open-file limit, or lower --max-connections)")
+            "(raise the open-file limit, or lower --max-connections)"
+        )
 
-    def made(self, connection: "GuardedH11Protocol") -> bool:
+    def made(self, connection: GuardedH11Protocol) -> bool:
         """A new connection: False if it was refused (the cap is reached and every other
         connection is serving a request)."""
         self.open += 1
@@ -143,11 +155,11 @@ class ConnectionGuard:
             oldest.drop()
         return True
 
-    def lost(self, connection: "GuardedH11Protocol") -> None:
+    def lost(self, connection: GuardedH11Protocol) -> None:
         self.open -= 1
         self._waiting.pop(connection, None)
 
-    def waiting(self, connection: "GuardedH11Protocol", waiting: bool) -> None:
+    def waiting(self, connection: GuardedH11Protocol, waiting: bool) -> None:
         """Whether ``connection`` waits with no request being served (its turn to be closed
         is kept from when it started waiting)."""
         if not waiting:
@@ -206,7 +218,9 @@ class GuardedH11Protocol(H11Protocol):
             self._arm_head_timer()  # the first bytes of a head on a kept-alive connection
 
     def _arm_head_timer(self) -> None:
-        self._head_timer = self.loop.call_later(self.guard.limits.head_timeout_s, self._head_timed_out)
+        self._head_timer = self.loop.call_later(
+            self.guard.limits.head_timeout_s, self._head_timed_out
+        )
 
     def _cancel_head_timer(self) -> None:
         if self._head_timer is not None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any, Iterable, Literal
+from collections.abc import Iterable
+from typing import Any, Literal
 
 from core.engine.types import ErrorEvent
 from core.errors import ErrorKind
@@ -22,17 +23,30 @@ Dialect = Literal["openai", "anthropic"]
 ANTHROPIC_PATHS = ("/v1/messages",)
 
 # Anthropic's error types by status (https://docs.anthropic.com/en/api/errors)
-_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
-                    503: "overloaded_error", 529: "overloaded_error"}
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
 
 
 class ApiError(Exception):
     """A request the server refuses, as OpenAI reports it (and Anthropic, by :meth:`body_for`)."""
 
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.message = " ".join(message.split())
@@ -42,13 +56,25 @@ class ApiError(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
     def anthropic_body(self) -> dict[str, Any]:
-        kind = _ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else "invalid_request_error")
+        kind = _ANTHROPIC_TYPES.get(
+            self.status, "api_error" if self.status >= 500 else "invalid_request_error"
+        )
         # Anthropic's errors have no param: the message names the field, as Anthropic's do
-        message = self.message if not self.param or self.param in self.message else f"{self.param}: {self.message}"
+        message = (
+            self.message
+            if not self.param or self.param in self.message
+            else f"{self.param}: {self.message}"
+        )
         return {"type": "error", "error": {"type": kind, "message": message}}
 
     def body_for(self, dialect: Dialect) -> dict[str, Any]:
@@ -64,8 +90,12 @@ def invalid(param: str | None, message: str, code: str | None = "invalid_value")
 
 
 def shutting_down() -> ApiError:
-    return ApiError(503, "the request was cancelled: the server is shutting down", type="server_error",
-                    code="cancelled")
+    return ApiError(
+        503,
+        "the request was cancelled: the server is shutting down",
+        type="server_error",
+        code="cancelled",
+    )
 
 
 def engine_error(event: ErrorEvent, chat: bool) -> ApiError:
@@ -88,8 +118,10 @@ def engine_error(event: ErrorEvent, chat: bool) -> ApiError:
 # ("str", "list[TextPart]", "function-after[...]", a model's class name), not a field.
 _FIELD = re.compile(r"^[a-z_][a-z0-9_]*$")
 _TYPE_LABELS = {"str", "int", "float", "bool", "list", "dict", "none", "bytes"}
-_TYPE_ERRORS = re.compile(r"(_type|_parsing|_class|^none_required|^is_instance_of|^union_tag_invalid"
-                          r"|^model_attributes_type)$")
+_TYPE_ERRORS = re.compile(
+    r"(_type|_parsing|_class|^none_required|^is_instance_of|^union_tag_invalid"
+    r"|^model_attributes_type)$"
+)
 
 
 def param_of(loc: Iterable[Any]) -> str | None:
@@ -126,8 +158,14 @@ def validation_error(errors: list[dict[str, Any]], skip: int = 0) -> ApiError:
     # a union that fails on every member: the member that got furthest into the value says
     # the most ("content[0].type", not "content" is not a string)
     root = params[0]
-    param = max((p for p in params if root is None or p == root or (p or "").startswith((root + ".", root + "["))),
-                key=lambda p: len(p or ""))
+    param = max(
+        (
+            p
+            for p in params
+            if root is None or p == root or (p or "").startswith((root + ".", root + "["))
+        ),
+        key=lambda p: len(p or ""),
+    )
     same = [e for e, p in zip(errors, params) if p == param]
     if any(_code(e["type"]) != "invalid_type" for e in same):  # the member of the right type
         same = [e for e in same if _code(e["type"]) != "invalid_type"]

@@ -29,7 +29,8 @@ import asyncio
 import hmac
 import json
 import logging
-from typing import TYPE_CHECKING, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from starlette.middleware.cors import CORSMiddleware
 
@@ -43,13 +44,22 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-JSON_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens")
+JSON_ENDPOINTS = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+)
 ENDPOINTS = ("/health", "/metrics", "/openapi.json", "/v1/models", *JSON_ENDPOINTS)
 OPEN_ENDPOINTS = ("/health",)
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 CORS_METHODS = ("GET", "POST", "OPTIONS")
-BODY_TIMEOUT_S = 60.0  # a request's body, from its head to its end (a body trickled in holds a connection)
+BODY_TIMEOUT_S = (
+    60.0  # a request's body, from its head to its end (a body trickled in holds a connection)
+)
+
+
 def endpoint_label(path: str) -> str:
     """The metrics label of a path: the endpoint, never the raw path (unbounded labels)."""
     path = path.rstrip("/") or "/"
@@ -63,7 +73,9 @@ def normalize_origin(origin: str) -> str:
     origin = origin.strip().rstrip("/")
     scheme, sep, rest = origin.partition("://")
     if origin != "*" and (not sep or not rest or "/" in rest):
-        raise ValueError(f"an origin is scheme://host[:port], like http://localhost:3000: {origin!r}")
+        raise ValueError(
+            f"an origin is scheme://host[:port], like http://localhost:3000: {origin!r}"
+        )
     return origin if origin == "*" else f"{scheme.lower()}://{rest.lower()}"
 
 
@@ -72,7 +84,7 @@ def host_name(host: str) -> str | None:
     host = host.strip().lower()
     if host.startswith("["):
         end = host.find("]")
-        rest = host[end + 1:]
+        rest = host[end + 1 :]
         if end < 0 or (rest and not (rest[0] == ":" and rest[1:].isdigit())):
             return None
         return host[1:end]
@@ -82,7 +94,9 @@ def host_name(host: str) -> str | None:
 
 def _headers(scope) -> dict[str, str]:
     """The request's headers by lower-case name (latin-1, as HTTP has them); the last wins."""
-    return {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
+    return {
+        name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]
+    }
 
 
 async def send_error(scope, send, error: ApiError) -> None:
@@ -98,13 +112,22 @@ async def send_error(scope, send, error: ApiError) -> None:
 class Guard:
     """Outermost ASGI layer: request metrics, framing, Host and Origin checks, then CORS."""
 
-    def __init__(self, app, api: "ApiState", allow_origins: Iterable[str] = ()):
+    def __init__(self, app, api: ApiState, allow_origins: Iterable[str] = ()):
         self.api = api
         self.allow_origins = frozenset(normalize_origin(o) for o in allow_origins)
         checked = RequestChecks(app, api)
-        self.app = CORSMiddleware(checked, allow_origins=sorted(self.allow_origins), allow_methods=CORS_METHODS,
-                                  allow_headers=["*"], expose_headers=["WWW-Authenticate", "Allow"],
-                                  max_age=600) if self.allow_origins else checked
+        self.app = (
+            CORSMiddleware(
+                checked,
+                allow_origins=sorted(self.allow_origins),
+                allow_methods=CORS_METHODS,
+                allow_headers=["*"],
+                expose_headers=["WWW-Authenticate", "Allow"],
+                max_age=600,
+            )
+            if self.allow_origins
+            else checked
+        )
         bound = api.host.strip("[]").lower()
         self.any_host = bound in WILDCARD_HOSTS
         self.host_names = LOOPBACK_NAMES | {bound}
@@ -130,27 +153,45 @@ class Guard:
             code = 499 if scope.get(CLIENT_GONE) or not status else status[0]
             self.api.metrics.count_request(endpoint_label(scope["path"]), code)
             client = scope.get("client") or ("?", 0)
-            log.info("%s:%s %s %s -> %d", client[0], client[1], scope["method"], scope["path"], code)
+            log.info(
+                "%s:%s %s %s -> %d", client[0], client[1], scope["method"], scope["path"], code
+            )
 
     def _refusal(self, headers: dict[str, str]) -> ApiError | None:
         if "transfer-encoding" in headers and "content-length" in headers:
-            return ApiError(400, "a request may not have both Content-Length and Transfer-Encoding",
-                            code="ambiguous_framing", headers={"Connection": "close"})
+            return ApiError(
+                400,
+                "a request may not have both Content-Length and Transfer-Encoding",
+                code="ambiguous_framing",
+                headers={"Connection": "close"},
+            )
         host = headers.get("host")
         if host is not None and not self.any_host and host_name(host) not in self.host_names:
-            return ApiError(403, f"the Host {host!r} is not this server's: use "
-                                 f"{' or '.join(sorted(self.host_names))}", code="host_not_allowed")
+            return ApiError(
+                403,
+                f"the Host {host!r} is not this server's: use "
+                f"{' or '.join(sorted(self.host_names))}",
+                code="host_not_allowed",
+            )
         origin = headers.get("origin")
-        if origin is not None and "*" not in self.allow_origins and origin.lower() not in self.allow_origins:
-            return ApiError(403, f"requests from web pages at {origin!r} are not allowed (start the server "
-                                 "with --allow-origin ORIGIN to allow one)", code="origin_not_allowed")
+        if (
+            origin is not None
+            and "*" not in self.allow_origins
+            and origin.lower() not in self.allow_origins
+        ):
+            return ApiError(
+                403,
+                f"requests from web pages at {origin!r} are not allowed (start the server "
+                "with --allow-origin ORIGIN to allow one)",
+                code="origin_not_allowed",
+            )
         return None
 
 
 class RequestChecks:
     """Innermost ASGI layer: the API key, then a JSON body's type, length and limit."""
 
-    def __init__(self, app, api: "ApiState"):
+    def __init__(self, app, api: ApiState):
         self.app = app
         self.api = api
 
@@ -173,22 +214,34 @@ class RequestChecks:
         if key is not None or not self.api.api_keys:
             scope[CACHE_NAMESPACE] = self.api.cache_namespace(key)
         elif path not in OPEN_ENDPOINTS:
-            raise ApiError(401, "missing or incorrect API key: send 'Authorization: Bearer KEY' "
-                                "(or 'x-api-key: KEY')", code="invalid_api_key",
-                           headers={"WWW-Authenticate": "Bearer"})
+            raise ApiError(
+                401,
+                "missing or incorrect API key: send 'Authorization: Bearer KEY' "
+                "(or 'x-api-key: KEY')",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         if scope["method"] != "POST" or path not in JSON_ENDPOINTS:
             return receive
         declared = headers.get("content-length")
         if declared is None and "transfer-encoding" not in headers:
-            raise ApiError(411, "a Content-Length header is required", code="length_required",
-                           headers={"Connection": "close"})
+            raise ApiError(
+                411,
+                "a Content-Length header is required",
+                code="length_required",
+                headers={"Connection": "close"},
+            )
         if declared is not None and int(declared) > self.api.max_body_bytes:  # h11 checked its form
             raise self._too_large(f"{declared} bytes")
         media_type = headers.get("content-type", "").partition(";")[0].strip().lower()
         if media_type != "application/json" and not media_type.endswith("+json"):
-            raise ApiError(415, f"{path} takes a JSON body: send 'Content-Type: application/json'"
-                                + (f", not {media_type!r}" if media_type else ""),
-                           code="unsupported_media_type", headers={"Connection": "close"})
+            raise ApiError(
+                415,
+                f"{path} takes a JSON body: send 'Content-Type: application/json'"
+                + (f", not {media_type!r}" if media_type else ""),
+                code="unsupported_media_type",
+                headers={"Connection": "close"},
+            )
         return await self._buffered(receive, namespaces.owner(scope.get(CACHE_NAMESPACE, "")))
 
     def _key(self, headers: dict[str, str]) -> str | None:
@@ -205,8 +258,12 @@ class RequestChecks:
         return found
 
     def _too_large(self, size: str) -> ApiError:
-        return ApiError(413, f"the request body is {size}; the limit is {self.api.max_body_bytes} "
-                             "bytes", code="request_too_large", headers={"Connection": "close"})
+        return ApiError(
+            413,
+            f"the request body is {size}; the limit is {self.api.max_body_bytes} bytes",
+            code="request_too_large",
+            headers={"Connection": "close"},
+        )
 
     async def _buffered(self, receive, client: str) -> Callable:
         """Read the whole body (within the limit, chunked or not, within ``BODY_TIMEOUT_S``, at
@@ -217,7 +274,9 @@ class RequestChecks:
                 while more:
                     message = await receive()
                     if message["type"] == "http.disconnect":
-                        raise ApiError(400, "the client went away while sending its body", code="client_gone")
+                        raise ApiError(
+                            400, "the client went away while sending its body", code="client_gone"
+                        )
                     chunks.append(message.get("body", b""))
                     size += len(chunks[-1])
                     await self.api.body_bytes.take(client, len(chunks[-1]))
@@ -225,8 +284,12 @@ class RequestChecks:
                     if size > self.api.max_body_bytes:
                         raise self._too_large(f"over {size} bytes")
         except TimeoutError:
-            raise ApiError(408, f"the request body did not arrive within {BODY_TIMEOUT_S:g} s",
-                           code="request_timeout", headers={"Connection": "close"}) from None
+            raise ApiError(
+                408,
+                f"the request body did not arrive within {BODY_TIMEOUT_S:g} s",
+                code="request_timeout",
+                headers={"Connection": "close"},
+            ) from None
         body = b"".join(chunks)
         replayed = False
 

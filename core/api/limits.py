@@ -22,8 +22,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from core.limits import MAX_SCHEMA_BYTES, MAX_TOOLS
 
@@ -42,7 +43,9 @@ class ByteAllowance:
 
     def __init__(self, burst: int, per_s: float = BODY_BYTES_PER_S):
         self.burst, self.per_s = burst, per_s
-        self._buckets: dict[str, tuple[float, float]] = {}  # client (a key's, never a salt's) -> (bytes left, when)
+        self._buckets: dict[
+            str, tuple[float, float]
+        ] = {}  # client (a key's, never a salt's) -> (bytes left, when)
 
     async def take(self, client: str, size: int) -> None:
         """Wait until ``client`` may have sent ``size`` more bytes."""
@@ -73,18 +76,24 @@ class RequestLimits:
         """On the parsed JSON, before pydantic validates it: the number of tools."""
         tools = body.get("tools") if isinstance(body, dict) else None
         if isinstance(tools, list) and len(tools) > self.max_tools:
-            raise _refusal(f"the request has {len(tools):,} tools; this server takes at most "
-                           f"{self.max_tools:,} a request (radixchat serve --max-tools N raises it)",
-                           "too_many_tools")
+            raise _refusal(
+                f"the request has {len(tools):,} tools; this server takes at most "
+                f"{self.max_tools:,} a request (radixchat serve --max-tools N raises it)",
+                "too_many_tools",
+            )
 
     def check_schemas(self, schemas: Iterable[Any], param: str = "tools") -> None:
         """The JSON of a request's tools (and response format schema) together, in bytes (as
         ASCII JSON: any other character counts as its escape)."""
         size = sum(len(json.dumps(schema, separators=(",", ":"))) for schema in schemas)
         if size > self.max_schema_bytes:
-            raise _refusal(f"the request's tools and schemas are {size:,} bytes of JSON; this server "
-                           f"takes at most {self.max_schema_bytes:,} a request (radixchat serve "
-                           "--max-schema-bytes N raises it)", "schemas_too_large", param)
+            raise _refusal(
+                f"the request's tools and schemas are {size:,} bytes of JSON; this server "
+                f"takes at most {self.max_schema_bytes:,} a request (radixchat serve "
+                "--max-schema-bytes N raises it)",
+                "schemas_too_large",
+                param,
+            )
 
 
 def _refusal(message: str, code: str, param: str = "tools"):

@@ -4,18 +4,31 @@
 from __future__ import annotations
 
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from core.api import anthropic_schema
 from core.api.errors import ApiError, engine_error, shutting_down
-from core.api.openai_schema import (ChatCompletionRequest, CompletionCall, CompletionRequest, ReplyBuilder,
-                                    model_object, to_call)
+from core.api.openai_schema import (
+    ChatCompletionRequest,
+    CompletionCall,
+    CompletionRequest,
+    ReplyBuilder,
+    model_object,
+    to_call,
+)
 from core.api.relay import EngineEvents, reply_stream, reply_whole, sse
-from core.api.routing import (JsonRoute, PriorityHeader, SessionHeader, checked_call, key_namespace, named,
-                             server_of)
+from core.api.routing import (
+    JsonRoute,
+    PriorityHeader,
+    SessionHeader,
+    checked_call,
+    key_namespace,
+    named,
+    server_of,
+)
 from core.engine.types import DoneEvent, ErrorEvent, Event, TokenEvent, ToolCallEvent
 
 router = APIRouter(route_class=JsonRoute)
@@ -40,7 +53,9 @@ def _anthropic(request: Request) -> bool:
     return "anthropic-version" in request.headers
 
 
-@router.get("/v1/models", summary="The loaded model (OpenAI's shape, or Anthropic's with anthropic-version)")
+@router.get(
+    "/v1/models", summary="The loaded model (OpenAI's shape, or Anthropic's with anthropic-version)"
+)
 def list_models(request: Request) -> JSONResponse:
     card = server_of(request).model_card(with_cache=True)
     if _anthropic(request):
@@ -55,43 +70,72 @@ def retrieve_model(model: str, request: Request) -> JSONResponse:
         anthropic_schema.check_model(model, card)
         return JSONResponse(anthropic_schema.model_object(card, model))
     if model not in card.aliases:
-        raise ApiError(404, f"the model '{model}' does not exist; this server serves '{card.id}'",
-                       param="model", code="model_not_found")
+        raise ApiError(
+            404,
+            f"the model '{model}' does not exist; this server serves '{card.id}'",
+            param="model",
+            code="model_not_found",
+        )
     return JSONResponse(model_object(card))
 
 
 @router.post("/v1/chat/completions", summary="Chat completion (OpenAI)")
-async def chat_completions(body: ChatCompletionRequest, request: Request,
-                           session: SessionHeader = None, priority: PriorityHeader = None) -> Response:
+async def chat_completions(
+    body: ChatCompletionRequest,
+    request: Request,
+    session: SessionHeader = None,
+    priority: PriorityHeader = None,
+) -> Response:
     return await generate(request, body, session, priority)
 
 
 @router.post("/v1/completions", summary="Text completion (OpenAI, legacy)")
-async def completions(body: CompletionRequest, request: Request, session: SessionHeader = None,
-                      priority: PriorityHeader = None) -> Response:
+async def completions(
+    body: CompletionRequest,
+    request: Request,
+    session: SessionHeader = None,
+    priority: PriorityHeader = None,
+) -> Response:
     return await generate(request, body, session, priority)
 
 
-async def generate(request: Request, body: ChatCompletionRequest | CompletionRequest,
-                   session: str | None, priority: str | None = None) -> Response:
+async def generate(
+    request: Request,
+    body: ChatCompletionRequest | CompletionRequest,
+    session: str | None,
+    priority: str | None = None,
+) -> Response:
     arrived = time.monotonic()
     api = server_of(request)
     card = api.model_card()
-    call = await checked_call(request, body, to_call, card, session, key_namespace(request), priority)
+    call = await checked_call(
+        request, body, to_call, card, session, key_namespace(request), priority
+    )
     handle = api.submit(call.request)
     events = EngineEvents(api, handle, request, arrived)
     reply = ReplyBuilder(call, card)
     if not call.stream:
-        return named(await reply_whole(request, handle, events, call.chat,
-                                       lambda done: reply.full(done.text, done.stats, done.tool_calls)),
-                     call.request.cache_namespace)
-    return named(await reply_stream(request, handle, events, call.chat,
-                                    lambda first: _chunks(call, reply, first, events)),
-                 call.request.cache_namespace)
+        return named(
+            await reply_whole(
+                request,
+                handle,
+                events,
+                call.chat,
+                lambda done: reply.full(done.text, done.stats, done.tool_calls),
+            ),
+            call.request.cache_namespace,
+        )
+    return named(
+        await reply_stream(
+            request, handle, events, call.chat, lambda first: _chunks(call, reply, first, events)
+        ),
+        call.request.cache_namespace,
+    )
 
 
-async def _chunks(call: CompletionCall, reply: ReplyBuilder, first: Event,
-                  events: EngineEvents) -> AsyncIterator[bytes]:
+async def _chunks(
+    call: CompletionCall, reply: ReplyBuilder, first: Event, events: EngineEvents
+) -> AsyncIterator[bytes]:
     """The server-sent events of a reply; if the client leaves, Starlette cancels this and the
     request is cancelled with it."""
     try:
@@ -118,4 +162,3 @@ async def _chunks(call: CompletionCall, reply: ReplyBuilder, first: Event,
             event = await anext(events, None)
     finally:
         events.handle.cancel()
-

@@ -20,19 +20,50 @@ from pydantic import Field, field_validator
 
 from core.api.errors import ApiError, invalid
 from core.api.limits import RequestLimits
-from core.api.openai_tools import (ResponseFormat, ToolCallIn, ToolChoice, ToolDef, call_object, check_tool_message,
-                                   message_calls, tool_fields)
-from core.api.wire import (CACHE_SALT_TEXT, MAX_PRIORITY, MAX_SALT_CHARS, MAX_SESSION_CHARS, MODEL_ALIASES,
-                           PRIORITY_HEADER, ModelCard, Text, WireModel)
+from core.api.openai_tools import (
+    ResponseFormat,
+    ToolCallIn,
+    ToolChoice,
+    ToolDef,
+    call_object,
+    check_tool_message,
+    message_calls,
+    tool_fields,
+)
+from core.api.wire import (
+    CACHE_SALT_TEXT,
+    MAX_PRIORITY,
+    MAX_SALT_CHARS,
+    MAX_SESSION_CHARS,
+    MODEL_ALIASES,
+    PRIORITY_HEADER,
+    ModelCard,
+    Text,
+    WireModel,
+)
 from core.engine.namespaces import with_salt
 from core.engine.types import ChatMessage, GenerationRequest, RequestStats, SamplingParams, ToolCall
 
-__all__ = ["ApiError", "ChatCompletionRequest", "CompletionCall", "CompletionRequest", "MODEL_ALIASES",
-           "ModelCard", "ReplyBuilder", "to_call"]
+__all__ = [
+    "ApiError",
+    "ChatCompletionRequest",
+    "CompletionCall",
+    "CompletionRequest",
+    "MODEL_ALIASES",
+    "ModelCard",
+    "ReplyBuilder",
+    "to_call",
+]
 
 MAX_STOPS = 16
 MAX_TOP_K = 2**31 - 1
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+ROLES = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+}
 TokenId = Annotated[int, Field(ge=0)]
 
 
@@ -46,7 +77,9 @@ class Message(WireModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[TextPart] | None = None
     name: Text | None = None
-    tool_calls: list[ToolCallIn] | None = Field(None, description="the calls an assistant message made")
+    tool_calls: list[ToolCallIn] | None = Field(
+        None, description="the calls an assistant message made"
+    )
     tool_call_id: Text | None = Field(None, description="the call a tool message answers")
 
     def text(self) -> str:
@@ -76,14 +109,25 @@ class _Sampling(WireModel):
     frequency_penalty: float | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    session: Text | None = Field(None, max_length=MAX_SESSION_CHARS,
-                                 description="the chat session whose cache this request extends "
-                                             "(or the X-RadixChat-Session header)")
-    cache_salt: Text | None = Field(None, min_length=1, max_length=MAX_SALT_CHARS,
-                                    description=CACHE_SALT_TEXT + " (as vLLM's API)")
-    priority: int | None = Field(None, ge=0, le=MAX_PRIORITY,
-                                 description="vLLM's: lower is prefilled sooner; 0 (default) or more, the "
-                                             "app's own chat goes first (or the X-RadixChat-Priority header)")
+    session: Text | None = Field(
+        None,
+        max_length=MAX_SESSION_CHARS,
+        description="the chat session whose cache this request extends "
+        "(or the X-RadixChat-Session header)",
+    )
+    cache_salt: Text | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_SALT_CHARS,
+        description=CACHE_SALT_TEXT + " (as vLLM's API)",
+    )
+    priority: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_PRIORITY,
+        description="vLLM's: lower is prefilled sooner; 0 (default) or more, the "
+        "app's own chat goes first (or the X-RadixChat-Priority header)",
+    )
     user: Text | None = None
 
     @field_validator("stop")
@@ -114,12 +158,18 @@ class ChatCompletionRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
-    tools: list[ToolDef] | None = Field(None, description="functions the model may call (to the chat template)")
-    tool_choice: ToolChoice | None = Field(None, description="auto (default), none, required, or a named "
-                                                             "function; required and named constrain decoding")
+    tools: list[ToolDef] | None = Field(
+        None, description="functions the model may call (to the chat template)"
+    )
+    tool_choice: ToolChoice | None = Field(
+        None,
+        description="auto (default), none, required, or a named "
+        "function; required and named constrain decoding",
+    )
     parallel_tool_calls: bool | None = None
-    response_format: ResponseFormat | None = Field(None, description="json_object or json_schema: "
-                                                                     "constrained decoding")
+    response_format: ResponseFormat | None = Field(
+        None, description="json_object or json_schema: constrained decoding"
+    )
     functions: list[dict[str, Any]] | None = None
 
     @field_validator("logprobs")
@@ -174,16 +224,22 @@ class CompletionCall:
 
 def check_model(model: str | None, card: ModelCard) -> None:
     if model and model not in card.aliases:
-        raise ApiError(404, f"the model '{model}' does not exist; this server serves '{card.id}'",
-                       param="model", code="model_not_found")
+        raise ApiError(
+            404,
+            f"the model '{model}' does not exist; this server serves '{card.id}'",
+            param="model",
+            code="model_not_found",
+        )
 
 
 def max_tokens(value: int | None, name: str, context_length: int) -> int:
     if value is None:
         return context_length
     if value > context_length:
-        raise invalid(name, f"'{name}' is too large: {value}; this model has a context of "
-                            f"{context_length} tokens")
+        raise invalid(
+            name,
+            f"'{name}' is too large: {value}; this model has a context of {context_length} tokens",
+        )
     return value
 
 
@@ -218,8 +274,11 @@ def priority_of(body_priority: int | None, header: str | None) -> int:
     except ValueError:
         value = -1
     if not 0 <= value <= MAX_PRIORITY:
-        raise invalid(PRIORITY_HEADER, f"the {PRIORITY_HEADER} header must be a whole number from 0 to "
-                                       f"{MAX_PRIORITY} (lower is sooner)")
+        raise invalid(
+            PRIORITY_HEADER,
+            f"the {PRIORITY_HEADER} header must be a whole number from 0 to "
+            f"{MAX_PRIORITY} (lower is sooner)",
+        )
     return value
 
 
@@ -248,8 +307,11 @@ def _prompt(prompt: str | list) -> tuple[str | None, tuple[int, ...] | None]:
         return prompt, None
     if all(isinstance(t, int) for t in prompt):
         return None, tuple(prompt)
-    raise invalid("prompt", "'prompt' must be a string or a list of token ids (one prompt per request)",
-                  code="invalid_type")
+    raise invalid(
+        "prompt",
+        "'prompt' must be a string or a list of token ids (one prompt per request)",
+        code="invalid_type",
+    )
 
 
 def chat_messages(messages: list[Message]) -> tuple[ChatMessage, ...]:
@@ -258,21 +320,31 @@ def chat_messages(messages: list[Message]) -> tuple[ChatMessage, ...]:
     out, calls = [], {}
     for i, message in enumerate(messages):
         if message.content is None and message.role != "assistant":
-            raise invalid(f"messages[{i}].content", f"'messages[{i}].content' is required",
-                          code="missing_required_parameter")
+            raise invalid(
+                f"messages[{i}].content",
+                f"'messages[{i}].content' is required",
+                code="missing_required_parameter",
+            )
         made = message_calls(message.tool_calls) if message.role == "assistant" else ()
         calls.update({call.id: call.name for call in made})
         if message.role == "tool":
             name = check_tool_message(i, message.tool_call_id, calls)
-            out.append(ChatMessage("tool", message.text(), tool_call_id=message.tool_call_id, name=name))
+            out.append(
+                ChatMessage("tool", message.text(), tool_call_id=message.tool_call_id, name=name)
+            )
         else:
             out.append(ChatMessage(ROLES[message.role], message.text(), made))
     return tuple(out)
 
 
-def to_call(body: ChatCompletionRequest | CompletionRequest, card: ModelCard,
-            session_header: str | None = None, namespace: str = "",
-            priority_header: str | None = None, limits: RequestLimits = RequestLimits()) -> CompletionCall:
+def to_call(
+    body: ChatCompletionRequest | CompletionRequest,
+    card: ModelCard,
+    session_header: str | None = None,
+    namespace: str = "",
+    priority_header: str | None = None,
+    limits: RequestLimits = RequestLimits(),
+) -> CompletionCall:
     """The engine request for a validated body, in cache namespace ``namespace`` (the API
     key's) split by the body's ``cache_salt``; raise :class:`ApiError` for what the loaded
     model refuses (or what is past the request ``limits``)."""
@@ -286,17 +358,30 @@ def to_call(body: ChatCompletionRequest | CompletionRequest, card: ModelCard,
             raise invalid("functions", "'functions' is deprecated and not supported; use 'tools'")
         extra = tool_fields(body.tools, body.tool_choice, body.response_format, limits)
         if body.max_completion_tokens is not None:
-            limit = max_tokens(body.max_completion_tokens, "max_completion_tokens", card.context_length)
+            limit = max_tokens(
+                body.max_completion_tokens, "max_completion_tokens", card.context_length
+            )
         else:
             limit = max_tokens(body.max_tokens, "max_tokens", card.context_length)
-        request = GenerationRequest(messages=chat_messages(body.messages), sampling=sampling_params(body, limit),
-                                    session=session, cache_namespace=namespace, priority=priority, **extra)
+        request = GenerationRequest(
+            messages=chat_messages(body.messages),
+            sampling=sampling_params(body, limit),
+            session=session,
+            cache_namespace=namespace,
+            priority=priority,
+            **extra,
+        )
     else:
         limit = max_tokens(body.max_tokens, "max_tokens", card.context_length)
         text, tokens = _prompt(body.prompt)
-        request = GenerationRequest(prompt_text=text, prompt_tokens=tokens,
-                                    sampling=sampling_params(body, limit), session=session,
-                                    cache_namespace=namespace, priority=priority)
+        request = GenerationRequest(
+            prompt_text=text,
+            prompt_tokens=tokens,
+            sampling=sampling_params(body, limit),
+            session=session,
+            cache_namespace=namespace,
+            priority=priority,
+        )
     options = body.stream_options or StreamOptions()
     return CompletionCall(chat, request, bool(body.stream), bool(options.include_usage))
 
@@ -321,8 +406,13 @@ def usage_extra(stats: RequestStats) -> dict[str, Any]:
     prompt was looked up in, and how much of the hit came from RAM and from disk."""
     if not stats.cache_namespace:
         return {}
-    return {"radixchat": {"cache_namespace": stats.cache_namespace, "ram_tokens": stats.cached_tokens,
-                          "disk_tokens": stats.restored_tokens}}
+    return {
+        "radixchat": {
+            "cache_namespace": stats.cache_namespace,
+            "ram_tokens": stats.cached_tokens,
+            "disk_tokens": stats.restored_tokens,
+        }
+    }
 
 
 def finish_reason(stats: RequestStats) -> str:
@@ -330,10 +420,21 @@ def finish_reason(stats: RequestStats) -> str:
 
 
 def model_object(card: ModelCard) -> dict[str, Any]:
-    return {"id": card.id, "object": "model", "created": card.created, "owned_by": "radixchat",
-            "radixchat": {"fingerprint": card.fingerprint, "context_length": card.context_length,
-                          **({"cache": {"cached_as": card.cached_as, "layout": card.cache_layout}}
-                             if card.cached_as else {})}}
+    return {
+        "id": card.id,
+        "object": "model",
+        "created": card.created,
+        "owned_by": "radixchat",
+        "radixchat": {
+            "fingerprint": card.fingerprint,
+            "context_length": card.context_length,
+            **(
+                {"cache": {"cached_as": card.cached_as, "layout": card.cache_layout}}
+                if card.cached_as
+                else {}
+            ),
+        },
+    }
 
 
 class ReplyBuilder:
@@ -347,23 +448,48 @@ class ReplyBuilder:
         self.calls_sent = 0  # tool calls streamed so far (their index in delta.tool_calls)
 
     def _envelope(self, obj: str) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.card.id,
-                "system_fingerprint": self.card.fingerprint[:16]}
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.card.id,
+            "system_fingerprint": self.card.fingerprint[:16],
+        }
 
-    def full(self, text: str, stats: RequestStats, tool_calls: tuple[ToolCall, ...] = ()) -> dict[str, Any]:
+    def full(
+        self, text: str, stats: RequestStats, tool_calls: tuple[ToolCall, ...] = ()
+    ) -> dict[str, Any]:
         if self.chat:
-            message: dict[str, Any] = {"role": "assistant", "content": text or (None if tool_calls else "")}
+            message: dict[str, Any] = {
+                "role": "assistant",
+                "content": text or (None if tool_calls else ""),
+            }
             if tool_calls:
                 message["tool_calls"] = [call_object(call) for call in tool_calls]
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason(stats)}
+            choice = {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": finish_reason(stats),
+            }
             body = self._envelope("chat.completion")
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(stats)}
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": finish_reason(stats),
+            }
             body = self._envelope("text_completion")
         return {**body, "choices": [choice], "usage": usage(stats)}
 
-    def chunk(self, text: str | None = None, stats: RequestStats | None = None,
-              first: bool = False, tool_call: ToolCall | None = None) -> dict[str, Any]:
+    def chunk(
+        self,
+        text: str | None = None,
+        stats: RequestStats | None = None,
+        first: bool = False,
+        tool_call: ToolCall | None = None,
+    ) -> dict[str, Any]:
         """A stream chunk: the first (chat: the role), a piece of text, a tool call (whole, in
         ``delta.tool_calls``), or the last (``stats``)."""
         reason = finish_reason(stats) if stats is not None else None

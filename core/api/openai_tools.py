@@ -76,8 +76,12 @@ class ResponseFormat(WireModel):
     json_schema: JsonSchemaFormat | None = None
 
 
-def tool_fields(tools: list[ToolDef] | None, tool_choice: ToolChoice | None,
-                response_format: ResponseFormat | None, limits: RequestLimits = RequestLimits()) -> dict[str, Any]:
+def tool_fields(
+    tools: list[ToolDef] | None,
+    tool_choice: ToolChoice | None,
+    response_format: ResponseFormat | None,
+    limits: RequestLimits = RequestLimits(),
+) -> dict[str, Any]:
     """The ``GenerationRequest`` fields for a chat body's tools and response format; a 400
     naming the field for what cannot be served (tools past the ``limits`` too)."""
     fields: dict[str, Any] = {}
@@ -85,21 +89,35 @@ def tool_fields(tools: list[ToolDef] | None, tool_choice: ToolChoice | None,
     if tools:
         fields["tools"] = tuple(t.model_dump(exclude_none=True) for t in tools)
     schema_format = response_format.json_schema if response_format is not None else None
-    limits.check_schemas([*fields.get("tools", ()),
-                          *([schema_format.schema_] if schema_format is not None and schema_format.schema_ else [])])
+    limits.check_schemas(
+        [
+            *fields.get("tools", ()),
+            *(
+                [schema_format.schema_]
+                if schema_format is not None and schema_format.schema_
+                else []
+            ),
+        ]
+    )
     if isinstance(tool_choice, NamedToolChoice):
         fields["tool_choice"], fields["tool_name"] = "function", tool_choice.function.name
     elif tool_choice is not None:
         fields["tool_choice"] = tool_choice
     try:
         if tools or fields.get("tool_choice") in ("required", "function"):
-            check_tools(fields.get("tools", ()), fields.get("tool_choice", "auto"), fields.get("tool_name"))
+            check_tools(
+                fields.get("tools", ()), fields.get("tool_choice", "auto"), fields.get("tool_name")
+            )
         if response_format is not None and response_format.type == "json_object":
             fields["json_schema"] = JSON_OBJECT
         elif response_format is not None and response_format.type == "json_schema":
             if response_format.json_schema is None:
-                raise invalid("response_format.json_schema", "'response_format.json_schema' is required "
-                              "when 'response_format.type' is 'json_schema'", code="missing_required_parameter")
+                raise invalid(
+                    "response_format.json_schema",
+                    "'response_format.json_schema' is required "
+                    "when 'response_format.type' is 'json_schema'",
+                    code="missing_required_parameter",
+                )
             schema = response_format.json_schema.schema_ or JSON_OBJECT
             check_schema(schema, "response_format.json_schema.schema")
             fields["json_schema"] = schema
@@ -117,16 +135,22 @@ def check_tool_message(index: int, tool_call_id: str | None, known: dict[str, st
     """The tool name a ``role: "tool"`` message answers; 400 if it answers no earlier call."""
     param = f"messages[{index}].tool_call_id"
     if not tool_call_id:
-        raise invalid(param, f"'{param}' is required on a tool message", code="missing_required_parameter")
+        raise invalid(
+            param, f"'{param}' is required on a tool message", code="missing_required_parameter"
+        )
     if tool_call_id not in known:
-        raise invalid(param, f"'{param}' ({tool_call_id}) answers no tool call of an earlier assistant "
-                             "message")
+        raise invalid(
+            param,
+            f"'{param}' ({tool_call_id}) answers no tool call of an earlier assistant message",
+        )
     return known[tool_call_id]
 
 
 def call_object(call: ToolCall, index: int | None = None) -> dict[str, Any]:
     """A call as a reply carries it (``index`` in a stream's ``delta.tool_calls``)."""
-    out: dict[str, Any] = {"id": call.id, "type": "function",
-                           "function": {"name": call.name, "arguments": call.arguments}}
+    out: dict[str, Any] = {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
     return {"index": index, **out} if index is not None else out
-

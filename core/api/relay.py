@@ -27,14 +27,14 @@ import contextlib
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from core.api.errors import engine_error, shutting_down
 from core.api.routing import SSE_HEADERS
-
 from core.engine.engine import RequestHandle
 from core.engine.types import DoneEvent, ErrorEvent, Event, TokenEvent, ToolCallEvent
 from core.errors import ErrorKind
@@ -50,7 +50,7 @@ CLIENT_GONE = "radixchat.client_gone"  # scope key: the guard counts a 499 for t
 class EngineEvents:
     """The events of one submitted request, as an async iterator (ends after Done/Error)."""
 
-    def __init__(self, api: "ApiState", handle: RequestHandle, request: Request, arrived: float):
+    def __init__(self, api: ApiState, handle: RequestHandle, request: Request, arrived: float):
         self.api = api
         self.handle = handle
         self._scope, self._receive = request.scope, request.receive
@@ -77,7 +77,11 @@ class EngineEvents:
                 self.api.metrics.record_generation(event.stats, ttft)
             if isinstance(event, (DoneEvent, ErrorEvent)):
                 self.api.release(self.handle)  # no longer in flight, before the reply is sent
-            elif self.bounded and not self.cut_off and self._queue.qsize() >= self.api.max_unsent_events:
+            elif (
+                self.bounded
+                and not self.cut_off
+                and self._queue.qsize() >= self.api.max_unsent_events
+            ):
                 self._cut_off()
             if not self.cut_off:
                 self._queue.put_nowait(event)
@@ -92,10 +96,17 @@ class EngineEvents:
         waiting = self._queue.qsize()
         self.cut_off = True
         self.handle.cancel()
-        log.info("a stream's client stopped reading (%d events waiting): its request is cancelled", waiting)
-        self._queue.put_nowait(ErrorEvent(f"the client stopped reading: {waiting} events were waiting to be "
-                                          "sent, so the reply was cut off here and its request cancelled",
-                                          ErrorKind.BAD_REQUEST))
+        log.info(
+            "a stream's client stopped reading (%d events waiting): its request is cancelled",
+            waiting,
+        )
+        self._queue.put_nowait(
+            ErrorEvent(
+                f"the client stopped reading: {waiting} events were waiting to be "
+                "sent, so the reply was cut off here and its request cancelled",
+                ErrorKind.BAD_REQUEST,
+            )
+        )
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self
@@ -135,12 +146,15 @@ class _Waker:
         self._scheduled = False
 
     def wake_for(self, events: EngineEvents) -> Callable[[], None]:
-        def wake() -> None:  # engine thread (or a prompt thread refusing a prompt: appends are safe)
+        def wake() -> (
+            None
+        ):  # engine thread (or a prompt thread refusing a prompt: appends are safe)
             self._ready.append(events)
             if not self._scheduled:
                 self._scheduled = True
                 with contextlib.suppress(RuntimeError):  # the loop is closed: the server stopped
                     self.loop.call_soon_threadsafe(self._take_all)
+
         return wake
 
     def _take_all(self) -> None:  # event loop
@@ -149,7 +163,7 @@ class _Waker:
             self._ready.popleft()._take()
 
 
-def _waker(api: "ApiState", loop: asyncio.AbstractEventLoop) -> _Waker:
+def _waker(api: ApiState, loop: asyncio.AbstractEventLoop) -> _Waker:
     """The API's waker on ``loop`` (one per server; a new one if the server runs a new loop)."""
     waker = api.events_waker
     if waker is None or waker.loop is not loop:
@@ -176,8 +190,13 @@ async def watch_disconnect(scope: dict, receive: Callable, handle: RequestHandle
             await task
 
 
-async def reply_whole(request: Request, handle: RequestHandle, events: "EngineEvents", chat: bool,
-                      body: Callable[[DoneEvent], dict[str, Any]]) -> Response:
+async def reply_whole(
+    request: Request,
+    handle: RequestHandle,
+    events: EngineEvents,
+    chat: bool,
+    body: Callable[[DoneEvent], dict[str, Any]],
+) -> Response:
     """A non-streaming route's answer, shared by both dialects: the reply ``body`` makes
     from the finished request, a 499 if the client left, or the engine's error."""
     try:
@@ -193,8 +212,13 @@ async def reply_whole(request: Request, handle: RequestHandle, events: "EngineEv
     return JSONResponse(body(done))
 
 
-async def reply_stream(request: Request, handle: RequestHandle, events: "EngineEvents", chat: bool,
-                       chunks: Callable[[Event], AsyncIterator[bytes]]) -> Response:
+async def reply_stream(
+    request: Request,
+    handle: RequestHandle,
+    events: EngineEvents,
+    chat: bool,
+    chunks: Callable[[Event], AsyncIterator[bytes]],
+) -> Response:
     """A streaming route's answer, shared by both dialects: an error before anything is sent
     is an HTTP error; after the first event, ``chunks(first)`` streams the rest."""
     events.bounded = True  # from here on, a client that stops reading is cut off

@@ -12,13 +12,14 @@ at once, not seconds of validation on the event loop.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Annotated, Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 from fastapi import Header, Request, Response
 from fastapi.routing import APIRoute
 
-from core.engine import namespaces
 from core.api.wire import PRIORITY_HEADER
+from core.engine import namespaces
 
 if TYPE_CHECKING:
     from core.api.state import ApiState
@@ -27,15 +28,19 @@ SESSION_HEADER = "X-RadixChat-Session"
 # The reply names the cache namespace its prompt was looked up in (a label, never a key).
 NAMESPACE_HEADER = "X-RadixChat-Cache-Namespace"
 CACHE_NAMESPACE = "radixchat.cache_namespace"  # scope key: the guard's, from the API key used
-SessionHeader = Annotated[str | None, Header(alias=SESSION_HEADER, description="the chat session whose "
-                                                                                 "cache this request extends")]
-PriorityHeader = Annotated[str | None, Header(alias=PRIORITY_HEADER, description="lower is prefilled sooner: "
-                                                                                   "0 (default) or more")]
+SessionHeader = Annotated[
+    str | None,
+    Header(alias=SESSION_HEADER, description="the chat session whose cache this request extends"),
+]
+PriorityHeader = Annotated[
+    str | None,
+    Header(alias=PRIORITY_HEADER, description="lower is prefilled sooner: 0 (default) or more"),
+]
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 T = TypeVar("T")
 
 
-def server_of(request: Request) -> "ApiState":
+def server_of(request: Request) -> ApiState:
     return request.app.state.api
 
 
@@ -56,7 +61,9 @@ async def checked_call(request: Request, body: Any, to_call: Callable[..., T], *
     the event loop (:class:`core.api.schema_checks.SchemaChecks`); any other is cheap, done here."""
     api = server_of(request)
     if getattr(body, "tools", None) or getattr(body, "response_format", None):
-        return await api.schema_checks.run(key_namespace(request), to_call, body, *args, limits=api.limits)
+        return await api.schema_checks.run(
+            key_namespace(request), to_call, body, *args, limits=api.limits
+        )
     return to_call(body, *args, limits=api.limits)
 
 

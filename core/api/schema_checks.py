@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from core.engine import namespaces
 
@@ -49,7 +50,9 @@ class SchemaChecks:
         try:
             async with turns.slots:
                 loop = asyncio.get_running_loop()
-                return await loop.run_in_executor(self._pool, functools.partial(check, *args, **kwargs))
+                return await loop.run_in_executor(
+                    self._pool, functools.partial(check, *args, **kwargs)
+                )
         finally:
             turns.requests -= 1
             if not turns.requests:

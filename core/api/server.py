@@ -25,7 +25,7 @@ import logging
 import socket
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import uvicorn
 
@@ -33,8 +33,8 @@ from core.api.connections import ConnectionGuard, ConnectionLimits, protocol_for
 from core.api.errors import engine_error
 from core.api.guard import normalize_origin
 from core.api.limits import RequestLimits
-from core.api.schema_checks import SchemaChecks
 from core.api.metrics import ServerMetrics
+from core.api.schema_checks import SchemaChecks
 from core.api.state import ApiState
 from core.engine.engine import Engine
 from core.errors import UserError
@@ -72,17 +72,27 @@ def api_keys(keys: str | Sequence[str] | None) -> tuple[str, ...]:
 def check_bind(host: str, api_key: str | Sequence[str] | None) -> None:
     """Refuse to listen beyond loopback without an API key."""
     if not any(api_keys(api_key)) and not is_loopback(host):
-        raise UserError(f"refusing to serve on {host} without an API key: pass --api-key KEY "
-                        "(or set RADIXCHAT_API_KEY), or bind to 127.0.0.1")
+        raise UserError(
+            f"refusing to serve on {host} without an API key: pass --api-key KEY "
+            "(or set RADIXCHAT_API_KEY), or bind to 127.0.0.1"
+        )
 
 
 class ApiServer:
     """The HTTP API over one engine; serves on a background thread between start() and stop()."""
 
-    def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 8000,
-                 api_key: str | Sequence[str] | None = None, model_name: str | None = None,
-                 max_body_bytes: int = MAX_BODY_BYTES, allow_origins: Sequence[str] = (),
-                 limits: RequestLimits = RequestLimits(), connections: ConnectionLimits = ConnectionLimits()):
+    def __init__(
+        self,
+        engine: Engine,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        api_key: str | Sequence[str] | None = None,
+        model_name: str | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
+        allow_origins: Sequence[str] = (),
+        limits: RequestLimits = RequestLimits(),
+        connections: ConnectionLimits = ConnectionLimits(),
+    ):
         check_bind(host, api_key)
         try:
             origins = tuple(normalize_origin(origin) for origin in allow_origins)
@@ -91,7 +101,9 @@ class ApiServer:
         self.host = host
         self.port = port
         # Several keys: one client each, and one cache namespace each (core.engine.namespaces)
-        self.state = ApiState(engine, host, api_keys(api_key), model_name, max_body_bytes, origins, limits)
+        self.state = ApiState(
+            engine, host, api_keys(api_key), model_name, max_body_bytes, origins, limits
+        )
         self.connection_limits = connections
         self.connections: ConnectionGuard | None = None  # while serving
         self._uvicorn: uvicorn.Server | None = None
@@ -106,20 +118,30 @@ class ApiServer:
         return self.state.api_key
 
     # ------------------------------------------------------------ lifecycle
-    def start(self) -> "ApiServer":
+    def start(self) -> ApiServer:
         from core.api.app import build_app  # FastAPI and the routes: imported when first served
 
         if not 0 <= self.port <= 65535:
             raise UserError(f"cannot listen on port {self.port}: a port is 0 to 65535")
         sock = self._listen()
         self.port = sock.getsockname()[1]
-        self.connections = ConnectionGuard(self.connection_limits)  # raises the open-file limit if it must
-        config = uvicorn.Config(build_app(self.state), **{**UVICORN_PARTS, "http": protocol_for(self.connections)},
-                                log_config=None, access_log=False, server_header=False,
-                                timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=GRACEFUL_S,
-                                backlog=LISTEN_BACKLOG)
+        self.connections = ConnectionGuard(
+            self.connection_limits
+        )  # raises the open-file limit if it must
+        config = uvicorn.Config(
+            build_app(self.state),
+            **{**UVICORN_PARTS, "http": protocol_for(self.connections)},
+            log_config=None,
+            access_log=False,
+            server_header=False,
+            timeout_keep_alive=KEEP_ALIVE_S,
+            timeout_graceful_shutdown=GRACEFUL_S,
+            backlog=LISTEN_BACKLOG,
+        )
         self._uvicorn = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._serve, args=(sock,), name="radixchat-api", daemon=True)
+        self._thread = threading.Thread(
+            target=self._serve, args=(sock,), name="radixchat-api", daemon=True
+        )
         self._thread.start()
         while not self._uvicorn.started and self._thread.is_alive():
             time.sleep(0.01)
@@ -139,7 +161,9 @@ class ApiServer:
             sock.listen(LISTEN_BACKLOG)
         except OSError as exc:
             sock.close()
-            raise UserError(f"cannot listen on {self.host}:{self.port}: {exc.strerror or exc}") from exc
+            raise UserError(
+                f"cannot listen on {self.host}:{self.port}: {exc.strerror or exc}"
+            ) from exc
         return sock
 
     def _serve(self, sock: socket.socket) -> None:
@@ -175,7 +199,7 @@ class ApiServer:
         self.state.schema_checks = SchemaChecks()  # start() again: a new pool
         self.state.stopping = False
 
-    def __enter__(self) -> "ApiServer":
+    def __enter__(self) -> ApiServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -11,15 +11,16 @@ from pathlib import Path
 
 from core.api.errors import ApiError, shutting_down
 from core.api.limits import ByteAllowance, RequestLimits
-from core.api.schema_checks import SchemaChecks
 from core.api.metrics import ServerMetrics
+from core.api.schema_checks import SchemaChecks
 from core.api.wire import MODEL_ALIASES, ModelCard
 from core.engine import namespaces
 from core.engine.engine import Engine, RequestHandle
 from core.engine.types import GenerationRequest
 
-
-MAX_UNSENT_EVENTS = 256  # a stream's events waiting for its client past the socket's buffers (core.api.relay)
+MAX_UNSENT_EVENTS = (
+    256  # a stream's events waiting for its client past the socket's buffers (core.api.relay)
+)
 
 
 def _version() -> str:
@@ -32,8 +33,16 @@ def _version() -> str:
 class ApiState:
     """The engine behind the API, its settings, and the requests it is serving now."""
 
-    def __init__(self, engine: Engine, host: str, api_keys: tuple[str, ...], model_name: str | None,
-                 max_body_bytes: int, allow_origins: tuple[str, ...], limits: RequestLimits = RequestLimits()):
+    def __init__(
+        self,
+        engine: Engine,
+        host: str,
+        api_keys: tuple[str, ...],
+        model_name: str | None,
+        max_body_bytes: int,
+        allow_origins: tuple[str, ...],
+        limits: RequestLimits = RequestLimits(),
+    ):
         self.engine = engine
         self.host = host
         self.api_keys = tuple(dict.fromkeys(key for key in api_keys if key))  # none: no key asked
@@ -41,9 +50,15 @@ class ApiState:
         self.max_body_bytes = max_body_bytes
         self.allow_origins = allow_origins
         self.limits = limits  # what one request may bring
-        self.max_unsent_events = MAX_UNSENT_EVENTS  # a stream's backlog before its client is cut off
-        self.body_bytes = ByteAllowance(burst=max_body_bytes)  # what each client's bodies may bring a second
-        self.schema_checks = SchemaChecks()  # where a body's schemas are checked (never the event loop)
+        self.max_unsent_events = (
+            MAX_UNSENT_EVENTS  # a stream's backlog before its client is cut off
+        )
+        self.body_bytes = ByteAllowance(
+            burst=max_body_bytes
+        )  # what each client's bodies may bring a second
+        self.schema_checks = (
+            SchemaChecks()
+        )  # where a body's schemas are checked (never the event loop)
         self.version = _version()
         self.started_at = int(time.time())
         self._handles: set[RequestHandle] = set()
@@ -67,16 +82,27 @@ class ApiState:
         list says so; a request need not read the engine's figures for it)."""
         info = self.engine.model_info
         if info is None:
-            raise ApiError(503, "no model is loaded yet", type="server_error", code="model_not_loaded")
+            raise ApiError(
+                503, "no model is loaded yet", type="server_error", code="model_not_loaded"
+            )
         model_id = self.model_name or info.name
         aliases = {model_id, info.name, info.spec, Path(info.path).name, *MODEL_ALIASES}
         cached_as = layout = ""
         cache = self.engine.stats().cache if with_cache else None
         if cache is not None:
-            cached_as = cache.cached_as if cache.enabled else f"off ({cache.disabled_reason or 'no cache'})"
+            cached_as = (
+                cache.cached_as if cache.enabled else f"off ({cache.disabled_reason or 'no cache'})"
+            )
             layout = cache.layout
-        return ModelCard(model_id, info.fingerprint, info.context_length, frozenset(aliases),
-                         self.started_at, cached_as, layout)
+        return ModelCard(
+            model_id,
+            info.fingerprint,
+            info.context_length,
+            frozenset(aliases),
+            self.started_at,
+            cached_as,
+            layout,
+        )
 
     def submit(self, request: GenerationRequest) -> RequestHandle:
         with self._lock:

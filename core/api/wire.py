@@ -19,10 +19,14 @@ from pydantic_core import PydanticCustomError
 
 MAX_SESSION_CHARS = 256
 MAX_PRIORITY = 2**31 - 1
-PRIORITY_HEADER = "X-RadixChat-Priority"  # a request's priority where its body cannot carry one (Anthropic SDKs)
+PRIORITY_HEADER = (
+    "X-RadixChat-Priority"  # a request's priority where its body cannot carry one (Anthropic SDKs)
+)
 MAX_SALT_CHARS = 256
-CACHE_SALT_TEXT = ("a secret of the client's: cached prompt prefixes are shared only with requests "
-                   "that send the same salt (with the same API key)")
+CACHE_SALT_TEXT = (
+    "a secret of the client's: cached prompt prefixes are shared only with requests "
+    "that send the same salt (with the same API key)"
+)
 MODEL_ALIASES = ("default",)
 
 
@@ -30,9 +34,11 @@ def _unicode(value: str) -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise PydanticCustomError("invalid_unicode", "not valid Unicode text: a lone surrogate "
-                                  "(U+{code}) at character {position}",
-                                  {"code": f"{ord(value[exc.start]):04X}", "position": exc.start}) from None
+        raise PydanticCustomError(
+            "invalid_unicode",
+            "not valid Unicode text: a lone surrogate (U+{code}) at character {position}",
+            {"code": f"{ord(value[exc.start]):04X}", "position": exc.start},
+        ) from None
     return value
 
 

@@ -113,10 +113,14 @@ class ChatStore(SqliteFile):
     error = StoreError
     migrations = MIGRATIONS
     wordings = {
-        "newer": ("{path} was written by a newer RadixChat (schema {version}, this version "
-                  "knows {known}); upgrade RadixChat or use another --data-dir"),
-        "foreign": ("{path} is a SQLite database but not a RadixChat chat database; "
-                    "move it aside or use another --data-dir"),
+        "newer": (
+            "{path} was written by a newer RadixChat (schema {version}, this version "
+            "knows {known}); upgrade RadixChat or use another --data-dir"
+        ),
+        "foreign": (
+            "{path} is a SQLite database but not a RadixChat chat database; "
+            "move it aside or use another --data-dir"
+        ),
         "locked": "{path} is locked by another RadixChat process; close it or use another --data-dir",
         "full": "the disk is full: cannot write {path} (nothing was changed); free some space",
         "corrupt": "{path} is not a readable chat database ({text}); move it aside or use another --data-dir",
@@ -146,8 +150,12 @@ class ChatStore(SqliteFile):
     # -- sessions --
 
     def create_session(
-        self, name: str | None = None, *, system_prompt: str | None = None,
-        model: str | None = None, settings: dict | None = None,
+        self,
+        name: str | None = None,
+        *,
+        system_prompt: str | None = None,
+        model: str | None = None,
+        settings: dict | None = None,
     ) -> Session:
         """A new session; ``name=None`` generates a unique one from the clock."""
         if name is not None:
@@ -158,10 +166,21 @@ class ChatStore(SqliteFile):
             elif self._rows("SELECT 1 FROM sessions WHERE name = ?", [name]):
                 raise StoreError(f"a chat named {name!r} already exists")
             now = self._now()
-            session_id = self.db["sessions"].insert({
-                "name": name, "title": None, "system_prompt": system_prompt, "model": model,
-                "settings": _dumps(settings), "created_at": now, "updated_at": now,
-            }).last_pk
+            session_id = (
+                self.db["sessions"]
+                .insert(
+                    {
+                        "name": name,
+                        "title": None,
+                        "system_prompt": system_prompt,
+                        "model": model,
+                        "settings": _dumps(settings),
+                        "created_at": now,
+                        "updated_at": now,
+                    }
+                )
+                .last_pk
+            )
         return self.get_session_by_id(session_id)
 
     def get_session(self, name: str) -> Session | None:
@@ -197,8 +216,12 @@ class ChatStore(SqliteFile):
             self._touch(session_id, title=title.strip() or None)
 
     def update_session(
-        self, session_id: int, *, system_prompt: str | None = _UNSET,
-        model: str | None = _UNSET, settings: dict | None = _UNSET,
+        self,
+        session_id: int,
+        *,
+        system_prompt: str | None = _UNSET,
+        model: str | None = _UNSET,
+        settings: dict | None = _UNSET,
     ) -> None:
         """Change only the fields given; ``settings`` replaces the whole dict."""
         changes = {"system_prompt": system_prompt, "model": model}
@@ -239,7 +262,10 @@ class ChatStore(SqliteFile):
         return self._message(message_id)
 
     def add_turn(
-        self, session_id: int, user_content: str, assistant_content: str,
+        self,
+        session_id: int,
+        user_content: str,
+        assistant_content: str,
         stats: dict | None = None,
     ) -> tuple[Message, Message]:
         """Append a user message and its reply together: both rows or neither."""
@@ -249,7 +275,10 @@ class ChatStore(SqliteFile):
         return self._message(user_id), self._message(reply_id)
 
     def replace_last_turn(
-        self, session_id: int, user_content: str, assistant_content: str,
+        self,
+        session_id: int,
+        user_content: str,
+        assistant_content: str,
         stats: dict | None = None,
     ) -> tuple[Message, Message]:
         """Replace the session's last turn (its last user message and what follows it)
@@ -261,8 +290,10 @@ class ChatStore(SqliteFile):
                 [session_id],
             )
             if rows[0]["seq"] is not None:
-                self.db.execute("DELETE FROM messages WHERE session_id = ? AND seq >= ?",
-                                [session_id, rows[0]["seq"]])
+                self.db.execute(
+                    "DELETE FROM messages WHERE session_id = ? AND seq >= ?",
+                    [session_id, rows[0]["seq"]],
+                )
             user_id = self._insert_message(session_id, "user", user_content, None)
             reply_id = self._insert_message(session_id, "assistant", assistant_content, stats)
         return self._message(user_id), self._message(reply_id)
@@ -302,8 +333,14 @@ class ChatStore(SqliteFile):
             for row in self.db.query("SELECT * FROM messages ORDER BY session_id, seq"):
                 message = _message(row)
                 if message.damaged:
-                    damage.append(Damage(message.session_id, names.get(message.session_id, "?"),
-                                         message.seq, message.damaged))
+                    damage.append(
+                        Damage(
+                            message.session_id,
+                            names.get(message.session_id, "?"),
+                            message.seq,
+                            message.damaged,
+                        )
+                    )
         if problems != ["ok"]:
             damage.extend(Damage(0, "", None, f"SQLite integrity check: {p}") for p in problems)
         return damage
@@ -323,10 +360,20 @@ class ChatStore(SqliteFile):
             [session_id],
         )[0]["seq"]
         now = self._now()
-        message_id = self.db["messages"].insert({
-            "session_id": session_id, "seq": seq, "role": role, "content": content,
-            "stats": _dumps(stats), "created_at": now,
-        }).last_pk
+        message_id = (
+            self.db["messages"]
+            .insert(
+                {
+                    "session_id": session_id,
+                    "seq": seq,
+                    "role": role,
+                    "content": content,
+                    "stats": _dumps(stats),
+                    "created_at": now,
+                }
+            )
+            .last_pk
+        )
         title = session[0]["title"] or (_title_from(content) if role == "user" else None)
         self._touch(session_id, title=title, now=now)
         return message_id
@@ -352,9 +399,12 @@ class ChatStore(SqliteFile):
         return rows[0]["now"]
 
     def _unused_name(self, base: str) -> str:
-        taken = {row["name"] for row in self._rows(
-            "SELECT name FROM sessions WHERE name = :b OR name LIKE :b || '-%'", {"b": base}
-        )}
+        taken = {
+            row["name"]
+            for row in self._rows(
+                "SELECT name FROM sessions WHERE name = :b OR name LIKE :b || '-%'", {"b": base}
+            )
+        }
         name, n = base, 2
         while name in taken:
             name, n = f"{base}-{n}", n + 1
@@ -375,7 +425,9 @@ def check_name(name: str) -> None:
     if not name.strip():
         raise StoreError("a chat name cannot be empty")
     if len(name) > MAX_NAME_CHARS:
-        raise StoreError(f"a chat name can have at most {MAX_NAME_CHARS} characters, not {len(name)}")
+        raise StoreError(
+            f"a chat name can have at most {MAX_NAME_CHARS} characters, not {len(name)}"
+        )
     if not _is_text(name):
         raise StoreError("a chat name must be valid UTF-8 text")
     if any(unicodedata.category(c) == "Cc" for c in name):
@@ -465,7 +517,9 @@ def readable(messages: list[Message]) -> tuple[list[Message], str | None]:
         return usable, None
     left_out = len(messages) - len(usable)
     seqs = ", ".join(str(m.seq) for m in damaged[:5]) + (", …" if len(damaged) > 5 else "")
-    return usable, (f"{len(damaged)} damaged message{'s' if len(damaged) > 1 else ''} in this chat "
-                    f"(number {seqs}): unreadable bytes are shown as \ufffd"
-                    + (f", {left_out} left out" if left_out else "")
-                    + "; `radixchat chats verify` lists them")
+    return usable, (
+        f"{len(damaged)} damaged message{'s' if len(damaged) > 1 else ''} in this chat "
+        f"(number {seqs}): unreadable bytes are shown as \ufffd"
+        + (f", {left_out} left out" if left_out else "")
+        + "; `radixchat chats verify` lists them"
+    )

@@ -28,9 +28,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from core.chats.store import ChatStore, Message, Session, readable
-from core.errors import StoreError
 from core.engine import namespaces
-from core.engine.types import CHAT_PRIORITY, ChatMessage, GenerationRequest, RequestStats, SamplingParams
+from core.engine.types import (
+    CHAT_PRIORITY,
+    ChatMessage,
+    GenerationRequest,
+    RequestStats,
+    SamplingParams,
+)
+from core.errors import StoreError
 
 
 def last_turn_start(messages: list[Message]) -> int:
@@ -60,20 +66,28 @@ class ChatTurn:
     prompt: str  # the user message
     replace: bool  # the reply replaces the stored last turn (regenerate, edit)
     stored: tuple[Message, ...]  # the stored chat when the turn started
-    kept: tuple[Message, ...]  # the stored messages the turn follows (``stored`` less its last turn when replacing)
+    kept: tuple[
+        Message, ...
+    ]  # the stored messages the turn follows (``stored`` less its last turn when replacing)
 
     @classmethod
-    def start(cls, store: ChatStore, session: Session, prompt: str, replace: bool = False) -> ChatTurn:
+    def start(
+        cls, store: ChatStore, session: Session, prompt: str, replace: bool = False
+    ) -> ChatTurn:
         """A turn asking ``prompt`` after ``session``'s stored chat; raises StoreError when the
         chat cannot be read. ``session`` carries the system prompt to use."""
         stored = tuple(readable(store.messages(session.id))[0])
-        kept = stored[:last_turn_start(list(stored))] if replace else stored
+        kept = stored[: last_turn_start(list(stored))] if replace else stored
         return cls(session, prompt, replace, stored, kept)
 
     @property
     def history(self) -> tuple[ChatMessage, ...]:
         """What comes before the user message: the system prompt (if any), then the kept chat."""
-        system = (ChatMessage("system", self.session.system_prompt),) if self.session.system_prompt else ()
+        system = (
+            (ChatMessage("system", self.session.system_prompt),)
+            if self.session.system_prompt
+            else ()
+        )
         return system + tuple(ChatMessage(m.role, m.content) for m in self.kept)
 
     @property
@@ -89,8 +103,14 @@ class ChatTurn:
     def request(self, sampling: SamplingParams, use_cache: bool = True) -> GenerationRequest:
         """The engine request for this turn, in the session's cache (the app's namespace). A
         person is watching it: it is prefilled before waiting API requests (``CHAT_PRIORITY``)."""
-        return GenerationRequest(messages=self.messages, sampling=sampling, session=self.session.name,
-                                 use_cache=use_cache, cache_namespace=namespaces.APP, priority=CHAT_PRIORITY)
+        return GenerationRequest(
+            messages=self.messages,
+            sampling=sampling,
+            session=self.session.name,
+            use_cache=use_cache,
+            cache_namespace=namespaces.APP,
+            priority=CHAT_PRIORITY,
+        )
 
     @staticmethod
     def keeps(text: str, stats: RequestStats | None) -> bool:
@@ -111,8 +131,13 @@ class ChatTurn:
             store.add_turn(self.session.id, self.prompt, text, figures)
         return True
 
-    def save(self, store: ChatStore, text: str, stats: RequestStats | None,
-             make_room: Callable[[], int] | None = None) -> SavedTurn:
+    def save(
+        self,
+        store: ChatStore,
+        text: str,
+        stats: RequestStats | None,
+        make_room: Callable[[], int] | None = None,
+    ) -> SavedTurn:
         """``finish``, never raising: the caller shows the reply either way. When the store
         fails because the disk is full, the chat history wins: ``make_room`` (the engine's
         ``give_disk_space_back``: deletes the KV cache's files, returns the bytes freed)

@@ -32,8 +32,9 @@ def run_cache(args) -> int:
     if chosen is not None:
         named = {SINGLE: single, **dict(ranks)}
         if chosen not in named:
-            raise UserError(f"no KV cache store {safe(chosen)!r} in {safe(root)}: "
-                            f"there are {', '.join(named)}")
+            raise UserError(
+                f"no KV cache store {safe(chosen)!r} in {safe(root)}: there are {', '.join(named)}"
+            )
         ranks = [(chosen, named[chosen])] if chosen != SINGLE else []
         if chosen != SINGLE:
             single = None
@@ -50,7 +51,11 @@ def run_cache(args) -> int:
             print(f"no KV cache at {safe(single)} yet")
     else:
         with _open(single) as store:
-            report = _stats(store, single, as_json) if args.cache_command == "stats" else _verify(store, as_json)
+            report = (
+                _stats(store, single, as_json)
+                if args.cache_command == "stats"
+                else _verify(store, as_json)
+            )
     rank_reports = []
     for name, path in ranks:
         with _open(path) as store:
@@ -58,9 +63,11 @@ def run_cache(args) -> int:
                 stats = store.stats()
                 rank_reports.append({"store": name, "path": str(path), **asdict(stats)})
                 if not as_json:
-                    print(f"{name} ({safe(path.name)}): {stats.sessions} sessions, {stats.prefixes} unnamed "
-                          f"prefixes, {stats.pages} pages, {stats.bytes / paths.MB:.1f} MB of pages "
-                          f"({stats.file_bytes / paths.MB:.1f} MB on disk)")
+                    print(
+                        f"{name} ({safe(path.name)}): {stats.sessions} sessions, {stats.prefixes} unnamed "
+                        f"prefixes, {stats.pages} pages, {stats.bytes / paths.MB:.1f} MB of pages "
+                        f"({stats.file_bytes / paths.MB:.1f} MB on disk)"
+                    )
             else:
                 if not as_json:
                     print(f"{name}: ", end="")
@@ -88,20 +95,27 @@ def _clear(path: Path, session: str | None, label: str) -> None:
                 freed += store.clear(session_row(session, namespaces.APP))
     except DiskStoreError as exc:
         if session is not None or getattr(exc, "reason", None) == "locked":
-            raise StoreError(str(exc)) from exc  # (a locked cache is in use: never pulled from under it)
+            raise StoreError(
+                str(exc)
+            ) from exc  # (a locked cache is in use: never pulled from under it)
         # Clearing everything needs a write (and a VACUUM needs room for a copy): on a full
         # disk, or a file that cannot be opened, delete the files instead; that always works.
         freed = remove_files(path)
     what = f"session {safe(session)}" if session else "all sessions"
-    print(f"{label}cleared the cache of {what}: {freed / paths.MB:.1f} MB freed (chat history kept)")
+    print(
+        f"{label}cleared the cache of {what}: {freed / paths.MB:.1f} MB freed (chat history kept)"
+    )
 
 
 def _verify(store: DiskStore, as_json: bool) -> dict:
     result = store.verify()
     if not as_json:
-        print(f"checked {result.pages_checked} pages: {result.bad_pages} bad (dropped), "
-              f"{result.sessions_truncated} sessions cut back, {result.sessions_dropped} dropped, "
-              f"{result.orphans_removed} orphan pages removed — " + ("clean" if result.clean else "repaired"))
+        print(
+            f"checked {result.pages_checked} pages: {result.bad_pages} bad (dropped), "
+            f"{result.sessions_truncated} sessions cut back, {result.sessions_dropped} dropped, "
+            f"{result.orphans_removed} orphan pages removed — "
+            + ("clean" if result.clean else "repaired")
+        )
     return {**asdict(result), "clean": result.clean}
 
 
@@ -111,20 +125,34 @@ def _stats(store: DiskStore, path, as_json: bool) -> dict:
     free = shutil.disk_usage(path.parent).free
     reserve = free - store.disk_room()  # what the cache leaves free, whatever its budget
     if as_json:  # JSON escapes control characters itself
-        return {**asdict(stats), "disk_free_bytes": free, "disk_reserve_bytes": reserve,
-                "sessions_list": [asdict(s) for s in sessions]}
-    print(f"{safe(path)}: {stats.sessions} sessions, {stats.prefixes} unnamed prefixes, {stats.pages} pages, "
-          f"{stats.bytes / paths.MB:.1f} MB of pages ({stats.file_bytes / paths.MB:.1f} MB on disk, "
-          f"budget {stats.budget_bytes / paths.GB:.1f} GB)")
-    print(f"saves {stats.saves}, loads {stats.loads}, restored {stats.restored_tokens} tokens "
-          f"in {stats.restored_pages} pages, dropped {stats.dropped_pages} bad pages, "
-          f"evicted {stats.evicted_sessions} sessions and {stats.evicted_prefixes} prefixes, "
-          f"{stats.orphan_pages} orphan pages")
-    print(f"written {stats.bytes_written / paths.MB:.1f} MB in {stats.pages_written} pages "
-          f"(a stored page is never written again)")
-    print(f"disk: {free / paths.GB:.1f} GB free; the cache leaves {reserve / paths.GB:.1f} GB free"
-          + ("" if free > reserve else " (so it stores nothing now)"))
+        return {
+            **asdict(stats),
+            "disk_free_bytes": free,
+            "disk_reserve_bytes": reserve,
+            "sessions_list": [asdict(s) for s in sessions],
+        }
+    print(
+        f"{safe(path)}: {stats.sessions} sessions, {stats.prefixes} unnamed prefixes, {stats.pages} pages, "
+        f"{stats.bytes / paths.MB:.1f} MB of pages ({stats.file_bytes / paths.MB:.1f} MB on disk, "
+        f"budget {stats.budget_bytes / paths.GB:.1f} GB)"
+    )
+    print(
+        f"saves {stats.saves}, loads {stats.loads}, restored {stats.restored_tokens} tokens "
+        f"in {stats.restored_pages} pages, dropped {stats.dropped_pages} bad pages, "
+        f"evicted {stats.evicted_sessions} sessions and {stats.evicted_prefixes} prefixes, "
+        f"{stats.orphan_pages} orphan pages"
+    )
+    print(
+        f"written {stats.bytes_written / paths.MB:.1f} MB in {stats.pages_written} pages "
+        f"(a stored page is never written again)"
+    )
+    print(
+        f"disk: {free / paths.GB:.1f} GB free; the cache leaves {reserve / paths.GB:.1f} GB free"
+        + ("" if free > reserve else " (so it stores nothing now)")
+    )
     for info in sessions:
-        print(f"  {safe(info.name):<32} {info.tokens:>7} tokens {info.pages:>5} pages "
-              f"{info.nbytes / paths.MB:9.1f} MB  model {safe(info.fingerprint[:12])}")
+        print(
+            f"  {safe(info.name):<32} {info.tokens:>7} tokens {info.pages:>5} pages "
+            f"{info.nbytes / paths.MB:9.1f} MB  model {safe(info.fingerprint[:12])}"
+        )
     return {}

@@ -13,8 +13,8 @@ from core.cli.progress import print_progress
 from core.cli.terminal import safe, safe_text
 from core.engine.engine import Engine
 from core.engine.types import DoneEvent, ErrorEvent, RequestStats, SamplingParams, TokenEvent
-from core.models.chat_template import read_chat_template
 from core.errors import UserError
+from core.models.chat_template import read_chat_template
 
 HELP = "commands: /stats (last turn's figures), /quit"
 EXIT_NOT_SAVED = 2  # the reply was shown, but the turn is not in the chat history
@@ -23,10 +23,19 @@ EXIT_NOT_SAVED = 2  # the reply was shown, but the turn is not in the chat histo
 def sampling_params(args) -> SamplingParams:
     """The sampling the flags ask for; a flag left out (None) keeps SamplingParams' default,
     the one copy of the defaults (the parser does not import the engine to read them)."""
-    given = {"temperature": args.temp, "top_p": args.top_p, "top_k": args.top_k, "min_p": args.min_p,
-             "repetition_penalty": args.repetition_penalty, "seed": args.seed, "max_tokens": args.max_tokens}
+    given = {
+        "temperature": args.temp,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "min_p": args.min_p,
+        "repetition_penalty": args.repetition_penalty,
+        "seed": args.seed,
+        "max_tokens": args.max_tokens,
+    }
     try:
-        return SamplingParams(**{k: v for k, v in given.items() if v is not None}, stop=tuple(args.stop))
+        return SamplingParams(
+            **{k: v for k, v in given.items() if v is not None}, stop=tuple(args.stop)
+        )
     except ValueError as exc:
         raise UserError(str(exc)) from exc
 
@@ -41,14 +50,25 @@ def run_chat(args) -> int:
     sampling = sampling_params(args)
     template = read_chat_template(args.chat_template) if args.chat_template else None
     with ChatStore(paths.chats_db_path(root)) as store:  # a newer or locked database fails first
-        engine = Engine(root, args.model, args.weights, use_cache=not args.no_cache,
-                        on_load_progress=None if args.json else print_progress,
-                        page_size=args.page_size, pool_tokens=args.kv_tokens, chat_template=template,
-                        max_prompt_tokens=args.max_prompt_tokens)
+        engine = Engine(
+            root,
+            args.model,
+            args.weights,
+            use_cache=not args.no_cache,
+            on_load_progress=None if args.json else print_progress,
+            page_size=args.page_size,
+            pool_tokens=args.kv_tokens,
+            chat_template=template,
+            max_prompt_tokens=args.max_prompt_tokens,
+        )
         engine.start()
         try:
             engine.wait_ready()  # nothing is written before the model is there
-            session = store.get_or_create_session(args.session) if args.session else store.create_session()
+            session = (
+                store.get_or_create_session(args.session)
+                if args.session
+                else store.create_session()
+            )
             if args.system is not None:
                 store.update_session(session.id, system_prompt=args.system)
             _say_damage(store, session)
@@ -62,9 +82,15 @@ def run_chat(args) -> int:
 def _say_damage(store: ChatStore, session: Session) -> None:
     """One line, once, when the chat read back damaged (it goes on from what was read)."""
     damage = readable(store.messages(session.id))[1]
-    notes = [note for note in (damage, session.damaged and f"its settings row: {session.damaged}") if note]
+    notes = [
+        note
+        for note in (damage, session.damaged and f"its settings row: {session.damaged}")
+        if note
+    ]
     if notes:
-        print(f"radixchat: chat {safe(session.name)}: {'; '.join(notes)}", file=sys.stderr, flush=True)
+        print(
+            f"radixchat: chat {safe(session.name)}: {'; '.join(notes)}", file=sys.stderr, flush=True
+        )
 
 
 def _check_prompt(text: str) -> None:
@@ -72,8 +98,9 @@ def _check_prompt(text: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise UserError(f"the message is not valid UTF-8 text (character {exc.start + 1}); "
-                        "nothing was sent") from exc
+        raise UserError(
+            f"the message is not valid UTF-8 text (character {exc.start + 1}); nothing was sent"
+        ) from exc
 
 
 def _loop(engine, store, session, sampling, args) -> int:
@@ -139,28 +166,40 @@ def _run_turn(engine, store, session: Session, prompt: str, sampling, args):
     saved = turn.save(store, reply, stats, make_room=engine.give_disk_space_back)
     not_saved = saved.error
     if saved.cache_freed:
-        print(f"radixchat: the disk is full: the KV cache ({saved.cache_freed / paths.MB:.1f} MB) was "
-              "deleted to save this turn", file=sys.stderr, flush=True)
+        print(
+            f"radixchat: the disk is full: the KV cache ({saved.cache_freed / paths.MB:.1f} MB) was "
+            "deleted to save this turn",
+            file=sys.stderr,
+            flush=True,
+        )
     if args.json:
-        print(json.dumps({
-            "reply": reply,
-            "saved": not_saved is None,
-            **({"save_error": not_saved} if not_saved else {}),
-            "session": session.name,
-            "prompt_tokens": stats.prompt_tokens,
-            "cached_tokens": stats.cached_tokens,
-            "restored_tokens": stats.restored_tokens,
-            "computed_tokens": stats.computed_tokens,
-            "completion_tokens": stats.completion_tokens,
-            "ttft_s": round(stats.ttft_s, 4),
-            "decode_tps": round(stats.decode_tps, 2),
-            "finish_reason": stats.finish_reason,
-            "cache_namespace": stats.cache_namespace,
-        }), flush=True)
+        print(
+            json.dumps(
+                {
+                    "reply": reply,
+                    "saved": not_saved is None,
+                    **({"save_error": not_saved} if not_saved else {}),
+                    "session": session.name,
+                    "prompt_tokens": stats.prompt_tokens,
+                    "cached_tokens": stats.cached_tokens,
+                    "restored_tokens": stats.restored_tokens,
+                    "computed_tokens": stats.computed_tokens,
+                    "completion_tokens": stats.completion_tokens,
+                    "ttft_s": round(stats.ttft_s, 4),
+                    "decode_tps": round(stats.decode_tps, 2),
+                    "finish_reason": stats.finish_reason,
+                    "cache_namespace": stats.cache_namespace,
+                }
+            ),
+            flush=True,
+        )
     else:
         print(flush=True)
     if not_saved:
-        print(f"radixchat: this turn was not saved to the chat history: {safe(not_saved)}",
-              file=sys.stderr, flush=True)
+        print(
+            f"radixchat: this turn was not saved to the chat history: {safe(not_saved)}",
+            file=sys.stderr,
+            flush=True,
+        )
         return EXIT_NOT_SAVED, stats
     return 0, stats

@@ -25,16 +25,26 @@ def human(n: float | None) -> str:
 def parameters_text(n: int | None) -> str:
     if not n:
         return "?"
-    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M" if n >= 1e6 else f"{n / 1e3:.0f}K" if n >= 1e3 \
+    return (
+        f"{n / 1e9:.1f}B"
+        if n >= 1e9
+        else f"{n / 1e6:.0f}M"
+        if n >= 1e6
+        else f"{n / 1e3:.0f}K"
+        if n >= 1e3
         else str(n)
+    )
 
 
 def duration(seconds: float | None) -> str:
     if seconds is None:
         return "--:--"
     seconds = int(seconds)
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else \
-        f"{seconds // 60}:{seconds % 60:02d}"
+    return (
+        f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+        if seconds >= 3600
+        else f"{seconds // 60}:{seconds % 60:02d}"
+    )
 
 
 def ago(timestamp: float | None, now: float | None = None) -> str:
@@ -53,13 +63,17 @@ def run_search(args) -> int:
     if not results:
         print(f"no MLX or GGUF models on the hub match {safe(repr(args.query))}")
         return 0
-    print(f"{'repo':<48} {'kind':<5} {'params':>7} {'quant':<7} {'size':>9}  {'fits?':<24} {'downloads':>10}")
+    print(
+        f"{'repo':<48} {'kind':<5} {'params':>7} {'quant':<7} {'size':>9}  {'fits?':<24} {'downloads':>10}"
+    )
     for r in results:
         fit = f"no: {safe(r.problem)}" if r.problem else hub.describe_fit(r.fit)
         gated = " (gated)" if r.gated else ""
-        print(f"{safe(r.repo_id) + gated:<48} {r.kind:<5} {parameters_text(r.parameters):>7} "
-              f"{safe(r.quantization or ''):<7} "
-              f"{human(r.size_bytes):>9}  {fit:<24} {r.downloads:>10,}")
+        print(
+            f"{safe(r.repo_id) + gated:<48} {r.kind:<5} {parameters_text(r.parameters):>7} "
+            f"{safe(r.quantization or ''):<7} "
+            f"{human(r.size_bytes):>9}  {fit:<24} {r.downloads:>10,}"
+        )
     print("get one: radixchat pull REPO (a GGUF repo: REPO:FILE)", file=sys.stderr)
     return 0
 
@@ -74,8 +88,10 @@ class ProgressLine:
         self.last_tenth = -1
 
     def __call__(self, p: download.DownloadProgress) -> None:
-        line = (f"radixchat: {safe(p.repo_id)}: {human(p.done_bytes)} of {human(p.total_bytes)} "
-                f"{p.fraction * 100:5.1f}%  {human(p.rate)}/s  {duration(p.eta_seconds)} left")
+        line = (
+            f"radixchat: {safe(p.repo_id)}: {human(p.done_bytes)} of {human(p.total_bytes)} "
+            f"{p.fraction * 100:5.1f}%  {human(p.rate)}/s  {duration(p.eta_seconds)} left"
+        )
         if self.tty:
             print(f"\r{line}\033[K", end="", file=self.stream, flush=True)
         elif int(p.fraction * 10) > self.last_tenth:
@@ -96,18 +112,28 @@ def run_pull(args) -> int:
         print(f"radixchat: {safe(exc)}", file=sys.stderr)
         for f in exc.choices:
             fit = hub.estimate_fit("gguf", f.size, None)
-            print(f"  {safe(repo_id)}:{safe(f.path):<40} {human(f.size):>9}  {hub.describe_fit(fit)}", file=sys.stderr)
+            print(
+                f"  {safe(repo_id)}:{safe(f.path):<40} {human(f.size):>9}  {hub.describe_fit(fit)}",
+                file=sys.stderr,
+            )
         return 2
     have = download.partial_bytes(plan)
-    print(f"radixchat: {safe(plan.spec)}: {len(plan.files)} files, {human(plan.size_bytes)}"
-          + (f" ({human(have)} already here)" if have else "") + f"; {hub.describe_fit(plan.fit)}", file=sys.stderr)
+    print(
+        f"radixchat: {safe(plan.spec)}: {len(plan.files)} files, {human(plan.size_bytes)}"
+        + (f" ({human(have)} already here)" if have else "")
+        + f"; {hub.describe_fit(plan.fit)}",
+        file=sys.stderr,
+    )
     line = ProgressLine()
     try:
         result = download.download(plan, data_root=root, progress=line)
     finally:
         line.end()
-    print(f"radixchat: fetched {human(result.fetched_bytes)} in {result.seconds:.2f} s; "
-          f"load it with --model {safe(result.spec)}", file=sys.stderr)
+    print(
+        f"radixchat: fetched {human(result.fetched_bytes)} in {result.seconds:.2f} s; "
+        f"load it with --model {safe(result.spec)}",
+        file=sys.stderr,
+    )
     print(safe(result.spec))
     return 0
 
@@ -121,22 +147,32 @@ def run_models(args) -> int:
     local = [m for m in provision.list_local_models(root) if m.kind not in ("hf-cache", "hf-gguf")]
     present = {m.spec for m in local}
     for model in local:
-        print(f"{safe(model.spec):<48} {model.kind:<10} {model.size_bytes / 1e6:9.1f} MB  {safe(model.name)}")
+        print(
+            f"{safe(model.spec):<48} {model.kind:<10} {model.size_bytes / 1e6:9.1f} MB  {safe(model.name)}"
+        )
     for name, known in provision.KNOWN_MODELS.items():
         if name not in present:
-            print(f"{name:<48} {'known':<10} {known.size / 1e6:9.1f} MB  not downloaded "
-                  f"(radixchat fetch-model {name})")
+            print(
+                f"{name:<48} {'known':<10} {known.size / 1e6:9.1f} MB  not downloaded "
+                f"(radixchat fetch-model {name})"
+            )
     models = installed.installed_models(root)
     for m in models:
-        print(f"{safe(m.spec):<48} {'hub ' + m.kind:<10} {m.size_bytes / 1e6:9.1f} MB  last used {ago(m.last_used)}")
+        print(
+            f"{safe(m.spec):<48} {'hub ' + m.kind:<10} {m.size_bytes / 1e6:9.1f} MB  last used {ago(m.last_used)}"
+        )
     for p in installed.partial_downloads():
         name = safe(p.repo_id)
-        print(f"{name:<48} {'partial':<10} {p.bytes / 1e6:9.1f} MB  unfinished: "
-              f"`radixchat pull {name}` resumes, `radixchat models rm {name}` deletes")
+        print(
+            f"{name:<48} {'partial':<10} {p.bytes / 1e6:9.1f} MB  unfinished: "
+            f"`radixchat pull {name}` resumes, `radixchat models rm {name}` deletes"
+        )
     if models:
-        print(f"downloaded from the hub: {len(models)} model{'s' if len(models) > 1 else ''}, "
-              f"{human(sum(m.size_bytes for m in models))} "
-              f"in {safe(hf_cache.hf_cache_root())}")
+        print(
+            f"downloaded from the hub: {len(models)} model{'s' if len(models) > 1 else ''}, "
+            f"{human(sum(m.size_bytes for m in models))} "
+            f"in {safe(hf_cache.hf_cache_root())}"
+        )
     return 0
 
 
@@ -156,6 +192,8 @@ def _remove(root: Path, spec: str, yes: bool) -> int:
             print("kept")
             return 1
     deleted = installed.delete_model(root, spec)
-    print(f"deleted {safe(spec)}: {human(deleted.freed_bytes)} of model files, "
-          f"{deleted.kv_sessions} cached sessions ({human(deleted.kv_bytes)})")
+    print(
+        f"deleted {safe(spec)}: {human(deleted.freed_bytes)} of model files, "
+        f"{deleted.kv_sessions} cached sessions ({human(deleted.kv_bytes)})"
+    )
     return 0

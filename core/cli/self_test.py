@@ -18,10 +18,10 @@ import json
 import logging
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from core import paths
 from core.engine.types import ChatMessage, DoneEvent, ErrorEvent, GenerationRequest, SamplingParams
@@ -31,8 +31,12 @@ log = logging.getLogger(__name__)
 SESSION = "self-test"
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 CONSTRAINED_SAMPLING = SamplingParams(temperature=0.0, max_tokens=48)
-CONSTRAINED_SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
-                      "additionalProperties": False}
+CONSTRAINED_SCHEMA = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}},
+    "required": ["ok"],
+    "additionalProperties": False,
+}
 POOL_TOKENS = 4096
 READY_TIMEOUT_S = 120.0
 FIRST_QUESTION = "Hello! This is RadixChat's self-test. Please say something."
@@ -57,9 +61,11 @@ class SelfTestReport:
     seconds: float
 
     def line(self) -> str:
-        return (f"radixchat self-test: ok · {self.mlx} · turn 1: {self.turn1_prompt} prompt tokens, "
-                f"{self.turn1_cached} cached · turn 2 after restart: {self.turn2_restored} of "
-                f"{self.turn2_prompt} restored from disk · {self.seconds:.1f} s")
+        return (
+            f"radixchat self-test: ok · {self.mlx} · turn 1: {self.turn1_prompt} prompt tokens, "
+            f"{self.turn1_cached} cached · turn 2 after restart: {self.turn2_restored} of "
+            f"{self.turn2_prompt} restored from disk · {self.seconds:.1f} s"
+        )
 
 
 def run_self_test(args: argparse.Namespace) -> int:
@@ -69,8 +75,9 @@ def run_self_test(args: argparse.Namespace) -> int:
     try:
         if parent:
             Path(parent).expanduser().mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="radixchat-self-test-", dir=parent,
-                                         ignore_cleanup_errors=True) as work:
+        with tempfile.TemporaryDirectory(
+            prefix="radixchat-self-test-", dir=parent, ignore_cleanup_errors=True
+        ) as work:
             report = _run(Path(work), started)
     except SelfTestFailure as exc:
         log.debug("self-test failed at %s", exc.stage, exc_info=True)
@@ -116,16 +123,33 @@ def _run(work: Path, started: float) -> SelfTestReport:
         turn1 = _ask(first, history, "turn 1")
         s1 = turn1.stats
         _check("turn 1", bool(turn1.text), "the reply is empty")
-        _check("turn 1", s1.prompt_tokens > 0 and s1.completion_tokens > 0,
-               f"odd stats: {s1.prompt_tokens} prompt, {s1.completion_tokens} completion tokens")
-        _check("turn 1", s1.cached_tokens == 0 and s1.restored_tokens == 0,
-               f"a fresh cache served {s1.cached_tokens} + {s1.restored_tokens} tokens")
-        _check("turn 1", s1.computed_tokens == s1.prompt_tokens,
-               f"computed {s1.computed_tokens} of {s1.prompt_tokens} prompt tokens")
+        _check(
+            "turn 1",
+            s1.prompt_tokens > 0 and s1.completion_tokens > 0,
+            f"odd stats: {s1.prompt_tokens} prompt, {s1.completion_tokens} completion tokens",
+        )
+        _check(
+            "turn 1",
+            s1.cached_tokens == 0 and s1.restored_tokens == 0,
+            f"a fresh cache served {s1.cached_tokens} + {s1.restored_tokens} tokens",
+        )
+        _check(
+            "turn 1",
+            s1.computed_tokens == s1.prompt_tokens,
+            f"computed {s1.computed_tokens} of {s1.prompt_tokens} prompt tokens",
+        )
         with _stage("disk save"):
-            _check("disk save", first.disk_cache_error is None, f"disk cache off: {first.disk_cache_error}")
+            _check(
+                "disk save",
+                first.disk_cache_error is None,
+                f"disk cache off: {first.disk_cache_error}",
+            )
             first.flush_disk_cache()
-            _check("disk save", paths.kv_cache_db_path(data).is_file(), f"no {paths.KV_CACHE_DB} was written")
+            _check(
+                "disk save",
+                paths.kv_cache_db_path(data).is_file(),
+                f"no {paths.KV_CACHE_DB} was written",
+            )
     finally:
         with _stage("engine shutdown"):
             first.shutdown()
@@ -135,24 +159,40 @@ def _run(work: Path, started: float) -> SelfTestReport:
     try:
         turn2 = _ask(second, history, "turn 2 after restart")
         s2 = turn2.stats
-        _check("disk restore", s2.restored_tokens > 0,
-               f"nothing restored from disk ({s2.cached_tokens} cached, {s2.computed_tokens} computed "
-               f"of {s2.prompt_tokens}; disk cache: {second.disk_cache_error or 'on'})")
+        _check(
+            "disk restore",
+            s2.restored_tokens > 0,
+            f"nothing restored from disk ({s2.cached_tokens} cached, {s2.computed_tokens} computed "
+            f"of {s2.prompt_tokens}; disk cache: {second.disk_cache_error or 'on'})",
+        )
         again = _ask(second, history, "turn 2 from the RAM cache")
-        _check("determinism", again.text == turn2.text,
-               f"greedy replies differ: {turn2.text!r} then {again.text!r}")
-        _check("RAM cache", again.stats.cached_tokens > 0, "the repeated turn was not served from RAM")
+        _check(
+            "determinism",
+            again.text == turn2.text,
+            f"greedy replies differ: {turn2.text!r} then {again.text!r}",
+        )
+        _check(
+            "RAM cache", again.stats.cached_tokens > 0, "the repeated turn was not served from RAM"
+        )
         plain = _ask(second, history, "turn 2 without cache", use_cache=False)
-        _check("determinism", plain.text == turn2.text,
-               f"the cached reply {turn2.text!r} differs from the uncached {plain.text!r}")
+        _check(
+            "determinism",
+            plain.text == turn2.text,
+            f"the cached reply {turn2.text!r} differs from the uncached {plain.text!r}",
+        )
         _check_constrained(second, history)
     finally:
         with _stage("engine shutdown"):
             second.shutdown()
 
-    return SelfTestReport(mlx=mlx, turn1_prompt=s1.prompt_tokens, turn1_cached=s1.cached_tokens,
-                          turn2_prompt=s2.prompt_tokens, turn2_restored=s2.restored_tokens,
-                          seconds=time.perf_counter() - started)
+    return SelfTestReport(
+        mlx=mlx,
+        turn1_prompt=s1.prompt_tokens,
+        turn1_cached=s1.cached_tokens,
+        turn2_prompt=s2.prompt_tokens,
+        turn2_restored=s2.restored_tokens,
+        seconds=time.perf_counter() - started,
+    )
 
 
 def _check_constrained(engine, history: list[ChatMessage]) -> None:
@@ -160,19 +200,25 @@ def _check_constrained(engine, history: list[ChatMessage]) -> None:
     the random tiny model can only write what the schema allows)."""
     import jsonschema
 
-    request = GenerationRequest(messages=tuple(history), sampling=CONSTRAINED_SAMPLING,
-                                json_schema=CONSTRAINED_SCHEMA)
+    request = GenerationRequest(
+        messages=tuple(history), sampling=CONSTRAINED_SAMPLING, json_schema=CONSTRAINED_SCHEMA
+    )
     with _stage("constrained output"):
         events = list(engine.stream(request))
     last = events[-1] if events else None
     if isinstance(last, ErrorEvent):
         raise SelfTestFailure("constrained output", last.message)
-    _check("constrained output", isinstance(last, DoneEvent) and last.stats.finish_reason == "stop",
-           f"the reply did not finish: {last!r}")
+    _check(
+        "constrained output",
+        isinstance(last, DoneEvent) and last.stats.finish_reason == "stop",
+        f"the reply did not finish: {last!r}",
+    )
     try:
         jsonschema.validate(json.loads(last.text), CONSTRAINED_SCHEMA)
     except (ValueError, jsonschema.ValidationError) as exc:
-        raise SelfTestFailure("constrained output", f"{last.text!r} does not fit its schema: {exc}") from None
+        raise SelfTestFailure(
+            "constrained output", f"{last.text!r} does not fit its schema: {exc}"
+        ) from None
 
 
 def _start(data: Path, model: str, stage: str):
@@ -189,13 +235,19 @@ def _start(data: Path, model: str, stage: str):
 
 
 def _ask(engine, history: list[ChatMessage], stage: str, use_cache: bool = True) -> DoneEvent:
-    request = GenerationRequest(messages=tuple(history), sampling=GREEDY, session=SESSION, use_cache=use_cache)
+    request = GenerationRequest(
+        messages=tuple(history), sampling=GREEDY, session=SESSION, use_cache=use_cache
+    )
     with _stage(stage):
         events = list(engine.stream(request))
     last = events[-1] if events else None
     if isinstance(last, ErrorEvent):
         raise SelfTestFailure(stage, last.message)
-    _check(stage, isinstance(last, DoneEvent), f"the stream ended without a reply ({type(last).__name__})")
+    _check(
+        stage,
+        isinstance(last, DoneEvent),
+        f"the stream ended without a reply ({type(last).__name__})",
+    )
     return last
 
 
@@ -215,12 +267,15 @@ def _describe_mlx() -> str:
 def _one_line(exc: BaseException) -> str:
     """``Type: message``, on one line, with the root cause when there is one (an
     ImportError from a compiled extension says little without the error under it)."""
+
     def describe(error: BaseException) -> str:
         text = " ".join(str(error).split())
         return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
     line, root, seen = describe(exc), exc, {id(exc)}
-    while (root.__cause__ or root.__context__) is not None and id(root.__cause__ or root.__context__) not in seen:
+    while (root.__cause__ or root.__context__) is not None and id(
+        root.__cause__ or root.__context__
+    ) not in seen:
         root = root.__cause__ or root.__context__
         seen.add(id(root))
     return line if root is exc else f"{line} (from {describe(root)})"

@@ -11,15 +11,15 @@ import threading
 from pathlib import Path
 
 from core import paths
-from core.api.guard import normalize_origin
 from core.api.connections import ConnectionLimits
+from core.api.guard import normalize_origin
 from core.api.limits import RequestLimits
-from core.limits import MAX_CONNECTIONS, MAX_SCHEMA_BYTES, MAX_TOOLS
 from core.api.server import ApiServer, check_bind
 from core.cli.progress import print_progress
 from core.cli.terminal import safe
 from core.engine.engine import Engine
 from core.errors import UserError
+from core.limits import MAX_CONNECTIONS, MAX_SCHEMA_BYTES, MAX_TOOLS
 from core.models.chat_template import read_chat_template
 
 
@@ -28,9 +28,15 @@ def run_serve(args) -> int:
     api_key, origins = check_serve_args(args)
     root = paths.data_dir(args.data_dir)
     template = read_chat_template(args.chat_template) if args.chat_template else None
-    engine = Engine(root, args.model, pool_tokens=args.kv_tokens, on_load_progress=print_progress,
-                    chat_template=template, use_cache=not getattr(args, "no_cache", False),
-                    max_prompt_tokens=getattr(args, "max_prompt_tokens", None)).start()
+    engine = Engine(
+        root,
+        args.model,
+        pool_tokens=args.kv_tokens,
+        on_load_progress=print_progress,
+        chat_template=template,
+        use_cache=not getattr(args, "no_cache", False),
+        max_prompt_tokens=getattr(args, "max_prompt_tokens", None),
+    ).start()
     return serve_engine(engine, args, api_key, origins)
 
 
@@ -44,21 +50,35 @@ def check_serve_args(args) -> tuple[list[str], list[str]]:
             normalize_origin(origin)
         except ValueError as exc:
             raise UserError(f"--allow-origin: {exc}") from None
-    check_port_free(args.host, args.port)  # likewise: a busy port fails in a moment, not after the load
+    check_port_free(
+        args.host, args.port
+    )  # likewise: a busy port fails in a moment, not after the load
     return api_key, origins
 
 
-def serve_engine(engine: Engine, args, api_key: list[str], origins: list[str], what: str = "") -> int:
+def serve_engine(
+    engine: Engine, args, api_key: list[str], origins: list[str], what: str = ""
+) -> int:
     """Serve the API on a started ``engine`` until Ctrl-C (or SIGTERM); shut it down."""
     server = None
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         info = engine.wait_ready()
         connections = ConnectionLimits(getattr(args, "max_connections", None) or MAX_CONNECTIONS)
-        server = ApiServer(engine, args.host, args.port, api_key=api_key, allow_origins=origins,
-                           limits=request_limits(args), connections=connections).start()
-        print(f"radixchat: serving {safe(info.name)}{what} at {server.address}/v1 (Ctrl-C to stop)",
-              file=sys.stderr, flush=True)
+        server = ApiServer(
+            engine,
+            args.host,
+            args.port,
+            api_key=api_key,
+            allow_origins=origins,
+            limits=request_limits(args),
+            connections=connections,
+        ).start()
+        print(
+            f"radixchat: serving {safe(info.name)}{what} at {server.address}/v1 (Ctrl-C to stop)",
+            file=sys.stderr,
+            flush=True,
+        )
         threading.Event().wait()
     except KeyboardInterrupt:
         print("radixchat: stopping", file=sys.stderr, flush=True)
@@ -72,8 +92,10 @@ def serve_engine(engine: Engine, args, api_key: list[str], origins: list[str], w
 
 def request_limits(args) -> RequestLimits:
     """What one request may bring (``--max-tools``, ``--max-schema-bytes``)."""
-    return RequestLimits(getattr(args, "max_tools", None) or MAX_TOOLS,
-                         getattr(args, "max_schema_bytes", None) or MAX_SCHEMA_BYTES)
+    return RequestLimits(
+        getattr(args, "max_tools", None) or MAX_TOOLS,
+        getattr(args, "max_schema_bytes", None) or MAX_SCHEMA_BYTES,
+    )
 
 
 def api_keys_of(args) -> list[str]:
@@ -85,7 +107,11 @@ def api_keys_of(args) -> list[str]:
             text = Path(args.api_keys_file).read_text(encoding="utf-8")
         except (OSError, UnicodeError) as exc:
             raise UserError(f"cannot read the API keys file {args.api_keys_file}: {exc}") from None
-        keys += [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+        keys += [
+            line.strip()
+            for line in text.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")
+        ]
         if not keys:
             raise UserError(f"the API keys file {args.api_keys_file} holds no key")
     if not keys and os.environ.get("RADIXCHAT_API_KEY"):
@@ -110,9 +136,12 @@ def check_port_free(host: str, port: int) -> None:
         try:
             probe.bind(address)
         except OSError as exc:
-            reason = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be used ({exc.strerror})"
-            raise UserError(f"port {port} on {host} {reason}; stop what holds it or give another "
-                            "--port") from exc
+            reason = (
+                "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be used ({exc.strerror})"
+            )
+            raise UserError(
+                f"port {port} on {host} {reason}; stop what holds it or give another --port"
+            ) from exc
 
 
 def _raise_interrupt(signum, frame) -> None:

@@ -56,8 +56,18 @@ def run_group(args) -> int:
         read_chat_template(args.chat_template)  # a bad file fails here, not on every host
     path = resolve_spec(args.model, root, print_progress)
     plan = split_plan(model_config(path), len(hosts), path.name, args.split)
-    serve_args = ["--model", str(path), "--host", args.host, "--port", str(args.port), "--data-dir", str(root),
-                  "--split", plan.method]
+    serve_args = [
+        "--model",
+        str(path),
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+        "--data-dir",
+        str(root),
+        "--split",
+        plan.method,
+    ]
     for origin in args.allow_origin or ():
         serve_args += ["--allow-origin", origin]
     if args.kv_tokens:
@@ -69,9 +79,12 @@ def run_group(args) -> int:
     if getattr(args, "api_keys_file", None):
         serve_args += ["--api-keys-file", os.path.abspath(args.api_keys_file)]
     command = launch_command(args.hosts, hosts, serve_args, args.ring_port, backend)
-    print(f"radixchat: starting {safe(path.name)} split over {len(hosts)} hosts "
-          f"({', '.join(h.ssh for h in hosts)}; {plan.describe()}; {backend} backend)",
-          file=sys.stderr, flush=True)
+    print(
+        f"radixchat: starting {safe(path.name)} split over {len(hosts)} hosts "
+        f"({', '.join(h.ssh for h in hosts)}; {plan.describe()}; {backend} backend)",
+        file=sys.stderr,
+        flush=True,
+    )
     launcher, lifeline = _start_launcher(command)
     # From here the command's stop signals stop the launcher's whole group (core.distributed.stop):
     # SIGINT first, which only rank 0 acts on, then harder if it has not ended.
@@ -79,8 +92,12 @@ def run_group(args) -> int:
     previous = on_stop_signals(stopper.stop)
     try:
         outcome = GroupOutcome([h.ssh for h in hosts])
-        relay = threading.Thread(target=_relay, args=(launcher.stderr, outcome), daemon=True,
-                                 name="radixchat-group-stderr")
+        relay = threading.Thread(
+            target=_relay,
+            args=(launcher.stderr, outcome),
+            daemon=True,
+            name="radixchat-group-stderr",
+        )
         relay.start()
         code = launcher.wait()
         relay.join(RELAY_DRAIN_S)
@@ -109,9 +126,14 @@ def _start_launcher(command: list[str]) -> tuple[subprocess.Popen, int]:
     lifeline_read, lifeline_write = os.pipe()
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        launcher = subprocess.Popen(command, stdin=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    env={**os.environ, SECRET_ENV: new_secret(), LIFELINE_ENV: str(lifeline_read)},
-                                    pass_fds=(lifeline_read,), start_new_session=True)
+        launcher = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, SECRET_ENV: new_secret(), LIFELINE_ENV: str(lifeline_read)},
+            pass_fds=(lifeline_read,),
+            start_new_session=True,
+        )
     except BaseException:
         os.close(lifeline_write)
         raise
@@ -152,17 +174,29 @@ def run_group_member(args) -> int:
             os._exit(EXIT_GROUP_FAULT)
 
     if leader:
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # started ignoring it (see run_group)
+        signal.signal(
+            signal.SIGINT, signal.default_int_handler
+        )  # started ignoring it (see run_group)
         api_key, origins = check_serve_args(args)
     else:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches every rank: rank 0 stops the group
+        signal.signal(
+            signal.SIGINT, signal.SIG_IGN
+        )  # Ctrl-C reaches every rank: rank 0 stops the group
     root = paths.data_dir(args.data_dir)
     template = read_chat_template(args.chat_template) if args.chat_template else None
     mlx_group, channel = join_group(on_fault)
     member = channel.member
-    engine = ShardedEngine(root, member, mlx_group, channel, split=args.split, model_spec=args.model,
-                           pool_tokens=args.kv_tokens,
-                           on_load_progress=print_progress if leader else None, chat_template=template)
+    engine = ShardedEngine(
+        root,
+        member,
+        mlx_group,
+        channel,
+        split=args.split,
+        model_spec=args.model,
+        pool_tokens=args.kv_tokens,
+        on_load_progress=print_progress if leader else None,
+        chat_template=template,
+    )
     engine.start()
     if leader:
         what = f" split over {member.world} hosts"

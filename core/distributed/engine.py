@@ -48,7 +48,15 @@ import threading
 from core.distributed.group import FollowerChannel, LeaderChannel, Membership
 from core.distributed.shard import PIPELINE, TENSOR, rank_cache_name, rank_fingerprint, shard_model
 from core.distributed.wire import request_from_dict, request_to_dict
-from core.engine.engine import _STOP, Engine, RequestHandle, _FlushCommand, _ForgetCommand, _GiveWayCommand, _LoadCommand
+from core.engine.engine import (
+    _STOP,
+    Engine,
+    RequestHandle,
+    _FlushCommand,
+    _ForgetCommand,
+    _GiveWayCommand,
+    _LoadCommand,
+)
 from core.engine.pacing import ChunkPacer
 from core.engine.types import DoneEvent, ErrorEvent
 from core.errors import ErrorKind, ModelLoadError, UserError
@@ -67,7 +75,9 @@ class ShardHandle:
         self._on_end = on_end
         self.latched = False
         self.outcome = "no end"  # a digest of how the request ended (compared across ranks)
-        self._prompt: tuple[int, list[int]] | None = None  # (model load, token ids): see ShardedEngine._do_request
+        self._prompt: tuple[int, list[int]] | None = (
+            None  # (model load, token ids): see ShardedEngine._do_request
+        )
         self.prompt_s = 0.0
 
     @property
@@ -77,7 +87,9 @@ class ShardHandle:
     def _emit(self, event) -> None:
         if isinstance(event, DoneEvent):
             text = hashlib.sha256(event.text.encode()).hexdigest()[:16]
-            self.outcome = f"{event.stats.finish_reason} {event.stats.completion_tokens} tokens {text}"
+            self.outcome = (
+                f"{event.stats.finish_reason} {event.stats.completion_tokens} tokens {text}"
+            )
         elif isinstance(event, ErrorEvent):
             self.outcome = f"error {event.kind.value}"
         if self.client is not None:
@@ -111,14 +123,19 @@ class AgreedPrefixCache:
         # an order that can differ between ranks (a pipeline's send/recv then read each
         # other's bytes), so it finishes first.
         mx.synchronize(generation_stream)
-        return int(mx.distributed.all_min(mx.array([value], dtype=mx.int32), group=self._group,
-                                          stream=mx.cpu).item())
+        return int(
+            mx.distributed.all_min(
+                mx.array([value], dtype=mx.int32), group=self._group, stream=mx.cpu
+            ).item()
+        )
 
     def match(self, prompt: list[int], namespace: str = ""):
         prefix = self._inner.match(prompt, namespace)
         agreed = self._min(prefix.length)
         while True:
-            if prefix.length != agreed:  # longer here: take the agreed part (a snapshot's end, if hybrid)
+            if (
+                prefix.length != agreed
+            ):  # longer here: take the agreed part (a snapshot's end, if hybrid)
                 self._inner.release(prefix)
                 prefix = self._inner.match(prompt[: agreed + 1], namespace)
             lowest = self._min(prefix.length)
@@ -138,10 +155,18 @@ class GroupPacer(ChunkPacer):
 class ShardedEngine(Engine):
     """:class:`Engine` on one rank of a group (see the module's docstring)."""
 
-    def __init__(self, data_root, member: Membership, mlx_group, channel, split: str = TENSOR, **kwargs):
-        super().__init__(data_root, kv_cache_path=data_root / rank_cache_name(member.rank, member.world), **kwargs)
+    def __init__(
+        self, data_root, member: Membership, mlx_group, channel, split: str = TENSOR, **kwargs
+    ):
+        super().__init__(
+            data_root,
+            kv_cache_path=data_root / rank_cache_name(member.rank, member.world),
+            **kwargs,
+        )
         self.member = member
-        self.split = split  # TENSOR or PIPELINE (decided before launch: core.distributed.shard.split_plan)
+        self.split = (
+            split  # TENSOR or PIPELINE (decided before launch: core.distributed.shard.split_plan)
+        )
         self.mlx_group = mlx_group
         self.channel: LeaderChannel | FollowerChannel = channel
         self._live: dict[int, ShardHandle] = {}  # engine thread: requests admitted, not finished
@@ -149,7 +174,9 @@ class ShardedEngine(Engine):
         self._clients_lock = threading.Lock()
         self._next_id = 0
         self.fault: str | None = None
-        self._outcomes: dict[tuple[int, int], str] = {}  # rank 0: (rank, request id) -> digest, first told
+        self._outcomes: dict[
+            tuple[int, int], str
+        ] = {}  # rank 0: (rank, request id) -> digest, first told
         self._outcomes_lock = threading.Lock()
         if isinstance(channel, LeaderChannel):
             channel.on_message = self._on_peer_message
@@ -191,27 +218,37 @@ class ShardedEngine(Engine):
         from core.models.loader import load_model
 
         if self._info is not None:
-            raise ModelLoadError("a group serves the model it started with: restart the group to change it")
+            raise ModelLoadError(
+                "a group serves the model it started with: restart the group to change it"
+            )
         loaded = error = None
         try:
-            loaded = load_model(spec, self.data_root, weights_format, self._on_load_progress,
-                                chat_template=self._chat_template,
-                                shard=lambda model: shard_model(model, self.mlx_group, self.split),
-                                parts=self.member.world)
+            loaded = load_model(
+                spec,
+                self.data_root,
+                weights_format,
+                self._on_load_progress,
+                chat_template=self._chat_template,
+                shard=lambda model: shard_model(model, self.mlx_group, self.split),
+                parts=self.member.world,
+            )
         except Exception as exc:  # reported after the others learn of it
             error = exc
         ok = [0] * self.member.world
         ok[self.member.rank] = int(error is None)
         seed = random.getrandbits(30) if self.member.leader else 0
-        status = mx.distributed.all_sum(mx.array(ok + [seed], dtype=mx.int32), group=self.mlx_group,
-                                        stream=mx.cpu).tolist()
+        status = mx.distributed.all_sum(
+            mx.array(ok + [seed], dtype=mx.int32), group=self.mlx_group, stream=mx.cpu
+        ).tolist()
         if error is not None:
             raise error
         failed = [self.member.name(r) for r in range(self.member.world) if not status[r]]
         if failed:
             raise ModelLoadError(f"{', '.join(failed)} could not load {spec} (its log says why)")
         mx.random.seed(status[-1])
-        fingerprint = rank_fingerprint(loaded.info.fingerprint, self.member.rank, self.member.world, self.split)
+        fingerprint = rank_fingerprint(
+            loaded.info.fingerprint, self.member.rank, self.member.world, self.split
+        )
         loaded.info = dataclasses.replace(loaded.info, fingerprint=fingerprint)
         return loaded
 
@@ -226,11 +263,15 @@ class ShardedEngine(Engine):
             self._pool_tokens = self._agreed_pool_tokens(loaded)
         super()._install(loaded, command)
         self._scheduler.prefix_cache = AgreedPrefixCache(self._prefix_cache, self.mlx_group)
-        if getattr(self._scheduler, "pacer", None) is not None:  # chunk sizes the same on every rank
+        if (
+            getattr(self._scheduler, "pacer", None) is not None
+        ):  # chunk sizes the same on every rank
             self._scheduler.pacer = GroupPacer()
         # the ranks agree on each prompt's cached prefix one prompt at a time: no batched prefill
         self._scheduler.batch_prefill = False
-        mx.eval(mx.distributed.all_sum(mx.array(1), group=self.mlx_group, stream=mx.cpu))  # all installed
+        mx.eval(
+            mx.distributed.all_sum(mx.array(1), group=self.mlx_group, stream=mx.cpu)
+        )  # all installed
 
     def _same_cache_kind(self, loaded) -> bool:
         """Whether this pipeline's ranks cache alike (every rank's layers paged, or every
@@ -246,10 +287,14 @@ class ShardedEngine(Engine):
             kind = 0  # no paged cache for these layers
         kinds = [0] * self.member.world
         kinds[self.member.rank] = kind
-        kinds = mx.distributed.all_sum(mx.array(kinds, dtype=mx.int32), group=self.mlx_group, stream=mx.cpu).tolist()
+        kinds = mx.distributed.all_sum(
+            mx.array(kinds, dtype=mx.int32), group=self.mlx_group, stream=mx.cpu
+        ).tolist()
         if len(set(kinds)) == 1 and kinds[0]:
             return True
-        log.warning("prefix cache off: the pipeline's ranks cache differently (kinds %s by rank)", kinds)
+        log.warning(
+            "prefix cache off: the pipeline's ranks cache differently (kinds %s by rank)", kinds
+        )
         return False
 
     def _agreed_pool_tokens(self, loaded) -> int | None:
@@ -261,12 +306,19 @@ class ShardedEngine(Engine):
 
         page = self._page_size or DEFAULT_PAGE_SIZE
         try:
-            pages = pool_pages_for_budget(cache_layout(loaded.model), page, weight_bytes=loaded.info.weight_bytes,
-                                          fraction=0.25)
+            pages = pool_pages_for_budget(
+                cache_layout(loaded.model),
+                page,
+                weight_bytes=loaded.info.weight_bytes,
+                fraction=0.25,
+            )
         except ValueError:
             pages = -1  # no paged cache for this model: the builder says why
-        lowest = int(mx.distributed.all_min(mx.array([pages], dtype=mx.int64), group=self.mlx_group,
-                                            stream=mx.cpu).item())
+        lowest = int(
+            mx.distributed.all_min(
+                mx.array([pages], dtype=mx.int64), group=self.mlx_group, stream=mx.cpu
+            ).item()
+        )
         return lowest * page if lowest > 0 else None
 
     # ------------------------------------------------------------ the loop
@@ -304,7 +356,9 @@ class ShardedEngine(Engine):
                 except queue.Empty:
                     pass
             if isinstance(command, _LoadCommand):
-                command.error = "a group serves the model it started with: restart the group to change it"
+                command.error = (
+                    "a group serves the model it started with: restart the group to change it"
+                )
                 command.done.set()
                 command = None
             elif command is _STOP and busy:
@@ -321,16 +375,23 @@ class ShardedEngine(Engine):
             self._apply(self.channel.receive(), None)
 
     def _cancels(self) -> list[int]:
-        return [rid for rid, shard in self._live.items()
-                if shard.client is not None and shard.client.cancelled and not shard.latched]
+        return [
+            rid
+            for rid, shard in self._live.items()
+            if shard.client is not None and shard.client.cancelled and not shard.latched
+        ]
 
     def _encode(self, command) -> dict | None:
         if command is None:
             return None
         if isinstance(command, RequestHandle):
             self._next_id += 1
-            return {"op": "request", "id": self._next_id, "request": request_to_dict(command.request),
-                    "cancelled": command.cancelled}
+            return {
+                "op": "request",
+                "id": self._next_id,
+                "request": request_to_dict(command.request),
+                "cancelled": command.cancelled,
+            }
         if isinstance(command, _ForgetCommand):
             return {"op": "forget", "session": command.session}
         if isinstance(command, _FlushCommand):
@@ -349,8 +410,12 @@ class ShardedEngine(Engine):
         cmd = tick.get("cmd")
         op = cmd["op"] if cmd else None
         if op == "request":
-            shard = ShardHandle(cmd["id"], local.request if local is not None else request_from_dict(cmd["request"]),
-                                local, self._ended)
+            shard = ShardHandle(
+                cmd["id"],
+                local.request if local is not None else request_from_dict(cmd["request"]),
+                local,
+                self._ended,
+            )
             shard.latched = bool(cmd["cancelled"])
             self._live[shard.rid] = shard
             self._do_request(shard)
@@ -417,4 +482,5 @@ class ShardedEngine(Engine):
         if other != outcome:
             self.channel.faults.report(
                 f"{self.member.name(rank)} is out of step with rank 0 (request {rid} ended "
-                f"{outcome!r} on one, {other!r} on the other)")
+                f"{outcome!r} on one, {other!r} on the other)"
+            )

@@ -38,9 +38,10 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from queue import Queue
-from typing import Any, Callable
+from typing import Any
 
 from core.distributed.wire import HANDSHAKE_MAX, ChannelClosed, recv_message, send_message
 from core.errors import UserError
@@ -100,7 +101,9 @@ def _proof(secret: str, role: str, challenge: str, rank: int) -> str:
 
 
 def _check_proof(secret: str, role: str, challenge: str, rank: int, proof: object) -> bool:
-    return isinstance(proof, str) and hmac.compare_digest(_proof(secret, role, challenge, rank), proof)
+    return isinstance(proof, str) and hmac.compare_digest(
+        _proof(secret, role, challenge, rank), proof
+    )
 
 
 def join_group(on_fault: Callable[[str], None]):
@@ -117,7 +120,9 @@ def join_group(on_fault: Callable[[str], None]):
     except ValueError:
         secret = ""
     if not secret:
-        raise GroupError(f"no group secret in ${SECRET_ENV}: run `radixchat serve --hosts HOSTFILE`")
+        raise GroupError(
+            f"no group secret in ${SECRET_ENV}: run `radixchat serve --hosts HOSTFILE`"
+        )
     try:
         group = mx.distributed.init(strict=True, backend=backend)
     except (RuntimeError, ValueError) as exc:
@@ -127,7 +132,9 @@ def join_group(on_fault: Callable[[str], None]):
             addresses = ring_addresses(f.read())
     else:  # JACCL: rank 0's address is its coordinator's
         addresses = [os.environ["MLX_JACCL_COORDINATOR"].rsplit(":", 1)[0]] * group.size()
-    names = tuple(json.loads(os.environ[HOSTS_ENV])) if os.environ.get(HOSTS_ENV) else tuple(addresses)
+    names = (
+        tuple(json.loads(os.environ[HOSTS_ENV])) if os.environ.get(HOSTS_ENV) else tuple(addresses)
+    )
     member = Membership(group.rank(), group.size(), names)
     listener = None
     if member.leader:
@@ -136,7 +143,9 @@ def join_group(on_fault: Callable[[str], None]):
     else:
         port = 0
     # rank 0's port to every rank (a sum where only rank 0 adds anything)
-    port = int(mx.distributed.all_sum(mx.array([port], dtype=mx.int32), group=group, stream=mx.cpu).item())
+    port = int(
+        mx.distributed.all_sum(mx.array([port], dtype=mx.int32), group=group, stream=mx.cpu).item()
+    )
     if member.leader:
         channel = LeaderChannel(member, listener, on_fault, secret)
     else:
@@ -165,8 +174,13 @@ class _Faults:
 class LeaderChannel:
     """Rank 0's side: broadcasts decisions, watches every other rank."""
 
-    def __init__(self, member: Membership, listener: socket.socket, on_fault: Callable[[str], None],
-                 secret: str):
+    def __init__(
+        self,
+        member: Membership,
+        listener: socket.socket,
+        on_fault: Callable[[str], None],
+        secret: str,
+    ):
         self.member = member
         self.faults = _Faults(on_fault)
         # what another rank reports (other than heartbeats and faults), from its watch thread
@@ -180,8 +194,12 @@ class LeaderChannel:
                 try:
                     conn, _ = listener.accept()
                 except TimeoutError:
-                    missing = [member.name(r) for r in range(1, member.world) if r not in self._peers]
-                    raise GroupError(f"{', '.join(missing)} never joined the control channel") from None
+                    missing = [
+                        member.name(r) for r in range(1, member.world) if r not in self._peers
+                    ]
+                    raise GroupError(
+                        f"{', '.join(missing)} never joined the control channel"
+                    ) from None
                 rank = self._admit(conn, secret)
                 if rank is None:
                     conn.close()
@@ -193,8 +211,12 @@ class LeaderChannel:
         for rank, conn in self._peers.items():
             self._gone[rank] = threading.Event()
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=self._watch, args=(rank, conn), daemon=True,
-                             name=f"radixchat-watch-rank{rank}").start()
+            threading.Thread(
+                target=self._watch,
+                args=(rank, conn),
+                daemon=True,
+                name=f"radixchat-watch-rank{rank}",
+            ).start()
         threading.Thread(target=self._beat, daemon=True, name="radixchat-beat").start()
 
     def _admit(self, conn: socket.socket, secret: str) -> int | None:
@@ -210,17 +232,29 @@ class LeaderChannel:
             send_message(conn, {"op": "challenge", "challenge": challenge})
             hello = recv_message(conn, HANDSHAKE_MAX)
             rank = hello.get("rank")
-            valid = (hello.get("op") == "hello" and isinstance(rank, int) and 0 < rank < self.member.world
-                     and rank not in self._peers and isinstance(hello.get("challenge"), str)
-                     and _check_proof(secret, "rank", challenge, rank, hello.get("proof")))
+            valid = (
+                hello.get("op") == "hello"
+                and isinstance(rank, int)
+                and 0 < rank < self.member.world
+                and rank not in self._peers
+                and isinstance(hello.get("challenge"), str)
+                and _check_proof(secret, "rank", challenge, rank, hello.get("proof"))
+            )
             if not valid:
-                log.warning("the group's control channel refused %s: it did not prove it is a rank of "
-                            "this group (wrong secret or not a RadixChat rank)", peer)
+                log.warning(
+                    "the group's control channel refused %s: it did not prove it is a rank of "
+                    "this group (wrong secret or not a RadixChat rank)",
+                    peer,
+                )
                 return None
-            send_message(conn, {"op": "welcome", "proof": _proof(secret, "leader", hello["challenge"], rank)})
+            send_message(
+                conn, {"op": "welcome", "proof": _proof(secret, "leader", hello["challenge"], rank)}
+            )
             return rank
         except (OSError, ValueError, AttributeError) as exc:  # timeouts, garbage, a closed socket
-            log.warning("the group's control channel refused %s: no valid handshake (%s)", peer, exc)
+            log.warning(
+                "the group's control channel refused %s: no valid handshake (%s)", peer, exc
+            )
             return None
 
     def broadcast(self, message: dict[str, Any]) -> None:
@@ -288,8 +322,13 @@ def _receive(sock: socket.socket, name: str, faults: _Faults) -> dict | None:
 class FollowerChannel:
     """Another rank's side: receives rank 0's decisions in order, sends heartbeats."""
 
-    def __init__(self, member: Membership, leader: tuple[str, int], on_fault: Callable[[str], None],
-                 secret: str):
+    def __init__(
+        self,
+        member: Membership,
+        leader: tuple[str, int],
+        on_fault: Callable[[str], None],
+        secret: str,
+    ):
         self.member = member
         self.faults = _Faults(on_fault)
         self._send_lock = threading.Lock()
@@ -307,16 +346,27 @@ class FollowerChannel:
         challenge = secrets.token_hex(32)
         try:
             asked = recv_message(self._sock, HANDSHAKE_MAX)
-            send_message(self._sock, {"op": "hello", "rank": rank, "challenge": challenge,
-                                      "proof": _proof(secret, "rank", str(asked.get("challenge")), rank)})
+            send_message(
+                self._sock,
+                {
+                    "op": "hello",
+                    "rank": rank,
+                    "challenge": challenge,
+                    "proof": _proof(secret, "rank", str(asked.get("challenge")), rank),
+                },
+            )
             welcome = recv_message(self._sock, HANDSHAKE_MAX)
         except (OSError, ValueError, AttributeError) as exc:
             self._sock.close()
-            raise GroupError(f"{name} refused this rank on the control channel (a different "
-                             f"launch's secret?): {exc}") from None
+            raise GroupError(
+                f"{name} refused this rank on the control channel (a different "
+                f"launch's secret?): {exc}"
+            ) from None
         if not _check_proof(secret, "leader", challenge, rank, welcome.get("proof")):
             self._sock.close()
-            log.warning("the group's control channel: %s did not prove it is this group's rank 0", name)
+            log.warning(
+                "the group's control channel: %s did not prove it is this group's rank 0", name
+            )
             raise GroupError(f"{name} did not prove it belongs to this group (wrong secret)")
 
     def receive(self) -> dict[str, Any]:

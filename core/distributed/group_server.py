@@ -25,9 +25,9 @@ import signal
 import subprocess
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from core.distributed.launch import radixchat_command, read_hostfile
 from core.distributed.outcome import ENDED_PREFIX, fault_of, plain
@@ -62,18 +62,39 @@ def check_group(hostfile: str, model_path: str) -> GroupCheck:
         plan = split_plan(model_config(path), len(hosts), path.name)
     except UserError as exc:
         return GroupCheck(names, False, str(exc))
-    share = (plan.describe() if plan.method == PIPELINE
-             else f"{plan.kv_heads // plan.world} of its {plan.kv_heads} KV heads on each")
+    share = (
+        plan.describe()
+        if plan.method == PIPELINE
+        else f"{plan.kv_heads // plan.world} of its {plan.kv_heads} KV heads on each"
+    )
     return GroupCheck(names, True, f"{path.name} splits over {len(hosts)} hosts: {share}")
 
 
 class GroupServer:
     """``radixchat serve --hosts HOSTFILE --model MODEL`` as a child process, watched."""
 
-    def __init__(self, hostfile: str, model: str, port: int, data_dir: str,
-                 on_event: Callable[[str, str], None], extra_args: tuple[str, ...] = ()):
-        self.command = [*radixchat_command(), "serve", "--hosts", hostfile, "--model", model,
-                        "--port", str(port), "--data-dir", data_dir, *extra_args]
+    def __init__(
+        self,
+        hostfile: str,
+        model: str,
+        port: int,
+        data_dir: str,
+        on_event: Callable[[str, str], None],
+        extra_args: tuple[str, ...] = (),
+    ):
+        self.command = [
+            *radixchat_command(),
+            "serve",
+            "--hosts",
+            hostfile,
+            "--model",
+            model,
+            "--port",
+            str(port),
+            "--data-dir",
+            data_dir,
+            *extra_args,
+        ]
         self._on_event = on_event
         self._process: subprocess.Popen | None = None
         self._stopping = threading.Event()
@@ -87,9 +108,16 @@ class GroupServer:
         """Start the group (returns at once; events follow from the watching thread)."""
         # stdin stays an open pipe: MLX's launcher polls its stdin (/dev/null would spin it);
         # a session of its own, so that stop() reaches every process of the group
-        self._process = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
-        self._watcher = threading.Thread(target=self._watch, name="radixchat-group-watch", daemon=True)
+        self._process = subprocess.Popen(
+            self.command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self._watcher = threading.Thread(
+            target=self._watch, name="radixchat-group-watch", daemon=True
+        )
         self._watcher.start()
 
     def stop(self) -> None:
@@ -124,18 +152,22 @@ class GroupServer:
         last_lines: deque[str] = deque(maxlen=20)
         fault = error = None
         for raw in iter(process.stdout.readline, b""):
-            line = plain(raw.decode(errors="replace")).rstrip().rsplit("\r", 1)[-1]  # a progress bar's last state
+            line = (
+                plain(raw.decode(errors="replace")).rstrip().rsplit("\r", 1)[-1]
+            )  # a progress bar's last state
             last_lines.append(line)
             self._on_event("line", line)
             serving = _SERVING.match(line)
             if serving:
                 self._on_event("serving", serving.group(1))
-            found = fault_of(line) or (line[len(ENDED_PREFIX):] if line.startswith(ENDED_PREFIX) else None)
+            found = fault_of(line) or (
+                line[len(ENDED_PREFIX) :] if line.startswith(ENDED_PREFIX) else None
+            )
             if found and fault is None:
                 fault = found
                 self._on_event("fault", fault)
             if line.startswith(_ERROR_PREFIX) and error is None:
-                error = line[len(_ERROR_PREFIX):]
+                error = line[len(_ERROR_PREFIX) :]
         code = process.wait()
         if process.stdin is not None:
             process.stdin.close()
@@ -143,6 +175,12 @@ class GroupServer:
         if code == 0 or (self._stopping.is_set() and fault is None and error is None):
             reason = ""
         else:
-            reason = fault or error or next((x for x in reversed(last_lines) if x.startswith("radixchat:")),
-                                            f"the group's server exited with code {code}")
+            reason = (
+                fault
+                or error
+                or next(
+                    (x for x in reversed(last_lines) if x.startswith("radixchat:")),
+                    f"the group's server exited with code {code}",
+                )
+            )
         self._on_event("ended", reason)

@@ -28,7 +28,8 @@ from pathlib import Path
 
 from core.distributed.group import HOSTS_ENV, SECRET_ENV
 from core.errors import UserError
-from core.mlx_compat import launcher_installed, run_launcher as run_mlx_launcher
+from core.mlx_compat import launcher_installed
+from core.mlx_compat import run_launcher as run_mlx_launcher
 
 
 @dataclass(frozen=True)
@@ -47,15 +48,19 @@ def read_hostfile(path: str | os.PathLike) -> list[Host]:
     except (OSError, ValueError) as exc:
         raise UserError(f"the hostfile {path} is not readable JSON: {exc}") from exc
     entries = data.get("hosts") if isinstance(data, dict) else data
-    if not isinstance(entries, list) or not all(isinstance(e, dict) and e.get("ssh") for e in entries):
+    if not isinstance(entries, list) or not all(
+        isinstance(e, dict) and e.get("ssh") for e in entries
+    ):
         raise UserError(f'the hostfile {path} must list hosts as {{"ssh": NAME, "ips": [IP]}}')
     hosts = [Host(str(e["ssh"]), tuple(str(ip) for ip in e.get("ips") or ())) for e in entries]
     if len(hosts) < 2:
         raise UserError(f"the hostfile {path} lists {len(hosts)} host: a group needs at least 2")
     missing = [h.ssh for h in hosts if not h.ips]
     if missing:
-        raise UserError(f"the hostfile {path} gives no IP for {', '.join(missing)}: the ring backend "
-                        "connects over IPs (a Thunderbolt bridge's or the Ethernet address)")
+        raise UserError(
+            f"the hostfile {path} gives no IP for {', '.join(missing)}: the ring backend "
+            "connects over IPs (a Thunderbolt bridge's or the Ethernet address)"
+        )
     return hosts
 
 
@@ -68,7 +73,9 @@ def choose_backend(path: str | os.PathLike, requested: str | None = None) -> str
     data = json.loads(Path(path).read_text())  # read_hostfile has checked it
     backend = requested or (data.get("backend") if isinstance(data, dict) else None) or "ring"
     if backend not in BACKENDS:
-        raise UserError(f"the hostfile {path} asks for the {backend!r} backend: a group runs on ring or jaccl")
+        raise UserError(
+            f"the hostfile {path} asks for the {backend!r} backend: a group runs on ring or jaccl"
+        )
     if backend == "jaccl":
         check_jaccl(data.get("hosts") if isinstance(data, dict) else data, path)
     return backend
@@ -79,20 +86,32 @@ def check_jaccl(entries: list[dict], path) -> None:
     import mlx.core as mx
 
     if platform.system() != "Darwin":
-        raise UserError(f"JACCL (RDMA over Thunderbolt) runs on macOS only, not {platform.system()}: "
-                        "use --backend ring")
+        raise UserError(
+            f"JACCL (RDMA over Thunderbolt) runs on macOS only, not {platform.system()}: "
+            "use --backend ring"
+        )
     if not mx.distributed.is_available("jaccl"):
-        raise UserError("this MLX cannot use JACCL here (it needs macOS 26.2 or later on Thunderbolt 5, "
-                        "RDMA enabled with `rdma_ctl enable` in macOS Recovery): use --backend ring")
+        raise UserError(
+            "this MLX cannot use JACCL here (it needs macOS 26.2 or later on Thunderbolt 5, "
+            "RDMA enabled with `rdma_ctl enable` in macOS Recovery): use --backend ring"
+        )
     for i, entry in enumerate(entries):
         rdma = entry.get("rdma")
-        if not isinstance(rdma, list) or len(rdma) != len(entries) or rdma[i] is not None \
-                or any(d is None for j, d in enumerate(rdma) if j != i):
-            raise UserError(f"the hostfile {path} gives {entry.get('ssh')} no \"rdma\" device towards every "
-                            "other host (null for itself): write it with `mlx.distributed_config --backend jaccl`")
+        if (
+            not isinstance(rdma, list)
+            or len(rdma) != len(entries)
+            or rdma[i] is not None
+            or any(d is None for j, d in enumerate(rdma) if j != i)
+        ):
+            raise UserError(
+                f'the hostfile {path} gives {entry.get("ssh")} no "rdma" device towards every '
+                "other host (null for itself): write it with `mlx.distributed_config --backend jaccl`"
+            )
 
 
-LAUNCH_COMMAND = "_launch-group"  # the hidden subcommand that runs MLX's launcher (see run_launcher)
+LAUNCH_COMMAND = (
+    "_launch-group"  # the hidden subcommand that runs MLX's launcher (see run_launcher)
+)
 
 
 def radixchat_command() -> list[str]:
@@ -148,11 +167,23 @@ def _stop_the_group_when_the_command_is_gone() -> None:
     watch_lifeline(int(fd), command_gone)
 
 
-def launch_command(hostfile: str | os.PathLike, hosts: list[Host], serve_args: list[str],
-                   starting_port: int | None = None, backend: str = "ring") -> list[str]:
+def launch_command(
+    hostfile: str | os.PathLike,
+    hosts: list[Host],
+    serve_args: list[str],
+    starting_port: int | None = None,
+    backend: str = "ring",
+) -> list[str]:
     """The ``mlx.launch`` command that starts ``radixchat serve`` on every host."""
-    command = [*launcher_command(), "--backend", backend, "--hostfile", str(hostfile),
-               "--env", f"{HOSTS_ENV}={json.dumps([h.ssh for h in hosts])}"]
+    command = [
+        *launcher_command(),
+        "--backend",
+        backend,
+        "--hostfile",
+        str(hostfile),
+        "--env",
+        f"{HOSTS_ENV}={json.dumps([h.ssh for h in hosts])}",
+    ]
     if os.environ.get("PYTHONPATH"):  # a source checkout: the same tree on every host
         command += ["--env", f"PYTHONPATH={os.environ['PYTHONPATH']}"]
     if starting_port is not None:

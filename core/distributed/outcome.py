@@ -19,7 +19,9 @@ import re
 import signal
 from dataclasses import dataclass, field
 
-FAULT_SUFFIX = "; stopping the group"  # a rank's fault line: "radixchat: MESSAGE; stopping the group"
+FAULT_SUFFIX = (
+    "; stopping the group"  # a rank's fault line: "radixchat: MESSAGE; stopping the group"
+)
 ENDED_PREFIX = "radixchat: the group ended on a fault: "  # serve --hosts's last line after a fault
 _FAULT = re.compile(r"^radixchat: (.+)" + re.escape(FAULT_SUFFIX) + r"\s*$")
 _RANK_END = re.compile(r"Node with rank (\d+) (?:exited with code (-?\d+)|(was killed))")
@@ -70,7 +72,9 @@ class GroupOutcome:
             rank = int(end.group(1))
             code = int(end.group(2)) if end.group(2) is not None else None
             if code != 0:
-                self.ends.setdefault(rank, "was stopped by the launcher" if code is None else _how(code))
+                self.ends.setdefault(
+                    rank, "was stopped by the launcher" if code is None else _how(code)
+                )
         return None
 
     def verdict(self, launcher_code: int = 0) -> str | None:

@@ -110,17 +110,20 @@ def split_plan(config: dict[str, Any], world: int, name: str, split: str = "auto
         if not pipeline:
             raise UnsplittableModel(
                 f"{name} cannot run pipelined: mlx-lm has no pipeline split for model type {model_type!r} "
-                f"(qwen2, qwen3_moe, qwen3_next, deepseek_v3 and other architectures with a `pipeline` method do)")
+                f"(qwen2, qwen3_moe, qwen3_next, deepseek_v3 and other architectures with a `pipeline` method do)"
+            )
         if layers < world:
             raise UnsplittableModel(
-                f"{name} cannot be pipelined over {world} machines: it has only {layers} layers")
+                f"{name} cannot be pipelined over {world} machines: it has only {layers} layers"
+            )
         return dataclasses.replace(plan, method=PIPELINE)
     if not tensor:
         raise UnsplittableModel(
             f"{name} cannot run over several machines: mlx-lm has no tensor-parallel "
             f"{'split' if split == TENSOR else 'or pipeline split'} for model type {model_type!r} "
             f"(llama, qwen2, qwen3 and other architectures with a `shard` method split by heads"
-            f"{'' if split == TENSOR else '; qwen2, qwen3_next, deepseek_v3 and others with `pipeline` by layers'})")
+            f"{'' if split == TENSOR else '; qwen2, qwen3_next, deepseek_v3 and others with `pipeline` by layers'})"
+        )
     ffn = count("intermediate_size")
     for label, value in (("attention heads", heads), ("KV heads", kv_heads), ("MLP width", ffn)):
         if value is not None and value % world:
@@ -128,7 +131,12 @@ def split_plan(config: dict[str, Any], world: int, name: str, split: str = "auto
                 return dataclasses.replace(plan, method=PIPELINE)
             raise UnsplittableModel(
                 f"{name} cannot be split over {world} machines: its {value} {label} do not divide by {world}"
-                + (" (and mlx-lm has no pipeline split for it)" if split == "auto" and not pipeline else ""))
+                + (
+                    " (and mlx-lm has no pipeline split for it)"
+                    if split == "auto" and not pipeline
+                    else ""
+                )
+            )
     return plan
 
 
@@ -161,7 +169,9 @@ def shard_model(model, group, method: str = TENSOR) -> None:
         if part is not None and hasattr(part, "pipeline"):
             part.pipeline(group)
             return
-    raise ModelLoadError(f"{type(model).__module__}: no pipelined part found (model.model.pipeline)")
+    raise ModelLoadError(
+        f"{type(model).__module__}: no pipelined part found (model.model.pipeline)"
+    )
 
 
 def rank_fingerprint(fingerprint: str, rank: int, world: int, method: str = TENSOR) -> str:

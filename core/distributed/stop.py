@@ -24,7 +24,9 @@ import threading
 
 STOP_S = 60.0  # after SIGINT: rank 0 flushes every rank's disk cache; then SIGTERM
 KILL_S = 10.0  # after SIGTERM: then SIGKILL
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+STOP_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
 LIFELINE_ENV = "RADIXCHAT_GROUP_LIFELINE"  # the launcher's end of the lifeline (a file descriptor)
 
 
@@ -59,7 +61,9 @@ class GroupStopper:
             except (ProcessLookupError, PermissionError):
                 return  # the group has ended
             if self._step < len(self.STEPS):
-                self._timer = threading.Timer(self._waits[self._step - 1], self._timed, (self._step,))
+                self._timer = threading.Timer(
+                    self._waits[self._step - 1], self._timed, (self._step,)
+                )
                 self._timer.daemon = True
                 self._timer.start()
 

@@ -32,12 +32,18 @@ def request_from_dict(data: dict[str, Any]) -> GenerationRequest:
     sampling["stop"] = tuple(sampling.get("stop") or ())
     messages = tuple(
         ChatMessage(**{**m, "tool_calls": tuple(ToolCall(**c) for c in m.get("tool_calls") or ())})
-        for m in data.get("messages") or ())
+        for m in data.get("messages") or ()
+    )
     tokens = data.get("prompt_tokens")
     return GenerationRequest(
-        **{**data, "messages": messages, "sampling": SamplingParams(**sampling),
-           "prompt_tokens": tuple(tokens) if tokens is not None else None,
-           "tools": tuple(data.get("tools") or ())})
+        **{
+            **data,
+            "messages": messages,
+            "sampling": SamplingParams(**sampling),
+            "prompt_tokens": tuple(tokens) if tokens is not None else None,
+            "tools": tuple(data.get("tools") or ()),
+        }
+    )
 
 
 def send_message(sock: socket.socket, message: dict[str, Any]) -> None:

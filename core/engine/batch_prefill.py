@@ -41,7 +41,9 @@ from core.engine.generation import rows_logits
 from core.mlx_lm_compat import PromptProcessingBatch, generation_stream
 
 PREFILL_ROWS = 8  # prompts prefilled together at most (mlx-lm's prefill_batch_size)
-IDLE_TOKENS = 2048  # padded tokens in one batched prefill while nobody decodes (mlx-lm's prefill_step_size)
+IDLE_TOKENS = (
+    2048  # padded tokens in one batched prefill while nobody decodes (mlx-lm's prefill_step_size)
+)
 
 
 def batchable(caches: list) -> bool:
@@ -82,7 +84,9 @@ class PrefilledRows:
             self.batch.filter(rows)
 
 
-def prefill_rows(model, caches: list[list], held: list[list[int]], rests: list[list[int]]) -> PrefilledRows:
+def prefill_rows(
+    model, caches: list[list], held: list[list[int]], rests: list[list[int]]
+) -> PrefilledRows:
     """Prefill ``rests[i]`` (non-empty) on top of ``caches[i]`` (holding ``held[i]``) for
     every row in one padded forward; see the module's docstring."""
     lengths = [len(rest) for rest in rests]
@@ -90,10 +94,18 @@ def prefill_rows(model, caches: list[list], held: list[list[int]], rests: list[l
     padding = [longest - n for n in lengths]
     with mx.stream(generation_stream):
         # (samplers and processors stay the scheduler's: the batch carries the rows' caches)
-        batch = PromptProcessingBatch(model, list(range(len(caches))), caches, tokens=[list(h) for h in held],
-                                      samplers=[None] * len(caches), logits_processors=[()] * len(caches))
+        batch = PromptProcessingBatch(
+            model,
+            list(range(len(caches))),
+            caches,
+            tokens=[list(h) for h in held],
+            samplers=[None] * len(caches),
+            logits_processors=[()] * len(caches),
+        )
         if max(padding) > 0:
-            inputs = mx.array([rest + [0] * (longest - len(rest)) for rest in rests])  # right padded
+            inputs = mx.array(
+                [rest + [0] * (longest - len(rest)) for rest in rests]
+            )  # right padded
             for cache in batch.prompt_cache:
                 cache.prepare(lengths=lengths, right_padding=padding)
         else:

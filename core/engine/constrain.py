@@ -62,8 +62,11 @@ def check_schema(schema, param: str, enforced: bool = True) -> None:
     if not isinstance(schema, (dict, bool)):
         raise SchemaError(f"{param} must be a JSON Schema object", param)
     if json_depth(schema) > MAX_SCHEMA_DEPTH:
-        raise SchemaError(f"{param} is nested too deeply: more than {MAX_SCHEMA_DEPTH} levels of objects "
-                          "and arrays", param)
+        raise SchemaError(
+            f"{param} is nested too deeply: more than {MAX_SCHEMA_DEPTH} levels of objects "
+            "and arrays",
+            param,
+        )
     digest = hashlib.sha256(json.dumps(schema, sort_keys=True).encode()).digest()
     if _passed(digest, enforced):
         return
@@ -91,8 +94,11 @@ def _check_schema(schema, param: str, enforced: bool) -> None:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as exc:
         where = "/".join(str(p) for p in exc.path)
-        raise SchemaError(f"{param} is not a valid JSON Schema: {exc.message}"
-                          + (f" (at {where})" if where else ""), param) from None
+        raise SchemaError(
+            f"{param} is not a valid JSON Schema: {exc.message}"
+            + (f" (at {where})" if where else ""),
+            param,
+        ) from None
     if not enforced:
         return
     try:
@@ -101,8 +107,9 @@ def _check_schema(schema, param: str, enforced: bool) -> None:
     except (ValueError, TypeError) as exc:
         problem = str(exc)
     if problem:
-        raise SchemaError(f"{param} uses an unsupported schema feature: {problem.splitlines()[-1]}",
-                          param)
+        raise SchemaError(
+            f"{param} uses an unsupported schema feature: {problem.splitlines()[-1]}", param
+        )
 
 
 def json_depth(value) -> int:
@@ -111,7 +118,9 @@ def json_depth(value) -> int:
     deepest, stack = 0, [(value, 1)]
     while stack:
         item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        children = (
+            item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        )
         if children is None:
             continue
         deepest = max(deepest, depth)
@@ -146,13 +155,17 @@ def check_tools(tools, tool_choice: str, name: str | None) -> None:
         if not tool_name(tool):
             raise SchemaError(f"tools[{i}].function.name is missing", f"tools[{i}].function.name")
         names.append(tool_name(tool))
-        enforced = tool_choice == "required" or (tool_choice == "function" and tool_name(tool) == name)
+        enforced = tool_choice == "required" or (
+            tool_choice == "function" and tool_name(tool) == name
+        )
         check_schema(tool_parameters(tool), f"tools[{i}].function.parameters", enforced)
     if tool_choice in ("required", "function") and not tools:
         raise SchemaError(f"tool_choice {tool_choice!r} needs tools", "tool_choice")
     if tool_choice == "function" and name not in names:
-        raise SchemaError(f"tool_choice names {name!r}, which is not among the tools "
-                          f"({', '.join(names)})", "tool_choice")
+        raise SchemaError(
+            f"tool_choice names {name!r}, which is not among the tools ({', '.join(names)})",
+            "tool_choice",
+        )
 
 
 def check_request(request) -> None:
@@ -189,7 +202,9 @@ def tool_markup(tokenizer) -> ToolMarkup | None:
     from core.mlx_lm_compat import writes_json_tool_calls
 
     parse = tokenizer.tool_parser
-    return ToolMarkup(tokenizer.tool_call_start, tokenizer.tool_call_end, parse, writes_json_tool_calls(parse))
+    return ToolMarkup(
+        tokenizer.tool_call_start, tokenizer.tool_call_end, parse, writes_json_tool_calls(parse)
+    )
 
 
 def grammar_for(request, markup: ToolMarkup | None) -> str | None:
@@ -201,20 +216,35 @@ def grammar_for(request, markup: ToolMarkup | None) -> str | None:
 
     if forced:
         if markup is None or not markup.json_calls:
-            raise UserError("this model's tool-call format cannot be constrained: use tool_choice "
-                            '"auto", or give a chat template with JSON <tool_call> markup')
-        tools = [t for t in request.tools
-                 if request.tool_choice == "required" or tool_name(t) == request.tool_name]
-        calls = [{"type": "object",
-                  "properties": {"name": {"const": tool_name(t)}, "arguments": tool_parameters(t)},
-                  "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
+            raise UserError(
+                "this model's tool-call format cannot be constrained: use tool_choice "
+                '"auto", or give a chat template with JSON <tool_call> markup'
+            )
+        tools = [
+            t
+            for t in request.tools
+            if request.tool_choice == "required" or tool_name(t) == request.tool_name
+        ]
+        calls = [
+            {
+                "type": "object",
+                "properties": {"name": {"const": tool_name(t)}, "arguments": tool_parameters(t)},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+            for t in tools
+        ]
         schema = {"anyOf": calls} if len(calls) > 1 else calls[0]
         schema = {**schema, "x-guidance": _JSON_OPTIONS}
-        lark = (f"start: {json.dumps(markup.start + chr(10))} call {json.dumps(chr(10) + markup.end)}\n"
-                f"call: %json {json.dumps(schema)}\n")
+        lark = (
+            f"start: {json.dumps(markup.start + chr(10))} call {json.dumps(chr(10) + markup.end)}\n"
+            f"call: %json {json.dumps(schema)}\n"
+        )
         return llguidance.LLMatcher.grammar_from_lark(lark)
     if request.json_schema is not None:
-        return llguidance.LLMatcher.grammar_from_json_schema(request.json_schema, defaults=_JSON_OPTIONS)
+        return llguidance.LLMatcher.grammar_from_json_schema(
+            request.json_schema, defaults=_JSON_OPTIONS
+        )
     return None
 
 
@@ -243,7 +273,9 @@ class GrammarProcessor:
         self.failure: str | None = None  # why the grammar failed, if it did
 
     def __call__(self, tokens, logits):
-        new = tokens[self.seen:].tolist() if int(tokens.shape[-1]) > self.seen else []  # waits for the token
+        new = (
+            tokens[self.seen :].tolist() if int(tokens.shape[-1]) > self.seen else []
+        )  # waits for the token
         started = time.thread_time()
         try:
             return self._mask(new, logits)
@@ -265,7 +297,9 @@ class GrammarProcessor:
         if self.failure is not None or self.matcher.is_stopped():
             allowed = np.zeros(self.vocab, dtype=bool)
         else:
-            allowed = np.frombuffer(self.matcher.compute_logit_bias(), dtype=np.uint8)[: self.vocab] > 0
+            allowed = (
+                np.frombuffer(self.matcher.compute_logit_bias(), dtype=np.uint8)[: self.vocab] > 0
+            )
             if self.matcher.is_error():
                 self._fail(self.matcher.get_error())
                 allowed = np.zeros(self.vocab, dtype=bool)
@@ -301,9 +335,12 @@ class Grammars:
         if self._llg is None:
             from core.mlx_lm_compat import hf_tokenizer
 
-            self._llg = llguidance.hf.from_tokenizer(hf_tokenizer(self.tokenizer), n_vocab=self.vocab,
-                                                     eos_token=self.eos)
+            self._llg = llguidance.hf.from_tokenizer(
+                hf_tokenizer(self.tokenizer), n_vocab=self.vocab, eos_token=self.eos
+            )
         matcher = llguidance.LLMatcher(self._llg, grammar, log_level=0)
         if matcher.is_error():
-            raise UserError(f"the output constraint cannot be used: {first_line(matcher.get_error())}")
+            raise UserError(
+                f"the output constraint cannot be used: {first_line(matcher.get_error())}"
+            )
         return GrammarProcessor(matcher, prompt_length, self.vocab, self.eos)

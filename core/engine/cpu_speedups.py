@@ -73,8 +73,18 @@ def apply(model: nn.Module) -> list[str]:
     """Apply the speed-ups to ``model`` (engine thread). Returns what was done, in words."""
     tables = _RopeTables()
     swaps = (  # (mlx's class, ours, what it holds, in words)
-        (nn.Linear, _TransposedLinear, lambda m: _Transposed(m.weight), "linear layers keep their weights' transposes"),
-        (nn.RMSNorm, _DecodeRMSNorm, lambda m: _Widened(m.weight), "norms skip their broadcasts when decoding"),
+        (
+            nn.Linear,
+            _TransposedLinear,
+            lambda m: _Transposed(m.weight),
+            "linear layers keep their weights' transposes",
+        ),
+        (
+            nn.RMSNorm,
+            _DecodeRMSNorm,
+            lambda m: _Widened(m.weight),
+            "norms skip their broadcasts when decoding",
+        ),
         (nn.RoPE, _TabledRoPE, lambda m: tables, "rotary embeddings share their tables"),
     )
     done = []
@@ -104,7 +114,7 @@ def apply(model: nn.Module) -> list[str]:
     return done
 
 
-def _warm_up(model: nn.Module, tables: "_RopeTables") -> None:
+def _warm_up(model: nn.Module, tables: _RopeTables) -> None:
     """Have MLX build the fused kernels of :func:`_rms` and :func:`_rotate` now, at load,
     rather than in the first reply: MLX compiles them to C++ at run time (as it does
     mlx-lm's own ``swiglu``), slowly the first time on a machine (it keeps them in its
@@ -176,9 +186,15 @@ class _FlatAttention:
         if length != 1 or cache is None:
             return super().__call__(x, mask, cache)
         flat = x.reshape(rows, width)
-        queries = self.rope(self.q_proj(flat).reshape(rows, self.n_heads, 1, -1), offset=cache.offset)
-        keys = self.rope(self.k_proj(flat).reshape(rows, self.n_kv_heads, 1, -1), offset=cache.offset)
-        keys, values = cache.update_and_fetch(keys, self.v_proj(flat).reshape(rows, self.n_kv_heads, 1, -1))
+        queries = self.rope(
+            self.q_proj(flat).reshape(rows, self.n_heads, 1, -1), offset=cache.offset
+        )
+        keys = self.rope(
+            self.k_proj(flat).reshape(rows, self.n_kv_heads, 1, -1), offset=cache.offset
+        )
+        keys, values = cache.update_and_fetch(
+            keys, self.v_proj(flat).reshape(rows, self.n_kv_heads, 1, -1)
+        )
         attend = mlx_lm_compat.attention_function(type(self))  # folded, or mlx-lm's
         output = attend(queries, keys, values, cache=cache, scale=self.scale, mask=mask)
         return self.o_proj(output.reshape(rows, -1)).reshape(rows, 1, -1)
@@ -204,8 +220,13 @@ def _flat_class(cls: type) -> type | None:
         kind = mlx_lm_compat.llama_style_blocks().get(cls)
         mixin = {"attention": _FlatAttention, "mlp": _FlatMLP}.get(kind)
         # in mlx-lm's module, where the attention looks up (and the fold wraps) its function
-        _FLAT[cls] = None if mixin is None else type(f"{mixin.__name__}{cls.__name__}", (mixin, cls),
-                                                      {"__module__": cls.__module__})
+        _FLAT[cls] = (
+            None
+            if mixin is None
+            else type(
+                f"{mixin.__name__}{cls.__name__}", (mixin, cls), {"__module__": cls.__module__}
+            )
+        )
     return _FLAT[cls]
 
 
@@ -228,8 +249,13 @@ class _DecodeRMSNorm(nn.RMSNorm):
 
     def __call__(self, x: mx.array) -> mx.array:
         weight = self["weight"]
-        if x.ndim != 3 or x.shape[1] != 1 or x.shape[0] > 64 or x.dtype != mx.float32 \
-                or weight.dtype != mx.float32:
+        if (
+            x.ndim != 3
+            or x.shape[1] != 1
+            or x.shape[0] > 64
+            or x.dtype != mx.float32
+            or weight.dtype != mx.float32
+        ):
             return super().__call__(x)
         if self._held.weight is not weight:  # replaced since
             self._held = _Widened(weight)
@@ -237,8 +263,10 @@ class _DecodeRMSNorm(nn.RMSNorm):
         if wide is None:
             rows = (x.shape[0], 1, 1)
             wide = self._held.shapes[x.shape] = (
-                mx.broadcast_to(weight, x.shape), mx.full(rows, 1.0 / x.shape[-1], mx.float32),
-                mx.full(rows, self.eps, mx.float32))
+                mx.broadcast_to(weight, x.shape),
+                mx.full(rows, 1.0 / x.shape[-1], mx.float32),
+                mx.full(rows, self.eps, mx.float32),
+            )
             mx.eval(wide)
         widened, inverse_n, eps = wide
         return _rms(x, widened, inverse_n, eps)
@@ -268,7 +296,9 @@ class _RopeTables:
     def clear(self) -> None:
         self._tables.clear()
 
-    def get(self, rope: nn.RoPE, shape: tuple[int, ...], offset) -> tuple[mx.array, mx.array] | None:
+    def get(
+        self, rope: nn.RoPE, shape: tuple[int, ...], offset
+    ) -> tuple[mx.array, mx.array] | None:
         """The table for rotating an array of ``shape`` (..., length, dims) at ``offset``,
         broadcast to that shape (once per shape: each layer's rotation then multiplies
         arrays of one shape, with no broadcast of its own)."""
@@ -286,7 +316,11 @@ class _RopeTables:
         if entry is None:
             if len(self._tables) >= self.MAX_ENTRIES:
                 self._tables.clear()
-            entry = self._tables[key] = (*_table(positions, length, *params[:3], params[3]), positions, {})
+            entry = self._tables[key] = (
+                *_table(positions, length, *params[:3], params[3]),
+                positions,
+                {},
+            )
         cos, sin, _, wide = entry
         if cos.shape == shape:
             return cos, sin
@@ -295,7 +329,9 @@ class _RopeTables:
         return wide[shape]
 
 
-def _table(offset, length: int, dims: int, base: float, scale: float, traditional: bool) -> tuple[mx.array, mx.array]:
+def _table(
+    offset, length: int, dims: int, base: float, scale: float, traditional: bool
+) -> tuple[mx.array, mx.array]:
     """The cosines and sines ``mx.fast.rope`` computes for these positions, laid out over
     the rotated features: ``x * cos + swapped(x) * sin`` is then its rotation, bit for bit
     (``a + (-b)`` is ``a - b`` exactly, and addition commutes)."""
@@ -306,7 +342,9 @@ def _table(offset, length: int, dims: int, base: float, scale: float, traditiona
         theta = ((steps + offset) * scale)[:, None] * inv_freqs[None, :]  # (length, half)
     else:
         positions = (steps[None, :] + offset.astype(mx.float32)[:, None]) * scale
-        theta = (positions[:, :, None] * inv_freqs[None, None, :])[:, None]  # (rows, 1, length, half)
+        theta = (positions[:, :, None] * inv_freqs[None, None, :])[
+            :, None
+        ]  # (rows, 1, length, half)
     cos, sin = mx.cos(theta), mx.sin(theta)
     if traditional:  # neighbours (x0, x1) turn into (x0 cos - x1 sin, x1 cos + x0 sin)
         cos = mx.repeat(cos, 2, axis=-1)
@@ -328,7 +366,9 @@ class _TabledRoPE(nn.RoPE):
             return super().__call__(x, offset)
         cos, sin = table
         if self.traditional:
-            swapped = rotated.reshape(*rotated.shape[:-1], self.dims // 2, 2)[..., ::-1].reshape(rotated.shape)
+            swapped = rotated.reshape(*rotated.shape[:-1], self.dims // 2, 2)[..., ::-1].reshape(
+                rotated.shape
+            )
         else:
             half = self.dims // 2
             swapped = mx.concatenate([rotated[..., half:], rotated[..., :half]], axis=-1)
@@ -356,26 +396,47 @@ def _fold_attention(model: nn.Module) -> list[str]:
     return folded
 
 
-MAX_FOLDED = 3  # query heads per key head: up to 3 rows, OpenBLAS's AVX-512 small GEMM gave the same bits
+MAX_FOLDED = (
+    3  # query heads per key head: up to 3 rows, OpenBLAS's AVX-512 small GEMM gave the same bits
+)
 
 
 def _folding(original):
-    def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None, **kwargs):
+    def scaled_dot_product_attention(
+        queries, keys, values, cache, scale, mask, sinks=None, **kwargs
+    ):
         rows, heads, length, dims = queries.shape
         kv_heads = keys.shape[1]
-        if (length != 1 or not _on() or heads == kv_heads or sinks is not None or kwargs or hasattr(cache, "bits")
-                or keys.ndim != 4 or heads % kv_heads or heads // kv_heads > MAX_FOLDED
-                or queries.dtype != mx.float32
-                or (mask is not None and (not isinstance(mask, mx.array) or mask.ndim != 4
-                                          or mask.shape[1] != 1 or mask.shape[2] != 1))):
+        if (
+            length != 1
+            or not _on()
+            or heads == kv_heads
+            or sinks is not None
+            or kwargs
+            or hasattr(cache, "bits")
+            or keys.ndim != 4
+            or heads % kv_heads
+            or heads // kv_heads > MAX_FOLDED
+            or queries.dtype != mx.float32
+            or (
+                mask is not None
+                and (
+                    not isinstance(mask, mx.array)
+                    or mask.ndim != 4
+                    or mask.shape[1] != 1
+                    or mask.shape[2] != 1
+                )
+            )
+        ):
             if sinks is not None:
                 kwargs["sinks"] = sinks
             return original(queries, keys, values, cache=cache, scale=scale, mask=mask, **kwargs)
         # what mx.fast.scaled_dot_product_attention computes on the CPU, with its constants and
         # the step's mask already at the scores' shape (one broadcast a step, not three a layer)
         folded = queries.reshape(rows, kv_heads, heads // kv_heads, dims)
-        scores = (_wide(mx.array(scale, mx.float32), folded.shape, ("scale", scale)) * folded) \
-            @ keys.swapaxes(-1, -2)
+        scores = (
+            _wide(mx.array(scale, mx.float32), folded.shape, ("scale", scale)) * folded
+        ) @ keys.swapaxes(-1, -2)
         if mask is not None:
             wide_mask = _wide(mask, scores.shape, id(mask))  # the same mask for every layer
             if mask.dtype == mx.bool_:

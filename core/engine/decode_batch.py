@@ -35,8 +35,13 @@ from mlx_lm.models.cache import BatchKVCache
 from mlx_lm.sample_utils import greedy_sampler
 
 from core.engine.cpu_speedups import shared_positions
-from core.mlx_lm_compat import (GreedyBatch, JoiningRows, generation_stream, maybe_set_recommended_wired_limit,
-                                row_to_park)
+from core.mlx_lm_compat import (
+    GreedyBatch,
+    JoiningRows,
+    generation_stream,
+    maybe_set_recommended_wired_limit,
+    row_to_park,
+)
 
 CLEAR_CACHE_EVERY = 512  # steps, as BatchGenerator does: MLX's buffer cache is given back
 
@@ -85,17 +90,35 @@ class DecodeBatch:
     def __len__(self) -> int:
         return len(self._batch) + sum(len(rows) for rows in self._waiting)
 
-    def join(self, token: int, caches: list, cache_tokens: list[int], sampler, processors, max_tokens: int,
-             group: str = "") -> int:
+    def join(
+        self,
+        token: int,
+        caches: list,
+        cache_tokens: list[int],
+        sampler,
+        processors,
+        max_tokens: int,
+        group: str = "",
+    ) -> int:
         """Add a request whose ``caches`` hold ``cache_tokens`` and whose next input is
         ``token`` (already taken by the caller, not yet in the caches), for at most
         ``max_tokens`` more tokens, in ``group`` (its fair share's). Returns its uid."""
         with mx.stream(generation_stream):
             merged = [layer.merge([layer]) for layer in caches]
-        return self.join_rows([token], merged, [cache_tokens], [sampler], [processors], [max_tokens], [group])[0]
+        return self.join_rows(
+            [token], merged, [cache_tokens], [sampler], [processors], [max_tokens], [group]
+        )[0]
 
-    def join_rows(self, tokens: list[int], merged: list, cache_tokens: list[list[int]], samplers: list,
-                  processors: list, max_tokens: list[int], groups: list[str] | None = None) -> list[int]:
+    def join_rows(
+        self,
+        tokens: list[int],
+        merged: list,
+        cache_tokens: list[list[int]],
+        samplers: list,
+        processors: list,
+        max_tokens: list[int],
+        groups: list[str] | None = None,
+    ) -> list[int]:
         """Add requests together whose caches are already merged, a batch cache per layer
         with a row each (a batched prefill's, ``core.engine.batch_prefill``): as
         :meth:`join`, one value per row. Returns their uids."""
@@ -108,21 +131,41 @@ class DecodeBatch:
                 # not all of them fit now: they wait a row each, as joins one by one do
                 for i, uid in enumerate(uids):
                     one = [layer.merge([layer.extract(i)]) for layer in merged]
-                    self._waiting.append(self._rows([uid], tokens[i : i + 1], one, cache_tokens[i : i + 1],
-                                                    samplers[i : i + 1], processors[i : i + 1],
-                                                    max_tokens[i : i + 1]))
+                    self._waiting.append(
+                        self._rows(
+                            [uid],
+                            tokens[i : i + 1],
+                            one,
+                            cache_tokens[i : i + 1],
+                            samplers[i : i + 1],
+                            processors[i : i + 1],
+                            max_tokens[i : i + 1],
+                        )
+                    )
             else:
-                self._waiting.append(self._rows(uids, tokens, merged, cache_tokens, samplers, processors,
-                                                max_tokens))
+                self._waiting.append(
+                    self._rows(uids, tokens, merged, cache_tokens, samplers, processors, max_tokens)
+                )
         self._next_uid += len(uids)
         self._skip.update(uids)
         self._admit_waiting()
         return uids
 
-    def _rows(self, uids, tokens, merged, cache_tokens, samplers, processors, max_tokens) -> JoiningRows:
+    def _rows(
+        self, uids, tokens, merged, cache_tokens, samplers, processors, max_tokens
+    ) -> JoiningRows:
         # one more token each: the report of the token a row joined with is skipped
-        return JoiningRows(self.model, uids, tokens, merged, cache_tokens, samplers, processors,
-                           [n + 1 for n in max_tokens], self._placeholder)
+        return JoiningRows(
+            self.model,
+            uids,
+            tokens,
+            merged,
+            cache_tokens,
+            samplers,
+            processors,
+            [n + 1 for n in max_tokens],
+            self._placeholder,
+        )
 
     def _admit_waiting(self) -> None:
         """Fill free rows, each with the waiting row whose group runs the fewest (the
@@ -152,12 +195,16 @@ class DecodeBatch:
             running = self._running_by_group()
             groups = set(running) | {self._groups.get(r.uids[0], "") for r in self._waiting}
             share = max(1, self.max_rows // len(groups))
-            if not any(running.get(self._groups.get(r.uids[0], ""), 0) < share for r in self._waiting):
+            if not any(
+                running.get(self._groups.get(r.uids[0], ""), 0) < share for r in self._waiting
+            ):
                 return
             over = max(running, key=running.get)
             if running[over] <= share:
                 return
-            newest = max(i for i, uid in enumerate(self._batch.uids) if self._groups.get(uid, "") == over)
+            newest = max(
+                i for i, uid in enumerate(self._batch.uids) if self._groups.get(uid, "") == over
+            )
             self._park(newest)
         self._admit_waiting()
 
@@ -170,9 +217,17 @@ class DecodeBatch:
             caches = batch.extract_cache(index)
             merged = [layer.merge([layer]) for layer in caches]
             token, left = row_to_park(batch, index)
-            rows = JoiningRows(self.model, [uid], [token], merged, [list(batch.tokens[index])],
-                               [batch.samplers[index]], [list(batch.logits_processors[index] or [])], [left],
-                               self._placeholder)
+            rows = JoiningRows(
+                self.model,
+                [uid],
+                [token],
+                merged,
+                [list(batch.tokens[index])],
+                [batch.samplers[index]],
+                [list(batch.logits_processors[index] or [])],
+                [left],
+                self._placeholder,
+            )
             batch.filter([i for i in range(len(batch)) if i != index])
         self._waiting.append(rows)
         self.parked += 1
@@ -196,8 +251,15 @@ class DecodeBatch:
                 continue
             if response.finish_reason is not None:
                 self._groups.pop(response.uid, None)
-            out.append(Generated(response.uid, response.token, response.finish_reason is not None,
-                                 response.prompt_cache, response.all_tokens))
+            out.append(
+                Generated(
+                    response.uid,
+                    response.token,
+                    response.finish_reason is not None,
+                    response.prompt_cache,
+                    response.all_tokens,
+                )
+            )
         return out
 
     def remove(self, uid: int) -> tuple[list, list[int]]:

@@ -24,10 +24,11 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING
 
 from core import paths
 from core.engine.constrain import check_request
@@ -43,7 +44,9 @@ log = logging.getLogger(__name__)
 
 _END = object()  # end of a request's event stream
 PUBLISH_EVERY_S = 0.1  # the decode loop's stats refresh (see Engine._publish_stats)
-PROMPT_THREADS = 2  # prompts rendered and tokenised at once (a long one does not hold up a short one)
+PROMPT_THREADS = (
+    2  # prompts rendered and tokenised at once (a long one does not hold up a short one)
+)
 # Nobody decoding and prompts still being rendered: the engine waits up to this long for
 # them before it starts a prefill, so that requests sent together are prefilled together
 # (core.engine.batch_prefill) instead of the first alone and the others after it.
@@ -54,7 +57,7 @@ GATHER_S = 0.05
 class EngineStats:
     """Plain figures for panels and metrics: the model, the cache, MLX memory."""
 
-    model: "ModelInfo | None" = None
+    model: ModelInfo | None = None
     cache: CacheStats | None = None
     mlx_active_bytes: int = 0
     mlx_cache_bytes: int = 0
@@ -79,7 +82,9 @@ class RequestHandle:
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._cancel = threading.Event()
         self._wake: Callable[[], None] | None = None
-        self._prompt: tuple[int, list[int]] | None = None  # (model load, token ids), from a prompt thread
+        self._prompt: tuple[int, list[int]] | None = (
+            None  # (model load, token ids), from a prompt thread
+        )
         self.prompt_s = 0.0  # seconds its prompt took to render and tokenise (its TTFT counts them)
 
     def cancel(self) -> None:
@@ -182,12 +187,20 @@ class Engine:
     ):
         self.data_root = Path(data_root)
         # the disk cache's database (None: the data folder's; a rank of a group has its own)
-        self._kv_db = Path(kv_cache_path) if kv_cache_path is not None else paths.kv_cache_db_path(self.data_root)
+        self._kv_db = (
+            Path(kv_cache_path)
+            if kv_cache_path is not None
+            else paths.kv_cache_db_path(self.data_root)
+        )
         self._chat_template = chat_template  # Jinja text replacing the model's own template
         self._max_prompt_tokens = max_prompt_tokens  # None: the model's context is the limit
-        self._prompts: Prompts | None = None  # the loaded model's (set on the engine thread, read anywhere)
+        self._prompts: Prompts | None = (
+            None  # the loaded model's (set on the engine thread, read anywhere)
+        )
         self._loads = 0  # models installed so far: a prompt is worked out for one of them
-        self._prompt_pool = ThreadPoolExecutor(PROMPT_THREADS, thread_name_prefix="radixchat-prompt")
+        self._prompt_pool = ThreadPoolExecutor(
+            PROMPT_THREADS, thread_name_prefix="radixchat-prompt"
+        )
         self._rendering = 0  # prompts on the prompt threads, not yet queued for the engine
         self._rendering_lock = threading.Lock()
         self._gather_since: float | None = None  # engine thread: when it began waiting for them
@@ -218,7 +231,7 @@ class Engine:
         self._stopped = threading.Event()
 
     # ------------------------------------------------------------ client API
-    def start(self) -> "Engine":
+    def start(self) -> Engine:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="radixchat-engine", daemon=True)
             self._thread.start()
@@ -260,18 +273,27 @@ class Engine:
             rss = 0
         disk = 0
         if self._persister is not None:
-            for path in (self._kv_db, self._kv_db.with_name(self._kv_db.name + "-wal")):  # the database, its WAL
+            for path in (
+                self._kv_db,
+                self._kv_db.with_name(self._kv_db.name + "-wal"),
+            ):  # the database, its WAL
                 try:
                     disk += path.stat().st_size
                 except OSError:
                     pass
         persister = self._persister
         budget = (self._disk_budget or paths.default_disk_budget()) if persister is not None else 0
-        return dataclasses.replace(self._stats, rss_bytes=rss, disk_cache_bytes=disk,
-                                   disk_cache_budget_bytes=budget,
-                                   disk=persister.stats() if persister is not None else None)
+        return dataclasses.replace(
+            self._stats,
+            rss_bytes=rss,
+            disk_cache_bytes=disk,
+            disk_cache_budget_bytes=budget,
+            disk=persister.stats() if persister is not None else None,
+        )
 
-    def load(self, spec: str, weights_format: str = "auto", timeout: float | None = None) -> ModelInfo:
+    def load(
+        self, spec: str, weights_format: str = "auto", timeout: float | None = None
+    ) -> ModelInfo:
         """Switch models. On failure the previous model stays loaded and UserError is raised."""
         command = _LoadCommand(spec, weights_format)
         self._commands.put(command)
@@ -355,9 +377,12 @@ class Engine:
             gather = busy and self._gathering()
             if busy or not deferred:
                 try:
-                    command = self._commands.get(block=not busy or gather,
-                                                 timeout=max(0.0, self._gather_since + GATHER_S - time.monotonic())
-                                                 if gather else None)
+                    command = self._commands.get(
+                        block=not busy or gather,
+                        timeout=max(0.0, self._gather_since + GATHER_S - time.monotonic())
+                        if gather
+                        else None,
+                    )
                 except queue.Empty:
                     command = None
             else:
@@ -367,7 +392,9 @@ class Engine:
                     self._do_request(command)
                     # take every waiting request in before the next step (the scheduler picks
                     # among them by priority), and those still being rendered, briefly
-                    if not self._commands.empty() or (self._scheduler is not None and self._gathering()):
+                    if not self._commands.empty() or (
+                        self._scheduler is not None and self._gathering()
+                    ):
                         continue
                 elif isinstance(command, _ForgetCommand):
                     self._forget(command.session, command.namespace)
@@ -394,8 +421,13 @@ class Engine:
         nobody decodes, the waiting requests have not started, and it is less than
         ``GATHER_S`` since the wait began (a long prompt's rendering is not waited for)."""
         s = self._scheduler
-        if (not s.batch_prefill or s.solo is not None or s.batched or not self._rendering
-                or any(job.run is not None for job in s.waiting)):
+        if (
+            not s.batch_prefill
+            or s.solo is not None
+            or s.batched
+            or not self._rendering
+            or any(job.run is not None for job in s.waiting)
+        ):
             self._gather_since = None
             return False
         now = time.monotonic()
@@ -423,9 +455,13 @@ class Engine:
         for attempt in (1, 2):
             try:
                 self.data_root.mkdir(parents=True, exist_ok=True)
-                return DiskTier(path, self._prefix_cache, fingerprint,
-                                self._disk_budget or paths.default_disk_budget(),
-                                MIN_WRITE_TOKENS if self._disk_min_tokens is None else self._disk_min_tokens)
+                return DiskTier(
+                    path,
+                    self._prefix_cache,
+                    fingerprint,
+                    self._disk_budget or paths.default_disk_budget(),
+                    MIN_WRITE_TOKENS if self._disk_min_tokens is None else self._disk_min_tokens,
+                )
             except DiskStoreError as exc:
                 if attempt == 1 and getattr(exc, "reason", None) in ("corrupt", "foreign"):
                     # A cache only costs time to rebuild: keep the damaged file beside it
@@ -485,8 +521,10 @@ class Engine:
         fingerprint = self._persister.fingerprint if self._persister is not None else None
         self._close_persister()
         freed = remove_files(self._kv_db)
-        log.warning("the disk is full: the KV cache (%.1f MB) was deleted to save the chat history",
-                    freed / 1e6)
+        log.warning(
+            "the disk is full: the KV cache (%.1f MB) was deleted to save the chat history",
+            freed / 1e6,
+        )
         if fingerprint is not None:
             self._persister = self._open_persister(fingerprint)
         return freed
@@ -514,8 +552,13 @@ class Engine:
         from core.engine import cpu_speedups
         from core.models.loader import load_model
 
-        loaded = load_model(spec, self.data_root, weights_format, self._on_load_progress,
-                            chat_template=self._chat_template)
+        loaded = load_model(
+            spec,
+            self.data_root,
+            weights_format,
+            self._on_load_progress,
+            chat_template=self._chat_template,
+        )
         if cpu_speedups.wanted():
             done = cpu_speedups.apply(loaded.model)
             log.info("CPU backend: %s", "; ".join(done) or "no speed-up applies to this model")
@@ -535,7 +578,9 @@ class Engine:
             except Exception as exc:  # out of memory for the pool, a bug...
                 log.exception("setting up %s failed", command.spec)
                 self._close_persister()  # its writer thread and connections, if it got that far
-                self._loaded = self._prefix_cache = self._scheduler = self._persister = self._prompts = None
+                self._loaded = self._prefix_cache = self._scheduler = self._persister = (
+                    self._prompts
+                ) = None
                 self._info = None
                 command.error = f"setting up {command.spec} failed: {exc}"
         if self._info is None:
@@ -549,7 +594,9 @@ class Engine:
         from kvcache.prefix_cache import PrefixCache
 
         self._close_persister()
-        self._loaded = self._prefix_cache = self._scheduler = self._prompts = None  # free the old pool first
+        self._loaded = self._prefix_cache = self._scheduler = self._prompts = (
+            None  # free the old pool first
+        )
         build = build_kv_cache(
             loaded.model,
             weight_bytes=loaded.info.weight_bytes,
@@ -558,17 +605,29 @@ class Engine:
             pool_bytes=self._pool_bytes,
             disable=not self._use_cache,
             # None: the builder's segments; 0: the whole pool at once
-            **({} if self._pool_segment_bytes is None else {"segment_bytes": self._pool_segment_bytes or None}),
+            **(
+                {}
+                if self._pool_segment_bytes is None
+                else {"segment_bytes": self._pool_segment_bytes or None}
+            ),
         )
         self._loaded = loaded
         self._prefix_cache = PrefixCache(loaded.model, build)
         self._persister = self._open_persister(loaded.info.fingerprint)
-        self._scheduler = Scheduler(loaded, self._prefix_cache, self._persister, self._count_served,
-                                    on_progress=lambda: self._publish_stats(force=False))
+        self._scheduler = Scheduler(
+            loaded,
+            self._prefix_cache,
+            self._persister,
+            self._count_served,
+            on_progress=lambda: self._publish_stats(force=False),
+        )
         self._info = loaded.info
         self._loads += 1
-        self._prompts = Prompts(loaded.tokenizer, PromptLimit(loaded.info.name, loaded.info.context_length,
-                                                              self._max_prompt_tokens), self._loads)
+        self._prompts = Prompts(
+            loaded.tokenizer,
+            PromptLimit(loaded.info.name, loaded.info.context_length, self._max_prompt_tokens),
+            self._loads,
+        )
         command.info = loaded.info
         self._publish_stats()
 
@@ -593,7 +652,10 @@ class Engine:
                 self._refuse(handle, ErrorEvent(str(exc), exc.kind))
                 return
             except MemoryError:
-                self._refuse(handle, ErrorEvent("out of memory: try a shorter prompt", ErrorKind.OUT_OF_MEMORY))
+                self._refuse(
+                    handle,
+                    ErrorEvent("out of memory: try a shorter prompt", ErrorKind.OUT_OF_MEMORY),
+                )
                 return
             except Exception as exc:
                 log.exception("preparing a prompt failed")
@@ -612,7 +674,9 @@ class Engine:
             if handle.cancelled:
                 handle._emit(DoneEvent("", RequestStats(finish_reason="cancelled")))
             elif self._scheduler is None:
-                handle._emit(ErrorEvent(self._load_error or "no model is loaded", ErrorKind.MODEL_NOT_LOADED))
+                handle._emit(
+                    ErrorEvent(self._load_error or "no model is loaded", ErrorKind.MODEL_NOT_LOADED)
+                )
             elif handle._prompt is None or handle._prompt[0] != self._prompts.load:
                 # submitted before this model was in: its prompt is worked out for this one
                 self._render(handle, self._prompts)
@@ -620,14 +684,20 @@ class Engine:
             else:
                 ids = handle._prompt[1]
                 handle._prompt = None
-                handle.request = replace(handle.request, messages=(), prompt_text=None, prompt_tokens=tuple(ids))
+                handle.request = replace(
+                    handle.request, messages=(), prompt_text=None, prompt_tokens=tuple(ids)
+                )
                 self._scheduler.admit(handle)  # finishes the handle itself, now or later
                 return
         except UserError as exc:
             handle._emit(ErrorEvent(str(exc), exc.kind))
         except MemoryError:
-            handle._emit(ErrorEvent("out of memory: try a shorter prompt or a smaller model",
-                                    ErrorKind.OUT_OF_MEMORY))
+            handle._emit(
+                ErrorEvent(
+                    "out of memory: try a shorter prompt or a smaller model",
+                    ErrorKind.OUT_OF_MEMORY,
+                )
+            )
         except Exception as exc:
             log.exception("request failed")
             handle._emit(ErrorEvent(f"internal error: {exc}", ErrorKind.INTERNAL))

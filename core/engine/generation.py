@@ -8,7 +8,7 @@ a request reaches the scheduler carrying its token ids.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -53,7 +53,9 @@ class StopText:
         earliest: tuple[int, str] | None = None
         for i, char in enumerate(piece, offset + 1):
             for matcher in self._matchers:
-                if matcher.advance(char) and (earliest is None or i - len(matcher.stop) < earliest[0]):
+                if matcher.advance(char) and (
+                    earliest is None or i - len(matcher.stop) < earliest[0]
+                ):
                     earliest = (i - len(matcher.stop), matcher.stop)
         if earliest is not None:
             at, self.matched = earliest
@@ -145,8 +147,13 @@ class ChunkedPrefill:
     resume right before its last token.
     """
 
-    def __init__(self, model, tokens: list[int], cache: list,
-                 on_prefilled: Callable[[int], None] | None = None):
+    def __init__(
+        self,
+        model,
+        tokens: list[int],
+        cache: list,
+        on_prefilled: Callable[[int], None] | None = None,
+    ):
         self.model, self.tokens, self.cache = model, tokens, cache
         self.on_prefilled = on_prefilled
         self.tail = 1 if on_prefilled is not None else SINGLE_CALL_TAIL

@@ -54,10 +54,13 @@ class PromptLimit:
     def refuse(self, size: str) -> ContextLengthError:
         """The error for a prompt of ``size`` ("1,234 tokens") past the limit."""
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < self.context_length - 1:
-            return ContextLengthError(f"the prompt is {size} but prompts are limited to "
-                                      f"{self.tokens:,} tokens (--max-prompt-tokens)")
-        return ContextLengthError(f"the prompt is {size} but {self.model_name} has a context of "
-                                  f"{self.context_length}")
+            return ContextLengthError(
+                f"the prompt is {size} but prompts are limited to "
+                f"{self.tokens:,} tokens (--max-prompt-tokens)"
+            )
+        return ContextLengthError(
+            f"the prompt is {size} but {self.model_name} has a context of {self.context_length}"
+        )
 
 
 class Prompts:
@@ -123,7 +126,9 @@ def _text(tokenizer, request: GenerationRequest) -> tuple[str, bool]:
     if tools:
         return _text_with_tools(tokenizer, messages, tools), False
     if getattr(tokenizer, "has_chat_template", False):
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False), False
+        return tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        ), False
     return "\n".join(f"{m['role']}: {m['content']}" for m in messages) + "\nassistant:", True
 
 
@@ -134,8 +139,9 @@ def _text_with_tools(tokenizer, messages: list[dict], tools: list[dict]) -> str:
     fix = "start RadixChat with --chat-template FILE (a Jinja template that takes tools)"
     if not getattr(tokenizer, "has_chat_template", False) or not has_tool_markup(tokenizer):
         raise UserError(f"this model's chat template cannot take tools: {fix}")
-    text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
-                                         tokenize=False)
+    text = tokenizer.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=True, tokenize=False
+    )
     missing = names_missing(text, [tool_name(t) for t in tools])
     if missing:
         raise UserError(f"this model's chat template drops the tools ({', '.join(missing)}): {fix}")

@@ -32,17 +32,29 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 
-from core.engine import batch_prefill
+from core.engine import batch_prefill, generation
 from core.engine.constrain import Grammars, grammar_for, tool_markup
 from core.engine.decode_batch import DecodeBatch
+from core.engine.generation import (
+    ChunkedPrefill,
+    StopText,
+    render_prompt,
+    sampling_tools,
+    vocab_size,
+)
 from core.engine.namespaces import label as namespace_label
 from core.engine.namespaces import owner as namespace_owner
-from core.engine.tools import ToolCallText
-from core.engine.types import DoneEvent, ErrorEvent, ProgressEvent, RequestStats, TokenEvent, ToolCallEvent
-from core.errors import ContextLengthError, ErrorKind, UserError
-from core.engine import generation
-from core.engine.generation import ChunkedPrefill, StopText, render_prompt, sampling_tools, vocab_size
 from core.engine.pacing import ChunkPacer
+from core.engine.tools import ToolCallText
+from core.engine.types import (
+    DoneEvent,
+    ErrorEvent,
+    ProgressEvent,
+    RequestStats,
+    TokenEvent,
+    ToolCallEvent,
+)
+from core.errors import ContextLengthError, ErrorKind, UserError
 from core.mlx_lm_compat import generation_stream
 
 MAX_BATCH = 16  # requests decoded together
@@ -107,9 +119,17 @@ def _group(state: _Active) -> str:
 class Scheduler:
     """Admits requests and steps the shared decode batch of one loaded model."""
 
-    def __init__(self, loaded, prefix_cache, persister, on_finished=lambda: None,
-                 on_progress=lambda: None, pacer: ChunkPacer | None = None, interleave: bool = True,
-                 batch_prefill: bool = True):
+    def __init__(
+        self,
+        loaded,
+        prefix_cache,
+        persister,
+        on_finished=lambda: None,
+        on_progress=lambda: None,
+        pacer: ChunkPacer | None = None,
+        interleave: bool = True,
+        batch_prefill: bool = True,
+    ):
         self.loaded = loaded
         # Prompts that wait together prefilled in one padded forward (core.engine.batch_prefill)
         self.batch_prefill = batch_prefill
@@ -159,12 +179,16 @@ class Scheduler:
         at a time). Raises UserError for a request that cannot run."""
         request, loaded = handle.request, self.loaded
         started = time.perf_counter() - handle.prompt_s  # rendered and tokenised on a prompt thread
-        prompt = render_prompt(loaded.tokenizer, request)  # schemas checked on the prompt thread (engine.py)
+        prompt = render_prompt(
+            loaded.tokenizer, request
+        )  # schemas checked on the prompt thread (engine.py)
         context = loaded.info.context_length
         if self.vocab is not None and not 0 <= min(prompt) <= max(prompt) < self.vocab:
             bad = next(t for t in prompt if not 0 <= t < self.vocab)
-            raise UserError(f"token id {bad} is not in {loaded.info.name}'s vocabulary "
-                            f"(ids 0 to {self.vocab - 1})")
+            raise UserError(
+                f"token id {bad} is not in {loaded.info.name}'s vocabulary "
+                f"(ids 0 to {self.vocab - 1})"
+            )
         if len(prompt) >= context:
             raise ContextLengthError(
                 f"the prompt is {len(prompt)} tokens but {loaded.info.name} has a context of {context}"
@@ -176,11 +200,23 @@ class Scheduler:
             grammar = self.grammars.processor(grammar, len(prompt))
             processors = [*processors, grammar]
         calls_on = request.tools and request.tool_choice != "none" and self.markup is not None
-        state = _Active(handle, prompt, None, 0, 0, started, min(params.max_tokens, context - len(prompt)),
-                        StopText(params.stop), loaded.tokenizer.detokenizer,
-                        ToolCallText(self.markup, request.tools) if calls_on else None, grammar)
+        state = _Active(
+            handle,
+            prompt,
+            None,
+            0,
+            0,
+            started,
+            min(params.max_tokens, context - len(prompt)),
+            StopText(params.stop),
+            loaded.tokenizer.detokenizer,
+            ToolCallText(self.markup, request.tools) if calls_on else None,
+            grammar,
+        )
         self._arrivals += 1
-        self.waiting.append(_Prefill(state, sampler, processors, (request.priority, self._arrivals)))
+        self.waiting.append(
+            _Prefill(state, sampler, processors, (request.priority, self._arrivals))
+        )
 
     def _prefill_step(self) -> None:
         """End the waiting requests that were cancelled; then the first waiting request (by
@@ -190,7 +226,11 @@ class Scheduler:
             self._end_prefill(job, "cancelled")
         if not self.waiting:
             return
-        if self.batch_prefill and len(self.waiting) > 1 and min(self.waiting, key=self._turn).run is None:
+        if (
+            self.batch_prefill
+            and len(self.waiting) > 1
+            and min(self.waiting, key=self._turn).run is None
+        ):
             group = self._batch_group()
             if len(group) > 1:
                 self._prefill_together(group)
@@ -222,7 +262,9 @@ class Scheduler:
         requests decoding (round robin between clients: one with 16 streams running does not
         keep another's first request waiting behind its next ones), then arrival."""
         group = _group(job.state)
-        decoding = self.batch.rows_of(group) + (self.solo is not None and _group(self.solo.state) == group)
+        decoding = self.batch.rows_of(group) + (
+            self.solo is not None and _group(self.solo.state) == group
+        )
         priority, arrival = job.order
         return priority, decoding, arrival
 
@@ -232,8 +274,11 @@ class Scheduler:
         started: matched against the cache). One that does not fit stays started, for the
         one-at-a-time path."""
         decoding = self.solo is not None or bool(self.batched)
-        tokens = (self.pacer.batch_tokens(decoding, batch_prefill.IDLE_TOKENS) if self.pacer is not None
-                  else batch_prefill.IDLE_TOKENS)
+        tokens = (
+            self.pacer.batch_tokens(decoding, batch_prefill.IDLE_TOKENS)
+            if self.pacer is not None
+            else batch_prefill.IDLE_TOKENS
+        )
         group: list[_Prefill] = []
         rests: list[int] = []
         for job in sorted(self.waiting, key=self._turn)[: batch_prefill.PREFILL_ROWS]:
@@ -247,8 +292,9 @@ class Scheduler:
                 self._end_with_error(job, exc)
                 continue
             rest = len(job.state.prompt) - job.state.cached
-            if (not batch_prefill.batchable(job.caches)
-                    or batch_prefill.rows_that_fit([*rests, rest], tokens) <= len(rests)):
+            if not batch_prefill.batchable(job.caches) or batch_prefill.rows_that_fit(
+                [*rests, rest], tokens
+            ) <= len(rests):
                 break
             group.append(job)
             rests.append(rest)
@@ -263,9 +309,12 @@ class Scheduler:
             self.waiting.remove(job)
         began = time.perf_counter()
         try:
-            rows = batch_prefill.prefill_rows(self.loaded.model, [job.caches for job in group],
-                                              [job.state.prompt[: job.state.cached] for job in group],
-                                              [job.state.prompt[job.state.cached :] for job in group])
+            rows = batch_prefill.prefill_rows(
+                self.loaded.model,
+                [job.caches for job in group],
+                [job.state.prompt[: job.state.cached] for job in group],
+                [job.state.prompt[job.state.cached :] for job in group],
+            )
         except Exception as exc:  # these requests fail; the others run on
             for job in group:
                 self._end_with_error(job, exc)
@@ -314,10 +363,14 @@ class Scheduler:
                 self._hand_over()
             rows.keep([row for row, _, _ in joining])
             uids = self.batch.join_rows(
-                [first for _, _, first in joining], rows.batch.prompt_cache, rows.batch.tokens,
-                [job.sampler for _, job, _ in joining], [job.processors for _, job, _ in joining],
+                [first for _, _, first in joining],
+                rows.batch.prompt_cache,
+                rows.batch.tokens,
+                [job.sampler for _, job, _ in joining],
+                [job.processors for _, job, _ in joining],
                 [job.state.max_tokens - len(job.state.generated) for _, job, _ in joining],
-                [_group(job.state) for _, job, _ in joining])
+                [_group(job.state) for _, job, _ in joining],
+            )
         except Exception as exc:
             log.exception("starting a batched prefill's requests failed")
             for _, job, _ in joining:
@@ -333,14 +386,19 @@ class Scheduler:
         cache_on = self.prefix_cache is not None and request.use_cache and self.prefix_cache.enabled
         persister = self.persister if cache_on else None
         namespace = request.cache_namespace
-        restored = persister.restore(prompt, request.session, namespace) if persister is not None else 0
+        restored = (
+            persister.restore(prompt, request.session, namespace) if persister is not None else 0
+        )
         job.flush = bool(restored)  # the restored K/V's copy into the pool: after the first token
         prefix = self.prefix_cache.match(prompt, namespace) if cache_on else None
         state.prefix = prefix
         state.cached = prefix.length if prefix is not None else 0
         state.restored = min(restored, state.cached)
-        job.caches = (self.prefix_cache.make_caches(prefix, room=len(prompt) - prefix.length + 1)
-                      if prefix is not None else make_prompt_cache(self.loaded.model))
+        job.caches = (
+            self.prefix_cache.make_caches(prefix, room=len(prompt) - prefix.length + 1)
+            if prefix is not None
+            else make_prompt_cache(self.loaded.model)
+        )
         cached, caches = state.cached, job.caches
 
         def on_prefilled(done: int) -> None:
@@ -348,7 +406,9 @@ class Scheduler:
                 state.snapshots.append(snap)
 
         hybrid = prefix is not None and self.prefix_cache.hybrid
-        job.run = ChunkedPrefill(self.loaded.model, prompt[cached:], caches, on_prefilled if hybrid else None)
+        job.run = ChunkedPrefill(
+            self.loaded.model, prompt[cached:], caches, on_prefilled if hybrid else None
+        )
         state.handle._emit(ProgressEvent(cached, len(prompt)))
 
     def _chunk(self, job: _Prefill, size: int) -> None:
@@ -363,7 +423,9 @@ class Scheduler:
         job.compute_s += seconds
         if self.pacer is not None:
             self.pacer.observe(tokens, seconds)
-        job.state.handle._emit(ProgressEvent(job.state.cached + job.run.done, len(job.state.prompt)))
+        job.state.handle._emit(
+            ProgressEvent(job.state.cached + job.run.done, len(job.state.prompt))
+        )
         self.on_progress()
 
     def _first_token(self, job: _Prefill) -> None:
@@ -402,8 +464,15 @@ class Scheduler:
     def _go_solo(self, job: _Prefill, caches: list, first: int) -> None:
         """Nothing else decodes: ``job`` decodes alone, ``first`` its next input."""
         prompt = job.state.prompt
-        solo = _Solo(job.state, caches, job.sampler, job.processors, list(prompt) + [first], None,
-                     mx.array(prompt) if job.processors else None)
+        solo = _Solo(
+            job.state,
+            caches,
+            job.sampler,
+            job.processors,
+            list(prompt) + [first],
+            None,
+            mx.array(prompt) if job.processors else None,
+        )
         solo.pending = self._solo_forward(solo, mx.array([first]))
         self.solo = solo
 
@@ -421,7 +490,9 @@ class Scheduler:
         if isinstance(exc, UserError):
             event = ErrorEvent(str(exc), exc.kind)
         elif isinstance(exc, MemoryError):
-            event = ErrorEvent("out of memory: try a shorter prompt or a smaller model", ErrorKind.OUT_OF_MEMORY)
+            event = ErrorEvent(
+                "out of memory: try a shorter prompt or a smaller model", ErrorKind.OUT_OF_MEMORY
+            )
         else:
             log.exception("prefilling a request failed")
             event = ErrorEvent(f"internal error: {exc}", ErrorKind.INTERNAL)
@@ -437,8 +508,15 @@ class Scheduler:
 
     def _insert(self, state: _Active, last: int, caches, cache_tokens, sampler, processors) -> None:
         """Join the batch: ``last`` (taken, not yet in ``caches``) is fed at its next step."""
-        uid = self.batch.join(last, caches, cache_tokens, sampler, processors,
-                              state.max_tokens - len(state.generated), _group(state))
+        uid = self.batch.join(
+            last,
+            caches,
+            cache_tokens,
+            sampler,
+            processors,
+            state.max_tokens - len(state.generated),
+            _group(state),
+        )
         self.batched[uid] = state
 
     # ------------------------------------------------------------------ solo decode
@@ -450,7 +528,9 @@ class Scheduler:
                 solo.context = mx.concatenate([solo.context, y])
                 for processor in solo.processors:
                     logits = processor(solo.context, logits)
-            if solo.sampler is greedy_sampler and not solo.processors:  # as the decode batch's _Batch
+            if (
+                solo.sampler is greedy_sampler and not solo.processors
+            ):  # as the decode batch's _Batch
                 sampled = mx.argmax(logits, axis=-1)
             else:
                 sampled = solo.sampler(logits - mx.logsumexp(logits, keepdims=True))
@@ -493,7 +573,9 @@ class Scheduler:
             if finish is not None or state.handle.cancelled:
                 self._finish_safely(state, finish or "cancelled", solo.caches, solo.cache_tokens)
                 return
-            self._insert(state, token, solo.caches, solo.cache_tokens, solo.sampler, solo.processors)
+            self._insert(
+                state, token, solo.caches, solo.cache_tokens, solo.sampler, solo.processors
+            )
         except Exception as exc:
             log.exception("moving a request into the decode batch failed")
             self._fail(state, f"internal error: {exc}")
@@ -555,8 +637,9 @@ class Scheduler:
             return "length"
         return None
 
-    def _show(self, state: _Active, piece: str, token_ids: tuple[int, ...] = (),
-              final: bool = False) -> None:
+    def _show(
+        self, state: _Active, piece: str, token_ids: tuple[int, ...] = (), final: bool = False
+    ) -> None:
         """Send ``piece`` of the reply: tool-call markup is taken out and its calls sent as
         their own events. ``final``: the reply is over, flush what was held back."""
         calls = []
@@ -599,7 +682,11 @@ class Scheduler:
         ended = time.perf_counter()
         if state.prefix is not None:
             seen = list(cache_tokens) if cache_tokens is not None else []
-            if finish != "cancelled" and caches is not None and seen == (prompt + state.generated)[: len(seen)]:
+            if (
+                finish != "cancelled"
+                and caches is not None
+                and seen == (prompt + state.generated)[: len(seen)]
+            ):
                 try:
                     self._store(state, seen, caches)
                 except Exception:  # caching may cost time, never the reply
@@ -625,10 +712,19 @@ class Scheduler:
             cache_namespace=namespace_label(handle.request.cache_namespace),
         )
         calls = tuple(state.tool_text.calls) if state.tool_text is not None else ()
-        failure = state.grammar.failure if state.grammar is not None and finish != "cancelled" else None
-        if failure is not None:  # what was sent is not what the schema asks for: never a finished reply
-            handle._emit(ErrorEvent(f"the output constraint failed after {n} tokens ({failure}); the reply "
-                                    "would not match the schema: a simpler schema may work", ErrorKind.BAD_REQUEST))
+        failure = (
+            state.grammar.failure if state.grammar is not None and finish != "cancelled" else None
+        )
+        if (
+            failure is not None
+        ):  # what was sent is not what the schema asks for: never a finished reply
+            handle._emit(
+                ErrorEvent(
+                    f"the output constraint failed after {n} tokens ({failure}); the reply "
+                    "would not match the schema: a simpler schema may work",
+                    ErrorKind.BAD_REQUEST,
+                )
+            )
         else:
             handle._emit(DoneEvent("".join(state.shown), stats, calls))
         handle._finish()

@@ -24,9 +24,14 @@ def template_message(message: ChatMessage) -> dict:
     arguments as a mapping, a tool result with its call id and tool name)."""
     out: dict = {"role": message.role, "content": message.content}
     if message.tool_calls:
-        out["tool_calls"] = [{"id": c.id, "type": "function",
-                              "function": {"name": c.name, "arguments": _arguments(c.arguments)}}
-                             for c in message.tool_calls]
+        out["tool_calls"] = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": _arguments(c.arguments)},
+            }
+            for c in message.tool_calls
+        ]
     if message.tool_call_id is not None:
         out["tool_call_id"] = message.tool_call_id
     if message.name is not None:
@@ -46,14 +51,18 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def parse_calls(markup: ToolMarkup, text: str, tools, complete: bool = True) -> list[ToolCall] | None:
+def parse_calls(
+    markup: ToolMarkup, text: str, tools, complete: bool = True
+) -> list[ToolCall] | None:
     """The calls written in ``text`` (what was between the markers), None if it does not
     parse (the text is then shown as it is, nothing lost). ``complete``: the end marker
     came (a call cut short by max_tokens failing to parse is no surprise)."""
     try:
         parsed = markup.parse(text, list(tools))
     except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
-        (log.warning if complete else log.debug)("a tool call did not parse (%s): %r", exc, text[:200])
+        (log.warning if complete else log.debug)(
+            "a tool call did not parse (%s): %r", exc, text[:200]
+        )
         return None
     calls = []
     for item in parsed if isinstance(parsed, list) else [parsed]:
@@ -92,13 +101,13 @@ class ToolCallText:
                     self.pending = self.pending[cut:]
                     break
                 shown += self.pending[:at]
-                self.pending = self.pending[at + len(start):]
+                self.pending = self.pending[at + len(start) :]
                 self.inside = True
             else:
                 at = self.pending.find(end)
                 if at == -1:
                     break
-                body, self.pending = self.pending[:at], self.pending[at + len(end):]
+                body, self.pending = self.pending[:at], self.pending[at + len(end) :]
                 self.inside = False
                 parsed = parse_calls(self.markup, body, self.tools)
                 if parsed is None:
@@ -116,7 +125,9 @@ class ToolCallText:
         if not self.inside:
             return rest, []
         self.inside = False
-        parsed = parse_calls(self.markup, rest, self.tools, complete=False) if rest.strip() else None
+        parsed = (
+            parse_calls(self.markup, rest, self.tools, complete=False) if rest.strip() else None
+        )
         if parsed is None:
             log.info("dropped an unfinished tool call: %r", rest[:200])
             return "", []

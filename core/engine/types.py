@@ -114,7 +114,9 @@ class RequestStats:
     constraint_cpu_s: float = 0.0  # CPU time spent enforcing a grammar (constrained decoding)
     finish_reason: str = "stop"  # "stop" | "length" | "cancelled" | "tool_calls"
     stop_sequence: str | None = None  # the stop string that ended the reply (finish_reason "stop")
-    cache_namespace: str = ""  # the cache namespace that served the hit: a short label (namespaces.label)
+    cache_namespace: str = (
+        ""  # the cache namespace that served the hit: a short label (namespaces.label)
+    )
 
 
 @dataclass(frozen=True)

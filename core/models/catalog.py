@@ -18,8 +18,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from core.models import hf_cache
 from core.errors import UserError
+from core.models import hf_cache
 
 if TYPE_CHECKING:  # provision is imported where it is used: the hub's fit estimate needs none of it
     from core.models import provision
@@ -55,7 +55,9 @@ def runs_on_cpu() -> bool:
     return sys.platform != "darwin"
 
 
-def estimate_memory_bytes(kind: str, size_bytes: int, on_cpu: bool, parameters: int | None = None) -> int:
+def estimate_memory_bytes(
+    kind: str, size_bytes: int, on_cpu: bool, parameters: int | None = None
+) -> int:
     """The memory a model's weights take once loaded.
 
     On the CPU every weight becomes float32: ``4 * parameters`` when the count is known,
@@ -82,13 +84,20 @@ def model_catalog(data_root: Path, on_cpu: bool | None = None) -> list[CatalogEn
     for known in provision.KNOWN_MODELS.values():
         downloaded = known.name in present
         path = provision.known_model_path(known, data_root)
-        parameters = gguf_parameter_count(path) if downloaded else KNOWN_PARAMETERS.get(known.sha256)
-        entries.append(CatalogEntry(
-            spec=known.name, name=f"{known.filename.removesuffix('.gguf')} ({known.name})",
-            kind="known-gguf", size_bytes=known.size,
-            memory_bytes=estimate_memory_bytes("known-gguf", known.size, on_cpu, parameters),
-            downloaded=downloaded, description=known.description,
-        ))
+        parameters = (
+            gguf_parameter_count(path) if downloaded else KNOWN_PARAMETERS.get(known.sha256)
+        )
+        entries.append(
+            CatalogEntry(
+                spec=known.name,
+                name=f"{known.filename.removesuffix('.gguf')} ({known.name})",
+                kind="known-gguf",
+                size_bytes=known.size,
+                memory_bytes=estimate_memory_bytes("known-gguf", known.size, on_cpu, parameters),
+                downloaded=downloaded,
+                description=known.description,
+            )
+        )
     for model in local:
         if model.kind != "known-gguf":
             entries.append(_entry(model, on_cpu))
@@ -116,11 +125,18 @@ def entry_for_path(path: Path, on_cpu: bool | None = None) -> CatalogEntry:
     on_cpu = runs_on_cpu() if on_cpu is None else on_cpu
     path = Path(path)
     if path.is_file() and path.suffix.lower() == ".gguf":
-        return _entry(provision.LocalModel(path.stem, str(path), "gguf", path.stat().st_size), on_cpu)
+        return _entry(
+            provision.LocalModel(path.stem, str(path), "gguf", path.stat().st_size), on_cpu
+        )
     if provision._is_mlx_dir(path):
-        return _entry(provision.LocalModel(path.name, str(path), "mlx-dir", provision._folder_size(path)), on_cpu)
+        return _entry(
+            provision.LocalModel(path.name, str(path), "mlx-dir", provision._folder_size(path)),
+            on_cpu,
+        )
     if path.is_dir():
-        raise UserError(f"{path} is not an MLX model folder: it needs config.json and .safetensors weights")
+        raise UserError(
+            f"{path} is not an MLX model folder: it needs config.json and .safetensors weights"
+        )
     raise UserError(f"{path} is not a .gguf file")
 
 
@@ -133,8 +149,13 @@ def _entry(model: provision.LocalModel, on_cpu: bool) -> CatalogEntry:
     else:
         folder = Path(model.spec) if model.kind == "mlx-dir" else hf_cache.resolve_repo(model.spec)
         parameters = safetensors_parameter_count(folder) if folder is not None else None
-    return CatalogEntry(spec=model.spec, name=model.name, kind=model.kind, size_bytes=model.size_bytes,
-                        memory_bytes=estimate_memory_bytes(model.kind, model.size_bytes, on_cpu, parameters))
+    return CatalogEntry(
+        spec=model.spec,
+        name=model.name,
+        kind=model.kind,
+        size_bytes=model.size_bytes,
+        memory_bytes=estimate_memory_bytes(model.kind, model.size_bytes, on_cpu, parameters),
+    )
 
 
 # ---------------------------------------------------------------------------- parameter counts
@@ -152,7 +173,9 @@ def gguf_parameter_count(path: Path) -> int | None:
 @lru_cache(maxsize=64)
 def _gguf_parameters(path: str, size: int, mtime_ns: int) -> int:
     """(size and mtime are the cache key: a changed file is read again)"""
-    from core.models.gguf_header import read_header  # numpy and gguf: not for `radixchat pull` / search
+    from core.models.gguf_header import (
+        read_header,
+    )  # numpy and gguf: not for `radixchat pull` / search
 
     return read_header(Path(path), metadata=False).parameter_count()
 

@@ -53,8 +53,11 @@ def tool_calling(hf_tokenizer) -> dict:
     if kind is None:
         return {"tool_parser": None, "tool_call_start": None, "tool_call_end": None}
     module = importlib.import_module(f"mlx_lm.tool_parsers.{kind}")
-    return {"tool_parser": module.parse_tool_call, "tool_call_start": module.tool_call_start,
-            "tool_call_end": module.tool_call_end}
+    return {
+        "tool_parser": module.parse_tool_call,
+        "tool_call_start": module.tool_call_start,
+        "tool_call_end": module.tool_call_end,
+    }
 
 
 def with_chat_template(tokenizer, template: str):
@@ -67,5 +70,9 @@ def with_chat_template(tokenizer, template: str):
     hf = hf_tokenizer(tokenizer)
     hf.chat_template = template
     detokenizer = tokenizer.detokenizer
-    return TokenizerWrapper(hf, lambda _hf: detokenizer, eos_token_ids=sorted(tokenizer.eos_token_ids),
-                            **tool_calling(hf))
+    return TokenizerWrapper(
+        hf,
+        lambda _hf: detokenizer,
+        eos_token_ids=sorted(tokenizer.eos_token_ids),
+        **tool_calling(hf),
+    )

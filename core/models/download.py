@@ -32,10 +32,10 @@ import queue
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from core.models import hf_cache, http_get, hub
 from core.models.hashing import FileHashCache
@@ -92,12 +92,23 @@ def parse_target(target: str) -> tuple[str, str | None]:
     return repo_id, (filename if sep else None)
 
 
-def pull(target: str, *, data_root: Path | None = None, progress: ProgressFn | None = None,
-         cancel: threading.Event | None = None, revision: str = "main") -> PullResult:
+def pull(
+    target: str,
+    *,
+    data_root: Path | None = None,
+    progress: ProgressFn | None = None,
+    cancel: threading.Event | None = None,
+    revision: str = "main",
+) -> PullResult:
     """Download ``REPO[:FILE]``; :class:`HubError` (one line) for anything the user can fix."""
     repo_id, filename = parse_target(target)
-    return download(hub.plan(repo_id, filename, revision), data_root=data_root, progress=progress,
-                    cancel=cancel, revision=revision)
+    return download(
+        hub.plan(repo_id, filename, revision),
+        data_root=data_root,
+        progress=progress,
+        cancel=cancel,
+        revision=revision,
+    )
 
 
 def partial_bytes(plan: RepoPlan) -> int:
@@ -112,8 +123,14 @@ def partial_bytes(plan: RepoPlan) -> int:
     return done
 
 
-def download(plan: RepoPlan, *, data_root: Path | None = None, progress: ProgressFn | None = None,
-             cancel: threading.Event | None = None, revision: str = "main") -> PullResult:
+def download(
+    plan: RepoPlan,
+    *,
+    data_root: Path | None = None,
+    progress: ProgressFn | None = None,
+    cancel: threading.Event | None = None,
+    revision: str = "main",
+) -> PullResult:
     started = time.monotonic()
     hub.check_plan(plan)  # nothing the hub named leaves the repo's folders
     cancel = cancel or threading.Event()
@@ -139,18 +156,31 @@ def download(plan: RepoPlan, *, data_root: Path | None = None, progress: Progres
         if rest:
             _fetch_all(plan, rest, meter, hashes)
     except KeyboardInterrupt:
-        raise DownloadCancelled(f"download of {plan.spec} cancelled ({meter.done / 1e6:,.0f} of "
-                                f"{meter.total / 1e6:,.0f} MB kept): pull it again to resume") from None
+        raise DownloadCancelled(
+            f"download of {plan.spec} cancelled ({meter.done / 1e6:,.0f} of "
+            f"{meter.total / 1e6:,.0f} MB kept): pull it again to resume"
+        ) from None
     meter.report(force=True)
     path = _link(plan, storage, revision)
-    return PullResult(plan.spec, path, plan.repo_id, plan.kind, plan.size_bytes, meter.fetched,
-                      time.monotonic() - started)
+    return PullResult(
+        plan.spec,
+        path,
+        plan.repo_id,
+        plan.kind,
+        plan.size_bytes,
+        meter.fetched,
+        time.monotonic() - started,
+    )
 
 
 def _paths(plan: RepoPlan, file: RepoFile) -> tuple[Path, Path, Path]:
     storage = hf_cache.repo_folder(plan.repo_id)
     blob = storage / "blobs" / file.etag
-    return blob, blob.with_name(file.etag + PARTIAL_SUFFIX), storage / "snapshots" / plan.commit / file.path
+    return (
+        blob,
+        blob.with_name(file.etag + PARTIAL_SUFFIX),
+        storage / "snapshots" / plan.commit / file.path,
+    )
 
 
 def _check_disk_space(plan: RepoPlan, todo: list[RepoFile], storage: Path) -> None:
@@ -160,8 +190,10 @@ def _check_disk_space(plan: RepoPlan, todo: list[RepoFile], storage: Path) -> No
         needed += file.size - (partial.stat().st_size if partial.is_file() else 0)
     free = shutil.disk_usage(storage).free
     if needed > free:
-        raise HubError(f"not enough disk space for {plan.spec}: it needs {needed / 1e9:.2f} GB more, "
-                       f"{free / 1e9:.2f} GB free in {storage.parent}")
+        raise HubError(
+            f"not enough disk space for {plan.spec}: it needs {needed / 1e9:.2f} GB more, "
+            f"{free / 1e9:.2f} GB free in {storage.parent}"
+        )
 
 
 def _check_architecture(plan: RepoPlan) -> None:
@@ -175,16 +207,25 @@ def _check_architecture(plan: RepoPlan) -> None:
     try:
         model_type = json.loads(blob.read_text(encoding="utf-8")).get("model_type")
     except (OSError, ValueError, AttributeError):
-        raise HubError(f"{plan.repo_id}'s config.json is not valid JSON: not a model RadixChat can load") from None
+        raise HubError(
+            f"{plan.repo_id}'s config.json is not valid JSON: not a model RadixChat can load"
+        ) from None
     if not model_type or not hub.mlx_lm_supports(str(model_type)):
-        raise HubError(f"{plan.repo_id} is a {model_type or 'untyped'} model, which mlx-lm can't load")
+        raise HubError(
+            f"{plan.repo_id} is a {model_type or 'untyped'} model, which mlx-lm can't load"
+        )
 
 
-def _fetch_all(plan: RepoPlan, files: list[RepoFile], meter: "_Meter", hashes) -> None:
-    with ThreadPoolExecutor(max_workers=min(MAX_WORKERS, len(files)), thread_name_prefix="pull") as pool:
+def _fetch_all(plan: RepoPlan, files: list[RepoFile], meter: _Meter, hashes) -> None:
+    with ThreadPoolExecutor(
+        max_workers=min(MAX_WORKERS, len(files)), thread_name_prefix="pull"
+    ) as pool:
         # The largest first: it takes longest, so it starts before the small ones take the
         # GIL to open their requests (MAX_WORKERS at once; the rest as workers free up).
-        futures = [pool.submit(_fetch, plan, f, meter, hashes) for f in sorted(files, key=lambda f: -f.size)]
+        futures = [
+            pool.submit(_fetch, plan, f, meter, hashes)
+            for f in sorted(files, key=lambda f: -f.size)
+        ]
         try:
             done, _ = wait(futures, return_when=FIRST_EXCEPTION)
         except KeyboardInterrupt:
@@ -196,11 +237,14 @@ def _fetch_all(plan: RepoPlan, files: list[RepoFile], meter: "_Meter", hashes) -
             meter.stop.set()  # the other files stop at their next chunk
             wait(futures)
             cancelled = [e for e in errors if isinstance(e, DownloadCancelled)]
-            raise (errors[0] if not cancelled or len(cancelled) == len(errors) else
-                   next(e for e in errors if not isinstance(e, DownloadCancelled)))
+            raise (
+                errors[0]
+                if not cancelled or len(cancelled) == len(errors)
+                else next(e for e in errors if not isinstance(e, DownloadCancelled))
+            )
 
 
-def _fetch(plan: RepoPlan, file: RepoFile, meter: "_Meter", hashes: FileHashCache | None) -> None:
+def _fetch(plan: RepoPlan, file: RepoFile, meter: _Meter, hashes: FileHashCache | None) -> None:
     """One file into ``blobs/<etag>``, resuming its ``.incomplete`` part, verified."""
     blob, partial, _ = _paths(plan, file)
     # The commit's URL names these bytes for good; the hub redirects it to its CDN, and
@@ -219,8 +263,10 @@ def _fetch(plan: RepoPlan, file: RepoFile, meter: "_Meter", hashes: FileHashCach
         raise
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
-            raise HubError(f"the disk is full: {file.path} of {plan.repo_id} stopped at "
-                           f"{_size(partial) / 1e6:,.0f} MB (kept); free some space and pull again") from None
+            raise HubError(
+                f"the disk is full: {file.path} of {plan.repo_id} stopped at "
+                f"{_size(partial) / 1e6:,.0f} MB (kept); free some space and pull again"
+            ) from None
         raise hub.hub_error(exc, plan.repo_id) from None
     except Exception as exc:
         raise hub.hub_error(exc, plan.repo_id) from None
@@ -228,14 +274,16 @@ def _fetch(plan: RepoPlan, file: RepoFile, meter: "_Meter", hashes: FileHashCach
     if digest != expected:
         partial.unlink(missing_ok=True)
         kind = "SHA-256" if file.sha256 else "git blob id"
-        raise HubError(f"{file.path} of {plan.repo_id} failed its hash check ({kind} {digest[:12]}…, the hub lists "
-                       f"{expected[:12]}…): the file was deleted; pull again")
+        raise HubError(
+            f"{file.path} of {plan.repo_id} failed its hash check ({kind} {digest[:12]}…, the hub lists "
+            f"{expected[:12]}…): the file was deleted; pull again"
+        )
     os.replace(partial, blob)
     if hashes is not None and file.sha256:
         hashes.remember(blob, digest)  # the model's fingerprint will not hash it again
 
 
-def _transfer(url: str, headers: dict, file: RepoFile, sink: "_Sink", meter: "_Meter") -> None:
+def _transfer(url: str, headers: dict, file: RepoFile, sink: _Sink, meter: _Meter) -> None:
     """Stream the rest of ``file`` into ``sink``; a dropped connection is asked again
     from where it stopped (up to ``RETRIES`` times in a row without progress)."""
     from huggingface_hub import constants
@@ -245,29 +293,40 @@ def _transfer(url: str, headers: dict, file: RepoFile, sink: "_Sink", meter: "_M
         start = sink.position
         request = {**headers, **({"Range": f"bytes={start}-"} if start else {})}
         try:
-            with http_get.open_get(url, request, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT) as response:
+            with http_get.open_get(
+                url, request, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT
+            ) as response:
                 if start and response.status == 200:  # the server ignored the Range
                     sink.restart()
                     meter.update(file, -start)
                     start = 0
                 if response.length is not None and start + response.length > file.size:
-                    raise HubError(f"{file.path} came longer than the {file.size:,} bytes the hub lists: pull again")
+                    raise HubError(
+                        f"{file.path} came longer than the {file.size:,} bytes the hub lists: pull again"
+                    )
                 _receive(response, file, sink, meter)
         except _retryable() as exc:
             failures = 0 if sink.position > start else failures + 1
             if failures >= RETRIES or meter.cancel.is_set():
                 meter.update(file, 0)  # a cancel says so rather than the network error
                 raise
-            log.warning("%s: %s after %d bytes; asking for the rest", file.path, type(exc).__name__, sink.position)
+            log.warning(
+                "%s: %s after %d bytes; asking for the rest",
+                file.path,
+                type(exc).__name__,
+                sink.position,
+            )
             time.sleep(RETRY_WAIT)
             continue
         if sink.position < file.size:  # the server closed early without an error
             failures = 0 if sink.position > start else failures + 1
             if failures >= RETRIES:
-                raise HubError(f"{file.path} stopped at {sink.position:,} of {file.size:,} bytes: pull again")
+                raise HubError(
+                    f"{file.path} stopped at {sink.position:,} of {file.size:,} bytes: pull again"
+                )
 
 
-def _receive(response, file: RepoFile, sink: "_Sink", meter: "_Meter") -> None:
+def _receive(response, file: RepoFile, sink: _Sink, meter: _Meter) -> None:
     """Read the body into the sink's buffers until it ends (or the file is whole).
 
     Each read fills one reused buffer straight from the socket (no ``bytes`` object per
@@ -277,7 +336,9 @@ def _receive(response, file: RepoFile, sink: "_Sink", meter: "_Meter") -> None:
     size = MIN_READ
     while True:
         buffer = sink.buffer()
-        want = min(size, len(buffer), file.size + 1 - sink.position)  # one byte more shows a body too long
+        want = min(
+            size, len(buffer), file.size + 1 - sink.position
+        )  # one byte more shows a body too long
         started = time.monotonic()
         try:
             n = response.readinto(memoryview(buffer)[:want])
@@ -289,7 +350,9 @@ def _receive(response, file: RepoFile, sink: "_Sink", meter: "_Meter") -> None:
             return
         if sink.position + n > file.size:
             sink.give_back(buffer)
-            raise HubError(f"{file.path} came longer than the {file.size:,} bytes the hub lists: pull again")
+            raise HubError(
+                f"{file.path} came longer than the {file.size:,} bytes the hub lists: pull again"
+            )
         sink.write(buffer, n)
         meter.update(file, n)  # raises when cancelled
         if n == want:
@@ -321,7 +384,9 @@ def _link(plan: RepoPlan, storage: Path, revision: str) -> Path:
     the hub again with a HEAD per file only to find the blob in place)."""
     snapshot = storage / "snapshots" / plan.commit
     missing = [f for f in plan.files if not (snapshot / f.path).is_file()]
-    for file in sorted(missing, key=lambda f: f.path == "config.json"):  # sorted() keeps the order otherwise
+    for file in sorted(
+        missing, key=lambda f: f.path == "config.json"
+    ):  # sorted() keeps the order otherwise
         blob, _, pointer = _paths(plan, file)
         pointer.parent.mkdir(parents=True, exist_ok=True)
         tmp = pointer.with_name(f".{pointer.name}.{os.getpid()}.tmp")
@@ -350,7 +415,9 @@ class _Sink:
     ``position`` counts the bytes taken."""
 
     BUFFERS = 4
-    BUFFER_BYTES = 1 << 20  # measured: larger buffers fall out of the CPU's cache between the stages
+    BUFFER_BYTES = (
+        1 << 20
+    )  # measured: larger buffers fall out of the CPU's cache between the stages
 
     def __init__(self, raw, file: RepoFile):
         self._raw, self._file = raw, file
@@ -362,13 +429,17 @@ class _Sink:
         self._to_write: queue.Queue = queue.Queue()
         self._error: BaseException | None = None
         self._rehash()
-        self._threads = [threading.Thread(target=self._hashing, name="pull-hash", daemon=True),
-                         threading.Thread(target=self._writing, name="pull-write", daemon=True)]
+        self._threads = [
+            threading.Thread(target=self._hashing, name="pull-hash", daemon=True),
+            threading.Thread(target=self._writing, name="pull-write", daemon=True),
+        ]
         for thread in self._threads:
             thread.start()
 
     def _rehash(self) -> None:
-        self._hasher = hashlib.sha256() if self._file.sha256 else hashlib.sha1(b"blob %d\0" % self._file.size)
+        self._hasher = (
+            hashlib.sha256() if self._file.sha256 else hashlib.sha1(b"blob %d\0" % self._file.size)
+        )
         self.position = self._raw.seek(0, os.SEEK_END)
         with open(self._raw.name, "rb") as existing:
             while chunk := existing.read(8 << 20):
@@ -410,7 +481,7 @@ class _Sink:
 
     def _put(self, data: memoryview) -> None:
         while data:  # an unbuffered file may take part of a write
-            data = data[self._raw.write(data):]
+            data = data[self._raw.write(data) :]
 
     def _drain(self) -> None:
         self._to_hash.join()
@@ -458,18 +529,24 @@ class _Sink:
 class _Meter:
     """Bytes across the files of one pull: rate, time left, progress callbacks, cancel."""
 
-    def __init__(self, plan: RepoPlan, done: int, progress: ProgressFn | None, cancel: threading.Event):
+    def __init__(
+        self, plan: RepoPlan, done: int, progress: ProgressFn | None, cancel: threading.Event
+    ):
         self.plan, self.total, self.done, self.fetched = plan, plan.size_bytes, done, 0
         self._progress, self.cancel, self.stop = progress, cancel, threading.Event()
         self._lock = threading.Lock()
-        self._samples: collections.deque[tuple[float, int]] = collections.deque([(time.monotonic(), 0)])
+        self._samples: collections.deque[tuple[float, int]] = collections.deque(
+            [(time.monotonic(), 0)]
+        )
         self._last_report = 0.0
         self._file = ""
 
     def update(self, file: RepoFile, n: int) -> None:
         if self.cancel.is_set() or self.stop.is_set():
-            raise DownloadCancelled(f"download of {self.plan.spec} cancelled ({self.done / 1e6:,.0f} of "
-                                    f"{self.total / 1e6:,.0f} MB kept): pull it again to resume")
+            raise DownloadCancelled(
+                f"download of {self.plan.spec} cancelled ({self.done / 1e6:,.0f} of "
+                f"{self.total / 1e6:,.0f} MB kept): pull it again to resume"
+            )
         with self._lock:
             self.done += n
             self.fetched += n
@@ -488,7 +565,14 @@ class _Meter:
             t0, f0 = self._samples[0]
             rate = (self.fetched - f0) / (now - t0) if now > t0 else 0.0
             left = max(0, self.total - self.done)
-            update = DownloadProgress(self.plan.spec, self._file, min(self.done, self.total), self.total,
-                                      self.fetched, rate, left / rate if rate > 0 else (0.0 if not left else None))
+            update = DownloadProgress(
+                self.plan.spec,
+                self._file,
+                min(self.done, self.total),
+                self.total,
+                self.fetched,
+                rate,
+                left / rate if rate > 0 else (0.0 if not left else None),
+            )
         if self._progress is not None:
             self._progress(update)

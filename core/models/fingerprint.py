@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from core.models.hashing import FileHashCache
 
@@ -31,12 +32,19 @@ def runtime_versions() -> dict[str, str]:
 
     from core.models.gguf_convert import CACHE_FORMAT  # bumped when the K-quant conversion changes
 
-    return {"mlx": mx.__version__, "mlx_lm": mlx_lm.__version__, "radixchat_numerics": str(NUMERICS_VERSION),
-            "gguf_conversion": str(CACHE_FORMAT)}
+    return {
+        "mlx": mx.__version__,
+        "mlx_lm": mlx_lm.__version__,
+        "radixchat_numerics": str(NUMERICS_VERSION),
+        "gguf_conversion": str(CACHE_FORMAT),
+    }
 
 
 def model_fingerprint(
-    config: dict[str, Any], files: Iterable[Path], weights_format: str, hashes: FileHashCache,
+    config: dict[str, Any],
+    files: Iterable[Path],
+    weights_format: str,
+    hashes: FileHashCache,
     runtime: dict[str, str] | None = None,
 ) -> str:
     """One hex digest naming a model exactly as the engine runs it."""

@@ -41,14 +41,16 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import gguf
 import mlx.core as mx
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
 
 from core.errors import ModelLoadError
 from core.models.gguf_header import GGUFHeader, TensorInfo
@@ -94,22 +96,35 @@ def convert_tensor(info: TensorInfo, data: np.ndarray, layout: str) -> dict[str,
     if kind in _AFFINE and len(shape) == 2:
         q, scales, biases = _decode_affine(kind, data, shape)
         if layout == "float32":  # exact: scale * q has at most 22 significant bits
-            groups = q.astype(mx.float32).reshape(shape[0], -1, 32) * scales[..., None] + biases[..., None]
+            groups = (
+                q.astype(mx.float32).reshape(shape[0], -1, 32) * scales[..., None]
+                + biases[..., None]
+            )
             return {name: groups.reshape(shape)}
         stem = name.removesuffix(".weight")
         small = _fits_float16(scales) and _fits_float16(biases)
         dtype = mx.float16 if small else mx.float32  # exact either way
         bits = _AFFINE[kind][0]
-        return {name: _pack(q, bits), f"{stem}.scales": scales.astype(dtype), f"{stem}.biases": biases.astype(dtype)}
+        return {
+            name: _pack(q, bits),
+            f"{stem}.scales": scales.astype(dtype),
+            f"{stem}.biases": biases.astype(dtype),
+        }
     try:
-        values = mx.array(gguf.quants.dequantize(data.reshape(*shape[:-1], -1), kind), dtype=mx.float32)
+        values = mx.array(
+            gguf.quants.dequantize(data.reshape(*shape[:-1], -1), kind), dtype=mx.float32
+        )
     except NotImplementedError:
         raise ModelLoadError(f"tensor {name}: GGML type {kind.name} is not supported") from None
     if layout == "float32" or len(shape) != 2 or shape[-1] % 32:
         return {name: values if layout == "float32" else values.astype(mx.float16)}
     weight, scales, biases = mx.quantize(values, group_size=32, bits=8)  # the one lossy step
     stem = name.removesuffix(".weight")
-    return {name: weight, f"{stem}.scales": scales.astype(mx.float16), f"{stem}.biases": biases.astype(mx.float16)}
+    return {
+        name: weight,
+        f"{stem}.scales": scales.astype(mx.float16),
+        f"{stem}.biases": biases.astype(mx.float16),
+    }
 
 
 def _f16(column: np.ndarray) -> np.ndarray:
@@ -176,12 +191,19 @@ def _q5_k(b):
 
 
 _AFFINE: dict[T, tuple[int, Callable]] = {  # type -> (bits of q, decoder)
-    T.Q8_0: (8, _q8_0), T.Q4_0: (4, _q4_0), T.Q4_1: (4, _q4_1), T.Q5_0: (5, _q5_0),
-    T.Q5_1: (5, _q5_1), T.Q4_K: (4, _q4_k), T.Q5_K: (5, _q5_k),
+    T.Q8_0: (8, _q8_0),
+    T.Q4_0: (4, _q4_0),
+    T.Q4_1: (4, _q4_1),
+    T.Q5_0: (5, _q5_0),
+    T.Q5_1: (5, _q5_1),
+    T.Q4_K: (4, _q4_k),
+    T.Q5_K: (5, _q5_k),
 }
 
 
-def _decode_affine(kind: T, data: np.ndarray, shape: tuple[int, ...]) -> tuple[mx.array, mx.array, mx.array]:
+def _decode_affine(
+    kind: T, data: np.ndarray, shape: tuple[int, ...]
+) -> tuple[mx.array, mx.array, mx.array]:
     """q (rows, cols) as uint8, and scales / biases (rows, cols / 32) as float32."""
     _, decode = _AFFINE[kind]
     rows, cols = shape
@@ -228,11 +250,15 @@ class ConversionCache:
     layout: str
 
     @classmethod
-    def under(cls, data_root: Path, source_sha256: str, layout: str | None = None) -> "ConversionCache":
+    def under(
+        cls, data_root: Path, source_sha256: str, layout: str | None = None
+    ) -> ConversionCache:
         layout = layout or default_layout()
         if layout not in LAYOUTS:
             raise ValueError(f"unknown layout {layout!r}")
-        return cls(Path(data_root) / "converted" / source_sha256[:32] / layout, source_sha256, layout)
+        return cls(
+            Path(data_root) / "converted" / source_sha256[:32] / layout, source_sha256, layout
+        )
 
     def load(self, config: dict[str, Any]) -> dict[str, mx.array] | None:
         """The kept weights, or None when there are none or they fail a check (then the
@@ -262,7 +288,9 @@ class ConversionCache:
         if stored_config != json.loads(json.dumps(config)):
             return "another configuration"
         weights = self.folder / WEIGHTS_FILE
-        remembered = FileDigest(meta["weights_sha256"], meta["weights_bytes"], meta["weights_mtime_ns"])
+        remembered = FileDigest(
+            meta["weights_sha256"], meta["weights_bytes"], meta["weights_mtime_ns"]
+        )
         if weights.stat().st_size != remembered.size:
             return "a truncated weights file"
         digest = recheck(weights, remembered)  # touched since: the bytes are read again
@@ -284,7 +312,9 @@ class ConversionCache:
             self._remove_stale_temps()
             tmp = Path(tempfile.mkdtemp(prefix=f".{self.layout}.", dir=self.folder.parent))
             mx.save_safetensors(str(tmp / WEIGHTS_FILE), weights)
-            (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
+            (tmp / "config.json").write_text(
+                json.dumps(config, indent=2, sort_keys=True), encoding="utf-8"
+            )
             digest = recheck(tmp / WEIGHTS_FILE, None)
             meta = {
                 "format": CACHE_FORMAT,
@@ -298,7 +328,11 @@ class ConversionCache:
             self._write_meta(meta, tmp)
             self._move_into_place(tmp)
         except (OSError, RuntimeError) as exc:
-            log.warning("could not keep converted weights in %s (%s): the next load converts again", self.folder, exc)
+            log.warning(
+                "could not keep converted weights in %s (%s): the next load converts again",
+                self.folder,
+                exc,
+            )
         finally:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)

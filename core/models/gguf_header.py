@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
 
 from core.errors import ModelLoadError
 
@@ -45,7 +46,19 @@ class GGUFHeader:
         return sum(math.prod(t.shape) for t in self.tensors)
 
 
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_SCALARS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
 _STRING, _ARRAY = 8, 9
 
 
@@ -118,7 +131,9 @@ def read_header(path: Path, metadata: bool = True) -> GGUFHeader:
             r.pos = 4
             version = r.scalar("<I")
             if version == 1:  # 32-bit counts; long superseded by versions 2 and 3
-                raise ModelLoadError(f"{path.name}: GGUF version 1 is not supported: convert the model again")
+                raise ModelLoadError(
+                    f"{path.name}: GGUF version 1 is not supported: convert the model again"
+                )
             n_tensors, n_kv = r.scalar("<Q"), r.scalar("<Q")
             values: dict[str, Any] = {}
             for _ in range(n_kv):
@@ -142,7 +157,9 @@ def read_header(path: Path, metadata: bool = True) -> GGUFHeader:
             ggml_type = T(type_id)
             block_size, type_size = GGML_QUANT_SIZES[ggml_type]
         except (ValueError, KeyError):
-            raise ModelLoadError(f"{path.name}: tensor {name} has an unknown GGML type {type_id}") from None
+            raise ModelLoadError(
+                f"{path.name}: tensor {name} has an unknown GGML type {type_id}"
+            ) from None
         nbytes = math.prod(shape) // block_size * type_size
         if data_start + offset + nbytes > size:
             raise ModelLoadError(f"{bad}: tensor {name} runs past the end of the file")

@@ -31,9 +31,10 @@ import logging
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -96,7 +97,9 @@ def read_gguf(path: Path, cache: ConversionCache | None = None) -> GGUFContents:
     metadata = header.metadata
     arch = metadata.get("general.architecture")
     if arch is None or not header.tensors:
-        raise ModelLoadError(f"{path.name} holds no model (no architecture or no tensors): truncated or corrupt?")
+        raise ModelLoadError(
+            f"{path.name} holds no model (no architecture or no tensors): truncated or corrupt?"
+        )
     if arch not in _ARCHITECTURES:
         raise ModelLoadError(
             f"{path.name}: GGUF architecture {arch!r} is not supported "
@@ -107,7 +110,9 @@ def read_gguf(path: Path, cache: ConversionCache | None = None) -> GGUFContents:
         try:
             raw = mx.load(str(path))
         except (RuntimeError, ValueError, OSError) as exc:
-            raise ModelLoadError(f"{path.name} is not a readable GGUF file (truncated or corrupt?): {exc}") from exc
+            raise ModelLoadError(
+                f"{path.name} is not a readable GGUF file (truncated or corrupt?): {exc}"
+            ) from exc
         return GGUFContents(arch, config, map_weights(arch, raw, path), metadata)
     weights = cache.load(config) if cache is not None else None
     if weights is None:
@@ -167,9 +172,13 @@ def _gemma3_config(meta: dict, shapes: dict, path: Path) -> dict[str, Any]:
     heads = int(need("attention.head_count"))
     head_dim = int(meta.get("gemma3.attention.key_length") or hidden // heads)
     if int(meta.get("gemma3.attention.value_length") or head_dim) != head_dim:
-        raise ModelLoadError(f"{path.name}: Gemma 3 with key and value heads of different sizes is not supported")
+        raise ModelLoadError(
+            f"{path.name}: Gemma 3 with key and value heads of different sizes is not supported"
+        )
     if meta.get("gemma3.final_logit_softcapping") or meta.get("gemma3.attn_logit_softcapping"):
-        raise ModelLoadError(f"{path.name}: logit soft-capping is not supported by mlx-lm's gemma3_text")
+        raise ModelLoadError(
+            f"{path.name}: logit soft-capping is not supported by mlx-lm's gemma3_text"
+        )
     window = int(meta.get("gemma3.attention.sliding_window") or 0)
     config = {
         "model_type": "gemma3_text",
@@ -186,7 +195,9 @@ def _gemma3_config(meta: dict, shapes: dict, path: Path) -> dict[str, Any]:
         # llama.cpp: 1/sqrt(head_dim), except the 27B (62 layers): 1/sqrt(hidden / heads)
         "query_pre_attn_scalar": hidden // heads if layers == 62 else head_dim,
         "sliding_window": window or int(meta.get("gemma3.context_length", 32768)),
-        "sliding_window_pattern": 6 if window else 1,  # every 6th layer global; none without a window
+        "sliding_window_pattern": 6
+        if window
+        else 1,  # every 6th layer global; none without a window
         "max_position_embeddings": int(meta.get("gemma3.context_length", 32768)),
         "rope_scaling": None,
         "tie_word_embeddings": "output.weight" not in shapes,
@@ -194,8 +205,13 @@ def _gemma3_config(meta: dict, shapes: dict, path: Path) -> dict[str, Any]:
     scaling = meta.get("gemma3.rope.scaling.type")
     if scaling not in (None, "none"):
         if scaling != "linear":
-            raise ModelLoadError(f"{path.name}: RoPE scaling {scaling!r} is not supported for Gemma 3")
-        config["rope_scaling"] = {"type": "linear", "factor": float(meta["gemma3.rope.scaling.factor"])}
+            raise ModelLoadError(
+                f"{path.name}: RoPE scaling {scaling!r} is not supported for Gemma 3"
+            )
+        config["rope_scaling"] = {
+            "type": "linear",
+            "factor": float(meta["gemma3.rope.scaling.factor"]),
+        }
     return config
 
 
@@ -255,7 +271,9 @@ def build_model(config: dict[str, Any], weights: dict[str, mx.array]) -> nn.Modu
     try:
         arch = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
     except ImportError as exc:
-        raise ModelLoadError(f"model type {config['model_type']!r} is not supported by mlx-lm") from exc
+        raise ModelLoadError(
+            f"model type {config['model_type']!r} is not supported by mlx-lm"
+        ) from exc
     model = arch.Model(arch.ModelArgs.from_dict(config))
     if hasattr(model, "sanitize"):
         weights = model.sanitize(weights)
@@ -325,7 +343,9 @@ def build_tokenizer(metadata: dict[str, Any], cache_file: Path | None = None):
             hf_tokenizer = _hf_tokenizer(metadata, tokenizer_file=str(cache_file))
     from core.models.chat_template import tool_calling
 
-    return TokenizerWrapper(hf_tokenizer, eos_token_ids=_eos_ids(metadata), **tool_calling(hf_tokenizer))
+    return TokenizerWrapper(
+        hf_tokenizer, eos_token_ids=_eos_ids(metadata), **tool_calling(hf_tokenizer)
+    )
 
 
 def _keep_tokenizer(backend, cache_file: Path) -> None:
@@ -373,8 +393,16 @@ def _eos_ids(metadata: dict[str, Any]) -> list[int]:
     """The file's EOS plus the end-of-turn tokens it marks as control tokens."""
     tokens = metadata["tokenizer.ggml.tokens"]
     types = metadata.get("tokenizer.ggml.token_type") or []
-    ids = [metadata["tokenizer.ggml.eos_token_id"]] if "tokenizer.ggml.eos_token_id" in metadata else []
-    index = {t: i for i, t in enumerate(tokens) if i < len(types) and types[i] == _CONTROL and t in _EXTRA_EOS}
+    ids = (
+        [metadata["tokenizer.ggml.eos_token_id"]]
+        if "tokenizer.ggml.eos_token_id" in metadata
+        else []
+    )
+    index = {
+        t: i
+        for i, t in enumerate(tokens)
+        if i < len(types) and types[i] == _CONTROL and t in _EXTRA_EOS
+    }
     if not types:  # no types in the file: trust the names
         index = {t: i for i, t in enumerate(tokens) if t in _EXTRA_EOS}
     return sorted(set(ids) | set(index.values()))

@@ -16,9 +16,10 @@ import hashlib
 import json
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 CHUNK = 4 << 20
 HASHES_FILE = "file_hashes.json"  # in the data folder
@@ -53,13 +54,13 @@ class FileDigest:
         return self.size == st.st_size and self.mtime_ns == st.st_mtime_ns
 
     @classmethod
-    def of(cls, path: Path, sha256: str, st: os.stat_result | None = None) -> "FileDigest":
+    def of(cls, path: Path, sha256: str, st: os.stat_result | None = None) -> FileDigest:
         """Remember ``sha256`` (known from elsewhere) for the file as it is now."""
         st = st or os.stat(path)
         return cls(sha256, st.st_size, st.st_mtime_ns)
 
     @classmethod
-    def from_json(cls, record: Any) -> "FileDigest | None":
+    def from_json(cls, record: Any) -> FileDigest | None:
         """A record written by :meth:`to_json`, or None when it is not one."""
         try:
             return cls(str(record["sha256"]), int(record["size"]), int(record["mtime_ns"]))
@@ -70,7 +71,9 @@ class FileDigest:
         return asdict(self)
 
 
-def recheck(path: Path, remembered: FileDigest | None, on_fraction: OnFraction | None = None) -> FileDigest:
+def recheck(
+    path: Path, remembered: FileDigest | None, on_fraction: OnFraction | None = None
+) -> FileDigest:
     """``remembered`` while the file keeps its size and mtime, else a fresh digest.
 
     The file is statted before it is read, so a write during the read leaves a record
@@ -102,7 +105,7 @@ class FileHashCache:
                 self._entries = {}
 
     @classmethod
-    def in_data_folder(cls, data_root: Path) -> "FileHashCache":
+    def in_data_folder(cls, data_root: Path) -> FileHashCache:
         """The data folder's cache, shared by the loader and provisioning."""
         return cls(Path(data_root) / HASHES_FILE)
 

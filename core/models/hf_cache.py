@@ -127,10 +127,12 @@ def list_cached_ggufs() -> list[tuple[str, Path]]:
 
 def _repo_folders() -> list[tuple[str, Path]]:
     try:
-        folders = sorted(p for p in hf_cache_root().iterdir() if p.name.startswith(_MODEL_PREFIX) and p.is_dir())
+        folders = sorted(
+            p for p in hf_cache_root().iterdir() if p.name.startswith(_MODEL_PREFIX) and p.is_dir()
+        )
     except OSError:
         return []
-    return [(folder.name[len(_MODEL_PREFIX):].replace("--", "/"), folder) for folder in folders]
+    return [(folder.name[len(_MODEL_PREFIX) :].replace("--", "/"), folder) for folder in folders]
 
 
 def list_cached_repos() -> list[tuple[str, Path]]:

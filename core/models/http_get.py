@@ -37,7 +37,9 @@ def open_get(url: str, headers: dict[str, str], timeout: float) -> http.client.H
     request = urllib.request.Request(url, method="GET")
     for name, value in headers.items():
         if name.lower() == "authorization":
-            request.add_unredirected_header(name, value)  # _Redirect passes it on to the same host only
+            request.add_unredirected_header(
+                name, value
+            )  # _Redirect passes it on to the same host only
         else:
             request.add_header(name, value)
     try:
@@ -59,8 +61,12 @@ def raise_hub_error(error: urllib.error.HTTPError, url: str) -> None:
         body = b""
     finally:
         error.close()
-    response = httpx2.Response(error.code, headers=list(error.headers.items()), content=body,
-                               request=httpx2.Request("GET", error.url or url))
+    response = httpx2.Response(
+        error.code,
+        headers=list(error.headers.items()),
+        content=body,
+        request=httpx2.Request("GET", error.url or url),
+    )
     hf_raise_for_status(response)
     raise urllib.error.URLError(f"HTTP {error.code}")  # a status huggingface_hub lets through (3xx)
 

@@ -40,9 +40,20 @@ PROBE_TIMEOUT = 3.0  # seconds to open a connection to the hub before saying "of
 API_TIMEOUT = 15.0  # seconds for one API call
 # What an MLX model needs (top-level files only): weights, config, tokenizer, chat template.
 MLX_PATTERNS = (
-    "config.json", "*.safetensors", "model.safetensors.index.json", "generation_config.json",
-    "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
-    "added_tokens.json", "vocab.json", "merges.txt", "*.tiktoken", "chat_template.jinja", "chat_template.json",
+    "config.json",
+    "*.safetensors",
+    "model.safetensors.index.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "*.tiktoken",
+    "chat_template.jinja",
+    "chat_template.json",
 )
 SKIPPED_WEIGHTS = ("consolidated*.safetensors",)  # Mistral's original layout, beside the HF one
 # The GGUF families core.models.gguf_import maps (its SUPPORTED_ARCHITECTURES; that module
@@ -54,12 +65,29 @@ KV_POOL_MAX_BYTES = 2 << 30
 FITS, TIGHT, WONT_FIT = "fits", "tight", "won't fit"
 FIT_LIMITS = ((0.70, FITS), (0.90, TIGHT))  # share of the machine's memory
 MLX_BITS = (2, 3, 4, 5, 6, 8)  # what mlx quantizes to
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
-                "I8": 1, "U8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "BOOL": 1, "I64": 8, "U64": 8}
+_DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "I32": 4,
+    "U32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I16": 2,
+    "U16": 2,
+    "I8": 1,
+    "U8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "BOOL": 1,
+    "I64": 8,
+    "U64": 8,
+}
 _SPLIT_GGUF = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)  # llama.cpp's gguf-split parts
 _PROJECTOR_GGUF = re.compile(r"(^|/)mmproj[^/]*\.gguf$", re.IGNORECASE)  # vision projectors
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}$")
-_QUANT = re.compile(r"(?<![A-Za-z0-9])(I?Q\d_[A-Z0-9_]+|Q\d_\d|F16|BF16|F32)(?![A-Za-z0-9])", re.IGNORECASE)
+_QUANT = re.compile(
+    r"(?<![A-Za-z0-9])(I?Q\d_[A-Z0-9_]+|Q\d_\d|F16|BF16|F32)(?![A-Za-z0-9])", re.IGNORECASE
+)
 
 
 class HubError(UserError):
@@ -73,7 +101,7 @@ class OfflineError(HubError):
 class ChooseFileError(HubError):
     """A GGUF repo with several files: the user picks one (``choices``)."""
 
-    def __init__(self, message: str, choices: tuple["RepoFile", ...]):
+    def __init__(self, message: str, choices: tuple[RepoFile, ...]):
         super().__init__(message)
         self.choices = choices
 
@@ -188,8 +216,12 @@ def request_headers() -> dict[str, str]:
     try:
         from huggingface_hub import constants
         from huggingface_hub.utils._detect_agent import detect_agent
-        from huggingface_hub.utils._runtime import (get_hf_hub_version, get_python_version, get_torch_version,
-                                                    is_torch_available)
+        from huggingface_hub.utils._runtime import (
+            get_hf_hub_version,
+            get_python_version,
+            get_torch_version,
+            is_torch_available,
+        )
     except ImportError:  # another layout of huggingface_hub
         from huggingface_hub.utils import build_hf_headers
 
@@ -211,16 +243,23 @@ def request_headers() -> dict[str, str]:
 def check_online() -> None:
     """Raise :class:`OfflineError` at once (no retries) when the hub can't be reached."""
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
-        raise OfflineError("offline: HF_HUB_OFFLINE is set, so the hub is not asked (local models still work)")
-    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY")):
+        raise OfflineError(
+            "offline: HF_HUB_OFFLINE is set, so the hub is not asked (local models still work)"
+        )
+    if any(
+        os.environ.get(v)
+        for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY")
+    ):
         return  # through a proxy: a direct connection says nothing; the client's timeouts apply
     parts = urlsplit(endpoint())
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
         socket.create_connection((parts.hostname or "", port), timeout=PROBE_TIMEOUT).close()
     except OSError as exc:
-        raise OfflineError(f"offline: can't reach the Hugging Face hub at {endpoint()} "
-                           f"({exc.strerror or exc}); local models still work") from None
+        raise OfflineError(
+            f"offline: can't reach the Hugging Face hub at {endpoint()} "
+            f"({exc.strerror or exc}); local models still work"
+        ) from None
 
 
 def repo_info(repo_id: str, revision: str = "main") -> dict:
@@ -287,7 +326,7 @@ def file_url(repo_id: str, path: str, revision: str) -> str:
     return f"{endpoint()}/{repo_id}/resolve/{quote(revision, safe='')}/{quote(path)}"
 
 
-def _repo_files(info: dict, repo_id: str) -> list["RepoFile"]:
+def _repo_files(info: dict, repo_id: str) -> list[RepoFile]:
     """The files the hub lists, each checked before it can name a path on disk: one that
     is malformed or names a path outside the repo's folders refuses the whole repo (the
     hub's answer for it is not to be trusted), before anything is downloaded."""
@@ -302,8 +341,14 @@ def _repo_files(info: dict, repo_id: str) -> list["RepoFile"]:
             raise _refused(repo_id, f"it lists a file without a name: {str(s)[:80]!r}")
         lfs = s.get("lfs") if isinstance(s.get("lfs"), dict) else None
         size = s.get("size") if s.get("size") is not None else (lfs.get("size") if lfs else 0)
-        files.append(check_file(RepoFile(s["rfilename"], size, lfs.get("sha256") if lfs else None,
-                                         s.get("blobId") or ""), repo_id))
+        files.append(
+            check_file(
+                RepoFile(
+                    s["rfilename"], size, lfs.get("sha256") if lfs else None, s.get("blobId") or ""
+                ),
+                repo_id,
+            )
+        )
     return files
 
 
@@ -325,18 +370,23 @@ def check_repo_path(path: object, repo_id: str) -> str:
     return path
 
 
-def check_file(file: "RepoFile", repo_id: str) -> "RepoFile":
+def check_file(file: RepoFile, repo_id: str) -> RepoFile:
     """``file``, when its path, blob name (its hash) and size are safe to use."""
     check_repo_path(file.path, repo_id)
     if not hub_paths.is_blob_name(file.sha256, file.blob_id):
-        raise _refused(repo_id, f"{file.path!r} is listed with a hash that is not one "
-                                f"({file.sha256 if file.sha256 is not None else file.blob_id!r})")
+        raise _refused(
+            repo_id,
+            f"{file.path!r} is listed with a hash that is not one "
+            f"({file.sha256 if file.sha256 is not None else file.blob_id!r})",
+        )
     if isinstance(file.size, bool) or not isinstance(file.size, int) or file.size < 0:
-        raise _refused(repo_id, f"{file.path!r} is listed with a size that is not one ({file.size!r})")
+        raise _refused(
+            repo_id, f"{file.path!r} is listed with a size that is not one ({file.size!r})"
+        )
     return file
 
 
-def check_plan(plan: "RepoPlan") -> "RepoPlan":
+def check_plan(plan: RepoPlan) -> RepoPlan:
     """``plan``, when every name in it is safe to join to the cache's folders (a plan from
     :func:`plan` always is: this is the last check before anything is written)."""
     check_commit(plan.commit, plan.repo_id)
@@ -347,7 +397,9 @@ def check_plan(plan: "RepoPlan") -> "RepoPlan":
 
 def check_repo_id(repo_id: str) -> None:
     if not _REPO_ID.match(repo_id or "") or ".." in repo_id:
-        raise HubError(f"{repo_id!r} is not a Hugging Face repo id (owner/name, e.g. mlx-community/Qwen3-4B-4bit)")
+        raise HubError(
+            f"{repo_id!r} is not a Hugging Face repo id (owner/name, e.g. mlx-community/Qwen3-4B-4bit)"
+        )
 
 
 def hub_error(exc: Exception, repo_id: str | None = None) -> HubError:
@@ -358,9 +410,14 @@ def hub_error(exc: Exception, repo_id: str | None = None) -> HubError:
     if isinstance(exc, HubError):
         return exc
     if isinstance(exc, errors.GatedRepoError):
-        how = ("your token's account has not accepted its licence" if token()
-               else "it needs your Hugging Face token (set HF_TOKEN or run `hf auth login`)")
-        return HubError(f"{name} is gated: {how}; accept its terms at {endpoint()}/{name}, then try again")
+        how = (
+            "your token's account has not accepted its licence"
+            if token()
+            else "it needs your Hugging Face token (set HF_TOKEN or run `hf auth login`)"
+        )
+        return HubError(
+            f"{name} is gated: {how}; accept its terms at {endpoint()}/{name}, then try again"
+        )
     if isinstance(exc, errors.RevisionNotFoundError):
         return HubError(f"{name} has no such revision")
     if isinstance(exc, errors.RepositoryNotFoundError):
@@ -371,10 +428,14 @@ def hub_error(exc: Exception, repo_id: str | None = None) -> HubError:
     if isinstance(exc, errors.HfHubHTTPError):
         status = exc.response.status_code if exc.response is not None else "?"
         if status == 401:
-            return HubError(f"the hub refused the token for {name} (HTTP 401): check HF_TOKEN or `hf auth login`")
+            return HubError(
+                f"the hub refused the token for {name} (HTTP 401): check HF_TOKEN or `hf auth login`"
+            )
         return HubError(f"the hub answered HTTP {status} for {name}; try again later")
     if isinstance(exc, _network_errors()):
-        return OfflineError(f"lost the connection to the hub at {endpoint()} ({type(exc).__name__}); try again")
+        return OfflineError(
+            f"lost the connection to the hub at {endpoint()} ({type(exc).__name__}); try again"
+        )
     return HubError(f"the hub request for {name} failed: {exc}")
 
 
@@ -397,8 +458,9 @@ def _network_errors() -> tuple[type[BaseException], ...]:
 # ---------------------------------------------------------------------------- search
 
 
-def search(query: str, limit: int = 20, on_cpu: bool | None = None,
-           machine_bytes: int | None = None) -> list[SearchResult]:
+def search(
+    query: str, limit: int = 20, on_cpu: bool | None = None, machine_bytes: int | None = None
+) -> list[SearchResult]:
     """Models matching ``query`` with MLX weights (``mlx-community`` first) and GGUF files,
     each sorted by downloads, with whether each fits this machine. A result the hub sends
     malformed costs only itself: it is left out, or shown without the figure that is wrong."""
@@ -415,8 +477,10 @@ def search(query: str, limit: int = 20, on_cpu: bool | None = None,
                     results[result.repo_id] = result
     except Exception as exc:
         raise hub_error(exc) from None
-    return sorted(results.values(),
-                  key=lambda r: (r.kind != "mlx", not r.repo_id.startswith("mlx-community/"), -r.downloads))
+    return sorted(
+        results.values(),
+        key=lambda r: (r.kind != "mlx", not r.repo_id.startswith("mlx-community/"), -r.downloads),
+    )
 
 
 def _search_cards(query: str, tag: str, limit: int):
@@ -427,12 +491,21 @@ def _search_cards(query: str, tag: str, limit: int):
 
     from huggingface_hub.utils import paginate
 
-    params = {"search": query, "filter": [tag], "sort": "downloads", "limit": limit,
-              "expand": ["downloads", "gated", "safetensors", "gguf", "config", "tags", "library_name"]}
-    return islice(paginate(f"{endpoint()}/api/models", params=params, headers=request_headers()), limit)
+    params = {
+        "search": query,
+        "filter": [tag],
+        "sort": "downloads",
+        "limit": limit,
+        "expand": ["downloads", "gated", "safetensors", "gguf", "config", "tags", "library_name"],
+    }
+    return islice(
+        paginate(f"{endpoint()}/api/models", params=params, headers=request_headers()), limit
+    )
 
 
-def _read_card(card: object, kind: str, on_cpu: bool | None, machine_bytes: int | None) -> SearchResult | None:
+def _read_card(
+    card: object, kind: str, on_cpu: bool | None, machine_bytes: int | None
+) -> SearchResult | None:
     """One card as a result (read as ``list_models`` reads it), or None, logged, when the
     hub sent it malformed past reading."""
     from huggingface_hub.hf_api import ModelInfo
@@ -446,7 +519,9 @@ def _read_card(card: object, kind: str, on_cpu: bool | None, machine_bytes: int 
         check_repo_id(info.id)
         return _search_result(info, kind, on_cpu, machine_bytes)
     except (HubError, KeyError, TypeError, ValueError, AttributeError, ArithmeticError) as exc:
-        log.warning("left out a search result the hub sent malformed (%s: %s)", type(exc).__name__, exc)
+        log.warning(
+            "left out a search result the hub sent malformed (%s: %s)", type(exc).__name__, exc
+        )
         return None
 
 
@@ -459,28 +534,59 @@ def _search_result(info, kind: str, on_cpu: bool | None, machine_bytes: int | No
     architecture = config.get("model_type")
     if kind == "mlx":
         counts = _parameter_counts(info.safetensors.parameters if info.safetensors else None)
-        size = _plausible(sum(n * _DTYPE_BYTES.get(dtype.upper(), 2) for dtype, n in counts.items()))
+        size = _plausible(
+            sum(n * _DTYPE_BYTES.get(dtype.upper(), 2) for dtype, n in counts.items())
+        )
         bits = _bits(config, info.id)
-        packed = any(dtype.upper() == "U32" for dtype in counts)  # quantized weights, 32 // bits a word
-        parameters = None if packed and bits is None else \
-            _plausible(sum(n * (32 // bits if dtype.upper() == "U32" else 1) for dtype, n in counts.items()))
+        packed = any(
+            dtype.upper() == "U32" for dtype in counts
+        )  # quantized weights, 32 // bits a word
+        parameters = (
+            None
+            if packed and bits is None
+            else _plausible(
+                sum(
+                    n * (32 // bits if dtype.upper() == "U32" else 1) for dtype, n in counts.items()
+                )
+            )
+        )
         if bits is not None and quantization is None:
             quantization = f"{bits}bit"
         architecture = architecture if isinstance(architecture, str) else None
-        problem = None if architecture is None or mlx_lm_supports(architecture) else \
-            f"a {architecture} model, which mlx-lm can't load"
+        problem = (
+            None
+            if architecture is None or mlx_lm_supports(architecture)
+            else f"a {architecture} model, which mlx-lm can't load"
+        )
         fit = estimate_fit("hf-cache", size, parameters, on_cpu, machine_bytes) if size else None
     else:
         gguf = info.gguf if isinstance(info.gguf, dict) else {}
         parameters = _plausible(gguf.get("total"))
-        architecture = gguf.get("architecture") if isinstance(gguf.get("architecture"), str) else None
-        size = int(parameters * GGUF_BITS_PER_WEIGHT / 8) if parameters else None  # until a file is chosen
-        problem = None if architecture is None or architecture in GGUF_ARCHITECTURES else \
-            f"a GGUF of the {architecture} family, which RadixChat's import can't map yet"
+        architecture = (
+            gguf.get("architecture") if isinstance(gguf.get("architecture"), str) else None
+        )
+        size = (
+            int(parameters * GGUF_BITS_PER_WEIGHT / 8) if parameters else None
+        )  # until a file is chosen
+        problem = (
+            None
+            if architecture is None or architecture in GGUF_ARCHITECTURES
+            else f"a GGUF of the {architecture} family, which RadixChat's import can't map yet"
+        )
         fit = estimate_fit("gguf", size, parameters, on_cpu, machine_bytes) if size else None
     downloads = info.downloads if _is_count(info.downloads) else 0
-    return SearchResult(info.id, kind, downloads, parameters, quantization, size, fit,
-                        gated=bool(info.gated), architecture=architecture, problem=problem)
+    return SearchResult(
+        info.id,
+        kind,
+        downloads,
+        parameters,
+        quantization,
+        size,
+        fit,
+        gated=bool(info.gated),
+        architecture=architecture,
+        problem=problem,
+    )
 
 
 MAX_PARAMETERS = 10**14  # a hundred times the largest models: a count past it is not believed
@@ -541,8 +647,13 @@ def kv_pool_bytes(weights_bytes: int, machine_bytes: int) -> int:
     return max(0, min(int(KV_POOL_FRACTION * machine_bytes) - weights_bytes, KV_POOL_MAX_BYTES))
 
 
-def estimate_fit(kind: str, size_bytes: int, parameters: int | None, on_cpu: bool | None = None,
-                 machine_bytes: int | None = None) -> Fit:
+def estimate_fit(
+    kind: str,
+    size_bytes: int,
+    parameters: int | None,
+    on_cpu: bool | None = None,
+    machine_bytes: int | None = None,
+) -> Fit:
     """Weights as this backend holds them plus the KV pool, against the machine's memory:
     fits (up to 70 %), tight (up to 90 %), won't fit."""
     on_cpu = runs_on_cpu() if on_cpu is None else on_cpu
@@ -561,7 +672,9 @@ def mlx_lm_supports(model_type: str) -> bool:
     if folder is None:
         return False
     remapped = _mlx_lm_remapping(folder).get(model_type, model_type)
-    return remapped.isidentifier() and os.path.isfile(os.path.join(folder, "models", f"{remapped}.py"))
+    return remapped.isidentifier() and os.path.isfile(
+        os.path.join(folder, "models", f"{remapped}.py")
+    )
 
 
 @lru_cache(maxsize=1)
@@ -569,7 +682,11 @@ def _mlx_lm_folder() -> str | None:
     import importlib.util
 
     found = importlib.util.find_spec("mlx_lm")
-    return list(found.submodule_search_locations)[0] if found and found.submodule_search_locations else None
+    return (
+        list(found.submodule_search_locations)[0]
+        if found and found.submodule_search_locations
+        else None
+    )
 
 
 @lru_cache(maxsize=1)
@@ -583,13 +700,15 @@ def _mlx_lm_remapping(folder: str) -> dict[str, str]:
         return {}
     start = source.find("\nMODEL_REMAPPING = {")
     end = source.find("\n}", start)
-    for text in ([source[start + 1:end + 2]] if start >= 0 and end >= 0 else []) + [source]:
+    for text in ([source[start + 1 : end + 2]] if start >= 0 and end >= 0 else []) + [source]:
         try:
             tree = ast.parse(text)
         except SyntaxError:
             continue
         for node in tree.body:
-            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "MODEL_REMAPPING" for t in node.targets):
+            if isinstance(node, ast.Assign) and any(
+                getattr(t, "id", None) == "MODEL_REMAPPING" for t in node.targets
+            ):
                 try:
                     return dict(ast.literal_eval(node.value))
                 except ValueError:
@@ -600,8 +719,13 @@ def _mlx_lm_remapping(folder: str) -> dict[str, str]:
 # ---------------------------------------------------------------------------- what to download
 
 
-def plan(repo_id: str, filename: str | None = None, revision: str = "main",
-         on_cpu: bool | None = None, machine_bytes: int | None = None) -> RepoPlan:
+def plan(
+    repo_id: str,
+    filename: str | None = None,
+    revision: str = "main",
+    on_cpu: bool | None = None,
+    machine_bytes: int | None = None,
+) -> RepoPlan:
     """The files to download for ``repo_id`` (an MLX model's weights, config, tokenizer and
     template), or for one GGUF file of it; :class:`HubError` says why not."""
     info = repo_info(repo_id, revision)
@@ -614,18 +738,32 @@ def plan(repo_id: str, filename: str | None = None, revision: str = "main",
         if not filename.lower().endswith(".gguf"):
             raise HubError(f"{repo_id}:{filename}: only a .gguf file can be pulled on its own")
         if filename not in by_path:
-            raise HubError(f"{repo_id} has no file {filename}"
-                           + (f" (it has {', '.join(f.path for f in ggufs[:4])})" if ggufs else ""))
+            raise HubError(
+                f"{repo_id} has no file {filename}"
+                + (f" (it has {', '.join(f.path for f in ggufs[:4])})" if ggufs else "")
+            )
         if _SPLIT_GGUF.search(filename):
-            raise HubError(f"{filename} is one part of a split GGUF: RadixChat loads single-file GGUFs only")
+            raise HubError(
+                f"{filename} is one part of a split GGUF: RadixChat loads single-file GGUFs only"
+            )
         if _PROJECTOR_GGUF.search(filename):
             raise HubError(f"{filename} is a vision projector, not a language model")
         return _gguf_plan(repo_id, commit, by_path[filename], gguf_info, on_cpu, machine_bytes)
-    weights = [f for f in files if "/" not in f.path and fnmatch.fnmatch(f.path, "*.safetensors")
-               and not any(fnmatch.fnmatch(f.path, p) for p in SKIPPED_WEIGHTS)]
+    weights = [
+        f
+        for f in files
+        if "/" not in f.path
+        and fnmatch.fnmatch(f.path, "*.safetensors")
+        and not any(fnmatch.fnmatch(f.path, p) for p in SKIPPED_WEIGHTS)
+    ]
     if weights and "config.json" in by_path:
-        chosen = tuple(f for f in files if "/" not in f.path and any(fnmatch.fnmatch(f.path, p) for p in MLX_PATTERNS)
-                       and not any(fnmatch.fnmatch(f.path, p) for p in SKIPPED_WEIGHTS))
+        chosen = tuple(
+            f
+            for f in files
+            if "/" not in f.path
+            and any(fnmatch.fnmatch(f.path, p) for p in MLX_PATTERNS)
+            and not any(fnmatch.fnmatch(f.path, p) for p in SKIPPED_WEIGHTS)
+        )
         config = info.get("config") if isinstance(info.get("config"), dict) else {}
         architecture = config.get("model_type")
         if architecture and not mlx_lm_supports(architecture):
@@ -636,28 +774,49 @@ def plan(repo_id: str, filename: str | None = None, revision: str = "main",
     if len(ggufs) == 1:
         return _gguf_plan(repo_id, commit, ggufs[0], gguf_info, on_cpu, machine_bytes)
     if ggufs:
-        raise ChooseFileError(f"{repo_id} has {len(ggufs)} GGUF files: choose one, e.g. "
-                              f"`radixchat pull {repo_id}:{ggufs[0].path}`", ggufs)
-    raise HubError(f"{repo_id} has no weights RadixChat can use (neither MLX .safetensors with a config.json "
-                   "nor a .gguf file)")
+        raise ChooseFileError(
+            f"{repo_id} has {len(ggufs)} GGUF files: choose one, e.g. "
+            f"`radixchat pull {repo_id}:{ggufs[0].path}`",
+            ggufs,
+        )
+    raise HubError(
+        f"{repo_id} has no weights RadixChat can use (neither MLX .safetensors with a config.json "
+        "nor a .gguf file)"
+    )
 
 
 def is_model_gguf(path: str) -> bool:
     """A single-file GGUF language model: not a split part, not a vision projector."""
-    return path.lower().endswith(".gguf") and not _SPLIT_GGUF.search(path) and not _PROJECTOR_GGUF.search(path)
+    return (
+        path.lower().endswith(".gguf")
+        and not _SPLIT_GGUF.search(path)
+        and not _PROJECTOR_GGUF.search(path)
+    )
 
 
 def gguf_files(repo_id: str, revision: str = "main") -> tuple[RepoFile, ...]:
     """The GGUF files of a repo (its quantizations), smallest first."""
-    return tuple(sorted((f for f in _repo_files(repo_info(repo_id, revision), repo_id) if is_model_gguf(f.path)),
-                        key=lambda f: (f.size, f.path)))
+    return tuple(
+        sorted(
+            (
+                f
+                for f in _repo_files(repo_info(repo_id, revision), repo_id)
+                if is_model_gguf(f.path)
+            ),
+            key=lambda f: (f.size, f.path),
+        )
+    )
 
 
-def _gguf_plan(repo_id: str, commit: str, file: RepoFile, gguf_info: dict, on_cpu, machine_bytes) -> RepoPlan:
+def _gguf_plan(
+    repo_id: str, commit: str, file: RepoFile, gguf_info: dict, on_cpu, machine_bytes
+) -> RepoPlan:
     architecture = gguf_info.get("architecture")
     if architecture and architecture not in GGUF_ARCHITECTURES:
-        raise HubError(f"{repo_id} is a GGUF of the {architecture} family, which RadixChat's import can't map "
-                       f"yet (it maps {', '.join(GGUF_ARCHITECTURES)})")
+        raise HubError(
+            f"{repo_id} is a GGUF of the {architecture} family, which RadixChat's import can't map "
+            f"yet (it maps {', '.join(GGUF_ARCHITECTURES)})"
+        )
     fit = estimate_fit("gguf", file.size, None, on_cpu, machine_bytes)
     return RepoPlan(repo_id, commit, "gguf", (file,), f"{repo_id}:{file.path}", architecture, fit)
 
@@ -668,5 +827,18 @@ def describe_fit(fit: Fit | None) -> str:
     return f"{fit.label}: ~{fit.total_bytes / 2**30:.1f} of {fit.machine_bytes / 2**30:.0f} GB"
 
 
-__all__ = ["HubError", "OfflineError", "ChooseFileError", "Fit", "SearchResult", "RepoFile",
-           "RepoPlan", "search", "plan", "gguf_files", "estimate_fit", "check_online", "hub_error"]
+__all__ = [
+    "HubError",
+    "OfflineError",
+    "ChooseFileError",
+    "Fit",
+    "SearchResult",
+    "RepoFile",
+    "RepoPlan",
+    "search",
+    "plan",
+    "gguf_files",
+    "estimate_fit",
+    "check_online",
+    "hub_error",
+]

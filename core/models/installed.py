@@ -50,11 +50,27 @@ def installed_models(data_root: Path) -> list[InstalledModel]:
     uses = usage.read_uses(data_root)
     found = []
     for repo_id, snapshot in hf_cache.list_cached_repos():
-        found.append(InstalledModel(repo_id, repo_id, "mlx", snapshot, _files_size(snapshot.iterdir()),
-                                    _last_use(uses, snapshot)))
+        found.append(
+            InstalledModel(
+                repo_id,
+                repo_id,
+                "mlx",
+                snapshot,
+                _files_size(snapshot.iterdir()),
+                _last_use(uses, snapshot),
+            )
+        )
     for spec, path in hf_cache.list_cached_ggufs():
-        found.append(InstalledModel(spec, spec.partition(":")[0], "gguf", path, _files_size([path]),
-                                    _last_use(uses, path)))
+        found.append(
+            InstalledModel(
+                spec,
+                spec.partition(":")[0],
+                "gguf",
+                path,
+                _files_size([path]),
+                _last_use(uses, path),
+            )
+        )
     return found
 
 
@@ -67,9 +83,11 @@ def partial_downloads() -> list[PartialDownload]:
     except OSError:
         return []
     for folder in folders:
-        size = sum(p.stat().st_size for p in (folder / "blobs").glob(f"*{PARTIAL_SUFFIX}") if p.is_file())
+        size = sum(
+            p.stat().st_size for p in (folder / "blobs").glob(f"*{PARTIAL_SUFFIX}") if p.is_file()
+        )
         if size:
-            partial.append(PartialDownload(folder.name[len("models--"):].replace("--", "/"), size))
+            partial.append(PartialDownload(folder.name[len("models--") :].replace("--", "/"), size))
     return partial
 
 
@@ -90,12 +108,16 @@ def delete_model(data_root: Path, spec: str) -> Deleted:
         freed = _tree_size(folder)
         shutil.rmtree(folder)
     else:
-        pointers = [p for p in folder.glob(f"snapshots/*/{gguf[1]}") if p.is_file() or p.is_symlink()]
+        pointers = [
+            p for p in folder.glob(f"snapshots/*/{gguf[1]}") if p.is_file() or p.is_symlink()
+        ]
         if not pointers:
             raise UserError(f"no downloaded model {spec} (see `radixchat models`)")
         uses = [u for p in pointers for u in usage.uses_under(data_root, p)]
         freed = _remove_files(folder, pointers)
-        if not any(p.suffix.lower() in (".gguf", ".safetensors") for p in folder.glob("snapshots/*/**/*")):
+        if not any(
+            p.suffix.lower() in (".gguf", ".safetensors") for p in folder.glob("snapshots/*/**/*")
+        ):
             freed += _tree_size(folder)
             shutil.rmtree(folder)  # nothing of a model is left in the repo
     fingerprints = {f for u in uses for f in u.fingerprints}
@@ -129,7 +151,11 @@ def _last_use(uses: dict[str, usage.ModelUse], path: Path) -> float | None:
     times = [u.last_used for p, u in uses.items() if p == prefix or p.startswith(prefix + "/")]
     if not times and path.parent.name == "snapshots":  # an MLX repo loaded at another revision
         repo = str(path.parent.parent)
-        times = [u.last_used for p, u in uses.items() if p.startswith(repo + "/") and not p.endswith(".gguf")]
+        times = [
+            u.last_used
+            for p, u in uses.items()
+            if p.startswith(repo + "/") and not p.endswith(".gguf")
+        ]
     return max(times, default=None)
 
 

@@ -14,20 +14,21 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from core.models import hf_cache, provision, usage
 from core.errors import ModelLoadError
+from core.models import hf_cache, provision, usage
 from core.models.chat_template import shipped_template, with_chat_template
 from core.models.fingerprint import model_fingerprint
-from core.models.hashing import FileHashCache
 from core.models.gguf_import import build_model, build_tokenizer, read_gguf
+from core.models.hashing import FileHashCache
 from core.models.memory_estimate import check_fits, machine_memory
 
 WEIGHT_FORMATS = ("auto", "stored", "float32", "float16", "bfloat16")
@@ -62,7 +63,9 @@ class LoadedModel:
 
 def resolve_weights_format(requested: str) -> str:
     if requested not in WEIGHT_FORMATS:
-        raise ModelLoadError(f"unknown weight format {requested!r} (choose from {', '.join(WEIGHT_FORMATS)})")
+        raise ModelLoadError(
+            f"unknown weight format {requested!r} (choose from {', '.join(WEIGHT_FORMATS)})"
+        )
     if requested != "auto":
         return requested
     return "stored" if mx.default_device() == mx.gpu else "float32"
@@ -79,8 +82,10 @@ def resolve_spec(spec: str, data_root: Path, progress: ProgressFn | None = None)
         found = hf_cache.resolve_gguf(spec)
         if found is not None:
             return found
-        raise ModelLoadError(f"{spec} is not in the local Hugging Face cache ({hf_cache.hf_cache_root()}); "
-                             f"get it with `radixchat pull {spec}`")
+        raise ModelLoadError(
+            f"{spec} is not in the local Hugging Face cache ({hf_cache.hf_cache_root()}); "
+            f"get it with `radixchat pull {spec}`"
+        )
     if spec.count("/") == 1 and not spec.startswith((".", "/", "~")):
         found = hf_cache.resolve_repo(spec)
         if found is not None:
@@ -89,8 +94,10 @@ def resolve_spec(spec: str, data_root: Path, progress: ProgressFn | None = None)
             f"{spec} is not in the local Hugging Face cache ({hf_cache.hf_cache_root()}) or not complete there; "
             f"get it with `radixchat pull {spec}`, or give a local path"
         )
-    raise ModelLoadError(f"no model at {spec}: give a .gguf file, an MLX model folder, or one of: "
-                         f"{', '.join(provision.KNOWN_MODELS)}")
+    raise ModelLoadError(
+        f"no model at {spec}: give a .gguf file, an MLX model folder, or one of: "
+        f"{', '.join(provision.KNOWN_MODELS)}"
+    )
 
 
 def load_model(
@@ -118,7 +125,9 @@ def load_model(
     if path.is_file() and path.suffix.lower() == ".gguf":
         model, tokenizer, config, files = _load_gguf(path, data_root, parts)
     elif path.is_dir():
-        model, tokenizer, config, files = _load_mlx_dir(path, fmt, lazy=shard is not None, parts=parts)
+        model, tokenizer, config, files = _load_mlx_dir(
+            path, fmt, lazy=shard is not None, parts=parts
+        )
     else:
         raise ModelLoadError(f"{path} is neither a .gguf file nor a model folder with config.json")
     template = chat_template or _known_template(path)
@@ -159,7 +168,9 @@ def _load_gguf(path: Path, data_root: Path, parts: int = 1):
 
     digest = FileHashCache.in_data_folder(data_root).sha256(path)
     contents = read_gguf(path, ConversionCache.under(data_root, digest))
-    check_fits(contents.config, path.name, memory=machine_memory() * parts)  # before the model is built
+    check_fits(
+        contents.config, path.name, memory=machine_memory() * parts
+    )  # before the model is built
     model = build_model(contents.config, dict(contents.weights))
     tokenizer = build_tokenizer(contents.metadata, data_root / "tokenizers" / f"{digest[:32]}.json")
     return model, tokenizer, contents.config, [path]
@@ -175,7 +186,9 @@ def _load_mlx_dir(path: Path, weights_format: str = "stored", lazy: bool = False
         config = json.loads(config_file.read_text())
     except ValueError as exc:
         raise ModelLoadError(f"{config_file} is not valid JSON: {exc}") from exc
-    check_fits(config, str(config_file), weights_format, memory=machine_memory() * parts)  # before anything is built
+    check_fits(
+        config, str(config_file), weights_format, memory=machine_memory() * parts
+    )  # before anything is built
     weight_files = sorted(path.glob("*.safetensors"))
     if not weight_files:
         raise ModelLoadError(f"{path} has no .safetensors weights")
@@ -183,11 +196,15 @@ def _load_mlx_dir(path: Path, weights_format: str = "stored", lazy: bool = False
         model, tokenizer = mlx_lm_load(str(path), lazy=lazy)
     except ValueError as exc:
         if "not supported" in str(exc):
-            raise ModelLoadError(f"{path.name}: model type {config.get('model_type')!r} is not supported") from exc
+            raise ModelLoadError(
+                f"{path.name}: model type {config.get('model_type')!r} is not supported"
+            ) from exc
         raise ModelLoadError(f"{path.name}: cannot load weights: {exc}") from exc
     except (RuntimeError, OSError, KeyError) as exc:
         raise ModelLoadError(f"{path.name}: corrupt or truncated model files: {exc}") from exc
-    tokenizer_files = [p for p in path.iterdir() if p.name.startswith("tokenizer") or p.suffix == ".model"]
+    tokenizer_files = [
+        p for p in path.iterdir() if p.name.startswith("tokenizer") or p.suffix == ".model"
+    ]
     return model, tokenizer, config, [config_file, *weight_files, *sorted(tokenizer_files)]
 
 

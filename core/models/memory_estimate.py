@@ -32,7 +32,11 @@ def machine_memory() -> int:
 
 def estimate_weights(config: dict[str, Any], weights_format: str = "stored") -> Estimate:
     """A lower bound on the weights a config implies (see the module's note)."""
-    text = {**config, **(config.get("text_config") or {})} if isinstance(config.get("text_config"), dict) else config
+    text = (
+        {**config, **(config.get("text_config") or {})}
+        if isinstance(config.get("text_config"), dict)
+        else config
+    )
     hidden = _count(text, "hidden_size", "n_embd", "d_model")
     layers = _count(text, "num_hidden_layers", "n_layer", "num_layers")
     vocab = _count(text, "vocab_size", default=1)
@@ -43,15 +47,20 @@ def estimate_weights(config: dict[str, Any], weights_format: str = "stored") -> 
     attention = hidden * head_dim * (2 * heads + 2 * kv_heads)  # q, o; k, v
     mlp = 2 * hidden * intermediate  # up and down (a gated MLP has a third)
     weights = vocab * hidden + layers * (attention + mlp)
-    bits = (config.get("quantization") or {}).get("bits") if isinstance(config.get("quantization"), dict) else None
+    bits = (
+        (config.get("quantization") or {}).get("bits")
+        if isinstance(config.get("quantization"), dict)
+        else None
+    )
     per_weight = _BYTES_PER_WEIGHT.get(weights_format)
     if per_weight is None:  # as stored: quantized bits, else at least half precision
         per_weight = bits / 8 if isinstance(bits, int) and 0 < bits <= 16 else 2.0
     return Estimate(weights, int(weights * per_weight))
 
 
-def check_fits(config: Any, where: str, weights_format: str = "stored",
-               memory: int | None = None) -> Estimate:
+def check_fits(
+    config: Any, where: str, weights_format: str = "stored", memory: int | None = None
+) -> Estimate:
     """Refuse a config that is not a JSON object, or whose weights alone exceed the
     machine's memory (``memory``, default: physical RAM)."""
     if not isinstance(config, dict):
@@ -62,7 +71,8 @@ def check_fits(config: Any, where: str, weights_format: str = "stored",
         raise ModelLoadError(
             f"{where} describes a model of at least {estimate.weights / 1e9:.3g} billion weights "
             f"({estimate.nbytes / 2**30:,.0f} GiB), more than this machine's "
-            f"{memory / 2**30:,.0f} GiB of memory; nothing was loaded")
+            f"{memory / 2**30:,.0f} GiB of memory; nothing was loaded"
+        )
     return estimate
 
 
@@ -71,7 +81,9 @@ def _count(config: dict[str, Any], *keys: str, default: int | None = None) -> in
         if key in config and config[key] is not None:
             value = config[key]
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ModelLoadError(f"config.json: {key} must be a positive whole number, not {value!r}")
+                raise ModelLoadError(
+                    f"config.json: {key} must be a positive whole number, not {value!r}"
+                )
             return value
     if default is None:
         raise ModelLoadError(f"config.json has no {keys[0]}")
@@ -79,5 +91,11 @@ def _count(config: dict[str, Any], *keys: str, default: int | None = None) -> in
 
 
 def _json_kind(value: Any) -> str:
-    return {list: "list", str: "string", int: "number", float: "number", bool: "boolean",
-            type(None): "null"}.get(type(value), type(value).__name__)
+    return {
+        list: "list",
+        str: "string",
+        int: "number",
+        float: "number",
+        bool: "boolean",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)

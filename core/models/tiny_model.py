@@ -105,11 +105,22 @@ def model_config(spec: TinyModelSpec) -> dict:
     }
     half = spec.num_layers // 2
     if spec.kind == "qwen2":
-        return {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], **common,
-                "rms_norm_eps": 1e-6, "rope_theta": 10000.0}
+        return {
+            "model_type": "qwen2",
+            "architectures": ["Qwen2ForCausalLM"],
+            **common,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0,
+        }
     if spec.kind in ("llama", "llama-sliding"):
-        sliding = {"sliding_window": spec.sliding_window,
-                   "layer_types": ["sliding_attention", "full_attention"] * half} if spec.kind != "llama" else {}
+        sliding = (
+            {
+                "sliding_window": spec.sliding_window,
+                "layer_types": ["sliding_attention", "full_attention"] * half,
+            }
+            if spec.kind != "llama"
+            else {}
+        )
         return {
             "model_type": "llama",
             "architectures": ["LlamaForCausalLM"],

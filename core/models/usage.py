@@ -36,9 +36,15 @@ def read_uses(data_root: Path) -> dict[str, ModelUse]:
     """Every recorded model by path; an unreadable file counts as empty (it only costs history)."""
     try:
         raw = json.loads(_file(data_root).read_text(encoding="utf-8"))
-        return {path: ModelUse(path, str(entry.get("spec", "")), float(entry["last_used"]),
-                               tuple(entry.get("fingerprints", ())))
-                for path, entry in raw.items()}
+        return {
+            path: ModelUse(
+                path,
+                str(entry.get("spec", "")),
+                float(entry["last_used"]),
+                tuple(entry.get("fingerprints", ())),
+            )
+            for path, entry in raw.items()
+        }
     except FileNotFoundError:
         return {}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -46,7 +52,9 @@ def read_uses(data_root: Path) -> dict[str, ModelUse]:
         return {}
 
 
-def record_use(data_root: Path, path: Path | str, spec: str, fingerprint: str, now: float | None = None) -> None:
+def record_use(
+    data_root: Path, path: Path | str, spec: str, fingerprint: str, now: float | None = None
+) -> None:
     """Remember that ``path`` was loaded now under ``fingerprint`` (best effort)."""
     uses = read_uses(data_root)
     key = str(path)
@@ -65,15 +73,20 @@ def forget(data_root: Path, paths: list[str]) -> None:
 def uses_under(data_root: Path, folder: Path | str) -> list[ModelUse]:
     """The recorded models at ``folder`` or inside it (a repo's snapshots)."""
     prefix = str(folder).rstrip(os.sep)
-    return [use for path, use in read_uses(data_root).items()
-            if path == prefix or path.startswith(prefix + os.sep)]
+    return [
+        use
+        for path, use in read_uses(data_root).items()
+        if path == prefix or path.startswith(prefix + os.sep)
+    ]
 
 
 def _write(data_root: Path, uses: dict[str, ModelUse]) -> None:
     target = _file(data_root)
     tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-    data = {u.path: {"spec": u.spec, "last_used": u.last_used, "fingerprints": list(u.fingerprints)}
-            for u in uses.values()}
+    data = {
+        u.path: {"spec": u.spec, "last_used": u.last_used, "fingerprints": list(u.fingerprints)}
+        for u in uses.values()
+    }
     try:
         tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
         tmp.replace(target)

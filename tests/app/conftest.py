@@ -26,7 +26,9 @@ def open_window(qtbot, tmp_path):
     def open_(spec: str | None = None, engine: Engine | None = None, server_port: int = 0):
         bridge = EngineBridge(tmp_path, spec, engine=engine)
         store = ChatStore(chats_db_path(tmp_path))
-        settings = AppSettings(QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat))
+        settings = AppSettings(
+            QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
+        )
         window = MainWindow(bridge, store, settings, server_port=server_port)
         qtbot.addWidget(window)
         window.show()

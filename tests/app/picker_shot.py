@@ -25,7 +25,10 @@ from tests.core.models.hub_fixture import HubFile, HubRepo, LoopbackHub, make_so
 
 def _card(total_params: int, bits: int) -> dict:
     packed = int(total_params * 0.9) * bits // 32
-    return {"parameters": {"U32": packed, "BF16": int(total_params * 0.1)}, "total": packed + int(total_params * 0.1)}
+    return {
+        "parameters": {"U32": packed, "BF16": int(total_params * 0.1)},
+        "total": packed + int(total_params * 0.1),
+    }
 
 
 def main(out: Path) -> int:
@@ -33,21 +36,44 @@ def main(out: Path) -> int:
     sources = make_sources(work / "src")
     weights = work / "model.safetensors"
     weights.write_bytes(os.urandom(120 << 20))
-    model = {p.name: HubFile(p.name, data=p.read_bytes()) for p in sources.tiny.iterdir() if p.name != weights.name}
+    model = {
+        p.name: HubFile(p.name, data=p.read_bytes())
+        for p in sources.tiny.iterdir()
+        if p.name != weights.name
+    }
     hub = LoopbackHub()
     mlx = dict(tags=["mlx"], library_name="mlx")
-    for repo_id, params, bits, downloads in (("mlx-community/Qwen3-4B-4bit", 4_000_000_000, 4, 412_000),
-                                             ("mlx-community/Qwen3-8B-4bit", 8_200_000_000, 4, 201_000),
-                                             ("mlx-community/Qwen3-1.7B-8bit", 1_700_000_000, 8, 98_000),
-                                             ("mlx-community/Qwen3-30B-A3B-4bit", 30_500_000_000, 4, 156_000),
-                                             ("mlx-community/Qwen3-235B-A22B-4bit", 235_000_000_000, 4, 9_100)):
+    for repo_id, params, bits, downloads in (
+        ("mlx-community/Qwen3-4B-4bit", 4_000_000_000, 4, 412_000),
+        ("mlx-community/Qwen3-8B-4bit", 8_200_000_000, 4, 201_000),
+        ("mlx-community/Qwen3-1.7B-8bit", 1_700_000_000, 8, 98_000),
+        ("mlx-community/Qwen3-30B-A3B-4bit", 30_500_000_000, 4, 156_000),
+        ("mlx-community/Qwen3-235B-A22B-4bit", 235_000_000_000, 4, 9_100),
+    ):
         files = {**model, "model.safetensors": HubFile("model.safetensors", source=weights)}
-        hub.add(HubRepo(repo_id, files, downloads=downloads, config={"model_type": "qwen3",
-                                                                     "quantization": {"bits": bits}},
-                        safetensors=_card(params, bits), **mlx))
-    hub.add(HubRepo("unsloth/Qwen3-4B-GGUF", {"Qwen3-4B-Q4_K_M.gguf": HubFile("Qwen3-4B-Q4_K_M.gguf",
-                                                                               data=sources.gguf.read_bytes())},
-                    downloads=350_000, tags=["gguf"], gguf={"total": 4_022_468_096, "architecture": "qwen3"}))
+        hub.add(
+            HubRepo(
+                repo_id,
+                files,
+                downloads=downloads,
+                config={"model_type": "qwen3", "quantization": {"bits": bits}},
+                safetensors=_card(params, bits),
+                **mlx,
+            )
+        )
+    hub.add(
+        HubRepo(
+            "unsloth/Qwen3-4B-GGUF",
+            {
+                "Qwen3-4B-Q4_K_M.gguf": HubFile(
+                    "Qwen3-4B-Q4_K_M.gguf", data=sources.gguf.read_bytes()
+                )
+            },
+            downloads=350_000,
+            tags=["gguf"],
+            gguf={"total": 4_022_468_096, "architecture": "qwen3"},
+        )
+    )
     hub.rate = 25e6
     os.environ.update(HF_ENDPOINT=hub.url, HF_HUB_DISABLE_XET="1", HF_HUB_CACHE=str(work / "hf"))
 

@@ -13,8 +13,18 @@ from app.bridge import EngineBridge  # noqa: E402
 from core.engine.engine import Engine, EngineStats, RequestHandle  # noqa: E402
 from core.engine.types import CHAT_PRIORITY, DoneEvent, GenerationRequest, RequestStats, TokenEvent  # noqa: E402
 
-PUBLIC = ("loadProgress", "modelLoading", "modelReady", "loadFailed", "progress", "token", "finished", "failed",
-          "serverStopped", "statsUpdated")
+PUBLIC = (
+    "loadProgress",
+    "modelLoading",
+    "modelReady",
+    "loadFailed",
+    "progress",
+    "token",
+    "finished",
+    "failed",
+    "serverStopped",
+    "statsUpdated",
+)
 
 
 class InstantEngine(Engine):
@@ -29,7 +39,9 @@ class InstantEngine(Engine):
     def submit(self, request: GenerationRequest) -> RequestHandle:
         handle = RequestHandle(request)
         handle._emit(TokenEvent("Hi"))
-        handle._emit(DoneEvent("Hi", RequestStats(prompt_tokens=1, computed_tokens=1, completion_tokens=1)))
+        handle._emit(
+            DoneEvent("Hi", RequestStats(prompt_tokens=1, computed_tokens=1, completion_tokens=1))
+        )
         handle._finish()
         return handle
 
@@ -91,7 +103,10 @@ def test_the_bridge_hands_out_the_engines_dataclasses(qtbot, tmp_path):
     assert done.args[1] == RequestStats(prompt_tokens=1, computed_tokens=1, completion_tokens=1)
     with qtbot.waitSignal(bridge.statsUpdated, timeout=30000) as polled:
         bridge.poll_stats()
-    assert isinstance(polled.args[0], EngineStats) and polled.args[0].requests_served == engine.stats().requests_served
+    assert (
+        isinstance(polled.args[0], EngineStats)
+        and polled.args[0].requests_served == engine.stats().requests_served
+    )
     assert bridge.data_root == tmp_path and bridge.model_info is None
     bridge.forget_session("chat-1")
     assert forgotten == [("chat-1", "app")]

@@ -18,9 +18,19 @@ from kvcache.stats import CacheStats  # noqa: E402
 
 def turn(ram: int, disk: int, computed: int, ttft: float = 0.1) -> dict:
     """A finished turn as the chat store keeps it: dataclasses.asdict(RequestStats)."""
-    return dataclasses.asdict(RequestStats(prompt_tokens=ram + disk + computed, cached_tokens=ram,
-                                           restored_tokens=disk, computed_tokens=computed, completion_tokens=40,
-                                           ttft_s=ttft, prefill_tps=1000.0, decode_tps=50.0, total_s=1.0))
+    return dataclasses.asdict(
+        RequestStats(
+            prompt_tokens=ram + disk + computed,
+            cached_tokens=ram,
+            restored_tokens=disk,
+            computed_tokens=computed,
+            completion_tokens=40,
+            ttft_s=ttft,
+            prefill_tps=1000.0,
+            decode_tps=50.0,
+            total_s=1.0,
+        )
+    )
 
 
 @pytest.fixture
@@ -46,11 +56,19 @@ def bars(panel: CachePanel) -> list[tuple[float, float, float]]:
 
 def test_empty_until_the_first_turn(panel):
     assert panel.plot_stack.currentWidget() is panel.empty_label and panel.empty_label.isVisible()
-    for name in ("lastTurnValue", "ttftValue", "sessionHitRateValue", "appHitRateValue", "evictionsValue"):
+    for name in (
+        "lastTurnValue",
+        "ttftValue",
+        "sessionHitRateValue",
+        "appHitRateValue",
+        "evictionsValue",
+    ):
         assert text(panel, name) == "—"
     assert bars(panel) == []
 
-    panel.add_turn(RequestStats(prompt_tokens=512, computed_tokens=512, ttft_s=0.42))  # as the bridge hands it over
+    panel.add_turn(
+        RequestStats(prompt_tokens=512, computed_tokens=512, ttft_s=0.42)
+    )  # as the bridge hands it over
     assert panel.plot_stack.currentWidget() is panel.chart_view
     assert bars(panel) == [(0, 0, 512)]
 
@@ -58,16 +76,25 @@ def test_empty_until_the_first_turn(panel):
 def test_turns_split_into_ram_disk_and_computed(panel):
     turns = [turn(0, 0, 512, 0.42), turn(480, 0, 32, 0.05), turn(0, 900, 124, 0.3)]
     for stats in turns:
-        assert stats["cached_tokens"] + stats["restored_tokens"] + stats["computed_tokens"] == stats["prompt_tokens"]
+        assert (
+            stats["cached_tokens"] + stats["restored_tokens"] + stats["computed_tokens"]
+            == stats["prompt_tokens"]
+        )
         panel.add_turn(stats)
     assert bars(panel) == [(0, 0, 512), (480, 0, 32), (0, 900, 124)]
     ttft = panel.ttft_series
-    assert [(ttft.at(i).x(), ttft.at(i).y()) for i in range(ttft.count())] == [(0, 0.42), (1, 0.05), (2, 0.3)]
+    assert [(ttft.at(i).x(), ttft.at(i).y()) for i in range(ttft.count())] == [
+        (0, 0.42),
+        (1, 0.05),
+        (2, 0.3),
+    ]
     assert text(panel, "lastTurnValue") == "1,024 prompt tokens: 0 RAM · 900 disk · 124 computed"
     assert text(panel, "ttftValue") == "300 ms"
     # (0 + 480 + 900) / (512 + 512 + 1024) = 67.4%
     assert text(panel, "sessionHitRateValue") == "67% of 2,048 tokens · 3 turns"
-    assert panel.tokens_axis.data.max() >= 1024 and panel.ttft_axis.data.max() > 0.42  # with headroom
+    assert (
+        panel.tokens_axis.data.max() >= 1024 and panel.ttft_axis.data.max() > 0.42
+    )  # with headroom
     assert panel.ttft_axis.shown.labelFormat() == "%.0f ms"
     assert panel.ttft_axis.shown.max() == pytest.approx(1000 * panel.ttft_axis.data.max())
 
@@ -92,7 +119,9 @@ def test_only_the_last_turns_are_plotted_and_numbered(panel):
     shown = panel.x_axis.shown  # turn numbers 11..30 over bar positions 0..19
     assert (shown.min(), shown.max()) == (10.5, 30.5)
     assert (panel.x_axis.data.min(), panel.x_axis.data.max()) == (-0.5, 19.5)
-    assert "30 turns" in text(panel, "sessionHitRateValue")  # the rate covers every turn, not just those plotted
+    assert "30 turns" in text(
+        panel, "sessionHitRateValue"
+    )  # the rate covers every turn, not just those plotted
 
 
 def test_a_few_turns_keep_narrow_bars(panel):
@@ -108,25 +137,37 @@ def test_large_prompts_label_the_axis_in_thousands(panel):
 
 
 def test_odd_turns_never_draw_negative_bars(panel):
-    panel.add_turn({"prompt_tokens": 100, "cached_tokens": -5, "restored_tokens": None, "computed_tokens": 20})
-    panel.add_turn({"prompt_tokens": 10, "cached_tokens": 30, "computed_tokens": 5})  # parts exceed the prompt
+    panel.add_turn(
+        {"prompt_tokens": 100, "cached_tokens": -5, "restored_tokens": None, "computed_tokens": 20}
+    )
+    panel.add_turn(
+        {"prompt_tokens": 10, "cached_tokens": 30, "computed_tokens": 5}
+    )  # parts exceed the prompt
     panel.add_turn({})  # nothing known
     assert bars(panel) == [(0, 0, 20), (30, 0, 5), (0, 0, 0)]
     assert all(value >= 0 for row in bars(panel) for value in row)
-    assert TurnSplit.of({"prompt_tokens": 10, "cached_tokens": 30, "computed_tokens": 5}).prompt == 35
+    assert (
+        TurnSplit.of({"prompt_tokens": 10, "cached_tokens": 30, "computed_tokens": 5}).prompt == 35
+    )
     assert text(panel, "lastTurnValue") == "0 prompt tokens: 0 RAM · 0 disk · 0 computed"
-    assert text(panel, "sessionHitRateValue") == "22% of 135 tokens · 3 turns"  # 30 / (100 + 35 + 0)
+    assert (
+        text(panel, "sessionHitRateValue") == "22% of 135 tokens · 3 turns"
+    )  # 30 / (100 + 35 + 0)
 
 
 def totals(**cache) -> EngineStats:
     """The engine's figures as the bridge hands them over, with these cache figures."""
-    figures = {f.name: 0 for f in dataclasses.fields(CacheStats) if f.default is dataclasses.MISSING}
+    figures = {
+        f.name: 0 for f in dataclasses.fields(CacheStats) if f.default is dataclasses.MISSING
+    }
     figures.update({"enabled": True, "disabled_reason": None, **cache})
     return EngineStats(cache=CacheStats(**figures), rss_bytes=1)
 
 
 def test_totals_show_the_app_hit_rate_and_evictions(panel):
-    panel.update_totals(totals(hit_tokens=41_200, prompt_tokens=49_400, evicted_pages=12, evicted_tokens=768))
+    panel.update_totals(
+        totals(hit_tokens=41_200, prompt_tokens=49_400, evicted_pages=12, evicted_tokens=768)
+    )
     assert text(panel, "appHitRateValue") == "83% of 49,400 tokens"
     assert text(panel, "evictionsValue") == "768 tokens (12 pages)"
     panel.update_totals(totals(hit_tokens=10, prompt_tokens=40))  # the rate: worked out
@@ -138,7 +179,9 @@ def test_totals_show_the_app_hit_rate_and_evictions(panel):
 
 def test_the_namespace_that_served_the_turn_is_shown(panel):
     assert text(panel, "namespaceValue") == "—"
-    panel.add_turn(RequestStats(prompt_tokens=100, cached_tokens=80, computed_tokens=20, cache_namespace="app"))
+    panel.add_turn(
+        RequestStats(prompt_tokens=100, cached_tokens=80, computed_tokens=20, cache_namespace="app")
+    )
     assert text(panel, "namespaceValue") == "app"
     assert text(panel, "lastTurnValue").endswith("(namespace app)")
     panel.update_totals(totals(hit_tokens=80, prompt_tokens=100, namespaces=3))
@@ -150,7 +193,9 @@ def test_the_namespace_that_served_the_turn_is_shown(panel):
 
 def test_how_the_model_is_cached_is_shown(panel):
     assert text(panel, "cachedAsValue") == "—"
-    panel.update_totals(totals(cached_as="pages+snapshots", layout="4 caches in 4 slots: 2 full, 2 sliding"))
+    panel.update_totals(
+        totals(cached_as="pages+snapshots", layout="4 caches in 4 slots: 2 full, 2 sliding")
+    )
     assert text(panel, "cachedAsValue") == "KV pages + state snapshots"
     assert panel.values["cachedAs"].toolTip() == "4 caches in 4 slots: 2 full, 2 sliding"
     panel.update_totals(totals(cached_as="snapshots"))

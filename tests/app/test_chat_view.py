@@ -15,9 +15,13 @@ from PySide6.QtWidgets import QToolButton  # noqa: E402
 from app.chat_view import ChatView  # noqa: E402
 from app.markdown import MarkdownView  # noqa: E402
 
-CHAT = [("system", "Be brief."), ("user", "How do I reverse a list?"),
-        ("assistant", "Use **slicing**:\n\n```python\nitems[::-1]\n```\n"),
-        ("user", "And in place?"), ("assistant", "`items.reverse()`")]
+CHAT = [
+    ("system", "Be brief."),
+    ("user", "How do I reverse a list?"),
+    ("assistant", "Use **slicing**:\n\n```python\nitems[::-1]\n```\n"),
+    ("user", "And in place?"),
+    ("assistant", "`items.reverse()`"),
+]
 
 
 @pytest.fixture
@@ -33,7 +37,9 @@ def view(qtbot):
 def _holder(view: ChatView, button: QToolButton) -> int | None:
     """The index of the message showing ``button``, or None."""
     for i in range(view.message_count()):
-        if view.message_widget(i).isAncestorOf(button) and button.isVisibleTo(view.message_widget(i)):
+        if view.message_widget(i).isAncestorOf(button) and button.isVisibleTo(
+            view.message_widget(i)
+        ):
             return i
     return None
 
@@ -76,8 +82,11 @@ def test_many_streamed_pieces_render_a_few_times(view, qtbot, monkeypatch):
     renders = []
     for name in ("show_markdown", "stream_markdown"):
         original = getattr(MarkdownView, name)
-        monkeypatch.setattr(MarkdownView, name,
-                            lambda self, text, original=original: (renders.append(text), original(self, text)))
+        monkeypatch.setattr(
+            MarkdownView,
+            name,
+            lambda self, text, original=original: (renders.append(text), original(self, text)),
+        )
     view.add_user_message("Count")
     view.begin_reply()
     pieces = [f"{i} " for i in range(200)]
@@ -165,7 +174,12 @@ def test_set_busy_disables_regenerate_and_edit(view):
 def test_auto_scroll_follows_at_the_bottom_and_stops_when_scrolled_up(view, qtbot):
     view.resize(320, 220)
     bar = view.scroll_area.verticalScrollBar()
-    view.set_messages([("user", f"question {i}") if i % 2 == 0 else ("assistant", f"answer {i}") for i in range(8)])
+    view.set_messages(
+        [
+            ("user", f"question {i}") if i % 2 == 0 else ("assistant", f"answer {i}")
+            for i in range(8)
+        ]
+    )
     qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum())
     assert view.following
 

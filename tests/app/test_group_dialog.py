@@ -25,7 +25,9 @@ START_S = 180  # a real group: two processes importing MLX and loading, on a bus
 
 # A stand-in for `radixchat serve --hosts` that prints what the real one prints: serving,
 # then either a clean stop on Ctrl-C or a fault (the real group runs in the last test).
-SERVING = "radixchat: serving tiny split over 2 hosts at http://127.0.0.1:{port}/v1 (Ctrl-C to stop)"
+SERVING = (
+    "radixchat: serving tiny split over 2 hosts at http://127.0.0.1:{port}/v1 (Ctrl-C to stop)"
+)
 FAULT = "rank 1 (macbook.local) left the group (connection closed)"
 STAND_IN = """
 import signal, sys
@@ -42,10 +44,17 @@ print("radixchat: stopping", flush=True)
 class StandIn(GroupServer):
     def __init__(self, hostfile, model, port, data_dir, on_event, fault: bool = False):
         super().__init__(hostfile, model, port, data_dir, on_event)
-        script = STAND_IN.format(serving=SERVING.format(port=port), fault=FAULT if fault else "",
-                                 fault_line=fault_line(FAULT), ended=ENDED_PREFIX + FAULT)
-        self.command = [sys.executable, "-c", "import signal; signal.pthread_sigmask(signal.SIG_BLOCK, "
-                        "[signal.SIGINT])\n" + script]
+        script = STAND_IN.format(
+            serving=SERVING.format(port=port),
+            fault=FAULT if fault else "",
+            fault_line=fault_line(FAULT),
+            ended=ENDED_PREFIX + FAULT,
+        )
+        self.command = [
+            sys.executable,
+            "-c",
+            "import signal; signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])\n" + script,
+        ]
 
 
 def hostfile(tmp_path: Path, hosts=("127.0.0.1", "127.0.0.1")) -> Path:
@@ -56,10 +65,14 @@ def hostfile(tmp_path: Path, hosts=("127.0.0.1", "127.0.0.1")) -> Path:
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory) -> Path:
-    return write_tiny_model(tmp_path_factory.mktemp("group-app") / "tiny-llama", TinyModelSpec(num_layers=2))
+    return write_tiny_model(
+        tmp_path_factory.mktemp("group-app") / "tiny-llama", TinyModelSpec(num_layers=2)
+    )
 
 
-def open_dialog(qtbot, tmp_path, model: Path, path: Path | None = None, factory=GroupServer, port: int = 8000):
+def open_dialog(
+    qtbot, tmp_path, model: Path, path: Path | None = None, factory=GroupServer, port: int = 8000
+):
     bridge = GroupBridge(str(tmp_path / "data"), server_factory=factory)
     dialog = GroupServeDialog(bridge, model.name, str(model), port=port)
     qtbot.addWidget(dialog)
@@ -72,18 +85,27 @@ def open_dialog(qtbot, tmp_path, model: Path, path: Path | None = None, factory=
 
 
 def test_a_hostfile_shows_its_hosts_and_whether_the_model_splits(qtbot, tmp_path, llama):
-    dialog, bridge = open_dialog(qtbot, tmp_path, llama, hostfile(tmp_path, ("studio.local", "macbook.local")))
+    dialog, bridge = open_dialog(
+        qtbot, tmp_path, llama, hostfile(tmp_path, ("studio.local", "macbook.local"))
+    )
     assert [dialog.hosts.item(i).text() for i in range(dialog.hosts.count())] == [
-        "rank 0: studio.local (127.0.0.1)  — serves the API", "rank 1: macbook.local (127.0.0.1)"]
-    assert dialog.split_label.text() == "✓ tiny-llama splits over 2 hosts: 1 of its 2 KV heads on each"
+        "rank 0: studio.local (127.0.0.1)  — serves the API",
+        "rank 1: macbook.local (127.0.0.1)",
+    ]
+    assert (
+        dialog.split_label.text() == "✓ tiny-llama splits over 2 hosts: 1 of its 2 KV heads on each"
+    )
     assert dialog.start_button.isEnabled() and not dialog.stop_button.isEnabled()
 
-    odd = write_tiny_model(tmp_path / "odd", TinyModelSpec(num_layers=1, num_heads=3, num_kv_heads=3,
-                                                           hidden_size=48))
+    odd = write_tiny_model(
+        tmp_path / "odd", TinyModelSpec(num_layers=1, num_heads=3, num_kv_heads=3, hidden_size=48)
+    )
     dialog.model_path = str(odd)
     with qtbot.waitSignal(bridge.checked, timeout=30000):
         dialog.check()
-    assert dialog.split_label.text().startswith("✗ odd cannot be split over 2 machines: its 3 attention heads")
+    assert dialog.split_label.text().startswith(
+        "✗ odd cannot be split over 2 machines: its 3 attention heads"
+    )
     assert not dialog.start_button.isEnabled()
 
     (tmp_path / "one.json").write_text(json.dumps([{"ssh": "studio.local", "ips": ["10.0.0.1"]}]))
@@ -95,10 +117,14 @@ def test_a_hostfile_shows_its_hosts_and_whether_the_model_splits(qtbot, tmp_path
 
 
 def test_start_and_stop_show_the_groups_state(qtbot, tmp_path, llama):
-    dialog, bridge = open_dialog(qtbot, tmp_path, llama, hostfile(tmp_path), factory=StandIn, port=8123)
+    dialog, bridge = open_dialog(
+        qtbot, tmp_path, llama, hostfile(tmp_path), factory=StandIn, port=8123
+    )
     with qtbot.waitSignal(bridge.serving, timeout=30000) as serving:
         dialog.start_button.click()
-        assert dialog.status_label.text() == "Starting on 2 hosts…" and not dialog.hostfile.isEnabled()
+        assert (
+            dialog.status_label.text() == "Starting on 2 hosts…" and not dialog.hostfile.isEnabled()
+        )
     assert serving.args == ["http://127.0.0.1:8123/v1"]
     assert dialog.status_label.text() == "Serving at http://127.0.0.1:8123/v1 over 2 hosts"
     assert dialog.stop_button.isEnabled() and not dialog.start_button.isEnabled()
@@ -137,7 +163,9 @@ def test_a_group_that_cannot_start_says_why(qtbot, tmp_path, llama):
     assert dialog.fault_label.text().startswith("The group could not run: ")
 
 
-def test_the_server_menu_opens_the_group_settings_for_the_loaded_model(qtbot, open_window, tmp_path):
+def test_the_server_menu_opens_the_group_settings_for_the_loaded_model(
+    qtbot, open_window, tmp_path
+):
     from tests.app.window_fakes import FakeEngine, wait_ready
 
     window, bridge, _ = open_window(engine=FakeEngine(tmp_path))
@@ -149,7 +177,9 @@ def test_the_server_menu_opens_the_group_settings_for_the_loaded_model(qtbot, op
     dialog = window.group_dialog
     assert dialog.isVisible() and dialog.model_label.text() == "fake-model"
     assert dialog.hosts.count() == 2
-    assert dialog.split_label.text().startswith("✗ /fake has no config.json")  # the fake model's path
+    assert dialog.split_label.text().startswith(
+        "✗ /fake has no config.json"
+    )  # the fake model's path
     assert not dialog.start_button.isEnabled()
     window.group_action.trigger()  # a second time: the same dialog, raised
     assert window.group_dialog is dialog
@@ -163,9 +193,13 @@ def test_a_real_group_serves_and_its_killed_rank_is_named(qtbot, tmp_path, llama
         pytest.skip(needs_ring.kwargs["reason"])
 
     def factory(hostfile_, model, port, data_dir, on_event):
-        return GroupServer(hostfile_, model, port, data_dir, on_event, ("--ring-port", str(free_port(2))))
+        return GroupServer(
+            hostfile_, model, port, data_dir, on_event, ("--ring-port", str(free_port(2)))
+        )
 
-    dialog, bridge = open_dialog(qtbot, tmp_path, llama, hostfile(tmp_path), factory=factory, port=free_port())
+    dialog, bridge = open_dialog(
+        qtbot, tmp_path, llama, hostfile(tmp_path), factory=factory, port=free_port()
+    )
     dialog.resize(760, 560)
     try:
         with qtbot.waitSignal(bridge.serving, timeout=START_S * 1000):
@@ -175,10 +209,14 @@ def test_a_real_group_serves_and_its_killed_rank_is_named(qtbot, tmp_path, llama
         rank1 = Group(None, 0, None, tmp_path / "data").rank_pid(1)
         with qtbot.waitSignals([bridge.fault, bridge.ended], timeout=60000):
             os.kill(rank1, signal.SIGKILL)
-        assert re.match(r"The group broke: rank 1 \(127\.0\.0\.1\) (left the group|was killed by SIGKILL)",
-                        dialog.fault_label.text()), dialog.fault_label.text()  # as in test_group.py
+        assert re.match(
+            r"The group broke: rank 1 \(127\.0\.0\.1\) (left the group|was killed by SIGKILL)",
+            dialog.fault_label.text(),
+        ), dialog.fault_label.text()  # as in test_group.py
         assert dialog.status_label.text() == "Not running"
-        assert "Node with rank 1 exited with code -9" in dialog.log.toPlainText()  # MLX's colours taken out
+        assert (
+            "Node with rank 1 exited with code -9" in dialog.log.toPlainText()
+        )  # MLX's colours taken out
         assert "\x1b" not in dialog.log.toPlainText()
         dialog.grab().save(str(tmp_path / "group-fault.png"))
     finally:

@@ -29,7 +29,9 @@ def test_a_turn_streams_into_the_chat_and_is_stored(qtbot, open_window, tiny_mod
     progress = []
     bridge.loadProgress.connect(lambda stage, fraction: progress.append((stage, fraction)))
     name = wait_ready(qtbot, bridge)
-    assert progress and all(stage and (fraction == -1.0 or 0 <= fraction <= 1) for stage, fraction in progress)
+    assert progress and all(
+        stage and (fraction == -1.0 or 0 <= fraction <= 1) for stage, fraction in progress
+    )
     assert window.composer.send_button.isEnabled() and window.model_label.text() == name
     make_greedy(window, store, max_tokens=24)
 
@@ -39,7 +41,9 @@ def test_a_turn_streams_into_the_chat_and_is_stored(qtbot, open_window, tiny_mod
     qtbot.keyClicks(window.composer.input, "Hello there")
     with qtbot.waitSignal(bridge.finished, timeout=WAIT_MS) as done:
         qtbot.keyClick(window.composer.input, Qt.Key.Key_Return)
-        assert window.composer.stop_button.isEnabled() and not window.composer.send_button.isEnabled()
+        assert (
+            window.composer.stop_button.isEnabled() and not window.composer.send_button.isEnabled()
+        )
     reply, stats = done.args
 
     assert reply and "".join(tokens) == reply and streamed and set(streamed) == {2}
@@ -85,7 +89,11 @@ def test_regenerate_replaces_the_last_reply(qtbot, open_window, tiny_model):
     assert again == second  # greedy: the same reply, from a prompt that was cached
     assert stats.cached_tokens > 0
     assert [(m.role, m.content) for m in store.messages(window.session.id)] == [
-        ("user", "one"), ("assistant", first), ("user", "two"), ("assistant", second)]
+        ("user", "one"),
+        ("assistant", first),
+        ("user", "two"),
+        ("assistant", second),
+    ]
     assert window.chat.message_count() == 4
 
 
@@ -106,7 +114,12 @@ def test_edit_and_resend_the_last_message(qtbot, open_window, tiny_model):
     with qtbot.waitSignal(bridge.finished, timeout=WAIT_MS) as done:
         qtbot.keyClick(window.composer.input, Qt.Key.Key_Return)
     stored = [(m.role, m.content) for m in store.messages(window.session.id)]
-    assert stored == [("user", "one"), ("assistant", first), ("user", "three"), ("assistant", done.args[0])]
+    assert stored == [
+        ("user", "one"),
+        ("assistant", first),
+        ("user", "three"),
+        ("assistant", done.args[0]),
+    ]
     assert [window.chat.message_text(i) for i in range(4)] == [content for _, content in stored]
 
 
@@ -150,7 +163,10 @@ def test_panels_show_the_engines_figures_after_a_turn(qtbot, open_window, tiny_m
     figures = polled.args[0]
     stats = bridge.engine.stats()
     cache = stats.cache
-    assert figures.cache.pages_total == cache.pages_total and figures.cache.pages_used == cache.pages_used
+    assert (
+        figures.cache.pages_total == cache.pages_total
+        and figures.cache.pages_used == cache.pages_used
+    )
     assert figures.model.weight_bytes == stats.model.weight_bytes > 0
     assert figures.rss_bytes > 0 and figures.mlx_active_bytes > 0
     capacity = f"{cache.pages_total * cache.page_size:,} tokens"
@@ -158,7 +174,9 @@ def test_panels_show_the_engines_figures_after_a_turn(qtbot, open_window, tiny_m
     assert window.memory_panel.series_points("rss") >= 1
     assert len(window.cache_panel.plotted_turns) == 1
     turn = store.messages(window.session.id)[-1].stats
-    assert list(window.cache_panel.computed_set.at(i) for i in range(1)) == [turn["computed_tokens"]]
+    assert list(window.cache_panel.computed_set.at(i) for i in range(1)) == [
+        turn["computed_tokens"]
+    ]
 
 
 def test_a_load_failure_shows_the_error_and_keeps_the_input_off(qtbot, open_window, tmp_path):
@@ -174,9 +192,14 @@ def test_a_load_failure_shows_the_error_and_keeps_the_input_off(qtbot, open_wind
 
 
 def test_a_failed_model_switch_keeps_the_previous_model(qtbot, open_window, tmp_path):
-    engine = FakeEngine(tmp_path, switch_error="broken.gguf is not a GGUF file",
-                        events=(TokenEvent("Hi"), DoneEvent("Hi", RequestStats(prompt_tokens=3,
-                                                                               computed_tokens=3))))
+    engine = FakeEngine(
+        tmp_path,
+        switch_error="broken.gguf is not a GGUF file",
+        events=(
+            TokenEvent("Hi"),
+            DoneEvent("Hi", RequestStats(prompt_tokens=3, computed_tokens=3)),
+        ),
+    )
     window, bridge, store = open_window(engine=engine)
     assert wait_ready(qtbot, bridge) == "fake-model"
     with qtbot.waitSignal(bridge.loadFailed, timeout=WAIT_MS) as failed:
@@ -206,7 +229,9 @@ def test_an_error_mid_reply_gives_the_message_back(qtbot, open_window, tmp_path)
     with qtbot.waitSignal(bridge.failed, timeout=WAIT_MS) as failed:
         qtbot.keyClick(window.composer.input, Qt.Key.Key_Enter)
     assert failed.args == ["the engine broke"]
-    assert [(m.role, m.content) for m in engine.requests[0].messages] == [("user", "first line\nsecond line")]
+    assert [(m.role, m.content) for m in engine.requests[0].messages] == [
+        ("user", "first line\nsecond line")
+    ]
     assert window.composer.send_button.isEnabled() and not window.composer.stop_button.isEnabled()
     assert window.composer.text() == "first line\nsecond line"  # given back to send again
     assert [window.chat.message_role(i) for i in range(window.chat.message_count())] == ["error"]
@@ -215,7 +240,9 @@ def test_an_error_mid_reply_gives_the_message_back(qtbot, open_window, tmp_path)
 
 
 def test_deleting_a_chat_forgets_its_cache(qtbot, open_window, tmp_path):
-    engine = FakeEngine(tmp_path, events=(DoneEvent("ok", RequestStats(prompt_tokens=2, computed_tokens=2)),))
+    engine = FakeEngine(
+        tmp_path, events=(DoneEvent("ok", RequestStats(prompt_tokens=2, computed_tokens=2)),)
+    )
     window, bridge, store = open_window(engine=engine)
     wait_ready(qtbot, bridge)
     send_turn(qtbot, window, bridge, "hello")
@@ -284,8 +311,10 @@ def test_closing_the_window_stops_the_api_server(qtbot, open_window, tmp_path):
 
 
 def test_the_app_package_does_not_import_mlx():
-    code = ("import sys, app.main_window, app.screenshot, app.bench_gui, core.api.server; "
-            "sys.exit(any(m.split('.')[0] == 'mlx' for m in sys.modules))")
+    code = (
+        "import sys, app.main_window, app.screenshot, app.bench_gui, core.api.server; "
+        "sys.exit(any(m.split('.')[0] == 'mlx' for m in sys.modules))"
+    )
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 
 
@@ -305,5 +334,7 @@ def test_the_model_picker_switches_models(qtbot, open_window, tmp_path):
     assert ready.args == ["gemma3-270m"]
     assert len(loading) == 1 and loading[0][0] == "gemma3-270m"
     assert re.fullmatch(r"Loading gemma-3-270m.* \(about [\d,]+ MB in memory\)…", loading[0][1])
-    assert window.model_label.text() == "gemma3-270m" and window.settings.last_model == "gemma3-270m"
+    assert (
+        window.model_label.text() == "gemma3-270m" and window.settings.last_model == "gemma3-270m"
+    )
     assert window.composer.send_button.isEnabled()

@@ -42,9 +42,17 @@ class _Handle(RequestHandle):
 
     def cancel(self) -> None:
         super().cancel()
-        self.end(DoneEvent(self.streamed, RequestStats(prompt_tokens=4, computed_tokens=4,
-                                                       completion_tokens=len(self.streamed),
-                                                       finish_reason="cancelled")))
+        self.end(
+            DoneEvent(
+                self.streamed,
+                RequestStats(
+                    prompt_tokens=4,
+                    computed_tokens=4,
+                    completion_tokens=len(self.streamed),
+                    finish_reason="cancelled",
+                ),
+            )
+        )
 
 
 class ScriptedEngine(FakeEngine):
@@ -62,8 +70,13 @@ class ScriptedEngine(FakeEngine):
         self.handles.append(handle)
         if not self.hold:
             text = f"reply {len(self.requests)}"
-            handle.end(self.replies.pop(0) if self.replies else
-                       DoneEvent(text, RequestStats(prompt_tokens=4, computed_tokens=4, completion_tokens=2)))
+            handle.end(
+                self.replies.pop(0)
+                if self.replies
+                else DoneEvent(
+                    text, RequestStats(prompt_tokens=4, computed_tokens=4, completion_tokens=2)
+                )
+            )
         return handle
 
 
@@ -72,7 +85,10 @@ def _stored(store, window) -> list[tuple[str, str]]:
 
 
 def _shown(window) -> list[tuple[str, str]]:
-    return [(window.chat.message_role(i), window.chat.message_text(i)) for i in range(window.chat.message_count())]
+    return [
+        (window.chat.message_role(i), window.chat.message_text(i))
+        for i in range(window.chat.message_count())
+    ]
 
 
 def _scripted(qtbot, open_window, tmp_path, hold: bool = False):
@@ -82,7 +98,9 @@ def _scripted(qtbot, open_window, tmp_path, hold: bool = False):
     return window, bridge, store, engine
 
 
-def test_regenerate_while_editing_replaces_only_the_last_turn_and_keeps_the_draft(qtbot, open_window, tmp_path):
+def test_regenerate_while_editing_replaces_only_the_last_turn_and_keeps_the_draft(
+    qtbot, open_window, tmp_path
+):
     window, bridge, store, _ = _scripted(qtbot, open_window, tmp_path)
     send_turn(qtbot, window, bridge, "one")
     send_turn(qtbot, window, bridge, "two")
@@ -90,15 +108,23 @@ def test_regenerate_while_editing_replaces_only_the_last_turn_and_keeps_the_draf
     window.composer.set_text("two, edited")
     with qtbot.waitSignal(bridge.finished, timeout=WAIT_MS):
         window.regenerate_action.trigger()
-    assert _stored(store, window) == [("user", "one"), ("assistant", "reply 1"), ("user", "two"),
-                                      ("assistant", "reply 3")]
+    assert _stored(store, window) == [
+        ("user", "one"),
+        ("assistant", "reply 1"),
+        ("user", "two"),
+        ("assistant", "reply 3"),
+    ]
     assert _shown(window) == _stored(store, window)
     assert window.composer.text() == "two, edited" and window.composer.editing  # the draft stays
 
     with qtbot.waitSignal(bridge.finished, timeout=WAIT_MS):
         qtbot.keyClick(window.composer.input, Qt.Key.Key_Return)  # the edit still replaces one turn
-    assert _stored(store, window) == [("user", "one"), ("assistant", "reply 1"), ("user", "two, edited"),
-                                      ("assistant", "reply 4")]
+    assert _stored(store, window) == [
+        ("user", "one"),
+        ("assistant", "reply 1"),
+        ("user", "two, edited"),
+        ("assistant", "reply 4"),
+    ]
 
 
 def test_a_reply_stopped_before_its_first_token_leaves_nothing(qtbot, open_window, tmp_path):
@@ -179,7 +205,9 @@ def test_deleting_the_open_chat_while_it_generates(qtbot, open_window, tmp_path)
     with qtbot.waitSignal(bridge.finished, timeout=WAIT_MS):  # the reply is stopped
         window.sessions.sessionDeleted.emit(doomed.id, doomed.name)
     assert engine.handles[-1].cancelled and engine.forgotten == [(doomed.name, "app")]
-    assert window.session is not None and window.session.created_at > doomed.created_at  # a fresh chat
+    assert (
+        window.session is not None and window.session.created_at > doomed.created_at
+    )  # a fresh chat
     assert window.chat.message_count() == 0 and window.composer.send_button.isEnabled()
     assert [s.id for s in store.list_sessions()] == [window.session.id]
     assert window.sessions.current_id() == window.session.id
@@ -196,8 +224,10 @@ def test_closing_the_window_mid_reply_keeps_what_came(qtbot, open_window, tmp_pa
     assert engine.handles[-1].cancelled
     open_window.close(window, bridge, store)  # what the app does next: shutdown, close the store
     with ChatStore(chats_db_path(tmp_path)) as reopened:
-        assert [(m.role, m.content) for m in reopened.messages(session_id)] == [("user", "hello"),
-                                                                                ("assistant", "Hel")]
+        assert [(m.role, m.content) for m in reopened.messages(session_id)] == [
+            ("user", "hello"),
+            ("assistant", "Hel"),
+        ]
 
 
 def test_no_model_can_be_picked_while_the_first_one_loads(qtbot, open_window, tmp_path):
@@ -220,18 +250,32 @@ def test_no_model_can_be_picked_while_the_first_one_loads(qtbot, open_window, tm
     assert window.model_action.isEnabled()
 
 
-STORE_CALLS = ("list_sessions", "search", "create_session", "get_session_by_id", "messages", "add_turn",
-               "replace_last_turn", "update_session", "rename_session", "delete_session")
+STORE_CALLS = (
+    "list_sessions",
+    "search",
+    "create_session",
+    "get_session_by_id",
+    "messages",
+    "add_turn",
+    "replace_last_turn",
+    "update_session",
+    "rename_session",
+    "delete_session",
+)
 
 
 @pytest.mark.parametrize("broken", STORE_CALLS)
-def test_a_store_error_anywhere_gives_a_one_line_message(qtbot, open_window, tmp_path, monkeypatch, broken):
+def test_a_store_error_anywhere_gives_a_one_line_message(
+    qtbot, open_window, tmp_path, monkeypatch, broken
+):
     from core.errors import StoreError
 
     window, bridge, store, engine = _scripted(qtbot, open_window, tmp_path)
     send_turn(qtbot, window, bridge, "one")
     other = store.create_session()
-    message = f"{store.path} is locked by another RadixChat process; close it or use another --data-dir"
+    message = (
+        f"{store.path} is locked by another RadixChat process; close it or use another --data-dir"
+    )
 
     def fail(*args, **kwargs):
         raise StoreError(message)
@@ -240,8 +284,11 @@ def test_a_store_error_anywhere_gives_a_one_line_message(qtbot, open_window, tmp
     shown = []
 
     def said() -> None:  # each action that failed said so, in one line, in the window
-        text = window.state_label.text() if "locked" in window.state_label.text() else \
-            window.sessions.error_label.text()
+        text = (
+            window.state_label.text()
+            if "locked" in window.state_label.text()
+            else window.sessions.error_label.text()
+        )
         if "locked" in text:
             assert "\n" not in text
             shown.append(text)
@@ -282,9 +329,17 @@ def test_chat_settings_reach_the_engine_and_survive_a_restart(qtbot, open_window
     dialog.accept()
     send_turn(qtbot, window, bridge, "one")
     request = engine.requests[-1]
-    assert [(m.role, m.content) for m in request.messages] == [("system", "You are terse."), ("user", "one")]
+    assert [(m.role, m.content) for m in request.messages] == [
+        ("system", "You are terse."),
+        ("user", "one"),
+    ]
     sampling = request.sampling
-    assert (sampling.temperature, sampling.top_p, sampling.max_tokens, sampling.seed) == (0.3, 0.9, 77, 42)
+    assert (sampling.temperature, sampling.top_p, sampling.max_tokens, sampling.seed) == (
+        0.3,
+        0.9,
+        77,
+        42,
+    )
     session_id = window.session.id
     open_window.close(window, bridge, store)
 
@@ -297,10 +352,19 @@ def test_chat_settings_reach_the_engine_and_survive_a_restart(qtbot, open_window
     assert [m.role for m in request.messages] == ["system", "user", "assistant", "user"]
     assert request.messages[0].content == "You are terse."
     sampling = request.sampling
-    assert (sampling.temperature, sampling.top_p, sampling.max_tokens, sampling.seed) == (0.3, 0.9, 77, 42)
+    assert (sampling.temperature, sampling.top_p, sampling.max_tokens, sampling.seed) == (
+        0.3,
+        0.9,
+        77,
+        42,
+    )
     window.session_settings_action.trigger()  # the dialog shows them again
     dialog = window.settings_dialog
-    assert (dialog.temperature.value(), dialog.max_tokens.value(), dialog.seed.value()) == (0.3, 77, 42)
+    assert (dialog.temperature.value(), dialog.max_tokens.value(), dialog.seed.value()) == (
+        0.3,
+        77,
+        42,
+    )
     assert dialog.system_prompt.toPlainText() == "You are terse."
     dialog.reject()
 
@@ -324,7 +388,10 @@ def test_a_reply_stopped_at_once_on_the_real_engine_then_regenerate(qtbot, open_
     with qtbot.waitSignal(bridge.finished, timeout=WAIT_MS) as again:
         window.regenerate()
     assert again.args[1].finish_reason in ("stop", "length")
-    assert _shown(window) == _stored(store, window) and _stored(store, window)[-1] == ("assistant", again.args[0])
+    assert _shown(window) == _stored(store, window) and _stored(store, window)[-1] == (
+        "assistant",
+        again.args[0],
+    )
 
 
 def test_preferences_open_from_the_window_with_the_default_budget(qtbot, open_window, tmp_path):

@@ -21,7 +21,9 @@ def test_the_window_opens_a_damaged_chat_and_chats_on(qtbot, open_window, tmp_pa
     """Today: the window raised 'Could not decode to UTF-8' at every start (it reopens the
     last chat, here the damaged one, the most recently updated)."""
     damaged_db(tmp_path)
-    engine = FakeEngine(tmp_path, events=(DoneEvent("ok", RequestStats(prompt_tokens=2, computed_tokens=2)),))
+    engine = FakeEngine(
+        tmp_path, events=(DoneEvent("ok", RequestStats(prompt_tokens=2, computed_tokens=2)),)
+    )
     window, bridge, store = open_window(engine=engine)
     wait_ready(qtbot, bridge)
     assert window.session.name == "bad"
@@ -44,10 +46,15 @@ def test_the_window_shows_a_reply_it_cannot_save(qtbot, small_disk):
     from core.chats.store import ChatStore
     from core.paths import chats_db_path
 
-    engine = FakeEngine(small_disk, events=(DoneEvent("the reply", RequestStats(prompt_tokens=2, computed_tokens=2)),))
+    engine = FakeEngine(
+        small_disk,
+        events=(DoneEvent("the reply", RequestStats(prompt_tokens=2, computed_tokens=2)),),
+    )
     bridge = EngineBridge(small_disk, None, engine=engine)
     store = ChatStore(chats_db_path(small_disk))
-    settings = AppSettings(QSettings(str(small_disk.parent / "settings.ini"), QSettings.Format.IniFormat))
+    settings = AppSettings(
+        QSettings(str(small_disk.parent / "settings.ini"), QSettings.Format.IniFormat)
+    )
     window = MainWindow(bridge, store, settings)
     qtbot.addWidget(window)
     try:
@@ -59,7 +66,10 @@ def test_the_window_shows_a_reply_it_cannot_save(qtbot, small_disk):
         shown = [window.chat.message_text(i) for i in range(window.chat.message_count())]
         assert shown[-1] == "the reply" and shown[-2].startswith("second")
         state = window.state_label.text()
-        assert state.startswith("This reply is shown but was not saved: the disk is full") and "\n" not in state
+        assert (
+            state.startswith("This reply is shown but was not saved: the disk is full")
+            and "\n" not in state
+        )
         assert [m.content for m in store.messages(window.session.id)] == ["first", "the reply"]
     finally:
         window.close()

@@ -42,7 +42,9 @@ def _fragments(block):
 
 
 def test_markdown_renders_bold_and_shaded_fixed_pitch_code(body):
-    body.show_markdown("Some **bold** text and <b>raw html</b>.\n\n```python\nx = 1\ny = 2\n```\n\nAfter.")
+    body.show_markdown(
+        "Some **bold** text and <b>raw html</b>.\n\n```python\nx = 1\ny = 2\n```\n\nAfter."
+    )
     document = body.document()
     bold = [f for f in _fragments(_block_with(document, "bold")) if f.text() == "bold"]
     assert bold and bold[0].charFormat().fontWeight() == QFont.Weight.Bold
@@ -53,7 +55,9 @@ def test_markdown_renders_bold_and_shaded_fixed_pitch_code(body):
     frame = QTextCursor(code).currentFrame()
     assert frame != document.rootFrame()
     assert frame.frameFormat().background().color() == code_background(body.palette())
-    assert frame == QTextCursor(_block_with(document, "y = 2")).currentFrame()  # one box per code block
+    assert (
+        frame == QTextCursor(_block_with(document, "y = 2")).currentFrame()
+    )  # one box per code block
     assert QTextCursor(_block_with(document, "After.")).currentFrame() == document.rootFrame()
 
 
@@ -82,21 +86,45 @@ def _signature(document) -> list[tuple]:
     signature, block = [], document.begin()
     while block.isValid():
         fmt = block.blockFormat()
-        signature.append((block.text(), fmt.headingLevel(), fmt.topMargin(), fmt.bottomMargin(), fmt.lineHeightType(),
-                          block.textList().format().style() if block.textList() else None,
-                          QTextCursor(block).currentFrame() != document.rootFrame(),
-                          tuple((f.text(), f.charFormat().fontWeight(), f.charFormat().fontItalic(),
-                                 f.charFormat().fontFixedPitch()) for f in _fragments(block))))
+        signature.append(
+            (
+                block.text(),
+                fmt.headingLevel(),
+                fmt.topMargin(),
+                fmt.bottomMargin(),
+                fmt.lineHeightType(),
+                block.textList().format().style() if block.textList() else None,
+                QTextCursor(block).currentFrame() != document.rootFrame(),
+                tuple(
+                    (
+                        f.text(),
+                        f.charFormat().fontWeight(),
+                        f.charFormat().fontItalic(),
+                        f.charFormat().fontFixedPitch(),
+                    )
+                    for f in _fragments(block)
+                ),
+            )
+        )
         block = block.next()
     return signature
 
 
 def test_streaming_renders_what_a_full_render_shows(qtbot):
     """Long replies freeze their finished paragraphs while streaming; the result must not differ."""
-    parts = ["# Plan\n\n", "Some **bold**, *italic* and `code` words. " * 8 + "\n\n",
-             "```python\nfor i in range(3):\n    print(i)\n```\n\n", "- one\n- two\n  more\n\n", "1. a\n2. b\n\n",
-             "> quoted\n\n", "| a | b |\n|---|---|\n| 1 | 2 |\n\n", "## Sub\n\nA [link](https://x.org).\n\n",
-             "    indented code\n\n", "---\n\n", "Para\nwith lines\n\n"]
+    parts = [
+        "# Plan\n\n",
+        "Some **bold**, *italic* and `code` words. " * 8 + "\n\n",
+        "```python\nfor i in range(3):\n    print(i)\n```\n\n",
+        "- one\n- two\n  more\n\n",
+        "1. a\n2. b\n\n",
+        "> quoted\n\n",
+        "| a | b |\n|---|---|\n| 1 | 2 |\n\n",
+        "## Sub\n\nA [link](https://x.org).\n\n",
+        "    indented code\n\n",
+        "---\n\n",
+        "Para\nwith lines\n\n",
+    ]
     text = "".join(parts[(i * 7) % len(parts)] for i in range(45))
     streamed, full = MarkdownView(), MarkdownView()
     for view in (streamed, full):

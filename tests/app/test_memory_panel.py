@@ -24,21 +24,56 @@ GB, MB = 2**30, 2**20
 def loaded(**changes) -> tuple[EngineStats, float]:
     """A snapshot of a loaded model with the cache on (1024 pages of 16 tokens), and its time:
     the arguments of ``update_stats``."""
-    stats = dict(time=100.0, mlx_active_bytes=int(1.5 * GB), mlx_cache_bytes=300 * MB,
-                 mlx_peak_bytes=2 * GB, rss_bytes=int(2.4 * GB), weight_bytes=270 * MB,
-                 model_name="SmolLM2-135M", cache_enabled=True, cache_disabled_reason=None,
-                 page_size=16, pages_total=1024, pages_used=256, pages_evictable=192, pages_locked=32,
-                 pool_bytes=512 * MB, disk_cache_bytes=256 * MB, disk_cache_budget_bytes=10 * GB,
-                 requests_running=1)
+    stats = dict(
+        time=100.0,
+        mlx_active_bytes=int(1.5 * GB),
+        mlx_cache_bytes=300 * MB,
+        mlx_peak_bytes=2 * GB,
+        rss_bytes=int(2.4 * GB),
+        weight_bytes=270 * MB,
+        model_name="SmolLM2-135M",
+        cache_enabled=True,
+        cache_disabled_reason=None,
+        page_size=16,
+        pages_total=1024,
+        pages_used=256,
+        pages_evictable=192,
+        pages_locked=32,
+        pool_bytes=512 * MB,
+        disk_cache_bytes=256 * MB,
+        disk_cache_budget_bytes=10 * GB,
+        requests_running=1,
+    )
     stats.update(changes)
     now = stats.pop("time")
-    model = ModelInfo(spec="default", name=stats.pop("model_name"), path="/models/smollm2", model_type="llama",
-                      fingerprint="0" * 16, weights_format="float32", weight_bytes=stats.pop("weight_bytes"),
-                      context_length=8192, num_layers=30, load_seconds=1.0)
+    model = ModelInfo(
+        spec="default",
+        name=stats.pop("model_name"),
+        path="/models/smollm2",
+        model_type="llama",
+        fingerprint="0" * 16,
+        weights_format="float32",
+        weight_bytes=stats.pop("weight_bytes"),
+        context_length=8192,
+        num_layers=30,
+        load_seconds=1.0,
+    )
     cache = {f.name: 0 for f in dataclasses.fields(CacheStats)}
-    cache.update(enabled=stats.pop("cache_enabled"), disabled_reason=stats.pop("cache_disabled_reason"),
-                 **{name: stats.pop(name) for name in ("page_size", "pages_total", "pages_used", "pages_evictable",
-                                                       "pages_locked", "pool_bytes")})
+    cache.update(
+        enabled=stats.pop("cache_enabled"),
+        disabled_reason=stats.pop("cache_disabled_reason"),
+        **{
+            name: stats.pop(name)
+            for name in (
+                "page_size",
+                "pages_total",
+                "pages_used",
+                "pages_evictable",
+                "pages_locked",
+                "pool_bytes",
+            )
+        },
+    )
     return EngineStats(model=model, cache=CacheStats(**cache), **stats), now
 
 
@@ -64,15 +99,28 @@ def text(panel: MemoryPanel, name: str) -> str:
 
 
 def test_formatting():
-    assert [human_bytes(n) for n in (0, 512, 1536, 300 * MB, int(1.5 * GB), 1000 * 1024, 10 * GB, None)] == [
-        "0 B", "512 B", "1.5 KB", "300 MB", "1.5 GB", "1.0 MB", "10.0 GB", "0 B"]
+    assert [
+        human_bytes(n) for n in (0, 512, 1536, 300 * MB, int(1.5 * GB), 1000 * 1024, 10 * GB, None)
+    ] == ["0 B", "512 B", "1.5 KB", "300 MB", "1.5 GB", "1.0 MB", "10.0 GB", "0 B"]
     assert human_bytes(123.4 * GB) == "123 GB" and human_bytes(-2048) == "-2.0 KB"
     assert [percent(x) for x in (0, 0.25, 0.423, 1, 0.001, 0.999, None)] == [
-        "0%", "25%", "42%", "100%", "<1%", ">99%", "0%"]
+        "0%",
+        "25%",
+        "42%",
+        "100%",
+        "<1%",
+        ">99%",
+        "0%",
+    ]
     assert percent(0.4237, 1) == "42.4%"
     assert count(12345) == "12,345" and count(None) == "0"
-    assert [duration(s) for s in (0.0421, 1.234, 12.34, 75, 120)] == ["42 ms", "1.23 s", "12.3 s", "1 min 15 s",
-                                                                      "2 min"]
+    assert [duration(s) for s in (0.0421, 1.234, 12.34, 75, 120)] == [
+        "42 ms",
+        "1.23 s",
+        "12.3 s",
+        "1 min 15 s",
+        "2 min",
+    ]
     assert [nice_step(x) for x in (4, 3.3, 1, 9, 0.3, 0)] == [1, 1, 0.25, 2.5, 0.1, 1]
     assert [decimals_for(s) for s in (1, 0.5, 0.25, 2.5, 100)] == [0, 1, 2, 1, 0]
 
@@ -105,8 +153,15 @@ def test_figures_show_the_snapshot(panel):
 
     panel.update_stats(*loaded(time=101.0, disk=tier_stats(bytes_written=12 * MB)))
     assert text(panel, "diskCacheValue") == "256 MB of 10.0 GB · 2% · 12.0 MB written"
-    panel.update_stats(*loaded(time=101.5, disk=tier_stats(bytes_written=12 * MB, writes_stopped="the disk is full")))
-    assert text(panel, "diskCacheValue") == "256 MB of 10.0 GB · 2% · 12.0 MB written · writes stopped (disk full)"
+    panel.update_stats(
+        *loaded(
+            time=101.5, disk=tier_stats(bytes_written=12 * MB, writes_stopped="the disk is full")
+        )
+    )
+    assert (
+        text(panel, "diskCacheValue")
+        == "256 MB of 10.0 GB · 2% · 12.0 MB written · writes stopped (disk full)"
+    )
     panel.update_stats(*loaded(time=102.0, requests_running=0, disk_cache_budget_bytes=0))
     assert text(panel, "modelValue") == "SmolLM2-135M · idle"
     assert text(panel, "diskCacheValue") == "off"
@@ -117,7 +172,13 @@ def test_missing_keys_before_a_model_loads(panel):
     panel.update_stats(EngineStats(rss_bytes=150 * MB), 5.0)
     assert text(panel, "modelValue") == "No model loaded"
     assert text(panel, "rssValue") == "150 MB"
-    for name in ("mlxActiveValue", "weightsValue", "poolCapacityValue", "poolUsedValue", "diskCacheValue"):
+    for name in (
+        "mlxActiveValue",
+        "weightsValue",
+        "poolCapacityValue",
+        "poolUsedValue",
+        "diskCacheValue",
+    ):
         assert text(panel, name) == "—"
     panel.update_stats(*loaded(pages_total=0, page_size=0, pool_bytes=0, mlx_active_bytes=0))
     assert text(panel, "mlxActiveValue") == "0 B" and text(panel, "poolUsedValue") == "—"
@@ -125,12 +186,20 @@ def test_missing_keys_before_a_model_loads(panel):
 
 
 def test_a_disabled_cache_says_why(panel):
-    panel.update_stats(*loaded(cache_enabled=False, cache_disabled_reason="not enough memory for the KV pool",
-                              pages_total=0, pool_bytes=0))
+    panel.update_stats(
+        *loaded(
+            cache_enabled=False,
+            cache_disabled_reason="not enough memory for the KV pool",
+            pages_total=0,
+            pool_bytes=0,
+        )
+    )
     note = panel.findChild(QLabel, "cacheNoteValue")
     assert note.isVisible() and note.text() == "KV cache off: not enough memory for the KV pool"
     assert text(panel, "poolCapacityValue") == "off"
-    assert not panel.findChild(QLabel, "poolUsedValue").isVisible() and not panel.pool_bar.isVisible()
+    assert (
+        not panel.findChild(QLabel, "poolUsedValue").isVisible() and not panel.pool_bar.isVisible()
+    )
     panel.update_stats(*loaded())  # another model, with the cache on
     assert not note.isVisible() and panel.findChild(QLabel, "poolUsedValue").isVisible()
 
@@ -142,9 +211,16 @@ def test_points_are_capped_and_span_the_window(panel):
     first_x = panel.series["mlx_active"].at(0).x()
     for name in panel.series:
         assert panel.series_points(name) <= MemoryPanel.MAX_POINTS
-    assert last_x - MemoryPanel.WINDOW_S - 2 <= first_x <= last_x - MemoryPanel.WINDOW_S  # just left of the window
-    assert panel.series["mlx_active"].at(panel.series_points("mlx_active") - 1).y() == 1999  # the newest sample
-    assert panel.x_axis.data.max() == last_x and panel.x_axis.data.min() == last_x - MemoryPanel.WINDOW_S
+    assert (
+        last_x - MemoryPanel.WINDOW_S - 2 <= first_x <= last_x - MemoryPanel.WINDOW_S
+    )  # just left of the window
+    assert (
+        panel.series["mlx_active"].at(panel.series_points("mlx_active") - 1).y() == 1999
+    )  # the newest sample
+    assert (
+        panel.x_axis.data.max() == last_x
+        and panel.x_axis.data.min() == last_x - MemoryPanel.WINDOW_S
+    )
 
 
 def test_idle_updates_each_add_a_point(panel):
@@ -154,7 +230,10 @@ def test_idle_updates_each_add_a_point(panel):
     panel.update_stats(*loaded(time=64.0))  # 0.5 s after the last: a new point, which then moves
     panel.update_stats(*loaded(time=64.2, rss_bytes=3 * GB))
     assert panel.series_points("rss") == 11
-    assert panel.series["rss"].at(10).x() == pytest.approx(14.2) and panel.series["rss"].at(10).y() == 3 * GB
+    assert (
+        panel.series["rss"].at(10).x() == pytest.approx(14.2)
+        and panel.series["rss"].at(10).y() == 3 * GB
+    )
 
 
 def test_the_value_axis_follows_the_data(panel):
@@ -162,8 +241,9 @@ def test_the_value_axis_follows_the_data(panel):
     assert (panel.y_axis.shown.max(), panel.y_axis.shown.labelFormat()) == (4, "%.0f GB")
     assert panel.y_axis.data.max() == 4 * GB
     for i in range(1, 400):  # the 3 GB sample leaves the window; nothing else tops 300 MB
-        panel.update_stats(*loaded(time=float(i), rss_bytes=300 * MB, mlx_active_bytes=100 * MB,
-                                  mlx_cache_bytes=0))
+        panel.update_stats(
+            *loaded(time=float(i), rss_bytes=300 * MB, mlx_active_bytes=100 * MB, mlx_cache_bytes=0)
+        )
     assert (panel.y_axis.shown.max(), panel.y_axis.shown.labelFormat()) == (400, "%.0f MB")
     assert panel.y_axis.data.max() == 400 * MB
     # outgrown: rescaled at once
@@ -181,8 +261,12 @@ def test_a_clock_that_goes_back_restarts_the_plot(panel):
 def test_update_stats_is_cheap(panel):
     start = time.perf_counter()
     for i in range(1000):
-        panel.update_stats(*loaded(time=i * 0.3, mlx_active_bytes=(i % 50) * 20 * MB, pages_used=i % 1024))
-    assert (time.perf_counter() - start) / 1000 < 0.05  # a loose sanity bound; the cap is the real guard
+        panel.update_stats(
+            *loaded(time=i * 0.3, mlx_active_bytes=(i % 50) * 20 * MB, pages_used=i % 1024)
+        )
+    assert (
+        time.perf_counter() - start
+    ) / 1000 < 0.05  # a loose sanity bound; the cap is the real guard
     assert panel.series_points("mlx_active") <= MemoryPanel.MAX_POINTS
 
 

@@ -13,8 +13,8 @@ import pytest  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QDialog, QDialogButtonBox  # noqa: E402
 
-from app.model_picker import SPEC_ROLE, ModelPickerDialog  # noqa: E402
 from app.format import human_bytes  # noqa: E402
+from app.model_picker import SPEC_ROLE, ModelPickerDialog  # noqa: E402
 from core.models import provision  # noqa: E402
 from core.models.catalog import safetensors_parameter_count  # noqa: E402
 from core.models.tiny_model import TinyModelSpec, write_tiny_model  # noqa: E402
@@ -44,16 +44,23 @@ def open_picker(qtbot, data_root):
         dialog.show()
         qtbot.waitExposed(dialog)
         return dialog
+
     return open_
 
 
 def _rows(dialog: ModelPickerDialog) -> list[list[str]]:
     tree = dialog.tree
-    return [[tree.topLevelItem(r).text(c) for c in range(tree.columnCount())] for r in range(tree.topLevelItemCount())]
+    return [
+        [tree.topLevelItem(r).text(c) for c in range(tree.columnCount())]
+        for r in range(tree.topLevelItemCount())
+    ]
 
 
 def _specs(dialog: ModelPickerDialog) -> list[str]:
-    return [dialog.tree.topLevelItem(r).data(0, SPEC_ROLE) for r in range(dialog.tree.topLevelItemCount())]
+    return [
+        dialog.tree.topLevelItem(r).data(0, SPEC_ROLE)
+        for r in range(dialog.tree.topLevelItemCount())
+    ]
 
 
 def _ok(dialog: ModelPickerDialog):
@@ -62,11 +69,21 @@ def _ok(dialog: ModelPickerDialog):
 
 def test_lists_known_and_local_models(open_picker, data_root):
     dialog = open_picker("default")
-    assert [dialog.tree.headerItem().text(c) for c in range(5)] == ["Name", "Kind", "Size", "Memory", "Last used"]
+    assert [dialog.tree.headerItem().text(c) for c in range(5)] == [
+        "Name",
+        "Kind",
+        "Size",
+        "Memory",
+        "Last used",
+    ]
     models = data_root / "models"
     known = list(provision.KNOWN_MODELS)
-    assert _specs(dialog) == [*known, str(models / "my-model.gguf"), str(models / "tiny-llama"),
-                              "mlx-community/tiny-chat"]
+    assert _specs(dialog) == [
+        *known,
+        str(models / "my-model.gguf"),
+        str(models / "tiny-llama"),
+        "mlx-community/tiny-chat",
+    ]
     rows = _rows(dialog)
     assert rows[0][0].endswith("(default)") and rows[0][1] == "GGUF · downloads on first use"
     assert rows[0][2] == "93.8 MB" and rows[0][3] == "513 MB"  # 135M weights as float32
@@ -95,8 +112,12 @@ def test_nothing_preselected_without_a_current_model(qtbot, open_picker):
     with qtbot.waitSignal(dialog.accepted):
         item = dialog.tree.topLevelItem(1)
         rect = dialog.tree.visualItemRect(item)
-        qtbot.mouseClick(dialog.tree.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())  # a double
-        qtbot.mouseDClick(dialog.tree.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())  # click
+        qtbot.mouseClick(
+            dialog.tree.viewport(), Qt.MouseButton.LeftButton, pos=rect.center()
+        )  # a double
+        qtbot.mouseDClick(
+            dialog.tree.viewport(), Qt.MouseButton.LeftButton, pos=rect.center()
+        )  # click
     assert dialog.chosen_spec() == "gemma3-270m" and dialog.result() == QDialog.DialogCode.Accepted
 
 
@@ -122,7 +143,9 @@ def test_open_gguf_file_chooses_it(qtbot, open_picker, tmp_path):
     assert dialog.chosen_spec() == str(picked)
     assert _rows(dialog)[-1][:2] == ["picked", "GGUF"]
     count = dialog.tree.topLevelItemCount()
-    qtbot.mouseClick(dialog.gguf_button, Qt.MouseButton.LeftButton)  # the same file again: no second row
+    qtbot.mouseClick(
+        dialog.gguf_button, Qt.MouseButton.LeftButton
+    )  # the same file again: no second row
     assert dialog.tree.topLevelItemCount() == count
     with qtbot.waitSignal(dialog.accepted):
         qtbot.mouseClick(_ok(dialog), Qt.MouseButton.LeftButton)
@@ -146,7 +169,10 @@ def test_open_mlx_folder_chooses_it_or_says_why_not(qtbot, open_picker, data_roo
     other = write_tiny_model(tmp_path / "other-model", TinyModelSpec(num_layers=2))
     dialog._ask_mlx_folder = lambda: str(other)
     qtbot.mouseClick(dialog.folder_button, Qt.MouseButton.LeftButton)
-    assert dialog.chosen_spec() == str(other) and _rows(dialog)[-1][:2] == ["other-model", "MLX folder"]
+    assert dialog.chosen_spec() == str(other) and _rows(dialog)[-1][:2] == [
+        "other-model",
+        "MLX folder",
+    ]
 
 
 @pytest.mark.real_model
@@ -158,6 +184,8 @@ def test_a_downloaded_default_model_says_so(qtbot, data_root_with_default):
 
 
 def test_the_widgets_do_not_import_mlx():
-    code = ("import sys, app.model_picker, app.session_list, app.settings_dialogs; "
-            "sys.exit(any(m.split('.')[0] == 'mlx' for m in sys.modules))")
+    code = (
+        "import sys, app.model_picker, app.session_list, app.settings_dialogs; "
+        "sys.exit(any(m.split('.')[0] == 'mlx' for m in sys.modules))"
+    )
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

@@ -15,7 +15,12 @@ from app.hub_panel import FIT_COLUMN, progress_text  # noqa: E402
 from app.model_picker import ModelPickerDialog  # noqa: E402
 from core.models import download, hf_cache, usage  # noqa: E402
 from tests.core.models.hub_fixture import (  # noqa: E402
-    BIG_MLX, MAMBA_GGUF, TINY_MLX, TWO_GGUF, free_port_url)
+    BIG_MLX,
+    MAMBA_GGUF,
+    TINY_MLX,
+    TWO_GGUF,
+    free_port_url,
+)
 
 WEIGHTS = "model.safetensors"
 
@@ -29,6 +34,7 @@ def picker(qtbot, tmp_path, loopback_hub):
         qtbot.waitExposed(dialog)
         dialog.tabs.setCurrentIndex(1)
         return dialog
+
     (tmp_path / "data").mkdir()
     return open_
 
@@ -38,13 +44,18 @@ def _search(qtbot, dialog, text: str) -> dict[str, int]:
     panel.query.setText(text)
     qtbot.mouseClick(panel.search_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: panel.search_button.isEnabled(), timeout=10_000)
-    return {panel.results.topLevelItem(r).text(0): r for r in range(panel.results.topLevelItemCount())}
+    return {
+        panel.results.topLevelItem(r).text(0): r for r in range(panel.results.topLevelItemCount())
+    }
 
 
 def _row(dialog, spec: str):
     tree = dialog.tree
-    return next(tree.topLevelItem(r) for r in range(tree.topLevelItemCount())
-                if tree.topLevelItem(r).data(0, Qt.ItemDataRole.UserRole) == spec)
+    return next(
+        tree.topLevelItem(r)
+        for r in range(tree.topLevelItemCount())
+        if tree.topLevelItem(r).data(0, Qt.ItemDataRole.UserRole) == spec
+    )
 
 
 def test_search_download_cancel_resume_load_delete(qtbot, picker, loopback_hub, tmp_path):
@@ -75,8 +86,9 @@ def test_search_download_cancel_resume_load_delete(qtbot, picker, loopback_hub, 
     assert progress and any(0 < value < 1000 for _, value, _ in progress)
     p, value, text = next(x for x in progress if 0 < x[1] < 1000)
     assert text.endswith(progress_text(p)) and "/s" in text and "left" in text
-    assert hf_cache.resolve_repo(BIG_MLX) is None and BIG_MLX not in [_row_spec(dialog, r) for r in
-                                                                         range(dialog.tree.topLevelItemCount())]
+    assert hf_cache.resolve_repo(BIG_MLX) is None and BIG_MLX not in [
+        _row_spec(dialog, r) for r in range(dialog.tree.topLevelItemCount())
+    ]
     assert panel.download_button.text() == "Resume"
     panel.progressed.disconnect(cancel_midway)
     loopback_hub.rate = None
@@ -84,8 +96,11 @@ def test_search_download_cancel_resume_load_delete(qtbot, picker, loopback_hub, 
     # resume: only the missing bytes come, then the model is listed and selected
     loopback_hub.wait_idle()
     before = loopback_hub.served(BIG_MLX, WEIGHTS)
-    partial = hf_cache.repo_folder(BIG_MLX) / "blobs" / (loopback_hub.repos[BIG_MLX].files[WEIGHTS].etag
-                                                          + download.PARTIAL_SUFFIX)
+    partial = (
+        hf_cache.repo_folder(BIG_MLX)
+        / "blobs"
+        / (loopback_hub.repos[BIG_MLX].files[WEIGHTS].etag + download.PARTIAL_SUFFIX)
+    )
     kept = partial.stat().st_size
     with qtbot.waitSignal(panel.downloaded, timeout=20_000) as finished:
         qtbot.mouseClick(panel.download_button, Qt.MouseButton.LeftButton)
@@ -93,11 +108,16 @@ def test_search_download_cancel_resume_load_delete(qtbot, picker, loopback_hub, 
     size = loopback_hub.repos[BIG_MLX].files[WEIGHTS].size
     assert loopback_hub.served(BIG_MLX, WEIGHTS) - before == size - kept
     assert dialog.tabs.currentIndex() == 0 and dialog.chosen_spec() == BIG_MLX
-    assert _row(dialog, BIG_MLX).text(4) == "never" and "Downloaded from the hub: 1" in dialog.disk_label.text()
+    assert (
+        _row(dialog, BIG_MLX).text(4) == "never"
+        and "Downloaded from the hub: 1" in dialog.disk_label.text()
+    )
 
     # load: OK accepts it, and the loader takes the spec as it is
     with qtbot.waitSignal(dialog.accepted):
-        qtbot.mouseClick(dialog.buttons.button(QDialogButtonBox.StandardButton.Ok), Qt.MouseButton.LeftButton)
+        qtbot.mouseClick(
+            dialog.buttons.button(QDialogButtonBox.StandardButton.Ok), Qt.MouseButton.LeftButton
+        )
     from core.models.loader import load_model
 
     info = load_model(dialog.chosen_spec(), dialog.data_root).info
@@ -140,7 +160,9 @@ def test_gguf_files_unsupported_families_and_errors(qtbot, picker, loopback_hub,
     assert not panel.download_button.isEnabled()  # shown, not offered
     panel.results.setCurrentItem(panel.results.topLevelItem(rows[TWO_GGUF]))
     qtbot.waitUntil(lambda: panel.file_box.count() == 2, timeout=10_000)
-    assert panel.file_box.itemText(0).startswith("tiny-Q8_0.gguf") and "fits" in panel.file_box.itemText(0)
+    assert panel.file_box.itemText(0).startswith(
+        "tiny-Q8_0.gguf"
+    ) and "fits" in panel.file_box.itemText(0)
     assert panel.target() == f"{TWO_GGUF}:tiny-Q8_0.gguf" and panel.download_button.isEnabled()
 
     monkeypatch.setenv("HF_ENDPOINT", free_port_url())  # offline: one line, and the window answers
@@ -154,10 +176,16 @@ def test_closing_the_picker_stops_its_download(qtbot, picker, loopback_hub):
     rows = _search(qtbot, dialog, "wide")
     panel.results.setCurrentItem(panel.results.topLevelItem(rows[BIG_MLX]))
     loopback_hub.rate = 20e6
-    with qtbot.waitSignal(panel.progressed, timeout=10_000,
-                          check_params_cb=lambda p: p.file == WEIGHTS and p.done_bytes < p.total_bytes):
+    with qtbot.waitSignal(
+        panel.progressed,
+        timeout=10_000,
+        check_params_cb=lambda p: p.file == WEIGHTS and p.done_bytes < p.total_bytes,
+    ):
         qtbot.mouseClick(panel.download_button, Qt.MouseButton.LeftButton)
     dialog.reject()
     qtbot.waitUntil(lambda: not panel.is_downloading(), timeout=10_000)
     assert "cancelled" in panel.status.text() and hf_cache.resolve_repo(BIG_MLX) is None
-    assert [p.name for p in (hf_cache.repo_folder(BIG_MLX) / "blobs").glob("*" + download.PARTIAL_SUFFIX)]
+    assert [
+        p.name
+        for p in (hf_cache.repo_folder(BIG_MLX) / "blobs").glob("*" + download.PARTIAL_SUFFIX)
+    ]

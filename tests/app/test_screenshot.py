@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import re
 import json
 import os
+import re
 import statistics
 
 import pytest
@@ -20,7 +20,9 @@ from core.errors import UserError  # noqa: E402
 from core.models.tiny_model import TinyModelSpec, write_tiny_model  # noqa: E402
 
 
-def test_the_screenshot_shows_a_three_turn_chat_and_leaves_the_data_folder_alone(qtbot, tmp_path, capsys):
+def test_the_screenshot_shows_a_three_turn_chat_and_leaves_the_data_folder_alone(
+    qtbot, tmp_path, capsys
+):
     model = write_tiny_model(tmp_path / "tiny", TinyModelSpec(max_position_embeddings=4096))
     data = tmp_path / "data"
     data.mkdir()
@@ -29,13 +31,19 @@ def test_the_screenshot_shows_a_three_turn_chat_and_leaves_the_data_folder_alone
     assert capsys.readouterr().out.strip() == str(shot)
     image = QImage(str(shot))
     assert (image.width(), image.height()) == SIZE
-    assert len({image.pixel(x, y) for x in range(0, SIZE[0], 37) for y in range(0, SIZE[1], 29)}) > 8  # not blank
+    assert (
+        len({image.pixel(x, y) for x in range(0, SIZE[0], 37) for y in range(0, SIZE[1], 29)}) > 8
+    )  # not blank
     assert list(data.iterdir()) == []  # a scratch folder held the chats and the cache
 
 
 def test_percentile_is_nearest_rank():
     values = [float(v) for v in range(1, 101)]
-    assert percentile(values, 50) == 50.0 and percentile(values, 99) == 99.0 and percentile(values, 100) == 100.0
+    assert (
+        percentile(values, 50) == 50.0
+        and percentile(values, 99) == 99.0
+        and percentile(values, 100) == 100.0
+    )
     assert percentile([3.0], 99) == 3.0 and percentile([], 50) == 0.0
 
 
@@ -53,8 +61,13 @@ def test_bench_gui_measures_the_event_loop_over_whole_replies(qtbot, tmp_path, t
 def test_a_failed_turn_says_why(qtbot, tmp_path, tiny_model):
     data = tmp_path / "data"
     data.mkdir()
-    with pytest.raises(UserError, match="the third turn failed: the prompt is .* tokens but .* has a context of 512"):
-        run_screenshot(tmp_path / "shot.png", data, str(tiny_model))  # its 512-token context is too short
+    with pytest.raises(
+        UserError,
+        match="the third turn failed: the prompt is .* tokens but .* has a context of 512",
+    ):
+        run_screenshot(
+            tmp_path / "shot.png", data, str(tiny_model)
+        )  # its 512-token context is too short
 
 
 def test_bench_gui_prints_a_line_a_reply_and_the_median(qtbot, tmp_path, tiny_model, capsys):
@@ -62,6 +75,13 @@ def test_bench_gui_prints_a_line_a_reply_and_the_median(qtbot, tmp_path, tiny_mo
     assert run_bench_gui(args, tmp_path) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines] == ["reply 1", "reply 2", "median over 2 replies"]
-    assert all(re.search(r"pieces in [\d.]+ s, \d+ ticks: lateness p50 [\d.]+ ms, p99 [\d.]+ ms, max [\d.]+ ms$",
-                         line) for line in lines[:2])
-    assert re.fullmatch(r"median over 2 replies: p50 [\d.]+ ms, p99 [\d.]+ ms \(target p99 < 50 ms\)", lines[2])
+    assert all(
+        re.search(
+            r"pieces in [\d.]+ s, \d+ ticks: lateness p50 [\d.]+ ms, p99 [\d.]+ ms, max [\d.]+ ms$",
+            line,
+        )
+        for line in lines[:2]
+    )
+    assert re.fullmatch(
+        r"median over 2 replies: p50 [\d.]+ ms, p99 [\d.]+ ms \(target p99 < 50 ms\)", lines[2]
+    )

@@ -60,9 +60,16 @@ def _click(qtbot, widget: SessionList, session_id: int, button=Qt.MouseButton.Le
 
 def test_sessions_show_newest_first_with_their_titles(session_list, chats):
     assert _ids(session_list) == [chats["trip"], chats["untitled"], chats["bread"]]
-    assert _titles(session_list) == ["Plan a trip to Kyoto", UNTITLED, "Sourdough at 75% hydration?"]
+    assert _titles(session_list) == [
+        "Plan a trip to Kyoto",
+        UNTITLED,
+        "Sourdough at 75% hydration?",
+    ]
     assert session_list.list.item(0).data(WHEN_ROLE) == "just now"
-    assert session_list.current_id() is None and session_list.search.placeholderText() == "Search chats"
+    assert (
+        session_list.current_id() is None
+        and session_list.search.placeholderText() == "Search chats"
+    )
     assert session_list.search.isClearButtonEnabled()
 
 
@@ -210,9 +217,14 @@ def test_store_errors_show_as_one_line(qtbot, session_list, store, chats, monkey
     assert not session_list.error_label.isVisible()
 
 
-@pytest.mark.parametrize("ago, text", [
-    (5, "just now"), (5 * 60, "5 min ago"), (3 * 3600 + 60, "3 h ago"),
-])
+@pytest.mark.parametrize(
+    "ago, text",
+    [
+        (5, "just now"),
+        (5 * 60, "5 min ago"),
+        (3 * 3600 + 60, "3 h ago"),
+    ],
+)
 def test_relative_time_today(ago, text):
     now = time.mktime((2026, 3, 10, 18, 0, 0, 0, 0, -1))
     assert relative_time(now - ago, now) == text
@@ -222,6 +234,7 @@ def test_relative_time_older():
     now = time.mktime((2026, 3, 10, 9, 0, 0, 0, 0, -1))  # a Tuesday
     assert relative_time(time.mktime((2026, 3, 9, 22, 0, 0, 0, 0, -1)), now) == "yesterday"
     assert relative_time(time.mktime((2026, 3, 6, 12, 0, 0, 0, 0, -1)), now) == time.strftime(
-        "%A", time.localtime(time.mktime((2026, 3, 6, 12, 0, 0, 0, 0, -1))))
+        "%A", time.localtime(time.mktime((2026, 3, 6, 12, 0, 0, 0, 0, -1)))
+    )
     assert relative_time(time.mktime((2026, 1, 4, 12, 0, 0, 0, 0, -1)), now).endswith(" 4")
     assert relative_time(time.mktime((2024, 1, 4, 12, 0, 0, 0, 0, -1)), now).endswith(" 4, 2024")

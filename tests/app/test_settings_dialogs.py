@@ -10,8 +10,12 @@ import pytest  # noqa: E402
 from PySide6.QtCore import QSettings, Qt  # noqa: E402
 from PySide6.QtWidgets import QDialogButtonBox, QLabel  # noqa: E402
 
-from app.settings_dialogs import (DEFAULT_SAMPLING, AppSettings, AppSettingsDialog,  # noqa: E402
-                                  SessionSettingsDialog)
+from app.settings_dialogs import (
+    DEFAULT_SAMPLING,
+    AppSettings,
+    AppSettingsDialog,  # noqa: E402
+    SessionSettingsDialog,
+)
 from core.engine.types import SamplingParams  # noqa: E402
 
 
@@ -58,7 +62,9 @@ def test_session_settings_edits_and_limits(qtbot):
     assert dialog.values()[0] == DEFAULT_SAMPLING
     dialog.temperature.setValue(0.0)
     with qtbot.waitSignal(dialog.accepted):
-        qtbot.mouseClick(dialog.buttons.button(QDialogButtonBox.StandardButton.Ok), Qt.MouseButton.LeftButton)
+        qtbot.mouseClick(
+            dialog.buttons.button(QDialogButtonBox.StandardButton.Ok), Qt.MouseButton.LeftButton
+        )
     assert dialog.values()[0]["temperature"] == 0.0
 
 
@@ -106,8 +112,9 @@ def test_app_settings_ignore_nonsense(tmp_path):
 
 
 def _app_dialog(qtbot, settings: AppSettings) -> AppSettingsDialog:
-    dialog = AppSettingsDialog(settings, default_data_dir="/home/me/.local/share/RadixChat",
-                               default_disk_cache_gb=10)
+    dialog = AppSettingsDialog(
+        settings, default_data_dir="/home/me/.local/share/RadixChat", default_disk_cache_gb=10
+    )
     qtbot.addWidget(dialog)
     return dialog
 
@@ -156,7 +163,9 @@ def test_app_sampling_defaults_are_the_engines(qtbot):
 
     assert main_window.DEFAULT_SAMPLING is DEFAULT_SAMPLING
     assert SamplingParams(**DEFAULT_SAMPLING) == SamplingParams()
-    dialog = _session_dialog(qtbot, {"temperature": 1.5, "top_p": 0.5, "max_tokens": 7, "seed": 3}, None)
+    dialog = _session_dialog(
+        qtbot, {"temperature": 1.5, "top_p": 0.5, "max_tokens": 7, "seed": 3}, None
+    )
     dialog.restore_defaults()
     assert SamplingParams(**dialog.values()[0]) == SamplingParams()
 
@@ -171,8 +180,10 @@ def test_disk_budget_typed_is_the_budget_the_engine_gets(qtbot, ini, tmp_path, t
     dialog = _app_dialog(qtbot, AppSettings(ini()))
     dialog.disk_cache_gb.selectAll()
     qtbot.keyClicks(dialog.disk_cache_gb, "2.5")
-    qtbot.mouseClick(dialog.findChild(QDialogButtonBox).button(QDialogButtonBox.StandardButton.Ok),
-                     Qt.MouseButton.LeftButton)
+    qtbot.mouseClick(
+        dialog.findChild(QDialogButtonBox).button(QDialogButtonBox.StandardButton.Ok),
+        Qt.MouseButton.LeftButton,
+    )
     options = AppSettings(ini()).engine_options()
     assert options == {"disk_budget_bytes": int(2.5 * 2**30)}
 
@@ -189,6 +200,7 @@ def test_disk_budget_typed_is_the_budget_the_engine_gets(qtbot, ini, tmp_path, t
     assert panel.findChild(QLabel, "diskCacheValue").text().split(" · ")[0].endswith("of 2.5 GB")
 
     from kvcache.store import DEFAULT_BUDGET  # the test may look inside; the app may not
+
     shown = AppSettingsDialog(AppSettings(ini()), default_data_dir="/tmp")
     qtbot.addWidget(shown)
     assert shown.disk_cache_gb.specialValueText() == f"Default ({DEFAULT_BUDGET / 2**30:g} GB)"

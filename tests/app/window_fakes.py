@@ -16,16 +16,30 @@ GREEDY = {"temperature": 0.0, "top_p": 1.0, "max_tokens": 16, "seed": None}
 
 
 def _info(name: str = "fake-model") -> ModelInfo:
-    return ModelInfo(spec=name, name=name, path="/fake", model_type="llama", fingerprint="0" * 16,
-                     weights_format="float32", weight_bytes=1000, context_length=512, num_layers=1,
-                     load_seconds=0.0)
+    return ModelInfo(
+        spec=name,
+        name=name,
+        path="/fake",
+        model_type="llama",
+        fingerprint="0" * 16,
+        weights_format="float32",
+        weight_bytes=1000,
+        context_length=512,
+        num_layers=1,
+        load_seconds=0.0,
+    )
 
 
 class FakeEngine(Engine):
     """The real interface without a thread: scripted loads and scripted replies."""
 
-    def __init__(self, data_root, load_error: str | None = None, events: tuple = (),
-                 switch_error: str | None = None):
+    def __init__(
+        self,
+        data_root,
+        load_error: str | None = None,
+        events: tuple = (),
+        switch_error: str | None = None,
+    ):
         super().__init__(data_root, model_spec=None)
         self.load_error, self.events, self.switch_error = load_error, events, switch_error
         self.requests: list[GenerationRequest] = []
@@ -40,7 +54,9 @@ class FakeEngine(Engine):
             raise UserError(self.load_error)
         return self._info
 
-    def load(self, spec: str, weights_format: str = "auto", timeout: float | None = None) -> ModelInfo:
+    def load(
+        self, spec: str, weights_format: str = "auto", timeout: float | None = None
+    ) -> ModelInfo:
         if self.switch_error is not None:
             raise UserError(self.switch_error)
         self._info = _info(spec)

@@ -12,10 +12,18 @@ pytestmark = pytest.mark.skipif(blas_setup().library is None, reason="no system 
 
 
 def _in_fresh_python(env: dict) -> str:
-    code = ("import os, core, mlx.core as mx; from core.cpu_setup import blas_setup; "
-            "print(blas_setup().library is not None, os.environ.get('OPENBLAS_THREAD_TIMEOUT'))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                            env=env, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    code = (
+        "import os, core, mlx.core as mx; from core.cpu_setup import blas_setup; "
+        "print(blas_setup().library is not None, os.environ.get('OPENBLAS_THREAD_TIMEOUT'))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+    )
     return result.stdout.strip()
 
 
@@ -26,9 +34,16 @@ def test_openblas_workers_spin_briefly_unless_the_user_says_otherwise():
 
 
 def _openblas_mapped(imports: str) -> str:
-    code = f"import {imports}; print(any('libopenblas' in line for line in open('/proc/self/maps')))"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                            cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    code = (
+        f"import {imports}; print(any('libopenblas' in line for line in open('/proc/self/maps')))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+    )
     return result.stdout.strip()
 
 

@@ -16,20 +16,34 @@ GROUPS = "groups of Macs (radixchat serve --hosts, core/distributed/launch.py)"
 
 
 def installed() -> str:
-    wanted = [r for r in importlib.metadata.requires("radixchat") or [] if r.startswith("mlx") and "lm" not in r]
-    return f"mlx {importlib.metadata.version('mlx')} (RadixChat pins {', '.join(wanted) or 'nothing'})"
+    wanted = [
+        r
+        for r in importlib.metadata.requires("radixchat") or []
+        if r.startswith("mlx") and "lm" not in r
+    ]
+    return (
+        f"mlx {importlib.metadata.version('mlx')} (RadixChat pins {', '.join(wanted) or 'nothing'})"
+    )
 
 
 def test_the_launcher_is_there_with_main_and_its_select():
     assert launcher_installed(), f"{installed()}: {LAUNCHER} is gone; this breaks {GROUPS}"
     launcher = importlib.import_module(LAUNCHER)
-    assert callable(getattr(launcher, "main", None)), f"{installed()}: {LAUNCHER}.main is gone; this breaks {GROUPS}"
+    assert callable(getattr(launcher, "main", None)), (
+        f"{installed()}: {LAUNCHER}.main is gone; this breaks {GROUPS}"
+    )
     assert not inspect.signature(launcher.main).parameters, (
-        f"{installed()}: {LAUNCHER}.main now takes arguments (it read sys.argv); this breaks {GROUPS}")
-    source = inspect.getsource(launcher)  # (its select may be ours already: a group ran in this process)
-    assert "from select import select" in source and "select(" in source and callable(launcher.select), (
+        f"{installed()}: {LAUNCHER}.main now takes arguments (it read sys.argv); this breaks {GROUPS}"
+    )
+    source = inspect.getsource(
+        launcher
+    )  # (its select may be ours already: a group ran in this process)
+    assert (
+        "from select import select" in source and "select(" in source and callable(launcher.select)
+    ), (
         f"{installed()}: {LAUNCHER} no longer calls select as a module global; the stdin relay of "
-        f"{GROUPS} spins a core per rank again")
+        f"{GROUPS} spins a core per rank again"
+    )
 
 
 def test_the_launcher_waits_on_reads_only_so_its_rank_threads_do_not_spin():

@@ -28,7 +28,11 @@ from tests.test_layering import ROOT
 
 
 def installed() -> str:
-    wanted = [r for r in importlib.metadata.requires("radixchat") or [] if r.startswith(("mlx-lm", "mlx_lm"))]
+    wanted = [
+        r
+        for r in importlib.metadata.requires("radixchat") or []
+        if r.startswith(("mlx-lm", "mlx_lm"))
+    ]
     return f"mlx-lm {importlib.metadata.version('mlx-lm')} (RadixChat pins {', '.join(wanted) or 'nothing'})"
 
 
@@ -38,7 +42,9 @@ class Reliance:
 
     where: str
     breaks: str  # what in RadixChat stops working without it
-    parameters: tuple[str, ...] | None = None  # the signature's leading parameters, in order (self excluded)
+    parameters: tuple[str, ...] | None = (
+        None  # the signature's leading parameters, in order (self excluded)
+    )
     keywords: tuple[str, ...] = ()  # parameters passed by name (anywhere in the signature)
 
     def resolve(self):
@@ -46,10 +52,14 @@ class Reliance:
         try:
             found = importlib.import_module(module)
         except ImportError as e:
-            raise AssertionError(f"{installed()}: module {module} is gone ({e}); this breaks {self.breaks}") from e
+            raise AssertionError(
+                f"{installed()}: module {module} is gone ({e}); this breaks {self.breaks}"
+            ) from e
         for part in path.split(".") if path else ():
             if not hasattr(found, part):
-                raise AssertionError(f"{installed()}: {self.where} is gone; this breaks {self.breaks}")
+                raise AssertionError(
+                    f"{installed()}: {self.where} is gone; this breaks {self.breaks}"
+                )
             found = getattr(found, part)
         return found
 
@@ -60,9 +70,22 @@ SPEEDUPS = "the CPU speed-ups (core/engine/cpu_speedups.py)"
 TOOLS = "tool calling (core/models/chat_template.py, core/engine/constrain.py)"
 
 RELIED_ON = (
-    Reliance("mlx_lm.generate:GenerationBatch.__init__", DECODE,
-             ("model", "uids", "inputs", "prompt_cache", "tokens", "samplers", "fallback_sampler",
-              "logits_processors", "stop_sequences", "max_tokens")),
+    Reliance(
+        "mlx_lm.generate:GenerationBatch.__init__",
+        DECODE,
+        (
+            "model",
+            "uids",
+            "inputs",
+            "prompt_cache",
+            "tokens",
+            "samplers",
+            "fallback_sampler",
+            "logits_processors",
+            "stop_sequences",
+            "max_tokens",
+        ),
+    ),
     Reliance("mlx_lm.generate:GenerationBatch._step", DECODE, ()),
     Reliance("mlx_lm.generate:GenerationBatch.empty", DECODE, ("model", "fallback_sampler")),
     Reliance("mlx_lm.generate:GenerationBatch.extend", DECODE, ("batch",)),
@@ -70,17 +93,28 @@ RELIED_ON = (
     Reliance("mlx_lm.generate:GenerationBatch.filter", DECODE, ("keep",)),
     Reliance("mlx_lm.generate:GenerationBatch.extract_cache", DECODE, ("idx",)),
     Reliance("mlx_lm.generate:StopSequences", DECODE, ()),
-    Reliance("mlx_lm.generate:generation_stream", "every MLX call of the engine (it runs on mlx-lm's stream)"),
+    Reliance(
+        "mlx_lm.generate:generation_stream",
+        "every MLX call of the engine (it runs on mlx-lm's stream)",
+    ),
     Reliance("mlx_lm.utils:maybe_set_recommended_wired_limit", DECODE, ()),
-    Reliance("mlx_lm.generate:PromptProcessingBatch.__init__", PREFILL, ("model", "uids", "caches"),
-             ("tokens", "samplers", "logits_processors")),
+    Reliance(
+        "mlx_lm.generate:PromptProcessingBatch.__init__",
+        PREFILL,
+        ("model", "uids", "caches"),
+        ("tokens", "samplers", "logits_processors"),
+    ),
     Reliance("mlx_lm.generate:PromptProcessingBatch.extract_cache", PREFILL, ("idx",)),
     Reliance("mlx_lm.generate:PromptProcessingBatch.filter", PREFILL, ("keep",)),
     Reliance("mlx_lm.models.cache:BatchKVCache.prepare", PREFILL, (), ("lengths", "right_padding")),
     Reliance("mlx_lm.models.cache:BatchKVCache.finalize", PREFILL, ()),
     Reliance("mlx_lm.tokenizer_utils:_infer_tool_parser", TOOLS, ("tokenizer",)),
-    Reliance("mlx_lm.tokenizer_utils:TokenizerWrapper.__init__", TOOLS, ("tokenizer", "detokenizer_class"),
-             ("eos_token_ids", "tool_parser", "tool_call_start", "tool_call_end")),
+    Reliance(
+        "mlx_lm.tokenizer_utils:TokenizerWrapper.__init__",
+        TOOLS,
+        ("tokenizer", "detokenizer_class"),
+        ("eos_token_ids", "tool_parser", "tool_call_start", "tool_call_end"),
+    ),
     Reliance("mlx_lm.tool_parsers.json_tools:parse_tool_call", TOOLS),
     Reliance("mlx_lm.tool_parsers.json_tools:tool_call_start", TOOLS),
     Reliance("mlx_lm.tool_parsers.json_tools:tool_call_end", TOOLS),
@@ -88,12 +122,24 @@ RELIED_ON = (
     Reliance("mlx_lm.models.qwen2:Attention.__call__", SPEEDUPS, ("x", "mask", "cache")),
     Reliance("mlx_lm.models.llama:MLP.__call__", SPEEDUPS, ("x",)),
     Reliance("mlx_lm.models.qwen2:MLP.__call__", SPEEDUPS, ("x",)),
-    Reliance("mlx_lm.models.llama:scaled_dot_product_attention", SPEEDUPS,
-             ("queries", "keys", "values", "cache", "scale", "mask", "sinks")),
-    Reliance("mlx_lm.models.qwen2:scaled_dot_product_attention", SPEEDUPS,
-             ("queries", "keys", "values", "cache", "scale", "mask", "sinks")),
-    Reliance("mlx_lm.utils:MODEL_REMAPPING", "which models a group of Macs can split (core/distributed/shard.py)"),
-    Reliance("mlx_lm.models.pipeline:PipelineMixin", "pipelined groups of Macs (core/distributed/shard.py)"),
+    Reliance(
+        "mlx_lm.models.llama:scaled_dot_product_attention",
+        SPEEDUPS,
+        ("queries", "keys", "values", "cache", "scale", "mask", "sinks"),
+    ),
+    Reliance(
+        "mlx_lm.models.qwen2:scaled_dot_product_attention",
+        SPEEDUPS,
+        ("queries", "keys", "values", "cache", "scale", "mask", "sinks"),
+    ),
+    Reliance(
+        "mlx_lm.utils:MODEL_REMAPPING",
+        "which models a group of Macs can split (core/distributed/shard.py)",
+    ),
+    Reliance(
+        "mlx_lm.models.pipeline:PipelineMixin",
+        "pipelined groups of Macs (core/distributed/shard.py)",
+    ),
 )
 
 
@@ -107,10 +153,13 @@ def test_each_name_is_there_with_the_signature_used(reliance):
         got = tuple(names[: len(reliance.parameters)])
         assert got == reliance.parameters, (
             f"{installed()}: {reliance.where} now takes ({', '.join(names)}), RadixChat passes "
-            f"({', '.join(reliance.parameters)}); this breaks {reliance.breaks}")
+            f"({', '.join(reliance.parameters)}); this breaks {reliance.breaks}"
+        )
     missing = [k for k in reliance.keywords if k not in names]
-    assert not missing, (f"{installed()}: {reliance.where} no longer takes {', '.join(missing)}; "
-                         f"this breaks {reliance.breaks}")
+    assert not missing, (
+        f"{installed()}: {reliance.where} no longer takes {', '.join(missing)}; "
+        f"this breaks {reliance.breaks}"
+    )
 
 
 @dataclass(frozen=True)
@@ -126,11 +175,18 @@ def library_imports(top: tuple[str, ...] = ("mlx", "mlx_lm")) -> list[LibraryImp
     for path in sorted(p for pkg in ("core", "kvcache") for p in ROOT.joinpath(pkg).rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] in top:
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.level == 0
+                and (node.module or "").split(".")[0] in top
+            ):
                 found += [LibraryImport(where, node.module, alias.name) for alias in node.names]
             elif isinstance(node, ast.Import):
-                found += [LibraryImport(where, alias.name, None) for alias in node.names
-                          if alias.name.split(".")[0] in top]
+                found += [
+                    LibraryImport(where, alias.name, None)
+                    for alias in node.names
+                    if alias.name.split(".")[0] in top
+                ]
     return found
 
 
@@ -151,8 +207,15 @@ def test_every_mlx_lm_name_imported_anywhere_is_there():
 
 
 # parts of mlx-lm's inside that are not private by name: only core/mlx_lm_compat.py imports them
-INSIDE_MLX_LM = {"GenerationBatch", "PromptProcessingBatch", "StopSequences", "generation_stream",
-                 "maybe_set_recommended_wired_limit", "MODEL_REMAPPING", "PipelineMixin"}
+INSIDE_MLX_LM = {
+    "GenerationBatch",
+    "PromptProcessingBatch",
+    "StopSequences",
+    "generation_stream",
+    "maybe_set_recommended_wired_limit",
+    "MODEL_REMAPPING",
+    "PipelineMixin",
+}
 COMPAT_FILES = ("core/mlx_lm_compat.py", "core/mlx_compat.py")
 
 
@@ -160,21 +223,39 @@ def test_only_the_compat_modules_take_names_from_inside_mlx_lm_and_mlx():
     """A private name (``_x``, ``mlx._distributed_utils``) or a part of mlx-lm's batch engine
     imported elsewhere would be a touch of mlx-lm's or MLX's inside that this file does not
     check: it goes through core/mlx_lm_compat.py or core/mlx_compat.py."""
-    offending = [f"{i.where}: {i.module}" + (f".{i.name}" if i.name else "")
-                 for i in library_imports() if not i.where.startswith(COMPAT_FILES)
-                 and (any(part.startswith("_") for part in i.module.split("."))
-                      or (i.name is not None and (i.name.startswith("_") or i.name in INSIDE_MLX_LM)))]
-    assert not offending, "imports from inside mlx / mlx-lm outside the compat modules:\n  " + "\n  ".join(offending)
+    offending = [
+        f"{i.where}: {i.module}" + (f".{i.name}" if i.name else "")
+        for i in library_imports()
+        if not i.where.startswith(COMPAT_FILES)
+        and (
+            any(part.startswith("_") for part in i.module.split("."))
+            or (i.name is not None and (i.name.startswith("_") or i.name in INSIDE_MLX_LM))
+        )
+    ]
+    assert not offending, (
+        "imports from inside mlx / mlx-lm outside the compat modules:\n  " + "\n  ".join(offending)
+    )
 
 
 # ---------------------------------------------------------------------- on tiny models
 def _tiny(module: str, **extra):
     """A tiny mlx-lm ``Model`` of ``module`` with random weights, built in memory."""
     arch = importlib.import_module(f"mlx_lm.models.{module}")
-    config = {"model_type": module, "hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "rms_norm_eps": 1e-5,
-              "vocab_size": 64, "max_position_embeddings": 256, "tie_word_embeddings": False,
-              "rope_theta": 10000.0, **extra}
+    config = {
+        "model_type": module,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "intermediate_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "rms_norm_eps": 1e-5,
+        "vocab_size": 64,
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": False,
+        "rope_theta": 10000.0,
+        **extra,
+    }
     model = arch.Model(arch.ModelArgs.from_dict(config))
     mx.eval(model.parameters())
     return model
@@ -187,13 +268,19 @@ def test_llama_style_blocks_hold_the_fields_the_speed_ups_read(module):
     model = _tiny(module)
     layer = model.layers[0]
     blocks = llama_style_blocks()
-    assert blocks.get(type(layer.self_attn)) == "attention" and blocks.get(type(layer.mlp)) == "mlp", (
-        f"{installed()}: mlx_lm.models.{module} builds its layers from other classes; {SPEEDUPS} no longer apply")
+    assert (
+        blocks.get(type(layer.self_attn)) == "attention" and blocks.get(type(layer.mlp)) == "mlp"
+    ), (
+        f"{installed()}: mlx_lm.models.{module} builds its layers from other classes; {SPEEDUPS} no longer apply"
+    )
     missing = [f for f in ATTENTION_FIELDS if not hasattr(layer.self_attn, f)]
-    assert not missing, f"{installed()}: {module}.Attention lost {', '.join(missing)}; this breaks {SPEEDUPS}"
+    assert not missing, (
+        f"{installed()}: {module}.Attention lost {', '.join(missing)}; this breaks {SPEEDUPS}"
+    )
     assert attention_function(type(layer.self_attn)) is not None, (
         f"{installed()}: mlx_lm.models.{module} no longer calls a module-level scaled_dot_product_attention; "
-        f"{SPEEDUPS} cannot fold its attention")
+        f"{SPEEDUPS} cannot fold its attention"
+    )
 
 
 def test_the_attention_function_replaced_is_the_one_the_model_calls():
@@ -217,13 +304,24 @@ def test_the_attention_function_replaced_is_the_one_the_model_calls():
         replace_attention_function(cls, original)
     assert len(calls) == len(model.layers), (
         f"{installed()}: llama's attention no longer calls its module's scaled_dot_product_attention "
-        f"at run time; {SPEEDUPS} cannot fold it")
+        f"at run time; {SPEEDUPS} cannot fold it"
+    )
 
 
-@pytest.mark.parametrize("module,extra", [
-    ("llama", {}), ("llama", {"tie_word_embeddings": True}), ("qwen2", {}), ("qwen3", {}),
-    ("smollm3", {}), ("gemma3_text", {"sliding_window": 8, "sliding_window_pattern": 2, "query_pre_attn_scalar": 8}),
-])
+@pytest.mark.parametrize(
+    "module,extra",
+    [
+        ("llama", {}),
+        ("llama", {"tie_word_embeddings": True}),
+        ("qwen2", {}),
+        ("qwen3", {}),
+        ("smollm3", {}),
+        (
+            "gemma3_text",
+            {"sliding_window": 8, "sliding_window_pattern": 2, "query_pre_attn_scalar": 8},
+        ),
+    ],
+)
 def test_models_said_to_be_head_of_backbone_are(module, extra):
     """The last-position-only vocabulary projection (core/engine/generation.py) relies on
     ``Model.__call__`` being ``head(backbone(inputs, cache))``. The same computation both
@@ -241,7 +339,8 @@ def test_models_said_to_be_head_of_backbone_are(module, extra):
     got = head(backbone(tokens, make_prompt_cache(model)))
     assert mx.array_equal(got, want).item(), (
         f"{installed()}: {module}'s Model.__call__ is no longer head(model(inputs, cache)); "
-        "this breaks the last-position logits of core/engine/generation.py (last_logits, rows_logits)")
+        "this breaks the last-position logits of core/engine/generation.py (last_logits, rows_logits)"
+    )
 
 
 def test_a_generation_batch_keeps_the_fields_the_decode_batch_sets():
@@ -250,14 +349,29 @@ def test_a_generation_batch_keeps_the_fields_the_decode_batch_sets():
     from mlx_lm.sample_utils import greedy_sampler
 
     batch = GenerationBatch.empty(_tiny("llama"), greedy_sampler)
-    fields = ("model", "uids", "prompt_cache", "tokens", "samplers", "logits_processors",
-              "max_tokens",
-              "_current_tokens", "_current_logprobs", "_next_tokens", "_next_logprobs", "_num_tokens")
+    fields = (
+        "model",
+        "uids",
+        "prompt_cache",
+        "tokens",
+        "samplers",
+        "logits_processors",
+        "max_tokens",
+        "_current_tokens",
+        "_current_logprobs",
+        "_next_tokens",
+        "_next_logprobs",
+        "_num_tokens",
+    )
     missing = [f for f in fields if not hasattr(batch, f)]
-    assert not missing, f"{installed()}: GenerationBatch no longer keeps {', '.join(missing)}; this breaks {DECODE}"
+    assert not missing, (
+        f"{installed()}: GenerationBatch no longer keeps {', '.join(missing)}; this breaks {DECODE}"
+    )
     response = {f.name for f in dataclasses.fields(GenerationBatch.Response)}
     lost = {"uid", "token", "finish_reason", "prompt_cache", "all_tokens"} - response
-    assert not lost, f"{installed()}: GenerationBatch.Response lost {', '.join(sorted(lost))}; this breaks {DECODE}"
+    assert not lost, (
+        f"{installed()}: GenerationBatch.Response lost {', '.join(sorted(lost))}; this breaks {DECODE}"
+    )
 
 
 def test_the_greedy_shortcut_and_joining_rows_give_mlx_lms_own_tokens():
@@ -285,9 +399,18 @@ def test_the_greedy_shortcut_and_joining_rows_give_mlx_lms_own_tokens():
         return merged, held
 
     merged, held = prefilled()
-    theirs = GenerationBatch(model, [0, 1], mx.array([p[-1] for p in prompts], dtype=mx.uint32), merged,
-                             [list(h) for h in held], [None, None], greedy_sampler, [[], []],
-                             [StopSequences(), StopSequences()], [6, 6])
+    theirs = GenerationBatch(
+        model,
+        [0, 1],
+        mx.array([p[-1] for p in prompts], dtype=mx.uint32),
+        merged,
+        [list(h) for h in held],
+        [None, None],
+        greedy_sampler,
+        [[], []],
+        [StopSequences(), StopSequences()],
+        [6, 6],
+    )
     their_tokens = [[], []]
     while len(theirs):
         for r in theirs.next():
@@ -297,8 +420,19 @@ def test_the_greedy_shortcut_and_joining_rows_give_mlx_lms_own_tokens():
     ours.placeholder = mx.zeros((1,))
     # one more step each: a joining row first reports the token it joined with (which
     # GenerationBatch's own first step, in its constructor, reported and dropped)
-    ours.extend(JoiningRows(model, [0, 1], [p[-1] for p in prompts], merged, held, [None, None], [[], []],
-                            [7, 7], ours.placeholder))
+    ours.extend(
+        JoiningRows(
+            model,
+            [0, 1],
+            [p[-1] for p in prompts],
+            merged,
+            held,
+            [None, None],
+            [[], []],
+            [7, 7],
+            ours.placeholder,
+        )
+    )
     our_tokens = [[], []]
     while len(ours):
         for r in ours.next():
@@ -306,25 +440,31 @@ def test_the_greedy_shortcut_and_joining_rows_give_mlx_lms_own_tokens():
     assert [t[0] for t in our_tokens] == [p[-1] for p in prompts]
     assert [t[1:] for t in our_tokens] == their_tokens, (
         f"{installed()}: the decode batch's rows no longer decode as mlx-lm's GenerationBatch does; "
-        f"this breaks {DECODE}")
+        f"this breaks {DECODE}"
+    )
 
 
 def test_the_tool_parser_table_and_the_json_parser():
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+    from mlx_lm.tool_parsers import json_tools
     from transformers import PreTrainedTokenizerFast
 
     from core.mlx_lm_compat import hf_tokenizer, infer_tool_parser, writes_json_tool_calls
     from core.models.tiny_model import build_tokenizer
-    from mlx_lm.tokenizer_utils import TokenizerWrapper
-    from mlx_lm.tool_parsers import json_tools
 
     hf = PreTrainedTokenizerFast(tokenizer_object=build_tokenizer())
-    hf.chat_template = ("{% for m in messages %}{{ m.content }}{% for tool_call in m.tool_calls or [] %}"
-                        "<tool_call>{{ tool_call.name }}</tool_call>{% endfor %}{% endfor %}")
+    hf.chat_template = (
+        "{% for m in messages %}{{ m.content }}{% for tool_call in m.tool_calls or [] %}"
+        "<tool_call>{{ tool_call.name }}</tool_call>{% endfor %}{% endfor %}"
+    )
     assert infer_tool_parser(hf) == "json_tools", (
         f"{installed()}: a template writing <tool_call> and tool_call.name is no longer mlx-lm's json_tools; "
-        f"this breaks {TOOLS}")
+        f"this breaks {TOOLS}"
+    )
     assert writes_json_tool_calls(json_tools.parse_tool_call), (
-        f"{installed()}: mlx-lm's JSON tool parser moved; forced tool calls ({TOOLS}) lose their grammar")
+        f"{installed()}: mlx-lm's JSON tool parser moved; forced tool calls ({TOOLS}) lose their grammar"
+    )
     assert hf_tokenizer(TokenizerWrapper(hf)) is hf, (
         f"{installed()}: TokenizerWrapper no longer keeps the Hugging Face tokenizer as _tokenizer; "
-        f"this breaks {TOOLS} and constrained decoding")
+        f"this breaks {TOOLS} and constrained decoding"
+    )

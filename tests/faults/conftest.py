@@ -17,12 +17,18 @@ def small_disk(tmp_path) -> Path:
     mount = tmp_path / "disk"
     mount.mkdir()
     try:
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)],
-                              capture_output=True, text=True, timeout=30)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         pytest.skip(f"cannot mount a tmpfs as a small disk here: {exc}")
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs as a small disk here (run as root): {done.stderr.strip()}")
+        pytest.skip(
+            f"cannot mount a tmpfs as a small disk here (run as root): {done.stderr.strip()}"
+        )
     yield mount
     subprocess.run(["umount", "-l", str(mount)], capture_output=True, timeout=30)
 

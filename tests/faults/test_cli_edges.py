@@ -30,23 +30,32 @@ def one_line_error(capsys, argv, *expected: str) -> str:
     return err
 
 
-@pytest.mark.parametrize("command", [["models"], ["chat", "hi"], ["cache", "stats"], ["chats", "verify"],
-                                     ["fetch-model"]])
+@pytest.mark.parametrize(
+    "command",
+    [["models"], ["chat", "hi"], ["cache", "stats"], ["chats", "verify"], ["fetch-model"]],
+)
 def test_a_data_dir_that_is_a_file(capsys, tmp_path, command):
     """Today: a FileExistsError traceback."""
     afile = tmp_path / "afile"
     afile.write_text("mine")
-    one_line_error(capsys, [command[0], *command[1:], "--data-dir", str(afile)], "is a file, not a folder")
+    one_line_error(
+        capsys, [command[0], *command[1:], "--data-dir", str(afile)], "is a file, not a folder"
+    )
     assert afile.read_text() == "mine"
 
 
 def test_a_data_dir_under_a_file(capsys, tmp_path):
     (tmp_path / "afile").write_text("mine")
-    one_line_error(capsys, ["models", "--data-dir", str(tmp_path / "afile" / "data")],
-                   "cannot create the data folder")
+    one_line_error(
+        capsys,
+        ["models", "--data-dir", str(tmp_path / "afile" / "data")],
+        "cannot create the data folder",
+    )
 
 
-@pytest.mark.parametrize("command", [["cache", "verify"], ["cache", "stats"], ["cache", "clear"], ["chats", "verify"]])
+@pytest.mark.parametrize(
+    "command", [["cache", "verify"], ["cache", "stats"], ["cache", "clear"], ["chats", "verify"]]
+)
 def test_looking_at_a_missing_data_dir_creates_nothing(capsys, tmp_path, command):
     """Today: `cache verify` created the folder and a 576 KB database."""
     missing = tmp_path / "nonexistent"
@@ -60,16 +69,27 @@ def test_a_cache_command_on_a_folder_without_a_cache_creates_nothing(capsys, tmp
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("name, expected", [
-    (NOT_UTF8, "must be valid UTF-8 text"),  # today: a UnicodeEncodeError traceback
-    ("\ud800", "must be valid UTF-8 text"),
-    ("x" * (MAX_NAME_CHARS + 1), f"at most {MAX_NAME_CHARS} characters, not {MAX_NAME_CHARS + 1}"),
-    ("evil\x1b]0;pwned\x07", "cannot contain control characters"),
-])
-def test_a_bad_session_name_is_refused_before_anything_is_made(capsys, tmp_path, tiny_model, name, expected):
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        (NOT_UTF8, "must be valid UTF-8 text"),  # today: a UnicodeEncodeError traceback
+        ("\ud800", "must be valid UTF-8 text"),
+        (
+            "x" * (MAX_NAME_CHARS + 1),
+            f"at most {MAX_NAME_CHARS} characters, not {MAX_NAME_CHARS + 1}",
+        ),
+        ("evil\x1b]0;pwned\x07", "cannot contain control characters"),
+    ],
+)
+def test_a_bad_session_name_is_refused_before_anything_is_made(
+    capsys, tmp_path, tiny_model, name, expected
+):
     data = tmp_path / "data"
-    err = one_line_error(capsys, ["chat", "--model", str(tiny_model), "--data-dir", str(data),
-                                  "--session", name, "hi"], expected)
+    err = one_line_error(
+        capsys,
+        ["chat", "--model", str(tiny_model), "--data-dir", str(data), "--session", name, "hi"],
+        expected,
+    )
     assert "\x1b" not in err
     assert not data.exists()
 
@@ -89,8 +109,11 @@ def test_a_session_name_with_a_lone_surrogate_is_never_stored(tmp_path):
 def test_a_prompt_that_is_not_utf8(capsys, tmp_path, tiny_model):
     """Today: 'internal error'."""
     data = tmp_path / "data"
-    one_line_error(capsys, ["chat", "--model", str(tiny_model), "--data-dir", str(data), NOT_UTF8],
-                   "the message is not valid UTF-8 text (character 4)")
+    one_line_error(
+        capsys,
+        ["chat", "--model", str(tiny_model), "--data-dir", str(data), NOT_UTF8],
+        "the message is not valid UTF-8 text (character 4)",
+    )
     assert not data.exists()
 
 
@@ -100,15 +123,28 @@ def test_serve_on_a_busy_port_fails_before_the_model_loads(capsys, tmp_path):
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        one_line_error(capsys, ["serve", "--port", str(port), "--model", str(tmp_path / "no-such-model"),
-                                "--data-dir", str(tmp_path / "data")], f"port {port} on 127.0.0.1 is in use")
+        one_line_error(
+            capsys,
+            [
+                "serve",
+                "--port",
+                str(port),
+                "--model",
+                str(tmp_path / "no-such-model"),
+                "--data-dir",
+                str(tmp_path / "data"),
+            ],
+            f"port {port} on 127.0.0.1 is in use",
+        )
     assert not (tmp_path / "data").exists()
 
 
 def test_cache_stats_escapes_names_from_outside(capsys, tmp_path):
     """Today: a session name sent through the API, "\\x1b]0;pwned\\x07", retitled the terminal."""
     with DiskStore(tmp_path / "kvcache.db") as store:
-        store.save_session("evil\x1b]0;pwned\x07\x9b31m", "model-a", [PageData((1, 2, 3), b"kv" * 8)])
+        store.save_session(
+            "evil\x1b]0;pwned\x07\x9b31m", "model-a", [PageData((1, 2, 3), b"kv" * 8)]
+        )
     assert main(["cache", "stats", "--data-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "evil\\x1b]0;pwned\\x07\\x9b31m" in out
@@ -133,7 +169,9 @@ def test_cache_clear_never_deletes_a_cache_another_process_is_writing(capsys, tm
     holder = sqlite3.connect(path, isolation_level=None)
     try:
         holder.execute("BEGIN IMMEDIATE")
-        one_line_error(capsys, ["cache", "clear", "--data-dir", str(tmp_path)], "is locked by another")
+        one_line_error(
+            capsys, ["cache", "clear", "--data-dir", str(tmp_path)], "is locked by another"
+        )
     finally:
         holder.close()
     with DiskStore(path) as store:

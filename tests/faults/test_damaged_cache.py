@@ -13,15 +13,39 @@ pytestmark = pytest.mark.faults
 
 
 def turn(capsys, model, data, text) -> dict:
-    code = main(["chat", "--model", str(model), "--data-dir", str(data), "--temp", "0", "--max-tokens", "8",
-                 "--json", "--kv-tokens", "4096", "--session", "trip", text])
+    code = main(
+        [
+            "chat",
+            "--model",
+            str(model),
+            "--data-dir",
+            str(data),
+            "--temp",
+            "0",
+            "--max-tokens",
+            "8",
+            "--json",
+            "--kv-tokens",
+            "4096",
+            "--session",
+            "trip",
+            text,
+        ]
+    )
     assert code == 0
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("content", [b"this is not a database " * 100,  # not SQLite at all
-                                     b"SQLite format 3\x00" + b"\x07" * 4000])  # a header, then garbage
-def test_an_unreadable_cache_is_set_aside_and_rebuilt(capsys, caplog, tiny_model, tmp_path, content):
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"this is not a database " * 100,  # not SQLite at all
+        b"SQLite format 3\x00" + b"\x07" * 4000,
+    ],
+)  # a header, then garbage
+def test_an_unreadable_cache_is_set_aside_and_rebuilt(
+    capsys, caplog, tiny_model, tmp_path, content
+):
     """Today: 'disk cache off' at every start, and the second turn restores nothing."""
     (tmp_path / "kvcache.db").write_bytes(content)
     first = turn(capsys, tiny_model, tmp_path, "Plan a day in Lyon, please.")

@@ -27,7 +27,9 @@ def damaged_db(root) -> dict[str, int]:
         good = store.create_session("good")
         store.add_turn(good.id, "hello", "hi there")
         bad = store.create_session("bad", settings={"marker": 12345})
-        store.add_turn(bad.id, "first question", "a reply with one damaged byte", {"finish_reason": "stop"})
+        store.add_turn(
+            bad.id, "first question", "a reply with one damaged byte", {"finish_reason": "stop"}
+        )
         store.add_turn(bad.id, "second question", "second reply")
     replace_bytes(path, b"damaged", b"dam\xffged")  # not UTF-8
     replace_bytes(path, b"12345}", b"12345]")  # not JSON
@@ -41,7 +43,10 @@ def test_the_store_reads_damaged_rows_as_damaged(tmp_path):
     ids = damaged_db(tmp_path)
     with ChatStore(paths.chats_db_path(tmp_path)) as store:
         sessions = {s.name: s for s in store.list_sessions()}
-        assert sessions["bad"].damaged == "settings are not a JSON object" and sessions["bad"].settings == {}
+        assert (
+            sessions["bad"].damaged == "settings are not a JSON object"
+            and sessions["bad"].settings == {}
+        )
         assert sessions["good"].damaged is None
         messages = store.messages(ids["bad"])
         assert [m.damaged for m in messages] == [None, "content is not valid UTF-8", None, None]
@@ -53,14 +58,18 @@ def test_the_store_reads_damaged_rows_as_damaged(tmp_path):
         store.add_turn(ids["bad"], "go on", "going on")  # the chat goes on
         damage = store.verify()
     assert [(d.session, d.seq, d.problem) for d in damage] == [
-        ("bad", None, "settings are not a JSON object"), ("bad", 2, "content is not valid UTF-8")]
+        ("bad", None, "settings are not a JSON object"),
+        ("bad", 2, "content is not valid UTF-8"),
+    ]
 
 
 def test_a_message_whose_role_is_unreadable_is_left_out(tmp_path):
     ids = damaged_db(tmp_path)
     with sqlite3.connect(paths.chats_db_path(tmp_path)) as conn:
         conn.execute("PRAGMA ignore_check_constraints = 1")
-        conn.execute("UPDATE messages SET role = 'us\x01r' WHERE session_id = ? AND seq = 3", [ids["bad"]])
+        conn.execute(
+            "UPDATE messages SET role = 'us\x01r' WHERE session_id = ? AND seq = 3", [ids["bad"]]
+        )
     with ChatStore(paths.chats_db_path(tmp_path)) as store:
         usable, line = readable(store.messages(ids["bad"]))
     assert [m.seq for m in usable] == [1, 2, 4] and "1 left out" in line
@@ -68,8 +77,25 @@ def test_a_message_whose_role_is_unreadable_is_left_out(tmp_path):
 
 def test_the_command_line_chat_goes_on_with_one_line_about_the_damage(tmp_path, tiny_model, capsys):
     damaged_db(tmp_path)
-    code = main(["chat", "--model", str(tiny_model), "--data-dir", str(tmp_path), "--temp", "0",
-                 "--max-tokens", "4", "--kv-tokens", "4096", "--json", "--session", "bad", "and now?"])
+    code = main(
+        [
+            "chat",
+            "--model",
+            str(tiny_model),
+            "--data-dir",
+            str(tmp_path),
+            "--temp",
+            "0",
+            "--max-tokens",
+            "4",
+            "--kv-tokens",
+            "4096",
+            "--json",
+            "--session",
+            "bad",
+            "and now?",
+        ]
+    )
     captured = capsys.readouterr()
     assert code == 0 and json.loads(captured.out.strip().splitlines()[-1])["saved"] is True
     said = [line for line in captured.err.splitlines() if "damaged" in line]

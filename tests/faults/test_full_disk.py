@@ -25,8 +25,10 @@ PAGE_BYTES = 64 * 1024
 def session_pages(n: int, pages: int = 8) -> list[PageData]:
     """A session of ``pages`` pages of 64 KB of random K/V (random: nothing compresses)."""
     rng = random.Random(n)
-    return [PageData(tuple(range(1000 * n + 16 * i, 1000 * n + 16 * i + 16)), rng.randbytes(PAGE_BYTES))
-            for i in range(pages)]
+    return [
+        PageData(tuple(range(1000 * n + 16 * i, 1000 * n + 16 * i + 16)), rng.randbytes(PAGE_BYTES))
+        for i in range(pages)
+    ]
 
 
 def test_the_cache_stops_short_of_its_reserve_and_chats_still_save(small_disk):
@@ -34,8 +36,12 @@ def test_the_cache_stops_short_of_its_reserve_and_chats_still_save(small_disk):
     space), then chats.db could not be written."""
     reserve = 2 * 2**20
     with DiskStore(small_disk / "kvcache.db", reserve_bytes=reserve) as store:
-        results = [store.save_session(f"s{n}", FP, session_pages(n)) for n in range(16)]  # 8 MB of pages
-        assert sum(r.bytes_written for r in results) > 2 * 2**20  # it did cache while there was room
+        results = [
+            store.save_session(f"s{n}", FP, session_pages(n)) for n in range(16)
+        ]  # 8 MB of pages
+        assert (
+            sum(r.bytes_written for r in results) > 2 * 2**20
+        )  # it did cache while there was room
         assert any(r.pages_written == 0 for r in results)  # and then gave way
         assert store.load_session("s0", FP)  # what it holds is whole
     assert free(small_disk) >= reserve // 2
@@ -60,7 +66,9 @@ def test_the_cache_gives_space_back_when_the_disk_passes_its_reserve(small_disk)
             store.save_session(f"s{n}", FP, session_pages(n))
     size = path.stat().st_size
     assert size > 2 * 2**20
-    filler = fill(small_disk, leave=3 * reserve // 4)  # something else takes the disk past the reserve
+    filler = fill(
+        small_disk, leave=3 * reserve // 4
+    )  # something else takes the disk past the reserve
     before = free(small_disk)
     with DiskStore(path, reserve_bytes=reserve) as store:
         store.enforce_budget()
@@ -84,8 +92,21 @@ def test_cache_clear_works_on_a_full_disk(small_disk, capsys):
 
 def test_a_reply_is_shown_when_the_turn_cannot_be_saved(small_disk, tiny_model, capsys):
     """Today: the turn was lost and, with --json, the reply was not even printed."""
-    args = ["chat", "--model", str(tiny_model), "--data-dir", str(small_disk), "--temp", "0",
-            "--max-tokens", "8", "--kv-tokens", "4096", "--session", "s"]
+    args = [
+        "chat",
+        "--model",
+        str(tiny_model),
+        "--data-dir",
+        str(small_disk),
+        "--temp",
+        "0",
+        "--max-tokens",
+        "8",
+        "--kv-tokens",
+        "4096",
+        "--session",
+        "s",
+    ]
     assert main([*args, "--json", "first"]) == 0
     capsys.readouterr()
     remove_files(small_disk / "kvcache.db")  # nothing the cache could give back
@@ -94,7 +115,12 @@ def test_a_reply_is_shown_when_the_turn_cannot_be_saved(small_disk, tiny_model, 
     code = main([*args, "--json", long])
     captured = capsys.readouterr()
     turn = json.loads(captured.out.strip().splitlines()[-1])
-    assert code == 2 and turn["reply"] and turn["saved"] is False and "disk is full" in turn["save_error"]
+    assert (
+        code == 2
+        and turn["reply"]
+        and turn["saved"] is False
+        and "disk is full" in turn["save_error"]
+    )
     assert captured.err.count("not saved") == 1 and "Traceback" not in captured.err
     code = main([*args, long])  # as text: the reply, then one line on stderr
     captured = capsys.readouterr()
@@ -108,8 +134,22 @@ def test_a_reply_is_shown_when_the_turn_cannot_be_saved(small_disk, tiny_model, 
 
 def test_on_a_full_disk_the_chat_history_wins_over_the_cache(small_disk, tiny_model, capsys):
     """The disk filled up anyway (by something else): the turn is saved, the cache goes."""
-    args = ["chat", "--model", str(tiny_model), "--data-dir", str(small_disk), "--temp", "0",
-            "--max-tokens", "8", "--kv-tokens", "4096", "--session", "s", "--json"]
+    args = [
+        "chat",
+        "--model",
+        str(tiny_model),
+        "--data-dir",
+        str(small_disk),
+        "--temp",
+        "0",
+        "--max-tokens",
+        "8",
+        "--kv-tokens",
+        "4096",
+        "--session",
+        "s",
+        "--json",
+    ]
     assert main([*args, "first"]) == 0
     capsys.readouterr()
     with DiskStore(small_disk / "kvcache.db", reserve_bytes=0) as store:  # a cache of 2 MB
@@ -120,10 +160,16 @@ def test_on_a_full_disk_the_chat_history_wins_over_the_cache(small_disk, tiny_mo
     captured = capsys.readouterr()
     assert code == 0 and json.loads(captured.out.strip().splitlines()[-1])["saved"] is True
     said = [line for line in captured.err.splitlines() if "KV cache" in line]
-    assert len(said) == 1 and re.fullmatch(r"radixchat: the disk is full: the KV cache \(\d\.\d MB\) was deleted "
-                                           r"to save this turn", said[0]), said
+    assert len(said) == 1 and re.fullmatch(
+        r"radixchat: the disk is full: the KV cache \(\d\.\d MB\) was deleted "
+        r"to save this turn",
+        said[0],
+    ), said
     with ChatStore(paths.chats_db_path(small_disk)) as chats:
-        assert [m.content for m in chats.messages(chats.get_session("s").id)][::2] == ["first", "second"]
+        assert [m.content for m in chats.messages(chats.get_session("s").id)][::2] == [
+            "first",
+            "second",
+        ]
 
 
 def test_cache_stats_says_what_the_cache_leaves_free(small_disk, capsys):

@@ -51,9 +51,22 @@ def _pull_is_refused(capsys, loopback_hub: LoopbackHub, tmp_path: Path, *expecte
     return err
 
 
-@pytest.mark.parametrize("commit", ["../../../../escape/C", "../../../../../../../../../../tmp/escape-C",
-                                    "ABSOLUTE", "main", "0123abc", "g" * 40, "A" * 40, "a" * 40 + "\n"])
-def test_a_commit_id_that_is_not_one_is_refused(capsys, loopback_hub, hub_sources, tmp_path, commit):
+@pytest.mark.parametrize(
+    "commit",
+    [
+        "../../../../escape/C",
+        "../../../../../../../../../../tmp/escape-C",
+        "ABSOLUTE",
+        "main",
+        "0123abc",
+        "g" * 40,
+        "A" * 40,
+        "a" * 40 + "\n",
+    ],
+)
+def test_a_commit_id_that_is_not_one_is_refused(
+    capsys, loopback_hub, hub_sources, tmp_path, commit
+):
     """Today: ``snapshots/../../../../escape/C/model-Q8_0.gguf`` was linked (exit 0)."""
     if commit == "ABSOLUTE":
         commit = str(tmp_path / "escape" / "C")
@@ -62,11 +75,23 @@ def test_a_commit_id_that_is_not_one_is_refused(capsys, loopback_hub, hub_source
     assert not (tmp_path / "escape").exists()
 
 
-@pytest.mark.parametrize("name", ["../../../../../escape/A.gguf", "models/../../../../../../escape/A.gguf",
-                                  "ABSOLUTE", "..\\..\\..\\..\\..\\escape\\A.gguf", "C:\\escape\\A.gguf",
-                                  "C:A.gguf", "\\\\attacker\\share\\A.gguf", "sub/..\\..\\A.gguf",
-                                  "A\x00.gguf"])
-def test_a_file_path_outside_its_snapshot_is_refused(capsys, loopback_hub, hub_sources, tmp_path, name):
+@pytest.mark.parametrize(
+    "name",
+    [
+        "../../../../../escape/A.gguf",
+        "models/../../../../../../escape/A.gguf",
+        "ABSOLUTE",
+        "..\\..\\..\\..\\..\\escape\\A.gguf",
+        "C:\\escape\\A.gguf",
+        "C:A.gguf",
+        "\\\\attacker\\share\\A.gguf",
+        "sub/..\\..\\A.gguf",
+        "A\x00.gguf",
+    ],
+)
+def test_a_file_path_outside_its_snapshot_is_refused(
+    capsys, loopback_hub, hub_sources, tmp_path, name
+):
     """Today: the GGUF was linked at ``tmp_path/escape/A.gguf`` (or its absolute path),
     a NUL ended in a traceback, and the rest were stored under names Windows reads as
     paths elsewhere."""
@@ -88,7 +113,9 @@ def test_one_hostile_file_name_refuses_the_whole_repo(capsys, loopback_hub, hub_
 
 
 @pytest.mark.parametrize("kind", ["lfs", "blob"])
-def test_a_blob_name_outside_the_blobs_folder_is_refused(capsys, loopback_hub, hub_sources, tmp_path, kind):
+def test_a_blob_name_outside_the_blobs_folder_is_refused(
+    capsys, loopback_hub, hub_sources, tmp_path, kind
+):
     """The hashes the hub lists name the files in ``blobs/``. Today: the download went
     to ``blobs/../../../escape/B.incomplete`` (and stayed there after its hash check)."""
     repo = loopback_hub.add_folder(HOSTILE, hub_sources.tiny, **MLX)
@@ -101,15 +128,28 @@ def test_a_blob_name_outside_the_blobs_folder_is_refused(capsys, loopback_hub, h
     assert not (tmp_path / "escape").exists()
 
 
-@pytest.mark.parametrize("sibling", [{"size": 3}, {"rfilename": "", "size": 3}, {"rfilename": "dir/", "size": 3},
-                                     {"rfilename": 7, "size": 3}, {"rfilename": "a", "size": "big"},
-                                     {"rfilename": "a", "size": -5}, "not-a-dict",
-                                     {"rfilename": "a", "size": 3, "lfs": {"sha256": 12}}])
-def test_a_malformed_listing_is_one_line(capsys, loopback_hub, hub_sources, tmp_path, monkeypatch, sibling):
+@pytest.mark.parametrize(
+    "sibling",
+    [
+        {"size": 3},
+        {"rfilename": "", "size": 3},
+        {"rfilename": "dir/", "size": 3},
+        {"rfilename": 7, "size": 3},
+        {"rfilename": "a", "size": "big"},
+        {"rfilename": "a", "size": -5},
+        "not-a-dict",
+        {"rfilename": "a", "size": 3, "lfs": {"sha256": 12}},
+    ],
+)
+def test_a_malformed_listing_is_one_line(
+    capsys, loopback_hub, hub_sources, tmp_path, monkeypatch, sibling
+):
     """Today: KeyError / ValueError / TypeError tracebacks."""
     repo = loopback_hub.add(_gguf_repo(hub_sources.gguf.read_bytes()))
     info = repo.info
-    monkeypatch.setattr(repo, "info", lambda: {**info(), "siblings": [*info()["siblings"], sibling]})
+    monkeypatch.setattr(
+        repo, "info", lambda: {**info(), "siblings": [*info()["siblings"], sibling]}
+    )
     _pull_is_refused(capsys, loopback_hub, tmp_path, HOSTILE)
 
 
@@ -134,8 +174,22 @@ def test_the_checks_agree_with_huggingface_hub(tmp_path):
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    names = ["model.gguf", "sub/dir/model.gguf", "./model.gguf", "a..b.gguf", "..a/b", "../x", "a/../../x",
-             "/abs/x", "C:\\x", "C:x", "\\\\host\\share\\x", "a\\..\\..\\x", "d/C:x", "a/\\b"]
+    names = [
+        "model.gguf",
+        "sub/dir/model.gguf",
+        "./model.gguf",
+        "a..b.gguf",
+        "..a/b",
+        "../x",
+        "a/../../x",
+        "/abs/x",
+        "C:\\x",
+        "C:x",
+        "\\\\host\\share\\x",
+        "a\\..\\..\\x",
+        "d/C:x",
+        "a/\\b",
+    ]
     for name in names:
         try:
             hf_hub_download("org/name", name, cache_dir=tmp_path, local_files_only=True)
@@ -166,31 +220,47 @@ def test_a_commit_id_is_what_huggingface_hub_takes_for_one():
 QUANTIZED = {"parameters": {"U32": 125, "F16": 100}, "total": 225}  # 4-bit: 1,100 weights
 
 
-@pytest.mark.parametrize("card", [
-    {"config": {"model_type": "llama", "quantization": {"bits": 0}}},
-    {"config": {"model_type": "llama", "quantization": {"bits": -4}}},
-    {"config": {"model_type": "llama", "quantization": {"bits": 64}}},
-    {"config": {"model_type": "llama", "quantization": {"bits": True}}},
-    {"config": {"model_type": "llama", "quantization": "4bit"}},
-    {"config": {"model_type": ["llama"]}},
-    {"config": "llama"},
-    {"safetensors": {"parameters": {"F32": "many"}, "total": 1}},
-    {"safetensors": {"parameters": {"F32": -10}, "total": -10}},
-    {"safetensors": {"parameters": {"F32": 10**400}, "total": 1}},
-    {"safetensors": {"parameters": {"F32": 1.5}, "total": 1}},
-    {"safetensors": {"parameters": {"F32": None, 7: 3}, "total": 1}},
-    {"downloads": "lots"},
-    {"downloads": -3},
-    {"tags": ["gguf"], "library_name": "gguf", "gguf": {"total": "many", "architecture": "llama"}},
-    {"tags": ["gguf"], "library_name": "gguf", "gguf": {"total": -1, "architecture": 5}},
-    {"tags": ["gguf"], "library_name": "gguf", "gguf": {"total": 1e300, "architecture": ["llama"]}},
-])
+@pytest.mark.parametrize(
+    "card",
+    [
+        {"config": {"model_type": "llama", "quantization": {"bits": 0}}},
+        {"config": {"model_type": "llama", "quantization": {"bits": -4}}},
+        {"config": {"model_type": "llama", "quantization": {"bits": 64}}},
+        {"config": {"model_type": "llama", "quantization": {"bits": True}}},
+        {"config": {"model_type": "llama", "quantization": "4bit"}},
+        {"config": {"model_type": ["llama"]}},
+        {"config": "llama"},
+        {"safetensors": {"parameters": {"F32": "many"}, "total": 1}},
+        {"safetensors": {"parameters": {"F32": -10}, "total": -10}},
+        {"safetensors": {"parameters": {"F32": 10**400}, "total": 1}},
+        {"safetensors": {"parameters": {"F32": 1.5}, "total": 1}},
+        {"safetensors": {"parameters": {"F32": None, 7: 3}, "total": 1}},
+        {"downloads": "lots"},
+        {"downloads": -3},
+        {
+            "tags": ["gguf"],
+            "library_name": "gguf",
+            "gguf": {"total": "many", "architecture": "llama"},
+        },
+        {"tags": ["gguf"], "library_name": "gguf", "gguf": {"total": -1, "architecture": 5}},
+        {
+            "tags": ["gguf"],
+            "library_name": "gguf",
+            "gguf": {"total": 1e300, "architecture": ["llama"]},
+        },
+    ],
+)
 def test_one_bad_search_result_costs_only_that_result(capsys, loopback_hub, tmp_path, card):
     """Today: `quantization.bits: 0` made the whole search fail with a division by zero
     (and the other cards with TypeErrors, or impossible figures): the good results are
     still listed, the bad one without its bad figures (or left out)."""
-    fields = {"tags": ["mlx"], "library_name": "mlx", "safetensors": QUANTIZED,
-              "config": {"model_type": "llama", "quantization": {"bits": 4, "group_size": 64}}, **card}
+    fields = {
+        "tags": ["mlx"],
+        "library_name": "mlx",
+        "safetensors": QUANTIZED,
+        "config": {"model_type": "llama", "quantization": {"bits": 4, "group_size": 64}},
+        **card,
+    }
     repo = loopback_hub.add(HubRepo("tiny-evil/Tiny-Bad", {}, **{**fields, "downloads": 10_000}))
     if "downloads" in card:  # the loopback hub sorts by the number: only the card says otherwise
         card_of = repo.card
@@ -199,8 +269,12 @@ def test_one_bad_search_result_costs_only_that_result(capsys, loopback_hub, tmp_
     ids = [r.repo_id for r in results]
     assert "mlx-community/Tiny-Llama-128" in ids and "gguf-org/Tiny-GGUF" in ids
     for r in results:
-        assert r.parameters is None or (isinstance(r.parameters, int) and 0 < r.parameters < 10**15), r
-        assert r.size_bytes is None or (isinstance(r.size_bytes, int) and 0 < r.size_bytes < 10**16), r
+        assert r.parameters is None or (
+            isinstance(r.parameters, int) and 0 < r.parameters < 10**15
+        ), r
+        assert r.size_bytes is None or (
+            isinstance(r.size_bytes, int) and 0 < r.size_bytes < 10**16
+        ), r
         assert isinstance(r.downloads, int) and r.downloads >= 0, r
         assert r.architecture is None or isinstance(r.architecture, str), r
         assert r.quantization is None or isinstance(r.quantization, str), r

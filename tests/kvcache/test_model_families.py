@@ -64,7 +64,9 @@ def assert_close(logits: mx.array, reference: mx.array, what: str) -> None:
     assert mx.array_equal(finite, mx.isfinite(logits)).item(), what
     error = mx.max(mx.abs(mx.where(finite, logits - reference, 0))).item()
     scale = mx.max(mx.abs(mx.where(finite, reference, 0))).item()
-    assert error <= TOLERANCE * scale, f"logits off by {error:.2e} (largest {scale:.2f}) against {what}"
+    assert error <= TOLERANCE * scale, (
+        f"logits off by {error:.2e} (largest {scale:.2f}) against {what}"
+    )
 
 
 def assert_continues_exactly(model, pc: PrefixCache, prompt: list[int], family: str) -> int:
@@ -98,7 +100,9 @@ def test_a_prefix_from_the_pool_and_from_disk_continues_exactly(family, tmp_path
     for i in range(HOT_ENTRIES):  # the history's own cache objects are kept a while: not now
         other = [200 + i] * 3
         pc.commit(pc.match(other + [0]), other, *cached_other(model, pc, other))
-    assert assert_continues_exactly(model, pc, prompt, family) == RESUME  # from the pool (and snapshots)
+    assert (
+        assert_continues_exactly(model, pc, prompt, family) == RESUME
+    )  # from the pool (and snapshots)
 
     writer = prefix_cache(model)
     caches, snapshots = cached_history(model, writer)
@@ -130,5 +134,7 @@ def test_a_family_model_is_the_same_every_time():
     mx.random.normal((3,))  # whatever ran before
     third = dict(tree_flatten(build_model("qwen3_next").parameters()))
     assert first.keys() == second.keys() == third.keys()
-    assert all(mx.array_equal(first[k], second[k]).item() and mx.array_equal(first[k], third[k]).item()
-               for k in first)
+    assert all(
+        mx.array_equal(first[k], second[k]).item() and mx.array_equal(first[k], third[k]).item()
+        for k in first
+    )

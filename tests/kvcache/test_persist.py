@@ -17,8 +17,10 @@ from kvcache.prefix_cache import PrefixCache
 from kvcache.store import ChainPage
 
 FP = "a" * 64
-SPECS = {"llama": TinyModelSpec(kind="llama", num_layers=2),
-         "sliding": TinyModelSpec(kind="sliding", num_layers=4, sliding_window=16)}
+SPECS = {
+    "llama": TinyModelSpec(kind="llama", num_layers=2),
+    "sliding": TinyModelSpec(kind="sliding", num_layers=4, sliding_window=16),
+}
 
 
 @pytest.fixture(scope="module", params=sorted(SPECS))
@@ -86,7 +88,9 @@ def assert_continues_like_a_fresh_prefill(model, caches, prompt: list[int], cach
     logits = model(mx.array(prompt[cached:])[None], cache=caches)[0, -1]
     fresh = make_prompt_cache(model)
     reference = model(mx.array(prompt)[None], cache=fresh)[0, -1]
-    assert mx.allclose(logits, reference, rtol=1e-4, atol=1e-4).item(), "logits after a restore drift past rounding"
+    assert mx.allclose(logits, reference, rtol=1e-4, atol=1e-4).item(), (
+        "logits after a restore drift past rounding"
+    )
     # (the step above consumed prompt[cached:] on both: continue greedily from there)
     ours, theirs = [mx.argmax(logits).item()], [mx.argmax(reference).item()]
     ours += greedy(model, caches, ours[-1:], 5)
@@ -108,10 +112,15 @@ def test_pages_end_every_page_size_at_snapshots_and_at_the_end(model, db, tokens
         pages = chain(persister)
         ends = [sum(len(p.tokens) for p in pages[: i + 1]) for i in range(len(pages))]
         hybrid = persister.prefix_cache.hybrid
-        assert ends == ([DISK_PAGE_TOKENS, 100, 2 * DISK_PAGE_TOKENS, 150] if hybrid
-                        else [DISK_PAGE_TOKENS, 2 * DISK_PAGE_TOKENS, 150])
+        assert ends == (
+            [DISK_PAGE_TOKENS, 100, 2 * DISK_PAGE_TOKENS, 150]
+            if hybrid
+            else [DISK_PAGE_TOKENS, 2 * DISK_PAGE_TOKENS, 150]
+        )
         assert tuple(t for p in pages for t in p.tokens) == tuple(tokens)
-        assert [p.has_snapshot for p in pages] == ([False, True, False, True] if hybrid else [False] * 3)
+        assert [p.has_snapshot for p in pages] == (
+            [False, True, False, True] if hybrid else [False] * 3
+        )
         info = persister.reader.session("chat")
         assert (info.fingerprint, info.tokens, info.pages) == (FP, 150, len(pages))
         assert persister.last_error is None
@@ -140,8 +149,11 @@ def test_a_longer_turn_serializes_only_its_new_pages(model, db, tokens, monkeypa
         persister.flush(timeout=30)
         serialized = []
         real = persist.kv_to_bytes
-        monkeypatch.setattr(persist, "kv_to_bytes", lambda arrays: serialized.append(arrays[0][0].shape[1])
-                            or real(arrays))
+        monkeypatch.setattr(
+            persist,
+            "kv_to_bytes",
+            lambda arrays: serialized.append(arrays[0][0].shape[1]) or real(arrays),
+        )
         caches, snaps = computed(model, pc, tokens)
         persister.save("chat", tokens, caches, snaps)
         persister.flush(timeout=30)
@@ -178,8 +190,12 @@ def test_restore_brings_back_the_saved_bytes(model, db, tokens):
         for layer in [s.slot for s in pc.build.layout.paged]:
             # the same computation: the restored K/V against the very arrays that were saved
             got, want = caches[layer], original[layer]
-            assert mx.array_equal(got.keys[..., :150, :], want.keys[..., :150, :]).item(), "restored keys != saved"
-            assert mx.array_equal(got.values[..., :150, :], want.values[..., :150, :]).item(), "restored values != saved"
+            assert mx.array_equal(got.keys[..., :150, :], want.keys[..., :150, :]).item(), (
+                "restored keys != saved"
+            )
+            assert mx.array_equal(got.values[..., :150, :], want.values[..., :150, :]).item(), (
+                "restored values != saved"
+            )
         assert_continues_like_a_fresh_prefill(model, caches, prompt, 150)
         pc.release(prefix)
         assert persister.restore(prompt, "chat") == 0  # RAM serves it now
@@ -187,14 +203,18 @@ def test_restore_brings_back_the_saved_bytes(model, db, tokens):
         persister.close()
 
 
-def test_a_restore_past_what_ram_holds_is_taken_whole_without_a_gather(model, db, tokens, monkeypatch):
+def test_a_restore_past_what_ram_holds_is_taken_whole_without_a_gather(
+    model, db, tokens, monkeypatch
+):
     """RAM holds the prompt's first 40 tokens (another request shared them), the disk all
     150: the restore joins RAM's K/V and the disk's into one buffer per layer, which the
     request takes as its cache (no gather out of the pool); the pool gets the same bytes."""
     writer, original = saved_with_caches(model, db, tokens, snapshot_at=(40, 100))
     writer.close()
     pc = prefix_cache(model)
-    head, snaps = computed(model, pc, tokens[:40])  # as the saved chain's first forward: the same bits
+    head, snaps = computed(
+        model, pc, tokens[:40]
+    )  # as the saved chain's first forward: the same bits
     pc.commit(pc.match(tokens[:40]), tokens[:40], head, snaps)
     persister = DiskTier(db, pc, FP)
     gathers = []
@@ -212,15 +232,21 @@ def test_a_restore_past_what_ram_holds_is_taken_whole_without_a_gather(model, db
         # the same computation: RAM's 40 tokens came from one forward over tokens[:40] from an
         # empty cache, as the saved chain's first 40 did; the rest are the saved bytes
         for layer in [s.slot for s in pc.build.layout.paged]:
-            assert mx.array_equal(caches[layer].keys[..., :150, :], original[layer].keys[..., :150, :]).item()
-            assert mx.array_equal(caches[layer].values[..., :150, :], original[layer].values[..., :150, :]).item()
+            assert mx.array_equal(
+                caches[layer].keys[..., :150, :], original[layer].keys[..., :150, :]
+            ).item()
+            assert mx.array_equal(
+                caches[layer].values[..., :150, :], original[layer].values[..., :150, :]
+            ).item()
         assert_continues_like_a_fresh_prefill(model, caches, prompt, 150)
         pc.release(prefix)
         pc.flush_writes()
         pooled = pc.make_caches(pc.match(tokens + [0]))  # the hot entry is taken: from the pool now
         assert gathers
         for layer in [s.slot for s in pc.build.layout.paged]:  # the same bytes, through the pool
-            assert mx.array_equal(pooled[layer].keys[..., :150, :], original[layer].keys[..., :150, :]).item()
+            assert mx.array_equal(
+                pooled[layer].keys[..., :150, :], original[layer].keys[..., :150, :]
+            ).item()
     finally:
         persister.close()
 
@@ -251,8 +277,11 @@ def test_nothing_is_restored_for_another_model_or_an_unknown_session(model, db, 
 
 
 def test_resume_point():
-    pages = [ChainPage("k1", (1, 2, 3, 4), False), ChainPage("k2", (5, 6, 7, 8), True),
-             ChainPage("k3", (9, 10), True)]
+    pages = [
+        ChainPage("k1", (1, 2, 3, 4), False),
+        ChainPage("k2", (5, 6, 7, 8), True),
+        ChainPage("k3", (9, 10), True),
+    ]
     prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
     assert _resume_point(pages, prompt, limit=10, hybrid=False) == 10
     assert _resume_point(pages, prompt, limit=6, hybrid=False) == 6
@@ -261,7 +290,9 @@ def test_resume_point():
     assert _resume_point(pages, [0, 1], limit=1, hybrid=False) == 0
     assert _resume_point(pages, prompt, limit=10, hybrid=True) == 10  # page ends with snapshots
     assert _resume_point(pages, prompt, limit=9, hybrid=True) == 8
-    assert _resume_point(pages, [1, 2, 3, 4, 5, 6, 0], limit=6, hybrid=True) == 0  # no snapshot before
+    assert (
+        _resume_point(pages, [1, 2, 3, 4, 5, 6, 0], limit=6, hybrid=True) == 0
+    )  # no snapshot before
 
 
 def test_a_save_is_serialized_later_as_the_caches_were_when_saved(model, db, tokens, monkeypatch):
@@ -271,10 +302,15 @@ def test_a_save_is_serialized_later_as_the_caches_were_when_saved(model, db, tok
     pc = prefix_cache(model)
     caches, snaps = computed(model, pc, tokens)
     full = [s.slot for s in pc.build.layout.paged]
-    want = [(mx.array(caches[i].keys[..., :150, :]), mx.array(caches[i].values[..., :150, :])) for i in full]
+    want = [
+        (mx.array(caches[i].keys[..., :150, :]), mx.array(caches[i].values[..., :150, :]))
+        for i in full
+    ]
     serialized = []
     real = persist.kv_to_bytes
-    monkeypatch.setattr(persist, "kv_to_bytes", lambda arrays: serialized.append(len(arrays)) or real(arrays))
+    monkeypatch.setattr(
+        persist, "kv_to_bytes", lambda arrays: serialized.append(len(arrays)) or real(arrays)
+    )
     persister = DiskTier(db, pc, FP)
     try:
         persister.save("chat", tokens, caches, snaps)
@@ -319,7 +355,10 @@ def test_restore_serves_only_the_namespace_that_saved(model, db, tokens):
         assert persister.restore(prompt, None, "alice") == 150
         assert pc.cached_length(prompt, "alice") == 150 and pc.cached_length(prompt, "app") == 0
         assert persister.restore(prompt, "chat", "app") == 150
-        assert persister.reader.session("app/chat") is not None and persister.reader.session("chat") is None
+        assert (
+            persister.reader.session("app/chat") is not None
+            and persister.reader.session("chat") is None
+        )
         persister.forget("chat", "app")
         persister.flush(timeout=30)
         assert persister.reader.session("app/chat") is None

@@ -27,13 +27,28 @@ from kvcache.pool import (
 HEADS, HEAD_DIM, PAGE = 2, 8, 4
 
 
-def full_layout(num_layers: int = 2, heads: int = HEADS, head_dim: int = HEAD_DIM,
-                dtype: str = "float32", value_dim: int | None = None) -> CacheLayout:
-    return CacheLayout(tuple(
-        CacheSpec(i, FULL, slot=i, key_heads=heads, key_dim=head_dim, value_heads=heads,
-                  value_dim=value_dim or head_dim, dtype=dtype)
-        for i in range(num_layers)
-    ))
+def full_layout(
+    num_layers: int = 2,
+    heads: int = HEADS,
+    head_dim: int = HEAD_DIM,
+    dtype: str = "float32",
+    value_dim: int | None = None,
+) -> CacheLayout:
+    return CacheLayout(
+        tuple(
+            CacheSpec(
+                i,
+                FULL,
+                slot=i,
+                key_heads=heads,
+                key_dim=head_dim,
+                value_heads=heads,
+                value_dim=value_dim or head_dim,
+                dtype=dtype,
+            )
+            for i in range(num_layers)
+        )
+    )
 
 
 def random_kv(n: int, heads: int = HEADS, head_dim: int = HEAD_DIM, seed: int = 0):
@@ -162,8 +177,9 @@ def test_gathered_kv_continues_a_model_exactly(tmp_path):
     restored = []
     for spec in layout.paged:
         cache = KVCache()
-        cache.keys, cache.values = pool.gather(layout.pool_index(*spec.path),
-                                               page_slots(pages, PAGE, n))
+        cache.keys, cache.values = pool.gather(
+            layout.pool_index(*spec.path), page_slots(pages, PAGE, n)
+        )
         cache.offset = n
         restored.append(cache)
     logits = model(tokens[:, -1:], cache=restored)
@@ -289,7 +305,9 @@ def test_a_grown_segment_takes_its_memory_at_its_first_write_in_place():
     """grow() hands out the pages at once; the segment's memory comes with the first
     write into it (zeros and the write in one evaluation, no second copy)."""
     heads, head_dim, page = 4, 64, 64
-    pool = KVPagePool(full_layout(1, heads, head_dim), num_pages=1023, page_size=page, segment_pages=256)
+    pool = KVPagePool(
+        full_layout(1, heads, head_dim), num_pages=1023, page_size=page, segment_pages=256
+    )
     segment = pool.nbytes
     keys, values = random_kv(2 * page, heads, head_dim)
     mx.eval(keys, values)
@@ -302,7 +320,9 @@ def test_a_grown_segment_takes_its_memory_at_its_first_write_in_place():
     assert mx.get_active_memory() - before > 0.9 * segment  # now it is
     assert mx.get_peak_memory() - before < 1.1 * segment  # and made in place
     assert_bitwise_equal(pool.gather(0, page_slots(pages[:2], page, 2 * page))[0], keys[None])
-    assert_bitwise_equal(pool.gather(0, page_slots(pages[2:3], page, page))[0], mx.zeros_like(keys[None, :, :page]))
+    assert_bitwise_equal(
+        pool.gather(0, page_slots(pages[2:3], page, page))[0], mx.zeros_like(keys[None, :, :page])
+    )
 
 
 def test_a_pool_in_segments_reads_and_writes_like_a_whole_one():
@@ -321,12 +341,27 @@ def test_a_pool_in_segments_reads_and_writes_like_a_whole_one():
     for pool in (whole, grown):
         for layer in range(2):
             pool.write(layer, pages, keys, values)
-            pool.write_slots(layer, [7 * PAGE + 3, 8 * PAGE, 8 * PAGE + 1, 1 * PAGE, 6 * PAGE + 2],
-                             mid_keys, mid_values)
-    slots = [9 * PAGE + 1, 2 * PAGE, 2 * PAGE + 3, 3 * PAGE, 7 * PAGE + 3, 8 * PAGE + 1, 1 * PAGE, 5 * PAGE + 2]
+            pool.write_slots(
+                layer,
+                [7 * PAGE + 3, 8 * PAGE, 8 * PAGE + 1, 1 * PAGE, 6 * PAGE + 2],
+                mid_keys,
+                mid_values,
+            )
+    slots = [
+        9 * PAGE + 1,
+        2 * PAGE,
+        2 * PAGE + 3,
+        3 * PAGE,
+        7 * PAGE + 3,
+        8 * PAGE + 1,
+        1 * PAGE,
+        5 * PAGE + 2,
+    ]
     for layer in range(2):
         for a, b in zip(whole.gather(layer, slots), grown.gather(layer, slots)):
             assert_bitwise_equal(a, b)
         one_segment = [3 * PAGE, 3 * PAGE + 1, 4 * PAGE + 2]
-        for a, b in zip(whole.gather(layer, mx.array(one_segment)), grown.gather(layer, one_segment)):
+        for a, b in zip(
+            whole.gather(layer, mx.array(one_segment)), grown.gather(layer, one_segment)
+        ):
             assert_bitwise_equal(a, b)

@@ -66,8 +66,12 @@ def assert_as_from_scratch(logits, expected) -> None:
     """Different computations (a cached prefix and the rest against one whole prefill):
     within float32 rounding, and the same greedy next token."""
     scale = float(mx.abs(expected).max())
-    assert float(mx.abs(logits - expected).max()) <= 1e-4 * scale, "logits drift past float32 rounding"
-    assert mx.argmax(logits).item() == mx.argmax(expected).item(), "another greedy token than from scratch"
+    assert float(mx.abs(logits - expected).max()) <= 1e-4 * scale, (
+        "logits drift past float32 rounding"
+    )
+    assert mx.argmax(logits).item() == mx.argmax(expected).item(), (
+        "another greedy token than from scratch"
+    )
 
 
 def check_pages(pc: PrefixCache):
@@ -131,7 +135,9 @@ def test_partial_overlap_and_branching(tiny):
 def test_pool_pressure_evicts_and_stays_exact(tiny):
     kind, model = tiny
     pc = make_cache(model, pool_tokens=64, page_size=8)
-    prompts = [[t] + [(7 * j + 11 * i) % 250 + 1 for j in range(30)] for i, t in enumerate(range(5, 15))]
+    prompts = [
+        [t] + [(7 * j + 11 * i) % 250 + 1 for j in range(30)] for i, t in enumerate(range(5, 15))
+    ]
     for prompt in prompts:
         serve(pc, model, prompt)
         check_pages(pc)
@@ -196,9 +202,16 @@ def test_restored_kv_serves_the_next_request_exactly(tiny):
     source = make_cache(model)
     history = list(range(40, 90))
     serve(source, model, history)
-    caches = source._hot["", tuple(history)]  # K/V and snapshot "from disk", with 30 spare positions
-    layers_kv = [tuple(mx.concatenate([a[0, :, : len(history)], mx.zeros_like(a[0, :, :30])], axis=1)
-                       for a in (caches[i].keys, caches[i].values)) for i, _ in source.paged]
+    caches = source._hot[
+        "", tuple(history)
+    ]  # K/V and snapshot "from disk", with 30 spare positions
+    layers_kv = [
+        tuple(
+            mx.concatenate([a[0, :, : len(history)], mx.zeros_like(a[0, :, :30])], axis=1)
+            for a in (caches[i].keys, caches[i].values)
+        )
+        for i, _ in source.paged
+    ]
     snapshot = source.snapshot(caches, len(history))
     pc = make_cache(model)
     assert pc.insert_restored(history, 0, layers_kv, snapshot) == len(history)
@@ -269,7 +282,9 @@ def test_a_write_back_names_the_evicted_prefix_namespace():
     model, _ = load(str(path))
     pc = make_cache(model, pool_tokens=64, page_size=8)
     handed = []
-    pc.write_back = lambda tokens, source, snapshots, namespace: handed.append((tuple(tokens), namespace))
+    pc.write_back = lambda tokens, source, snapshots, namespace: handed.append(
+        (tuple(tokens), namespace)
+    )
     first = [(7 * j) % 250 + 1 for j in range(40)]
     serve(pc, model, first, namespace="alice")
     serve(pc, model, [(5 * j) % 250 + 3 for j in range(40)], namespace="bob")  # evicts alice's

@@ -259,7 +259,9 @@ def test_without_require_snapshots_the_match_is_not_cut():
 def test_require_snapshots_cuts_back_to_the_deepest_snapshot():
     cache = RadixCache(require_snapshots=True)
     cache.insert([1, 2, 3, 4, 5, 6], slots(10, 6))
-    assert cache.match_prefix([1, 2, 3, 4, 5, 6]) == MatchResult((), 0, cache.root, None)  # root counts
+    assert cache.match_prefix([1, 2, 3, 4, 5, 6]) == MatchResult(
+        (), 0, cache.root, None
+    )  # root counts
     cache.insert([1, 2, 3], [20, 21, 22], snapshot="s3")
     m = cache.match_prefix([1, 2, 3, 4, 5, 6, 7])
     assert (m.values, m.snapshot) == ((10, 11, 12), "s3")
@@ -316,8 +318,15 @@ def test_counters():
     cache.match_prefix([5])
     cache.evict(1)  # the split left [1, 2] -> [3]: the leaf [3] goes
     assert cache.stats() == RadixStats(
-        hits=2, misses=1, cached_tokens=5, evicted_tokens=1, evicted_nodes=1,
-        nodes=1, evictable_tokens=2, protected_tokens=0, namespaces=1,
+        hits=2,
+        misses=1,
+        cached_tokens=5,
+        evicted_tokens=1,
+        evicted_nodes=1,
+        nodes=1,
+        evictable_tokens=2,
+        protected_tokens=0,
+        namespaces=1,
     )
 
 
@@ -501,7 +510,10 @@ class RadixMachine(RuleBasedStateMachine):
         assert self.cache.protected_size() == len(protected)
         stats = self.cache.stats()
         assert (stats.hits, stats.misses) == (self.hits, self.matches - self.hits)
-        assert (stats.cached_tokens, stats.evicted_tokens) == (self.matched_tokens, self.evicted_tokens)
+        assert (stats.cached_tokens, stats.evicted_tokens) == (
+            self.matched_tokens,
+            self.evicted_tokens,
+        )
         assert stats.nodes == self.cache.node_count()
         assert stats.namespaces == len({key[0] for key in self.model})
 
@@ -510,7 +522,9 @@ class HybridRadixMachine(RadixMachine):
     require_snapshots = True
 
 
-_PROPERTY_SETTINGS = settings(max_examples=150, stateful_step_count=40, deadline=None, database=None)
+_PROPERTY_SETTINGS = settings(
+    max_examples=150, stateful_step_count=40, deadline=None, database=None
+)
 TestRadixProperties = RadixMachine.TestCase
 TestRadixProperties.settings = _PROPERTY_SETTINGS
 TestHybridRadixProperties = HybridRadixMachine.TestCase
@@ -579,5 +593,7 @@ def test_eviction_is_one_lru_over_every_namespace_and_drops_empty_anchors():
     cache.check_invariants()
     cache.dec_lock_ref(locked)
     assert cache.evict(5) == 2 and cache.stats().namespaces == 0
-    cache.dec_lock_ref(cache.match_prefix([1], namespace="b").last_node)  # a miss's node: no lock to give
+    cache.dec_lock_ref(
+        cache.match_prefix([1], namespace="b").last_node
+    )  # a miss's node: no lock to give
     cache.check_invariants()

@@ -19,8 +19,10 @@ from kvcache.snapshot import detach_cache, take_snapshot
 
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
 def test_kv_round_trip_is_exact(dtype):
-    layers = [(mx.random.normal((2, 5, 8)).astype(dtype), mx.random.normal((2, 5, 8)).astype(dtype))
-              for _ in range(3)]
+    layers = [
+        (mx.random.normal((2, 5, 8)).astype(dtype), mx.random.normal((2, 5, 8)).astype(dtype))
+        for _ in range(3)
+    ]
     back = kv_from_bytes(kv_to_bytes(layers), 3, 5)
     for (k, v), (k2, v2) in zip(layers, back):
         assert k2.dtype == dtype and mx.array_equal(k, k2) and mx.array_equal(v, v2)
@@ -38,7 +40,9 @@ def test_damaged_or_mismatched_kv_is_refused():
 
 @pytest.mark.parametrize("kind", ["sliding", "recurrent"])
 def test_snapshot_round_trip_resumes_identically(kind, tmp_path):
-    path = write_tiny_model(tmp_path / kind, TinyModelSpec(kind=kind, num_layers=4, sliding_window=8))
+    path = write_tiny_model(
+        tmp_path / kind, TinyModelSpec(kind=kind, num_layers=4, sliding_window=8)
+    )
     model, _ = load(str(path))
     caches = model.make_cache()
     prompt = mx.array(list(range(30, 60)))[None]
@@ -75,10 +79,14 @@ def test_snapshots_of_cache_list_members_and_tuple_attributes_round_trip():
     restored = [CacheList(ArraysCache(2), KVCache()), QuantizedKVCache(group_size=32, bits=8)]
     back.restore_into(restored)
     assert restored[0].caches[1] is not None and isinstance(restored[0].caches[0], ArraysCache)
-    assert all(mx.array_equal(a, b).item() for a, b in zip(restored[0].caches[0].cache, state.cache))
+    assert all(
+        mx.array_equal(a, b).item() for a, b in zip(restored[0].caches[0].cache, state.cache)
+    )
     keys = restored[1].keys
     assert isinstance(keys, tuple) and len(keys) == 3
-    assert all(mx.array_equal(a, b).item() and a.dtype == b.dtype for a, b in zip(keys, quantized.keys))
+    assert all(
+        mx.array_equal(a, b).item() and a.dtype == b.dtype for a, b in zip(keys, quantized.keys)
+    )
     assert restored[1].offset == 5 and restored[1].bits == 8
 
 
@@ -86,18 +94,47 @@ def test_a_snapshot_written_before_cache_paths_still_reads():
     """A blob of the first format names only the layer's index (= its slot)."""
     from kvcache.serialize import pack_arrays
 
-    blob = pack_arrays({"kind": "snapshot", "length": 3, "layers": [
-        {"index": 2, "class": "mlx_lm.models.cache:ArraysCache", "plain": {"left_padding": None, "lengths": None},
-         "arrays": {"cache": [0, None]}}]}, [mx.ones((1, 2))])
+    blob = pack_arrays(
+        {
+            "kind": "snapshot",
+            "length": 3,
+            "layers": [
+                {
+                    "index": 2,
+                    "class": "mlx_lm.models.cache:ArraysCache",
+                    "plain": {"left_padding": None, "lengths": None},
+                    "arrays": {"cache": [0, None]},
+                }
+            ],
+        },
+        [mx.ones((1, 2))],
+    )
     snap = snapshot_from_bytes(blob)
     [(path, cache)] = snap.layers
-    assert path == (2, None) and mx.array_equal(cache.cache[0], mx.ones((1, 2))).item() and cache.cache[1] is None
+    assert (
+        path == (2, None)
+        and mx.array_equal(cache.cache[0], mx.ones((1, 2))).item()
+        and cache.cache[1] is None
+    )
 
 
 def test_a_snapshot_with_a_bad_layer_is_a_serialize_error():
     from kvcache.serialize import pack_arrays
 
-    blob = pack_arrays({"kind": "snapshot", "length": 3, "layers": [
-        {"index": 0, "class": "mlx_lm.models.cache:ArraysCache", "plain": {}, "arrays": {"cache": [5]}}]}, [])
+    blob = pack_arrays(
+        {
+            "kind": "snapshot",
+            "length": 3,
+            "layers": [
+                {
+                    "index": 0,
+                    "class": "mlx_lm.models.cache:ArraysCache",
+                    "plain": {},
+                    "arrays": {"cache": [5]},
+                }
+            ],
+        },
+        [],
+    )
     with pytest.raises(SerializeError, match="bad snapshot"):
         snapshot_from_bytes(blob)

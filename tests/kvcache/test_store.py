@@ -39,7 +39,9 @@ def kv_for(fingerprint: str, chain: list[tuple[int, ...]], size: int = 256) -> b
     return random.Random(seed).randbytes(size)
 
 
-def make_pages(chain: list[tuple[int, ...]], fingerprint: str = FP, size: int = 256) -> list[PageData]:
+def make_pages(
+    chain: list[tuple[int, ...]], fingerprint: str = FP, size: int = 256
+) -> list[PageData]:
     pages = []
     for i, tokens in enumerate(chain):
         kv = kv_for(fingerprint, chain[: i + 1], size)
@@ -53,7 +55,8 @@ def page(start: int, n: int = 4) -> tuple[int, ...]:
 
 def same(loaded, pages) -> bool:
     return [(p.tokens, p.kv, p.snapshot) for p in loaded] == [
-        (p.tokens, p.kv, p.snapshot) for p in pages]
+        (p.tokens, p.kv, p.snapshot) for p in pages
+    ]
 
 
 @pytest.fixture
@@ -160,7 +163,9 @@ def test_load_reads_only_that_chain(store):
     store.db.conn.set_trace_callback(statements.append)
     assert len(store.load_session("chat-7", FP)) == 3
     store.db.conn.set_trace_callback(None)
-    queries = [s for s in statements if s.lstrip().upper().startswith(("SELECT", "UPDATE", "INSERT"))]
+    queries = [
+        s for s in statements if s.lstrip().upper().startswith(("SELECT", "UPDATE", "INSERT"))
+    ]
     assert queries
     for sql in queries:
         plan = " ".join(row[3] for row in store.db.execute("EXPLAIN QUERY PLAN " + sql))
@@ -203,11 +208,14 @@ def test_verify_reports_and_drops_bad_rows(store):
     assert store.verify().clean
 
 
-@pytest.mark.parametrize("column, value", [
-    ("tokens", (9).to_bytes(4, "little") * 4),  # tokens that do not hash to the key
-    ("parent", "0" * 64),                       # a broken parent link
-    ("fingerprint", OTHER_FP),                   # a page of another model in the chain
-])
+@pytest.mark.parametrize(
+    "column, value",
+    [
+        ("tokens", (9).to_bytes(4, "little") * 4),  # tokens that do not hash to the key
+        ("parent", "0" * 64),  # a broken parent link
+        ("fingerprint", OTHER_FP),  # a page of another model in the chain
+    ],
+)
 def test_a_page_that_does_not_match_its_key_is_never_returned(store, column, value):
     pages = make_pages([page(0), page(4), page(8)])
     store.save_session("chat", FP, pages)
@@ -378,8 +386,11 @@ def test_store_behaves_like_a_dict_of_chains(ops):
 
             assert store.verify().clean
             assert {s.name for s in store.sessions()} == set(model)
-            keys = {key for fingerprint, chain in model.values()
-                    for key in store.page_keys(fingerprint, chain)}
+            keys = {
+                key
+                for fingerprint, chain in model.values()
+                for key in store.page_keys(fingerprint, chain)
+            }
             assert store.stats().pages == len(keys)  # shared pages once, no orphans
             for name in SESSIONS:
                 fingerprint, chain = model.get(name, (FP, []))
@@ -433,8 +444,13 @@ def test_sigkill_during_saves_leaves_a_consistent_store(tmp_path):
         folder.mkdir()
         budget = 10**9 if trial % 2 else 20_000  # odd trials: the budget evicts too
         log = open(folder / "log", "w")
-        child = subprocess.Popen([sys.executable, str(script), str(folder / "store.db"), str(budget)],
-                                 stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=env)
+        child = subprocess.Popen(
+            [sys.executable, str(script), str(folder / "store.db"), str(budget)],
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
         log.close()
         trials.append((folder, budget, child))
     deadline = time.monotonic() + 60

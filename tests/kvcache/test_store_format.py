@@ -8,8 +8,19 @@ import zlib
 import pytest
 from sqlite_utils import Database
 
-from kvcache.store_format import (LIVE_PAGES, MIGRATIONS, SCHEMA_VERSION, PageData, chain_keys, pack_tokens,
-                                  page_checksum, page_key, page_problem, page_rows, unpack_tokens)
+from kvcache.store_format import (
+    LIVE_PAGES,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    PageData,
+    chain_keys,
+    pack_tokens,
+    page_checksum,
+    page_key,
+    page_problem,
+    page_rows,
+    unpack_tokens,
+)
 
 FP = "f" * 64
 
@@ -31,8 +42,12 @@ def test_page_key_names_fingerprint_parent_and_tokens():
     assert len(key) == 64 and int(key, 16) >= 0
     assert page_key(FP, None, pack_tokens([1, 2, 3])) == key  # packed or not: the same key
     assert page_key(FP, "", [1, 2, 3]) == key  # a first page's parent is ""
-    others = {page_key("e" * 64, None, [1, 2, 3]), page_key(FP, key, [1, 2, 3]), page_key(FP, None, [1, 2, 4]),
-              page_key(FP, None, [1, 2])}
+    others = {
+        page_key("e" * 64, None, [1, 2, 3]),
+        page_key(FP, key, [1, 2, 3]),
+        page_key(FP, None, [1, 2, 4]),
+        page_key(FP, None, [1, 2]),
+    }
     assert key not in others and len(others) == 4
 
 
@@ -59,7 +74,9 @@ def test_checksum_is_crc32_over_the_length_prefixed_parts():
     crc = zlib.crc32(kv, crc)
     crc = zlib.crc32(b"\xff" * 8, crc)
     assert page_checksum(tokens, kv, None) == f"crc32:{crc:08x}"
-    assert page_checksum(tokens, kv, b"") != page_checksum(tokens, kv, None)  # empty differs from missing
+    assert page_checksum(tokens, kv, b"") != page_checksum(
+        tokens, kv, None
+    )  # empty differs from missing
     assert page_checksum(tokens, kv + b"\0", None) != page_checksum(tokens, kv, None)
 
 
@@ -69,7 +86,9 @@ def test_page_problem_finds_each_kind_of_damage():
     assert page_problem(key, None, FP, tokens, checksum, kv, snap) is None
     assert "key does not match" in page_problem(key, None, "e" * 64, tokens, checksum, kv, snap)
     assert "key does not match" in page_problem(key, "p" * 64, FP, tokens, checksum, kv, snap)
-    assert "key does not match" in page_problem(key, None, FP, tokens[:-1], checksum, kv, snap)  # torn int32
+    assert "key does not match" in page_problem(
+        key, None, FP, tokens[:-1], checksum, kv, snap
+    )  # torn int32
     assert "key does not match" in page_problem(key, None, FP, b"", checksum, kv, snap)
     assert page_problem(key, None, FP, tokens, checksum, None, snap) == "no K/V data"
     flipped = bytes([kv[0] ^ 1]) + kv[1:]
@@ -82,10 +101,19 @@ def test_page_rows_describe_a_new_page():
     page = PageData(tokens=(4, 5), kv=b"x" * 10, snapshot=b"yy")
     key = page_key(FP, None, page.tokens)
     meta, data = page_rows(FP, key, None, page)
-    assert meta == {"key": key, "parent": None, "fingerprint": FP, "tokens": pack_tokens([4, 5]), "nbytes": 8 + 10 + 2,
-                    "checksum": page_checksum(pack_tokens([4, 5]), b"x" * 10, b"yy")}
+    assert meta == {
+        "key": key,
+        "parent": None,
+        "fingerprint": FP,
+        "tokens": pack_tokens([4, 5]),
+        "nbytes": 8 + 10 + 2,
+        "checksum": page_checksum(pack_tokens([4, 5]), b"x" * 10, b"yy"),
+    }
     assert data == {"key": key, "kv": b"x" * 10, "snapshot": b"yy"}
-    assert page_problem(key, None, FP, meta["tokens"], meta["checksum"], data["kv"], data["snapshot"]) is None
+    assert (
+        page_problem(key, None, FP, meta["tokens"], meta["checksum"], data["kv"], data["snapshot"])
+        is None
+    )
 
 
 def test_schema_and_live_pages(tmp_path):
@@ -97,13 +125,28 @@ def test_schema_and_live_pages(tmp_path):
     keys = chain_keys(FP, [[1], [2], [3]])
     branch = page_key(FP, keys[0], [9])
     orphan = page_key(FP, None, [7])
-    for key, parent, tokens in [(keys[0], None, [1]), (keys[1], keys[0], [2]), (keys[2], keys[1], [3]),
-                                (branch, keys[0], [9]), (orphan, None, [7])]:
+    for key, parent, tokens in [
+        (keys[0], None, [1]),
+        (keys[1], keys[0], [2]),
+        (keys[2], keys[1], [3]),
+        (branch, keys[0], [9]),
+        (orphan, None, [7]),
+    ]:
         meta, data = page_rows(FP, key, parent, PageData(tuple(tokens), b"kv"))
         db["pages"].insert({**meta, "last_used": 0.0})
         db["page_data"].insert(data)
     for name, head in [("a", keys[2]), ("b", branch)]:
-        db["sessions"].insert({"name": name, "fingerprint": FP, "head": head, "tokens": 0, "pages": 0, "nbytes": 0,
-                               "updated_at": 0.0, "last_used": 0.0})
+        db["sessions"].insert(
+            {
+                "name": name,
+                "fingerprint": FP,
+                "head": head,
+                "tokens": 0,
+                "pages": 0,
+                "nbytes": 0,
+                "updated_at": 0.0,
+                "last_used": 0.0,
+            }
+        )
     live = {row[0] for row in db.execute(LIVE_PAGES + " SELECT key FROM live").fetchall()}
     assert live == {*keys, branch}  # the shared first page once; the orphan is not live

@@ -11,7 +11,7 @@ from contextlib import closing
 import pytest
 
 from kvcache.disk_index import DiskIndex
-from kvcache.store import DiskStore, PageData, chain_keys, namespace_root, page_key, session_row
+from kvcache.store import DiskStore, chain_keys, namespace_root, page_key, session_row
 from tests.kvcache.test_store import FP, make_pages, page, same
 
 CHAIN = [page(0), page(4), page(8, 3)]
@@ -31,7 +31,9 @@ def test_a_namespace_roots_its_chains_and_the_default_keeps_the_old_keys():
     alice, bob = chain_keys(FP, CHAIN, "alice"), chain_keys(FP, CHAIN, "bob")
     assert alice[0] == page_key(FP, namespace_root("alice"), CHAIN[0])
     assert not set(alice) & set(bob) and not set(alice) & set(chain_keys(FP, CHAIN))
-    assert namespace_root("alice") != namespace_root("bob") and len(namespace_root("alice")) == 3 + 64
+    assert (
+        namespace_root("alice") != namespace_root("bob") and len(namespace_root("alice")) == 3 + 64
+    )
     assert session_row("chat", "") == "chat" and session_row("chat", "app") == "app/chat"
 
 
@@ -39,7 +41,9 @@ def test_same_tokens_in_two_namespaces_are_two_chains_each_stored_once(store):
     pages = make_pages(CHAIN)
     first = store.save_prefix(FP, pages, namespace="alice")
     assert first.pages_written == 3
-    assert store.save_prefix(FP, pages, namespace="alice").pages_written == 0  # no rewrite inside one
+    assert (
+        store.save_prefix(FP, pages, namespace="alice").pages_written == 0
+    )  # no rewrite inside one
     assert store.save_prefix(FP, pages, namespace="bob").pages_written == 3  # a chain of its own
     assert store.stats().pages == 6 and store.stats().orphan_pages == 0
     assert store.verify().clean  # first pages under a root are whole chains, not broken ones
@@ -70,7 +74,10 @@ def test_a_damaged_page_cuts_a_namespaced_session_back(store, tmp_path):
     pages = make_pages(CHAIN)
     store.save_session("app/chat", FP, pages, namespace="app")
     with closing(sqlite3.connect(str(store.path), isolation_level=None)) as conn:
-        conn.execute("UPDATE page_data SET kv = ? WHERE key = ?", [b"x" * 256, chain_keys(FP, CHAIN, "app")[2]])
+        conn.execute(
+            "UPDATE page_data SET kv = ? WHERE key = ?",
+            [b"x" * 256, chain_keys(FP, CHAIN, "app")[2]],
+        )
     report = store.verify()
     assert (report.bad_pages, report.sessions_truncated) == (1, 1)
     assert same(store.load_session("app/chat", FP, namespace="app"), pages[:2])

@@ -115,7 +115,10 @@ def test_the_budget_drops_other_models_pages_first_then_least_recently_used(tmp_
         assert store.index(OTHER_FP) and store.stats().prefixes == 1  # their prefix went
         store.budget_bytes -= per_chain
         store.enforce_budget(FP)  # then their session, though newer than ours
-        assert store.index(OTHER_FP) == [] and {s.name for s in store.sessions()} == {"ours-old", "ours-new"}
+        assert store.index(OTHER_FP) == [] and {s.name for s in store.sessions()} == {
+            "ours-old",
+            "ours-new",
+        }
         store.budget_bytes -= per_chain
         store.enforce_budget(FP)  # then our prefix, before our sessions
         assert store.stats().prefixes == 0 and len(store.sessions()) == 2

@@ -48,7 +48,12 @@ from pathlib import Path
 
 from core import paths
 from core.cli.bench.agent_trace import Trace, anthropic_body, build_trace, openai_body
-from core.cli.bench.server_process import ServerProcess, free_port, mlx_lm_server_code, radixchat_server_code
+from core.cli.bench.server_process import (
+    ServerProcess,
+    free_port,
+    mlx_lm_server_code,
+    radixchat_server_code,
+)
 from core.errors import UserError
 from core.models.chat_template import read_chat_template
 
@@ -103,10 +108,14 @@ def stream(host: str, port: int, path: str, body: dict, headers: dict | None = N
     first = None
     text, calls, usage = [], {}, {}
     try:
-        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json", **(headers or {})})
+        conn.request(
+            "POST", path, json.dumps(body), {"Content-Type": "application/json", **(headers or {})}
+        )
         response = conn.getresponse()
         if response.status != 200:
-            raise UserError(f"bench agent: {path} answered {response.status}: {response.read()[:300]!r}")
+            raise UserError(
+                f"bench agent: {path} answered {response.status}: {response.read()[:300]!r}"
+            )
         for event, data in _sse_events(response):
             piece = _piece(path, event, data, text, calls)
             if piece and first is None:
@@ -117,9 +126,13 @@ def stream(host: str, port: int, path: str, body: dict, headers: dict | None = N
     finally:
         conn.close()
     ended = time.perf_counter()
-    return Reply((first or ended) - sent, ended - sent,
-                 "".join(text) + "".join(json.dumps(c, sort_keys=True) for c in calls.values()),
-                 usage.get("prompt"), usage.get("cached"))
+    return Reply(
+        (first or ended) - sent,
+        ended - sent,
+        "".join(text) + "".join(json.dumps(c, sort_keys=True) for c in calls.values()),
+        usage.get("prompt"),
+        usage.get("cached"),
+    )
 
 
 def _usage(path: str, data: dict, usage: dict) -> None:
@@ -133,8 +146,10 @@ def _usage(path: str, data: dict, usage: dict) -> None:
         return
     found = data.get("usage")
     if found and "prompt_tokens" in found:
-        usage.update(prompt=found["prompt_tokens"],
-                     cached=(found.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        usage.update(
+            prompt=found["prompt_tokens"],
+            cached=(found.get("prompt_tokens_details") or {}).get("cached_tokens") or 0,
+        )
 
 
 def _piece(path: str, event: str | None, data: dict, text: list, calls: dict) -> bool:
@@ -175,13 +190,20 @@ def request_body(trace: Trace, index: int, max_tokens: int, path: str) -> dict:
     """Request ``index`` of the trace in the wire form of ``path``."""
     if path == MESSAGES:
         return anthropic_body(trace, trace.requests[index], max_tokens)
-    return {**openai_body(trace, trace.requests[index], max_tokens), "stream_options": {"include_usage": True}}
+    return {
+        **openai_body(trace, trace.requests[index], max_tokens),
+        "stream_options": {"include_usage": True},
+    }
 
 
-def warm_up(server: "Served") -> None:
+def warm_up(server: Served) -> None:
     """One short unrelated request: what loads lazily loads before the trace."""
-    body = {"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 4, "temperature": 0,
-            "stream": True}
+    body = {
+        "messages": [{"role": "user", "content": "Hello!"}],
+        "max_tokens": 4,
+        "temperature": 0,
+        "stream": True,
+    }
     if server.path == MESSAGES:
         body["model"] = "claude-sonnet-4-5"
     stream(server.host, server.port, server.path, body)
@@ -209,12 +231,15 @@ def _start(name: str, code: str, port: int, path: str) -> Served:
     return Served(name, server.host, port, path, server)
 
 
-def start_ours(data: Path, model: str, use_cache: bool, path: str = MESSAGES,
-               template_file: str | None = None) -> Served:
+def start_ours(
+    data: Path, model: str, use_cache: bool, path: str = MESSAGES, template_file: str | None = None
+) -> Served:
     """``radixchat serve`` on data folder ``data`` (its caches there), with or without its
     cache, in its own process (as mlx_lm.server runs), on a free loopback port."""
     port = free_port()
-    code = radixchat_server_code(model, data, port, POOL_TOKENS, use_cache=use_cache, chat_template=template_file)
+    code = radixchat_server_code(
+        model, data, port, POOL_TOKENS, use_cache=use_cache, chat_template=template_file
+    )
     return _start("ours_cache" if use_cache else "ours_no_cache", code, port, path)
 
 
@@ -230,8 +255,10 @@ def run_mlx_lm_server(folder: Path, trace: Trace, max_tokens: int) -> list[Reply
     server = start_mlx_lm_server(folder)
     try:
         warm_up(server)
-        return [stream(server.host, server.port, CHAT, request_body(trace, i, max_tokens, CHAT))
-                for i in range(len(trace.requests))]
+        return [
+            stream(server.host, server.port, CHAT, request_body(trace, i, max_tokens, CHAT))
+            for i in range(len(trace.requests))
+        ]
     finally:
         server.stop()
 
@@ -257,9 +284,11 @@ def save_mlx_folder(root: Path, model: str, folder: Path, template: str | None =
 
     loaded = load_model(model, root, chat_template=template)
     config = dict(loaded.config)
-    quantized = {name: {"group_size": m.group_size, "bits": m.bits, "mode": getattr(m, "mode", "affine")}
-                 for name, m in loaded.model.named_modules()
-                 if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))}
+    quantized = {
+        name: {"group_size": m.group_size, "bits": m.bits, "mode": getattr(m, "mode", "affine")}
+        for name, m in loaded.model.named_modules()
+        if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+    }
     if quantized:
         first = next(iter(quantized.values()))
         config["quantization"] = {**first, **quantized}
@@ -270,29 +299,40 @@ def save_mlx_folder(root: Path, model: str, folder: Path, template: str | None =
 
 
 # ------------------------------------------------------------------ the bench
-def replay_interleaved(servers: list[Served], trace: Trace, max_tokens: int,
-                       only: dict[str, set[int]] | None = None) -> dict[str, list[Reply | None]]:
+def replay_interleaved(
+    servers: list[Served], trace: Trace, max_tokens: int, only: dict[str, set[int]] | None = None
+) -> dict[str, list[Reply | None]]:
     """Every request of the trace to every server, request by request: request ``i`` goes
     to each server in turn, the order rotated by ``i``, before request ``i + 1`` goes to
     any. ``only[name]``: the requests that server gets (the others are None)."""
     replies: dict[str, list[Reply | None]] = {s.name: [] for s in servers}
     for i in range(len(trace.requests)):
-        turn = servers[i % len(servers):] + servers[: i % len(servers)]
+        turn = servers[i % len(servers) :] + servers[: i % len(servers)]
         for server in turn:
             if only is not None and server.name in only and i not in only[server.name]:
                 replies[server.name].append(None)
                 continue
-            reply = stream(server.host, server.port, server.path,
-                           request_body(trace, i, max_tokens, server.path))
+            reply = stream(
+                server.host,
+                server.port,
+                server.path,
+                request_body(trace, i, max_tokens, server.path),
+            )
             replies[server.name].append(reply)
-        print(f"radixchat: bench agent: request {i + 1}/{len(trace.requests)}, TTFT "
-              + ", ".join(f"{name} {r[-1].ttft_s:.2f} s" for name, r in replies.items() if r[-1] is not None),
-              file=sys.stderr, flush=True)
+        print(
+            f"radixchat: bench agent: request {i + 1}/{len(trace.requests)}, TTFT "
+            + ", ".join(
+                f"{name} {r[-1].ttft_s:.2f} s" for name, r in replies.items() if r[-1] is not None
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
     return replies
 
 
-def _repetition(root: Path, args, folder: Path, trace: Trace, ways: tuple[str, ...],
-                nocache_requests: set[int]) -> dict[str, list[Reply | None]]:
+def _repetition(
+    root: Path, args, folder: Path, trace: Trace, ways: tuple[str, ...], nocache_requests: set[int]
+) -> dict[str, list[Reply | None]]:
     """One repetition: fresh servers for ``ways``, the trace through all of them, interleaved."""
     path = MESSAGES if args.endpoint == "messages" else CHAT
     with contextlib.ExitStack() as stack:
@@ -301,14 +341,20 @@ def _repetition(root: Path, args, folder: Path, trace: Trace, ways: tuple[str, .
             if way == "mlx_lm_server":
                 server = start_mlx_lm_server(folder)
             else:
-                data = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"radixchat-bench-{way}-")))
+                data = Path(
+                    stack.enter_context(
+                        tempfile.TemporaryDirectory(prefix=f"radixchat-bench-{way}-")
+                    )
+                )
                 _link_models(root, data)
                 server = start_ours(data, args.model, way == "ours_cache", path, args.chat_template)
             stack.callback(server.stop)
             servers.append(server)
         for server in servers:
             warm_up(server)
-        return replay_interleaved(servers, trace, args.max_tokens, {"ours_no_cache": nocache_requests})
+        return replay_interleaved(
+            servers, trace, args.max_tokens, {"ours_no_cache": nocache_requests}
+        )
 
 
 def run_bench_agent(args) -> int:
@@ -328,12 +374,21 @@ def run_bench_agent(args) -> int:
     runs: dict[str, list[list[Reply | None]]] = {way: [] for way in ways}
     load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory(prefix="radixchat-mlx-folder-") as folder:
-        print("radixchat: bench agent: saving the model as an MLX folder for mlx_lm.server",
-              file=sys.stderr, flush=True)
+        print(
+            "radixchat: bench agent: saving the model as an MLX folder for mlx_lm.server",
+            file=sys.stderr,
+            flush=True,
+        )
         save_mlx_folder(root, args.model, Path(folder), template)
         for rep in range(args.repeats):
-            print(f"radixchat: bench agent: repetition {rep + 1}/{args.repeats}", file=sys.stderr, flush=True)
-            for way, replies in _repetition(root, args, Path(folder), trace, ways, nocache_requests).items():
+            print(
+                f"radixchat: bench agent: repetition {rep + 1}/{args.repeats}",
+                file=sys.stderr,
+                flush=True,
+            )
+            for way, replies in _repetition(
+                root, args, Path(folder), trace, ways, nocache_requests
+            ).items():
                 runs[way].append(replies)
             load.append(os.getloadavg()[0])
     report = _report(args, trace, runs, sorted(nocache_requests), load)
@@ -345,32 +400,54 @@ def _sum(replies: list[Reply | None], requests) -> float:
     return sum(replies[i].ttft_s for i in requests)
 
 
-def _report(args, trace: Trace, runs: dict[str, list[list[Reply | None]]], nocache_requests: list[int],
-            load: list[float]) -> dict:
+def _report(
+    args,
+    trace: Trace,
+    runs: dict[str, list[list[Reply | None]]],
+    nocache_requests: list[int],
+    load: list[float],
+) -> dict:
     import mlx.core as mx
     import mlx_lm
 
     everything = range(len(trace.requests))
-    sums = {way: statistics.median(_sum(replies, everything if way != "ours_no_cache" else nocache_requests)
-                                   for replies in reps) for way, reps in runs.items()}
+    sums = {
+        way: statistics.median(
+            _sum(replies, everything if way != "ours_no_cache" else nocache_requests)
+            for replies in reps
+        )
+        for way, reps in runs.items()
+    }
     ours = runs["ours_cache"]
     report = {
-        "model": args.model, "requests": len(trace.requests), "max_tokens": args.max_tokens,
+        "model": args.model,
+        "requests": len(trace.requests),
+        "max_tokens": args.max_tokens,
         "repeats": args.repeats,
         "ours_endpoint": MESSAGES if args.endpoint == "messages" else CHAT,
         "mlx_lm_endpoint": CHAT,
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "mlx": mx.__version__,
-                    "mlx_lm": mlx_lm.__version__},
+        "machine": {
+            "platform": platform.platform(),
+            "cpu_count": os.cpu_count(),
+            "mlx": mx.__version__,
+            "mlx_lm": mlx_lm.__version__,
+        },
         "load_1min": [round(x, 2) for x in load],  # before the first repetition and after each
         "method": "a two-agent coding session with tools replayed as greedy streaming requests to servers in "
-                  "their own processes, interleaved request by request; TTFT = send to first streamed piece "
-                  "of the reply, on the client; sums over all requests, medians over repetitions",
-        "ttft_s": {way: [[None if r is None else round(r.ttft_s, 4) for r in replies] for replies in reps]
-                   for way, reps in runs.items()},
-        "computed_tokens": {way: [None if r is None else r.computed_tokens for r in reps[0]]
-                            for way, reps in runs.items()},
-        "computed_tokens_sum": {way: sum(r.computed_tokens or 0 for r in reps[0] if r is not None)
-                                for way, reps in runs.items()},
+        "their own processes, interleaved request by request; TTFT = send to first streamed piece "
+        "of the reply, on the client; sums over all requests, medians over repetitions",
+        "ttft_s": {
+            way: [[None if r is None else round(r.ttft_s, 4) for r in replies] for replies in reps]
+            for way, reps in runs.items()
+        },
+        "computed_tokens": {
+            way: [None if r is None else r.computed_tokens for r in reps[0]]
+            for way, reps in runs.items()
+        },
+        "computed_tokens_sum": {
+            way: sum(r.computed_tokens or 0 for r in reps[0] if r is not None)
+            for way, reps in runs.items()
+        },
         "targets": {"ratio_ours_vs_ours_no_cache": 0.3, "ratio_ours_vs_mlx_lm_server": 0.9},
     }
     if "mlx_lm_server" in runs:
@@ -378,42 +455,69 @@ def _report(args, trace: Trace, runs: dict[str, list[list[Reply | None]]], nocac
         report["replies_same_as_mlx_lm_server"] = f"{same}/{len(trace.requests)}"
         # each request's two TTFTs were taken moments apart: their ratio shrugs off load spikes
         report["ratio_ours_vs_mlx_lm_server_per_request_median"] = statistics.median(
-            a.ttft_s / b.ttft_s for ra, rb in zip(ours, runs["mlx_lm_server"]) for a, b in zip(ra, rb))
+            a.ttft_s / b.ttft_s
+            for ra, rb in zip(ours, runs["mlx_lm_server"])
+            for a, b in zip(ra, rb)
+        )
     if "ours_no_cache" in runs:
-        pairs = [(a.text, b.text) for ra, rb in zip(ours, runs["ours_no_cache"]) for i, (a, b) in
-                 enumerate(zip(ra, rb)) if b is not None]
+        pairs = [
+            (a.text, b.text)
+            for ra, rb in zip(ours, runs["ours_no_cache"])
+            for i, (a, b) in enumerate(zip(ra, rb))
+            if b is not None
+        ]
         report["replies_identical"] = all(a == b for a, b in pairs)
-        report["differing_requests"] = sorted({i for ra, rb in zip(ours, runs["ours_no_cache"])
-                                               for i, (a, b) in enumerate(zip(ra, rb))
-                                               if b is not None and a.text != b.text})
+        report["differing_requests"] = sorted(
+            {
+                i
+                for ra, rb in zip(ours, runs["ours_no_cache"])
+                for i, (a, b) in enumerate(zip(ra, rb))
+                if b is not None and a.text != b.text
+            }
+        )
         report["nocache_requests"] = nocache_requests
         report["ours_cache_ttft_sum_over_nocache_requests_s"] = statistics.median(
-            _sum(replies, nocache_requests) for replies in ours)
+            _sum(replies, nocache_requests) for replies in ours
+        )
     report["ttft_sum_s"] = sums
     if "ours_no_cache" in runs:
-        report["ratio_ours_vs_ours_no_cache"] = (report["ours_cache_ttft_sum_over_nocache_requests_s"]
-                                                 / sums["ours_no_cache"])
+        report["ratio_ours_vs_ours_no_cache"] = (
+            report["ours_cache_ttft_sum_over_nocache_requests_s"] / sums["ours_no_cache"]
+        )
     if "mlx_lm_server" in runs:
         report["ratio_ours_vs_mlx_lm_server"] = sums["ours_cache"] / sums["mlx_lm_server"]
     return report
 
 
 def format_table(report: dict) -> str:
-    lines = [f"model: {report['model']}; {report['requests']} requests, {report['max_tokens']} greedy tokens "
-             f"each; ours through {report['ours_endpoint']}; interleaved; medians of {report['repeats']}; "
-             f"load {report['load_1min']}", ""]
+    lines = [
+        f"model: {report['model']}; {report['requests']} requests, {report['max_tokens']} greedy tokens "
+        f"each; ours through {report['ours_endpoint']}; interleaved; medians of {report['repeats']}; "
+        f"load {report['load_1min']}",
+        "",
+    ]
     nocache = report.get("nocache_requests")
     for way, total in report["ttft_sum_s"].items():
-        over = f" (over {len(nocache)} requests)" if way == "ours_no_cache" and nocache is not None else ""
-        lines.append(f"{way:>15}: TTFT summed {total:8.2f} s{over}, "
-                     f"{report['computed_tokens_sum'][way]} prompt tokens computed")
+        over = (
+            f" (over {len(nocache)} requests)"
+            if way == "ours_no_cache" and nocache is not None
+            else ""
+        )
+        lines.append(
+            f"{way:>15}: TTFT summed {total:8.2f} s{over}, "
+            f"{report['computed_tokens_sum'][way]} prompt tokens computed"
+        )
     lines.append("")
     if "ratio_ours_vs_ours_no_cache" in report:
-        lines.append(f"ours / ours without cache: {report['ratio_ours_vs_ours_no_cache']:.3f} (target <= 0.3; "
-                     f"over the {len(nocache)} requests both ran)")
+        lines.append(
+            f"ours / ours without cache: {report['ratio_ours_vs_ours_no_cache']:.3f} (target <= 0.3; "
+            f"over the {len(nocache)} requests both ran)"
+        )
     if "ratio_ours_vs_mlx_lm_server" in report:
-        lines.append(f"ours / mlx_lm.server:      {report['ratio_ours_vs_mlx_lm_server']:.3f} (target <= 0.9; "
-                     f"per request, median {report['ratio_ours_vs_mlx_lm_server_per_request_median']:.3f})")
+        lines.append(
+            f"ours / mlx_lm.server:      {report['ratio_ours_vs_mlx_lm_server']:.3f} (target <= 0.9; "
+            f"per request, median {report['ratio_ours_vs_mlx_lm_server_per_request_median']:.3f})"
+        )
     if "replies_identical" in report:
         lines.append(f"replies the same with and without our cache: {report['replies_identical']}")
     return "\n".join(lines)

@@ -32,19 +32,35 @@ from core.errors import UserError
 from core.models.chat_template import read_chat_template
 
 PROMPT = "Describe a fictional person: their name, age, city and three hobbies."
-SCHEMA = {"type": "object",
-          "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"},
-                         "hobbies": {"type": "array", "items": {"type": "string"}}},
-          "required": ["name", "age", "city", "hobbies"], "additionalProperties": False}
-TOOL = {"type": "function", "function": {"name": "save_person", "description": "Store a person",
-                                         "parameters": SCHEMA}}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "city": {"type": "string"},
+        "hobbies": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["name", "age", "city", "hobbies"],
+    "additionalProperties": False,
+}
+TOOL = {
+    "type": "function",
+    "function": {"name": "save_person", "description": "Store a person", "parameters": SCHEMA},
+}
 
 
 def _request(mode: str, max_tokens: int, n: int = 0) -> GenerationRequest:
-    extra = {"json_schema": SCHEMA} if mode == "json_schema" else (
-        {"tools": (TOOL,), "tool_choice": "required"} if mode == "tool_required" else {})
-    return GenerationRequest(messages=(ChatMessage("user", f"{PROMPT} ({n})"),), use_cache=False,
-                             sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens), **extra)
+    extra = (
+        {"json_schema": SCHEMA}
+        if mode == "json_schema"
+        else ({"tools": (TOOL,), "tool_choice": "required"} if mode == "tool_required" else {})
+    )
+    return GenerationRequest(
+        messages=(ChatMessage("user", f"{PROMPT} ({n})"),),
+        use_cache=False,
+        sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens),
+        **extra,
+    )
 
 
 def _done(handle) -> DoneEvent:
@@ -54,7 +70,9 @@ def _done(handle) -> DoneEvent:
     return events[-1]
 
 
-def _batch(engine: Engine, modes: list[str], max_tokens: int, n: int) -> tuple[float, list[DoneEvent]]:
+def _batch(
+    engine: Engine, modes: list[str], max_tokens: int, n: int
+) -> tuple[float, list[DoneEvent]]:
     """Tokens per second over the wall time of ``modes`` decoded together, and their ends."""
     started = time.perf_counter()
     handles = [engine.submit(_request(mode, max_tokens, n + i)) for i, mode in enumerate(modes)]
@@ -72,18 +90,34 @@ def run_bench_constrain(args) -> int:
         raise UserError("--repeats must be at least 1 and --max-tokens at least 8")
     from core.cli.progress import print_progress
 
-    template = read_chat_template(args.chat_template) if getattr(args, "chat_template", None) else None
-    engine = Engine(paths.data_dir(args.data_dir), args.model, disk_cache=False, pool_tokens=16384,
-                    on_load_progress=print_progress, chat_template=template).start()
+    template = (
+        read_chat_template(args.chat_template) if getattr(args, "chat_template", None) else None
+    )
+    engine = Engine(
+        paths.data_dir(args.data_dir),
+        args.model,
+        disk_cache=False,
+        pool_tokens=16384,
+        on_load_progress=print_progress,
+        chat_template=template,
+    ).start()
     solo: dict[str, list[float]] = {"free": [], "json_schema": [], "tool_required": []}
     tokens: dict[str, list[int]] = {mode: [] for mode in solo}
-    cpu_ms: dict[str, list[float]] = {"json_schema": [], "tool_required": [], "json_schema_batched": []}
+    cpu_ms: dict[str, list[float]] = {
+        "json_schema": [],
+        "tool_required": [],
+        "json_schema_batched": [],
+    }
     batches: dict[str, list[float]] = {"4_free": [], "2_free_2_constrained": []}
     try:
         info = engine.wait_ready()
         _done(engine.submit(_request("json_schema", 8)))  # warm-up: builds llguidance's tokenizer
         for rep in range(args.repeats):
-            print(f"radixchat: bench constrain: repetition {rep + 1}/{args.repeats}", file=sys.stderr, flush=True)
+            print(
+                f"radixchat: bench constrain: repetition {rep + 1}/{args.repeats}",
+                file=sys.stderr,
+                flush=True,
+            )
             for mode in solo:
                 done = _done(engine.submit(_request(mode, args.max_tokens, rep)))
                 solo[mode].append(done.stats.decode_tps)
@@ -92,7 +126,9 @@ def run_bench_constrain(args) -> int:
                     cpu_ms[mode].append(_cpu_ms(done))
             batches["4_free"].append(_batch(engine, ["free"] * 4, args.max_tokens, 10 * rep)[0])
             # the same prompts as the free batch: only the constraint differs
-            rate, dones = _batch(engine, ["free", "json_schema", "free", "json_schema"], args.max_tokens, 10 * rep)
+            rate, dones = _batch(
+                engine, ["free", "json_schema", "free", "json_schema"], args.max_tokens, 10 * rep
+            )
             batches["2_free_2_constrained"].append(rate)
             cpu_ms["json_schema_batched"] += [_cpu_ms(dones[1]), _cpu_ms(dones[3])]
     finally:
@@ -103,15 +139,21 @@ def run_bench_constrain(args) -> int:
         return 1000 / rate[mode] - 1000 / rate[base]
 
     report = {
-        "model": info.name, "library": "llguidance", "max_tokens": args.max_tokens, "repeats": args.repeats,
+        "model": info.name,
+        "library": "llguidance",
+        "max_tokens": args.max_tokens,
+        "repeats": args.repeats,
         "method": "greedy, prompt cache off; solo decode_tps per mode, batch tokens/wall; medians",
         "decode_tokens_per_s": rate,
         "completion_tokens_median": {m: statistics.median(t) for m, t in tokens.items()},
         "constraint_cpu_ms_per_token": {m: statistics.median(v) for m, v in cpu_ms.items()},
-        "cost_ms_per_token": {"json_schema": cost_ms("json_schema", "free"),
-                              "tool_required": cost_ms("tool_required", "free"),
-                              "batch_2_of_4_constrained": cost_ms("2_free_2_constrained", "4_free")},
-        "runs": {**solo, **batches}, "constraint_cpu_ms_runs": cpu_ms,
+        "cost_ms_per_token": {
+            "json_schema": cost_ms("json_schema", "free"),
+            "tool_required": cost_ms("tool_required", "free"),
+            "batch_2_of_4_constrained": cost_ms("2_free_2_constrained", "4_free"),
+        },
+        "runs": {**solo, **batches},
+        "constraint_cpu_ms_runs": cpu_ms,
     }
     if args.json:
         print(json.dumps(report, indent=2))

@@ -64,22 +64,39 @@ def _run_child(openblas: bool, model_path: Path, root: Path, args) -> dict:
     elif env.get("RADIXCHAT_OPENBLAS") == "0":
         del env["RADIXCHAT_OPENBLAS"]
     command = [
-        sys.executable, "-m", "core.cli.bench.cpu", "--child", "--model", str(model_path),
-        "--data-dir", str(root), "--repeats", str(args.repeats),
-        "--prompt-tokens", str(args.prompt_tokens), "--decode-tokens", str(args.decode_tokens),
+        sys.executable,
+        "-m",
+        "core.cli.bench.cpu",
+        "--child",
+        "--model",
+        str(model_path),
+        "--data-dir",
+        str(root),
+        "--repeats",
+        str(args.repeats),
+        "--prompt-tokens",
+        str(args.prompt_tokens),
+        "--decode-tokens",
+        str(args.decode_tokens),
     ]
-    print(f"radixchat: bench cpu: OpenBLAS {'loaded' if openblas else 'not loaded'} ...",
-          file=sys.stderr, flush=True)
+    print(
+        f"radixchat: bench cpu: OpenBLAS {'loaded' if openblas else 'not loaded'} ...",
+        file=sys.stderr,
+        flush=True,
+    )
     proc = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     answer = json.loads(lines[-1]) if lines else {}
     if "error" in answer:
         raise UserError(answer["error"])
     if proc.returncode != 0 or "results" not in answer:
-        raise RuntimeError(f"bench child exited with status {proc.returncode}: {proc.stdout[-2000:]}")
+        raise RuntimeError(
+            f"bench child exited with status {proc.returncode}: {proc.stdout[-2000:]}"
+        )
     if openblas and not answer["openblas"]:
-        print(f"radixchat: warning: OpenBLAS was not loaded: {answer['blas_reason']}",
-              file=sys.stderr)
+        print(
+            f"radixchat: warning: OpenBLAS was not loaded: {answer['blas_reason']}", file=sys.stderr
+        )
     return answer
 
 
@@ -96,10 +113,17 @@ def format_table(report: dict, children: list[dict]) -> str:
     results = report["results"]
     fastest = {k: max(r[k] for r in results) for k in ("prefill_tps", "decode_tps")}
     base = next((r for r in results if not r["openblas"] and r["weights"] == "stored"), results[0])
-    head = (f"{'setup':<22}{'load s':>7}{'weights MB':>11}{'prefill tok/s':>15}{'/best':>7}"
-            f"{'/base':>7}{'decode tok/s':>14}{'/best':>7}{'/base':>7}")
-    lines = [f"model: {report['model']}", f"machine: {report['machine']['platform']}, "
-             f"{report['machine']['cpu_count']} CPUs", "", head, "-" * len(head)]
+    head = (
+        f"{'setup':<22}{'load s':>7}{'weights MB':>11}{'prefill tok/s':>15}{'/best':>7}"
+        f"{'/base':>7}{'decode tok/s':>14}{'/best':>7}{'/base':>7}"
+    )
+    lines = [
+        f"model: {report['model']}",
+        f"machine: {report['machine']['platform']}, {report['machine']['cpu_count']} CPUs",
+        "",
+        head,
+        "-" * len(head),
+    ]
     for r in results:
         lines.append(
             f"{_label(r):<22}{r['load_s']:>7.2f}{r['weight_bytes'] / 1e6:>11.1f}"
@@ -107,8 +131,12 @@ def format_table(report: dict, children: list[dict]) -> str:
             f"{r['prefill_tps'] / base['prefill_tps']:>7.2f}{r['decode_tps']:>14.1f}"
             f"{r['decode_tps'] / fastest['decode_tps']:>7.2f}{r['decode_tps'] / base['decode_tps']:>7.2f}"
         )
-    overall = max(results, key=lambda r: (r["prefill_tps"] / fastest["prefill_tps"])
-                  * (r["decode_tps"] / fastest["decode_tps"]))
+    overall = max(
+        results,
+        key=lambda r: (
+            (r["prefill_tps"] / fastest["prefill_tps"]) * (r["decode_tps"] / fastest["decode_tps"])
+        ),
+    )
     blas = next((c["blas_library"] for c in children if c["blas_library"]), None)
     lines += [
         "",
@@ -159,8 +187,10 @@ def measure_format(spec: str, root: Path, fmt: str, args) -> dict:
 
     loaded = load_model(spec, root, fmt)
     if args.prompt_tokens + args.decode_tokens > loaded.info.context_length:
-        raise UserError(f"--prompt-tokens + --decode-tokens exceed the model's context "
-                        f"({loaded.info.context_length} tokens)")
+        raise UserError(
+            f"--prompt-tokens + --decode-tokens exceed the model's context "
+            f"({loaded.info.context_length} tokens)"
+        )
     prompt = make_prompt(loaded.tokenizer, args.prompt_tokens)
     measure_once(loaded.model, prompt, args.decode_tokens)  # warm-up
     runs = [measure_once(loaded.model, prompt, args.decode_tokens) for _ in range(args.repeats)]
@@ -197,18 +227,27 @@ def child_main(argv: list[str]) -> int:
         results = []
         for fmt in FORMATS:
             print(f"radixchat: bench cpu:   {fmt} weights ...", file=sys.stderr, flush=True)
-            results.append({"openblas": setup.library is not None,
-                            **measure_format(args.model, root, fmt, args)})
+            results.append(
+                {
+                    "openblas": setup.library is not None,
+                    **measure_format(args.model, root, fmt, args),
+                }
+            )
     except UserError as exc:
         print(json.dumps({"error": str(exc)}), flush=True)
         return 2
-    print(json.dumps({
-        "openblas": setup.library is not None,
-        "blas_library": setup.library,
-        "blas_reason": setup.reason,
-        "auto_choice": resolve_weights_format("auto"),
-        "results": results,
-    }), flush=True)
+    print(
+        json.dumps(
+            {
+                "openblas": setup.library is not None,
+                "blas_library": setup.library,
+                "blas_reason": setup.reason,
+                "auto_choice": resolve_weights_format("auto"),
+                "results": results,
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 

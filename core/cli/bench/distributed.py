@@ -43,8 +43,15 @@ def bench_model(folder: Path, kind: str = "llama") -> Path:
     a llama, or a qwen2 (the same shape; it also pipelines)."""
     from core.models.tiny_model import TinyModelSpec, write_tiny_model
 
-    spec = TinyModelSpec(kind=kind, hidden_size=512, num_layers=4, num_heads=8, num_kv_heads=4,
-                         intermediate_size=1536, max_position_embeddings=8192)
+    spec = TinyModelSpec(
+        kind=kind,
+        hidden_size=512,
+        num_layers=4,
+        num_heads=8,
+        num_kv_heads=4,
+        intermediate_size=1536,
+        max_position_embeddings=8192,
+    )
     return write_tiny_model(folder / f"bench-{kind}", spec)
 
 
@@ -68,12 +75,16 @@ def _free_port(span: int = 1) -> int:
 def _start(args: list[str], port: int, log: Path) -> subprocess.Popen:
     command = [sys.executable, "-m", "core.cli.main", "serve", "--port", str(port), *args]
     with open(log, "wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     if wait_until_answers(process, port, "/health", START_TIMEOUT_S):
         return process
     if process.poll() is not None:
-        raise UserError(f"bench distributed: a server exited ({process.returncode}): "
-                        f"{log.read_text(errors='replace').strip().splitlines()[-1:]}")
+        raise UserError(
+            f"bench distributed: a server exited ({process.returncode}): "
+            f"{log.read_text(errors='replace').strip().splitlines()[-1:]}"
+        )
     _stop(process)
     raise UserError(f"bench distributed: a server did not start within {START_TIMEOUT_S:.0f} s")
 
@@ -90,18 +101,27 @@ def _stop(process: subprocess.Popen) -> None:
 
 def ask(port: int, prompt: str, max_tokens: int) -> dict:
     """One streamed greedy chat request: TTFT, decode rate, tokens, cached tokens."""
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT_S)
     sent = time.perf_counter()
     first = last = None
     usage = {}
     text = []
     try:
-        conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+        conn.request(
+            "POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"}
+        )
         response = conn.getresponse()
         if response.status != 200:
-            raise UserError(f"bench distributed: the server answered {response.status}: {response.read()[:300]!r}")
+            raise UserError(
+                f"bench distributed: the server answered {response.status}: {response.read()[:300]!r}"
+            )
         for line in response:
             if not line.startswith(b"data: {"):
                 continue
@@ -119,11 +139,14 @@ def ask(port: int, prompt: str, max_tokens: int) -> dict:
         conn.close()
     tokens = usage.get("completion_tokens", 0)
     span = (last - first) if first is not None else 0.0
-    return {"ttft_s": (first or time.perf_counter()) - sent,
-            "decode_tps": (tokens - 1) / span if span > 0 and tokens > 1 else 0.0,
-            "completion_tokens": tokens, "prompt_tokens": usage.get("prompt_tokens", 0),
-            "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
-            "text": "".join(text)}
+    return {
+        "ttft_s": (first or time.perf_counter()) - sent,
+        "decode_tps": (tokens - 1) / span if span > 0 and tokens > 1 else 0.0,
+        "completion_tokens": tokens,
+        "prompt_tokens": usage.get("prompt_tokens", 0),
+        "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
+        "text": "".join(text),
+    }
 
 
 def prompt_of(length: int, tag: str) -> str:
@@ -140,18 +163,35 @@ def run_bench_distributed(args) -> int:
     with tempfile.TemporaryDirectory(prefix="radixchat-bench-dist-") as tmp:
         work = Path(tmp)
         split = getattr(args, "split", "tensor")
-        model = Path(args.model) if args.model else bench_model(work, "qwen2" if split == "pipeline" else "llama")
+        model = (
+            Path(args.model)
+            if args.model
+            else bench_model(work, "qwen2" if split == "pipeline" else "llama")
+        )
         hosts = work / "hosts.json"
         hosts.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * 2))
         ports = {mode: _free_port() for mode in MODES}
         common = ["--model", str(model), "--kv-tokens", str(args.kv_tokens)]
         servers = {}
         try:
-            servers["single"] = _start([*common, "--data-dir", str(work / "single")], ports["single"],
-                                       work / "single.log")
-            servers["split2"] = _start([*common, "--data-dir", str(work / "split"), "--hosts", str(hosts),
-                                        "--ring-port", str(_free_port(2)), "--split", split], ports["split2"],
-                                       work / "split.log")
+            servers["single"] = _start(
+                [*common, "--data-dir", str(work / "single")], ports["single"], work / "single.log"
+            )
+            servers["split2"] = _start(
+                [
+                    *common,
+                    "--data-dir",
+                    str(work / "split"),
+                    "--hosts",
+                    str(hosts),
+                    "--ring-port",
+                    str(_free_port(2)),
+                    "--split",
+                    split,
+                ],
+                ports["split2"],
+                work / "split.log",
+            )
             for mode in MODES:  # warm-up: first-call compilation and allocation
                 ask(ports[mode], prompt_of(32, f"warm-up {mode}"), 4)
             runs = {mode: {n: {"uncached": [], "cached": []} for n in lengths} for mode in MODES}
@@ -159,7 +199,9 @@ def run_bench_distributed(args) -> int:
             for rep in range(args.repeats):
                 for n in lengths:
                     texts = {}
-                    for mode in (MODES if rep % 2 == 0 else MODES[::-1]):  # interleaved, order alternating
+                    for mode in (
+                        MODES if rep % 2 == 0 else MODES[::-1]
+                    ):  # interleaved, order alternating
                         prompt = prompt_of(n, f"repetition {rep} length {n}")
                         runs[mode][n]["uncached"].append(ask(ports[mode], prompt, args.max_tokens))
                         runs[mode][n]["cached"].append(ask(ports[mode], prompt, args.max_tokens))
@@ -180,31 +222,49 @@ def _report(args, model: Path, lengths, runs, same: bool) -> dict:
     rows = []
     for n in lengths:
         for cache in ("uncached", "cached"):
-            row = {"prompt_tokens": median(runs["single"][n][cache], "prompt_tokens"), "cache": cache}
+            row = {
+                "prompt_tokens": median(runs["single"][n][cache], "prompt_tokens"),
+                "cache": cache,
+            }
             for mode in MODES:
                 results = runs[mode][n][cache]
                 row[f"{mode}_ttft_s"] = median(results, "ttft_s")
                 row[f"{mode}_decode_tps"] = median(results, "decode_tps")
                 row[f"{mode}_cached_tokens"] = median(results, "cached_tokens")
             single, split = row["single_decode_tps"], row["split2_decode_tps"]
-            row["collective_ms_per_token"] = 1000 * (1 / split - 1 / single) if single and split else None
+            row["collective_ms_per_token"] = (
+                1000 * (1 / split - 1 / single) if single and split else None
+            )
             rows.append(row)
-    return {"model": str(model), "repeats": args.repeats, "max_tokens": args.max_tokens,
-            "ranks": 2, "split": getattr(args, "split", "tensor"),
-            "transport": "loopback (127.0.0.1), MLX ring backend", "cpus": os.cpu_count(),
-            "same_greedy_replies": same, "rows": rows}
+    return {
+        "model": str(model),
+        "repeats": args.repeats,
+        "max_tokens": args.max_tokens,
+        "ranks": 2,
+        "split": getattr(args, "split", "tensor"),
+        "transport": "loopback (127.0.0.1), MLX ring backend",
+        "cpus": os.cpu_count(),
+        "same_greedy_replies": same,
+        "rows": rows,
+    }
 
 
 def format_table(report: dict) -> str:
-    lines = [f"bench distributed: {Path(report['model']).name}, 1 process vs 2 ranks ({report['split']} split) "
-             f"on {report['transport']}, "
-             f"medians of {report['repeats']}, {report['max_tokens']} tokens a reply",
-             f"{'prompt':>7} {'cache':>9} {'TTFT 1 proc':>12} {'TTFT 2 ranks':>13} {'decode 1 proc':>14} "
-             f"{'decode 2 ranks':>15} {'+ms/token':>10}"]
+    lines = [
+        f"bench distributed: {Path(report['model']).name}, 1 process vs 2 ranks ({report['split']} split) "
+        f"on {report['transport']}, "
+        f"medians of {report['repeats']}, {report['max_tokens']} tokens a reply",
+        f"{'prompt':>7} {'cache':>9} {'TTFT 1 proc':>12} {'TTFT 2 ranks':>13} {'decode 1 proc':>14} "
+        f"{'decode 2 ranks':>15} {'+ms/token':>10}",
+    ]
     for row in report["rows"]:
         extra = row["collective_ms_per_token"]
-        lines.append(f"{row['prompt_tokens']:>7.0f} {row['cache']:>9} {row['single_ttft_s'] * 1000:>10.1f}ms "
-                     f"{row['split2_ttft_s'] * 1000:>11.1f}ms {row['single_decode_tps']:>10.1f} t/s "
-                     f"{row['split2_decode_tps']:>11.1f} t/s {extra if extra is None else f'{extra:.2f}':>10}")
-    lines.append(f"greedy replies the same split and not: {'yes' if report['same_greedy_replies'] else 'NO'}")
+        lines.append(
+            f"{row['prompt_tokens']:>7.0f} {row['cache']:>9} {row['single_ttft_s'] * 1000:>10.1f}ms "
+            f"{row['split2_ttft_s'] * 1000:>11.1f}ms {row['single_decode_tps']:>10.1f} t/s "
+            f"{row['split2_decode_tps']:>11.1f} t/s {extra if extra is None else f'{extra:.2f}':>10}"
+        )
+    lines.append(
+        f"greedy replies the same split and not: {'yes' if report['same_greedy_replies'] else 'NO'}"
+    )
     return "\n".join(lines)

@@ -59,8 +59,14 @@ class Scene:
         return self.worst_s is not None and self.worst_s <= TARGET_S
 
 
-def _request(port: int, method: str, path: str, body: dict | bytes | None = None, key: str = KEY_B,
-             timeout: float = 60.0) -> int:
+def _request(
+    port: int,
+    method: str,
+    path: str,
+    body: dict | bytes | None = None,
+    key: str = KEY_B,
+    timeout: float = 60.0,
+) -> int:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         headers = {"Authorization": f"Bearer {key}"}
@@ -93,14 +99,22 @@ def _first_token_and_end(port: int) -> tuple[float, float]:
     began = time.perf_counter()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     try:
-        conn.request("POST", "/v1/chat/completions", json.dumps({**CHAT, "stream": True}).encode(),
-                     {"Authorization": f"Bearer {KEY_B}", "Content-Type": "application/json"})
+        conn.request(
+            "POST",
+            "/v1/chat/completions",
+            json.dumps({**CHAT, "stream": True}).encode(),
+            {"Authorization": f"Bearer {KEY_B}", "Content-Type": "application/json"},
+        )
         response = conn.getresponse()
         if response.status != 200:
             raise OSError(f"status {response.status}")
         first = None
         for line in response:
-            if first is None and line.startswith(b"data: {") and b'"content":"' in line.replace(b" ", b""):
+            if (
+                first is None
+                and line.startswith(b"data: {")
+                and b'"content":"' in line.replace(b" ", b"")
+            ):
                 if b'"content":""' not in line.replace(b" ", b""):
                     first = time.perf_counter() - began
             if line.startswith(b"data: [DONE]"):
@@ -121,7 +135,7 @@ class _Holder:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-flood", daemon=True)
 
-    def __enter__(self) -> "_Holder":
+    def __enter__(self) -> _Holder:
         self._thread.start()
         return self
 
@@ -189,20 +203,35 @@ def flood(port: int, connections: int, probes: int) -> Scene:
             _timed(scene, _request, port, "GET", "/health")
             _timed(scene, _request, port, "POST", "/v1/chat/completions", CHAT)
             time.sleep(1.0)
-        scene.attacker = {"connections_opened": holder.opened, "closed_by_server": holder.closed_by_server}
+        scene.attacker = {
+            "connections_opened": holder.opened,
+            "closed_by_server": holder.closed_by_server,
+        }
     return scene
 
 
 def greedy(port: int, streams: int, long_tokens: int, probes: int) -> Scene:
-    scene = Scene("greedy", f"{streams} streams of {long_tokens} tokens on key A whose client never reads")
+    scene = Scene(
+        "greedy", f"{streams} streams of {long_tokens} tokens on key A whose client never reads"
+    )
     count = "\n".join(str(n) for n in range(1, 21))
     requests = []
-    for i in range(streams):  # a count to continue (raw text: a chat reply may end after a few lines)
-        body = json.dumps({"prompt": f"({i}) Numbers, one per line:\n{count}\n", "max_tokens": long_tokens,
-                           "temperature": 0, "stream": True}).encode()
-        requests.append(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer %s\r\n"
-                        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                        % (KEY_A.encode(), len(body), body))
+    for i in range(
+        streams
+    ):  # a count to continue (raw text: a chat reply may end after a few lines)
+        body = json.dumps(
+            {
+                "prompt": f"({i}) Numbers, one per line:\n{count}\n",
+                "max_tokens": long_tokens,
+                "temperature": 0,
+                "stream": True,
+            }
+        ).encode()
+        requests.append(
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer %s\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+            % (KEY_A.encode(), len(body), body)
+        )
     silent = []
     try:
         for request in requests:
@@ -230,8 +259,10 @@ def greedy(port: int, streams: int, long_tokens: int, probes: int) -> Scene:
             scene.probes.append(first)
             scene.ends.append(end)
             time.sleep(1.0)
-        scene.attacker = {"streams_running_at_each_probe": in_flight,
-                          "streams_cut_off": sum(b"stopped reading" in _rest(sock) for sock in silent)}
+        scene.attacker = {
+            "streams_running_at_each_probe": in_flight,
+            "streams_cut_off": sum(b"stopped reading" in _rest(sock) for sock in silent),
+        }
     finally:
         for sock in silent:
             sock.close()
@@ -270,11 +301,20 @@ def _rest(sock: socket.socket, seconds: float = 1.0) -> bytes:
 
 def tools(port: int, count: int, probes: int) -> Scene:
     scene = Scene("tools", f"bodies of {count:,} tools from key A, one after another")
-    tool_list = [{"type": "function", "function": {"name": f"tool_{i}", "description": "a tool",
-                                                   "parameters": {"type": "object",
-                                                                  "properties": {"x": {"type": "string"}}}}}
-                 for i in range(count)]
-    heavy = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "tools": tool_list}).encode()
+    tool_list = [
+        {
+            "type": "function",
+            "function": {
+                "name": f"tool_{i}",
+                "description": "a tool",
+                "parameters": {"type": "object", "properties": {"x": {"type": "string"}}},
+            },
+        }
+        for i in range(count)
+    ]
+    heavy = json.dumps(
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "tools": tool_list}
+    ).encode()
     stop = threading.Event()
     sent: list[tuple[int, float]] = []
 
@@ -282,7 +322,9 @@ def tools(port: int, count: int, probes: int) -> Scene:
         while not stop.is_set():
             began = time.perf_counter()
             try:
-                status = _request(port, "POST", "/v1/chat/completions", heavy, key=KEY_A, timeout=600)
+                status = _request(
+                    port, "POST", "/v1/chat/completions", heavy, key=KEY_A, timeout=600
+                )
             except OSError:
                 status = 0
             sent.append((status, time.perf_counter() - began))
@@ -297,9 +339,12 @@ def tools(port: int, count: int, probes: int) -> Scene:
     finally:
         stop.set()
         thread.join(600)
-    scene.attacker = {"bodies_answered": len(sent), "body_bytes": len(heavy),
-                      "statuses": sorted({status for status, _ in sent}),
-                      "slowest_answer_s": max((s for _, s in sent), default=None)}
+    scene.attacker = {
+        "bodies_answered": len(sent),
+        "body_bytes": len(heavy),
+        "statuses": sorted({status for status, _ in sent}),
+        "slowest_answer_s": max((s for _, s in sent), default=None),
+    }
     return scene
 
 
@@ -309,11 +354,14 @@ def run_bench_hostile(args) -> int:
     wanted = args.connections + 256
     if soft < wanted:
         if hard != resource.RLIM_INFINITY and hard < wanted:
-            raise UserError(f"this process may open {hard} files; --connections {args.connections} needs more")
+            raise UserError(
+                f"this process may open {hard} files; --connections {args.connections} needs more"
+            )
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
     port = free_port()
-    code = radixchat_server_code(args.model, root, port, args.kv_tokens, extra=["--api-key", KEY_A,
-                                                                                "--api-key", KEY_B])
+    code = radixchat_server_code(
+        args.model, root, port, args.kv_tokens, extra=["--api-key", KEY_A, "--api-key", KEY_B]
+    )
     scenes: list[Scene] = []
     with ServerProcess("radixchat serve", code, port, ready_path="/health") as server:
         _request(port, "POST", "/v1/chat/completions", CHAT)  # warm up
@@ -328,9 +376,18 @@ def run_bench_hostile(args) -> int:
             else:
                 scenes.append(tools(server.port, args.tools, args.probes))
     report = {
-        "model": args.model, "machine": platform.platform(), "target_s": TARGET_S,
-        "scenes": [{**asdict(scene), "worst_s": scene.worst_s, "meets": scene.meets,
-                    "median_s": statistics.median(scene.probes) if scene.probes else None} for scene in scenes],
+        "model": args.model,
+        "machine": platform.platform(),
+        "target_s": TARGET_S,
+        "scenes": [
+            {
+                **asdict(scene),
+                "worst_s": scene.worst_s,
+                "meets": scene.meets,
+                "median_s": statistics.median(scene.probes) if scene.probes else None,
+            }
+            for scene in scenes
+        ],
     }
     if args.json:
         print(json.dumps(report, indent=2))
@@ -341,20 +398,30 @@ def run_bench_hostile(args) -> int:
 
 def _print_table(report: dict) -> None:
     out = sys.stdout
-    print(f"What one client can do to another, on {Path(report['model']).name} (target: "
-          f"every answer within {report['target_s']:g} s)", file=out)
+    print(
+        f"What one client can do to another, on {Path(report['model']).name} (target: "
+        f"every answer within {report['target_s']:g} s)",
+        file=out,
+    )
     for scene in report["scenes"]:
         worst = "failed" if scene["worst_s"] is None else f"{scene['worst_s']:.2f} s"
         median = "-" if scene["median_s"] is None else f"{scene['median_s']:.2f} s"
         print(f"  {scene['name']:7} {scene['what']}", file=out)
         if scene["ends"] and scene["probes"]:
-            line = (f"          the other client's first token: worst {max(scene['probes']):.2f} s, median "
-                    f"{median}; its whole reply: worst {max(scene['ends']):.2f} s")
+            line = (
+                f"          the other client's first token: worst {max(scene['probes']):.2f} s, median "
+                f"{median}; its whole reply: worst {max(scene['ends']):.2f} s"
+            )
         else:
             line = f"          the other client's answer: worst {worst}, median {median}"
-        print(line + ("  (meets the target)" if scene["meets"] else "  (MISSES the target)"), file=out)
+        print(
+            line + ("  (meets the target)" if scene["meets"] else "  (MISSES the target)"), file=out
+        )
         for failure in scene["failures"][:3]:
             print(f"          failed: {failure}", file=out)
         if scene["attacker"]:
-            print("          the attacker: " + ", ".join(f"{k.replace('_', ' ')} {v}"
-                                                       for k, v in scene["attacker"].items()), file=out)
+            print(
+                "          the attacker: "
+                + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in scene["attacker"].items()),
+                file=out,
+            )

@@ -36,9 +36,9 @@ from mlx_lm.sample_utils import make_sampler
 
 from core import paths
 from core.engine.engine import Engine
+from core.engine.prompt import render_prompt
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from core.errors import UserError
-from core.engine.prompt import render_prompt
 
 SYSTEM_PROMPT = "You are a helpful travel assistant. Answer briefly."
 USER_MESSAGES = (
@@ -69,17 +69,24 @@ class TurnResult:
     decode_tps: float
 
 
-def _engine_turn(engine: Engine, messages: tuple[ChatMessage, ...], max_tokens: int,
-                 use_cache: bool) -> TurnResult:
-    request = GenerationRequest(messages=messages, sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens),
-                                session="bench" if use_cache else None, use_cache=use_cache)
+def _engine_turn(
+    engine: Engine, messages: tuple[ChatMessage, ...], max_tokens: int, use_cache: bool
+) -> TurnResult:
+    request = GenerationRequest(
+        messages=messages,
+        sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens),
+        session="bench" if use_cache else None,
+        use_cache=use_cache,
+    )
     last = None
     for last in engine.stream(request):
         pass
     if not isinstance(last, DoneEvent):
         raise UserError(f"bench multiturn: {getattr(last, 'message', 'no reply from the engine')}")
     s = last.stats
-    return TurnResult(last.text, s.prompt_tokens, s.cached_tokens, s.completion_tokens, s.ttft_s, s.decode_tps)
+    return TurnResult(
+        last.text, s.prompt_tokens, s.cached_tokens, s.completion_tokens, s.ttft_s, s.decode_tps
+    )
 
 
 class MlxLmChat:
@@ -97,8 +104,10 @@ class MlxLmChat:
         started = time.perf_counter()
         prompt = render_prompt(self.tokenizer, GenerationRequest(messages=messages))
         if len(prompt) >= self.context:
-            raise UserError(f"bench multiturn: the prompt ({len(prompt)} tokens) outgrew the "
-                            f"context ({self.context}); use fewer --turns or --max-tokens")
+            raise UserError(
+                f"bench multiturn: the prompt ({len(prompt)} tokens) outgrew the "
+                f"context ({self.context}); use fewer --turns or --max-tokens"
+            )
         cache, keep = None, 0
         if self.reuse and self.cache is not None:
             keep = min(len(prompt) - 1, _common_prefix(self.tokens, prompt))
@@ -108,9 +117,14 @@ class MlxLmChat:
         if cache is None:
             cache, keep = make_prompt_cache(self.model), 0
         generated, text, stamps = [], [], []
-        for response in stream_generate(self.model, self.tokenizer, prompt[keep:],
-                                        max_tokens=min(max_tokens, self.context - len(prompt)),
-                                        sampler=self.sampler, prompt_cache=cache):
+        for response in stream_generate(
+            self.model,
+            self.tokenizer,
+            prompt[keep:],
+            max_tokens=min(max_tokens, self.context - len(prompt)),
+            sampler=self.sampler,
+            prompt_cache=cache,
+        ):
             stamps.append(time.perf_counter())
             generated.append(response.token)
             text.append(response.text)
@@ -118,7 +132,9 @@ class MlxLmChat:
             self.cache, self.tokens = cache, prompt + generated
         span = stamps[-1] - stamps[0]
         tps = (len(generated) - 1) / span if span > 0 and len(generated) > 1 else 0.0
-        return TurnResult("".join(text), len(prompt), keep, len(generated), stamps[0] - started, tps)
+        return TurnResult(
+            "".join(text), len(prompt), keep, len(generated), stamps[0] - started, tps
+        )
 
 
 def _common_prefix(a, b) -> int:
@@ -131,7 +147,9 @@ def run_bench_multiturn(args) -> int:
         if getattr(args, name) < low:
             raise UserError(f"--{name.replace('_', '-')} must be at least {low}")
     if args.turns > len(USER_MESSAGES):
-        raise UserError(f"--turns can be at most {len(USER_MESSAGES)} (the scripted conversation's length)")
+        raise UserError(
+            f"--turns can be at most {len(USER_MESSAGES)} (the scripted conversation's length)"
+        )
     from core.cli.progress import print_progress
     from core.models.loader import load_model
 
@@ -142,16 +160,31 @@ def run_bench_multiturn(args) -> int:
     history: list[ChatMessage] = [ChatMessage("system", SYSTEM_PROMPT)]
     runs = {way: [] for way in WAYS}  # way -> repetition -> turn -> TurnResult
     for rep in range(args.repeats):
-        print(f"radixchat: bench multiturn: repetition {rep + 1}/{args.repeats}", file=sys.stderr, flush=True)
-        engine = Engine(root, args.model, weights_format="auto", use_cache=True,
-                        page_size=args.page_size, pool_tokens=pool_tokens,
-                        pool_segment_bytes=None if args.segment_mb is None else int(args.segment_mb * 2**20)).start()
+        print(
+            f"radixchat: bench multiturn: repetition {rep + 1}/{args.repeats}",
+            file=sys.stderr,
+            flush=True,
+        )
+        engine = Engine(
+            root,
+            args.model,
+            weights_format="auto",
+            use_cache=True,
+            page_size=args.page_size,
+            pool_tokens=pool_tokens,
+            pool_segment_bytes=None if args.segment_mb is None else int(args.segment_mb * 2**20),
+        ).start()
         try:
             info = engine.wait_ready()
             if info.fingerprint != loaded.info.fingerprint:
-                raise RuntimeError(f"engine weights {info.fingerprint} != mlx-lm weights {loaded.info.fingerprint}")
-            engine_warmup = GenerationRequest(prompt_text="Hello", use_cache=False,
-                                              sampling=SamplingParams(temperature=0.0, max_tokens=4))
+                raise RuntimeError(
+                    f"engine weights {info.fingerprint} != mlx-lm weights {loaded.info.fingerprint}"
+                )
+            engine_warmup = GenerationRequest(
+                prompt_text="Hello",
+                use_cache=False,
+                sampling=SamplingParams(temperature=0.0, max_tokens=4),
+            )
             list(engine.stream(engine_warmup))
             page_size = engine.stats().cache.page_size
             chats = (MlxLmChat(loaded, reuse=True), MlxLmChat(loaded, reuse=False))
@@ -162,7 +195,9 @@ def run_bench_multiturn(args) -> int:
                     history.append(ChatMessage("user", USER_MESSAGES[turn]))
                 messages = tuple(history[: 2 + 2 * turn])
                 for way, use_cache in (("ours_cached", True), ("ours_uncached", False)):
-                    runs[way][rep].append(_engine_turn(engine, messages, args.max_tokens, use_cache))
+                    runs[way][rep].append(
+                        _engine_turn(engine, messages, args.max_tokens, use_cache)
+                    )
                 for way, chat in zip(WAYS[2:], chats):
                     runs[way][rep].append(chat.turn(messages, args.max_tokens))
                 if rep == 0:
@@ -180,41 +215,74 @@ def run_bench_multiturn(args) -> int:
 def _report(args, info, runs, pool_tokens, page_size) -> dict:
     reference = [r.reply for r in runs["ours_cached"][0]]
     mismatches = [
-        {"repeat": rep + 1, "turn": turn + 1, "way": way, "at_char": _common_prefix(ref, r.reply),
-         "expected": ref, "got": r.reply}
-        for way in WAYS for rep, results in enumerate(runs[way])
-        for turn, (ref, r) in enumerate(zip(reference, results)) if r.reply != ref
+        {
+            "repeat": rep + 1,
+            "turn": turn + 1,
+            "way": way,
+            "at_char": _common_prefix(ref, r.reply),
+            "expected": ref,
+            "got": r.reply,
+        }
+        for way in WAYS
+        for rep, results in enumerate(runs[way])
+        for turn, (ref, r) in enumerate(zip(reference, results))
+        if r.reply != ref
     ]
 
     def median(way: str, field: str) -> list[float]:
-        return [statistics.median(getattr(rep[t], field) for rep in runs[way]) for t in range(args.turns)]
+        return [
+            statistics.median(getattr(rep[t], field) for rep in runs[way])
+            for t in range(args.turns)
+        ]
 
     ttft = {way: median(way, "ttft_s") for way in WAYS}
     decode = {way: median(way, "decode_tps") for way in WAYS}
-    pairs = [(a, b) for a, b in zip(decode["ours_cached"], decode["mlx_lm_no_cache"]) if a > 0 and b > 0]
+    pairs = [
+        (a, b) for a, b in zip(decode["ours_cached"], decode["mlx_lm_no_cache"]) if a > 0 and b > 0
+    ]
     return {
-        "model": info.name, "spec": args.model, "fingerprint": info.fingerprint,
+        "model": info.name,
+        "spec": args.model,
+        "fingerprint": info.fingerprint,
         "weights_format": info.weights_format,
-        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "cpu_count": os.cpu_count(), "mlx_device": str(mx.default_device()),
-                    "mlx": mx.__version__, "mlx_lm": mlx_lm.__version__},
-        "turns": args.turns, "max_tokens": args.max_tokens, "repeats": args.repeats,
-        "pool_tokens": pool_tokens, "page_size": page_size,
-        "ways": dict(zip(WAYS, ("engine, radix cache", "engine, use_cache=False",
-                                "mlx-lm stream_generate, one prompt cache reused (mlx_lm.server style)",
-                                "mlx-lm stream_generate, fresh cache each turn"))),
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(),
+            "mlx_device": str(mx.default_device()),
+            "mlx": mx.__version__,
+            "mlx_lm": mlx_lm.__version__,
+        },
+        "turns": args.turns,
+        "max_tokens": args.max_tokens,
+        "repeats": args.repeats,
+        "pool_tokens": pool_tokens,
+        "page_size": page_size,
+        "ways": dict(
+            zip(
+                WAYS,
+                (
+                    "engine, radix cache",
+                    "engine, use_cache=False",
+                    "mlx-lm stream_generate, one prompt cache reused (mlx_lm.server style)",
+                    "mlx-lm stream_generate, fresh cache each turn",
+                ),
+            )
+        ),
         "replies_identical": not mismatches,
         "mismatches": mismatches,
         "reference_replies": reference,
         "prompt_tokens": median("ours_cached", "prompt_tokens"),
         "completion_tokens": median("ours_cached", "completion_tokens"),
-        "cached_tokens": {"ours_cached": median("ours_cached", "cached_tokens"),
-                          "mlx_lm_cache": median("mlx_lm_cache", "cached_tokens")},
+        "cached_tokens": {
+            "ours_cached": median("ours_cached", "cached_tokens"),
+            "mlx_lm_cache": median("mlx_lm_cache", "cached_tokens"),
+        },
         "ttft_s": ttft,
         "decode_tps": decode,
         "ttft_s_each_repeat": {w: [[r.ttft_s for r in rep] for rep in runs[w]] for w in WAYS},
         "decode_ratio_basis": "median over turns of the per-turn ratio of medians "
-                              "(ours_cached decode tok/s / mlx_lm_no_cache decode tok/s)",
+        "(ours_cached decode tok/s / mlx_lm_no_cache decode tok/s)",
         "ttft_ratio_vs_mlx_lm_no_cache": ttft["ours_cached"][-1] / ttft["mlx_lm_no_cache"][-1],
         "ttft_ratio_vs_recompute": ttft["ours_cached"][-1] / ttft["ours_uncached"][-1],
         "ttft_ratio_vs_mlx_lm_cache": ttft["ours_cached"][-1] / ttft["mlx_lm_cache"][-1],
@@ -229,18 +297,23 @@ def format_table(report: dict) -> str:
         f"machine: {m['platform']}, {m['cpu_count']} CPUs, mlx {m['mlx']} on {m['mlx_device']}, mlx-lm {m['mlx_lm']}",
         f"{report['turns']} turns, up to {report['max_tokens']} reply tokens, medians of {report['repeats']} "
         f"repetitions; KV pool {report['pool_tokens']} tokens, pages of {report['page_size']}",
-        "ways: " + "; ".join(f"{label} = {report['ways'][way]}" for label, way in zip(LABELS, WAYS)),
+        "ways: "
+        + "; ".join(f"{label} = {report['ways'][way]}" for label, way in zip(LABELS, WAYS)),
         "",
         f"{'':>4}{'prompt':>7}{'reply':>7}{'cached':>7}{'cached':>7} |{'TTFT (s)':^44}|{'decode (tok/s)':^44}",
         f"{'turn':>4}{'tokens':>7}{'tokens':>7}{'ours':>7}{'mlx':>7} |"
-        + "".join(f"{lab:>11}" for lab in LABELS) + "|" + "".join(f"{lab:>11}" for lab in LABELS),
+        + "".join(f"{lab:>11}" for lab in LABELS)
+        + "|"
+        + "".join(f"{lab:>11}" for lab in LABELS),
     ]
     for t in range(report["turns"]):
         lines.append(
             f"{t + 1:>4}{report['prompt_tokens'][t]:>7.0f}{report['completion_tokens'][t]:>7.0f}"
             f"{report['cached_tokens']['ours_cached'][t]:>7.0f}{report['cached_tokens']['mlx_lm_cache'][t]:>7.0f} |"
-            + "".join(f"{report['ttft_s'][w][t]:>11.3f}" for w in WAYS) + "|"
-            + "".join(f"{report['decode_tps'][w][t]:>11.1f}" for w in WAYS))
+            + "".join(f"{report['ttft_s'][w][t]:>11.3f}" for w in WAYS)
+            + "|"
+            + "".join(f"{report['decode_tps'][w][t]:>11.1f}" for w in WAYS)
+        )
     decode = report["decode_ratio_vs_mlx_lm"]
     lines += [
         "",
@@ -248,11 +321,15 @@ def format_table(report: dict) -> str:
         f"last turn TTFT, ours+cache / mlx-lm with reuse:      {report['ttft_ratio_vs_mlx_lm_cache']:.3f}",
         f"last turn TTFT, ours+cache / mlx-lm without reuse:   {report['ttft_ratio_vs_mlx_lm_no_cache']:.3f}",
         "decode tok/s, ours+cache / mlx-lm without reuse:     "
-        + (f"{decode:.3f}" if decode is not None else "n/a") + " (median over turns of per-turn ratios)",
-        "replies: identical in all four ways" if report["replies_identical"] else
-        f"replies: {len(report['mismatches'])} MISMATCH(ES) vs the reference (ours+cache, repetition 1):",
+        + (f"{decode:.3f}" if decode is not None else "n/a")
+        + " (median over turns of per-turn ratios)",
+        "replies: identical in all four ways"
+        if report["replies_identical"]
+        else f"replies: {len(report['mismatches'])} MISMATCH(ES) vs the reference (ours+cache, repetition 1):",
     ]
-    lines += [f"  repetition {x['repeat']} turn {x['turn']} {x['way']}: differs at char {x['at_char']}: "
-              f"expected {x['expected'][x['at_char']:][:40]!r}, got {x['got'][x['at_char']:][:40]!r}"
-              for x in report["mismatches"]]
+    lines += [
+        f"  repetition {x['repeat']} turn {x['turn']} {x['way']}: differs at char {x['at_char']}: "
+        f"expected {x['expected'][x['at_char'] :][:40]!r}, got {x['got'][x['at_char'] :][:40]!r}"
+        for x in report["mismatches"]
+    ]
     return "\n".join(lines)

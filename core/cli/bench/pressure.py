@@ -30,14 +30,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from core import paths
+from core.cli.bench.restore import _notes, _scratch_folder
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from core.errors import UserError
-from core.cli.bench.restore import _notes, _scratch_folder
 
 REPLY_TOKENS = 8
-QUESTIONS = ("What should I see first?", "Where should I eat tonight?", "How do I get around?",
-             "What is worth skipping?", "Which day is best for the market?", "What should I pack?")
+QUESTIONS = (
+    "What should I see first?",
+    "Where should I eat tonight?",
+    "How do I get around?",
+    "What is worth skipping?",
+    "Which day is best for the market?",
+    "What should I pack?",
+)
 
 
 @dataclass(frozen=True)
@@ -54,8 +60,9 @@ class WayResult:
 
 
 def _ask(engine: Engine, messages: list[ChatMessage]) -> DoneEvent:
-    request = GenerationRequest(messages=tuple(messages),
-                                sampling=SamplingParams(temperature=0.0, max_tokens=REPLY_TOKENS))
+    request = GenerationRequest(
+        messages=tuple(messages), sampling=SamplingParams(temperature=0.0, max_tokens=REPLY_TOKENS)
+    )
     last = None
     for last in engine.stream(request):
         pass
@@ -124,8 +131,14 @@ def _way(way: str, folder: Path, spec: str, args, notes: int, pool: int) -> WayR
         engine.shutdown()
         gc.collect()
         mx.clear_cache()
-    distinct = _distinct_tokens(paths.kv_cache_db_path(folder), fingerprint) * token_bytes if way == "disk" else 0
-    return WayResult(way, later, first, restored, cached, computed, written, distinct, tuple(replies))
+    distinct = (
+        _distinct_tokens(paths.kv_cache_db_path(folder), fingerprint) * token_bytes
+        if way == "disk"
+        else 0
+    )
+    return WayResult(
+        way, later, first, restored, cached, computed, written, distinct, tuple(replies)
+    )
 
 
 def run_bench_pressure(args) -> int:
@@ -145,8 +158,12 @@ def run_bench_pressure(args) -> int:
         engine = Engine(folder, spec, use_cache=False, disk_cache=False).start()
         try:
             engine.wait_ready()
-            base = _ask(engine, [_system(0, 0), ChatMessage("user", QUESTIONS[0])]).stats.prompt_tokens
-            two = _ask(engine, [_system(0, 2), ChatMessage("user", QUESTIONS[0])]).stats.prompt_tokens
+            base = _ask(
+                engine, [_system(0, 0), ChatMessage("user", QUESTIONS[0])]
+            ).stats.prompt_tokens
+            two = _ask(
+                engine, [_system(0, 2), ChatMessage("user", QUESTIONS[0])]
+            ).stats.prompt_tokens
         finally:
             engine.shutdown()
     finally:
@@ -158,8 +175,11 @@ def run_bench_pressure(args) -> int:
     results: dict[str, list[WayResult]] = {"disk": [], "ram": []}
     for rep in range(args.repeats):
         for way in ("disk", "ram") if rep % 2 == 0 else ("ram", "disk"):
-            print(f"radixchat: bench pressure: repetition {rep + 1}/{args.repeats}, {way}", file=sys.stderr,
-                  flush=True)
+            print(
+                f"radixchat: bench pressure: repetition {rep + 1}/{args.repeats}, {way}",
+                file=sys.stderr,
+                flush=True,
+            )
             folder = _scratch_folder(root)
             try:
                 results[way].append(_way(way, folder, spec, args, notes, pool))
@@ -177,35 +197,55 @@ def _report(args, spec: str, prompt: float, pool: int, results: dict, wall_s: fl
     written, distinct = median("disk", "bytes_written"), median("disk", "distinct_kv_bytes")
     reference = results["ram"][0].replies
     return {
-        "model": args.model, "model_path": spec, "clients": args.clients, "rounds": args.rounds,
-        "repeats": args.repeats, "prompt_tokens": round(prompt), "pool_tokens": pool,
+        "model": args.model,
+        "model_path": spec,
+        "clients": args.clients,
+        "rounds": args.rounds,
+        "repeats": args.repeats,
+        "prompt_tokens": round(prompt),
+        "pool_tokens": pool,
         "wall_s": round(wall_s, 1),
         "ttft_sum_s": {way: median(way, "ttft_sum_s") for way in ("disk", "ram")},
         "ttft_first_round_s": {way: median(way, "ttft_first_round_s") for way in ("disk", "ram")},
         "ttft_ratio_disk_vs_ram": median("disk", "ttft_sum_s") / median("ram", "ttft_sum_s"),
-        "tokens_after_first_round": {way: {name: median(way, f"{name}_tokens") for name in
-                                           ("restored", "cached", "computed")} for way in ("disk", "ram")},
-        "bytes_written": written, "distinct_kv_bytes": distinct,
+        "tokens_after_first_round": {
+            way: {
+                name: median(way, f"{name}_tokens") for name in ("restored", "cached", "computed")
+            }
+            for way in ("disk", "ram")
+        },
+        "bytes_written": written,
+        "distinct_kv_bytes": distinct,
         "written_vs_distinct": written / distinct if distinct else None,
         "replies_identical": all(r.replies == reference for way in results for r in results[way]),
-        "repetitions": {way: [{k: v for k, v in asdict(r).items() if k != "replies"} for r in results[way]]
-                        for way in results},
+        "repetitions": {
+            way: [{k: v for k, v in asdict(r).items() if k != "replies"} for r in results[way]]
+            for way in results
+        },
     }
 
 
 def format_summary(report: dict) -> str:
-    t, f, tok = report["ttft_sum_s"], report["ttft_first_round_s"], report["tokens_after_first_round"]
+    t, f, tok = (
+        report["ttft_sum_s"],
+        report["ttft_first_round_s"],
+        report["tokens_after_first_round"],
+    )
     ratio = report["written_vs_distinct"]
-    return "\n".join([
-        f"model: {report['model']} ({report['model_path']}); {report['clients']} clients x {report['rounds']} "
-        f"rounds, prompts of ~{report['prompt_tokens']} tokens, pool {report['pool_tokens']} tokens; "
-        f"medians of {report['repeats']} ({report['wall_s']:.0f} s)",
-        f"TTFT sum after round 1: disk tier {t['disk']:.2f} s, RAM only {t['ram']:.2f} s -> "
-        f"{report['ttft_ratio_disk_vs_ram']:.3f} (target <= 0.5); round 1: {f['disk']:.2f} s / {f['ram']:.2f} s",
-        f"prompt tokens after round 1, disk tier: {tok['disk']['restored']:.0f} from disk, "
-        f"{tok['disk']['cached']:.0f} RAM, {tok['disk']['computed']:.0f} computed; RAM only: "
-        f"{tok['ram']['cached']:.0f} RAM, {tok['ram']['computed']:.0f} computed",
-        f"written {report['bytes_written'] / 1e6:.1f} MB for {report['distinct_kv_bytes'] / 1e6:.1f} MB of "
-        f"distinct K/V -> {ratio:.3f}x (target <= 1.1)" if ratio is not None else "nothing written",
-        "replies: identical both ways" if report["replies_identical"] else "replies: DIFFER",
-    ])
+    return "\n".join(
+        [
+            f"model: {report['model']} ({report['model_path']}); {report['clients']} clients x {report['rounds']} "
+            f"rounds, prompts of ~{report['prompt_tokens']} tokens, pool {report['pool_tokens']} tokens; "
+            f"medians of {report['repeats']} ({report['wall_s']:.0f} s)",
+            f"TTFT sum after round 1: disk tier {t['disk']:.2f} s, RAM only {t['ram']:.2f} s -> "
+            f"{report['ttft_ratio_disk_vs_ram']:.3f} (target <= 0.5); round 1: {f['disk']:.2f} s / {f['ram']:.2f} s",
+            f"prompt tokens after round 1, disk tier: {tok['disk']['restored']:.0f} from disk, "
+            f"{tok['disk']['cached']:.0f} RAM, {tok['disk']['computed']:.0f} computed; RAM only: "
+            f"{tok['ram']['cached']:.0f} RAM, {tok['ram']['computed']:.0f} computed",
+            f"written {report['bytes_written'] / 1e6:.1f} MB for {report['distinct_kv_bytes'] / 1e6:.1f} MB of "
+            f"distinct K/V -> {ratio:.3f}x (target <= 1.1)"
+            if ratio is not None
+            else "nothing written",
+            "replies: identical both ways" if report["replies_identical"] else "replies: DIFFER",
+        ]
+    )

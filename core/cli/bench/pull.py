@@ -59,8 +59,10 @@ def _loopback_hub_module():
     try:
         from tests.core.models import hub_fixture
     except ImportError:
-        raise UserError("radixchat bench pull runs from a source checkout: it serves the model from the test "
-                        "suite's loopback hub (tests/core/models/hub_fixture.py, which needs pytest)") from None
+        raise UserError(
+            "radixchat bench pull runs from a source checkout: it serves the model from the test "
+            "suite's loopback hub (tests/core/models/hub_fixture.py, which needs pytest)"
+        ) from None
     return hub_fixture
 
 
@@ -73,7 +75,7 @@ def make_repo(folder: Path, megabytes: int) -> Path:
     block = os.urandom(1 << 20)
     with open(folder / WEIGHTS, "wb") as f:
         for i in range(megabytes):
-            f.write(block[i % 7:] + block[:i % 7])
+            f.write(block[i % 7 :] + block[: i % 7])
     return folder
 
 
@@ -84,18 +86,40 @@ def measure(fixture, megabytes: int, repeats: int) -> dict:
     try:
         source = make_repo(work / "source", megabytes)
         size = (source / WEIGHTS).stat().st_size
-        repo = hub.add_folder(REPO, source, tags=["mlx", "safetensors"], library_name="mlx",
-                              config={"model_type": "llama"})
+        repo = hub.add_folder(
+            REPO,
+            source,
+            tags=["mlx", "safetensors"],
+            library_name="mlx",
+            config={"model_type": "llama"},
+        )
         url = f"{hub.url}/{REPO}/resolve/main/{WEIGHTS}"
         checkout = Path(fixture.__file__).resolve().parents[3]
-        env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_XET": "1",
-               "PYTHONPATH": os.pathsep.join(filter(None, (str(checkout), os.environ.get("PYTHONPATH"))))}
+        env = {
+            **os.environ,
+            "HF_ENDPOINT": hub.url,
+            "HF_HUB_DISABLE_XET": "1",
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, (str(checkout), os.environ.get("PYTHONPATH")))
+            ),
+        }
         env.pop("HF_HUB_OFFLINE", None)
         pull_env = _as_installed(env, checkout, work)
-        hub.agent_registry = fixture.AGENT_REGISTRY  # as the hub answers it: the first pull keeps it in HF_HOME
+        hub.agent_registry = (
+            fixture.AGENT_REGISTRY
+        )  # as the hub answers it: the first pull keeps it in HF_HOME
         openssl = shutil.which("openssl")
-        runs: dict[str, list[float]] = {k: [] for k in ("curl_s", "curl_cpu_s", "pull_s", "pull_cpu_s",
-                                                          "pull_download_s", "curl_then_sha256_s")}
+        runs: dict[str, list[float]] = {
+            k: []
+            for k in (
+                "curl_s",
+                "curl_cpu_s",
+                "pull_s",
+                "pull_cpu_s",
+                "pull_download_s",
+                "curl_then_sha256_s",
+            )
+        }
         for i in range(repeats):
             target = work / f"curl-{i}.bin"
             seconds, cpu, _ = _timed(["curl", "-sSf", "-o", str(target), url], env)
@@ -106,13 +130,26 @@ def measure(fixture, megabytes: int, repeats: int) -> dict:
             if openssl:
                 hashing, _, out = _timed([openssl, "dgst", "-sha256", str(target)], env)
                 if repo.files[WEIGHTS].sha256 not in out.stdout:
-                    raise UserError(f"curl's copy does not hash as the hub lists: {out.stdout.strip()}")
+                    raise UserError(
+                        f"curl's copy does not hash as the hub lists: {out.stdout.strip()}"
+                    )
                 runs["curl_then_sha256_s"].append(seconds + hashing)
             target.unlink()
 
             cache = work / f"hf-{i}"
-            seconds, cpu, out = _timed([sys.executable, "-m", "core.cli.main", "pull", REPO, "--data-dir",
-                                        str(work / f"data-{i}")], {**pull_env, "HF_HUB_CACHE": str(cache)}, work)
+            seconds, cpu, out = _timed(
+                [
+                    sys.executable,
+                    "-m",
+                    "core.cli.main",
+                    "pull",
+                    REPO,
+                    "--data-dir",
+                    str(work / f"data-{i}"),
+                ],
+                {**pull_env, "HF_HUB_CACHE": str(cache)},
+                work,
+            )
             runs["pull_s"].append(seconds)
             runs["pull_cpu_s"].append(cpu)
             runs["pull_download_s"].append(_download_seconds(out.stderr))
@@ -123,18 +160,33 @@ def measure(fixture, megabytes: int, repeats: int) -> dict:
     finally:
         hub.close()
         shutil.rmtree(work, ignore_errors=True)
-    curl, pull, download = (statistics.median(runs[k]) for k in ("curl_s", "pull_s", "pull_download_s"))
+    curl, pull, download = (
+        statistics.median(runs[k]) for k in ("curl_s", "pull_s", "pull_download_s")
+    )
     return {
-        "file_bytes": served_total, "repeats": repeats, **runs,
-        "curl_median_s": curl, "pull_median_s": pull, "pull_download_median_s": download,
-        "curl_MBps": size / curl / 1e6, "pull_MBps": size / pull / 1e6, "pull_download_MBps": size / download / 1e6,
-        "pull_vs_curl": curl / pull, "download_vs_curl": curl / download,
-        "curl_then_sha256_median_s": statistics.median(runs["curl_then_sha256_s"]) if openssl else None,
-        "pull_vs_curl_then_sha256": statistics.median(runs["curl_then_sha256_s"]) / pull if openssl else None,
+        "file_bytes": served_total,
+        "repeats": repeats,
+        **runs,
+        "curl_median_s": curl,
+        "pull_median_s": pull,
+        "pull_download_median_s": download,
+        "curl_MBps": size / curl / 1e6,
+        "pull_MBps": size / pull / 1e6,
+        "pull_download_MBps": size / download / 1e6,
+        "pull_vs_curl": curl / pull,
+        "download_vs_curl": curl / download,
+        "curl_then_sha256_median_s": statistics.median(runs["curl_then_sha256_s"])
+        if openssl
+        else None,
+        "pull_vs_curl_then_sha256": statistics.median(runs["curl_then_sha256_s"]) / pull
+        if openssl
+        else None,
         "curl_cpu_median_s": statistics.median(runs["curl_cpu_s"]),
         "pull_cpu_median_s": statistics.median(runs["pull_cpu_s"]),
-        "load_average_before": list(load_before), "load_average_after": list(os.getloadavg()),
-        "cpus": os.cpu_count(), **resumed,
+        "load_average_before": list(load_before),
+        "load_average_after": list(os.getloadavg()),
+        "cpus": os.cpu_count(),
+        **resumed,
     }
 
 
@@ -147,12 +199,18 @@ def _as_installed(env: dict, checkout: Path, work: Path) -> dict:
     day (the first pull fetches it). The pull runs in ``work``, so the checkout is not on
     its path."""
     installed = work / "installed"
-    shutil.copytree(checkout / "core", installed / "core", ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(installed)], check=True, capture_output=True)
+    shutil.copytree(
+        checkout / "core", installed / "core", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", str(installed)], check=True, capture_output=True
+    )
     return {**env, "PYTHONPATH": str(installed), "HF_HOME": str(work / "hf-home")}
 
 
-def _timed(command: list[str], env: dict, cwd: Path | None = None) -> tuple[float, float, subprocess.CompletedProcess]:
+def _timed(
+    command: list[str], env: dict, cwd: Path | None = None
+) -> tuple[float, float, subprocess.CompletedProcess]:
     """Wall and CPU seconds (user + system) of one child process."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
@@ -160,7 +218,9 @@ def _timed(command: list[str], env: dict, cwd: Path | None = None) -> tuple[floa
     seconds = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if out.returncode != 0:
-        raise UserError(f"{command[0]} failed ({out.returncode}): {(out.stderr or out.stdout).strip()[-300:]}")
+        raise UserError(
+            f"{command[0]} failed ({out.returncode}): {(out.stderr or out.stdout).strip()[-300:]}"
+        )
     return seconds, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, out
 
 
@@ -170,19 +230,29 @@ def _download_seconds(stderr: str) -> float:
     try:
         return max(float(stderr.rsplit(" in ", 1)[1].split(" s;")[0]), 0.01)  # printed to 0.01 s
     except (IndexError, ValueError):
-        raise UserError(f"radixchat pull did not say how long it took: {stderr.strip()[-200:]}") from None
+        raise UserError(
+            f"radixchat pull did not say how long it took: {stderr.strip()[-200:]}"
+        ) from None
 
 
 def _resume(hub, work: Path, size: int, env: dict) -> dict:
     """Cancel a pull half-way (in this process), then resume it; count what the server sent."""
-    os.environ.update(HF_ENDPOINT=env["HF_ENDPOINT"], HF_HUB_DISABLE_XET="1", HF_HUB_CACHE=str(work / "hf-resume"))
+    os.environ.update(
+        HF_ENDPOINT=env["HF_ENDPOINT"], HF_HUB_DISABLE_XET="1", HF_HUB_CACHE=str(work / "hf-resume")
+    )
     os.environ.pop("HF_HUB_OFFLINE", None)
     from core.models import download
 
     cancel = threading.Event()
-    hub.rate = size / 2.0  # bytes/s for this pull only: progress comes often enough to cancel mid-file
+    hub.rate = (
+        size / 2.0
+    )  # bytes/s for this pull only: progress comes often enough to cancel mid-file
     try:
-        download.pull(REPO, cancel=cancel, progress=lambda p: cancel.set() if p.done_bytes > size // 2 else None)
+        download.pull(
+            REPO,
+            cancel=cancel,
+            progress=lambda p: cancel.set() if p.done_bytes > size // 2 else None,
+        )
     except download.DownloadCancelled:
         pass
     finally:
@@ -194,26 +264,40 @@ def _resume(hub, work: Path, size: int, env: dict) -> dict:
     kept = partial.stat().st_size
     before = hub.served(REPO, WEIGHTS)
     result = download.pull(REPO)
-    return {"resume_kept_bytes": kept, "resume_missing_bytes": size - kept,
-            "resume_served_bytes": hub.served(REPO, WEIGHTS) - before, "resume_fetched_bytes": result.fetched_bytes}
+    return {
+        "resume_kept_bytes": kept,
+        "resume_missing_bytes": size - kept,
+        "resume_served_bytes": hub.served(REPO, WEIGHTS) - before,
+        "resume_fetched_bytes": result.fetched_bytes,
+    }
 
 
 def print_report(r: dict) -> None:
     print(f"file: {r['file_bytes'] / 1e6:,.0f} MB, median of {r['repeats']}")
     print(f"curl -o FILE URL:          {r['curl_MBps']:8,.0f} MB/s  {_runs(r['curl_s'])}")
-    print(f"radixchat pull (command):  {r['pull_MBps']:8,.0f} MB/s  {_runs(r['pull_s'])}"
-          f"  = {r['pull_vs_curl'] * 100:.0f}% of curl")
-    print(f"radixchat pull (download): {r['pull_download_MBps']:8,.0f} MB/s  {_runs(r['pull_download_s'])}"
-          f"  = {r['download_vs_curl'] * 100:.0f}% of curl")
+    print(
+        f"radixchat pull (command):  {r['pull_MBps']:8,.0f} MB/s  {_runs(r['pull_s'])}"
+        f"  = {r['pull_vs_curl'] * 100:.0f}% of curl"
+    )
+    print(
+        f"radixchat pull (download): {r['pull_download_MBps']:8,.0f} MB/s  {_runs(r['pull_download_s'])}"
+        f"  = {r['download_vs_curl'] * 100:.0f}% of curl"
+    )
     if r["curl_then_sha256_median_s"] is not None:
-        print(f"curl, then openssl dgst -sha256: {r['file_bytes'] / r['curl_then_sha256_median_s'] / 1e6:,.0f} MB/s  "
-              f"{_runs(r['curl_then_sha256_s'])}  (the same work as a verified pull: the pull runs at "
-              f"{r['pull_vs_curl_then_sha256'] * 100:.0f}% of it)")
-    print(f"CPU time (user+sys, median): curl {r['curl_cpu_median_s']:.2f} s, radixchat pull "
-          f"{r['pull_cpu_median_s']:.2f} s; load average {r['load_average_before'][0]:.1f} before, "
-          f"{r['load_average_after'][0]:.1f} after, on {r['cpus']} CPUs")
-    print(f"resume after a cancel at {r['resume_kept_bytes'] / 1e6:,.0f} MB: the server sent "
-          f"{r['resume_served_bytes']:,} bytes, {r['resume_missing_bytes']:,} were missing")
+        print(
+            f"curl, then openssl dgst -sha256: {r['file_bytes'] / r['curl_then_sha256_median_s'] / 1e6:,.0f} MB/s  "
+            f"{_runs(r['curl_then_sha256_s'])}  (the same work as a verified pull: the pull runs at "
+            f"{r['pull_vs_curl_then_sha256'] * 100:.0f}% of it)"
+        )
+    print(
+        f"CPU time (user+sys, median): curl {r['curl_cpu_median_s']:.2f} s, radixchat pull "
+        f"{r['pull_cpu_median_s']:.2f} s; load average {r['load_average_before'][0]:.1f} before, "
+        f"{r['load_average_after'][0]:.1f} after, on {r['cpus']} CPUs"
+    )
+    print(
+        f"resume after a cancel at {r['resume_kept_bytes'] / 1e6:,.0f} MB: the server sent "
+        f"{r['resume_served_bytes']:,} bytes, {r['resume_missing_bytes']:,} were missing"
+    )
 
 
 def _runs(values: list[float]) -> str:

@@ -58,15 +58,23 @@ class Repetition:
     ttft_ram_s: float
     replies_identical: bool
     session_bytes: int  # tokens + K/V (+ snapshots) of the session's pages, as read
-    load_cold_s: float | None  # DiskStore.read_session, all pages; cold: None where it cannot be had
+    load_cold_s: (
+        float | None
+    )  # DiskStore.read_session, all pages; cold: None where it cannot be had
     load_warm_s: float
     plain_cold_s: float | None  # a sequential read of a file of session_bytes
     plain_warm_s: float
 
 
-def _ask(engine: Engine, messages, *, session=None, use_cache=True, max_tokens=REPLY_TOKENS) -> DoneEvent:
-    request = GenerationRequest(messages=tuple(messages), session=session, use_cache=use_cache,
-                                sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens))
+def _ask(
+    engine: Engine, messages, *, session=None, use_cache=True, max_tokens=REPLY_TOKENS
+) -> DoneEvent:
+    request = GenerationRequest(
+        messages=tuple(messages),
+        session=session,
+        use_cache=use_cache,
+        sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens),
+    )
     last = None
     for last in engine.stream(request):
         pass
@@ -82,6 +90,7 @@ def _notes(count: int) -> str:
 def _build_session(engine: Engine, tokens: int) -> tuple[list[ChatMessage], int]:
     """Chat one turn whose prompt + reply reach about ``tokens``; returns the history and
     its length in tokens."""
+
     def prompt_tokens(notes: int) -> int:
         messages = [ChatMessage("system", _notes(notes)), ChatMessage("user", FIRST_QUESTION)]
         return _ask(engine, messages, use_cache=False, max_tokens=1).stats.prompt_tokens
@@ -91,7 +100,9 @@ def _build_session(engine: Engine, tokens: int) -> tuple[list[ChatMessage], int]
     count = max(1, round((tokens - BUILD_REPLY_TOKENS - base) / per_note))
     history = [ChatMessage("system", _notes(count)), ChatMessage("user", FIRST_QUESTION)]
     reply = _ask(engine, history, session=SESSION, max_tokens=BUILD_REPLY_TOKENS)
-    return history + [ChatMessage("assistant", reply.text)], reply.stats.prompt_tokens + reply.stats.completion_tokens
+    return history + [
+        ChatMessage("assistant", reply.text)
+    ], reply.stats.prompt_tokens + reply.stats.completion_tokens
 
 
 def _drop_from_page_cache(*files: Path) -> bool:
@@ -137,10 +148,14 @@ def _read_rates(folder: Path, fingerprint: str) -> dict:
     def read_store(store: DiskStore) -> None:  # as a restore reads: streamed, verified, dropped
         sizes.clear()
         with store.read_session(SESSION, fingerprint) as reader:
-            sizes.extend(4 * len(p.tokens) + len(p.kv) + len(p.snapshot or b"") for p in reader.pages())
+            sizes.extend(
+                4 * len(p.tokens) + len(p.kv) + len(p.snapshot or b"") for p in reader.pages()
+            )
 
     plain = folder / "plain-read.bin"
-    times: dict[str, list[float]] = {name: [] for name in ("load_cold", "load_warm", "plain_cold", "plain_warm")}
+    times: dict[str, list[float]] = {
+        name: [] for name in ("load_cold", "load_warm", "plain_cold", "plain_warm")
+    }
     with DiskStore(paths.kv_cache_db_path(folder)) as store:
         info = store.session(SESSION)
         if info is None:
@@ -149,8 +164,10 @@ def _read_rates(folder: Path, fingerprint: str) -> dict:
             for start in range(0, info.nbytes, 1 << 24):
                 f.write(os.urandom(min(1 << 24, info.nbytes - start)))
         try:
-            reads = (("load", lambda: read_store(store), list(paths.kv_cache_db_files(folder))),
-                     ("plain", lambda: _read_plain(plain), [plain]))
+            reads = (
+                ("load", lambda: read_store(store), list(paths.kv_cache_db_files(folder))),
+                ("plain", lambda: _read_plain(plain), [plain]),
+            )
             for turn in range(READ_ROUNDS):
                 for name, action, files in reads[::-1] if turn % 2 else reads:
                     cold = _drop_from_page_cache(*files)
@@ -161,9 +178,13 @@ def _read_rates(folder: Path, fingerprint: str) -> dict:
     if sum(sizes) != info.nbytes:
         raise UserError(f"bench restore: read {sum(sizes)} bytes of a {info.nbytes}-byte session")
     median = {name: statistics.median(values) for name, values in times.items()}
-    return {"session_bytes": info.nbytes, "load_cold_s": median["load_cold"] if cold else None,
-            "load_warm_s": median["load_warm"], "plain_cold_s": median["plain_cold"] if cold else None,
-            "plain_warm_s": median["plain_warm"]}
+    return {
+        "session_bytes": info.nbytes,
+        "load_cold_s": median["load_cold"] if cold else None,
+        "load_warm_s": median["load_warm"],
+        "plain_cold_s": median["plain_cold"] if cold else None,
+        "plain_warm_s": median["plain_warm"],
+    }
 
 
 def _scratch_folder(root: Path) -> Path:
@@ -187,7 +208,9 @@ def _repetition(folder: Path, spec: str, tokens: int) -> Repetition:
         info = started.wait_ready()
         if tokens + 128 + REPLY_TOKENS >= info.context_length:
             started.shutdown()
-            raise UserError(f"--tokens {tokens} does not fit {info.name}'s context of {info.context_length}")
+            raise UserError(
+                f"--tokens {tokens} does not fit {info.name}'s context of {info.context_length}"
+            )
         return started
 
     def close(done: Engine) -> None:
@@ -214,10 +237,15 @@ def _repetition(folder: Path, spec: str, tokens: int) -> Repetition:
     finally:
         close(second)
     return Repetition(
-        history_tokens=history_tokens, prompt_tokens=restored.stats.prompt_tokens,
+        history_tokens=history_tokens,
+        prompt_tokens=restored.stats.prompt_tokens,
         restored_tokens=restored.stats.restored_tokens,
-        ttft_restore_s=restored.stats.ttft_s, ttft_recompute_s=recompute.stats.ttft_s,
-        ttft_ram_s=ram.stats.ttft_s, replies_identical=restored.text == recompute.text == ram.text, **rates)
+        ttft_restore_s=restored.stats.ttft_s,
+        ttft_recompute_s=recompute.stats.ttft_s,
+        ttft_ram_s=ram.stats.ttft_s,
+        replies_identical=restored.text == recompute.text == ram.text,
+        **rates,
+    )
 
 
 def checked_model(args) -> tuple[Path, str]:
@@ -230,7 +258,9 @@ def checked_model(args) -> tuple[Path, str]:
     from core.models.loader import resolve_spec
 
     root = paths.data_dir(args.data_dir)
-    return root, str(resolve_spec(args.model, root, None if args.json else print_progress).resolve())
+    return root, str(
+        resolve_spec(args.model, root, None if args.json else print_progress).resolve()
+    )
 
 
 def run_bench_restore(args) -> int:
@@ -238,7 +268,11 @@ def run_bench_restore(args) -> int:
     reps: list[Repetition] = []
     started = time.perf_counter()
     for rep in range(args.repeats):
-        print(f"radixchat: bench restore: repetition {rep + 1}/{args.repeats}", file=sys.stderr, flush=True)
+        print(
+            f"radixchat: bench restore: repetition {rep + 1}/{args.repeats}",
+            file=sys.stderr,
+            flush=True,
+        )
         folder = _scratch_folder(root)
         try:
             reps.append(_repetition(folder, spec, args.tokens))
@@ -255,25 +289,42 @@ def _report(args, spec: str, reps: list[Repetition], wall_s: float) -> dict:
         return None if None in values else statistics.median(values)
 
     nbytes = median("session_bytes")
-    rate = {name: (nbytes / median(field) if median(field) else None) for name, field in (
-        ("restore_cold", "load_cold_s"), ("restore_warm", "load_warm_s"),
-        ("plain_cold", "plain_cold_s"), ("plain_warm", "plain_warm_s"))}
+    rate = {
+        name: (nbytes / median(field) if median(field) else None)
+        for name, field in (
+            ("restore_cold", "load_cold_s"),
+            ("restore_warm", "load_warm_s"),
+            ("plain_cold", "plain_cold_s"),
+            ("plain_warm", "plain_warm_s"),
+        )
+    }
     cold = rate["restore_cold"] is not None and rate["plain_cold"] is not None
     ttft = {way: median(f"ttft_{way}_s") for way in ("restore", "recompute", "ram")}
     return {
-        "model": args.model, "model_path": spec, "tokens": args.tokens, "repeats": args.repeats,
-        "wall_s": round(wall_s, 1), "history_tokens": median("history_tokens"),
-        "prompt_tokens": median("prompt_tokens"), "restored_tokens": median("restored_tokens"),
+        "model": args.model,
+        "model_path": spec,
+        "tokens": args.tokens,
+        "repeats": args.repeats,
+        "wall_s": round(wall_s, 1),
+        "history_tokens": median("history_tokens"),
+        "prompt_tokens": median("prompt_tokens"),
+        "restored_tokens": median("restored_tokens"),
         "replies_identical": all(r.replies_identical for r in reps),
-        "ttft_s": ttft, "session_bytes": nbytes, "read_bytes_per_s": rate,
-        "read_basis": "cold: after fsync + POSIX_FADV_DONTNEED" if cold else
-                      "warm only: this platform cannot drop a file from the page cache",
+        "ttft_s": ttft,
+        "session_bytes": nbytes,
+        "read_bytes_per_s": rate,
+        "read_basis": "cold: after fsync + POSIX_FADV_DONTNEED"
+        if cold
+        else "warm only: this platform cannot drop a file from the page cache",
         "repetitions": [asdict(r) for r in reps],
         "restore_read_fraction_of_disk_warm": rate["restore_warm"] / rate["plain_warm"],
         "ttft_ratio_restore_vs_recompute": ttft["restore"] / ttft["recompute"],
         "ttft_ratio_restore_vs_ram": ttft["restore"] / ttft["ram"],
-        "restore_read_fraction_of_disk": (rate["restore_cold"] / rate["plain_cold"] if cold
-                                          else rate["restore_warm"] / rate["plain_warm"]),
+        "restore_read_fraction_of_disk": (
+            rate["restore_cold"] / rate["plain_cold"]
+            if cold
+            else rate["restore_warm"] / rate["plain_warm"]
+        ),
     }
 
 
@@ -283,18 +334,22 @@ def format_summary(report: dict) -> str:
     def mbs(value: float | None) -> str:
         return "     n/a" if value is None else f"{value / 1e6:8.1f} MB/s"
 
-    return "\n".join([
-        f"model: {report['model']} ({report['model_path']}); medians of {report['repeats']} repetitions "
-        f"({report['wall_s']:.0f} s)",
-        f"history {report['history_tokens']:.0f} tokens; follow-up prompt {report['prompt_tokens']:.0f} tokens, "
-        f"{report['restored_tokens']:.0f} of them restored from disk",
-        f"TTFT: restored {t['restore']:.3f} s, recomputed {t['recompute']:.3f} s, RAM cache {t['ram']:.3f} s",
-        f"restore / recompute {report['ttft_ratio_restore_vs_recompute']:.3f} (target <= 0.05), "
-        f"restore / RAM {report['ttft_ratio_restore_vs_ram']:.3f} (target <= 1.5)",
-        "replies: identical in all three ways" if report["replies_identical"] else "replies: DIFFER",
-        f"session read ({report['session_bytes'] / 1e6:.1f} MB), {report['read_basis']}:",
-        f"  DiskStore.read_session  cold {mbs(r['restore_cold'])}  warm {mbs(r['restore_warm'])}",
-        f"  plain sequential read   cold {mbs(r['plain_cold'])}  warm {mbs(r['plain_warm'])}",
-        f"restore read / plain read {report['restore_read_fraction_of_disk']:.3f} (target >= 0.5); "
-        f"warm {report['restore_read_fraction_of_disk_warm']:.3f}",
-    ])
+    return "\n".join(
+        [
+            f"model: {report['model']} ({report['model_path']}); medians of {report['repeats']} repetitions "
+            f"({report['wall_s']:.0f} s)",
+            f"history {report['history_tokens']:.0f} tokens; follow-up prompt {report['prompt_tokens']:.0f} tokens, "
+            f"{report['restored_tokens']:.0f} of them restored from disk",
+            f"TTFT: restored {t['restore']:.3f} s, recomputed {t['recompute']:.3f} s, RAM cache {t['ram']:.3f} s",
+            f"restore / recompute {report['ttft_ratio_restore_vs_recompute']:.3f} (target <= 0.05), "
+            f"restore / RAM {report['ttft_ratio_restore_vs_ram']:.3f} (target <= 1.5)",
+            "replies: identical in all three ways"
+            if report["replies_identical"]
+            else "replies: DIFFER",
+            f"session read ({report['session_bytes'] / 1e6:.1f} MB), {report['read_basis']}:",
+            f"  DiskStore.read_session  cold {mbs(r['restore_cold'])}  warm {mbs(r['restore_warm'])}",
+            f"  plain sequential read   cold {mbs(r['plain_cold'])}  warm {mbs(r['plain_warm'])}",
+            f"restore read / plain read {report['restore_read_fraction_of_disk']:.3f} (target >= 0.5); "
+            f"warm {report['restore_read_fraction_of_disk_warm']:.3f}",
+        ]
+    )

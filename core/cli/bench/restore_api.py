@@ -26,10 +26,18 @@ from pathlib import Path
 
 from core import paths
 from core.api.server import ApiServer
+from core.cli.bench.restore import (
+    BUILD_REPLY_TOKENS,
+    FIRST_QUESTION,
+    FOLLOW_UP,
+    REPLY_TOKENS,
+    _drop_from_page_cache,
+    _notes,
+    _scratch_folder,
+    checked_model,
+)
 from core.engine.engine import Engine
 from core.errors import UserError
-from core.cli.bench.restore import (BUILD_REPLY_TOKENS, checked_model, FIRST_QUESTION, FOLLOW_UP, REPLY_TOKENS,
-                                    _drop_from_page_cache, _notes, _scratch_folder)
 
 
 @dataclass(frozen=True)
@@ -53,17 +61,29 @@ class _Reply:
 
 def _stream(server: ApiServer, messages: list[dict], max_tokens: int) -> _Reply:
     """One greedy streaming chat request; TTFT as the client sees it."""
-    body = json.dumps({"model": "default", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
-                       "stream": True, "stream_options": {"include_usage": True}})
+    body = json.dumps(
+        {
+            "model": "default",
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    )
     conn = http.client.HTTPConnection(server.host, server.port, timeout=600)
     try:
         conn.connect()
         sent = time.perf_counter()
-        conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
+        conn.request(
+            "POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"}
+        )
         response = conn.getresponse()
         if response.status != 200:
-            raise UserError(f"bench restore --api: the server answered {response.status}: "
-                            f"{response.read().decode(errors='replace')[:200]}")
+            raise UserError(
+                f"bench restore --api: the server answered {response.status}: "
+                f"{response.read().decode(errors='replace')[:200]}"
+            )
         first, parts, usage = None, [], None
         for line in response:
             if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
@@ -87,7 +107,8 @@ def _stream(server: ApiServer, messages: list[dict], max_tokens: int) -> _Reply:
 def _messages(count: int, *turns: str) -> list[dict]:
     roles = ("user", "assistant")
     return [{"role": "system", "content": _notes(count)}] + [
-        {"role": roles[i % 2], "content": text} for i, text in enumerate(turns)]
+        {"role": roles[i % 2], "content": text} for i, text in enumerate(turns)
+    ]
 
 
 def _repetition(folder: Path, spec: str, tokens: int) -> ApiRepetition:
@@ -109,7 +130,9 @@ def _repetition(folder: Path, spec: str, tokens: int) -> ApiRepetition:
     engine, server = serve()
     try:
         base = _stream(server, _messages(0, FIRST_QUESTION), 1).prompt_tokens  # also the warm-up
-        one = _stream(server, _messages(1, FIRST_QUESTION), 1).prompt_tokens  # (short: tiny contexts too)
+        one = _stream(
+            server, _messages(1, FIRST_QUESTION), 1
+        ).prompt_tokens  # (short: tiny contexts too)
         count = max(1, round((tokens - base) / max(1.0, one - base)))
         first = _stream(server, _messages(count, FIRST_QUESTION), BUILD_REPLY_TOKENS)
         engine.flush_disk_cache()
@@ -122,7 +145,9 @@ def _repetition(folder: Path, spec: str, tokens: int) -> ApiRepetition:
     _drop_from_page_cache(*paths.kv_cache_db_files(folder))
     engine, server = serve()  # "after a restart"
     try:
-        _stream(server, [{"role": "user", "content": "Hello"}], 1)  # warm-up (too short to be written)
+        _stream(
+            server, [{"role": "user", "content": "Hello"}], 1
+        )  # warm-up (too short to be written)
         _drop_from_page_cache(*paths.kv_cache_db_files(folder))
         restore = _stream(server, follow_up, REPLY_TOKENS)
         restored = engine.stats().disk.read_tokens
@@ -134,8 +159,16 @@ def _repetition(folder: Path, spec: str, tokens: int) -> ApiRepetition:
         recompute = _stream(server, follow_up, REPLY_TOKENS)
     finally:
         close(engine, server)
-    return ApiRepetition(first.prompt_tokens, restore.prompt_tokens, restored, restore.ttft_s, recompute.ttft_s,
-                         ram.ttft_s, ram.text == restore.text == recompute.text, written)
+    return ApiRepetition(
+        first.prompt_tokens,
+        restore.prompt_tokens,
+        restored,
+        restore.ttft_s,
+        recompute.ttft_s,
+        ram.ttft_s,
+        ram.text == restore.text == recompute.text,
+        written,
+    )
 
 
 def run_bench_restore_api(args) -> int:
@@ -151,21 +184,32 @@ def _report(args, spec: str, root: Path) -> dict:
     reps: list[ApiRepetition] = []
     started = time.perf_counter()
     for rep in range(args.repeats):
-        print(f"radixchat: bench restore --api: repetition {rep + 1}/{args.repeats}", file=sys.stderr, flush=True)
+        print(
+            f"radixchat: bench restore --api: repetition {rep + 1}/{args.repeats}",
+            file=sys.stderr,
+            flush=True,
+        )
         folder = _scratch_folder(root)
         try:
             reps.append(_repetition(folder, spec, args.tokens))
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-    ttft = {way: statistics.median(getattr(r, f"ttft_{way}_s") for r in reps)
-            for way in ("restore", "recompute", "ram")}
+    ttft = {
+        way: statistics.median(getattr(r, f"ttft_{way}_s") for r in reps)
+        for way in ("restore", "recompute", "ram")
+    }
     return {
-        "mode": "api", "model": args.model, "model_path": spec, "tokens": args.tokens, "repeats": args.repeats,
+        "mode": "api",
+        "model": args.model,
+        "model_path": spec,
+        "tokens": args.tokens,
+        "repeats": args.repeats,
         "wall_s": round(time.perf_counter() - started, 1),
         "prompt_tokens": statistics.median(r.prompt_tokens for r in reps),
         "follow_up_tokens": statistics.median(r.follow_up_tokens for r in reps),
         "restored_tokens": statistics.median(r.restored_tokens for r in reps),
-        "replies_identical": all(r.replies_identical for r in reps), "ttft_s": ttft,
+        "replies_identical": all(r.replies_identical for r in reps),
+        "ttft_s": ttft,
         "ttft_ratio_restore_vs_recompute": ttft["restore"] / ttft["recompute"],
         "ttft_ratio_restore_vs_ram": ttft["restore"] / ttft["ram"],
         "repetitions": [asdict(r) for r in reps],
@@ -174,14 +218,18 @@ def _report(args, spec: str, root: Path) -> dict:
 
 def format_api_summary(report: dict) -> str:
     t = report["ttft_s"]
-    return "\n".join([
-        f"model: {report['model']} ({report['model_path']}); API, unnamed client; medians of "
-        f"{report['repeats']} repetitions ({report['wall_s']:.0f} s)",
-        f"first prompt {report['prompt_tokens']:.0f} tokens; after the restart the follow-up "
-        f"({report['follow_up_tokens']:.0f} tokens) got {report['restored_tokens']:.0f} from disk",
-        f"TTFT (client side): restored {t['restore']:.3f} s, recomputed {t['recompute']:.3f} s, "
-        f"RAM hit {t['ram']:.3f} s",
-        f"restore / recompute {report['ttft_ratio_restore_vs_recompute']:.3f} (target <= 0.05), "
-        f"restore / RAM {report['ttft_ratio_restore_vs_ram']:.3f} (target <= 1.5)",
-        "replies: identical in all three ways" if report["replies_identical"] else "replies: DIFFER",
-    ])
+    return "\n".join(
+        [
+            f"model: {report['model']} ({report['model_path']}); API, unnamed client; medians of "
+            f"{report['repeats']} repetitions ({report['wall_s']:.0f} s)",
+            f"first prompt {report['prompt_tokens']:.0f} tokens; after the restart the follow-up "
+            f"({report['follow_up_tokens']:.0f} tokens) got {report['restored_tokens']:.0f} from disk",
+            f"TTFT (client side): restored {t['restore']:.3f} s, recomputed {t['recompute']:.3f} s, "
+            f"RAM hit {t['ram']:.3f} s",
+            f"restore / recompute {report['ttft_ratio_restore_vs_recompute']:.3f} (target <= 0.05), "
+            f"restore / RAM {report['ttft_ratio_restore_vs_ram']:.3f} (target <= 1.5)",
+            "replies: identical in all three ways"
+            if report["replies_identical"]
+            else "replies: DIFFER",
+        ]
+    )

@@ -35,9 +35,9 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 
 from core import paths
+from core.api.server import ApiServer
 from core.engine.engine import Engine
 from core.errors import UserError
-from core.api.server import ApiServer
 
 POOL_TOKENS = 32768
 WARMUP_TOKENS = 8
@@ -95,26 +95,44 @@ class RoundResult:
 def prompt_messages(number: int) -> list[dict[str, str]]:
     """The chat of request ``number``: its own system and user message, no shared prefix."""
     topic = TOPICS[number % len(TOPICS)]
-    return [{"role": "system", "content": f"Request {number}. You are a knowledgeable writer."},
-            {"role": "user", "content": f"Write a long, detailed essay about {topic}."}]
+    return [
+        {"role": "system", "content": f"Request {number}. You are a knowledgeable writer."},
+        {"role": "user", "content": f"Write a long, detailed essay about {topic}."},
+    ]
 
 
-def stream_chat(host: str, port: int, messages: list[dict[str, str]], max_tokens: int,
-                start: threading.Barrier | None = None) -> StreamResult:
+def stream_chat(
+    host: str,
+    port: int,
+    messages: list[dict[str, str]],
+    max_tokens: int,
+    start: threading.Barrier | None = None,
+) -> StreamResult:
     """One greedy streaming chat request over a raw connection; waits on ``start`` first."""
-    body = json.dumps({"messages": messages, "max_tokens": max_tokens,  # no model: the one served
-                       "temperature": 0, "stream": True, "stream_options": {"include_usage": True}})
+    body = json.dumps(
+        {
+            "messages": messages,
+            "max_tokens": max_tokens,  # no model: the one served
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    )
     conn = http.client.HTTPConnection(host, port, timeout=600)
     try:
         conn.connect()
         if start is not None:
             start.wait()
         sent_at = time.perf_counter()
-        conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
+        conn.request(
+            "POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"}
+        )
         response = conn.getresponse()
         if response.status != 200:
-            raise UserError(f"bench serve: the server answered {response.status}: "
-                            f"{response.read().decode(errors='replace')[:200]}")
+            raise UserError(
+                f"bench serve: the server answered {response.status}: "
+                f"{response.read().decode(errors='replace')[:200]}"
+            )
         stamps: list[float] = []
         usage, reason, finished_at = None, None, None
         for line in response:
@@ -128,8 +146,12 @@ def stream_chat(host: str, port: int, messages: list[dict[str, str]], max_tokens
                 usage = chunk["usage"]
             for choice in chunk.get("choices", ()):
                 delta = choice.get("delta") or {}
-                if delta.get("content") or delta.get("tool_calls"):  # a piece of the reply (mlx_lm.server
-                    stamps.append(now)  # sends the role with every piece, and the last piece with the end)
+                if delta.get("content") or delta.get(
+                    "tool_calls"
+                ):  # a piece of the reply (mlx_lm.server
+                    stamps.append(
+                        now
+                    )  # sends the role with every piece, and the last piece with the end)
                 if choice.get("finish_reason"):
                     reason, finished_at = choice["finish_reason"], now
     finally:
@@ -139,10 +161,14 @@ def stream_chat(host: str, port: int, messages: list[dict[str, str]], max_tokens
     if usage is None or not stamps:
         raise UserError("bench serve: a stream ended without its tokens or usage")
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-    return StreamResult(usage["completion_tokens"], cached, reason or "?", sent_at, stamps[0], stamps[-1])
+    return StreamResult(
+        usage["completion_tokens"], cached, reason or "?", sent_at, stamps[0], stamps[-1]
+    )
 
 
-def run_round(host: str, port: int, first_number: int, streams: int, max_tokens: int) -> RoundResult:
+def run_round(
+    host: str, port: int, first_number: int, streams: int, max_tokens: int
+) -> RoundResult:
     """``streams`` clients released together on the server at ``host:port``, requests
     ``first_number`` onwards."""
     start = threading.Barrier(streams)
@@ -151,36 +177,51 @@ def run_round(host: str, port: int, first_number: int, streams: int, max_tokens:
 
     def client(index: int) -> None:
         try:
-            results[index] = stream_chat(host, port, prompt_messages(first_number + index),
-                                         max_tokens, start)
+            results[index] = stream_chat(
+                host, port, prompt_messages(first_number + index), max_tokens, start
+            )
         except BaseException as exc:  # handed to the main thread
             errors.append(exc)
             start.abort()
 
-    threads = [threading.Thread(target=client, args=(i,), name=f"bench-serve-client-{i}") for i in range(streams)]
+    threads = [
+        threading.Thread(target=client, args=(i,), name=f"bench-serve-client-{i}")
+        for i in range(streams)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     if errors:
-        first = next((e for e in errors if not isinstance(e, threading.BrokenBarrierError)), errors[0])
+        first = next(
+            (e for e in errors if not isinstance(e, threading.BrokenBarrierError)), errors[0]
+        )
         raise first
     done = [r for r in results if r is not None]
     wall = max(r.last_token_at for r in done) - min(r.first_token_at for r in done)
     tokens = sum(r.completion_tokens for r in done)
     return RoundResult(
-        streams=streams, completion_tokens=tokens, wall_s=wall,
+        streams=streams,
+        completion_tokens=tokens,
+        wall_s=wall,
         tokens_per_s=tokens / wall if wall > 0 else 0.0,
         stream_overlap=sum(r.span_s for r in done) / wall if wall > 0 else 0.0,
-        ttft_s=[r.ttft_s for r in done], completion_tokens_each=[r.completion_tokens for r in done],
-        cached_tokens_each=[r.cached_tokens for r in done], finish_reasons=[r.finish_reason for r in done])
+        ttft_s=[r.ttft_s for r in done],
+        completion_tokens_each=[r.completion_tokens for r in done],
+        cached_tokens_each=[r.cached_tokens for r in done],
+        finish_reasons=[r.finish_reason for r in done],
+    )
 
 
 def stream_counts(args) -> list[int]:
     """The rounds' client counts: 1, then ``--streams`` (4, or 4 and 8 with ``--against``),
     checked along with the other arguments."""
     counts = args.streams or ([4, 8] if getattr(args, "against", None) else [4])
-    for name, value in (("streams", min(counts)), ("max_tokens", args.max_tokens), ("repeats", args.repeats)):
+    for name, value in (
+        ("streams", min(counts)),
+        ("max_tokens", args.max_tokens),
+        ("repeats", args.repeats),
+    ):
         if value < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
     if args.max_tokens < 2:
@@ -193,8 +234,9 @@ def run_bench_serve(args) -> int:
     from core.cli.progress import print_progress
 
     root = paths.data_dir(args.data_dir)
-    engine = Engine(root, args.model, pool_tokens=POOL_TOKENS, disk_cache=False,
-                    on_load_progress=print_progress).start()
+    engine = Engine(
+        root, args.model, pool_tokens=POOL_TOKENS, disk_cache=False, on_load_progress=print_progress
+    ).start()
     server = None
     rounds: dict[int, list[RoundResult]] = {n: [] for n in counts}
     try:
@@ -205,9 +247,15 @@ def run_bench_serve(args) -> int:
         number += 1
         for rep in range(args.repeats):
             for streams in counts:
-                print(f"radixchat: bench serve: repetition {rep + 1}/{args.repeats}, {streams} "
-                      f"stream{'s' if streams > 1 else ''}", file=sys.stderr, flush=True)
-                rounds[streams].append(run_round(server.host, server.port, number, streams, args.max_tokens))
+                print(
+                    f"radixchat: bench serve: repetition {rep + 1}/{args.repeats}, {streams} "
+                    f"stream{'s' if streams > 1 else ''}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                rounds[streams].append(
+                    run_round(server.host, server.port, number, streams, args.max_tokens)
+                )
                 number += streams
     finally:
         if server is not None:
@@ -226,8 +274,13 @@ def version(package: str) -> str | None:
 
 
 def machine() -> dict:
-    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(), "mlx": version("mlx"), "mlx_lm": version("mlx-lm")}
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "mlx": version("mlx"),
+        "mlx_lm": version("mlx-lm"),
+    }
 
 
 def _report(args, info, rounds: dict[int, list[RoundResult]]) -> dict:
@@ -239,19 +292,27 @@ def _report(args, info, rounds: dict[int, list[RoundResult]]) -> dict:
 
     tps = {n: median(n, "tokens_per_s") for n in counts}
     report = {
-        "model": info.name, "spec": args.model, "fingerprint": info.fingerprint,
-        "weights_format": info.weights_format, "machine": machine(),
-        "streams": many[0] if many else 1, "stream_counts": counts,
-        "max_tokens": args.max_tokens, "repeats": args.repeats, "pool_tokens": POOL_TOKENS,
+        "model": info.name,
+        "spec": args.model,
+        "fingerprint": info.fingerprint,
+        "weights_format": info.weights_format,
+        "machine": machine(),
+        "streams": many[0] if many else 1,
+        "stream_counts": counts,
+        "max_tokens": args.max_tokens,
+        "repeats": args.repeats,
+        "pool_tokens": POOL_TOKENS,
         "method": "greedy streaming chat requests over raw HTTP to an in-process ApiServer; a round's "
-                  "throughput = completion tokens summed over its clients / (last token - first token "
-                  "of the round); medians over repetitions",
+        "throughput = completion tokens summed over its clients / (last token - first token "
+        "of the round); medians over repetitions",
         "rounds": {str(s): [asdict(r) for r in rs] for s, rs in rounds.items()},
         "tokens_per_s": {str(n): tps[n] for n in counts},
         "per_stream_tokens_per_s": {str(n): tps[n] / n for n in counts},
         "wall_s": {str(n): median(n, "wall_s") for n in counts},
         "stream_overlap": {str(n): median(n, "stream_overlap") for n in counts},
-        "ttft_s_median": {str(s): statistics.median(t for r in rs for t in r.ttft_s) for s, rs in rounds.items()},
+        "ttft_s_median": {
+            str(s): statistics.median(t for r in rs for t in r.ttft_s) for s, rs in rounds.items()
+        },
     }
     ratios = {n: tps[n] / tps[1] if tps[1] > 0 else None for n in many}
     for n in many:
@@ -273,12 +334,16 @@ def format_table(report: dict) -> str:
         f"{'clients':>8}{'tok/s (sum)':>13}{'tok/s each':>12}{'wall (s)':>10}{'overlap':>9}{'TTFT (s)':>10}",
     ]
     for streams in map(str, report["stream_counts"]):
-        lines.append(f"{streams:>8}{report['tokens_per_s'][streams]:>13.1f}"
-                     f"{report['per_stream_tokens_per_s'][streams]:>12.1f}{report['wall_s'][streams]:>10.2f}"
-                     f"{report['stream_overlap'][streams]:>9.2f}{report['ttft_s_median'][streams]:>10.3f}")
+        lines.append(
+            f"{streams:>8}{report['tokens_per_s'][streams]:>13.1f}"
+            f"{report['per_stream_tokens_per_s'][streams]:>12.1f}{report['wall_s'][streams]:>10.2f}"
+            f"{report['stream_overlap'][streams]:>9.2f}{report['ttft_s_median'][streams]:>10.3f}"
+        )
     lines.append("")
     for n in report["stream_counts"][1:]:
         ratio = report.get(f"throughput_ratio_{n}_vs_1", report["throughput_ratio_4_vs_1"])
-        lines.append(f"aggregate throughput, {n} clients / 1 client: "
-                     + (f"{ratio:.2f}x" if ratio is not None else "n/a"))
+        lines.append(
+            f"aggregate throughput, {n} clients / 1 client: "
+            + (f"{ratio:.2f}x" if ratio is not None else "n/a")
+        )
     return "\n".join(lines)

@@ -28,9 +28,22 @@ from pathlib import Path
 
 from core import paths
 from core.cli.bench.agent import _link_models, save_mlx_folder
-from core.cli.bench.serve import (POOL_TOKENS, WARMUP_TOKENS, RoundResult, machine, prompt_messages, run_round,
-                                  stream_chat, stream_counts)
-from core.cli.bench.server_process import ServerProcess, free_port, mlx_lm_server_code, radixchat_server_code
+from core.cli.bench.serve import (
+    POOL_TOKENS,
+    WARMUP_TOKENS,
+    RoundResult,
+    machine,
+    prompt_messages,
+    run_round,
+    stream_chat,
+    stream_counts,
+)
+from core.cli.bench.server_process import (
+    ServerProcess,
+    free_port,
+    mlx_lm_server_code,
+    radixchat_server_code,
+)
 
 SERVERS = ("ours", "mlx_lm")
 TARGETS = {1: 1.0, 4: 1.1, 8: 1.1}  # ours / mlx_lm.server, issue 19
@@ -42,14 +55,24 @@ def run_bench_serve_against(args) -> int:
     rounds: dict[str, dict[int, list[RoundResult]]] = {s: {n: [] for n in counts} for s in SERVERS}
     with tempfile.TemporaryDirectory(prefix="radixchat-bench-serve-") as folder:
         mlx_folder, data = Path(folder) / "mlx", Path(folder) / "data"
-        print("radixchat: bench serve: saving the model as an MLX folder for mlx_lm.server",
-              file=sys.stderr, flush=True)
+        print(
+            "radixchat: bench serve: saving the model as an MLX folder for mlx_lm.server",
+            file=sys.stderr,
+            flush=True,
+        )
         save_mlx_folder(root, args.model, mlx_folder)
         _link_models(root, data)
         ours_port, theirs_port = free_port(), free_port()
-        with ServerProcess("radixchat serve", radixchat_server_code(args.model, data, ours_port, POOL_TOKENS),
-                           ours_port) as ours, \
-                ServerProcess("mlx_lm.server", mlx_lm_server_code(mlx_folder, theirs_port), theirs_port) as theirs:
+        with (
+            ServerProcess(
+                "radixchat serve",
+                radixchat_server_code(args.model, data, ours_port, POOL_TOKENS),
+                ours_port,
+            ) as ours,
+            ServerProcess(
+                "mlx_lm.server", mlx_lm_server_code(mlx_folder, theirs_port), theirs_port
+            ) as theirs,
+        ):
             servers = {"ours": ours, "mlx_lm": theirs}
             for server in servers.values():  # what loads lazily, loaded
                 stream_chat(server.host, server.port, prompt_messages(0), WARMUP_TOKENS)
@@ -58,39 +81,67 @@ def run_bench_serve_against(args) -> int:
                 order = SERVERS if rep % 2 == 0 else SERVERS[::-1]
                 for streams in counts:
                     for name in order:
-                        print(f"radixchat: bench serve: repetition {rep + 1}/{args.repeats}, {streams} "
-                              f"stream{'s' if streams > 1 else ''}, {name}", file=sys.stderr, flush=True)
+                        print(
+                            f"radixchat: bench serve: repetition {rep + 1}/{args.repeats}, {streams} "
+                            f"stream{'s' if streams > 1 else ''}, {name}",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                         server = servers[name]
-                        rounds[name][streams].append(run_round(server.host, server.port, number, streams,
-                                                               args.max_tokens))
+                        rounds[name][streams].append(
+                            run_round(server.host, server.port, number, streams, args.max_tokens)
+                        )
                     number += streams  # both servers get the same prompts in a run
     report = against_report(args, counts, rounds)
     print(json.dumps(report, indent=2) if args.json else format_against(report))
     return 0
 
 
-def against_report(args, counts: list[int], rounds: dict[str, dict[int, list[RoundResult]]]) -> dict:
+def against_report(
+    args, counts: list[int], rounds: dict[str, dict[int, list[RoundResult]]]
+) -> dict:
     def tps(name: str, n: int) -> float:
         return statistics.median(r.tokens_per_s for r in rounds[name][n])
 
     def paired(n: int) -> float | None:
-        ratios = [a.tokens_per_s / b.tokens_per_s for a, b in zip(rounds["ours"][n], rounds["mlx_lm"][n])
-                  if b.tokens_per_s > 0]
+        ratios = [
+            a.tokens_per_s / b.tokens_per_s
+            for a, b in zip(rounds["ours"][n], rounds["mlx_lm"][n])
+            if b.tokens_per_s > 0
+        ]
         return statistics.median(ratios) if ratios else None
 
     return {
-        "model": args.model, "against": "mlx_lm.server", "machine": machine(), "stream_counts": counts,
-        "max_tokens": args.max_tokens, "repeats": args.repeats, "pool_tokens": POOL_TOKENS,
+        "model": args.model,
+        "against": "mlx_lm.server",
+        "machine": machine(),
+        "stream_counts": counts,
+        "max_tokens": args.max_tokens,
+        "repeats": args.repeats,
+        "pool_tokens": POOL_TOKENS,
         "method": "both servers as subprocesses with the same CPU setup and weights (ours: radixchat serve "
-                  "on the GGUF; theirs: mlx_lm.server on it saved as an MLX folder); greedy streaming chat "
-                  "requests over raw HTTP; a round's throughput = completion tokens summed over its clients "
-                  "/ (last token - first token of the round); the servers take turns round by round with "
-                  "the same prompts; medians over repetitions",
-        "rounds": {name: {str(n): [asdict(r) for r in rs] for n, rs in by.items()} for name, by in rounds.items()},
-        "completion_tokens": {name: {str(n): statistics.median(r.completion_tokens for r in rounds[name][n])
-                                     for n in counts} for name in SERVERS},
-        "ttft_s_median": {name: {str(n): statistics.median(t for r in rounds[name][n] for t in r.ttft_s)
-                                 for n in counts} for name in SERVERS},
+        "on the GGUF; theirs: mlx_lm.server on it saved as an MLX folder); greedy streaming chat "
+        "requests over raw HTTP; a round's throughput = completion tokens summed over its clients "
+        "/ (last token - first token of the round); the servers take turns round by round with "
+        "the same prompts; medians over repetitions",
+        "rounds": {
+            name: {str(n): [asdict(r) for r in rs] for n, rs in by.items()}
+            for name, by in rounds.items()
+        },
+        "completion_tokens": {
+            name: {
+                str(n): statistics.median(r.completion_tokens for r in rounds[name][n])
+                for n in counts
+            }
+            for name in SERVERS
+        },
+        "ttft_s_median": {
+            name: {
+                str(n): statistics.median(t for r in rounds[name][n] for t in r.ttft_s)
+                for n in counts
+            }
+            for name in SERVERS
+        },
         "tokens_per_s": {name: {str(n): tps(name, n) for n in counts} for name in SERVERS},
         "targets": {str(n): TARGETS[n] for n in counts if n in TARGETS},
         "ratio_ours_vs_mlx_lm": {str(n): paired(n) for n in counts},
@@ -99,14 +150,19 @@ def against_report(args, counts: list[int], rounds: dict[str, dict[int, list[Rou
 
 def format_against(report: dict) -> str:
     m = report["machine"]
-    lines = [f"model: {report['model']}; {report['max_tokens']} greedy tokens per request; medians of "
-             f"{report['repeats']} repetitions, the two servers interleaved",
-             f"machine: {m['platform']}, {m['cpu_count']} CPUs, mlx {m['mlx']}, mlx-lm {m['mlx_lm']}", "",
-             f"{'clients':>8}{'ours tok/s':>12}{'mlx_lm tok/s':>14}{'ours/mlx_lm':>13}{'target':>8}"]
+    lines = [
+        f"model: {report['model']}; {report['max_tokens']} greedy tokens per request; medians of "
+        f"{report['repeats']} repetitions, the two servers interleaved",
+        f"machine: {m['platform']}, {m['cpu_count']} CPUs, mlx {m['mlx']}, mlx-lm {m['mlx_lm']}",
+        "",
+        f"{'clients':>8}{'ours tok/s':>12}{'mlx_lm tok/s':>14}{'ours/mlx_lm':>13}{'target':>8}",
+    ]
     for n in map(str, report["stream_counts"]):
         ratio = report["ratio_ours_vs_mlx_lm"][n]
         target = report["targets"].get(n)
-        lines.append(f"{n:>8}{report['tokens_per_s']['ours'][n]:>12.1f}{report['tokens_per_s']['mlx_lm'][n]:>14.1f}"
-                     + (f"{ratio:>12.2f}x" if ratio is not None else f"{'n/a':>13}")
-                     + (f"{target:>7.1f}x" if target is not None else ""))
+        lines.append(
+            f"{n:>8}{report['tokens_per_s']['ours'][n]:>12.1f}{report['tokens_per_s']['mlx_lm'][n]:>14.1f}"
+            + (f"{ratio:>12.2f}x" if ratio is not None else f"{'n/a':>13}")
+            + (f"{target:>7.1f}x" if target is not None else "")
+        )
     return "\n".join(lines)

@@ -24,7 +24,9 @@ START_TIMEOUT_S = 300
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
-def wait_until_answers(process, port: int, path: str, timeout_s: float, host: str = "127.0.0.1") -> bool:
+def wait_until_answers(
+    process, port: int, path: str, timeout_s: float, host: str = "127.0.0.1"
+) -> bool:
     """Poll ``GET path`` on ``host:port`` every half second until it answers 200 (True), or
     ``process`` exits or ``timeout_s`` passes (False: the caller says which, in its words)."""
     deadline = time.monotonic() + timeout_s
@@ -50,17 +52,39 @@ def free_port() -> int:
 
 def mlx_lm_server_code(folder: Path, port: int) -> str:
     """Python code that runs ``mlx_lm.server`` on MLX folder ``folder`` after ``import core``."""
-    return ("import core, sys; from mlx_lm.server import main; "
-            f"sys.argv = ['mlx_lm.server', '--model', {str(folder)!r}, '--host', '127.0.0.1', "
-            f"'--port', '{port}', '--log-level', 'WARNING']; main()")
+    return (
+        "import core, sys; from mlx_lm.server import main; "
+        f"sys.argv = ['mlx_lm.server', '--model', {str(folder)!r}, '--host', '127.0.0.1', "
+        f"'--port', '{port}', '--log-level', 'WARNING']; main()"
+    )
 
 
-def radixchat_server_code(model: str, data_dir: Path, port: int, kv_tokens: int, *, use_cache: bool = True,
-                          chat_template: str | None = None, extra: list[str] | tuple[str, ...] = ()) -> str:
+def radixchat_server_code(
+    model: str,
+    data_dir: Path,
+    port: int,
+    kv_tokens: int,
+    *,
+    use_cache: bool = True,
+    chat_template: str | None = None,
+    extra: list[str] | tuple[str, ...] = (),
+) -> str:
     """Python code that runs ``radixchat serve`` (our API over our engine); without its
     cache (``--no-cache``) or with another chat template when asked, ``extra`` arguments last."""
-    argv = ["serve", "--model", model, "--host", "127.0.0.1", "--port", str(port),
-            "--data-dir", str(data_dir), "--kv-tokens", str(kv_tokens), *extra]
+    argv = [
+        "serve",
+        "--model",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--data-dir",
+        str(data_dir),
+        "--kv-tokens",
+        str(kv_tokens),
+        *extra,
+    ]
     if chat_template:
         argv += ["--chat-template", str(chat_template)]
     if not use_cache:
@@ -74,26 +98,37 @@ class ServerProcess:
     (or :meth:`start` and :meth:`stop`): it is terminated on exit, and killed if it has not
     ended ``stop_timeout_s`` later."""
 
-    def __init__(self, name: str, code: str, port: int, stop_timeout_s: float = 30,
-                 ready_path: str = "/v1/models"):
+    def __init__(
+        self,
+        name: str,
+        code: str,
+        port: int,
+        stop_timeout_s: float = 30,
+        ready_path: str = "/v1/models",
+    ):
         self.name, self.code, self.port, self.stop_timeout_s = name, code, port, stop_timeout_s
         self.ready_path = ready_path
         self.host = "127.0.0.1"
         self._log = None
         self._process: subprocess.Popen | None = None
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def start(self) -> "ServerProcess":
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    def start(self) -> ServerProcess:
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
+            ),
+        }
         self._log = tempfile.TemporaryFile()
-        self._process = subprocess.Popen([sys.executable, "-c", self.code], env=env, stdout=self._log,
-                                         stderr=subprocess.STDOUT)
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", self.code], env=env, stdout=self._log, stderr=subprocess.STDOUT
+        )
         try:
             self._wait_ready()
         except BaseException:
@@ -115,7 +150,9 @@ class ServerProcess:
             self._log = None
 
     def _wait_ready(self) -> None:
-        if wait_until_answers(self._process, self.port, self.ready_path, START_TIMEOUT_S, self.host):
+        if wait_until_answers(
+            self._process, self.port, self.ready_path, START_TIMEOUT_S, self.host
+        ):
             return
         if self._process.poll() is not None:
             self._log.seek(0)

@@ -15,12 +15,25 @@ from core.engine.engine import Engine
 from core.models.chat_template import shipped_template
 
 MODEL = "claude-haiku-4-5"
-WEATHER = {"name": "get_weather", "description": "The weather of a city",
-           "input_schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
-                                                             "unit": {"enum": ["C", "F"]}},
-                            "required": ["city", "unit"], "additionalProperties": False}}
-TIME = {"name": "get_time", "input_schema": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}},
-                                             "required": ["zone"], "additionalProperties": False}}
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather of a city",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["C", "F"]}},
+        "required": ["city", "unit"],
+        "additionalProperties": False,
+    },
+}
+TIME = {
+    "name": "get_time",
+    "input_schema": {
+        "type": "object",
+        "properties": {"zone": {"enum": ["UTC", "CET"]}},
+        "required": ["zone"],
+        "additionalProperties": False,
+    },
+}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 GREEDY = {"temperature": 0}
 
@@ -30,9 +43,16 @@ def server(tmp_path_factory):
     from core.models.tiny_model import TinyModelSpec, write_tiny_model
 
     root = tmp_path_factory.mktemp("tools")
-    model = write_tiny_model(root / "tiny-long", TinyModelSpec(num_layers=2, max_position_embeddings=4096))
-    engine = Engine(root / "data", str(model), pool_tokens=16384, disk_cache=False,
-                    chat_template=shipped_template("smollm2_tools.jinja")).start()
+    model = write_tiny_model(
+        root / "tiny-long", TinyModelSpec(num_layers=2, max_position_embeddings=4096)
+    )
+    engine = Engine(
+        root / "data",
+        str(model),
+        pool_tokens=16384,
+        disk_cache=False,
+        chat_template=shipped_template("smollm2_tools.jinja"),
+    ).start()
     engine.wait_ready(timeout=60)
     with ApiServer(engine, "127.0.0.1", 0) as api:
         yield api
@@ -41,18 +61,27 @@ def server(tmp_path_factory):
 
 @pytest.fixture
 def client(server):
-    with anthropic.Anthropic(base_url=server.address, api_key="unused", max_retries=0, timeout=60) as c:
+    with anthropic.Anthropic(
+        base_url=server.address, api_key="unused", max_retries=0, timeout=60
+    ) as c:
         yield c
 
 
 def call_tool(client, **kw):
     kw.setdefault("tools", [WEATHER, TIME])
     kw.setdefault("max_tokens", 120)
-    return client.messages.create(model=MODEL, messages=kw.pop("messages", ASK), extra_body=GREEDY, **kw)
+    return client.messages.create(
+        model=MODEL, messages=kw.pop("messages", ASK), extra_body=GREEDY, **kw
+    )
 
 
-@pytest.mark.parametrize("choice, names", [({"type": "any"}, {"get_weather", "get_time"}),
-                                           ({"type": "tool", "name": "get_time"}, {"get_time"})])
+@pytest.mark.parametrize(
+    "choice, names",
+    [
+        ({"type": "any"}, {"get_weather", "get_time"}),
+        ({"type": "tool", "name": "get_time"}, {"get_time"}),
+    ],
+)
 def test_a_forced_call_is_a_valid_tool_use_block(client, choice, names):
     message = call_tool(client, tool_choice=choice)
     assert message.stop_reason == "tool_use"
@@ -63,48 +92,129 @@ def test_a_forced_call_is_a_valid_tool_use_block(client, choice, names):
 
 
 def test_a_streamed_call_and_its_events(client):
-    with client.messages.stream(model=MODEL, max_tokens=120, messages=ASK, tools=[WEATHER],
-                                tool_choice={"type": "tool", "name": "get_weather"}, extra_body=GREEDY) as stream:
+    with client.messages.stream(
+        model=MODEL,
+        max_tokens=120,
+        messages=ASK,
+        tools=[WEATHER],
+        tool_choice={"type": "tool", "name": "get_weather"},
+        extra_body=GREEDY,
+    ) as stream:
         events = list(stream)
         final = stream.get_final_message()
     starts = [e for e in events if e.type == "content_block_start"]
-    assert starts[-1].content_block.type == "tool_use" and starts[-1].content_block.name == "get_weather"
-    deltas = [e.delta for e in events if e.type == "content_block_delta" and e.delta.type == "input_json_delta"]
+    assert (
+        starts[-1].content_block.type == "tool_use"
+        and starts[-1].content_block.name == "get_weather"
+    )
+    deltas = [
+        e.delta
+        for e in events
+        if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
+    ]
     assert deltas and json.loads("".join(d.partial_json for d in deltas)) == final.content[-1].input
     assert final.stop_reason == "tool_use"
     jsonschema.validate(final.content[-1].input, WEATHER["input_schema"])
-    unstreamed = call_tool(client, tools=[WEATHER], tool_choice={"type": "tool", "name": "get_weather"})
+    unstreamed = call_tool(
+        client, tools=[WEATHER], tool_choice={"type": "tool", "name": "get_weather"}
+    )
     assert unstreamed.content[-1].input == final.content[-1].input  # greedy: the same call
 
 
 def test_a_tool_round_trip(client):
     first = call_tool(client, tool_choice={"type": "tool", "name": "get_weather"})
     use = first.content[-1]
-    history = [*ASK, {"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in first.content]},
-               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "18 C, sunny"},
-                                            {"type": "text", "text": "Say it in words."}]}]
+    history = [
+        *ASK,
+        {
+            "role": "assistant",
+            "content": [block.model_dump(exclude_none=True) for block in first.content],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": use.id, "content": "18 C, sunny"},
+                {"type": "text", "text": "Say it in words."},
+            ],
+        },
+    ]
     answer = call_tool(client, messages=history, max_tokens=8)
     assert answer.stop_reason in ("end_turn", "max_tokens", "tool_use")
-    assert answer.usage.cache_read_input_tokens >= first.usage.input_tokens + first.usage.cache_read_input_tokens - 1
-    counted = client.messages.count_tokens(model=MODEL, messages=history, tools=[WEATHER, TIME]).input_tokens
+    assert (
+        answer.usage.cache_read_input_tokens
+        >= first.usage.input_tokens + first.usage.cache_read_input_tokens - 1
+    )
+    counted = client.messages.count_tokens(
+        model=MODEL, messages=history, tools=[WEATHER, TIME]
+    ).input_tokens
     assert counted == answer.usage.input_tokens + answer.usage.cache_read_input_tokens
     without = client.messages.count_tokens(model=MODEL, messages=ASK).input_tokens
-    assert client.messages.count_tokens(model=MODEL, messages=ASK, tools=[WEATHER]).input_tokens > without
+    assert (
+        client.messages.count_tokens(model=MODEL, messages=ASK, tools=[WEATHER]).input_tokens
+        > without
+    )
 
 
-@pytest.mark.parametrize("change, where", [
-    ({"tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice.name"),
-    ({"tool_choice": {"type": "any"}, "tools": []}, "tool_choice"),
-    ({"tools": [{**WEATHER, "input_schema": {"type": "object", "properties": {"x": {"type": "nonsense"}}}}]},
-     "tools[0].input_schema"),
-    ({"tools": [{**WEATHER, "name": "has space"}]}, "tools[0].name"),
-    ({"messages": [*ASK, {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get_time",
-                                                              "input": {"zone": "UTC"}}]},
-                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t2", "content": "12:00"}]}]},
-     "messages[2].content[0].tool_use_id"),
-    ({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "t1", "name": "get_time", "input": {}}]}]},
-     "messages[0].content[0]"),
-])
+@pytest.mark.parametrize(
+    "change, where",
+    [
+        ({"tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice.name"),
+        ({"tool_choice": {"type": "any"}, "tools": []}, "tool_choice"),
+        (
+            {
+                "tools": [
+                    {
+                        **WEATHER,
+                        "input_schema": {
+                            "type": "object",
+                            "properties": {"x": {"type": "nonsense"}},
+                        },
+                    }
+                ]
+            },
+            "tools[0].input_schema",
+        ),
+        ({"tools": [{**WEATHER, "name": "has space"}]}, "tools[0].name"),
+        (
+            {
+                "messages": [
+                    *ASK,
+                    {
+                        "role": "assistant",
+                        "content": [
+                            {
+                                "type": "tool_use",
+                                "id": "t1",
+                                "name": "get_time",
+                                "input": {"zone": "UTC"},
+                            }
+                        ],
+                    },
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "tool_result", "tool_use_id": "t2", "content": "12:00"}
+                        ],
+                    },
+                ]
+            },
+            "messages[2].content[0].tool_use_id",
+        ),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "tool_use", "id": "t1", "name": "get_time", "input": {}}
+                        ],
+                    }
+                ]
+            },
+            "messages[0].content[0]",
+        ),
+    ],
+)
 def test_bad_tool_requests_are_400s_naming_the_field(client, change, where):
     with pytest.raises(anthropic.BadRequestError) as caught:
         call_tool(client, **change)

@@ -17,7 +17,12 @@ from pathlib import Path
 import pytest
 
 from core.api.server import ApiServer
-from core.cli.bench.server_process import REPO_ROOT, free_port, radixchat_server_code, wait_until_answers
+from core.cli.bench.server_process import (
+    REPO_ROOT,
+    free_port,
+    radixchat_server_code,
+    wait_until_answers,
+)
 
 HALF_HEAD = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "  # never ends
 
@@ -38,8 +43,13 @@ def half_heads(port: int, count: int) -> list[socket.socket]:
     return held
 
 
-def answer(port: int, method: str = "GET", path: str = "/health", body: dict | None = None,
-           timeout: float = 15.0) -> int:
+def answer(
+    port: int,
+    method: str = "GET",
+    path: str = "/health",
+    body: dict | None = None,
+    timeout: float = 15.0,
+) -> int:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         data = json.dumps(body).encode() if body is not None else None
@@ -76,7 +86,9 @@ def many_sockets():
 
 
 @pytest.mark.faults
-def test_more_idle_connections_than_descriptors_leave_the_server_answering(tiny_model, tmp_path, many_sockets):
+def test_more_idle_connections_than_descriptors_leave_the_server_answering(
+    tiny_model, tmp_path, many_sockets
+):
     """Issue 26.3: 2,100 half-sent request heads took the server to its descriptor limit
     (2,048: what mlx-lm sets when imported) and nobody was answered while they were held;
     every refused accept was logged with a traceback. Now the oldest idle connection makes
@@ -86,7 +98,9 @@ def test_more_idle_connections_than_descriptors_leave_the_server_answering(tiny_
     code = radixchat_server_code(str(tiny_model), tmp_path / "data", port, 4096)
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     with log_path.open("wb") as log_file:
-        server = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=log_file, stderr=subprocess.STDOUT)
+        server = subprocess.Popen(
+            [sys.executable, "-c", code], env=env, stdout=log_file, stderr=subprocess.STDOUT
+        )
     held: list[socket.socket] = []
     try:
         assert wait_until_answers(server, port, "/health", 120), log_path.read_text()[-2000:]
@@ -107,7 +121,9 @@ def test_more_idle_connections_than_descriptors_leave_the_server_answering(tiny_
 def limited_server(engine, max_connections: int = 1000, head_timeout_s: float = 30.0) -> ApiServer:
     from core.api.connections import ConnectionLimits
 
-    return ApiServer(engine, "127.0.0.1", 0, connections=ConnectionLimits(max_connections, head_timeout_s))
+    return ApiServer(
+        engine, "127.0.0.1", 0, connections=ConnectionLimits(max_connections, head_timeout_s)
+    )
 
 
 @pytest.mark.faults
@@ -191,19 +207,29 @@ def test_failed_accepts_are_one_line_every_few_seconds(caplog):
     try:
         loop.set_exception_handler(guard.loop_exception)
         for _ in range(2000):
-            loop.call_exception_handler({"message": ACCEPT_FAILED, "exception": OSError(24, "Too many open files")})
+            loop.call_exception_handler(
+                {"message": ACCEPT_FAILED, "exception": OSError(24, "Too many open files")}
+            )
     finally:
         loop.close()
     assert len(caplog.records) == 1 and "out of file descriptors" in caplog.records[0].getMessage()
 
 
 def test_the_open_file_limit_is_raised_where_it_can_be(tmp_path):
-    code = ("import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (256, 4096)); "
-            "from core.api.connections import connection_cap; "
-            "print(connection_cap(1000), resource.getrlimit(resource.RLIMIT_NOFILE)[0]); "
-            "resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256)); print(connection_cap(1000))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, cwd=Path(REPO_ROOT))
+    code = (
+        "import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (256, 4096)); "
+        "from core.api.connections import connection_cap; "
+        "print(connection_cap(1000), resource.getrlimit(resource.RLIMIT_NOFILE)[0]); "
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256)); print(connection_cap(1000))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        cwd=Path(REPO_ROOT),
+    )
     assert done.returncode == 0, done.stderr
     raised, capped = done.stdout.split("\n")[:2]
     assert raised == "1000 1064"  # room for 1,000 connections and the rest of the process

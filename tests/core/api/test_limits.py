@@ -45,7 +45,10 @@ def get(server, path: str, timeout: float) -> int:
 
 
 def openai_tool(name: str, parameters: dict | None = None) -> dict:
-    return {"type": "function", "function": {"name": name, "parameters": parameters or {"type": "object"}}}
+    return {
+        "type": "function",
+        "function": {"name": name, "parameters": parameters or {"type": "object"}},
+    }
 
 
 def body_with(path: str, tools: list) -> dict:
@@ -53,8 +56,12 @@ def body_with(path: str, tools: list) -> dict:
     messages = [{"role": "user", "content": "hi"}]
     if path == "/v1/chat/completions":
         return {"messages": messages, "max_tokens": 2, "tools": tools}
-    shaped = [{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]}
-              if isinstance(t, dict) and "function" in t else t for t in tools]
+    shaped = [
+        {"name": t["function"]["name"], "input_schema": t["function"]["parameters"]}
+        if isinstance(t, dict) and "function" in t
+        else t
+        for t in tools
+    ]
     return {"model": "default", "max_tokens": 2, "messages": messages, "tools": shaped}
 
 
@@ -91,20 +98,30 @@ def test_the_limits_are_the_servers_own_and_name_their_option(tiny_engine, path)
         big = openai_tool("big", {"type": "object", "description": "x" * 3_000})
         status, body = post(api, path, body_with(path, [big]))
         assert status == 400, body
-        assert "--max-schema-bytes" in error_of(body)["message"] and "at most 2,000" in error_of(body)["message"]
+        assert (
+            "--max-schema-bytes" in error_of(body)["message"]
+            and "at most 2,000" in error_of(body)["message"]
+        )
         status, body = post(api, path, body_with(path, [openai_tool("small")]))
-        assert "max-" not in json.dumps(body)  # within the limits: whatever the tiny model's template says
+        assert "max-" not in json.dumps(
+            body
+        )  # within the limits: whatever the tiny model's template says
 
 
 @pytest.mark.faults
 def test_a_response_schema_counts_toward_the_bytes(tiny_engine):
     from core.api.limits import RequestLimits
 
-    with ApiServer(tiny_engine, "127.0.0.1", 0, limits=RequestLimits(max_schema_bytes=2_000)) as api:
+    with ApiServer(
+        tiny_engine, "127.0.0.1", 0, limits=RequestLimits(max_schema_bytes=2_000)
+    ) as api:
         schema = {"type": "object", "description": "y" * 3_000}
         fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
-        status, body = post(api, "/v1/chat/completions",
-                            {"messages": [{"role": "user", "content": "hi"}], "response_format": fmt})
+        status, body = post(
+            api,
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "response_format": fmt},
+        )
         assert status == 400 and error_of(body)["code"] == "schemas_too_large"
 
 
@@ -123,7 +140,9 @@ def test_schemas_are_checked_off_the_event_loop(server, monkeypatch):
     monkeypatch.setattr(jsonschema.Draft202012Validator, "check_schema", classmethod(slow_check))
     held = openai_tool("held", {"type": "object", "description": "held"})
     with ThreadPoolExecutor(1) as pool:
-        heavy = pool.submit(post, server, "/v1/chat/completions", body_with("/v1/chat/completions", [held]))
+        heavy = pool.submit(
+            post, server, "/v1/chat/completions", body_with("/v1/chat/completions", [held])
+        )
         try:
             assert entered.wait(30), "the schema check never started"
             assert get(server, "/health", timeout=10) == 200  # the event loop is free

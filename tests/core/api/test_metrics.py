@@ -10,10 +10,28 @@ from core.engine.engine import EngineStats
 from core.engine.types import RequestStats
 from kvcache.stats import CacheStats
 
-CACHE = CacheStats(enabled=True, disabled_reason=None, page_size=16, pages_total=100, pages_used=40,
-                   pages_evictable=30, pages_locked=10, pool_bytes=1 << 20, tree_nodes=7, tree_tokens=600,
-                   snapshots=0, snapshot_bytes=0, hits=3, misses=1, hit_tokens=300, prompt_tokens=400,
-                   evicted_tokens=0, evicted_pages=0, sessions=2, namespaces=3)
+CACHE = CacheStats(
+    enabled=True,
+    disabled_reason=None,
+    page_size=16,
+    pages_total=100,
+    pages_used=40,
+    pages_evictable=30,
+    pages_locked=10,
+    pool_bytes=1 << 20,
+    tree_nodes=7,
+    tree_tokens=600,
+    snapshots=0,
+    snapshot_bytes=0,
+    hits=3,
+    misses=1,
+    hit_tokens=300,
+    prompt_tokens=400,
+    evicted_tokens=0,
+    evicted_pages=0,
+    sessions=2,
+    namespaces=3,
+)
 
 
 def samples(metrics: ServerMetrics) -> dict[tuple[str, tuple], float]:
@@ -27,8 +45,11 @@ def samples(metrics: ServerMetrics) -> dict[tuple[str, tuple], float]:
 
 
 def test_engine_figures_are_read_at_scrape_time():
-    stats = [EngineStats(cache=CACHE, mlx_active_bytes=5, mlx_cache_bytes=6, mlx_peak_bytes=7,
-                         requests_served=9)]
+    stats = [
+        EngineStats(
+            cache=CACHE, mlx_active_bytes=5, mlx_cache_bytes=6, mlx_peak_bytes=7, requests_served=9
+        )
+    ]
     metrics = ServerMetrics(lambda: stats[0], lambda: 2)
     got = samples(metrics)
     assert got[("radixchat_requests_in_flight", ())] == 2
@@ -49,11 +70,27 @@ def test_requests_and_generations_are_counted():
     metrics.count_request("/v1/chat/completions", 200)
     metrics.count_request("/v1/chat/completions", 200)
     metrics.count_request("other", 404)
-    metrics.record_generation(RequestStats(prompt_tokens=20, cached_tokens=8, restored_tokens=4,
-                                           completion_tokens=5, finish_reason="length"), ttft_s=0.3)
+    metrics.record_generation(
+        RequestStats(
+            prompt_tokens=20,
+            cached_tokens=8,
+            restored_tokens=4,
+            completion_tokens=5,
+            finish_reason="length",
+        ),
+        ttft_s=0.3,
+    )
     metrics.record_generation(RequestStats(prompt_tokens=3, finish_reason="cancelled"), ttft_s=9.0)
     got = samples(metrics)
-    assert got[("radixchat_http_requests_total", (("endpoint", "/v1/chat/completions"), ("status", "200")))] == 2
+    assert (
+        got[
+            (
+                "radixchat_http_requests_total",
+                (("endpoint", "/v1/chat/completions"), ("status", "200")),
+            )
+        ]
+        == 2
+    )
     assert got[("radixchat_http_requests_total", (("endpoint", "other"), ("status", "404")))] == 1
     assert got[("radixchat_prompt_tokens_total", ())] == 23
     assert got[("radixchat_completion_tokens_total", ())] == 5

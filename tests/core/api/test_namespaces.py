@@ -27,8 +27,9 @@ def completions(server, key: str) -> openai.OpenAI:
 
 
 def complete(client: openai.OpenAI, text: str, **extra):
-    return client.completions.with_raw_response.create(model="default", prompt=text, max_tokens=1,
-                                                        temperature=0, extra_body=extra or None)
+    return client.completions.with_raw_response.create(
+        model="default", prompt=text, max_tokens=1, temperature=0, extra_body=extra or None
+    )
 
 
 def served(raw) -> int:
@@ -65,8 +66,9 @@ def test_each_key_is_reported_by_a_label_never_the_key(keyed):
 
 @pytest.fixture(scope="module")
 def messages(server_without_keys):
-    with anthropic.Anthropic(base_url=server_without_keys.address, api_key="unused", max_retries=0,
-                             timeout=30) as client:
+    with anthropic.Anthropic(
+        base_url=server_without_keys.address, api_key="unused", max_retries=0, timeout=30
+    ) as client:
         yield client
 
 
@@ -76,12 +78,21 @@ def server_without_keys(tiny_engine):
         yield server
 
 
-def ask(client: anthropic.Anthropic, text: str, metadata: dict | None = None, cache_salt: str | None = None):
+def ask(
+    client: anthropic.Anthropic,
+    text: str,
+    metadata: dict | None = None,
+    cache_salt: str | None = None,
+):
     """One message; ``cache_salt`` goes in the body (extra_body: the client knows no such field)."""
     body = {"temperature": 0, **({"cache_salt": cache_salt} if cache_salt is not None else {})}
     return client.messages.with_raw_response.create(
-        model="default", max_tokens=1, messages=[{"role": "user", "content": text}], extra_body=body,
-        **({"metadata": metadata} if metadata is not None else {}))
+        model="default",
+        max_tokens=1,
+        messages=[{"role": "user", "content": text}],
+        extra_body=body,
+        **({"metadata": metadata} if metadata is not None else {}),
+    )
 
 
 @pytest.mark.parametrize("salted", [True, False])
@@ -105,7 +116,10 @@ def test_a_cache_salt_keeps_a_local_clients_prompts_to_itself(messages, salted):
 
 
 def test_unsalted_local_clients_share_one_namespace(server_without_keys):
-    with completions(server_without_keys, "unused") as one, completions(server_without_keys, "other") as two:
+    with (
+        completions(server_without_keys, "unused") as one,
+        completions(server_without_keys, "other") as two,
+    ):
         text = "A long shared agent system prompt, the same for every sub-agent. " * 2
         complete(one, text + "first")
         raw = complete(two, text + "second")

@@ -6,11 +6,13 @@ import pytest
 from pydantic import ValidationError
 
 from core.api.errors import ApiError, param_of, validation_error
-from core.api.openai_schema import (ChatCompletionRequest, CompletionRequest, ReplyBuilder, to_call)
+from core.api.openai_schema import ChatCompletionRequest, CompletionRequest, ReplyBuilder, to_call
 from core.api.wire import ModelCard
 from core.engine.types import RequestStats
 
-CARD = ModelCard("tiny", "f" * 64, 512, frozenset({"tiny", "default", "/models/tiny"}), 1_700_000_000)
+CARD = ModelCard(
+    "tiny", "f" * 64, 512, frozenset({"tiny", "default", "/models/tiny"}), 1_700_000_000
+)
 HI = [{"role": "user", "content": "hi"}]
 
 
@@ -25,43 +27,64 @@ def chat_call(**body):
     return to_call(ChatCompletionRequest.model_validate({"messages": HI, **body}), CARD)
 
 
-@pytest.mark.parametrize("loc, param", [
-    (("messages", 0, "content", "str"), "messages[0].content"),
-    (("messages", 0, "content", "list[TextPart]", 1, "text"), "messages[0].content[1].text"),
-    (("stop", "function-after[_few_stops(), union[str,list[str]]]"), "stop"),
-    (("prompt", "list[list[int]]", 0, 2), "prompt[0][2]"),
-    ((), None),
-])
+@pytest.mark.parametrize(
+    "loc, param",
+    [
+        (("messages", 0, "content", "str"), "messages[0].content"),
+        (("messages", 0, "content", "list[TextPart]", 1, "text"), "messages[0].content[1].text"),
+        (("stop", "function-after[_few_stops(), union[str,list[str]]]"), "stop"),
+        (("prompt", "list[list[int]]", 0, 2), "prompt[0][2]"),
+        ((), None),
+    ],
+)
 def test_error_locations_name_the_field(loc, param):
     assert param_of(loc) == param
 
 
-@pytest.mark.parametrize("body, param, code", [
-    ({"messages": HI, "temperature": "1.0"}, "temperature", "invalid_type"),  # strict: no coercion
-    ({"messages": HI, "max_tokens": True}, "max_tokens", "invalid_type"),
-    ({"messages": HI, "max_tokens": 1.5}, "max_tokens", "invalid_type"),
-    ({"messages": HI, "temperature": 2.5}, "temperature", "invalid_value"),
-    ({"messages": HI, "temperature": 10**400}, "temperature", "invalid_type"),
-    ({"messages": HI, "top_k": 10**400}, "top_k", "invalid_value"),
-    ({"messages": HI, "top_p": 0}, "top_p", "invalid_value"),
-    ({"messages": HI, "seed": 2**64}, "seed", "invalid_value"),
-    ({"messages": HI, "n": 3}, "n", "invalid_value"),
-    ({"messages": HI, "presence_penalty": 0.5}, "presence_penalty", "invalid_value"),
-    ({"messages": HI, "logprobs": True}, "logprobs", "invalid_value"),
-    ({"messages": HI, "stop": ["x"] * 17}, "stop", "invalid_value"),
-    ({"messages": HI, "stream": "yes"}, "stream", "invalid_type"),
-    ({"messages": HI, "stream_options": {"include_usage": 1}}, "stream_options.include_usage", "invalid_type"),
-    ({"messages": HI, "session": "s" * 257}, "session", "invalid_value"),
-    ({"messages": []}, "messages", "invalid_value"),
-    ({}, "messages", "missing_required_parameter"),
-    ({"messages": [{"content": "hi"}]}, "messages[0].role", "missing_required_parameter"),
-    ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role", "invalid_value"),
-    ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "invalid_type"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-     "messages[0].content[0].type", "invalid_value"),
-    ({"messages": [{"role": "user", "content": "a\ud800b"}]}, "messages[0].content", "invalid_value"),
-    ({"messages": HI, "session": "\udfff"}, "session", "invalid_value"),
-])
+@pytest.mark.parametrize(
+    "body, param, code",
+    [
+        (
+            {"messages": HI, "temperature": "1.0"},
+            "temperature",
+            "invalid_type",
+        ),  # strict: no coercion
+        ({"messages": HI, "max_tokens": True}, "max_tokens", "invalid_type"),
+        ({"messages": HI, "max_tokens": 1.5}, "max_tokens", "invalid_type"),
+        ({"messages": HI, "temperature": 2.5}, "temperature", "invalid_value"),
+        ({"messages": HI, "temperature": 10**400}, "temperature", "invalid_type"),
+        ({"messages": HI, "top_k": 10**400}, "top_k", "invalid_value"),
+        ({"messages": HI, "top_p": 0}, "top_p", "invalid_value"),
+        ({"messages": HI, "seed": 2**64}, "seed", "invalid_value"),
+        ({"messages": HI, "n": 3}, "n", "invalid_value"),
+        ({"messages": HI, "presence_penalty": 0.5}, "presence_penalty", "invalid_value"),
+        ({"messages": HI, "logprobs": True}, "logprobs", "invalid_value"),
+        ({"messages": HI, "stop": ["x"] * 17}, "stop", "invalid_value"),
+        ({"messages": HI, "stream": "yes"}, "stream", "invalid_type"),
+        (
+            {"messages": HI, "stream_options": {"include_usage": 1}},
+            "stream_options.include_usage",
+            "invalid_type",
+        ),
+        ({"messages": HI, "session": "s" * 257}, "session", "invalid_value"),
+        ({"messages": []}, "messages", "invalid_value"),
+        ({}, "messages", "missing_required_parameter"),
+        ({"messages": [{"content": "hi"}]}, "messages[0].role", "missing_required_parameter"),
+        ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role", "invalid_value"),
+        ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "invalid_type"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            "messages[0].content[0].type",
+            "invalid_value",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "a\ud800b"}]},
+            "messages[0].content",
+            "invalid_value",
+        ),
+        ({"messages": HI, "session": "\udfff"}, "session", "invalid_value"),
+    ],
+)
 def test_bad_chat_bodies_name_their_field(body, param, code):
     error = refusal(ChatCompletionRequest, body)
     assert (error.status, error.param, error.code) == (400, param, code), error.message
@@ -82,28 +105,58 @@ def test_a_lone_surrogate_is_reported_with_its_position():
 def test_defaults_are_openais():
     call = chat_call()
     sampling = call.request.sampling
-    assert (sampling.temperature, sampling.top_p, sampling.top_k, sampling.max_tokens) == (1.0, 1.0, 0, 512)
+    assert (sampling.temperature, sampling.top_p, sampling.top_k, sampling.max_tokens) == (
+        1.0,
+        1.0,
+        0,
+        512,
+    )
     assert not call.stream and not call.include_usage and call.request.session is None
 
 
 def test_fields_reach_the_engine_request():
-    call = chat_call(temperature=0, top_p=0.5, top_k=20, min_p=0.05, repetition_penalty=1.1, seed=3,
-                     max_completion_tokens=7, max_tokens=100, stop="END", stream=True,
-                     stream_options={"include_usage": True}, session="s1")
+    call = chat_call(
+        temperature=0,
+        top_p=0.5,
+        top_k=20,
+        min_p=0.05,
+        repetition_penalty=1.1,
+        seed=3,
+        max_completion_tokens=7,
+        max_tokens=100,
+        stop="END",
+        stream=True,
+        stream_options={"include_usage": True},
+        session="s1",
+    )
     sampling = call.request.sampling
-    assert (sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p) == (0, 0.5, 20, 0.05)
+    assert (sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p) == (
+        0,
+        0.5,
+        20,
+        0.05,
+    )
     assert (sampling.repetition_penalty, sampling.seed, sampling.max_tokens) == (1.1, 3, 7)
     assert sampling.stop == ("END",) and call.stream and call.include_usage
     assert call.request.session == "s1"
 
 
 def test_roles_and_content_parts():
-    call = chat_call(messages=[{"role": "developer", "content": "be brief"},
-                               {"role": "user", "content": [{"type": "text", "text": "one "},
-                                                            {"type": "text", "text": "two"}]},
-                               {"role": "assistant", "content": None}])
-    assert [(m.role, m.content) for m in call.request.messages] == \
-        [("system", "be brief"), ("user", "one two"), ("assistant", "")]
+    call = chat_call(
+        messages=[
+            {"role": "developer", "content": "be brief"},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "one "}, {"type": "text", "text": "two"}],
+            },
+            {"role": "assistant", "content": None},
+        ]
+    )
+    assert [(m.role, m.content) for m in call.request.messages] == [
+        ("system", "be brief"),
+        ("user", "one two"),
+        ("assistant", ""),
+    ]
     with pytest.raises(ApiError) as caught:
         chat_call(messages=[{"role": "user", "content": None}])
     assert caught.value.param == "messages[0].content"
@@ -117,11 +170,17 @@ def test_checks_that_need_the_model():
     with pytest.raises(ApiError) as caught:
         chat_call(max_tokens=513)
     assert caught.value.param == "max_tokens"
-    call = chat_call(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="required")
-    assert call.request.tools[0]["function"]["name"] == "f" and call.request.tool_choice == "required"
+    call = chat_call(
+        tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="required"
+    )
+    assert (
+        call.request.tools[0]["function"]["name"] == "f" and call.request.tool_choice == "required"
+    )
     with pytest.raises(ApiError) as caught:
-        chat_call(tools=[{"type": "function", "function": {"name": "f"}}],
-                  tool_choice={"type": "function", "function": {"name": "g"}})
+        chat_call(
+            tools=[{"type": "function", "function": {"name": "f"}}],
+            tool_choice={"type": "function", "function": {"name": "g"}},
+        )
     assert caught.value.param == "tool_choice"
     with pytest.raises(ApiError) as caught:
         chat_call(functions=[{"name": "f"}])
@@ -144,8 +203,15 @@ def test_a_client_may_ask_for_a_lower_priority():
     assert completion.request.priority == 3
     body = ChatCompletionRequest.model_validate({"messages": HI})
     assert to_call(body, CARD, None, priority_header=" 4 ").request.priority == 4  # or the header
-    assert to_call(ChatCompletionRequest.model_validate({"messages": HI, "priority": 2}), CARD, None,
-                   priority_header="9").request.priority == 2  # the body wins
+    assert (
+        to_call(
+            ChatCompletionRequest.model_validate({"messages": HI, "priority": 2}),
+            CARD,
+            None,
+            priority_header="9",
+        ).request.priority
+        == 2
+    )  # the body wins
     for bad in ("-1", "soon", "1.5", str(2**31)):
         with pytest.raises(ApiError) as caught:
             to_call(body, CARD, None, priority_header=bad)
@@ -158,17 +224,29 @@ def test_anthropic_messages_take_a_priority_too():
     from core.api import anthropic_schema
 
     body = {"model": "tiny", "max_tokens": 5, "messages": HI}
-    call = anthropic_schema.to_call(anthropic_schema.MessagesRequest.model_validate(body), CARD, None,
-                                    priority_header="5")
+    call = anthropic_schema.to_call(
+        anthropic_schema.MessagesRequest.model_validate(body), CARD, None, priority_header="5"
+    )
     assert call.request.priority == 5
     with_body = anthropic_schema.MessagesRequest.model_validate({**body, "priority": 1})
     assert anthropic_schema.to_call(with_body, CARD).request.priority == 1
-    assert anthropic_schema.to_call(anthropic_schema.MessagesRequest.model_validate(body), CARD).request.priority == 0
+    assert (
+        anthropic_schema.to_call(
+            anthropic_schema.MessagesRequest.model_validate(body), CARD
+        ).request.priority
+        == 0
+    )
 
 
-@pytest.mark.parametrize("prompt, text, tokens", [
-    ("once", "once", None), (["once"], "once", None), ([1, 2, 3], None, (1, 2, 3)), ([[4, 5]], None, (4, 5)),
-])
+@pytest.mark.parametrize(
+    "prompt, text, tokens",
+    [
+        ("once", "once", None),
+        (["once"], "once", None),
+        ([1, 2, 3], None, (1, 2, 3)),
+        ([[4, 5]], None, (4, 5)),
+    ],
+)
 def test_completion_prompts(prompt, text, tokens):
     request = to_call(CompletionRequest.model_validate({"prompt": prompt}), CARD).request
     assert (request.prompt_text, request.prompt_tokens, request.messages) == (text, tokens, ())
@@ -187,19 +265,33 @@ def test_completion_prompts_refused_by_the_model(prompt):
 
 
 def test_replies_and_chunks():
-    stats = RequestStats(prompt_tokens=10, cached_tokens=4, restored_tokens=2, completion_tokens=3,
-                         finish_reason="length")
+    stats = RequestStats(
+        prompt_tokens=10,
+        cached_tokens=4,
+        restored_tokens=2,
+        completion_tokens=3,
+        finish_reason="length",
+    )
     reply = ReplyBuilder(chat_call(), CARD)
     body = reply.full("abc", stats)
     assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "abc"}
     assert body["choices"][0]["finish_reason"] == "length"
-    assert body["usage"] == {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13,
-                             "prompt_tokens_details": {"cached_tokens": 6}}
+    assert body["usage"] == {
+        "prompt_tokens": 10,
+        "completion_tokens": 3,
+        "total_tokens": 13,
+        "prompt_tokens_details": {"cached_tokens": 6},
+    }
     assert reply.chunk(first=True)["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert reply.chunk("x")["choices"][0]["delta"] == {"content": "x"}
     last = reply.chunk(stats=RequestStats(finish_reason="stop"))
-    assert last["choices"][0] == {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}
+    assert last["choices"][0] == {
+        "index": 0,
+        "delta": {},
+        "logprobs": None,
+        "finish_reason": "stop",
+    }
     assert {c["id"] for c in (body, last, reply.usage_chunk(stats))} == {reply.id}
     text = ReplyBuilder(to_call(CompletionRequest.model_validate({"prompt": "p"}), CARD), CARD)
     assert text.full("t", stats)["object"] == "text_completion"

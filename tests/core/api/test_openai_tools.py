@@ -15,18 +15,42 @@ from core.engine.engine import Engine
 from core.models.chat_template import shipped_template
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather of a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
-                                                    "unit": {"enum": ["C", "F"]}},
-                   "required": ["city", "unit"], "additionalProperties": False}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}},
-                                       "required": ["zone"], "additionalProperties": False}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 8},
+                "unit": {"enum": ["C", "F"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
 TOOLS = [WEATHER, TIME]
 PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "blue"]}},
-          "required": ["ok", "color"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "blue"]}},
+    "required": ["ok", "color"],
+    "additionalProperties": False,
+}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
@@ -34,9 +58,16 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 def client(tmp_path_factory):
     """A tiny model (room for tools in its context) with the shipped tool template."""
     root = tmp_path_factory.mktemp("tools-api")
-    model = write_tiny_model(root / "tiny", TinyModelSpec(num_layers=2, max_position_embeddings=4096))
-    engine = Engine(root / "data", str(model), pool_tokens=16384, disk_cache=False,
-                    chat_template=shipped_template("smollm2_tools.jinja")).start()
+    model = write_tiny_model(
+        root / "tiny", TinyModelSpec(num_layers=2, max_position_embeddings=4096)
+    )
+    engine = Engine(
+        root / "data",
+        str(model),
+        pool_tokens=16384,
+        disk_cache=False,
+        chat_template=shipped_template("smollm2_tools.jinja"),
+    ).start()
     engine.wait_ready(timeout=60)
     server = ApiServer(engine, "127.0.0.1", 0).start()
     yield openai.OpenAI(base_url=server.address + "/v1", api_key="unused", max_retries=0)
@@ -45,8 +76,13 @@ def client(tmp_path_factory):
 
 
 def chat(client, **kw):
-    return client.chat.completions.create(model="default", messages=kw.pop("messages", ASK), temperature=0,
-                                          max_tokens=kw.pop("max_tokens", 200), **kw)
+    return client.chat.completions.create(
+        model="default",
+        messages=kw.pop("messages", ASK),
+        temperature=0,
+        max_tokens=kw.pop("max_tokens", 200),
+        **kw,
+    )
 
 
 def check_call(call, name: str | None = None) -> dict:
@@ -58,8 +94,10 @@ def check_call(call, name: str | None = None) -> dict:
     return arguments
 
 
-@pytest.mark.parametrize("choice, name", [
-    ("required", None), ({"type": "function", "function": {"name": "get_time"}}, "get_time")])
+@pytest.mark.parametrize(
+    "choice, name",
+    [("required", None), ({"type": "function", "function": {"name": "get_time"}}, "get_time")],
+)
 def test_forced_calls(client, choice, name):
     choice_ = chat(client, tools=TOOLS, tool_choice=choice).choices[0]
     assert choice_.finish_reason == "tool_calls"
@@ -68,7 +106,9 @@ def test_forced_calls(client, choice, name):
     check_call(choice_.message.tool_calls[0], name)
 
 
-@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+@pytest.mark.parametrize(
+    "choice", ["required", {"type": "function", "function": {"name": "get_weather"}}]
+)
 def test_forced_calls_stream_as_delta_tool_calls(client, choice):
     chunks = list(chat(client, tools=TOOLS, tool_choice=choice, stream=True))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -85,13 +125,17 @@ def test_auto_and_none_answer_in_text(client):
     auto = chat(client, tools=TOOLS, tool_choice="auto", max_tokens=12).choices[0]
     assert auto.finish_reason in ("stop", "length", "tool_calls")
     streamed = list(chat(client, tools=TOOLS, max_tokens=12, stream=True))  # auto is the default
-    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == (auto.message.content or "")
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == (
+        auto.message.content or ""
+    )
 
 
 def test_a_tool_round_trip_in_the_history(client):
     first = chat(client, tools=TOOLS, tool_choice="required").choices[0].message
-    history = ASK + [first.model_dump(exclude_none=True),
-                     {"role": "tool", "tool_call_id": first.tool_calls[0].id, "content": "18 C, sunny"}]
+    history = ASK + [
+        first.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": first.tool_calls[0].id, "content": "18 C, sunny"},
+    ]
     reply = chat(client, messages=history, tools=TOOLS, max_tokens=12)
     assert reply.usage.prompt_tokens > chat(client, tools=TOOLS, max_tokens=1).usage.prompt_tokens
 
@@ -100,8 +144,11 @@ def test_a_tool_round_trip_in_the_history(client):
 def test_json_schema_output_validates(client, stream):
     fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}
     if stream:
-        text = "".join(c.choices[0].delta.content or "" for c in
-                       chat(client, response_format=fmt, stream=True) if c.choices)
+        text = "".join(
+            c.choices[0].delta.content or ""
+            for c in chat(client, response_format=fmt, stream=True)
+            if c.choices
+        )
     else:
         text = chat(client, response_format=fmt).choices[0].message.content
     jsonschema.validate(json.loads(text), SCHEMA)
@@ -113,20 +160,58 @@ def test_json_object_output_parses(client):
         assert isinstance(json.loads(reply.message.content), dict)
 
 
-@pytest.mark.parametrize("kw, param", [
-    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}]},
-     "tools[0].function.parameters"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"a": {"type": "string", "pattern": "(?=x)y"}}}}}],
-      "tool_choice": "required"},  # constrained to a schema the grammar can't enforce
-     "tools[0].function.parameters"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 5}}}},
-     "response_format.json_schema.schema"),
-    ({"tool_choice": "required"}, "tool_choice"),  # no tools to choose from
-    ({"messages": ASK + [{"role": "tool", "tool_call_id": "call_404", "content": "x"}]},
-     "messages[1].tool_call_id"),
-])
+@pytest.mark.parametrize(
+    "kw, param",
+    [
+        (
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice",
+        ),
+        (
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {"name": "f", "parameters": {"type": "objekt"}},
+                    }
+                ]
+            },
+            "tools[0].function.parameters",
+        ),
+        (
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "f",
+                            "parameters": {
+                                "type": "object",
+                                "properties": {"a": {"type": "string", "pattern": "(?=x)y"}},
+                            },
+                        },
+                    }
+                ],
+                "tool_choice": "required",
+            },  # constrained to a schema the grammar can't enforce
+            "tools[0].function.parameters",
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": 5}},
+                }
+            },
+            "response_format.json_schema.schema",
+        ),
+        ({"tool_choice": "required"}, "tool_choice"),  # no tools to choose from
+        (
+            {"messages": ASK + [{"role": "tool", "tool_call_id": "call_404", "content": "x"}]},
+            "messages[1].tool_call_id",
+        ),
+    ],
+)
 def test_bad_tool_requests_name_the_field(client, kw, param):
     with pytest.raises(openai.BadRequestError) as err:
         chat(client, **kw)
@@ -141,12 +226,24 @@ def nested(levels: int) -> dict:
 
 
 @pytest.mark.faults
-@pytest.mark.parametrize("kw, param", [
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": nested(100)}}},
-     "response_format.json_schema.schema"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": nested(100)}}]},
-     "tools[0].function.parameters"),
-])
+@pytest.mark.parametrize(
+    "kw, param",
+    [
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": nested(100)},
+                }
+            },
+            "response_format.json_schema.schema",
+        ),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": nested(100)}}]},
+            "tools[0].function.parameters",
+        ),
+    ],
+)
 def test_a_schema_nested_100_levels_is_a_400(client, kw, param):
     """Issue 26.5: was a 500 (RecursionError) with a traceback in the log."""
     with pytest.raises(openai.BadRequestError) as err:
@@ -159,8 +256,17 @@ def test_a_schema_nested_100_levels_is_a_400(client, kw, param):
 def test_a_grammar_that_fails_at_run_time_is_an_error_the_client_sees(client, stream):
     """Issue 26.5: an anyOf of 2,100 branches passed the checks; the grammar failed after
     ``{"`` and the reply was ``{"`` with finish_reason "stop"."""
-    schema = {"anyOf": [{"type": "object", "properties": {f"k{i}": {"const": i}}, "required": [f"k{i}"],
-                         "additionalProperties": False} for i in range(2100)]}
+    schema = {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {f"k{i}": {"const": i}},
+                "required": [f"k{i}"],
+                "additionalProperties": False,
+            }
+            for i in range(2100)
+        ]
+    }
     fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
     if not stream:
         with pytest.raises(openai.BadRequestError, match="output constraint failed"):
@@ -180,16 +286,32 @@ def test_a_full_tool_round_trip_on_the_default_model(data_root_with_default):
         engine.wait_ready(timeout=300)
         server = ApiServer(engine, "127.0.0.1", 0).start()
         client = openai.OpenAI(base_url=server.address + "/v1", api_key="unused", max_retries=0)
-        tools = [{"type": "function", "function": {
-            "name": "get_weather", "description": "Current weather of a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                           "required": ["city"], "additionalProperties": False}}}]
+        tools = [
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "description": "Current weather of a city",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"city": {"type": "string"}},
+                        "required": ["city"],
+                        "additionalProperties": False,
+                    },
+                },
+            }
+        ]
         asked = chat(client, tools=tools, tool_choice="required", max_tokens=60).choices[0]
         assert asked.finish_reason == "tool_calls"
         call = asked.message.tool_calls[0]
-        assert call.function.name == "get_weather" and "Paris" in json.loads(call.function.arguments)["city"]
-        history = ASK + [asked.message.model_dump(exclude_none=True),
-                         {"role": "tool", "tool_call_id": call.id, "content": "18 degrees Celsius and sunny"}]
+        assert (
+            call.function.name == "get_weather"
+            and "Paris" in json.loads(call.function.arguments)["city"]
+        )
+        history = ASK + [
+            asked.message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": "18 degrees Celsius and sunny"},
+        ]
         answer = chat(client, messages=history, tools=tools, max_tokens=40).choices[0]
         assert answer.finish_reason in ("stop", "length") and answer.message.tool_calls is None
         assert answer.message.content and "<tool_call>" not in answer.message.content

@@ -25,8 +25,12 @@ def server(tiny_engine):
 def post(server, path: str, body: dict, headers: dict | None = None) -> tuple[int, bytes]:
     conn = http.client.HTTPConnection(server.host, server.port, timeout=60)
     try:
-        conn.request("POST", path, body=json.dumps(body).encode(),
-                     headers={"Content-Type": "application/json", **(headers or {})})
+        conn.request(
+            "POST",
+            path,
+            body=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json", **(headers or {})},
+        )
         response = conn.getresponse()
         return response.status, response.read()
     finally:
@@ -37,13 +41,23 @@ def user(text: str) -> list[dict]:
     return [{"role": "user", "content": text}]
 
 
-@pytest.mark.parametrize("path, body, param, unread", [
-    ("/v1/chat/completions", {"messages": user("x" * HUGE)}, "messages", True),
-    ("/v1/chat/completions", {"messages": user("x" * HUGE), "stream": True}, "messages", True),
-    ("/v1/completions", {"prompt": "x" * HUGE}, "prompt", True),
-    ("/v1/chat/completions", {"messages": user("x" * 600)}, "messages", False),  # tokenised, then counted
-])
-def test_openai_a_prompt_past_the_limit_is_a_400_naming_the_field(server, path, body, param, unread):
+@pytest.mark.parametrize(
+    "path, body, param, unread",
+    [
+        ("/v1/chat/completions", {"messages": user("x" * HUGE)}, "messages", True),
+        ("/v1/chat/completions", {"messages": user("x" * HUGE), "stream": True}, "messages", True),
+        ("/v1/completions", {"prompt": "x" * HUGE}, "prompt", True),
+        (
+            "/v1/chat/completions",
+            {"messages": user("x" * 600)},
+            "messages",
+            False,
+        ),  # tokenised, then counted
+    ],
+)
+def test_openai_a_prompt_past_the_limit_is_a_400_naming_the_field(
+    server, path, body, param, unread
+):
     status, raw = post(server, path, {"model": MODEL, "max_tokens": 4, **body})
     assert status == 400, raw[:300]
     error = json.loads(raw)["error"]
@@ -52,8 +66,10 @@ def test_openai_a_prompt_past_the_limit_is_a_400_naming_the_field(server, path, 
     assert ("characters, so at least" in error["message"]) == unread  # refused before tokenising
 
 
-@pytest.mark.parametrize("path, stream", [("/v1/messages", False), ("/v1/messages", True),
-                                          ("/v1/messages/count_tokens", False)])
+@pytest.mark.parametrize(
+    "path, stream",
+    [("/v1/messages", False), ("/v1/messages", True), ("/v1/messages/count_tokens", False)],
+)
 def test_anthropic_a_prompt_past_the_limit_is_a_400_naming_the_field(server, path, stream):
     body = {"model": MODEL, "messages": user("y" * HUGE)}
     if path == "/v1/messages":
@@ -71,22 +87,41 @@ def test_a_huge_message_is_refused_while_another_client_streams(server):
     shows the stream's tokens keep coming meanwhile)."""
     conn = http.client.HTTPConnection(server.host, server.port, timeout=60)
     try:
-        conn.request("POST", "/v1/chat/completions", headers={"Content-Type": "application/json"},
-                     body=json.dumps({"model": MODEL, "messages": user("stream on"), "stream": True,
-                                      "max_tokens": 200, "temperature": 0}).encode())
+        conn.request(
+            "POST",
+            "/v1/chat/completions",
+            headers={"Content-Type": "application/json"},
+            body=json.dumps(
+                {
+                    "model": MODEL,
+                    "messages": user("stream on"),
+                    "stream": True,
+                    "max_tokens": 200,
+                    "temperature": 0,
+                }
+            ).encode(),
+        )
         response = conn.getresponse()
         assert response.status == 200
         first = response.readline()
         assert first.startswith(b"data: ")
         refused: list[int] = []
-        sender = threading.Thread(target=lambda: refused.append(
-            post(server, "/v1/chat/completions", {"model": MODEL, "messages": user("z" * HUGE)})[0]))
+        sender = threading.Thread(
+            target=lambda: refused.append(
+                post(
+                    server, "/v1/chat/completions", {"model": MODEL, "messages": user("z" * HUGE)}
+                )[0]
+            )
+        )
         sender.start()
         rest = response.read()
         sender.join(60)
     finally:
         conn.close()
     assert refused == [400]
-    chunks = [json.loads(line[6:]) for line in (first + rest).splitlines()
-              if line.startswith(b"data: {")]
-    assert chunks[-1]["choices"][0]["finish_reason"] == "length" and rest.endswith(b"data: [DONE]\n\n")
+    chunks = [
+        json.loads(line[6:]) for line in (first + rest).splitlines() if line.startswith(b"data: {")
+    ]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length" and rest.endswith(
+        b"data: [DONE]\n\n"
+    )

@@ -20,7 +20,9 @@ MAX_TOKENS = 3000
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     root = tmp_path_factory.mktemp("relay")
-    model = write_tiny_model(root / "tiny", TinyModelSpec(num_layers=2, max_position_embeddings=4096))
+    model = write_tiny_model(
+        root / "tiny", TinyModelSpec(num_layers=2, max_position_embeddings=4096)
+    )
     eng = Engine(root / "data", str(model), pool_tokens=16384, disk_cache=False).start()
     eng.wait_ready(timeout=60)
     yield eng
@@ -28,10 +30,18 @@ def engine(tmp_path_factory):
 
 
 def stream_request(port: int, max_tokens: int) -> bytes:
-    body = json.dumps({"messages": [{"role": "user", "content": "keep talking"}], "max_tokens": max_tokens,
-                       "temperature": 0, "stream": True}).encode()
-    return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
-            b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (port, len(body), body))
+    body = json.dumps(
+        {
+            "messages": [{"role": "user", "content": "keep talking"}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+        }
+    ).encode()
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
+        b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (port, len(body), body)
+    )
 
 
 def in_flight(server) -> int:

@@ -15,11 +15,11 @@ import pytest
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
+from core.api.server import ApiServer, engine_error
 from core.cli.main import main as cli_main
 from core.engine.engine import Engine
 from core.engine.types import ErrorEvent
 from core.errors import ErrorKind, UserError
-from core.api.server import ApiServer, engine_error
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 
 MODEL = "tiny"  # the tiny model's folder name: the server's model id
@@ -50,7 +50,9 @@ def client(server):
 def chat(client, text: str, **kw):
     kw.setdefault("max_tokens", 12)
     kw.setdefault("temperature", 0)
-    return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": text}], **kw)
+    return client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": text}], **kw
+    )
 
 
 def raw(server, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
@@ -79,7 +81,9 @@ def scrape(server) -> dict[tuple[str, tuple], float]:
 
 
 def finished(server, reason: str) -> float:
-    return scrape(server).get(("radixchat_finished_requests_total", (("finish_reason", reason),)), 0.0)
+    return scrape(server).get(
+        ("radixchat_finished_requests_total", (("finish_reason", reason),)), 0.0
+    )
 
 
 # ------------------------------------------------------------------ happy paths
@@ -91,7 +95,11 @@ def test_health_and_models(server, client, engine):
     assert models[0].to_dict()["radixchat"]["fingerprint"] == engine.model_info.fingerprint
     assert client.models.retrieve("default").id == MODEL
     cache = client.models.retrieve("default").to_dict()["radixchat"]["cache"]  # how it is cached
-    assert cache["cached_as"] == "pages" and "2 full" in cache["layout"] and "cached as pages" in cache["layout"]
+    assert (
+        cache["cached_as"] == "pages"
+        and "2 full" in cache["layout"]
+        and "cached as pages" in cache["layout"]
+    )
 
 
 def test_chat_non_streaming_and_streaming_agree(client):
@@ -104,8 +112,15 @@ def test_chat_non_streaming_and_streaming_agree(client):
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
     assert reply.model == MODEL and reply.object == "chat.completion"
 
-    chunks = list(chat(client, "hello there", max_tokens=10, stream=True,
-                       stream_options={"include_usage": True}))
+    chunks = list(
+        chat(
+            client,
+            "hello there",
+            max_tokens=10,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == choice.message.content
@@ -115,11 +130,14 @@ def test_chat_non_streaming_and_streaming_agree(client):
 
 
 def test_completions(client):
-    reply = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=0)
+    reply = client.completions.create(
+        model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=0
+    )
     assert reply.object == "text_completion" and reply.choices[0].finish_reason == "length"
     assert reply.usage.completion_tokens == 8 and reply.choices[0].text
-    streamed = client.completions.create(model="default", prompt="Once upon a time", max_tokens=8,
-                                         temperature=0, stream=True)
+    streamed = client.completions.create(
+        model="default", prompt="Once upon a time", max_tokens=8, temperature=0, stream=True
+    )
     assert "".join(c.choices[0].text for c in streamed) == reply.choices[0].text
 
 
@@ -127,10 +145,14 @@ def test_shared_prefix_reports_cached_tokens(client, engine):
     question = "Tell me about radix trees and paged key value caches, at length. " * 2
     first = chat(client, question, max_tokens=6, extra_body={"session": "prefix-test"})
     follow_up = client.chat.completions.create(
-        model=MODEL, temperature=0, max_tokens=6,
-        messages=[{"role": "user", "content": question},
-                  {"role": "assistant", "content": first.choices[0].message.content},
-                  {"role": "user", "content": "And then?"}],
+        model=MODEL,
+        temperature=0,
+        max_tokens=6,
+        messages=[
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": "And then?"},
+        ],
         extra_headers={"X-RadixChat-Session": "prefix-test"},
     )
     cached = follow_up.usage.prompt_tokens_details.cached_tokens
@@ -142,7 +164,9 @@ def test_concurrent_greedy_requests_match_their_solo_replies(client):
     prompts = ["the first question", "a second, different one", "and a third"]
     alone = [chat(client, p, max_tokens=24).choices[0].message.content for p in prompts]
     with ThreadPoolExecutor(3) as pool:
-        together = list(pool.map(lambda p: chat(client, p, max_tokens=24).choices[0].message.content, prompts))
+        together = list(
+            pool.map(lambda p: chat(client, p, max_tokens=24).choices[0].message.content, prompts)
+        )
     assert together == alone
 
 
@@ -151,44 +175,73 @@ def test_stop_strings(client):
     stop = full[6:9]
     cut = chat(client, "count for me", max_tokens=30, stop=[stop, "never-seen"]).choices[0]
     assert cut.message.content == full[: full.index(stop)] and cut.finish_reason == "stop"
-    text = client.completions.create(model=MODEL, prompt="count for me", max_tokens=30, temperature=0,
-                                     stop=stop, stream=True)
+    text = client.completions.create(
+        model=MODEL, prompt="count for me", max_tokens=30, temperature=0, stop=stop, stream=True
+    )
     assert stop not in "".join(c.choices[0].text for c in text)
 
 
 def test_seeded_sampling_repeats(client):
-    kw = dict(max_tokens=12, temperature=1.0, top_p=0.9, seed=7,
-              extra_body={"top_k": 20, "min_p": 0.01, "repetition_penalty": 1.1})
-    assert chat(client, "roll the dice", **kw).choices[0].message.content == \
+    kw = dict(
+        max_tokens=12,
+        temperature=1.0,
+        top_p=0.9,
+        seed=7,
+        extra_body={"top_k": 20, "min_p": 0.01, "repetition_penalty": 1.1},
+    )
+    assert (
         chat(client, "roll the dice", **kw).choices[0].message.content
+        == chat(client, "roll the dice", **kw).choices[0].message.content
+    )
 
 
 # ------------------------------------------------------------------ refusals
-@pytest.mark.parametrize("change, status, code", [
-    ({"n": 2}, 400, "invalid_value"),
-    ({"model": "gpt-4o"}, 404, "model_not_found"),
-    ({"max_tokens": 0}, 400, "invalid_value"),
-    ({"max_tokens": -5}, 400, "invalid_value"),
-    ({"max_tokens": 10**9}, 400, "invalid_value"),
-    ({"max_completion_tokens": 10**9}, 400, "invalid_value"),
-    ({"temperature": "hot"}, 400, "invalid_type"),
-    ({"top_p": 0}, 400, "invalid_value"),
-    ({"stop": [1, 2]}, 400, "invalid_type"),
-    ({"messages": "hello"}, 400, "invalid_type"),
-    ({"messages": []}, 400, "invalid_value"),
-    ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "invalid_value"),
-    ({"messages": [{"role": "user", "content": 5}]}, 400, "invalid_type"),
-    ({"messages": [{"role": "user", "content": "x" * 600}]}, 400, "context_length_exceeded"),
-    ({"messages": [{"role": "user", "content": "x" * 600}], "stream": True}, 400, "context_length_exceeded"),
-    ({"temperature": float("nan")}, 400, "invalid_json"),  # json.dumps writes NaN; JSON has none
-    ({"top_p": float("inf")}, 400, "invalid_json"),
-    ({"seed": -1}, 400, "invalid_value"),
-    ({"seed": 2**64}, 400, "invalid_value"),
-])
+@pytest.mark.parametrize(
+    "change, status, code",
+    [
+        ({"n": 2}, 400, "invalid_value"),
+        ({"model": "gpt-4o"}, 404, "model_not_found"),
+        ({"max_tokens": 0}, 400, "invalid_value"),
+        ({"max_tokens": -5}, 400, "invalid_value"),
+        ({"max_tokens": 10**9}, 400, "invalid_value"),
+        ({"max_completion_tokens": 10**9}, 400, "invalid_value"),
+        ({"temperature": "hot"}, 400, "invalid_type"),
+        ({"top_p": 0}, 400, "invalid_value"),
+        ({"stop": [1, 2]}, 400, "invalid_type"),
+        ({"messages": "hello"}, 400, "invalid_type"),
+        ({"messages": []}, 400, "invalid_value"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "invalid_value"),
+        ({"messages": [{"role": "user", "content": 5}]}, 400, "invalid_type"),
+        ({"messages": [{"role": "user", "content": "x" * 600}]}, 400, "context_length_exceeded"),
+        (
+            {"messages": [{"role": "user", "content": "x" * 600}], "stream": True},
+            400,
+            "context_length_exceeded",
+        ),
+        (
+            {"temperature": float("nan")},
+            400,
+            "invalid_json",
+        ),  # json.dumps writes NaN; JSON has none
+        ({"top_p": float("inf")}, 400, "invalid_json"),
+        ({"seed": -1}, 400, "invalid_value"),
+        ({"seed": 2**64}, 400, "invalid_value"),
+    ],
+)
 def test_bad_chat_requests_get_openai_errors(server, change, status, code):
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **change}
-    got, reply = raw(server, "POST", "/v1/chat/completions", json.dumps(body).encode(),
-                     {"Content-Type": "application/json"})
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4,
+        **change,
+    }
+    got, reply = raw(
+        server,
+        "POST",
+        "/v1/chat/completions",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
+    )
     assert got == status, reply
     assert set(reply["error"]) == {"message", "type", "param", "code"}
     assert reply["error"]["code"] == code and "\n" not in reply["error"]["message"]
@@ -204,7 +257,9 @@ def test_hostile_bodies_are_400s_and_the_server_keeps_serving(server, client):
     from core.models.tiny_model import VOCAB_SIZE
 
     for ids in ([VOCAB_SIZE], [1, 2**40], [2**63]):  # MLX does not bounds-check an embedding
-        status, reply = raw(server, "POST", "/v1/completions", json.dumps({"prompt": ids, "max_tokens": 2}).encode())
+        status, reply = raw(
+            server, "POST", "/v1/completions", json.dumps({"prompt": ids, "max_tokens": 2}).encode()
+        )
         assert status == 400 and "vocabulary" in reply["error"]["message"], reply
     nested = b"[" * 100_000 + b"]" * 100_000
     assert raw(server, "POST", "/v1/chat/completions", nested)[0] == 400
@@ -223,7 +278,9 @@ def test_openai_client_raises_on_refusals(client):
     with pytest.raises(openai.BadRequestError):
         chat(client, "hi", n=2)
     with pytest.raises(openai.NotFoundError):
-        client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "hi"}])
+        client.chat.completions.create(
+            model="no-such-model", messages=[{"role": "user", "content": "hi"}]
+        )
     with pytest.raises(openai.BadRequestError) as caught:
         client.completions.create(model=MODEL, prompt="y" * 600, max_tokens=4, stream=True)
     assert caught.value.code == "context_length_exceeded"
@@ -252,7 +309,10 @@ def test_protocol_errors_and_the_server_keeps_serving(server, client):
         conn.putheader("Content-Length", str(9 * 1024 * 1024))
         conn.endheaders()
         response = conn.getresponse()
-        assert response.status == 413 and json.loads(response.read())["error"]["code"] == "request_too_large"
+        assert (
+            response.status == 413
+            and json.loads(response.read())["error"]["code"] == "request_too_large"
+        )
     finally:
         conn.close()
     conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
@@ -298,15 +358,27 @@ def test_metrics_count_requests_and_tokens(server, client):
         key = (name, tuple(sorted(labels)))
         return after.get(key, 0) - before.get(key, 0)
 
-    assert grew("radixchat_http_requests_total",
-                [("endpoint", "/v1/chat/completions"), ("status", "200")]) == 1
+    assert (
+        grew(
+            "radixchat_http_requests_total",
+            [("endpoint", "/v1/chat/completions"), ("status", "200")],
+        )
+        == 1
+    )
     assert grew("radixchat_prompt_tokens_total") == reply.usage.prompt_tokens
     assert grew("radixchat_completion_tokens_total") == 5
-    assert grew("radixchat_cache_hit_tokens_total", [("source", "ram")]) == \
-        reply.usage.prompt_tokens_details.cached_tokens
+    assert (
+        grew("radixchat_cache_hit_tokens_total", [("source", "ram")])
+        == reply.usage.prompt_tokens_details.cached_tokens
+    )
     assert grew("radixchat_time_to_first_token_seconds_count") == 1
-    assert sum(grew("radixchat_prompt_tokens_by_tier_total", [("tier", tier)])
-               for tier in ("ram", "disk", "computed")) == reply.usage.prompt_tokens
+    assert (
+        sum(
+            grew("radixchat_prompt_tokens_by_tier_total", [("tier", tier)])
+            for tier in ("ram", "disk", "computed")
+        )
+        == reply.usage.prompt_tokens
+    )
     assert ("radixchat_disk_cache_written_total", (("unit", "bytes"),)) in after
     assert after[("radixchat_kv_pages", (("state", "total"),))] > 0
     assert ("radixchat_mlx_memory_bytes", (("kind", "active"),)) in after
@@ -317,8 +389,10 @@ def test_metrics_count_requests_and_tokens(server, client):
 def _post_and_hang_up(server, body: dict, read_until: bytes | None) -> None:
     data = json.dumps(body).encode()
     with socket.create_connection((server.host, server.port), timeout=30) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(data), data)
+        )
         received = b""
         while read_until is not None and read_until not in received:
             received += sock.recv(256)
@@ -336,7 +410,13 @@ def _wait_for(predicate, timeout: float = 10.0) -> bool:
 @pytest.mark.parametrize("stream", [True, False])
 def test_a_client_that_hangs_up_cancels_its_request(server, client, stream):
     cancelled = finished(server, "cancelled")
-    body = {"model": MODEL, "prompt": "go on and on", "max_tokens": 480, "temperature": 0, "stream": stream}
+    body = {
+        "model": MODEL,
+        "prompt": "go on and on",
+        "max_tokens": 480,
+        "temperature": 0,
+        "stream": stream,
+    }
     _post_and_hang_up(server, body, b"data: " if stream else None)
     assert _wait_for(lambda: finished(server, "cancelled") == cancelled + 1)
     assert chat(client, "next, please", max_tokens=3).usage.completion_tokens == 3
@@ -346,7 +426,9 @@ def test_stop_cancels_running_requests_and_closes_connections(engine):
     api = ApiServer(engine, "127.0.0.1", 0).start()
     with OpenAI(base_url=api.address + "/v1", api_key="x", max_retries=0) as c:
         c.models.list()  # leaves an idle keep-alive connection open
-        stream = c.completions.create(model=MODEL, prompt="long", max_tokens=480, temperature=0, stream=True)
+        stream = c.completions.create(
+            model=MODEL, prompt="long", max_tokens=480, temperature=0, stream=True
+        )
         next(iter(stream))
         started = time.monotonic()
         api.stop()
@@ -355,19 +437,28 @@ def test_stop_cancels_running_requests_and_closes_connections(engine):
             for chunk in stream:
                 assert chunk.choices[0].finish_reason is None
         stream.close()
-    assert api.metrics.registry.get_sample_value("radixchat_finished_requests_total",
-                                                 {"finish_reason": "cancelled"}) == 1
+    assert (
+        api.metrics.registry.get_sample_value(
+            "radixchat_finished_requests_total", {"finish_reason": "cancelled"}
+        )
+        == 1
+    )
 
 
-@pytest.mark.parametrize("kind, status, code", [
-    (ErrorKind.CONTEXT_TOO_LONG, 400, "context_length_exceeded"),
-    (ErrorKind.BAD_REQUEST, 400, None),
-    (ErrorKind.MODEL_NOT_LOADED, 503, "model_not_loaded"),
-    (ErrorKind.OUT_OF_MEMORY, 503, "out_of_memory"),
-    (ErrorKind.INTERNAL, 500, "internal_error"),
-])
+@pytest.mark.parametrize(
+    "kind, status, code",
+    [
+        (ErrorKind.CONTEXT_TOO_LONG, 400, "context_length_exceeded"),
+        (ErrorKind.BAD_REQUEST, 400, None),
+        (ErrorKind.MODEL_NOT_LOADED, 503, "model_not_loaded"),
+        (ErrorKind.OUT_OF_MEMORY, 503, "out_of_memory"),
+        (ErrorKind.INTERNAL, 500, "internal_error"),
+    ],
+)
 def test_engine_errors_map_by_kind_not_wording(kind, status, code):
     # the same words under every kind: only the kind decides the answer
-    error = engine_error(ErrorEvent("the prompt is 9 tokens but m has a context of 4", kind), chat=True)
+    error = engine_error(
+        ErrorEvent("the prompt is 9 tokens but m has a context of 4", kind), chat=True
+    )
     assert error.status == status
     assert error.body()["error"]["code"] == code

@@ -30,8 +30,9 @@ def raw(db_path, store):
 
 
 def test_create_get_and_list_most_recent_first(store):
-    work = store.create_session("work", system_prompt="Be brief.", model="smollm2",
-                                settings={"temperature": 0.2, "seed": 7})
+    work = store.create_session(
+        "work", system_prompt="Be brief.", model="smollm2", settings={"temperature": 0.2, "seed": 7}
+    )
     home = store.create_session("home")
     assert isinstance(work, Session)
     assert (work.name, work.title) == ("work", None)
@@ -74,7 +75,10 @@ def test_messages_in_order_with_stats(store):
     user, reply = store.add_turn(s.id, "2+2?", "4", stats={"prompt_tokens": 12, "ttft": 0.05})
     assert isinstance(reply, Message)
     assert [(m.seq, m.role, m.content) for m in store.messages(s.id)] == [
-        (1, "system", "You are terse."), (2, "user", "2+2?"), (3, "assistant", "4")]
+        (1, "system", "You are terse."),
+        (2, "user", "2+2?"),
+        (3, "assistant", "4"),
+    ]
     assert user.stats is None and reply.stats == {"prompt_tokens": 12, "ttft": 0.05}
     with pytest.raises(ValueError):
         store.add_message(s.id, "robot", "beep")
@@ -284,10 +288,21 @@ def test_replace_last_turn_is_one_transaction(tmp_path):
         store.add_turn(session.id, "two", "second")
         store.replace_last_turn(session.id, "two, edited", "third", {"completion_tokens": 1})
         assert [(m.role, m.content) for m in store.messages(session.id)] == [
-            ("user", "one"), ("assistant", "first"), ("user", "two, edited"), ("assistant", "third")]
-        with pytest.raises(TypeError):  # a failing insert (stats that are not JSON) rolls the delete back
+            ("user", "one"),
+            ("assistant", "first"),
+            ("user", "two, edited"),
+            ("assistant", "third"),
+        ]
+        with pytest.raises(
+            TypeError
+        ):  # a failing insert (stats that are not JSON) rolls the delete back
             store.replace_last_turn(session.id, "x", "y", {"bad": object()})
-        assert [m.content for m in store.messages(session.id)] == ["one", "first", "two, edited", "third"]
+        assert [m.content for m in store.messages(session.id)] == [
+            "one",
+            "first",
+            "two, edited",
+            "third",
+        ]
 
 
 def test_replacing_the_last_turn_of_a_chat_without_one_appends(tmp_path):
@@ -296,4 +311,7 @@ def test_replacing_the_last_turn_of_a_chat_without_one_appends(tmp_path):
         store.add_message(session.id, "system", "be brief")
         store.replace_last_turn(session.id, "hi", "hello")
         assert [(m.role, m.content) for m in store.messages(session.id)] == [
-            ("system", "be brief"), ("user", "hi"), ("assistant", "hello")]
+            ("system", "be brief"),
+            ("user", "hi"),
+            ("assistant", "hello"),
+        ]

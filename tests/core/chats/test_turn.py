@@ -10,9 +10,17 @@ import pytest
 
 from core.chats.store import ChatStore
 from core.chats.turn import ChatTurn, last_turn_start
-from core.engine.types import CHAT_PRIORITY, ChatMessage, GenerationRequest, RequestStats, SamplingParams
+from core.engine.types import (
+    CHAT_PRIORITY,
+    ChatMessage,
+    GenerationRequest,
+    RequestStats,
+    SamplingParams,
+)
 
-DONE = RequestStats(prompt_tokens=12, cached_tokens=8, computed_tokens=4, completion_tokens=3, ttft_s=0.25)
+DONE = RequestStats(
+    prompt_tokens=12, cached_tokens=8, computed_tokens=4, completion_tokens=3, ttft_s=0.25
+)
 
 
 @pytest.fixture
@@ -35,9 +43,14 @@ def _stored(store: ChatStore, session) -> list[tuple[str, str]]:
 def test_messages_are_the_system_prompt_the_history_and_the_question(store):
     session = _chat(store, system="Be brief.")
     turn = ChatTurn.start(store, session, "three")
-    assert turn.messages == (ChatMessage("system", "Be brief."), ChatMessage("user", "one"),
-                             ChatMessage("assistant", "reply one"), ChatMessage("user", "two"),
-                             ChatMessage("assistant", "reply two"), ChatMessage("user", "three"))
+    assert turn.messages == (
+        ChatMessage("system", "Be brief."),
+        ChatMessage("user", "one"),
+        ChatMessage("assistant", "reply one"),
+        ChatMessage("user", "two"),
+        ChatMessage("assistant", "reply two"),
+        ChatMessage("user", "three"),
+    )
     assert turn.history == turn.messages[:-1]
     assert turn.kept_stats == [{"completion_tokens": 5}, {"completion_tokens": 6}]
     request = turn.request(SamplingParams(temperature=0.0), use_cache=False)
@@ -49,7 +62,12 @@ def test_messages_are_the_system_prompt_the_history_and_the_question(store):
 def test_no_system_prompt_no_system_message(store):
     session = _chat(store)
     assert [m.role for m in ChatTurn.start(store, session, "three").messages] == [
-        "user", "assistant", "user", "assistant", "user"]
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+        "user",
+    ]
 
 
 def test_a_reply_is_stored_with_its_figures(store):
@@ -77,13 +95,20 @@ def test_a_reply_stopped_after_some_text_is_kept(store):
     assert ChatTurn.start(store, session, "three").finish(store, "par", stopped)
     assert _stored(store, session)[-1] == ("assistant", "par")
     assert store.messages(session.id)[-1].stats["finish_reason"] == "cancelled"
-    assert ChatTurn.start(store, session, "four").finish(store, "half a", None)  # kept, without figures
-    assert _stored(store, session)[-1] == ("assistant", "half a") and store.messages(session.id)[-1].stats is None
+    assert ChatTurn.start(store, session, "four").finish(
+        store, "half a", None
+    )  # kept, without figures
+    assert (
+        _stored(store, session)[-1] == ("assistant", "half a")
+        and store.messages(session.id)[-1].stats is None
+    )
 
 
 def test_an_empty_reply_that_was_not_stopped_is_stored(store):
     session = _chat(store)
-    assert ChatTurn.start(store, session, "three").finish(store, "", DONE)  # the model said nothing: a reply
+    assert ChatTurn.start(store, session, "three").finish(
+        store, "", DONE
+    )  # the model said nothing: a reply
     assert _stored(store, session)[-1] == ("assistant", "")
 
 
@@ -91,11 +116,17 @@ def test_regenerate_and_edit_replace_the_last_turn(store):
     session = _chat(store, system="Be brief.")
     turn = ChatTurn.start(store, session, "two, edited", replace=True)
     assert [m.content for m in turn.messages] == ["Be brief.", "one", "reply one", "two, edited"]
-    assert [(m.role, m.content) for m in turn.stored] == _stored(store, session)  # what the window gives back
+    assert [(m.role, m.content) for m in turn.stored] == _stored(
+        store, session
+    )  # what the window gives back
     assert turn.kept_stats == [{"completion_tokens": 5}]
     assert turn.finish(store, "reply two, again", DONE)
-    assert _stored(store, session) == [("user", "one"), ("assistant", "reply one"),
-                                       ("user", "two, edited"), ("assistant", "reply two, again")]
+    assert _stored(store, session) == [
+        ("user", "one"),
+        ("assistant", "reply one"),
+        ("user", "two, edited"),
+        ("assistant", "reply two, again"),
+    ]
 
 
 def test_replacing_a_stopped_reply_changes_nothing(store):
@@ -116,9 +147,13 @@ def test_last_turn_start(store):
 
 
 def test_the_turn_needs_neither_mlx_nor_qt():
-    code = ("import sys, core.chats.turn, core.cli.chat; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm', 'PySide6')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    code = (
+        "import sys, core.chats.turn, core.cli.chat; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm', 'PySide6')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == "[]"
 
 
@@ -143,19 +178,23 @@ def test_save_lets_the_history_win_over_the_cache_on_a_full_disk(store, monkeypa
     session = _chat(store)
     _full_once(store, monkeypatch)
     asked = []
-    saved = ChatTurn.start(store, session, "three").save(store, "reply three", DONE,
-                                                         make_room=lambda: asked.append(1) or 3_000_000)
+    saved = ChatTurn.start(store, session, "three").save(
+        store, "reply three", DONE, make_room=lambda: asked.append(1) or 3_000_000
+    )
     assert saved.stored and saved.error is None and saved.cache_freed == 3_000_000 and asked == [1]
     assert _stored(store, session)[-2:] == [("user", "three"), ("assistant", "reply three")]
 
 
-@pytest.mark.parametrize("reason, freed, times", [("locked", 10, 1), ("full", 0, 1), ("full", 10, 2)])
+@pytest.mark.parametrize(
+    "reason, freed, times", [("locked", 10, 1), ("full", 0, 1), ("full", 10, 2)]
+)
 def test_save_never_raises_and_says_why(store, monkeypatch, reason, freed, times):
     session = _chat(store)
     _full_once(store, monkeypatch, reason, times)
     asked = []
-    saved = ChatTurn.start(store, session, "three").save(store, "reply three", DONE,
-                                                         make_room=lambda: asked.append(1) or freed)
+    saved = ChatTurn.start(store, session, "three").save(
+        store, "reply three", DONE, make_room=lambda: asked.append(1) or freed
+    )
     assert not saved.stored and "the disk is full" in saved.error
     assert asked == ([] if reason == "locked" else [1])  # only a full disk asks the cache to go
     assert len(_stored(store, session)) == 4

@@ -7,15 +7,16 @@ import io
 from core.cli import hub as hub_cli
 from core.cli.main import EXIT_USER_ERROR, main
 from core.models import download, hf_cache, usage
-from tests.core.models.hub_fixture import (
-    MAMBA_GGUF, TINY_MLX, TWO_GGUF, free_port_url)
+from tests.core.models.hub_fixture import MAMBA_GGUF, TINY_MLX, TWO_GGUF, free_port_url
 
 
 def test_search_prints_a_table_with_fits(loopback_hub, capsys, tmp_path):
     assert main(["search", "tiny", "--data-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].split()[:3] == ["repo", "kind", "params"]
-    assert out[1].startswith(TINY_MLX) and " mlx " in out[1] and "fits:" in out[1] and "264K" in out[1]
+    assert (
+        out[1].startswith(TINY_MLX) and " mlx " in out[1] and "fits:" in out[1] and "264K" in out[1]
+    )
     assert any(line.startswith(TWO_GGUF) and " gguf " in line for line in out)
     assert main(["search", "mamba", "--data-dir", str(tmp_path)]) == 0
     assert "no: a GGUF of the mamba family" in capsys.readouterr().out
@@ -26,7 +27,11 @@ def test_pull_then_models_then_rm(loopback_hub, capsys, tmp_path):
     assert main(["pull", TINY_MLX, *data]) == 0
     captured = capsys.readouterr()
     assert captured.out.strip() == TINY_MLX  # the spec, for scripts
-    assert "6 files" in captured.err and "fetched 1.1 MB" in captured.err and f"--model {TINY_MLX}" in captured.err
+    assert (
+        "6 files" in captured.err
+        and "fetched 1.1 MB" in captured.err
+        and f"--model {TINY_MLX}" in captured.err
+    )
     assert "100.0%" in captured.err and "/s" in captured.err and "left" in captured.err
     usage.record_use(tmp_path, hf_cache.resolve_repo(TINY_MLX), TINY_MLX, "fp")
     assert main(["models", *data]) == 0
@@ -35,10 +40,14 @@ def test_pull_then_models_then_rm(loopback_hub, capsys, tmp_path):
     assert "hub mlx" in line and "1.1 MB" in line and "last used just now" in line
     assert "downloaded from the hub: 1 model, 1.1 MB" in out
 
-    assert main(["models", "rm", TINY_MLX, *data]) == EXIT_USER_ERROR  # stdin is no terminal: needs --yes
+    assert (
+        main(["models", "rm", TINY_MLX, *data]) == EXIT_USER_ERROR
+    )  # stdin is no terminal: needs --yes
     assert "--yes" in capsys.readouterr().err
     assert main(["models", "rm", TINY_MLX, "--yes", *data]) == 0
-    assert f"deleted {TINY_MLX}" in capsys.readouterr().out and hf_cache.resolve_repo(TINY_MLX) is None
+    assert (
+        f"deleted {TINY_MLX}" in capsys.readouterr().out and hf_cache.resolve_repo(TINY_MLX) is None
+    )
     assert main(["models", "rm", TINY_MLX, "--yes", *data]) == EXIT_USER_ERROR
     assert "no downloaded model" in capsys.readouterr().err
 
@@ -46,7 +55,11 @@ def test_pull_then_models_then_rm(loopback_hub, capsys, tmp_path):
 def test_pull_a_gguf_repo_lists_its_files(loopback_hub, capsys, tmp_path):
     assert main(["pull", TWO_GGUF, "--data-dir", str(tmp_path)]) == EXIT_USER_ERROR
     err = capsys.readouterr().err
-    assert f"{TWO_GGUF}:tiny-Q8_0.gguf" in err and f"{TWO_GGUF}:tiny-F16.gguf" in err and "fits:" in err
+    assert (
+        f"{TWO_GGUF}:tiny-Q8_0.gguf" in err
+        and f"{TWO_GGUF}:tiny-F16.gguf" in err
+        and "fits:" in err
+    )
     assert main(["pull", f"{TWO_GGUF}:tiny-Q8_0.gguf", "--data-dir", str(tmp_path)]) == 0
     assert capsys.readouterr().out.strip() == f"{TWO_GGUF}:tiny-Q8_0.gguf"
 
@@ -65,8 +78,12 @@ def test_errors_are_one_line(loopback_hub, capsys, tmp_path, monkeypatch):
 def test_progress_line_formats():
     stream = io.StringIO()
     line = hub_cli.ProgressLine(stream)
-    line(download.DownloadProgress("org/m", "w", 500_000_000, 1_000_000_000, 500_000_000, 25e6, 20.0))
-    assert stream.getvalue() == "radixchat: org/m: 500.0 MB of 1.0 GB  50.0%  25.0 MB/s  0:20 left\n"
+    line(
+        download.DownloadProgress("org/m", "w", 500_000_000, 1_000_000_000, 500_000_000, 25e6, 20.0)
+    )
+    assert (
+        stream.getvalue() == "radixchat: org/m: 500.0 MB of 1.0 GB  50.0%  25.0 MB/s  0:20 left\n"
+    )
     assert hub_cli.duration(None) == "--:--" and hub_cli.duration(3725) == "1:02:05"
     assert hub_cli.ago(None) == "never" and hub_cli.ago(0, now=7200) == "2 hours ago"
 
@@ -89,17 +106,47 @@ def test_pull_imports_only_what_it_needs(loopback_hub, tmp_path):
     home = Path(os.environ["HF_HOME"])
     home.mkdir(parents=True, exist_ok=True)
     (home / ".agent_harnesses.json").write_text(json.dumps(AGENT_REGISTRY))
-    heavy = ("mlx", "mlx_lm", "numpy", "gguf", "transformers", "sentencepiece", "PySide6", "kvcache", "fastapi",
-             "uvicorn", "starlette", "core.engine", "core.api", "core.chats", "core.models.provision",
-             "core.models.pypi_download", "core.models.loader", "huggingface_hub.hf_api", "huggingface_hub.file_download",
-             "huggingface_hub.utils._auth", "huggingface_hub.utils._headers", "huggingface_hub.errors", "httpx2", "yaml",
-             "filelock", "psutil")
-    code = ("import sys; from core.cli.main import main; status = main(['pull', sys.argv[1], '--data-dir', sys.argv[2]]);"
-            f" print(sorted(m for m in sys.modules if m.startswith(tuple(h + '.' for h in {heavy!r})) or m in {heavy!r}));"
-            " sys.exit(status)")
+    heavy = (
+        "mlx",
+        "mlx_lm",
+        "numpy",
+        "gguf",
+        "transformers",
+        "sentencepiece",
+        "PySide6",
+        "kvcache",
+        "fastapi",
+        "uvicorn",
+        "starlette",
+        "core.engine",
+        "core.api",
+        "core.chats",
+        "core.models.provision",
+        "core.models.pypi_download",
+        "core.models.loader",
+        "huggingface_hub.hf_api",
+        "huggingface_hub.file_download",
+        "huggingface_hub.utils._auth",
+        "huggingface_hub.utils._headers",
+        "huggingface_hub.errors",
+        "httpx2",
+        "yaml",
+        "filelock",
+        "psutil",
+    )
+    code = (
+        "import sys; from core.cli.main import main; status = main(['pull', sys.argv[1], '--data-dir', sys.argv[2]]);"
+        f" print(sorted(m for m in sys.modules if m.startswith(tuple(h + '.' for h in {heavy!r})) or m in {heavy!r}));"
+        " sys.exit(status)"
+    )
     root = Path(__file__).resolve().parents[3]
-    out = subprocess.run([sys.executable, "-c", code, TINY_MLX, str(tmp_path / "data")], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(root)}, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code, TINY_MLX, str(tmp_path / "data")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
@@ -119,7 +166,9 @@ def test_every_import_the_commands_make_when_they_run_resolves():
         for node in (n for n in ast.walk(function) if isinstance(n, ast.ImportFrom)):
             module = importlib.import_module(node.module)
             for alias in node.names:
-                assert hasattr(module, alias.name) or importlib.import_module(f"{node.module}.{alias.name}")
+                assert hasattr(module, alias.name) or importlib.import_module(
+                    f"{node.module}.{alias.name}"
+                )
                 found.append(f"{node.module}.{alias.name}")
     assert "core.cli.bench.pull.run_bench_pull" in found and "core.models.provision" in found
     assert len(found) >= 20
@@ -127,4 +176,6 @@ def test_every_import_the_commands_make_when_they_run_resolves():
 
 def test_a_search_with_no_match_says_so(loopback_hub, capsys, tmp_path):
     assert main(["search", "zzz-nothing\x1b[2J", "--data-dir", str(tmp_path)]) == 0
-    assert capsys.readouterr().out == "no MLX or GGUF models on the hub match 'zzz-nothing\\x1b[2J'\n"
+    assert (
+        capsys.readouterr().out == "no MLX or GGUF models on the hub match 'zzz-nothing\\x1b[2J'\n"
+    )

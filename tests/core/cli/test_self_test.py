@@ -31,7 +31,9 @@ def test_self_test_passes_with_one_line(capsys, home):
     match = OK_LINE.match(out[0])
     assert match, out[0]
     turn1_prompt, restored, turn2_prompt = (int(g) for g in match.groups()[1:])
-    assert 0 < turn1_prompt < restored < turn2_prompt  # turn 1's prompt and reply came back from disk
+    assert (
+        0 < turn1_prompt < restored < turn2_prompt
+    )  # turn 1's prompt and reply came back from disk
     assert not home.exists() or not any(home.iterdir())
 
 
@@ -43,8 +45,8 @@ def test_self_test_under_data_dir_cleans_up(capsys, tmp_path, home):
 
 
 def test_a_broken_disk_store_is_named(capsys, monkeypatch, home):
-    from kvcache.store import DiskStoreError
     import kvcache.persist
+    from kvcache.store import DiskStoreError
 
     def broken(*args, **kwargs):
         raise DiskStoreError("simulated: cannot open the cache database")
@@ -64,15 +66,22 @@ def test_a_crashing_stage_is_named(capsys, monkeypatch, home):
 
     monkeypatch.setattr(core.models.tiny_model, "write_tiny_model", boom)
     assert main(["--self-test"]) == 1
-    assert capsys.readouterr().out == "radixchat self-test: FAILED at tiny model: OSError: simulated multi-line failure\n"
+    assert (
+        capsys.readouterr().out
+        == "radixchat self-test: FAILED at tiny model: OSError: simulated multi-line failure\n"
+    )
 
 
 def test_a_model_that_does_not_load_is_named(capsys, monkeypatch, home, tmp_path):
     import core.models.tiny_model
 
-    monkeypatch.setattr(core.models.tiny_model, "write_tiny_model", lambda path, spec: tmp_path / "missing")
+    monkeypatch.setattr(
+        core.models.tiny_model, "write_tiny_model", lambda path, spec: tmp_path / "missing"
+    )
     assert main(["--self-test"]) == 1
-    assert capsys.readouterr().out.startswith("radixchat self-test: FAILED at engine start: UserError: ")
+    assert capsys.readouterr().out.startswith(
+        "radixchat self-test: FAILED at engine start: UserError: "
+    )
 
 
 def test_the_user_data_folder_is_never_resolved(capsys, monkeypatch, home):

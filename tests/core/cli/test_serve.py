@@ -55,18 +55,38 @@ def test_serve_says_where_it_serves_and_that_it_stops(tiny_model, tmp_path, sign
     """What a person reads: the address once the model is loaded and the API answers, one
     line when it stops (Ctrl-C or a service manager's SIGTERM), exit 0."""
     root = Path(__file__).resolve().parents[3]
-    command = [sys.executable, "-m", "core.cli.main", "serve", "--model", str(tiny_model), "--port", "0",
-               "--data-dir", str(tmp_path / "data")]
-    with subprocess.Popen(command, cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as server:
+    command = [
+        sys.executable,
+        "-m",
+        "core.cli.main",
+        "serve",
+        "--model",
+        str(tiny_model),
+        "--port",
+        "0",
+        "--data-dir",
+        str(tmp_path / "data"),
+    ]
+    with subprocess.Popen(
+        command,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as server:
         try:
             lines = []
-            for line in server.stderr:  # the model loads first; the address comes once the API answers
+            for (
+                line
+            ) in server.stderr:  # the model loads first; the address comes once the API answers
                 lines.append(line.rstrip("\n"))
                 if line.startswith("radixchat: serving"):
                     break
             serving = re.fullmatch(
-                r"radixchat: serving tiny-llama at http://127\.0\.0\.1:(\d+)/v1 \(Ctrl-C to stop\)", lines[-1])
+                r"radixchat: serving tiny-llama at http://127\.0\.0\.1:(\d+)/v1 \(Ctrl-C to stop\)",
+                lines[-1],
+            )
             assert serving, lines
             conn = http.client.HTTPConnection("127.0.0.1", int(serving.group(1)), timeout=30)
             conn.request("GET", "/health")

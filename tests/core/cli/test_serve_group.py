@@ -79,10 +79,14 @@ def test_a_signal_to_the_command_alone_stops_the_whole_group(tiny_model, tmp_pat
         assert code == 0, group.output()
         assert "radixchat: stopping" in group.output()  # rank 0 stopped the group in order
         lines = group.output().splitlines()  # what a person reads, from the start
-        assert lines[0] == ("radixchat: starting tiny-llama split over 2 hosts (127.0.0.1, 127.0.0.1; "
-                            "1 of 2 KV heads each; ring backend)")
-        assert f"radixchat: serving tiny-llama split over 2 hosts at http://127.0.0.1:{group.port}/v1 " \
-               "(Ctrl-C to stop)" in lines
+        assert lines[0] == (
+            "radixchat: starting tiny-llama split over 2 hosts (127.0.0.1, 127.0.0.1; "
+            "1 of 2 KV heads each; ring backend)"
+        )
+        assert (
+            f"radixchat: serving tiny-llama split over 2 hosts at http://127.0.0.1:{group.port}/v1 "
+            "(Ctrl-C to stop)" in lines
+        )
         assert "the group ended on a fault" not in group.output()
     finally:
         kill_leftovers(pids)

@@ -33,7 +33,9 @@ def ring_available() -> bool:
     return launcher_installed() and mx.distributed.is_available()
 
 
-needs_ring = pytest.mark.skipif(not ring_available(), reason="MLX's ring backend (mlx.launch) is not available")
+needs_ring = pytest.mark.skipif(
+    not ring_available(), reason="MLX's ring backend (mlx.launch) is not available"
+)
 
 
 def free_port(span: int = 1) -> int:
@@ -69,7 +71,12 @@ class Group:
     def request(self, body: dict, timeout: float = 60) -> tuple[int, dict]:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
-            conn.request("POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"})
+            conn.request(
+                "POST",
+                "/v1/chat/completions",
+                json.dumps(body),
+                {"content-type": "application/json"},
+            )
             response = conn.getresponse()
             return response.status, json.loads(response.read())
         finally:
@@ -87,7 +94,9 @@ class Group:
         """An open streaming request: (connection, response) to read SSE lines from."""
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
         body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True}
-        conn.request("POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"})
+        conn.request(
+            "POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"}
+        )
         return conn, conn.getresponse()
 
     def rank_pid(self, rank: int) -> int:
@@ -100,8 +109,12 @@ class Group:
                 cmdline = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if f"MLX_RANK={rank}".encode() in env and str(self.data_dir).encode() in cmdline \
-                    and b"--group-member" in cmdline and b"bash" not in cmdline.split(b"\0")[0]:
+            if (
+                f"MLX_RANK={rank}".encode() in env
+                and str(self.data_dir).encode() in cmdline
+                and b"--group-member" in cmdline
+                and b"bash" not in cmdline.split(b"\0")[0]
+            ):
                 return int(entry.name)
         raise AssertionError(f"no process for rank {rank}")
 
@@ -136,13 +149,28 @@ def _wait_gone(group_id: int, timeout: float = 30) -> None:
 def start_group(model: Path, data_dir: Path, work: Path, extra: tuple[str, ...] = ()) -> Group:
     port = free_port()
     log = work / f"group-{port}.log"
-    command = [sys.executable, "-m", "core.cli.main", "serve", "--hosts", str(write_hostfile(work / "hosts.json")),
-               "--model", str(model), "--port", str(port), "--data-dir", str(data_dir),
-               "--ring-port", str(free_port(2)), *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "core.cli.main",
+        "serve",
+        "--hosts",
+        str(write_hostfile(work / "hosts.json")),
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+        "--data-dir",
+        str(data_dir),
+        "--ring-port",
+        str(free_port(2)),
+        *extra,
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with open(log, "wb") as out:
-        launcher = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+        launcher = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     group = Group(launcher, port, log, data_dir)
     if wait_until_answers(launcher, port, "/health", START_S):
         return group

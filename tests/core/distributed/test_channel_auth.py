@@ -10,8 +10,14 @@ import threading
 
 import pytest
 
-from core.distributed.group import (FollowerChannel, GroupError, LeaderChannel, Membership, join_group,
-                                    new_secret)
+from core.distributed.group import (
+    FollowerChannel,
+    GroupError,
+    LeaderChannel,
+    Membership,
+    join_group,
+    new_secret,
+)
 from core.distributed.wire import recv_message, send_message
 
 HOSTS = ("studio.local", "macbook.local")
@@ -31,7 +37,9 @@ class Leader:
 
     def _form(self, secret: str) -> None:
         try:
-            self.channel = LeaderChannel(Membership(0, 2, HOSTS), self.listener, self.faults.append, secret)
+            self.channel = LeaderChannel(
+                Membership(0, 2, HOSTS), self.listener, self.faults.append, secret
+            )
         except BaseException as exc:  # handed to the test
             self.error = exc
 
@@ -74,7 +82,9 @@ def test_a_peer_that_sends_no_proof_is_dropped(caplog):
     secret = new_secret()
     leader = Leader(secret)
     with caplog.at_level(logging.WARNING, logger="core.distributed.group"):
-        with socket.create_connection(leader.address) as intruder:  # knows the protocol, not the secret
+        with socket.create_connection(
+            leader.address
+        ) as intruder:  # knows the protocol, not the secret
             challenge = recv_message(intruder)
             assert challenge["op"] == "challenge"
             send_message(intruder, {"op": "hello", "rank": 1, "challenge": "00", "proof": "0" * 64})
@@ -92,6 +102,7 @@ def test_a_peer_that_sends_no_proof_is_dropped(caplog):
 def test_a_rank_refuses_a_rank_0_without_the_secret():
     secret = new_secret()
     with socket.create_server(("127.0.0.1", 0)) as fake:
+
         def pretend():  # a listener that plays rank 0 without knowing the secret
             conn, _ = fake.accept()
             with conn:

@@ -19,9 +19,9 @@ from core.distributed.group import SILENCE_S
 from core.distributed.outcome import ENDED_PREFIX
 from core.distributed.shard import rank_cache_name
 from core.engine.engine import Engine
+from core.engine.namespaces import API
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
-from core.engine.namespaces import API
 from kvcache.store import DiskStore
 from kvcache.store_format import session_row
 from tests.core.distributed.group_fixture import needs_ring, start_group
@@ -32,19 +32,25 @@ pytestmark = [needs_ring, pytest.mark.distributed]
 TOKENS = 24
 LYON = [{"role": "user", "content": "Plan a day in Lyon, please."}]
 OTHER = [{"role": "user", "content": "Something else entirely: a poem about rain."}]
-BATCH = [[{"role": "user", "content": f"Question number {i}, asked at the same time."}] for i in range(3)]
+BATCH = [
+    [{"role": "user", "content": f"Question number {i}, asked at the same time."}] for i in range(3)
+]
 
 
 def reference(model, conversations: list[list[dict]]) -> list[str]:
     """Greedy replies of one process, no cache at all."""
     (model.parent / "reference-data").mkdir(exist_ok=True)
-    engine = Engine(model.parent / "reference-data", str(model), use_cache=False, disk_cache=False).start()
+    engine = Engine(
+        model.parent / "reference-data", str(model), use_cache=False, disk_cache=False
+    ).start()
     engine.wait_ready(120)
     try:
         replies = []
         for messages in conversations:
-            request = GenerationRequest(messages=tuple(ChatMessage(m["role"], m["content"]) for m in messages),
-                                        sampling=SamplingParams(temperature=0.0, max_tokens=TOKENS))
+            request = GenerationRequest(
+                messages=tuple(ChatMessage(m["role"], m["content"]) for m in messages),
+                sampling=SamplingParams(temperature=0.0, max_tokens=TOKENS),
+            )
             done = list(engine.stream(request))[-1]
             assert isinstance(done, DoneEvent), done
             replies.append(done.text)
@@ -62,7 +68,11 @@ def cached(reply: dict) -> int:
 
 
 def follow_up(first: str) -> list[dict]:
-    return [*LYON, {"role": "assistant", "content": first}, {"role": "user", "content": "And the evening?"}]
+    return [
+        *LYON,
+        {"role": "assistant", "content": first},
+        {"role": "user", "content": "And the evening?"},
+    ]
 
 
 def concurrent(group, conversations) -> list[dict]:
@@ -105,8 +115,10 @@ def first_group(group, expected: dict) -> None:
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     # a long context: the killed-rank test needs a reply still running when the rank dies
-    return write_tiny_model(tmp_path_factory.mktemp("dist") / "tiny-llama",
-                            TinyModelSpec(num_layers=2, max_position_embeddings=8192))
+    return write_tiny_model(
+        tmp_path_factory.mktemp("dist") / "tiny-llama",
+        TinyModelSpec(num_layers=2, max_position_embeddings=8192),
+    )
 
 
 def expectations(model) -> dict:
@@ -144,7 +156,9 @@ def test_a_split_llama_answers_as_one_process_restores_and_survives_a_killed_ran
         # first tokens): the ranks agreed on the shorter, the rest was recomputed
         assert 0 < cached(b1) < b1["usage"]["prompt_tokens"] - 1
 
-        error, waited = stream_until_error(group, lambda: os.kill(group.rank_pid(1), signal.SIGKILL))
+        error, waited = stream_until_error(
+            group, lambda: os.kill(group.rank_pid(1), signal.SIGKILL)
+        )
         assert error is not None, group.output()
         assert "rank 1 (127.0.0.1)" in error["message"]
         assert waited < SILENCE_S  # the channel closing is seen at once, not by a heartbeat timeout
@@ -152,8 +166,11 @@ def test_a_split_llama_answers_as_one_process_restores_and_survives_a_killed_ran
         assert group.launcher.wait(60) == EXIT_GROUP_FAULT, group.output()
         # rank 0's own fault line ("left the group") or, when MLX's launcher drops a rank's last
         # output (core.distributed.outcome), its log of how rank 1 ended: either names the host
-        assert re.search(re.escape(f"{ENDED_PREFIX}rank 1 (127.0.0.1) ") + "(left the group|was killed by SIGKILL)",
-                         group.output()), group.output()
+        assert re.search(
+            re.escape(f"{ENDED_PREFIX}rank 1 (127.0.0.1) ")
+            + "(left the group|was killed by SIGKILL)",
+            group.output(),
+        ), group.output()
     finally:
         group.stop()
 
@@ -183,9 +200,12 @@ def stream_until_error(group, after) -> tuple[dict | None, float]:
 
 
 def test_a_split_hybrid_model_answers_as_one_process(tmp_path):
-    model = write_tiny_model(tmp_path / "tiny-llama-sliding",
-                             TinyModelSpec(kind="llama-sliding", num_layers=4, sliding_window=16,
-                                           max_position_embeddings=8192))
+    model = write_tiny_model(
+        tmp_path / "tiny-llama-sliding",
+        TinyModelSpec(
+            kind="llama-sliding", num_layers=4, sliding_window=16, max_position_embeddings=8192
+        ),
+    )
     expected = expectations(model)
     data = tmp_path / "data"
     group = start_group(model, data, tmp_path)
@@ -230,5 +250,7 @@ def test_a_split_mla_and_linear_attention_model_answers_as_one_process_and_resto
         group.stop()
     for rank in (0, 1):  # the MLA layer's latent (1 x 16) and rope part (1 x 8), whole on each rank
         shapes = stored_kv_shapes(data / rank_cache_name(rank, 2))
-        assert shapes and all([(s[0], s[2]) for s in page] == [(1, 16), (1, 8)] for page in shapes), shapes
+        assert shapes and all(
+            [(s[0], s[2]) for s in page] == [(1, 16), (1, 8)] for page in shapes
+        ), shapes
     restarted_group_restores(model, data, tmp_path, expected)

@@ -20,8 +20,14 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def hostfile(tmp_path) -> Path:
     path = tmp_path / "hosts.json"
-    path.write_text(json.dumps([{"ssh": "studio.local", "ips": ["10.0.0.1"]},
-                                {"ssh": "macbook.local", "ips": ["10.0.0.2"]}]))
+    path.write_text(
+        json.dumps(
+            [
+                {"ssh": "studio.local", "ips": ["10.0.0.1"]},
+                {"ssh": "macbook.local", "ips": ["10.0.0.2"]},
+            ]
+        )
+    )
     return path
 
 
@@ -33,7 +39,7 @@ def test_the_packaged_app_launches_a_group_through_itself(tmp_path, monkeypatch)
     path = hostfile(tmp_path)
     command = launch_command(path, read_hostfile(path), ["--model", "/m", "--port", "8000"], 40000)
     split = command.index("--")
-    launcher, member = command[:split], command[split + 1:]
+    launcher, member = command[:split], command[split + 1 :]
     assert launcher[:2] == [app, LAUNCH_COMMAND]  # MLX's launcher, inside the app's own executable
     assert launcher[launcher.index("--backend") + 1] == "ring"
     assert launcher[launcher.index("--hostfile") + 1] == str(path)
@@ -50,8 +56,15 @@ def test_a_source_checkout_launches_through_python(tmp_path, monkeypatch):
     command = launch_command(path, read_hostfile(path), ["--model", "/m"])
     assert command[:4] == [sys.executable, "-m", "core.cli.main", LAUNCH_COMMAND]
     assert "PYTHONPATH=/src/radixchat" in command
-    assert command[command.index("--") + 1:] == [sys.executable, "-m", "core.cli.main", "serve", "--model", "/m",
-                                                 "--group-member"]
+    assert command[command.index("--") + 1 :] == [
+        sys.executable,
+        "-m",
+        "core.cli.main",
+        "serve",
+        "--model",
+        "/m",
+        "--group-member",
+    ]
 
 
 def test_the_hidden_launcher_runs_mlxs(capsys):
@@ -61,13 +74,33 @@ def test_the_hidden_launcher_runs_mlxs(capsys):
 
 def test_the_launcher_hands_the_secret_to_a_rank_in_its_environment_only(tmp_path):
     secret = new_secret()
-    digest = hashlib.sha256(secret.encode()).hexdigest()  # the rank's own command line must not hold it
-    rank = ("import hashlib, os; secret = os.environ[%r]; cmdline = open('/proc/self/cmdline', 'rb').read(); "
-            "print('rank', os.environ['MLX_RANK'], hashlib.sha256(secret.encode()).hexdigest() == %r, "
-            "secret.encode() in cmdline)" % (SECRET_ENV, digest))
-    done = subprocess.run([sys.executable, "-m", "core.cli.main", LAUNCH_COMMAND, "--hosts", "127.0.0.1",
-                           "--", sys.executable, "-c", rank],
-                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), SECRET_ENV: secret},
-                          stdin=subprocess.PIPE, capture_output=True, text=True, timeout=120)
+    digest = hashlib.sha256(
+        secret.encode()
+    ).hexdigest()  # the rank's own command line must not hold it
+    rank = (
+        "import hashlib, os; secret = os.environ[%r]; cmdline = open('/proc/self/cmdline', 'rb').read(); "
+        "print('rank', os.environ['MLX_RANK'], hashlib.sha256(secret.encode()).hexdigest() == %r, "
+        "secret.encode() in cmdline)" % (SECRET_ENV, digest)
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "core.cli.main",
+            LAUNCH_COMMAND,
+            "--hosts",
+            "127.0.0.1",
+            "--",
+            sys.executable,
+            "-c",
+            rank,
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), SECRET_ENV: secret},
+        stdin=subprocess.PIPE,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["rank", "0", "True", "False"], (done.stdout, done.stderr)

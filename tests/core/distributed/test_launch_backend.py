@@ -44,9 +44,9 @@ def test_ring_unless_the_option_or_the_hostfile_asks_for_jaccl(tmp_path, on_a_ma
 
 
 def test_jaccl_needs_an_rdma_device_towards_every_other_host(tmp_path, on_a_mac_with_jaccl):
-    with pytest.raises(UserError, match="gives studio no \"rdma\" device"):
+    with pytest.raises(UserError, match='gives studio no "rdma" device'):
         choose_backend(hostfile(tmp_path, TWO), "jaccl")
-    with pytest.raises(UserError, match="gives macbook no \"rdma\" device"):
+    with pytest.raises(UserError, match='gives macbook no "rdma" device'):
         choose_backend(hostfile(tmp_path, [RDMA[0], {**RDMA[1], "rdma": [None, None]}]), "jaccl")
 
 
@@ -63,15 +63,34 @@ def test_jaccl_is_refused_where_it_cannot_run(tmp_path, monkeypatch):
         choose_backend(path)
 
 
-def test_serve_hosts_refuses_jaccl_in_one_line_before_anything_starts(tmp_path, capsys, monkeypatch):
+def test_serve_hosts_refuses_jaccl_in_one_line_before_anything_starts(
+    tmp_path, capsys, monkeypatch
+):
     monkeypatch.setattr(launch.platform, "system", lambda: "Linux")  # as here; also on a Mac CI
     model = write_tiny_model(tmp_path / "m", TinyModelSpec())
     calls = []
-    monkeypatch.setattr(launch, "launcher_command", lambda: calls.append("launcher") or ["mlx.launch"])
-    code = main(["serve", "--hosts", hostfile(tmp_path, RDMA), "--backend", "jaccl", "--model", str(model),
-                 "--port", "0", "--data-dir", str(tmp_path / "data")])
+    monkeypatch.setattr(
+        launch, "launcher_command", lambda: calls.append("launcher") or ["mlx.launch"]
+    )
+    code = main(
+        [
+            "serve",
+            "--hosts",
+            hostfile(tmp_path, RDMA),
+            "--backend",
+            "jaccl",
+            "--model",
+            str(model),
+            "--port",
+            "0",
+            "--data-dir",
+            str(tmp_path / "data"),
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and "JACCL (RDMA over Thunderbolt) runs on macOS only" in err[0]
+    assert (
+        code == 2 and len(err) == 1 and "JACCL (RDMA over Thunderbolt) runs on macOS only" in err[0]
+    )
     assert calls == []  # MLX's launcher never looked for, nothing started
 
 

@@ -16,8 +16,13 @@ def test_a_rank_fault_line_round_trips():
 
 def test_the_first_fault_wins_and_names_the_host():
     outcome = GroupOutcome(["studio.local", "macbook.local"])
-    assert outcome.read(fault_line("rank 1 (macbook.local) left the group (connection closed)")) is not None
-    assert outcome.read(fault_line("rank 0 (studio.local) left the group (connection closed)")) is None
+    assert (
+        outcome.read(fault_line("rank 1 (macbook.local) left the group (connection closed)"))
+        is not None
+    )
+    assert (
+        outcome.read(fault_line("rank 0 (studio.local) left the group (connection closed)")) is None
+    )
     outcome.read(WARN.format("Node with rank 1 exited with code -9"))
     outcome.read(WARN.format("Node with rank 0 exited with code 3"))
     assert outcome.verdict() == "rank 1 (macbook.local) left the group (connection closed)"

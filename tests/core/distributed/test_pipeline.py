@@ -12,7 +12,6 @@ from core.distributed.shard import rank_cache_name
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from kvcache.serialize import unpack_arrays
 from tests.core.distributed.group_fixture import needs_ring, start_group
-from tests.kvcache.model_families import write_family
 from tests.core.distributed.test_group import (
     OTHER,
     TOKENS,
@@ -22,6 +21,7 @@ from tests.core.distributed.test_group import (
     follow_up,
     text,
 )
+from tests.kvcache.model_families import write_family
 
 pytestmark = [needs_ring, pytest.mark.distributed]
 
@@ -60,18 +60,24 @@ def test_a_dense_model_pipelined_when_asked_answers_as_one_process_and_restores(
         first_group(group, expected)
     finally:
         group.stop()
-    for rank in (0, 1):  # each rank's slice: its 2 layers' K and V, every KV head (not half of 4 layers')
+    for rank in (
+        0,
+        1,
+    ):  # each rank's slice: its 2 layers' K and V, every KV head (not half of 4 layers')
         shapes = stored_kv_shapes(data / rank_cache_name(rank, 2))
-        assert shapes and all(len(page) == 2 * 2 and all(s[0] == spec.num_kv_heads for s in page)
-                              for page in shapes), shapes
+        assert shapes and all(
+            len(page) == 2 * 2 and all(s[0] == spec.num_kv_heads for s in page) for page in shapes
+        ), shapes
     restarted_group_restores(model, data, tmp_path, expected, ("--split", "pipeline"))
 
 
 def test_a_hybrid_model_only_mlx_lm_pipelines_runs_pipelined_and_restores(tmp_path):
     # qwen3_next (linear-attention layers alternating with full ones) has no tensor split:
     # the group pipelines it by itself; each rank holds one linear and one full layer
-    model = write_tiny_model(tmp_path / "tiny-qwen3-next",
-                             TinyModelSpec(kind="recurrent", num_layers=4, max_position_embeddings=8192))
+    model = write_tiny_model(
+        tmp_path / "tiny-qwen3-next",
+        TinyModelSpec(kind="recurrent", num_layers=4, max_position_embeddings=8192),
+    )
     expected = expectations(model)
     data = tmp_path / "data"
     group = start_group(model, data, tmp_path)
@@ -86,8 +92,12 @@ def test_a_hybrid_model_only_mlx_lm_pipelines_runs_pipelined_and_restores(tmp_pa
 def test_an_mla_model_pipelined_answers_as_one_process_and_restores(tmp_path):
     # deepseek_v3 caches one compressed latent per token as its keys (16 wide here) and the
     # rope part as its values (8 wide): pages of their own shapes, 2 of 4 layers a rank
-    model = write_family(tmp_path / "tiny-deepseek-v3", "deepseek_v3", num_hidden_layers=4,
-                         max_position_embeddings=8192)
+    model = write_family(
+        tmp_path / "tiny-deepseek-v3",
+        "deepseek_v3",
+        num_hidden_layers=4,
+        max_position_embeddings=8192,
+    )
     expected = expectations(model)
     data = tmp_path / "data"
     group = start_group(model, data, tmp_path, ("--split", "pipeline"))
@@ -98,5 +108,7 @@ def test_an_mla_model_pipelined_answers_as_one_process_and_restores(tmp_path):
         group.stop()
     for rank in (0, 1):  # each rank's slice: its 2 layers' latent (1 x 16) and rope part (1 x 8)
         shapes = stored_kv_shapes(data / rank_cache_name(rank, 2))
-        assert shapes and all([(s[0], s[2]) for s in page] == [(1, 16), (1, 8)] * 2 for page in shapes), shapes
+        assert shapes and all(
+            [(s[0], s[2]) for s in page] == [(1, 16), (1, 8)] * 2 for page in shapes
+        ), shapes
     restarted_group_restores(model, data, tmp_path, expected, ("--split", "pipeline"))

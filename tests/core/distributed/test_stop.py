@@ -14,15 +14,21 @@ import pytest
 from core.distributed.stop import GroupStopper, watch_lifeline
 
 # a stand-in for a group's process: it ignores the signals it is given, says so, then waits
-IGNORING = ("import signal, sys, time\n"
-            "for name in sys.argv[1:]: signal.signal(getattr(signal, name), signal.SIG_IGN)\n"
-            "print('ready', flush=True)\n"
-            "time.sleep(120)\n")
+IGNORING = (
+    "import signal, sys, time\n"
+    "for name in sys.argv[1:]: signal.signal(getattr(signal, name), signal.SIG_IGN)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(120)\n"
+)
 
 
 def stand_in(*ignored: str) -> subprocess.Popen:
-    process = subprocess.Popen([sys.executable, "-c", IGNORING, *ignored], stdout=subprocess.PIPE,
-                               start_new_session=True, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", IGNORING, *ignored],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+        text=True,
+    )
     assert process.stdout.readline() == "ready\n"
     return process
 

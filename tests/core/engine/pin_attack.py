@@ -10,7 +10,7 @@ attacker sees the same figure for every digit: it learns nothing.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 PREFIX = "Note to self. The vault PIN is "
 DIGITS = "0123456789"

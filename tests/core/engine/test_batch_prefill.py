@@ -25,13 +25,19 @@ from kvcache.prefix_cache import PrefixCache
 from tests.core.engine.token_log import TokenLog
 
 SYSTEM = "You are a careful assistant who answers in full sentences. "  # ~60 tokens, shared
-PROMPTS = ("the first question is this one", "and a second, different prompt that is longer than that",
-           "x", "a fourth, of middling length")
+PROMPTS = (
+    "the first question is this one",
+    "and a second, different prompt that is longer than that",
+    "x",
+    "a fourth, of middling length",
+)
 
 
 @pytest.fixture(scope="module", params=["llama", "sliding"])
 def loaded(request, tmp_path_factory):
-    spec = TinyModelSpec(kind=request.param, num_layers=2, sliding_window=32, max_position_embeddings=2048)
+    spec = TinyModelSpec(
+        kind=request.param, num_layers=2, sliding_window=32, max_position_embeddings=2048
+    )
     path = write_tiny_model(tmp_path_factory.mktemp(request.param) / "m", spec)
     return load_model(str(path), tmp_path_factory.mktemp("data"))
 
@@ -58,7 +64,9 @@ def finish(s: Scheduler) -> None:
 
 
 def no_locks(s: Scheduler) -> bool:
-    return s.prefix_cache.stats().pages_locked == 0 and s.prefix_cache.tree.check_invariants() is None
+    return (
+        s.prefix_cache.stats().pages_locked == 0 and s.prefix_cache.tree.check_invariants() is None
+    )
 
 
 class Forwards:
@@ -82,7 +90,9 @@ def texts(shared: bool) -> list[str]:
     return [SYSTEM + p if shared else p for p in PROMPTS]
 
 
-def run(loaded, batched: bool, shared: bool, warm: str | None = None, **sampling) -> tuple[Scheduler, list]:
+def run(
+    loaded, batched: bool, shared: bool, warm: str | None = None, **sampling
+) -> tuple[Scheduler, list]:
     """Every prompt admitted at once (``warm``: a request run first, whose prompt the others
     extend); their DoneEvents."""
     s = scheduler(loaded, batched)
@@ -90,7 +100,10 @@ def run(loaded, batched: bool, shared: bool, warm: str | None = None, **sampling
         h = handle(warm, max_tokens=3)
         s.admit(h)
         finish(s)
-    handles = [handle(t, max_tokens=24 - 5 * i, **(sampling if i == 1 else {})) for i, t in enumerate(texts(shared))]
+    handles = [
+        handle(t, max_tokens=24 - 5 * i, **(sampling if i == 1 else {}))
+        for i, t in enumerate(texts(shared))
+    ]
     for h in handles:
         s.admit(h)
     finish(s)
@@ -100,7 +113,9 @@ def run(loaded, batched: bool, shared: bool, warm: str | None = None, **sampling
 
 @pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("sampling", [{}, {"repetition_penalty": 1.3}])
-def test_greedy_replies_are_the_same_with_batched_prefill_on_and_off(loaded, shared, sampling, monkeypatch):
+def test_greedy_replies_are_the_same_with_batched_prefill_on_and_off(
+    loaded, shared, sampling, monkeypatch
+):
     """Different computations (one padded forward over every prompt against each alone):
     the same greedy tokens, one by one."""
     log = TokenLog(monkeypatch)
@@ -128,7 +143,9 @@ def test_rows_with_different_cached_prefixes(loaded, monkeypatch):
     assert [d.text for d in on] == [d.text for d in off]
     assert [d.stats.cached_tokens for d in on] == [d.stats.cached_tokens for d in off]
     if loaded.info.name and not _hybrid(loaded):
-        assert min(d.stats.cached_tokens for d in on) > 0  # the shared system prompt came from the tree
+        assert (
+            min(d.stats.cached_tokens for d in on) > 0
+        )  # the shared system prompt came from the tree
 
 
 def _hybrid(loaded) -> bool:
@@ -155,8 +172,9 @@ def test_the_pages_are_cached_exactly(loaded):
         return
     for text, reply in zip(texts(True), on):
         tokens = s_on.loaded.tokenizer.encode(text)[:8]  # the start of each prompt, in both trees
-        for (k_on, v_on), (k_off, v_off) in zip(s_on.prefix_cache.cached_kv(tokens),
-                                                  s_off.prefix_cache.cached_kv(tokens)):
+        for (k_on, v_on), (k_off, v_off) in zip(
+            s_on.prefix_cache.cached_kv(tokens), s_off.prefix_cache.cached_kv(tokens)
+        ):
             np.testing.assert_allclose(np.array(k_on), np.array(k_off), rtol=1e-4, atol=1e-5)
             np.testing.assert_allclose(np.array(v_on), np.array(v_off), rtol=1e-4, atol=1e-5)
 
@@ -217,7 +235,9 @@ def test_a_budget_too_small_for_two_keeps_one_at_a_time(loaded, monkeypatch):
 def test_cancel_of_a_row_during_a_batched_prefill(loaded, monkeypatch):
     s = scheduler(loaded)
     if s.prefix_cache.hybrid:
-        pytest.skip("a hybrid model's prompts go one at a time (test_waiting_prompts_take_one_forward)")
+        pytest.skip(
+            "a hybrid model's prompts go one at a time (test_waiting_prompts_take_one_forward)"
+        )
     handles = [handle(t, max_tokens=24 - 5 * i) for i, t in enumerate(texts(True))]  # as run() does
     for h in handles:
         s.admit(h)
@@ -273,11 +293,14 @@ def test_rows_logits_equal_each_prompt_alone(loaded):
     if _hybrid(loaded):
         pytest.skip("hybrid models keep the one-at-a-time path")
     prompts = [loaded.tokenizer.encode(t) for t in PROMPTS]
-    rows = batch_prefill.prefill_rows(model, [make_prompt_cache(model) for _ in prompts], [[] for _ in prompts],
-                                      prompts)
+    rows = batch_prefill.prefill_rows(
+        model, [make_prompt_cache(model) for _ in prompts], [[] for _ in prompts], prompts
+    )
     for i, p in enumerate(prompts):
         alone = last_logits(model, mx.array(p)[None], make_prompt_cache(model))
-        np.testing.assert_allclose(np.array(rows.logits[i]), np.array(alone[0]), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(
+            np.array(rows.logits[i]), np.array(alone[0]), rtol=1e-4, atol=1e-4
+        )
         assert mx.argmax(rows.logits[i]).item() == mx.argmax(alone[0]).item()
         kv = rows.caches(i)[0]
         assert kv.offset == len(p)
@@ -295,7 +318,9 @@ def test_requests_sent_together_are_prefilled_together(tiny_model, tmp_path, mon
     prepare = Engine._prepare_one
 
     def held(self, handle, prompts):  # the first prompt goes on once all four are submitted,
-        (submitted if handle.request.prompt_text == PROMPTS[0] else go).wait(30)  # the others on ``go``
+        (submitted if handle.request.prompt_text == PROMPTS[0] else go).wait(
+            30
+        )  # the others on ``go``
         prepare(self, handle, prompts)
 
     monkeypatch.setattr(Engine, "_prepare_one", held)
@@ -311,8 +336,12 @@ def test_requests_sent_together_are_prefilled_together(tiny_model, tmp_path, mon
             return original(module, inputs, *args, **kwargs)
 
         monkeypatch.setattr(backbone, "__call__", counted)
-        requests = [GenerationRequest(prompt_text=t, sampling=SamplingParams(temperature=0.0, max_tokens=12))
-                    for t in PROMPTS]
+        requests = [
+            GenerationRequest(
+                prompt_text=t, sampling=SamplingParams(temperature=0.0, max_tokens=12)
+            )
+            for t in PROMPTS
+        ]
         handles = [eng.submit(r) for r in requests]
         submitted.set()
         time.sleep(0.3)  # the first is in the engine's hands meanwhile (not a timed assert)

@@ -9,26 +9,66 @@ import jsonschema
 import mlx.core as mx
 import pytest
 
-from core.engine.constrain import Grammars, SchemaError, check_schema, check_tools, grammar_for, tool_name
+from core.engine.constrain import (
+    Grammars,
+    SchemaError,
+    check_schema,
+    check_tools,
+    grammar_for,
+    tool_name,
+)
 from core.engine.engine import Engine
-from core.engine.types import (ChatMessage, DoneEvent, ErrorEvent, GenerationRequest, SamplingParams, TokenEvent,
-                               ToolCallEvent)
+from core.engine.types import (
+    ChatMessage,
+    DoneEvent,
+    ErrorEvent,
+    GenerationRequest,
+    SamplingParams,
+    TokenEvent,
+    ToolCallEvent,
+)
 from core.errors import ErrorKind
 from core.models.chat_template import shipped_template
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=120)
-SCHEMA = {"type": "object",
-          "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "green", "blue"]},
-                         "name": {"type": "string", "maxLength": 6}},
-          "required": ["ok", "color", "name"], "additionalProperties": False}
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather of a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
-                                                    "unit": {"enum": ["C", "F"]}},
-                   "required": ["city", "unit"], "additionalProperties": False}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}},
-                                       "required": ["zone"], "additionalProperties": False}}}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "ok": {"type": "boolean"},
+        "color": {"enum": ["red", "green", "blue"]},
+        "name": {"type": "string", "maxLength": 6},
+    },
+    "required": ["ok", "color", "name"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 8},
+                "unit": {"enum": ["C", "F"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
 TOOLS = (WEATHER, TIME)
 
 
@@ -37,21 +77,30 @@ def long_tiny_model(tmp_path_factory):
     """The tiny model with room for a tool-laden prompt (its tokens are bytes)."""
     from core.models.tiny_model import TinyModelSpec, write_tiny_model
 
-    return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-long",
-                            TinyModelSpec(num_layers=2, max_position_embeddings=4096))
+    return write_tiny_model(
+        tmp_path_factory.mktemp("models") / "tiny-long",
+        TinyModelSpec(num_layers=2, max_position_embeddings=4096),
+    )
 
 
 @pytest.fixture(scope="module")
 def engine(long_tiny_model, tmp_path_factory):
-    eng = Engine(tmp_path_factory.mktemp("data"), str(long_tiny_model), pool_tokens=16384, disk_cache=False,
-                 chat_template=shipped_template("smollm2_tools.jinja")).start()
+    eng = Engine(
+        tmp_path_factory.mktemp("data"),
+        str(long_tiny_model),
+        pool_tokens=16384,
+        disk_cache=False,
+        chat_template=shipped_template("smollm2_tools.jinja"),
+    ).start()
     eng.wait_ready(timeout=60)
     yield eng
     eng.shutdown()
 
 
 def ask(text: str, **kw) -> GenerationRequest:
-    return GenerationRequest(messages=(ChatMessage("user", text),), sampling=kw.pop("sampling", GREEDY), **kw)
+    return GenerationRequest(
+        messages=(ChatMessage("user", text),), sampling=kw.pop("sampling", GREEDY), **kw
+    )
 
 
 def done_of(events) -> DoneEvent:
@@ -81,8 +130,16 @@ def test_bad_tools_name_their_field():
 
 
 def test_a_schema_the_grammar_cant_enforce_is_refused_only_where_it_constrains():
-    lookaround = {"type": "function", "function": {"name": "grep", "parameters": {
-        "type": "object", "properties": {"pattern": {"type": "string", "pattern": "(?=a)b"}}}}}
+    lookaround = {
+        "type": "function",
+        "function": {
+            "name": "grep",
+            "parameters": {
+                "type": "object",
+                "properties": {"pattern": {"type": "string", "pattern": "(?=a)b"}},
+            },
+        },
+    }
     check_tools((WEATHER, lookaround), "auto", None)  # the model only reads it
     check_tools((WEATHER, lookaround), "function", tool_name(WEATHER))  # only WEATHER constrains
     for choice, name in (("required", None), ("function", "grep")):
@@ -101,16 +158,28 @@ def nested(levels: int) -> dict:
 def branches(count: int) -> dict:
     """An anyOf of ``count`` one-key objects: every check up front passes; llguidance's
     parser overflows its row (2,000 items) once the output reaches ``{"``."""
-    return {"anyOf": [{"type": "object", "properties": {f"k{i}": {"const": i}}, "required": [f"k{i}"],
-                       "additionalProperties": False} for i in range(count)]}
+    return {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {f"k{i}": {"const": i}},
+                "required": [f"k{i}"],
+                "additionalProperties": False,
+            }
+            for i in range(count)
+        ]
+    }
 
 
 @pytest.mark.faults
 def test_a_schema_nested_100_levels_is_a_schema_error_not_a_recursion_error():
     """Issue 26.5: 100 levels raised RecursionError inside jsonschema (a 500)."""
-    for check in (lambda s: check_schema(s, "response_format.json_schema.schema"),
-                  lambda s: check_tools(({"type": "function", "function": {"name": "f", "parameters": s}},),
-                                        "auto", None)):
+    for check in (
+        lambda s: check_schema(s, "response_format.json_schema.schema"),
+        lambda s: check_tools(
+            ({"type": "function", "function": {"name": "f", "parameters": s}},), "auto", None
+        ),
+    ):
         with pytest.raises(SchemaError, match="nested too deeply"):
             check(nested(100))
     check_schema(nested(20), "x")  # deep enough for any real tool
@@ -127,7 +196,9 @@ def test_a_grammar_that_fails_at_run_time_ends_the_request_with_an_error(engine)
     assert isinstance(error, ErrorEvent) and error.kind is ErrorKind.BAD_REQUEST
     assert "output constraint failed" in error.message and "max is 2000" in error.message
     assert len(error.message) < 400  # one line, not the whole grammar llguidance repeats
-    reply = done_of(list(engine.stream(ask("json please", json_schema=branches(50)))))  # fine, as before
+    reply = done_of(
+        list(engine.stream(ask("json please", json_schema=branches(50))))
+    )  # fine, as before
     assert reply.stats.finish_reason in ("stop", "length")
 
 
@@ -155,7 +226,9 @@ def test_json_schema_output_parses_and_validates(engine):
 
 @pytest.mark.parametrize("choice, name", [("required", None), ("function", "get_time")])
 def test_forced_tool_calls_are_valid_and_stream_without_markup(engine, choice, name):
-    events = list(engine.stream(ask("what time is it", tools=TOOLS, tool_choice=choice, tool_name=name)))
+    events = list(
+        engine.stream(ask("what time is it", tools=TOOLS, tool_choice=choice, tool_name=name))
+    )
     done = done_of(events)
     text = "".join(e.text for e in events if isinstance(e, TokenEvent))
     assert "<tool_call>" not in text and text == done.text
@@ -175,8 +248,12 @@ def test_tool_choice_none_hides_the_tools(engine):
 
 
 def test_batched_rows_each_with_their_own_constraint_or_none(engine):
-    requests = [ask("plain one"), ask("json", json_schema=SCHEMA),
-                ask("call", tools=TOOLS, tool_choice="required"), ask("plain two")]
+    requests = [
+        ask("plain one"),
+        ask("json", json_schema=SCHEMA),
+        ask("call", tools=TOOLS, tool_choice="required"),
+        ask("plain two"),
+    ]
     solo = [done_of(list(engine.stream(r))) for r in requests]
     handles = [engine.submit(r) for r in requests]  # admitted one by one, decoded together
     together = [done_of(list(h.events(timeout=120))) for h in handles]

@@ -34,12 +34,20 @@ def assert_close(got: mx.array, want: mx.array, rtol: float = 1e-5, what: str = 
     assert got.shape == want.shape and got.dtype == want.dtype, what
     scale = max(float(mx.abs(want).max()), 1e-6)
     drift = float(mx.abs(got - want).max())
-    assert drift <= rtol * scale, f"{what}: off by {drift:.3g} of {scale:.3g} (more than {rtol:g} relative)"
+    assert drift <= rtol * scale, (
+        f"{what}: off by {drift:.3g} of {scale:.3g} (more than {rtol:g} relative)"
+    )
 
 
 def _spec(kind: str) -> TinyModelSpec:
-    return TinyModelSpec(kind=kind, num_layers=2 if kind in ("llama", "qwen2") else 4, num_heads=6,
-                         num_kv_heads=2, hidden_size=96, sliding_window=8)
+    return TinyModelSpec(
+        kind=kind,
+        num_layers=2 if kind in ("llama", "qwen2") else 4,
+        num_heads=6,
+        num_kv_heads=2,
+        hidden_size=96,
+        sliding_window=8,
+    )
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -70,7 +78,10 @@ def _run(model, prompts: list[list[int]], steps: int) -> tuple[list[mx.array], l
     width = max(map(len, prompts))
     padding = [width - len(p) for p in prompts]
     if not all(type(c) is KVCache for c in make_prompt_cache(model)):
-        return out, chosen  # a batch of full-attention caches, where the decode batch shares the tables
+        return (
+            out,
+            chosen,
+        )  # a batch of full-attention caches, where the decode batch shares the tables
     cache = [BatchKVCache(padding) for _ in model.layers]
     logits = model(mx.array([[0] * pad + p for pad, p in zip(padding, prompts)]), cache=cache)
     out.append(logits)
@@ -98,24 +109,32 @@ def assert_same_forward(plain, fast, prompts: list[list[int]], steps: int) -> No
 
 def test_a_sped_up_tiny_model_computes_the_same_logits_and_tokens(two_copies):
     plain, fast = two_copies
-    assert_same_forward(plain, fast, [[5, 17, 99, 3, 42, 8, 1, 77, 23], [9, 9, 100, 12], list(range(30, 52))], 4)
+    assert_same_forward(
+        plain, fast, [[5, 17, 99, 3, 42, 8, 1, 77, 23], [9, 9, 100, 12], list(range(30, 52))], 4
+    )
 
 
 def test_the_real_default_model_computes_the_same_logits_and_tokens(default_model_file, tmp_path):
     plain = load_model(str(default_model_file), tmp_path).model
     fast = load_model(str(default_model_file), tmp_path).model
     done = cpu_speedups.apply(fast)
-    assert done == ["210 linear layers keep their weights' transposes", "61 norms skip their broadcasts when decoding",
-                    "30 rotary embeddings share their tables",
-                    "60 attention and MLP blocks decode on rows, not on 1-token sequences",
-                    "grouped-query attention folded in llama"]
-    assert_same_forward(plain, fast, [list(range(1000, 1040)), list(range(2000, 2013)), list(range(300, 364))], 3)
+    assert done == [
+        "210 linear layers keep their weights' transposes",
+        "61 norms skip their broadcasts when decoding",
+        "30 rotary embeddings share their tables",
+        "60 attention and MLP blocks decode on rows, not on 1-token sequences",
+        "grouped-query attention folded in llama",
+    ]
+    assert_same_forward(
+        plain, fast, [list(range(1000, 1040)), list(range(2000, 2013)), list(range(300, 364))], 3
+    )
 
 
 @pytest.mark.parametrize("traditional", [False, True])
 def test_rotary_tables_give_mx_fast_ropes_values(traditional):
     for rows, length, width, dims, base, scale, kind in itertools.product(
-            (1, 3), (1, 7), (64, 48), (64, 32), (1e4, 1e6), (1.0, 0.25), ("int", "array")):
+        (1, 3), (1, 7), (64, 48), (64, 32), (1e4, 1e6), (1.0, 0.25), ("int", "array")
+    ):
         if dims > width:
             continue
         x = mx.random.normal((rows, 2, length, width))
@@ -124,7 +143,9 @@ def test_rotary_tables_give_mx_fast_ropes_values(traditional):
         want = rope(x, offset=offset)
         rope.__class__, rope._held = _TabledRoPE, _RopeTables()
         # different computations: a table applied in a few operations against mx.fast.rope
-        assert_close(rope(x, offset=offset), want, what=str((rows, length, width, dims, base, kind)))
+        assert_close(
+            rope(x, offset=offset), want, what=str((rows, length, width, dims, base, kind))
+        )
 
 
 def test_one_table_serves_every_layer_in_a_batch_step():
@@ -139,11 +160,16 @@ def test_one_table_serves_every_layer_in_a_batch_step():
     model._radixchat_rope_tables = tables
     step = mx.array([10, 4])
     with shared_positions(model, step):
-        outs = [rope(x, offset=mx.array([10, 4])) for rope in ropes]  # each layer its own offset array
+        outs = [
+            rope(x, offset=mx.array([10, 4])) for rope in ropes
+        ]  # each layer its own offset array
         assert len(tables._tables) == 1
     assert not tables._tables  # dropped after the step
     for out in outs:  # different computations: the shared table against mx.fast.rope
-        assert_close(out, mx.fast.rope(x, 16, traditional=False, base=1e4, scale=1.0, offset=mx.array([10, 4])))
+        assert_close(
+            out,
+            mx.fast.rope(x, 16, traditional=False, base=1e4, scale=1.0, offset=mx.array([10, 4])),
+        )
 
 
 def test_a_replaced_weight_is_used():
@@ -165,20 +191,34 @@ def test_the_fused_norm_and_rotation_give_the_values_of_their_operations_one_by_
     they compute what their operations compute one at a time. Different computations (a
     kernel MLX builds as C++ at run time, whose compiler may fuse a multiply and an add,
     against the operations one by one): within float32 rounding."""
+
     def rms(x, widened, inverse_n, eps):
-        return (x * mx.rsqrt(mx.sum(mx.square(x), axis=-1, keepdims=True) * inverse_n + eps)) * widened
+        return (
+            x * mx.rsqrt(mx.sum(mx.square(x), axis=-1, keepdims=True) * inverse_n + eps)
+        ) * widened
 
     for rows in (1, 3, 8):
         x, weight = mx.random.normal((rows, 1, 576)) * 4, mx.random.normal((576,))
-        constants = (mx.broadcast_to(weight, x.shape), mx.full((rows, 1, 1), 1 / 576, mx.float32),
-                     mx.full((rows, 1, 1), 1e-5, mx.float32))
-        assert_close(cpu_speedups._rms(x, *constants), rms(x, *constants), what=f"norm, {rows} rows")
+        constants = (
+            mx.broadcast_to(weight, x.shape),
+            mx.full((rows, 1, 1), 1 / 576, mx.float32),
+            mx.full((rows, 1, 1), 1e-5, mx.float32),
+        )
+        assert_close(
+            cpu_speedups._rms(x, *constants), rms(x, *constants), what=f"norm, {rows} rows"
+        )
         for length in (1, 5):
-            x, swapped = mx.random.normal((rows, 9, length, 64)), mx.random.normal((rows, 9, length, 64))
+            x, swapped = (
+                mx.random.normal((rows, 9, length, 64)),
+                mx.random.normal((rows, 9, length, 64)),
+            )
             cos, sin = mx.random.normal((rows, 1, length, 64)), mx.random.normal((length, 64))
             cos, sin = mx.broadcast_to(cos, x.shape), mx.broadcast_to(sin, x.shape)
-            assert_close(cpu_speedups._rotate(x, swapped, cos, sin), x * cos + swapped * sin,
-                         what=f"rotation, {rows} rows of {length}")
+            assert_close(
+                cpu_speedups._rotate(x, swapped, cos, sin),
+                x * cos + swapped * sin,
+                what=f"rotation, {rows} rows of {length}",
+            )
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(6, 2), (9, 3), (8, 4), (8, 8)])
@@ -191,27 +231,43 @@ def test_folded_attention_gives_the_same_values(heads, kv_heads):
 
     folded = cpu_speedups._folding(original)
     for rows, length in ((1, 9), (3, 150)):
-        keys, values = mx.random.normal((rows, kv_heads, length, 64)), mx.random.normal((rows, kv_heads, length, 64))
+        keys, values = (
+            mx.random.normal((rows, kv_heads, length, 64)),
+            mx.random.normal((rows, kv_heads, length, 64)),
+        )
         one = mx.random.normal((rows, heads, 1, 64))
-        allowed = mx.array([[i >= 2 * row for i in range(length)] for row in range(rows)])[:, None, None, :]
+        allowed = mx.array([[i >= 2 * row for i in range(length)] for row in range(rows)])[
+            :, None, None, :
+        ]
         for mask in (None, allowed, mx.where(allowed, 0.0, -1e9).astype(mx.float32)):
             calls.clear()
             # different computations: one GEMM over the query heads that share a key head
             # against mx.fast.scaled_dot_product_attention's one per head (Prescott's kernels
             # sum them in another order: the last bit moved)
-            assert_close(folded(one, keys, values, cache=None, scale=0.125, mask=mask),
-                         original(one, keys, values, cache=None, scale=0.125, mask=mask),
-                         what=f"{rows} rows of {length}, mask {type(mask).__name__}")
+            assert_close(
+                folded(one, keys, values, cache=None, scale=0.125, mask=mask),
+                original(one, keys, values, cache=None, scale=0.125, mask=mask),
+                what=f"{rows} rows of {length}, mask {type(mask).__name__}",
+            )
             # folded: only the reference call above; more than 3 query heads per key head
             # (OpenBLAS's small GEMM sums 4 rows or more in another order) or none: passed through
             assert len(calls) == (1 if 1 < heads // kv_heads <= 3 else 2)
         several = mx.random.normal((rows, heads, 3, 64))
         calls.clear()
-        folded(several, keys, values, cache=None, scale=0.125, mask="causal")  # a prompt: passed through
+        folded(
+            several, keys, values, cache=None, scale=0.125, mask="causal"
+        )  # a prompt: passed through
         assert calls == [several.shape]
         calls.clear()
         half = one.astype(mx.float16)
-        folded(half, keys.astype(mx.float16), values.astype(mx.float16), cache=None, scale=0.125, mask=None)
+        folded(
+            half,
+            keys.astype(mx.float16),
+            values.astype(mx.float16),
+            cache=None,
+            scale=0.125,
+            mask=None,
+        )
         assert calls == [half.shape]  # only float32 is folded (its bits tested)
 
 
@@ -243,9 +299,14 @@ def test_the_engine_sped_up_gives_the_replies_it_gives_without(tiny_model, tmp_p
             engine.wait_ready(timeout=60)
             rope = engine._loaded.model.layers[0].self_attn.rope
             assert (type(rope) is _TabledRoPE) == cpu_speedups.wanted()
-            asks = [GenerationRequest(messages=(ChatMessage("user", text),), use_cache=False,
-                                      sampling=SamplingParams(temperature=0.0, max_tokens=16))
-                    for text in ("one question", "a second, longer question than that", "three")]
+            asks = [
+                GenerationRequest(
+                    messages=(ChatMessage("user", text),),
+                    use_cache=False,
+                    sampling=SamplingParams(temperature=0.0, max_tokens=16),
+                )
+                for text in ("one question", "a second, longer question than that", "three")
+            ]
             handles, done = [], []
             for a in asks:  # one at a time
                 handles.append(engine.submit(a))

@@ -7,12 +7,22 @@ from __future__ import annotations
 import pytest
 
 from core.engine.types import DoneEvent
+from tests.core.engine.test_scheduler import (
+    _no_locks,
+    done,
+    handle,
+    run_alone,
+    scheduler,  # noqa: F401
+    start,
+)
 from tests.core.engine.token_log import TokenLog
-from tests.core.engine.test_scheduler import (_no_locks, done, handle, loaded, run_alone, scheduler,  # noqa: F401
-                                             start)
 
-PROMPTS = ("the first question is this one", "and a second, different prompt",
-           "a third one, a little longer than the others", "four")
+PROMPTS = (
+    "the first question is this one",
+    "and a second, different prompt",
+    "a third one, a little longer than the others",
+    "four",
+)
 MAX_TOKENS = (20, 2, 9, 5)  # the second joins with one token left
 
 
@@ -46,7 +56,9 @@ def test_joining_a_running_batch_keeps_every_reply(loaded, max_rows, monkeypatch
     together = [done(h) for h in handles]
     assert log.by_prompt() == tokens_alone
     assert [d.text for d in together] == [d.text for d in alone]
-    assert [d.stats.completion_tokens for d in together] == [d.stats.completion_tokens for d in alone]
+    assert [d.stats.completion_tokens for d in together] == [
+        d.stats.completion_tokens for d in alone
+    ]
     assert [d.stats.finish_reason for d in together] == [d.stats.finish_reason for d in alone]
     assert len(s.batch) == 0 and _no_locks(s)
     assert s.prefix_cache.tree.check_invariants() is None
@@ -90,15 +102,22 @@ def test_greedy_rows_give_mlx_lms_own_tokens(loaded):
     s = scheduler(loaded)
     tokenizer = s.loaded.tokenizer
     ids = [tokenizer.encode(p) for p in PROMPTS]
-    handles = [RequestHandle(GenerationRequest(prompt_tokens=tuple(p),
-                                               sampling=SamplingParams(temperature=0.0, max_tokens=12)))
-               for p in ids]
+    handles = [
+        RequestHandle(
+            GenerationRequest(
+                prompt_tokens=tuple(p), sampling=SamplingParams(temperature=0.0, max_tokens=12)
+            )
+        )
+        for p in ids
+    ]
     for h in handles:
         s.admit(h)
     while s.busy:
         s.step()
     ours = [done(h).text for h in handles]
-    generator = BatchGenerator(s.loaded.model, max_tokens=12, stop_tokens=[[e] for e in tokenizer.eos_token_ids])
+    generator = BatchGenerator(
+        s.loaded.model, max_tokens=12, stop_tokens=[[e] for e in tokenizer.eos_token_ids]
+    )
     uids = generator.insert(ids)
     theirs: dict[int, list[int]] = {uid: [] for uid in uids}
     finished: set[int] = set()
@@ -120,7 +139,9 @@ def test_rows_ending_together_send_their_last_tokens_before_storing_caches(loade
     from core.engine.types import DoneEvent, TokenEvent
 
     if loaded.info.model_type != "llama":
-        pytest.skip("hybrid models prefill one prompt at a time: their rows join, so end, at different steps")
+        pytest.skip(
+            "hybrid models prefill one prompt at a time: their rows join, so end, at different steps"
+        )
     log: list[tuple[int, str]] = []
     emit = RequestHandle._emit
 
@@ -139,9 +160,15 @@ def test_rows_ending_together_send_their_last_tokens_before_storing_caches(loade
     together = [h for h in handles if ends[id(h)].stats.finish_reason == "length"]
     assert len(together) >= 2 and len({ends[id(h)].stats.completion_tokens for h in together}) == 1
     for a in together:
-        last_token = max(i for i, (who, kind) in enumerate(log) if who == id(a) and kind == TokenEvent.__name__)
+        last_token = max(
+            i for i, (who, kind) in enumerate(log) if who == id(a) and kind == TokenEvent.__name__
+        )
         for b in together:
-            stats_sent = next(i for i, (who, kind) in enumerate(log) if who == id(b) and kind == DoneEvent.__name__)
+            stats_sent = next(
+                i
+                for i, (who, kind) in enumerate(log)
+                if who == id(b) and kind == DoneEvent.__name__
+            )
             assert last_token < stats_sent
 
 
@@ -149,8 +176,13 @@ def _of(namespace: str, text: str, max_tokens: int):
     from core.engine.engine import RequestHandle
     from core.engine.types import GenerationRequest, SamplingParams
 
-    return RequestHandle(GenerationRequest(prompt_text=text, cache_namespace=namespace,
-                                           sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens)))
+    return RequestHandle(
+        GenerationRequest(
+            prompt_text=text,
+            cache_namespace=namespace,
+            sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens),
+        )
+    )
 
 
 LONG = 120  # tokens: the greedy client's streams outlast the other's short request
@@ -190,9 +222,13 @@ def test_a_client_with_every_row_makes_room_for_another_at_the_next_step(loaded)
 
 @pytest.mark.parametrize("max_rows", [2, 3])
 def test_a_parked_row_gives_the_reply_it_gives_alone(loaded, max_rows):
-    prompts = [("key-a", "the first question is this one", 24), ("key-a", "and a second, different prompt", 30),
-               ("key-a", "a third, a little longer than the others", 18), ("key-b", "the other client", 6),
-               ("key-c", "and a third client", 9)]
+    prompts = [
+        ("key-a", "the first question is this one", 24),
+        ("key-a", "and a second, different prompt", 30),
+        ("key-a", "a third, a little longer than the others", 18),
+        ("key-b", "the other client", 6),
+        ("key-c", "and a third client", 9),
+    ]
     s = scheduler(loaded)
     alone = [run_alone(s, _of(ns, text, n)) for ns, text, n in prompts]
     s = scheduler(loaded)
@@ -208,7 +244,9 @@ def test_a_parked_row_gives_the_reply_it_gives_alone(loaded, max_rows):
     assert s.batch.parked >= 1
     together = [done(h) for h in handles]
     assert [d.text for d in together] == [d.text for d in alone]
-    assert [d.stats.completion_tokens for d in together] == [d.stats.completion_tokens for d in alone]
+    assert [d.stats.completion_tokens for d in together] == [
+        d.stats.completion_tokens for d in alone
+    ]
     assert len(s.batch) == 0 and _no_locks(s)
 
 

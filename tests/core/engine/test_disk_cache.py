@@ -9,28 +9,51 @@ import sqlite3
 import pytest
 
 from core.cli.main import main
-from core.paths import kv_cache_db_path
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
+from core.paths import kv_cache_db_path
 from kvcache.store import DiskStore
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
 
 
 def turn(capsys, model, data, session, text, *extra) -> dict:
-    code = main(["chat", "--model", str(model), "--data-dir", str(data), "--temp", "0", "--max-tokens", "16",
-                 "--json", "--kv-tokens", "4096", "--session", session, *extra, text])
+    code = main(
+        [
+            "chat",
+            "--model",
+            str(model),
+            "--data-dir",
+            str(data),
+            "--temp",
+            "0",
+            "--max-tokens",
+            "16",
+            "--json",
+            "--kv-tokens",
+            "4096",
+            "--session",
+            session,
+            *extra,
+            text,
+        ]
+    )
     assert code == 0
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
 def test_second_process_restores_the_session(capsys, tiny_model, tmp_path):
     first = turn(capsys, tiny_model, tmp_path, "trip", "Plan a day in Lyon, please.")
-    second = turn(capsys, tiny_model, tmp_path, "trip", "And the evening?")  # a new process's engine
+    second = turn(
+        capsys, tiny_model, tmp_path, "trip", "And the evening?"
+    )  # a new process's engine
     assert second["restored_tokens"] >= first["prompt_tokens"] + first["completion_tokens"] - 64
     assert second["restored_tokens"] >= first["prompt_tokens"] + first["completion_tokens"] - 1
-    assert second["computed_tokens"] == second["prompt_tokens"] - second["restored_tokens"] - second["cached_tokens"]
+    assert (
+        second["computed_tokens"]
+        == second["prompt_tokens"] - second["restored_tokens"] - second["cached_tokens"]
+    )
     # the same two turns with no disk cache and no RAM cache give the same reply
     other = tmp_path / "plain"
     turn(capsys, tiny_model, other, "trip", "Plan a day in Lyon, please.", "--no-cache")
@@ -40,9 +63,13 @@ def test_second_process_restores_the_session(capsys, tiny_model, tmp_path):
 
 def chat_two_turns(engine, session):
     history = [ChatMessage("user", "first question here")]
-    d1 = list(engine.stream(GenerationRequest(messages=tuple(history), sampling=GREEDY, session=session)))[-1]
+    d1 = list(
+        engine.stream(GenerationRequest(messages=tuple(history), sampling=GREEDY, session=session))
+    )[-1]
     history += [ChatMessage("assistant", d1.text), ChatMessage("user", "second one")]
-    d2 = list(engine.stream(GenerationRequest(messages=tuple(history), sampling=GREEDY, session=session)))[-1]
+    d2 = list(
+        engine.stream(GenerationRequest(messages=tuple(history), sampling=GREEDY, session=session))
+    )[-1]
     assert isinstance(d1, DoneEvent) and isinstance(d2, DoneEvent)
     return d1, d2, history
 
@@ -70,7 +97,9 @@ def test_restore_is_exact_for_every_kind(kind, tmp_path, monkeypatch):
         first_process, restarted = log.started()[1:]
         assert restarted == first_process
         assert again.text == d2.text
-        assert again.stats.restored_tokens >= d1.stats.prompt_tokens + d1.stats.completion_tokens - 1
+        assert (
+            again.stats.restored_tokens >= d1.stats.prompt_tokens + d1.stats.completion_tokens - 1
+        )
     finally:
         reader.shutdown()
 
@@ -139,9 +168,29 @@ def test_default_model_two_processes_match_one(data_root_with_default, tmp_path)
 
     def run(root, *args, stdin=None):
         env = dict(os.environ, RADIXCHAT_HOME=str(root))
-        result = subprocess.run([sys.executable, "-m", "app.launcher", "chat", "--temp", "0", "--json",
-                                 "--max-tokens", "24", "--kv-tokens", "4096", "--session", "s", *args],
-                                capture_output=True, text=True, env=env, input=stdin, timeout=300)
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "app.launcher",
+                "chat",
+                "--temp",
+                "0",
+                "--json",
+                "--max-tokens",
+                "24",
+                "--kv-tokens",
+                "4096",
+                "--session",
+                "s",
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            input=stdin,
+            timeout=300,
+        )
         assert result.returncode == 0, result.stderr[-800:]
         return [json.loads(line) for line in result.stdout.strip().splitlines()]
 
@@ -166,8 +215,11 @@ def test_forget_session_removes_its_disk_cache_and_keeps_shared_pages(tmp_path, 
         engine.wait_ready(timeout=120)
         system = ChatMessage("system", "You are a helpful assistant who answers briefly. " * 4)
         for session in ("keep", "drop"):
-            request = GenerationRequest(messages=(system, ChatMessage("user", f"hello from {session}")),
-                                        sampling=SamplingParams(temperature=0.0, max_tokens=8), session=session)
+            request = GenerationRequest(
+                messages=(system, ChatMessage("user", f"hello from {session}")),
+                sampling=SamplingParams(temperature=0.0, max_tokens=8),
+                session=session,
+            )
             list(engine.stream(request))
         engine.flush_disk_cache()
         engine.forget_session("drop")
@@ -187,7 +239,9 @@ def test_damaged_page_mid_chain_restores_the_pages_before_it(kind, tmp_path):
     writer = Engine(tmp_path / "data", str(path), pool_tokens=4096).start()
     writer.wait_ready(60)
     try:
-        d1 = list(writer.stream(GenerationRequest(messages=tuple(history), sampling=GREEDY, session="s")))[-1]
+        d1 = list(
+            writer.stream(GenerationRequest(messages=tuple(history), sampling=GREEDY, session="s"))
+        )[-1]
         writer.flush_disk_cache()
     finally:
         writer.shutdown()
@@ -196,8 +250,12 @@ def test_damaged_page_mid_chain_restores_the_pages_before_it(kind, tmp_path):
         with store.read_session("s", info.fingerprint) as reader:
             chain = reader.chain
     assert len(chain) >= 4 and all(len(page.tokens) == 64 for page in chain[:3])
-    with sqlite3.connect(kv_cache_db_path(tmp_path / "data")) as db:  # flip a byte in the third page
-        kv = bytearray(db.execute("SELECT kv FROM page_data WHERE key = ?", [chain[2].key]).fetchone()[0])
+    with sqlite3.connect(
+        kv_cache_db_path(tmp_path / "data")
+    ) as db:  # flip a byte in the third page
+        kv = bytearray(
+            db.execute("SELECT kv FROM page_data WHERE key = ?", [chain[2].key]).fetchone()[0]
+        )
         kv[len(kv) // 3] ^= 0x55
         db.execute("UPDATE page_data SET kv = ? WHERE key = ?", [bytes(kv), chain[2].key])
     history += [ChatMessage("assistant", d1.text), ChatMessage("user", "and planes?")]
@@ -206,8 +264,11 @@ def test_damaged_page_mid_chain_restores_the_pages_before_it(kind, tmp_path):
     reader.wait_ready(60)
     try:
         restored = list(reader.stream(request))[-1]
-        plain = list(reader.stream(GenerationRequest(messages=tuple(history), sampling=GREEDY,
-                                                     use_cache=False)))[-1]
+        plain = list(
+            reader.stream(
+                GenerationRequest(messages=tuple(history), sampling=GREEDY, use_cache=False)
+            )
+        )[-1]
     finally:
         reader.shutdown()
     # the two good pages before the bad one come back (a hybrid model needs a snapshot
@@ -218,7 +279,9 @@ def test_damaged_page_mid_chain_restores_the_pages_before_it(kind, tmp_path):
         assert store.verify().clean  # the bad page was dropped when it was found
 
 
-def test_a_save_that_evicts_another_session_does_not_resend_this_one(tmp_path, tiny_model, monkeypatch):
+def test_a_save_that_evicts_another_session_does_not_resend_this_one(
+    tmp_path, tiny_model, monkeypatch
+):
     import kvcache.persist as persist
 
     def ask(engine, session, *texts):
@@ -239,7 +302,9 @@ def test_a_save_that_evicts_another_session_does_not_resend_this_one(tmp_path, t
         one_session = store.stats().bytes
     serialized = []
     original = persist.kv_to_bytes
-    monkeypatch.setattr(persist, "kv_to_bytes", lambda arrays: serialized.append(1) or original(arrays))
+    monkeypatch.setattr(
+        persist, "kv_to_bytes", lambda arrays: serialized.append(1) or original(arrays)
+    )
     engine = Engine(tmp_path, str(tiny_model), disk_budget_bytes=int(one_session * 1.6)).start()
     try:
         engine.wait_ready(timeout=120)
@@ -258,8 +323,11 @@ def test_a_save_that_evicts_another_session_does_not_resend_this_one(tmp_path, t
 
 
 def test_a_session_the_pool_can_never_hold_is_not_read(tmp_path, tiny_model):
-    request = GenerationRequest(messages=(ChatMessage("user", "a long question about trains " * 10),),
-                                sampling=GREEDY, session="big")
+    request = GenerationRequest(
+        messages=(ChatMessage("user", "a long question about trains " * 10),),
+        sampling=GREEDY,
+        session="big",
+    )
     first = Engine(tmp_path, str(tiny_model)).start()
     try:
         first.wait_ready(timeout=120)
@@ -286,17 +354,24 @@ def test_a_restore_does_not_wait_for_the_write_lock(tmp_path, tiny_model):
     first = Engine(tmp_path, str(tiny_model)).start()
     try:
         first.wait_ready(timeout=120)
-        reply = list(first.stream(GenerationRequest(messages=history, sampling=GREEDY, session="s")))[-1]
+        reply = list(
+            first.stream(GenerationRequest(messages=history, sampling=GREEDY, session="s"))
+        )[-1]
         first.flush_disk_cache()
     finally:
         first.shutdown()
-    follow_up = history + (ChatMessage("assistant", reply.text), ChatMessage("user", "and in autumn?"))
+    follow_up = history + (
+        ChatMessage("assistant", reply.text),
+        ChatMessage("user", "and in autumn?"),
+    )
     holder = sqlite3.connect(kv_cache_db_path(tmp_path), isolation_level=None)
     engine = Engine(tmp_path, str(tiny_model)).start()
     try:
         engine.wait_ready(timeout=120)
         holder.execute("BEGIN IMMEDIATE")  # another process writing, past the busy timeout
-        done = list(engine.stream(GenerationRequest(messages=follow_up, sampling=GREEDY, session="s")))[-1]
+        done = list(
+            engine.stream(GenerationRequest(messages=follow_up, sampling=GREEDY, session="s"))
+        )[-1]
         holder.execute("ROLLBACK")
         engine.flush_disk_cache()
     finally:
@@ -310,6 +385,8 @@ def reply_without_cache(model, root, messages) -> str:
     engine = Engine(root / "plain", str(model), use_cache=False).start()
     try:
         engine.wait_ready(timeout=120)
-        return list(engine.stream(GenerationRequest(messages=messages, sampling=GREEDY, use_cache=False)))[-1].text
+        return list(
+            engine.stream(GenerationRequest(messages=messages, sampling=GREEDY, use_cache=False))
+        )[-1].text
     finally:
         engine.shutdown()

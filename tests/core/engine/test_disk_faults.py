@@ -58,8 +58,14 @@ SEED = 20240611
 TRIALS = 24
 MAX_TURNS = 5
 MAX_TOKENS = 16
-SPEC = TinyModelSpec(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=4,
-                     intermediate_size=256, max_position_embeddings=1024)
+SPEC = TinyModelSpec(
+    hidden_size=128,
+    num_layers=4,
+    num_heads=4,
+    num_kv_heads=4,
+    intermediate_size=256,
+    max_position_embeddings=1024,
+)
 
 # A fork server: imports once (transformers alone takes a second), then forks one chatting
 # child per trial, so 20+ trials fit in well under a minute. Nothing MLX or SQLite is
@@ -152,7 +158,10 @@ class ForkServer:
         self.errors_path = errors
         self.proc = subprocess.Popen(
             [sys.executable, "-c", SERVER, str(model), str(root), str(MAX_TURNS), str(MAX_TOKENS)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._errors, text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._errors,
+            text=True,
             cwd=Path(__file__).parents[3],
         )
         self.child: int | None = None  # a forked child not yet reported dead
@@ -168,7 +177,9 @@ class ForkServer:
         try:
             return self._lines.get(timeout=timeout)
         except queue.Empty:
-            raise AssertionError(f"the fork server went quiet: {self.errors_path.read_text()[-2000:]}") from None
+            raise AssertionError(
+                f"the fork server went quiet: {self.errors_path.read_text()[-2000:]}"
+            ) from None
 
     def close(self) -> None:
         if self.child is not None:  # a check failed before the kill: leave nothing running
@@ -226,10 +237,16 @@ def check_history(root: Path, completed: dict[str, int], in_flight: str | None) 
             turns = len(messages) // 2
             for i in range(turns):
                 user, reply = messages[2 * i], messages[2 * i + 1]
-                assert (user.role, user.content, reply.role) == ("user", question(chat, i), "assistant")
+                assert (user.role, user.content, reply.role) == (
+                    "user",
+                    question(chat, i),
+                    "assistant",
+                )
             done = completed.get(session.name, 0)
             assert turns >= done, f"{session.name}: {done} turns completed, {turns} stored"
-            assert turns <= done + (session.name == in_flight), f"{session.name}: turns out of nowhere"
+            assert turns <= done + (session.name == in_flight), (
+                f"{session.name}: turns out of nowhere"
+            )
             completed[session.name] = turns
 
 
@@ -244,16 +261,26 @@ def check_next_answer(model: Path, root: Path) -> int:
     engine = Engine(root, str(model), pool_tokens=4096).start()
     try:
         engine.wait_ready(60)
-        cached = list(engine.stream(GenerationRequest(messages=messages, sampling=greedy, session=session.name)))[-1]
-        plain = list(engine.stream(GenerationRequest(messages=messages, sampling=greedy, use_cache=False)))[-1]
+        cached = list(
+            engine.stream(
+                GenerationRequest(messages=messages, sampling=greedy, session=session.name)
+            )
+        )[-1]
+        plain = list(
+            engine.stream(GenerationRequest(messages=messages, sampling=greedy, use_cache=False))
+        )[-1]
     finally:
         engine.shutdown()  # flushes its own save first: the next child finds the store idle
     assert isinstance(cached, DoneEvent) and isinstance(plain, DoneEvent)
-    assert cached.text == plain.text, f"{session.name}: reply after the crash differs from a recompute"
+    assert cached.text == plain.text, (
+        f"{session.name}: reply after the crash differs from a recompute"
+    )
     return cached.stats.restored_tokens
 
 
-def check_trial(model: Path, root: Path, log: Path, completed: dict[str, int]) -> tuple[bool, bool, bool, int]:
+def check_trial(
+    model: Path, root: Path, log: Path, completed: dict[str, int]
+) -> tuple[bool, bool, bool, int]:
     """The checks after one kill; returns (killed mid-save, killed inside the save's write
     transaction, killed during add_turn, tokens the next request restored)."""
     marks = log.read_text().splitlines() if log.exists() else []
@@ -293,10 +320,12 @@ def test_sigkill_during_saves_loses_nothing(tmp_path):
             restored_trials += restored > 0
     finally:
         server.close()
-    print(f"\n{TRIALS} kills in {time.monotonic() - started:.1f} s: {mid_saves} mid-save ({in_commits} inside its write "
-          f"transaction), {mid_turns} during "
-          f"add_turn; {sum(completed.values())} turns kept in {len(completed)} chats; the next request "
-          f"restored from disk in {restored_trials} trials")
+    print(
+        f"\n{TRIALS} kills in {time.monotonic() - started:.1f} s: {mid_saves} mid-save ({in_commits} inside its write "
+        f"transaction), {mid_turns} during "
+        f"add_turn; {sum(completed.values())} turns kept in {len(completed)} chats; the next request "
+        f"restored from disk in {restored_trials} trials"
+    )
     assert sum(completed.values()) >= TRIALS  # the children got real work done
     assert mid_saves >= 1  # the odd trials aim at saves: at least one must land inside one
     assert restored_trials >= TRIALS // 2

@@ -14,7 +14,9 @@ from kvcache.persist import read_pays
 from kvcache.store import DiskStore
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
-QUESTION = ChatMessage("user", "Tell me about the trains, the boats and the old harbour walls. " * 5)
+QUESTION = ChatMessage(
+    "user", "Tell me about the trains, the boats and the old harbour walls. " * 5
+)
 
 
 def ask(engine: Engine, *messages: ChatMessage, **options) -> DoneEvent:
@@ -39,7 +41,11 @@ def test_an_unnamed_prompt_comes_back_from_disk_after_a_restart(kind, tmp_path):
         first.flush_disk_cache()
     finally:
         first.shutdown()
-    follow_up = (QUESTION, ChatMessage("assistant", d1.text), ChatMessage("user", "And the canals?"))
+    follow_up = (
+        QUESTION,
+        ChatMessage("assistant", d1.text),
+        ChatMessage("user", "And the canals?"),
+    )
     second = start(tmp_path / "tiered", model, disk_min_tokens=64)  # a restart: RAM is empty
     try:
         d2 = ask(second, *follow_up)
@@ -132,7 +138,9 @@ def test_a_stored_page_is_never_written_again(tmp_path, tiny_model):
 
 
 def test_what_ram_evicts_is_written_back_and_read_instead_of_recomputed(tmp_path, tiny_model):
-    other = ChatMessage("user", "Now something else entirely: the mountains, rivers and lakes. " * 5)
+    other = ChatMessage(
+        "user", "Now something else entirely: the mountains, rivers and lakes. " * 5
+    )
     # a pool that holds one of the two prompts; no end-of-request writes for unnamed
     # prompts: only the eviction writes them
     engine = Engine(tmp_path, str(tiny_model), pool_tokens=448, disk_min_tokens=10**6).start()
@@ -164,7 +172,9 @@ def test_after_a_model_switch_the_other_models_pages_go_first(tmp_path):
     with DiskStore(tmp_path / "data" / "kvcache.db") as store:
         first_bytes = store.stats().bytes
     # the same budget, filled by the second model: the first model's pages make room
-    engine = start(tmp_path / "data", second, disk_min_tokens=64, disk_budget_bytes=first_bytes + 1000)
+    engine = start(
+        tmp_path / "data", second, disk_min_tokens=64, disk_budget_bytes=first_bytes + 1000
+    )
     try:
         done = ask(engine, QUESTION)
         engine.flush_disk_cache()
@@ -198,7 +208,12 @@ def test_default_model_unnamed_prompt_after_a_restart(data_root_with_default):
         first.wait_ready(300)
         d1 = ask(first, system, question)
         first.flush_disk_cache()
-        follow_up = (system, question, ChatMessage("assistant", d1.text), ChatMessage("user", "And in Lyon?"))
+        follow_up = (
+            system,
+            question,
+            ChatMessage("assistant", d1.text),
+            ChatMessage("user", "And in Lyon?"),
+        )
         ram = ask(first, *follow_up)
     finally:
         first.shutdown()

@@ -38,7 +38,9 @@ CHILD = textwrap.dedent("""
 
 
 def prompt(n: int) -> tuple[ChatMessage, ...]:
-    return (ChatMessage("user", f"Prompt {n}: " + "notes about rivers, bridges and old towns. " * 6),)
+    return (
+        ChatMessage("user", f"Prompt {n}: " + "notes about rivers, bridges and old towns. " * 6),
+    )
 
 
 def test_sigkill_while_prefixes_are_written_leaves_a_clean_store(tmp_path, tiny_model):
@@ -47,8 +49,12 @@ def test_sigkill_while_prefixes_are_written_leaves_a_clean_store(tmp_path, tiny_
     data = tmp_path / "data"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     for trial, delay in enumerate((0.3, 0.9, 1.7)):
-        child = subprocess.Popen([sys.executable, str(script), str(data), str(tiny_model)],
-                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        child = subprocess.Popen(
+            [sys.executable, str(script), str(data), str(tiny_model)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
         try:
             assert child.stdout.readline().strip() == b"ready"
             time.sleep(delay)  # prompts are being answered and written meanwhile
@@ -68,7 +74,11 @@ def test_sigkill_while_prefixes_are_written_leaves_a_clean_store(tmp_path, tiny_
         for n in (0, 1, 1000):  # written before a kill, maybe mid-write, never written
             request = GenerationRequest(messages=prompt(n), sampling=GREEDY)
             cached = list(engine.stream(request))[-1]
-            plain = list(engine.stream(GenerationRequest(messages=prompt(n), sampling=GREEDY, use_cache=False)))[-1]
+            plain = list(
+                engine.stream(
+                    GenerationRequest(messages=prompt(n), sampling=GREEDY, use_cache=False)
+                )
+            )[-1]
             assert isinstance(cached, DoneEvent) and cached.text == plain.text
         assert engine.stats().disk.reads >= 1  # what the killed children wrote came back
     finally:
@@ -76,7 +86,9 @@ def test_sigkill_while_prefixes_are_written_leaves_a_clean_store(tmp_path, tiny_
 
 
 @pytest.mark.parametrize("how", ["write fails", "reserve reached"])
-def test_a_full_disk_stops_writes_and_serving_goes_on(how, tmp_path, tiny_model, monkeypatch, caplog):
+def test_a_full_disk_stops_writes_and_serving_goes_on(
+    how, tmp_path, tiny_model, monkeypatch, caplog
+):
     def full(self, *args, **kwargs):
         raise DiskStoreError(self.wordings["full"].format(path=self.path))
 
@@ -89,13 +101,17 @@ def test_a_full_disk_stops_writes_and_serving_goes_on(how, tmp_path, tiny_model,
         engine.wait_ready(60)
         with caplog.at_level(logging.WARNING, logger="kvcache.persist"):
             for n in range(4):
-                done = list(engine.stream(GenerationRequest(messages=prompt(n), sampling=GREEDY)))[-1]
+                done = list(engine.stream(GenerationRequest(messages=prompt(n), sampling=GREEDY)))[
+                    -1
+                ]
                 assert isinstance(done, DoneEvent) and done.stats.completion_tokens == 8
                 engine.flush_disk_cache()
         disk = engine.stats().disk
     finally:
         engine.shutdown()
     assert disk.writes_stopped is not None and "full" in disk.writes_stopped
-    assert disk.write_errors == (how == "write fails") and disk.pages_written == 0  # the rest not tried
+    assert (
+        disk.write_errors == (how == "write fails") and disk.pages_written == 0
+    )  # the rest not tried
     lines = [r.getMessage() for r in caplog.records if r.name == "kvcache.persist"]
     assert len(lines) == 1 and "writes stopped" in lines[0]

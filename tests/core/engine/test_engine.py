@@ -95,7 +95,11 @@ def test_repetition_penalty_changes_greedy_output(engine):
 
 
 def test_stop_string_cuts_the_reply(engine):
-    full = done_of(collect(engine, ask("stops", SamplingParams(temperature=0.0, max_tokens=30), use_cache=False)))
+    full = done_of(
+        collect(
+            engine, ask("stops", SamplingParams(temperature=0.0, max_tokens=30), use_cache=False)
+        )
+    )
     stop = full.text[5:7]
     cut_at = full.text.find(stop)
     params = SamplingParams(temperature=0.0, max_tokens=30, stop=(stop,))
@@ -123,16 +127,23 @@ def test_token_ids_outside_the_vocabulary_are_a_clear_error(engine):
         error = next(e for e in events if isinstance(e, ErrorEvent))
         assert error.user_error and "vocabulary" in error.message and "\n" not in error.message
     huge_top_k = SamplingParams(temperature=1.0, top_k=10**6, max_tokens=3, seed=1)
-    assert done_of(collect(engine, ask("any", huge_top_k, use_cache=False))).stats.completion_tokens == 3
+    assert (
+        done_of(collect(engine, ask("any", huge_top_k, use_cache=False))).stats.completion_tokens
+        == 3
+    )
 
 
 def test_max_tokens_and_length_reason(engine):
-    done = done_of(collect(engine, ask("short", SamplingParams(temperature=0, max_tokens=3), use_cache=False)))
+    done = done_of(
+        collect(engine, ask("short", SamplingParams(temperature=0, max_tokens=3), use_cache=False))
+    )
     assert done.stats.completion_tokens == 3 and done.stats.finish_reason == "length"
 
 
 def test_cancel_mid_decode(engine):
-    handle = engine.submit(ask("long reply", SamplingParams(temperature=0, max_tokens=400), use_cache=False))
+    handle = engine.submit(
+        ask("long reply", SamplingParams(temperature=0, max_tokens=400), use_cache=False)
+    )
     seen = []
     for event in handle.events(timeout=60):
         seen.append(event)
@@ -145,7 +156,9 @@ def test_cancel_mid_decode(engine):
 
 def test_cancel_mid_prefill(engine, monkeypatch):
     monkeypatch.setattr(generation, "PREFILL_CHUNK", 8)
-    handle = engine.submit(GenerationRequest(prompt_text="x" * 400, sampling=GREEDY, use_cache=False))
+    handle = engine.submit(
+        GenerationRequest(prompt_text="x" * 400, sampling=GREEDY, use_cache=False)
+    )
     events = []
     for event in handle.events(timeout=60):
         events.append(event)
@@ -178,8 +191,12 @@ def test_follow_up_turn_reuses_the_cache_and_matches_recompute(engine):
         ChatMessage("assistant", d1.text),
         ChatMessage("user", "second question"),
     )
-    d2 = done_of(collect(engine, GenerationRequest(messages=history, sampling=GREEDY, session="s-cache")))
-    fresh = done_of(collect(engine, GenerationRequest(messages=history, sampling=GREEDY, use_cache=False)))
+    d2 = done_of(
+        collect(engine, GenerationRequest(messages=history, sampling=GREEDY, session="s-cache"))
+    )
+    fresh = done_of(
+        collect(engine, GenerationRequest(messages=history, sampling=GREEDY, use_cache=False))
+    )
     # the second turn only computes what the first turn did not see
     assert d2.stats.cached_tokens >= d1.stats.prompt_tokens
     assert d2.stats.computed_tokens == d2.stats.prompt_tokens - d2.stats.cached_tokens
@@ -241,8 +258,12 @@ def test_process_exits_cleanly_after_the_engine_ran(tiny_model, tmp_path):
     import sys
 
     for _ in range(4):  # the race showed up in about half of the runs before the fix
-        result = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, str(tmp_path), str(tiny_model)],
-                                capture_output=True, text=True, timeout=120)
+        result = subprocess.run(
+            [sys.executable, "-c", EXIT_SCRIPT, str(tmp_path), str(tiny_model)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert result.returncode == 0, result.stderr[-500:]
         assert result.stdout.strip() == "length"
 

@@ -25,8 +25,9 @@ def chat(engine: Engine, use_cache: bool, session: str, turns=QUESTIONS, samplin
     replies, stats = [], []
     for question in turns:
         history.append(ChatMessage("user", question))
-        request = GenerationRequest(messages=tuple(history), sampling=sampling, session=session,
-                                    use_cache=use_cache)
+        request = GenerationRequest(
+            messages=tuple(history), sampling=sampling, session=session, use_cache=use_cache
+        )
         done = list(engine.stream(request))[-1]
         assert isinstance(done, DoneEvent), done
         history.append(ChatMessage("assistant", done.text))
@@ -37,8 +38,9 @@ def chat(engine: Engine, use_cache: bool, session: str, turns=QUESTIONS, samplin
 
 @pytest.fixture(scope="module", params=["llama", "sliding", "recurrent"])
 def tiny_engine(request, tmp_path_factory):
-    spec = TinyModelSpec(kind=request.param, num_layers=2 if request.param == "llama" else 4,
-                         sliding_window=32)
+    spec = TinyModelSpec(
+        kind=request.param, num_layers=2 if request.param == "llama" else 4, sliding_window=32
+    )
     path = write_tiny_model(tmp_path_factory.mktemp(request.param) / "m", spec)
     engine = Engine(tmp_path_factory.mktemp("data"), str(path), pool_tokens=16384).start()
     engine.wait_ready(timeout=60)
@@ -50,7 +52,9 @@ def assert_same_tokens(log: TokenLog, turns: int) -> None:
     """The first ``turns`` requests (cached) chose the tokens the next ``turns`` (uncached) did."""
     tokens = log.started()
     assert len(tokens) == 2 * turns
-    assert tokens[:turns] == tokens[turns:], "a cached turn chose other greedy tokens than from scratch"
+    assert tokens[:turns] == tokens[turns:], (
+        "a cached turn chose other greedy tokens than from scratch"
+    )
 
 
 def test_multi_turn_greedy_is_identical_with_and_without_cache(tiny_engine, monkeypatch):
@@ -71,8 +75,12 @@ def test_multi_turn_greedy_is_identical_with_and_without_cache(tiny_engine, monk
 def test_another_session_shares_the_common_prefix(tiny_engine):
     kind, engine = tiny_engine
     system = ChatMessage("system", "You are a careful assistant. " * 4)
-    first = GenerationRequest(messages=(system, ChatMessage("user", "one")), sampling=GREEDY, session="a")
-    second = GenerationRequest(messages=(system, ChatMessage("user", "two")), sampling=GREEDY, session="b")
+    first = GenerationRequest(
+        messages=(system, ChatMessage("user", "one")), sampling=GREEDY, session="a"
+    )
+    second = GenerationRequest(
+        messages=(system, ChatMessage("user", "two")), sampling=GREEDY, session="b"
+    )
     list(engine.stream(first))
     done = list(engine.stream(second))[-1]
     if kind == "llama":  # token-exact sharing of the system prompt
@@ -127,7 +135,11 @@ def test_gemma3_multi_turn_identical_with_cache(gemma_file, tmp_path, monkeypatc
     try:
         engine.wait_ready(timeout=300)
         sampling = SamplingParams(temperature=0.0, max_tokens=12)
-        turns = ["Name three rivers in Europe.", "Which one is the longest?", "Where does it start?"]
+        turns = [
+            "Name three rivers in Europe.",
+            "Which one is the longest?",
+            "Where does it start?",
+        ]
         log = TokenLog(monkeypatch)
         cached, cached_stats = chat(engine, True, "gemma-cached", turns, sampling)
         plain, _ = chat(engine, False, "gemma-plain", turns, sampling)
@@ -146,8 +158,9 @@ def test_a_pool_grown_in_segments_gives_the_same_replies(kind, tmp_path, monkeyp
     """Segments of one page: every gather spans several, as a long chat in a grown pool does."""
     spec = TinyModelSpec(kind=kind, num_layers=2, sliding_window=16)
     path = write_tiny_model(tmp_path / kind, spec)
-    engine = Engine(tmp_path / "data", str(path), pool_tokens=4096, disk_cache=False,
-                    pool_segment_bytes=1).start()  # 1 byte: one page per segment
+    engine = Engine(
+        tmp_path / "data", str(path), pool_tokens=4096, disk_cache=False, pool_segment_bytes=1
+    ).start()  # 1 byte: one page per segment
     try:
         engine.wait_ready(60)
         start = engine.stats().cache
@@ -159,5 +172,7 @@ def test_a_pool_grown_in_segments_gives_the_same_replies(kind, tmp_path, monkeyp
         engine.shutdown()
     assert_same_tokens(log, len(QUESTIONS))
     assert cached == plain and sum(s.cached_tokens for s in cached_stats) > 0
-    assert start.pages_reserved == 0 and start.pool_bytes < grown.pool_bytes < grown.pool_budget_bytes
+    assert (
+        start.pages_reserved == 0 and start.pool_bytes < grown.pool_bytes < grown.pool_budget_bytes
+    )
     assert grown.pages_used <= grown.pages_reserved < grown.pages_total

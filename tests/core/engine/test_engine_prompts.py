@@ -13,7 +13,14 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
 from core.engine.engine import Engine
-from core.engine.types import ChatMessage, DoneEvent, ErrorEvent, GenerationRequest, SamplingParams, TokenEvent
+from core.engine.types import (
+    ChatMessage,
+    DoneEvent,
+    ErrorEvent,
+    GenerationRequest,
+    SamplingParams,
+    TokenEvent,
+)
 from core.errors import ErrorKind
 from core.models import loader
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
@@ -24,15 +31,20 @@ HOLD_S = 30  # a held render lets go by itself after this (only on a failure: th
 
 
 def ask(text: str, max_tokens: int = 8) -> GenerationRequest:
-    return GenerationRequest(messages=(ChatMessage("user", text),),
-                             sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens), use_cache=False)
+    return GenerationRequest(
+        messages=(ChatMessage("user", text),),
+        sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens),
+        use_cache=False,
+    )
 
 
 @pytest.fixture(scope="module")
 def long_context_model(tmp_path_factory):
     """The tiny model with room for a long reply: a stream that outlasts the test."""
-    return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-4k",
-                            TinyModelSpec(num_layers=2, max_position_embeddings=4096))
+    return write_tiny_model(
+        tmp_path_factory.mktemp("models") / "tiny-4k",
+        TinyModelSpec(num_layers=2, max_position_embeddings=4096),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +125,11 @@ def test_no_prompt_is_rendered_or_tokenised_on_the_engine_thread(engine, monkeyp
     spy = TokenizerSpy(monkeypatch)
     done = list(engine.stream(ask("a chat message")))[-1]
     assert isinstance(done, DoneEvent) and done.stats.completion_tokens == 8
-    raw = list(engine.stream(GenerationRequest(prompt_text="raw text", sampling=SamplingParams(max_tokens=2))))
+    raw = list(
+        engine.stream(
+            GenerationRequest(prompt_text="raw text", sampling=SamplingParams(max_tokens=2))
+        )
+    )
     assert isinstance(raw[-1], DoneEvent)
     assert engine.count_tokens(ask("counted")) > len("counted")
     assert {what for _, what in spy.threads} == {"template", "encode"}  # the spy sees the work
@@ -133,13 +149,18 @@ def test_time_to_first_token_counts_the_prompts_rendering(engine, monkeypatch):
     assert handle.prompt_s >= 0.3 and done.stats.ttft_s >= handle.prompt_s
 
 
-def test_a_prompt_worked_out_for_the_previous_model_is_worked_out_again(long_context_model, tmp_path,
-                                                                         monkeypatch):
+def test_a_prompt_worked_out_for_the_previous_model_is_worked_out_again(
+    long_context_model, tmp_path, monkeypatch
+):
     """Sent while another model loads: its prompt was rendered for the old one, so the new
     model's template and tokenizer render it again."""
-    other = write_tiny_model(tmp_path / "other", TinyModelSpec(num_layers=2, max_position_embeddings=4096))
+    other = write_tiny_model(
+        tmp_path / "other", TinyModelSpec(num_layers=2, max_position_embeddings=4096)
+    )
     config = json.loads((other / "tokenizer_config.json").read_text())
-    config["chat_template"] = "<|im_start|>system\nYou are the other model.<|im_end|>\n" + config["chat_template"]
+    config["chat_template"] = (
+        "<|im_start|>system\nYou are the other model.<|im_end|>\n" + config["chat_template"]
+    )
     (other / "tokenizer_config.json").write_text(json.dumps(config))
     loading, go = threading.Event(), threading.Event()
     load = loader.load_model
@@ -205,9 +226,17 @@ def test_no_schema_is_checked_on_the_engine_thread(engine, monkeypatch):
         return original(cls, schema, *args, **kwargs)
 
     monkeypatch.setattr(jsonschema.Draft202012Validator, "check_schema", classmethod(spy))
-    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "description": f"unique {time.time()}"}
-    request = GenerationRequest(messages=(ChatMessage("user", "a number"),), json_schema=schema,
-                                sampling=SamplingParams(temperature=0.0, max_tokens=4), use_cache=False)
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer"}},
+        "description": f"unique {time.time()}",
+    }
+    request = GenerationRequest(
+        messages=(ChatMessage("user", "a number"),),
+        json_schema=schema,
+        sampling=SamplingParams(temperature=0.0, max_tokens=4),
+        use_cache=False,
+    )
     events = list(engine.stream(request))
     assert isinstance(events[-1], (DoneEvent, ErrorEvent)), events[-1]
     assert checked_on and ENGINE_THREAD not in checked_on, checked_on

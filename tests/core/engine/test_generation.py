@@ -11,8 +11,14 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
 from core.engine import generation
-from core.engine.generation import (PREFILL_CHUNK, SINGLE_CALL_TAIL, ChunkedPrefill, StopText, sampling_tools,
-                                    vocab_size)
+from core.engine.generation import (
+    PREFILL_CHUNK,
+    SINGLE_CALL_TAIL,
+    ChunkedPrefill,
+    StopText,
+    sampling_tools,
+    vocab_size,
+)
 from core.engine.types import SamplingParams
 from core.models.loader import load_model
 
@@ -70,7 +76,10 @@ def streamed(stops: tuple[str, ...], text: str, sizes) -> tuple[str, bool]:
 
 def test_stop_text_streamed_pieces_add_up_to_the_text_before_the_stop():
     assert streamed(("STOP",), "one two ST three STOP four", [1]) == ("one two ST three ", True)
-    assert streamed(("STOP",), "one two ST three STOP four", [3, 1, 7]) == ("one two ST three ", True)
+    assert streamed(("STOP",), "one two ST three STOP four", [3, 1, 7]) == (
+        "one two ST three ",
+        True,
+    )
     assert streamed(("STOP",), "one two ST three STO", [2]) == ("one two ST three STO", False)
 
 
@@ -81,8 +90,10 @@ def test_stop_text_agrees_with_a_search_of_the_whole_text_on_every_piece():
     rng = random.Random(26)
     for trial in range(3000):
         alphabet = "ab" if trial % 2 else "abc\n"
-        stops = tuple("".join(rng.choice(alphabet) for _ in range(rng.randint(1, 6)))
-                      for _ in range(rng.randint(1, 3)))
+        stops = tuple(
+            "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 6)))
+            for _ in range(rng.randint(1, 3))
+        )
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
         sizes = [rng.randint(1, 5) for _ in range(4)]
         expected, at, i = (text, False), 0, 0
@@ -139,7 +150,9 @@ def test_top_k_samples_only_the_k_best():
 def test_top_k_covering_the_vocabulary_is_no_filter(monkeypatch):
     seen = []
     real = generation.make_sampler
-    monkeypatch.setattr(generation, "make_sampler", lambda **kw: seen.append(kw["top_k"]) or real(**kw))
+    monkeypatch.setattr(
+        generation, "make_sampler", lambda **kw: seen.append(kw["top_k"]) or real(**kw)
+    )
     sampling_tools(SamplingParams(top_k=50), vocab=50)
     sampling_tools(SamplingParams(top_k=49), vocab=50)
     sampling_tools(SamplingParams(top_k=80))  # vocabulary unknown: as asked
@@ -181,7 +194,9 @@ def test_prefill_gives_the_last_logits_and_fills_the_cache(loaded, length, size)
     assert all(c.offset == length for c in cache)
     assert chunks[-1] == length and chunks == sorted(chunks)
     assert all(b - a <= max(size, SINGLE_CALL_TAIL) for a, b in zip([0] + chunks, chunks))
-    assert all(b - a <= size for a, b in zip([0] + chunks[:-1], chunks[:-1]))  # chunks keep to their size
+    assert all(
+        b - a <= size for a, b in zip([0] + chunks[:-1], chunks[:-1])
+    )  # chunks keep to their size
     if length <= min(size, SINGLE_CALL_TAIL):
         assert chunks == [length]  # a short prompt is one call
 

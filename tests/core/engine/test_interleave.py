@@ -12,7 +12,13 @@ import pytest
 from core.engine.engine import RequestHandle
 from core.engine.pacing import ChunkPacer
 from core.engine.scheduler import Scheduler
-from core.engine.types import CHAT_PRIORITY, DoneEvent, GenerationRequest, ProgressEvent, SamplingParams
+from core.engine.types import (
+    CHAT_PRIORITY,
+    DoneEvent,
+    GenerationRequest,
+    ProgressEvent,
+    SamplingParams,
+)
 from core.models.loader import load_model
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from kvcache.builder import build_kv_cache
@@ -25,15 +31,22 @@ LONG = "".join(chr(97 + (i * 7) % 26) for i in range(600))  # byte tokenizer: ~6
 
 @pytest.fixture(scope="module", params=["llama", "sliding"])
 def loaded(request, tmp_path_factory):
-    spec = TinyModelSpec(kind=request.param, num_layers=2, sliding_window=32, max_position_embeddings=2048)
+    spec = TinyModelSpec(
+        kind=request.param, num_layers=2, sliding_window=32, max_position_embeddings=2048
+    )
     path = write_tiny_model(tmp_path_factory.mktemp(request.param) / "m", spec)
     return load_model(str(path), tmp_path_factory.mktemp("data"))
 
 
 def scheduler(loaded, interleave: bool = True) -> Scheduler:
     build = build_kv_cache(loaded.model, weight_bytes=loaded.info.weight_bytes, pool_tokens=8192)
-    return Scheduler(loaded, PrefixCache(loaded.model, build), None,
-                     pacer=ChunkPacer(largest=CHUNK), interleave=interleave)
+    return Scheduler(
+        loaded,
+        PrefixCache(loaded.model, build),
+        None,
+        pacer=ChunkPacer(largest=CHUNK),
+        interleave=interleave,
+    )
 
 
 class Watched(RequestHandle):
@@ -49,8 +62,11 @@ class Watched(RequestHandle):
 
 
 def request(text: str, max_tokens: int = 40, priority: int = 0) -> GenerationRequest:
-    return GenerationRequest(prompt_text=text, priority=priority,
-                             sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens))
+    return GenerationRequest(
+        prompt_text=text,
+        priority=priority,
+        sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens),
+    )
 
 
 def done(h: RequestHandle) -> DoneEvent:
@@ -82,7 +98,9 @@ def test_running_streams_get_tokens_between_the_chunks_of_a_long_prompt(loaded, 
     for h in running:
         start(s, h)
     states = [decoding(s, h) for h in running]  # solo (one stream) or in the batch (two)
-    seen: list[list[int]] = []  # at each progress event of the long prompt: each stream's tokens so far
+    seen: list[
+        list[int]
+    ] = []  # at each progress event of the long prompt: each stream's tokens so far
 
     def on_event(event):
         if isinstance(event, ProgressEvent):
@@ -95,7 +113,9 @@ def test_running_streams_get_tokens_between_the_chunks_of_a_long_prompt(loaded, 
     for before, after in zip(seen[1:], seen[2:]):  # between two chunks every stream took a step
         assert all(b == a + 1 for a, b in zip(before, after)), (before, after)
     finish(s)
-    assert [done(h).stats.completion_tokens for h in running] == [200] * streams  # nobody stopped early
+    assert [done(h).stats.completion_tokens for h in running] == [
+        200
+    ] * streams  # nobody stopped early
     stats = done(long).stats
     assert stats.computed_tokens == stats.prompt_tokens
 
@@ -103,7 +123,10 @@ def test_running_streams_get_tokens_between_the_chunks_of_a_long_prompt(loaded, 
 def test_nobody_decoding_a_prompt_goes_in_whole_chunks(loaded):
     s = scheduler(loaded)
     sizes: list[int] = []
-    h = Watched(request(LONG, max_tokens=2), lambda e: sizes.append(e.done) if isinstance(e, ProgressEvent) else 0)
+    h = Watched(
+        request(LONG, max_tokens=2),
+        lambda e: sizes.append(e.done) if isinstance(e, ProgressEvent) else 0,
+    )
     start(s, h)
     steps = [b - a for a, b in zip(sizes, sizes[1:])]
     assert max(steps) == CHUNK and len(steps) <= 600 // CHUNK + 2
@@ -130,7 +153,9 @@ def _together(loaded, interleave: bool, cancel_long_after: int | None = None):
     s.admit(long)
     s.admit(third)
     finish(s)
-    assert s.prefix_cache.stats().pages_locked == 0 and s.prefix_cache.tree.check_invariants() is None
+    assert (
+        s.prefix_cache.stats().pages_locked == 0 and s.prefix_cache.tree.check_invariants() is None
+    )
     return s, [done(h) for h in (first, long, third)]
 
 
@@ -159,7 +184,9 @@ def test_an_interleaved_prompt_is_cached_exactly(loaded):
     start(s, again)
     finish(s)
     reply = done(again)
-    assert reply.stats.cached_tokens == reply.stats.prompt_tokens - 1  # hybrid: the snapshot before the last token
+    assert (
+        reply.stats.cached_tokens == reply.stats.prompt_tokens - 1
+    )  # hybrid: the snapshot before the last token
     assert reply.text == long.text
 
 
@@ -193,7 +220,9 @@ def test_the_chat_window_goes_before_waiting_api_requests(loaded):
     order: list[str] = []
 
     def first_token(name):
-        return lambda event: order.append(name) if not isinstance(event, ProgressEvent) and name not in order else 0
+        return lambda event: (
+            order.append(name) if not isinstance(event, ProgressEvent) and name not in order else 0
+        )
 
     api = Watched(request(LONG, max_tokens=5), first_token("api"))
     low = Watched(request("a background job", max_tokens=5, priority=5), first_token("low"))
@@ -202,7 +231,9 @@ def test_the_chat_window_goes_before_waiting_api_requests(loaded):
     for _ in range(3):  # the API's long prompt has started
         s.step()
     assert s.waiting[0].run is not None or s.waiting[1].run is not None
-    chat = Watched(request("the person's question", max_tokens=5, priority=CHAT_PRIORITY), first_token("chat"))
+    chat = Watched(
+        request("the person's question", max_tokens=5, priority=CHAT_PRIORITY), first_token("chat")
+    )
     s.admit(chat)
     finish(s)
     assert order == ["chat", "api", "low"]  # the chat overtook the API prompt already prefilling

@@ -35,7 +35,11 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=REPLY_TOKENS)
 # state's memory: a wrong snapshot or a wrong page changes the reply.
 FIRST = "You are a careful assistant. Plan a day in Lyon, with a museum and a long lunch."
 FOLLOW_UPS = ("Why?", "More.")
-OTHERS = ("Unrelated question one.", "Unrelated question two.")  # push a follow-up out of the hot caches
+OTHERS = (
+    "Unrelated question one.",
+    "Unrelated question two.",
+)  # push a follow-up out of the hot caches
+
 
 @dataclass(frozen=True)
 class Turn:
@@ -46,7 +50,9 @@ class Turn:
 
 
 def run(engine: Engine, prompt: tuple[int, ...], use_cache: bool = True) -> Turn:
-    request = GenerationRequest(prompt_tokens=prompt, sampling=GREEDY, session="chat", use_cache=use_cache)
+    request = GenerationRequest(
+        prompt_tokens=prompt, sampling=GREEDY, session="chat", use_cache=use_cache
+    )
     reply: list[int] = []
     done = None
     for event in engine.stream(request):
@@ -70,9 +76,13 @@ def follow_up(turn: Turn, text: str) -> tuple[int, ...]:
 
 def test_every_module_is_a_family_or_skipped_with_a_reason():
     folder = os.path.dirname(mlx_lm.models.__file__)
-    modules = {name[:-3] for name in os.listdir(folder) if name.endswith(".py") and name != "__init__.py"}
+    modules = {
+        name[:-3] for name in os.listdir(folder) if name.endswith(".py") and name != "__init__.py"
+    }
     assert not set(FAMILIES) & set(SKIPPED)
-    assert modules - set(FAMILIES) - set(SKIPPED) == set(), "new mlx-lm model types: give them a config"
+    assert modules - set(FAMILIES) - set(SKIPPED) == set(), (
+        "new mlx-lm model types: give them a config"
+    )
     assert set(FAMILIES) | set(SKIPPED) <= modules, "families of model types this mlx-lm lacks"
 
 

@@ -19,7 +19,9 @@ PINS = ("4831", "2907")
 
 
 def run(engine: Engine, text: str, namespace: str, session: str | None = None) -> RequestStats:
-    request = GenerationRequest(prompt_text=text, sampling=ONE_TOKEN, cache_namespace=namespace, session=session)
+    request = GenerationRequest(
+        prompt_text=text, sampling=ONE_TOKEN, cache_namespace=namespace, session=session
+    )
     done = list(engine.stream(request))[-1]
     assert isinstance(done, DoneEvent), done
     return done.stats
@@ -40,7 +42,9 @@ def probe(engine: Engine, namespace: str):
     return lambda prompt: served(run(engine, prompt, namespace))
 
 
-@pytest.mark.parametrize("attacker", ["same", namespaces.with_salt(namespaces.API, "mine"), namespaces.API])
+@pytest.mark.parametrize(
+    "attacker", ["same", namespaces.with_salt(namespaces.API, "mine"), namespaces.API]
+)
 def test_the_pin_attack_in_ram(tmp_path, tiny_model, attacker):
     victim = namespaces.for_key("victim's key")
     results = []
@@ -48,7 +52,9 @@ def test_the_pin_attack_in_ram(tmp_path, tiny_model, attacker):
         engine = start(tmp_path / pin, tiny_model, disk_cache=False)
         try:
             stats = run(engine, victim_prompt(pin), victim, session="secrets")
-            assert stats.cache_namespace == namespaces.label(victim) and stats.cache_namespace.startswith("key-")
+            assert stats.cache_namespace == namespaces.label(
+                victim
+            ) and stats.cache_namespace.startswith("key-")
             guess, seen = attack(probe(engine, victim if attacker == "same" else attacker))
         finally:
             engine.shutdown()

@@ -68,20 +68,30 @@ def test_messages_go_through_the_chat_template(loaded):
     messages = (ChatMessage("system", "be brief"), ChatMessage("user", "hi <|im_end|> there"))
     tokens = render_prompt(loaded.tokenizer, GenerationRequest(messages=messages))
     expected = loaded.tokenizer.apply_chat_template(
-        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi <|im_end|> there"}],
-        add_generation_prompt=True)
-    assert tokens == list(expected)  # rendered, then tokenised: what the template's own tokenising gives
+        [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "hi <|im_end|> there"},
+        ],
+        add_generation_prompt=True,
+    )
+    assert tokens == list(
+        expected
+    )  # rendered, then tokenised: what the template's own tokenising gives
     text = loaded.tokenizer.decode(tokens)
     assert "be brief" in text and text.index("be brief") < text.index("hi")
 
 
 def test_messages_without_a_template_become_role_lines():
-    request = GenerationRequest(messages=(ChatMessage("user", "hi"), ChatMessage("assistant", "yo")))
+    request = GenerationRequest(
+        messages=(ChatMessage("user", "hi"), ChatMessage("assistant", "yo"))
+    )
     assert bytes(render_prompt(PlainTokenizer(), request)) == b"user: hi\nassistant: yo\nassistant:"
 
 
-@pytest.mark.parametrize("request_", [GenerationRequest(), GenerationRequest(prompt_text=""),
-                                      GenerationRequest(prompt_tokens=())])
+@pytest.mark.parametrize(
+    "request_",
+    [GenerationRequest(), GenerationRequest(prompt_text=""), GenerationRequest(prompt_tokens=())],
+)
 def test_an_empty_request_is_a_user_error(request_):
     with pytest.raises(UserError, match="empty"):
         render_prompt(PlainTokenizer(), request_)
@@ -103,7 +113,9 @@ def test_a_prompt_at_the_limit_passes_and_one_past_it_is_refused(loaded):
     assert len(checked.tokens(GenerationRequest(prompt_text="a" * 511))) == 511
     with pytest.raises(ContextLengthError) as caught:
         checked.tokens(GenerationRequest(prompt_text="a" * 512))
-    assert str(caught.value) == f"the prompt is 512 tokens but {loaded.info.name} has a context of 512"
+    assert (
+        str(caught.value) == f"the prompt is 512 tokens but {loaded.info.name} has a context of 512"
+    )
     assert caught.value.kind is ErrorKind.CONTEXT_TOO_LONG
     with pytest.raises(ContextLengthError, match="context of 512"):
         checked.tokens(GenerationRequest(prompt_tokens=tuple(range(100)) * 6))
@@ -112,8 +124,11 @@ def test_a_prompt_at_the_limit_passes_and_one_past_it_is_refused(loaded):
 def test_max_prompt_tokens_is_named_when_it_is_the_limit(loaded):
     checked, _ = prompts(loaded, max_prompt_tokens=20)
     assert len(checked.tokens(GenerationRequest(prompt_text="b" * 20))) == 20
-    with pytest.raises(ContextLengthError, match=r"the prompt is \d+ tokens but prompts are limited to 20 "
-                                                 r"tokens \(--max-prompt-tokens\)"):
+    with pytest.raises(
+        ContextLengthError,
+        match=r"the prompt is \d+ tokens but prompts are limited to 20 "
+        r"tokens \(--max-prompt-tokens\)",
+    ):
         checked.tokens(user("c" * 30))
 
 
@@ -125,8 +140,10 @@ def test_a_text_too_long_to_fit_is_refused_without_being_tokenised(loaded):
     with pytest.raises(ContextLengthError) as caught:
         checked.tokens(GenerationRequest(prompt_text="d" * (cap + 1)))
     assert tokenizer.encoded == []
-    assert str(caught.value) == (f"the prompt is {cap + 1:,} characters, so at least 512 tokens, but "
-                                 f"{loaded.info.name} has a context of 512")
+    assert str(caught.value) == (
+        f"the prompt is {cap + 1:,} characters, so at least 512 tokens, but "
+        f"{loaded.info.name} has a context of 512"
+    )
     with pytest.raises(ContextLengthError, match="characters"):  # the rendered template counts
         checked.tokens(user("e" * cap))
     with pytest.raises(ContextLengthError, match="characters"):
@@ -183,12 +200,19 @@ def test_rendering_and_tokenising_never_load_mlx(loaded, tiny_model):
     import subprocess
     import sys
 
-    run = subprocess.run([sys.executable, "-c", NO_MLX_SCRIPT, str(tiny_model)], capture_output=True,
-                         text=True, timeout=120, check=False)
+    run = subprocess.run(
+        [sys.executable, "-c", NO_MLX_SCRIPT, str(tiny_model)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert run.returncode == 0, run.stderr[-800:]
     count, modules = run.stdout.split(maxsplit=1)
-    expected = render_prompt(loaded.tokenizer, GenerationRequest(
-        messages=(ChatMessage("system", "be brief"), ChatMessage("user", "hi"))))
+    expected = render_prompt(
+        loaded.tokenizer,
+        GenerationRequest(messages=(ChatMessage("system", "be brief"), ChatMessage("user", "hi"))),
+    )
     assert int(count) == len(expected)  # the same prompt the engine would get
     assert modules.strip() == "[]"
 
@@ -201,8 +225,20 @@ def test_the_tool_names_are_found_in_one_pass_over_the_prompt():
     from core.engine.prompt import names_missing
 
     text = '{"name": "get_weather"} functions.lookup_v2 [search] grep-files:x "a b" tool_9'
-    names = ["get_weather", "lookup_v2", "search", "grep-files", "files", "tool_9", "tool_1", "a b", "ookup",
-             "weather2", "x", "a c"]
+    names = [
+        "get_weather",
+        "lookup_v2",
+        "search",
+        "grep-files",
+        "files",
+        "tool_9",
+        "tool_1",
+        "a b",
+        "ookup",
+        "weather2",
+        "x",
+        "a c",
+    ]
     assert names_missing(text, names) == ["tool_1", "weather2", "a c"]
     many = [f"tool_{i}" for i in range(30_000)]
     prompt = " ".join(f'{{"name": "{name}"}}' for name in many[::2])

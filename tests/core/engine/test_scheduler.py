@@ -10,11 +10,11 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
 from core.engine.engine import RequestHandle
+from core.engine.generation import last_logits
+from core.engine.scheduler import Scheduler
 from core.engine.types import DoneEvent, ErrorEvent, GenerationRequest, SamplingParams
 from core.errors import ErrorKind
-from core.engine.generation import last_logits
 from core.models.loader import load_model
-from core.engine.scheduler import Scheduler
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from kvcache.builder import build_kv_cache
 from kvcache.prefix_cache import PrefixCache
@@ -23,8 +23,9 @@ from tests.core.engine.token_log import TokenLog
 
 @pytest.fixture(scope="module", params=["llama", "sliding", "recurrent"])
 def loaded(request, tmp_path_factory):
-    spec = TinyModelSpec(kind=request.param, num_layers=2 if request.param == "llama" else 4,
-                         sliding_window=32)
+    spec = TinyModelSpec(
+        kind=request.param, num_layers=2 if request.param == "llama" else 4, sliding_window=32
+    )
     path = write_tiny_model(tmp_path_factory.mktemp(request.param) / "m", spec)
     return load_model(str(path), tmp_path_factory.mktemp("data"))
 
@@ -84,7 +85,9 @@ def test_hand_over_to_the_batch_keeps_replies(loaded, sampling, steps_before, mo
     together = [done(first), done(second)]
     assert [log.of(h) for h in (first, second)] == [log.of(h) for h in alone_handles]
     assert [d.text for d in together] == [d.text for d in alone]
-    assert [d.stats.completion_tokens for d in together] == [d.stats.completion_tokens for d in alone]
+    assert [d.stats.completion_tokens for d in together] == [
+        d.stats.completion_tokens for d in alone
+    ]
 
 
 @pytest.mark.parametrize("max_tokens", [1, 2, 3])
@@ -112,7 +115,9 @@ def test_a_failed_hand_over_ends_the_running_request_with_an_error(loaded, monke
     s = scheduler(loaded)
     first, second = (handle(p) for p in PROMPTS)
     start(s, first)
-    monkeypatch.setattr(s.batch, "join", lambda *a, **k: (_ for _ in ()).throw(MemoryError("no room")))
+    monkeypatch.setattr(
+        s.batch, "join", lambda *a, **k: (_ for _ in ()).throw(MemoryError("no room"))
+    )
     start(s, second)
     failed = list(second.events(timeout=0))  # the new request fails as before...
     assert isinstance(failed[-1], ErrorEvent) and failed[-1].kind is ErrorKind.OUT_OF_MEMORY

@@ -11,11 +11,15 @@ from mlx_lm.tool_parsers import json_tools
 from core.engine.constrain import ToolMarkup
 from core.engine.tools import ToolCallText, template_message
 from core.engine.types import ChatMessage, GenerationRequest, ToolCall
-from core.models.chat_template import read_chat_template, shipped_template
 from core.errors import UserError
+from core.models.chat_template import read_chat_template, shipped_template
 
-MARKUP = ToolMarkup(json_tools.tool_call_start, json_tools.tool_call_end, json_tools.parse_tool_call, True)
-TOOLS = ({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},)
+MARKUP = ToolMarkup(
+    json_tools.tool_call_start, json_tools.tool_call_end, json_tools.parse_tool_call, True
+)
+TOOLS = (
+    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
+)
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
 # SmolLM2-135M-Instruct's own template, as its GGUF (the default model) carries it
@@ -32,7 +36,7 @@ def stream(text: str, step: int = 1):
     filt = ToolCallText(MARKUP, TOOLS)
     shown, calls, pieces = "", [], []
     for at in range(0, len(text), step):
-        piece, new = filt.feed(text[at:at + step])
+        piece, new = filt.feed(text[at : at + step])
         pieces.append(piece)
         shown += piece
         calls += new
@@ -45,7 +49,9 @@ def test_markup_never_reaches_the_text_and_calls_come_out(step):
     shown, calls, pieces = stream("Let me check. " + CALL + " Done.", step)
     assert shown == "Let me check.  Done."
     assert not any("<" in p for p in pieces)  # not even a partial marker went out
-    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris"})
+    ]
     assert calls[0].id.startswith("call_")
 
 
@@ -69,11 +75,19 @@ def test_text_that_only_looks_like_markup_is_shown():
 def test_messages_as_templates_see_them():
     call = ToolCall("call_1", "get_weather", '{"city": "Paris"}')
     assert template_message(ChatMessage("assistant", "", (call,))) == {
-        "role": "assistant", "content": "",
-        "tool_calls": [{"id": "call_1", "type": "function",
-                        "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}
-    assert template_message(ChatMessage("tool", "18C", tool_call_id="call_1", name="get_weather")) == {
-        "role": "tool", "content": "18C", "tool_call_id": "call_1", "name": "get_weather"}
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+            }
+        ],
+    }
+    assert template_message(
+        ChatMessage("tool", "18C", tool_call_id="call_1", name="get_weather")
+    ) == {"role": "tool", "content": "18C", "tool_call_id": "call_1", "name": "get_weather"}
 
 
 def test_request_tool_choice_is_checked():
@@ -86,29 +100,47 @@ def test_request_tool_choice_is_checked():
 def _render(template: str, messages, tools=None) -> str:
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    rendered, _ = render_jinja_template([messages], chat_template=template, tools=tools,
-                                        add_generation_prompt=True)
+    rendered, _ = render_jinja_template(
+        [messages], chat_template=template, tools=tools, add_generation_prompt=True
+    )
     return rendered[0]
 
 
-@pytest.mark.parametrize("messages", [
-    [{"role": "user", "content": "hi"}],
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
-     {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "again"}],
-])
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "user", "content": "hi"}],
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "Hello."},
+            {"role": "user", "content": "again"},
+        ],
+    ],
+)
 def test_the_shipped_tool_template_renders_plain_chats_like_smollm2s_own(messages):
-    assert _render(shipped_template("smollm2_tools.jinja"), messages) == _render(SMOLLM2_TEMPLATE, messages)
+    assert _render(shipped_template("smollm2_tools.jinja"), messages) == _render(
+        SMOLLM2_TEMPLATE, messages
+    )
 
 
 def test_the_shipped_tool_template_renders_tools_calls_and_results():
     call = ToolCall("call_1", "get_weather", '{"city": "Paris"}')
-    messages = [template_message(m) for m in (
-        ChatMessage("user", "Weather in Paris?"), ChatMessage("assistant", "", (call,)),
-        ChatMessage("tool", "18C", tool_call_id="call_1", name="get_weather"))]
+    messages = [
+        template_message(m)
+        for m in (
+            ChatMessage("user", "Weather in Paris?"),
+            ChatMessage("assistant", "", (call,)),
+            ChatMessage("tool", "18C", tool_call_id="call_1", name="get_weather"),
+        )
+    ]
     text = _render(shipped_template("smollm2_tools.jinja"), messages, list(TOOLS))
     assert '<tools>\n{"type": "function", "function": {"name": "get_weather"' in text
     assert "<|im_start|>assistant\n" + CALL + "<|im_end|>" in text
-    assert "<|im_start|>user\n<tool_response>\n18C\n</tool_response><|im_end|>\n<|im_start|>assistant\n" in text
+    assert (
+        "<|im_start|>user\n<tool_response>\n18C\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+        in text
+    )
 
 
 def test_read_chat_template(tmp_path):

@@ -97,21 +97,52 @@ class HubRepo:
             self.commit = digest.hexdigest()
 
     def card(self) -> dict:
-        return {"id": self.repo_id, "modelId": self.repo_id, "sha": self.commit, "private": self.private,
-                "gated": "manual" if self.gated else False, "downloads": self.downloads, "likes": 0,
-                "tags": self.tags, "library_name": self.library_name, "config": self.config,
-                "gguf": self.gguf, "safetensors": self.safetensors}
+        return {
+            "id": self.repo_id,
+            "modelId": self.repo_id,
+            "sha": self.commit,
+            "private": self.private,
+            "gated": "manual" if self.gated else False,
+            "downloads": self.downloads,
+            "likes": 0,
+            "tags": self.tags,
+            "library_name": self.library_name,
+            "config": self.config,
+            "gguf": self.gguf,
+            "safetensors": self.safetensors,
+        }
 
     def info(self) -> dict:
-        siblings = [{"rfilename": f.path, "size": f.size, "blobId": f.blob_id,
-                     **({"lfs": {"size": f.size, "sha256": f.sha256, "pointerSize": f.pointer_size}} if f.lfs else {})}
-                    for f in self.files.values()]
+        siblings = [
+            {
+                "rfilename": f.path,
+                "size": f.size,
+                "blobId": f.blob_id,
+                **(
+                    {"lfs": {"size": f.size, "sha256": f.sha256, "pointerSize": f.pointer_size}}
+                    if f.lfs
+                    else {}
+                ),
+            }
+            for f in self.files.values()
+        ]
         return {**self.card(), "siblings": siblings}
 
     def tree(self) -> list[dict]:
-        return [{"type": "file", "oid": f.blob_id, "size": f.size, "path": f.path,
-                 **({"lfs": {"oid": f.sha256, "size": f.size, "pointerSize": f.pointer_size}} if f.lfs else {})}
-                for f in self.files.values()]
+        return [
+            {
+                "type": "file",
+                "oid": f.blob_id,
+                "size": f.size,
+                "path": f.path,
+                **(
+                    {"lfs": {"oid": f.sha256, "size": f.size, "pointerSize": f.pointer_size}}
+                    if f.lfs
+                    else {}
+                ),
+            }
+            for f in self.files.values()
+        ]
 
 
 class LoopbackHub:
@@ -139,7 +170,9 @@ class LoopbackHub:
         Handler.hub = hub
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, name="loopback-hub", daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, name="loopback-hub", daemon=True
+        )
         self.thread.start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
@@ -152,8 +185,11 @@ class LoopbackHub:
         files = {}
         for path in sorted(p for p in folder.rglob("*") if p.is_file()):
             name = path.relative_to(folder).as_posix()
-            files[name] = HubFile(name, source=path) if path.stat().st_size > CHUNK else \
-                HubFile(name, data=path.read_bytes())
+            files[name] = (
+                HubFile(name, source=path)
+                if path.stat().st_size > CHUNK
+                else HubFile(name, data=path.read_bytes())
+            )
         return self.add(HubRepo(repo_id, files, **kwargs))
 
     def wait_idle(self, timeout: float = 10.0) -> None:
@@ -165,7 +201,11 @@ class LoopbackHub:
         assert not self.sending, "a transfer is still running"
 
     def served(self, repo_id: str, path: str | None = None) -> int:
-        return sum(n for (r, p), n in self.bytes_served.items() if r == repo_id and (path is None or p == path))
+        return sum(
+            n
+            for (r, p), n in self.bytes_served.items()
+            if r == repo_id and (path is None or p == path)
+        )
 
     def close(self) -> None:
         self.server.shutdown()
@@ -224,8 +264,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _search(self, query: dict) -> list[dict]:
         text = (query.get("search") or [""])[0].lower()
         tags = set(query.get("filter") or [])
-        found = [r for r in self.hub.repos.values()
-                 if text in r.repo_id.lower() and tags <= set(r.tags) and not r.private]
+        found = [
+            r
+            for r in self.hub.repos.values()
+            if text in r.repo_id.lower() and tags <= set(r.tags) and not r.private
+        ]
         found.sort(key=lambda r: -r.downloads)
         limit = int((query.get("limit") or ["1000"])[0])
         return [r.card() for r in found[:limit]]
@@ -241,8 +284,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(401 if token is None else 404, "RepoNotFound", "Repository not found")
             return None
         if files and repo.gated and token not in repo.allowed_tokens:
-            self._error(401 if token is None else 403, "GatedRepo",
-                        "Access to this model is restricted: you must accept its conditions")
+            self._error(
+                401 if token is None else 403,
+                "GatedRepo",
+                "Access to this model is restricted: you must accept its conditions",
+            )
             return None
         return repo
 
@@ -324,7 +370,9 @@ class _Handler(BaseHTTPRequestHandler):
             except OSError:
                 pass
 
-    def _send(self, key: tuple[str, str], file: HubFile, start: int, stop: int, corrupt: bool) -> None:
+    def _send(
+        self, key: tuple[str, str], file: HubFile, start: int, stop: int, corrupt: bool
+    ) -> None:
         hub = self.hub
         if file.source is not None and not corrupt and hub.rate is None:
             with open(file.source, "rb") as f:  # the fast path: the kernel copies
@@ -339,7 +387,7 @@ class _Handler(BaseHTTPRequestHandler):
                 chunk = file.read(position, min(stop, position + CHUNK // 4))
                 if corrupt and position <= file.size // 2 < position + len(chunk):
                     i = file.size // 2 - position
-                    chunk = chunk[:i] + bytes([chunk[i] ^ 0xFF]) + chunk[i + 1:]
+                    chunk = chunk[:i] + bytes([chunk[i] ^ 0xFF]) + chunk[i + 1 :]
                 try:
                     self.wfile.write(chunk)
                 except OSError:
@@ -354,7 +402,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.hub.bytes_served[key] += n
 
 
-AGENT_REGISTRY = {"standardEnvVars": [], "harnesses": {}}  # the hub's answer's shape, no agent in it
+AGENT_REGISTRY = {
+    "standardEnvVars": [],
+    "harnesses": {},
+}  # the hub's answer's shape, no agent in it
 
 
 def hub_environment(monkeypatch, hub: LoopbackHub, home: Path) -> Path:
@@ -407,45 +458,102 @@ def make_sources(folder: Path) -> HubSources:
     from tests.core.models.test_catalog import write_gguf
 
     tiny = write_tiny_model(folder / "tiny", TinyModelSpec(num_layers=2, hidden_size=128))
-    big = write_tiny_model(folder / "big", TinyModelSpec(num_layers=2, hidden_size=256, intermediate_size=4096))
-    return HubSources(tiny, big, write_gguf(folder / "tiny.gguf"), safetensors_parameter_count(tiny))
+    big = write_tiny_model(
+        folder / "big", TinyModelSpec(num_layers=2, hidden_size=256, intermediate_size=4096)
+    )
+    return HubSources(
+        tiny, big, write_gguf(folder / "tiny.gguf"), safetensors_parameter_count(tiny)
+    )
 
 
 def add_test_repos(hub: LoopbackHub, sources: HubSources) -> None:
     model = {p.name: HubFile(p.name, data=p.read_bytes()) for p in sources.tiny.iterdir()}
-    extras = {"README.md": HubFile("README.md", data=b"# tiny\n"),
-              ".gitattributes": HubFile(".gitattributes", data=b"*.safetensors filter=lfs\n"),
-              "pytorch_model.bin": HubFile("pytorch_model.bin", data=b"\0" * 4096),
-              "onnx/model.onnx": HubFile("onnx/model.onnx", data=b"\1" * 4096)}
+    extras = {
+        "README.md": HubFile("README.md", data=b"# tiny\n"),
+        ".gitattributes": HubFile(".gitattributes", data=b"*.safetensors filter=lfs\n"),
+        "pytorch_model.bin": HubFile("pytorch_model.bin", data=b"\0" * 4096),
+        "onnx/model.onnx": HubFile("onnx/model.onnx", data=b"\1" * 4096),
+    }
     n = sources.parameters
-    mlx = dict(tags=["mlx", "safetensors"], library_name="mlx", config={"model_type": "llama"},
-               safetensors={"parameters": {"F32": n}, "total": n})
+    mlx = dict(
+        tags=["mlx", "safetensors"],
+        library_name="mlx",
+        config={"model_type": "llama"},
+        safetensors={"parameters": {"F32": n}, "total": n},
+    )
     hub.add(HubRepo(TINY_MLX, {**model, **extras}, downloads=500, **mlx))
     hub.add(HubRepo(OTHER_MLX, dict(model), downloads=900, **mlx))
     big = {p.name: HubFile(p.name, data=p.read_bytes()) for p in sources.big.iterdir()}
     hub.add(HubRepo(BIG_MLX, big, downloads=100, **mlx))
-    hub.add(HubRepo(GIANT_MLX, dict(model), downloads=50, tags=["mlx"], library_name="mlx",
-                    config={"model_type": "llama", "quantization": {"bits": 4, "group_size": 64}},
-                    safetensors={"parameters": {"U32": 70_000_000_000 // 8, "BF16": 2_000_000_000},
-                                 "total": 70_000_000_000 // 8 + 2_000_000_000}))
+    hub.add(
+        HubRepo(
+            GIANT_MLX,
+            dict(model),
+            downloads=50,
+            tags=["mlx"],
+            library_name="mlx",
+            config={"model_type": "llama", "quantization": {"bits": 4, "group_size": 64}},
+            safetensors={
+                "parameters": {"U32": 70_000_000_000 // 8, "BF16": 2_000_000_000},
+                "total": 70_000_000_000 // 8 + 2_000_000_000,
+            },
+        )
+    )
     gguf_bytes = sources.gguf.read_bytes()
     gguf = dict(tags=["gguf"], library_name="gguf")
-    hub.add(HubRepo(TWO_GGUF, {"tiny-Q8_0.gguf": HubFile("tiny-Q8_0.gguf", data=gguf_bytes),
-                               "tiny-F16.gguf": HubFile("tiny-F16.gguf", data=gguf_bytes + b"\0" * 64),
-                               "big/big-Q8_0-00001-of-00002.gguf": HubFile("big/big-Q8_0-00001-of-00002.gguf",
-                                                                           data=gguf_bytes),
-                               "mmproj-tiny-F16.gguf": HubFile("mmproj-tiny-F16.gguf", data=gguf_bytes),
-                               "README.md": HubFile("README.md", data=b"# gguf\n")},
-                    downloads=300, gguf={"total": 448, "architecture": "llama"}, **gguf))
-    hub.add(HubRepo(ONE_GGUF, {"solo-Q4_K_M.gguf": HubFile("solo-Q4_K_M.gguf", data=gguf_bytes)},
-                    downloads=30, gguf={"total": 448, "architecture": "llama"}, **gguf))
-    hub.add(HubRepo(MAMBA_GGUF, {"mamba-Q4_0.gguf": HubFile("mamba-Q4_0.gguf", data=gguf_bytes)},
-                    downloads=20, gguf={"total": 448, "architecture": "mamba"}, **gguf))
-    bert = {**model, "config.json": HubFile("config.json", data=json.dumps({"model_type": "bert"}).encode())}
+    hub.add(
+        HubRepo(
+            TWO_GGUF,
+            {
+                "tiny-Q8_0.gguf": HubFile("tiny-Q8_0.gguf", data=gguf_bytes),
+                "tiny-F16.gguf": HubFile("tiny-F16.gguf", data=gguf_bytes + b"\0" * 64),
+                "big/big-Q8_0-00001-of-00002.gguf": HubFile(
+                    "big/big-Q8_0-00001-of-00002.gguf", data=gguf_bytes
+                ),
+                "mmproj-tiny-F16.gguf": HubFile("mmproj-tiny-F16.gguf", data=gguf_bytes),
+                "README.md": HubFile("README.md", data=b"# gguf\n"),
+            },
+            downloads=300,
+            gguf={"total": 448, "architecture": "llama"},
+            **gguf,
+        )
+    )
+    hub.add(
+        HubRepo(
+            ONE_GGUF,
+            {"solo-Q4_K_M.gguf": HubFile("solo-Q4_K_M.gguf", data=gguf_bytes)},
+            downloads=30,
+            gguf={"total": 448, "architecture": "llama"},
+            **gguf,
+        )
+    )
+    hub.add(
+        HubRepo(
+            MAMBA_GGUF,
+            {"mamba-Q4_0.gguf": HubFile("mamba-Q4_0.gguf", data=gguf_bytes)},
+            downloads=20,
+            gguf={"total": 448, "architecture": "mamba"},
+            **gguf,
+        )
+    )
+    bert = {
+        **model,
+        "config.json": HubFile("config.json", data=json.dumps({"model_type": "bert"}).encode()),
+    }
     hub.add(HubRepo(BERT_MLX, bert, downloads=10, tags=["mlx"], library_name="mlx"))
-    hub.add(HubRepo(NO_WEIGHTS, {"README.md": HubFile("README.md", data=b"# nothing\n")}, tags=["mlx"]))
-    hub.add(HubRepo(GATED, dict(model), tags=["mlx"], gated=True, allowed_tokens={GOOD_TOKEN}, **{
-        k: v for k, v in mlx.items() if k != "tags"}))
+    hub.add(
+        HubRepo(NO_WEIGHTS, {"README.md": HubFile("README.md", data=b"# nothing\n")}, tags=["mlx"])
+    )
+    hub.add(
+        HubRepo(
+            GATED,
+            dict(model),
+            tags=["mlx"],
+            gated=True,
+            allowed_tokens={GOOD_TOKEN},
+            **{k: v for k, v in mlx.items() if k != "tags"},
+        )
+    )
     hub.add(HubRepo(PRIVATE, dict(model), private=True, allowed_tokens={GOOD_TOKEN}, **mlx))
 
 
@@ -465,7 +573,9 @@ def loopback_hub(hub_sources, tmp_path, monkeypatch):
     hub.close()
 
 
-if __name__ == "__main__":  # serve a folder as a repo, by hand: python -m tests.core.models.hub_fixture FOLDER
+if (
+    __name__ == "__main__"
+):  # serve a folder as a repo, by hand: python -m tests.core.models.hub_fixture FOLDER
     import sys
 
     served = LoopbackHub()

@@ -9,11 +9,19 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from core.errors import UserError
 from core.models import catalog as catalog_module
 from core.models import provision
-from core.errors import UserError
-from core.models.catalog import (CatalogEntry, entry_for_path, estimate_memory_bytes, gguf_parameter_count,
-                                model_catalog as catalog, safetensors_parameter_count)
+from core.models.catalog import (
+    CatalogEntry,
+    entry_for_path,
+    estimate_memory_bytes,
+    gguf_parameter_count,
+    safetensors_parameter_count,
+)
+from core.models.catalog import (
+    model_catalog as catalog,
+)
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 
 GGUF_PARAMETERS = 16 * 8 + 8 * 8 + 4 * 64
@@ -27,7 +35,9 @@ def write_gguf(path):
     writer.add_array("test.nested", [[1, 2], [3, 4, 5]])
     writer.add_tensor("token_embd.weight", np.zeros((16, 8), dtype=np.float32))
     writer.add_tensor("blk.0.attn_q.weight", np.zeros((8, 8), dtype=np.float16))
-    quantized = gguf.quants.quantize(np.ones((4, 64), dtype=np.float32), gguf.GGMLQuantizationType.Q8_0)
+    quantized = gguf.quants.quantize(
+        np.ones((4, 64), dtype=np.float32), gguf.GGMLQuantizationType.Q8_0
+    )
     writer.add_tensor("output.weight", quantized, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -43,9 +53,14 @@ def no_hf_cache(tmp_path, monkeypatch):
 
 def test_memory_estimates():
     mb = 2**20
-    assert estimate_memory_bytes("gguf", 100 * mb, on_cpu=True, parameters=135_000_000) == 540_000_000
+    assert (
+        estimate_memory_bytes("gguf", 100 * mb, on_cpu=True, parameters=135_000_000) == 540_000_000
+    )
     assert estimate_memory_bytes("gguf", 90 * mb, on_cpu=True) == 640 * mb  # 4.5 bits -> 32 bits
-    assert estimate_memory_bytes("known-gguf", 90 * mb, on_cpu=False, parameters=135_000_000) == 90 * mb
+    assert (
+        estimate_memory_bytes("known-gguf", 90 * mb, on_cpu=False, parameters=135_000_000)
+        == 90 * mb
+    )
     assert estimate_memory_bytes("mlx-dir", 300 * mb, on_cpu=True) == 300 * mb
     assert estimate_memory_bytes("hf-cache", 300 * mb, on_cpu=False) == 300 * mb
 
@@ -100,7 +115,10 @@ def test_catalog_of_an_empty_data_folder_offers_the_known_models(tmp_path):
     default = entries[0]
     assert default.spec == "default" and not default.downloaded and default.kind == "known-gguf"
     assert default.size_bytes == provision.KNOWN_MODELS["default"].size
-    assert default.memory_bytes == 4 * catalog_module.KNOWN_PARAMETERS[provision.KNOWN_MODELS["default"].sha256]
+    assert (
+        default.memory_bytes
+        == 4 * catalog_module.KNOWN_PARAMETERS[provision.KNOWN_MODELS["default"].sha256]
+    )
     assert catalog(tmp_path, on_cpu=False)[0].memory_bytes == default.size_bytes
 
 
@@ -109,15 +127,24 @@ def test_catalog_lists_local_models_with_their_memory(tmp_path, monkeypatch):
     models.mkdir()
     write_gguf(models / "small.gguf")
     folder = write_tiny_model(models / "tiny-llama", TinyModelSpec(num_layers=2))
-    snapshot = write_tiny_model(tmp_path / "hf-cache" / "models--org--tiny" / "snapshots" / "abc", TinyModelSpec())
+    snapshot = write_tiny_model(
+        tmp_path / "hf-cache" / "models--org--tiny" / "snapshots" / "abc", TinyModelSpec()
+    )
     entries = {e.spec: e for e in catalog(tmp_path, on_cpu=True)}
 
     small = entries[str(models / "small.gguf")]
-    assert small == CatalogEntry(str(models / "small.gguf"), "small", "gguf", (models / "small.gguf").stat().st_size,
-                                 4 * GGUF_PARAMETERS)
+    assert small == CatalogEntry(
+        str(models / "small.gguf"),
+        "small",
+        "gguf",
+        (models / "small.gguf").stat().st_size,
+        4 * GGUF_PARAMETERS,
+    )
     tiny = entries[str(folder)]
     weights = (folder / "model.safetensors").stat().st_size
-    assert tiny.kind == "mlx-dir" and 0.98 * weights <= tiny.memory_bytes <= weights  # float32 stays float32
+    assert (
+        tiny.kind == "mlx-dir" and 0.98 * weights <= tiny.memory_bytes <= weights
+    )  # float32 stays float32
     assert entries["org/tiny"].kind == "hf-cache"
     assert entries["org/tiny"].memory_bytes == 4 * safetensors_parameter_count(snapshot)
 

@@ -13,8 +13,7 @@ import pytest
 from core.models import download, hf_cache, hub, installed, provision
 from core.models.download import DownloadCancelled
 from core.models.hub import HubError
-from tests.core.models.hub_fixture import (
-    BERT_MLX, BIG_MLX, GATED, GOOD_TOKEN, TINY_MLX, TWO_GGUF)
+from tests.core.models.hub_fixture import BERT_MLX, BIG_MLX, GATED, GOOD_TOKEN, TINY_MLX, TWO_GGUF
 
 WEIGHTS = "model.safetensors"
 
@@ -28,16 +27,27 @@ def test_pull_fetches_only_what_a_model_needs(loopback_hub, tmp_path):
     result = download.pull(TINY_MLX, data_root=tmp_path, progress=seen.append)
     repo = loopback_hub.repos[TINY_MLX]
     assert result.spec == TINY_MLX and result.path == hf_cache.resolve_repo(TINY_MLX)
-    assert result.path.parent.parent == hf_cache.hf_cache_root() / "models--mlx-community--Tiny-Llama-128"
+    assert (
+        result.path.parent.parent
+        == hf_cache.hf_cache_root() / "models--mlx-community--Tiny-Llama-128"
+    )
     assert (hf_cache.repo_folder(TINY_MLX) / "refs" / "main").read_text() == repo.commit
     fetched = {p for (r, p), n in loopback_hub.bytes_served.items() if r == TINY_MLX and n}
-    assert fetched == {"config.json", "generation_config.json", WEIGHTS, "special_tokens_map.json",
-                       "tokenizer.json", "tokenizer_config.json"}  # no README, .bin, onnx/
+    assert fetched == {
+        "config.json",
+        "generation_config.json",
+        WEIGHTS,
+        "special_tokens_map.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    }  # no README, .bin, onnx/
     assert result.fetched_bytes == result.total_bytes == loopback_hub.served(TINY_MLX)
     for name in fetched:  # the bytes the hub has, linked the way huggingface_hub links them
         assert (result.path / name).read_bytes() == repo.files[name].read(0, repo.files[name].size)
         assert os.readlink(result.path / name) == f"../../blobs/{repo.files[name].etag}"
-    assert [method for method, _ in loopback_hub.requests if method != "GET"] == []  # no HEAD per file
+    assert [
+        method for method, _ in loopback_hub.requests if method != "GET"
+    ] == []  # no HEAD per file
     assert _blobs(TINY_MLX) == sorted(repo.files[n].etag for n in fetched)
     last = seen[-1]
     assert last.done_bytes == last.total_bytes == result.total_bytes and last.fraction == 1.0
@@ -58,10 +68,15 @@ def test_huggingface_hub_sees_the_same_files(loopback_hub, tmp_path):
 
     result = download.pull(TINY_MLX, data_root=tmp_path)
     served = loopback_hub.served(TINY_MLX)
-    assert try_to_load_from_cache(TINY_MLX, "config.json", cache_dir=hf_cache.hf_cache_root()) == \
-        str(result.path / "config.json")
-    folder = snapshot_download(TINY_MLX, allow_patterns=list(hub.MLX_PATTERNS), cache_dir=hf_cache.hf_cache_root(),
-                               endpoint=loopback_hub.url)
+    assert try_to_load_from_cache(
+        TINY_MLX, "config.json", cache_dir=hf_cache.hf_cache_root()
+    ) == str(result.path / "config.json")
+    folder = snapshot_download(
+        TINY_MLX,
+        allow_patterns=list(hub.MLX_PATTERNS),
+        cache_dir=hf_cache.hf_cache_root(),
+        endpoint=loopback_hub.url,
+    )
     assert folder == str(result.path) and loopback_hub.served(TINY_MLX) == served
 
 
@@ -80,7 +95,9 @@ def test_a_pulled_model_loads_and_remembers_its_hashes(loopback_hub, tmp_path):
 def test_cancel_then_resume_fetches_only_the_rest(loopback_hub, tmp_path):
     file = loopback_hub.repos[BIG_MLX].files[WEIGHTS]
     cancel = threading.Event()
-    loopback_hub.rate = 50e6  # ~0.5 s for the weights: progress comes every 0.1 s, the cancel lands mid-file
+    loopback_hub.rate = (
+        50e6  # ~0.5 s for the weights: progress comes every 0.1 s, the cancel lands mid-file
+    )
 
     def cancel_after_first_chunk(p):
         if p.file == WEIGHTS and p.fetched_bytes > 1 << 20:
@@ -101,7 +118,9 @@ def test_cancel_then_resume_fetches_only_the_rest(loopback_hub, tmp_path):
     before = loopback_hub.served(BIG_MLX, WEIGHTS)
     seen = []
     result = download.pull(BIG_MLX, data_root=tmp_path, progress=seen.append)
-    assert loopback_hub.served(BIG_MLX, WEIGHTS) - before == file.size - kept  # only what was missing
+    assert (
+        loopback_hub.served(BIG_MLX, WEIGHTS) - before == file.size - kept
+    )  # only what was missing
     assert result.fetched_bytes == file.size - kept
     assert seen[0].done_bytes >= kept  # progress starts from what was there
     assert hashlib.sha256((result.path / WEIGHTS).read_bytes()).hexdigest() == file.sha256
@@ -115,7 +134,9 @@ def test_a_dropped_connection_resumes_in_place(loopback_hub, tmp_path):
     assert hashlib.sha256((result.path / WEIGHTS).read_bytes()).hexdigest() == file.sha256
     # the retry asked for the rest only: 15 MB, then the other 12 MB
     assert loopback_hub.served(BIG_MLX, WEIGHTS) == file.size
-    gets = [path for method, path in loopback_hub.requests if method == "GET" and path.endswith(WEIGHTS)]
+    gets = [
+        path for method, path in loopback_hub.requests if method == "GET" and path.endswith(WEIGHTS)
+    ]
     assert len(gets) == 2
 
 
@@ -131,11 +152,15 @@ def test_a_killed_download_resumes_from_its_partial_file(loopback_hub, tmp_path)
 
 def test_a_wrong_hash_is_caught_and_the_file_dropped(loopback_hub, tmp_path):
     loopback_hub.corrupt.add((TINY_MLX, WEIGHTS))
-    with pytest.raises(HubError, match="model.safetensors of .* failed its hash check .* deleted; pull again"):
+    with pytest.raises(
+        HubError, match="model.safetensors of .* failed its hash check .* deleted; pull again"
+    ):
         download.pull(TINY_MLX, data_root=tmp_path)
     assert hf_cache.resolve_repo(TINY_MLX) is None
     etag = loopback_hub.repos[TINY_MLX].files[WEIGHTS].etag
-    assert etag + ".incomplete" not in _blobs(TINY_MLX) and etag not in _blobs(TINY_MLX)  # dropped, not kept
+    assert etag + ".incomplete" not in _blobs(TINY_MLX) and etag not in _blobs(
+        TINY_MLX
+    )  # dropped, not kept
     loopback_hub.corrupt.clear()
     assert download.pull(TINY_MLX, data_root=tmp_path).path == hf_cache.resolve_repo(TINY_MLX)
 
@@ -153,10 +178,14 @@ def test_an_architecture_mlx_lm_cannot_load_stops_before_the_weights(loopback_hu
 
 
 def test_a_gated_repo_says_what_to_do(loopback_hub, tmp_path, monkeypatch):
-    with pytest.raises(HubError, match="is gated: it needs your Hugging Face token .* accept its terms"):
+    with pytest.raises(
+        HubError, match="is gated: it needs your Hugging Face token .* accept its terms"
+    ):
         download.pull(GATED, data_root=tmp_path)
     monkeypatch.setenv("HF_TOKEN", "hf_someone_else")
-    with pytest.raises(HubError, match="is gated: your token's account has not accepted its licence"):
+    with pytest.raises(
+        HubError, match="is gated: your token's account has not accepted its licence"
+    ):
         download.pull(GATED, data_root=tmp_path)
     monkeypatch.setenv("HF_TOKEN", GOOD_TOKEN)
     assert download.pull(GATED, data_root=tmp_path).spec == GATED
@@ -185,20 +214,27 @@ def test_a_full_disk_mid_download_keeps_the_part(loopback_hub, tmp_path, monkeyp
         return real_put(self, data)
 
     monkeypatch.setattr(download._Sink, "_put", put)
-    with pytest.raises(HubError, match="the disk is full: model.safetensors .* stopped at [0-9] MB \\(kept\\)"):
+    with pytest.raises(
+        HubError, match="the disk is full: model.safetensors .* stopped at [0-9] MB \\(kept\\)"
+    ):
         download.pull(BIG_MLX, data_root=tmp_path)
     assert hf_cache.resolve_repo(BIG_MLX) is None
     disk_full[0] = False
     loopback_hub.wait_idle()
     before = loopback_hub.served(BIG_MLX, WEIGHTS)
     download.pull(BIG_MLX, data_root=tmp_path)  # space again: the rest comes
-    assert loopback_hub.served(BIG_MLX, WEIGHTS) - before < loopback_hub.repos[BIG_MLX].files[WEIGHTS].size
+    assert (
+        loopback_hub.served(BIG_MLX, WEIGHTS) - before
+        < loopback_hub.repos[BIG_MLX].files[WEIGHTS].size
+    )
 
 
 def test_a_gguf_file_pulls_alone(loopback_hub, tmp_path):
     result = download.pull(f"{TWO_GGUF}:tiny-Q8_0.gguf", data_root=tmp_path)
     assert result.kind == "gguf" and result.path.name == "tiny-Q8_0.gguf"
-    assert loopback_hub.served(TWO_GGUF) == loopback_hub.repos[TWO_GGUF].files["tiny-Q8_0.gguf"].size
+    assert (
+        loopback_hub.served(TWO_GGUF) == loopback_hub.repos[TWO_GGUF].files["tiny-Q8_0.gguf"].size
+    )
     assert hf_cache.resolve_gguf(result.spec) == result.path
     entry = next(m for m in provision.list_local_models(tmp_path) if m.spec == result.spec)
     assert entry.kind == "hf-gguf"

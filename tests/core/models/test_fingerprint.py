@@ -6,7 +6,8 @@ import mlx.core as mx
 import mlx_lm
 import pytest
 
-from core.models import fingerprint as fp, hashing
+from core.models import fingerprint as fp
+from core.models import hashing
 from core.models.fingerprint import NUMERICS_VERSION, model_fingerprint, runtime_versions
 from core.models.gguf_convert import CACHE_FORMAT
 from core.models.hashing import FileHashCache
@@ -18,7 +19,10 @@ CONFIG = {"model_type": "llama", "hidden_size": 64}
 @pytest.fixture
 def files(tmp_path):
     (tmp_path / "model").mkdir()
-    paths = [tmp_path / "model" / name for name in ("config.json", "weights.safetensors", "tokenizer.json")]
+    paths = [
+        tmp_path / "model" / name
+        for name in ("config.json", "weights.safetensors", "tokenizer.json")
+    ]
     for i, path in enumerate(paths):
         path.write_bytes(bytes([i]) * 100)
     return paths
@@ -33,15 +37,19 @@ def test_the_same_model_has_the_same_fingerprint(files):
     assert len(first) == 64 and int(first, 16) >= 0
     assert digest(files) == first
     assert digest(list(reversed(files))) == first  # the order files are listed in does not count
-    assert digest(files, config=dict(reversed(list(CONFIG.items())))) == first  # nor the order of keys
+    assert (
+        digest(files, config=dict(reversed(list(CONFIG.items())))) == first
+    )  # nor the order of keys
 
 
 def test_everything_that_changes_the_numbers_changes_it(files, tmp_path):
     base = digest(files)
-    variants = {"config": digest(files, config={**CONFIG, "hidden_size": 65}),
-                "format": digest(files, weights_format="stored"),
-                "runtime": digest(files, runtime={**RUNTIME, "mlx": "9"}),
-                "file set": digest(files[:2])}
+    variants = {
+        "config": digest(files, config={**CONFIG, "hidden_size": 65}),
+        "format": digest(files, weights_format="stored"),
+        "runtime": digest(files, runtime={**RUNTIME, "mlx": "9"}),
+        "file set": digest(files[:2]),
+    }
     files[1].write_bytes(b"\x01" * 99 + b"\x02")  # one byte of the weights
     variants["bytes"] = digest(files)
     files[1].write_bytes(b"\x01" * 100)
@@ -65,20 +73,34 @@ def test_the_folder_a_model_sits_in_does_not_count(files, tmp_path):
 def test_files_are_hashed_through_the_cache(files, tmp_path, monkeypatch):
     reads = []
     real = hashing.sha256_file
-    monkeypatch.setattr(hashing, "sha256_file", lambda p, on_fraction=None: reads.append(p) or real(p, on_fraction))
+    monkeypatch.setattr(
+        hashing, "sha256_file", lambda p, on_fraction=None: reads.append(p) or real(p, on_fraction)
+    )
     hashes = FileHashCache(tmp_path / "hashes.json")
     first = digest(files, hashes=hashes)
     assert len(reads) == 3
-    assert digest(files, hashes=FileHashCache(tmp_path / "hashes.json")) == first and len(reads) == 3
+    assert (
+        digest(files, hashes=FileHashCache(tmp_path / "hashes.json")) == first and len(reads) == 3
+    )
 
 
 def test_runtime_versions_name_the_code_that_computes():
     versions = runtime_versions()
-    assert versions == {"mlx": mx.__version__, "mlx_lm": mlx_lm.__version__,
-                        "radixchat_numerics": str(NUMERICS_VERSION), "gguf_conversion": str(CACHE_FORMAT)}
+    assert versions == {
+        "mlx": mx.__version__,
+        "mlx_lm": mlx_lm.__version__,
+        "radixchat_numerics": str(NUMERICS_VERSION),
+        "gguf_conversion": str(CACHE_FORMAT),
+    }
 
 
 def test_the_default_runtime_is_the_installed_one(files, monkeypatch):
-    assert model_fingerprint(CONFIG, files, "float32", FileHashCache(None)) == digest(files, runtime=runtime_versions())
-    monkeypatch.setattr(fp, "runtime_versions", lambda: {**runtime_versions(), "gguf_conversion": "999"})
-    assert model_fingerprint(CONFIG, files, "float32", FileHashCache(None)) != digest(files, runtime=runtime_versions())
+    assert model_fingerprint(CONFIG, files, "float32", FileHashCache(None)) == digest(
+        files, runtime=runtime_versions()
+    )
+    monkeypatch.setattr(
+        fp, "runtime_versions", lambda: {**runtime_versions(), "gguf_conversion": "999"}
+    )
+    assert model_fingerprint(CONFIG, files, "float32", FileHashCache(None)) != digest(
+        files, runtime=runtime_versions()
+    )

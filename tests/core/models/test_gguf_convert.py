@@ -15,15 +15,22 @@ import gguf
 import mlx.core as mx
 import numpy as np
 import pytest
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
 
 from core.models import gguf_convert, hashing
-from core.models.gguf_convert import ConversionCache, convert_tensor, convert_tensors, default_layout
+from core.models.gguf_convert import (
+    ConversionCache,
+    convert_tensor,
+    convert_tensors,
+    default_layout,
+)
 from core.models.gguf_header import TensorInfo, read_header
 
 
-
-@pytest.mark.parametrize("kind", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K], ids=lambda k: k.name)
+@pytest.mark.parametrize(
+    "kind", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K], ids=lambda k: k.name
+)
 def test_conversion_is_exact(kind):
     """Random blocks of every type MLX can hold: both layouts give gguf's values exactly."""
     rng = np.random.default_rng(int(kind))
@@ -31,7 +38,9 @@ def test_conversion_is_exact(kind):
     rows, cols = 16, 512
     blocks = rng.integers(0, 256, size=(rows * cols // block_size, type_size), dtype=np.uint8)
     halves = 2 if kind in (T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K) else 1  # d (and m / dmin) come first
-    blocks[:, : 2 * halves] = rng.uniform(-0.1, 0.1, (len(blocks), halves)).astype(np.float16).view(np.uint8)
+    blocks[:, : 2 * halves] = (
+        rng.uniform(-0.1, 0.1, (len(blocks), halves)).astype(np.float16).view(np.uint8)
+    )
     raw = blocks.reshape(-1)
     info = TensorInfo("x.weight", (rows, cols), kind, 0, raw.size)
     expected = gguf.quants.dequantize(raw.reshape(rows, -1), kind)
@@ -39,8 +48,11 @@ def test_conversion_is_exact(kind):
     packed = convert_tensor(info, raw, "affine")
     bits = packed["x.weight"].shape[-1] * 32 // cols
     values = mx.dequantize(
-        packed["x.weight"], packed["x.scales"].astype(mx.float32), packed["x.biases"].astype(mx.float32),
-        group_size=32, bits=bits,
+        packed["x.weight"],
+        packed["x.scales"].astype(mx.float32),
+        packed["x.biases"].astype(mx.float32),
+        group_size=32,
+        bits=bits,
     )
     assert np.array_equal(np.array(values), expected)
 
@@ -67,9 +79,20 @@ def _rewrite_meta(folder: Path, **changes) -> None:
         lambda f: _rewrite_meta(f, tensor_count=3),
         lambda f: _rewrite_meta(f, format=0),
         lambda f: os.truncate(f / "weights.safetensors", 40),
-        lambda f: (f / "weights.safetensors").write_bytes(b"\0" * (f / "weights.safetensors").stat().st_size),
+        lambda f: (f / "weights.safetensors").write_bytes(
+            b"\0" * (f / "weights.safetensors").stat().st_size
+        ),
     ],
-    ids=["no-meta", "bad-meta", "other-config", "other-source", "tensor-count", "old-format", "truncated", "zeroed"],
+    ids=[
+        "no-meta",
+        "bad-meta",
+        "other-config",
+        "other-source",
+        "tensor-count",
+        "old-format",
+        "truncated",
+        "zeroed",
+    ],
 )
 def test_damaged_cache_entries_are_dropped(tmp_path, damage):
     cache, config = _entry(tmp_path)
@@ -88,7 +111,9 @@ def test_unquantized_types_keep_their_values():
         assert list(stored) == ["n.weight"] and stored["n.weight"].dtype == mlx_dtype
     bf16 = (values.view(np.uint32) >> 16).astype("<u2")  # these values are exact in bfloat16
     info = TensorInfo("n.weight", (4, 4), T.BF16, 0, bf16.nbytes)
-    assert np.array_equal(np.array(convert_tensor(info, bf16.view(np.uint8), "float32")["n.weight"]), values)
+    assert np.array_equal(
+        np.array(convert_tensor(info, bf16.view(np.uint8), "float32")["n.weight"]), values
+    )
     assert convert_tensor(info, bf16.view(np.uint8), "affine")["n.weight"].dtype == mx.bfloat16
 
 
@@ -96,14 +121,23 @@ def test_types_without_an_mlx_layout_become_8_bit_in_the_affine_layout():
     rng = np.random.default_rng(6)
     block_size, type_size = GGML_QUANT_SIZES[T.Q6_K]
     blocks = rng.integers(0, 256, size=(8 * 256 // block_size, type_size), dtype=np.uint8)
-    blocks[:, -2:] = rng.uniform(-0.01, 0.01, (len(blocks), 1)).astype(np.float16).view(np.uint8)  # d comes last
+    blocks[:, -2:] = (
+        rng.uniform(-0.01, 0.01, (len(blocks), 1)).astype(np.float16).view(np.uint8)
+    )  # d comes last
     raw = blocks.reshape(-1)
     info = TensorInfo("m.weight", (8, 256), T.Q6_K, 0, raw.size)
     exact = gguf.quants.dequantize(raw.reshape(8, -1), T.Q6_K)
     assert np.array_equal(np.array(convert_tensor(info, raw, "float32")["m.weight"]), exact)
     packed = convert_tensor(info, raw, "affine")
-    assert set(packed) == {"m.weight", "m.scales", "m.biases"} and packed["m.scales"].dtype == mx.float16
-    back = np.array(mx.dequantize(packed["m.weight"], packed["m.scales"], packed["m.biases"], group_size=32, bits=8))
+    assert (
+        set(packed) == {"m.weight", "m.scales", "m.biases"}
+        and packed["m.scales"].dtype == mx.float16
+    )
+    back = np.array(
+        mx.dequantize(
+            packed["m.weight"], packed["m.scales"], packed["m.biases"], group_size=32, bits=8
+        )
+    )
     step = np.abs(exact).max() / 127
     assert np.abs(back - exact).max() <= step  # the one lossy step: within one 8-bit level
 
@@ -148,7 +182,9 @@ def test_cache_round_trip_and_layout_folders(tmp_path):
     meta = json.loads((cache.folder / "meta.json").read_text())
     assert meta["format"] == gguf_convert.CACHE_FORMAT and meta["tensor_count"] == 2
     assert meta["weights_sha256"] == hashing.sha256_file(cache.folder / gguf_convert.WEIGHTS_FILE)
-    assert ConversionCache.under(tmp_path, "ab" * 32, "affine").load(config) is None  # another layout
+    assert (
+        ConversionCache.under(tmp_path, "ab" * 32, "affine").load(config) is None
+    )  # another layout
     assert not list(cache.folder.parent.glob(".float32.*"))  # no temp folder left
 
 
@@ -156,13 +192,18 @@ def test_a_touched_weights_file_is_hashed_once_then_trusted(tmp_path, monkeypatc
     cache, config = _entry(tmp_path)
     reads = []
     real = hashing.sha256_file
-    monkeypatch.setattr(hashing, "sha256_file", lambda p, on_fraction=None: reads.append(p) or real(p, on_fraction))
+    monkeypatch.setattr(
+        hashing, "sha256_file", lambda p, on_fraction=None: reads.append(p) or real(p, on_fraction)
+    )
     assert cache.load(config) is not None and reads == []  # unchanged: not read
     weights = cache.folder / gguf_convert.WEIGHTS_FILE
     st = weights.stat()
     os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     assert cache.load(config) is not None and len(reads) == 1  # touched: checked
-    assert json.loads((cache.folder / "meta.json").read_text())["weights_mtime_ns"] == st.st_mtime_ns + 10**9
+    assert (
+        json.loads((cache.folder / "meta.json").read_text())["weights_mtime_ns"]
+        == st.st_mtime_ns + 10**9
+    )
     assert cache.load(config) is not None and len(reads) == 1  # the check was remembered
 
 
@@ -194,8 +235,12 @@ def test_a_second_process_s_conversion_leaves_the_first_one_in_place(tmp_path):
     that entry and put its own in its place."""
     cache, config = _entry(tmp_path)
     kept = (cache.folder / gguf_convert.WEIGHTS_FILE).stat().st_ino
-    cache.save(config, {"a": mx.arange(10, dtype=mx.float32), "b": mx.ones((3, 4))})  # the other process
+    cache.save(
+        config, {"a": mx.arange(10, dtype=mx.float32), "b": mx.ones((3, 4))}
+    )  # the other process
     assert (cache.folder / gguf_convert.WEIGHTS_FILE).stat().st_ino == kept
-    assert sorted(p.name for p in cache.folder.parent.iterdir()) == ["float32"]  # its temporary folder is gone
+    assert sorted(p.name for p in cache.folder.parent.iterdir()) == [
+        "float32"
+    ]  # its temporary folder is gone
     weights = cache.load(config)
     assert weights is not None and mx.array_equal(weights["a"], mx.arange(10, dtype=mx.float32))

@@ -22,8 +22,8 @@ from mlx_lm.models import gemma3_text
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 from core import paths
-from core.models import gguf_import, provision
 from core.errors import ModelLoadError
+from core.models import gguf_import, provision
 from core.models.gguf_convert import ConversionCache
 from core.models.gguf_import import build_model, mlx_tensor_name, read_gguf
 from core.models.loader import load_model
@@ -61,10 +61,20 @@ def reference(gemma_file):
             values = values - 1.0  # the GGUF stores Gemma's RMSNorm weights as 1 + w
         weights[mlx_tensor_name("gemma3", tensor.name)] = mx.array(values)
     args = gemma3_text.ModelArgs(
-        model_type="gemma3_text", hidden_size=640, num_hidden_layers=18, intermediate_size=2048,
-        num_attention_heads=4, num_key_value_heads=1, head_dim=256, rms_norm_eps=1e-6,
-        vocab_size=262144, rope_theta=1_000_000.0, rope_local_base_freq=10_000.0,
-        query_pre_attn_scalar=256, sliding_window=512, sliding_window_pattern=6,
+        model_type="gemma3_text",
+        hidden_size=640,
+        num_hidden_layers=18,
+        intermediate_size=2048,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=256,
+        rms_norm_eps=1e-6,
+        vocab_size=262144,
+        rope_theta=1_000_000.0,
+        rope_local_base_freq=10_000.0,
+        query_pre_attn_scalar=256,
+        sliding_window=512,
+        sliding_window_pattern=6,
         max_position_embeddings=32768,
     )
     model = gemma3_text.Model(args)
@@ -88,7 +98,9 @@ def test_config_from_metadata(gemma):
     assert config["rope_theta"] == 1_000_000.0 and config["rope_local_base_freq"] == 10_000.0
     assert config["vocab_size"] == 262144 and config["max_position_embeddings"] == 32768
     assert config["intermediate_size"] == 2048 and config["tie_word_embeddings"] is True
-    assert [i for i, layer in enumerate(gemma.model.layers) if not layer.self_attn.is_sliding] == GLOBAL_LAYERS
+    assert [
+        i for i, layer in enumerate(gemma.model.layers) if not layer.self_attn.is_sliding
+    ] == GLOBAL_LAYERS
     assert gemma.model.model.embed_tokens.weight.dtype == mx.float32
 
 
@@ -107,7 +119,11 @@ def test_sliding_layers_get_rotating_caches(gemma):
 def test_tokenizer(gemma):
     tok = gemma.tokenizer
     assert tok.encode("The capital of France is") == [2, 818, 5279, 529, 7001, 563]  # <bos> first
-    for text in ("Hello, world! 12345 héllo", "  two leading spaces\n\nand\ttabs", "日本語 and emoji 🙂"):
+    for text in (
+        "Hello, world! 12345 héllo",
+        "  two leading spaces\n\nand\ttabs",
+        "日本語 and emoji 🙂",
+    ):
         ids = tok.encode(text, add_special_tokens=False)
         assert 2 not in ids and tok.decode(ids) == text
     ids = tok.encode("<start_of_turn>user\nhi<end_of_turn>")
@@ -124,7 +140,9 @@ def test_chat_template_uses_gemma_turns(gemma):
         {"role": "assistant", "content": "Hello!"},
         {"role": "user", "content": "Capital of France?"},
     ]
-    prompt = gemma.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    prompt = gemma.tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False
+    )
     assert prompt == (
         "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n"
         "<start_of_turn>user\nCapital of France?<end_of_turn>\n<start_of_turn>model\n"
@@ -139,7 +157,9 @@ def test_greedy_completion(gemma):
     first choice is " the", with " Paris" third)."""
     from mlx_lm.generate import generate
 
-    reply = generate(gemma.model, gemma.tokenizer, "The Eiffel Tower is located in the city of", max_tokens=6)
+    reply = generate(
+        gemma.model, gemma.tokenizer, "The Eiffel Tower is located in the city of", max_tokens=6
+    )
     assert reply.startswith(" Paris")
 
 
@@ -228,15 +248,27 @@ def test_affine_layout_keeps_the_file_quantization(gemma, gemma_file, tmp_path):
     model = build_model(contents.config, dict(contents.weights))
     attn, exact = model.layers[0].self_attn, gemma.model.layers[0].self_attn
     assert (attn.q_proj.bits, attn.o_proj.bits, attn.v_proj.bits) == (5, 4, 8)  # Q5_0, Q4_K, Q8_0
-    assert model.layers[0].mlp.down_proj.bits == 8 and model.model.embed_tokens.bits == 8  # Q6_K, Q8_0
-    for module, reference in ((attn.q_proj, exact.q_proj), (attn.o_proj, exact.o_proj), (attn.v_proj, exact.v_proj)):
+    assert (
+        model.layers[0].mlp.down_proj.bits == 8 and model.model.embed_tokens.bits == 8
+    )  # Q6_K, Q8_0
+    for module, reference in (
+        (attn.q_proj, exact.q_proj),
+        (attn.o_proj, exact.o_proj),
+        (attn.v_proj, exact.v_proj),
+    ):
         values = mx.dequantize(
-            module.weight, module.scales.astype(mx.float32), module.biases.astype(mx.float32),
-            group_size=module.group_size, bits=module.bits,
+            module.weight,
+            module.scales.astype(mx.float32),
+            module.biases.astype(mx.float32),
+            group_size=module.group_size,
+            bits=module.bits,
         )
         assert mx.array_equal(values, reference.weight)
     tokens = mx.array(gemma.tokenizer.encode("The Eiffel Tower is located in the city of"))[None]
-    assert int(model(tokens)[0, -1].argmax()) == gemma.tokenizer.encode(" Paris", add_special_tokens=False)[0]
+    assert (
+        int(model(tokens)[0, -1].argmax())
+        == gemma.tokenizer.encode(" Paris", add_special_tokens=False)[0]
+    )
 
 
 @real_model

@@ -47,14 +47,18 @@ def test_header_agrees_with_the_gguf_package(tmp_path, alignment):
         assert mine.offset == theirs.data_offset and mine.nbytes == theirs.n_bytes
         assert int(np.prod(mine.shape)) == int(theirs.n_elements)
     assert header.tensors[0].shape == (16, 8)  # rows first
-    raw = np.fromfile(path, dtype=np.uint8)[header.tensors[0].offset:][: header.tensors[0].nbytes]
-    assert np.array_equal(raw.view("<f4").reshape(16, 8), np.arange(16 * 8, dtype=np.float32).reshape(16, 8))
+    raw = np.fromfile(path, dtype=np.uint8)[header.tensors[0].offset :][: header.tensors[0].nbytes]
+    assert np.array_equal(
+        raw.view("<f4").reshape(16, 8), np.arange(16 * 8, dtype=np.float32).reshape(16, 8)
+    )
     assert header.metadata["tokenizer.ggml.tokens"][:3] == ["a", "bb", "<s>"]
     assert header.metadata["test.nested"] == [[1, 2], [3, 4, 5]]
     assert header.metadata["llama.rope.freq_base"] == 10000.0
     assert header.metadata["general.architecture"] == "llama"
     assert header.parameter_count() == 16 * 8 + 8 * 8 + 4 * 64
-    assert not header.mlx_reads_exactly() or all(t.ggml_type in (T.F32, T.F16, T.Q8_0) for t in header.tensors)
+    assert not header.mlx_reads_exactly() or all(
+        t.ggml_type in (T.F32, T.F16, T.Q8_0) for t in header.tensors
+    )
 
 
 @pytest.mark.parametrize("alignment", [None, 64])
@@ -90,9 +94,12 @@ def test_damaged_files_raise_one_clear_error(tmp_path, metadata):
     path = write_gguf(tmp_path / "m.gguf")
     data = path.read_bytes()
     last = read_header(path).tensors[-1]
-    for name, body in [("cut-vocab", data[:200]), ("cut-data", data[: last.offset + last.nbytes - 1]),
-                       ("junk", b"not a model" * 10),
-                       ("empty", b"")]:
+    for name, body in [
+        ("cut-vocab", data[:200]),
+        ("cut-data", data[: last.offset + last.nbytes - 1]),
+        ("junk", b"not a model" * 10),
+        ("empty", b""),
+    ]:
         (tmp_path / name).write_bytes(body)
         with pytest.raises(ModelLoadError, match="not a readable GGUF file"):
             read_header(tmp_path / name, metadata=metadata)

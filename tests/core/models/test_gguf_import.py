@@ -44,7 +44,9 @@ def test_tokenizer_and_chat_template(smollm):
     text = "Hello, world! 12345 héllo"
     assert tok.decode(tok.encode(text)) == text
     prompt = tok.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=False)
-    assert prompt.endswith("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
+    assert prompt.endswith(
+        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert tok.convert_tokens_to_ids("<|im_end|>") in tok.eos_token_ids
 
 
@@ -60,11 +62,15 @@ def test_logits_match_gguf_package_dequantization(smollm, default_model_file):
     """Our import vs the same file dequantized by the `gguf` package through mlx-lm's llama."""
     reader = gguf.GGUFReader(str(default_model_file))
     reference_weights = {
-        tensor.name: mx.array(gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32))
+        tensor.name: mx.array(
+            gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
+        )
         for tensor in reader.tensors
     }
     reference = build_model(smollm.config, _llama_weights(reference_weights, default_model_file))
-    tokens = mx.array(smollm.tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True))[None]
+    tokens = mx.array(smollm.tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True))[
+        None
+    ]
     ours = smollm.model(tokens)[0, -1]
     theirs = reference(tokens)[0, -1]
     mx.eval(ours, theirs)
@@ -147,16 +153,29 @@ def test_two_processes_building_the_same_tokenizer_at_once(default_model_file, t
     cache_file = tmp_path / "tokenizers" / "smollm.json"
     barrier = tmp_path / "barrier"
     barrier.mkdir()
-    command = [sys.executable, "-c", BUILD_AT_ONCE, str(default_model_file), str(cache_file), str(barrier)]
+    command = [
+        sys.executable,
+        "-c",
+        BUILD_AT_ONCE,
+        str(default_model_file),
+        str(cache_file),
+        str(barrier),
+    ]
     env = {**os.environ, "PYTHONPATH": str(root)}
-    children = [subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True) for _ in range(2)]
+    children = [
+        subprocess.Popen(
+            command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     results = [child.communicate(timeout=300) for child in children]
     assert [child.returncode for child in children] == [0, 0], [err[-2000:] for _, err in results]
     assert len(list(barrier.iterdir())) == 2  # both did write their file before either moved it
     (first, _), (second, _) = results
     assert first == second and first.startswith("[")
-    assert sorted(p.name for p in cache_file.parent.iterdir()) == ["smollm.json"]  # no temporary file left
+    assert sorted(p.name for p in cache_file.parent.iterdir()) == [
+        "smollm.json"
+    ]  # no temporary file left
 
 
 @pytest.mark.faults
@@ -168,13 +187,19 @@ def test_two_processes_importing_the_same_new_gguf_at_once(default_model_file, t
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[3]
-    code = ("import sys; from pathlib import Path; from core.models.loader import load_model; "
-            "loaded = load_model(sys.argv[1], Path(sys.argv[2]), 'stored'); "
-            "print(loaded.info.fingerprint, loaded.tokenizer.encode('The capital of France is Paris.'))")
+    code = (
+        "import sys; from pathlib import Path; from core.models.loader import load_model; "
+        "loaded = load_model(sys.argv[1], Path(sys.argv[2]), 'stored'); "
+        "print(loaded.info.fingerprint, loaded.tokenizer.encode('The capital of France is Paris.'))"
+    )
     command = [sys.executable, "-c", code, str(default_model_file), str(tmp_path / "data")]
     env = {**os.environ, "PYTHONPATH": str(root)}
-    children = [subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True) for _ in range(2)]
+    children = [
+        subprocess.Popen(
+            command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     results = [child.communicate(timeout=300) for child in children]
     assert [child.returncode for child in children] == [0, 0], [err[-2000:] for _, err in results]
     assert results[0][0] == results[1][0]

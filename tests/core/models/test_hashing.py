@@ -56,7 +56,9 @@ def test_unchanged_file_is_not_read_again(tmp_path, reads):
     cache = FileHashCache(tmp_path / "hashes.json")
     assert cache.sha256(path) == hashlib.sha256(b"abc").hexdigest()
     assert cache.sha256(path) == hashlib.sha256(b"abc").hexdigest()
-    assert FileHashCache(tmp_path / "hashes.json").sha256(path) == hashlib.sha256(b"abc").hexdigest()
+    assert (
+        FileHashCache(tmp_path / "hashes.json").sha256(path) == hashlib.sha256(b"abc").hexdigest()
+    )
     assert reads == [str(path.resolve())]  # once, for the first call only
 
 
@@ -68,7 +70,9 @@ def test_changed_mtime_rehashes(tmp_path, reads):
     bump_mtime(path)
     assert cache.sha256(path) == hashlib.sha256(b"abc").hexdigest()
     assert len(reads) == 2
-    assert FileHashCache(tmp_path / "hashes.json").sha256(path) == hashlib.sha256(b"abc").hexdigest()
+    assert (
+        FileHashCache(tmp_path / "hashes.json").sha256(path) == hashlib.sha256(b"abc").hexdigest()
+    )
     assert len(reads) == 2  # the new mtime was remembered on disk
 
 
@@ -113,7 +117,9 @@ def test_damaged_store_costs_only_a_rehash(tmp_path, reads):
         store.write_text(junk)
         assert FileHashCache(store).sha256(path) == hashlib.sha256(b"abc").hexdigest()
     assert len(reads) == 3
-    assert FileDigest.from_json(json.loads(store.read_text())[str(path.resolve())]) is not None  # repaired
+    assert (
+        FileDigest.from_json(json.loads(store.read_text())[str(path.resolve())]) is not None
+    )  # repaired
 
 
 def test_unwritable_store_still_hashes(tmp_path):
@@ -129,7 +135,9 @@ def test_store_format_reads_the_former_fingerprint_cache(tmp_path, reads):
     path = tmp_path / "w.bin"
     path.write_bytes(b"abc")
     st = path.stat()
-    old = {str(path.resolve()): {"mtime_ns": st.st_mtime_ns, "sha256": "e" * 64, "size": st.st_size}}
+    old = {
+        str(path.resolve()): {"mtime_ns": st.st_mtime_ns, "sha256": "e" * 64, "size": st.st_size}
+    }
     (tmp_path / "hashes.json").write_text(json.dumps(old))
     assert FileHashCache(tmp_path / "hashes.json").sha256(path) == "e" * 64 and reads == []
 

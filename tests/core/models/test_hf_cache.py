@@ -11,7 +11,9 @@ import pytest
 from core.models import hf_cache
 
 
-def make_repo(root: Path, repo_id: str, revs: dict[str, dict[str, bytes]], main: str | None = None) -> Path:
+def make_repo(
+    root: Path, repo_id: str, revs: dict[str, dict[str, bytes]], main: str | None = None
+) -> Path:
     """A cache entry like huggingface_hub writes: files in blobs/, links from snapshots/<rev>/."""
     folder = root / ("models--" + repo_id.replace("/", "--"))
     for rev, files in revs.items():
@@ -77,7 +79,9 @@ def test_resolve_rejects_odd_repo_ids(cache, bad):
 
 
 def test_list_cached_repos(cache):
-    make_repo(cache, "org/model", {"aaa": {"config.json": b"{}", "model.safetensors": b"x"}}, main="aaa")
+    make_repo(
+        cache, "org/model", {"aaa": {"config.json": b"{}", "model.safetensors": b"x"}}, main="aaa"
+    )
     make_repo(cache, "solo", {"r1": MODEL}, main="r1")
     make_repo(cache, "org/config-only", {"r": {"config.json": b"{}"}}, main="r")
     make_repo(cache, "org/tokenizer-only", {"r": {"tokenizer.json": b"{}"}}, main="r")
@@ -99,36 +103,74 @@ def test_import_is_light():
     import subprocess
 
     code = "import sys, core.models.hf_cache, core.models.provision; print(sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'huggingface_hub', 'PySide6', 'mlx_lm', 'transformers')))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[3])
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[3],
+    )
     assert out.stdout.strip() == "[]"
-
 
 
 def test_a_model_without_all_its_weights_is_not_offered(cache):
     """A download in progress (or cut short) links config.json before or without the
     weights: such a snapshot is not a model yet."""
     index = b'{"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}'
-    make_repo(cache, "org/sharded", {"r": {"config.json": b"{}", "model.safetensors.index.json": index,
-                                           "model-00001-of-00002.safetensors": b"x"}}, main="r")
-    make_repo(cache, "org/no-weights", {"r": {"config.json": b"{}", "tokenizer.json": b"{}"}}, main="r")
-    make_repo(cache, "org/bad-index", {"r": {"config.json": b"{}", "model.safetensors.index.json": b"[",
-                                             "model.safetensors": b"x"}}, main="r")
+    make_repo(
+        cache,
+        "org/sharded",
+        {
+            "r": {
+                "config.json": b"{}",
+                "model.safetensors.index.json": index,
+                "model-00001-of-00002.safetensors": b"x",
+            }
+        },
+        main="r",
+    )
+    make_repo(
+        cache, "org/no-weights", {"r": {"config.json": b"{}", "tokenizer.json": b"{}"}}, main="r"
+    )
+    make_repo(
+        cache,
+        "org/bad-index",
+        {
+            "r": {
+                "config.json": b"{}",
+                "model.safetensors.index.json": b"[",
+                "model.safetensors": b"x",
+            }
+        },
+        main="r",
+    )
     assert hf_cache.resolve_repo("org/sharded") is None
     assert hf_cache.resolve_repo("org/no-weights") is None
     assert hf_cache.resolve_repo("org/bad-index") is None
-    (cache / "models--org--sharded" / "snapshots" / "r" / "model-00002-of-00002.safetensors").write_bytes(b"y")
-    assert hf_cache.resolve_repo("org/sharded") == cache / "models--org--sharded" / "snapshots" / "r"
+    (
+        cache / "models--org--sharded" / "snapshots" / "r" / "model-00002-of-00002.safetensors"
+    ).write_bytes(b"y")
+    assert (
+        hf_cache.resolve_repo("org/sharded") == cache / "models--org--sharded" / "snapshots" / "r"
+    )
     assert [r for r, _ in hf_cache.list_cached_repos()] == ["org/sharded"]
 
 
 def test_gguf_files_in_the_cache(cache):
     make_repo(cache, "org/quants", {"r": {"m-Q4_K_M.gguf": b"GGUF", "README.md": b"#"}}, main="r")
     snapshot = cache / "models--org--quants" / "snapshots" / "r"
-    assert hf_cache.list_cached_ggufs() == [("org/quants:m-Q4_K_M.gguf", snapshot / "m-Q4_K_M.gguf")]
+    assert hf_cache.list_cached_ggufs() == [
+        ("org/quants:m-Q4_K_M.gguf", snapshot / "m-Q4_K_M.gguf")
+    ]
     assert hf_cache.resolve_gguf("org/quants:m-Q4_K_M.gguf") == snapshot / "m-Q4_K_M.gguf"
     assert hf_cache.resolve_gguf("org/quants:m-Q8_0.gguf") is None
     assert hf_cache.resolve_gguf("org/absent:m.gguf") is None
-    for odd in ("org/quants", "org/quants:README.md", "org/quants:../x.gguf", "a/b/c:m.gguf", "org/quants:/m.gguf"):
+    for odd in (
+        "org/quants",
+        "org/quants:README.md",
+        "org/quants:../x.gguf",
+        "a/b/c:m.gguf",
+        "org/quants:/m.gguf",
+    ):
         assert hf_cache.split_gguf_spec(odd) is None, odd
     assert hf_cache.split_gguf_spec("org/quants:sub/m.gguf") == ("org/quants", "sub/m.gguf")

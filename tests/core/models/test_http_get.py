@@ -17,15 +17,19 @@ def _redirected(url: str, to: str) -> urllib.request.Request:
 
 
 def test_a_redirect_to_another_host_drops_the_token():
-    new = _redirected("https://huggingface.co/org/m/resolve/abc/model.safetensors",
-                      "https://cdn-lfs.hf.co/repos/xy/model.safetensors?sig=1")
+    new = _redirected(
+        "https://huggingface.co/org/m/resolve/abc/model.safetensors",
+        "https://cdn-lfs.hf.co/repos/xy/model.safetensors?sig=1",
+    )
     assert new.get_header("Authorization") is None
     assert new.get_header("Range") == "bytes=10-"  # the resume still asks for the rest only
 
 
 def test_a_redirect_on_the_same_host_keeps_the_token():
-    new = _redirected("https://huggingface.co/old-org/m/resolve/abc/model.safetensors",
-                      "https://huggingface.co/new-org/m/resolve/abc/model.safetensors")
+    new = _redirected(
+        "https://huggingface.co/old-org/m/resolve/abc/model.safetensors",
+        "https://huggingface.co/new-org/m/resolve/abc/model.safetensors",
+    )
     assert new.get_header("Authorization") == "Bearer hf_secret"
 
 
@@ -38,7 +42,9 @@ def test_http_errors_are_huggingface_hubs(loopback_hub):
     with pytest.raises(errors.GatedRepoError):
         http_get.open_get(url, {}, timeout=5)
     with pytest.raises(errors.RepositoryNotFoundError):
-        http_get.open_get(f"{loopback_hub.url}/nobody/nothing/resolve/main/config.json", {}, timeout=5)
+        http_get.open_get(
+            f"{loopback_hub.url}/nobody/nothing/resolve/main/config.json", {}, timeout=5
+        )
 
 
 def test_a_refused_connection_is_a_network_error():

@@ -9,8 +9,20 @@ import pytest
 from core.models import hub
 from core.models.hub import ChooseFileError, HubError, OfflineError
 from tests.core.models.hub_fixture import (
-    BERT_MLX, BIG_MLX, GATED, GIANT_MLX, GOOD_TOKEN, MAMBA_GGUF, NO_WEIGHTS, ONE_GGUF, OTHER_MLX, PRIVATE, TINY_MLX,
-    TWO_GGUF, free_port_url)
+    BERT_MLX,
+    BIG_MLX,
+    GATED,
+    GIANT_MLX,
+    GOOD_TOKEN,
+    MAMBA_GGUF,
+    NO_WEIGHTS,
+    ONE_GGUF,
+    OTHER_MLX,
+    PRIVATE,
+    TINY_MLX,
+    TWO_GGUF,
+    free_port_url,
+)
 
 GB = 2**30
 
@@ -22,9 +34,13 @@ def test_search_lists_mlx_first_then_gguf_with_fits(loopback_hub, hub_sources):
     assert ids == [TINY_MLX, BIG_MLX, OTHER_MLX, GATED, TWO_GGUF]
     tiny = results[0]
     assert tiny.kind == "mlx" and tiny.architecture == "llama" and tiny.problem is None
-    assert tiny.parameters == hub_sources.parameters and tiny.size_bytes == 4 * hub_sources.parameters
+    assert (
+        tiny.parameters == hub_sources.parameters and tiny.size_bytes == 4 * hub_sources.parameters
+    )
     assert tiny.fit.label == hub.FITS and tiny.fit.weights_bytes == 4 * hub_sources.parameters
-    assert tiny.fit.kv_pool_bytes == hub.KV_POOL_MAX_BYTES  # a quarter of 16 GB is more than the cap
+    assert (
+        tiny.fit.kv_pool_bytes == hub.KV_POOL_MAX_BYTES
+    )  # a quarter of 16 GB is more than the cap
     assert results[3].gated and not results[0].gated
     gguf = results[-1]
     assert gguf.kind == "gguf" and gguf.parameters == 448 and gguf.architecture == "llama"
@@ -66,15 +82,31 @@ def test_unsupported_families_are_shown_not_offered(loopback_hub):
     assert mamba.repo_id == MAMBA_GGUF and "can't map" in mamba.problem
     with pytest.raises(HubError, match="mamba family, which RadixChat's import can't map"):
         hub.plan(MAMBA_GGUF)
-    assert hub.plan(BERT_MLX).architecture is None  # the hub did not say: the download reads config.json first
-    assert hub.mlx_lm_supports("mistral") and hub.mlx_lm_supports("qwen3") and not hub.mlx_lm_supports("bert")
+    assert (
+        hub.plan(BERT_MLX).architecture is None
+    )  # the hub did not say: the download reads config.json first
+    assert (
+        hub.mlx_lm_supports("mistral")
+        and hub.mlx_lm_supports("qwen3")
+        and not hub.mlx_lm_supports("bert")
+    )
 
 
 def test_plan_takes_only_what_a_model_needs(loopback_hub):
     plan = hub.plan(TINY_MLX)
-    assert plan.kind == "mlx" and plan.spec == TINY_MLX and plan.commit == loopback_hub.repos[TINY_MLX].commit
-    assert sorted(f.path for f in plan.files) == ["config.json", "generation_config.json", "model.safetensors",
-                                                  "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]
+    assert (
+        plan.kind == "mlx"
+        and plan.spec == TINY_MLX
+        and plan.commit == loopback_hub.repos[TINY_MLX].commit
+    )
+    assert sorted(f.path for f in plan.files) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "special_tokens_map.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     weights = next(f for f in plan.files if f.path == "model.safetensors")
     assert weights.sha256 == loopback_hub.repos[TINY_MLX].files["model.safetensors"].sha256
 
@@ -84,12 +116,22 @@ def test_repo_info_reads_what_hfapi_model_info_reads(loopback_hub):
     from huggingface_hub import HfApi
 
     for repo_id in (TINY_MLX, TWO_GGUF):
-        info = HfApi(endpoint=hub.endpoint(), token=False).model_info(repo_id, revision="main", files_metadata=True)
+        info = HfApi(endpoint=hub.endpoint(), token=False).model_info(
+            repo_id, revision="main", files_metadata=True
+        )
         mine = hub.repo_info(repo_id)
-        assert mine["sha"] == info.sha and mine.get("config") == info.config and mine.get("gguf") == info.gguf
+        assert (
+            mine["sha"] == info.sha
+            and mine.get("config") == info.config
+            and mine.get("gguf") == info.gguf
+        )
         assert hub._repo_files(mine, repo_id) == [
-            hub.RepoFile(s.rfilename, s.size, s.lfs.sha256 if s.lfs else None, s.blob_id) for s in info.siblings]
-    gets = [path for method, path in loopback_hub.requests if path.startswith(f"/api/models/{TWO_GGUF}")]
+            hub.RepoFile(s.rfilename, s.size, s.lfs.sha256 if s.lfs else None, s.blob_id)
+            for s in info.siblings
+        ]
+    gets = [
+        path for method, path in loopback_hub.requests if path.startswith(f"/api/models/{TWO_GGUF}")
+    ]
     assert gets[-1] == gets[-2], gets  # the very request HfApi sends
 
 
@@ -110,8 +152,13 @@ def test_token_is_the_one_huggingface_hub_finds(no_token, monkeypatch):
     from huggingface_hub import get_token
 
     assert hub.token() is None and get_token() is None
-    for env in ({"HF_TOKEN": "hf_env"}, {"HF_TOKEN": " hf_spaced\r\n"}, {"HUGGING_FACE_HUB_TOKEN": "hf_old"},
-                {"HF_TOKEN": "", "HUGGING_FACE_HUB_TOKEN": "hf_old"}, {"HF_TOKEN": " \n"}):
+    for env in (
+        {"HF_TOKEN": "hf_env"},
+        {"HF_TOKEN": " hf_spaced\r\n"},
+        {"HUGGING_FACE_HUB_TOKEN": "hf_old"},
+        {"HF_TOKEN": "", "HUGGING_FACE_HUB_TOKEN": "hf_old"},
+        {"HF_TOKEN": " \n"},
+    ):
         with monkeypatch.context() as patch:
             for name, value in env.items():
                 patch.setenv(name, value)
@@ -130,8 +177,14 @@ def test_request_headers_are_build_hf_headers(no_token, monkeypatch, telemetry_o
     from huggingface_hub.utils import _detect_agent, build_hf_headers
 
     monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", telemetry_off)
-    monkeypatch.setattr(_detect_agent, "_registry", {"standardEnvVars": ["AI_AGENT"],
-                                                    "harnesses": {"radix-test": {"envVars": {"RADIX_TEST_AGENT": "*"}}}})
+    monkeypatch.setattr(
+        _detect_agent,
+        "_registry",
+        {
+            "standardEnvVars": ["AI_AGENT"],
+            "harnesses": {"radix-test": {"envVars": {"RADIX_TEST_AGENT": "*"}}},
+        },
+    )
     monkeypatch.setenv("RADIX_TEST_AGENT", "1")
     for token, origin in ((None, None), ("hf_secret", "studio")):
         if token:
@@ -156,7 +209,10 @@ def test_mlx_lm_facts_read_without_importing_it():
 def test_gguf_repos_list_their_files(loopback_hub):
     with pytest.raises(ChooseFileError) as chosen:
         hub.plan(TWO_GGUF)
-    assert sorted(f.path for f in chosen.value.choices) == ["tiny-F16.gguf", "tiny-Q8_0.gguf"]  # no split part,
+    assert sorted(f.path for f in chosen.value.choices) == [
+        "tiny-F16.gguf",
+        "tiny-Q8_0.gguf",
+    ]  # no split part,
     # no vision projector
     assert f"radixchat pull {TWO_GGUF}:" in str(chosen.value)
     assert [f.quantization for f in hub.gguf_files(TWO_GGUF)] == ["Q8_0", "F16"]  # smallest first
@@ -165,16 +221,19 @@ def test_gguf_repos_list_their_files(loopback_hub):
     assert hub.plan(ONE_GGUF).spec == f"{ONE_GGUF}:solo-Q4_K_M.gguf"  # the only file
 
 
-@pytest.mark.parametrize(("target", "message"), [
-    (("nobody/nothing", None), "no model repo nobody/nothing on the hub"),
-    (("not a repo", None), "is not a Hugging Face repo id"),
-    (("../etc", None), "is not a Hugging Face repo id"),
-    ((NO_WEIGHTS, None), "no weights RadixChat can use"),
-    ((TWO_GGUF, "nope.gguf"), "has no file nope.gguf"),
-    ((TINY_MLX, "config.json"), "only a .gguf file can be pulled on its own"),
-    ((TWO_GGUF, "big/big-Q8_0-00001-of-00002.gguf"), "one part of a split GGUF"),
-    ((TWO_GGUF, "mmproj-tiny-F16.gguf"), "a vision projector, not a language model"),
-])
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        (("nobody/nothing", None), "no model repo nobody/nothing on the hub"),
+        (("not a repo", None), "is not a Hugging Face repo id"),
+        (("../etc", None), "is not a Hugging Face repo id"),
+        ((NO_WEIGHTS, None), "no weights RadixChat can use"),
+        ((TWO_GGUF, "nope.gguf"), "has no file nope.gguf"),
+        ((TINY_MLX, "config.json"), "only a .gguf file can be pulled on its own"),
+        ((TWO_GGUF, "big/big-Q8_0-00001-of-00002.gguf"), "one part of a split GGUF"),
+        ((TWO_GGUF, "mmproj-tiny-F16.gguf"), "a vision projector, not a language model"),
+    ],
+)
 def test_bad_input_is_one_line(loopback_hub, target, message):
     with pytest.raises(HubError, match=message) as raised:
         hub.plan(*target)

@@ -8,14 +8,15 @@ from core.errors import UserError
 from core.models import download, hf_cache, installed, usage
 from kvcache.store import DiskStore
 from kvcache.store_format import PageData
-from tests.core.models.hub_fixture import (
-    BIG_MLX, OTHER_MLX, TINY_MLX, TWO_GGUF)
+from tests.core.models.hub_fixture import BIG_MLX, OTHER_MLX, TINY_MLX, TWO_GGUF
 
 
 def _save_sessions(root, sessions: dict[str, str]) -> None:
     with DiskStore(root / "kvcache.db") as store:
         for name, fingerprint in sessions.items():
-            store.save_session(name, fingerprint, [PageData((1, 2, 3, 4), b"k" * 512), PageData((5,), b"v" * 128)])
+            store.save_session(
+                name, fingerprint, [PageData((1, 2, 3, 4), b"k" * 512), PageData((5,), b"v" * 128)]
+            )
 
 
 def test_list_with_size_and_last_use(loopback_hub, tmp_path):
@@ -48,7 +49,11 @@ def test_delete_takes_the_models_kv_cache_and_leaves_the_others(loopback_hub, tm
     _save_sessions(tmp_path, {"chat-a": "fp-tiny", "chat-b": "fp-tiny", "chat-c": "fp-other"})
 
     deleted = installed.delete_model(tmp_path, TINY_MLX)
-    assert deleted.kv_sessions == 2 and deleted.kv_bytes > 0 and deleted.freed_bytes >= tiny.total_bytes
+    assert (
+        deleted.kv_sessions == 2
+        and deleted.kv_bytes > 0
+        and deleted.freed_bytes >= tiny.total_bytes
+    )
     assert not hf_cache.repo_folder(TINY_MLX).exists()
     with DiskStore(tmp_path / "kvcache.db") as store:
         assert [s.name for s in store.sessions()] == ["chat-c"]
@@ -74,8 +79,12 @@ def test_a_partial_download_can_be_deleted(loopback_hub, tmp_path):
     cancel = threading.Event()
     loopback_hub.rate = 50e6  # the cancel lands mid-file
     with pytest.raises(download.DownloadCancelled):
-        download.pull(BIG_MLX, data_root=tmp_path, cancel=cancel,
-                      progress=lambda p: cancel.set() if p.fetched_bytes > 1 << 20 else None)
+        download.pull(
+            BIG_MLX,
+            data_root=tmp_path,
+            cancel=cancel,
+            progress=lambda p: cancel.set() if p.fetched_bytes > 1 << 20 else None,
+        )
     (partial,) = installed.partial_downloads()
     assert partial.repo_id == BIG_MLX and partial.bytes > 0
     installed.delete_model(tmp_path, BIG_MLX)

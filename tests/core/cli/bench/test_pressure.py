@@ -12,13 +12,32 @@ def test_bench_pressure_json_and_summary(capsys, tiny_model, tmp_path, monkeypat
     # A tiny model prefills so fast that the measured rates may rightly say "compute, don't
     # read" (a CI run did); the rule has its own tests: here the disk is always read.
     monkeypatch.setattr(persist, "read_pays", lambda *rates: True)
-    args = ["bench", "pressure", "--model", str(tiny_model), "--data-dir", str(tmp_path),
-            "--clients", "4", "--tokens", "300", "--rounds", "2", "--repeats", "1"]
+    args = [
+        "bench",
+        "pressure",
+        "--model",
+        str(tiny_model),
+        "--data-dir",
+        str(tmp_path),
+        "--clients",
+        "4",
+        "--tokens",
+        "300",
+        "--rounds",
+        "2",
+        "--repeats",
+        "1",
+    ]
     assert main([*args, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["replies_identical"]
-    assert report["pool_tokens"] < report["clients"] * report["prompt_tokens"] / 2  # RAM holds a quarter
-    disk, ram = report["tokens_after_first_round"]["disk"], report["tokens_after_first_round"]["ram"]
+    assert (
+        report["pool_tokens"] < report["clients"] * report["prompt_tokens"] / 2
+    )  # RAM holds a quarter
+    disk, ram = (
+        report["tokens_after_first_round"]["disk"],
+        report["tokens_after_first_round"]["ram"],
+    )
     assert disk["restored"] > 0 and ram["restored"] == 0  # evicted prefixes came back from disk
     assert disk["computed"] < ram["computed"]
     assert 1.0 <= report["written_vs_distinct"] < 1.5  # every distinct position at least once
@@ -29,11 +48,34 @@ def test_bench_pressure_json_and_summary(capsys, tiny_model, tmp_path, monkeypat
 
 def test_bench_pressure_summary(capsys, tiny_model, tmp_path, monkeypatch):
     monkeypatch.setattr(persist, "read_pays", lambda *rates: True)
-    assert main(["bench", "pressure", "--model", str(tiny_model), "--data-dir", str(tmp_path),
-                 "--clients", "4", "--tokens", "300", "--rounds", "2", "--repeats", "1"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "pressure",
+                "--model",
+                str(tiny_model),
+                "--data-dir",
+                str(tmp_path),
+                "--clients",
+                "4",
+                "--tokens",
+                "300",
+                "--rounds",
+                "2",
+                "--repeats",
+                "1",
+            ]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith(f"model: {tiny_model}") and "4 clients x 2 rounds" in lines[0]
-    assert lines[1].startswith("TTFT sum after round 1: disk tier ") and "(target <= 0.5)" in lines[1]
-    assert lines[2].startswith("prompt tokens after round 1, disk tier: ") and "from disk" in lines[2]
+    assert (
+        lines[1].startswith("TTFT sum after round 1: disk tier ") and "(target <= 0.5)" in lines[1]
+    )
+    assert (
+        lines[2].startswith("prompt tokens after round 1, disk tier: ") and "from disk" in lines[2]
+    )
     assert lines[3].startswith("written ") and lines[3].endswith("(target <= 1.1)")
     assert lines[4] == "replies: identical both ways"

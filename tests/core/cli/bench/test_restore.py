@@ -8,11 +8,28 @@ from core.cli.main import main
 
 
 def test_bench_restore_json(capsys, tiny_model, tmp_path):
-    code = main(["bench", "restore", "--model", str(tiny_model), "--data-dir", str(tmp_path),
-                 "--tokens", "300", "--repeats", "1", "--json"])
+    code = main(
+        [
+            "bench",
+            "restore",
+            "--model",
+            str(tiny_model),
+            "--data-dir",
+            str(tmp_path),
+            "--tokens",
+            "300",
+            "--repeats",
+            "1",
+            "--json",
+        ]
+    )
     assert code == 0
     report = json.loads(capsys.readouterr().out)
-    ratios = ["ttft_ratio_restore_vs_recompute", "ttft_ratio_restore_vs_ram", "restore_read_fraction_of_disk"]
+    ratios = [
+        "ttft_ratio_restore_vs_recompute",
+        "ttft_ratio_restore_vs_ram",
+        "restore_read_fraction_of_disk",
+    ]
     assert list(report)[-3:] == ratios
     assert all(report[key] > 0 for key in ratios)
     assert report["restored_tokens"] >= 250
@@ -22,7 +39,16 @@ def test_bench_restore_json(capsys, tiny_model, tmp_path):
 
 
 def test_bench_restore_summary_and_user_errors(capsys, tiny_model, tmp_path):
-    args = ["bench", "restore", "--model", str(tiny_model), "--data-dir", str(tmp_path), "--repeats", "1"]
+    args = [
+        "bench",
+        "restore",
+        "--model",
+        str(tiny_model),
+        "--data-dir",
+        str(tmp_path),
+        "--repeats",
+        "1",
+    ]
     assert main([*args, "--tokens", "200"]) == 0
     out = capsys.readouterr().out
     assert "restore / recompute" in out and "restored from disk" in out
@@ -33,8 +59,22 @@ def test_bench_restore_summary_and_user_errors(capsys, tiny_model, tmp_path):
 
 
 def test_bench_restore_api_mode(capsys, tiny_model, tmp_path):
-    code = main(["bench", "restore", "--api", "--model", str(tiny_model), "--data-dir", str(tmp_path),
-                 "--tokens", "300", "--repeats", "1", "--json"])
+    code = main(
+        [
+            "bench",
+            "restore",
+            "--api",
+            "--model",
+            str(tiny_model),
+            "--data-dir",
+            str(tmp_path),
+            "--tokens",
+            "300",
+            "--repeats",
+            "1",
+            "--json",
+        ]
+    )
     assert code == 0
     report = json.loads(capsys.readouterr().out)
     assert report["mode"] == "api" and report["replies_identical"]
@@ -45,13 +85,33 @@ def test_bench_restore_api_mode(capsys, tiny_model, tmp_path):
 
 
 def test_bench_restore_api_summary(capsys, tiny_model, tmp_path):
-    code = main(["bench", "restore", "--api", "--model", str(tiny_model), "--data-dir", str(tmp_path),
-                 "--tokens", "300", "--repeats", "1"])
+    code = main(
+        [
+            "bench",
+            "restore",
+            "--api",
+            "--model",
+            str(tiny_model),
+            "--data-dir",
+            str(tmp_path),
+            "--tokens",
+            "300",
+            "--repeats",
+            "1",
+        ]
+    )
     assert code == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith(f"model: {tiny_model} (") and "API, unnamed client; medians of 1" in lines[0]
+    assert (
+        lines[0].startswith(f"model: {tiny_model} (")
+        and "API, unnamed client; medians of 1" in lines[0]
+    )
     assert lines[1].startswith("first prompt ") and "after the restart the follow-up" in lines[1]
     assert lines[1].endswith(" from disk")
-    assert lines[2].startswith("TTFT (client side): restored ") and "recomputed" in lines[2] and "RAM hit" in lines[2]
+    assert (
+        lines[2].startswith("TTFT (client side): restored ")
+        and "recomputed" in lines[2]
+        and "RAM hit" in lines[2]
+    )
     assert "(target <= 0.05)" in lines[3] and "(target <= 1.5)" in lines[3]
     assert lines[4] == "replies: identical in all three ways"
