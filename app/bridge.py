@@ -77,7 +77,8 @@ class EngineBridge(QObject):
         engine_options: dict | None = None,
         parent: QObject | None = None,
     ):
-        """``engine_options``: keyword arguments for the Engine (pool_bytes, disk_budget_bytes...)."""
+        """``engine_options``: keyword arguments for the Engine (pool_bytes,
+        disk_budget_bytes...)."""
         super().__init__(parent)
         if engine is None:
             from core.engine.engine import Engine  # imported on use: it loads mlx

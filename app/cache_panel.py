@@ -1,14 +1,14 @@
 """The cache panel: how much of each prompt the cache served, turn by turn.
 
-Per turn (the engine's ``RequestStats``, or the dict the chat store keeps of one): the prompt split into tokens served
-from the RAM cache (``cached_tokens``), restored from the disk cache (``restored_tokens``)
-and computed by the model (``computed_tokens``); the three add up to ``prompt_tokens``
-for a turn that reached its first token. The panel plots the last turns as stacked bars
-with the time to first token on a second axis, and shows the last turn's split, the
-session's hit rate, and the app's hit rate and evictions since start (``update_totals``).
-It names the cache namespace that served the last turn (``cache_namespace``: the app's
-chats share prefixes among themselves only, never with API clients) and how many
-namespaces the RAM cache holds now.
+Per turn (the engine's ``RequestStats``, or the dict the chat store keeps of one): the prompt
+split into tokens served from the RAM cache (``cached_tokens``), restored from the disk cache
+(``restored_tokens``) and computed by the model (``computed_tokens``); the three add up to
+``prompt_tokens`` for a turn that reached its first token. The panel plots the last turns as
+stacked bars with the time to first token on a second axis, and shows the last turn's split, the
+session's hit rate, and the app's hit rate and evictions since start (``update_totals``). It
+names the cache namespace that served the last turn (``cache_namespace``: the app's chats share
+prefixes among themselves only, never with API clients) and how many namespaces the RAM cache
+holds now.
 
 Slots: ``set_turns`` (the session changed), ``add_turn`` (a turn finished),
 ``update_totals`` (the engine's ``EngineStats``, as the memory panel gets them).
@@ -42,13 +42,13 @@ class TurnSplit:
     computed: int
     prompt: int
     ttft_s: float
-    namespace: str = (
-        ""  # the cache namespace the prompt was looked up in (a label; "" before namespaces)
-    )
+    # the cache namespace the prompt was looked up in (a label; "" before namespaces)
+    namespace: str = ""
 
     @classmethod
     def of(cls, stats: RequestStats | dict) -> TurnSplit:
-        """From a reply's RequestStats, or a stored turn's dict of one (keys may be missing or odd)."""
+        """From a reply's RequestStats, or a stored turn's dict of one (keys may be missing or
+        odd)."""
         if isinstance(stats, RequestStats):
             stats = dataclasses.asdict(stats)
         ram, disk, computed = (
@@ -169,9 +169,8 @@ class CachePanel(ChartPanel):
         self.x_axis.shown.setGridLineVisible(False)
         self.tokens_axis = AxisPair(self.chart, Qt.AlignmentFlag.AlignLeft, (self.bars,))
         self.tokens_axis.shown.setTickCount(5)
-        self.ttft_axis = AxisPair(
-            self.chart, Qt.AlignmentFlag.AlignRight, (self.ttft_series,)
-        )  # s; s or ms
+        # s; s or ms
+        self.ttft_axis = AxisPair(self.chart, Qt.AlignmentFlag.AlignRight, (self.ttft_series,))
         self.ttft_axis.shown.setTickCount(5)
         self.ttft_axis.shown.setGridLineVisible(False)
         self.chart_view = chart_view(self.chart)
@@ -259,7 +258,8 @@ class CachePanel(ChartPanel):
             rate, prompt = hit_rate(self.turns)
             turns = len(self.turns)
             self.values["sessionHitRate"].setText(
-                f"{percent(rate)} of {count(prompt)} tokens · {count(turns)} turn{'s' if turns != 1 else ''}"
+                f"{percent(rate)} of {count(prompt)} tokens · {count(turns)} "
+                f"turn{'s' if turns != 1 else ''}"
             )
         self._show_namespace()
 

@@ -44,7 +44,8 @@ def count(n: float | None) -> str:
 
 
 def duration(seconds: float | None) -> str:
-    """A short duration: 0.0421 -> "42 ms", 1.234 -> "1.23 s", 12.34 -> "12.3 s", 75 -> "1 min 15 s"."""
+    """A short duration: 0.0421 -> "42 ms", 1.234 -> "1.23 s", 12.34 -> "12.3 s",
+    75 -> "1 min 15 s"."""
     s = max(0.0, float(seconds or 0))
     if s < 0.9995:
         return f"{s * 1000:.0f} ms"

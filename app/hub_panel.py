@@ -212,12 +212,14 @@ class HubPanel(QWidget):
         tips = [r.problem] if r.problem else []
         if r.fit:
             tips.append(
-                f"about {human_bytes(r.fit.weights_bytes)} of weights + {human_bytes(r.fit.kv_pool_bytes)} "
-                f"of KV pool, of {human_bytes(r.fit.machine_bytes)}"
+                f"about {human_bytes(r.fit.weights_bytes)} of weights + "
+                f"{human_bytes(r.fit.kv_pool_bytes)} of KV pool, of "
+                f"{human_bytes(r.fit.machine_bytes)}"
             )
         if r.gated:
             tips.append(
-                "gated: needs your Hugging Face token (HF_TOKEN or `hf auth login`) and its licence accepted"
+                "gated: needs your Hugging Face token (HF_TOKEN or `hf auth login`) and its "
+                "licence accepted"
             )
         item.setToolTip(0, "\n".join(tips))
         item.setToolTip(FIT_COLUMN, "\n".join(tips))

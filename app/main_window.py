@@ -66,9 +66,8 @@ class MainWindow(QMainWindow):
         self._turn: ChatTurn | None = None  # the turn whose reply the window waits for
         self._from_composer = False  # it came from the composer (not a regenerate)
         self.error_box: QMessageBox | None = None
-        self.group_bridge = GroupBridge(
-            str(bridge.data_root), parent=self
-        )  # serving over several Macs
+        # serving over several Macs
+        self.group_bridge = GroupBridge(str(bridge.data_root), parent=self)
         self.group_dialog: GroupServeDialog | None = None
 
         self.setWindowTitle("RadixChat")
@@ -386,7 +385,8 @@ class MainWindow(QMainWindow):
         return self._turn is not None
 
     def _give_back(self, turn: ChatTurn) -> None:
-        """Undo the message sent in the window: the chat as stored, the text back in the composer."""
+        """Undo the message sent in the window: the chat as stored, the text back in the
+        composer."""
         if turn.replace:
             self.chat.set_messages([(m.role, m.content) for m in turn.stored])
         else:
@@ -581,7 +581,8 @@ class MainWindow(QMainWindow):
             parent=self,
         )
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        dialog.start_button.clicked.connect(  # the hostfile a group was started with: offered next time
+        # the hostfile a group was started with: offered next time
+        dialog.start_button.clicked.connect(
             lambda: setattr(self.settings, "group_hostfile", dialog.hostfile.text().strip() or None)
         )
         dialog.destroyed.connect(lambda: setattr(self, "group_dialog", None))

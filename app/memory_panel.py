@@ -2,11 +2,10 @@
 
 ``MemoryPanel.update_stats(stats)`` takes the engine's ``EngineStats`` as the bridge hands
 it over (no model and no cache before a model loads) and refreshes a grid of figures (MLX
-active / cache / peak, process RSS, weights, the KV pool and the disk cache) and a time plot. It is called
-a few times a second, so it stays cheap: one point per series per second at most (the
-newest sample replaces a point younger than that), points older than the plotted window
-are dropped, and the value axis is rescaled only when the data outgrows it or shrinks well
-below it.
+active / cache / peak, process RSS, weights, the KV pool and the disk cache) and a time plot. It
+is called a few times a second, so it stays cheap: one point per series per second at most (the
+newest sample replaces a point younger than that), points older than the plotted window are
+dropped, and the value axis is rescaled only when the data outgrows it or shrinks well below it.
 """
 
 from __future__ import annotations
@@ -111,16 +110,16 @@ class MemoryPanel(ChartPanel):
     """Memory figures and their plot; feed it with ``update_stats``."""
 
     WINDOW_S = 300.0  # the plotted span
-    MIN_SPACING_S = (
-        1.0  # the newest point moves with each sample until it is this far from the one before
-    )
+    # the newest point moves with each sample until it is this far from the one before
+    MIN_SPACING_S = 1.0
     MAX_POINTS = 330  # per series, whatever the timing
     SERIES = (
         ("mlx_active", "MLX active", BLUE),
         ("mlx_cache", "MLX cache", ORANGE),
+        # short: the legend is one line
         ("rss", "RSS", PURPLE),
         ("pool_used", "KV used", GREEN),
-    )  # short: the legend is one line
+    )
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -222,9 +221,8 @@ class MemoryPanel(ChartPanel):
         self.cache_note.setText(f"KV cache off: {reason}" if reason else "KV cache off")
         self.cache_note.setVisible(off and bool(name))
 
-        def before_a_model(
-            value: int,
-        ) -> int | None:  # a zero before any model is unknown, not none
+        # a zero before any model is unknown, not none
+        def before_a_model(value: int) -> int | None:
             return value if value or model is not None else None
 
         for key, value in (
@@ -378,7 +376,6 @@ class MemoryPanel(ChartPanel):
     def _caption(self, text: str) -> QLabel:
         label = QLabel(text)
         label.setTextFormat(Qt.TextFormat.RichText if "<" in text else Qt.TextFormat.PlainText)
-        label.setForegroundRole(
-            QPalette.ColorRole.PlaceholderText
-        )  # captions recede, figures stand out
+        # captions recede, figures stand out
+        label.setForegroundRole(QPalette.ColorRole.PlaceholderText)
         return label

@@ -179,9 +179,8 @@ class SessionList(QWidget):
         )
         self.list.setItemDelegate(self.delegate)
         self.list.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
-        self.list.setEditTriggers(
-            QAbstractItemView.EditTrigger.NoEditTriggers
-        )  # rename_action edits
+        # rename_action edits
+        self.list.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._on_context_menu)
@@ -209,9 +208,8 @@ class SessionList(QWidget):
         for action in (self.rename_action, self.delete_action):  # only while the list has focus
             action.setShortcutContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
             self.list.addAction(action)
-        self.addAction(
-            self.new_action
-        )  # window-wide: share this action rather than a second Ctrl+N
+        # window-wide: share this action rather than a second Ctrl+N
+        self.addAction(self.new_action)
         self.new_button = QPushButton("New chat")
         shortcut = self.new_action.shortcut().toString(QKeySequence.SequenceFormat.NativeText)
         self.new_button.setToolTip(f"New chat ({shortcut})")

@@ -27,12 +27,8 @@ from PySide6.QtWidgets import (
 from core.engine.types import SamplingParams
 from core.paths import GB, MB, default_disk_budget, gb_to_bytes
 
-SESSION_SAMPLING_KEYS = (
-    "temperature",
-    "top_p",
-    "max_tokens",
-    "seed",
-)  # what a chat's settings edit
+# what a chat's settings edit
+SESSION_SAMPLING_KEYS = ("temperature", "top_p", "max_tokens", "seed")
 # a new chat's sampling: the engine's defaults (SamplingParams' fields), not a copy of them
 DEFAULT_SAMPLING = {key: getattr(SamplingParams(), key) for key in SESSION_SAMPLING_KEYS}
 MAX_TOKENS_LIMIT = 32768
@@ -86,9 +82,8 @@ class SessionSettingsDialog(QDialog):
             box.setMinimumWidth(width)  # one column of equal boxes
 
         form = QFormLayout()
-        form.setFieldGrowthPolicy(
-            QFormLayout.FieldGrowthPolicy.ExpandingFieldsGrow
-        )  # numbers stay narrow
+        # numbers stay narrow
+        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.ExpandingFieldsGrow)
         form.addRow("System prompt:", self.system_prompt)
         form.addRow("Temperature:", self.temperature)
         form.addRow("Top-p:", self.top_p)
@@ -165,7 +160,8 @@ class AppSettings:
 
     @property
     def disk_cache_gb(self) -> float | None:
-        """The disk cache's budget in GB (``core.paths.GB`` bytes each); None: the default budget."""
+        """The disk cache's budget in GB (``core.paths.GB`` bytes each); None: the default
+        budget."""
         return self._get("disk_cache_gb", float)
 
     @disk_cache_gb.setter

@@ -9,11 +9,14 @@ HTTP API, the command line, the window) maps the kind to its own answer instead 
 reading the message.
 """
 
-from enum import Enum
+from enum import StrEnum
 
 
-class ErrorKind(str, Enum):
-    """What kind of failure ended a request (the value is what the API's ``code`` says)."""
+class ErrorKind(StrEnum):
+    """What kind of failure ended a request (the value is what the API's ``code`` says).
+
+    Front ends read ``.value`` or compare members; as a StrEnum, ``str()`` and f-strings
+    give the value too (a ``(str, Enum)`` gave ``ErrorKind.NAME``, which nothing printed)."""
 
     CONTEXT_TOO_LONG = "context_length_exceeded"  # the prompt does not fit the model's context
     BAD_REQUEST = "bad_request"  # anything else wrong with what was asked

@@ -2,8 +2,8 @@
 (the command line's help names them; ``radixchat pull`` imports no part of the API).
 What they bound and why: :mod:`core.api.limits`, :mod:`core.api.connections`."""
 
-MAX_TOOLS = 256  # tools in one request; OpenAI's own limit is 128 functions, agents with many MCP servers send more
-MAX_SCHEMA_BYTES = (
-    512 * 1024
-)  # JSON of one request's tools and response schema (jsonschema: ~10 µs a byte)
+# tools in one request; OpenAI's own limit is 128 functions, agents with many MCP servers send more
+MAX_TOOLS = 256
+# JSON of one request's tools and response schema (jsonschema: ~10 µs a byte)
+MAX_SCHEMA_BYTES = 512 * 1024
 MAX_CONNECTIONS = 1000  # connections held at once, kept below the process's file-descriptor limit

@@ -1,8 +1,8 @@
 """Where RadixChat keeps its files.
 
 The data folder is, in order: an explicit ``--data-dir``, ``$RADIXCHAT_HOME``, or the
-platform's user data folder (``platformdirs``). It holds ``models/``, ``chats.db`` and the disk cache of session KV
-(``kvcache.db``, with SQLite's ``-wal`` and ``-shm`` files beside it).
+platform's user data folder (``platformdirs``). It holds ``models/``, ``chats.db`` and the disk
+cache of session KV (``kvcache.db``, with SQLite's ``-wal`` and ``-shm`` files beside it).
 """
 
 from __future__ import annotations

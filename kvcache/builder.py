@@ -50,9 +50,10 @@ def build_kv_cache(
 ) -> KVCacheBuildResult:
     """Lay out, size and preallocate the cache; a model we can't page gets a disabled tree.
 
-    ``pool_tokens`` (a size in tokens) or ``pool_bytes`` (a RAM budget) overrides the memory budget (``memory_fraction`` of the device's
-    recommended working set, or of available RAM, minus the weights). The pool takes that
-    budget in segments of about ``segment_bytes`` as it fills (None: all of it at once).
+    ``pool_tokens`` (a size in tokens) or ``pool_bytes`` (a RAM budget) overrides the memory
+    budget (``memory_fraction`` of the device's recommended working set, or of available RAM,
+    minus the weights). The pool takes that budget in segments of about ``segment_bytes`` as it
+    fills (None: all of it at once).
     """
     reason = "disabled by the user (--no-cache)" if disable else None
     layout = None

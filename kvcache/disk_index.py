@@ -7,7 +7,8 @@ them -- inside one cache namespace, whose root is the parent of its chains' firs
 The index maps each parent to its children, grouped by their first token; a lookup
 walks the prompt from its namespace's root (never reaching another's pages), one dict
 lookup and one bytes comparison per page, and re-derives each key it follows from the
-tokens (a stale or damaged entry never leads to a wrong page). A miss costs one dict lookup: no K/V read, no query.
+tokens (a stale or damaged entry never leads to a wrong page). A miss costs one dict lookup: no
+K/V read, no query.
 
 Built once when a model loads (:meth:`DiskStore.index`, metadata only) and kept current
 by the cache writer thread (pages written, pages deleted); read by the engine thread.
@@ -33,7 +34,8 @@ class DiskIndex:
         self.fingerprint = fingerprint
         self._lock = threading.Lock()
         self._pages: dict[str, IndexedPage] = {}
-        # parent key (a namespace's root: a first page) -> first token's bytes -> the children starting so
+        # parent key (a namespace's root: a first page) -> first token's bytes -> the children
+        # starting so
         self._children: dict[str | None, dict[bytes, list[IndexedPage]]] = {}
         self.add(pages)
 
@@ -78,11 +80,11 @@ class DiskIndex:
             self._children.pop(page.parent, None)
 
     def match(self, prompt: Sequence[int], namespace: str = "") -> list[ChainPage]:
-        """The stored chain of ``namespace`` that follows ``prompt`` furthest, first page first: every page
-        whose tokens are the prompt's at its place, then (where the walk stops) the child
-        sharing the longest run of tokens with the rest of the prompt, if any (a
-        token-exact model can use part of it). Prefers the longer page where several
-        match. [] when the disk holds nothing of the prompt."""
+        """The stored chain of ``namespace`` that follows ``prompt`` furthest, first page first:
+        every page whose tokens are the prompt's at its place, then (where the walk stops) the
+        child sharing the longest run of tokens with the rest of the prompt, if any (a
+        token-exact model can use part of it). Prefers the longer page where several match. []
+        when the disk holds nothing of the prompt."""
         blob = struct.pack(f"<{len(prompt)}i", *prompt)
         chain: list[ChainPage] = []
         parent: str | None = namespace_root(namespace)

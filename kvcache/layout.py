@@ -109,7 +109,8 @@ class CacheSpec:
         """'2x16 float32', or 'K 1x512 / V 1x64 float32' when keys and values differ."""
         if self.key_shape == self.value_shape:
             return f"{self.key_heads}x{self.key_dim} {self.dtype}"
-        return f"K {self.key_heads}x{self.key_dim} / V {self.value_heads}x{self.value_dim} {self.dtype}"
+        keys, values = f"{self.key_heads}x{self.key_dim}", f"{self.value_heads}x{self.value_dim}"
+        return f"K {keys} / V {values} {self.dtype}"
 
 
 @dataclass(frozen=True)
@@ -207,7 +208,8 @@ class CacheLayout:
         shapes = sorted({s.describe_kv() for s in self.caches if s.kind != AUXILIARY})
         notes = sorted({s.note for s in self.caches if s.note})
         text = (
-            f"{len(self.caches)} caches in {self.slots or len(self.caches)} slots: {', '.join(parts)}; "
+            f"{len(self.caches)} caches in {self.slots or len(self.caches)} slots: "
+            f"{', '.join(parts)}; "
             f"KV heads x head dim: {', '.join(shapes) or 'none'}; "
             f"{self.bytes_per_token:,} pooled bytes/token; cached as {self.cached_as}"
         )

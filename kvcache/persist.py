@@ -139,12 +139,10 @@ class DiskTier:
         layout = prefix_cache.build.layout
         self._token_bytes = layout.bytes_per_token if layout is not None else 0
         self._jobs: queue.Queue = queue.Queue()
-        self._queued: set[str] = (
-            set()
-        )  # keys serialized and not yet written (engine adds, writer removes)
-        self._unserialized: list[
-            _Unserialized
-        ] = []  # saves waiting for serialize_pending (engine thread)
+        # keys serialized and not yet written (engine adds, writer removes)
+        self._queued: set[str] = set()
+        # saves waiting for serialize_pending (engine thread)
+        self._unserialized: list[_Unserialized] = []
         self.last_error: str | None = None
         self._stopped_until = 0.0  # writes are off until then (disk full)
         self._counts = dict(
@@ -412,14 +410,14 @@ class DiskTier:
     def _insert(
         self, tokens: list[int], reading: SessionReader, start: int, namespace: str, room: int = 0
     ) -> int:
-        """Restore ``tokens[start:]`` (of ``namespace``) from the chain being read, streaming its pages (those
-        wholly before ``start``, which RAM holds, are not read). The K/V of each layer is
-        joined into one buffer, RAM's part first (``tokens[:start]``, copied out of the
-        pool), with ``room`` spare positions (rounded up to mlx-lm's KVCache step), so a
+        """Restore ``tokens[start:]`` (of ``namespace``) from the chain being read, streaming
+        its pages (those wholly before ``start``, which RAM holds, are not read). The K/V of
+        each layer is joined into one buffer, RAM's part first (``tokens[:start]``, copied out
+        of the pool), with ``room`` spare positions (rounded up to mlx-lm's KVCache step), so a
         request resuming from it takes it as its cache and prefills in place (see
-        ``insert_restored``), whether or not RAM held the start of its prompt. A page that
-        fails its check ends the stream: what came before it (back to a snapshot, for a
-        hybrid model) is restored, the rest is recomputed."""
+        ``insert_restored``), whether or not RAM held the start of its prompt. A page that fails
+        its check ends the stream: what came before it (back to a snapshot, for a hybrid model)
+        is restored, the rest is recomputed."""
         began = time.perf_counter()
         layers = len(self.prefix_cache.paged)
         spare = KVCache.step * -(-(len(tokens) + max(room, 1)) // KVCache.step) - len(tokens)
@@ -541,7 +539,8 @@ class DiskTier:
             return
         if result.gave_way:  # the disk is down to the store's reserve: nothing was written
             self._stop_writes(
-                f"the disk is nearly full: the KV cache keeps its reserve free ({self._writer.path})"
+                "the disk is nearly full: the KV cache keeps its reserve free "
+                f"({self._writer.path})"
             )
         self._counts["pages_written"] += result.pages_written
         self._counts["bytes_written"] += result.bytes_written
@@ -632,8 +631,9 @@ class _Joiner:
         arrays = [a for pair in layers_kv for a in pair]
         arrays = [
             a.astype(mx.bfloat16).view(mx.uint16) if name == "bfloat16" else a.astype(buffer.dtype)
+            # as the buffers hold it
             for a, name, buffer in zip(arrays, self.names, self.buffers)
-        ]  # as the buffers hold it
+        ]
         mx.eval(arrays)
         self.add(
             at,

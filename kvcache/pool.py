@@ -151,9 +151,8 @@ class KVPagePool:
             kv = kv.astype(self.keys[layer].dtype)
             if full:
                 pages = self._as_pages(kv[:, : full * self.page_size], full)
-                for at, first, count in self._runs(
-                    page_ids[:full]
-                ):  # slice updates: see the module doc
+                # slice updates: see the module doc
+                for at, first, count in self._runs(page_ids[:full]):
                     pool, local = self._arrays(layer, first)[side], first % self.segment_pages
                     pool[local : local + count] = pages[at : at + count]
                     touched.append(pool)
@@ -470,14 +469,13 @@ def pool_pages_for_budget(
     """How many pages the pool gets.
 
     ``tokens`` given: ``ceil(tokens / page_size)``. ``budget_bytes`` given (the user's RAM
-    budget for the pool): as many pages as fit in it, at least ``MIN_POOL_PAGES``. Otherwise the budget is ``fraction``
-    of the device's memory (``device_memory_bytes``) minus ``weight_bytes``, capped at
-    ``max_bytes`` (the pool is preallocated: a desktop app should not take half the
-    machine for a chat), divided by the bytes of one page over all pooled layers, and
-    at least ``MIN_POOL_PAGES``.
-    On the CPU the figure is RAM available now, which already excludes loaded weights:
-    subtracting them again errs on the small side. A layout with nothing to page
-    (only snapshots: a pure recurrent model) gets 0.
+    budget for the pool): as many pages as fit in it, at least ``MIN_POOL_PAGES``. Otherwise the
+    budget is ``fraction`` of the device's memory (``device_memory_bytes``) minus
+    ``weight_bytes``, capped at ``max_bytes`` (the pool is preallocated: a desktop app should
+    not take half the machine for a chat), divided by the bytes of one page over all pooled
+    layers, and at least ``MIN_POOL_PAGES``. On the CPU the figure is RAM available now, which
+    already excludes loaded weights: subtracting them again errs on the small side. A layout
+    with nothing to page (only snapshots: a pure recurrent model) gets 0.
     """
     page_bytes = layout.bytes_per_token * page_size
     if page_bytes == 0:

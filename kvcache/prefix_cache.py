@@ -125,9 +125,8 @@ class PrefixCache:
         self._sessions: OrderedDict[tuple[str, str], TreeNode] = OrderedDict()
         self._prompt_tokens = 0
         self._evicted_pages = 0
-        self._hot: OrderedDict[tuple[str, tuple[int, ...]], list] = (
-            OrderedDict()
-        )  # (namespace, tokens), LRU
+        # (namespace, tokens), LRU
+        self._hot: OrderedDict[tuple[str, tuple[int, ...]], list] = OrderedDict()
         self._placeholders = itertools.count(1)  # slot stand-ins when nothing is paged
         self._open: set[int] = set()  # id() of prefixes matched and not yet committed/released
         self._pending_writes: list[tuple] = []  # restored K/V not yet in the pool (flush_writes)

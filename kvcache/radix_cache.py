@@ -77,7 +77,10 @@ class TreeNode:
         self.namespace: str | None = None  # set on a namespace's top node only (root or anchor)
 
     def __repr__(self) -> str:
-        return f"TreeNode(key={self.key[:8]}{'...' if len(self.key) > 8 else ''}, lock_ref={self.lock_ref})"
+        return (
+            f"TreeNode(key={self.key[:8]}{'...' if len(self.key) > 8 else ''}, "
+            f"lock_ref={self.lock_ref})"
+        )
 
 
 @dataclass(frozen=True)
@@ -275,7 +278,8 @@ class RadixCache:
             node = node.parent
 
     def dec_lock_ref(self, node: TreeNode) -> None:
-        """Release a lock taken by ``inc_lock_ref``. A lock on a node dropped by ``reset`` died with it."""
+        """Release a lock taken by ``inc_lock_ref``. A lock on a node dropped by ``reset`` died
+        with it."""
         if node.key and node.parent is None:
             return
         if node.key and node.lock_ref <= 0:
@@ -514,7 +518,8 @@ class RadixCache:
         return head
 
     def _evict_entry(self, node: TreeNode) -> tuple[bool, int, int, TreeNode]:
-        # In a hybrid tree a leaf without a snapshot is never a resume point: dead weight, evict it first.
+        # In a hybrid tree a leaf without a snapshot is never a resume point: dead weight, evict
+        # it first.
         useful = not (self.require_snapshots and node.snapshot is None)
         return (useful, node.last_access, node.serial, node)
 

@@ -30,9 +30,8 @@ class CacheStats:
     sessions: int
     pages_reserved: int = 0  # pages with memory now: the pool grows in segments up to pages_total
     pool_budget_bytes: int = 0  # the pool's bytes once grown to pages_total (0: as pool_bytes)
-    namespaces: int = (
-        0  # cache namespaces holding something in RAM (prefixes are shared only inside one)
-    )
+    # cache namespaces holding something in RAM (prefixes are shared only inside one)
+    namespaces: int = 0
     # How a prefix of this model is kept (kvcache.layout.CacheLayout.cached_as): "pages" (K/V
     # paged), "snapshots" (state snapshots only: no full-attention layer) or "pages+snapshots";
     # "" while the cache is off. ``layout``: the layout in one line (CacheLayout.describe).

@@ -18,8 +18,8 @@ A session row names its model fingerprint and the key of its chain's last page (
 head). A prefix row does the same for a chain kept for any request by its tokens alone
 (the disk tier: no session name); the engine finds such chains through an in-memory
 index of the model's pages (:meth:`DiskStore.index`) and reads them by their keys
-(:meth:`DiskStore.read_chain`). Loading follows parent keys from the head back to the first page, one
-primary-key lookup each, then reads the K/V of those pages only.
+(:meth:`DiskStore.read_chain`). Loading follows parent keys from the head back to the first
+page, one primary-key lookup each, then reads the K/V of those pages only.
 
 Invariants, each kept by every write transaction (``BEGIN IMMEDIATE``):
 - every page is reachable from some session's or prefix's head: a write that orphans
@@ -633,9 +633,12 @@ class DiskStore(SqliteFile):
         prefixes = 0
         while total > limit:
             victim = self.db.execute(
-                "SELECT is_session, id FROM (SELECT 0 AS is_session, head AS id, fingerprint, last_used "
-                "FROM prefixes UNION ALL SELECT 1, name, fingerprint, last_used FROM sessions) "
-                "ORDER BY coalesce(fingerprint = ?, 0), is_session, last_used, id LIMIT 1",
+                (
+                    "SELECT is_session, id FROM (SELECT 0 AS is_session, head AS id, "
+                    "fingerprint, last_used FROM prefixes UNION ALL SELECT 1, name, fingerprint, "
+                    "last_used FROM sessions) ORDER BY coalesce(fingerprint = ?, 0), is_session, "
+                    "last_used, id LIMIT 1"
+                ),
                 [fingerprint],
             ).fetchone()
             if victim is None:

@@ -65,7 +65,10 @@ def main() -> int:
         import PIL  # noqa: F401
     except ImportError:
         print(
-            "make_icons: Pillow is missing (pip install -e '.[package]'): RadixChat.icns not written",
+            (
+                "make_icons: Pillow is missing (pip install -e '.[package]'): RadixChat.icns not "
+                "written"
+            ),
             file=sys.stderr,
         )
         return 1

@@ -9,6 +9,7 @@ count."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -23,6 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 MAKE = shutil.which("make")
 
 needs_make = pytest.mark.skipif(MAKE is None, reason="make is not installed")
+# Under `make test` these make runs would be sub-makes, printing "Entering/Leaving directory"
+# lines around what they print: run each as a make of its own.
+OWN_MAKE = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
 
 
 def fake_python(folder: Path, name: str, version: tuple[int, int]) -> Path:
@@ -31,7 +35,8 @@ def fake_python(folder: Path, name: str, version: tuple[int, int]) -> Path:
     major, minor = version
     path.write_text(f"""#!/bin/sh
 if [ "$1" = "-c" ]; then
-  exec {sys.executable} -c "import sys; sys.version_info = ({major}, {minor}, 0, 'final', 0); exec(sys.argv[1])" "$2"
+  exec {sys.executable} -c \\
+    "import sys; sys.version_info = ({major}, {minor}, 0, 'final', 0); exec(sys.argv[1])" "$2"
 fi
 exec {sys.executable} "$@"
 """)
@@ -128,7 +133,12 @@ def test_the_app_is_built_from_the_lock_file(tmp_path):
     venv.mkdir()
     (venv / ".installed").touch()  # set up already: only the app's own steps are printed
     run = subprocess.run(
-        [MAKE, "-n", "app", f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [MAKE, "-n", "app", f"VENV={venv}"],
+        cwd=ROOT,
+        env=OWN_MAKE,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert run.returncode == 0, run.stderr
     installs = [line for line in run.stdout.splitlines() if "pip install" in line]

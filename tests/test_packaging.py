@@ -86,11 +86,8 @@ def test_the_grammar_librarys_metadata_is_bundled(monkeypatch, tmp_path):
 
 def test_the_versions_radixchat_version_prints_are_bundled(monkeypatch, tmp_path):
     datas = run_spec(monkeypatch, tmp_path, "linux")["made"]["Analysis"].kwargs["datas"]
-    for name in (
-        "radixchat",
-        "mlx",
-        "mlx-lm",
-    ):  # (the stand-in copy_metadata above names them as asked)
+    # (the stand-in copy_metadata above names them as asked)
+    for name in ("radixchat", "mlx", "mlx-lm"):
         assert (f"/site-packages/{name}-1.0.dist-info", f"{name}-1.0.dist-info") in datas, name
 
 
@@ -141,9 +138,8 @@ def test_macos_app_bundle_and_info_plist(monkeypatch, tmp_path):
     # a console EXE would make BUNDLE write LSBackgroundOnly: no Dock icon, no menu bar
     assert made["EXE"].kwargs["console"] is False and made["EXE"].kwargs["argv_emulation"] is False
     bundle = made["BUNDLE"]
-    assert bundle.args == (
-        made["COLLECT"],
-    )  # a one-folder .app (PyInstaller 6: from COLLECT, not EXE)
+    # a one-folder .app (PyInstaller 6: from COLLECT, not EXE)
+    assert bundle.args == (made["COLLECT"],)
     kwargs = bundle.kwargs
     assert kwargs["name"] == "RadixChat.app"
     assert kwargs["bundle_identifier"] == "org.radixchat.RadixChat"
@@ -351,9 +347,8 @@ def test_bundled_gui_opens_offscreen(bundle, data_root_with_default, tmp_path):
     output = log.read_text(errors="replace")
     assert still_running, f"the bundled app exited with {proc.returncode}:\n{output}"
     assert "Traceback" not in output and "ModuleNotFoundError" not in output, output
-    assert (
-        data_root_with_default / "chats.db"
-    ).exists()  # the app used the data folder it was given
+    # the app used the data folder it was given
+    assert (data_root_with_default / "chats.db").exists()
     assert bundle_state() == before
 
 
@@ -383,9 +378,8 @@ def test_the_api_stack_is_bundled_with_uvicorns_named_parts(monkeypatch, tmp_pat
     analysis = run_spec(monkeypatch, tmp_path, "linux")["made"]["Analysis"].kwargs
     hidden, excludes = set(analysis["hiddenimports"]), set(analysis["excludes"])
     for table, part in ((HTTP_PROTOCOLS, "http"), (LOOP_FACTORIES, "loop"), (LIFESPAN, "lifespan")):
-        assert table[UVICORN_PARTS[part]].partition(":")[0] in hidden, (
-            part
-        )  # imported by name at run time
+        # imported by name at run time
+        assert table[UVICORN_PARTS[part]].partition(":")[0] in hidden, part
     assert not {"pydantic", "pydantic_core", "fastapi", "starlette", "uvicorn", "h11"} & excludes
     assert {"openai", "anthropic"} <= excludes  # test clients only
 

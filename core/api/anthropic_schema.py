@@ -30,7 +30,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag, field_validator
 
 from core.api.errors import ApiError, invalid
-from core.api.limits import RequestLimits
+from core.api.limits import DEFAULT_REQUEST_LIMITS, RequestLimits
 from core.api.openai_schema import MAX_STOPS, max_tokens, priority_of, session_name, usage_extra
 from core.api.wire import CACHE_SALT_TEXT, MAX_PRIORITY, MAX_SALT_CHARS, ModelCard, Text, WireModel
 from core.engine.constrain import SchemaError, check_schema
@@ -74,7 +74,9 @@ def _block_tag(value: Any) -> str | None:
 # Tagged by the class names (not the "type" values): an error's location then reads
 # messages[0].content[1].text, never messages[0].content[1].text.text
 ContentBlock = Annotated[
-    Annotated[TextBlock, Tag("TextBlock")] | Annotated[ToolUseBlock, Tag("ToolUseBlock")] | Annotated[ToolResultBlock, Tag("ToolResultBlock")],
+    Annotated[TextBlock, Tag("TextBlock")]
+    | Annotated[ToolUseBlock, Tag("ToolUseBlock")]
+    | Annotated[ToolResultBlock, Tag("ToolResultBlock")],
     Discriminator(
         _block_tag,
         custom_error_type="invalid_block",
@@ -259,7 +261,7 @@ def chat_messages(body: CountTokensRequest) -> tuple[ChatMessage, ...]:
 
 
 def tool_request(
-    body: CountTokensRequest, limits: RequestLimits = RequestLimits()
+    body: CountTokensRequest, limits: RequestLimits = DEFAULT_REQUEST_LIMITS
 ) -> dict[str, Any]:
     """The engine's tool fields for ``body``: tools in the OpenAI shape chat templates take,
     and the choice. Tools past the ``limits``, a schema that is not valid JSON Schema (or
@@ -269,7 +271,8 @@ def tool_request(
     limits.check_body({"tools": tools})
     limits.check_schemas(tool.model_dump(exclude_none=True) for tool in tools)
     for i, tool in enumerate(tools):
-        try:  # the same schemas come on every turn of an agent: checked once (check_schema remembers)
+        # the same schemas come on every turn of an agent: checked once (check_schema remembers)
+        try:
             check_schema(tool.input_schema, f"tools[{i}].input_schema")
         except SchemaError as exc:
             raise invalid(exc.param, str(exc)) from None
@@ -314,7 +317,7 @@ def to_call(
     session_header: str | None = None,
     namespace: str = "",
     priority_header: str | None = None,
-    limits: RequestLimits = RequestLimits(),
+    limits: RequestLimits = DEFAULT_REQUEST_LIMITS,
 ) -> MessagesCall:
     """The engine request for a validated body, in cache namespace ``namespace`` (the API
     key's) split by the body's cache salt."""
@@ -338,7 +341,7 @@ def to_call(
 
 
 def count_request(
-    body: CountTokensRequest, card: ModelCard, limits: RequestLimits = RequestLimits()
+    body: CountTokensRequest, card: ModelCard, limits: RequestLimits = DEFAULT_REQUEST_LIMITS
 ) -> GenerationRequest:
     check_model(body.model, card)
     return GenerationRequest(messages=chat_messages(body), **tool_request(body, limits))

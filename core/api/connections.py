@@ -43,9 +43,8 @@ from core.limits import MAX_CONNECTIONS
 log = logging.getLogger(__name__)
 
 HEAD_TIMEOUT_S = 10.0  # from a connection's start (or a head's first byte) to the head's end
-RESERVED_FDS = (
-    64  # descriptors kept for the rest of the process (a server with a model loaded used 16)
-)
+# descriptors kept for the rest of the process (a server with a model loaded used 16)
+RESERVED_FDS = 64
 LOG_EVERY_S = 10.0
 # The kernel's send buffer of a connection (Linux doubles it; autotuning would let it grow to
 # megabytes): what a client that stops reading leaves queued in the kernel, and so how soon
@@ -53,8 +52,8 @@ LOG_EVERY_S = 10.0
 SEND_BUFFER_BYTES = 64 * 1024
 ACCEPT_FAILED = "socket.accept() out of system resource"  # asyncio's message
 _BUSY = (
-    b'{"error": {"message": "the server is at its connection limit; try again", "type": "server_error", '
-    b'"code": "busy"}}'
+    b'{"error": {"message": "the server is at its connection limit; try again", '
+    b'"type": "server_error", "code": "busy"}}'
 )
 BUSY_REPLY = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
@@ -69,6 +68,10 @@ class ConnectionLimits:
 
     max_connections: int = MAX_CONNECTIONS
     head_timeout_s: float = HEAD_TIMEOUT_S
+
+
+# a server started without --max-connections (frozen: one can be shared)
+DEFAULT_CONNECTION_LIMITS = ConnectionLimits()
 
 
 def raise_open_file_limit(wanted: int) -> int:
@@ -125,20 +128,21 @@ class ConnectionGuard:
         self.open = 0
         self._waiting: collections.OrderedDict[GuardedH11Protocol, None] = collections.OrderedDict()
         self._evicted = _EveryFewSeconds(
-            f"at the connection limit ({self.cap:,}): closed {{count}} idle connections to make room in the "
-            "last {seconds} s (radixchat serve --max-connections N raises the limit)"
+            f"at the connection limit ({self.cap:,}): closed {{count}} idle connections to make "
+            "room in the last {seconds} s (radixchat serve --max-connections N raises the limit)"
         )
         self._refused = _EveryFewSeconds(
-            f"at the connection limit ({self.cap:,}) with every connection serving a request: refused "
-            "{count} connections in the last {seconds} s (radixchat serve --max-connections N raises the limit)"
+            f"at the connection limit ({self.cap:,}) with every connection serving a request: "
+            "refused {count} connections in the last {seconds} s (radixchat serve "
+            "--max-connections N raises the limit)"
         )
         self._timed_out = _EveryFewSeconds(
-            f"closed {{count}} connections that sent no whole request head within {limits.head_timeout_s:g} s "
-            "(in the last {seconds} s)"
+            "closed {count} connections that sent no whole request head within "
+            f"{limits.head_timeout_s:g} s (in the last {{seconds}} s)"
         )
         self._accept_failed = _EveryFewSeconds(
-            "out of file descriptors: connections were not accepted {count} times in the last {seconds} s "
-            "(raise the open-file limit, or lower --max-connections)"
+            "out of file descriptors: connections were not accepted {count} times in the last "
+            "{seconds} s (raise the open-file limit, or lower --max-connections)"
         )
 
     def made(self, connection: GuardedH11Protocol) -> bool:

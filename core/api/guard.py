@@ -55,9 +55,8 @@ OPEN_ENDPOINTS = ("/health",)
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 CORS_METHODS = ("GET", "POST", "OPTIONS")
-BODY_TIMEOUT_S = (
-    60.0  # a request's body, from its head to its end (a body trickled in holds a connection)
-)
+# a request's body, from its head to its end (a body trickled in holds a connection)
+BODY_TIMEOUT_S = 60.0
 
 
 def endpoint_label(path: str) -> str:

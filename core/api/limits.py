@@ -43,9 +43,8 @@ class ByteAllowance:
 
     def __init__(self, burst: int, per_s: float = BODY_BYTES_PER_S):
         self.burst, self.per_s = burst, per_s
-        self._buckets: dict[
-            str, tuple[float, float]
-        ] = {}  # client (a key's, never a salt's) -> (bytes left, when)
+        # client (a key's, never a salt's) -> (bytes left, when)
+        self._buckets: dict[str, tuple[float, float]] = {}
 
     async def take(self, client: str, size: int) -> None:
         """Wait until ``client`` may have sent ``size`` more bytes."""
@@ -94,6 +93,10 @@ class RequestLimits:
                 "schemas_too_large",
                 param,
             )
+
+
+# the limits of a server started without --max-tools/--max-schema-bytes (frozen: one can be shared)
+DEFAULT_REQUEST_LIMITS = RequestLimits()
 
 
 def _refusal(message: str, code: str, param: str = "tools"):

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator
 
 from core.api.errors import ApiError, invalid
-from core.api.limits import RequestLimits
+from core.api.limits import DEFAULT_REQUEST_LIMITS, RequestLimits
 from core.api.openai_tools import (
     ResponseFormat,
     ToolCallIn,
@@ -343,7 +343,7 @@ def to_call(
     session_header: str | None = None,
     namespace: str = "",
     priority_header: str | None = None,
-    limits: RequestLimits = RequestLimits(),
+    limits: RequestLimits = DEFAULT_REQUEST_LIMITS,
 ) -> CompletionCall:
     """The engine request for a validated body, in cache namespace ``namespace`` (the API
     key's) split by the body's ``cache_salt``; raise :class:`ApiError` for what the loaded

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from core.api.errors import invalid
-from core.api.limits import RequestLimits
+from core.api.limits import DEFAULT_REQUEST_LIMITS, RequestLimits
 from core.api.wire import Text, WireModel
 from core.engine.constrain import SchemaError, check_schema, check_tools
 from core.engine.types import ToolCall
@@ -80,7 +80,7 @@ def tool_fields(
     tools: list[ToolDef] | None,
     tool_choice: ToolChoice | None,
     response_format: ResponseFormat | None,
-    limits: RequestLimits = RequestLimits(),
+    limits: RequestLimits = DEFAULT_REQUEST_LIMITS,
 ) -> dict[str, Any]:
     """The ``GenerationRequest`` fields for a chat body's tools and response format; a 400
     naming the field for what cannot be served (tools past the ``limits`` too)."""

@@ -118,7 +118,8 @@ class EngineEvents:
         return event
 
     async def first(self) -> Event | None:
-        """The next event (None at the end), cancelling the request if the client leaves meanwhile."""
+        """The next event (None at the end), cancelling the request if the client leaves
+        meanwhile."""
         async with watch_disconnect(self._scope, self._receive, self.handle):
             return await self._queue.get()
 
@@ -146,9 +147,8 @@ class _Waker:
         self._scheduled = False
 
     def wake_for(self, events: EngineEvents) -> Callable[[], None]:
-        def wake() -> (
-            None
-        ):  # engine thread (or a prompt thread refusing a prompt: appends are safe)
+        # engine thread (or a prompt thread refusing a prompt: appends are safe)
+        def wake() -> None:
             self._ready.append(events)
             if not self._scheduled:
                 self._scheduled = True

@@ -29,10 +29,15 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from core.api.connections import ConnectionGuard, ConnectionLimits, protocol_for
+from core.api.connections import (
+    DEFAULT_CONNECTION_LIMITS,
+    ConnectionGuard,
+    ConnectionLimits,
+    protocol_for,
+)
 from core.api.errors import engine_error
 from core.api.guard import normalize_origin
-from core.api.limits import RequestLimits
+from core.api.limits import DEFAULT_REQUEST_LIMITS, RequestLimits
 from core.api.metrics import ServerMetrics
 from core.api.schema_checks import SchemaChecks
 from core.api.state import ApiState
@@ -90,8 +95,8 @@ class ApiServer:
         model_name: str | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
         allow_origins: Sequence[str] = (),
-        limits: RequestLimits = RequestLimits(),
-        connections: ConnectionLimits = ConnectionLimits(),
+        limits: RequestLimits = DEFAULT_REQUEST_LIMITS,
+        connections: ConnectionLimits = DEFAULT_CONNECTION_LIMITS,
     ):
         check_bind(host, api_key)
         try:
@@ -125,9 +130,8 @@ class ApiServer:
             raise UserError(f"cannot listen on port {self.port}: a port is 0 to 65535")
         sock = self._listen()
         self.port = sock.getsockname()[1]
-        self.connections = ConnectionGuard(
-            self.connection_limits
-        )  # raises the open-file limit if it must
+        # raises the open-file limit if it must
+        self.connections = ConnectionGuard(self.connection_limits)
         config = uvicorn.Config(
             build_app(self.state),
             **{**UVICORN_PARTS, "http": protocol_for(self.connections)},

@@ -10,7 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from core.api.errors import ApiError, shutting_down
-from core.api.limits import ByteAllowance, RequestLimits
+from core.api.limits import DEFAULT_REQUEST_LIMITS, ByteAllowance, RequestLimits
 from core.api.metrics import ServerMetrics
 from core.api.schema_checks import SchemaChecks
 from core.api.wire import MODEL_ALIASES, ModelCard
@@ -18,9 +18,8 @@ from core.engine import namespaces
 from core.engine.engine import Engine, RequestHandle
 from core.engine.types import GenerationRequest
 
-MAX_UNSENT_EVENTS = (
-    256  # a stream's events waiting for its client past the socket's buffers (core.api.relay)
-)
+# a stream's events waiting for its client past the socket's buffers (core.api.relay)
+MAX_UNSENT_EVENTS = 256
 
 
 def _version() -> str:
@@ -41,7 +40,7 @@ class ApiState:
         model_name: str | None,
         max_body_bytes: int,
         allow_origins: tuple[str, ...],
-        limits: RequestLimits = RequestLimits(),
+        limits: RequestLimits = DEFAULT_REQUEST_LIMITS,
     ):
         self.engine = engine
         self.host = host
@@ -50,15 +49,12 @@ class ApiState:
         self.max_body_bytes = max_body_bytes
         self.allow_origins = allow_origins
         self.limits = limits  # what one request may bring
-        self.max_unsent_events = (
-            MAX_UNSENT_EVENTS  # a stream's backlog before its client is cut off
-        )
-        self.body_bytes = ByteAllowance(
-            burst=max_body_bytes
-        )  # what each client's bodies may bring a second
-        self.schema_checks = (
-            SchemaChecks()
-        )  # where a body's schemas are checked (never the event loop)
+        # a stream's backlog before its client is cut off
+        self.max_unsent_events = MAX_UNSENT_EVENTS
+        # what each client's bodies may bring a second
+        self.body_bytes = ByteAllowance(burst=max_body_bytes)
+        # where a body's schemas are checked (never the event loop)
+        self.schema_checks = SchemaChecks()
         self.version = _version()
         self.started_at = int(time.time())
         self._handles: set[RequestHandle] = set()

@@ -19,9 +19,8 @@ from pydantic_core import PydanticCustomError
 
 MAX_SESSION_CHARS = 256
 MAX_PRIORITY = 2**31 - 1
-PRIORITY_HEADER = (
-    "X-RadixChat-Priority"  # a request's priority where its body cannot carry one (Anthropic SDKs)
-)
+# a request's priority where its body cannot carry one (Anthropic SDKs)
+PRIORITY_HEADER = "X-RadixChat-Priority"
 MAX_SALT_CHARS = 256
 CACHE_SALT_TEXT = (
     "a secret of the client's: cached prompt prefixes are shared only with requests "

@@ -121,9 +121,14 @@ class ChatStore(SqliteFile):
             "{path} is a SQLite database but not a RadixChat chat database; "
             "move it aside or use another --data-dir"
         ),
-        "locked": "{path} is locked by another RadixChat process; close it or use another --data-dir",
+        "locked": (
+            "{path} is locked by another RadixChat process; close it or use another --data-dir"
+        ),
         "full": "the disk is full: cannot write {path} (nothing was changed); free some space",
-        "corrupt": "{path} is not a readable chat database ({text}); move it aside or use another --data-dir",
+        "corrupt": (
+            "{path} is not a readable chat database ({text}); move it aside or use another "
+            "--data-dir"
+        ),
         "io": "cannot use {path}: {text}",
     }
 

@@ -66,9 +66,8 @@ class ChatTurn:
     prompt: str  # the user message
     replace: bool  # the reply replaces the stored last turn (regenerate, edit)
     stored: tuple[Message, ...]  # the stored chat when the turn started
-    kept: tuple[
-        Message, ...
-    ]  # the stored messages the turn follows (``stored`` less its last turn when replacing)
+    # the stored messages the turn follows (``stored`` less its last turn when replacing)
+    kept: tuple[Message, ...]
 
     @classmethod
     def start(

@@ -64,8 +64,9 @@ def run_cache(args) -> int:
                 rank_reports.append({"store": name, "path": str(path), **asdict(stats)})
                 if not as_json:
                     print(
-                        f"{name} ({safe(path.name)}): {stats.sessions} sessions, {stats.prefixes} unnamed "
-                        f"prefixes, {stats.pages} pages, {stats.bytes / paths.MB:.1f} MB of pages "
+                        f"{name} ({safe(path.name)}): {stats.sessions} sessions, "
+                        f"{stats.prefixes} unnamed prefixes, {stats.pages} pages, "
+                        f"{stats.bytes / paths.MB:.1f} MB of pages "
                         f"({stats.file_bytes / paths.MB:.1f} MB on disk)"
                     )
             else:
@@ -95,9 +96,8 @@ def _clear(path: Path, session: str | None, label: str) -> None:
                 freed += store.clear(session_row(session, namespaces.APP))
     except DiskStoreError as exc:
         if session is not None or getattr(exc, "reason", None) == "locked":
-            raise StoreError(
-                str(exc)
-            ) from exc  # (a locked cache is in use: never pulled from under it)
+            # (a locked cache is in use: never pulled from under it)
+            raise StoreError(str(exc)) from exc
         # Clearing everything needs a write (and a VACUUM needs room for a copy): on a full
         # disk, or a file that cannot be opened, delete the files instead; that always works.
         freed = remove_files(path)
@@ -132,9 +132,10 @@ def _stats(store: DiskStore, path, as_json: bool) -> dict:
             "sessions_list": [asdict(s) for s in sessions],
         }
     print(
-        f"{safe(path)}: {stats.sessions} sessions, {stats.prefixes} unnamed prefixes, {stats.pages} pages, "
-        f"{stats.bytes / paths.MB:.1f} MB of pages ({stats.file_bytes / paths.MB:.1f} MB on disk, "
-        f"budget {stats.budget_bytes / paths.GB:.1f} GB)"
+        f"{safe(path)}: {stats.sessions} sessions, {stats.prefixes} unnamed prefixes, "
+        f"{stats.pages} pages, {stats.bytes / paths.MB:.1f} MB of pages "
+        f"({stats.file_bytes / paths.MB:.1f} MB on disk, budget "
+        f"{stats.budget_bytes / paths.GB:.1f} GB)"
     )
     print(
         f"saves {stats.saves}, loads {stats.loads}, restored {stats.restored_tokens} tokens "

@@ -167,8 +167,10 @@ def _run_turn(engine, store, session: Session, prompt: str, sampling, args):
     not_saved = saved.error
     if saved.cache_freed:
         print(
-            f"radixchat: the disk is full: the KV cache ({saved.cache_freed / paths.MB:.1f} MB) was "
-            "deleted to save this turn",
+            (
+                f"radixchat: the disk is full: the KV cache ({saved.cache_freed / paths.MB:.1f} "
+                "MB) was deleted to save this turn"
+            ),
             file=sys.stderr,
             flush=True,
         )

@@ -64,7 +64,8 @@ def run_search(args) -> int:
         print(f"no MLX or GGUF models on the hub match {safe(repr(args.query))}")
         return 0
     print(
-        f"{'repo':<48} {'kind':<5} {'params':>7} {'quant':<7} {'size':>9}  {'fits?':<24} {'downloads':>10}"
+        f"{'repo':<48} {'kind':<5} {'params':>7} {'quant':<7} {'size':>9}  {'fits?':<24} "
+        f"{'downloads':>10}"
     )
     for r in results:
         fit = f"no: {safe(r.problem)}" if r.problem else hub.describe_fit(r.fit)
@@ -148,7 +149,8 @@ def run_models(args) -> int:
     present = {m.spec for m in local}
     for model in local:
         print(
-            f"{safe(model.spec):<48} {model.kind:<10} {model.size_bytes / 1e6:9.1f} MB  {safe(model.name)}"
+            f"{safe(model.spec):<48} {model.kind:<10} {model.size_bytes / 1e6:9.1f} MB  "
+            f"{safe(model.name)}"
         )
     for name, known in provision.KNOWN_MODELS.items():
         if name not in present:
@@ -159,7 +161,8 @@ def run_models(args) -> int:
     models = installed.installed_models(root)
     for m in models:
         print(
-            f"{safe(m.spec):<48} {'hub ' + m.kind:<10} {m.size_bytes / 1e6:9.1f} MB  last used {ago(m.last_used)}"
+            f"{safe(m.spec):<48} {'hub ' + m.kind:<10} {m.size_bytes / 1e6:9.1f} MB  last used "
+            f"{ago(m.last_used)}"
         )
     for p in installed.partial_downloads():
         name = safe(p.repo_id)

@@ -5,20 +5,25 @@
     radixchat fetch-model [NAME]   provision a known model into the data folder
     radixchat models               what models are available locally (size, last use)
     radixchat models rm NAME       delete a downloaded model and its cached KV
-    radixchat search QUERY         MLX and GGUF models on the Hugging Face hub, and whether each fits
+    radixchat search QUERY         MLX and GGUF models on the Hugging Face hub, and whether
+                                   each fits
     radixchat pull REPO[:FILE]     download a model from the hub into the HF cache (resumes)
     radixchat serve                the OpenAI- and Anthropic-compatible API on 127.0.0.1:8000
-    radixchat serve --hosts FILE   the same, the model split over several machines (mlx.launch, ring/jaccl)
+    radixchat serve --hosts FILE   the same, the model split over several machines
+                                   (mlx.launch, ring/jaccl)
     radixchat cache stats|verify|clear   the disk caches of session KV (this machine's, each rank's)
     radixchat chats verify         list the chat history's damaged rows
     radixchat bench cpu            measure the CPU backend setups (see README)
     radixchat bench restore|pressure|multiturn|serve   the cache and API benchmarks
     radixchat bench distributed    1 process vs the model split over 2 ranks on loopback
     radixchat bench constrain      what constrained decoding costs per token
-    radixchat bench agent          a coding-agent session: TTFT with and without our cache, vs mlx_lm.server
+    radixchat bench agent          a coding-agent session: TTFT with and without our cache,
+                                   vs mlx_lm.server
     radixchat bench pull           `radixchat pull` from a loopback hub vs curl (source checkout)
-    radixchat bench fairness       a stream's inter-token gaps while another client's long prompt goes in
-    radixchat bench hostile        another client's answers during a flood of connections, a greedy client, a huge body
+    radixchat bench fairness       a stream's inter-token gaps while another client's long
+                                   prompt goes in
+    radixchat bench hostile        another client's answers during a flood of connections, a
+                                   greedy client, a huge body
 
 Errors meant for the user print one line on stderr and exit with status 2.
 """
@@ -338,9 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --hosts: split each layer's heads over the hosts (tensor), or the layers "
         "(pipeline, for the architectures mlx-lm pipelines); auto: tensor where it can",
     )
-    serve.add_argument(
-        "--group-member", action="store_true", help=argparse.SUPPRESS
-    )  # a rank started by --hosts
+    # a rank started by --hosts
+    serve.add_argument("--group-member", action="store_true", help=argparse.SUPPRESS)
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
@@ -586,9 +590,8 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
     """Run the command line; ``gui`` opens the app (``app.launcher`` passes it in, since
     core never imports app)."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] and argv[0].startswith(
-        "_"
-    ):  # a hidden subcommand (its module is imported only then)
+    # a hidden subcommand (its module is imported only then)
+    if argv[:1] and argv[0].startswith("_"):
         from core.distributed.launch import LAUNCH_COMMAND, run_launcher
 
         if argv[0] == LAUNCH_COMMAND:  # MLX's launcher, run by `serve --hosts` (even in the app)

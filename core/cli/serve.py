@@ -50,9 +50,8 @@ def check_serve_args(args) -> tuple[list[str], list[str]]:
             normalize_origin(origin)
         except ValueError as exc:
             raise UserError(f"--allow-origin: {exc}") from None
-    check_port_free(
-        args.host, args.port
-    )  # likewise: a busy port fails in a moment, not after the load
+    # likewise: a busy port fails in a moment, not after the load
+    check_port_free(args.host, args.port)
     return api_key, origins
 
 

@@ -174,14 +174,12 @@ def run_group_member(args) -> int:
             os._exit(EXIT_GROUP_FAULT)
 
     if leader:
-        signal.signal(
-            signal.SIGINT, signal.default_int_handler
-        )  # started ignoring it (see run_group)
+        # started ignoring it (see run_group)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         api_key, origins = check_serve_args(args)
     else:
-        signal.signal(
-            signal.SIGINT, signal.SIG_IGN
-        )  # Ctrl-C reaches every rank: rank 0 stops the group
+        # Ctrl-C reaches every rank: rank 0 stops the group
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     root = paths.data_dir(args.data_dir)
     template = read_chat_template(args.chat_template) if args.chat_template else None
     mlx_group, channel = join_group(on_fault)

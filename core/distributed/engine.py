@@ -75,9 +75,8 @@ class ShardHandle:
         self._on_end = on_end
         self.latched = False
         self.outcome = "no end"  # a digest of how the request ended (compared across ranks)
-        self._prompt: tuple[int, list[int]] | None = (
-            None  # (model load, token ids): see ShardedEngine._do_request
-        )
+        # (model load, token ids): see ShardedEngine._do_request
+        self._prompt: tuple[int, list[int]] | None = None
         self.prompt_s = 0.0
 
     @property
@@ -133,9 +132,8 @@ class AgreedPrefixCache:
         prefix = self._inner.match(prompt, namespace)
         agreed = self._min(prefix.length)
         while True:
-            if (
-                prefix.length != agreed
-            ):  # longer here: take the agreed part (a snapshot's end, if hybrid)
+            # longer here: take the agreed part (a snapshot's end, if hybrid)
+            if prefix.length != agreed:
                 self._inner.release(prefix)
                 prefix = self._inner.match(prompt[: agreed + 1], namespace)
             lowest = self._min(prefix.length)
@@ -164,9 +162,8 @@ class ShardedEngine(Engine):
             **kwargs,
         )
         self.member = member
-        self.split = (
-            split  # TENSOR or PIPELINE (decided before launch: core.distributed.shard.split_plan)
-        )
+        # TENSOR or PIPELINE (decided before launch: core.distributed.shard.split_plan)
+        self.split = split
         self.mlx_group = mlx_group
         self.channel: LeaderChannel | FollowerChannel = channel
         self._live: dict[int, ShardHandle] = {}  # engine thread: requests admitted, not finished
@@ -174,9 +171,8 @@ class ShardedEngine(Engine):
         self._clients_lock = threading.Lock()
         self._next_id = 0
         self.fault: str | None = None
-        self._outcomes: dict[
-            tuple[int, int], str
-        ] = {}  # rank 0: (rank, request id) -> digest, first told
+        # rank 0: (rank, request id) -> digest, first told
+        self._outcomes: dict[tuple[int, int], str] = {}
         self._outcomes_lock = threading.Lock()
         if isinstance(channel, LeaderChannel):
             channel.on_message = self._on_peer_message
@@ -263,15 +259,13 @@ class ShardedEngine(Engine):
             self._pool_tokens = self._agreed_pool_tokens(loaded)
         super()._install(loaded, command)
         self._scheduler.prefix_cache = AgreedPrefixCache(self._prefix_cache, self.mlx_group)
-        if (
-            getattr(self._scheduler, "pacer", None) is not None
-        ):  # chunk sizes the same on every rank
+        # chunk sizes the same on every rank
+        if getattr(self._scheduler, "pacer", None) is not None:
             self._scheduler.pacer = GroupPacer()
         # the ranks agree on each prompt's cached prefix one prompt at a time: no batched prefill
         self._scheduler.batch_prefill = False
-        mx.eval(
-            mx.distributed.all_sum(mx.array(1), group=self.mlx_group, stream=mx.cpu)
-        )  # all installed
+        # all installed
+        mx.eval(mx.distributed.all_sum(mx.array(1), group=self.mlx_group, stream=mx.cpu))
 
     def _same_cache_kind(self, loaded) -> bool:
         """Whether this pipeline's ranks cache alike (every rank's layers paged, or every

@@ -223,7 +223,8 @@ class LeaderChannel:
         """The rank ``conn`` proved it is (challenge, answer, then rank 0's own proof), or
         None, logged in one line, for anything else."""
         try:
-            peer = "%s:%s" % conn.getpeername()[:2]
+            host, port = conn.getpeername()[:2]
+            peer = f"{host}:{port}"
         except OSError:
             peer = "a peer"
         conn.settimeout(HANDSHAKE_S)

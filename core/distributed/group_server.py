@@ -152,9 +152,8 @@ class GroupServer:
         last_lines: deque[str] = deque(maxlen=20)
         fault = error = None
         for raw in iter(process.stdout.readline, b""):
-            line = (
-                plain(raw.decode(errors="replace")).rstrip().rsplit("\r", 1)[-1]
-            )  # a progress bar's last state
+            # a progress bar's last state
+            line = plain(raw.decode(errors="replace")).rstrip().rsplit("\r", 1)[-1]
             last_lines.append(line)
             self._on_event("line", line)
             serving = _SERVING.match(line)

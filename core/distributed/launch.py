@@ -105,13 +105,13 @@ def check_jaccl(entries: list[dict], path) -> None:
         ):
             raise UserError(
                 f'the hostfile {path} gives {entry.get("ssh")} no "rdma" device towards every '
-                "other host (null for itself): write it with `mlx.distributed_config --backend jaccl`"
+                "other host (null for itself): write it with "
+                "`mlx.distributed_config --backend jaccl`"
             )
 
 
-LAUNCH_COMMAND = (
-    "_launch-group"  # the hidden subcommand that runs MLX's launcher (see run_launcher)
-)
+# the hidden subcommand that runs MLX's launcher (see run_launcher)
+LAUNCH_COMMAND = "_launch-group"
 
 
 def radixchat_command() -> list[str]:

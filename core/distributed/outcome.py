@@ -19,9 +19,8 @@ import re
 import signal
 from dataclasses import dataclass, field
 
-FAULT_SUFFIX = (
-    "; stopping the group"  # a rank's fault line: "radixchat: MESSAGE; stopping the group"
-)
+# a rank's fault line: "radixchat: MESSAGE; stopping the group"
+FAULT_SUFFIX = "; stopping the group"
 ENDED_PREFIX = "radixchat: the group ended on a fault: "  # serve --hosts's last line after a fault
 _FAULT = re.compile(r"^radixchat: (.+)" + re.escape(FAULT_SUFFIX) + r"\s*$")
 _RANK_END = re.compile(r"Node with rank (\d+) (?:exited with code (-?\d+)|(was killed))")

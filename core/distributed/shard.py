@@ -109,8 +109,9 @@ def split_plan(config: dict[str, Any], world: int, name: str, split: str = "auto
     if split == PIPELINE or (split == "auto" and pipeline and not tensor):
         if not pipeline:
             raise UnsplittableModel(
-                f"{name} cannot run pipelined: mlx-lm has no pipeline split for model type {model_type!r} "
-                f"(qwen2, qwen3_moe, qwen3_next, deepseek_v3 and other architectures with a `pipeline` method do)"
+                f"{name} cannot run pipelined: mlx-lm has no pipeline split for model type "
+                f"{model_type!r} (qwen2, qwen3_moe, qwen3_next, deepseek_v3 and other "
+                "architectures with a `pipeline` method do)"
             )
         if layers < world:
             raise UnsplittableModel(
@@ -118,11 +119,16 @@ def split_plan(config: dict[str, Any], world: int, name: str, split: str = "auto
             )
         return dataclasses.replace(plan, method=PIPELINE)
     if not tensor:
+        by_layers = (
+            ""
+            if split == TENSOR
+            else "; qwen2, qwen3_next, deepseek_v3 and others with `pipeline` by layers"
+        )
         raise UnsplittableModel(
             f"{name} cannot run over several machines: mlx-lm has no tensor-parallel "
-            f"{'split' if split == TENSOR else 'or pipeline split'} for model type {model_type!r} "
-            f"(llama, qwen2, qwen3 and other architectures with a `shard` method split by heads"
-            f"{'' if split == TENSOR else '; qwen2, qwen3_next, deepseek_v3 and others with `pipeline` by layers'})"
+            f"{'split' if split == TENSOR else 'or pipeline split'} for model type "
+            f"{model_type!r} (llama, qwen2, qwen3 and other architectures with a `shard` method "
+            f"split by heads{by_layers})"
         )
     ffn = count("intermediate_size")
     for label, value in (("attention heads", heads), ("KV heads", kv_heads), ("MLP width", ffn)):
@@ -130,7 +136,10 @@ def split_plan(config: dict[str, Any], world: int, name: str, split: str = "auto
             if split == "auto" and pipeline and layers >= world:
                 return dataclasses.replace(plan, method=PIPELINE)
             raise UnsplittableModel(
-                f"{name} cannot be split over {world} machines: its {value} {label} do not divide by {world}"
+                (
+                    f"{name} cannot be split over {world} machines: its {value} {label} do not "
+                    f"divide by {world}"
+                )
                 + (
                     " (and mlx-lm has no pipeline split for it)"
                     if split == "auto" and not pipeline
@@ -175,7 +184,8 @@ def shard_model(model, group, method: str = TENSOR) -> None:
 
 
 def rank_fingerprint(fingerprint: str, rank: int, world: int, method: str = TENSOR) -> str:
-    """The fingerprint of rank ``rank``'s slice of a model split ``method``-wise over ``world`` ranks."""
+    """The fingerprint of rank ``rank``'s slice of a model split ``method``-wise over ``world``
+    ranks."""
     kind = "tensor-parallel" if method == TENSOR else method
     return hashlib.sha256(f"{fingerprint}/{kind}/rank {rank} of {world}".encode()).hexdigest()
 

@@ -41,9 +41,8 @@ from core.engine.generation import rows_logits
 from core.mlx_lm_compat import PromptProcessingBatch, generation_stream
 
 PREFILL_ROWS = 8  # prompts prefilled together at most (mlx-lm's prefill_batch_size)
-IDLE_TOKENS = (
-    2048  # padded tokens in one batched prefill while nobody decodes (mlx-lm's prefill_step_size)
-)
+# padded tokens in one batched prefill while nobody decodes (mlx-lm's prefill_step_size)
+IDLE_TOKENS = 2048
 
 
 def batchable(caches: list) -> bool:
@@ -103,9 +102,8 @@ def prefill_rows(
             logits_processors=[()] * len(caches),
         )
         if max(padding) > 0:
-            inputs = mx.array(
-                [rest + [0] * (longest - len(rest)) for rest in rests]
-            )  # right padded
+            # right padded
+            inputs = mx.array([rest + [0] * (longest - len(rest)) for rest in rests])
             for cache in batch.prompt_cache:
                 cache.prepare(lengths=lengths, right_padding=padding)
         else:

@@ -273,9 +273,8 @@ class GrammarProcessor:
         self.failure: str | None = None  # why the grammar failed, if it did
 
     def __call__(self, tokens, logits):
-        new = (
-            tokens[self.seen :].tolist() if int(tokens.shape[-1]) > self.seen else []
-        )  # waits for the token
+        # waits for the token
+        new = tokens[self.seen :].tolist() if int(tokens.shape[-1]) > self.seen else []
         started = time.thread_time()
         try:
             return self._mask(new, logits)

@@ -342,9 +342,8 @@ def _table(
         theta = ((steps + offset) * scale)[:, None] * inv_freqs[None, :]  # (length, half)
     else:
         positions = (steps[None, :] + offset.astype(mx.float32)[:, None]) * scale
-        theta = (positions[:, :, None] * inv_freqs[None, None, :])[
-            :, None
-        ]  # (rows, 1, length, half)
+        # (rows, 1, length, half)
+        theta = (positions[:, :, None] * inv_freqs[None, None, :])[:, None]
     cos, sin = mx.cos(theta), mx.sin(theta)
     if traditional:  # neighbours (x0, x1) turn into (x0 cos - x1 sin, x1 cos + x0 sin)
         cos = mx.repeat(cos, 2, axis=-1)
@@ -396,9 +395,8 @@ def _fold_attention(model: nn.Module) -> list[str]:
     return folded
 
 
-MAX_FOLDED = (
-    3  # query heads per key head: up to 3 rows, OpenBLAS's AVX-512 small GEMM gave the same bits
-)
+# query heads per key head: up to 3 rows, OpenBLAS's AVX-512 small GEMM gave the same bits
+MAX_FOLDED = 3
 
 
 def _folding(original):

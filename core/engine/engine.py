@@ -44,9 +44,8 @@ log = logging.getLogger(__name__)
 
 _END = object()  # end of a request's event stream
 PUBLISH_EVERY_S = 0.1  # the decode loop's stats refresh (see Engine._publish_stats)
-PROMPT_THREADS = (
-    2  # prompts rendered and tokenised at once (a long one does not hold up a short one)
-)
+# prompts rendered and tokenised at once (a long one does not hold up a short one)
+PROMPT_THREADS = 2
 # Nobody decoding and prompts still being rendered: the engine waits up to this long for
 # them before it starts a prefill, so that requests sent together are prefilled together
 # (core.engine.batch_prefill) instead of the first alone and the others after it.
@@ -82,9 +81,8 @@ class RequestHandle:
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._cancel = threading.Event()
         self._wake: Callable[[], None] | None = None
-        self._prompt: tuple[int, list[int]] | None = (
-            None  # (model load, token ids), from a prompt thread
-        )
+        # (model load, token ids), from a prompt thread
+        self._prompt: tuple[int, list[int]] | None = None
         self.prompt_s = 0.0  # seconds its prompt took to render and tokenise (its TTFT counts them)
 
     def cancel(self) -> None:
@@ -194,9 +192,8 @@ class Engine:
         )
         self._chat_template = chat_template  # Jinja text replacing the model's own template
         self._max_prompt_tokens = max_prompt_tokens  # None: the model's context is the limit
-        self._prompts: Prompts | None = (
-            None  # the loaded model's (set on the engine thread, read anywhere)
-        )
+        # the loaded model's (set on the engine thread, read anywhere)
+        self._prompts: Prompts | None = None
         self._loads = 0  # models installed so far: a prompt is worked out for one of them
         self._prompt_pool = ThreadPoolExecutor(
             PROMPT_THREADS, thread_name_prefix="radixchat-prompt"
@@ -273,10 +270,8 @@ class Engine:
             rss = 0
         disk = 0
         if self._persister is not None:
-            for path in (
-                self._kv_db,
-                self._kv_db.with_name(self._kv_db.name + "-wal"),
-            ):  # the database, its WAL
+            # the database, its WAL
+            for path in (self._kv_db, self._kv_db.with_name(self._kv_db.name + "-wal")):
                 try:
                     disk += path.stat().st_size
                 except OSError:
@@ -594,9 +589,8 @@ class Engine:
         from kvcache.prefix_cache import PrefixCache
 
         self._close_persister()
-        self._loaded = self._prefix_cache = self._scheduler = self._prompts = (
-            None  # free the old pool first
-        )
+        # free the old pool first
+        self._loaded = self._prefix_cache = self._scheduler = self._prompts = None
         build = build_kv_cache(
             loaded.model,
             weight_bytes=loaded.info.weight_bytes,

@@ -100,7 +100,8 @@ class _StopMatcher:
         return False
 
     def _extend(self, upto: int) -> None:
-        """Build the failure table up to index ``upto - 1`` (it is used for indices below ``matched``)."""
+        """Build the failure table up to index ``upto - 1`` (it is used for indices below
+        ``matched``)."""
         fail, stop = self._fail, self.stop
         while len(fail) < upto:
             i, k = len(fail), fail[-1]

@@ -17,9 +17,9 @@ cache over to the decode batch (``core.engine.decode_batch``, over mlx-lm's
 ``GenerationBatch``), which takes per-request prompt caches and decodes every running
 request in one forward pass per step; a request joins it with its first token as its next
 input, so joining costs the others no forward pass of its own. The batch shares its rows
-fairly between clients (it parks a row of a client over its share for a client under it). When a request ends (EOS,
-stop string, max tokens, cancel) it leaves with its cache, which goes into the radix tree
-and, for sessions, to disk.
+fairly between clients (it parks a row of a client over its share for a client under it). When a
+request ends (EOS, stop string, max tokens, cancel) it leaves with its cache, which goes into
+the radix tree and, for sessions, to disk.
 """
 
 from __future__ import annotations
@@ -179,9 +179,8 @@ class Scheduler:
         at a time). Raises UserError for a request that cannot run."""
         request, loaded = handle.request, self.loaded
         started = time.perf_counter() - handle.prompt_s  # rendered and tokenised on a prompt thread
-        prompt = render_prompt(
-            loaded.tokenizer, request
-        )  # schemas checked on the prompt thread (engine.py)
+        # schemas checked on the prompt thread (engine.py)
+        prompt = render_prompt(loaded.tokenizer, request)
         context = loaded.info.context_length
         if self.vocab is not None and not 0 <= min(prompt) <= max(prompt) < self.vocab:
             bad = next(t for t in prompt if not 0 <= t < self.vocab)
@@ -191,7 +190,8 @@ class Scheduler:
             )
         if len(prompt) >= context:
             raise ContextLengthError(
-                f"the prompt is {len(prompt)} tokens but {loaded.info.name} has a context of {context}"
+                f"the prompt is {len(prompt)} tokens but {loaded.info.name} has a context of "
+                f"{context}"
             )
         params = request.sampling
         grammar = grammar_for(request, self.markup)  # before prefill: a bad one fails at once
@@ -528,9 +528,8 @@ class Scheduler:
                 solo.context = mx.concatenate([solo.context, y])
                 for processor in solo.processors:
                     logits = processor(solo.context, logits)
-            if (
-                solo.sampler is greedy_sampler and not solo.processors
-            ):  # as the decode batch's _Batch
+            # as the decode batch's _Batch
+            if solo.sampler is greedy_sampler and not solo.processors:
                 sampled = mx.argmax(logits, axis=-1)
             else:
                 sampled = solo.sampler(logits - mx.logsumexp(logits, keepdims=True))
@@ -715,9 +714,8 @@ class Scheduler:
         failure = (
             state.grammar.failure if state.grammar is not None and finish != "cancelled" else None
         )
-        if (
-            failure is not None
-        ):  # what was sent is not what the schema asks for: never a finished reply
+        # what was sent is not what the schema asks for: never a finished reply
+        if failure is not None:
             handle._emit(
                 ErrorEvent(
                     f"the output constraint failed after {n} tokens ({failure}); the reply "

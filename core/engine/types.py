@@ -7,7 +7,6 @@ read events with these types only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
 
 from core.errors import ErrorKind
 
@@ -114,9 +113,8 @@ class RequestStats:
     constraint_cpu_s: float = 0.0  # CPU time spent enforcing a grammar (constrained decoding)
     finish_reason: str = "stop"  # "stop" | "length" | "cancelled" | "tool_calls"
     stop_sequence: str | None = None  # the stop string that ended the reply (finish_reason "stop")
-    cache_namespace: str = (
-        ""  # the cache namespace that served the hit: a short label (namespaces.label)
-    )
+    # the cache namespace that served the hit: a short label (namespaces.label)
+    cache_namespace: str = ""
 
 
 @dataclass(frozen=True)
@@ -161,4 +159,4 @@ class ErrorEvent:
         return self.kind is not ErrorKind.INTERNAL
 
 
-Event = Union[TokenEvent, ProgressEvent, ToolCallEvent, DoneEvent, ErrorEvent]
+Event = TokenEvent | ProgressEvent | ToolCallEvent | DoneEvent | ErrorEvent

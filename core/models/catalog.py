@@ -29,8 +29,10 @@ FLOAT32_BYTES = 4
 # Parameter counts of the known models' files, read from their headers, by SHA-256: exact
 # figures before the download (a new version of a file has a new hash and is estimated).
 KNOWN_PARAMETERS = {
-    "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53": 134_515_008,  # SmolLM2-135M Q4_1
-    "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818": 268_098_176,  # Gemma 3 270M Q4_K_M
+    # SmolLM2-135M Q4_1
+    "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53": 134_515_008,
+    # Gemma 3 270M Q4_K_M
+    "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818": 268_098_176,
 }
 
 
@@ -40,7 +42,8 @@ class CatalogEntry:
 
     spec: str  # what the loader accepts: a known name, a path, or a repo id
     name: str
-    kind: str  # provision.LocalModel kinds: "known-gguf" | "gguf" | "mlx-dir" | "hf-cache" | "hf-gguf"
+    # provision.LocalModel kinds: "known-gguf" | "gguf" | "mlx-dir" | "hf-cache" | "hf-gguf"
+    kind: str
     size_bytes: int  # on disk (for a known model not yet downloaded: what it will be)
     memory_bytes: int  # estimated memory of the loaded weights
     downloaded: bool = True  # False: a known model that is fetched on first use
@@ -173,9 +176,8 @@ def gguf_parameter_count(path: Path) -> int | None:
 @lru_cache(maxsize=64)
 def _gguf_parameters(path: str, size: int, mtime_ns: int) -> int:
     """(size and mtime are the cache key: a changed file is read again)"""
-    from core.models.gguf_header import (
-        read_header,
-    )  # numpy and gguf: not for `radixchat pull` / search
+    # numpy and gguf: not for `radixchat pull` / search
+    from core.models.gguf_header import read_header
 
     return read_header(Path(path), metadata=False).parameter_count()
 

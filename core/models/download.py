@@ -275,8 +275,8 @@ def _fetch(plan: RepoPlan, file: RepoFile, meter: _Meter, hashes: FileHashCache 
         partial.unlink(missing_ok=True)
         kind = "SHA-256" if file.sha256 else "git blob id"
         raise HubError(
-            f"{file.path} of {plan.repo_id} failed its hash check ({kind} {digest[:12]}…, the hub lists "
-            f"{expected[:12]}…): the file was deleted; pull again"
+            f"{file.path} of {plan.repo_id} failed its hash check ({kind} {digest[:12]}…, the "
+            f"hub lists {expected[:12]}…): the file was deleted; pull again"
         )
     os.replace(partial, blob)
     if hashes is not None and file.sha256:
@@ -302,7 +302,8 @@ def _transfer(url: str, headers: dict, file: RepoFile, sink: _Sink, meter: _Mete
                     start = 0
                 if response.length is not None and start + response.length > file.size:
                     raise HubError(
-                        f"{file.path} came longer than the {file.size:,} bytes the hub lists: pull again"
+                        f"{file.path} came longer than the {file.size:,} bytes the hub lists: "
+                        "pull again"
                     )
                 _receive(response, file, sink, meter)
         except _retryable() as exc:
@@ -336,9 +337,8 @@ def _receive(response, file: RepoFile, sink: _Sink, meter: _Meter) -> None:
     size = MIN_READ
     while True:
         buffer = sink.buffer()
-        want = min(
-            size, len(buffer), file.size + 1 - sink.position
-        )  # one byte more shows a body too long
+        # one byte more shows a body too long
+        want = min(size, len(buffer), file.size + 1 - sink.position)
         started = time.monotonic()
         try:
             n = response.readinto(memoryview(buffer)[:want])
@@ -384,9 +384,8 @@ def _link(plan: RepoPlan, storage: Path, revision: str) -> Path:
     the hub again with a HEAD per file only to find the blob in place)."""
     snapshot = storage / "snapshots" / plan.commit
     missing = [f for f in plan.files if not (snapshot / f.path).is_file()]
-    for file in sorted(
-        missing, key=lambda f: f.path == "config.json"
-    ):  # sorted() keeps the order otherwise
+    # sorted() keeps the order otherwise
+    for file in sorted(missing, key=lambda f: f.path == "config.json"):
         blob, _, pointer = _paths(plan, file)
         pointer.parent.mkdir(parents=True, exist_ok=True)
         tmp = pointer.with_name(f".{pointer.name}.{os.getpid()}.tmp")
@@ -415,9 +414,8 @@ class _Sink:
     ``position`` counts the bytes taken."""
 
     BUFFERS = 4
-    BUFFER_BYTES = (
-        1 << 20
-    )  # measured: larger buffers fall out of the CPU's cache between the stages
+    # measured: larger buffers fall out of the CPU's cache between the stages
+    BUFFER_BYTES = 1 << 20
 
     def __init__(self, raw, file: RepoFile):
         self._raw, self._file = raw, file

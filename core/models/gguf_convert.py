@@ -27,8 +27,9 @@ converted file is therefore float32 (a file ``mx.load`` reads stays quantized).
 The result is kept under ``<data>/converted/<sha256[:32]>/<layout>/`` (weights.safetensors,
 config.json, meta.json), written into a temp folder and renamed into place. meta.json
 records the format version, the source file's SHA-256, the tensor count and the weights
-file's size, mtime and SHA-256 (re-hashed when size or mtime changed: ``core.models.hashing``); an entry that fails
-any check is removed and rebuilt, so a damaged cache costs time, never a wrong answer.
+file's size, mtime and SHA-256 (re-hashed when size or mtime changed: ``core.models.hashing``);
+an entry that fails any check is removed and rebuilt, so a damaged cache costs time, never a
+wrong answer.
 """
 
 from __future__ import annotations
@@ -243,7 +244,8 @@ def _fits_float16(values: mx.array) -> bool:
 
 @dataclass(frozen=True)
 class ConversionCache:
-    """Where one GGUF file's converted weights live: ``<data>/converted/<sha256[:32]>/<layout>/``."""
+    """Where one GGUF file's converted weights live:
+    ``<data>/converted/<sha256[:32]>/<layout>/``."""
 
     folder: Path
     source_sha256: str

@@ -195,9 +195,8 @@ def _gemma3_config(meta: dict, shapes: dict, path: Path) -> dict[str, Any]:
         # llama.cpp: 1/sqrt(head_dim), except the 27B (62 layers): 1/sqrt(hidden / heads)
         "query_pre_attn_scalar": hidden // heads if layers == 62 else head_dim,
         "sliding_window": window or int(meta.get("gemma3.context_length", 32768)),
-        "sliding_window_pattern": 6
-        if window
-        else 1,  # every 6th layer global; none without a window
+        # every 6th layer global; none without a window
+        "sliding_window_pattern": 6 if window else 1,
         "max_position_embeddings": int(meta.get("gemma3.context_length", 32768)),
         "rope_scaling": None,
         "tie_word_embeddings": "output.weight" not in shapes,
@@ -310,7 +309,8 @@ GEMMA_CHAT_TEMPLATE = (
     "{%- endif -%}"
     "{%- for message in messages -%}"
     "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
-    "{{ '<start_of_turn>' + role + '\n' + (system if loop.first else '') + message['content'] | trim + '<end_of_turn>\n' }}"
+    "{{ '<start_of_turn>' + role + '\n' + (system if loop.first else '') + "
+    "message['content'] | trim + '<end_of_turn>\n' }}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
 )

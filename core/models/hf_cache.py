@@ -136,7 +136,8 @@ def _repo_folders() -> list[tuple[str, Path]]:
 
 
 def list_cached_repos() -> list[tuple[str, Path]]:
-    """Every cached model repo with a complete MLX model, as ``(repo_id, snapshot folder)``, sorted."""
+    """Every cached model repo with a complete MLX model, as ``(repo_id, snapshot folder)``,
+    sorted."""
     repos = []
     for repo_id, _folder in _repo_folders():
         snapshot = resolve_repo(repo_id)

@@ -37,9 +37,8 @@ def open_get(url: str, headers: dict[str, str], timeout: float) -> http.client.H
     request = urllib.request.Request(url, method="GET")
     for name, value in headers.items():
         if name.lower() == "authorization":
-            request.add_unredirected_header(
-                name, value
-            )  # _Redirect passes it on to the same host only
+            # _Redirect passes it on to the same host only
+            request.add_unredirected_header(name, value)
         else:
             request.add_header(name, value)
     try:

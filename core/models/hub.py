@@ -398,7 +398,8 @@ def check_plan(plan: RepoPlan) -> RepoPlan:
 def check_repo_id(repo_id: str) -> None:
     if not _REPO_ID.match(repo_id or "") or ".." in repo_id:
         raise HubError(
-            f"{repo_id!r} is not a Hugging Face repo id (owner/name, e.g. mlx-community/Qwen3-4B-4bit)"
+            f"{repo_id!r} is not a Hugging Face repo id (owner/name, e.g. "
+            "mlx-community/Qwen3-4B-4bit)"
         )
 
 
@@ -429,7 +430,8 @@ def hub_error(exc: Exception, repo_id: str | None = None) -> HubError:
         status = exc.response.status_code if exc.response is not None else "?"
         if status == 401:
             return HubError(
-                f"the hub refused the token for {name} (HTTP 401): check HF_TOKEN or `hf auth login`"
+                f"the hub refused the token for {name} (HTTP 401): check HF_TOKEN or `hf auth "
+                "login`"
             )
         return HubError(f"the hub answered HTTP {status} for {name}; try again later")
     if isinstance(exc, _network_errors()):
@@ -538,9 +540,8 @@ def _search_result(info, kind: str, on_cpu: bool | None, machine_bytes: int | No
             sum(n * _DTYPE_BYTES.get(dtype.upper(), 2) for dtype, n in counts.items())
         )
         bits = _bits(config, info.id)
-        packed = any(
-            dtype.upper() == "U32" for dtype in counts
-        )  # quantized weights, 32 // bits a word
+        # quantized weights, 32 // bits a word
+        packed = any(dtype.upper() == "U32" for dtype in counts)
         parameters = (
             None
             if packed and bits is None
@@ -565,9 +566,8 @@ def _search_result(info, kind: str, on_cpu: bool | None, machine_bytes: int | No
         architecture = (
             gguf.get("architecture") if isinstance(gguf.get("architecture"), str) else None
         )
-        size = (
-            int(parameters * GGUF_BITS_PER_WEIGHT / 8) if parameters else None
-        )  # until a file is chosen
+        # until a file is chosen
+        size = int(parameters * GGUF_BITS_PER_WEIGHT / 8) if parameters else None
         problem = (
             None
             if architecture is None or architecture in GGUF_ARCHITECTURES

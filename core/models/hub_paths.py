@@ -14,9 +14,10 @@ them, before a folder is made, so a refused repo leaves nothing behind.
 - a blob is named by the file's SHA-256 (64 hex digits, LFS files) or git blob id (40).
 
 These are the predicates; :mod:`core.models.hub` refuses a repo that fails one with a
-one-line :class:`~core.models.hub.HubError`. The rules are written here rather than imported: huggingface_hub's file-name check is
-private, and its commit pattern lives in ``file_download``, whose imports (its HTTP client
-and more) ``radixchat pull`` does not otherwise pay for. A test keeps them equal.
+one-line :class:`~core.models.hub.HubError`. The rules are written here rather than imported:
+huggingface_hub's file-name check is private, and its commit pattern lives in ``file_download``,
+whose imports (its HTTP client and more) ``radixchat pull`` does not otherwise pay for. A test
+keeps them equal.
 """
 
 from __future__ import annotations

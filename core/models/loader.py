@@ -91,8 +91,8 @@ def resolve_spec(spec: str, data_root: Path, progress: ProgressFn | None = None)
         if found is not None:
             return found
         raise ModelLoadError(
-            f"{spec} is not in the local Hugging Face cache ({hf_cache.hf_cache_root()}) or not complete there; "
-            f"get it with `radixchat pull {spec}`, or give a local path"
+            f"{spec} is not in the local Hugging Face cache ({hf_cache.hf_cache_root()}) or not "
+            f"complete there; get it with `radixchat pull {spec}`, or give a local path"
         )
     raise ModelLoadError(
         f"no model at {spec}: give a .gguf file, an MLX model folder, or one of: "
@@ -168,9 +168,8 @@ def _load_gguf(path: Path, data_root: Path, parts: int = 1):
 
     digest = FileHashCache.in_data_folder(data_root).sha256(path)
     contents = read_gguf(path, ConversionCache.under(data_root, digest))
-    check_fits(
-        contents.config, path.name, memory=machine_memory() * parts
-    )  # before the model is built
+    # before the model is built
+    check_fits(contents.config, path.name, memory=machine_memory() * parts)
     model = build_model(contents.config, dict(contents.weights))
     tokenizer = build_tokenizer(contents.metadata, data_root / "tokenizers" / f"{digest[:32]}.json")
     return model, tokenizer, contents.config, [path]
@@ -186,9 +185,8 @@ def _load_mlx_dir(path: Path, weights_format: str = "stored", lazy: bool = False
         config = json.loads(config_file.read_text())
     except ValueError as exc:
         raise ModelLoadError(f"{config_file} is not valid JSON: {exc}") from exc
-    check_fits(
-        config, str(config_file), weights_format, memory=machine_memory() * parts
-    )  # before anything is built
+    # before anything is built
+    check_fits(config, str(config_file), weights_format, memory=machine_memory() * parts)
     weight_files = sorted(path.glob("*.safetensors"))
     if not weight_files:
         raise ModelLoadError(f"{path} has no .safetensors weights")

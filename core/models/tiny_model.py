@@ -247,7 +247,8 @@ def build_tokenizer():
 
 
 def write_tokenizer_files(path: Path, model_max_length: int) -> None:
-    """The byte tokenizer, its special tokens and the ChatML template, into model folder ``path``."""
+    """The byte tokenizer, its special tokens and the ChatML template, into model folder
+    ``path``."""
     build_tokenizer().save(str(path / "tokenizer.json"))
     added = {
         str(BYTE_VOCAB_SIZE + i): {

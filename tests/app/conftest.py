@@ -15,6 +15,7 @@ from app.settings_dialogs import AppSettings  # noqa: E402
 from core.chats.store import ChatStore  # noqa: E402
 from core.engine.engine import Engine  # noqa: E402
 from core.paths import chats_db_path  # noqa: E402
+from tests.faults.conftest import small_disk  # noqa: E402,F401  (test_main_window_faults: a full disk)
 
 
 @pytest.fixture

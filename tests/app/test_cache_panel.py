@@ -66,9 +66,8 @@ def test_empty_until_the_first_turn(panel):
         assert text(panel, name) == "—"
     assert bars(panel) == []
 
-    panel.add_turn(
-        RequestStats(prompt_tokens=512, computed_tokens=512, ttft_s=0.42)
-    )  # as the bridge hands it over
+    # as the bridge hands it over
+    panel.add_turn(RequestStats(prompt_tokens=512, computed_tokens=512, ttft_s=0.42))
     assert panel.plot_stack.currentWidget() is panel.chart_view
     assert bars(panel) == [(0, 0, 512)]
 
@@ -92,9 +91,8 @@ def test_turns_split_into_ram_disk_and_computed(panel):
     assert text(panel, "ttftValue") == "300 ms"
     # (0 + 480 + 900) / (512 + 512 + 1024) = 67.4%
     assert text(panel, "sessionHitRateValue") == "67% of 2,048 tokens · 3 turns"
-    assert (
-        panel.tokens_axis.data.max() >= 1024 and panel.ttft_axis.data.max() > 0.42
-    )  # with headroom
+    # with headroom
+    assert panel.tokens_axis.data.max() >= 1024 and panel.ttft_axis.data.max() > 0.42
     assert panel.ttft_axis.shown.labelFormat() == "%.0f ms"
     assert panel.ttft_axis.shown.max() == pytest.approx(1000 * panel.ttft_axis.data.max())
 
@@ -119,9 +117,8 @@ def test_only_the_last_turns_are_plotted_and_numbered(panel):
     shown = panel.x_axis.shown  # turn numbers 11..30 over bar positions 0..19
     assert (shown.min(), shown.max()) == (10.5, 30.5)
     assert (panel.x_axis.data.min(), panel.x_axis.data.max()) == (-0.5, 19.5)
-    assert "30 turns" in text(
-        panel, "sessionHitRateValue"
-    )  # the rate covers every turn, not just those plotted
+    # the rate covers every turn, not just those plotted
+    assert "30 turns" in text(panel, "sessionHitRateValue")
 
 
 def test_a_few_turns_keep_narrow_bars(panel):
@@ -140,9 +137,8 @@ def test_odd_turns_never_draw_negative_bars(panel):
     panel.add_turn(
         {"prompt_tokens": 100, "cached_tokens": -5, "restored_tokens": None, "computed_tokens": 20}
     )
-    panel.add_turn(
-        {"prompt_tokens": 10, "cached_tokens": 30, "computed_tokens": 5}
-    )  # parts exceed the prompt
+    # parts exceed the prompt
+    panel.add_turn({"prompt_tokens": 10, "cached_tokens": 30, "computed_tokens": 5})
     panel.add_turn({})  # nothing known
     assert bars(panel) == [(0, 0, 20), (30, 0, 5), (0, 0, 0)]
     assert all(value >= 0 for row in bars(panel) for value in row)
@@ -150,9 +146,8 @@ def test_odd_turns_never_draw_negative_bars(panel):
         TurnSplit.of({"prompt_tokens": 10, "cached_tokens": 30, "computed_tokens": 5}).prompt == 35
     )
     assert text(panel, "lastTurnValue") == "0 prompt tokens: 0 RAM · 0 disk · 0 computed"
-    assert (
-        text(panel, "sessionHitRateValue") == "22% of 135 tokens · 3 turns"
-    )  # 30 / (100 + 35 + 0)
+    # 30 / (100 + 35 + 0)
+    assert text(panel, "sessionHitRateValue") == "22% of 135 tokens · 3 turns"
 
 
 def totals(**cache) -> EngineStats:

@@ -177,9 +177,8 @@ def test_the_server_menu_opens_the_group_settings_for_the_loaded_model(
     dialog = window.group_dialog
     assert dialog.isVisible() and dialog.model_label.text() == "fake-model"
     assert dialog.hosts.count() == 2
-    assert dialog.split_label.text().startswith(
-        "✗ /fake has no config.json"
-    )  # the fake model's path
+    # the fake model's path
+    assert dialog.split_label.text().startswith("✗ /fake has no config.json")
     assert not dialog.start_button.isEnabled()
     window.group_action.trigger()  # a second time: the same dialog, raised
     assert window.group_dialog is dialog
@@ -214,9 +213,8 @@ def test_a_real_group_serves_and_its_killed_rank_is_named(qtbot, tmp_path, llama
             dialog.fault_label.text(),
         ), dialog.fault_label.text()  # as in test_group.py
         assert dialog.status_label.text() == "Not running"
-        assert (
-            "Node with rank 1 exited with code -9" in dialog.log.toPlainText()
-        )  # MLX's colours taken out
+        # MLX's colours taken out
+        assert "Node with rank 1 exited with code -9" in dialog.log.toPlainText()
         assert "\x1b" not in dialog.log.toPlainText()
         dialog.grab().save(str(tmp_path / "group-fault.png"))
     finally:

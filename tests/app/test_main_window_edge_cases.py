@@ -205,9 +205,8 @@ def test_deleting_the_open_chat_while_it_generates(qtbot, open_window, tmp_path)
     with qtbot.waitSignal(bridge.finished, timeout=WAIT_MS):  # the reply is stopped
         window.sessions.sessionDeleted.emit(doomed.id, doomed.name)
     assert engine.handles[-1].cancelled and engine.forgotten == [(doomed.name, "app")]
-    assert (
-        window.session is not None and window.session.created_at > doomed.created_at
-    )  # a fresh chat
+    # a fresh chat
+    assert window.session is not None and window.session.created_at > doomed.created_at
     assert window.chat.message_count() == 0 and window.composer.send_button.isEnabled()
     assert [s.id for s in store.list_sessions()] == [window.session.id]
     assert window.sessions.current_id() == window.session.id

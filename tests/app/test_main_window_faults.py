@@ -11,7 +11,7 @@ import pytest  # noqa: E402
 
 from core.engine.types import DoneEvent, RequestStats  # noqa: E402
 from tests.app.window_fakes import FakeEngine, send_turn, wait_ready  # noqa: E402
-from tests.faults.conftest import fill, small_disk  # noqa: E402,F401  (small_disk: a fixture)
+from tests.faults.conftest import fill  # noqa: E402
 from tests.faults.test_damaged_chats import damaged_db  # noqa: E402
 
 pytestmark = pytest.mark.faults

@@ -55,9 +55,8 @@ def test_markdown_renders_bold_and_shaded_fixed_pitch_code(body):
     frame = QTextCursor(code).currentFrame()
     assert frame != document.rootFrame()
     assert frame.frameFormat().background().color() == code_background(body.palette())
-    assert (
-        frame == QTextCursor(_block_with(document, "y = 2")).currentFrame()
-    )  # one box per code block
+    # one box per code block
+    assert frame == QTextCursor(_block_with(document, "y = 2")).currentFrame()
     assert QTextCursor(_block_with(document, "After.")).currentFrame() == document.rootFrame()
 
 
@@ -82,7 +81,8 @@ def test_a_dark_palette_rerenders_the_code_background(body):
 
 
 def _signature(document) -> list[tuple]:
-    """What a reader sees of each block: text, heading, list, code box, spacing, character styles."""
+    """What a reader sees of each block: text, heading, list, code box, spacing, character
+    styles."""
     signature, block = [], document.begin()
     while block.isValid():
         fmt = block.blockFormat()

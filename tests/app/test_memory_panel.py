@@ -211,12 +211,10 @@ def test_points_are_capped_and_span_the_window(panel):
     first_x = panel.series["mlx_active"].at(0).x()
     for name in panel.series:
         assert panel.series_points(name) <= MemoryPanel.MAX_POINTS
-    assert (
-        last_x - MemoryPanel.WINDOW_S - 2 <= first_x <= last_x - MemoryPanel.WINDOW_S
-    )  # just left of the window
-    assert (
-        panel.series["mlx_active"].at(panel.series_points("mlx_active") - 1).y() == 1999
-    )  # the newest sample
+    # just left of the window
+    assert last_x - MemoryPanel.WINDOW_S - 2 <= first_x <= last_x - MemoryPanel.WINDOW_S
+    # the newest sample
+    assert panel.series["mlx_active"].at(panel.series_points("mlx_active") - 1).y() == 1999
     assert (
         panel.x_axis.data.max() == last_x
         and panel.x_axis.data.min() == last_x - MemoryPanel.WINDOW_S
@@ -264,9 +262,8 @@ def test_update_stats_is_cheap(panel):
         panel.update_stats(
             *loaded(time=i * 0.3, mlx_active_bytes=(i % 50) * 20 * MB, pages_used=i % 1024)
         )
-    assert (
-        time.perf_counter() - start
-    ) / 1000 < 0.05  # a loose sanity bound; the cap is the real guard
+    # a loose sanity bound; the cap is the real guard
+    assert (time.perf_counter() - start) / 1000 < 0.05
     assert panel.series_points("mlx_active") <= MemoryPanel.MAX_POINTS
 
 

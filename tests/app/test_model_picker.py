@@ -112,12 +112,9 @@ def test_nothing_preselected_without_a_current_model(qtbot, open_picker):
     with qtbot.waitSignal(dialog.accepted):
         item = dialog.tree.topLevelItem(1)
         rect = dialog.tree.visualItemRect(item)
-        qtbot.mouseClick(
-            dialog.tree.viewport(), Qt.MouseButton.LeftButton, pos=rect.center()
-        )  # a double
-        qtbot.mouseDClick(
-            dialog.tree.viewport(), Qt.MouseButton.LeftButton, pos=rect.center()
-        )  # click
+        # a double click
+        qtbot.mouseClick(dialog.tree.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
+        qtbot.mouseDClick(dialog.tree.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
     assert dialog.chosen_spec() == "gemma3-270m" and dialog.result() == QDialog.DialogCode.Accepted
 
 
@@ -143,9 +140,8 @@ def test_open_gguf_file_chooses_it(qtbot, open_picker, tmp_path):
     assert dialog.chosen_spec() == str(picked)
     assert _rows(dialog)[-1][:2] == ["picked", "GGUF"]
     count = dialog.tree.topLevelItemCount()
-    qtbot.mouseClick(
-        dialog.gguf_button, Qt.MouseButton.LeftButton
-    )  # the same file again: no second row
+    # the same file again: no second row
+    qtbot.mouseClick(dialog.gguf_button, Qt.MouseButton.LeftButton)
     assert dialog.tree.topLevelItemCount() == count
     with qtbot.waitSignal(dialog.accepted):
         qtbot.mouseClick(_ok(dialog), Qt.MouseButton.LeftButton)

@@ -31,9 +31,10 @@ def test_the_screenshot_shows_a_three_turn_chat_and_leaves_the_data_folder_alone
     assert capsys.readouterr().out.strip() == str(shot)
     image = QImage(str(shot))
     assert (image.width(), image.height()) == SIZE
+    # not blank
     assert (
         len({image.pixel(x, y) for x in range(0, SIZE[0], 37) for y in range(0, SIZE[1], 29)}) > 8
-    )  # not blank
+    )
     assert list(data.iterdir()) == []  # a scratch folder held the chats and the cache
 
 
@@ -65,9 +66,8 @@ def test_a_failed_turn_says_why(qtbot, tmp_path, tiny_model):
         UserError,
         match="the third turn failed: the prompt is .* tokens but .* has a context of 512",
     ):
-        run_screenshot(
-            tmp_path / "shot.png", data, str(tiny_model)
-        )  # its 512-token context is too short
+        # its 512-token context is too short
+        run_screenshot(tmp_path / "shot.png", data, str(tiny_model))
 
 
 def test_bench_gui_prints_a_line_a_reply_and_the_median(qtbot, tmp_path, tiny_model, capsys):

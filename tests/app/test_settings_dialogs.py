@@ -10,10 +10,10 @@ import pytest  # noqa: E402
 from PySide6.QtCore import QSettings, Qt  # noqa: E402
 from PySide6.QtWidgets import QDialogButtonBox, QLabel  # noqa: E402
 
-from app.settings_dialogs import (
+from app.settings_dialogs import (  # noqa: E402
     DEFAULT_SAMPLING,
     AppSettings,
-    AppSettingsDialog,  # noqa: E402
+    AppSettingsDialog,
     SessionSettingsDialog,
 )
 from core.engine.types import SamplingParams  # noqa: E402

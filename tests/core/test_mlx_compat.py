@@ -33,11 +33,11 @@ def test_the_launcher_is_there_with_main_and_its_select():
         f"{installed()}: {LAUNCHER}.main is gone; this breaks {GROUPS}"
     )
     assert not inspect.signature(launcher.main).parameters, (
-        f"{installed()}: {LAUNCHER}.main now takes arguments (it read sys.argv); this breaks {GROUPS}"
+        f"{installed()}: {LAUNCHER}.main now takes arguments (it read sys.argv); this breaks "
+        f"{GROUPS}"
     )
-    source = inspect.getsource(
-        launcher
-    )  # (its select may be ours already: a group ran in this process)
+    # (its select may be ours already: a group ran in this process)
+    source = inspect.getsource(launcher)
     assert (
         "from select import select" in source and "select(" in source and callable(launcher.select)
     ), (

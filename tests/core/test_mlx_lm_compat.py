@@ -33,7 +33,10 @@ def installed() -> str:
         for r in importlib.metadata.requires("radixchat") or []
         if r.startswith(("mlx-lm", "mlx_lm"))
     ]
-    return f"mlx-lm {importlib.metadata.version('mlx-lm')} (RadixChat pins {', '.join(wanted) or 'nothing'})"
+    return (
+        f"mlx-lm {importlib.metadata.version('mlx-lm')} (RadixChat pins "
+        f"{', '.join(wanted) or 'nothing'})"
+    )
 
 
 @dataclass(frozen=True)
@@ -42,9 +45,8 @@ class Reliance:
 
     where: str
     breaks: str  # what in RadixChat stops working without it
-    parameters: tuple[str, ...] | None = (
-        None  # the signature's leading parameters, in order (self excluded)
-    )
+    # the signature's leading parameters, in order (self excluded)
+    parameters: tuple[str, ...] | None = None
     keywords: tuple[str, ...] = ()  # parameters passed by name (anywhere in the signature)
 
     def resolve(self):
@@ -64,7 +66,10 @@ class Reliance:
         return found
 
 
-DECODE = "the decode batch (core/engine/decode_batch.py: requests joining a running batch, the greedy shortcut)"
+DECODE = (
+    "the decode batch (core/engine/decode_batch.py: requests joining a running batch, the greedy "
+    "shortcut)"
+)
 PREFILL = "batched prefill (core/engine/batch_prefill.py)"
 SPEEDUPS = "the CPU speed-ups (core/engine/cpu_speedups.py)"
 TOOLS = "tool calling (core/models/chat_template.py, core/engine/constrain.py)"
@@ -271,15 +276,16 @@ def test_llama_style_blocks_hold_the_fields_the_speed_ups_read(module):
     assert (
         blocks.get(type(layer.self_attn)) == "attention" and blocks.get(type(layer.mlp)) == "mlp"
     ), (
-        f"{installed()}: mlx_lm.models.{module} builds its layers from other classes; {SPEEDUPS} no longer apply"
+        f"{installed()}: mlx_lm.models.{module} builds its layers from other classes; {SPEEDUPS} "
+        "no longer apply"
     )
     missing = [f for f in ATTENTION_FIELDS if not hasattr(layer.self_attn, f)]
     assert not missing, (
         f"{installed()}: {module}.Attention lost {', '.join(missing)}; this breaks {SPEEDUPS}"
     )
     assert attention_function(type(layer.self_attn)) is not None, (
-        f"{installed()}: mlx_lm.models.{module} no longer calls a module-level scaled_dot_product_attention; "
-        f"{SPEEDUPS} cannot fold its attention"
+        f"{installed()}: mlx_lm.models.{module} no longer calls a module-level "
+        f"scaled_dot_product_attention; {SPEEDUPS} cannot fold its attention"
     )
 
 
@@ -303,8 +309,8 @@ def test_the_attention_function_replaced_is_the_one_the_model_calls():
     finally:
         replace_attention_function(cls, original)
     assert len(calls) == len(model.layers), (
-        f"{installed()}: llama's attention no longer calls its module's scaled_dot_product_attention "
-        f"at run time; {SPEEDUPS} cannot fold it"
+        f"{installed()}: llama's attention no longer calls its module's "
+        f"scaled_dot_product_attention at run time; {SPEEDUPS} cannot fold it"
     )
 
 
@@ -338,13 +344,14 @@ def test_models_said_to_be_head_of_backbone_are(module, extra):
     want = model(tokens, cache=make_prompt_cache(model))
     got = head(backbone(tokens, make_prompt_cache(model)))
     assert mx.array_equal(got, want).item(), (
-        f"{installed()}: {module}'s Model.__call__ is no longer head(model(inputs, cache)); "
-        "this breaks the last-position logits of core/engine/generation.py (last_logits, rows_logits)"
+        f"{installed()}: {module}'s Model.__call__ is no longer head(model(inputs, cache)); this "
+        "breaks the last-position logits of core/engine/generation.py (last_logits, rows_logits)"
     )
 
 
 def test_a_generation_batch_keeps_the_fields_the_decode_batch_sets():
-    """``GreedyBatch._step``, ``JoiningRows`` and ``row_to_park`` read and set these between steps."""
+    """``GreedyBatch._step``, ``JoiningRows`` and ``row_to_park`` read and set these between
+    steps."""
     from mlx_lm.generate import GenerationBatch
     from mlx_lm.sample_utils import greedy_sampler
 
@@ -370,7 +377,8 @@ def test_a_generation_batch_keeps_the_fields_the_decode_batch_sets():
     response = {f.name for f in dataclasses.fields(GenerationBatch.Response)}
     lost = {"uid", "token", "finish_reason", "prompt_cache", "all_tokens"} - response
     assert not lost, (
-        f"{installed()}: GenerationBatch.Response lost {', '.join(sorted(lost))}; this breaks {DECODE}"
+        f"{installed()}: GenerationBatch.Response lost {', '.join(sorted(lost))}; this breaks "
+        f"{DECODE}"
     )
 
 
@@ -439,8 +447,8 @@ def test_the_greedy_shortcut_and_joining_rows_give_mlx_lms_own_tokens():
             our_tokens[r.uid].append(r.token)
     assert [t[0] for t in our_tokens] == [p[-1] for p in prompts]
     assert [t[1:] for t in our_tokens] == their_tokens, (
-        f"{installed()}: the decode batch's rows no longer decode as mlx-lm's GenerationBatch does; "
-        f"this breaks {DECODE}"
+        f"{installed()}: the decode batch's rows no longer decode as mlx-lm's GenerationBatch "
+        f"does; this breaks {DECODE}"
     )
 
 
@@ -458,13 +466,14 @@ def test_the_tool_parser_table_and_the_json_parser():
         "<tool_call>{{ tool_call.name }}</tool_call>{% endfor %}{% endfor %}"
     )
     assert infer_tool_parser(hf) == "json_tools", (
-        f"{installed()}: a template writing <tool_call> and tool_call.name is no longer mlx-lm's json_tools; "
-        f"this breaks {TOOLS}"
+        f"{installed()}: a template writing <tool_call> and tool_call.name is no longer mlx-lm's "
+        f"json_tools; this breaks {TOOLS}"
     )
     assert writes_json_tool_calls(json_tools.parse_tool_call), (
-        f"{installed()}: mlx-lm's JSON tool parser moved; forced tool calls ({TOOLS}) lose their grammar"
+        f"{installed()}: mlx-lm's JSON tool parser moved; forced tool calls ({TOOLS}) lose their "
+        "grammar"
     )
     assert hf_tokenizer(TokenizerWrapper(hf)) is hf, (
-        f"{installed()}: TokenizerWrapper no longer keeps the Hugging Face tokenizer as _tokenizer; "
-        f"this breaks {TOOLS} and constrained decoding"
+        f"{installed()}: TokenizerWrapper no longer keeps the Hugging Face tokenizer as "
+        f"_tokenizer; this breaks {TOOLS} and constrained decoding"
     )

@@ -40,9 +40,10 @@ def turn(capsys, model, data, text) -> dict:
     "content",
     [
         b"this is not a database " * 100,  # not SQLite at all
+        # a header, then garbage
         b"SQLite format 3\x00" + b"\x07" * 4000,
     ],
-)  # a header, then garbage
+)
 def test_an_unreadable_cache_is_set_aside_and_rebuilt(
     capsys, caplog, tiny_model, tmp_path, content
 ):

@@ -36,12 +36,10 @@ def test_the_cache_stops_short_of_its_reserve_and_chats_still_save(small_disk):
     space), then chats.db could not be written."""
     reserve = 2 * 2**20
     with DiskStore(small_disk / "kvcache.db", reserve_bytes=reserve) as store:
-        results = [
-            store.save_session(f"s{n}", FP, session_pages(n)) for n in range(16)
-        ]  # 8 MB of pages
-        assert (
-            sum(r.bytes_written for r in results) > 2 * 2**20
-        )  # it did cache while there was room
+        # 8 MB of pages
+        results = [store.save_session(f"s{n}", FP, session_pages(n)) for n in range(16)]
+        # it did cache while there was room
+        assert sum(r.bytes_written for r in results) > 2 * 2**20
         assert any(r.pages_written == 0 for r in results)  # and then gave way
         assert store.load_session("s0", FP)  # what it holds is whole
     assert free(small_disk) >= reserve // 2
@@ -66,9 +64,8 @@ def test_the_cache_gives_space_back_when_the_disk_passes_its_reserve(small_disk)
             store.save_session(f"s{n}", FP, session_pages(n))
     size = path.stat().st_size
     assert size > 2 * 2**20
-    filler = fill(
-        small_disk, leave=3 * reserve // 4
-    )  # something else takes the disk past the reserve
+    # something else takes the disk past the reserve
+    filler = fill(small_disk, leave=3 * reserve // 4)
     before = free(small_disk)
     with DiskStore(path, reserve_bytes=reserve) as store:
         store.enforce_budget()

@@ -594,7 +594,10 @@ SKIPPED: dict[str, str] = {
     "qwen3_vl": _WRAPS.format("qwen3"),
     "qwen3_vl_moe": _WRAPS.format("qwen3_moe"),
     "qwen3_5_moe": "qwen3_5's model under another name (covered)",
-    "prism_hadamard_qwen35": "qwen3_5 over a Hadamard-rotated 2-bit pack that only its converter writes (covered as qwen3_5)",
+    "prism_hadamard_qwen35": (
+        "qwen3_5 over a Hadamard-rotated 2-bit pack that only its converter writes"
+        " (covered as qwen3_5)"
+    ),
 }
 
 # Families whose mlx-lm code runs Metal kernels only (mx.fast.metal_kernel, no fallback):
@@ -701,7 +704,8 @@ def _initialised(config: dict, seed: int):
 
 
 def _is_head(name: str) -> bool:
-    """The embedding table or output head (their scale sets the logits' spread): not inside a layer."""
+    """The embedding table or output head (their scale sets the logits' spread): not inside
+    a layer."""
     parts = name.split(".")
     return (
         parts[-1] == "weight"

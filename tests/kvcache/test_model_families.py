@@ -31,7 +31,9 @@ FOLLOW_UP = [(13 * i + 7) % 250 + 1 for i in range(6)]
 # mlx-lm models whose own caches, continued, give other logits than one whole prefill
 # (so a cache can only reproduce the continued ones); measured on these configs
 CONTINUATION_DIFFERS = {
-    "phi3small": "its block-sparse attention masks blocks by query position within the call (7e-4 here)",
+    "phi3small": (
+        "its block-sparse attention masks blocks by query position within the call (7e-4 here)"
+    ),
 }
 
 

@@ -212,9 +212,8 @@ def test_a_restore_past_what_ram_holds_is_taken_whole_without_a_gather(
     writer, original = saved_with_caches(model, db, tokens, snapshot_at=(40, 100))
     writer.close()
     pc = prefix_cache(model)
-    head, snaps = computed(
-        model, pc, tokens[:40]
-    )  # as the saved chain's first forward: the same bits
+    # as the saved chain's first forward: the same bits
+    head, snaps = computed(model, pc, tokens[:40])
     pc.commit(pc.match(tokens[:40]), tokens[:40], head, snaps)
     persister = DiskTier(db, pc, FP)
     gathers = []
@@ -290,9 +289,8 @@ def test_resume_point():
     assert _resume_point(pages, [0, 1], limit=1, hybrid=False) == 0
     assert _resume_point(pages, prompt, limit=10, hybrid=True) == 10  # page ends with snapshots
     assert _resume_point(pages, prompt, limit=9, hybrid=True) == 8
-    assert (
-        _resume_point(pages, [1, 2, 3, 4, 5, 6, 0], limit=6, hybrid=True) == 0
-    )  # no snapshot before
+    # no snapshot before
+    assert _resume_point(pages, [1, 2, 3, 4, 5, 6, 0], limit=6, hybrid=True) == 0
 
 
 def test_a_save_is_serialized_later_as_the_caches_were_when_saved(model, db, tokens, monkeypatch):

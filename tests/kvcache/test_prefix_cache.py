@@ -202,9 +202,8 @@ def test_restored_kv_serves_the_next_request_exactly(tiny):
     source = make_cache(model)
     history = list(range(40, 90))
     serve(source, model, history)
-    caches = source._hot[
-        "", tuple(history)
-    ]  # K/V and snapshot "from disk", with 30 spare positions
+    # K/V and snapshot "from disk", with 30 spare positions
+    caches = source._hot["", tuple(history)]
     layers_kv = [
         tuple(
             mx.concatenate([a[0, :, : len(history)], mx.zeros_like(a[0, :, :30])], axis=1)

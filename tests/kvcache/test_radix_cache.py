@@ -259,9 +259,8 @@ def test_without_require_snapshots_the_match_is_not_cut():
 def test_require_snapshots_cuts_back_to_the_deepest_snapshot():
     cache = RadixCache(require_snapshots=True)
     cache.insert([1, 2, 3, 4, 5, 6], slots(10, 6))
-    assert cache.match_prefix([1, 2, 3, 4, 5, 6]) == MatchResult(
-        (), 0, cache.root, None
-    )  # root counts
+    # root counts
+    assert cache.match_prefix([1, 2, 3, 4, 5, 6]) == MatchResult((), 0, cache.root, None)
     cache.insert([1, 2, 3], [20, 21, 22], snapshot="s3")
     m = cache.match_prefix([1, 2, 3, 4, 5, 6, 7])
     assert (m.values, m.snapshot) == ((10, 11, 12), "s3")
@@ -367,7 +366,10 @@ def test_check_invariants_catches_corruption():
 
 
 def test_module_is_pure_python():
-    code = "import sys, kvcache.radix_cache; bad = {'mlx', 'core', 'app', 'PySide6'} & set(sys.modules); assert not bad, bad"
+    code = (
+        "import sys, kvcache.radix_cache; bad = {'mlx', 'core', 'app', 'PySide6'} & "
+        "set(sys.modules); assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -593,7 +595,6 @@ def test_eviction_is_one_lru_over_every_namespace_and_drops_empty_anchors():
     cache.check_invariants()
     cache.dec_lock_ref(locked)
     assert cache.evict(5) == 2 and cache.stats().namespaces == 0
-    cache.dec_lock_ref(
-        cache.match_prefix([1], namespace="b").last_node
-    )  # a miss's node: no lock to give
+    # a miss's node: no lock to give
+    cache.dec_lock_ref(cache.match_prefix([1], namespace="b").last_node)
     cache.check_invariants()

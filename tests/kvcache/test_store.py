@@ -408,7 +408,8 @@ from pathlib import Path
 from kvcache.store import DiskStore, PageData
 
 def state(session, step):
-    full = [tuple(range(1000 * session + 8 * j, 1000 * session + 8 * j + 8)) for j in range(step % 4)]
+    first = 1000 * session
+    full = [tuple(range(first + 8 * j, first + 8 * j + 8)) for j in range(step % 4)]
     return full + [(90000 + step,) + tuple(range(step % 5))]
 
 def pages(chain):  # K/V: a function of the prefix only, as a model's is
@@ -459,7 +460,7 @@ def test_sigkill_during_saves_leaves_a_consistent_store(tmp_path):
             assert child.poll() is None, (folder / "log").read_text()
             assert time.monotonic() < deadline
             time.sleep(0.01)
-    for folder, _, child in trials:
+    for _, _, child in trials:
         child.stdin.write(b"go\n")
         child.stdin.flush()
         time.sleep(rng.uniform(0.002, 0.05))

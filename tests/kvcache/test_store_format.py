@@ -74,9 +74,8 @@ def test_checksum_is_crc32_over_the_length_prefixed_parts():
     crc = zlib.crc32(kv, crc)
     crc = zlib.crc32(b"\xff" * 8, crc)
     assert page_checksum(tokens, kv, None) == f"crc32:{crc:08x}"
-    assert page_checksum(tokens, kv, b"") != page_checksum(
-        tokens, kv, None
-    )  # empty differs from missing
+    # empty differs from missing
+    assert page_checksum(tokens, kv, b"") != page_checksum(tokens, kv, None)
     assert page_checksum(tokens, kv + b"\0", None) != page_checksum(tokens, kv, None)
 
 
@@ -86,9 +85,8 @@ def test_page_problem_finds_each_kind_of_damage():
     assert page_problem(key, None, FP, tokens, checksum, kv, snap) is None
     assert "key does not match" in page_problem(key, None, "e" * 64, tokens, checksum, kv, snap)
     assert "key does not match" in page_problem(key, "p" * 64, FP, tokens, checksum, kv, snap)
-    assert "key does not match" in page_problem(
-        key, None, FP, tokens[:-1], checksum, kv, snap
-    )  # torn int32
+    # torn int32
+    assert "key does not match" in page_problem(key, None, FP, tokens[:-1], checksum, kv, snap)
     assert "key does not match" in page_problem(key, None, FP, b"", checksum, kv, snap)
     assert page_problem(key, None, FP, tokens, checksum, None, snap) == "no K/V data"
     flipped = bytes([kv[0] ^ 1]) + kv[1:]

@@ -41,9 +41,8 @@ def test_same_tokens_in_two_namespaces_are_two_chains_each_stored_once(store):
     pages = make_pages(CHAIN)
     first = store.save_prefix(FP, pages, namespace="alice")
     assert first.pages_written == 3
-    assert (
-        store.save_prefix(FP, pages, namespace="alice").pages_written == 0
-    )  # no rewrite inside one
+    # no rewrite inside one
+    assert store.save_prefix(FP, pages, namespace="alice").pages_written == 0
     assert store.save_prefix(FP, pages, namespace="bob").pages_written == 3  # a chain of its own
     assert store.stats().pages == 6 and store.stats().orphan_pages == 0
     assert store.verify().clean  # first pages under a root are whole chains, not broken ones

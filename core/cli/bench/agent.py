@@ -433,9 +433,12 @@ def _report(
             "mlx_lm": mlx_lm.__version__,
         },
         "load_1min": [round(x, 2) for x in load],  # before the first repetition and after each
-        "method": "a two-agent coding session with tools replayed as greedy streaming requests to servers in "
-        "their own processes, interleaved request by request; TTFT = send to first streamed piece "
-        "of the reply, on the client; sums over all requests, medians over repetitions",
+        "method": (
+            "a two-agent coding session with tools replayed as greedy streaming requests to "
+            "servers in their own processes, interleaved request by request; TTFT = send to "
+            "first streamed piece of the reply, on the client; sums over all requests, medians "
+            "over repetitions"
+        ),
         "ttft_s": {
             way: [[None if r is None else round(r.ttft_s, 4) for r in replies] for replies in reps]
             for way, reps in runs.items()
@@ -491,9 +494,11 @@ def _report(
 
 def format_table(report: dict) -> str:
     lines = [
-        f"model: {report['model']}; {report['requests']} requests, {report['max_tokens']} greedy tokens "
-        f"each; ours through {report['ours_endpoint']}; interleaved; medians of {report['repeats']}; "
-        f"load {report['load_1min']}",
+        (
+            f"model: {report['model']}; {report['requests']} requests, {report['max_tokens']} "
+            f"greedy tokens each; ours through {report['ours_endpoint']}; interleaved; medians "
+            f"of {report['repeats']}; load {report['load_1min']}"
+        ),
         "",
     ]
     nocache = report.get("nocache_requests")
@@ -510,13 +515,14 @@ def format_table(report: dict) -> str:
     lines.append("")
     if "ratio_ours_vs_ours_no_cache" in report:
         lines.append(
-            f"ours / ours without cache: {report['ratio_ours_vs_ours_no_cache']:.3f} (target <= 0.3; "
-            f"over the {len(nocache)} requests both ran)"
+            f"ours / ours without cache: {report['ratio_ours_vs_ours_no_cache']:.3f} (target <= "
+            f"0.3; over the {len(nocache)} requests both ran)"
         )
     if "ratio_ours_vs_mlx_lm_server" in report:
         lines.append(
-            f"ours / mlx_lm.server:      {report['ratio_ours_vs_mlx_lm_server']:.3f} (target <= 0.9; "
-            f"per request, median {report['ratio_ours_vs_mlx_lm_server_per_request_median']:.3f})"
+            f"ours / mlx_lm.server:      {report['ratio_ours_vs_mlx_lm_server']:.3f} (target <= "
+            "0.9; per request, median "
+            f"{report['ratio_ours_vs_mlx_lm_server_per_request_median']:.3f})"
         )
     if "replies_identical" in report:
         lines.append(f"replies the same with and without our cache: {report['replies_identical']}")

@@ -19,25 +19,52 @@ ROUNDS = 10
 STOP_SEQUENCES = ("\n",)
 
 RULES = (
-    "Read the code before you change it: open every file you intend to edit and the tests that cover it.",
-    "Make the smallest change that solves the task; do not reformat code you did not otherwise touch.",
+    (
+        "Read the code before you change it: open every file you intend to edit and the tests "
+        "that cover it."
+    ),
+    (
+        "Make the smallest change that solves the task; do not reformat code you did not "
+        "otherwise touch."
+    ),
     "Keep the project's style: naming, docstrings, error handling and the layout of its modules.",
     "Never invent an API: search the code base for how a function is called before calling it.",
     "Run the tests that cover your change after every edit, and the whole suite before you finish.",
-    "When a test fails, read its output completely, find the cause, and fix the cause, not the test.",
-    "Do not add dependencies without saying why; prefer the standard library and what the project uses.",
+    (
+        "When a test fails, read its output completely, find the cause, and fix the cause, not "
+        "the test."
+    ),
+    (
+        "Do not add dependencies without saying why; prefer the standard library and what the "
+        "project uses."
+    ),
     "Write tests for new behaviour next to the existing tests of the module, in the same style.",
-    "Errors meant for the user are one clear line; bugs keep their traceback. Do not swallow exceptions.",
+    (
+        "Errors meant for the user are one clear line; bugs keep their traceback. Do not swallow "
+        "exceptions."
+    ),
     "Do not leave debugging output, commented-out code or TODO notes in the files you hand back.",
-    "Use the tools one at a time and wait for each result; do not guess what a command would print.",
+    (
+        "Use the tools one at a time and wait for each result; do not guess what a command would "
+        "print."
+    ),
     "Paths are relative to the repository root. Never touch files outside the repository.",
     "Long outputs are cut: ask for a line range when you need a part of a large file.",
     "Commit messages say what changed and why, in the imperative, in one paragraph.",
-    "When the task is ambiguous, pick the reading that keeps existing behaviour and say so in the summary.",
-    "Security matters: never print secrets, never disable certificate checks, never widen permissions.",
+    (
+        "When the task is ambiguous, pick the reading that keeps existing behaviour and say so "
+        "in the summary."
+    ),
+    (
+        "Security matters: never print secrets, never disable certificate checks, never widen "
+        "permissions."
+    ),
     "Prefer clear data types (dataclasses, enums) to dictionaries of loosely named fields.",
     "Performance claims need a measurement: state the command you ran and the figures it printed.",
-    "Keep functions short and named for what they do; split a module that grows past a few hundred lines.",
+    (
+        "Keep functions short and named for what they do; split a module that grows past a few "
+        "hundred lines."
+    ),
     "Answer in English, briefly. Report what you changed, what you ran and what you left undone.",
 )
 AREAS = (
@@ -68,8 +95,11 @@ ROLES = (
 TOOLS = (
     {
         "name": "read_file",
-        "description": "Read a text file of the repository. Returns the file's lines, numbered. Use start_line "
-        "and end_line to read a part of a long file; without them the first 400 lines come back.",
+        "description": (
+            "Read a text file of the repository. Returns the file's lines, numbered. Use "
+            "start_line and end_line to read a part of a long file; without them the first 400 "
+            "lines come back."
+        ),
         "parameters": {
             "type": "object",
             "properties": {
@@ -85,8 +115,11 @@ TOOLS = (
     },
     {
         "name": "edit_file",
-        "description": "Replace one exact occurrence of old_text with new_text in a file. Fails if old_text is "
-        "missing or occurs more than once: include enough surrounding lines to make it unique.",
+        "description": (
+            "Replace one exact occurrence of old_text with new_text in a file. Fails if old_text "
+            "is missing or occurs more than once: include enough surrounding lines to make it "
+            "unique."
+        ),
         "parameters": {
             "type": "object",
             "properties": {
@@ -121,8 +154,10 @@ TOOLS = (
     },
     {
         "name": "run_tests",
-        "description": "Run the test suite, or part of it, with pytest. Returns the last 60 lines of its output "
-        "and the exit status.",
+        "description": (
+            "Run the test suite, or part of it, with pytest. Returns the last 60 lines of its "
+            "output and the exit status."
+        ),
         "parameters": {
             "type": "object",
             "properties": {
@@ -140,8 +175,10 @@ TOOLS = (
     },
     {
         "name": "run_command",
-        "description": "Run a shell command in the repository root with a time limit. Returns its standard "
-        "output and error, cut to 4,000 characters, and its exit status. No network access.",
+        "description": (
+            "Run a shell command in the repository root with a time limit. Returns its standard "
+            "output and error, cut to 4,000 characters, and its exit status. No network access."
+        ),
         "parameters": {
             "type": "object",
             "properties": {
@@ -156,7 +193,9 @@ TOOLS = (
     },
     {
         "name": "list_directory",
-        "description": "List a folder of the repository: names, sizes, and a trailing slash on folders.",
+        "description": (
+            "List a folder of the repository: names, sizes, and a trailing slash on folders."
+        ),
         "parameters": {
             "type": "object",
             "properties": {
@@ -170,8 +209,10 @@ TOOLS = (
     },
 )
 TASKS = (
-    "The storage module loses the last record when the file does not end with a newline. Find the bug, fix "
-    "it and add a test.",
+    (
+        "The storage module loses the last record when the file does not end with a newline. "
+        "Find the bug, fix it and add a test."
+    ),
     "Add a --limit option to the cli's list command that prints at most N entries, with a test.",
 )
 
@@ -234,7 +275,10 @@ def _source(rng: random.Random, path: str, lines: int) -> str:
     area = path.split("/")[2]
     out, n = [], 1
     while len(out) < lines:
-        name = f"{rng.choice(('load', 'save', 'parse', 'check', 'merge', 'split'))}_{area}_{rng.randint(1, 99)}"
+        name = (
+            f"{rng.choice(('load', 'save', 'parse', 'check', 'merge', 'split'))}_{area}_"
+            f"{rng.randint(1, 99)}"
+        )
         body = [
             f"def {name}(items, limit={rng.randint(1, 64)}):",
             f'    """{rng.choice(ROLES).capitalize()} for the {area} module."""',
@@ -266,7 +310,10 @@ def _output(rng: random.Random, call: Call) -> str:
     if call.name == "run_tests":
         passed = rng.randint(20, 90)
         lines = [
-            f"tests/{rng.choice(AREAS)}/test_{rng.choice(AREAS)}_{i}.py ....{'.' * rng.randint(1, 20)}"
+            (
+                f"tests/{rng.choice(AREAS)}/test_{rng.choice(AREAS)}_{i}.py "
+                f"....{'.' * rng.randint(1, 20)}"
+            )
             for i in range(rng.randint(6, 10))
         ]
         lines += [

@@ -9,13 +9,13 @@ the same work. Each repetition runs, one request at a time:
   ``<tool_call>`` wrapper around JSON for the tool's parameters);
 
 then four requests decoded together in one batch, first all free, then two free and two
-constrained to the JSON schema, on the same prompts (each row its own processor or none). A request's decode rate is its tokens
-after the first over the time from its first to its last token (the engine's
-``decode_tps``); a batch's is the tokens of all its rows over the batch's wall time. The
-wall-clock cost per token is ``1/rate(constrained) - 1/rate(free)`` in milliseconds; the
-CPU cost per token is the engine thread's CPU time inside the grammar processor (matcher,
-mask) over the request's tokens (``RequestStats.constraint_cpu_s``), which a busy machine
-disturbs far less than wall time. Medians over repetitions.
+constrained to the JSON schema, on the same prompts (each row its own processor or none). A
+request's decode rate is its tokens after the first over the time from its first to its last
+token (the engine's ``decode_tps``); a batch's is the tokens of all its rows over the batch's
+wall time. The wall-clock cost per token is ``1/rate(constrained) - 1/rate(free)`` in
+milliseconds; the CPU cost per token is the engine thread's CPU time inside the grammar
+processor (matcher, mask) over the request's tokens (``RequestStats.constraint_cpu_s``), which a
+busy machine disturbs far less than wall time. Medians over repetitions.
 """
 
 from __future__ import annotations

@@ -129,7 +129,8 @@ def format_table(report: dict, children: list[dict]) -> str:
             f"{_label(r):<22}{r['load_s']:>7.2f}{r['weight_bytes'] / 1e6:>11.1f}"
             f"{r['prefill_tps']:>15.1f}{r['prefill_tps'] / fastest['prefill_tps']:>7.2f}"
             f"{r['prefill_tps'] / base['prefill_tps']:>7.2f}{r['decode_tps']:>14.1f}"
-            f"{r['decode_tps'] / fastest['decode_tps']:>7.2f}{r['decode_tps'] / base['decode_tps']:>7.2f}"
+            f"{r['decode_tps'] / fastest['decode_tps']:>7.2f}"
+            f"{r['decode_tps'] / base['decode_tps']:>7.2f}"
         )
     overall = max(
         results,

@@ -120,7 +120,8 @@ def ask(port: int, prompt: str, max_tokens: int) -> dict:
         response = conn.getresponse()
         if response.status != 200:
             raise UserError(
-                f"bench distributed: the server answered {response.status}: {response.read()[:300]!r}"
+                f"bench distributed: the server answered {response.status}: "
+                f"{response.read()[:300]!r}"
             )
         for line in response:
             if not line.startswith(b"data: {"):
@@ -199,9 +200,8 @@ def run_bench_distributed(args) -> int:
             for rep in range(args.repeats):
                 for n in lengths:
                     texts = {}
-                    for mode in (
-                        MODES if rep % 2 == 0 else MODES[::-1]
-                    ):  # interleaved, order alternating
+                    # interleaved, order alternating
+                    for mode in MODES if rep % 2 == 0 else MODES[::-1]:
                         prompt = prompt_of(n, f"repetition {rep} length {n}")
                         runs[mode][n]["uncached"].append(ask(ports[mode], prompt, args.max_tokens))
                         runs[mode][n]["cached"].append(ask(ports[mode], prompt, args.max_tokens))
@@ -251,18 +251,23 @@ def _report(args, model: Path, lengths, runs, same: bool) -> dict:
 
 def format_table(report: dict) -> str:
     lines = [
-        f"bench distributed: {Path(report['model']).name}, 1 process vs 2 ranks ({report['split']} split) "
-        f"on {report['transport']}, "
-        f"medians of {report['repeats']}, {report['max_tokens']} tokens a reply",
-        f"{'prompt':>7} {'cache':>9} {'TTFT 1 proc':>12} {'TTFT 2 ranks':>13} {'decode 1 proc':>14} "
-        f"{'decode 2 ranks':>15} {'+ms/token':>10}",
+        (
+            f"bench distributed: {Path(report['model']).name}, 1 process vs 2 ranks "
+            f"({report['split']} split) on {report['transport']}, medians of "
+            f"{report['repeats']}, {report['max_tokens']} tokens a reply"
+        ),
+        (
+            f"{'prompt':>7} {'cache':>9} {'TTFT 1 proc':>12} {'TTFT 2 ranks':>13} "
+            f"{'decode 1 proc':>14} {'decode 2 ranks':>15} {'+ms/token':>10}"
+        ),
     ]
     for row in report["rows"]:
         extra = row["collective_ms_per_token"]
         lines.append(
-            f"{row['prompt_tokens']:>7.0f} {row['cache']:>9} {row['single_ttft_s'] * 1000:>10.1f}ms "
-            f"{row['split2_ttft_s'] * 1000:>11.1f}ms {row['single_decode_tps']:>10.1f} t/s "
-            f"{row['split2_decode_tps']:>11.1f} t/s {extra if extra is None else f'{extra:.2f}':>10}"
+            f"{row['prompt_tokens']:>7.0f} {row['cache']:>9} "
+            f"{row['single_ttft_s'] * 1000:>10.1f}ms {row['split2_ttft_s'] * 1000:>11.1f}ms "
+            f"{row['single_decode_tps']:>10.1f} t/s {row['split2_decode_tps']:>11.1f} t/s "
+            f"{extra if extra is None else f'{extra:.2f}':>10}"
         )
     lines.append(
         f"greedy replies the same split and not: {'yes' if report['same_greedy_replies'] else 'NO'}"

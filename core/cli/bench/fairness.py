@@ -293,8 +293,11 @@ def _report(args, info, runs: list[dict]) -> dict:
         "max_tokens": args.max_tokens,
         "long_tokens": args.long_tokens,
         "long_prompt_tokens": statistics.median(run["long_prompt_tokens"] for run in runs),
-        "method": "engine directly, greedy, prompt cache off; a stream's gaps are its token events' arrival "
-        "times; the long prompt's TTFT is submit to its one-token reply; medians over repetitions",
+        "method": (
+            "engine directly, greedy, prompt cache off; a stream's gaps are its token events' "
+            "arrival times; the long prompt's TTFT is submit to its one-token reply; medians "
+            "over repetitions"
+        ),
         "solo": figures["solo"],
         "together": figures["together"],
         "ttft_ratio": ratio,
@@ -310,21 +313,32 @@ def _report(args, info, runs: list[dict]) -> dict:
 def format_table(report: dict) -> str:
     m, solo, both = report["machine"], report["solo"], report["together"]
     lines = [
-        f"model: {report['model']} ({report['weights_format']} weights, fingerprint {report['fingerprint'][:16]})",
-        f"machine: {m['platform']}, {m['cpu_count']} CPUs, load {m['load_average'][0]:.1f}, mlx {m['mlx']}",
-        f"a stream beside a {report['long_prompt_tokens']:.0f}-token prompt, medians of {report['repeats']} "
-        "repetitions",
+        (
+            f"model: {report['model']} ({report['weights_format']} weights, fingerprint "
+            f"{report['fingerprint'][:16]})"
+        ),
+        (
+            f"machine: {m['platform']}, {m['cpu_count']} CPUs, load {m['load_average'][0]:.1f}, "
+            f"mlx {m['mlx']}"
+        ),
+        (
+            f"a stream beside a {report['long_prompt_tokens']:.0f}-token prompt, medians of "
+            f"{report['repeats']} repetitions"
+        ),
         "",
         f"{'':>22}{'gap p50 (s)':>13}{'gap p99 (s)':>13}{'gap max (s)':>13}{'long TTFT (s)':>15}",
     ]
     for name, side in (("alone", solo), ("beside each other", both)):
         lines.append(
-            f"{name:>22}{side['gap_p50_s']:>13.3f}{side['gap_p99_s']:>13.3f}{side['gap_max_s']:>13.3f}"
-            f"{side['long_ttft_s']:>15.2f}"
+            f"{name:>22}{side['gap_p50_s']:>13.3f}{side['gap_p99_s']:>13.3f}"
+            f"{side['gap_max_s']:>13.3f}{side['long_ttft_s']:>15.2f}"
         )
     lines += [
         "",
-        f"stream tokens while the long prompt was prefilled: {both['stream_tokens_during_prefill']:.0f}",
+        (
+            "stream tokens while the long prompt was prefilled: "
+            f"{both['stream_tokens_during_prefill']:.0f}"
+        ),
         f"max gap {both['gap_max_s']:.2f} s (target <= {report['targets']['max_gap_s']} s): "
         + ("met" if report["meets"]["max_gap"] else "missed"),
         f"long-prompt TTFT {report['ttft_ratio']:.2f}x its solo prefill (target <= "

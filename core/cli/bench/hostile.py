@@ -216,9 +216,8 @@ def greedy(port: int, streams: int, long_tokens: int, probes: int) -> Scene:
     )
     count = "\n".join(str(n) for n in range(1, 21))
     requests = []
-    for i in range(
-        streams
-    ):  # a count to continue (raw text: a chat reply may end after a few lines)
+    # a count to continue (raw text: a chat reply may end after a few lines)
+    for i in range(streams):
         body = json.dumps(
             {
                 "prompt": f"({i}) Numbers, one per line:\n{count}\n",
@@ -409,8 +408,8 @@ def _print_table(report: dict) -> None:
         print(f"  {scene['name']:7} {scene['what']}", file=out)
         if scene["ends"] and scene["probes"]:
             line = (
-                f"          the other client's first token: worst {max(scene['probes']):.2f} s, median "
-                f"{median}; its whole reply: worst {max(scene['ends']):.2f} s"
+                f"          the other client's first token: worst {max(scene['probes']):.2f} s, "
+                f"median {median}; its whole reply: worst {max(scene['ends']):.2f} s"
             )
         else:
             line = f"          the other client's answer: worst {worst}, median {median}"

@@ -26,6 +26,7 @@ import platform
 import statistics
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -78,9 +79,8 @@ def _engine_turn(
         session="bench" if use_cache else None,
         use_cache=use_cache,
     )
-    last = None
-    for last in engine.stream(request):
-        pass
+    events = deque(engine.stream(request), maxlen=1)  # run to the end, keep the last
+    last = events[0] if events else None
     if not isinstance(last, DoneEvent):
         raise UserError(f"bench multiturn: {getattr(last, 'message', 'no reply from the engine')}")
     s = last.stats
@@ -293,14 +293,26 @@ def _report(args, info, runs, pool_tokens, page_size) -> dict:
 def format_table(report: dict) -> str:
     m = report["machine"]
     lines = [
-        f"model: {report['model']} ({report['weights_format']} weights, fingerprint {report['fingerprint'][:16]})",
-        f"machine: {m['platform']}, {m['cpu_count']} CPUs, mlx {m['mlx']} on {m['mlx_device']}, mlx-lm {m['mlx_lm']}",
-        f"{report['turns']} turns, up to {report['max_tokens']} reply tokens, medians of {report['repeats']} "
-        f"repetitions; KV pool {report['pool_tokens']} tokens, pages of {report['page_size']}",
+        (
+            f"model: {report['model']} ({report['weights_format']} weights, fingerprint "
+            f"{report['fingerprint'][:16]})"
+        ),
+        (
+            f"machine: {m['platform']}, {m['cpu_count']} CPUs, mlx {m['mlx']} on "
+            f"{m['mlx_device']}, mlx-lm {m['mlx_lm']}"
+        ),
+        (
+            f"{report['turns']} turns, up to {report['max_tokens']} reply tokens, medians of "
+            f"{report['repeats']} repetitions; KV pool {report['pool_tokens']} tokens, pages of "
+            f"{report['page_size']}"
+        ),
         "ways: "
         + "; ".join(f"{label} = {report['ways'][way]}" for label, way in zip(LABELS, WAYS)),
         "",
-        f"{'':>4}{'prompt':>7}{'reply':>7}{'cached':>7}{'cached':>7} |{'TTFT (s)':^44}|{'decode (tok/s)':^44}",
+        (
+            f"{'':>4}{'prompt':>7}{'reply':>7}{'cached':>7}{'cached':>7} "
+            f"|{'TTFT (s)':^44}|{'decode (tok/s)':^44}"
+        ),
         f"{'turn':>4}{'tokens':>7}{'tokens':>7}{'ours':>7}{'mlx':>7} |"
         + "".join(f"{lab:>11}" for lab in LABELS)
         + "|"
@@ -308,8 +320,12 @@ def format_table(report: dict) -> str:
     ]
     for t in range(report["turns"]):
         lines.append(
-            f"{t + 1:>4}{report['prompt_tokens'][t]:>7.0f}{report['completion_tokens'][t]:>7.0f}"
-            f"{report['cached_tokens']['ours_cached'][t]:>7.0f}{report['cached_tokens']['mlx_lm_cache'][t]:>7.0f} |"
+            (
+                f"{t + 1:>4}{report['prompt_tokens'][t]:>7.0f}"
+                f"{report['completion_tokens'][t]:>7.0f}"
+                f"{report['cached_tokens']['ours_cached'][t]:>7.0f}"
+                f"{report['cached_tokens']['mlx_lm_cache'][t]:>7.0f} |"
+            )
             + "".join(f"{report['ttft_s'][w][t]:>11.3f}" for w in WAYS)
             + "|"
             + "".join(f"{report['decode_tps'][w][t]:>11.1f}" for w in WAYS)
@@ -317,15 +333,27 @@ def format_table(report: dict) -> str:
     decode = report["decode_ratio_vs_mlx_lm"]
     lines += [
         "",
-        f"last turn TTFT, ours+cache / ours-cache (recompute): {report['ttft_ratio_vs_recompute']:.3f}",
-        f"last turn TTFT, ours+cache / mlx-lm with reuse:      {report['ttft_ratio_vs_mlx_lm_cache']:.3f}",
-        f"last turn TTFT, ours+cache / mlx-lm without reuse:   {report['ttft_ratio_vs_mlx_lm_no_cache']:.3f}",
+        (
+            "last turn TTFT, ours+cache / ours-cache (recompute): "
+            f"{report['ttft_ratio_vs_recompute']:.3f}"
+        ),
+        (
+            "last turn TTFT, ours+cache / mlx-lm with reuse:      "
+            f"{report['ttft_ratio_vs_mlx_lm_cache']:.3f}"
+        ),
+        (
+            "last turn TTFT, ours+cache / mlx-lm without reuse:   "
+            f"{report['ttft_ratio_vs_mlx_lm_no_cache']:.3f}"
+        ),
         "decode tok/s, ours+cache / mlx-lm without reuse:     "
         + (f"{decode:.3f}" if decode is not None else "n/a")
         + " (median over turns of per-turn ratios)",
         "replies: identical in all four ways"
         if report["replies_identical"]
-        else f"replies: {len(report['mismatches'])} MISMATCH(ES) vs the reference (ours+cache, repetition 1):",
+        else (
+            f"replies: {len(report['mismatches'])} MISMATCH(ES) vs the reference (ours+cache, "
+            "repetition 1):"
+        ),
     ]
     lines += [
         f"  repetition {x['repeat']} turn {x['turn']} {x['way']}: differs at char {x['at_char']}: "

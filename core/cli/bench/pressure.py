@@ -26,6 +26,7 @@ import shutil
 import statistics
 import sys
 import time
+from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -63,9 +64,8 @@ def _ask(engine: Engine, messages: list[ChatMessage]) -> DoneEvent:
     request = GenerationRequest(
         messages=tuple(messages), sampling=SamplingParams(temperature=0.0, max_tokens=REPLY_TOKENS)
     )
-    last = None
-    for last in engine.stream(request):
-        pass
+    events = deque(engine.stream(request), maxlen=1)  # run to the end, keep the last
+    last = events[0] if events else None
     if not isinstance(last, DoneEvent):
         raise UserError(f"bench pressure: {getattr(last, 'message', 'no reply from the engine')}")
     return last
@@ -234,16 +234,25 @@ def format_summary(report: dict) -> str:
     ratio = report["written_vs_distinct"]
     return "\n".join(
         [
-            f"model: {report['model']} ({report['model_path']}); {report['clients']} clients x {report['rounds']} "
-            f"rounds, prompts of ~{report['prompt_tokens']} tokens, pool {report['pool_tokens']} tokens; "
-            f"medians of {report['repeats']} ({report['wall_s']:.0f} s)",
-            f"TTFT sum after round 1: disk tier {t['disk']:.2f} s, RAM only {t['ram']:.2f} s -> "
-            f"{report['ttft_ratio_disk_vs_ram']:.3f} (target <= 0.5); round 1: {f['disk']:.2f} s / {f['ram']:.2f} s",
+            (
+                f"model: {report['model']} ({report['model_path']}); {report['clients']} clients "
+                f"x {report['rounds']} rounds, prompts of ~{report['prompt_tokens']} tokens, "
+                f"pool {report['pool_tokens']} tokens; medians of {report['repeats']} "
+                f"({report['wall_s']:.0f} s)"
+            ),
+            (
+                f"TTFT sum after round 1: disk tier {t['disk']:.2f} s, RAM only {t['ram']:.2f} s "
+                f"-> {report['ttft_ratio_disk_vs_ram']:.3f} (target <= 0.5); round 1: "
+                f"{f['disk']:.2f} s / {f['ram']:.2f} s"
+            ),
             f"prompt tokens after round 1, disk tier: {tok['disk']['restored']:.0f} from disk, "
             f"{tok['disk']['cached']:.0f} RAM, {tok['disk']['computed']:.0f} computed; RAM only: "
             f"{tok['ram']['cached']:.0f} RAM, {tok['ram']['computed']:.0f} computed",
-            f"written {report['bytes_written'] / 1e6:.1f} MB for {report['distinct_kv_bytes'] / 1e6:.1f} MB of "
-            f"distinct K/V -> {ratio:.3f}x (target <= 1.1)"
+            (
+                f"written {report['bytes_written'] / 1e6:.1f} MB for "
+                f"{report['distinct_kv_bytes'] / 1e6:.1f} MB of distinct K/V -> {ratio:.3f}x "
+                "(target <= 1.1)"
+            )
             if ratio is not None
             else "nothing written",
             "replies: identical both ways" if report["replies_identical"] else "replies: DIFFER",

@@ -105,9 +105,8 @@ def measure(fixture, megabytes: int, repeats: int) -> dict:
         }
         env.pop("HF_HUB_OFFLINE", None)
         pull_env = _as_installed(env, checkout, work)
-        hub.agent_registry = (
-            fixture.AGENT_REGISTRY
-        )  # as the hub answers it: the first pull keeps it in HF_HOME
+        # as the hub answers it: the first pull keeps it in HF_HOME
+        hub.agent_registry = fixture.AGENT_REGISTRY
         openssl = shutil.which("openssl")
         runs: dict[str, list[float]] = {
             k: []
@@ -244,9 +243,8 @@ def _resume(hub, work: Path, size: int, env: dict) -> dict:
     from core.models import download
 
     cancel = threading.Event()
-    hub.rate = (
-        size / 2.0
-    )  # bytes/s for this pull only: progress comes often enough to cancel mid-file
+    # bytes/s for this pull only: progress comes often enough to cancel mid-file
+    hub.rate = size / 2.0
     try:
         download.pull(
             REPO,
@@ -280,14 +278,15 @@ def print_report(r: dict) -> None:
         f"  = {r['pull_vs_curl'] * 100:.0f}% of curl"
     )
     print(
-        f"radixchat pull (download): {r['pull_download_MBps']:8,.0f} MB/s  {_runs(r['pull_download_s'])}"
-        f"  = {r['download_vs_curl'] * 100:.0f}% of curl"
+        f"radixchat pull (download): {r['pull_download_MBps']:8,.0f} MB/s  "
+        f"{_runs(r['pull_download_s'])}  = {r['download_vs_curl'] * 100:.0f}% of curl"
     )
     if r["curl_then_sha256_median_s"] is not None:
         print(
-            f"curl, then openssl dgst -sha256: {r['file_bytes'] / r['curl_then_sha256_median_s'] / 1e6:,.0f} MB/s  "
-            f"{_runs(r['curl_then_sha256_s'])}  (the same work as a verified pull: the pull runs at "
-            f"{r['pull_vs_curl_then_sha256'] * 100:.0f}% of it)"
+            "curl, then openssl dgst -sha256: "
+            f"{r['file_bytes'] / r['curl_then_sha256_median_s'] / 1e6:,.0f} MB/s  "
+            f"{_runs(r['curl_then_sha256_s'])}  (the same work as a verified pull: the pull runs "
+            f"at {r['pull_vs_curl_then_sha256'] * 100:.0f}% of it)"
         )
     print(
         f"CPU time (user+sys, median): curl {r['curl_cpu_median_s']:.2f} s, radixchat pull "

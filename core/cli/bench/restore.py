@@ -8,12 +8,12 @@ the store keeps the N-token session). A shuts down, every RAM cache with it. The
 session's read is timed as a restore reads it (``DiskStore.read_session``: every page
 streamed, checksummed and dropped once used) against a plain sequential read of as many
 bytes in the same folder, cold (after ``fsync`` + ``POSIX_FADV_DONTNEED``) and
-warm (again right away), three times each, the two taking turns to go first. Engine B starts on that folder (the restart), warms up on an
-unrelated request, the database leaves the page cache again, then **restore**: the
-follow-up in the session (its history comes back from disk), and **recompute**: the same
-request with ``use_cache=False``. TTFT is the engine's own (request start to first
-token, restore included); the three greedy replies must agree (reported, never hidden).
-Medians over repetitions; ratios are ratios of medians.
+warm (again right away), three times each, the two taking turns to go first. Engine B starts on
+that folder (the restart), warms up on an unrelated request, the database leaves the page cache
+again, then **restore**: the follow-up in the session (its history comes back from disk), and
+**recompute**: the same request with ``use_cache=False``. TTFT is the engine's own (request
+start to first token, restore included); the three greedy replies must agree (reported, never
+hidden). Medians over repetitions; ratios are ratios of medians.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -58,9 +59,8 @@ class Repetition:
     ttft_ram_s: float
     replies_identical: bool
     session_bytes: int  # tokens + K/V (+ snapshots) of the session's pages, as read
-    load_cold_s: (
-        float | None
-    )  # DiskStore.read_session, all pages; cold: None where it cannot be had
+    # DiskStore.read_session, all pages; cold: None where it cannot be had
+    load_cold_s: float | None
     load_warm_s: float
     plain_cold_s: float | None  # a sequential read of a file of session_bytes
     plain_warm_s: float
@@ -75,9 +75,8 @@ def _ask(
         use_cache=use_cache,
         sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens),
     )
-    last = None
-    for last in engine.stream(request):
-        pass
+    events = deque(engine.stream(request), maxlen=1)  # run to the end, keep the last
+    last = events[0] if events else None
     if not isinstance(last, DoneEvent):
         raise UserError(f"bench restore: {getattr(last, 'message', 'no reply from the engine')}")
     return last
@@ -336,20 +335,35 @@ def format_summary(report: dict) -> str:
 
     return "\n".join(
         [
-            f"model: {report['model']} ({report['model_path']}); medians of {report['repeats']} repetitions "
-            f"({report['wall_s']:.0f} s)",
-            f"history {report['history_tokens']:.0f} tokens; follow-up prompt {report['prompt_tokens']:.0f} tokens, "
-            f"{report['restored_tokens']:.0f} of them restored from disk",
-            f"TTFT: restored {t['restore']:.3f} s, recomputed {t['recompute']:.3f} s, RAM cache {t['ram']:.3f} s",
-            f"restore / recompute {report['ttft_ratio_restore_vs_recompute']:.3f} (target <= 0.05), "
-            f"restore / RAM {report['ttft_ratio_restore_vs_ram']:.3f} (target <= 1.5)",
+            (
+                f"model: {report['model']} ({report['model_path']}); medians of "
+                f"{report['repeats']} repetitions ({report['wall_s']:.0f} s)"
+            ),
+            (
+                f"history {report['history_tokens']:.0f} tokens; follow-up prompt "
+                f"{report['prompt_tokens']:.0f} tokens, {report['restored_tokens']:.0f} of them "
+                "restored from disk"
+            ),
+            (
+                f"TTFT: restored {t['restore']:.3f} s, recomputed {t['recompute']:.3f} s, RAM "
+                f"cache {t['ram']:.3f} s"
+            ),
+            (
+                f"restore / recompute {report['ttft_ratio_restore_vs_recompute']:.3f} (target <= "
+                f"0.05), restore / RAM {report['ttft_ratio_restore_vs_ram']:.3f} (target <= 1.5)"
+            ),
             "replies: identical in all three ways"
             if report["replies_identical"]
             else "replies: DIFFER",
             f"session read ({report['session_bytes'] / 1e6:.1f} MB), {report['read_basis']}:",
-            f"  DiskStore.read_session  cold {mbs(r['restore_cold'])}  warm {mbs(r['restore_warm'])}",
+            (
+                f"  DiskStore.read_session  cold {mbs(r['restore_cold'])}  warm "
+                f"{mbs(r['restore_warm'])}"
+            ),
             f"  plain sequential read   cold {mbs(r['plain_cold'])}  warm {mbs(r['plain_warm'])}",
-            f"restore read / plain read {report['restore_read_fraction_of_disk']:.3f} (target >= 0.5); "
-            f"warm {report['restore_read_fraction_of_disk_warm']:.3f}",
+            (
+                f"restore read / plain read {report['restore_read_fraction_of_disk']:.3f} "
+                f"(target >= 0.5); warm {report['restore_read_fraction_of_disk_warm']:.3f}"
+            ),
         ]
     )

@@ -130,9 +130,8 @@ def _repetition(folder: Path, spec: str, tokens: int) -> ApiRepetition:
     engine, server = serve()
     try:
         base = _stream(server, _messages(0, FIRST_QUESTION), 1).prompt_tokens  # also the warm-up
-        one = _stream(
-            server, _messages(1, FIRST_QUESTION), 1
-        ).prompt_tokens  # (short: tiny contexts too)
+        # (short: tiny contexts too)
+        one = _stream(server, _messages(1, FIRST_QUESTION), 1).prompt_tokens
         count = max(1, round((tokens - base) / max(1.0, one - base)))
         first = _stream(server, _messages(count, FIRST_QUESTION), BUILD_REPLY_TOKENS)
         engine.flush_disk_cache()
@@ -145,9 +144,8 @@ def _repetition(folder: Path, spec: str, tokens: int) -> ApiRepetition:
     _drop_from_page_cache(*paths.kv_cache_db_files(folder))
     engine, server = serve()  # "after a restart"
     try:
-        _stream(
-            server, [{"role": "user", "content": "Hello"}], 1
-        )  # warm-up (too short to be written)
+        # warm-up (too short to be written)
+        _stream(server, [{"role": "user", "content": "Hello"}], 1)
         _drop_from_page_cache(*paths.kv_cache_db_files(folder))
         restore = _stream(server, follow_up, REPLY_TOKENS)
         restored = engine.stats().disk.read_tokens
@@ -222,12 +220,19 @@ def format_api_summary(report: dict) -> str:
         [
             f"model: {report['model']} ({report['model_path']}); API, unnamed client; medians of "
             f"{report['repeats']} repetitions ({report['wall_s']:.0f} s)",
-            f"first prompt {report['prompt_tokens']:.0f} tokens; after the restart the follow-up "
-            f"({report['follow_up_tokens']:.0f} tokens) got {report['restored_tokens']:.0f} from disk",
-            f"TTFT (client side): restored {t['restore']:.3f} s, recomputed {t['recompute']:.3f} s, "
-            f"RAM hit {t['ram']:.3f} s",
-            f"restore / recompute {report['ttft_ratio_restore_vs_recompute']:.3f} (target <= 0.05), "
-            f"restore / RAM {report['ttft_ratio_restore_vs_ram']:.3f} (target <= 1.5)",
+            (
+                f"first prompt {report['prompt_tokens']:.0f} tokens; after the restart the "
+                f"follow-up ({report['follow_up_tokens']:.0f} tokens) got "
+                f"{report['restored_tokens']:.0f} from disk"
+            ),
+            (
+                f"TTFT (client side): restored {t['restore']:.3f} s, recomputed "
+                f"{t['recompute']:.3f} s, RAM hit {t['ram']:.3f} s"
+            ),
+            (
+                f"restore / recompute {report['ttft_ratio_restore_vs_recompute']:.3f} (target <= "
+                f"0.05), restore / RAM {report['ttft_ratio_restore_vs_ram']:.3f} (target <= 1.5)"
+            ),
             "replies: identical in all three ways"
             if report["replies_identical"]
             else "replies: DIFFER",

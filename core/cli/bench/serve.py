@@ -146,12 +146,10 @@ def stream_chat(
                 usage = chunk["usage"]
             for choice in chunk.get("choices", ()):
                 delta = choice.get("delta") or {}
-                if delta.get("content") or delta.get(
-                    "tool_calls"
-                ):  # a piece of the reply (mlx_lm.server
-                    stamps.append(
-                        now
-                    )  # sends the role with every piece, and the last piece with the end)
+                # a piece of the reply (mlx_lm.server sends the role with every piece, and the
+                # last piece with the end)
+                if delta.get("content") or delta.get("tool_calls"):
+                    stamps.append(now)
                 if choice.get("finish_reason"):
                     reason, finished_at = choice["finish_reason"], now
     finally:
@@ -302,9 +300,11 @@ def _report(args, info, rounds: dict[int, list[RoundResult]]) -> dict:
         "max_tokens": args.max_tokens,
         "repeats": args.repeats,
         "pool_tokens": POOL_TOKENS,
-        "method": "greedy streaming chat requests over raw HTTP to an in-process ApiServer; a round's "
-        "throughput = completion tokens summed over its clients / (last token - first token "
-        "of the round); medians over repetitions",
+        "method": (
+            "greedy streaming chat requests over raw HTTP to an in-process ApiServer; a round's "
+            "throughput = completion tokens summed over its clients / (last token - first token "
+            "of the round); medians over repetitions"
+        ),
         "rounds": {str(s): [asdict(r) for r in rs] for s, rs in rounds.items()},
         "tokens_per_s": {str(n): tps[n] for n in counts},
         "per_stream_tokens_per_s": {str(n): tps[n] / n for n in counts},
@@ -326,12 +326,20 @@ def _report(args, info, rounds: dict[int, list[RoundResult]]) -> dict:
 def format_table(report: dict) -> str:
     m = report["machine"]
     lines = [
-        f"model: {report['model']} ({report['weights_format']} weights, fingerprint {report['fingerprint'][:16]})",
+        (
+            f"model: {report['model']} ({report['weights_format']} weights, fingerprint "
+            f"{report['fingerprint'][:16]})"
+        ),
         f"machine: {m['platform']}, {m['cpu_count']} CPUs, mlx {m['mlx']}, mlx-lm {m['mlx_lm']}",
-        f"{report['max_tokens']} greedy tokens per request, medians of {report['repeats']} repetitions; "
-        f"KV pool {report['pool_tokens']} tokens",
+        (
+            f"{report['max_tokens']} greedy tokens per request, medians of {report['repeats']} "
+            f"repetitions; KV pool {report['pool_tokens']} tokens"
+        ),
         "",
-        f"{'clients':>8}{'tok/s (sum)':>13}{'tok/s each':>12}{'wall (s)':>10}{'overlap':>9}{'TTFT (s)':>10}",
+        (
+            f"{'clients':>8}{'tok/s (sum)':>13}{'tok/s each':>12}{'wall (s)':>10}{'overlap':>9}"
+            f"{'TTFT (s)':>10}"
+        ),
     ]
     for streams in map(str, report["stream_counts"]):
         lines.append(

@@ -82,8 +82,10 @@ def run_bench_serve_against(args) -> int:
                 for streams in counts:
                     for name in order:
                         print(
-                            f"radixchat: bench serve: repetition {rep + 1}/{args.repeats}, {streams} "
-                            f"stream{'s' if streams > 1 else ''}, {name}",
+                            (
+                                f"radixchat: bench serve: repetition {rep + 1}/{args.repeats}, "
+                                f"{streams} stream{'s' if streams > 1 else ''}, {name}"
+                            ),
                             file=sys.stderr,
                             flush=True,
                         )
@@ -119,11 +121,13 @@ def against_report(
         "max_tokens": args.max_tokens,
         "repeats": args.repeats,
         "pool_tokens": POOL_TOKENS,
-        "method": "both servers as subprocesses with the same CPU setup and weights (ours: radixchat serve "
-        "on the GGUF; theirs: mlx_lm.server on it saved as an MLX folder); greedy streaming chat "
-        "requests over raw HTTP; a round's throughput = completion tokens summed over its clients "
-        "/ (last token - first token of the round); the servers take turns round by round with "
-        "the same prompts; medians over repetitions",
+        "method": (
+            "both servers as subprocesses with the same CPU setup and weights (ours: radixchat "
+            "serve on the GGUF; theirs: mlx_lm.server on it saved as an MLX folder); greedy "
+            "streaming chat requests over raw HTTP; a round's throughput = completion tokens "
+            "summed over its clients / (last token - first token of the round); the servers take "
+            "turns round by round with the same prompts; medians over repetitions"
+        ),
         "rounds": {
             name: {str(n): [asdict(r) for r in rs] for n, rs in by.items()}
             for name, by in rounds.items()
@@ -161,7 +165,10 @@ def format_against(report: dict) -> str:
         ratio = report["ratio_ours_vs_mlx_lm"][n]
         target = report["targets"].get(n)
         lines.append(
-            f"{n:>8}{report['tokens_per_s']['ours'][n]:>12.1f}{report['tokens_per_s']['mlx_lm'][n]:>14.1f}"
+            (
+                f"{n:>8}{report['tokens_per_s']['ours'][n]:>12.1f}"
+                f"{report['tokens_per_s']['mlx_lm'][n]:>14.1f}"
+            )
             + (f"{ratio:>12.2f}x" if ratio is not None else f"{'n/a':>13}")
             + (f"{target:>7.1f}x" if target is not None else "")
         )

@@ -177,9 +177,8 @@ def test_cache_reads_and_count_tokens(client):
         system="Be brief.",
         messages=history,
     )
-    assert (
-        second.usage.cache_read_input_tokens >= count - 1
-    )  # the first turn's prompt, from the cache
+    # the first turn's prompt, from the cache
+    assert second.usage.cache_read_input_tokens >= count - 1
     assert second.usage.cache_creation_input_tokens == 0
 
 
@@ -246,9 +245,8 @@ def test_what_is_not_supported_is_a_400_naming_the_field(server, change, where):
         "messages": [{"role": "user", "content": "hi"}],
         **change,
     }
-    status, _, raw = post(
-        server, "/v1/messages", json.dumps(body).encode()
-    )  # 10**400: json writes it
+    # 10**400: json writes it
+    status, _, raw = post(server, "/v1/messages", json.dumps(body).encode())
     assert status == 400, raw
     message = json.loads(raw)["error"]["message"]
     assert f"'{where}'" in message or message.startswith(where), message
@@ -262,9 +260,8 @@ def test_the_api_key_as_x_api_key_or_bearer(tiny_engine):
                     model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "hi"}]
                 )
             assert caught.value.body["error"]["type"] == "authentication_error"
-        with anthropic.Anthropic(
-            base_url=api.address, api_key="s3cret", max_retries=0
-        ) as good:  # x-api-key
+        # x-api-key
+        with anthropic.Anthropic(base_url=api.address, api_key="s3cret", max_retries=0) as good:
             assert (
                 good.messages.create(
                     model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "hi"}]

@@ -109,9 +109,8 @@ def test_a_cross_site_text_plain_post_is_refused(server):
         status_of(response) == 415
         and body_of(response)["error"]["code"] == "unsupported_media_type"
     )
-    assert (
-        status_of(http_request(server, "POST", "/v1/chat/completions", CHAT)) == 415
-    )  # no type at all
+    # no type at all
+    assert status_of(http_request(server, "POST", "/v1/chat/completions", CHAT)) == 415
     assert status_of(http_request(server, "POST", "/v1/chat/completions", CHAT, JSON)) == 200
 
 
@@ -280,7 +279,8 @@ SMUGGLED = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 def test_content_length_with_transfer_encoding_is_refused(server):
     chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(CHAT), CHAT)
     request = (
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\n"
         b"Content-Length: %d\r\nTransfer-Encoding: chunked\r\n\r\n%s%s"
         % (len(chunked), chunked, SMUGGLED)
     )
@@ -293,7 +293,8 @@ def test_content_length_with_transfer_encoding_is_refused(server):
 @pytest.mark.parametrize("lengths", [(len(CHAT), len(CHAT) + 5), (len(CHAT), 0)])
 def test_two_different_content_lengths_are_refused(server, lengths):
     request = (
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\n"
         b"Content-Length: %d\r\nContent-Length: %d\r\n\r\n%s%s" % (*lengths, CHAT, SMUGGLED)
     )
     response = exchange(server, request)
@@ -304,7 +305,8 @@ def test_two_different_content_lengths_are_refused(server, lengths):
 def test_a_chunked_body_alone_is_fine_and_held_to_the_limit(server, tiny_engine):
     chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(CHAT), CHAT)
     request = (
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\n"
         b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n%s" % chunked
     )
     assert status_of(exchange(server, request)) == 200
@@ -312,7 +314,8 @@ def test_a_chunked_body_alone_is_fine_and_held_to_the_limit(server, tiny_engine)
         assert status_of(exchange(small, request)) == 200
         piece = b"%x\r\n%s\r\n" % (len(CHAT), CHAT)  # no declared length: counted as it comes
         request = (
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\n"
             b"Transfer-Encoding: chunked\r\n\r\n" + piece * 2 + b"0\r\n\r\n"
         )
         response = exchange(small, request)
@@ -331,7 +334,8 @@ def test_an_http_1_0_client_gets_its_stream_until_the_connection_closes(server):
         }
     ).encode()
     request = (
-        b"POST /v1/chat/completions HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"POST /v1/chat/completions HTTP/1.0\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\n"
         b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
     )
     response = exchange(server, request)
@@ -368,7 +372,8 @@ def test_a_body_that_never_ends_is_a_408(server, monkeypatch):
 
     monkeypatch.setattr(guard, "BODY_TIMEOUT_S", 0.5)
     request = (
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\n"
         b"Content-Length: %d\r\n\r\n%s" % (len(CHAT), CHAT[:10])
     )
     response = exchange(server, request)

@@ -103,9 +103,8 @@ def test_the_limits_are_the_servers_own_and_name_their_option(tiny_engine, path)
             and "at most 2,000" in error_of(body)["message"]
         )
         status, body = post(api, path, body_with(path, [openai_tool("small")]))
-        assert "max-" not in json.dumps(
-            body
-        )  # within the limits: whatever the tiny model's template says
+        # within the limits: whatever the tiny model's template says
+        assert "max-" not in json.dumps(body)
 
 
 @pytest.mark.faults

@@ -47,12 +47,8 @@ def user(text: str) -> list[dict]:
         ("/v1/chat/completions", {"messages": user("x" * HUGE)}, "messages", True),
         ("/v1/chat/completions", {"messages": user("x" * HUGE), "stream": True}, "messages", True),
         ("/v1/completions", {"prompt": "x" * HUGE}, "prompt", True),
-        (
-            "/v1/chat/completions",
-            {"messages": user("x" * 600)},
-            "messages",
-            False,
-        ),  # tokenised, then counted
+        # tokenised, then counted
+        ("/v1/chat/completions", {"messages": user("x" * 600)}, "messages", False),
     ],
 )
 def test_openai_a_prompt_past_the_limit_is_a_400_naming_the_field(

@@ -39,7 +39,8 @@ def stream_request(port: int, max_tokens: int) -> bytes:
         }
     ).encode()
     return (
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+        b"Content-Type: application/json\r\n"
         b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (port, len(body), body)
     )
 
@@ -89,7 +90,9 @@ def test_a_stream_whose_client_stops_reading_is_cut_off_and_gives_its_row_back(e
 
 def test_a_client_that_reads_gets_its_whole_stream(engine):
     with ApiServer(engine, "127.0.0.1", 0) as server:
-        server.state.max_unsent_events = 8
+        # small, yet with room for the event loop to lag the engine thread by a few tokens on
+        # a loaded machine (at 8, a reading client was cut off once with the load at 8 on 2 cores)
+        server.state.max_unsent_events = 64
         with socket.create_connection(("127.0.0.1", server.port), timeout=60) as sock:
             sock.sendall(stream_request(server.port, 400))
             received = b""

@@ -390,7 +390,8 @@ def _post_and_hang_up(server, body: dict, read_until: bytes | None) -> None:
     data = json.dumps(body).encode()
     with socket.create_connection((server.host, server.port), timeout=30) as sock:
         sock.sendall(
-            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\n"
             b"Content-Length: %d\r\n\r\n%s" % (len(data), data)
         )
         received = b""

@@ -293,9 +293,8 @@ def test_replace_last_turn_is_one_transaction(tmp_path):
             ("user", "two, edited"),
             ("assistant", "third"),
         ]
-        with pytest.raises(
-            TypeError
-        ):  # a failing insert (stats that are not JSON) rolls the delete back
+        # a failing insert (stats that are not JSON) rolls the delete back
+        with pytest.raises(TypeError):
             store.replace_last_turn(session.id, "x", "y", {"bad": object()})
         assert [m.content for m in store.messages(session.id)] == [
             "one",

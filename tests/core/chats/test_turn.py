@@ -95,9 +95,8 @@ def test_a_reply_stopped_after_some_text_is_kept(store):
     assert ChatTurn.start(store, session, "three").finish(store, "par", stopped)
     assert _stored(store, session)[-1] == ("assistant", "par")
     assert store.messages(session.id)[-1].stats["finish_reason"] == "cancelled"
-    assert ChatTurn.start(store, session, "four").finish(
-        store, "half a", None
-    )  # kept, without figures
+    # kept, without figures
+    assert ChatTurn.start(store, session, "four").finish(store, "half a", None)
     assert (
         _stored(store, session)[-1] == ("assistant", "half a")
         and store.messages(session.id)[-1].stats is None
@@ -106,9 +105,8 @@ def test_a_reply_stopped_after_some_text_is_kept(store):
 
 def test_an_empty_reply_that_was_not_stopped_is_stored(store):
     session = _chat(store)
-    assert ChatTurn.start(store, session, "three").finish(
-        store, "", DONE
-    )  # the model said nothing: a reply
+    # the model said nothing: a reply
+    assert ChatTurn.start(store, session, "three").finish(store, "", DONE)
     assert _stored(store, session)[-1] == ("assistant", "")
 
 
@@ -116,9 +114,8 @@ def test_regenerate_and_edit_replace_the_last_turn(store):
     session = _chat(store, system="Be brief.")
     turn = ChatTurn.start(store, session, "two, edited", replace=True)
     assert [m.content for m in turn.messages] == ["Be brief.", "one", "reply one", "two, edited"]
-    assert [(m.role, m.content) for m in turn.stored] == _stored(
-        store, session
-    )  # what the window gives back
+    # what the window gives back
+    assert [(m.role, m.content) for m in turn.stored] == _stored(store, session)
     assert turn.kept_stats == [{"completion_tokens": 5}]
     assert turn.finish(store, "reply two, again", DONE)
     assert _stored(store, session) == [

@@ -1,4 +1,5 @@
-"""`radixchat cache`: a chat's cache found by its name; every store, the single one and each rank's."""
+"""`radixchat cache`: a chat's cache found by its name; every store, the single one and each
+rank's."""
 
 from __future__ import annotations
 
@@ -22,9 +23,8 @@ def test_clearing_a_chat_by_its_name(tmp_path, capsys):
     assert main(["cache", "clear", "--session", "trip", "--data-dir", str(tmp_path)]) == 0
     assert "cleared the cache of session trip" in capsys.readouterr().out
     with DiskStore(paths.kv_cache_db_path(tmp_path)) as store:
-        assert [s.name for s in store.sessions()] == [
-            "api/trip"
-        ]  # an API client's "trip" is not the chat
+        # an API client's "trip" is not the chat
+        assert [s.name for s in store.sessions()] == ["api/trip"]
 
 
 def write_stores(root, names: dict[str, int]) -> None:
@@ -87,11 +87,8 @@ def test_clear_clears_every_store_or_the_one_asked(tmp_path, capsys):
     assert capsys.readouterr().out.startswith("rank1of2: cleared the cache of all sessions")
     assert pages() == {"kvcache.db": 1, "kvcache-rank0of2.db": 2, "kvcache-rank1of2.db": 0}
     assert main(["cache", "clear", "--session", "api/s1", "--data-dir", str(tmp_path)]) == 0
-    assert pages() == {
-        "kvcache.db": 1,
-        "kvcache-rank0of2.db": 1,
-        "kvcache-rank1of2.db": 0,
-    }  # s1 from every store
+    # s1 from every store
+    assert pages() == {"kvcache.db": 1, "kvcache-rank0of2.db": 1, "kvcache-rank1of2.db": 0}
     capsys.readouterr()
     assert main(["cache", "clear", "--data-dir", str(tmp_path)]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 3  # one line a store
@@ -112,7 +109,10 @@ def test_verify_says_clean_or_repaired_for_every_store(tmp_path, capsys):
     assert main(["cache", "verify", "--data-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out == [
-        "checked 2 pages: 0 bad (dropped), 0 sessions cut back, 0 dropped, 0 orphan pages removed — clean",
+        (
+            "checked 2 pages: 0 bad (dropped), 0 sessions cut back, 0 dropped, 0 orphan pages "
+            "removed — clean"
+        ),
         "rank0of2: checked 1 pages: 0 bad (dropped), 0 sessions cut back, 0 dropped, "
         "0 orphan pages removed — clean",
     ]
@@ -123,9 +123,9 @@ def test_verify_says_clean_or_repaired_for_every_store(tmp_path, capsys):
         )
     assert main(["cache", "verify", "--data-dir", str(tmp_path)]) == 0
     first = capsys.readouterr().out.splitlines()[0]
-    assert (
-        first
-        == "checked 2 pages: 1 bad (dropped), 0 sessions cut back, 1 dropped, 0 orphan pages removed — repaired"
+    assert first == (
+        "checked 2 pages: 1 bad (dropped), 0 sessions cut back, 1 dropped, 0 orphan pages "
+        "removed — repaired"
     )
     assert main(["cache", "verify", "--json", "--data-dir", str(tmp_path)]) == 0
     report = json.loads(capsys.readouterr().out)

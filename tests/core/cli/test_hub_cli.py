@@ -40,9 +40,8 @@ def test_pull_then_models_then_rm(loopback_hub, capsys, tmp_path):
     assert "hub mlx" in line and "1.1 MB" in line and "last used just now" in line
     assert "downloaded from the hub: 1 model, 1.1 MB" in out
 
-    assert (
-        main(["models", "rm", TINY_MLX, *data]) == EXIT_USER_ERROR
-    )  # stdin is no terminal: needs --yes
+    # stdin is no terminal: needs --yes
+    assert main(["models", "rm", TINY_MLX, *data]) == EXIT_USER_ERROR
     assert "--yes" in capsys.readouterr().err
     assert main(["models", "rm", TINY_MLX, "--yes", *data]) == 0
     assert (
@@ -135,8 +134,10 @@ def test_pull_imports_only_what_it_needs(loopback_hub, tmp_path):
         "psutil",
     )
     code = (
-        "import sys; from core.cli.main import main; status = main(['pull', sys.argv[1], '--data-dir', sys.argv[2]]);"
-        f" print(sorted(m for m in sys.modules if m.startswith(tuple(h + '.' for h in {heavy!r})) or m in {heavy!r}));"
+        "import sys; from core.cli.main import main;"
+        " status = main(['pull', sys.argv[1], '--data-dir', sys.argv[2]]);"
+        " print(sorted(m for m in sys.modules"
+        f" if m.startswith(tuple(h + '.' for h in {heavy!r})) or m in {heavy!r}));"
         " sys.exit(status)"
     )
     root = Path(__file__).resolve().parents[3]

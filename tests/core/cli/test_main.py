@@ -14,7 +14,6 @@ import pytest
 from core import paths
 from core.chats.store import ChatStore
 from core.cli.main import main
-from tests.core.models.test_provision import fake_pip  # noqa: F401  (a fixture: pip replaced by a fake wheel)
 
 
 def chat_json(capsys, model, data, *extra) -> dict:
@@ -67,10 +66,8 @@ def test_chat_json_stores_both_turns(capsys, tiny_model, tmp_path):
 
 
 def test_chat_template_file_replaces_the_models_own(capsys, tiny_model, tmp_path):
-    once, twice = (
-        tmp_path / "once.jinja",
-        tmp_path / "twice.jinja",
-    )  # the tiny model's tokens are bytes
+    # the tiny model's tokens are bytes
+    once, twice = tmp_path / "once.jinja", tmp_path / "twice.jinja"
     once.write_text(
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
         "{% endfor %}<|im_start|>assistant\n"
@@ -471,6 +468,7 @@ def test_version_names_radixchat_mlx_and_mlx_lm(capsys):
         [sys.executable, "-m", "core.cli.main", "--version"],
         capture_output=True,
         text=True,
+        # as a user runs it: a new process, which imports no MLX for it
         timeout=60,
-    )  # as a user runs it: a new process, which imports no MLX for it
+    )
     assert run.returncode == 0 and run.stdout.strip() == line, run.stderr

@@ -11,7 +11,8 @@ from core import paths
 from core.cli.main import main
 
 OK_LINE = re.compile(
-    r"^radixchat self-test: ok · mlx \S+ \((cpu|gpu)[^)]*\) · turn 1: (\d+) prompt tokens, 0 cached · "
+    r"^radixchat self-test: ok · mlx \S+ \((cpu|gpu)[^)]*\) · "
+    r"turn 1: (\d+) prompt tokens, 0 cached · "
     r"turn 2 after restart: (\d+) of (\d+) restored from disk · [\d.]+ s$"
 )
 
@@ -31,9 +32,8 @@ def test_self_test_passes_with_one_line(capsys, home):
     match = OK_LINE.match(out[0])
     assert match, out[0]
     turn1_prompt, restored, turn2_prompt = (int(g) for g in match.groups()[1:])
-    assert (
-        0 < turn1_prompt < restored < turn2_prompt
-    )  # turn 1's prompt and reply came back from disk
+    # turn 1's prompt and reply came back from disk
+    assert 0 < turn1_prompt < restored < turn2_prompt
     assert not home.exists() or not any(home.iterdir())
 
 

@@ -77,9 +77,8 @@ def test_serve_says_where_it_serves_and_that_it_stops(tiny_model, tmp_path, sign
     ) as server:
         try:
             lines = []
-            for (
-                line
-            ) in server.stderr:  # the model loads first; the address comes once the API answers
+            # the model loads first; the address comes once the API answers
+            for line in server.stderr:
                 lines.append(line.rstrip("\n"))
                 if line.startswith("radixchat: serving"):
                     break

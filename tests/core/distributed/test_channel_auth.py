@@ -82,9 +82,8 @@ def test_a_peer_that_sends_no_proof_is_dropped(caplog):
     secret = new_secret()
     leader = Leader(secret)
     with caplog.at_level(logging.WARNING, logger="core.distributed.group"):
-        with socket.create_connection(
-            leader.address
-        ) as intruder:  # knows the protocol, not the secret
+        # knows the protocol, not the secret
+        with socket.create_connection(leader.address) as intruder:
             challenge = recv_message(intruder)
             assert challenge["op"] == "challenge"
             send_message(intruder, {"op": "hello", "rank": 1, "challenge": "00", "proof": "0" * 64})

@@ -72,7 +72,8 @@ def test_a_clean_stop_and_a_fault_become_events():
     ) == [("serving", "http://127.0.0.1:8000/v1"), ("ended", "")]
     fault = "rank 1 (macbook.local) left the group (connection closed)"
     script = (
-        f"import sys; print({serving!r}); print('\\x1b[33m[WARN] Node with rank 1 exited with code -9 \\x1b[0m');"
+        f"import sys; print({serving!r}); "
+        "print('\\x1b[33m[WARN] Node with rank 1 exited with code -9 \\x1b[0m');"
         f"print({fault_line(fault)!r}); print({ENDED_PREFIX + fault!r}); sys.exit(3)"
     )
     assert run(script) == [

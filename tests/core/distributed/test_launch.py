@@ -74,13 +74,13 @@ def test_the_hidden_launcher_runs_mlxs(capsys):
 
 def test_the_launcher_hands_the_secret_to_a_rank_in_its_environment_only(tmp_path):
     secret = new_secret()
-    digest = hashlib.sha256(
-        secret.encode()
-    ).hexdigest()  # the rank's own command line must not hold it
+    # the rank's own command line must not hold it
+    digest = hashlib.sha256(secret.encode()).hexdigest()
     rank = (
-        "import hashlib, os; secret = os.environ[%r]; cmdline = open('/proc/self/cmdline', 'rb').read(); "
-        "print('rank', os.environ['MLX_RANK'], hashlib.sha256(secret.encode()).hexdigest() == %r, "
-        "secret.encode() in cmdline)" % (SECRET_ENV, digest)
+        f"import hashlib, os; secret = os.environ[{SECRET_ENV!r}]; "
+        "cmdline = open('/proc/self/cmdline', 'rb').read(); "
+        "print('rank', os.environ['MLX_RANK'], "
+        f"hashlib.sha256(secret.encode()).hexdigest() == {digest!r}, secret.encode() in cmdline)"
     )
     done = subprocess.run(
         [

@@ -60,10 +60,8 @@ def test_a_dense_model_pipelined_when_asked_answers_as_one_process_and_restores(
         first_group(group, expected)
     finally:
         group.stop()
-    for rank in (
-        0,
-        1,
-    ):  # each rank's slice: its 2 layers' K and V, every KV head (not half of 4 layers')
+    # each rank's slice: its 2 layers' K and V, every KV head (not half of 4 layers')
+    for rank in (0, 1):
         shapes = stored_kv_shapes(data / rank_cache_name(rank, 2))
         assert shapes and all(
             len(page) == 2 * 2 and all(s[0] == spec.num_kv_heads for s in page) for page in shapes

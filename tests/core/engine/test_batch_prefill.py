@@ -143,9 +143,8 @@ def test_rows_with_different_cached_prefixes(loaded, monkeypatch):
     assert [d.text for d in on] == [d.text for d in off]
     assert [d.stats.cached_tokens for d in on] == [d.stats.cached_tokens for d in off]
     if loaded.info.name and not _hybrid(loaded):
-        assert (
-            min(d.stats.cached_tokens for d in on) > 0
-        )  # the shared system prompt came from the tree
+        # the shared system prompt came from the tree
+        assert min(d.stats.cached_tokens for d in on) > 0
 
 
 def _hybrid(loaded) -> bool:
@@ -154,8 +153,8 @@ def _hybrid(loaded) -> bool:
 
 def test_the_pages_are_cached_exactly(loaded):
     s_on, on = run(loaded, True, True)
-    s_off, off = run(loaded, False, True)
-    for d_on, d_off, text in zip(on, off, texts(True)):
+    s_off, _ = run(loaded, False, True)
+    for d_on, text in zip(on, texts(True)):
         again_on, again_off = handle(text, max_tokens=30), handle(text, max_tokens=30)
         s_on.admit(again_on)
         finish(s_on)
@@ -170,7 +169,7 @@ def test_the_pages_are_cached_exactly(loaded):
         assert again_on.text.startswith(d_on.text)
     if _hybrid(loaded):
         return
-    for text, reply in zip(texts(True), on):
+    for text in texts(True):
         tokens = s_on.loaded.tokenizer.encode(text)[:8]  # the start of each prompt, in both trees
         for (k_on, v_on), (k_off, v_off) in zip(
             s_on.prefix_cache.cached_kv(tokens), s_off.prefix_cache.cached_kv(tokens)
@@ -318,9 +317,8 @@ def test_requests_sent_together_are_prefilled_together(tiny_model, tmp_path, mon
     prepare = Engine._prepare_one
 
     def held(self, handle, prompts):  # the first prompt goes on once all four are submitted,
-        (submitted if handle.request.prompt_text == PROMPTS[0] else go).wait(
-            30
-        )  # the others on ``go``
+        # the others on ``go``
+        (submitted if handle.request.prompt_text == PROMPTS[0] else go).wait(30)
         prepare(self, handle, prompts)
 
     monkeypatch.setattr(Engine, "_prepare_one", held)

@@ -196,9 +196,8 @@ def test_a_grammar_that_fails_at_run_time_ends_the_request_with_an_error(engine)
     assert isinstance(error, ErrorEvent) and error.kind is ErrorKind.BAD_REQUEST
     assert "output constraint failed" in error.message and "max is 2000" in error.message
     assert len(error.message) < 400  # one line, not the whole grammar llguidance repeats
-    reply = done_of(
-        list(engine.stream(ask("json please", json_schema=branches(50))))
-    )  # fine, as before
+    # fine, as before
+    reply = done_of(list(engine.stream(ask("json please", json_schema=branches(50)))))
     assert reply.stats.finish_reason in ("stop", "length")
 
 

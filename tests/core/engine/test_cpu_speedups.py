@@ -78,10 +78,8 @@ def _run(model, prompts: list[list[int]], steps: int) -> tuple[list[mx.array], l
     width = max(map(len, prompts))
     padding = [width - len(p) for p in prompts]
     if not all(type(c) is KVCache for c in make_prompt_cache(model)):
-        return (
-            out,
-            chosen,
-        )  # a batch of full-attention caches, where the decode batch shares the tables
+        # a batch of full-attention caches, where the decode batch shares the tables
+        return out, chosen
     cache = [BatchKVCache(padding) for _ in model.layers]
     logits = model(mx.array([[0] * pad + p for pad, p in zip(padding, prompts)]), cache=cache)
     out.append(logits)
@@ -160,9 +158,8 @@ def test_one_table_serves_every_layer_in_a_batch_step():
     model._radixchat_rope_tables = tables
     step = mx.array([10, 4])
     with shared_positions(model, step):
-        outs = [
-            rope(x, offset=mx.array([10, 4])) for rope in ropes
-        ]  # each layer its own offset array
+        # each layer its own offset array
+        outs = [rope(x, offset=mx.array([10, 4])) for rope in ropes]
         assert len(tables._tables) == 1
     assert not tables._tables  # dropped after the step
     for out in outs:  # different computations: the shared table against mx.fast.rope
@@ -254,9 +251,8 @@ def test_folded_attention_gives_the_same_values(heads, kv_heads):
             assert len(calls) == (1 if 1 < heads // kv_heads <= 3 else 2)
         several = mx.random.normal((rows, heads, 3, 64))
         calls.clear()
-        folded(
-            several, keys, values, cache=None, scale=0.125, mask="causal"
-        )  # a prompt: passed through
+        # a prompt: passed through
+        folded(several, keys, values, cache=None, scale=0.125, mask="causal")
         assert calls == [several.shape]
         calls.clear()
         half = one.astype(mx.float16)

@@ -7,14 +7,7 @@ from __future__ import annotations
 import pytest
 
 from core.engine.types import DoneEvent
-from tests.core.engine.test_scheduler import (
-    _no_locks,
-    done,
-    handle,
-    run_alone,
-    scheduler,  # noqa: F401
-    start,
-)
+from tests.core.engine.test_scheduler import _no_locks, done, handle, run_alone, scheduler, start
 from tests.core.engine.token_log import TokenLog
 
 PROMPTS = (
@@ -140,7 +133,8 @@ def test_rows_ending_together_send_their_last_tokens_before_storing_caches(loade
 
     if loaded.info.model_type != "llama":
         pytest.skip(
-            "hybrid models prefill one prompt at a time: their rows join, so end, at different steps"
+            "hybrid models prefill one prompt at a time: their rows join, so end, at different "
+            "steps"
         )
     log: list[tuple[int, str]] = []
     emit = RequestHandle._emit

@@ -45,9 +45,8 @@ def turn(capsys, model, data, session, text, *extra) -> dict:
 
 def test_second_process_restores_the_session(capsys, tiny_model, tmp_path):
     first = turn(capsys, tiny_model, tmp_path, "trip", "Plan a day in Lyon, please.")
-    second = turn(
-        capsys, tiny_model, tmp_path, "trip", "And the evening?"
-    )  # a new process's engine
+    # a new process's engine
+    second = turn(capsys, tiny_model, tmp_path, "trip", "And the evening?")
     assert second["restored_tokens"] >= first["prompt_tokens"] + first["completion_tokens"] - 64
     assert second["restored_tokens"] >= first["prompt_tokens"] + first["completion_tokens"] - 1
     assert (
@@ -250,9 +249,8 @@ def test_damaged_page_mid_chain_restores_the_pages_before_it(kind, tmp_path):
         with store.read_session("s", info.fingerprint) as reader:
             chain = reader.chain
     assert len(chain) >= 4 and all(len(page.tokens) == 64 for page in chain[:3])
-    with sqlite3.connect(
-        kv_cache_db_path(tmp_path / "data")
-    ) as db:  # flip a byte in the third page
+    # flip a byte in the third page
+    with sqlite3.connect(kv_cache_db_path(tmp_path / "data")) as db:
         kv = bytearray(
             db.execute("SELECT kv FROM page_data WHERE key = ?", [chain[2].key]).fetchone()[0]
         )

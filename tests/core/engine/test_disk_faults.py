@@ -80,7 +80,8 @@ from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from kvcache.store import DiskStore
 
-model, root, max_turns, max_tokens = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+model, root = sys.argv[1], Path(sys.argv[2])
+max_turns, max_tokens = int(sys.argv[3]), int(sys.argv[4])
 
 
 def chat_forever(log_path):
@@ -124,7 +125,8 @@ def chat_forever(log_path):
             n += 1
             continue
         question = f"Question {turn} of chat {n}: what comes after {turn * 7 % 13}?"
-        messages = [ChatMessage(m.role, m.content) for m in history] + [ChatMessage("user", question)]
+        messages = [ChatMessage(m.role, m.content) for m in history]
+        messages.append(ChatMessage("user", question))
         done = list(engine.stream(GenerationRequest(messages=tuple(messages), sampling=greedy,
                                                     session=session.name)))[-1]
         assert isinstance(done, DoneEvent), done
@@ -321,9 +323,9 @@ def test_sigkill_during_saves_loses_nothing(tmp_path):
     finally:
         server.close()
     print(
-        f"\n{TRIALS} kills in {time.monotonic() - started:.1f} s: {mid_saves} mid-save ({in_commits} inside its write "
-        f"transaction), {mid_turns} during "
-        f"add_turn; {sum(completed.values())} turns kept in {len(completed)} chats; the next request "
+        f"\n{TRIALS} kills in {time.monotonic() - started:.1f} s: {mid_saves} mid-save "
+        f"({in_commits} inside its write transaction), {mid_turns} during add_turn; "
+        f"{sum(completed.values())} turns kept in {len(completed)} chats; the next request "
         f"restored from disk in {restored_trials} trials"
     )
     assert sum(completed.values()) >= TRIALS  # the children got real work done

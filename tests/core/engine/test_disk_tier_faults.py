@@ -31,8 +31,9 @@ CHILD = textwrap.dedent("""
     n = 0
     while True:  # unnamed long prompts, one after another, until killed
         text = f"Prompt {n}: " + "notes about rivers, bridges and old towns. " * 6
-        list(engine.stream(GenerationRequest(messages=(ChatMessage("user", text),),
-                                             sampling=SamplingParams(temperature=0.0, max_tokens=8))))
+        request = GenerationRequest(messages=(ChatMessage("user", text),),
+                                    sampling=SamplingParams(temperature=0.0, max_tokens=8))
+        list(engine.stream(request))
         n += 1
 """)
 
@@ -110,8 +111,7 @@ def test_a_full_disk_stops_writes_and_serving_goes_on(
     finally:
         engine.shutdown()
     assert disk.writes_stopped is not None and "full" in disk.writes_stopped
-    assert (
-        disk.write_errors == (how == "write fails") and disk.pages_written == 0
-    )  # the rest not tried
+    # the rest not tried
+    assert disk.write_errors == (how == "write fails") and disk.pages_written == 0
     lines = [r.getMessage() for r in caplog.records if r.name == "kvcache.persist"]
     assert len(lines) == 1 and "writes stopped" in lines[0]

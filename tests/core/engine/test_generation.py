@@ -194,9 +194,8 @@ def test_prefill_gives_the_last_logits_and_fills_the_cache(loaded, length, size)
     assert all(c.offset == length for c in cache)
     assert chunks[-1] == length and chunks == sorted(chunks)
     assert all(b - a <= max(size, SINGLE_CALL_TAIL) for a, b in zip([0] + chunks, chunks))
-    assert all(
-        b - a <= size for a, b in zip([0] + chunks[:-1], chunks[:-1])
-    )  # chunks keep to their size
+    # chunks keep to their size
+    assert all(b - a <= size for a, b in zip([0] + chunks[:-1], chunks[:-1]))
     if length <= min(size, SINGLE_CALL_TAIL):
         assert chunks == [length]  # a short prompt is one call
 

@@ -98,9 +98,8 @@ def test_running_streams_get_tokens_between_the_chunks_of_a_long_prompt(loaded, 
     for h in running:
         start(s, h)
     states = [decoding(s, h) for h in running]  # solo (one stream) or in the batch (two)
-    seen: list[
-        list[int]
-    ] = []  # at each progress event of the long prompt: each stream's tokens so far
+    # at each progress event of the long prompt: each stream's tokens so far
+    seen: list[list[int]] = []
 
     def on_event(event):
         if isinstance(event, ProgressEvent):
@@ -113,9 +112,8 @@ def test_running_streams_get_tokens_between_the_chunks_of_a_long_prompt(loaded, 
     for before, after in zip(seen[1:], seen[2:]):  # between two chunks every stream took a step
         assert all(b == a + 1 for a, b in zip(before, after)), (before, after)
     finish(s)
-    assert [done(h).stats.completion_tokens for h in running] == [
-        200
-    ] * streams  # nobody stopped early
+    # nobody stopped early
+    assert [done(h).stats.completion_tokens for h in running] == [200] * streams
     stats = done(long).stats
     assert stats.computed_tokens == stats.prompt_tokens
 
@@ -184,9 +182,8 @@ def test_an_interleaved_prompt_is_cached_exactly(loaded):
     start(s, again)
     finish(s)
     reply = done(again)
-    assert (
-        reply.stats.cached_tokens == reply.stats.prompt_tokens - 1
-    )  # hybrid: the snapshot before the last token
+    # hybrid: the snapshot before the last token
+    assert reply.stats.cached_tokens == reply.stats.prompt_tokens - 1
     assert reply.text == long.text
 
 

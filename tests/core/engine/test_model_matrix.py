@@ -6,8 +6,9 @@ second served in part from RAM; a third turn in a new engine on the same data fo
 (a restart), served in part from disk; that turn again once other requests have pushed it
 out of the recent requests' own caches (served from the page pool and snapshots); and
 every reply, token for token, the reply the same prompt gets with the cache off
-(``use_cache=False``, what ``--no-cache`` sends), greedy. Every module of the installed mlx-lm is either a family or skipped with its reason
-(``SKIPPED``), so a new mlx-lm's new model type fails here until it has a config.
+(``use_cache=False``, what ``--no-cache`` sends), greedy. Every module of the installed
+mlx-lm is either a family or skipped with its reason (``SKIPPED``), so a new mlx-lm's new
+model type fails here until it has a config.
 
 Marked ``model_matrix`` (CI runs it; ``pytest -m "not model_matrix"`` skips it locally).
 """

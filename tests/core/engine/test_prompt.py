@@ -74,9 +74,8 @@ def test_messages_go_through_the_chat_template(loaded):
         ],
         add_generation_prompt=True,
     )
-    assert tokens == list(
-        expected
-    )  # rendered, then tokenised: what the template's own tokenising gives
+    # rendered, then tokenised: what the template's own tokenising gives
+    assert tokens == list(expected)
     text = loaded.tokenizer.decode(tokens)
     assert "be brief" in text and text.index("be brief") < text.index("hi")
 

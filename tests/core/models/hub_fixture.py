@@ -61,7 +61,10 @@ class HubFile:
             self.size = len(self.data)
             self.sha256 = hashlib.sha256(self.data).hexdigest()
         self.lfs = self.path.endswith(LFS_SUFFIXES)
-        pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{self.sha256}\nsize {self.size}\n"
+        pointer = (
+            f"version https://git-lfs.github.com/spec/v1\noid sha256:{self.sha256}\nsize "
+            f"{self.size}\n"
+        )
         self.pointer_size = len(pointer)
         self.blob_id = git_blob_id(pointer.encode() if self.lfs else self.read(0, self.size))
         self.etag = self.sha256 if self.lfs else self.blob_id
@@ -402,10 +405,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.hub.bytes_served[key] += n
 
 
-AGENT_REGISTRY = {
-    "standardEnvVars": [],
-    "harnesses": {},
-}  # the hub's answer's shape, no agent in it
+# the hub's answer's shape, no agent in it
+AGENT_REGISTRY = {"standardEnvVars": [], "harnesses": {}}
 
 
 def hub_environment(monkeypatch, hub: LoopbackHub, home: Path) -> Path:
@@ -431,7 +432,8 @@ def free_port_url() -> str:
 # ---------------------------------------------------------------------------- the test repos
 
 GOOD_TOKEN = "hf_loopback_good_token"
-TINY_MLX = "mlx-community/Tiny-Llama-128"  # a tiny float32 llama (1 MB of weights) + files a model doesn't need
+# a tiny float32 llama (1 MB of weights) + files a model doesn't need
+TINY_MLX = "mlx-community/Tiny-Llama-128"
 BIG_MLX = "mlx-community/Tiny-Llama-Wide"  # 27 MB of weights: several 10 MB chunks (cancel, resume)
 OTHER_MLX = "someone/tiny-chat-mlx"  # more downloads, but not mlx-community
 GIANT_MLX = "mlx-community/Giant-70B-4bit"  # the hub says 70B parameters: won't fit
@@ -573,9 +575,8 @@ def loopback_hub(hub_sources, tmp_path, monkeypatch):
     hub.close()
 
 
-if (
-    __name__ == "__main__"
-):  # serve a folder as a repo, by hand: python -m tests.core.models.hub_fixture FOLDER
+# serve a folder as a repo, by hand: python -m tests.core.models.hub_fixture FOLDER
+if __name__ == "__main__":
     import sys
 
     served = LoopbackHub()

@@ -142,9 +142,8 @@ def test_catalog_lists_local_models_with_their_memory(tmp_path, monkeypatch):
     )
     tiny = entries[str(folder)]
     weights = (folder / "model.safetensors").stat().st_size
-    assert (
-        tiny.kind == "mlx-dir" and 0.98 * weights <= tiny.memory_bytes <= weights
-    )  # float32 stays float32
+    # float32 stays float32
+    assert tiny.kind == "mlx-dir" and 0.98 * weights <= tiny.memory_bytes <= weights
     assert entries["org/tiny"].kind == "hf-cache"
     assert entries["org/tiny"].memory_bytes == 4 * safetensors_parameter_count(snapshot)
 

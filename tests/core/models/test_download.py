@@ -45,9 +45,8 @@ def test_pull_fetches_only_what_a_model_needs(loopback_hub, tmp_path):
     for name in fetched:  # the bytes the hub has, linked the way huggingface_hub links them
         assert (result.path / name).read_bytes() == repo.files[name].read(0, repo.files[name].size)
         assert os.readlink(result.path / name) == f"../../blobs/{repo.files[name].etag}"
-    assert [
-        method for method, _ in loopback_hub.requests if method != "GET"
-    ] == []  # no HEAD per file
+    # no HEAD per file
+    assert [method for method, _ in loopback_hub.requests if method != "GET"] == []
     assert _blobs(TINY_MLX) == sorted(repo.files[n].etag for n in fetched)
     last = seen[-1]
     assert last.done_bytes == last.total_bytes == result.total_bytes and last.fraction == 1.0
@@ -95,9 +94,8 @@ def test_a_pulled_model_loads_and_remembers_its_hashes(loopback_hub, tmp_path):
 def test_cancel_then_resume_fetches_only_the_rest(loopback_hub, tmp_path):
     file = loopback_hub.repos[BIG_MLX].files[WEIGHTS]
     cancel = threading.Event()
-    loopback_hub.rate = (
-        50e6  # ~0.5 s for the weights: progress comes every 0.1 s, the cancel lands mid-file
-    )
+    # ~0.5 s for the weights: progress comes every 0.1 s, the cancel lands mid-file
+    loopback_hub.rate = 50e6
 
     def cancel_after_first_chunk(p):
         if p.file == WEIGHTS and p.fetched_bytes > 1 << 20:
@@ -118,9 +116,8 @@ def test_cancel_then_resume_fetches_only_the_rest(loopback_hub, tmp_path):
     before = loopback_hub.served(BIG_MLX, WEIGHTS)
     seen = []
     result = download.pull(BIG_MLX, data_root=tmp_path, progress=seen.append)
-    assert (
-        loopback_hub.served(BIG_MLX, WEIGHTS) - before == file.size - kept
-    )  # only what was missing
+    # only what was missing
+    assert loopback_hub.served(BIG_MLX, WEIGHTS) - before == file.size - kept
     assert result.fetched_bytes == file.size - kept
     assert seen[0].done_bytes >= kept  # progress starts from what was there
     assert hashlib.sha256((result.path / WEIGHTS).read_bytes()).hexdigest() == file.sha256
@@ -158,9 +155,8 @@ def test_a_wrong_hash_is_caught_and_the_file_dropped(loopback_hub, tmp_path):
         download.pull(TINY_MLX, data_root=tmp_path)
     assert hf_cache.resolve_repo(TINY_MLX) is None
     etag = loopback_hub.repos[TINY_MLX].files[WEIGHTS].etag
-    assert etag + ".incomplete" not in _blobs(TINY_MLX) and etag not in _blobs(
-        TINY_MLX
-    )  # dropped, not kept
+    # dropped, not kept
+    assert etag + ".incomplete" not in _blobs(TINY_MLX) and etag not in _blobs(TINY_MLX)
     loopback_hub.corrupt.clear()
     assert download.pull(TINY_MLX, data_root=tmp_path).path == hf_cache.resolve_repo(TINY_MLX)
 

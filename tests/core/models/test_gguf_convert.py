@@ -121,9 +121,8 @@ def test_types_without_an_mlx_layout_become_8_bit_in_the_affine_layout():
     rng = np.random.default_rng(6)
     block_size, type_size = GGML_QUANT_SIZES[T.Q6_K]
     blocks = rng.integers(0, 256, size=(8 * 256 // block_size, type_size), dtype=np.uint8)
-    blocks[:, -2:] = (
-        rng.uniform(-0.01, 0.01, (len(blocks), 1)).astype(np.float16).view(np.uint8)
-    )  # d comes last
+    # d comes last
+    blocks[:, -2:] = rng.uniform(-0.01, 0.01, (len(blocks), 1)).astype(np.float16).view(np.uint8)
     raw = blocks.reshape(-1)
     info = TensorInfo("m.weight", (8, 256), T.Q6_K, 0, raw.size)
     exact = gguf.quants.dequantize(raw.reshape(8, -1), T.Q6_K)
@@ -182,9 +181,8 @@ def test_cache_round_trip_and_layout_folders(tmp_path):
     meta = json.loads((cache.folder / "meta.json").read_text())
     assert meta["format"] == gguf_convert.CACHE_FORMAT and meta["tensor_count"] == 2
     assert meta["weights_sha256"] == hashing.sha256_file(cache.folder / gguf_convert.WEIGHTS_FILE)
-    assert (
-        ConversionCache.under(tmp_path, "ab" * 32, "affine").load(config) is None
-    )  # another layout
+    # another layout
+    assert ConversionCache.under(tmp_path, "ab" * 32, "affine").load(config) is None
     assert not list(cache.folder.parent.glob(".float32.*"))  # no temp folder left
 
 
@@ -235,12 +233,10 @@ def test_a_second_process_s_conversion_leaves_the_first_one_in_place(tmp_path):
     that entry and put its own in its place."""
     cache, config = _entry(tmp_path)
     kept = (cache.folder / gguf_convert.WEIGHTS_FILE).stat().st_ino
-    cache.save(
-        config, {"a": mx.arange(10, dtype=mx.float32), "b": mx.ones((3, 4))}
-    )  # the other process
+    # the other process
+    cache.save(config, {"a": mx.arange(10, dtype=mx.float32), "b": mx.ones((3, 4))})
     assert (cache.folder / gguf_convert.WEIGHTS_FILE).stat().st_ino == kept
-    assert sorted(p.name for p in cache.folder.parent.iterdir()) == [
-        "float32"
-    ]  # its temporary folder is gone
+    # its temporary folder is gone
+    assert sorted(p.name for p in cache.folder.parent.iterdir()) == ["float32"]
     weights = cache.load(config)
     assert weights is not None and mx.array_equal(weights["a"], mx.arange(10, dtype=mx.float32))

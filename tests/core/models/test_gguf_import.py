@@ -173,9 +173,8 @@ def test_two_processes_building_the_same_tokenizer_at_once(default_model_file, t
     assert len(list(barrier.iterdir())) == 2  # both did write their file before either moved it
     (first, _), (second, _) = results
     assert first == second and first.startswith("[")
-    assert sorted(p.name for p in cache_file.parent.iterdir()) == [
-        "smollm.json"
-    ]  # no temporary file left
+    # no temporary file left
+    assert sorted(p.name for p in cache_file.parent.iterdir()) == ["smollm.json"]
 
 
 @pytest.mark.faults

@@ -117,9 +117,8 @@ def test_damaged_store_costs_only_a_rehash(tmp_path, reads):
         store.write_text(junk)
         assert FileHashCache(store).sha256(path) == hashlib.sha256(b"abc").hexdigest()
     assert len(reads) == 3
-    assert (
-        FileDigest.from_json(json.loads(store.read_text())[str(path.resolve())]) is not None
-    )  # repaired
+    # repaired
+    assert FileDigest.from_json(json.loads(store.read_text())[str(path.resolve())]) is not None
 
 
 def test_unwritable_store_still_hashes(tmp_path):

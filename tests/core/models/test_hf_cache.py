@@ -102,7 +102,11 @@ def test_import_is_light():
     """hf_cache must not pull in huggingface_hub, mlx or Qt."""
     import subprocess
 
-    code = "import sys, core.models.hf_cache, core.models.provision; print(sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'huggingface_hub', 'PySide6', 'mlx_lm', 'transformers')))"
+    code = (
+        "import sys, core.models.hf_cache, core.models.provision; print(sorted(m for m in "
+        "sys.modules if m.split('.')[0] in ('mlx', 'huggingface_hub', 'PySide6', 'mlx_lm', "
+        "'transformers')))"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
@@ -116,7 +120,10 @@ def test_import_is_light():
 def test_a_model_without_all_its_weights_is_not_offered(cache):
     """A download in progress (or cut short) links config.json before or without the
     weights: such a snapshot is not a model yet."""
-    index = b'{"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}'
+    index = (
+        b'{"weight_map": {"a": "model-00001-of-00002.safetensors", '
+        b'"b": "model-00002-of-00002.safetensors"}}'
+    )
     make_repo(
         cache,
         "org/sharded",

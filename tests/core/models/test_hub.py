@@ -38,9 +38,8 @@ def test_search_lists_mlx_first_then_gguf_with_fits(loopback_hub, hub_sources):
         tiny.parameters == hub_sources.parameters and tiny.size_bytes == 4 * hub_sources.parameters
     )
     assert tiny.fit.label == hub.FITS and tiny.fit.weights_bytes == 4 * hub_sources.parameters
-    assert (
-        tiny.fit.kv_pool_bytes == hub.KV_POOL_MAX_BYTES
-    )  # a quarter of 16 GB is more than the cap
+    # a quarter of 16 GB is more than the cap
+    assert tiny.fit.kv_pool_bytes == hub.KV_POOL_MAX_BYTES
     assert results[3].gated and not results[0].gated
     gguf = results[-1]
     assert gguf.kind == "gguf" and gguf.parameters == 448 and gguf.architecture == "llama"
@@ -82,9 +81,8 @@ def test_unsupported_families_are_shown_not_offered(loopback_hub):
     assert mamba.repo_id == MAMBA_GGUF and "can't map" in mamba.problem
     with pytest.raises(HubError, match="mamba family, which RadixChat's import can't map"):
         hub.plan(MAMBA_GGUF)
-    assert (
-        hub.plan(BERT_MLX).architecture is None
-    )  # the hub did not say: the download reads config.json first
+    # the hub did not say: the download reads config.json first
+    assert hub.plan(BERT_MLX).architecture is None
     assert (
         hub.mlx_lm_supports("mistral")
         and hub.mlx_lm_supports("qwen3")
@@ -209,11 +207,8 @@ def test_mlx_lm_facts_read_without_importing_it():
 def test_gguf_repos_list_their_files(loopback_hub):
     with pytest.raises(ChooseFileError) as chosen:
         hub.plan(TWO_GGUF)
-    assert sorted(f.path for f in chosen.value.choices) == [
-        "tiny-F16.gguf",
-        "tiny-Q8_0.gguf",
-    ]  # no split part,
-    # no vision projector
+    # no split part, no vision projector
+    assert sorted(f.path for f in chosen.value.choices) == ["tiny-F16.gguf", "tiny-Q8_0.gguf"]
     assert f"radixchat pull {TWO_GGUF}:" in str(chosen.value)
     assert [f.quantization for f in hub.gguf_files(TWO_GGUF)] == ["Q8_0", "F16"]  # smallest first
     one = hub.plan(TWO_GGUF, "tiny-Q8_0.gguf")

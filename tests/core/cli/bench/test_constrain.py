@@ -14,9 +14,8 @@ MODES = ("free", "json_schema", "tool_required", "4_free", "2_free_2_constrained
 
 
 def test_bench_constrain_json_and_table(tmp_path, capsys):
-    path = write_tiny_model(
-        tmp_path / "tiny", TinyModelSpec(max_position_embeddings=4096)
-    )  # the tool's prompt
+    # the tool's prompt
+    path = write_tiny_model(tmp_path / "tiny", TinyModelSpec(max_position_embeddings=4096))
     argv = [
         "bench",
         "constrain",

@@ -41,7 +41,6 @@ def test_bench_fairness_json_and_table(tmp_path, capsys):
     assert main(argv) == 0
     table = capsys.readouterr().out
     assert "beside each other" in table and "its solo prefill (target <= 1.3x)" in table
-    assert (
-        main(argv[:4] + ["--long-tokens", "4000"] + argv[6:]) == EXIT_USER_ERROR
-    )  # over the context
+    # over the context
+    assert main(argv[:4] + ["--long-tokens", "4000"] + argv[6:]) == EXIT_USER_ERROR
     assert "does not fit" in capsys.readouterr().err

@@ -13,11 +13,8 @@ from core.cli.main import EXIT_USER_ERROR, main
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="the benchmark compares with curl")
 def test_bench_pull_json(tmp_path, capsys, monkeypatch):
-    for name in (
-        "HF_ENDPOINT",
-        "HF_HUB_CACHE",
-        "HF_HUB_DISABLE_XET",
-    ):  # the resume sets them in this process
+    # the resume sets them in this process
+    for name in ("HF_ENDPOINT", "HF_HUB_CACHE", "HF_HUB_DISABLE_XET"):
         monkeypatch.setenv(name, "unset")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.delenv("HF_TOKEN", raising=False)
