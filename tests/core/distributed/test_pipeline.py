@@ -70,11 +70,16 @@ def test_a_dense_model_pipelined_when_asked_answers_as_one_process_and_restores(
 
 
 def test_a_hybrid_model_only_mlx_lm_pipelines_runs_pipelined_and_restores(tmp_path):
-    # qwen3_next (linear-attention layers alternating with full ones) has no tensor split:
-    # the group pipelines it by itself; each rank holds one linear and one full layer
-    model = write_tiny_model(
+    # qwen3_next (linear-attention layers, a full one every 4th) has no tensor split: the
+    # group pipelines it by itself. Layers 0-2 are linear attention, 3 full: one rank's slice
+    # is linear only (snapshots, no pages: cached as a pure recurrent model is), the other's
+    # pages its full layer and snapshots its linear one
+    model = write_family(
         tmp_path / "tiny-qwen3-next",
-        TinyModelSpec(kind="recurrent", num_layers=4, max_position_embeddings=8192),
+        "qwen3_next",
+        num_hidden_layers=4,
+        full_attention_interval=4,
+        max_position_embeddings=8192,
     )
     expected = expectations(model)
     data = tmp_path / "data"
@@ -84,6 +89,9 @@ def test_a_hybrid_model_only_mlx_lm_pipelines_runs_pipelined_and_restores(tmp_pa
         first_group(group, expected)
     finally:
         group.stop()
+    # on disk: one rank's pages hold K/V arrays, the linear-only rank's none (its snapshots do)
+    paged = [stored_kv_shapes(data / rank_cache_name(rank, 2)) for rank in (0, 1)]
+    assert sorted(any(paged[rank]) for rank in (0, 1)) == [False, True], paged
     restarted_group_restores(model, data, tmp_path, expected)
 
 
