@@ -12,6 +12,9 @@ not. Marked ``model_matrix``, as the engine matrix is.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
@@ -19,7 +22,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from kvcache.builder import build_kv_cache
 from kvcache.persist import DiskTier
 from kvcache.prefix_cache import HOT_ENTRIES, PrefixCache
-from tests.kvcache.model_families import FAMILIES, NEEDS_METAL, build_model
+from tests.kvcache.model_families import FAMILIES, NEEDS_METAL, SKIPPED, build_model
 
 pytestmark = pytest.mark.model_matrix
 
@@ -35,6 +38,25 @@ CONTINUATION_DIFFERS = {
         "its block-sparse attention masks blocks by query position within the call (7e-4 here)"
     ),
 }
+
+
+MODELS_MD = Path(__file__).resolve().parents[2] / "docs" / "models.md"
+CACHED_AS_WORDS = {"pages": "pages", "both": "pages+snapshots", "snapshots": "snapshots"}
+
+
+def documented() -> tuple[dict[str, str], dict[str, str]]:
+    """docs/models.md's table (model type -> how it says the type is cached) and its list of
+    the types left out (model type -> why)."""
+    text = MODELS_MD.read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `([\w.-]+)` \| (\w+)[^|]* \|", text, re.MULTILINE)
+    left_out = re.findall(r"^- `([\w.-]+)`: (.+)$", text, re.MULTILINE)
+    return {name: CACHED_AS_WORDS[word] for name, word in rows}, dict(left_out)
+
+
+def test_the_docs_list_every_family_and_every_skip_with_its_reason():
+    table, left_out = documented()
+    assert sorted(table) == sorted(FAMILIES)
+    assert left_out == SKIPPED
 
 
 def prefix_cache(model) -> PrefixCache:
@@ -97,6 +119,7 @@ def test_a_prefix_from_the_pool_and_from_disk_continues_exactly(family, tmp_path
 
     pc = prefix_cache(model)
     assert pc.enabled, pc.build.disable_reason
+    assert pc.build.layout.cached_as == documented()[0][family], "docs/models.md says otherwise"
     caches, snapshots = cached_history(model, pc)
     pc.commit(pc.match(HISTORY + [0]), HISTORY, caches, snapshots)
     for i in range(HOT_ENTRIES):  # the history's own cache objects are kept a while: not now
