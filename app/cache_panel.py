@@ -78,6 +78,23 @@ class TurnSplit:
         )
 
 
+CACHED_AS = {
+    "pages": "KV pages",
+    "snapshots": "state snapshots (no full-attention layer)",
+    "pages+snapshots": "KV pages + state snapshots",
+}
+
+
+def cached_as_text(cache) -> str:
+    """How the loaded model's prefixes are cached, in words (``cache``: the engine's
+    CacheStats, None without a model)."""
+    if cache is None:
+        return "—"
+    if not cache.enabled:
+        return f"off: {cache.disabled_reason}" if cache.disabled_reason else "off"
+    return CACHED_AS.get(cache.cached_as, cache.cached_as or "—")
+
+
 def hit_rate(turns: list[TurnSplit]) -> tuple[float, int]:
     """(cached + restored) / prompt tokens, summed over ``turns``, and that prompt total."""
     hit, prompt = sum(t.hit for t in turns), sum(t.prompt for t in turns)
@@ -106,6 +123,7 @@ class CachePanel(ChartPanel):
                 ("appHitRate", "App hits"),
                 ("evictions", "Evictions"),
                 ("namespace", "Namespace"),
+                ("cachedAs", "Cached as"),
             )
         ):
             title = QLabel(caption)
@@ -208,6 +226,8 @@ class CachePanel(ChartPanel):
         self.values["evictions"].setText(
             f"{count(tokens)} tokens ({count(pages)} pages)" if pages or tokens else "none"
         )
+        self.values["cachedAs"].setText(cached_as_text(cache))
+        self.values["cachedAs"].setToolTip(cache.layout if cache is not None else "")
         namespaces = cache.namespaces if cache is not None else None
         if namespaces != self._namespaces_in_ram:
             self._namespaces_in_ram = namespaces

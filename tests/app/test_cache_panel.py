@@ -152,8 +152,10 @@ def test_odd_turns_never_draw_negative_bars(panel):
 
 def totals(**cache) -> EngineStats:
     """The engine's figures as the bridge hands them over, with these cache figures."""
-    figures = {f.name: 0 for f in dataclasses.fields(CacheStats)}
-    figures.update(enabled=True, disabled_reason=None, **cache)
+    figures = {
+        f.name: 0 for f in dataclasses.fields(CacheStats) if f.default is dataclasses.MISSING
+    }
+    figures.update({"enabled": True, "disabled_reason": None, **cache})
     return EngineStats(cache=CacheStats(**figures), rss_bytes=1)
 
 
@@ -182,3 +184,20 @@ def test_the_namespace_that_served_the_turn_is_shown(panel):
     panel.set_turns([turn(0, 0, 512)])  # a turn stored before namespaces: none named
     assert text(panel, "namespaceValue") == "— · 3 in RAM"
     assert "namespace" not in text(panel, "lastTurnValue")
+
+
+def test_how_the_model_is_cached_is_shown(panel):
+    assert text(panel, "cachedAsValue") == "—"
+    panel.update_totals(
+        totals(cached_as="pages+snapshots", layout="4 caches in 4 slots: 2 full, 2 sliding")
+    )
+    assert text(panel, "cachedAsValue") == "KV pages + state snapshots"
+    assert panel.values["cachedAs"].toolTip() == "4 caches in 4 slots: 2 full, 2 sliding"
+    panel.update_totals(totals(cached_as="snapshots"))
+    assert text(panel, "cachedAsValue") == "state snapshots (no full-attention layer)"
+    panel.update_totals(totals(cached_as="pages"))
+    assert text(panel, "cachedAsValue") == "KV pages"
+    panel.update_totals(totals(enabled=False, disabled_reason="disabled by the user (--no-cache)"))
+    assert text(panel, "cachedAsValue") == "off: disabled by the user (--no-cache)"
+    panel.update_totals(EngineStats())  # no model
+    assert text(panel, "cachedAsValue") == "—"
