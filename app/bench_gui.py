@@ -53,7 +53,7 @@ def run_bench_gui(args, data_root: Path) -> int:
     from app.settings_dialogs import AppSettings
     from core.chats.store import ChatStore
     from core.errors import UserError
-    from core.models import provision
+    from core.models.pypi import provision
     from core.paths import chats_db_path
 
     app = QApplication.instance() or QApplication(sys.argv)

@@ -43,7 +43,7 @@ from core.errors import UserError
 
 if TYPE_CHECKING:
     from core.engine.engine import Engine, RequestHandle
-    from core.models.loader import ModelInfo
+    from core.models.load.loader import ModelInfo
 
 log = logging.getLogger(__name__)
 

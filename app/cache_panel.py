@@ -46,6 +46,8 @@ FIGURE_TIPS = {
     "evictions": "Cached prompt tokens dropped from RAM since the app started, to make room "
     "for newer ones. A prompt that needs them again reads them from disk or computes them; "
     "many evictions mean the KV pool is small for the chats you keep going.",
+    "cachedAs": "How this model's prompts are kept for reuse: KV pages (attention layers' "
+    "keys and values) and, for sliding-window or recurrent layers, snapshots of their state.",
     "namespace": "Whose cached prompts the last turn could reuse: the app's chats share among "
     "themselves; each API key (and each cache_salt) has its own, so no client sees "
     "another's prompts. “in RAM”: how many such groups the RAM cache holds now.",
@@ -97,6 +99,23 @@ class TurnSplit:
         )
 
 
+CACHED_AS = {
+    "pages": "KV pages",
+    "snapshots": "state snapshots (no full-attention layer)",
+    "pages+snapshots": "KV pages + state snapshots",
+}
+
+
+def cached_as_text(cache) -> str:
+    """How the loaded model's prefixes are cached, in words (``cache``: the engine's
+    CacheStats, None without a model)."""
+    if cache is None:
+        return "—"
+    if not cache.enabled:
+        return f"off: {cache.disabled_reason}" if cache.disabled_reason else "off"
+    return CACHED_AS.get(cache.cached_as, cache.cached_as or "—")
+
+
 def hit_rate(turns: list[TurnSplit]) -> tuple[float, int]:
     """(cached + restored) / prompt tokens, summed over ``turns``, and that prompt total."""
     hit, prompt = sum(t.hit for t in turns), sum(t.prompt for t in turns)
@@ -125,6 +144,7 @@ class CachePanel(ChartPanel):
                 ("appHitRate", "App hits"),
                 ("evictions", "Evictions"),
                 ("namespace", "Namespace"),
+                ("cachedAs", "Cached as"),
             )
         ):
             title = QLabel(caption)
@@ -226,6 +246,9 @@ class CachePanel(ChartPanel):
         self.values["evictions"].setText(
             f"{count(tokens)} tokens ({count(pages)} pages)" if pages or tokens else "none"
         )
+        self.values["cachedAs"].setText(cached_as_text(cache))
+        layout = f"\n\n{cache.layout}" if cache is not None and cache.layout else ""
+        self.values["cachedAs"].setToolTip(FIGURE_TIPS["cachedAs"] + layout)
         namespaces = cache.namespaces if cache is not None else None
         if namespaces != self._namespaces_in_ram:
             self._namespaces_in_ram = namespaces

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from core.models import hub
+from core.models.hub.fit import estimate_fit
+from core.models.hub.search import SearchResult
 from resources import resource_path
 
 CURATED_FILE = "curated_models.json"
@@ -18,7 +19,7 @@ class CuratedModel:
     """One model of the list: a hub search result as if found (its fit computed here), the
     GGUF file to download (None for an MLX repo), the machine memory it suits, a note."""
 
-    result: hub.SearchResult
+    result: SearchResult
     file: str | None
     memory_gb: int
     note: str
@@ -36,10 +37,10 @@ def curated_models(on_cpu: bool, machine_bytes: int | None = None) -> list[Curat
     models = []
     for tier in data["tiers"]:
         for entry in tier["models"]:
-            fit = hub.estimate_fit(
+            fit = estimate_fit(
                 entry["kind"], entry["size_bytes"], entry["parameters"], on_cpu, machine_bytes
             )
-            result = hub.SearchResult(
+            result = SearchResult(
                 repo_id=entry["repo_id"],
                 kind=entry["kind"],
                 downloads=0,

@@ -1,6 +1,6 @@
 """Downloads from the Hugging Face hub that run in the background while the user chats.
 
-``DownloadManager`` (one per window) runs each download (``core.models.download.pull``) on a
+``DownloadManager`` (one per window) runs each download (``core.models.hub.download.pull``) on a
 thread of its own and reports on the GUI thread: progress, done (with the spec the loader
 takes), stopped or failed. Closing the model picker does not stop a download; cancelling one
 keeps its bytes, and "Resume" continues it (so does the next start, even after a restart).
@@ -32,7 +32,7 @@ from PySide6.QtWidgets import (
 
 from app.format import human_bytes
 from app.workers import Relay, run_in_thread
-from core.models import download, installed
+from core.models.hub import download, installed
 
 RUNNING, DONE, STOPPED, FAILED = "running", "done", "stopped", "failed"
 TARGET_ROLE = Qt.ItemDataRole.UserRole

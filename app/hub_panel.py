@@ -3,7 +3,7 @@
 Hugging Face hub, see whether each model fits, download one with a progress bar (bytes, rate,
 time left), cancel, resume.
 
-Every hub call runs on a plain Python thread (core.models.hub / download do the work);
+Every hub call runs on a plain Python thread (core.models.hub.client / download do the work);
 results come back to the GUI thread through :mod:`app.workers`' relays, so the window stays
 responsive. Downloads belong to the window's :class:`~app.downloads.DownloadManager`: they go
 on after the picker closes. A cancelled download keeps its bytes: "Resume" continues it.
@@ -32,13 +32,15 @@ from app.curated import CuratedModel, curated_models
 from app.downloads import DONE, RUNNING, DownloadManager, progress_text
 from app.format import human_bytes
 from app.workers import Relay, run_in_thread
-from core.models import download, hub, installed
+from core.models.hub import client, download, installed
+from core.models.hub.fit import FITS, TIGHT, WONT_FIT, estimate_fit
+from core.models.hub.search import SearchResult, search
 
 COLUMNS = ("Model", "Kind", "Parameters", "Quant", "Size", "Fits?", "Downloads")
 FIT_COLUMN = 5
 RESULT_ROLE = Qt.ItemDataRole.UserRole
 CURATED_ROLE = Qt.ItemDataRole.UserRole + 1  # a curated row's CuratedModel
-FIT_COLORS = {hub.FITS: "#2e7d32", hub.TIGHT: "#b26a00", hub.WONT_FIT: "#c62828"}
+FIT_COLORS = {FITS: "#2e7d32", TIGHT: "#b26a00", WONT_FIT: "#c62828"}
 
 
 def parameters_text(n: int | None) -> str:
@@ -176,13 +178,13 @@ class HubPanel(QWidget):
         self.say(f"Searching for “{text}”…")
         self._keep(
             run_in_thread(
-                lambda: hub.search(text, on_cpu=self.on_cpu),
+                lambda: search(text, on_cpu=self.on_cpu),
                 self._on_results,
                 self._on_search_failed,
             )
         )
 
-    def _on_results(self, results: list[hub.SearchResult]) -> None:
+    def _on_results(self, results: list[SearchResult]) -> None:
         self.search_button.setEnabled(True)
         self.results.clear()
         self.heading.setText(f"Search results for “{self.query.text().strip()}”")
@@ -195,7 +197,7 @@ class HubPanel(QWidget):
         self.search_button.setEnabled(True)
         self.say(message, error=True)
 
-    def _add_result(self, r: hub.SearchResult, curated: CuratedModel | None = None) -> None:
+    def _add_result(self, r: SearchResult, curated: CuratedModel | None = None) -> None:
         fit = r.fit.label if r.fit and not r.problem else ("can't load" if r.problem else "?")
         item = QTreeWidgetItem(
             [
@@ -253,7 +255,7 @@ class HubPanel(QWidget):
             self.say(f"Listing the GGUF files of {repo}…")
             self._keep(
                 run_in_thread(
-                    lambda: hub.gguf_files(repo),
+                    lambda: client.gguf_files(repo),
                     lambda files: self._on_files(repo, files),
                     lambda m: self.say(m, error=True),
                 )
@@ -263,18 +265,18 @@ class HubPanel(QWidget):
             self._show_download(target)
         self._update_buttons()
 
-    def _on_files(self, repo_id: str, files: tuple[hub.RepoFile, ...]) -> None:
+    def _on_files(self, repo_id: str, files: tuple[client.RepoFile, ...]) -> None:
         result = self.selected_result()
         if result is None or result.repo_id != repo_id:
             return
         for f in files:
-            fit = hub.estimate_fit("gguf", f.size, None, self.on_cpu)
+            fit = estimate_fit("gguf", f.size, None, self.on_cpu)
             self.file_box.addItem(f"{f.path} · {human_bytes(f.size)} · {fit.label}", f.path)
         self.file_box.setVisible(bool(files))
         self.say(f"{len(files)} GGUF files: choose one" if files else f"{repo_id} has no GGUF file")
         self._update_buttons()
 
-    def selected_result(self) -> hub.SearchResult | None:
+    def selected_result(self) -> SearchResult | None:
         item = self.results.currentItem()
         return item.data(0, RESULT_ROLE) if item is not None else None
 

@@ -29,8 +29,8 @@ from app.downloads import DownloadManager
 from app.format import human_bytes
 from app.hub_panel import HubPanel
 from core.errors import UserError
-from core.models import installed
 from core.models.catalog import CatalogEntry, entry_for_path, model_catalog, runs_on_cpu
+from core.models.hub import installed
 
 COLUMNS = ("Name", "Kind", "Size", "Memory", "Last used")
 KIND_LABELS = {

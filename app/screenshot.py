@@ -41,7 +41,7 @@ def run_screenshot(path: Path, data_root: Path, model_spec: str) -> int:
     from app.settings_dialogs import AppSettings
     from core.chats.store import ChatStore
     from core.errors import UserError
-    from core.models import provision
+    from core.models.pypi import provision
     from core.paths import chats_db_path
 
     app = QApplication.instance() or QApplication(sys.argv)

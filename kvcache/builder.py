@@ -71,7 +71,7 @@ def build_kv_cache(
             tokens=pool_tokens,
             budget_bytes=pool_bytes,
         )
-        if layout.full_layer_indices and pages == 0:
+        if layout.paged and pages == 0:
             reason = "no memory left for a KV pool"
     pool = None
     if layout is not None and reason is None:

@@ -1,24 +1,37 @@
-"""The cache layout of a loaded mlx-lm model: which layers the page pool holds.
+"""The cache layout of a loaded mlx-lm model: which caches the page pool holds.
 
-Every layer of a model falls in one of three classes, read from the cache object
-mlx-lm makes for it (``model.make_cache()``, else one ``KVCache`` per layer, as
-``mlx_lm.models.cache.make_prompt_cache`` does):
+The layout is read from the cache list mlx-lm makes for the model
+(``mlx_lm.models.cache.make_prompt_cache``: ``model.make_cache()``, else one ``KVCache``
+per layer), not from the decoder layers: a model whose layers share another layer's K/V
+(Gemma 4, Hunyuan's cross-layer attention), hold no cache (Nemotron-H's MLP layers) or
+run twice over their caches (loop models) simply makes fewer or more caches than it has
+layers, and the layout follows the caches. Each *slot* of that list is classified;
+a ``CacheList`` slot (Falcon-H1, Baichuan-M1, DeepSeek-V3.2's indexer) is taken apart
+and each of its members classified on its own. Every classified cache is one
+:class:`CacheSpec`, of one of three kinds:
 
-- ``"full"``: ``KVCache``, full attention; its K/V are paged in the pool;
-- ``"sliding"``: ``RotatingKVCache``, sliding-window attention (``max_size`` is the window);
-- ``"auxiliary"``: ``ArraysCache`` (Mamba, gated delta, ...) or any other cache object;
-  its state is snapshotted whole, never paged.
+- ``"full"``: a ``KVCache`` (or ``ConcatenateKVCache``) that holds one K and one V row per
+  token: paged in the pool. Keys and values keep their own shapes: an MLA model
+  (DeepSeek-V2/V3, Kimi, GLM-4.x-lite...) caches a compressed latent as its "keys" and
+  the rope part as its "values", of different widths, and both are paged as they are;
+- ``"sliding"``: a ``RotatingKVCache`` (sliding-window attention, ``max_size`` is the
+  window): snapshotted;
+- ``"auxiliary"``: anything else, snapshotted whole at node ends: recurrent or
+  linear-attention state (``ArraysCache``: Mamba, gated delta, RWKV...), and every cache
+  that pages cannot rebuild (``ChunkedKVCache``, ``QuantizedKVCache``, a compressed cache
+  that does not hold one row per token, a cache no layer wrote in a trial forward). What
+  cannot be paged falls back to snapshots; nothing switches the cache off.
 
-``QuantizedKVCache``, ``ChunkedKVCache``, ``ConcatenateKVCache``, ``CacheList`` and the
-batch caches are refused with a ``ValueError``: a quantized or chunked cache cannot be
-paged as plain K/V, and a ``CacheList`` mixes paged and snapshotted state in one layer.
+Shapes and dtypes come from a short trial forward (``PROBE_TOKENS`` tokens) through the
+model with fresh caches: each paged cache then holds keys of shape ``(1, heads, T, dim)``
+in the dtype the model really computes in. That works for every architecture (attribute
+names differ, quantized weights hide the projection shapes, activations may not share
+the weights' dtype) and costs only graph construction: shapes and dtypes are known
+without evaluating anything. A cache is paged only if it took exactly one row per token.
 
-KV heads, head dim and dtype come from one dummy token run through the model with fresh
-caches: each attention cache then holds keys of shape ``(1, kv_heads, T, head_dim)`` in
-the dtype the model really computes in. That works for every architecture (attribute
-names differ, quantized weights hide the projection shapes, activations may not share the
-weights' dtype) and costs only graph construction: shapes and dtypes are known without
-evaluating anything.
+A cache is addressed by its *path* in the cache list: ``(slot, None)`` for a slot,
+``(slot, member)`` for a member of a ``CacheList`` slot (:func:`cache_at`,
+:func:`put_cache`).
 """
 
 from __future__ import annotations
@@ -28,214 +41,219 @@ from functools import cached_property
 
 import mlx.core as mx
 from mlx_lm.models.cache import (
-    BatchKVCache,
-    BatchRotatingKVCache,
     CacheList,
-    ChunkedKVCache,
     ConcatenateKVCache,
     KVCache,
-    QuantizedKVCache,
     RotatingKVCache,
+    make_prompt_cache,
 )
 
 FULL, SLIDING, AUXILIARY = "full", "sliding", "auxiliary"
+KINDS = (FULL, SLIDING, AUXILIARY)
+PAGEABLE = (KVCache, ConcatenateKVCache)  # exactly these classes (not subclasses)
+PROBE_TOKENS = 3  # the trial forward's length: a paged cache must take one row per token
 
-# Where mlx-lm models keep their decoder layers, tried in this order.
-LAYER_PATHS = (
-    ("layers",),
-    ("model", "layers"),
-    ("language_model", "model", "layers"),
-    ("language_model", "layers"),
-    ("backbone", "layers"),
-    ("transformer", "h"),
-    ("transformer", "layers"),
-    ("model", "decoder", "layers"),
-)
+# How a model is cached (CacheLayout.cached_as)
+PAGES, SNAPSHOTS, BOTH = "pages", "snapshots", "pages+snapshots"
 
-# Attribute names of the attention module inside a decoder layer, tried in this order.
-ATTENTION_ATTRS = ("self_attn", "attention", "attn", "self_attention", "mixer")
-
-UNSUPPORTED_CACHES = (
-    QuantizedKVCache,
-    ChunkedKVCache,
-    ConcatenateKVCache,
-    CacheList,
-    BatchKVCache,
-    BatchRotatingKVCache,
-)
+CachePath = tuple[int, "int | None"]  # (slot in the cache list, member of a CacheList or None)
 
 
 @dataclass(frozen=True)
-class LayerSpec:
-    """One layer. ``window``/``keep``: sliding layers only; ``kv_heads``, ``head_dim``,
-    ``dtype`` (an mlx dtype name such as "float32") and ``attention_attr``: attention
-    layers only (``attention_attr`` is None when no known attribute name matched)."""
+class CacheSpec:
+    """One cache object of the model's cache list.
+
+    ``index``: its position in :attr:`CacheLayout.caches`; ``slot``/``member``: where it
+    is in the cache list (``member`` None unless the slot is a ``CacheList``).
+    ``window``/``keep``: sliding caches only. Keys and values (full and sliding caches)
+    have their own ``heads x dim``: ``key_heads``/``key_dim``, ``value_heads``/
+    ``value_dim``; ``dtype`` is an mlx dtype name such as "float32". ``cache_type``: the
+    class name of the cache object, ``note``: why a cache is snapshotted rather than
+    paged, where that is not its nature (say, "QuantizedKVCache: quantized K/V")."""
 
     index: int
     kind: str  # FULL | SLIDING | AUXILIARY
+    slot: int
+    member: int | None = None
+    cache_type: str = ""
     window: int | None = None
-    kv_heads: int | None = None
-    head_dim: int | None = None
-    dtype: str | None = None
-    attention_attr: str | None = None
     keep: int = 0  # RotatingKVCache.keep: leading tokens a sliding layer never drops
+    key_heads: int | None = None
+    key_dim: int | None = None
+    value_heads: int | None = None
+    value_dim: int | None = None
+    dtype: str | None = None
+    note: str = ""
+
+    @property
+    def path(self) -> CachePath:
+        return self.slot, self.member
+
+    @property
+    def key_shape(self) -> tuple[int, int]:
+        return self.key_heads, self.key_dim
+
+    @property
+    def value_shape(self) -> tuple[int, int]:
+        return self.value_heads, self.value_dim
 
     @property
     def bytes_per_token(self) -> int:
-        """K + V bytes of one token in this layer (0 for auxiliary layers)."""
+        """K + V bytes of one token of this cache (0 for auxiliary caches)."""
         if self.kind == AUXILIARY:
             return 0
-        return 2 * self.kv_heads * self.head_dim * dtype_from_name(self.dtype).size
+        size = dtype_from_name(self.dtype).size
+        return (self.key_heads * self.key_dim + self.value_heads * self.value_dim) * size
+
+    def describe_kv(self) -> str:
+        """'2x16 float32', or 'K 1x512 / V 1x64 float32' when keys and values differ."""
+        if self.key_shape == self.value_shape:
+            return f"{self.key_heads}x{self.key_dim} {self.dtype}"
+        keys, values = f"{self.key_heads}x{self.key_dim}", f"{self.value_heads}x{self.value_dim}"
+        return f"K {keys} / V {values} {self.dtype}"
 
 
 @dataclass(frozen=True)
 class CacheLayout:
-    """The classified layers of a model; ``layers[i].index == i``."""
+    """The classified caches of a model, in cache-list order; ``caches[i].index == i``.
 
-    layers: tuple[LayerSpec, ...]
+    ``slots``: the length of the model's cache list (a slot may hold several caches: a
+    ``CacheList``; a ``None`` slot holds none)."""
+
+    caches: tuple[CacheSpec, ...]
+    slots: int = 0
 
     def __post_init__(self) -> None:
-        if not self.layers:
-            raise ValueError("a cache layout needs at least one layer")
-        for i, spec in enumerate(self.layers):
-            if spec.index != i or spec.kind not in (FULL, SLIDING, AUXILIARY):
-                raise ValueError(f"bad layer spec at position {i}: {spec}")
+        if not self.caches:
+            raise ValueError("a cache layout needs at least one cache")
+        paths = set()
+        for i, spec in enumerate(self.caches):
+            if spec.index != i or spec.kind not in KINDS or spec.path in paths:
+                raise ValueError(f"bad cache spec at position {i}: {spec}")
+            paths.add(spec.path)
 
-    def _indices(self, *kinds: str) -> tuple[int, ...]:
-        return tuple(s.index for s in self.layers if s.kind in kinds)
-
-    @cached_property
-    def full_layer_indices(self) -> tuple[int, ...]:
-        return self._indices(FULL)
+    def _of(self, *kinds: str) -> tuple[CacheSpec, ...]:
+        return tuple(s for s in self.caches if s.kind in kinds)
 
     @cached_property
-    def sliding_layer_indices(self) -> tuple[int, ...]:
-        return self._indices(SLIDING)
+    def paged(self) -> tuple[CacheSpec, ...]:
+        """The full-attention caches, in pool order (pool index i is ``paged[i]``)."""
+        return self._of(FULL)
 
     @cached_property
-    def auxiliary_layer_indices(self) -> tuple[int, ...]:
-        return self._indices(AUXILIARY)
+    def sliding(self) -> tuple[CacheSpec, ...]:
+        return self._of(SLIDING)
 
     @cached_property
-    def attention_layer_indices(self) -> tuple[int, ...]:
-        return self._indices(FULL, SLIDING)
+    def auxiliary(self) -> tuple[CacheSpec, ...]:
+        return self._of(AUXILIARY)
 
     @cached_property
-    def _pool_index(self) -> dict[int, int]:
-        return {layer: i for i, layer in enumerate(self.full_layer_indices)}
+    def snapshotted(self) -> tuple[CacheSpec, ...]:
+        """The caches whose state a snapshot holds: sliding, then auxiliary."""
+        return self.sliding + self.auxiliary
 
-    def attention_pool_index(self, layer: int) -> int:
-        """Dense index of full-attention ``layer`` among the layers paged in the pool."""
+    @cached_property
+    def _pool_index(self) -> dict[CachePath, int]:
+        return {spec.path: i for i, spec in enumerate(self.paged)}
+
+    def pool_index(self, slot: int, member: int | None = None) -> int:
+        """Dense index, among the caches paged in the pool, of the cache at ``(slot, member)``."""
         try:
-            return self._pool_index[layer]
+            return self._pool_index[slot, member]
         except KeyError:
-            kind = self.layers[layer].kind if 0 <= layer < len(self.layers) else "no such layer"
+            spec = next((s for s in self.caches if s.path == (slot, member)), None)
+            kind = spec.kind if spec is not None else "no such cache"
             raise KeyError(
-                f"layer {layer} is not paged in the pool ({kind}); "
-                f"full-attention layers: {list(self.full_layer_indices)}"
+                f"cache {_path_text((slot, member))} is not paged in the pool ({kind}); "
+                f"paged caches: {[_path_text(s.path) for s in self.paged]}"
             ) from None
 
     @property
-    def full_layers(self) -> tuple[LayerSpec, ...]:
-        """The specs of the paged layers, in pool-index order."""
-        return tuple(self.layers[i] for i in self.full_layer_indices)
-
-    @property
     def sliding_window(self) -> int | None:
-        """The sliding window (the largest, should layers differ); None without sliding layers."""
-        windows = [self.layers[i].window for i in self.sliding_layer_indices]
+        """The sliding window (the largest, should caches differ); None without sliding caches."""
+        windows = [s.window for s in self.sliding]
         return max(windows) if windows else None
 
     @property
     def is_hybrid_swa(self) -> bool:
-        """Has sliding-window layers, whose state the tree must snapshot at node ends."""
-        return bool(self.sliding_layer_indices)
+        """Has sliding-window caches, whose state the tree must snapshot at node ends."""
+        return bool(self.sliding)
 
     @property
     def is_hybrid_ssm(self) -> bool:
-        """Has auxiliary (recurrent / linear-attention) layers, snapshotted whole."""
-        return bool(self.auxiliary_layer_indices)
+        """Has auxiliary (recurrent / linear-attention / unpageable) caches, snapshotted whole."""
+        return bool(self.auxiliary)
+
+    @property
+    def cached_as(self) -> str:
+        """How a prefix is kept: ``"pages"`` (paged K/V only), ``"snapshots"`` (snapshots
+        only: a model without a full-attention cache) or ``"pages+snapshots"``."""
+        if not self.snapshotted:
+            return PAGES
+        return BOTH if self.paged else SNAPSHOTS
 
     @property
     def bytes_per_token(self) -> int:
-        """K + V bytes of one token over all full-attention (pooled) layers."""
-        return sum(s.bytes_per_token for s in self.full_layers)
+        """K + V bytes of one token over all paged caches."""
+        return sum(s.bytes_per_token for s in self.paged)
 
     def describe(self) -> str:
-        """One line, e.g. '4 layers: 2 full, 2 sliding (window 16), 0 auxiliary; ...'."""
-        parts = [f"{len(self.full_layer_indices)} full"]
-        sliding = f"{len(self.sliding_layer_indices)} sliding"
+        """One line, e.g. '4 caches in 4 slots: 2 full, 2 sliding (window 16), 0 auxiliary; ...'."""
+        parts = [f"{len(self.paged)} full"]
+        sliding = f"{len(self.sliding)} sliding"
         if self.sliding_window is not None:
             sliding += f" (window {self.sliding_window})"
-        parts += [sliding, f"{len(self.auxiliary_layer_indices)} auxiliary"]
-        shapes = sorted(
-            {(s.kv_heads, s.head_dim, s.dtype) for s in self.layers if s.kind != AUXILIARY}
+        parts += [sliding, f"{len(self.auxiliary)} auxiliary"]
+        shapes = sorted({s.describe_kv() for s in self.caches if s.kind != AUXILIARY})
+        notes = sorted({s.note for s in self.caches if s.note})
+        text = (
+            f"{len(self.caches)} caches in {self.slots or len(self.caches)} slots: "
+            f"{', '.join(parts)}; "
+            f"KV heads x head dim: {', '.join(shapes) or 'none'}; "
+            f"{self.bytes_per_token:,} pooled bytes/token; cached as {self.cached_as}"
         )
-        kv = ", ".join(f"{h}x{d} {t}" for h, d, t in shapes) or "none"
-        return (
-            f"{len(self.layers)} layers: {', '.join(parts)}; KV heads x head dim: {kv}; "
-            f"{self.bytes_per_token:,} pooled bytes/token"
-        )
+        return text + (f" (snapshotted: {'; '.join(notes)})" if notes else "")
 
 
 def cache_layout(model) -> CacheLayout:
-    """Classify every layer of the loaded mlx-lm ``model``; ``ValueError`` if it can't."""
-    layers = find_layers(model)
-    if not layers:
-        raise ValueError(f"{type(model).__name__} has no layers")
-    caches = model.make_cache() if hasattr(model, "make_cache") else [KVCache() for _ in layers]
-    if len(caches) != len(layers):
+    """Classify every cache of the loaded mlx-lm ``model``; ``ValueError`` if it can't."""
+    try:
+        caches = make_prompt_cache(model)
+    except Exception as e:  # noqa: BLE001  (any model failure becomes one clear error)
         raise ValueError(
-            f"{type(model).__name__}.make_cache() returned {len(caches)} caches "
-            f"for {len(layers)} layers"
-        )
-    kinds = [classify_cache(c, i) for i, c in enumerate(caches)]
-    if any(k != AUXILIARY for k in kinds):
-        _run_one_token(model, caches)
-    specs = []
-    for i, (layer, cache, kind) in enumerate(zip(layers, caches, kinds)):
-        if kind == AUXILIARY:
-            specs.append(LayerSpec(i, kind))
-            continue
-        kv_heads, head_dim, dtype = _kv_shape(cache, i)
-        specs.append(
-            LayerSpec(
-                index=i,
-                kind=kind,
-                window=cache.max_size if kind == SLIDING else None,
-                kv_heads=kv_heads,
-                head_dim=head_dim,
-                dtype=dtype,
-                attention_attr=_attention_attr(layer),
-                keep=cache.keep if kind == SLIDING else 0,
-            )
-        )
-    return CacheLayout(tuple(specs))
+            f"{type(model).__name__} cannot make its caches ({type(e).__name__}: {e})"
+        ) from e
+    if not caches or all(c is None for c in caches):
+        raise ValueError(f"{type(model).__name__} makes no caches")
+    _run_probe(model, caches)
+    specs: list[CacheSpec] = []
+    for slot, cache in enumerate(caches):
+        if cache is None:
+            continue  # a slot no layer uses
+        if isinstance(cache, CacheList):
+            for member, inner in enumerate(cache.caches):
+                specs.append(_spec(len(specs), slot, member, inner))
+        else:
+            specs.append(_spec(len(specs), slot, None, cache))
+    return CacheLayout(tuple(specs), len(caches))
 
 
-def find_layers(model) -> list:
-    """The model's decoder layers, found along the first of ``LAYER_PATHS`` that exists."""
-    for path in LAYER_PATHS:
-        node = model
-        for name in path:
-            node = getattr(node, name, None)
-            if node is None:
-                break
-        if isinstance(node, (list, tuple)):
-            return list(node)
-    tried = ", ".join("model." + ".".join(p) for p in LAYER_PATHS)
-    raise ValueError(f"cannot find the layer list of {type(model).__name__} (tried {tried})")
+def cache_at(caches: list, path: CachePath):
+    """The cache object at ``path`` of a model's cache list."""
+    slot, member = path
+    return caches[slot] if member is None else caches[slot].caches[member]
 
 
-def classify_cache(cache, index: int) -> str:
-    """FULL, SLIDING or AUXILIARY for one layer's cache object; ValueError if unsupported."""
-    if isinstance(cache, UNSUPPORTED_CACHES):
-        raise ValueError(f"layer {index}: unsupported cache type {type(cache).__name__}")
-    if isinstance(cache, RotatingKVCache):
-        return SLIDING
-    if isinstance(cache, KVCache):
-        return FULL
-    return AUXILIARY  # ArraysCache and anything else: state snapshotted whole
+def put_cache(caches: list, path: CachePath, cache) -> None:
+    """Put ``cache`` at ``path`` of a model's cache list (a ``CacheList``'s member replaced)."""
+    slot, member = path
+    if member is None:
+        caches[slot] = cache
+    else:
+        members = list(caches[slot].caches)
+        members[member] = cache
+        caches[slot].caches = tuple(members)
 
 
 def dtype_from_name(name: str) -> mx.Dtype:
@@ -251,31 +269,64 @@ def dtype_name(dtype: mx.Dtype) -> str:
     return str(dtype).rsplit(".", 1)[-1]
 
 
-def _run_one_token(model, caches: list) -> None:
-    """Fill fresh ``caches`` with one token (lazily: shapes need no evaluation)."""
+def _run_probe(model, caches: list) -> None:
+    """Fill fresh ``caches`` with ``PROBE_TOKENS`` tokens (lazily: shapes need no evaluation)."""
     try:
-        model(mx.array([[0]], dtype=mx.int32), cache=caches)
+        model(mx.array([list(range(PROBE_TOKENS))], dtype=mx.int32), cache=caches)
     except Exception as e:  # noqa: BLE001  (any model failure becomes one clear error)
         raise ValueError(
             f"cannot read the KV shapes of {type(model).__name__}: "
-            f"a one-token forward failed ({type(e).__name__}: {e})"
+            f"a {PROBE_TOKENS}-token forward failed ({type(e).__name__}: {e})"
         ) from e
 
 
-def _kv_shape(cache, index: int) -> tuple[int, int, str]:
-    keys, values = cache.keys, cache.values
-    if keys is None or values is None or keys.ndim != 4:
-        raise ValueError(f"layer {index}: its cache holds no keys after a one-token forward")
-    if values.shape[-1] != keys.shape[-1] or values.dtype != keys.dtype:
-        raise ValueError(
-            f"layer {index}: keys {keys.shape} {keys.dtype} and values {values.shape} "
-            f"{values.dtype} differ in head dim or dtype (unsupported)"
+def _spec(index: int, slot: int, member: int | None, cache) -> CacheSpec:
+    """The spec of one cache object after the trial forward."""
+    name = type(cache).__name__
+    common = dict(index=index, slot=slot, member=member, cache_type=name)
+    if isinstance(cache, CacheList):
+        return CacheSpec(kind=AUXILIARY, note=f"{name} inside a CacheList", **common)
+    if type(cache) is RotatingKVCache:
+        shapes = _kv_shapes(cache)
+        if shapes is None:  # written in no way we can read: its state is still snapshotted
+            return CacheSpec(kind=SLIDING, window=cache.max_size, keep=cache.keep, **common)
+        return CacheSpec(kind=SLIDING, window=cache.max_size, keep=cache.keep, **shapes, **common)
+    if type(cache) not in PAGEABLE:
+        note = "" if _is_state(cache) else f"{name}: not plain K/V"
+        return CacheSpec(kind=AUXILIARY, note=note, **common)
+    shapes = _kv_shapes(cache)
+    if shapes is None:
+        return CacheSpec(
+            kind=AUXILIARY, note=f"{name} holding no plain K/V after a trial forward", **common
         )
-    return keys.shape[1], keys.shape[3], dtype_name(keys.dtype)
+    if getattr(cache, "offset", None) != PROBE_TOKENS:
+        return CacheSpec(kind=AUXILIARY, note=f"{name} not one row per token", **common)
+    return CacheSpec(kind=FULL, **shapes, **common)
 
 
-def _attention_attr(layer) -> str | None:
-    for name in ATTENTION_ATTRS:
-        if getattr(layer, name, None) is not None:
-            return name
-    return None
+def _kv_shapes(cache) -> dict | None:
+    """Heads, dims and dtype of a K/V cache's keys and values (None: not a K/V pair we page)."""
+    keys, values = getattr(cache, "keys", None), getattr(cache, "values", None)
+    if not isinstance(keys, mx.array) or not isinstance(values, mx.array):
+        return None
+    if keys.ndim != 4 or values.ndim != 4 or keys.shape[0] != 1 or values.shape[0] != 1:
+        return None
+    if keys.dtype != values.dtype:
+        return None
+    return dict(
+        key_heads=keys.shape[1],
+        key_dim=keys.shape[3],
+        value_heads=values.shape[1],
+        value_dim=values.shape[3],
+        dtype=dtype_name(keys.dtype),
+    )
+
+
+def _is_state(cache) -> bool:
+    """Whether ``cache`` is recurrent / linear-attention state by nature (no note needed)."""
+    return not hasattr(cache, "keys") or not hasattr(cache, "values")
+
+
+def _path_text(path: CachePath) -> str:
+    slot, member = path
+    return f"{slot}" if member is None else f"{slot}.{member}"

@@ -197,8 +197,14 @@ class DiskTier:
         :meth:`serialize_pending`, which the engine calls once the request's reply has been
         sent: serializing a long prompt's pages takes tens of milliseconds the client
         need not wait for."""
-        full = self.prefix_cache.build.layout.full_layer_indices
-        self._save(session, tokens, cache_source(caches, full), snapshots, namespace, later=True)
+        self._save(
+            session,
+            tokens,
+            cache_source(caches, self.prefix_cache.paged),
+            snapshots,
+            namespace,
+            later=True,
+        )
 
     def serialize_pending(self) -> None:
         """Make the bytes of the pages :meth:`save` took and hand them to the writer thread
@@ -267,7 +273,7 @@ class DiskTier:
         by_end = {s.length: s for s in snapshots if 0 < s.length <= len(tokens)}
         if self.prefix_cache.hybrid and len(tokens) not in by_end:
             return  # a hybrid chain must be resumable at least at its end
-        full = self.prefix_cache.build.layout.full_layer_indices
+        full = self.prefix_cache.paged
         ends = sorted(
             set(range(DISK_PAGE_TOKENS, len(tokens), DISK_PAGE_TOKENS))
             | set(by_end)
@@ -334,7 +340,7 @@ class DiskTier:
         in_ram = self.prefix_cache.cached_length(prompt[:usable_limit], namespace)
         if best <= in_ram or not self._worth_reading(best - in_ram):
             return 0
-        if -(-best // self.prefix_cache.page_size) > self.prefix_cache.allocator.num_pages:
+        if not self._fits(best):
             return 0  # the pool can never hold it: don't read it only to drop it
         reading = None
         count = _pages_for(chain, best)
@@ -362,6 +368,13 @@ class DiskTier:
                     _RecordJob(None, tuple(reading.used), frozenset(reading.suspects), head)
                 )
 
+    def _fits(self, tokens: int) -> bool:
+        """Whether the pool can hold ``tokens`` tokens at all (always, for a model that
+        pages nothing: its snapshots are the cache)."""
+        if not self.prefix_cache.paged:
+            return True
+        return -(-tokens // self.prefix_cache.page_size) <= self.prefix_cache.allocator.num_pages
+
     def _worth_reading(self, tokens: int) -> bool:
         if read_pays(tokens, self._token_bytes, self._read_rate, self._prefill_rate):
             return True
@@ -383,7 +396,7 @@ class DiskTier:
                 best = _resume_point(reading.chain, prompt, usable_limit, self.prefix_cache.hybrid)
                 if best <= in_ram:
                     return 0
-                if -(-best // self.prefix_cache.page_size) > self.prefix_cache.allocator.num_pages:
+                if not self._fits(best):
                     return 0  # the pool can never hold it: don't read it only to drop it
                 return self._insert(
                     prompt[:best], reading, in_ram, namespace, room=len(prompt) - best + 1
@@ -406,7 +419,7 @@ class DiskTier:
         its check ends the stream: what came before it (back to a snapshot, for a hybrid model)
         is restored, the rest is recomputed."""
         began = time.perf_counter()
-        layers = len(self.prefix_cache.build.layout.full_layer_indices)
+        layers = len(self.prefix_cache.paged)
         spare = KVCache.step * -(-(len(tokens) + max(room, 1)) // KVCache.step) - len(tokens)
         joined = _Joiner(2 * layers, len(tokens) + spare)
         count = _pages_for(reading.chain, len(tokens))

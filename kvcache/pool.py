@@ -43,10 +43,13 @@ DEFAULT_MAX_POOL_BYTES = 2 << 30  # 2 GiB: ~46k tokens of SmolLM2-135M in float3
 
 
 class KVPagePool:
-    """K and V pages for every full-attention layer, indexed by pool layer index.
+    """K and V pages for every paged (full-attention) cache, indexed by pool index
+    (``layout.paged[i]``; the docstrings say "layer" for a pool index).
 
-    Segment ``s``, layer ``i``: ``(segment_pages, kv_heads, page_size, head_dim)`` arrays
-    in the layer's dtype, evaluated, holding pages ``s * segment_pages ..``. Without
+    Segment ``s``, layer ``i``: a ``(segment_pages, key_heads, page_size, key_dim)`` K
+    array and a ``(segment_pages, value_heads, page_size, value_dim)`` V array (keys and
+    values keep their own shapes: an MLA latent and its rope part differ in width) in the
+    cache's dtype, evaluated, holding pages ``s * segment_pages ..``. Without
     ``segment_pages`` the pool is one segment of all ``num_pages + 1`` pages, allocated at
     once; ``keys[i]`` / ``values[i]`` are the first segment's arrays. Invariant: page 0
     is all zeros.
@@ -62,7 +65,11 @@ class KVPagePool:
         self.page_size = page_size
         self.segment_pages = min(segment_pages or num_pages + 1, num_pages + 1)
         self._segments: list[tuple[list[mx.array], list[mx.array]]] = []
-        self._heads = [mx.arange(spec.kv_heads)[:, None] for spec in layout.full_layers]  # (H, 1)
+        # head index columns (H, 1) of each layer's keys and values, for gathers and scatters
+        self._heads = [
+            (mx.arange(spec.key_heads)[:, None], mx.arange(spec.value_heads)[:, None])
+            for spec in layout.paged
+        ]
         self.grow()
 
     @property
@@ -90,15 +97,7 @@ class KVPagePool:
     @property
     def budget_bytes(self) -> int:
         """Bytes of the whole pool, once every segment is allocated."""
-        return sum(
-            2
-            * (self.num_pages + 1)
-            * spec.kv_heads
-            * self.page_size
-            * spec.head_dim
-            * dtype_from_name(spec.dtype).size
-            for spec in self.layout.full_layers
-        )
+        return (self.num_pages + 1) * self.page_size * self.layout.bytes_per_token
 
     def grow(self) -> list[int]:
         """Add the next segment; returns its page ids ([] once the pool is whole).
@@ -116,11 +115,12 @@ class KVPagePool:
         first = len(self._segments) * self.segment_pages
         count = min(self.segment_pages, self.num_pages + 1 - first)
         keys, values = [], []
-        for spec in self.layout.full_layers:
-            shape = (count, spec.kv_heads, self.page_size, spec.head_dim)
+        for spec in self.layout.paged:
             dtype = dtype_from_name(spec.dtype)
-            keys.append(mx.zeros(shape, dtype))
-            values.append(mx.zeros(shape, dtype))
+            keys.append(mx.zeros((count, spec.key_heads, self.page_size, spec.key_dim), dtype))
+            values.append(
+                mx.zeros((count, spec.value_heads, self.page_size, spec.value_dim), dtype)
+            )
         if not self._segments:
             mx.eval(keys, values)
         self._segments.append((keys, values))
@@ -132,7 +132,7 @@ class KVPagePool:
         return keys[layer], values[layer], page % self.segment_pages
 
     def write(self, layer: int, page_ids: list[int], keys: mx.array, values: mx.array) -> None:
-        """Write ``(kv_heads, n, head_dim)`` K/V over whole pages ``page_ids``, in order.
+        """Write ``(heads, n, dim)`` K and V over whole pages ``page_ids``, in order.
 
         ``page_ids`` must be exactly the ``ceil(n / page_size)`` pages the tokens fill;
         the rest of the last page is zeroed.
@@ -150,7 +150,7 @@ class KVPagePool:
         for side, kv in ((0, keys), (1, values)):  # page alone, zero-padded
             kv = kv.astype(self.keys[layer].dtype)
             if full:
-                pages = self._as_pages(layer, kv[:, : full * self.page_size], full)
+                pages = self._as_pages(kv[:, : full * self.page_size], full)
                 # slice updates: see the module doc
                 for at, first, count in self._runs(page_ids[:full]):
                     pool, local = self._arrays(layer, first)[side], first % self.segment_pages
@@ -161,7 +161,7 @@ class KVPagePool:
                     self._arrays(layer, page_ids[full])[side],
                     page_ids[full] % self.segment_pages,
                 )
-                pool[local : local + 1] = self._as_pages(layer, kv[:, full * self.page_size :], 1)
+                pool[local : local + 1] = self._as_pages(kv[:, full * self.page_size :], 1)
                 touched.append(pool)
         mx.eval(touched)
 
@@ -178,7 +178,7 @@ class KVPagePool:
     def write_tokens(
         self, layer: int, page_ids: list[int], start: int, keys: mx.array, values: mx.array
     ) -> None:
-        """Write ``(kv_heads, n, head_dim)`` K/V as tokens ``start..start+n-1`` of the
+        """Write ``(heads, n, dim)`` K and V as tokens ``start..start+n-1`` of the
         sequence stored in ``page_ids``: the part that finishes a partly filled page
         token by token, the rest as whole pages."""
         n = keys.shape[1]
@@ -193,7 +193,7 @@ class KVPagePool:
             self.write(layer, pages, keys[:, head:], values[:, head:])
 
     def write_slots(self, layer: int, slots, keys: mx.array, values: mx.array) -> None:
-        """Write ``(kv_heads, n, head_dim)`` K/V token by token into ``n`` slots
+        """Write ``(heads, n, dim)`` K and V token by token into ``n`` slots
         (for new tokens that start mid-page). Slots must not repeat."""
         if isinstance(slots, mx.array):
             slots = self._slots_array(slots)
@@ -206,27 +206,27 @@ class KVPagePool:
             raise ValueError(f"slots {low}..{high} outside pages 1..{self.reserved_pages}")
         self._check_kv(layer, "keys", keys, slots.size)
         self._check_kv(layer, "values", values, slots.size)
-        heads = self._heads[layer]
+        k_heads, v_heads = self._heads[layer]
         touched = []
         for a, b, segment in self._segment_runs(slots, low, high):
             pages, offsets = self._split(slots[a:b], segment)
             k_pool, v_pool, _ = self._arrays(layer, segment * self.segment_pages)
-            k_pool[pages, heads, offsets] = keys[:, a:b].astype(k_pool.dtype)
-            v_pool[pages, heads, offsets] = values[:, a:b].astype(v_pool.dtype)
+            k_pool[pages, k_heads, offsets] = keys[:, a:b].astype(k_pool.dtype)
+            v_pool[pages, v_heads, offsets] = values[:, a:b].astype(v_pool.dtype)
             touched += [k_pool, v_pool]
         mx.eval(touched)
 
     def gather(self, layer: int, slots) -> tuple[mx.array, mx.array]:
-        """K and V of ``slots`` as ``(1, kv_heads, n, head_dim)`` arrays, evaluated and
+        """K and V of ``slots`` as ``(1, heads, n, dim)`` arrays, evaluated and
         contiguous: ready for an mlx-lm ``KVCache`` (``keys``, ``values``, ``offset = n``)."""
         slots = self._slots_array(slots)
-        heads = self._heads[layer]
+        k_heads, v_heads = self._heads[layer]
         parts_k, parts_v = [], []
         for a, b, segment in self._segment_runs(slots):
             pages, offsets = self._split(slots[a:b], segment)
             k_pool, v_pool, _ = self._arrays(layer, segment * self.segment_pages)
-            parts_k.append(k_pool[pages, heads, offsets])
-            parts_v.append(v_pool[pages, heads, offsets])
+            parts_k.append(k_pool[pages, k_heads, offsets])
+            parts_v.append(v_pool[pages, v_heads, offsets])
         keys = (parts_k[0] if len(parts_k) == 1 else mx.concatenate(parts_k, axis=1))[None]
         values = (parts_v[0] if len(parts_v) == 1 else mx.concatenate(parts_v, axis=1))[None]
         mx.eval(keys, values)  # no lazy read of the pool may outlive this call
@@ -271,14 +271,13 @@ class KVPagePool:
             raise ValueError(f"page ids outside 1..{self.reserved_pages}: {page_ids}")
 
     def _check_kv(self, layer: int, name: str, kv: mx.array, n: int) -> None:
-        _, heads, _, head_dim = self.keys[layer].shape
-        if kv.shape != (heads, n, head_dim):
-            raise ValueError(f"{name} of shape {kv.shape}, expected {(heads, n, head_dim)}")
+        _, heads, _, dim = (self.keys if name == "keys" else self.values)[layer].shape
+        if kv.shape != (heads, n, dim):
+            raise ValueError(f"{name} of shape {kv.shape}, expected {(heads, n, dim)}")
 
-    def _as_pages(self, layer: int, kv: mx.array, num_pages: int) -> mx.array:
+    def _as_pages(self, kv: mx.array, num_pages: int) -> mx.array:
         """``(H, n, D)`` -> ``(num_pages, H, page_size, D)``, zero-padding the last page."""
         heads, n, head_dim = kv.shape
-        kv = kv.astype(self.keys[layer].dtype)
         pad = num_pages * self.page_size - n
         if pad:
             kv = mx.concatenate([kv, mx.zeros((heads, pad, head_dim), kv.dtype)], axis=1)
@@ -476,7 +475,7 @@ def pool_pages_for_budget(
     not take half the machine for a chat), divided by the bytes of one page over all pooled
     layers, and at least ``MIN_POOL_PAGES``. On the CPU the figure is RAM available now, which
     already excludes loaded weights: subtracting them again errs on the small side. A layout
-    with nothing to page (pure recurrent) gets 0.
+    with nothing to page (only snapshots: a pure recurrent model) gets 0.
     """
     page_bytes = layout.bytes_per_token * page_size
     if page_bytes == 0:

@@ -31,6 +31,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from kvcache.builder import KVCacheBuildResult
+from kvcache.layout import CachePath, cache_at, put_cache
 from kvcache.radix_cache import TreeNode
 from kvcache.snapshot import Snapshot, take_snapshot
 from kvcache.stats import CacheStats
@@ -50,12 +51,13 @@ class Prefix:
     namespace: str = ""  # where it was matched, and where its commit stores
 
 
-def cache_source(caches: list, full_layers: tuple[int, ...]):
-    """K/V of tokens ``a..b`` of pool layer ``i`` from a request's mlx-lm caches."""
+def cache_source(caches: list, paged: tuple[CachePath, ...]):
+    """K/V of tokens ``a..b`` of pool layer ``i`` (the cache at ``paged[i]``) from a
+    request's mlx-lm caches."""
 
     def source(pool_index: int, a: int, b: int):
-        kv = caches[full_layers[pool_index]]  # a KVCache: (1, heads, capacity, head_dim)
-        assert kv.offset >= b, f"layer {full_layers[pool_index]} holds {kv.offset} < {b} tokens"
+        kv = cache_at(caches, paged[pool_index])  # a KVCache: (1, heads, capacity, dim), K and V
+        assert kv.offset >= b, f"cache {paged[pool_index]} holds {kv.offset} < {b} tokens"
         return kv.keys[0, :, a:b], kv.values[0, :, a:b]
 
     return source
@@ -116,13 +118,10 @@ class PrefixCache:
         self.allocator = build.token_to_kv_pool_allocator
         self.page_size = build.page_size
         layout = build.layout
-        self._snapshot_layers = (
-            tuple(layout.sliding_layer_indices) + tuple(layout.auxiliary_layer_indices)
-            if layout
-            else ()
-        )
-        self._full_layers = tuple(layout.full_layer_indices) if layout else ()
-        self.hybrid = bool(self._snapshot_layers)
+        # paths in the model's cache list (kvcache.layout): snapshotted, and paged in pool order
+        self._snapshot_paths = tuple(s.path for s in layout.snapshotted) if layout else ()
+        self.paged = tuple(s.path for s in layout.paged) if layout else ()
+        self.hybrid = bool(self._snapshot_paths)
         # (namespace, session name) -> its frontier; LRU order, oldest first
         self._sessions: OrderedDict[tuple[str, str], TreeNode] = OrderedDict()
         self._prompt_tokens = 0
@@ -185,23 +184,23 @@ class PrefixCache:
         caches = make_prompt_cache(self.model)
         if prefix.snapshot is not None:
             prefix.snapshot.restore_into(caches)
-        if not self._full_layers:
+        if not self.paged:
             return caches
         step = KVCache.step
         capacity = step * -(-(prefix.length + max(room, 1)) // step)
         slots = mx.array(prefix.slots + (0,) * (capacity - prefix.length), dtype=mx.int32)
-        for pool_index, layer in enumerate(self._full_layers):
+        for pool_index, path in enumerate(self.paged):
             keys, values = self.pool.gather(pool_index, slots)
             kv = KVCache()
             kv.keys, kv.values, kv.offset = keys, values, prefix.length
-            caches[layer] = kv
+            put_cache(caches, path, kv)
         return caches
 
     def snapshot(self, caches: list, length: int) -> Snapshot | None:
-        """The non-paged layers' state after ``length`` tokens (None for plain models)."""
+        """The non-paged caches' state after ``length`` tokens (None for plain models)."""
         if not self.hybrid or not self.enabled:
             return None
-        return take_snapshot(caches, self._snapshot_layers, length)
+        return take_snapshot(caches, self._snapshot_paths, length)
 
     def commit(
         self,
@@ -222,7 +221,7 @@ class PrefixCache:
                 if not snapshots:
                     return 0
                 tokens = tokens[: max(s.length for s in snapshots)]
-            stored = self._store(prefix, tokens, cache_source(caches, self._full_layers), snapshots)
+            stored = self._store(prefix, tokens, cache_source(caches, self.paged), snapshots)
             if session is not None and stored is not None:
                 self._move_session(session, tokens, prefix.namespace)
             if stored is not None and len(tokens) == held:
@@ -255,8 +254,8 @@ class PrefixCache:
         """Put K/V restored from disk for ``tokens[start:]`` into the pool and the tree
         (in ``namespace``, the one the disk chain belongs to).
 
-        ``layers_kv[i]`` is ``(keys, values)`` of full-attention layer ``i`` (pool order),
-        each ``(heads, m, head_dim)`` with ``m >= len(tokens)``: the K/V of the whole
+        ``layers_kv[i]`` is ``(keys, values)`` of paged cache ``i`` (pool order),
+        each ``(heads, m, dim)`` with ``m >= len(tokens)``: the K/V of the whole
         sequence, position by position (the first ``start`` as RAM holds them, see
         :meth:`cached_kv`; then the restored tokens), the rest spare room.
         ``tokens[:start]`` must already be cached. Returns the tokens now cached beyond
@@ -283,11 +282,7 @@ class PrefixCache:
             caches = self._restored_caches(len(tokens), layers_kv, snapshot)
             stored = (
                 self._store(
-                    prefix,
-                    list(tokens),
-                    cache_source(caches, self._full_layers),
-                    snapshots,
-                    defer=True,
+                    prefix, list(tokens), cache_source(caches, self.paged), snapshots, defer=True
                 )
                 or 0
             )
@@ -302,10 +297,10 @@ class PrefixCache:
         caches = make_prompt_cache(self.model)
         if snapshot is not None:
             snapshot.restore_into(caches)
-        for (keys, values), layer in zip(layers_kv, self._full_layers):
+        for (keys, values), path in zip(layers_kv, self.paged):
             kv = KVCache()
             kv.keys, kv.values, kv.offset = keys[None], values[None], length
-            caches[layer] = kv
+            put_cache(caches, path, kv)
         return caches
 
     def _evicting(self, node: TreeNode) -> None:
@@ -335,15 +330,15 @@ class PrefixCache:
 
     def cached_kv(self, tokens: list[int], namespace: str = "") -> list[tuple[mx.array, mx.array]]:
         """The K/V RAM holds for ``tokens`` in ``namespace`` (all cached: see
-        :meth:`cached_length`), as ``(keys, values)`` per full-attention layer (pool
-        order), each ``(heads, n, head_dim)``, evaluated: what a restore puts before the
+        :meth:`cached_length`), as ``(keys, values)`` per paged cache (pool
+        order), each ``(heads, n, dim)``, evaluated: what a restore puts before the
         tokens it reads from disk. No locks, no counters."""
         slots = self.tree.peek_values(tokens, namespace)
         if len(slots) != len(tokens):
             raise ValueError(f"RAM holds {len(slots)} of the {len(tokens)} tokens asked for")
         self.flush_writes()  # restored K/V still on its way into these pages
         layers = []
-        for pool_index in range(len(self._full_layers)):
+        for pool_index in range(len(self.paged)):
             keys, values = self.pool.gather(pool_index, slots)
             layers.append((keys[0], values[0]))
         return layers
@@ -366,7 +361,7 @@ class PrefixCache:
         new = len(tokens) - prefix.length
         if new <= 0:
             return 0
-        if not self._full_layers:  # pure recurrent: nothing to page, snapshots carry it all
+        if not self.paged:  # pure recurrent: nothing to page, snapshots carry it all
             return self._insert(
                 prefix, tokens, [-next(self._placeholders) for _ in range(new)], snapshots
             )
@@ -374,7 +369,7 @@ class PrefixCache:
         if pages is None:
             return None
         try:
-            for pool_index in range(len(self._full_layers)):
+            for pool_index in range(len(self.paged)):
                 if defer:
                     self._pending_writes.append(
                         (pool_index, pages, source, prefix.length, len(tokens))
@@ -442,7 +437,9 @@ class PrefixCache:
         self._sessions[namespace, session] = node
 
     def _keep_hot(self, tokens: list[int], caches: list, namespace: str) -> None:
-        if all(getattr(caches[i], "offset", None) == len(tokens) for i in self._full_layers):
+        if all(
+            getattr(cache_at(caches, path), "offset", None) == len(tokens) for path in self.paged
+        ):
             self._hot[namespace, tuple(tokens)] = caches
             while len(self._hot) > HOT_ENTRIES:
                 self._hot.popitem(last=False)
@@ -496,6 +493,8 @@ class PrefixCache:
             evicted_pages=self._evicted_pages,
             sessions=len(self._sessions),
             namespaces=tree.namespaces,
+            cached_as=self.build.layout.cached_as if self.enabled else "",
+            layout=self.build.layout.describe() if self.build.layout is not None else "",
         )
 
     def _page_census(self) -> tuple[int, int, int, int]:

@@ -1,9 +1,10 @@
 """Bytes for the disk store: K/V of a run of tokens, and snapshots of hybrid layers.
 
-A K/V blob is a small JSON header (format, token count, per-layer shape and dtype) and
-then the raw little-endian array bytes, K then V for every full-attention layer in pool
-order. Snapshots are the same for each snapshotted layer's cache object: its class, its
-plain attributes and its arrays. Restoring gives back the exact bytes that were saved.
+A K/V blob is a small JSON header (format, token count, per-array shape and dtype) and
+then the raw little-endian array bytes, K then V for every paged cache in pool order
+(keys and values each in their own shape). Snapshots are the same for each snapshotted
+cache object: its class, its path in the cache list, its plain attributes and its
+arrays. Restoring gives back the exact bytes that were saved.
 """
 
 from __future__ import annotations
@@ -19,13 +20,21 @@ from kvcache.snapshot import Snapshot, detach_cache
 
 _MAGIC = b"RCKV1\0"
 _NUMPY_DTYPES = {
-    "float32": np.float32,
-    "float16": np.float16,
-    "int32": np.int32,
-    "uint32": np.uint32,
-    "int64": np.int64,
-    "bool": np.bool_,
+    name: getattr(np, name)
+    for name in (
+        "float32",
+        "float16",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+    )
 }
+_NUMPY_DTYPES["bool"] = np.bool_
 
 
 class SerializeError(ValueError):
@@ -90,7 +99,7 @@ def _unpack_views(blob: bytes) -> tuple[dict, list[tuple[str, np.ndarray]]]:
 
 
 def kv_to_bytes(layers: list[tuple[mx.array, mx.array]]) -> bytes:
-    """K/V of ``n`` tokens for every full-attention layer, each ``(heads, n, head_dim)``."""
+    """K/V of ``n`` tokens for every paged cache, each ``(heads, n, dim)`` (K and V may differ)."""
     n = layers[0][0].shape[1] if layers else 0
     return pack_arrays({"kind": "kv", "tokens": n}, [a for pair in layers for a in pair])
 
@@ -117,9 +126,14 @@ def kv_views(blob: bytes, num_layers: int, num_tokens: int) -> list[tuple[str, n
 
 
 def snapshot_to_bytes(snapshot: Snapshot) -> bytes:
+    """A snapshot's caches: each one's class, its path in the cache list (``index``: the
+    slot; ``member``: its place in a ``CacheList``, absent for a slot) and its attributes.
+    Arrays, ``None`` and plain scalars go under ``arrays`` and ``plain`` as the first
+    format had them; anything else (tuples, nested lists: a quantized cache's keys are a
+    tuple of arrays) under ``values``, encoded by :func:`_encode`."""
     layers, arrays = [], []
-    for index, cache in snapshot.layers:
-        plain, slots = {}, {}
+    for (slot, member), cache in snapshot.layers:
+        plain, slots, values = {}, {}, {}
         for name, value in vars(cache).items():
             if isinstance(value, mx.array):
                 slots[name] = len(arrays)
@@ -136,17 +150,50 @@ def snapshot_to_bytes(snapshot: Snapshot) -> bytes:
             elif value is None or isinstance(value, (int, float, str, bool)):
                 plain[name] = value
             else:
-                raise SerializeError(f"cannot save {type(cache).__name__}.{name}")
+                values[name] = _encode(value, arrays, f"{type(cache).__name__}.{name}")
         cls = type(cache)
-        layers.append(
-            {
-                "index": index,
-                "class": f"{cls.__module__}:{cls.__qualname__}",
-                "plain": plain,
-                "arrays": slots,
-            }
-        )
+        layer = {
+            "index": slot,
+            "class": f"{cls.__module__}:{cls.__qualname__}",
+            "plain": plain,
+            "arrays": slots,
+        }
+        if member is not None:
+            layer["member"] = member
+        if values:
+            layer["values"] = values
+        layers.append(layer)
     return pack_arrays({"kind": "snapshot", "length": snapshot.length, "layers": layers}, arrays)
+
+
+def _encode(value, arrays: list, what: str):
+    """A JSON-able form of ``value`` (arrays appended to ``arrays``, named by position)."""
+    if isinstance(value, mx.array):
+        arrays.append(value)
+        return {"array": len(arrays) - 1}
+    if value is None or isinstance(value, (int, float, str, bool)):
+        return {"plain": value}
+    if isinstance(value, (list, tuple)):
+        return {
+            "tuple" if isinstance(value, tuple) else "list": [
+                _encode(v, arrays, what) for v in value
+            ]
+        }
+    raise SerializeError(f"cannot save {what} ({type(value).__name__})")
+
+
+def _decode(encoded, arrays: list):
+    if not isinstance(encoded, dict) or len(encoded) != 1:
+        raise SerializeError("bad snapshot value")
+    ((kind, value),) = encoded.items()
+    if kind == "array":
+        return arrays[value]
+    if kind == "plain":
+        return value
+    if kind in ("list", "tuple"):
+        items = [_decode(v, arrays) for v in value]
+        return tuple(items) if kind == "tuple" else items
+    raise SerializeError(f"bad snapshot value kind {kind!r}")
 
 
 def snapshot_from_bytes(blob: bytes) -> Snapshot:
@@ -154,22 +201,27 @@ def snapshot_from_bytes(blob: bytes) -> Snapshot:
     if header.get("kind") != "snapshot":
         raise SerializeError("not a snapshot blob")
     layers = []
-    for layer in header["layers"]:
-        module, _, qualname = layer["class"].partition(":")
-        if not module.startswith("mlx_lm."):
-            raise SerializeError(f"unexpected cache class {layer['class']}")
-        cls = getattr(importlib.import_module(module), qualname)
-        cache = cls.__new__(cls)
-        for name, value in layer["plain"].items():
-            setattr(cache, name, value)
-        for name, slot in layer["arrays"].items():
-            setattr(
-                cache,
-                name,
-                [None if s is None else arrays[s] for s in slot]
-                if isinstance(slot, list)
-                else arrays[slot],
-            )
-        layers.append((layer["index"], detach_cache(cache)))
+    try:
+        for layer in header["layers"]:
+            module, _, qualname = layer["class"].partition(":")
+            if not module.startswith("mlx_lm."):
+                raise SerializeError(f"unexpected cache class {layer['class']}")
+            cls = getattr(importlib.import_module(module), qualname)
+            cache = cls.__new__(cls)
+            for name, value in layer["plain"].items():
+                setattr(cache, name, value)
+            for name, slot in layer["arrays"].items():
+                setattr(
+                    cache,
+                    name,
+                    [None if s is None else arrays[s] for s in slot]
+                    if isinstance(slot, list)
+                    else arrays[slot],
+                )
+            for name, value in layer.get("values", {}).items():
+                setattr(cache, name, _decode(value, arrays))
+            layers.append(((layer["index"], layer.get("member")), detach_cache(cache)))
+    except (KeyError, IndexError, TypeError, AttributeError, ImportError) as exc:
+        raise SerializeError(f"bad snapshot: {exc}") from exc
     nbytes = sum(a.nbytes for a in arrays)
     return Snapshot(header["length"], tuple(layers), nbytes)

@@ -1,11 +1,12 @@
 """Snapshots of the layer state that paged K/V cannot rebuild.
 
-Sliding-window layers (``RotatingKVCache``) and recurrent / linear-attention layers
-(``ArraysCache`` and friends) keep state that depends on the whole history in a way a
-per-token KV page cannot express. At chosen token boundaries (the end of a prompt, the
-end of a request) the engine copies those layers' cache objects into a
-:class:`Snapshot`; a later request that matches the prefix up to that boundary resumes
-from it, exactly.
+Sliding-window caches (``RotatingKVCache``), recurrent / linear-attention state
+(``ArraysCache`` and friends) and any other cache the pool cannot page (see
+:mod:`kvcache.layout`) keep state that depends on the whole history in a way a per-token
+KV page cannot express. At chosen token boundaries (the end of a prompt, the end of a
+request) the engine copies those cache objects into a :class:`Snapshot`; a later request
+that matches the prefix up to that boundary resumes from it, exactly. A cache is named by
+its path in the model's cache list (``(slot, member)``, see :func:`kvcache.layout.cache_at`).
 
 Copying is cheap: MLX updates arrays in place through ``__setitem__`` on the *same
 Python object*, but a distinct array object sharing the buffer keeps its value (the
@@ -19,6 +20,8 @@ import copy
 from dataclasses import dataclass
 
 import mlx.core as mx
+
+from kvcache.layout import CachePath, cache_at, put_cache
 
 
 def _detach_value(value):
@@ -49,21 +52,32 @@ def _nbytes(value) -> int:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The cache objects of the non-paged layers at one token boundary."""
+    """The cache objects that are not paged, at one token boundary."""
 
     length: int  # tokens the state covers
-    layers: tuple[tuple[int, object], ...]  # (layer index, detached cache object)
+    layers: tuple[tuple[CachePath, object], ...]  # (path in the cache list, detached cache object)
     nbytes: int
 
     def restore_into(self, caches: list) -> None:
-        """Put this snapshot's state into ``caches`` (a model's cache list), layer by layer."""
-        for index, cache in self.layers:
-            caches[index] = detach_cache(cache)
+        """Put this snapshot's state into ``caches`` (a model's cache list), cache by cache."""
+        for path, cache in self.layers:
+            put_cache(caches, path, detach_cache(cache))
 
 
-def take_snapshot(caches: list, layer_indices: tuple[int, ...], length: int) -> Snapshot:
-    """Snapshot ``caches[i]`` for every ``i`` in ``layer_indices`` (evaluated first)."""
-    mx.eval([caches[i].state for i in layer_indices])
-    layers = tuple((i, detach_cache(caches[i])) for i in layer_indices)
+def take_snapshot(caches: list, paths: tuple[CachePath, ...], length: int) -> Snapshot:
+    """Snapshot the cache at every one of ``paths`` of ``caches`` (evaluated first)."""
+    mx.eval([_arrays(vars(cache_at(caches, path)).values()) for path in paths])
+    layers = tuple((path, detach_cache(cache_at(caches, path))) for path in paths)
     size = sum(_nbytes(list(vars(c).values())) for _, c in layers)
     return Snapshot(length, layers, size)
+
+
+def _arrays(values) -> list:
+    """The mx.arrays in ``values`` (lists and tuples searched)."""
+    found = []
+    for value in values:
+        if isinstance(value, mx.array):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found += _arrays(value)
+    return found

@@ -32,6 +32,11 @@ class CacheStats:
     pool_budget_bytes: int = 0  # the pool's bytes once grown to pages_total (0: as pool_bytes)
     # cache namespaces holding something in RAM (prefixes are shared only inside one)
     namespaces: int = 0
+    # How a prefix of this model is kept (kvcache.layout.CacheLayout.cached_as): "pages" (K/V
+    # paged), "snapshots" (state snapshots only: no full-attention layer) or "pages+snapshots";
+    # "" while the cache is off. ``layout``: the layout in one line (CacheLayout.describe).
+    cached_as: str = ""
+    layout: str = ""
 
     @property
     def hit_rate(self) -> float:

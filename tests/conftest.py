@@ -11,8 +11,8 @@ import pytest  # noqa: E402
 
 import core  # noqa: E402,F401  (loads the system OpenBLAS before anything imports mlx)
 from core import paths  # noqa: E402
-from core.models import provision  # noqa: E402
-from tests.core.models.hub_fixture import hub_sources, loopback_hub  # noqa: E402,F401  (the loopback hub)
+from core.models.pypi import provision  # noqa: E402
+from tests.core.models.hub.hub_fixture import hub_sources, loopback_hub  # noqa: E402,F401  (the loopback hub)
 
 
 @pytest.fixture(scope="session")

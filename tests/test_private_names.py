@@ -18,21 +18,6 @@ from tests.test_layering import PACKAGES, ROOT
 COMPAT = frozenset({"core/mlx_lm_compat.py", "core/mlx_compat.py"})
 # Private in name only: documented API of the standard library.
 STDLIB = frozenset({"os._exit"})
-# Left for the other half of issue 28 (core/cli: the command table and the benches;
-# core/models: the split by job), which empties it. An entry found no more fails the test
-# too: remove it then. Nothing outside core/cli and core/models may be added.
-PENDING = frozenset(
-    {
-        "core/cli/bench/pressure.py: from core.cli.bench.restore import _notes",
-        "core/cli/bench/pressure.py: from core.cli.bench.restore import _scratch_folder",
-        "core/cli/bench/restore_api.py: from core.cli.bench.restore import _drop_from_page_cache",
-        "core/cli/bench/restore_api.py: from core.cli.bench.restore import _notes",
-        "core/cli/bench/restore_api.py: from core.cli.bench.restore import _scratch_folder",
-        "core/cli/bench/serve_against.py: from core.cli.bench.agent import _link_models",
-        "core/models/catalog.py: provision._folder_size",
-        "core/models/catalog.py: provision._is_mlx_dir",
-    }
-)
 
 
 def private(name: str) -> bool:
@@ -139,7 +124,7 @@ def product_sources() -> dict[str, str]:
 
 
 def _check(found: list[str], what: str) -> None:
-    new = sorted(set(found) - PENDING)
+    new = sorted(set(found))
     assert not new, f"{what} (give the name a public one where it is defined):\n  " + "\n  ".join(
         new
     )
@@ -152,14 +137,6 @@ def test_product_code_imports_no_private_names_of_its_own_modules():
 
 def test_product_code_reaches_no_private_attributes_of_other_modules():
     _check(private_reaches(product_sources()), "private attributes of another module's objects")
-
-
-def test_what_is_left_for_later_is_still_there_and_only_in_core_cli_and_core_models():
-    sources = product_sources()
-    found = set(private_reaches(sources))
-    found |= {hit for path, text in sources.items() for hit in private_imports(path, text)}
-    assert not PENDING - found, f"fixed since: remove from PENDING: {sorted(PENDING - found)}"
-    assert all(entry.startswith(("core/cli/", "core/models/")) for entry in PENDING)
 
 
 def test_the_checks_find_what_they_look_for():

@@ -57,7 +57,7 @@ def _anthropic(request: Request) -> bool:
     "/v1/models", summary="The loaded model (OpenAI's shape, or Anthropic's with anthropic-version)"
 )
 def list_models(request: Request) -> JSONResponse:
-    card = server_of(request).model_card()
+    card = server_of(request).model_card(with_cache=True)
     if _anthropic(request):
         return JSONResponse(anthropic_schema.model_list(card))
     return JSONResponse({"object": "list", "data": [model_object(card)]})
@@ -65,7 +65,7 @@ def list_models(request: Request) -> JSONResponse:
 
 @router.get("/v1/models/{model:path}", summary="The loaded model, by any of its names")
 def retrieve_model(model: str, request: Request) -> JSONResponse:
-    card = server_of(request).model_card()
+    card = server_of(request).model_card(with_cache=True)
     if _anthropic(request):
         anthropic_schema.check_model(model, card)
         return JSONResponse(anthropic_schema.model_object(card, model))

@@ -409,7 +409,15 @@ def model_object(card: ModelCard) -> dict[str, Any]:
         "object": "model",
         "created": card.created,
         "owned_by": "radixchat",
-        "radixchat": {"fingerprint": card.fingerprint, "context_length": card.context_length},
+        "radixchat": {
+            "fingerprint": card.fingerprint,
+            "context_length": card.context_length,
+            **(
+                {"cache": {"cached_as": card.cached_as, "layout": card.cache_layout}}
+                if card.cached_as
+                else {}
+            ),
+        },
     }
 
 

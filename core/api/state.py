@@ -75,7 +75,9 @@ class ApiState:
         """The cache namespace of requests made with ``key`` (None: no keys are set)."""
         return namespaces.API if key is None else namespaces.for_key(key)
 
-    def model_card(self) -> ModelCard:
+    def model_card(self, with_cache: bool = False) -> ModelCard:
+        """The loaded model; ``with_cache``: with how its prefixes are cached (the model
+        list says so; a request need not read the engine's figures for it)."""
         info = self.engine.model_info
         if info is None:
             raise ApiError(
@@ -83,8 +85,21 @@ class ApiState:
             )
         model_id = self.model_name or info.name
         aliases = {model_id, info.name, info.spec, Path(info.path).name, *MODEL_ALIASES}
+        cached_as = layout = ""
+        cache = self.engine.stats().cache if with_cache else None
+        if cache is not None:
+            cached_as = (
+                cache.cached_as if cache.enabled else f"off ({cache.disabled_reason or 'no cache'})"
+            )
+            layout = cache.layout
         return ModelCard(
-            model_id, info.fingerprint, info.context_length, frozenset(aliases), self.started_at
+            model_id,
+            info.fingerprint,
+            info.context_length,
+            frozenset(aliases),
+            self.started_at,
+            cached_as,
+            layout,
         )
 
     def submit(self, request: GenerationRequest) -> RequestHandle:

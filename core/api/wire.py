@@ -59,3 +59,7 @@ class ModelCard:
     context_length: int
     aliases: frozenset[str]
     created: int
+    # how the model's prefixes are cached: "pages", "snapshots", "pages+snapshots" or "off
+    # (why)"; and the cache layout in one line ("" when not asked for, see model_card)
+    cached_as: str = ""
+    cache_layout: str = ""

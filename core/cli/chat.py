@@ -14,7 +14,7 @@ from core.cli.terminal import safe, safe_text
 from core.engine.engine import Engine
 from core.engine.types import DoneEvent, ErrorEvent, RequestStats, SamplingParams, TokenEvent
 from core.errors import UserError
-from core.models.chat_template import read_chat_template
+from core.models.load.chat_template import read_chat_template
 
 HELP = "commands: /stats (last turn's figures), /quit"
 EXIT_NOT_SAVED = 2  # the reply was shown, but the turn is not in the chat history

@@ -9,7 +9,9 @@ from pathlib import Path
 from core import paths
 from core.cli.terminal import safe
 from core.errors import UserError
-from core.models import download, hub  # models and rm import theirs when they run
+from core.models.hub import client, download  # models and rm import theirs when they run
+from core.models.hub.fit import describe_fit, estimate_fit
+from core.models.hub.search import search
 
 
 def human(n: float | None) -> str:
@@ -59,7 +61,7 @@ def ago(timestamp: float | None, now: float | None = None) -> str:
 
 
 def run_search(args) -> int:
-    results = hub.search(args.query, limit=args.limit)
+    results = search(args.query, limit=args.limit)
     if not results:
         print(f"no MLX or GGUF models on the hub match {safe(repr(args.query))}")
         return 0
@@ -68,7 +70,7 @@ def run_search(args) -> int:
         f"{'downloads':>10}"
     )
     for r in results:
-        fit = f"no: {safe(r.problem)}" if r.problem else hub.describe_fit(r.fit)
+        fit = f"no: {safe(r.problem)}" if r.problem else describe_fit(r.fit)
         gated = " (gated)" if r.gated else ""
         print(
             f"{safe(r.repo_id) + gated:<48} {r.kind:<5} {parameters_text(r.parameters):>7} "
@@ -108,21 +110,19 @@ def run_pull(args) -> int:
     root = paths.data_dir(args.data_dir)
     repo_id, filename = download.parse_target(args.target)
     try:
-        plan = hub.plan(repo_id, filename)
-    except hub.ChooseFileError as exc:
+        plan = client.plan(repo_id, filename)
+    except client.ChooseFileError as exc:
         print(f"radixchat: {safe(exc)}", file=sys.stderr)
         for f in exc.choices:
-            fit = hub.estimate_fit("gguf", f.size, None)
-            print(
-                f"  {safe(repo_id)}:{safe(f.path):<40} {human(f.size):>9}  {hub.describe_fit(fit)}",
-                file=sys.stderr,
-            )
+            fit = estimate_fit("gguf", f.size, None)
+            choice = f"{safe(repo_id)}:{safe(f.path):<40} {human(f.size):>9}"
+            print(f"  {choice}  {describe_fit(fit)}", file=sys.stderr)
         return 2
     have = download.partial_bytes(plan)
     print(
         f"radixchat: {safe(plan.spec)}: {len(plan.files)} files, {human(plan.size_bytes)}"
         + (f" ({human(have)} already here)" if have else "")
-        + f"; {hub.describe_fit(plan.fit)}",
+        + f"; {describe_fit(plan.fit)}",
         file=sys.stderr,
     )
     line = ProgressLine()
@@ -140,19 +140,21 @@ def run_pull(args) -> int:
 
 
 def run_models(args) -> int:
-    from core.models import hf_cache, installed, provision
+    from core.models.hub import hf_cache, installed
+    from core.models.local import list_local_models
+    from core.models.pypi.known import KNOWN_MODELS
 
     root = paths.data_dir(args.data_dir)
     if getattr(args, "models_command", None) == "rm":
         return _remove(root, args.name, args.yes)
-    local = [m for m in provision.list_local_models(root) if m.kind not in ("hf-cache", "hf-gguf")]
+    local = [m for m in list_local_models(root) if m.kind not in ("hf-cache", "hf-gguf")]
     present = {m.spec for m in local}
     for model in local:
         print(
             f"{safe(model.spec):<48} {model.kind:<10} {model.size_bytes / 1e6:9.1f} MB  "
             f"{safe(model.name)}"
         )
-    for name, known in provision.KNOWN_MODELS.items():
+    for name, known in KNOWN_MODELS.items():
         if name not in present:
             print(
                 f"{name:<48} {'known':<10} {known.size / 1e6:9.1f} MB  not downloaded "
@@ -180,7 +182,7 @@ def run_models(args) -> int:
 
 
 def _remove(root: Path, spec: str, yes: bool) -> int:
-    from core.models import installed
+    from core.models.hub import installed
 
     model = installed.find(root, spec)
     partial = next((p for p in installed.partial_downloads() if p.repo_id == spec), None)

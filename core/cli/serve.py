@@ -20,7 +20,7 @@ from core.cli.terminal import safe
 from core.engine.engine import Engine
 from core.errors import UserError
 from core.limits import MAX_CONNECTIONS, MAX_SCHEMA_BYTES, MAX_TOOLS
-from core.models.chat_template import read_chat_template
+from core.models.load.chat_template import read_chat_template
 
 
 def run_serve(args) -> int:

@@ -35,7 +35,7 @@ from core.cli.terminal import safe
 from core.distributed.outcome import ENDED_PREFIX, GroupOutcome, fault_line
 from core.distributed.stop import LIFELINE_ENV, GroupStopper, on_stop_signals, restore_signals
 from core.errors import UserError
-from core.models.chat_template import read_chat_template
+from core.models.load.chat_template import read_chat_template
 
 FAULT_GRACE_S = 1.0  # after a fault, rank 0 lets the errors reach the clients, then exits
 EXIT_GROUP_FAULT = 3  # serve --hosts's status when a rank died or the group ended on a fault
@@ -46,7 +46,7 @@ def run_group(args) -> int:
     """Check, then start every rank with ``mlx.launch``; wait for the group to end."""
     from core.distributed.launch import choose_backend, launch_command, read_hostfile
     from core.distributed.shard import model_config, split_plan
-    from core.models.loader import resolve_spec
+    from core.models.load.loader import resolve_spec
 
     hosts = read_hostfile(args.hosts)
     backend = choose_backend(args.hosts, args.backend)

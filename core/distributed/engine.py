@@ -211,7 +211,7 @@ class ShardedEngine(Engine):
         sampling's random state is seeded alike everywhere."""
         import mlx.core as mx
 
-        from core.models.loader import load_model
+        from core.models.load.loader import load_model
 
         if self._info is not None:
             raise ModelLoadError(

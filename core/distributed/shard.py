@@ -69,7 +69,7 @@ class SplitPlan:
 def model_config(path: Path) -> dict[str, Any]:
     """The config of the model at ``path`` (an MLX folder or a ``.gguf`` file), weights unread."""
     if path.is_file() and path.suffix.lower() == ".gguf":
-        from core.models.gguf_header import read_header
+        from core.models.load.gguf_header import read_header
 
         meta = read_header(path).metadata
         arch = str(meta.get("general.architecture", ""))

@@ -10,8 +10,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # core.models.loader imports mlx: only the engine thread loads it
-    from core.models.loader import ModelInfo
+if TYPE_CHECKING:  # core.models.load.loader imports mlx: only the engine thread loads it
+    from core.models.load.loader import ModelInfo
 
 
 @dataclass

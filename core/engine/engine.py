@@ -45,8 +45,8 @@ from core.engine.types import DoneEvent, ErrorEvent, Event, GenerationRequest, R
 from core.errors import ErrorKind, ModelLoadError, UserError
 from kvcache.stats import CacheStats, DiskTierStats
 
-if TYPE_CHECKING:  # core.models.loader imports mlx: only the engine thread loads it
-    from core.models.loader import ModelInfo
+if TYPE_CHECKING:  # core.models.load.loader imports mlx: only the engine thread loads it
+    from core.models.load.loader import ModelInfo
 
 log = logging.getLogger(__name__)
 
@@ -464,7 +464,7 @@ class Engine:
     def _load_model(self, spec: str, weights_format: str):
         """The LoadedModel for ``spec`` (a sharded engine loads its shard instead)."""
         from core.engine import cpu_speedups
-        from core.models.loader import load_model
+        from core.models.load.loader import load_model
 
         loaded = load_model(
             spec,
@@ -502,7 +502,7 @@ class Engine:
 
     def _missing(self, spec: str) -> str | None:
         """Why ``spec`` names no model on this machine (a known one is fetched), else None."""
-        from core.models.loader import resolve_spec
+        from core.models.load.loader import resolve_spec
 
         try:
             resolve_spec(spec, self.data_root, self._on_load_progress)

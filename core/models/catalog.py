@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.errors import UserError
-from core.models import hf_cache
+from core.models.hub import hf_cache
 
-if TYPE_CHECKING:  # provision is imported where it is used: the hub's fit estimate needs none of it
-    from core.models import provision
+if TYPE_CHECKING:  # imported where they are used: the hub's fit estimate needs neither
+    from core.models.local import LocalModel
 
 GGUF_BITS_PER_WEIGHT = 4.5  # a typical 4-bit quant with its scales, when the header is unreadable
 FLOAT32_BYTES = 4
@@ -42,7 +42,7 @@ class CatalogEntry:
 
     spec: str  # what the loader accepts: a known name, a path, or a repo id
     name: str
-    # provision.LocalModel kinds: "known-gguf" | "gguf" | "mlx-dir" | "hf-cache" | "hf-gguf"
+    # core.models.local.LocalModel kinds: "known-gguf" | "gguf" | "mlx-dir" | "hf-cache" | "hf-gguf"
     kind: str
     size_bytes: int  # on disk (for a known model not yet downloaded: what it will be)
     memory_bytes: int  # estimated memory of the loaded weights
@@ -78,15 +78,17 @@ def estimate_memory_bytes(
 def model_catalog(data_root: Path, on_cpu: bool | None = None) -> list[CatalogEntry]:
     """The known models first (``default`` first), downloaded or not, then the local ones
     (GGUF files and MLX folders in ``<data>/models``, MLX repos in the HF cache)."""
-    from core.models import provision
+    from core.models.local import list_local_models
+    from core.models.pypi.known import KNOWN_MODELS
+    from core.models.pypi.provision import known_model_path
 
     on_cpu = runs_on_cpu() if on_cpu is None else on_cpu
-    local = provision.list_local_models(data_root)
+    local = list_local_models(data_root)
     present = {m.spec for m in local if m.kind == "known-gguf"}
     entries = []
-    for known in provision.KNOWN_MODELS.values():
+    for known in KNOWN_MODELS.values():
         downloaded = known.name in present
-        path = provision.known_model_path(known, data_root)
+        path = known_model_path(known, data_root)
         parameters = (
             gguf_parameter_count(path) if downloaded else KNOWN_PARAMETERS.get(known.sha256)
         )
@@ -123,19 +125,14 @@ def describe_spec(spec: str, data_root: Path) -> str:
 def entry_for_path(path: Path, on_cpu: bool | None = None) -> CatalogEntry:
     """A catalog entry for a file or folder the user picked; :class:`UserError` if it is
     neither a ``.gguf`` file nor an MLX model folder."""
-    from core.models import provision
+    from core.models.local import LocalModel, folder_size, is_mlx_folder
 
     on_cpu = runs_on_cpu() if on_cpu is None else on_cpu
     path = Path(path)
     if path.is_file() and path.suffix.lower() == ".gguf":
-        return _entry(
-            provision.LocalModel(path.stem, str(path), "gguf", path.stat().st_size), on_cpu
-        )
-    if provision._is_mlx_dir(path):
-        return _entry(
-            provision.LocalModel(path.name, str(path), "mlx-dir", provision._folder_size(path)),
-            on_cpu,
-        )
+        return _entry(LocalModel(path.stem, str(path), "gguf", path.stat().st_size), on_cpu)
+    if is_mlx_folder(path):
+        return _entry(LocalModel(path.name, str(path), "mlx-dir", folder_size(path)), on_cpu)
     if path.is_dir():
         raise UserError(
             f"{path} is not an MLX model folder: it needs config.json and .safetensors weights"
@@ -143,7 +140,7 @@ def entry_for_path(path: Path, on_cpu: bool | None = None) -> CatalogEntry:
     raise UserError(f"{path} is not a .gguf file")
 
 
-def _entry(model: provision.LocalModel, on_cpu: bool) -> CatalogEntry:
+def _entry(model: LocalModel, on_cpu: bool) -> CatalogEntry:
     if model.kind == "gguf":
         parameters = gguf_parameter_count(Path(model.spec))
     elif model.kind == "hf-gguf":
@@ -177,7 +174,7 @@ def gguf_parameter_count(path: Path) -> int | None:
 def _gguf_parameters(path: str, size: int, mtime_ns: int) -> int:
     """(size and mtime are the cache key: a changed file is read again)"""
     # numpy and gguf: not for `radixchat pull` / search
-    from core.models.gguf_header import read_header
+    from core.models.load.gguf_header import read_header
 
     return read_header(Path(path), metadata=False).parameter_count()
 

@@ -177,7 +177,7 @@ def write_tiny_model(path: Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:
         path / "generation_config.json",
         {"eos_token_id": EOS_TOKEN_IDS, "pad_token_id": BYTE_VOCAB_SIZE},
     )
-    _write_tokenizer(path, spec)
+    write_tokenizer_files(path, spec.max_position_embeddings)
     return path
 
 
@@ -246,7 +246,9 @@ def build_tokenizer():
     return tokenizer
 
 
-def _write_tokenizer(path: Path, spec: TinyModelSpec) -> None:
+def write_tokenizer_files(path: Path, model_max_length: int) -> None:
+    """The byte tokenizer, its special tokens and the ChatML template, into model folder
+    ``path``."""
     build_tokenizer().save(str(path / "tokenizer.json"))
     added = {
         str(BYTE_VOCAB_SIZE + i): {
@@ -271,7 +273,7 @@ def _write_tokenizer(path: Path, spec: TinyModelSpec) -> None:
             "additional_special_tokens": [IM_START, IM_END],
             "chat_template": CHAT_TEMPLATE,
             "clean_up_tokenization_spaces": False,
-            "model_max_length": spec.max_position_embeddings,
+            "model_max_length": model_max_length,
         },
     )
     _write_json(

@@ -88,6 +88,7 @@ def _write(data_root: Path, uses: dict[str, ModelUse]) -> None:
         for u in uses.values()
     }
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)  # the first load may come before it
         tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
         tmp.replace(target)
     except OSError as exc:

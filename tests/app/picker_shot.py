@@ -20,7 +20,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 from PySide6.QtCore import QTimer  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-from tests.core.models.hub_fixture import HubFile, HubRepo, LoopbackHub, make_sources  # noqa: E402
+from tests.core.models.hub.hub_fixture import HubFile, HubRepo, LoopbackHub, make_sources  # noqa: E402
 
 
 def _card(total_params: int, bits: int) -> dict:

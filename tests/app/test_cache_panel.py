@@ -152,8 +152,10 @@ def test_odd_turns_never_draw_negative_bars(panel):
 
 def totals(**cache) -> EngineStats:
     """The engine's figures as the bridge hands them over, with these cache figures."""
-    figures = {f.name: 0 for f in dataclasses.fields(CacheStats)}
-    figures.update(enabled=True, disabled_reason=None, **cache)
+    figures = {
+        f.name: 0 for f in dataclasses.fields(CacheStats) if f.default is dataclasses.MISSING
+    }
+    figures.update({"enabled": True, "disabled_reason": None, **cache})
     return EngineStats(cache=CacheStats(**figures), rss_bytes=1)
 
 
@@ -200,3 +202,22 @@ def test_every_figure_explains_itself(qtbot):
     assert "dropped from RAM" in captions["Evictions"] and "room" in captions["Evictions"]
     assert "no client sees another's prompts" in captions["Namespace"]
     assert "computed by the model now" in captions["Last turn"]
+
+
+def test_how_the_model_is_cached_is_shown(panel):
+    assert text(panel, "cachedAsValue") == "—"
+    panel.update_totals(
+        totals(cached_as="pages+snapshots", layout="4 caches in 4 slots: 2 full, 2 sliding")
+    )
+    assert text(panel, "cachedAsValue") == "KV pages + state snapshots"
+    tip = panel.values["cachedAs"].toolTip()  # what it means, then this model's layout
+    assert tip.startswith("How this model's prompts are kept for reuse")
+    assert tip.endswith("\n\n4 caches in 4 slots: 2 full, 2 sliding")
+    panel.update_totals(totals(cached_as="snapshots"))
+    assert text(panel, "cachedAsValue") == "state snapshots (no full-attention layer)"
+    panel.update_totals(totals(cached_as="pages"))
+    assert text(panel, "cachedAsValue") == "KV pages"
+    panel.update_totals(totals(enabled=False, disabled_reason="disabled by the user (--no-cache)"))
+    assert text(panel, "cachedAsValue") == "off: disabled by the user (--no-cache)"
+    panel.update_totals(EngineStats())  # no model
+    assert text(panel, "cachedAsValue") == "—"

@@ -11,9 +11,9 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 from PySide6.QtCore import Qt  # noqa: E402
 
 from app.downloads import DONE, RUNNING, STOPPED  # noqa: E402
-from core.models import hf_cache  # noqa: E402
+from core.models.hub import hf_cache  # noqa: E402
 from tests.app.window_fakes import WAIT_MS, ScriptedEngine, send_turn, wait_ready  # noqa: E402
-from tests.core.models.hub_fixture import BIG_MLX  # noqa: E402
+from tests.core.models.hub.hub_fixture import BIG_MLX  # noqa: E402
 
 WEIGHTS = "model.safetensors"
 

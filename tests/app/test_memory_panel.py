@@ -15,7 +15,7 @@ from PySide6.QtWidgets import QLabel  # noqa: E402
 from app.format import count, decimals_for, duration, human_bytes, nice_step, percent  # noqa: E402
 from app.memory_panel import MemoryPanel, nice_bytes_axis  # noqa: E402
 from core.engine.engine import EngineStats  # noqa: E402
-from core.models.loader import ModelInfo  # noqa: E402
+from core.models.load.loader import ModelInfo  # noqa: E402
 from kvcache.stats import CacheStats, DiskTierStats  # noqa: E402
 
 GB, MB = 2**30, 2**20

@@ -15,8 +15,8 @@ from PySide6.QtWidgets import QDialog, QDialogButtonBox  # noqa: E402
 
 from app.format import human_bytes  # noqa: E402
 from app.model_picker import SPEC_ROLE, ModelPickerDialog  # noqa: E402
-from core.models import provision  # noqa: E402
 from core.models.catalog import safetensors_parameter_count  # noqa: E402
+from core.models.pypi import provision  # noqa: E402
 from core.models.tiny_model import TinyModelSpec, write_tiny_model  # noqa: E402
 from tests.core.models.test_catalog import GGUF_PARAMETERS, write_gguf  # noqa: E402
 

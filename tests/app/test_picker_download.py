@@ -14,8 +14,9 @@ from PySide6.QtWidgets import QDialogButtonBox  # noqa: E402
 from app.downloads import progress_text  # noqa: E402
 from app.hub_panel import FIT_COLUMN  # noqa: E402
 from app.model_picker import ModelPickerDialog  # noqa: E402
-from core.models import download, hf_cache, usage  # noqa: E402
-from tests.core.models.hub_fixture import (  # noqa: E402
+from core.models import usage  # noqa: E402
+from core.models.hub import download, hf_cache
+from tests.core.models.hub.hub_fixture import (  # noqa: E402
     BIG_MLX,
     GATED,
     MAMBA_GGUF,
@@ -120,7 +121,7 @@ def test_search_download_cancel_resume_load_delete(qtbot, picker, loopback_hub, 
         qtbot.mouseClick(
             dialog.buttons.button(QDialogButtonBox.StandardButton.Ok), Qt.MouseButton.LeftButton
         )
-    from core.models.loader import load_model
+    from core.models.load.loader import load_model
 
     info = load_model(dialog.chosen_spec(), dialog.data_root).info
     assert info.model_type == "llama"

@@ -9,7 +9,7 @@ from app.bridge import EngineBridge
 from core.engine.engine import Engine, RequestHandle
 from core.engine.types import DoneEvent, GenerationRequest, RequestStats, TokenEvent
 from core.errors import UserError
-from core.models.loader import ModelInfo
+from core.models.load.loader import ModelInfo
 
 WAIT_MS = 60000
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "max_tokens": 16, "seed": None}

@@ -72,7 +72,7 @@ DECODE = (
 )
 PREFILL = "batched prefill (core/engine/batch_prefill.py)"
 SPEEDUPS = "the CPU speed-ups (core/engine/cpu_speedups.py)"
-TOOLS = "tool calling (core/models/chat_template.py, core/engine/constrain.py)"
+TOOLS = "tool calling (core/models/load/chat_template.py, core/engine/constrain.py)"
 
 RELIED_ON = (
     Reliance(

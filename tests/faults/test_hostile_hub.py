@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from core.cli.main import EXIT_USER_ERROR, main
-from core.models import download, hf_cache, hub
-from core.models.hub import HubError
-from tests.core.models.hub_fixture import HubFile, HubRepo, LoopbackHub
+from core.models.hub import client, download, hf_cache
+from core.models.hub.client import HubError
+from core.models.hub.search import search
+from tests.core.models.hub.hub_fixture import HubFile, HubRepo, LoopbackHub
 
 pytestmark = pytest.mark.faults
 
@@ -154,15 +155,15 @@ def test_a_malformed_listing_is_one_line(
 
 
 def test_the_app_s_path_is_refused_too(loopback_hub, hub_sources, tmp_path):
-    """The window plans with hub.plan / hub.gguf_files and downloads with download.download:
+    """The window plans with client.plan / client.gguf_files and downloads with download.download:
     the same checks, and a plan made by hand is checked before anything is created."""
     loopback_hub.add(_gguf_repo(hub_sources.gguf.read_bytes(), name="../../../../escape/A.gguf"))
     with pytest.raises(HubError, match="outside"):
-        hub.plan(HOSTILE)
+        client.plan(HOSTILE)
     with pytest.raises(HubError, match="outside"):
-        hub.gguf_files(HOSTILE)
-    good = hub.plan("gguf-org/Solo-GGUF")
-    forged = hub.RepoPlan(good.repo_id, "../../../../escape/C", good.kind, good.files, good.spec)
+        client.gguf_files(HOSTILE)
+    good = client.plan("gguf-org/Solo-GGUF")
+    forged = client.RepoPlan(good.repo_id, "../../../../escape/C", good.kind, good.files, good.spec)
     with pytest.raises(HubError, match="commit id"):
         download.download(forged, data_root=tmp_path / "data")
     assert not hf_cache.repo_folder(good.repo_id).exists() and not (tmp_path / "escape").exists()
@@ -198,7 +199,7 @@ def test_the_checks_agree_with_huggingface_hub(tmp_path):
         except ValueError:
             theirs = False
         try:
-            hub.check_repo_path(name, "org/name")
+            client.check_repo_path(name, "org/name")
             ours = True
         except HubError:
             ours = False
@@ -208,10 +209,10 @@ def test_the_checks_agree_with_huggingface_hub(tmp_path):
 def test_a_commit_id_is_what_huggingface_hub_takes_for_one():
     from huggingface_hub.file_download import REGEX_COMMIT_HASH
 
-    from core.models import hub_paths
+    from core.models.hub import names
 
-    assert hub_paths.COMMIT_ID.pattern == REGEX_COMMIT_HASH.pattern
-    assert hub_paths.is_commit_id("0123456789abcdef0123456789abcdef01234567")
+    assert names.COMMIT_ID.pattern == REGEX_COMMIT_HASH.pattern
+    assert names.is_commit_id("0123456789abcdef0123456789abcdef01234567")
 
 
 # ---------------------------------------------------------------------------- search
@@ -265,7 +266,7 @@ def test_one_bad_search_result_costs_only_that_result(capsys, loopback_hub, tmp_
     if "downloads" in card:  # the loopback hub sorts by the number: only the card says otherwise
         card_of = repo.card
         repo.card = lambda: {**card_of(), "downloads": card["downloads"]}
-    results = hub.search("tiny", on_cpu=True, machine_bytes=16 * 2**30)
+    results = search("tiny", on_cpu=True, machine_bytes=16 * 2**30)
     ids = [r.repo_id for r in results]
     assert "mlx-community/Tiny-Llama-128" in ids and "gguf-org/Tiny-GGUF" in ids
     for r in results:

@@ -12,8 +12,8 @@ import pytest
 
 from core.cli.main import main
 from core.errors import ModelLoadError
-from core.models.loader import load_model
-from core.models.memory_estimate import check_fits, estimate_weights, machine_memory
+from core.models.load.loader import load_model
+from core.models.load.memory_estimate import check_fits, estimate_weights, machine_memory
 
 pytestmark = pytest.mark.faults
 

@@ -187,7 +187,7 @@ def test_restore_brings_back_the_saved_bytes(model, db, tokens):
         prefix = pc.match(prompt)
         assert prefix.length == 150
         caches = pc.make_caches(prefix)
-        for layer in pc.build.layout.full_layer_indices:
+        for layer in [s.slot for s in pc.build.layout.paged]:
             # the same computation: the restored K/V against the very arrays that were saved
             got, want = caches[layer], original[layer]
             assert mx.array_equal(got.keys[..., :150, :], want.keys[..., :150, :]).item(), (
@@ -230,7 +230,7 @@ def test_a_restore_past_what_ram_holds_is_taken_whole_without_a_gather(
         assert gathers == []
         # the same computation: RAM's 40 tokens came from one forward over tokens[:40] from an
         # empty cache, as the saved chain's first 40 did; the rest are the saved bytes
-        for layer in pc.build.layout.full_layer_indices:
+        for layer in [s.slot for s in pc.build.layout.paged]:
             assert mx.array_equal(
                 caches[layer].keys[..., :150, :], original[layer].keys[..., :150, :]
             ).item()
@@ -242,7 +242,7 @@ def test_a_restore_past_what_ram_holds_is_taken_whole_without_a_gather(
         pc.flush_writes()
         pooled = pc.make_caches(pc.match(tokens + [0]))  # the hot entry is taken: from the pool now
         assert gathers
-        for layer in pc.build.layout.full_layer_indices:  # the same bytes, through the pool
+        for layer in [s.slot for s in pc.build.layout.paged]:  # the same bytes, through the pool
             assert mx.array_equal(
                 pooled[layer].keys[..., :150, :], original[layer].keys[..., :150, :]
             ).item()
@@ -299,7 +299,7 @@ def test_a_save_is_serialized_later_as_the_caches_were_when_saved(model, db, tok
     request's caches were updated in place since (a follow-up extending them)."""
     pc = prefix_cache(model)
     caches, snaps = computed(model, pc, tokens)
-    full = pc.build.layout.full_layer_indices
+    full = [s.slot for s in pc.build.layout.paged]
     want = [
         (mx.array(caches[i].keys[..., :150, :]), mx.array(caches[i].values[..., :150, :]))
         for i in full

@@ -13,7 +13,7 @@ from mlx_lm.utils import load
 
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from kvcache import pool as pool_module
-from kvcache.layout import AUXILIARY, FULL, CacheLayout, LayerSpec, cache_layout
+from kvcache.layout import AUXILIARY, FULL, CacheLayout, CacheSpec, cache_at, cache_layout
 from kvcache.pool import (
     MIN_POOL_PAGES,
     KVPagePool,
@@ -28,11 +28,24 @@ HEADS, HEAD_DIM, PAGE = 2, 8, 4
 
 
 def full_layout(
-    num_layers: int = 2, heads: int = HEADS, head_dim: int = HEAD_DIM, dtype: str = "float32"
+    num_layers: int = 2,
+    heads: int = HEADS,
+    head_dim: int = HEAD_DIM,
+    dtype: str = "float32",
+    value_dim: int | None = None,
 ) -> CacheLayout:
     return CacheLayout(
         tuple(
-            LayerSpec(i, FULL, kv_heads=heads, head_dim=head_dim, dtype=dtype)
+            CacheSpec(
+                i,
+                FULL,
+                slot=i,
+                key_heads=heads,
+                key_dim=head_dim,
+                value_heads=heads,
+                value_dim=value_dim or head_dim,
+                dtype=dtype,
+            )
             for i in range(num_layers)
         )
     )
@@ -158,14 +171,14 @@ def test_gathered_kv_continues_a_model_exactly(tmp_path):
     n = tokens.shape[1] - 1
     pool = KVPagePool(layout, num_pages=6, page_size=PAGE)
     pages = [4, 1, 6]
-    for layer in layout.full_layer_indices:
-        k, v = caches[layer].state[0][0, :, :n], caches[layer].state[1][0, :, :n]
-        pool.write(layout.attention_pool_index(layer), pages, k, v)
+    for spec in layout.paged:
+        kv = cache_at(caches, spec.path)
+        pool.write(layout.pool_index(*spec.path), pages, kv.keys[0, :, :n], kv.values[0, :, :n])
     restored = []
-    for layer in layout.full_layer_indices:
+    for spec in layout.paged:
         cache = KVCache()
         cache.keys, cache.values = pool.gather(
-            layout.attention_pool_index(layer), page_slots(pages, PAGE, n)
+            layout.pool_index(*spec.path), page_slots(pages, PAGE, n)
         )
         cache.offset = n
         restored.append(cache)
@@ -175,7 +188,7 @@ def test_gathered_kv_continues_a_model_exactly(tmp_path):
 
 
 def test_pure_recurrent_layout_has_an_empty_pool():
-    layout = CacheLayout((LayerSpec(0, AUXILIARY), LayerSpec(1, AUXILIARY)))
+    layout = CacheLayout((CacheSpec(0, AUXILIARY, slot=0), CacheSpec(1, AUXILIARY, slot=1)))
     pool = KVPagePool(layout, num_pages=0, page_size=PAGE)
     assert pool.num_layers == 0 and pool.nbytes == 0
     assert pool_pages_for_budget(layout, PAGE, weight_bytes=0) == 0

@@ -108,7 +108,7 @@ def test_gathered_caches_have_room_for_the_rest_of_the_prompt(tiny):
     turn2 = turn1 + [20 + 7 * i % 200 for i in range(300)]  # 300 more: past one 256-token step
     prefix = pc.match(turn2)
     caches = pc.make_caches(prefix, room=len(turn2) - prefix.length)
-    full = [caches[i] for i in pc._full_layers]
+    full = [caches[i] for i, _ in pc.paged]
     assert all(c.offset == prefix.length and c.keys.shape[2] >= len(turn2) for c in full)
     capacity = [c.keys.shape[2] for c in full]
     logits = run(model, turn2[prefix.length :], caches)
@@ -209,18 +209,18 @@ def test_restored_kv_serves_the_next_request_exactly(tiny):
             mx.concatenate([a[0, :, : len(history)], mx.zeros_like(a[0, :, :30])], axis=1)
             for a in (caches[i].keys, caches[i].values)
         )
-        for i in source._full_layers
+        for i, _ in source.paged
     ]
     snapshot = source.snapshot(caches, len(history))
     pc = make_cache(model)
     assert pc.insert_restored(history, 0, layers_kv, snapshot) == len(history)
-    assert bool(pc._pending_writes) == bool(pc._full_layers)  # the pool copy waits...
+    assert bool(pc._pending_writes) == bool(pc.paged)  # the pool copy waits...
     prompt = history + [5, 6, 7]
     prefix = pc.match(prompt)
     assert prefix.length == len(history)
     restored = pc.make_caches(prefix, room=4)
-    if pc._full_layers:  # the restored buffers themselves: nothing gathered from the pool
-        assert restored[pc._full_layers[0]].keys.shape[2] == len(history) + 30
+    if pc.paged:  # the restored buffers themselves: nothing gathered from the pool
+        assert restored[pc.paged[0][0]].keys.shape[2] == len(history) + 30
     logits = run(model, prompt[prefix.length :], restored)
     assert_as_from_scratch(logits, reference_logits(model, prompt))
     pc.commit(prefix, prompt, restored, [s for s in [pc.snapshot(restored, len(prompt))] if s])

@@ -47,17 +47,94 @@ def test_snapshot_round_trip_resumes_identically(kind, tmp_path):
     caches = model.make_cache()
     prompt = mx.array(list(range(30, 60)))[None]
     model(prompt, cache=caches)
-    indices = tuple(i for i, c in enumerate(caches) if type(c).__name__ != "KVCache")
-    snap = take_snapshot(caches, indices, 30)
+    paths = tuple((i, None) for i, c in enumerate(caches) if type(c).__name__ != "KVCache")
+    snap = take_snapshot(caches, paths, 30)
     back = snapshot_from_bytes(snapshot_to_bytes(snap))
     assert back.length == 30 and back.nbytes == snap.nbytes
     a, b = model.make_cache(), model.make_cache()
     # full layers are not in the snapshot: copy them over so both resume from 30 tokens
     for i, c in enumerate(caches):
-        if i not in indices:
+        if (i, None) not in paths:
             a[i], b[i] = detach_cache(c), detach_cache(c)
     snap.restore_into(a)
     back.restore_into(b)
     nxt = mx.array([[7, 8, 9]])
     # the same computation: the same forward on the same state, once as taken, once read back
     assert mx.array_equal(model(nxt, cache=a), model(nxt, cache=b))
+
+
+def test_snapshots_of_cache_list_members_and_tuple_attributes_round_trip():
+    """A CacheList member is named by (slot, member); a quantized cache keeps its keys as a
+    tuple of arrays (data, scales, biases): both come back as they were."""
+    from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, QuantizedKVCache
+
+    quantized = QuantizedKVCache(group_size=32, bits=8)
+    quantized.update_and_fetch(mx.random.normal((1, 2, 5, 32)), mx.random.normal((1, 2, 5, 32)))
+    state = ArraysCache(2)
+    state[0], state[1] = mx.random.normal((1, 3, 8)), mx.arange(4)
+    caches = [CacheList(state, KVCache()), quantized]
+    snap = take_snapshot(caches, ((0, 0), (1, None)), 5)
+    back = snapshot_from_bytes(snapshot_to_bytes(snap))
+    assert [path for path, _ in back.layers] == [(0, 0), (1, None)] and back.length == 5
+    restored = [CacheList(ArraysCache(2), KVCache()), QuantizedKVCache(group_size=32, bits=8)]
+    back.restore_into(restored)
+    assert restored[0].caches[1] is not None and isinstance(restored[0].caches[0], ArraysCache)
+    assert all(
+        mx.array_equal(a, b).item() for a, b in zip(restored[0].caches[0].cache, state.cache)
+    )
+    keys = restored[1].keys
+    assert isinstance(keys, tuple) and len(keys) == 3
+    assert all(
+        mx.array_equal(a, b).item() and a.dtype == b.dtype for a, b in zip(keys, quantized.keys)
+    )
+    assert restored[1].offset == 5 and restored[1].bits == 8
+
+
+def test_a_snapshot_written_before_cache_paths_still_reads():
+    """A blob of the first format names only the layer's index (= its slot)."""
+    from kvcache.serialize import pack_arrays
+
+    blob = pack_arrays(
+        {
+            "kind": "snapshot",
+            "length": 3,
+            "layers": [
+                {
+                    "index": 2,
+                    "class": "mlx_lm.models.cache:ArraysCache",
+                    "plain": {"left_padding": None, "lengths": None},
+                    "arrays": {"cache": [0, None]},
+                }
+            ],
+        },
+        [mx.ones((1, 2))],
+    )
+    snap = snapshot_from_bytes(blob)
+    [(path, cache)] = snap.layers
+    assert (
+        path == (2, None)
+        and mx.array_equal(cache.cache[0], mx.ones((1, 2))).item()
+        and cache.cache[1] is None
+    )
+
+
+def test_a_snapshot_with_a_bad_layer_is_a_serialize_error():
+    from kvcache.serialize import pack_arrays
+
+    blob = pack_arrays(
+        {
+            "kind": "snapshot",
+            "length": 3,
+            "layers": [
+                {
+                    "index": 0,
+                    "class": "mlx_lm.models.cache:ArraysCache",
+                    "plain": {},
+                    "arrays": {"cache": [5]},
+                }
+            ],
+        },
+        [],
+    )
+    with pytest.raises(SerializeError, match="bad snapshot"):
+        snapshot_from_bytes(blob)

@@ -48,6 +48,7 @@ from pathlib import Path
 
 from core import paths
 from core.cli.bench.agent_trace import Trace, anthropic_body, build_trace, openai_body
+from core.cli.bench.harness import link_models, repetitions
 from core.cli.bench.server_process import (
     ServerProcess,
     free_port,
@@ -55,7 +56,7 @@ from core.cli.bench.server_process import (
     radixchat_server_code,
 )
 from core.errors import UserError
-from core.models.chat_template import read_chat_template
+from core.models.load.chat_template import read_chat_template
 
 WAYS = ("ours_cache", "ours_no_cache", "mlx_lm_server")
 POOL_TOKENS = 65536
@@ -263,16 +264,6 @@ def run_mlx_lm_server(folder: Path, trace: Trace, max_tokens: int) -> list[Reply
         server.stop()
 
 
-def _link_models(root: Path, data: Path) -> None:
-    """The models of data folder ``root`` in a fresh one, ``data`` (its caches start empty)."""
-    source = paths.models_dir(root)
-    target = paths.models_dir(data)
-    target.mkdir(parents=True, exist_ok=True)
-    for item in source.iterdir() if source.exists() else ():
-        if not (target / item.name).exists():
-            (target / item.name).symlink_to(item)
-
-
 def save_mlx_folder(root: Path, model: str, folder: Path, template: str | None = None) -> None:
     """Load ``model`` the way the engine does and save it as an MLX model folder that
     ``mlx_lm.load`` reads: the same (quantized) weights, config and tokenizer, the chat
@@ -280,7 +271,7 @@ def save_mlx_folder(root: Path, model: str, folder: Path, template: str | None =
     import mlx.nn as nn
     from mlx_lm.utils import save_config, save_model
 
-    from core.models.loader import load_model
+    from core.models.load.loader import load_model
 
     loaded = load_model(model, root, chat_template=template)
     config = dict(loaded.config)
@@ -346,7 +337,7 @@ def _repetition(
                         tempfile.TemporaryDirectory(prefix=f"radixchat-bench-{way}-")
                     )
                 )
-                _link_models(root, data)
+                link_models(root, data)
                 server = start_ours(data, args.model, way == "ours_cache", path, args.chat_template)
             stack.callback(server.stop)
             servers.append(server)
@@ -380,12 +371,7 @@ def run_bench_agent(args) -> int:
             flush=True,
         )
         save_mlx_folder(root, args.model, Path(folder), template)
-        for rep in range(args.repeats):
-            print(
-                f"radixchat: bench agent: repetition {rep + 1}/{args.repeats}",
-                file=sys.stderr,
-                flush=True,
-            )
+        for _ in repetitions("agent", args.repeats):
             for way, replies in _repetition(
                 root, args, Path(folder), trace, ways, nocache_requests
             ).items():

@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 import time
 
 from core import paths
+from core.cli.bench.harness import final_event, repetitions
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from core.errors import UserError
-from core.models.chat_template import read_chat_template
+from core.models.load.chat_template import read_chat_template
 
 PROMPT = "Describe a fictional person: their name, age, city and three hobbies."
 SCHEMA = {
@@ -64,10 +64,7 @@ def _request(mode: str, max_tokens: int, n: int = 0) -> GenerationRequest:
 
 
 def _done(handle) -> DoneEvent:
-    events = list(handle.events(timeout=600))
-    if not isinstance(events[-1], DoneEvent):
-        raise UserError(f"bench constrain: a request failed: {events[-1].message}")
-    return events[-1]
+    return final_event(handle.events(timeout=600), "constrain")
 
 
 def _batch(
@@ -112,12 +109,7 @@ def run_bench_constrain(args) -> int:
     try:
         info = engine.wait_ready()
         _done(engine.submit(_request("json_schema", 8)))  # warm-up: builds llguidance's tokenizer
-        for rep in range(args.repeats):
-            print(
-                f"radixchat: bench constrain: repetition {rep + 1}/{args.repeats}",
-                file=sys.stderr,
-                flush=True,
-            )
+        for rep in repetitions("constrain", args.repeats):
             for mode in solo:
                 done = _done(engine.submit(_request(mode, args.max_tokens, rep)))
                 solo[mode].append(done.stats.decode_tps)

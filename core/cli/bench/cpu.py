@@ -35,7 +35,7 @@ def run_bench_cpu(args) -> int:
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
     from core.cli.progress import print_progress
-    from core.models.loader import resolve_spec
+    from core.models.load.loader import resolve_spec
 
     root = paths.data_dir(args.data_dir)
     model_path = resolve_spec(args.model, root, print_progress)  # fetch once, fail early
@@ -184,7 +184,7 @@ def measure_format(spec: str, root: Path, fmt: str, args) -> dict:
 
     import mlx.core as mx
 
-    from core.models.loader import load_model
+    from core.models.load.loader import load_model
 
     loaded = load_model(spec, root, fmt)
     if args.prompt_tokens + args.decode_tokens > loaded.info.context_length:
@@ -220,7 +220,7 @@ def child_main(argv: list[str]) -> int:
         parser.add_argument(name, type=int, required=True)
     args = parser.parse_args(argv)
     from core.cpu_setup import blas_setup
-    from core.models.loader import resolve_weights_format
+    from core.models.load.loader import resolve_weights_format
 
     setup = blas_setup()
     root = Path(args.data_dir)

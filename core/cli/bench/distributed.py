@@ -30,7 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from core.cli.bench.server_process import wait_until_answers
+from core.cli.bench.harness import chat_stream
+from core.cli.bench.server_process import free_port, wait_until_answers
 from core.errors import UserError
 
 START_TIMEOUT_S = 180.0
@@ -53,23 +54,6 @@ def bench_model(folder: Path, kind: str = "llama") -> Path:
         max_position_embeddings=8192,
     )
     return write_tiny_model(folder / f"bench-{kind}", spec)
-
-
-def _free_port(span: int = 1) -> int:
-    import socket
-
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        try:
-            for port in range(base + 1, base + span):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-    raise UserError("bench distributed: no free ports")
 
 
 def _start(args: list[str], port: int, log: Path) -> subprocess.Popen:
@@ -114,26 +98,12 @@ def ask(port: int, prompt: str, max_tokens: int) -> dict:
     usage = {}
     text = []
     try:
-        conn.request(
-            "POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"}
-        )
-        response = conn.getresponse()
-        if response.status != 200:
-            raise UserError(
-                f"bench distributed: the server answered {response.status}: "
-                f"{response.read()[:300]!r}"
-            )
-        for line in response:
-            if not line.startswith(b"data: {"):
-                continue
-            data = json.loads(line[6:])
-            if "error" in data:
-                raise UserError(f"bench distributed: {data['error'].get('message')}")
+        for now, data in chat_stream(conn, json.dumps(body), "distributed"):
             usage = data.get("usage") or usage
             for choice in data.get("choices") or ():
                 piece = (choice.get("delta") or {}).get("content")
                 if piece:
-                    last = time.perf_counter()
+                    last = now
                     first = first or last
                     text.append(piece)
     finally:
@@ -171,7 +141,7 @@ def run_bench_distributed(args) -> int:
         )
         hosts = work / "hosts.json"
         hosts.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * 2))
-        ports = {mode: _free_port() for mode in MODES}
+        ports = {mode: free_port() for mode in MODES}
         common = ["--model", str(model), "--kv-tokens", str(args.kv_tokens)]
         servers = {}
         try:
@@ -186,7 +156,7 @@ def run_bench_distributed(args) -> int:
                     "--hosts",
                     str(hosts),
                     "--ring-port",
-                    str(_free_port(2)),
+                    str(free_port(2)),
                     "--split",
                     split,
                 ],

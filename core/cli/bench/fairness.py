@@ -26,12 +26,11 @@ import math
 import os
 import platform
 import statistics
-import sys
 import threading
 import time
-from importlib import metadata
 
 from core import paths
+from core.cli.bench.harness import package_version, repetitions
 from core.engine.engine import Engine, RequestHandle
 from core.engine.types import (
     ChatMessage,
@@ -240,12 +239,7 @@ def run_bench_fairness(args) -> int:
                 f"of {info.context_length}"
             )
         _ttft(engine, stream_request("warm-up", 1))
-        for rep in range(args.repeats):
-            print(
-                f"radixchat: bench fairness: repetition {rep + 1}/{args.repeats}",
-                file=sys.stderr,
-                flush=True,
-            )
+        for rep in repetitions("fairness", args.repeats):
             runs.append(
                 one_repetition(engine, rep, args.long_tokens, args.max_tokens, info.context_length)
             )
@@ -254,13 +248,6 @@ def run_bench_fairness(args) -> int:
     report = _report(args, info, runs)
     print(json.dumps(report, indent=2) if args.json else format_table(report))
     return 0
-
-
-def _version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def _report(args, info, runs: list[dict]) -> dict:
@@ -285,8 +272,8 @@ def _report(args, info, runs: list[dict]) -> dict:
         "machine": {
             "platform": platform.platform(),
             "cpu_count": os.cpu_count(),
-            "mlx": _version("mlx"),
-            "mlx_lm": _version("mlx-lm"),
+            "mlx": package_version("mlx"),
+            "mlx_lm": package_version("mlx-lm"),
             "load_average": list(os.getloadavg()),
         },
         "repeats": args.repeats,

@@ -24,9 +24,7 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
-from collections import deque
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -36,9 +34,10 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_p
 from mlx_lm.sample_utils import make_sampler
 
 from core import paths
+from core.cli.bench.harness import final_event, repetitions
 from core.engine.engine import Engine
 from core.engine.prompt import render_prompt
-from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
+from core.engine.types import ChatMessage, GenerationRequest, SamplingParams
 from core.errors import UserError
 
 SYSTEM_PROMPT = "You are a helpful travel assistant. Answer briefly."
@@ -79,10 +78,7 @@ def _engine_turn(
         session="bench" if use_cache else None,
         use_cache=use_cache,
     )
-    events = deque(engine.stream(request), maxlen=1)  # run to the end, keep the last
-    last = events[0] if events else None
-    if not isinstance(last, DoneEvent):
-        raise UserError(f"bench multiturn: {getattr(last, 'message', 'no reply from the engine')}")
+    last = final_event(engine.stream(request), "multiturn")
     s = last.stats
     return TurnResult(
         last.text, s.prompt_tokens, s.cached_tokens, s.completion_tokens, s.ttft_s, s.decode_tps
@@ -151,7 +147,7 @@ def run_bench_multiturn(args) -> int:
             f"--turns can be at most {len(USER_MESSAGES)} (the scripted conversation's length)"
         )
     from core.cli.progress import print_progress
-    from core.models.loader import load_model
+    from core.models.load.loader import load_model
 
     root = paths.data_dir(args.data_dir)
     loaded = load_model(args.model, root, "auto", print_progress)  # the mlx-lm ways' weights
@@ -159,12 +155,7 @@ def run_bench_multiturn(args) -> int:
     MlxLmChat(loaded, reuse=False).turn((ChatMessage("user", "Hello"),), 4)  # warm-up
     history: list[ChatMessage] = [ChatMessage("system", SYSTEM_PROMPT)]
     runs = {way: [] for way in WAYS}  # way -> repetition -> turn -> TurnResult
-    for rep in range(args.repeats):
-        print(
-            f"radixchat: bench multiturn: repetition {rep + 1}/{args.repeats}",
-            file=sys.stderr,
-            flush=True,
-        )
+    for rep in repetitions("multiturn", args.repeats):
         engine = Engine(
             root,
             args.model,

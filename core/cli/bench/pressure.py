@@ -22,16 +22,18 @@ agree (reported, never hidden). Medians over repetitions.
 from __future__ import annotations
 
 import gc
-import shutil
 import statistics
-import sys
 import time
-from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from core import paths
-from core.cli.bench.restore import _notes, _scratch_folder
+from core.cli.bench.harness import (
+    announce_repetition,
+    final_event,
+    scratch_data_folder,
+    travel_notes,
+)
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from core.errors import UserError
@@ -64,15 +66,13 @@ def _ask(engine: Engine, messages: list[ChatMessage]) -> DoneEvent:
     request = GenerationRequest(
         messages=tuple(messages), sampling=SamplingParams(temperature=0.0, max_tokens=REPLY_TOKENS)
     )
-    events = deque(engine.stream(request), maxlen=1)  # run to the end, keep the last
-    last = events[0] if events else None
-    if not isinstance(last, DoneEvent):
-        raise UserError(f"bench pressure: {getattr(last, 'message', 'no reply from the engine')}")
-    return last
+    return final_event(engine.stream(request), "pressure")
 
 
 def _system(client: int, notes: int) -> ChatMessage:
-    return ChatMessage("system", f"Client {client}. These are my travel notes.\n{_notes(notes)}")
+    return ChatMessage(
+        "system", f"Client {client}. These are my travel notes.\n{travel_notes(notes)}"
+    )
 
 
 def _distinct_tokens(db: Path, fingerprint: str) -> int:
@@ -148,13 +148,13 @@ def run_bench_pressure(args) -> int:
         if getattr(args, name) < low:
             raise UserError(f"--{name} must be at least {low}")
     from core.cli.progress import print_progress
-    from core.models.loader import resolve_spec
+    from core.models.load.loader import resolve_spec
 
     root = paths.data_dir(args.data_dir)
     spec = str(resolve_spec(args.model, root, None if args.json else print_progress).resolve())
     started = time.perf_counter()
-    folder = _scratch_folder(root)
-    try:  # size the notes: a calibration engine, no cache
+    # size the notes: a calibration engine, no cache
+    with scratch_data_folder(root, "pressure") as folder:
         engine = Engine(folder, spec, use_cache=False, disk_cache=False).start()
         try:
             engine.wait_ready()
@@ -166,8 +166,6 @@ def run_bench_pressure(args) -> int:
             ).stats.prompt_tokens
         finally:
             engine.shutdown()
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
     per_note = max(1.0, (two - base) / 2)
     notes = max(1, round((args.tokens - base) / per_note))
     prompt = base + notes * per_note
@@ -175,16 +173,9 @@ def run_bench_pressure(args) -> int:
     results: dict[str, list[WayResult]] = {"disk": [], "ram": []}
     for rep in range(args.repeats):
         for way in ("disk", "ram") if rep % 2 == 0 else ("ram", "disk"):
-            print(
-                f"radixchat: bench pressure: repetition {rep + 1}/{args.repeats}, {way}",
-                file=sys.stderr,
-                flush=True,
-            )
-            folder = _scratch_folder(root)
-            try:
+            announce_repetition("pressure", rep, args.repeats, way)
+            with scratch_data_folder(root, "pressure") as folder:
                 results[way].append(_way(way, folder, spec, args, notes, pool))
-            finally:
-                shutil.rmtree(folder, ignore_errors=True)
     report = _report(args, spec, prompt, pool, results, time.perf_counter() - started)
     print(json.dumps(report, indent=2) if args.json else format_summary(report))
     return 0

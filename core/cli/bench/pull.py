@@ -14,7 +14,7 @@ nothing), the CPU time of each (user + system, the figure a loaded machine blurs
 and the load average before and after. Then a pull cancelled half-way and resumed: the
 bytes the server sent for the resume against the bytes that were missing.
 
-The loopback hub is the test suite's (``tests/core/models/hub_fixture.py``): a test
+The loopback hub is the test suite's (``tests/core/models/hub/hub_fixture.py``): a test
 double with fault injection, not part of the product, so it is not shipped under
 ``core/``. This benchmark imports it when it runs from a source checkout and says so
 otherwise. The repo it serves looks as the hub shows an MLX repo (its config in the
@@ -57,11 +57,11 @@ def run_bench_pull(args) -> int:
 
 def _loopback_hub_module():
     try:
-        from tests.core.models import hub_fixture
+        from tests.core.models.hub import hub_fixture
     except ImportError:
         raise UserError(
             "radixchat bench pull runs from a source checkout: it serves the model from the test "
-            "suite's loopback hub (tests/core/models/hub_fixture.py, which needs pytest)"
+            "suite's loopback hub (tests/core/models/hub/hub_fixture.py, which needs pytest)"
         ) from None
     return hub_fixture
 
@@ -94,7 +94,7 @@ def measure(fixture, megabytes: int, repeats: int) -> dict:
             config={"model_type": "llama"},
         )
         url = f"{hub.url}/{REPO}/resolve/main/{WEIGHTS}"
-        checkout = Path(fixture.__file__).resolve().parents[3]
+        checkout = Path(fixture.__file__).resolve().parents[4]
         env = {
             **os.environ,
             "HF_ENDPOINT": hub.url,
@@ -240,7 +240,7 @@ def _resume(hub, work: Path, size: int, env: dict) -> dict:
         HF_ENDPOINT=env["HF_ENDPOINT"], HF_HUB_DISABLE_XET="1", HF_HUB_CACHE=str(work / "hf-resume")
     )
     os.environ.pop("HF_HUB_OFFLINE", None)
-    from core.models import download
+    from core.models.hub import download
 
     cancel = threading.Event()
     # bytes/s for this pull only: progress comes often enough to cancel mid-file

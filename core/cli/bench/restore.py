@@ -21,27 +21,25 @@ from __future__ import annotations
 import gc
 import json
 import os
-import shutil
 import statistics
-import sys
-import tempfile
 import time
-from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from core import paths
+from core.cli.bench.harness import (
+    TRAVEL_NOTES,
+    drop_from_page_cache,
+    final_event,
+    repetitions,
+    scratch_data_folder,
+    travel_notes,
+)
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from core.errors import UserError
 
 SESSION = "bench-restore"
-NOTES = (
-    "The old town is best explored on foot early in the morning, before the tour buses arrive.",
-    "Trams run every ten minutes until midnight; a day ticket pays for itself after three rides.",
-    "The covered market sells cheese, bread and fruit; it is cheapest just before closing time.",
-    "Restaurants near the main square are expensive; two streets away the same food costs half.",
-)
 FIRST_QUESTION = "Summarize these travel notes in one sentence."
 FOLLOW_UP = "Which of these notes matters most for a first visit, and why?"
 BUILD_REPLY_TOKENS = 32
@@ -75,15 +73,7 @@ def _ask(
         use_cache=use_cache,
         sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens),
     )
-    events = deque(engine.stream(request), maxlen=1)  # run to the end, keep the last
-    last = events[0] if events else None
-    if not isinstance(last, DoneEvent):
-        raise UserError(f"bench restore: {getattr(last, 'message', 'no reply from the engine')}")
-    return last
-
-
-def _notes(count: int) -> str:
-    return "\n".join(f"- {NOTES[i % len(NOTES)]}" for i in range(count))  # unnumbered: even sizes
+    return final_event(engine.stream(request), "restore")
 
 
 def _build_session(engine: Engine, tokens: int) -> tuple[list[ChatMessage], int]:
@@ -91,33 +81,17 @@ def _build_session(engine: Engine, tokens: int) -> tuple[list[ChatMessage], int]
     its length in tokens."""
 
     def prompt_tokens(notes: int) -> int:
-        messages = [ChatMessage("system", _notes(notes)), ChatMessage("user", FIRST_QUESTION)]
+        messages = [ChatMessage("system", travel_notes(notes)), ChatMessage("user", FIRST_QUESTION)]
         return _ask(engine, messages, use_cache=False, max_tokens=1).stats.prompt_tokens
 
-    base, cycle = prompt_tokens(0), prompt_tokens(len(NOTES))  # also the engine's warm-up
-    per_note = max(1.0, (cycle - base) / len(NOTES))
+    base, cycle = prompt_tokens(0), prompt_tokens(len(TRAVEL_NOTES))  # also the engine's warm-up
+    per_note = max(1.0, (cycle - base) / len(TRAVEL_NOTES))
     count = max(1, round((tokens - BUILD_REPLY_TOKENS - base) / per_note))
-    history = [ChatMessage("system", _notes(count)), ChatMessage("user", FIRST_QUESTION)]
+    history = [ChatMessage("system", travel_notes(count)), ChatMessage("user", FIRST_QUESTION)]
     reply = _ask(engine, history, session=SESSION, max_tokens=BUILD_REPLY_TOKENS)
     return history + [
         ChatMessage("assistant", reply.text)
     ], reply.stats.prompt_tokens + reply.stats.completion_tokens
-
-
-def _drop_from_page_cache(*files: Path) -> bool:
-    """fsync and advise the kernel to drop ``files`` from the page cache; False where the
-    platform cannot (then "cold" reads are warm)."""
-    if not hasattr(os, "posix_fadvise"):
-        return False
-    for path in files:
-        if path.exists():
-            fd = os.open(path, os.O_RDWR)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-    return True
 
 
 def _seconds(action) -> float:
@@ -169,7 +143,7 @@ def _read_rates(folder: Path, fingerprint: str) -> dict:
             )
             for turn in range(READ_ROUNDS):
                 for name, action, files in reads[::-1] if turn % 2 else reads:
-                    cold = _drop_from_page_cache(*files)
+                    cold = drop_from_page_cache(*files)
                     times[f"{name}_cold"].append(_seconds(action))
                     times[f"{name}_warm"].append(_seconds(action))
         finally:
@@ -184,17 +158,6 @@ def _read_rates(folder: Path, fingerprint: str) -> dict:
         "plain_cold_s": median["plain_cold"] if cold else None,
         "plain_warm_s": median["plain_warm"],
     }
-
-
-def _scratch_folder(root: Path) -> Path:
-    (root / "tmp").mkdir(exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix="bench-restore-", dir=root / "tmp"))
-    for shared in ("tokenizers", "converted"):  # content-addressed caches: reuse, do not rebuild
-        if (root / shared).is_dir():
-            (folder / shared).symlink_to((root / shared).resolve())
-    if (root / "file_hashes.json").exists():
-        shutil.copy(root / "file_hashes.json", folder / "file_hashes.json")
-    return folder
 
 
 def _repetition(folder: Path, spec: str, tokens: int) -> Repetition:
@@ -230,7 +193,7 @@ def _repetition(folder: Path, spec: str, tokens: int) -> Repetition:
     second = engine()  # "after a restart"
     try:
         _ask(second, [ChatMessage("user", "Hello")], use_cache=False, max_tokens=1)  # warm-up
-        _drop_from_page_cache(*paths.kv_cache_db_files(folder))
+        drop_from_page_cache(*paths.kv_cache_db_files(folder))
         restored = _ask(second, follow_up, session=SESSION)
         recompute = _ask(second, follow_up, use_cache=False)
     finally:
@@ -254,7 +217,7 @@ def checked_model(args) -> tuple[Path, str]:
         if getattr(args, name) < low:
             raise UserError(f"--{name} must be at least {low}")
     from core.cli.progress import print_progress
-    from core.models.loader import resolve_spec
+    from core.models.load.loader import resolve_spec
 
     root = paths.data_dir(args.data_dir)
     return root, str(
@@ -266,17 +229,9 @@ def run_bench_restore(args) -> int:
     root, spec = checked_model(args)
     reps: list[Repetition] = []
     started = time.perf_counter()
-    for rep in range(args.repeats):
-        print(
-            f"radixchat: bench restore: repetition {rep + 1}/{args.repeats}",
-            file=sys.stderr,
-            flush=True,
-        )
-        folder = _scratch_folder(root)
-        try:
+    for _ in repetitions("restore", args.repeats):
+        with scratch_data_folder(root, "restore") as folder:
             reps.append(_repetition(folder, spec, args.tokens))
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
     report = _report(args, spec, reps, time.perf_counter() - started)
     print(json.dumps(report, indent=2) if args.json else format_summary(report))
     return 0

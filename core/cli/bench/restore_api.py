@@ -19,21 +19,24 @@ import gc
 import http.client
 import json
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from core import paths
 from core.api.server import ApiServer
+from core.cli.bench.harness import (
+    chat_stream,
+    drop_from_page_cache,
+    repetitions,
+    scratch_data_folder,
+    travel_notes,
+)
 from core.cli.bench.restore import (
     BUILD_REPLY_TOKENS,
     FIRST_QUESTION,
     FOLLOW_UP,
     REPLY_TOKENS,
-    _drop_from_page_cache,
-    _notes,
-    _scratch_folder,
     checked_model,
 )
 from core.engine.engine import Engine
@@ -75,22 +78,8 @@ def _stream(server: ApiServer, messages: list[dict], max_tokens: int) -> _Reply:
     try:
         conn.connect()
         sent = time.perf_counter()
-        conn.request(
-            "POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"}
-        )
-        response = conn.getresponse()
-        if response.status != 200:
-            raise UserError(
-                f"bench restore --api: the server answered {response.status}: "
-                f"{response.read().decode(errors='replace')[:200]}"
-            )
         first, parts, usage = None, [], None
-        for line in response:
-            if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise UserError(f"bench restore --api: {chunk['error'].get('message')}")
+        for _, chunk in chat_stream(conn, body, "restore --api"):
             usage = chunk.get("usage") or usage
             for choice in chunk.get("choices", ()):
                 text = choice.get("delta", {}).get("content")
@@ -106,7 +95,7 @@ def _stream(server: ApiServer, messages: list[dict], max_tokens: int) -> _Reply:
 
 def _messages(count: int, *turns: str) -> list[dict]:
     roles = ("user", "assistant")
-    return [{"role": "system", "content": _notes(count)}] + [
+    return [{"role": "system", "content": travel_notes(count)}] + [
         {"role": roles[i % 2], "content": text} for i, text in enumerate(turns)
     ]
 
@@ -141,12 +130,12 @@ def _repetition(folder: Path, spec: str, tokens: int) -> ApiRepetition:
         written = engine.stats().disk.bytes_written
     finally:
         close(engine, server)
-    _drop_from_page_cache(*paths.kv_cache_db_files(folder))
+    drop_from_page_cache(*paths.kv_cache_db_files(folder))
     engine, server = serve()  # "after a restart"
     try:
         # warm-up (too short to be written)
         _stream(server, [{"role": "user", "content": "Hello"}], 1)
-        _drop_from_page_cache(*paths.kv_cache_db_files(folder))
+        drop_from_page_cache(*paths.kv_cache_db_files(folder))
         restore = _stream(server, follow_up, REPLY_TOKENS)
         restored = engine.stats().disk.read_tokens
     finally:
@@ -177,21 +166,11 @@ def run_bench_restore_api(args) -> int:
 
 
 def _report(args, spec: str, root: Path) -> dict:
-    import shutil
-
     reps: list[ApiRepetition] = []
     started = time.perf_counter()
-    for rep in range(args.repeats):
-        print(
-            f"radixchat: bench restore --api: repetition {rep + 1}/{args.repeats}",
-            file=sys.stderr,
-            flush=True,
-        )
-        folder = _scratch_folder(root)
-        try:
+    for _ in repetitions("restore --api", args.repeats):
+        with scratch_data_folder(root, "restore") as folder:
             reps.append(_repetition(folder, spec, args.tokens))
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
     ttft = {
         way: statistics.median(getattr(r, f"ttft_{way}_s") for r in reps)
         for way in ("restore", "recompute", "ram")

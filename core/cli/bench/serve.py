@@ -28,14 +28,13 @@ import json
 import os
 import platform
 import statistics
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
-from importlib import metadata
 
 from core import paths
 from core.api.server import ApiServer
+from core.cli.bench.harness import announce_repetition, chat_stream, package_version
 from core.engine.engine import Engine
 from core.errors import UserError
 
@@ -92,6 +91,10 @@ class RoundResult:
     finish_reasons: list[str]
 
 
+def streams_text(streams: int) -> str:
+    return f"{streams} stream{'s' if streams > 1 else ''}"
+
+
 def prompt_messages(number: int) -> list[dict[str, str]]:
     """The chat of request ``number``: its own system and user message, no shared prefix."""
     topic = TOPICS[number % len(TOPICS)]
@@ -124,24 +127,9 @@ def stream_chat(
         if start is not None:
             start.wait()
         sent_at = time.perf_counter()
-        conn.request(
-            "POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"}
-        )
-        response = conn.getresponse()
-        if response.status != 200:
-            raise UserError(
-                f"bench serve: the server answered {response.status}: "
-                f"{response.read().decode(errors='replace')[:200]}"
-            )
         stamps: list[float] = []
         usage, reason, finished_at = None, None, None
-        for line in response:
-            now = time.perf_counter()
-            if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise UserError(f"bench serve: the stream failed: {chunk['error'].get('message')}")
+        for now, chunk in chat_stream(conn, body, "serve"):
             if chunk.get("usage"):
                 usage = chunk["usage"]
             for choice in chunk.get("choices", ()):
@@ -245,12 +233,7 @@ def run_bench_serve(args) -> int:
         number += 1
         for rep in range(args.repeats):
             for streams in counts:
-                print(
-                    f"radixchat: bench serve: repetition {rep + 1}/{args.repeats}, {streams} "
-                    f"stream{'s' if streams > 1 else ''}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                announce_repetition("serve", rep, args.repeats, streams_text(streams))
                 rounds[streams].append(
                     run_round(server.host, server.port, number, streams, args.max_tokens)
                 )
@@ -264,20 +247,13 @@ def run_bench_serve(args) -> int:
     return 0
 
 
-def version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def machine() -> dict:
     return {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
-        "mlx": version("mlx"),
-        "mlx_lm": version("mlx-lm"),
+        "mlx": package_version("mlx"),
+        "mlx_lm": package_version("mlx-lm"),
     }
 
 

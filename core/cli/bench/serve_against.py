@@ -27,7 +27,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from core import paths
-from core.cli.bench.agent import _link_models, save_mlx_folder
+from core.cli.bench.agent import save_mlx_folder
+from core.cli.bench.harness import announce_repetition, link_models
 from core.cli.bench.serve import (
     POOL_TOKENS,
     WARMUP_TOKENS,
@@ -37,6 +38,7 @@ from core.cli.bench.serve import (
     run_round,
     stream_chat,
     stream_counts,
+    streams_text,
 )
 from core.cli.bench.server_process import (
     ServerProcess,
@@ -61,7 +63,7 @@ def run_bench_serve_against(args) -> int:
             flush=True,
         )
         save_mlx_folder(root, args.model, mlx_folder)
-        _link_models(root, data)
+        link_models(root, data)
         ours_port, theirs_port = free_port(), free_port()
         with (
             ServerProcess(
@@ -81,13 +83,8 @@ def run_bench_serve_against(args) -> int:
                 order = SERVERS if rep % 2 == 0 else SERVERS[::-1]
                 for streams in counts:
                     for name in order:
-                        print(
-                            (
-                                f"radixchat: bench serve: repetition {rep + 1}/{args.repeats}, "
-                                f"{streams} stream{'s' if streams > 1 else ''}, {name}"
-                            ),
-                            file=sys.stderr,
-                            flush=True,
+                        announce_repetition(
+                            "serve", rep, args.repeats, f"{streams_text(streams)}, {name}"
                         )
                         server = servers[name]
                         rounds[name][streams].append(

@@ -44,10 +44,23 @@ def wait_until_answers(
     return False
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+def free_port(span: int = 1) -> int:
+    """A free port on 127.0.0.1, with ``span - 1`` free ports after it (MLX's ring takes
+    one per rank)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + span > 65536:
+            continue
+        try:
+            for port in range(base + 1, base + span):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise UserError("no free ports on 127.0.0.1")
 
 
 def mlx_lm_server_code(folder: Path, port: int) -> str:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import socket
@@ -22,6 +23,7 @@ from core.engine.types import ErrorEvent
 from core.errors import ErrorKind, UserError
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from tests.core.api.helpers import wait_for
+from tests.kvcache.model_families import write_family
 
 MODEL = "tiny"  # the tiny model's folder name: the server's model id
 
@@ -95,6 +97,12 @@ def test_health_and_models(server, client, engine):
     assert [m.id for m in models] == [MODEL]
     assert models[0].to_dict()["radixchat"]["fingerprint"] == engine.model_info.fingerprint
     assert client.models.retrieve("default").id == MODEL
+    cache = client.models.retrieve("default").to_dict()["radixchat"]["cache"]  # how it is cached
+    assert (
+        cache["cached_as"] == "pages"
+        and "2 full" in cache["layout"]
+        and "cached as pages" in cache["layout"]
+    )
 
 
 def test_chat_non_streaming_and_streaming_agree(client):
@@ -449,3 +457,83 @@ def test_engine_errors_map_by_kind_not_wording(kind, status, code):
     )
     assert error.status == status
     assert error.body()["error"]["code"] == code
+
+
+# ------------------------------------------------------------------ model families served
+# A model of each way of caching, each once without a cache before this branch: a pure
+# recurrent model (snapshots only; it never restored from disk), an MLA + linear-attention
+# hybrid (pages of the latent's own shapes and state snapshots; its cache was off) and an
+# MLA model (pages; its cache was off). tests/core/engine/test_model_matrix.py runs every
+# model type through the engine; this is the same chat through the API as a client sees it.
+SERVED_FAMILIES = {"mamba": "snapshots", "kimi_linear": "pages+snapshots", "deepseek_v3": "pages"}
+
+
+@contextlib.contextmanager
+def served(model, data, use_cache: bool = True):
+    """The OpenAI client of a server on a new engine of ``model`` (``use_cache=False``: as
+    ``radixchat serve --no-cache`` starts it)."""
+    engine = Engine(data, str(model), use_cache=use_cache, pool_tokens=4096).start()
+    try:
+        engine.wait_ready(timeout=120)
+        with (
+            ApiServer(engine, "127.0.0.1", 0) as api,
+            OpenAI(
+                base_url=api.address + "/v1", api_key="unused", max_retries=0, timeout=60
+            ) as client,
+        ):
+            yield client
+    finally:
+        engine.shutdown()
+
+
+def ask(client, messages: list[dict]):
+    """A greedy reply in chat session "lyon" (a named session's turns go to disk however
+    short; unnamed requests only from 256 tokens)."""
+    return client.chat.completions.create(
+        model="default",
+        messages=messages,
+        max_tokens=10,
+        temperature=0,
+        extra_body={"session": "lyon"},
+    )
+
+
+def reply_after(messages: list[dict], reply, text: str) -> list[dict]:
+    """The conversation so far, the reply and the user's next message."""
+    return [
+        *messages,
+        {"role": "assistant", "content": reply.choices[0].message.content},
+        {"role": "user", "content": text},
+    ]
+
+
+@pytest.mark.model_matrix
+@pytest.mark.parametrize("family", sorted(SERVED_FAMILIES))
+def test_a_family_model_served_is_cached_restored_and_answers_as_uncached(family, tmp_path):
+    model = write_family(tmp_path / family, family)
+    data = tmp_path / "data"
+    chats = [[{"role": "user", "content": "Plan a day in Lyon, with a museum and a long lunch."}]]
+    with served(model, data) as client:
+        cache = client.models.list().data[0].to_dict()["radixchat"]["cache"]
+        assert cache["cached_as"] == SERVED_FAMILIES[family], cache
+        assert cache["layout"].endswith(f"cached as {SERVED_FAMILIES[family]}")
+        replies = [ask(client, chats[0])]
+        chats.append(reply_after(chats[0], replies[0], "Why?"))
+        replies.append(ask(client, chats[1]))  # turn 2: from RAM
+    with served(model, data) as client:  # a restart: the disk holds the chat
+        chats.append(reply_after(chats[1], replies[1], "More."))
+        replies.append(ask(client, chats[2]))
+    with served(model, data, use_cache=False) as client:
+        cache = client.models.retrieve(family).to_dict()["radixchat"]["cache"]
+        assert cache["cached_as"] == "off (disabled by the user (--no-cache))", cache
+        uncached = [ask(client, messages) for messages in chats]
+    texts = [r.choices[0].message.content for r in replies]
+    assert texts == [r.choices[0].message.content for r in uncached] and all(texts)
+    first, second, third = (r.model_dump()["usage"] for r in replies)
+    assert first["prompt_tokens_details"]["cached_tokens"] == 0
+    # a reply is cached but for its last token (sampled, never fed to the model)
+    assert second["radixchat"]["ram_tokens"] >= first["total_tokens"] - 1
+    assert second["radixchat"]["disk_tokens"] == 0
+    assert third["radixchat"]["disk_tokens"] >= second["total_tokens"] - 1
+    assert third["prompt_tokens_details"]["cached_tokens"] == third["radixchat"]["disk_tokens"]
+    assert all(r.usage.prompt_tokens_details.cached_tokens == 0 for r in uncached)

@@ -6,8 +6,9 @@ import io
 
 from core.cli import hub as hub_cli
 from core.cli.main import EXIT_USER_ERROR, main
-from core.models import download, hf_cache, usage
-from tests.core.models.hub_fixture import MAMBA_GGUF, TINY_MLX, TWO_GGUF, free_port_url
+from core.models import usage
+from core.models.hub import download, hf_cache
+from tests.core.models.hub.hub_fixture import MAMBA_GGUF, TINY_MLX, TWO_GGUF, free_port_url
 
 
 def test_search_prints_a_table_with_fits(loopback_hub, capsys, tmp_path):
@@ -100,7 +101,7 @@ def test_pull_imports_only_what_it_needs(loopback_hub, tmp_path):
     import sys
     from pathlib import Path
 
-    from tests.core.models.hub_fixture import AGENT_REGISTRY
+    from tests.core.models.hub.hub_fixture import AGENT_REGISTRY
 
     home = Path(os.environ["HF_HOME"])
     home.mkdir(parents=True, exist_ok=True)
@@ -120,9 +121,9 @@ def test_pull_imports_only_what_it_needs(loopback_hub, tmp_path):
         "core.engine",
         "core.api",
         "core.chats",
-        "core.models.provision",
-        "core.models.pypi_download",
-        "core.models.loader",
+        "core.models.pypi.provision",
+        "core.models.pypi.wheels",
+        "core.models.load.loader",
         "huggingface_hub.hf_api",
         "huggingface_hub.file_download",
         "huggingface_hub.utils._auth",
@@ -153,25 +154,36 @@ def test_pull_imports_only_what_it_needs(loopback_hub, tmp_path):
 
 
 def test_every_import_the_commands_make_when_they_run_resolves():
-    """core.cli.main imports each command's code when the command runs: every one of
-    those imports names a module and a name that exist."""
+    """Each command's module (core/cli/commands/) and core.cli.main import the command's
+    code when the command runs: every one of those imports names a module and a name that
+    exist."""
     import ast
     import importlib
     from pathlib import Path
 
+    import core.cli.commands
     import core.cli.main as cli_main
 
-    tree = ast.parse(Path(cli_main.__file__).read_text(encoding="utf-8"))
+    sources = [
+        Path(cli_main.__file__),
+        *sorted(Path(core.cli.commands.__file__).parent.glob("*.py")),
+    ]
     found = []
-    for function in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
-        for node in (n for n in ast.walk(function) if isinstance(n, ast.ImportFrom)):
-            module = importlib.import_module(node.module)
-            for alias in node.names:
-                assert hasattr(module, alias.name) or importlib.import_module(
-                    f"{node.module}.{alias.name}"
-                )
-                found.append(f"{node.module}.{alias.name}")
-    assert "core.cli.bench.pull.run_bench_pull" in found and "core.models.provision" in found
+    for source in sources:
+        tree = ast.parse(source.read_text(encoding="utf-8"))
+        for function in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+            for node in (n for n in ast.walk(function) if isinstance(n, ast.ImportFrom)):
+                module = importlib.import_module(node.module)
+                for alias in node.names:
+                    assert hasattr(module, alias.name) or importlib.import_module(
+                        f"{node.module}.{alias.name}"
+                    )
+                    found.append(f"{node.module}.{alias.name}")
+    assert "core.cli.bench.pull.run_bench_pull" in found and "core.models.pypi.provision" in found
+    assert (
+        "core.cli.bench.restore_api.run_bench_restore_api" in found
+        and "core.cli.serve_group.run_group" in found
+    )
     assert len(found) >= 20
 
 

@@ -389,8 +389,8 @@ def test_cache_stats_shows_the_budget_in_the_apps_unit(capsys, tmp_path):
 def test_fetch_model_prints_its_progress_and_then_the_path(capsys, tmp_path, monkeypatch, fake_pip):
     """What a person reads: pip's progress and the check on stderr, the file's path on stdout
     (once fetched, and again, at once, when it is there)."""
-    from core.models import known
-    from tests.core.models.test_provision import PAYLOAD, fake_model
+    from core.models.pypi import known
+    from tests.core.models.pypi.test_provision import PAYLOAD, fake_model
 
     monkeypatch.setitem(known.KNOWN_MODELS, "tiny", fake_model())
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "no-hub"))
@@ -472,3 +472,126 @@ def test_version_names_radixchat_mlx_and_mlx_lm(capsys):
         timeout=60,
     )
     assert run.returncode == 0 and run.stdout.strip() == line, run.stderr
+
+
+def _leaf_commands(parser, path=()):
+    """(command path, its parser) for every command that runs: the leaves of the table."""
+    import argparse
+
+    subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if path and not any(a.required for a in subparsers):
+        yield path, parser
+    for action in subparsers:
+        for name, sub in action.choices.items():
+            yield from _leaf_commands(sub, (*path, name))
+
+
+def test_every_command_names_what_runs_it():
+    """Each command's module sets ``run``; only ``bench gui`` is the app's (core never
+    imports app)."""
+    import argparse
+
+    from core.cli.main import build_parser
+
+    leaves = dict(_leaf_commands(build_parser()))
+    assert {
+        ("chat",),
+        ("serve",),
+        ("models",),
+        ("models", "rm"),
+        ("search",),
+        ("pull",),
+        ("fetch-model",),
+        ("cache", "clear"),
+        ("chats", "verify"),
+        ("bench", "restore"),
+        ("bench", "gui"),
+    } <= set(leaves)
+    for path, parser in leaves.items():
+        positionals = [
+            a.choices[0] if a.choices else "x"
+            for a in parser._actions
+            if not a.option_strings
+            and a.nargs is None
+            and not isinstance(a, argparse._SubParsersAction)
+        ]
+        args = build_parser().parse_args([*path, *positionals])
+        assert (args.run is None) == (path == ("bench", "gui")), path
+        assert args.run is None or callable(args.run), path
+
+
+def test_the_app_runs_what_has_no_command_and_bench_gui(tmp_path, capsys):
+    seen = []
+
+    def gui(args, data_root):
+        seen.append((args.command, getattr(args, "bench_command", None), data_root))
+        return 7
+
+    assert main(["--data-dir", str(tmp_path)], gui=gui) == 7
+    assert main(["bench", "gui", "--data-dir", str(tmp_path)], gui=gui) == 7
+    assert seen == [(None, None, tmp_path), ("bench", "gui", tmp_path)]
+    assert main(["--data-dir", str(tmp_path)]) == 2  # a build without the app says so in one line
+    assert capsys.readouterr().err.startswith("radixchat: error: the desktop app is not available")
+
+
+def test_help_lists_the_users_commands_then_bench_apart(capsys):
+    """``radixchat --help``: the user's commands first, ``bench`` in a section of its own
+    after them, the hidden command and option nowhere."""
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    users, developers = out.split("\ncommands:\n")[1].split("\nfor developers:\n")
+    names = [
+        line.split()[0] for line in users.splitlines() if line[:4] == "    " and line[4:5].strip()
+    ]
+    assert names == ["chat", "serve", "models", "search", "pull", "fetch-model", "cache", "chats"]
+    assert [line.split()[0] for line in developers.strip().splitlines()] == ["bench"]
+    assert "bench" not in out.split("\nfor developers:\n")[0].split("\ncommands:\n")[1]
+    assert "_launch" not in out and "--group-member" not in out
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    benches = capsys.readouterr().out
+    assert all(
+        f"    {name} " in benches
+        for name in ("cpu", "restore", "serve", "constrain", "pull", "gui")
+    )
+
+
+def test_the_command_table_imports_no_commands_code():
+    """Building the whole table (what every start does, the app's included) imports each
+    command's parser module only: nothing of the engine, the API server, MLX or the hub
+    client, and no command's own code."""
+    own_code = (
+        "core.cli.chat",
+        "core.cli.chats",
+        "core.cli.cache",
+        "core.cli.hub",
+        "core.cli.serve",
+        "core.cli.serve_group",
+        "core.cli.self_test",
+    )
+    heavy = (
+        "core.cli.bench",
+        "core.engine",
+        "core.api",
+        "core.chats",
+        "core.distributed",
+        "core.models.hub",
+        "core.models.load",
+        "kvcache",
+        "mlx",
+        "mlx_lm",
+        "numpy",
+        "fastapi",
+        "huggingface_hub",
+        "PySide6",
+    )
+    code = (
+        "import sys; from core.cli.main import build_parser; build_parser(); "
+        f"print(sorted(m for m in sys.modules if m in {own_code!r} "
+        f"or m.startswith(tuple(h + '.' for h in {heavy!r})) or m in {heavy!r}))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]"

@@ -10,7 +10,6 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from core.cli.bench.server_process import wait_until_answers
+from core.cli.bench.server_process import free_port, wait_until_answers
 
 ROOT = Path(__file__).resolve().parents[3]
 START_S = 120.0  # two processes importing MLX and loading on a busy 2-core machine
@@ -36,24 +35,6 @@ def ring_available() -> bool:
 needs_ring = pytest.mark.skipif(
     not ring_available(), reason="MLX's ring backend (mlx.launch) is not available"
 )
-
-
-def free_port(span: int = 1) -> int:
-    """A port with ``span - 1`` free ports after it (the ring takes one per rank)."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + span > 65535:
-            continue
-        try:
-            for port in range(base, base + span):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no free ports")
 
 
 def write_hostfile(path: Path, ranks: int = 2) -> Path:

@@ -25,6 +25,7 @@ from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from kvcache.store import DiskStore
 from kvcache.store_format import session_row
 from tests.core.distributed.group_fixture import needs_ring, start_group
+from tests.kvcache.model_families import write_family
 
 pytestmark = [needs_ring, pytest.mark.distributed]
 
@@ -231,3 +232,25 @@ def test_a_split_hybrid_model_answers_as_one_process(tmp_path):
         if stopped is not None:
             os.kill(stopped, signal.SIGCONT)
         group.stop()
+
+
+def test_a_split_mla_and_linear_attention_model_answers_as_one_process_and_restores(tmp_path):
+    # kimi_k3: MLA layers (a latent and a rope part, paged) after linear-attention layers
+    # (state snapshotted), split by heads; every rank holds the whole latent
+    from tests.core.distributed.test_pipeline import restarted_group_restores, stored_kv_shapes
+
+    model = write_family(tmp_path / "tiny-kimi-k3", "kimi_k3", max_position_embeddings=8192)
+    expected = expectations(model)
+    data = tmp_path / "data"
+    group = start_group(model, data, tmp_path)
+    try:
+        assert "1 of 2 KV heads each" in group.output()
+        first_group(group, expected)
+    finally:
+        group.stop()
+    for rank in (0, 1):  # the MLA layer's latent (1 x 16) and rope part (1 x 8), whole on each rank
+        shapes = stored_kv_shapes(data / rank_cache_name(rank, 2))
+        assert shapes and all(
+            [(s[0], s[2]) for s in page] == [(1, 16), (1, 8)] for page in shapes
+        ), shapes
+    restarted_group_restores(model, data, tmp_path, expected)

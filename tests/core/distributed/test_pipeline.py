@@ -21,6 +21,7 @@ from tests.core.distributed.test_group import (
     follow_up,
     text,
 )
+from tests.kvcache.model_families import write_family
 
 pytestmark = [needs_ring, pytest.mark.distributed]
 
@@ -69,11 +70,16 @@ def test_a_dense_model_pipelined_when_asked_answers_as_one_process_and_restores(
 
 
 def test_a_hybrid_model_only_mlx_lm_pipelines_runs_pipelined_and_restores(tmp_path):
-    # qwen3_next (linear-attention layers alternating with full ones) has no tensor split:
-    # the group pipelines it by itself; each rank holds one linear and one full layer
-    model = write_tiny_model(
+    # qwen3_next (linear-attention layers, a full one every 4th) has no tensor split: the
+    # group pipelines it by itself. Layers 0-2 are linear attention, 3 full: one rank's slice
+    # is linear only (snapshots, no pages: cached as a pure recurrent model is), the other's
+    # pages its full layer and snapshots its linear one
+    model = write_family(
         tmp_path / "tiny-qwen3-next",
-        TinyModelSpec(kind="recurrent", num_layers=4, max_position_embeddings=8192),
+        "qwen3_next",
+        num_hidden_layers=4,
+        full_attention_interval=4,
+        max_position_embeddings=8192,
     )
     expected = expectations(model)
     data = tmp_path / "data"
@@ -83,4 +89,32 @@ def test_a_hybrid_model_only_mlx_lm_pipelines_runs_pipelined_and_restores(tmp_pa
         first_group(group, expected)
     finally:
         group.stop()
+    # on disk: one rank's pages hold K/V arrays, the linear-only rank's none (its snapshots do)
+    paged = [stored_kv_shapes(data / rank_cache_name(rank, 2)) for rank in (0, 1)]
+    assert sorted(any(paged[rank]) for rank in (0, 1)) == [False, True], paged
     restarted_group_restores(model, data, tmp_path, expected)
+
+
+def test_an_mla_model_pipelined_answers_as_one_process_and_restores(tmp_path):
+    # deepseek_v3 caches one compressed latent per token as its keys (16 wide here) and the
+    # rope part as its values (8 wide): pages of their own shapes, 2 of 4 layers a rank
+    model = write_family(
+        tmp_path / "tiny-deepseek-v3",
+        "deepseek_v3",
+        num_hidden_layers=4,
+        max_position_embeddings=8192,
+    )
+    expected = expectations(model)
+    data = tmp_path / "data"
+    group = start_group(model, data, tmp_path, ("--split", "pipeline"))
+    try:
+        assert "pipelined: 2 of 4 layers each" in group.output()
+        first_group(group, expected)
+    finally:
+        group.stop()
+    for rank in (0, 1):  # each rank's slice: its 2 layers' latent (1 x 16) and rope part (1 x 8)
+        shapes = stored_kv_shapes(data / rank_cache_name(rank, 2))
+        assert shapes and all(
+            [(s[0], s[2]) for s in page] == [(1, 16), (1, 8)] * 2 for page in shapes
+        ), shapes
+    restarted_group_restores(model, data, tmp_path, expected, ("--split", "pipeline"))

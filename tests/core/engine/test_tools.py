@@ -12,7 +12,7 @@ from core.engine.constrain import ToolMarkup
 from core.engine.tools import ToolCallText, template_message
 from core.engine.types import ChatMessage, GenerationRequest, ToolCall
 from core.errors import UserError
-from core.models.chat_template import read_chat_template, shipped_template
+from core.models.load.chat_template import read_chat_template, shipped_template
 
 MARKUP = ToolMarkup(
     json_tools.tool_call_start, json_tools.tool_call_end, json_tools.parse_tool_call, True

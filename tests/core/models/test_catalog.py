@@ -11,7 +11,6 @@ import pytest
 
 from core.errors import UserError
 from core.models import catalog as catalog_module
-from core.models import provision
 from core.models.catalog import (
     CatalogEntry,
     entry_for_path,
@@ -22,6 +21,7 @@ from core.models.catalog import (
 from core.models.catalog import (
     model_catalog as catalog,
 )
+from core.models.pypi import provision
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 
 GGUF_PARAMETERS = 16 * 8 + 8 * 8 + 4 * 64

@@ -1,0 +1,382 @@
+"""``radixchat bench NAME``: the benchmarks (core/cli/bench/, the app's in app/bench_gui.py).
+Listed apart from the user's commands in ``radixchat --help``."""
+
+from __future__ import annotations
+
+import argparse
+
+from core.cli.commands.options import JSON_HELP, MODEL_HELP, REPEATS_HELP, add_data_dir, positive
+
+NAME = "bench"
+SUMMARY = (
+    "benchmarks (radixchat bench --help lists them)"  # radixchat --help's line, "for developers"
+)
+
+
+def add_parser(subparsers) -> None:
+    bench = subparsers.add_parser(
+        NAME,
+        description="The benchmarks: each prints its figures (one JSON object "
+        "with --json); docs/benchmarks.md has what they measured.",
+    )
+    # (no help=: argparse does not list it among the user's commands; core.cli.main lists it apart)
+    benches = bench.add_subparsers(dest="bench_command", required=True)
+    for add in (
+        _hostile,
+        _cpu,
+        _multiturn,
+        _restore,
+        _pressure,
+        _distributed,
+        _serve,
+        _agent,
+        _constrain,
+        _fairness,
+        _pull,
+        _gui,
+    ):
+        add(benches)
+
+
+def _with_model(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    add_data_dir(parser)
+    parser.add_argument("--model", default="default", help=MODEL_HELP)
+    return parser
+
+
+def _hostile(benches) -> None:
+    hostile = _with_model(
+        benches.add_parser(
+            "hostile",
+            help="what a flood of connections, a client that never reads and a "
+            "huge body cost another client (target: answers within 2 s)",
+        )
+    )
+    hostile.add_argument(
+        "--scenes",
+        nargs="+",
+        choices=("quiet", "flood", "greedy", "tools"),
+        help="default: all (quiet: nobody attacking, the reference)",
+    )
+    hostile.add_argument(
+        "--connections", type=positive, default=2100, help="flood: half-sent request heads held"
+    )
+    hostile.add_argument(
+        "--streams", type=positive, default=16, help="greedy: key A's streams that are never read"
+    )
+    hostile.add_argument(
+        "--long-tokens", type=positive, default=2000, help="greedy: each stream's max_tokens"
+    )
+    hostile.add_argument(
+        "--tools", type=positive, default=30_000, help="tools: tools in each of key A's bodies"
+    )
+    hostile.add_argument(
+        "--probes", type=positive, default=5, help="the other client's requests per scene"
+    )
+    hostile.add_argument(
+        "--kv-tokens", type=positive, default=32768, help="the server's KV pool, in tokens"
+    )
+    hostile.add_argument("--json", action="store_true", help=JSON_HELP)
+    hostile.set_defaults(run=run_hostile)
+
+
+def run_hostile(args: argparse.Namespace) -> int:
+    from core.cli.bench.hostile import run_bench_hostile
+
+    return run_bench_hostile(args)
+
+
+def _cpu(benches) -> None:
+    cpu = _with_model(
+        benches.add_parser("cpu", help="CPU backend setups: OpenBLAS and weight formats")
+    )
+    cpu.add_argument("--repeats", type=int, default=3, help=REPEATS_HELP)
+    cpu.add_argument(
+        "--prompt-tokens", type=int, default=256, help="prompt length (default: %(default)s)"
+    )
+    cpu.add_argument(
+        "--decode-tokens",
+        type=int,
+        default=32,
+        help="tokens decoded after it (default: %(default)s)",
+    )
+    cpu.add_argument("--json", action="store_true", help=JSON_HELP)
+    cpu.set_defaults(run=run_cpu)
+
+
+def run_cpu(args: argparse.Namespace) -> int:
+    from core.cli.bench.cpu import run_bench_cpu
+
+    return run_bench_cpu(args)
+
+
+def _multiturn(benches) -> None:
+    multiturn = _with_model(
+        benches.add_parser("multiturn", help="a greedy N-turn chat: cached vs uncached vs mlx-lm")
+    )
+    multiturn.add_argument(
+        "--turns", type=int, default=8, help="turns of the chat (default: %(default)s)"
+    )
+    multiturn.add_argument("--max-tokens", type=int, default=48, help="reply length per turn")
+    multiturn.add_argument(
+        "--repeats", type=int, default=3, help="repetitions (medians are reported)"
+    )
+    multiturn.add_argument("--page-size", type=int, help="tokens per KV page")
+    multiturn.add_argument(
+        "--segment-mb",
+        type=float,
+        help="the KV pool grows by this many MiB at a time (0: all at once; default 32)",
+    )
+    multiturn.add_argument("--json", action="store_true", help=JSON_HELP)
+    multiturn.set_defaults(run=run_multiturn)
+
+
+def run_multiturn(args: argparse.Namespace) -> int:
+    from core.cli.bench.multiturn import run_bench_multiturn
+
+    return run_bench_multiturn(args)
+
+
+def _restore(benches) -> None:
+    restore = _with_model(
+        benches.add_parser("restore", help="TTFT after a restart: restored vs recomputed vs RAM")
+    )
+    restore.add_argument("--tokens", type=int, default=2000, help="length of the session's history")
+    restore.add_argument("--repeats", type=int, default=3, help=REPEATS_HELP)
+    restore.add_argument(
+        "--api",
+        action="store_true",
+        help="an unnamed API client's prompt (disk tier by tokens) instead of a chat session",
+    )
+    restore.add_argument("--json", action="store_true", help=JSON_HELP)
+    restore.set_defaults(run=run_restore)
+
+
+def run_restore(args: argparse.Namespace) -> int:
+    if args.api:
+        from core.cli.bench.restore_api import run_bench_restore_api
+
+        return run_bench_restore_api(args)
+    from core.cli.bench.restore import run_bench_restore
+
+    return run_bench_restore(args)
+
+
+def _pressure(benches) -> None:
+    pressure = _with_model(
+        benches.add_parser(
+            "pressure", help="a pool a quarter of the working set: disk tier vs RAM only"
+        )
+    )
+    pressure.add_argument(
+        "--clients", type=int, default=16, help="clients cycling through their prompts"
+    )
+    pressure.add_argument("--tokens", type=int, default=1000, help="each client's prompt length")
+    pressure.add_argument(
+        "--rounds", type=int, default=3, help="times each client sends its prompt"
+    )
+    pressure.add_argument("--repeats", type=int, default=3, help=REPEATS_HELP)
+    pressure.add_argument("--json", action="store_true", help=JSON_HELP)
+    pressure.set_defaults(run=run_pressure)
+
+
+def run_pressure(args: argparse.Namespace) -> int:
+    from core.cli.bench.pressure import run_bench_pressure
+
+    return run_bench_pressure(args)
+
+
+def _distributed(benches) -> None:
+    distributed = benches.add_parser(
+        "distributed",
+        help="the same greedy chat on 1 process and split over 2 "
+        "ranks on loopback: TTFT and decode, cached and not",
+    )
+    add_data_dir(distributed)
+    distributed.add_argument(
+        "--model", help="a model that splits over 2 (default: a generated llama)"
+    )
+    distributed.add_argument(
+        "--prompt-tokens", default="128,1024", help="prompt lengths, comma separated"
+    )
+    distributed.add_argument("--max-tokens", type=int, default=32, help="reply length")
+    distributed.add_argument(
+        "--kv-tokens", type=int, default=16384, help="KV pool of each server, in tokens"
+    )
+    distributed.add_argument(
+        "--repeats", type=int, default=3, help="repetitions (medians are reported)"
+    )
+    distributed.add_argument(
+        "--split",
+        choices=("tensor", "pipeline"),
+        default="tensor",
+        help="how the 2 ranks split the model (pipeline: the default model is a qwen2)",
+    )
+    distributed.add_argument("--json", action="store_true", help=JSON_HELP)
+    distributed.set_defaults(run=run_distributed)
+
+
+def run_distributed(args: argparse.Namespace) -> int:
+    from core.cli.bench.distributed import run_bench_distributed
+
+    return run_bench_distributed(args)
+
+
+def _serve(benches) -> None:
+    serve = _with_model(
+        benches.add_parser(
+            "serve",
+            help="API decode throughput: N concurrent streaming clients "
+            "vs one (--against mlx-lm: and vs mlx_lm.server)",
+        )
+    )
+    serve.add_argument(
+        "--streams",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="concurrent clients, besides one (default: 4; 4 8 with --against)",
+    )
+    serve.add_argument(
+        "--against",
+        choices=("mlx-lm",),
+        help="also mlx_lm.server on the same weights; both servers as subprocesses, "
+        "interleaved run by run",
+    )
+    serve.add_argument("--max-tokens", type=int, default=64, help="reply length per request")
+    serve.add_argument("--repeats", type=int, default=3, help="repetitions (medians are reported)")
+    serve.add_argument("--json", action="store_true", help=JSON_HELP)
+    serve.set_defaults(run=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    if args.against:
+        from core.cli.bench.serve_against import run_bench_serve_against
+
+        return run_bench_serve_against(args)
+    from core.cli.bench.serve import run_bench_serve
+
+    return run_bench_serve(args)
+
+
+def _agent(benches) -> None:
+    agent = _with_model(
+        benches.add_parser(
+            "agent",
+            help="a coding-agent session with tools: TTFT, ours vs "
+            "ours without cache vs mlx_lm.server",
+        )
+    )
+    agent.add_argument("--max-tokens", type=int, default=16, help="reply length per request")
+    agent.add_argument("--repeats", type=int, default=1, help="repetitions (medians are reported)")
+    agent.add_argument("--rounds", type=int, default=10, help="tool rounds per agent")
+    agent.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help="a Jinja chat template that takes tools (for models whose own does not)",
+    )
+    agent.add_argument(
+        "--endpoint",
+        choices=("messages", "chat"),
+        default="messages",
+        help="drive our server through /v1/messages (Anthropic) or /v1/chat/completions "
+        "(mlx_lm.server always gets /v1/chat/completions)",
+    )
+    agent.add_argument(
+        "--nocache-every",
+        type=int,
+        default=1,
+        metavar="K",
+        help="our server without cache runs only every K-th request (the ratio is taken "
+        "over those; 1: all of them)",
+    )
+    agent.add_argument(
+        "--skip-nocache", action="store_true", help="leave out our server without cache"
+    )
+    agent.add_argument("--json", action="store_true", help=JSON_HELP)
+    agent.set_defaults(run=run_agent)
+
+
+def run_agent(args: argparse.Namespace) -> int:
+    from core.cli.bench.agent import run_bench_agent
+
+    return run_bench_agent(args)
+
+
+def _constrain(benches) -> None:
+    constrain = _with_model(
+        benches.add_parser("constrain", help="what constrained decoding costs per token")
+    )
+    constrain.add_argument("--max-tokens", type=int, default=48, help="reply length per request")
+    constrain.add_argument(
+        "--repeats", type=int, default=3, help="repetitions (medians are reported)"
+    )
+    constrain.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help="a Jinja chat template that takes tools "
+        "(for models whose own does not: the tool_required mode needs one)",
+    )
+    constrain.add_argument("--json", action="store_true", help=JSON_HELP)
+    constrain.set_defaults(run=run_constrain)
+
+
+def run_constrain(args: argparse.Namespace) -> int:
+    from core.cli.bench.constrain import run_bench_constrain
+
+    return run_bench_constrain(args)
+
+
+def _fairness(benches) -> None:
+    fairness = _with_model(
+        benches.add_parser(
+            "fairness",
+            help="a stream's inter-token gaps while another client's long prompt is prefilled",
+        )
+    )
+    fairness.add_argument(
+        "--long-tokens", type=int, default=3000, help="the long prompt's length, tokens"
+    )
+    fairness.add_argument(
+        "--max-tokens", type=int, default=64, help="the stream's reply alone, tokens"
+    )
+    fairness.add_argument(
+        "--repeats", type=int, default=3, help="repetitions (medians are reported)"
+    )
+    fairness.add_argument("--json", action="store_true", help=JSON_HELP)
+    fairness.set_defaults(run=run_fairness)
+
+
+def run_fairness(args: argparse.Namespace) -> int:
+    from core.cli.bench.fairness import run_bench_fairness
+
+    return run_bench_fairness(args)
+
+
+def _pull(benches) -> None:
+    pull = benches.add_parser(
+        "pull", help="`radixchat pull` from a loopback hub vs curl (source checkout)"
+    )
+    pull.add_argument("--mb", type=int, default=500, help="size of the weights file, MiB")
+    pull.add_argument("--repeats", type=int, default=3, help="repetitions (medians are reported)")
+    pull.add_argument("--json", action="store_true", help=JSON_HELP)
+    pull.set_defaults(run=run_pull)
+
+
+def run_pull(args: argparse.Namespace) -> int:
+    from core.cli.bench.pull import run_bench_pull
+
+    return run_bench_pull(args)
+
+
+def _gui(benches) -> None:
+    gui = _with_model(
+        benches.add_parser("gui", help="the app's event-loop latency while a reply streams")
+    )
+    gui.add_argument("--max-tokens", type=int, default=128, help="reply length")
+    gui.add_argument(
+        "--repeats", type=int, default=3, help="replies measured (medians are reported)"
+    )
+    gui.add_argument("--json", action="store_true", help=JSON_HELP)
+    # the app runs it (app/bench_gui.py): core.cli.main hands it to the app
+    gui.set_defaults(run=None)

@@ -1,0 +1,26 @@
+"""``radixchat models [rm NAME]``: the models here; deleting one from the hub."""
+
+from __future__ import annotations
+
+import argparse
+
+from core.cli.commands.options import add_data_dir
+
+
+def add_parser(subparsers) -> None:
+    models = subparsers.add_parser("models", help="list the models available locally")
+    add_data_dir(models)
+    models_sub = models.add_subparsers(dest="models_command")
+    models_rm = models_sub.add_parser(
+        "rm", help="delete a model downloaded from the hub, and its cached KV"
+    )
+    add_data_dir(models_rm)
+    models_rm.add_argument("name", help="as `radixchat models` lists it: REPO or REPO:FILE.gguf")
+    models_rm.add_argument("-y", "--yes", action="store_true", help="do not ask first")
+    models.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from core.cli.hub import run_models
+
+    return run_models(args)

@@ -1,0 +1,124 @@
+"""``radixchat serve``: the OpenAI- and Anthropic-compatible API, on this machine
+(core/cli/serve.py) or with the model split over several (``--hosts``: core/cli/serve_group.py)."""
+
+from __future__ import annotations
+
+import argparse
+
+from core.cli.commands.options import MAX_PROMPT_HELP, MODEL_HELP, add_data_dir, port, positive
+from core.limits import MAX_CONNECTIONS, MAX_SCHEMA_BYTES, MAX_TOOLS
+
+
+def add_parser(subparsers) -> None:
+    serve = subparsers.add_parser(
+        "serve", help="serve the OpenAI- and Anthropic-compatible API until Ctrl-C"
+    )
+    add_data_dir(serve)
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (beyond loopback needs --api-key)"
+    )
+    serve.add_argument(
+        "--port",
+        type=port,
+        default=8000,
+        help="port to listen on (0: a free one; default: %(default)s)",
+    )
+    serve.add_argument("--model", default="default", help=MODEL_HELP)
+    serve.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="require 'Authorization: Bearer KEY' (default: $RADIXCHAT_API_KEY); repeatable: "
+        "each key is a client of its own, whose cached prompts no other key's requests reach",
+    )
+    serve.add_argument(
+        "--api-keys-file",
+        metavar="FILE",
+        help="more keys, one a line ('#' starts a comment), as for --api-key",
+    )
+    serve.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="let web pages from this origin (like http://localhost:3000) call the API; "
+        "repeatable ('*': any page). Without it, requests from browsers are refused",
+    )
+    serve.add_argument(
+        "--kv-tokens", type=int, help="KV pool size in tokens (default: from free memory)"
+    )
+    serve.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="compute every prompt whole: no prefix cache, no disk cache (for comparisons)",
+    )
+    serve.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help="a Jinja chat template replacing the model's own (e.g. one that takes tools)",
+    )
+    serve.add_argument("--max-prompt-tokens", type=positive, metavar="N", help=MAX_PROMPT_HELP)
+    serve.add_argument(
+        "--max-tools",
+        type=positive,
+        default=MAX_TOOLS,
+        metavar="N",
+        help=f"tools one request may bring (default: {MAX_TOOLS})",
+    )
+    serve.add_argument(
+        "--max-schema-bytes",
+        type=positive,
+        default=MAX_SCHEMA_BYTES,
+        metavar="N",
+        help="bytes of JSON one request's tools and response schema may come to "
+        f"(default: {MAX_SCHEMA_BYTES:,}; checking a schema costs ~10 µs a byte)",
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=positive,
+        default=MAX_CONNECTIONS,
+        metavar="N",
+        help=f"connections held open at once (default: {MAX_CONNECTIONS:,}; kept below the "
+        "open-file limit, which is raised where the system allows); past it the one idle "
+        "longest is closed",
+    )
+    serve.add_argument(
+        "--hosts",
+        metavar="HOSTFILE",
+        help="run the model split over the machines of an mlx.launch hostfile (ring backend; "
+        "this machine first: it serves the API); see README",
+    )
+    serve.add_argument(
+        "--ring-port", type=port, help="with --hosts: the ring's first port (default: mlx.launch's)"
+    )
+    serve.add_argument(
+        "--backend",
+        choices=("ring", "jaccl"),
+        help="with --hosts: MLX's ring (TCP, any network) or JACCL (RDMA over Thunderbolt 5, "
+        'macOS 26.2+) (default: the hostfile\'s "backend", else ring)',
+    )
+    serve.add_argument(
+        "--split",
+        choices=("auto", "tensor", "pipeline"),
+        default="auto",
+        help="with --hosts: split each layer's heads over the hosts (tensor), or the layers "
+        "(pipeline, for the architectures mlx-lm pipelines); auto: tensor where it can",
+    )
+    # a rank started by --hosts
+    serve.add_argument("--group-member", action="store_true", help=argparse.SUPPRESS)
+    serve.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.group_member:
+        from core.cli.serve_group import run_group_member
+
+        return run_group_member(args)
+    if args.hosts:
+        from core.cli.serve_group import run_group
+
+        return run_group(args)
+    from core.cli.serve import run_serve
+
+    return run_serve(args)
