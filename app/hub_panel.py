@@ -273,7 +273,17 @@ class HubPanel(QWidget):
             fit = estimate_fit("gguf", f.size, None, self.on_cpu)
             self.file_box.addItem(f"{f.path} · {human_bytes(f.size)} · {fit.label}", f.path)
         self.file_box.setVisible(bool(files))
-        self.say(f"{len(files)} GGUF files: choose one" if files else f"{repo_id} has no GGUF file")
+        default = client.default_gguf(files, self.on_cpu)
+        if default is not None:
+            self.file_box.setCurrentIndex(self.file_box.findData(default[0].path))
+        if default is not None and len(files) > 1:
+            self.say(
+                f"{len(files)} GGUF files: {default[0].path} ({default[1]}), or choose another"
+            )
+        else:
+            self.say(
+                f"{len(files)} GGUF files: choose one" if files else f"{repo_id} has no GGUF file"
+            )
         self._update_buttons()
 
     def selected_result(self) -> SearchResult | None:

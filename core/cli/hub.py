@@ -118,6 +118,8 @@ def run_pull(args) -> int:
             choice = f"{safe(repo_id)}:{safe(f.path):<40} {human(f.size):>9}"
             print(f"  {choice}  {describe_fit(fit)}", file=sys.stderr)
         return 2
+    if plan.note:
+        print(f"radixchat: {safe(plan.note)}", file=sys.stderr)
     have = download.partial_bytes(plan)
     print(
         f"radixchat: {safe(plan.spec)}: {len(plan.files)} files, {human(plan.size_bytes)}"

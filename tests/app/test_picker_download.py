@@ -167,6 +167,7 @@ def test_gguf_files_unsupported_families_and_errors(qtbot, picker, loopback_hub,
         "tiny-Q8_0.gguf"
     ) and "fits" in panel.file_box.itemText(0)
     assert panel.target() == f"{TWO_GGUF}:tiny-Q8_0.gguf" and panel.download_button.isEnabled()
+    assert panel.status.text().startswith("2 GGUF files: tiny-Q8_0.gguf (the smallest that fits")
 
     monkeypatch.setenv("HF_ENDPOINT", free_port_url())  # offline: one line, and the window answers
     _search(qtbot, dialog, "qwen")
