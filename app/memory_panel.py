@@ -297,10 +297,17 @@ class MemoryPanel(ChartPanel):
                 + (f" · {human_bytes(written)} written" if written else "")
                 + (" · writes stopped (disk full)" if stopped else "")
             )
+            made = getattr(stats, "derived_bytes", 0)
             self.values["diskCache"].setToolTip(
                 FIGURE_TIPS["diskCache"]
                 + "\n\n"
                 + (str(stopped) if stopped else "“written”: bytes written since the model loaded")
+                + (
+                    f"\n\nThe budget counts {human_bytes(made)} of files made from models at "
+                    "load (tokenizers, kept conversions): Model… › Delete Derived Files"
+                    if made
+                    else ""
+                )
             )
         else:
             self.values["diskCache"].setText("off" if name else "—")

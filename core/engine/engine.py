@@ -43,6 +43,7 @@ from core.engine.handle import PreparedPrompt, RequestHandle
 from core.engine.prompt import PromptLimit, Prompts
 from core.engine.types import DoneEvent, ErrorEvent, Event, GenerationRequest, RequestStats
 from core.errors import ErrorKind, ModelLoadError, UserError
+from core.models.derived import derived_bytes
 from kvcache.stats import CacheStats, DiskTierStats
 
 if TYPE_CHECKING:  # core.models.load.loader imports mlx: only the engine thread loads it
@@ -73,6 +74,8 @@ class EngineStats:
     rss_bytes: int = 0  # the whole process (read when stats() is called)
     disk_cache_bytes: int = 0  # the KV cache database on disk, WAL included (idem)
     disk_cache_budget_bytes: int = 0  # 0 while the disk cache is off
+    # files made from models at load (tokenizers, kept conversions), counted in the budget
+    derived_bytes: int = 0
     disk: DiskTierStats | None = None  # the disk tier's reads and writes (None while off)
 
 
@@ -128,6 +131,7 @@ class Engine:
         self._pool_segment_bytes = pool_segment_bytes  # None: the builder's default; 0: no segments
         self._disk_cache = disk_cache
         self._disk_budget = disk_budget_bytes
+        self._derived_bytes = 0  # the data folder's derived files, measured at each load
         self._disk_min_tokens = disk_min_tokens  # unnamed requests shorter than this stay off disk
         self._persister = None  # kvcache.persist.DiskTier, engine thread only
         self.disk_cache_error: str | None = None  # why the disk cache is off, if it is
@@ -196,12 +200,13 @@ class Engine:
                 except OSError:
                     pass
         persister = self._persister
-        budget = (self._disk_budget or paths.default_disk_budget()) if persister is not None else 0
+        budget = self._kv_disk_budget() if persister is not None else 0
         return dataclasses.replace(
             self._stats,
             rss_bytes=rss,
             disk_cache_bytes=disk,
             disk_cache_budget_bytes=budget,
+            derived_bytes=self._derived_bytes,
             disk=persister.stats() if persister is not None else None,
         )
 
@@ -373,7 +378,7 @@ class Engine:
                     path,
                     self._prefix_cache,
                     fingerprint,
-                    self._disk_budget or paths.default_disk_budget(),
+                    self._kv_disk_budget(),
                     MIN_WRITE_TOKENS if self._disk_min_tokens is None else self._disk_min_tokens,
                 )
             except DiskStoreError as exc:
@@ -394,6 +399,12 @@ class Engine:
             log.warning("disk cache off: %s", error)
             return None
         return None
+
+    def _kv_disk_budget(self) -> int:
+        """The disk budget less what the models' derived files take (a tokenizer, a kept
+        conversion: ``core.models.derived``), down to a quarter of it at least."""
+        budget = self._disk_budget or paths.default_disk_budget()
+        return max(budget - self._derived_bytes, budget // 4)
 
     def _forget(self, session: str, namespace: str) -> None:
         if self._prefix_cache is not None:
@@ -549,6 +560,7 @@ class Engine:
         from kvcache.builder import DEFAULT_PAGE_SIZE, build_kv_cache
         from kvcache.prefix_cache import PrefixCache
 
+        self._derived_bytes = derived_bytes(self.data_root)  # counted against the disk budget
         build = build_kv_cache(
             loaded.model,
             weight_bytes=loaded.info.weight_bytes,
