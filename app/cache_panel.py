@@ -285,8 +285,7 @@ class CachePanel(ChartPanel):
             )
             served = last.hit / last.prompt if last.prompt else 0.0
             self.set_summary(
-                f"Last turn {percent(served)} from the cache · first token "
-                f"{duration(last.ttft_s)} · chat {percent(rate)}"
+                f"Last turn {percent(served)} cached · first token {duration(last.ttft_s)}"
             )
         self._show_namespace()
 

@@ -37,18 +37,22 @@ class CollapsibleSection(QWidget):
         self.summary.setForegroundRole(QPalette.ColorRole.PlaceholderText)  # dim
         self.summary.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.summary.hide()
-        panel.summaryChanged.connect(self.summary.setText)
-        self.summary.setText(panel.summary)
+        panel.summaryChanged.connect(self._show_summary)
+        self._show_summary(panel.summary)
 
         self.header = QHBoxLayout()
         self.header.setContentsMargins(4, 2, 8, 2)
-        self.header.addWidget(self.button)
+        self.header.addWidget(self.button, 0, Qt.AlignmentFlag.AlignLeft)
         self.header.addWidget(self.summary, 1)
         column = QVBoxLayout(self)
         column.setContentsMargins(0, 0, 0, 0)
         column.setSpacing(0)
         column.addLayout(self.header)
         column.addWidget(panel, 1)
+
+    def _show_summary(self, text: str) -> None:
+        self.summary.setText(text)
+        self.summary.setToolTip(text)  # whole, where the panel is too narrow for it
 
     @property
     def collapsed(self) -> bool:

@@ -110,11 +110,18 @@ class MainWindow(ChatReplies, QMainWindow):
             "cache": CollapsibleSection("Cache", self.cache_panel),
             "memory": CollapsibleSection("Memory", self.memory_panel),
         }
-        self.panels = QSplitter(Qt.Orientation.Vertical)
-        self.panels.setObjectName("panelsSplitter")
+        self.panel_splitter = QSplitter(Qt.Orientation.Vertical)
+        self.panel_splitter.setObjectName("panelsSplitter")
         for section in self.sections.values():
-            self.panels.addWidget(section)
+            self.panel_splitter.addWidget(section)
             section.toggled.connect(self._on_section_folded)
+        # folded sections are one line high: the room they leave goes to a stretch below, so
+        # the splitter's small height never caps the window's (View › Show Panels: this column)
+        self.panels = QWidget()
+        panel_column = QVBoxLayout(self.panels)
+        panel_column.setContentsMargins(0, 0, 0, 0)
+        panel_column.addWidget(self.panel_splitter, 1)
+        panel_column.addStretch(0)
         self.splitter = QSplitter(Qt.Orientation.Horizontal)
         self.splitter.setObjectName("mainSplitter")
         self.splitter.addWidget(self.sessions)

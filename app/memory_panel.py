@@ -316,7 +316,7 @@ class MemoryPanel(ChartPanel):
             " · ".join(
                 part
                 for part in (
-                    name or "No model",
+                    "" if name else "No model",
                     f"RSS {human_bytes(stats.rss_bytes)}" if stats.rss_bytes else "",
                     f"MLX {human_bytes(stats.mlx_active_bytes)}" if model is not None else "",
                     f"KV {percent(used / total)} used" if total > 0 else "",

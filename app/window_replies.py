@@ -31,6 +31,13 @@ class WaitingAsk:
     from_composer: bool
 
 
+def chat_title(turn: ChatTurn, chars: int = 40) -> str:
+    """The chat of ``turn`` as the status line names it: its title, else (a new chat, titled
+    once its first reply is saved) the start of the message."""
+    text = turn.session.title or " ".join(turn.prompt.split())
+    return text if len(text) <= chars else text[: chars - 1] + "…"
+
+
 class ChatReplies:
     """Sending, stopping, queueing and receiving replies (see the module docstring)."""
 
@@ -203,7 +210,7 @@ class ChatReplies:
         return self.session is not None and self.session.id == turn.session.id
 
     def _waits_text(self) -> str:
-        title = (self._turn.session.title or "a new chat") if self._turn is not None else ""
+        title = chat_title(self._turn) if self._turn is not None else ""
         return f"Waits for the reply in “{title}” to end (Esc takes it back)"
 
     def _give_back(self, turn: ChatTurn, from_composer: bool) -> None:
@@ -263,7 +270,7 @@ class ChatReplies:
                 f"{served} from the cache · TTFT {stats.ttft_s:.2f} s"
             )
         else:
-            self._set_state_text(f"The reply in “{turn.session.title or 'a new chat'}” is done")
+            self._set_state_text(f"The reply in “{chat_title(turn)}” is done")
         saved = turn.save(
             self.store,
             text,
@@ -296,6 +303,6 @@ class ChatReplies:
                 self.chat.add_error(message)
                 self._set_state_text(f"Error: {message}")
             else:
-                title = turn.session.title or "a new chat"
+                title = chat_title(turn)
                 self._set_state_text(f"The reply in “{title}” failed: {message}")
         self._start_next()

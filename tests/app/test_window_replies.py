@@ -65,7 +65,9 @@ def test_chats_open_new_and_settings_work_while_a_reply_streams(qtbot, open_wind
     _send(qtbot, window, "and you?")
     assert len(engine.requests) == 1  # waits for the first reply
     assert _shown(window) == [("user", "and you?"), ("assistant", "")]
-    assert "Waits for the reply" in window.state_label.text()
+    assert window.state_label.text() == (
+        "Waits for the reply in “tell me a story” to end (Esc takes it back)"
+    )
     assert window.composer.stop_button.isEnabled() and window.composer.text() == ""
 
     with qtbot.waitSignal(bridge.token, timeout=WAIT_MS):
