@@ -39,7 +39,7 @@ def test_a_download_goes_on_after_the_picker_closes(qtbot, open_window, tmp_path
         if panel.results.topLevelItem(r).text(0) == BIG_MLX
     )
     panel.results.setCurrentItem(panel.results.topLevelItem(row))
-    loopback_hub.rate = 10e6  # a few seconds for its 27 MB
+    loopback_hub.rate = 2e6  # about 14 s for its 27 MB: it is still running when checked
     manager = window.downloads
     with qtbot.waitSignal(
         manager.progressed, timeout=WAIT_MS, check_params_cb=lambda t, p: _partway(p)
@@ -83,7 +83,7 @@ def test_the_window_closing_stops_downloads_and_keeps_their_bytes(
 ):
     window, bridge, store = open_window(engine=ScriptedEngine(tmp_path))
     manager = window.downloads
-    loopback_hub.rate = 10e6
+    loopback_hub.rate = 2e6  # still running when the window closes
     with qtbot.waitSignal(
         manager.progressed, timeout=WAIT_MS, check_params_cb=lambda t, p: _partway(p)
     ):
