@@ -233,7 +233,7 @@ class DownloadsDialog(QDialog):
         self.tree.currentItemChanged.connect(self._update_buttons)
         self.tree.itemDoubleClicked.connect(self._on_load)
         self.empty = QLabel("No download yet: search the hub under Model… › Download.")
-        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button = QPushButton("Cancel Download")
         self.cancel_button.setToolTip("Stop it; what came so far is kept, to resume later")
         self.cancel_button.clicked.connect(self._on_cancel)
         self.resume_button = QPushButton("Resume")
