@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 
+from core.api.request_log import LoggedRequest, RequestLog
 from core.api.server import ApiServer
 from core.engine import namespaces
 from core.engine.types import (
@@ -96,6 +97,7 @@ class EngineBridge(QObject):
         self._shut_down = False  # after shutdown() the public signals stay silent
         self._server: ApiServer | None = None
         self._server_stopping: threading.Thread | None = None
+        self._request_log: RequestLog | None = None
         self._relay.connect(self._emit_public, Qt.ConnectionType.QueuedConnection)
         self._poll = QTimer(self)
         self._poll.timeout.connect(self.poll_stats)
@@ -171,10 +173,9 @@ class EngineBridge(QObject):
         ``sampling`` holds SamplingParams fields (other keys are ignored)."""
         if self._handle is not None:
             raise RuntimeError("a reply is still being generated")
-        params = {k: v for k, v in sampling.items() if k in _SAMPLING_KEYS}
         request = GenerationRequest(
             messages=tuple(ChatMessage(role, content) for role, content in messages),
-            sampling=SamplingParams(**{**params, "stop": tuple(params.get("stop", ()))}),
+            sampling=self.sampling_params(sampling),
             session=session,
             priority=CHAT_PRIORITY,  # a person is watching: ahead of waiting API requests
             cache_namespace=namespaces.APP,  # the chats' own: no API client shares their prefixes
@@ -185,6 +186,16 @@ class EngineBridge(QObject):
             target=self._read, args=(self._handle,), name="radixchat-bridge-reply", daemon=True
         ).start()
 
+    @staticmethod
+    def sampling_params(sampling: dict) -> SamplingParams:
+        """The engine's sampling for a chat's settings dict (other keys are ignored); raises
+        ValueError for a bad setting."""
+        params = {k: v for k, v in sampling.items() if k in _SAMPLING_KEYS}
+        try:
+            return SamplingParams(**{**params, "stop": tuple(params.get("stop", ()))})
+        except TypeError as exc:  # a value of the wrong type, written by hand
+            raise ValueError(str(exc)) from None
+
     def cancel(self) -> None:
         if self._handle is not None:
             self._handle.cancel()
@@ -194,16 +205,33 @@ class EngineBridge(QObject):
         """``http://127.0.0.1:PORT`` while the API server runs, else None."""
         return self._server.address if self._server is not None else None
 
-    def start_server(self, port: int = 8000) -> str:
-        """Serve the OpenAI-compatible API on 127.0.0.1:``port`` (0: any free port) over this
-        bridge's engine; returns the address. Raises UserError when the port is taken."""
+    def start_server(
+        self,
+        port: int = 8000,
+        api_keys: tuple[str, ...] = (),
+        allow_origins: tuple[str, ...] = (),
+        host: str = "127.0.0.1",
+    ) -> str:
+        """Serve the OpenAI- and Anthropic-compatible API on ``host``:``port`` (0: any free
+        port) over this bridge's engine, asking for one of ``api_keys`` (none: no key; beyond
+        loopback one is needed) and answering browsers from ``allow_origins``; returns the
+        address. Raises UserError when the port is taken or a setting is refused."""
         if self._server is not None:
             return self._server.address
         if self._server_stopping is not None:  # the previous server may still hold the port
             self._server_stopping.join()
             self._server_stopping = None
-        self._server = ApiServer(self.engine, "127.0.0.1", port).start()
+        server = ApiServer(
+            self.engine, host, port, api_key=api_keys or None, allow_origins=allow_origins
+        )
+        self._server = server.start()
+        self._request_log = server.request_log
         return self._server.address
+
+    def recent_requests(self) -> tuple[LoggedRequest, ...]:
+        """The last requests the API served, oldest first (kept after it stops, until the
+        next start)."""
+        return self._request_log.recent() if self._request_log is not None else ()
 
     def stop_server(self) -> None:
         """Stop the API server off the GUI thread; serverStopped follows. No-op when off."""

@@ -33,6 +33,27 @@ if TYPE_CHECKING:
     from core.engine.engine import EngineStats
 
 
+# what each figure means, in plain words (its caption's and its value's tooltip)
+FIGURE_TIPS = {
+    "lastTurn": "The last reply's prompt, split by where its tokens came from: the RAM cache "
+    "(already in memory), the disk cache (saved by an earlier session) or computed by the "
+    "model now. The more the cache serves, the sooner the reply starts.",
+    "ttft": "How long the last reply took to start: reading the prompt (what the cache did "
+    "not serve) and the first token.",
+    "sessionHitRate": "The share of this chat's prompt tokens the cache served, so the model "
+    "did not compute them again.",
+    "appHitRate": "The same share over every request since the app started: chats and API.",
+    "evictions": "Cached prompt tokens dropped from RAM since the app started, to make room "
+    "for newer ones. A prompt that needs them again reads them from disk or computes them; "
+    "many evictions mean the KV pool is small for the chats you keep going.",
+    "cachedAs": "How this model's prompts are kept for reuse: KV pages (attention layers' "
+    "keys and values) and, for sliding-window or recurrent layers, snapshots of their state.",
+    "namespace": "Whose cached prompts the last turn could reuse: the app's chats share among "
+    "themselves; each API key (and each cache_salt) has its own, so no client sees "
+    "another's prompts. “in RAM”: how many such groups the RAM cache holds now.",
+}
+
+
 @dataclass(frozen=True)
 class TurnSplit:
     """One turn's prompt tokens by source, each >= 0; ``prompt`` is at least their sum."""
@@ -128,7 +149,9 @@ class CachePanel(ChartPanel):
         ):
             title = QLabel(caption)
             title.setForegroundRole(QPalette.ColorRole.PlaceholderText)
+            title.setToolTip(FIGURE_TIPS[key])
             value = QLabel("—")
+            value.setToolTip(FIGURE_TIPS[key])
             value.setObjectName(f"{key}Value")
             value.setWordWrap(True)
             value.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -136,11 +159,6 @@ class CachePanel(ChartPanel):
             grid.addWidget(title, row, 0, Qt.AlignmentFlag.AlignTop)
             grid.addWidget(value, row, 1)
         grid.setColumnStretch(1, 1)
-        self.values["namespace"].setToolTip(
-            "The cache namespace the last turn's prompt was looked up in: "
-            "cached prefixes are shared inside a namespace only (the app's "
-            "chats, each API key, each cache_salt)"
-        )
         self._namespaces_in_ram: int | None = None
 
         self.ram_set, self.disk_set, self.computed_set = (
@@ -217,17 +235,20 @@ class CachePanel(ChartPanel):
             f"{percent(rate)} of {count(seen)} tokens" if seen else "—"
         )
         self.values["appHitRate"].setToolTip(
-            f"{count(hit)} of {count(seen)} prompt tokens served from "
-            "the cache since the app started"
-            if seen
-            else ""
+            FIGURE_TIPS["appHitRate"]
+            + (
+                f"\n\n{count(hit)} of {count(seen)} prompt tokens served from the cache"
+                if seen
+                else ""
+            )
         )
         pages, tokens = (cache.evicted_pages, cache.evicted_tokens) if cache is not None else (0, 0)
         self.values["evictions"].setText(
             f"{count(tokens)} tokens ({count(pages)} pages)" if pages or tokens else "none"
         )
         self.values["cachedAs"].setText(cached_as_text(cache))
-        self.values["cachedAs"].setToolTip(cache.layout if cache is not None else "")
+        layout = f"\n\n{cache.layout}" if cache is not None and cache.layout else ""
+        self.values["cachedAs"].setToolTip(FIGURE_TIPS["cachedAs"] + layout)
         namespaces = cache.namespaces if cache is not None else None
         if namespaces != self._namespaces_in_ram:
             self._namespaces_in_ram = namespaces
@@ -251,6 +272,7 @@ class CachePanel(ChartPanel):
         if not shown:
             for key in ("lastTurn", "ttft", "sessionHitRate"):
                 self.values[key].setText("—")
+            self.set_summary("No turns yet in this chat")
         else:
             last = shown[-1]
             self.values["lastTurn"].setText(last.describe())
@@ -260,6 +282,10 @@ class CachePanel(ChartPanel):
             self.values["sessionHitRate"].setText(
                 f"{percent(rate)} of {count(prompt)} tokens · {count(turns)} "
                 f"turn{'s' if turns != 1 else ''}"
+            )
+            served = last.hit / last.prompt if last.prompt else 0.0
+            self.set_summary(
+                f"Last turn {percent(served)} cached · first token {duration(last.ttft_s)}"
             )
         self._show_namespace()
 

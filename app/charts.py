@@ -4,7 +4,7 @@ margins, transparent backgrounds that follow the palette, and paired value axes.
 from __future__ import annotations
 
 from PySide6.QtCharts import QChart, QChartView, QValueAxis
-from PySide6.QtCore import QEvent, QMargins, Qt
+from PySide6.QtCore import QEvent, QMargins, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QPainter, QPalette, QPen
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
@@ -83,9 +83,17 @@ class AxisPair:
 
 
 class ChartPanel(QWidget):
-    """A panel with one chart (``self.chart``) restyled when the palette or font changes."""
+    """A panel with one chart (``self.chart``) restyled when the palette or font changes, and
+    its main figures in one line (``summary``, for when the panel is folded)."""
 
     chart: QChart
+    summaryChanged = Signal(str)
+    summary = ""
+
+    def set_summary(self, text: str) -> None:
+        if text != self.summary:
+            self.summary = text
+            self.summaryChanged.emit(text)
 
     def changeEvent(self, event: QEvent) -> None:
         if event.type() in (QEvent.Type.PaletteChange, QEvent.Type.FontChange):

@@ -1,16 +1,21 @@
 """The main window: sessions on the left, the chat in the middle, the live memory and cache
-panels on the right; a toolbar for the model, the chat's settings and the API server.
+panels on the right (each folds to one line); a toolbar for the model, the chat's settings and
+the API server.
 
 The window only talks to the engine through its :class:`~app.bridge.EngineBridge`, and to
 the chat history through a :class:`~core.chats.store.ChatStore`; it never blocks: replies,
 model loads and server stops all come back as signals.
+
+One chat reply runs at a time. While it streams, every chat can be opened, a new one made
+and its settings changed; a message sent in another chat waits its turn (shown in its chat)
+and starts when the running reply ends. A reply whose chat is not open goes on and is saved.
 """
 
 from __future__ import annotations
 
 import logging
 
-from PySide6.QtCore import QSignalBlocker, Qt
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (
     QLabel,
@@ -24,30 +29,29 @@ from PySide6.QtWidgets import (
 
 from app.bridge import EngineBridge
 from app.cache_panel import CachePanel
+from app.chat_files import ChatFiles
+from app.chat_settings import DEFAULT_SAMPLING, SessionSettingsDialog
 from app.chat_view import ChatView
+from app.collapsible import CollapsibleSection
 from app.composer import Composer
-from app.group_bridge import GroupBridge
-from app.group_dialog import GroupServeDialog
+from app.downloads import DownloadManager, DownloadsDialog, DownloadsStatus
 from app.memory_panel import MemoryPanel
 from app.model_picker import ModelPickerDialog
+from app.server_controls import ServerControls
 from app.session_list import SessionList
-from app.settings_dialogs import (
-    DEFAULT_SAMPLING,
-    AppSettings,
-    AppSettingsDialog,
-    SessionSettingsDialog,
-)
+from app.settings_dialogs import AppSettings, AppSettingsDialog
+from app.window_replies import ChatReplies, WaitingAsk
 from core.chats.store import ChatStore, Session, readable
 from core.chats.turn import ChatTurn
-from core.engine.types import RequestStats
-from core.errors import StoreError, UserError
-from core.paths import MB
+from core.errors import StoreError
 
 log = logging.getLogger(__name__)
 
 
-class MainWindow(QMainWindow):
-    """``server_port``: where "Serve API" listens on 127.0.0.1 (0: any free port)."""
+class MainWindow(ChatReplies, QMainWindow):
+    """``server_port``: where "Serve API" listens, instead of the settings' port (0: any free
+    port). ``fallback_model``: loaded instead when the first model cannot be (the last-used
+    model is gone), and said so."""
 
     def __init__(
         self,
@@ -55,24 +59,34 @@ class MainWindow(QMainWindow):
         store: ChatStore,
         settings: AppSettings | None = None,
         parent: QWidget | None = None,
-        server_port: int = 8000,
+        server_port: int | None = None,
+        fallback_model: str | None = None,
     ):
         super().__init__(parent)
         self.bridge, self.store = bridge, store
         self.settings = settings if settings is not None else AppSettings()
-        self.server_port = server_port
         self.model_name = ""
         self.session: Session | None = None
-        self._turn: ChatTurn | None = None  # the turn whose reply the window waits for
+        self._turn: ChatTurn | None = None  # the reply running now (in any chat)
         self._from_composer = False  # it came from the composer (not a regenerate)
+        self._reply = ""  # what it streamed so far
+        self._made_with = None  # its model and sampling
+        self._waiting: list[WaitingAsk] = []  # messages that wait for it, in order
+        self._loading_spec = ""
+        self._fallback_model = fallback_model
         self.error_box: QMessageBox | None = None
-        # serving over several Macs
-        self.group_bridge = GroupBridge(str(bridge.data_root), parent=self)
-        self.group_dialog: GroupServeDialog | None = None
 
         self.setWindowTitle("RadixChat")
         self.setUnifiedTitleAndToolBarOnMac(True)
         self.resize(1280, 800)
+        self.server = ServerControls(
+            self, bridge, self.settings, self._set_state_text, port_override=server_port
+        )
+        self.downloads = DownloadManager(bridge.data_root, self)  # they go on while you chat
+        self.chat_files = ChatFiles(
+            self, store, lambda: self.session.id if self.session else None, self._set_state_text
+        )
+        self.downloads_dialog: DownloadsDialog | None = None
         self._build_widgets()
         self._build_actions()
         self._connect()
@@ -92,10 +106,22 @@ class MainWindow(QMainWindow):
         column.addWidget(self.chat, 1)
         column.addWidget(self.composer)
         self.memory_panel, self.cache_panel = MemoryPanel(), CachePanel()
-        self.panels = QSplitter(Qt.Orientation.Vertical)
-        self.panels.setObjectName("panelsSplitter")
-        self.panels.addWidget(self.cache_panel)
-        self.panels.addWidget(self.memory_panel)
+        self.sections = {
+            "cache": CollapsibleSection("Cache", self.cache_panel),
+            "memory": CollapsibleSection("Memory", self.memory_panel),
+        }
+        self.panel_splitter = QSplitter(Qt.Orientation.Vertical)
+        self.panel_splitter.setObjectName("panelsSplitter")
+        for section in self.sections.values():
+            self.panel_splitter.addWidget(section)
+            section.toggled.connect(self._on_section_folded)
+        # folded sections are one line high: the room they leave goes to a stretch below, so
+        # the splitter's small height never caps the window's (View › Show Panels: this column)
+        self.panels = QWidget()
+        panel_column = QVBoxLayout(self.panels)
+        panel_column.setContentsMargins(0, 0, 0, 0)
+        panel_column.addWidget(self.panel_splitter, 1)
+        panel_column.addStretch(0)
         self.splitter = QSplitter(Qt.Orientation.Horizontal)
         self.splitter.setObjectName("mainSplitter")
         self.splitter.addWidget(self.sessions)
@@ -109,19 +135,19 @@ class MainWindow(QMainWindow):
         self.state_label = QLabel()
         self.state_label.setContentsMargins(12, 0, 0, 0)
         self.speed_label = QLabel()
-        self.server_label = QLabel()
-        self.server_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.server_label.hide()
+        self.server_label = self.server.label
         bar = self.statusBar()
         bar.addWidget(self.model_label)
         bar.addWidget(self.state_label, 1)
+        self.downloads_status = DownloadsStatus(self.downloads)
+        bar.addPermanentWidget(self.downloads_status)
         bar.addPermanentWidget(self.speed_label)
         bar.addPermanentWidget(self.server_label)
 
     def _build_actions(self) -> None:
         def action(text: str, slot, shortcut=None, tip: str = "") -> QAction:
             act = QAction(text, self)
-            act.triggered.connect(slot)
+            act.triggered.connect(lambda _checked=False: slot())
             if shortcut is not None:
                 act.setShortcut(QKeySequence(shortcut))
             act.setToolTip(tip or text)
@@ -133,7 +159,7 @@ class MainWindow(QMainWindow):
             "Chat Settings…",
             self.edit_session_settings,
             "Ctrl+,",
-            "System prompt and sampling for this chat",
+            "System prompt, sampling and presets for this chat",
         )
         self.app_settings_action = action(
             "Preferences…", self.edit_app_settings, None, "Data folder, memory and disk budgets"
@@ -141,38 +167,38 @@ class MainWindow(QMainWindow):
         self.app_settings_action.setMenuRole(QAction.MenuRole.PreferencesRole)
         self.regenerate_action = action("Regenerate Reply", self.regenerate, "Ctrl+R")
         self.stop_action = action(
-            "Stop", self._on_escape, Qt.Key.Key_Escape, "Stop the reply (Esc)"
+            "Stop", self.stop_reply, Qt.Key.Key_Escape, "Stop the reply (Esc)"
         )
         self.quit_action = action("Quit", self.close, QKeySequence.StandardKey.Quit)
         self.quit_action.setMenuRole(QAction.MenuRole.QuitRole)
-        self.panels_action = action("Show Panels", self.panels.setVisible, "Ctrl+Shift+P")
+        self.panels_action = QAction("Show Panels", self)
+        self.panels_action.setShortcut(QKeySequence("Ctrl+Shift+P"))
+        self.panels_action.setToolTip("Show or hide the memory and cache panels")
         self.panels_action.setCheckable(True)
-        self.panels_action.setChecked(True)
-        self.serve_action = QAction("Serve API", self)
-        self.serve_action.setCheckable(True)
-        self.serve_action.setToolTip(
-            "Serve the OpenAI-compatible API on 127.0.0.1"
-            + (f":{self.server_port}" if self.server_port else "")
-        )
-        self.serve_action.toggled.connect(self._on_serve_toggled)
-        self.group_action = action(
-            "Serve Over Several Macs…",
-            self.open_group_serve,
-            None,
-            "Serve the API with the model split over the Macs of a hostfile",
-        )
+        self.panels_action.setChecked(not self.settings.panels_hidden)
+        self.panels_action.toggled.connect(self._show_panels)
+        self.serve_action, self.group_action = self.server.serve_action, self.server.group_action
 
         menus = self.menuBar()
         file_menu = menus.addMenu("&File")
-        for act in (self.new_action, self.app_settings_action, self.quit_action):
+        file_menu.addAction(self.new_action)
+        file_menu.addAction(self.chat_files.import_action)
+        file_menu.addAction(self.chat_files.export_action)
+        file_menu.addSeparator()
+        for act in (self.app_settings_action, self.quit_action):
             file_menu.addAction(act)
         chat_menu = menus.addMenu("&Chat")
         for act in (self.regenerate_action, self.stop_action, self.session_settings_action):
             chat_menu.addAction(act)
-        menus.addMenu("&Model").addAction(self.model_action)
+        self.downloads_action = action(
+            "Downloads…", self.open_downloads, None, "Downloads from the hub: cancel, resume, load"
+        )
+        model_menu = menus.addMenu("&Model")
+        model_menu.addAction(self.model_action)
+        model_menu.addAction(self.downloads_action)
         server_menu = menus.addMenu("&Server")
-        server_menu.addAction(self.serve_action)
-        server_menu.addAction(self.group_action)
+        for act in self.server.actions():
+            server_menu.addAction(act)
         menus.addMenu("&View").addAction(self.panels_action)
 
         toolbar = self.addToolBar("Main")
@@ -192,6 +218,7 @@ class MainWindow(QMainWindow):
         )
         toolbar.addWidget(spacer)
         toolbar.addAction(self.panels_action)
+        self.toolbar = toolbar
 
     def _connect(self) -> None:
         bridge = self.bridge
@@ -203,23 +230,22 @@ class MainWindow(QMainWindow):
         bridge.token.connect(self._on_token)
         bridge.finished.connect(self._on_finished)
         bridge.failed.connect(self._on_failed)
-        bridge.serverStopped.connect(self._on_server_stopped)
-        self.group_bridge.serving.connect(
-            lambda address: self._set_state_text(f"Group serving at {address}", 8000)
-        )
-        self.group_bridge.fault.connect(
-            lambda message: self._set_state_text(f"The group broke: {message}")
-        )
         bridge.statsUpdated.connect(self.memory_panel.update_stats)
         bridge.statsUpdated.connect(self.cache_panel.update_totals)
         self.composer.sendRequested.connect(self.send)
-        self.composer.stopRequested.connect(bridge.cancel)
+        self.composer.stopRequested.connect(self.stop_reply)
         self.composer.editCancelled.connect(lambda: self._set_state_text("Edit cancelled", 3000))
         self.chat.regenerateRequested.connect(self.regenerate)
         self.chat.editRequested.connect(self.composer.start_edit)
         self.sessions.sessionSelected.connect(self.open_session)
         self.sessions.sessionDeleted.connect(self._on_session_deleted)
         self.sessions.newRequested.connect(self.new_chat)
+        self.downloads_status.button.clicked.connect(self.open_downloads)
+        self.chat_files.imported.connect(self._on_imported)
+        self.downloads.finished.connect(self._on_download_finished)
+        self.downloads.failed.connect(
+            lambda target, message: self._set_state_text(f"Download of {target}: {message}")
+        )
 
     def _restore_layout(self) -> None:
         geometry, state = self.settings.window_geometry, self.settings.window_state
@@ -229,22 +255,34 @@ class MainWindow(QMainWindow):
             self.restoreState(state)
         if self.settings.splitter_state:
             self.splitter.restoreState(self.settings.splitter_state)
+        self.panels.setVisible(self.panels_action.isChecked())
+        for name in self.settings.collapsed_panels & set(self.sections):
+            self.sections[name].set_collapsed(True)
+
+    def _show_panels(self, shown: bool) -> None:
+        self.panels.setVisible(shown)
+        self.settings.panels_hidden = not shown
+
+    def _on_section_folded(self, _collapsed: bool) -> None:
+        self.settings.collapsed_panels = {
+            name for name, section in self.sections.items() if section.collapsed
+        }
 
     def closeEvent(self, event: QCloseEvent) -> None:
         self.settings.window_geometry = bytes(self.saveGeometry().data())
         self.settings.window_state = bytes(self.saveState().data())
         self.settings.splitter_state = bytes(self.splitter.saveState().data())
-        self.serve_action.setChecked(False)  # stops the API server (the app's exit waits for it)
-        self.group_bridge.stop()  # and a group serving the API (run_app waits for it)
+        self.server.stop()  # the API server (the app's exit waits for it) and a group's
+        self.downloads.cancel_all()  # their bytes are kept: the next start resumes them
+        self._waiting.clear()  # never sent: nothing stored
         if self._turn is not None:  # stop the reply and keep what came so far, as Stop does
             turn, self._turn = self._turn, None
             self.bridge.cancel()
-            reply = self.chat.message_text(self.chat.message_count() - 1)
-            if self.session is not None:
-                try:
-                    turn.finish(self.store, reply, None)  # nothing yet: nothing stored
-                except StoreError as exc:
-                    log.warning("the reply being written when the window closed is lost: %s", exc)
+            try:
+                # nothing yet: nothing stored
+                turn.finish(self.store, self._reply, None, self._made_with)
+            except StoreError as exc:
+                log.warning("the reply being written when the window closed is lost: %s", exc)
         super().closeEvent(event)
 
     # ------------------------------------------------------------------ sessions
@@ -262,16 +300,18 @@ class MainWindow(QMainWindow):
             self.new_chat()
 
     def new_chat(self) -> None:
-        """A fresh session (the current one is reused while it is still empty)."""
-        if self._generating:
-            return
+        """A fresh session (the current one is reused while it is still empty), with the
+        new-chat default of Chat Settings, else the current chat's settings."""
         if self.session is not None and not self.chat.message_count():
             self.composer.input.setFocus()
             return
-        settings = (
-            dict(self.session.settings) if self.session is not None else dict(DEFAULT_SAMPLING)
-        )
-        system = self.session.system_prompt if self.session is not None else None
+        default = self.settings.new_chat_defaults
+        if default is not None:
+            settings, system = {**DEFAULT_SAMPLING, **default.sampling}, default.system_prompt
+        elif self.session is not None:
+            settings, system = dict(self.session.settings), self.session.system_prompt
+        else:
+            settings, system = dict(DEFAULT_SAMPLING), None
         try:
             session = self.store.create_session(settings=settings, system_prompt=system)
         except StoreError as exc:
@@ -281,9 +321,9 @@ class MainWindow(QMainWindow):
         self.open_session(session.id)
 
     def open_session(self, session_id: int) -> None:
-        if self._generating or (self.session is not None and self.session.id == session_id):
-            if self.session is not None and self.sessions.current_id() != self.session.id:
-                self.sessions.select(self.session.id)  # switching waits for the reply to end
+        if self.session is not None and self.session.id == session_id:
+            if self.sessions.current_id() != self.session.id:
+                self.sessions.select(self.session.id)
             return
         try:
             session = self.store.get_session_by_id(session_id)
@@ -300,6 +340,7 @@ class MainWindow(QMainWindow):
         self.composer.finish_edit()
         self.chat.set_messages([(m.role, m.content) for m in messages])
         self.cache_panel.set_turns([m.stats for m in messages if m.role == "assistant" and m.stats])
+        self._show_pending(session.id)
         if self.sessions.current_id() != session.id:
             self.sessions.select(session.id)
         self.setWindowTitle(f"{session.title or 'New chat'} — RadixChat")
@@ -307,101 +348,29 @@ class MainWindow(QMainWindow):
         if damage or session.damaged:  # shown as read (bad bytes as U+FFFD), said in one row
             self.chat.add_error(f"Damaged: {damage or 'this chat: ' + session.damaged}")
 
+    def _on_imported(self, session_id: int) -> None:
+        self.sessions.refresh(select_id=session_id)
+        self.open_session(session_id)
+
     def _on_session_deleted(self, session_id: int, name: str) -> None:
         if name:
             self.bridge.forget_session(name)  # its cached KV, in RAM and on disk
+        self._waiting = [ask for ask in self._waiting if ask.session_id != session_id]
+        if self._turn is not None and self._turn.session.id == session_id:
+            self.bridge.cancel()  # its reply has nowhere to go
+            self._turn = None
         if self.session is not None and self.session.id == session_id:
-            if self._turn is not None:  # its reply has nowhere to go
-                self.bridge.cancel()
-                self._turn = None
             self.session = None
             self._open_initial_session()
-
-    def sampling(self) -> dict:
-        settings = dict(DEFAULT_SAMPLING)
-        if self.session is not None:
-            settings.update(self.session.settings or {})
-        return settings
-
-    # ------------------------------------------------------------------ chatting
-    def send(self, text: str) -> None:
-        """Send ``text`` from the composer: a new turn, or (while editing) the last turn's
-        replacement."""
-        self._ask(text, replace=self.composer.editing, from_composer=True)
-
-    def regenerate(self) -> None:
-        """Ask again for the last reply: the new one replaces the last turn once it is done."""
-        if self._generating or not self.model_name or self.session is None:
-            return
-        try:
-            messages = readable(self.store.messages(self.session.id))[0]
-        except StoreError as exc:
-            self._set_state_text(f"Could not read the chat: {exc}")
-            return
-        if len(messages) < 2 or messages[-1].role != "assistant":
-            return
-        self._ask(messages[-2].content, replace=True, from_composer=False)
-
-    def _ask(self, text: str, replace: bool, from_composer: bool) -> None:
-        """Ask for a reply to ``text`` after the stored chat (less its last turn when
-        ``replace``). The store only changes when the reply is done (``ChatTurn.finish``), so a
-        reply that fails or is stopped before its first token loses nothing."""
-        if (
-            not text
-            or self._generating
-            or self.bridge.busy
-            or not self.model_name
-            or self.session is None
-        ):
-            return
-        try:
-            turn = ChatTurn.start(self.store, self.session, text, replace=replace)
-        except StoreError as exc:
-            self._set_state_text(f"Could not read the chat: {exc}")
-            return
-        messages = [(m.role, m.content) for m in turn.messages]
-        try:
-            # a bad setting raises here, before the window changes (events arrive queued)
-            self.bridge.send(messages, self.sampling(), session=turn.session.name)
-        except ValueError as exc:
-            self._set_state_text(f"Check the chat settings: {exc}")
-            return
-        self._turn, self._from_composer = turn, from_composer
-        if from_composer:
-            self.composer.finish_edit()
-            self.composer.input.clear()
-        if replace or any(
-            self.chat.message_role(i) == "error" for i in range(self.chat.message_count())
-        ):
-            self.chat.set_messages(messages[:-1])  # the chat as it will be stored (no error rows)
-        self.chat.add_user_message(text)
-        self.chat.begin_reply()
         self._update_state()
-        self._set_state_text("Reading the prompt…")
 
-    @property
-    def _generating(self) -> bool:
-        """The window waits for a reply."""
-        return self._turn is not None
-
-    def _give_back(self, turn: ChatTurn) -> None:
-        """Undo the message sent in the window: the chat as stored, the text back in the
-        composer."""
-        if turn.replace:
-            self.chat.set_messages([(m.role, m.content) for m in turn.stored])
-        else:
-            self.chat.remove_last_turn()
-        if self._from_composer and not self.composer.text():  # nothing lost: it can be sent again
-            if turn.replace:
-                self.composer.start_edit(turn.prompt)
-            else:
-                self.composer.set_text(turn.prompt)
-
-    def _on_escape(self) -> None:
-        if self._generating:
-            self.bridge.cancel()
-        else:
-            self.composer.cancel_edit()
+    def sampling(self, session: Session | None = None) -> dict:
+        """The sampling settings of ``session`` (default: the open chat)."""
+        settings = dict(DEFAULT_SAMPLING)
+        session = session if session is not None else self.session
+        if session is not None:
+            settings.update(session.settings or {})
+        return settings
 
     # ------------------------------------------------------------------ bridge slots
     def _on_load_progress(self, stage: str, fraction: float) -> None:
@@ -411,205 +380,125 @@ class MainWindow(QMainWindow):
     def _on_model_loading(self, spec: str) -> None:
         from core.models.catalog import describe_spec
 
+        self._loading_spec = spec
         self._update_state()
         what = describe_spec(spec, self.bridge.data_root) if spec else "the model"
         self._set_state_text(f"Loading {what}…")
 
     def _on_ready(self, name: str) -> None:
         self.model_name = name
+        self._fallback_model = None  # only the first load falls back
         info = self.bridge.model_info
         if info is not None:
             self.settings.last_model = info.spec
         self.model_label.setText(name)
         self.model_action.setText(f"Model: {name}")
-        self._set_state_text("Ready")
+        if self.error_box is None or not self.error_box.isVisible():
+            self._set_state_text("Ready")
         self._update_state()
 
     def _on_load_failed(self, message: str) -> None:
+        fallback, self._fallback_model = self._fallback_model, None
+        if fallback and not self.model_name and fallback != self._loading_spec:
+            gone = self._loading_spec
+            self.settings.last_model = None
+            self._show_box(
+                QMessageBox.Icon.Information,
+                f"The model you used last, {gone}, could not be loaded, so RadixChat starts "
+                "on the default model.",
+                message,
+            )
+            self.bridge.load_model(fallback)
+            self._set_state_text(f"{gone} could not be loaded: loading the default model")
+            return
         still = f" {self.model_name} stays loaded." if self.model_name else ""
         self._set_state_text(f"Could not load the model: {message}")
-        self.error_box = QMessageBox(
-            QMessageBox.Icon.Warning,
-            "RadixChat",
-            "Could not load the model." + still,
-            QMessageBox.StandardButton.Ok,
-            self,
-        )
-        self.error_box.setInformativeText(message)
+        self._show_box(QMessageBox.Icon.Warning, "Could not load the model." + still, message)
+        self._update_state()
+
+    def _show_box(self, icon: QMessageBox.Icon, text: str, details: str) -> None:
+        self.error_box = QMessageBox(icon, "RadixChat", text, QMessageBox.StandardButton.Ok, self)
+        self.error_box.setInformativeText(details)
         self.error_box.open()
-        self._update_state()
-
-    def _on_prefill_progress(self, done: int, total: int) -> None:
-        if self._generating and done < total:
-            self._set_state_text(f"Reading the prompt: {done} of {total} tokens")
-
-    def _on_token(self, text: str) -> None:
-        if self._generating:
-            if self.state_label.text() != "Generating…":
-                self._set_state_text("Generating…")
-            self.chat.append_reply(text)
-
-    def _on_finished(self, text: str, stats: RequestStats) -> None:
-        turn, self._turn = self._turn, None
-        if turn is None:  # a reply the window stopped waiting for (closed, chat deleted)
-            self._update_state()
-            return
-        stopped = stats.finish_reason == "cancelled"
-        if not turn.keeps(text, stats):  # stopped before its first token: as if it was never sent
-            self._give_back(turn)
-            self._set_state_text("Stopped before the reply began")
-            self._update_state()
-            return
-        note = (
-            f"{'stopped · ' if stopped else ''}{stats.completion_tokens} tokens · "
-            f"{stats.decode_tps:.1f} tok/s · TTFT {stats.ttft_s:.2f} s"
-        )
-        self.chat.end_reply(text, note)
-        self.cache_panel.set_turns(turn.kept_stats + [stats])
-        served = stats.cached_tokens + stats.restored_tokens
-        self.speed_label.setText(f"{stats.decode_tps:.1f} tok/s")
-        self._set_state_text(
-            f"{'Stopped' if stopped else 'Done'} · prompt {stats.prompt_tokens} tokens, "
-            f"{served} from the cache · TTFT {stats.ttft_s:.2f} s"
-        )
-        self._update_state()
-        if self.session is None:
-            return
-        saved = turn.save(self.store, text, stats, make_room=self.bridge.give_disk_space_back)
-        if saved.error:  # the reply stays shown; the chat goes on in memory
-            self._set_state_text(f"This reply is shown but was not saved: {saved.error}")
-            return
-        if saved.cache_freed:
-            self._set_state_text(
-                f"The disk is full: the KV cache ({saved.cache_freed / MB:.1f} MB) "
-                "was deleted to save this reply"
-            )
-        try:
-            self.session = self.store.get_session_by_id(self.session.id) or self.session
-            self.sessions.refresh(select_id=self.session.id)
-            self.setWindowTitle(f"{self.session.title or 'New chat'} — RadixChat")
-        except StoreError as exc:
-            self._set_state_text(f"Could not read the chats: {exc}")
-
-    def _on_failed(self, message: str) -> None:
-        turn, self._turn = self._turn, None
-        if turn is None:
-            self._update_state()
-            return
-        self._give_back(turn)
-        self.chat.add_error(message)
-        self._set_state_text(f"Error: {message}")
-        self._update_state()
 
     # ------------------------------------------------------------------ dialogs
     def choose_model(self) -> None:
         info = self.bridge.model_info
         dialog = ModelPickerDialog(
-            self.bridge.data_root, info.spec if info is not None else None, self
+            self.bridge.data_root,
+            info.spec if info is not None else None,
+            self,
+            downloads=self.downloads,
         )
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.accepted.connect(lambda: self._load(dialog.chosen_spec()))
         dialog.open()
         self.model_dialog = dialog
 
+    def open_downloads(self) -> None:
+        if self.downloads_dialog is None:
+            self.downloads_dialog = DownloadsDialog(self.downloads, self)
+            self.downloads_dialog.loadRequested.connect(self._load)
+        self.downloads_dialog.refresh()
+        self.downloads_dialog.show()
+        self.downloads_dialog.raise_()
+
+    def _on_download_finished(self, target: str, spec: str) -> None:
+        self._set_state_text(f"{spec} is downloaded: load it from Model… or Model › Downloads…")
+
     def _load(self, spec: str | None) -> None:
-        if spec and not self.bridge.loading:
+        if spec and not self.bridge.loading and not self._generating:
             self.bridge.load_model(spec)
 
     def edit_session_settings(self) -> None:
         if self.session is None:
             return
-        dialog = SessionSettingsDialog(self.sampling(), self.session.system_prompt, self)
+        dialog = SessionSettingsDialog(
+            self.sampling(), self.session.system_prompt, self, presets=self.settings
+        )
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        dialog.accepted.connect(lambda: self._save_session_settings(*dialog.values()))
+        session_id = self.session.id  # the chat may change while the dialog is open
+        dialog.accepted.connect(lambda: self._save_session_settings(*dialog.values(), session_id))
         dialog.open()
         self.settings_dialog = dialog
 
-    def _save_session_settings(self, settings: dict, system_prompt: str | None) -> None:
-        if self.session is None:
+    def _save_session_settings(
+        self, settings: dict, system_prompt: str | None, session_id: int | None = None
+    ) -> None:
+        session_id = session_id if session_id is not None else getattr(self.session, "id", None)
+        if session_id is None:
             return
         try:
-            self.store.update_session(
-                self.session.id, settings=settings, system_prompt=system_prompt
-            )
-            self.session = self.store.get_session_by_id(self.session.id) or self.session
+            self.store.update_session(session_id, settings=settings, system_prompt=system_prompt)
+            if self.session is not None and self.session.id == session_id:
+                self.session = self.store.get_session_by_id(session_id) or self.session
         except StoreError as exc:
             self._set_state_text(f"Could not save the settings: {exc}")
+            return
+        self._set_state_text("Chat settings saved: they apply from the next reply", 5000)
 
     def edit_app_settings(self) -> None:
         dialog = AppSettingsDialog(self.settings, str(self.bridge.data_root), parent=self)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        dialog.accepted.connect(dialog.apply)
+        dialog.accepted.connect(lambda: self._on_app_settings_saved(dialog.changed))
         dialog.open()
         self.app_dialog = dialog
 
-    # ------------------------------------------------------------------ server
-    def _on_serve_toggled(self, on: bool) -> None:
-        if not on:
-            self.serve_action.setEnabled(False)  # until the port is free again
-            self.server_label.setText("API: stopping…")
-            self.bridge.stop_server()
-            return
-        try:
-            address = self.bridge.start_server(self.server_port)
-        except UserError as exc:
-            with QSignalBlocker(self.serve_action):
-                self.serve_action.setChecked(False)
-            self._set_state_text(f"Could not start the API server: {exc}")
-            return
-        self.server_label.setText(f"API: {address}")
-        self.server_label.show()
-
-    def open_group_serve(self) -> None:
-        """The Serve settings for a group of Macs (the model: the one loaded now)."""
-        info = self.bridge.model_info
-        if info is None:
-            self._set_state_text(
-                "Wait for the model to load, then serve it over several Macs", 5000
-            )
-            return
-        if self.group_dialog is not None:
-            self.group_dialog.raise_()
-            self.group_dialog.activateWindow()
-            return
-        dialog = GroupServeDialog(
-            self.group_bridge,
-            info.name,
-            info.path,
-            self.settings.group_hostfile or "",
-            self.server_port or 8000,
-            parent=self,
-        )
-        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        # the hostfile a group was started with: offered next time
-        dialog.start_button.clicked.connect(
-            lambda: setattr(self.settings, "group_hostfile", dialog.hostfile.text().strip() or None)
-        )
-        dialog.destroyed.connect(lambda: setattr(self, "group_dialog", None))
-        dialog.show()
-        self.group_dialog = dialog
-
-    def _on_server_stopped(self) -> None:
-        self.server_label.hide()
-        self.serve_action.setEnabled(True)
-        self._set_state_text("API server stopped", 5000)
+    def _on_app_settings_saved(self, changed: list[str]) -> None:
+        if changed:
+            self._set_state_text(f"Restart RadixChat to use {', '.join(changed)}")
 
     # ------------------------------------------------------------------ helpers
     def _update_state(self) -> None:
-        ready = (
-            bool(self.model_name)
-            and not self.bridge.loading
-            and not self.bridge.busy
-            and self.session is not None
-        )
-        self.composer.set_state(ready=ready, generating=self._generating)
-        self.chat.set_busy(self._generating or not ready)
-        idle = not self._generating
-        for act in (self.new_action, self.regenerate_action, self.session_settings_action):
-            act.setEnabled(idle)
-        self.regenerate_action.setEnabled(idle and ready)
+        session_id = self.session.id if self.session is not None else None
+        busy = self._busy(session_id)
+        ready = bool(self.model_name) and not self.bridge.loading and self.session is not None
+        self.composer.set_state(ready=ready, generating=busy)
+        self.chat.set_busy(busy or not ready)
+        self.regenerate_action.setEnabled(ready and not busy)
+        self.session_settings_action.setEnabled(self.session is not None)
+        idle = not self._generating and not self._waiting
         self.model_action.setEnabled(idle and not self.bridge.loading)
-        self.sessions.setEnabled(idle)
 
     def _set_state_text(self, text: str, timeout_ms: int = 0) -> None:
         self.state_label.setText(text)

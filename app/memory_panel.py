@@ -39,6 +39,28 @@ if TYPE_CHECKING:
 
 _GB, _MB, _KB = GB, MB, 2**10
 
+# what each figure means, in plain words (its caption's and its value's tooltip)
+FIGURE_TIPS = {
+    "mlxActive": "Memory MLX uses for what the model needs now: its weights, the KV pool "
+    "and the step being computed.",
+    "mlxCache": "Memory MLX has finished with but keeps, to reuse at once instead of asking "
+    "the system again. It is handed back when memory runs short: it is not a leak.",
+    "mlxPeak": "The most memory MLX has used at once since the model loaded.",
+    "rss": "All the memory this app holds in RAM, as the system's activity monitor counts it: "
+    "the model, the caches, the window.",
+    "weights": "The model's weights in memory, as loaded (MLX's CPU backend holds them as "
+    "float32, so a 4-bit model takes about 7 times its file size).",
+    "poolCapacity": "The KV pool: memory set aside for the keys and values of prompt tokens, "
+    "so a follow-up turn does not compute its history again. In tokens: how much "
+    "conversation fits in RAM.",
+    "poolUsed": "Pages of the pool holding tokens now: cached prompts and running requests.",
+    "poolEvictable": "Cached prompts no request is using: kept for reuse, and the first to "
+    "go when a new prompt needs room.",
+    "poolLocked": "Pages a running request is using: they cannot be dropped until it ends.",
+    "diskCache": "Chat prompts' keys and values saved on disk, so a chat reopened after a "
+    "restart does not compute its history again. At its budget, the oldest go first.",
+}
+
 
 def nice_bytes_axis(top_bytes: float, intervals: int = 4) -> tuple[float, float, str, str]:
     """(axis top in bytes, axis top in display units, unit, label format) for an axis from 0
@@ -148,7 +170,7 @@ class MemoryPanel(ChartPanel):
             (0, 2, "rss", "Process RSS"),
             (1, 2, "weights", "Weights"),
         ):
-            figures.addWidget(self._caption(caption), row, col)
+            figures.addWidget(self._caption(caption, key), row, col)
             figures.addWidget(self._add_value(key), row, col + 1)
         figures.setColumnStretch(1, 1)
         figures.setColumnStretch(3, 1)
@@ -170,7 +192,7 @@ class MemoryPanel(ChartPanel):
         )
         self.pool_details: list[QWidget] = [self.pool_bar]  # hidden while the cache is off
         for row, (key, caption) in enumerate(rows):
-            title, value = self._caption(caption), self._add_value(key)
+            title, value = self._caption(caption, key), self._add_value(key)
             pool.addWidget(title, row + (row > 0), 0)
             pool.addWidget(value, row + (row > 0), 1)
             if key in ("poolUsed", "poolEvictable", "poolLocked"):
@@ -275,12 +297,33 @@ class MemoryPanel(ChartPanel):
                 + (f" · {human_bytes(written)} written" if written else "")
                 + (" · writes stopped (disk full)" if stopped else "")
             )
+            made = getattr(stats, "derived_bytes", 0)
             self.values["diskCache"].setToolTip(
-                str(stopped) if stopped else "bytes written to disk since the model loaded"
+                FIGURE_TIPS["diskCache"]
+                + "\n\n"
+                + (str(stopped) if stopped else "“written”: bytes written since the model loaded")
+                + (
+                    f"\n\nThe budget counts {human_bytes(made)} of files made from models at "
+                    "load (tokenizers, kept conversions): Model… › Delete Derived Files"
+                    if made
+                    else ""
+                )
             )
         else:
             self.values["diskCache"].setText("off" if name else "—")
 
+        self.set_summary(
+            " · ".join(
+                part
+                for part in (
+                    "" if name else "No model",
+                    f"RSS {human_bytes(stats.rss_bytes)}" if stats.rss_bytes else "",
+                    f"MLX {human_bytes(stats.mlx_active_bytes)}" if model is not None else "",
+                    f"KV {percent(used / total)} used" if total > 0 else "",
+                )
+                if part
+            )
+        )
         self._plot(
             float(now) if now is not None else time.monotonic(),
             {
@@ -370,11 +413,13 @@ class MemoryPanel(ChartPanel):
 
     def _add_value(self, key: str) -> QLabel:
         label = self._value(f"{key}Value")
+        label.setToolTip(FIGURE_TIPS[key])
         self.values[key] = label
         return label
 
-    def _caption(self, text: str) -> QLabel:
+    def _caption(self, text: str, key: str) -> QLabel:
         label = QLabel(text)
+        label.setToolTip(FIGURE_TIPS[key])
         label.setTextFormat(Qt.TextFormat.RichText if "<" in text else Qt.TextFormat.PlainText)
         # captions recede, figures stand out
         label.setForegroundRole(QPalette.ColorRole.PlaceholderText)

@@ -25,11 +25,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.downloads import DownloadManager
 from app.format import human_bytes
 from app.hub_panel import HubPanel
 from core.errors import UserError
+from core.models import derived
 from core.models.catalog import CatalogEntry, entry_for_path, model_catalog, runs_on_cpu
 from core.models.hub import installed
+from core.models.local import list_local_models, model_file
 
 COLUMNS = ("Name", "Kind", "Size", "Memory", "Last used")
 KIND_LABELS = {
@@ -49,7 +52,8 @@ class ModelPickerDialog(QDialog):
 
     ``current_spec`` is preselected (added as a row when it is a file or folder the
     list does not show). ``on_cpu``: whether the memory column assumes MLX's CPU
-    backend (float32 weights); by default, everywhere but macOS."""
+    backend (float32 weights); by default, everywhere but macOS. ``downloads``: the
+    window's downloads, which go on after the picker closes."""
 
     def __init__(
         self,
@@ -57,6 +61,7 @@ class ModelPickerDialog(QDialog):
         current_spec: str | None = None,
         parent: QWidget | None = None,
         on_cpu: bool | None = None,
+        downloads: DownloadManager | None = None,
     ):
         super().__init__(parent)
         self.setWindowTitle("Choose a model")
@@ -98,9 +103,16 @@ class ModelPickerDialog(QDialog):
         self.delete_button = QPushButton("Delete…")
         self.delete_button.setToolTip("Delete a model downloaded from the hub, and its cached KV")
         self.delete_button.clicked.connect(self._on_delete)
+        self.clean_button = QPushButton("Delete Derived Files…")
+        self.clean_button.setToolTip(
+            "Delete the files made from models at load (tokenizers, kept conversions); the "
+            "next load makes what it needs again"
+        )
+        self.clean_button.clicked.connect(self._on_clean)
         self.disk_label = QLabel()
         self.disk_label.setEnabled(False)  # dim
-        self.hub_panel = HubPanel(self.data_root, self.on_cpu)
+        self._derived: dict[str, list[derived.DerivedFile]] = {}  # by spec
+        self.hub_panel = HubPanel(self.data_root, self.on_cpu, downloads=downloads)
         self.hub_panel.downloaded.connect(self._on_downloaded)
         self.buttons = QDialogButtonBox(
             QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
@@ -111,6 +123,7 @@ class ModelPickerDialog(QDialog):
         files.addWidget(self.gguf_button)
         files.addWidget(self.folder_button)
         files.addWidget(self.delete_button)
+        files.addWidget(self.clean_button)
         files.addStretch()
         files.addWidget(self.disk_label)
         local = QWidget()
@@ -138,17 +151,27 @@ class ModelPickerDialog(QDialog):
         try:
             entries = model_catalog(self.data_root, self.on_cpu)
             self._hub_models = {m.spec: m for m in installed.installed_models(self.data_root)}
+            self._derived = self._derived_by_spec()
         except (OSError, UserError) as exc:
-            entries, self._hub_models = [], {}
+            entries, self._hub_models, self._derived = [], {}, {}
             self._show_error(f"Could not list the models in {self.data_root}: {exc}")
         for entry in entries:
             self._add(entry)
         total = sum(m.size_bytes for m in self._hub_models.values())
+        made = derived.derived_bytes(self.data_root)
         self.disk_label.setText(
-            f"Downloaded from the hub: {len(self._hub_models)} · {human_bytes(total)}"
-            if self._hub_models
-            else ""
+            " · ".join(
+                part
+                for part in (
+                    f"Downloaded from the hub: {len(self._hub_models)} · {human_bytes(total)}"
+                    if self._hub_models
+                    else "",
+                    f"Made from models: {human_bytes(made)}" if made else "",
+                )
+                if part
+            )
         )
+        self.clean_button.setEnabled(made > 0)
         self._on_current_changed(None)
         if chosen:
             item = self._item(chosen)
@@ -205,22 +228,35 @@ class ModelPickerDialog(QDialog):
             f"cached sessions ({human_bytes(deleted.kv_bytes)})"
         )
 
-    def done(self, result: int) -> None:
-        """Closing the picker (OK, Cancel, Esc) stops a download: what came so far is
-        kept, and the next download of that model resumes it."""
-        self.hub_panel.cancel_download()
-        super().done(result)
-
     def accept(self) -> None:
-        if (
-            self.tabs.currentIndex() == 1
-            and self.hub_panel.target()
-            and not self.hub_panel.is_downloading()
-        ):
-            self.hub_panel.start_download()  # Enter on a search result downloads it
+        """OK or Enter. On the Download tab it never loads the other tab's model: Enter in
+        the search box searches (the box's own returnPressed), Enter on a result downloads
+        it. A download goes on after the picker closes."""
+        if self.tabs.currentIndex() == 1:
+            panel = self.hub_panel
+            if not panel.query.hasFocus() and panel.target() and not panel.is_downloading():
+                panel.start_download()
             return
         if self.chosen_spec() is not None:
             super().accept()
+
+    def _on_clean(self) -> None:
+        made = derived.derived_files(self.data_root)
+        size = sum(f.size_bytes for f in made)
+        if not made or not self._confirm_clean(size):
+            return
+        freed = derived.remove(made)
+        self._fill()
+        self.hub_panel.say(f"Deleted the files made from models: {human_bytes(freed)} freed")
+
+    def _derived_by_spec(self) -> dict[str, list[derived.DerivedFile]]:
+        found = {}
+        for model in list_local_models(self.data_root):
+            file = model_file(self.data_root, model)
+            made = derived.derived_of(self.data_root, file) if file is not None else []
+            if made:
+                found[model.spec] = made
+        return found
 
     # -- file dialogs (tests replace these) --
 
@@ -230,6 +266,15 @@ class ModelPickerDialog(QDialog):
 
     def _ask_mlx_folder(self) -> str:
         return QFileDialog.getExistingDirectory(self, "Open an MLX model folder")
+
+    def _confirm_clean(self, size: int) -> bool:
+        answer = QMessageBox.question(
+            self,
+            "Delete derived files",
+            f"Delete the files made from models at load ({human_bytes(size)}: tokenizers, "
+            "kept conversions)? The next load of each model makes what it needs again.",
+        )
+        return answer == QMessageBox.StandardButton.Yes
 
     def _confirm_delete(self, spec: str, size: int) -> bool:
         answer = QMessageBox.question(
@@ -268,16 +313,25 @@ class ModelPickerDialog(QDialog):
             kind += " · downloaded" if entry.downloaded else " · downloads on first use"
         hub_model = getattr(self, "_hub_models", {}).get(entry.spec)
         last_used = _ago(hub_model.last_used) if hub_model else ""
+        made = getattr(self, "_derived", {}).get(entry.spec, [])
+        made_bytes = sum(f.size_bytes for f in made)
         item = QTreeWidgetItem(
             [
                 entry.name,
                 kind,
-                human_bytes(entry.size_bytes),
+                human_bytes(entry.size_bytes) + (f" + {human_bytes(made_bytes)}" if made else ""),
                 human_bytes(entry.memory_bytes),
                 last_used,
             ]
         )
         item.setData(0, SPEC_ROLE, entry.spec)
+        if made:
+            item.setToolTip(
+                2,
+                "The model file, and files made from it at load and kept: "
+                + ", ".join(f"{f.kind} ({human_bytes(f.size_bytes)})" for f in made)
+                + ". They go with the model, or with Delete Derived Files.",
+            )
         item.setToolTip(0, "\n".join(text for text in (entry.description, entry.spec) if text))
         for column in (2, 3):
             item.setTextAlignment(

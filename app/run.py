@@ -34,21 +34,23 @@ def run_app(data_root: Path, model_spec: str, data_root_chosen: bool = True) -> 
                 f"The data folder in Preferences cannot be used, so "
                 f"RadixChat uses {data_root}.\n\n{exc.strerror or exc}: {settings.data_dir}",
             )
-    if model_spec == "default" and settings.last_model:
-        model_spec = settings.last_model
+    fallback = None  # the last-used model may be gone: then the default, said so
+    if model_spec == "default" and settings.last_model and settings.last_model != "default":
+        model_spec, fallback = settings.last_model, "default"
     try:
         store = ChatStore(chats_db_path(data_root))
     except StoreError as exc:  # also printed by the CLI, but a double-clicked app has no terminal
         QMessageBox.critical(None, "RadixChat", f"RadixChat cannot open its chats.\n\n{exc}")
         raise
     bridge = EngineBridge(data_root, model_spec, engine_options=settings.engine_options())
-    window = MainWindow(bridge, store, settings)
+    window = MainWindow(bridge, store, settings, fallback_model=fallback)
     window.show()
     bridge.start()
     try:
         app.exec()
     finally:
-        window.group_bridge.shutdown()  # a group serving the API stops in order (its ranks flush)
+        # a group serving the API stops in order (its ranks flush)
+        window.server.group_bridge.shutdown()
         bridge.shutdown()
         store.close()
     return 0

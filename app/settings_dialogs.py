@@ -1,11 +1,13 @@
-"""Settings: a chat's sampling and system prompt, and the app's own (kept in QSettings).
+"""The app's own settings (kept in QSettings) and Preferences.
 
-``SessionSettingsDialog`` edits one chat's settings dict (the store's ``settings``) and
-system prompt. ``AppSettings`` is the typed face of QSettings; ``AppSettingsDialog``
-edits the part of it that takes effect at the next start (data folder, memory budgets).
+``AppSettings`` is the typed face of QSettings; ``AppSettingsDialog`` (Preferences) edits
+the part of it that takes effect at the next start (data folder, memory budgets) and says
+so. A chat's own settings: :mod:`app.chat_settings`.
 """
 
 from __future__ import annotations
+
+import json
 
 from PySide6.QtCore import QByteArray, QSettings
 from PySide6.QtWidgets import (
@@ -17,119 +19,16 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QLineEdit,
-    QPlainTextEdit,
     QPushButton,
     QSpinBox,
     QVBoxLayout,
     QWidget,
 )
 
-from core.engine.types import SamplingParams
+from app.chat_settings import ChatPreset
 from core.paths import GB, MB, default_disk_budget, gb_to_bytes
 
-# what a chat's settings edit
-SESSION_SAMPLING_KEYS = ("temperature", "top_p", "max_tokens", "seed")
-# a new chat's sampling: the engine's defaults (SamplingParams' fields), not a copy of them
-DEFAULT_SAMPLING = {key: getattr(SamplingParams(), key) for key in SESSION_SAMPLING_KEYS}
-MAX_TOKENS_LIMIT = 32768
-MAX_SEED = 2**31 - 1
-RANDOM_SEED_TEXT = "random"
-
-
-class SessionSettingsDialog(QDialog):
-    """One chat's system prompt and sampling (temperature, top-p, max tokens, seed).
-
-    ``values()`` gives back ``(settings, system_prompt)``: the settings dict it was given
-    (other keys kept) with the four edited, and None for an empty system prompt."""
-
-    def __init__(self, settings: dict, system_prompt: str | None, parent: QWidget | None = None):
-        super().__init__(parent)
-        self.setWindowTitle("Chat settings")
-        self._settings = dict(settings)
-
-        self.system_prompt = QPlainTextEdit()
-        self.system_prompt.setPlaceholderText("No system prompt: the model's own default")
-        self.system_prompt.setPlainText(system_prompt or "")
-        self.system_prompt.setMinimumHeight(self.fontMetrics().lineSpacing() * 5 + 12)
-        self.temperature = QDoubleSpinBox()
-        self.temperature.setRange(0.0, 2.0)
-        self.temperature.setSingleStep(0.1)
-        self.temperature.setDecimals(2)
-        self.temperature.setToolTip("Randomness of the reply: 0 always picks the likeliest token")
-        self.top_p = QDoubleSpinBox()
-        self.top_p.setRange(0.01, 1.0)
-        self.top_p.setSingleStep(0.05)
-        self.top_p.setDecimals(2)
-        self.top_p.setToolTip(
-            "Sample only from the likeliest tokens that together have this probability"
-        )
-        self.max_tokens = QSpinBox()
-        self.max_tokens.setRange(1, MAX_TOKENS_LIMIT)
-        self.max_tokens.setSingleStep(64)
-        self.max_tokens.setToolTip("The longest reply, in tokens")
-        self.seed = QSpinBox()
-        self.seed.setRange(-1, MAX_SEED)  # the minimum is the special value: no seed
-        self.seed.setSpecialValueText(RANDOM_SEED_TEXT)
-        self.seed.setToolTip(
-            "The same seed and settings give the same reply; “random” differs each time"
-        )
-        self._show(self._settings)
-        width = max(
-            box.sizeHint().width()
-            for box in (self.temperature, self.top_p, self.max_tokens, self.seed)
-        )
-        for box in (self.temperature, self.top_p, self.max_tokens, self.seed):
-            box.setMinimumWidth(width)  # one column of equal boxes
-
-        form = QFormLayout()
-        # numbers stay narrow
-        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.ExpandingFieldsGrow)
-        form.addRow("System prompt:", self.system_prompt)
-        form.addRow("Temperature:", self.temperature)
-        form.addRow("Top-p:", self.top_p)
-        form.addRow("Max tokens:", self.max_tokens)
-        form.addRow("Seed:", self.seed)
-        buttons = QDialogButtonBox(
-            QDialogButtonBox.StandardButton.Ok
-            | QDialogButtonBox.StandardButton.Cancel
-            | QDialogButtonBox.StandardButton.RestoreDefaults
-        )
-        buttons.accepted.connect(self.accept)
-        buttons.rejected.connect(self.reject)
-        buttons.button(QDialogButtonBox.StandardButton.RestoreDefaults).clicked.connect(
-            self.restore_defaults
-        )
-        self.buttons = buttons
-        column = QVBoxLayout(self)
-        column.addLayout(form)
-        column.addWidget(buttons)
-        self.resize(460, self.sizeHint().height())
-
-    def values(self) -> tuple[dict, str | None]:
-        seed = self.seed.value()
-        settings = {
-            **self._settings,
-            "temperature": round(self.temperature.value(), 2),
-            "top_p": round(self.top_p.value(), 2),
-            "max_tokens": self.max_tokens.value(),
-            "seed": None if seed == self.seed.minimum() else seed,
-        }
-        prompt = self.system_prompt.toPlainText()
-        return settings, (prompt if prompt.strip() else None)
-
-    def restore_defaults(self) -> None:
-        """The default sampling; the system prompt stays."""
-        self._show(DEFAULT_SAMPLING)
-
-    def _show(self, settings: dict) -> None:
-        value = {
-            **DEFAULT_SAMPLING,
-            **{k: v for k, v in settings.items() if v is not None or k == "seed"},
-        }
-        self.temperature.setValue(float(value["temperature"]))
-        self.top_p.setValue(float(value["top_p"]))
-        self.max_tokens.setValue(int(value["max_tokens"]))
-        self.seed.setValue(self.seed.minimum() if value["seed"] is None else int(value["seed"]))
+DEFAULT_API_PORT = 8000
 
 
 class AppSettings:
@@ -204,6 +103,80 @@ class AppSettings:
         self._set("last_session", value or None)
 
     @property
+    def presets(self) -> dict[str, ChatPreset]:
+        """The chat settings presets by name (Chat Settings saves and applies them)."""
+        presets = (ChatPreset.from_json(v) for v in self._get_json("chat/presets", list))
+        return {p.name: p for p in presets if p is not None}
+
+    @presets.setter
+    def presets(self, value: dict[str, ChatPreset]) -> None:
+        self._set_json("chat/presets", [p.to_json() for p in value.values()] or None)
+
+    @property
+    def new_chat_defaults(self) -> ChatPreset | None:
+        """What a new chat starts with; None: a copy of the chat open at the time."""
+        return ChatPreset.from_json(self._get_json("chat/new_chat_defaults", dict))
+
+    @new_chat_defaults.setter
+    def new_chat_defaults(self, value: ChatPreset | None) -> None:
+        self._set_json("chat/new_chat_defaults", value.to_json() if value is not None else None)
+
+    @property
+    def api_port(self) -> int:
+        """Where "Serve API" listens (8000 unless set; 0: any free port)."""
+        port = self._get("api/port", int)
+        return DEFAULT_API_PORT if port is None else port
+
+    @api_port.setter
+    def api_port(self, value: int | None) -> None:
+        self._set("api/port", None if value == DEFAULT_API_PORT else value)
+
+    @property
+    def api_keys(self) -> list[str]:
+        """The keys "Serve API" asks for (none: it takes requests without one)."""
+        return [key for key in self._get_json("api/keys", list) if isinstance(key, str) and key]
+
+    @api_keys.setter
+    def api_keys(self, value: list[str]) -> None:
+        self._set_json("api/keys", list(value) or None)
+
+    @property
+    def api_origins(self) -> list[str]:
+        """Web pages (origins) allowed to call the API from a browser."""
+        return [o for o in self._get_json("api/origins", list) if isinstance(o, str) and o]
+
+    @api_origins.setter
+    def api_origins(self, value: list[str]) -> None:
+        self._set_json("api/origins", list(value) or None)
+
+    @property
+    def api_on_network(self) -> bool:
+        """Serve on every network interface (a key is then needed), not only 127.0.0.1."""
+        return bool(self._get("api/network", int))
+
+    @api_on_network.setter
+    def api_on_network(self, value: bool) -> None:
+        self._set("api/network", 1 if value else None)
+
+    @property
+    def panels_hidden(self) -> bool:
+        """View > Show Panels was unticked: the memory and cache panels are hidden."""
+        return bool(self._get("window/panels_hidden", int))
+
+    @panels_hidden.setter
+    def panels_hidden(self, value: bool) -> None:
+        self._set("window/panels_hidden", 1 if value else None)
+
+    @property
+    def collapsed_panels(self) -> set[str]:
+        """The live panels folded to their one-line summary ("memory", "cache")."""
+        return {name for name in self._get_json("window/collapsed", list) if isinstance(name, str)}
+
+    @collapsed_panels.setter
+    def collapsed_panels(self, value: set[str]) -> None:
+        self._set_json("window/collapsed", sorted(value) or None)
+
+    @property
     def window_geometry(self) -> bytes | None:
         return self._get_bytes("window/geometry")
 
@@ -239,6 +212,18 @@ class AppSettings:
         except (TypeError, ValueError):  # edited by hand into nonsense: the default
             return None
 
+    def _get_json(self, key: str, kind: type):
+        """A JSON value of type ``kind`` (an empty one when missing or not JSON of that type)."""
+        text = self._get(key, str)
+        try:
+            value = json.loads(text) if text else kind()
+        except ValueError:
+            return kind()
+        return value if isinstance(value, kind) else kind()
+
+    def _set_json(self, key: str, value: object) -> None:
+        self._set(key, None if value is None else json.dumps(value))
+
     def _get_bytes(self, key: str) -> bytes | None:
         if not self.qsettings.contains(key):
             return None
@@ -268,6 +253,7 @@ class AppSettingsDialog(QDialog):
         super().__init__(parent)
         self.setWindowTitle("RadixChat settings")
         self.settings = settings
+        self.changed: list[str] = []  # what the last apply() changed
         if default_disk_cache_gb is None:
             default_disk_cache_gb = default_disk_budget() / GB
 
@@ -305,8 +291,7 @@ class AppSettingsDialog(QDialog):
         form.addRow("Data folder:", folder_row)
         form.addRow("KV pool RAM budget:", self.kv_pool_mb)
         form.addRow("Disk cache budget:", self.disk_cache_gb)
-        note = QLabel("Changes apply the next time RadixChat starts.")
-        note.setEnabled(False)  # dim
+        note = QLabel("These apply the next time RadixChat starts.")
         buttons = QDialogButtonBox(
             QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
         )
@@ -318,12 +303,18 @@ class AppSettingsDialog(QDialog):
         column.addWidget(buttons)
         self.resize(max(520, self.sizeHint().width()), self.sizeHint().height())
 
-    def apply(self) -> None:
-        """Write the fields into the settings (empty / special values: None)."""
+    def apply(self) -> list[str]:
+        """Write the fields into the settings (empty / special values: None); returns what
+        changed, in words, for the window to say it waits for a restart."""
+        before = (self.settings.data_dir, self.settings.kv_pool_mb, self.settings.disk_cache_gb)
         self.settings.data_dir = self.data_dir.text().strip() or None
         self.settings.kv_pool_mb = self.kv_pool_mb.value() or None
         self.settings.disk_cache_gb = self.disk_cache_gb.value() or None
         self.settings.sync()
+        after = (self.settings.data_dir, self.settings.kv_pool_mb, self.settings.disk_cache_gb)
+        names = ("the data folder", "the KV pool budget", "the disk cache budget")
+        self.changed = [name for name, old, new in zip(names, before, after) if old != new]
+        return self.changed
 
     def accept(self) -> None:
         self.apply()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -134,7 +135,10 @@ class PrefixCache:
         # (tokens, a source of their K/V, the snapshots at its end, its namespace) before
         # its pages go.
         self.write_back = None
-        self.tree.on_evict = self._evicting
+        # weakly: the tree is this cache's own, so a strong hook would make a cycle that keeps
+        # the model (and its weights) alive after a model switch until the cyclic GC runs
+        evicting = weakref.WeakMethod(self._evicting)
+        self.tree.on_evict = lambda node: _call_if_alive(evicting, node)
 
     @property
     def enabled(self) -> bool:
@@ -504,3 +508,9 @@ class PrefixCache:
                 snapshots += 1
                 snapshot_bytes += node.snapshot.nbytes
         return len(evictable - locked), len(locked), snapshots, snapshot_bytes
+
+
+def _call_if_alive(method: weakref.WeakMethod, node: TreeNode) -> None:
+    bound = method()
+    if bound is not None:
+        bound(node)

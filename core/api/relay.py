@@ -75,6 +75,9 @@ class EngineEvents:
             elif isinstance(event, DoneEvent):
                 ttft = (self._first_token_at or time.monotonic()) - self._arrived
                 self.api.metrics.record_generation(event.stats, ttft)
+                self.api.request_log.record(self._scope.get("path", ""), event.stats, ttft)
+            elif isinstance(event, ErrorEvent):
+                self.api.request_log.record_error(self._scope.get("path", ""), event.message)
             if isinstance(event, (DoneEvent, ErrorEvent)):
                 self.api.release(self.handle)  # no longer in flight, before the reply is sent
             elif (

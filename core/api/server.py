@@ -39,6 +39,7 @@ from core.api.errors import engine_error
 from core.api.guard import normalize_origin
 from core.api.limits import DEFAULT_REQUEST_LIMITS, RequestLimits
 from core.api.metrics import ServerMetrics
+from core.api.request_log import RequestLog
 from core.api.schema_checks import SchemaChecks
 from core.api.state import ApiState
 from core.engine.engine import Engine
@@ -117,6 +118,11 @@ class ApiServer:
     @property
     def metrics(self) -> ServerMetrics:
         return self.state.metrics
+
+    @property
+    def request_log(self) -> RequestLog:
+        """The last requests served (dialect, tokens, cached tokens, TTFT)."""
+        return self.state.request_log
 
     @property
     def api_key(self) -> str | None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from core.api.errors import ApiError, shutting_down
 from core.api.limits import DEFAULT_REQUEST_LIMITS, ByteAllowance, RequestLimits
 from core.api.metrics import ServerMetrics
+from core.api.request_log import RequestLog
 from core.api.schema_checks import SchemaChecks
 from core.api.wire import MODEL_ALIASES, ModelCard
 from core.engine import namespaces
@@ -62,6 +63,7 @@ class ApiState:
         self.stopping = False
         self.events_waker = None  # core.api.relay's, made on the server's event loop
         self.metrics = ServerMetrics(engine.stats, lambda: len(self._handles))
+        self.request_log = RequestLog()  # the last requests, for the app's request log
 
     @property
     def api_key(self) -> str | None:

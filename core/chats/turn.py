@@ -48,6 +48,18 @@ def last_turn_start(messages: list[Message]) -> int:
 
 
 @dataclass(frozen=True)
+class MadeWith:
+    """What a reply was made with, stored beside its figures (and exported with it): the
+    model's name and the sampling settings."""
+
+    model: str
+    sampling: dict
+
+    def figures(self) -> dict:
+        return {"model": self.model, "sampling": dict(self.sampling)}
+
+
+@dataclass(frozen=True)
 class SavedTurn:
     """What became of a finished turn: ``stored`` or not; ``error``, one line, when it should
     have been and could not be (the reply is shown all the same); the bytes of KV cache
@@ -118,12 +130,21 @@ class ChatTurn:
         stopped = stats is None or stats.finish_reason == "cancelled"
         return bool(text) or not stopped
 
-    def finish(self, store: ChatStore, text: str, stats: RequestStats | None) -> bool:
-        """Store the turn with its reply, if ``keeps`` says so; True when it was stored.
-        Raises StoreError when the store fails (the chat goes on in memory)."""
+    def finish(
+        self,
+        store: ChatStore,
+        text: str,
+        stats: RequestStats | None,
+        made_with: MadeWith | None = None,
+    ) -> bool:
+        """Store the turn with its reply, if ``keeps`` says so; True when it was stored. The
+        reply's figures hold the engine's stats and what it was ``made_with``. Raises
+        StoreError when the store fails (the chat goes on in memory)."""
         if not self.keeps(text, stats):
             return False
         figures = dataclasses.asdict(stats) if stats is not None else None
+        if made_with is not None:
+            figures = {**(figures or {}), **made_with.figures()}
         if self.replace:
             store.replace_last_turn(self.session.id, self.prompt, text, figures)
         else:
@@ -136,13 +157,14 @@ class ChatTurn:
         text: str,
         stats: RequestStats | None,
         make_room: Callable[[], int] | None = None,
+        made_with: MadeWith | None = None,
     ) -> SavedTurn:
         """``finish``, never raising: the caller shows the reply either way. When the store
         fails because the disk is full, the chat history wins: ``make_room`` (the engine's
         ``give_disk_space_back``: deletes the KV cache's files, returns the bytes freed)
         runs, and the turn is tried once more."""
         try:
-            return SavedTurn(self.finish(store, text, stats))
+            return SavedTurn(self.finish(store, text, stats, made_with))
         except StoreError as exc:
             if getattr(exc, "reason", None) != "full" or make_room is None:
                 return SavedTurn(False, str(exc))
@@ -150,6 +172,6 @@ class ChatTurn:
             if not freed:
                 return SavedTurn(False, str(exc))
         try:
-            return SavedTurn(self.finish(store, text, stats), cache_freed=freed)
+            return SavedTurn(self.finish(store, text, stats, made_with), cache_freed=freed)
         except StoreError as exc:
             return SavedTurn(False, str(exc), freed)

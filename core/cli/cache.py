@@ -1,4 +1,5 @@
-"""``radixchat cache stats|verify|clear``: the disk caches of session KV.
+"""``radixchat cache stats|verify|clear``: the disk caches of session KV (``clear`` of
+everything also deletes the files made from models at load: ``core.models.derived``).
 
 The data folder holds the single machine's store (``kvcache.db``) and, beside it, one store
 per rank of each group that ran from it (``kvcache-rank1of2.db``: :mod:`core.distributed`).
@@ -18,6 +19,7 @@ from core.cli.terminal import safe
 from core.distributed.shard import rank_cache_stores
 from core.engine import namespaces
 from core.errors import StoreError, UserError
+from core.models import derived
 from kvcache.sqlite_file import remove_files
 from kvcache.store import DiskStore, DiskStoreError, session_row
 
@@ -44,6 +46,14 @@ def run_cache(args) -> int:
             _clear(single, args.session, "")
         for name, path in ranks:
             _clear(path, args.session, f"{name}: ")
+        if args.session is None and chosen is None:  # the files made from models go too
+            made = derived.derived_files(root)
+            if made:
+                freed = derived.remove(made)
+                print(
+                    f"deleted {len(made)} files made from models at load: "
+                    f"{freed / paths.MB:.1f} MB freed (the next load makes them again)"
+                )
         return 0
     if single is None or not single.exists():
         report = {"path": str(single), "exists": False}

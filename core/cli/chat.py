@@ -8,7 +8,7 @@ from dataclasses import asdict
 
 from core import paths
 from core.chats.store import ChatStore, Session, check_name, readable
-from core.chats.turn import ChatTurn
+from core.chats.turn import ChatTurn, MadeWith
 from core.cli.progress import print_progress
 from core.cli.terminal import safe, safe_text
 from core.engine.engine import Engine
@@ -163,7 +163,11 @@ def _run_turn(engine, store, session: Session, prompt: str, sampling, args):
     reply = done.text if done else "".join(pieces)
     stats = done.stats if done else RequestStats(finish_reason="cancelled")
     # stopped before any text: not stored, as if never sent; a full disk: the cache gives way
-    saved = turn.save(store, reply, stats, make_room=engine.give_disk_space_back)
+    info = engine.model_info
+    made_with = MadeWith(info.name if info else "", _sampling_settings(sampling))
+    saved = turn.save(
+        store, reply, stats, make_room=engine.give_disk_space_back, made_with=made_with
+    )
     not_saved = saved.error
     if saved.cache_freed:
         print(
@@ -205,3 +209,19 @@ def _run_turn(engine, store, session: Session, prompt: str, sampling, args):
         )
         return EXIT_NOT_SAVED, stats
     return 0, stats
+
+
+def _sampling_settings(sampling) -> dict:
+    """A turn's sampling as the chat store keeps it (the window's keys)."""
+    return {
+        key: getattr(sampling, key)
+        for key in (
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "repetition_penalty",
+            "max_tokens",
+            "seed",
+        )
+    }

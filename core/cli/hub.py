@@ -9,6 +9,7 @@ from pathlib import Path
 from core import paths
 from core.cli.terminal import safe
 from core.errors import UserError
+from core.models import derived
 from core.models.hub import client, download  # models and rm import theirs when they run
 from core.models.hub.fit import describe_fit, estimate_fit
 from core.models.hub.search import search
@@ -118,6 +119,8 @@ def run_pull(args) -> int:
             choice = f"{safe(repo_id)}:{safe(f.path):<40} {human(f.size):>9}"
             print(f"  {choice}  {describe_fit(fit)}", file=sys.stderr)
         return 2
+    if plan.note:
+        print(f"radixchat: {safe(plan.note)}", file=sys.stderr)
     have = download.partial_bytes(plan)
     print(
         f"radixchat: {safe(plan.spec)}: {len(plan.files)} files, {human(plan.size_bytes)}"
@@ -141,18 +144,22 @@ def run_pull(args) -> int:
 
 def run_models(args) -> int:
     from core.models.hub import hf_cache, installed
-    from core.models.local import list_local_models
+    from core.models.local import list_local_models, model_file
     from core.models.pypi.known import KNOWN_MODELS
 
     root = paths.data_dir(args.data_dir)
     if getattr(args, "models_command", None) == "rm":
         return _remove(root, args.name, args.yes)
-    local = [m for m in list_local_models(root) if m.kind not in ("hf-cache", "hf-gguf")]
+    if getattr(args, "models_command", None) == "clean":
+        return _clean(root, args.gone)
+    every = list_local_models(root)
+    files = {m.spec: model_file(root, m) for m in every}
+    local = [m for m in every if m.kind not in ("hf-cache", "hf-gguf")]
     present = {m.spec for m in local}
     for model in local:
         print(
             f"{safe(model.spec):<48} {model.kind:<10} {model.size_bytes / 1e6:9.1f} MB  "
-            f"{safe(model.name)}"
+            f"{safe(model.name)}{_derived_note(root, files[model.spec])}"
         )
     for name, known in KNOWN_MODELS.items():
         if name not in present:
@@ -164,7 +171,7 @@ def run_models(args) -> int:
     for m in models:
         print(
             f"{safe(m.spec):<48} {'hub ' + m.kind:<10} {m.size_bytes / 1e6:9.1f} MB  last used "
-            f"{ago(m.last_used)}"
+            f"{ago(m.last_used)}{_derived_note(root, files.get(m.spec))}"
         )
     for p in installed.partial_downloads():
         name = safe(p.repo_id)
@@ -178,6 +185,41 @@ def run_models(args) -> int:
             f"{human(sum(m.size_bytes for m in models))} "
             f"in {safe(hf_cache.hf_cache_root())}"
         )
+    made = derived.derived_files(root)
+    if made:
+        gone = derived.orphans(root, [f for f in files.values() if f is not None])
+        print(
+            f"made from models at load: {human(sum(f.size_bytes for f in made))} in "
+            f"{safe(root)} (tokenizers, kept conversions; counted in the disk cache's budget)"
+            + (
+                f", {human(sum(f.size_bytes for f in gone))} of models no longer here"
+                if gone
+                else ""
+            )
+            + ": `radixchat models clean` deletes them"
+        )
+    return 0
+
+
+def _derived_note(root: Path, file: Path | None) -> str:
+    """``  + 17.3 MB made from it (tokenizer)`` for a model with derived files."""
+    made = derived.derived_of(root, file) if file is not None else []
+    if not made:
+        return ""
+    kinds = ", ".join(sorted({f.kind for f in made}))
+    return f"  + {human(sum(f.size_bytes for f in made))} made from it ({kinds})"
+
+
+def _clean(root: Path, gone_only: bool) -> int:
+    from core.models.local import list_local_models, model_file
+
+    if gone_only:
+        files = [model_file(root, m) for m in list_local_models(root)]
+        chosen = derived.orphans(root, [f for f in files if f is not None])
+    else:
+        chosen = derived.derived_files(root)
+    freed = derived.remove(chosen)
+    print(f"deleted {len(chosen)} files made from models: {human(freed)} freed")
     return 0
 
 
@@ -200,5 +242,6 @@ def _remove(root: Path, spec: str, yes: bool) -> int:
     print(
         f"deleted {safe(spec)}: {human(deleted.freed_bytes)} of model files, "
         f"{deleted.kv_sessions} cached sessions ({human(deleted.kv_bytes)})"
+        + (f", {human(deleted.derived_bytes)} made from it" if deleted.derived_bytes else "")
     )
     return 0

@@ -39,9 +39,11 @@ from core.engine.commands import (
     StopCommand,
 )
 from core.engine.constrain import check_request
+from core.engine.handle import PreparedPrompt, RequestHandle
 from core.engine.prompt import PromptLimit, Prompts
 from core.engine.types import DoneEvent, ErrorEvent, Event, GenerationRequest, RequestStats
 from core.errors import ErrorKind, ModelLoadError, UserError
+from core.models.derived import derived_bytes
 from kvcache.stats import CacheStats, DiskTierStats
 
 if TYPE_CHECKING:  # core.models.load.loader imports mlx: only the engine thread loads it
@@ -49,7 +51,6 @@ if TYPE_CHECKING:  # core.models.load.loader imports mlx: only the engine thread
 
 log = logging.getLogger(__name__)
 
-_END = object()  # end of a request's event stream
 PUBLISH_EVERY_S = 0.1  # the decode loop's stats refresh (see Engine._publish_stats)
 # prompts rendered and tokenised at once (a long one does not hold up a short one)
 PROMPT_THREADS = 2
@@ -73,88 +74,9 @@ class EngineStats:
     rss_bytes: int = 0  # the whole process (read when stats() is called)
     disk_cache_bytes: int = 0  # the KV cache database on disk, WAL included (idem)
     disk_cache_budget_bytes: int = 0  # 0 while the disk cache is off
+    # files made from models at load (tokenizers, kept conversions), counted in the budget
+    derived_bytes: int = 0
     disk: DiskTierStats | None = None  # the disk tier's reads and writes (None while off)
-
-
-@dataclass(frozen=True)
-class PreparedPrompt:
-    """A request's prompt as a prompt thread worked it out: its token ids, for the model
-    of the engine's ``load``-th load (a model loaded since needs them worked out again)."""
-
-    load: int
-    tokens: list[int]
-
-
-class RequestHandle:
-    """One submitted request: the client's side (its events, a cancel switch) and the
-    engine's (:meth:`emit`, :meth:`finish`, ``prepared``).
-
-    A thread reads the events with :meth:`events` (blocking). An event loop instead asks
-    to be woken (:meth:`on_events`) and takes what has arrived with :meth:`take`, so no
-    thread per request is needed to carry the tokens across.
-
-    The engine side is what the scheduler needs of a request: ``request``, ``cancelled``,
-    ``prompt_s``, :meth:`emit` and :meth:`finish` (a sharded engine's
-    :class:`core.distributed.engine.ShardHandle` offers the same)."""
-
-    def __init__(self, request: GenerationRequest):
-        self.request = request  # as submitted; the engine admits it carrying its token ids
-        self._events: queue.SimpleQueue = queue.SimpleQueue()
-        self._cancel = threading.Event()
-        self._wake: Callable[[], None] | None = None
-        # set by a prompt thread, taken by the engine thread
-        self.prepared: PreparedPrompt | None = None
-        self.prompt_s = 0.0  # seconds its prompt took to render and tokenise (its TTFT counts them)
-
-    def cancel(self) -> None:
-        self._cancel.set()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancel.is_set()
-
-    def events(self, timeout: float | None = None) -> Iterator[Event]:
-        """Events until the request ends (a DoneEvent or an ErrorEvent comes last)."""
-        while True:
-            item = self._events.get(timeout=timeout)
-            if item is _END:
-                return
-            yield item
-
-    def on_events(self, wake: Callable[[], None]) -> None:
-        """Call ``wake()`` whenever events arrive (on the engine thread, or the prompt thread
-        that refuses the request: it must be quick and never block), and once now if some are
-        already waiting. Then read with :meth:`take`."""
-        self._wake = wake
-        if not self._events.empty():
-            wake()
-
-    def take(self) -> tuple[list[Event], bool]:
-        """The events that have arrived, without waiting; and whether the stream has ended
-        (nothing comes after)."""
-        taken: list[Event] = []
-        while True:
-            try:
-                item = self._events.get_nowait()
-            except queue.Empty:
-                return taken, False
-            if item is _END:
-                return taken, True
-            taken.append(item)
-
-    # engine side
-    def emit(self, event: Event) -> None:
-        """Send ``event`` to the client (the engine thread, or a prompt thread refusing
-        the request)."""
-        self._events.put(event)
-        if self._wake is not None:
-            self._wake()
-
-    def finish(self) -> None:
-        """End the stream: nothing is emitted after this."""
-        self._events.put(_END)
-        if self._wake is not None:
-            self._wake()
 
 
 class Engine:
@@ -209,6 +131,7 @@ class Engine:
         self._pool_segment_bytes = pool_segment_bytes  # None: the builder's default; 0: no segments
         self._disk_cache = disk_cache
         self._disk_budget = disk_budget_bytes
+        self._derived_bytes = 0  # the data folder's derived files, measured at each load
         self._disk_min_tokens = disk_min_tokens  # unnamed requests shorter than this stay off disk
         self._persister = None  # kvcache.persist.DiskTier, engine thread only
         self.disk_cache_error: str | None = None  # why the disk cache is off, if it is
@@ -277,12 +200,13 @@ class Engine:
                 except OSError:
                     pass
         persister = self._persister
-        budget = (self._disk_budget or paths.default_disk_budget()) if persister is not None else 0
+        budget = self._kv_disk_budget() if persister is not None else 0
         return dataclasses.replace(
             self._stats,
             rss_bytes=rss,
             disk_cache_bytes=disk,
             disk_cache_budget_bytes=budget,
+            derived_bytes=self._derived_bytes,
             disk=persister.stats() if persister is not None else None,
         )
 
@@ -454,7 +378,7 @@ class Engine:
                     path,
                     self._prefix_cache,
                     fingerprint,
-                    self._disk_budget or paths.default_disk_budget(),
+                    self._kv_disk_budget(),
                     MIN_WRITE_TOKENS if self._disk_min_tokens is None else self._disk_min_tokens,
                 )
             except DiskStoreError as exc:
@@ -475,6 +399,12 @@ class Engine:
             log.warning("disk cache off: %s", error)
             return None
         return None
+
+    def _kv_disk_budget(self) -> int:
+        """The disk budget less what the models' derived files take (a tokenizer, a kept
+        conversion: ``core.models.derived``), down to a quarter of it at least."""
+        budget = self._disk_budget or paths.default_disk_budget()
+        return max(budget - self._derived_bytes, budget // 4)
 
     def _forget(self, session: str, namespace: str) -> None:
         if self._prefix_cache is not None:
@@ -560,37 +490,77 @@ class Engine:
         return loaded
 
     def _do_load(self, command: LoadCommand) -> None:
-        try:
-            loaded = self._load_model(command.spec, command.weights_format)
-        except UserError as exc:
-            command.error = str(exc)
-        except Exception as exc:  # a bug: keep the engine alive, report one line
-            log.exception("loading %s failed", command.spec)
-            command.error = f"loading {command.spec} failed: {exc}"
-        else:
-            try:
-                self._install(loaded, command)
-            except Exception as exc:  # out of memory for the pool, a bug...
-                log.exception("setting up %s failed", command.spec)
-                self._close_persister()  # its writer thread and connections, if it got that far
-                self._loaded = self._prefix_cache = self._scheduler = self._persister = (
-                    self._prompts
-                ) = None
-                self._info = None
-                command.error = f"setting up {command.spec} failed: {exc}"
+        """Load ``command.spec`` in place of the current model, which goes first (two models
+        never share memory); if the new one cannot be loaded, the previous one is loaded back."""
+        previous = self._info
+        if previous is not None:
+            command.error = self._missing(command.spec)  # then nothing changes
+            if command.error is not None:
+                return self._done_loading(command)
+            self._drop_model()
+        command.error = self._load_and_install(command)
+        if command.error is not None and previous is not None:
+            back = LoadCommand(previous.spec, previous.weights_format)
+            if self._load_and_install(back) is not None:
+                log.error("the previous model %s did not load again: %s", previous.spec, back.error)
+        self._done_loading(command)
+
+    def _done_loading(self, command: LoadCommand) -> None:
         if self._info is None:
             self._load_error = command.error
         self._ready.set()
         command.done.set()
+
+    def _missing(self, spec: str) -> str | None:
+        """Why ``spec`` names no model on this machine (a known one is fetched), else None."""
+        from core.models.load.loader import resolve_spec
+
+        try:
+            resolve_spec(spec, self.data_root, self._on_load_progress)
+        except UserError as exc:
+            return str(exc)
+        return None
+
+    def _load_and_install(self, command: LoadCommand) -> str | None:
+        """None once ``command``'s model is the engine's, else one line for the user."""
+        try:
+            loaded = self._load_model(command.spec, command.weights_format)
+        except UserError as exc:
+            command.error = str(exc)
+            return command.error
+        except Exception as exc:  # a bug: keep the engine alive, report one line
+            log.exception("loading %s failed", command.spec)
+            command.error = f"loading {command.spec} failed: {exc}"
+            return command.error
+        try:
+            self._install(loaded, command)
+        except Exception as exc:  # out of memory for the pool, a bug...
+            log.exception("setting up %s failed", command.spec)
+            del loaded
+            self._drop_model()  # its writer thread and connections, if it got that far
+            command.error = f"setting up {command.spec} failed: {exc}"
+            return command.error
+        from core.engine.memory import give_memory_back
+
+        give_memory_back()  # what loading left behind (temporary buffers)
+        return None
+
+    def _drop_model(self) -> None:
+        """Let the model, its pool, tree and disk tier go, and their memory back."""
+        self._close_persister()
+        self._loaded = self._prefix_cache = self._scheduler = self._prompts = None
+        self._info = None
+        self._publish_stats()
+        from core.engine.memory import give_memory_back
+
+        give_memory_back()
 
     def _install(self, loaded, command: LoadCommand) -> None:
         from core.engine.scheduler import Scheduler
         from kvcache.builder import DEFAULT_PAGE_SIZE, build_kv_cache
         from kvcache.prefix_cache import PrefixCache
 
-        self._close_persister()
-        # free the old pool first
-        self._loaded = self._prefix_cache = self._scheduler = self._prompts = None
+        self._derived_bytes = derived_bytes(self.data_root)  # counted against the disk budget
         build = build_kv_cache(
             loaded.model,
             weight_bytes=loaded.info.weight_bytes,

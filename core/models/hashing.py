@@ -119,6 +119,20 @@ class FileHashCache:
             self._put(key, digest)
         return digest.sha256
 
+    def remembered(self, path: Path) -> str | None:
+        """The file's SHA-256 if it was hashed here and has not changed since, without
+        reading it (None otherwise)."""
+        key = str(Path(path).resolve())
+        with self._lock:
+            remembered = FileDigest.from_json(self._entries.get(key))
+        try:
+            st = os.stat(key)
+        except OSError:
+            return None
+        if remembered is None or not remembered.still_matches(st):
+            return None
+        return remembered.sha256
+
     def remember(self, path: Path, sha256: str) -> None:
         """Record a hash known from elsewhere (a download checked while it was written)."""
         key = str(Path(path).resolve())

@@ -64,3 +64,15 @@ def folder_size(path: Path) -> int:
         except OSError:
             pass
     return total
+
+
+def model_file(data_root: Path, model: LocalModel) -> Path | None:
+    """The GGUF file of a listed model (the one its derived files are made from); None for an
+    MLX folder."""
+    if model.kind == "known-gguf":
+        return Path(data_root) / "models" / KNOWN_MODELS[model.spec].filename
+    if model.kind == "gguf":
+        return Path(model.spec)
+    if model.kind == "hf-gguf":
+        return hf_cache.resolve_gguf(model.spec)
+    return None

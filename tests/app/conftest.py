@@ -21,16 +21,24 @@ from tests.faults.conftest import small_disk  # noqa: E402,F401  (test_main_wind
 @pytest.fixture
 def open_window(qtbot, tmp_path):
     """open_window(spec=..., engine=...) -> (window, bridge, store); shut down afterwards.
+    ``server_port``: None for the settings' port (0: any free port).
     The data folder is tmp_path, so a second window in one test finds the first's chats."""
     opened = []
 
-    def open_(spec: str | None = None, engine: Engine | None = None, server_port: int = 0):
+    def open_(
+        spec: str | None = None,
+        engine: Engine | None = None,
+        server_port: int | None = 0,
+        fallback_model: str | None = None,
+    ):
         bridge = EngineBridge(tmp_path, spec, engine=engine)
         store = ChatStore(chats_db_path(tmp_path))
         settings = AppSettings(
             QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
         )
-        window = MainWindow(bridge, store, settings, server_port=server_port)
+        window = MainWindow(
+            bridge, store, settings, server_port=server_port, fallback_model=fallback_model
+        )
         qtbot.addWidget(window)
         window.show()
         opened.append((window, bridge, store))

@@ -186,13 +186,33 @@ def test_the_namespace_that_served_the_turn_is_shown(panel):
     assert "namespace" not in text(panel, "lastTurnValue")
 
 
+def test_every_figure_explains_itself(qtbot):
+    """Each caption and its figure carry a plain-words tooltip (Evictions, Namespace...)."""
+    from PySide6.QtWidgets import QLabel
+
+    panel = CachePanel()
+    qtbot.addWidget(panel)
+    captions = {
+        label.text(): label.toolTip()
+        for label in panel.findChildren(QLabel)
+        if not label.objectName() and label.text()
+    }
+    for key, value in panel.values.items():
+        assert len(value.toolTip().split()) >= 8, key
+    assert "dropped from RAM" in captions["Evictions"] and "room" in captions["Evictions"]
+    assert "no client sees another's prompts" in captions["Namespace"]
+    assert "computed by the model now" in captions["Last turn"]
+
+
 def test_how_the_model_is_cached_is_shown(panel):
     assert text(panel, "cachedAsValue") == "—"
     panel.update_totals(
         totals(cached_as="pages+snapshots", layout="4 caches in 4 slots: 2 full, 2 sliding")
     )
     assert text(panel, "cachedAsValue") == "KV pages + state snapshots"
-    assert panel.values["cachedAs"].toolTip() == "4 caches in 4 slots: 2 full, 2 sliding"
+    tip = panel.values["cachedAs"].toolTip()  # what it means, then this model's layout
+    assert tip.startswith("How this model's prompts are kept for reuse")
+    assert tip.endswith("\n\n4 caches in 4 slots: 2 full, 2 sliding")
     panel.update_totals(totals(cached_as="snapshots"))
     assert text(panel, "cachedAsValue") == "state snapshots (no full-attention layer)"
     panel.update_totals(totals(cached_as="pages"))

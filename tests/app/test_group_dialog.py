@@ -172,16 +172,16 @@ def test_the_server_menu_opens_the_group_settings_for_the_loaded_model(
     wait_ready(qtbot, bridge)
     assert window.group_action in window.menuBar().actions()[3].menu().actions()  # Server
     window.settings.group_hostfile = str(hostfile(tmp_path))  # the one a group last started with
-    with qtbot.waitSignal(window.group_bridge.checked, timeout=30000):
+    with qtbot.waitSignal(window.server.group_bridge.checked, timeout=30000):
         window.group_action.trigger()
-    dialog = window.group_dialog
+    dialog = window.server.group_dialog
     assert dialog.isVisible() and dialog.model_label.text() == "fake-model"
     assert dialog.hosts.count() == 2
     # the fake model's path
     assert dialog.split_label.text().startswith("✗ /fake has no config.json")
     assert not dialog.start_button.isEnabled()
     window.group_action.trigger()  # a second time: the same dialog, raised
-    assert window.group_dialog is dialog
+    assert window.server.group_dialog is dialog
 
 
 @pytest.mark.distributed

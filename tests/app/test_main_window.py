@@ -19,6 +19,7 @@ import urllib.request  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
+from app.chat_settings import MAX_TOKENS_LIMIT  # noqa: E402
 from core.engine.types import DoneEvent, ErrorEvent, RequestStats, TokenEvent  # noqa: E402
 from tests.app.window_fakes import GREEDY, WAIT_MS, FakeEngine, make_greedy, send_turn, wait_ready  # noqa: E402
 
@@ -55,22 +56,29 @@ def test_a_turn_streams_into_the_chat_and_is_stored(qtbot, open_window, tiny_mod
     assert window.composer.send_button.isEnabled() and window.composer.text() == ""
     stored = store.messages(window.session.id)
     assert [(m.role, m.content) for m in stored] == [("user", "Hello there"), ("assistant", reply)]
-    assert stored[1].stats == dataclasses.asdict(stats)
+    made_with = {"model": name, "sampling": window.sampling()}  # kept for the export
+    assert stored[1].stats == {**dataclasses.asdict(stats), **made_with}
     assert window.session.title == "Hello there"  # titled by its first message
     assert window.sessions.current_id() == window.session.id
 
 
-def test_stop_ends_the_reply_early_and_keeps_it(qtbot, open_window, tiny_model):
-    window, bridge, store = open_window(spec=str(tiny_model))
+def test_stop_ends_the_reply_early_and_keeps_it(qtbot, open_window, tmp_path):
+    """The reply could run to 32k tokens (a model with that context, which takes many
+    seconds): Esc, pressed once the first token is shown, always lands before its end."""
+    from core.models.tiny_model import TinyModelSpec, write_tiny_model
+
+    long_context = TinyModelSpec(num_layers=2, max_position_embeddings=MAX_TOKENS_LIMIT + 64)
+    model = write_tiny_model(tmp_path / "tiny-long", long_context)
+    window, bridge, store = open_window(spec=str(model))
     wait_ready(qtbot, bridge)
-    make_greedy(window, store, max_tokens=400)
+    make_greedy(window, store, max_tokens=MAX_TOKENS_LIMIT)
     qtbot.keyClicks(window.composer.input, "Tell me a long story")
     with qtbot.waitSignal(bridge.finished, timeout=WAIT_MS) as done:
         with qtbot.waitSignal(bridge.token, timeout=WAIT_MS):
             qtbot.keyClick(window.composer.input, Qt.Key.Key_Return)
         qtbot.keyClick(window.composer.input, Qt.Key.Key_Escape)  # Esc stops, like the Stop button
     reply, stats = done.args
-    assert stats.finish_reason == "cancelled" and stats.completion_tokens < 400
+    assert stats.finish_reason == "cancelled" and stats.completion_tokens < MAX_TOKENS_LIMIT
     assert "Stopped" in window.state_label.text()
     assert not window.composer.stop_button.isEnabled() and window.composer.send_button.isEnabled()
     assert store.messages(window.session.id)[-1].content == reply

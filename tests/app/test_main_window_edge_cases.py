@@ -16,68 +16,17 @@ from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
 from app.main_window import MainWindow  # noqa: E402
 from core.chats.store import ChatStore  # noqa: E402
-from core.engine.engine import RequestHandle  # noqa: E402
-from core.engine.types import DoneEvent, ErrorEvent, GenerationRequest, RequestStats, TokenEvent  # noqa: E402
+from core.engine.types import DoneEvent, ErrorEvent, RequestStats  # noqa: E402
 from core.paths import chats_db_path  # noqa: E402
-from tests.app.window_fakes import GREEDY, WAIT_MS, FakeEngine, make_greedy, send_turn, wait_ready  # noqa: E402
-
-
-class _Handle(RequestHandle):
-    """A held reply: Stop (cancel) ends it with what it streamed so far, as the engine does."""
-
-    def __init__(self, request: GenerationRequest):
-        super().__init__(request)
-        self.streamed = ""
-        self.ended = False
-
-    def stream(self, text: str) -> None:
-        self.streamed += text
-        self.emit(TokenEvent(text))
-
-    def end(self, event) -> None:
-        if not self.ended:
-            self.ended = True
-            self.emit(event)
-            self.finish()
-
-    def cancel(self) -> None:
-        super().cancel()
-        self.end(
-            DoneEvent(
-                self.streamed,
-                RequestStats(
-                    prompt_tokens=4,
-                    computed_tokens=4,
-                    completion_tokens=len(self.streamed),
-                    finish_reason="cancelled",
-                ),
-            )
-        )
-
-
-class ScriptedEngine(FakeEngine):
-    """Replies "reply N" at once; with ``hold`` set, the test streams and ends each reply."""
-
-    def __init__(self, data_root, hold: bool = False):
-        super().__init__(data_root)
-        self.hold = hold
-        self.handles: list[_Handle] = []
-        self.replies: list = []  # events to end the next replies with (default: "reply N")
-
-    def submit(self, request: GenerationRequest) -> RequestHandle:
-        self.requests.append(request)
-        handle = _Handle(request)
-        self.handles.append(handle)
-        if not self.hold:
-            text = f"reply {len(self.requests)}"
-            handle.end(
-                self.replies.pop(0)
-                if self.replies
-                else DoneEvent(
-                    text, RequestStats(prompt_tokens=4, computed_tokens=4, completion_tokens=2)
-                )
-            )
-        return handle
+from tests.app.window_fakes import (  # noqa: E402
+    GREEDY,
+    WAIT_MS,
+    FakeEngine,
+    ScriptedEngine,
+    make_greedy,
+    send_turn,
+    wait_ready,
+)
 
 
 def _stored(store, window) -> list[tuple[str, str]]:

@@ -280,3 +280,21 @@ def test_the_time_axis_shows_what_was_recorded_until_the_window_is_full(panel):
     assert (panel.x_axis.shown.min(), panel.x_axis.shown.max()) == (-5, 0)
     assert panel.x_axis.shown.labelFormat() == "%.0fm"
     assert panel.x_axis.data.max() - panel.x_axis.data.min() == panel.WINDOW_S
+
+
+def test_every_figure_explains_itself(qtbot):
+    """Each caption and its figure carry the same plain-words tooltip (MLX cache: not a leak;
+    Locked: in use by a running request)."""
+    panel = MemoryPanel()
+    qtbot.addWidget(panel)
+    captions = {
+        label.text(): label.toolTip()
+        for label in panel.findChildren(QLabel)
+        if not label.objectName() and label.text()
+    }
+    for key, value in panel.values.items():
+        assert len(value.toolTip().split()) >= 8, key
+        assert value.toolTip() in captions.values(), key
+    assert "not a leak" in captions["MLX cache"]
+    assert "running request" in next(tip for text, tip in captions.items() if "Locked" in text)
+    assert "first to go" in next(tip for text, tip in captions.items() if "Evictable" in text)

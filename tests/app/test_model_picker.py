@@ -185,3 +185,29 @@ def test_the_widgets_do_not_import_mlx():
         "sys.exit(any(m.split('.')[0] == 'mlx' for m in sys.modules))"
     )
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_files_made_from_a_model_show_beside_it_and_can_go(qtbot, data_root_with_default):
+    """Loading the default model keeps its tokenizer (and a slow conversion its weights)
+    in the data folder: the picker shows them beside the model and deletes them."""
+    from core.models import derived
+    from core.models.load.loader import load_model
+
+    root = data_root_with_default
+    load_model("default", root)
+    made = derived.derived_files(root)
+    assert len(made) == 1
+    dialog = ModelPickerDialog(root, "default", on_cpu=True)
+    qtbot.addWidget(dialog)
+    row = _rows(dialog)[0]
+    assert row[2] == f"93.8 MB + {human_bytes(made[0].size_bytes)}"
+    tip = dialog.tree.topLevelItem(0).toolTip(2)
+    assert tip.startswith("The model file, and files made from it at load and kept: tokenizer")
+    assert f"Made from models: {human_bytes(made[0].size_bytes)}" in dialog.disk_label.text()
+    assert dialog.clean_button.isEnabled()
+    asked = []
+    dialog._confirm_clean = lambda size: asked.append(size) or True
+    qtbot.mouseClick(dialog.clean_button, Qt.MouseButton.LeftButton)
+    assert asked == [made[0].size_bytes] and derived.derived_files(root) == []
+    assert _rows(dialog)[0][2] == "93.8 MB" and not dialog.clean_button.isEnabled()
+    assert "Deleted the files made from models" in dialog.hub_panel.status.text()

@@ -11,12 +11,14 @@ import pytest  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QDialogButtonBox  # noqa: E402
 
-from app.hub_panel import FIT_COLUMN, progress_text  # noqa: E402
+from app.downloads import progress_text  # noqa: E402
+from app.hub_panel import FIT_COLUMN  # noqa: E402
 from app.model_picker import ModelPickerDialog  # noqa: E402
 from core.models import usage  # noqa: E402
 from core.models.hub import download, hf_cache
 from tests.core.models.hub.hub_fixture import (  # noqa: E402
     BIG_MLX,
+    GATED,
     MAMBA_GGUF,
     TINY_MLX,
     TWO_GGUF,
@@ -165,28 +167,63 @@ def test_gguf_files_unsupported_families_and_errors(qtbot, picker, loopback_hub,
         "tiny-Q8_0.gguf"
     ) and "fits" in panel.file_box.itemText(0)
     assert panel.target() == f"{TWO_GGUF}:tiny-Q8_0.gguf" and panel.download_button.isEnabled()
+    assert panel.status.text().startswith("2 GGUF files: tiny-Q8_0.gguf (the smallest that fits")
 
     monkeypatch.setenv("HF_ENDPOINT", free_port_url())  # offline: one line, and the window answers
     _search(qtbot, dialog, "qwen")
     assert panel.status.text().startswith("offline:") and "\n" not in panel.status.text()
 
 
-def test_closing_the_picker_stops_its_download(qtbot, picker, loopback_hub):
+def test_enter_in_the_search_box_searches_and_never_loads(qtbot, picker, loopback_hub):
+    """Enter in the search box searched and also pressed OK, which loaded the other tab's
+    model; now it only searches."""
+    download.pull(TINY_MLX, data_root=None)
+    dialog = picker(TINY_MLX)  # a model is selected on the other tab
+    assert dialog.chosen_spec() == TINY_MLX
+    panel = dialog.hub_panel
+    panel.query.setFocus()
+    qtbot.keyClicks(panel.query, "tiny")
+    accepted = []
+    dialog.accepted.connect(lambda: accepted.append(True))
+    with qtbot.waitSignal(panel.results.model().rowsInserted, timeout=10_000):
+        qtbot.keyClick(panel.query, Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: panel.search_button.isEnabled(), timeout=10_000)
+    names = [
+        panel.results.topLevelItem(r).text(0) for r in range(panel.results.topLevelItemCount())
+    ]
+    assert TINY_MLX in names and panel.heading.text() == "Search results for “tiny”"
+    assert not accepted and dialog.isVisible() and not panel.is_downloading()
+
+
+def test_before_any_search_a_curated_list_with_fits_badges(qtbot, picker, loopback_hub):
     dialog = picker()
     panel = dialog.hub_panel
-    rows = _search(qtbot, dialog, "wide")
-    panel.results.setCurrentItem(panel.results.topLevelItem(rows[BIG_MLX]))
-    loopback_hub.rate = 20e6
-    with qtbot.waitSignal(
-        panel.progressed,
-        timeout=10_000,
-        check_params_cb=lambda p: p.file == WEIGHTS and p.done_bytes < p.total_bytes,
-    ):
-        qtbot.mouseClick(panel.download_button, Qt.MouseButton.LeftButton)
-    dialog.reject()
-    qtbot.waitUntil(lambda: not panel.is_downloading(), timeout=10_000)
-    assert "cancelled" in panel.status.text() and hf_cache.resolve_repo(BIG_MLX) is None
-    assert [
-        p.name
-        for p in (hf_cache.repo_folder(BIG_MLX) / "blobs").glob("*" + download.PARTIAL_SUFFIX)
+    rows = [
+        [panel.results.topLevelItem(r).text(c) for c in range(7)]
+        for r in range(panel.results.topLevelItemCount())
     ]
+    assert 8 <= len(rows) <= 20 and loopback_hub.served("mlx-community/Qwen3-8B-4bit") == 0
+    assert all(row[FIT_COLUMN] in ("fits", "tight", "won't fit") for row in rows)
+    assert {row[1] for row in rows} == {"MLX", "GGUF"}
+    assert "Good chat models to start with" in panel.heading.text()
+    gguf = next(
+        r
+        for r in range(panel.results.topLevelItemCount())
+        if panel.results.topLevelItem(r).text(1) == "GGUF"
+    )
+    item = panel.results.topLevelItem(gguf)
+    panel.results.setCurrentItem(item)  # its file is in the list: no call to the hub
+    assert panel.file_box.count() == 1 and panel.target().endswith(".gguf")
+    assert "GB of memory" in item.toolTip(0) and "KV pool" in item.toolTip(FIT_COLUMN)
+
+
+def test_a_gated_repo_shows_a_drawn_lock(qtbot, picker, loopback_hub):
+    dialog = picker()
+    panel = dialog.hub_panel
+    rows = _search(qtbot, dialog, "gated")
+    item = panel.results.topLevelItem(rows[GATED])
+    assert item.text(0) == GATED  # no emoji, which is an empty box without an emoji font
+    assert not item.icon(0).isNull() and "gated" in item.toolTip(0)
+    image = item.icon(0).pixmap(16, 16).toImage()
+    painted = sum(image.pixelColor(x, y).alpha() > 0 for x in range(16) for y in range(16))
+    assert painted > 40  # a padlock, not a blank

@@ -10,12 +10,8 @@ import pytest  # noqa: E402
 from PySide6.QtCore import QSettings, Qt  # noqa: E402
 from PySide6.QtWidgets import QDialogButtonBox, QLabel  # noqa: E402
 
-from app.settings_dialogs import (  # noqa: E402
-    DEFAULT_SAMPLING,
-    AppSettings,
-    AppSettingsDialog,
-    SessionSettingsDialog,
-)
+from app.chat_settings import DEFAULT_SAMPLING, SessionSettingsDialog  # noqa: E402
+from app.settings_dialogs import AppSettings, AppSettingsDialog  # noqa: E402
 from core.engine.types import SamplingParams  # noqa: E402
 
 
@@ -29,14 +25,28 @@ def test_session_settings_round_trip(qtbot):
     settings = {"temperature": 0.3, "top_p": 0.9, "max_tokens": 1024, "seed": 42, "stop": ["###"]}
     dialog = _session_dialog(qtbot, settings, "Answer in one sentence.")
     assert dialog.system_prompt.toPlainText() == "Answer in one sentence."
-    assert dialog.values() == (settings, "Answer in one sentence.")  # unknown keys kept
+    added = {"top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}  # the engine's defaults
+    assert dialog.values() == ({**settings, **added}, "Answer in one sentence.")  # others kept
 
 
 def test_session_settings_defaults_and_random_seed(qtbot):
     dialog = _session_dialog(qtbot, {}, None)
     assert dialog.values() == (DEFAULT_SAMPLING, None)
     assert dialog.seed.text() == "random"
-    assert DEFAULT_SAMPLING == {"temperature": 0.7, "top_p": 1.0, "max_tokens": 512, "seed": None}
+    assert DEFAULT_SAMPLING == {
+        "temperature": 0.7,
+        "top_p": 1.0,
+        "top_k": 0,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "max_tokens": 512,
+        "seed": None,
+    }
+    assert (dialog.top_k.text(), dialog.min_p.text(), dialog.repetition_penalty.text()) == (
+        "off",
+        "off",
+        "off",
+    )
     SamplingParams(**DEFAULT_SAMPLING)  # what the engine accepts
 
     dialog.seed.setValue(0)
@@ -55,7 +65,15 @@ def test_session_settings_edits_and_limits(qtbot):
     qtbot.keyClicks(dialog.seed, "7")
     settings, prompt = dialog.values()
     assert prompt is None
-    assert settings == {"temperature": 2.0, "top_p": 0.01, "max_tokens": 32768, "seed": 7}
+    assert settings == {
+        "temperature": 2.0,
+        "top_p": 0.01,
+        "top_k": 0,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "max_tokens": 32768,
+        "seed": 7,
+    }
     SamplingParams(**settings)
 
     dialog.buttons.button(QDialogButtonBox.StandardButton.RestoreDefaults).click()

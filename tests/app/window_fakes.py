@@ -7,7 +7,7 @@ from PySide6.QtCore import Qt
 
 from app.bridge import EngineBridge
 from core.engine.engine import Engine, RequestHandle
-from core.engine.types import GenerationRequest
+from core.engine.types import DoneEvent, GenerationRequest, RequestStats, TokenEvent
 from core.errors import UserError
 from core.models.load.loader import ModelInfo
 
@@ -75,6 +75,64 @@ class FakeEngine(Engine):
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Nothing runs in the fake, so there is nothing to stop."""
+
+
+class HeldHandle(RequestHandle):
+    """A held reply: Stop (cancel) ends it with what it streamed so far, as the engine does."""
+
+    def __init__(self, request: GenerationRequest):
+        super().__init__(request)
+        self.streamed = ""
+        self.ended = False
+
+    def stream(self, text: str) -> None:
+        self.streamed += text
+        self.emit(TokenEvent(text))
+
+    def end(self, event) -> None:
+        if not self.ended:
+            self.ended = True
+            self.emit(event)
+            self.finish()
+
+    def cancel(self) -> None:
+        super().cancel()
+        self.end(
+            DoneEvent(
+                self.streamed,
+                RequestStats(
+                    prompt_tokens=4,
+                    computed_tokens=4,
+                    completion_tokens=len(self.streamed),
+                    finish_reason="cancelled",
+                ),
+            )
+        )
+
+
+class ScriptedEngine(FakeEngine):
+    """Replies "reply N" at once; with ``hold`` set, the test streams and ends each reply."""
+
+    def __init__(self, data_root, hold: bool = False):
+        super().__init__(data_root)
+        self.hold = hold
+        self.handles: list[HeldHandle] = []
+        self.replies: list = []  # events to end the next replies with (default: "reply N")
+
+    def submit(self, request: GenerationRequest) -> RequestHandle:
+        self.requests.append(request)
+        handle = HeldHandle(request)
+        self.handles.append(handle)
+        if not self.hold:
+            text = f"reply {len(self.requests)}"
+            handle.end(
+                self.replies.pop(0)
+                if self.replies
+                else DoneEvent(
+                    text, RequestStats(prompt_tokens=4, computed_tokens=4, completion_tokens=2)
+                )
+            )
+        return handle
 
 
 def wait_ready(qtbot, bridge: EngineBridge) -> str:

@@ -288,3 +288,26 @@ def test_a_write_back_names_the_evicted_prefix_namespace():
     serve(pc, model, first, namespace="alice")
     serve(pc, model, [(5 * j) % 250 + 3 for j in range(40)], namespace="bob")  # evicts alice's
     assert (tuple(first), "alice") in handed
+
+
+def test_a_dropped_cache_lets_its_model_go_at_once(tiny):
+    """The cache and its tree hold no cycle: once the engine drops a model's cache (a model
+    switch), its model and pool are freed at once, not whenever the cyclic GC next runs
+    (which kept every switched-from model's weights in memory)."""
+    import gc
+    import weakref
+
+    kind, model = tiny
+    pc = make_cache(model, pool_tokens=64, page_size=8)
+    handed = []
+    pc.write_back = lambda tokens, source, snapshots, namespace: handed.append(tokens)
+    serve(pc, model, [(7 * j) % 250 + 1 for j in range(40)])
+    serve(pc, model, [(5 * j) % 250 + 3 for j in range(40)])  # evicts: the hook still works
+    assert handed
+    gone = weakref.ref(pc)
+    gc.disable()
+    try:
+        del pc
+        assert gone() is None
+    finally:
+        gc.enable()

@@ -33,6 +33,7 @@ def add_parser(subparsers) -> None:
         _constrain,
         _fairness,
         _pull,
+        _switch,
         _gui,
     ):
         add(benches)
@@ -367,6 +368,31 @@ def run_pull(args: argparse.Namespace) -> int:
     from core.cli.bench.pull import run_bench_pull
 
     return run_bench_pull(args)
+
+
+def _switch(benches) -> None:
+    switch = benches.add_parser(
+        "switch",
+        help="RSS and MLX memory after switching models, against a fresh start (target: 10 %%)",
+    )
+    add_data_dir(switch)
+    switch.add_argument(
+        "--models",
+        nargs=2,
+        default=["default", "gemma3-270m"],
+        metavar="MODEL",
+        help="the two models switched between (default: default gemma3-270m)",
+    )
+    switch.add_argument("--switches", type=positive, default=5, help="model loads after the first")
+    switch.add_argument("--pool-mb", type=positive, default=64, help="the KV pool, MiB")
+    switch.add_argument("--json", action="store_true", help=JSON_HELP)
+    switch.set_defaults(run=run_switch)
+
+
+def run_switch(args: argparse.Namespace) -> int:
+    from core.cli.bench.switch import run_bench_switch
+
+    return run_bench_switch(args)
 
 
 def _gui(benches) -> None:

@@ -1,4 +1,5 @@
-"""``radixchat models [rm NAME]``: the models here; deleting one from the hub."""
+"""``radixchat models [rm NAME | clean]``: the models here with the files made from them;
+deleting one from the hub; deleting the files made from models."""
 
 from __future__ import annotations
 
@@ -17,6 +18,15 @@ def add_parser(subparsers) -> None:
     add_data_dir(models_rm)
     models_rm.add_argument("name", help="as `radixchat models` lists it: REPO or REPO:FILE.gguf")
     models_rm.add_argument("-y", "--yes", action="store_true", help="do not ask first")
+    models_clean = models_sub.add_parser(
+        "clean",
+        help="delete the files made from models at load (tokenizers, kept conversions); "
+        "the next load makes what it needs again",
+    )
+    add_data_dir(models_clean)
+    models_clean.add_argument(
+        "--gone", action="store_true", help="only those of models no longer here"
+    )
     models.set_defaults(run=run)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import dataclasses
 import fnmatch
 import logging
 import os
@@ -29,7 +30,7 @@ from urllib.parse import urlsplit
 
 from core.errors import UserError
 from core.models.hub import names
-from core.models.hub.fit import Fit, estimate_fit
+from core.models.hub.fit import FITS, Fit, estimate_fit
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,8 @@ class RepoPlan:
     spec: str  # what the loader will take once it is downloaded
     architecture: str | None = None
     fit: Fit | None = field(default=None, compare=False)
+    # a GGUF repo pulled without naming a file: which one was taken, and why (one line)
+    note: str | None = field(default=None, compare=False)
 
     @property
     def size_bytes(self) -> int:
@@ -521,10 +524,19 @@ def plan(
         return RepoPlan(repo_id, commit, "mlx", chosen, repo_id, architecture, fit)
     if len(ggufs) == 1:
         return _gguf_plan(repo_id, commit, ggufs[0], gguf_info, on_cpu, machine_bytes)
+    default = default_gguf(ggufs, on_cpu, machine_bytes)
+    if default is not None:
+        file, why = default
+        chosen = _gguf_plan(repo_id, commit, file, gguf_info, on_cpu, machine_bytes)
+        note = (
+            f"{repo_id} has {len(ggufs)} GGUF files: taking {file.path} ({why}); "
+            f"name another as {repo_id}:FILE"
+        )
+        return dataclasses.replace(chosen, note=note)
     if ggufs:
         raise ChooseFileError(
-            f"{repo_id} has {len(ggufs)} GGUF files: choose one, e.g. "
-            f"`radixchat pull {repo_id}:{ggufs[0].path}`",
+            f"none of the {len(ggufs)} GGUF files of {repo_id} fits this machine: choose one, "
+            f"e.g. `radixchat pull {repo_id}:{ggufs[0].path}`",
             ggufs,
         )
     raise HubError(
@@ -556,6 +568,26 @@ def gguf_files(repo_id: str, revision: str = "main") -> tuple[RepoFile, ...]:
     )
 
 
+DEFAULT_QUANTIZATION = "Q4_K_M"
+
+
+def default_gguf(
+    files: tuple[RepoFile, ...], on_cpu: bool | None = None, machine_bytes: int | None = None
+) -> tuple[RepoFile, str] | None:
+    """The file of a GGUF repo to take when none is named, and why: its Q4_K_M (the usual
+    balance of size and quality), else the smallest that fits this machine; None when none
+    fits."""
+    q4 = [f for f in files if f.quantization == DEFAULT_QUANTIZATION]
+    if q4:
+        return min(q4, key=lambda f: f.size), f"{DEFAULT_QUANTIZATION}, the usual balance"
+    fitting = [
+        f for f in files if estimate_fit("gguf", f.size, None, on_cpu, machine_bytes).label == FITS
+    ]
+    if fitting:
+        return min(fitting, key=lambda f: f.size), "the smallest that fits this machine"
+    return None
+
+
 def _gguf_plan(
     repo_id: str, commit: str, file: RepoFile, gguf_info: dict, on_cpu, machine_bytes
 ) -> RepoPlan:
@@ -577,6 +609,8 @@ __all__ = [
     "RepoPlan",
     "plan",
     "gguf_files",
+    "default_gguf",
+    "DEFAULT_QUANTIZATION",
     "check_online",
     "hub_error",
 ]

@@ -144,3 +144,12 @@ def list_cached_repos() -> list[tuple[str, Path]]:
         if snapshot is not None:
             repos.append((repo_id, snapshot))
     return repos
+
+
+def repo_of_snapshot(path: Path) -> str | None:
+    """The ``org/name`` of a snapshot folder of the HF cache (``models--org--name/snapshots/
+    <commit>``), else None: a hub model is called by its repo, not its commit."""
+    parent = path.parent
+    if parent.name != "snapshots" or not parent.parent.name.startswith(_MODEL_PREFIX):
+        return None
+    return parent.parent.name[len(_MODEL_PREFIX) :].replace("--", "/")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.errors import UserError
-from core.models import usage
+from core.models import derived, usage
 from core.models.hub import hf_cache
 from core.models.hub.download import PARTIAL_SUFFIX
 from core.paths import kv_cache_db_path
@@ -45,6 +45,7 @@ class Deleted:
     freed_bytes: int  # of model files
     kv_sessions: int  # cached sessions dropped
     kv_bytes: int
+    derived_bytes: int = 0  # files made from it (core.models.derived)
 
 
 def installed_models(data_root: Path) -> list[InstalledModel]:
@@ -105,6 +106,7 @@ def delete_model(data_root: Path, spec: str) -> Deleted:
     folder = hf_cache.repo_folder(repo_id)
     if folder is None or not folder.is_dir():
         raise UserError(f"no downloaded model {spec} (see `radixchat models`)")
+    derived_freed = 0
     if gguf is None:
         uses = usage.uses_under(data_root, folder)
         freed = _tree_size(folder)
@@ -116,6 +118,8 @@ def delete_model(data_root: Path, spec: str) -> Deleted:
         if not pointers:
             raise UserError(f"no downloaded model {spec} (see `radixchat models`)")
         uses = [u for p in pointers for u in usage.uses_under(data_root, p)]
+        made_from = [f for p in pointers for f in derived.derived_of(data_root, p)]
+        derived_freed = derived.remove(made_from)  # its tokenizer, kept conversions
         freed = _remove_files(folder, pointers)
         if not any(
             p.suffix.lower() in (".gguf", ".safetensors") for p in folder.glob("snapshots/*/**/*")
@@ -125,7 +129,7 @@ def delete_model(data_root: Path, spec: str) -> Deleted:
     fingerprints = {f for u in uses for f in u.fingerprints}
     sessions, kv_bytes = drop_cached_kv(data_root, fingerprints)
     usage.forget(data_root, [u.path for u in uses])
-    return Deleted(spec, freed, sessions, kv_bytes)
+    return Deleted(spec, freed, sessions, kv_bytes, derived_freed)
 
 
 def drop_cached_kv(data_root: Path, fingerprints: set[str]) -> tuple[int, int]:

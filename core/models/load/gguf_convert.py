@@ -24,7 +24,12 @@ into one of two layouts:
 The model loader's weights format applies afterwards; on the CPU, ``stored`` of a
 converted file is therefore float32 (a file ``mx.load`` reads stays quantized).
 
-The result is kept under ``<data>/converted/<sha256[:32]>/<layout>/`` (weights.safetensors,
+A conversion that took long (``KEEP_AFTER_S``) is kept, so the next load reads it instead; a
+quick one is done again at each load, with no copy on disk: a float32 copy is about four times
+the file (gemma3-270m: 1,023 MB for a 241 MB file) and, measured, reading it saved little over
+converting again. A kept conversion is a derived file (``core.models.derived``: listed with its
+model, removed with it, cleared by ``radixchat models clean``). It lives under
+``<data>/converted/<sha256[:32]>/<layout>/`` (weights.safetensors,
 config.json, meta.json), written into a temp folder and renamed into place. meta.json
 records the format version, the source file's SHA-256, the tensor count and the weights
 file's size, mtime and SHA-256 (re-hashed when size or mtime changed: ``core.models.hashing``);
@@ -43,7 +48,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +65,7 @@ from core.models.load.gguf_header import GGUFHeader, TensorInfo
 log = logging.getLogger(__name__)
 
 CACHE_FORMAT = 1  # bump when the conversion changes: older entries are rebuilt
+KEEP_AFTER_S = 20.0  # ConversionCache.keep_after_s: slower conversions are kept on disk
 WEIGHTS_FILE = "weights.safetensors"
 
 # ---------------------------------------------------------------- conversion
@@ -250,17 +256,27 @@ class ConversionCache:
     folder: Path
     source_sha256: str
     layout: str
+    # a conversion is kept only when it took at least this long; a quicker one is done again
+    # at each load, with no copy on disk (measured on gemma3-270m: docs/benchmarks.md)
+    keep_after_s: float = field(default=KEEP_AFTER_S, compare=False)
 
     @classmethod
     def under(
-        cls, data_root: Path, source_sha256: str, layout: str | None = None
+        cls,
+        data_root: Path,
+        source_sha256: str,
+        layout: str | None = None,
+        keep_after_s: float = KEEP_AFTER_S,
     ) -> ConversionCache:
         layout = layout or default_layout()
         if layout not in LAYOUTS:
             raise ValueError(f"unknown layout {layout!r}")
-        return cls(
-            Path(data_root) / "converted" / source_sha256[:32] / layout, source_sha256, layout
-        )
+        folder = Path(data_root) / "converted" / source_sha256[:32] / layout
+        return cls(folder, source_sha256, layout, keep_after_s)
+
+    def worth_keeping(self, seconds: float) -> bool:
+        """Whether a conversion that took ``seconds`` is kept for the next load."""
+        return seconds >= self.keep_after_s
 
     def load(self, config: dict[str, Any]) -> dict[str, mx.array] | None:
         """The kept weights, or None when there are none or they fail a check (then the

@@ -31,6 +31,7 @@ import logging
 import os
 import re
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,9 +90,9 @@ class GGUFContents:
 def read_gguf(path: Path, cache: ConversionCache | None = None) -> GGUFContents:
     """Read tensors and metadata; raise :class:`ModelLoadError` on a bad file.
 
-    ``cache`` keeps the conversion of files ``mx.load`` cannot read as stored (in the
-    cache's layout); without one such a file is converted, in the device's default
-    layout, on every load.
+    ``cache`` reads back the conversion of files ``mx.load`` cannot read as stored (in the
+    cache's layout), and keeps a new one when it was slow (``ConversionCache.worth_keeping``);
+    without one such a file is converted, in the device's default layout, on every load.
     """
     header = read_header(path)
     metadata = header.metadata
@@ -117,8 +118,9 @@ def read_gguf(path: Path, cache: ConversionCache | None = None) -> GGUFContents:
     weights = cache.load(config) if cache is not None else None
     if weights is None:
         layout = cache.layout if cache is not None else default_layout()
+        started = time.perf_counter()
         weights = map_weights(arch, convert_tensors(path, header, layout), path)
-        if cache is not None:
+        if cache is not None and cache.worth_keeping(time.perf_counter() - started):
             cache.save(config, weights)
     return GGUFContents(arch, config, weights, metadata)
 

@@ -103,6 +103,14 @@ def resolve_spec(spec: str, data_root: Path, progress: ProgressFn | None = None)
     )
 
 
+def model_name(path: Path) -> str:
+    """What a model is called (the window, the status bar, ``/v1/models``): a file's stem, a
+    folder's name, a hub repo's ``org/name`` (its snapshot folder's name is a commit id)."""
+    if path.is_file():
+        return path.stem
+    return hf_cache.repo_of_snapshot(path) or path.name
+
+
 def load_model(
     spec: str,
     data_root: Path,
@@ -146,7 +154,7 @@ def load_model(
     weight_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
     info = ModelInfo(
         spec=spec,
-        name=path.stem if path.is_file() else path.name,
+        name=model_name(path),
         path=str(path),
         model_type=str(config.get("model_type")),
         fingerprint=fingerprint,

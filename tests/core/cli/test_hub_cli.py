@@ -52,16 +52,16 @@ def test_pull_then_models_then_rm(loopback_hub, capsys, tmp_path):
     assert "no downloaded model" in capsys.readouterr().err
 
 
-def test_pull_a_gguf_repo_lists_its_files(loopback_hub, capsys, tmp_path):
-    assert main(["pull", TWO_GGUF, "--data-dir", str(tmp_path)]) == EXIT_USER_ERROR
-    err = capsys.readouterr().err
+def test_pull_a_gguf_repo_takes_a_default_file_and_says_which(loopback_hub, capsys, tmp_path):
+    assert main(["pull", TWO_GGUF, "--data-dir", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() == f"{TWO_GGUF}:tiny-Q8_0.gguf"
     assert (
-        f"{TWO_GGUF}:tiny-Q8_0.gguf" in err
-        and f"{TWO_GGUF}:tiny-F16.gguf" in err
-        and "fits:" in err
-    )
-    assert main(["pull", f"{TWO_GGUF}:tiny-Q8_0.gguf", "--data-dir", str(tmp_path)]) == 0
-    assert capsys.readouterr().out.strip() == f"{TWO_GGUF}:tiny-Q8_0.gguf"
+        f"radixchat: {TWO_GGUF} has 2 GGUF files: taking tiny-Q8_0.gguf (the smallest that "
+        "fits this machine)"
+    ) in captured.err
+    assert main(["pull", f"{TWO_GGUF}:tiny-F16.gguf", "--data-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == f"{TWO_GGUF}:tiny-F16.gguf"
 
 
 def test_errors_are_one_line(loopback_hub, capsys, tmp_path, monkeypatch):

@@ -154,11 +154,18 @@ def test_mlx_lm_remapping_read_without_importing_it():
 
 
 def test_gguf_repos_list_their_files(loopback_hub):
+    taken = client.plan(TWO_GGUF)  # no Q4_K_M: the smallest that fits, said so
+    assert taken.spec == f"{TWO_GGUF}:tiny-Q8_0.gguf"
+    assert taken.note == (
+        f"{TWO_GGUF} has 2 GGUF files: taking tiny-Q8_0.gguf (the smallest that fits this "
+        f"machine); name another as {TWO_GGUF}:FILE"
+    )
     with pytest.raises(ChooseFileError) as chosen:
-        client.plan(TWO_GGUF)
+        client.plan(TWO_GGUF, machine_bytes=1000)  # none fits: the user chooses
     # no split part, no vision projector
     assert sorted(f.path for f in chosen.value.choices) == ["tiny-F16.gguf", "tiny-Q8_0.gguf"]
     assert f"radixchat pull {TWO_GGUF}:" in str(chosen.value)
+    assert "none of the 2 GGUF files" in str(chosen.value)
     # smallest first
     assert [f.quantization for f in client.gguf_files(TWO_GGUF)] == ["Q8_0", "F16"]
     one = client.plan(TWO_GGUF, "tiny-Q8_0.gguf")
@@ -210,3 +217,22 @@ def test_quantization_from_names():
     assert client.quantization_of("model.IQ3_XS.gguf") == "IQ3_XS"
     assert client.quantization_of("mlx-community/Qwen3-4B-8bit") == "8bit"
     assert client.quantization_of("org/plain-model") is None
+
+
+def test_the_default_quantization_is_q4_k_m_else_the_smallest_that_fits():
+    def file(path: str, size: int) -> client.RepoFile:
+        return client.RepoFile(path, size, None, "0" * 40)
+
+    files = (
+        file("m-Q2_K.gguf", 300 * 2**20),
+        file("m-Q4_K_M.gguf", 500 * 2**20),
+        file("m-Q8_0.gguf", 900 * 2**20),
+    )
+    chosen, why = client.default_gguf(files, on_cpu=False, machine_bytes=64 * 2**30)
+    assert chosen.path == "m-Q4_K_M.gguf" and why == "Q4_K_M, the usual balance"
+    chosen, why = client.default_gguf(files[::2], on_cpu=False, machine_bytes=64 * 2**30)
+    assert chosen.path == "m-Q2_K.gguf" and why == "the smallest that fits this machine"
+    big = (file("m-Q8_0.gguf", 900 * 2**20), file("m-F16.gguf", 1800 * 2**20))
+    chosen, _ = client.default_gguf(big, on_cpu=False, machine_bytes=2 * 2**30)
+    assert chosen.path == "m-Q8_0.gguf"  # F16 does not fit 2 GB
+    assert client.default_gguf(big, on_cpu=False, machine_bytes=2**20) is None

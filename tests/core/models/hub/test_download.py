@@ -96,6 +96,8 @@ def test_a_pulled_model_loads_and_remembers_its_hashes(loopback_hub, tmp_path):
     assert hashes[str(blob)]["sha256"] == loopback_hub.repos[TINY_MLX].files[WEIGHTS].sha256
     loaded = load_model(TINY_MLX, tmp_path)
     assert loaded.info.model_type == "llama" and loaded.info.path == str(result.path)
+    assert loaded.info.name == TINY_MLX  # org/name, not the snapshot's commit id
+    assert load_model(str(result.path), tmp_path).info.name == TINY_MLX  # by its folder too
     assert TINY_MLX in [m.spec for m in list_local_models(tmp_path)]
 
 

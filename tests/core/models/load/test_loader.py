@@ -56,7 +56,7 @@ def test_repo_id_from_local_hf_cache(tiny_model, tmp_path, monkeypatch):
     (tmp_path / "hub" / "models--someorg--tiny" / "refs").mkdir()
     (tmp_path / "hub" / "models--someorg--tiny" / "refs" / "main").write_text("abc123")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    assert load_model("someorg/tiny", tmp_path).info.name == "abc123"
+    assert load_model("someorg/tiny", tmp_path).info.name == "someorg/tiny"  # not its commit
     with pytest.raises(ModelLoadError, match="not in the local Hugging Face cache"):
         load_model("someorg/absent", tmp_path)
 

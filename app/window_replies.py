@@ -1,0 +1,308 @@
+"""What the main window does to ask for replies and receive them, one at a time.
+
+:class:`ChatReplies` is a part of :class:`~app.main_window.MainWindow` (a mixin: it uses the
+window's bridge, store, chat view, composer and status line). One reply runs at a time, in
+any chat; a message sent in another chat meanwhile waits its turn (:class:`WaitingAsk`),
+shown in its chat, and starts when the running reply ends. A reply whose chat is not open
+goes on and is saved; opening its chat shows it streaming.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.bridge import EngineBridge
+from app.chat_view import ChatView
+from app.composer import Composer
+from core.chats.store import ChatStore, Session, readable
+from core.chats.turn import ChatTurn, MadeWith
+from core.engine.types import RequestStats
+from core.errors import StoreError
+from core.paths import MB
+
+
+@dataclass(frozen=True)
+class WaitingAsk:
+    """A message sent while another chat's reply ran: it starts when that reply ends."""
+
+    session_id: int
+    text: str
+    replace: bool
+    from_composer: bool
+
+
+def chat_title(turn: ChatTurn, chars: int = 40) -> str:
+    """The chat of ``turn`` as the status line names it: its title, else (a new chat, titled
+    once its first reply is saved) the start of the message."""
+    text = turn.session.title or " ".join(turn.prompt.split())
+    return text if len(text) <= chars else text[: chars - 1] + "…"
+
+
+class ChatReplies:
+    """Sending, stopping, queueing and receiving replies (see the module docstring)."""
+
+    bridge: EngineBridge
+    store: ChatStore
+    chat: ChatView
+    composer: Composer
+    session: Session | None
+    model_name: str
+    _turn: ChatTurn | None  # the reply running now (in any chat)
+    _from_composer: bool  # it came from the composer (not a regenerate)
+    _reply: str  # what it streamed so far
+    _made_with: MadeWith | None  # its model and sampling, stored with it
+    _waiting: list[WaitingAsk]  # messages that wait for it, in order
+
+    def _show_pending(self, session_id: int) -> None:
+        """Show the reply this chat is running or the message it has waiting."""
+        if self._turn is not None and self._turn.session.id == session_id:
+            self._show_asked(self._turn)
+            if self._reply:
+                self.chat.append_reply(self._reply)
+            return
+        waiting = self._waiting_in(session_id)
+        if waiting is not None:
+            try:
+                turn = self._make_turn(waiting)
+            except StoreError:
+                return
+            self._show_asked(turn)
+            self._set_state_text(self._waits_text())
+
+    def _show_asked(self, turn: ChatTurn) -> None:
+        self.chat.set_messages([(m.role, m.content) for m in turn.kept])
+        self.chat.add_user_message(turn.prompt)
+        self.chat.begin_reply()
+
+    # ------------------------------------------------------------------ chatting
+    def send(self, text: str) -> None:
+        """Send ``text`` from the composer: a new turn, or (while editing) the last turn's
+        replacement."""
+        self._ask(text, replace=self.composer.editing, from_composer=True)
+
+    def regenerate(self) -> None:
+        """Ask again for the last reply: the new one replaces the last turn once it is done."""
+        if self.session is None or not self.model_name or self._busy(self.session.id):
+            return
+        try:
+            messages = readable(self.store.messages(self.session.id))[0]
+        except StoreError as exc:
+            self._set_state_text(f"Could not read the chat: {exc}")
+            return
+        if len(messages) < 2 or messages[-1].role != "assistant":
+            return
+        self._ask(messages[-2].content, replace=True, from_composer=False)
+
+    def stop_reply(self) -> None:
+        """Stop the open chat's reply (Esc, Stop), take back its waiting message, or cancel an
+        edit."""
+        session_id = self.session.id if self.session is not None else None
+        waiting = self._waiting_in(session_id)
+        if self._turn is not None and self._turn.session.id == session_id:
+            self.bridge.cancel()
+        elif waiting is not None:
+            self._waiting.remove(waiting)
+            try:
+                self._give_back(self._make_turn(waiting), waiting.from_composer)
+            except StoreError as exc:
+                self._set_state_text(f"Could not read the chat: {exc}")
+            self._set_state_text("The waiting message was taken back", 5000)
+            self._update_state()
+        else:
+            self.composer.cancel_edit()
+
+    def _ask(self, text: str, replace: bool, from_composer: bool) -> None:
+        """Ask for a reply to ``text`` after the stored chat (less its last turn when
+        ``replace``): now, or once the reply running in another chat ends. The store only
+        changes when the reply is done (``ChatTurn.finish``), so a reply that fails or is
+        stopped before its first token loses nothing."""
+        if (
+            not text
+            or not self.model_name
+            or self.bridge.loading
+            or self.session is None
+            or self._busy(self.session.id)
+        ):
+            return
+        ask = WaitingAsk(self.session.id, text, replace, from_composer)
+        try:
+            turn = self._make_turn(ask)
+            # a bad setting is said here, before the window changes (events arrive queued)
+            self.bridge.sampling_params(self.sampling())
+        except StoreError as exc:
+            self._set_state_text(f"Could not read the chat: {exc}")
+            return
+        except ValueError as exc:
+            self._set_state_text(f"Check the chat settings: {exc}")
+            return
+        if self._turn is not None or self.bridge.busy:
+            self._waiting.append(ask)
+            self._show_sent(turn, from_composer, waiting=True)
+            self._set_state_text(self._waits_text())
+            self._update_state()
+            return
+        self._start(turn, from_composer)
+
+    def _start(self, turn: ChatTurn, from_composer: bool, shown: bool = False) -> bool:
+        """Send ``turn`` to the engine; ``shown``: the open chat shows it already (it waited
+        its turn there). False when a setting is refused."""
+        messages = [(m.role, m.content) for m in turn.messages]
+        try:
+            self.bridge.send(messages, self.sampling(turn.session), session=turn.session.name)
+        except ValueError as exc:
+            self._set_state_text(f"Check the chat settings: {exc}")
+            return False
+        self._turn, self._from_composer, self._reply = turn, from_composer, ""
+        self._made_with = MadeWith(self.model_name, self.sampling(turn.session))
+        if self._visible(turn):
+            if not shown:
+                self._show_sent(turn, from_composer)
+            self._set_state_text("Reading the prompt…")
+        self._update_state()
+        return True
+
+    def _show_sent(self, turn: ChatTurn, from_composer: bool, waiting: bool = False) -> None:
+        """The open chat once ``turn`` is sent (``waiting``: it waits its turn): the message,
+        and the reply to come."""
+        if from_composer:
+            self.composer.finish_edit()
+            self.composer.input.clear()
+        errors = any(self.chat.message_role(i) == "error" for i in range(self.chat.message_count()))
+        if waiting or turn.replace or errors:
+            self._show_asked(turn)  # the chat as it will be stored (no error rows)
+        else:
+            self.chat.add_user_message(turn.prompt)
+            self.chat.begin_reply()
+
+    def _start_next(self) -> None:
+        """The running reply ended: start the first message that waits for it."""
+        while self._waiting and self._turn is None and not self.bridge.busy:
+            ask = self._waiting.pop(0)
+            try:
+                turn = self._make_turn(ask)
+            except StoreError as exc:
+                self._set_state_text(f"A waiting message could not be sent: {exc}")
+                continue
+            if not self._start(turn, ask.from_composer, shown=True) and self._visible(turn):
+                self._give_back(turn, ask.from_composer)
+        self._update_state()
+
+    def _make_turn(self, ask: WaitingAsk) -> ChatTurn:
+        session = self.store.get_session_by_id(ask.session_id)
+        if session is None:
+            raise StoreError("the chat was deleted")
+        return ChatTurn.start(self.store, session, ask.text, replace=ask.replace)
+
+    @property
+    def _generating(self) -> bool:
+        """A reply is running (in any chat)."""
+        return self._turn is not None
+
+    def _busy(self, session_id: int | None) -> bool:
+        """The chat's reply runs or its message waits."""
+        running = self._turn is not None and self._turn.session.id == session_id
+        return running or self._waiting_in(session_id) is not None
+
+    def _waiting_in(self, session_id: int | None) -> WaitingAsk | None:
+        return next((ask for ask in self._waiting if ask.session_id == session_id), None)
+
+    def _visible(self, turn: ChatTurn) -> bool:
+        return self.session is not None and self.session.id == turn.session.id
+
+    def _waits_text(self) -> str:
+        title = chat_title(self._turn) if self._turn is not None else ""
+        return f"Waits for the reply in “{title}” to end (Esc takes it back)"
+
+    def _give_back(self, turn: ChatTurn, from_composer: bool) -> None:
+        """Undo the message sent in the window: the chat as stored, the text back in the
+        composer."""
+        if not self._visible(turn):
+            return
+        if turn.replace:
+            self.chat.set_messages([(m.role, m.content) for m in turn.stored])
+        else:
+            self.chat.remove_last_turn()
+        if from_composer and not self.composer.text():  # nothing lost: it can be sent again
+            if turn.replace:
+                self.composer.start_edit(turn.prompt)
+            else:
+                self.composer.set_text(turn.prompt)
+
+    def _on_prefill_progress(self, done: int, total: int) -> None:
+        if self._turn is not None and self._visible(self._turn) and done < total:
+            self._set_state_text(f"Reading the prompt: {done} of {total} tokens")
+
+    def _on_token(self, text: str) -> None:
+        if self._turn is None:
+            return
+        self._reply += text
+        if self._visible(self._turn):
+            if self.state_label.text() != "Generating…":
+                self._set_state_text("Generating…")
+            self.chat.append_reply(text)
+
+    def _on_finished(self, text: str, stats: RequestStats) -> None:
+        turn, self._turn, self._reply = self._turn, None, ""
+        if turn is None:  # a reply the window stopped waiting for (closed, chat deleted)
+            self._start_next()
+            return
+        self._finish_turn(turn, text, stats)
+        self._start_next()
+
+    def _finish_turn(self, turn: ChatTurn, text: str, stats: RequestStats) -> None:
+        visible = self._visible(turn)
+        stopped = stats.finish_reason == "cancelled"
+        if not turn.keeps(text, stats):  # stopped before its first token: as if it was never sent
+            self._give_back(turn, self._from_composer)
+            self._set_state_text("Stopped before the reply began")
+            return
+        note = (
+            f"{'stopped · ' if stopped else ''}{stats.completion_tokens} tokens · "
+            f"{stats.decode_tps:.1f} tok/s · TTFT {stats.ttft_s:.2f} s"
+        )
+        self.speed_label.setText(f"{stats.decode_tps:.1f} tok/s")
+        if visible:
+            self.chat.end_reply(text, note)
+            self.cache_panel.set_turns(turn.kept_stats + [stats])
+            served = stats.cached_tokens + stats.restored_tokens
+            self._set_state_text(
+                f"{'Stopped' if stopped else 'Done'} · prompt {stats.prompt_tokens} tokens, "
+                f"{served} from the cache · TTFT {stats.ttft_s:.2f} s"
+            )
+        else:
+            self._set_state_text(f"The reply in “{chat_title(turn)}” is done")
+        saved = turn.save(
+            self.store,
+            text,
+            stats,
+            make_room=self.bridge.give_disk_space_back,
+            made_with=self._made_with,
+        )
+        if saved.error:  # the reply stays shown; the chat goes on in memory
+            self._set_state_text(f"This reply is shown but was not saved: {saved.error}")
+            return
+        if saved.cache_freed:
+            self._set_state_text(
+                f"The disk is full: the KV cache ({saved.cache_freed / MB:.1f} MB) "
+                "was deleted to save this reply"
+            )
+        if self.session is None:
+            return
+        try:
+            self.session = self.store.get_session_by_id(self.session.id) or self.session
+            self.sessions.refresh(select_id=self.session.id)
+            self.setWindowTitle(f"{self.session.title or 'New chat'} — RadixChat")
+        except StoreError as exc:
+            self._set_state_text(f"Could not read the chats: {exc}")
+
+    def _on_failed(self, message: str) -> None:
+        turn, self._turn, self._reply = self._turn, None, ""
+        if turn is not None:
+            if self._visible(turn):
+                self._give_back(turn, self._from_composer)
+                self.chat.add_error(message)
+                self._set_state_text(f"Error: {message}")
+            else:
+                title = chat_title(turn)
+                self._set_state_text(f"The reply in “{title}” failed: {message}")
+        self._start_next()

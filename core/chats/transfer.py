@@ -1,0 +1,201 @@
+"""Chats in and out of the store: export one as Markdown (to read) or JSON (to keep or move),
+import a JSON one as a new chat.
+
+A JSON export holds the chat's title, system prompt and settings, and each message; a reply
+carries the model and the sampling settings it was made with (``ChatTurn`` stores them beside
+the engine's figures) and those figures. Import takes such a file, or a plain list of
+``{"role", "content"}`` messages (what most tools write), and makes a new chat of it: its KV
+cache is built on its first reply. Anything that is not a chat is one clear line
+(:class:`~core.errors.UserError`), and nothing is written.
+
+No mlx and no Qt here: the command line (``radixchat chats export/import``) and the window
+share these functions.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from core.chats.store import ChatStore, Message, Session, readable
+from core.errors import UserError
+
+FORMAT = "radixchat-chat"
+VERSION = 1
+ROLES = ("system", "user", "assistant")
+# the keys of a reply's stored figures that say how it was made (the rest: the engine's)
+TURN_KEYS = ("model", "sampling")
+SAMPLING_NAMES = {
+    "temperature": "temperature",
+    "top_p": "top-p",
+    "top_k": "top-k",
+    "min_p": "min-p",
+    "repetition_penalty": "repetition penalty",
+    "max_tokens": "max tokens",
+    "seed": "seed",
+}
+
+
+@dataclass(frozen=True)
+class Imported:
+    """What an import made: the new chat and how many messages it holds."""
+
+    session: Session
+    messages: int
+
+
+def export_json(store: ChatStore, session_id: int) -> dict:
+    """The chat as a JSON-ready dict (see the module docstring)."""
+    session, messages = _read(store, session_id)
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "exported_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "title": session.title,
+        "name": session.name,
+        "system_prompt": session.system_prompt,
+        "settings": session.settings,
+        "created_at": session.created_at,
+        "messages": [_message_json(m) for m in messages],
+    }
+
+
+def export_markdown(store: ChatStore, session_id: int) -> str:
+    """The chat to read: a heading, the system prompt, then each message under its role (a
+    reply's heading names its model and settings)."""
+    session, messages = _read(store, session_id)
+    lines = [f"# {session.title or session.name}", ""]
+    if session.system_prompt:
+        lines += ["**System prompt:**", "", _quote(session.system_prompt), ""]
+    for message in messages:
+        if message.role == "system":
+            lines += ["**System:**", "", _quote(message.content), ""]
+            continue
+        heading = "You" if message.role == "user" else "Assistant"
+        about = _about(message.stats) if message.role == "assistant" else ""
+        lines += [f"## {heading}{' · ' + about if about else ''}", "", message.content, ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write_export(store: ChatStore, session_id: int, path: Path, kind: str | None = None) -> str:
+    """Write the chat to ``path`` as ``kind`` ("markdown" or "json"; None: by the suffix,
+    .json or anything else as Markdown); returns the kind written."""
+    kind = kind or ("json" if Path(path).suffix.lower() == ".json" else "markdown")
+    if kind not in ("markdown", "json"):
+        raise UserError(f"cannot export as {kind!r}: choose markdown or json")
+    text = (
+        json.dumps(export_json(store, session_id), indent=2, ensure_ascii=False) + "\n"
+        if kind == "json"
+        else export_markdown(store, session_id)
+    )
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
+    return kind
+
+
+def read_export(path: Path) -> dict | list:
+    """A JSON chat file's content; UserError when it cannot be read or is not JSON."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise UserError(f"{path} is not a JSON chat: {exc}") from None
+
+
+def import_chat(store: ChatStore, data: dict | list, title: str | None = None) -> Imported:
+    """A new chat from an export (or a list of messages); UserError, with nothing written,
+    for anything else."""
+    if isinstance(data, list):
+        data = {"messages": data}
+    if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
+        raise UserError("not a chat: expected a RadixChat export or a list of messages")
+    if data.get("format", FORMAT) != FORMAT or data.get("version", VERSION) > VERSION:
+        raise UserError(
+            f"not a chat this RadixChat reads: format {data.get('format')!r}, "
+            f"version {data.get('version')!r}"
+        )
+    messages = [_checked(i, m) for i, m in enumerate(data["messages"], 1)]
+    system = _text_or_none(data.get("system_prompt"), "system_prompt")
+    if system is None and messages and messages[0][0] == "system":
+        system = messages.pop(0)[1]  # a leading system message is the chat's system prompt
+    settings = data.get("settings") if isinstance(data.get("settings"), dict) else {}
+    name = _text_or_none(title, "title") or _text_or_none(data.get("title"), "title")
+    session = store.create_session(system_prompt=system, settings=settings)
+    try:
+        for role, content, stats in messages:
+            store.add_message(session.id, role, content, stats)
+        if name:
+            store.rename_session(session.id, name)
+    except Exception:
+        store.delete_session(session.id)  # all or nothing
+        raise
+    return Imported(store.get_session_by_id(session.id) or session, len(messages))
+
+
+# -- helpers --
+
+
+def _read(store: ChatStore, session_id: int) -> tuple[Session, list[Message]]:
+    session = store.get_session_by_id(session_id)
+    if session is None:
+        raise UserError(f"no chat with id {session_id}")
+    return session, readable(store.messages(session_id))[0]
+
+
+def _message_json(message: Message) -> dict:
+    item = {"role": message.role, "content": message.content}
+    stats = dict(message.stats or {})
+    for key in TURN_KEYS:
+        if key in stats:
+            item[key] = stats.pop(key)
+    if stats:
+        item["stats"] = stats
+    return item
+
+
+def _about(stats: dict | None) -> str:
+    """A reply's model and settings in one line (empty when the store kept none)."""
+    stats = stats or {}
+    parts = [str(stats["model"])] if stats.get("model") else []
+    sampling = stats.get("sampling") if isinstance(stats.get("sampling"), dict) else {}
+    parts += [
+        f"{SAMPLING_NAMES[key]} {sampling[key]}"
+        for key in SAMPLING_NAMES
+        if sampling.get(key) is not None
+    ]
+    return ", ".join(parts)
+
+
+def _quote(text: str) -> str:
+    return "\n".join("> " + line if line else ">" for line in text.splitlines())
+
+
+def _checked(number: int, message: object) -> tuple[str, str, dict | None]:
+    """(role, content, stats) of message ``number``, or a UserError saying what is wrong."""
+    if not isinstance(message, dict):
+        raise UserError(f"message {number} is not an object with a role and a content")
+    role, content = message.get("role"), message.get("content")
+    if role not in ROLES:
+        raise UserError(f"message {number}: role {role!r} is not one of {', '.join(ROLES)}")
+    if not isinstance(content, str):
+        raise UserError(f"message {number}: its content is not text")
+    stats = dict(message["stats"]) if isinstance(message.get("stats"), dict) else {}
+    for key in TURN_KEYS:
+        if key in message:
+            stats[key] = message[key]
+    return role, content, (stats or None) if role == "assistant" else None
+
+
+def _text_or_none(value: object, what: str) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise UserError(f"{what} is not text")
+    return value

@@ -1,0 +1,114 @@
+"""Chats out (Markdown, JSON with each reply's model and settings) and in (a JSON export or a
+plain list of messages, as a new chat); anything else is one line and writes nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from core.chats import transfer
+from core.chats.store import ChatStore
+from core.chats.turn import ChatTurn, MadeWith
+from core.engine.types import RequestStats
+from core.errors import UserError
+
+SAMPLING = {"temperature": 0.2, "top_p": 0.9, "top_k": 40, "repetition_penalty": 1.1}
+
+
+@pytest.fixture
+def store(tmp_path):
+    with ChatStore(tmp_path / "chats.db") as opened:
+        yield opened
+
+
+def _chat(store: ChatStore) -> int:
+    session = store.create_session(system_prompt="Be brief.", settings=SAMPLING)
+    for prompt, reply, model in (("hi", "Hello!", "smollm2"), ("and?", "Fine.", "gemma3")):
+        turn = ChatTurn.start(store, store.get_session_by_id(session.id), prompt)
+        stats = RequestStats(prompt_tokens=12, computed_tokens=12, completion_tokens=3)
+        assert turn.finish(store, reply, stats, MadeWith(model, SAMPLING))
+    return session.id
+
+
+def test_json_export_has_each_replys_model_and_settings(store):
+    data = transfer.export_json(store, _chat(store))
+    assert data["format"] == "radixchat-chat" and data["version"] == 1
+    assert data["title"] == "hi" and data["system_prompt"] == "Be brief."
+    assert data["settings"] == SAMPLING
+    first_reply = data["messages"][1]
+    assert first_reply["role"] == "assistant" and first_reply["content"] == "Hello!"
+    assert first_reply["model"] == "smollm2" and first_reply["sampling"] == SAMPLING
+    assert first_reply["stats"]["completion_tokens"] == 3
+    assert data["messages"][3]["model"] == "gemma3"
+    assert data["messages"][0] == {"role": "user", "content": "hi"}
+    json.dumps(data)  # JSON all through
+
+
+def test_markdown_export_reads_as_a_conversation(store):
+    text = transfer.export_markdown(store, _chat(store))
+    assert text.startswith("# hi\n\n**System prompt:**\n\n> Be brief.\n")
+    assert "## You\n\nhi\n" in text
+    assert (
+        "## Assistant · smollm2, temperature 0.2, top-p 0.9, top-k 40, "
+        "repetition penalty 1.1\n\nHello!\n"
+    ) in text
+    assert "## Assistant · gemma3," in text
+
+
+def test_an_export_comes_back_as_a_new_chat(store, tmp_path):
+    original = _chat(store)
+    path = tmp_path / "chat.json"
+    assert transfer.write_export(store, original, path) == "json"
+    done = transfer.import_chat(store, transfer.read_export(path))
+    assert done.session.id != original and done.messages == 4
+    assert done.session.title == "hi" and done.session.system_prompt == "Be brief."
+    assert done.session.settings == SAMPLING
+    back = store.messages(done.session.id)
+    assert [(m.role, m.content) for m in back] == [
+        (m.role, m.content) for m in store.messages(original)
+    ]
+    assert back[1].stats["model"] == "smollm2" and back[1].stats["sampling"] == SAMPLING
+    assert transfer.write_export(store, done.session.id, tmp_path / "chat.md") == "markdown"
+    assert (tmp_path / "chat.md").read_text().startswith("# hi\n")
+
+
+def test_a_plain_list_of_messages_imports(store):
+    done = transfer.import_chat(
+        store,
+        [
+            {"role": "system", "content": "You are a pirate."},
+            {"role": "user", "content": "Ahoy"},
+            {"role": "assistant", "content": "Arr!"},
+        ],
+        title="Pirates",
+    )
+    assert done.session.system_prompt == "You are a pirate." and done.messages == 2
+    assert done.session.title == "Pirates"
+    assert [m.role for m in store.messages(done.session.id)] == ["user", "assistant"]
+
+
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        ({"hello": 1}, "not a chat"),
+        ({"format": "other-app", "messages": []}, "not a chat this RadixChat reads"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "message 1: role 'wizard'"),
+        ({"messages": [{"role": "user", "content": "ok"}, "text"]}, "message 2 is not an object"),
+        ({"messages": [{"role": "user", "content": 7}]}, "message 1: its content is not text"),
+    ],
+)
+def test_what_is_not_a_chat_is_one_line_and_writes_nothing(store, data, said):
+    before = store.list_sessions()
+    with pytest.raises(UserError) as raised:
+        transfer.import_chat(store, data)
+    assert said in str(raised.value) and "\n" not in str(raised.value)
+    assert store.list_sessions() == before
+
+
+def test_unreadable_files_are_one_line(tmp_path):
+    (tmp_path / "broken.json").write_text("{not json")
+    with pytest.raises(UserError, match="is not a JSON chat"):
+        transfer.read_export(tmp_path / "broken.json")
+    with pytest.raises(UserError, match="cannot read"):
+        transfer.read_export(tmp_path / "missing.json")
