@@ -18,6 +18,7 @@ same way.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -99,10 +100,9 @@ def watch_lifeline(fd: int, on_gone) -> threading.Thread:
 
     def watch() -> None:
         try:
-            while os.read(fd, 64):
-                pass
-        except OSError:
-            pass
+            with contextlib.suppress(OSError):  # a read error ends the watch as end-of-file does
+                while os.read(fd, 64):
+                    continue
         finally:
             os.close(fd)
         on_gone()

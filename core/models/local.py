@@ -4,6 +4,7 @@ local Hugging Face cache. What the picker and ``radixchat models`` list."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -58,11 +59,9 @@ def folder_size(path: Path) -> int:
     """Total bytes of the files in a folder, following links (HF snapshots link to blobs)."""
     total = 0
     for p in path.rglob("*"):
-        try:
+        with contextlib.suppress(OSError):  # a file that went meanwhile, a broken link: 0 bytes
             if p.is_file():
                 total += p.stat().st_size
-        except OSError:
-            pass
     return total
 
 
