@@ -104,6 +104,8 @@ class Engine:
         chat_template: str | None = None,
         max_prompt_tokens: int | None = None,
         kv_cache_path: Path | None = None,
+        kv_bits: int | None = None,
+        kv_group_size: int | None = None,
     ):
         self.data_root = Path(data_root)
         # the disk cache's database (None: the data folder's; a rank of a group has its own)
@@ -126,6 +128,10 @@ class Engine:
         self._initial = (model_spec, weights_format)
         self._use_cache = use_cache
         self._page_size = page_size
+        from kvcache.kv_format import DEFAULT_GROUP_SIZE, KVFormat
+
+        # how full-attention K/V are stored (kvcache.kv_format); a bad value: ValueError here
+        self.kv_format = KVFormat(kv_bits, kv_group_size or DEFAULT_GROUP_SIZE)
         self._pool_tokens = pool_tokens
         self._pool_bytes = pool_bytes
         self._pool_segment_bytes = pool_segment_bytes  # None: the builder's default; 0: no segments
@@ -558,6 +564,7 @@ class Engine:
     def _install(self, loaded, command: LoadCommand) -> None:
         from core.engine.scheduler import Scheduler
         from kvcache.builder import DEFAULT_PAGE_SIZE, build_kv_cache
+        from kvcache.kv_pages import store_fingerprint
         from kvcache.prefix_cache import PrefixCache
 
         self._derived_bytes = derived_bytes(self.data_root)  # counted against the disk budget
@@ -568,6 +575,7 @@ class Engine:
             pool_tokens=self._pool_tokens,
             pool_bytes=self._pool_bytes,
             disable=not self._use_cache,
+            kv_format=self.kv_format,
             # None: the builder's segments; 0: the whole pool at once
             **(
                 {}
@@ -577,7 +585,9 @@ class Engine:
         )
         self._loaded = loaded
         self._prefix_cache = PrefixCache(loaded.model, build)
-        self._persister = self._open_persister(loaded.info.fingerprint)
+        self._persister = self._open_persister(
+            store_fingerprint(loaded.info.fingerprint, build.layout)
+        )
         self._scheduler = Scheduler(
             loaded,
             self._prefix_cache,

@@ -397,7 +397,7 @@ class Scheduler:
         job.caches = (
             self.prefix_cache.make_caches(prefix, room=len(prompt) - prefix.length + 1)
             if prefix is not None
-            else make_prompt_cache(self.loaded.model)
+            else self._fresh_caches()
         )
         cached, caches = state.cached, job.caches
 
@@ -410,6 +410,12 @@ class Scheduler:
             self.loaded.model, prompt[cached:], caches, on_prefilled if hybrid else None
         )
         state.handle.emit(ProgressEvent(cached, len(prompt)))
+
+    def _fresh_caches(self) -> list:
+        """An uncached request's caches, in the KV format cached ones have (the same answers)."""
+        if self.prefix_cache is not None:
+            return self.prefix_cache.fresh_caches()
+        return make_prompt_cache(self.loaded.model)
 
     def _chunk(self, job: _Prefill, size: int) -> None:
         """One chunk of ``job``'s prefill (``size`` 0: ``PREFILL_CHUNK``), timed. The decode
