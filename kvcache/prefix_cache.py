@@ -33,6 +33,7 @@ from mlx_lm.models.cache import KVCache
 from kvcache.builder import KVCacheBuildResult
 from kvcache.kv_pages import (
     cache_holding,
+    formats_by_kind,
     fresh_caches,
     is_paged_cache,
     tokens_of,
@@ -506,6 +507,7 @@ class PrefixCache:
             namespaces=tree.namespaces,
             cached_as=self.build.layout.cached_as if self.enabled else "",
             layout=self.build.layout.describe() if self.build.layout is not None else "",
+            kv_formats=tuple(formats_by_kind(self.build.layout).items()),
         )
 
     def _page_census(self) -> tuple[int, int, int, int]:
