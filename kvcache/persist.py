@@ -41,7 +41,7 @@ import numpy as np
 from mlx_lm.models.cache import KVCache
 
 from kvcache.disk_index import DiskIndex
-from kvcache.kv_pages import arrays_per_token, flatten, regroup, tokens_of
+from kvcache.kv_pages import arrays_per_token, flatten, regroup, store_fingerprint, tokens_of
 from kvcache.prefix_cache import PrefixCache, cache_source
 from kvcache.serialize import (
     SerializeError,
@@ -128,7 +128,9 @@ class DiskTier:
         min_write_tokens: int = MIN_WRITE_TOKENS,
     ):
         self.prefix_cache = prefix_cache
-        self.fingerprint = fingerprint
+        self.model_fingerprint = fingerprint
+        # what pages are keyed by: the model's fingerprint and the KV format (kvcache.kv_pages)
+        self.fingerprint = fingerprint = store_fingerprint(fingerprint, prefix_cache.layout)
         self.min_write_tokens = min_write_tokens
         self.reader = DiskStore(path, budget_bytes=budget_bytes)  # raises DiskStoreError
         try:

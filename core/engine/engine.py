@@ -44,6 +44,7 @@ from core.engine.prompt import PromptLimit, Prompts
 from core.engine.types import DoneEvent, ErrorEvent, Event, GenerationRequest, RequestStats
 from core.errors import ErrorKind, ModelLoadError, UserError
 from core.models.derived import derived_bytes
+from kvcache.kv_format import DEFAULT_GROUP_SIZE, KVFormat
 from kvcache.stats import CacheStats, DiskTierStats
 
 if TYPE_CHECKING:  # core.models.load.loader imports mlx: only the engine thread loads it
@@ -109,11 +110,7 @@ class Engine:
     ):
         self.data_root = Path(data_root)
         # the disk cache's database (None: the data folder's; a rank of a group has its own)
-        self._kv_db = (
-            Path(kv_cache_path)
-            if kv_cache_path is not None
-            else paths.kv_cache_db_path(self.data_root)
-        )
+        self._kv_db = Path(kv_cache_path) if kv_cache_path else paths.kv_cache_db_path(data_root)
         self._chat_template = chat_template  # Jinja text replacing the model's own template
         self._max_prompt_tokens = max_prompt_tokens  # None: the model's context is the limit
         # the loaded model's (set on the engine thread, read anywhere)
@@ -128,10 +125,7 @@ class Engine:
         self._initial = (model_spec, weights_format)
         self._use_cache = use_cache
         self._page_size = page_size
-        from kvcache.kv_format import DEFAULT_GROUP_SIZE, KVFormat
-
-        # how full-attention K/V are stored (kvcache.kv_format); a bad value: ValueError here
-        self.kv_format = KVFormat(kv_bits, kv_group_size or DEFAULT_GROUP_SIZE)
+        self.kv_format = KVFormat(kv_bits, kv_group_size or DEFAULT_GROUP_SIZE)  # bad: ValueError
         self._pool_tokens = pool_tokens
         self._pool_bytes = pool_bytes
         self._pool_segment_bytes = pool_segment_bytes  # None: the builder's default; 0: no segments
@@ -449,7 +443,7 @@ class Engine:
 
         if not self._disk_cache:
             return 0
-        fingerprint = self._persister.fingerprint if self._persister is not None else None
+        fingerprint = self._persister.model_fingerprint if self._persister is not None else None
         self._close_persister()
         freed = remove_files(self._kv_db)
         log.warning(
@@ -564,7 +558,6 @@ class Engine:
     def _install(self, loaded, command: LoadCommand) -> None:
         from core.engine.scheduler import Scheduler
         from kvcache.builder import DEFAULT_PAGE_SIZE, build_kv_cache
-        from kvcache.kv_pages import store_fingerprint
         from kvcache.prefix_cache import PrefixCache
 
         self._derived_bytes = derived_bytes(self.data_root)  # counted against the disk budget
@@ -585,9 +578,7 @@ class Engine:
         )
         self._loaded = loaded
         self._prefix_cache = PrefixCache(loaded.model, build)
-        self._persister = self._open_persister(
-            store_fingerprint(loaded.info.fingerprint, build.layout)
-        )
+        self._persister = self._open_persister(loaded.info.fingerprint)
         self._scheduler = Scheduler(
             loaded,
             self._prefix_cache,

@@ -397,7 +397,9 @@ class Scheduler:
         job.caches = (
             self.prefix_cache.make_caches(prefix, room=len(prompt) - prefix.length + 1)
             if prefix is not None
-            else self._fresh_caches()
+            else self.prefix_cache.fresh_caches()
+            if self.prefix_cache is not None  # the KV format cached requests have: same answers
+            else make_prompt_cache(self.loaded.model)
         )
         cached, caches = state.cached, job.caches
 
@@ -410,12 +412,6 @@ class Scheduler:
             self.loaded.model, prompt[cached:], caches, on_prefilled if hybrid else None
         )
         state.handle.emit(ProgressEvent(cached, len(prompt)))
-
-    def _fresh_caches(self) -> list:
-        """An uncached request's caches, in the KV format cached ones have (the same answers)."""
-        if self.prefix_cache is not None:
-            return self.prefix_cache.fresh_caches()
-        return make_prompt_cache(self.loaded.model)
 
     def _chunk(self, job: _Prefill, size: int) -> None:
         """One chunk of ``job``'s prefill (``size`` 0: ``PREFILL_CHUNK``), timed. The decode

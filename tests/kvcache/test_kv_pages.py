@@ -197,12 +197,13 @@ def test_quantized_pages_round_trip_through_the_disk_tier_bit_exact(model, kv_fo
     db = tmp_path / "kvcache.db"
     pc = prefix_cache(model, kv_format)
     original, snaps = computed(model, pc, tokens)
-    writer = DiskTier(db, pc, store_fingerprint(FP, pc.layout))
+    writer = DiskTier(db, pc, FP)
+    assert writer.fingerprint == f"{FP}+{kv_format.tag}" and writer.model_fingerprint == FP
     writer.save("chat", tokens, original, snaps)
     writer.flush(timeout=30)
     writer.close()
     fresh = prefix_cache(model, kv_format)
-    reader = DiskTier(db, fresh, store_fingerprint(FP, fresh.layout))
+    reader = DiskTier(db, fresh, FP)
     try:
         prompt = tokens + [1, 2]
         assert reader.restore(prompt, "chat") == 150
@@ -233,13 +234,13 @@ def test_a_store_of_one_format_is_a_miss_in_another(model, tmp_path):
     db = tmp_path / "kvcache.db"
     pc = prefix_cache(model, Q8)
     caches, snaps = computed(model, pc, tokens)
-    writer = DiskTier(db, pc, store_fingerprint(FP, pc.layout))
+    writer = DiskTier(db, pc, FP)
     writer.save("chat", tokens, caches, snaps)
     writer.flush(timeout=30)
     writer.close()
     for other in (FULL_PRECISION, Q4, Q8):
         fresh = prefix_cache(model, other)
-        reader = DiskTier(db, fresh, store_fingerprint(FP, fresh.layout))
+        reader = DiskTier(db, fresh, FP)
         try:
             restored = reader.restore(tokens + [1], "chat")
             assert restored == (150 if other == Q8 else 0)
