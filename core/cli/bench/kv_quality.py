@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import gc
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -122,6 +123,12 @@ def _measure(name: str, path: Path, root: Path, args) -> dict:
             "mean_loglik": loglik,
             "seconds": round(time.perf_counter() - began, 1),
         }
+        print(
+            f"radixchat: bench kv-quality: {name}, {label} done "
+            f"({per_format[label]['seconds']:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
     full = per_format["full"]
     full_replies = full["replies"]
     out = {}
