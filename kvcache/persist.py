@@ -30,7 +30,9 @@ it, so the disk serves a prompt only what its own namespace wrote.
 from __future__ import annotations
 
 import logging
+import os
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -71,6 +73,11 @@ DISK_PAGE_TOKENS = 64  # tokens per stored page: fewer rows than pool pages, sam
 MIN_WRITE_TOKENS = 256  # an unnamed request shorter than this is not worth a disk write
 RETRY_AFTER_S = 60.0  # after a full disk, writes start again this much later
 _RATE_WEIGHT = 0.3  # weight of the newest measurement in the running rates
+# The writer thread's CPU priority (Linux nice): it hashes and writes megabytes per request
+# while the engine prefills the next one; on a machine of few cores it took the cores from
+# that prefill (a follow-up's time to first token: docs/benchmarks.md). At 19 it runs
+# when they are idle.
+WRITER_NICENESS = 19
 
 
 @dataclass(frozen=True)
@@ -468,6 +475,11 @@ class DiskTier:
         self._jobs.put(done)
         done.wait(timeout)
 
+    @property
+    def writer_thread_id(self) -> int | None:
+        """The writer thread's native id (its CPU priority is ``WRITER_NICENESS``)."""
+        return self._thread.native_id
+
     def close(self) -> None:
         if self.prefix_cache.write_back == self.write_back:
             self.prefix_cache.write_back = None
@@ -478,6 +490,7 @@ class DiskTier:
 
     # ------------------------------------------------------------ writer thread
     def _write_loop(self) -> None:
+        lower_thread_priority(WRITER_NICENESS)
         while True:
             job = self._jobs.get()
             if job is None:
@@ -572,6 +585,23 @@ class DiskTier:
             self.index.discard(self._writer.missing_keys(self.index.keys()))
         except Exception as exc:  # cannot tell: reads find out page by page
             log.warning("checking which cached pages are on disk failed: %s", exc)
+
+
+def lower_thread_priority(niceness: int) -> bool:
+    """Give the calling thread (only it) the CPU priority ``niceness``, never a higher one
+    than it has. Linux schedules each thread as a task of its own, so ``setpriority`` on
+    the thread's native id does that; elsewhere it applies to the whole process, so
+    nothing is done (False)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    me = threading.get_native_id()
+    try:
+        if os.getpriority(os.PRIO_PROCESS, me) < niceness:
+            os.setpriority(os.PRIO_PROCESS, me, niceness)
+    except OSError as exc:  # a sandbox that refuses it: the writer runs as it did
+        log.info("the cache writer keeps its CPU priority: %s", exc)
+        return False
+    return True
 
 
 def read_pays(
