@@ -31,6 +31,11 @@ prefilling and decoding, alone and batched, under every kernel family CI runs.
 * **One token per row as rows.** Llama and qwen2 attention and MLP blocks take a decode
   step's ``[B, 1, D]`` as ``[B, D]``: no flatten and unflatten around each product, and
   the heads laid out by a reshape alone.
+* **Prompt attention's softmax.** MLX's CPU exponential is a polynomial evaluated one
+  element at a time through libm's software ``fmaf``; a follow-up's attention over a long
+  cached prefix takes millions of them a layer, most of its prefill. A prompt chunk with
+  enough scores (:data:`PROMPT_SOFTMAX_MIN_SCORES`) computes them with MLX's GEMMs as
+  before and takes the softmax's exponentials from numpy (:func:`_prompt_attention`).
 * **Fused kernels** are MLX's ``mx.compile`` (shapeless), which on the CPU builds C++ at
   run time, as mlx-lm's own ``swiglu`` already does in every llama MLP; each fused
   function is tested to give the bits of its operations run one by one, and is built at
