@@ -519,8 +519,9 @@ def _prompt_attention(queries, keys, values, scale, mask) -> mx.array:
     millions a layer, and their exponentials were most of a follow-up's prefill
     (``radixchat bench followup``: docs/benchmarks.md). The products stay MLX's (the same
     GEMMs); the softmax is the same formula (``exp(s - max) / sum``) with another
-    exponential (numpy's is the more accurate of the two) and another order of summation:
-    equal within float32 rounding (``tests/core/engine/test_cpu_speedups.py``)."""
+    exponential (numpy's is the more accurate of the two), another order of summation, and
+    the division by the sum taken after the product with the values: equal within float32
+    rounding (``tests/core/engine/test_cpu_speedups.py``)."""
     rows, heads, length, dims = queries.shape
     kv_heads, keys_n = keys.shape[1], keys.shape[2]
     group = heads // kv_heads
@@ -540,9 +541,12 @@ def _prompt_attention(queries, keys, values, scale, mask) -> mx.array:
         else:
             scores = scores + mask.astype(mx.float32)
     mx.eval(scores)
-    held = np.asarray(scores)  # MLX's buffer, no copy
-    shifted = held - held.max(axis=-1, keepdims=True)
-    np.exp(shifted, out=shifted)
-    shifted /= shifted.sum(axis=-1, keepdims=True)
-    out = mx.array(shifted) @ values[:, :, None]
+    # MLX's buffer, no copy: this call's own temporary (nothing else holds it), overwritten
+    # with exp(s - max) in place
+    held = np.asarray(scores)
+    np.subtract(held, held.max(axis=-1, keepdims=True), out=held)
+    np.exp(held, out=held)
+    total = mx.array(held.sum(axis=-1, keepdims=True))
+    # normalised after the product with the values: a division per output, not per score
+    out = (scores @ values[:, :, None]) / total
     return out.reshape(rows, heads, length, dims)
