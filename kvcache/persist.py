@@ -30,9 +30,7 @@ it, so the disk serves a prompt only what its own namespace wrote.
 from __future__ import annotations
 
 import logging
-import os
 import queue
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -44,6 +42,7 @@ from mlx_lm.models.cache import KVCache
 
 from kvcache.disk_index import DiskIndex
 from kvcache.prefix_cache import PrefixCache, cache_source
+from kvcache.priority import lower_thread_priority
 from kvcache.serialize import (
     SerializeError,
     kv_to_bytes,
@@ -585,23 +584,6 @@ class DiskTier:
             self.index.discard(self._writer.missing_keys(self.index.keys()))
         except Exception as exc:  # cannot tell: reads find out page by page
             log.warning("checking which cached pages are on disk failed: %s", exc)
-
-
-def lower_thread_priority(niceness: int) -> bool:
-    """Give the calling thread (only it) the CPU priority ``niceness``, never a higher one
-    than it has. Linux schedules each thread as a task of its own, so ``setpriority`` on
-    the thread's native id does that; elsewhere it applies to the whole process, so
-    nothing is done (False)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    me = threading.get_native_id()
-    try:
-        if os.getpriority(os.PRIO_PROCESS, me) < niceness:
-            os.setpriority(os.PRIO_PROCESS, me, niceness)
-    except OSError as exc:  # a sandbox that refuses it: the writer runs as it did
-        log.info("the cache writer keeps its CPU priority: %s", exc)
-        return False
-    return True
 
 
 def read_pays(

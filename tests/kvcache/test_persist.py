@@ -191,21 +191,6 @@ def test_the_writer_thread_runs_at_the_lowest_cpu_priority(model, db, tokens):
         persister.close()
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="threads' priorities: Linux")
-def test_lowering_a_threads_priority_never_raises_it():
-    seen = []
-
-    def run(first: int, then: int) -> None:
-        seen.append(persist.lower_thread_priority(first))
-        seen.append(persist.lower_thread_priority(then))  # lower than before: kept at first
-        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
-
-    thread = threading.Thread(target=run, args=(19, 18))
-    thread.start()
-    thread.join()
-    assert seen == [True, True, 19]
-
-
 # ---------------------------------------------------------------- restoring
 
 
