@@ -43,6 +43,7 @@ from mlx_lm.models.cache import KVCache
 from kvcache.disk_index import DiskIndex
 from kvcache.kv_pages import arrays_per_token, flatten, regroup, store_fingerprint, tokens_of
 from kvcache.prefix_cache import PrefixCache, cache_source
+from kvcache.priority import lower_thread_priority
 from kvcache.serialize import (
     SerializeError,
     kv_to_bytes,
@@ -72,6 +73,11 @@ DISK_PAGE_TOKENS = 64  # tokens per stored page: fewer rows than pool pages, sam
 MIN_WRITE_TOKENS = 256  # an unnamed request shorter than this is not worth a disk write
 RETRY_AFTER_S = 60.0  # after a full disk, writes start again this much later
 _RATE_WEIGHT = 0.3  # weight of the newest measurement in the running rates
+# The writer thread's CPU priority (Linux nice): it hashes and writes megabytes per request
+# while the engine prefills the next one; on a machine of few cores it took the cores from
+# that prefill (a follow-up's time to first token: docs/benchmarks.md). At 19 it runs
+# when they are idle.
+WRITER_NICENESS = 19
 
 
 @dataclass(frozen=True)
@@ -480,6 +486,11 @@ class DiskTier:
         self._jobs.put(done)
         done.wait(timeout)
 
+    @property
+    def writer_thread_id(self) -> int | None:
+        """The writer thread's native id (its CPU priority is ``WRITER_NICENESS``)."""
+        return self._thread.native_id
+
     def close(self) -> None:
         if self.prefix_cache.write_back == self.write_back:
             self.prefix_cache.write_back = None
@@ -490,6 +501,7 @@ class DiskTier:
 
     # ------------------------------------------------------------ writer thread
     def _write_loop(self) -> None:
+        lower_thread_priority(WRITER_NICENESS)
         while True:
             job = self._jobs.get()
             if job is None:

@@ -30,6 +30,7 @@ def add_parser(subparsers) -> None:
         _distributed,
         _serve,
         _agent,
+        _followup,
         _constrain,
         _fairness,
         _pull,
@@ -368,6 +369,43 @@ def run_agent(args: argparse.Namespace) -> int:
     from core.cli.bench.agent import run_bench_agent
 
     return run_bench_agent(args)
+
+
+def _followup(benches) -> None:
+    followup = _with_model(
+        benches.add_parser(
+            "followup",
+            help="a follow-up's new tokens on a cached prefix: TTFT, ours vs mlx_lm.server",
+        )
+    )
+    followup.add_argument(
+        "--prefix-tokens",
+        type=positive,
+        nargs="+",
+        default=[1500, 2000, 2500],
+        metavar="N",
+        help="cached prefix sizes, tokens (default: 1500 2000 2500)",
+    )
+    followup.add_argument(
+        "--new-tokens",
+        type=positive,
+        nargs="+",
+        default=[150, 250],
+        metavar="N",
+        help="new tokens in each follow-up (default: 150 250)",
+    )
+    followup.add_argument(
+        "--max-tokens", type=positive, default=4, help="reply length of a follow-up"
+    )
+    followup.add_argument("--repeats", type=positive, default=3, help=REPEATS_HELP)
+    followup.add_argument("--json", action="store_true", help=JSON_HELP)
+    followup.set_defaults(run=run_followup)
+
+
+def run_followup(args: argparse.Namespace) -> int:
+    from core.cli.bench.followup import run_bench_followup
+
+    return run_bench_followup(args)
 
 
 def _constrain(benches) -> None:

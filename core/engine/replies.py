@@ -1,0 +1,137 @@
+"""The scheduler's reply path: each generated token taken (end of sequence, stop strings,
+max tokens), its text and tool calls sent, and a request finished (its cache stored, its
+stats sent, its stream ended). A part of :class:`core.engine.scheduler.Scheduler`."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from core.engine.namespaces import label as namespace_label
+from core.engine.running import Active
+from core.engine.types import DoneEvent, ErrorEvent, RequestStats, TokenEvent, ToolCallEvent
+from core.errors import ErrorKind
+
+log = logging.getLogger(__name__)
+
+
+class Replies:
+    """The reply half of the scheduler (a part of :class:`core.engine.scheduler.Scheduler`,
+    on its state: ``eos``, ``prefix_cache``, ``persister``, ``on_finished``)."""
+
+    def _take(self, state: Active, token: int) -> str | None:
+        """Record one generated token; the finish reason if the request is done."""
+        if state.first_token_at is None:
+            state.first_token_at = time.perf_counter()
+        state.generated.append(token)
+        if token in self.eos:
+            return "stop"
+        state.detok.add_token(token)
+        piece, hit = state.stop_text.feed(state.detok.last_segment)
+        self._show(state, piece, (token,))
+        if hit:
+            return "stop"
+        if len(state.generated) >= state.max_tokens:
+            return "length"
+        return None
+
+    def _show(
+        self, state: Active, piece: str, token_ids: tuple[int, ...] = (), final: bool = False
+    ) -> None:
+        """Send ``piece`` of the reply: tool-call markup is taken out and its calls sent as
+        their own events. ``final``: the reply is over, flush what was held back."""
+        calls = []
+        if state.tool_text is not None:
+            piece, calls = state.tool_text.feed(piece)
+            if final:
+                tail, more = state.tool_text.finish()
+                piece, calls = piece + tail, calls + more
+        if piece:
+            state.shown.append(piece)
+            state.handle.emit(TokenEvent(piece, token_ids))
+        for call in calls:
+            state.handle.emit(ToolCallEvent(call))
+
+    def _finish_safely(self, state: Active, finish: str, caches, cache_tokens) -> None:
+        """Finish a request that already left the batch; a bug here still ends its stream."""
+        try:
+            self._finish(state, finish, caches, cache_tokens)
+        except Exception as exc:
+            log.exception("finishing a request failed")
+            self._fail(state, f"internal error: {exc}")
+
+    def _fail(self, state: Active, message: str) -> None:
+        """End ``state``'s stream with an error (a bug), giving its prefix lock back."""
+        if state.prefix is not None:
+            self.prefix_cache.release(state.prefix)
+        state.handle.emit(ErrorEvent(message, ErrorKind.INTERNAL))
+        state.handle.finish()
+
+    def _finish(self, state: Active, finish: str, caches, cache_tokens) -> None:
+        """Flush the text, store the cache, send the stats, end the stream."""
+        handle, prompt = state.handle, state.prompt
+        if state.generated and not state.stop_text.hit:  # EOS, length, cancel: no more text
+            state.detok.finalize()
+            self._show(state, state.stop_text.finish(state.detok.last_segment))
+        if state.tool_text is not None:
+            self._show(state, "", final=True)
+            if state.tool_text.calls and finish == "stop":
+                finish = "tool_calls"
+        ended = time.perf_counter()
+        if state.prefix is not None:
+            seen = list(cache_tokens) if cache_tokens is not None else []
+            if (
+                finish != "cancelled"
+                and caches is not None
+                and seen == (prompt + state.generated)[: len(seen)]
+            ):
+                try:
+                    self._store(state, seen, caches)
+                except Exception:  # caching may cost time, never the reply
+                    log.exception("caching a finished request failed; its reply is sent anyway")
+            self.prefix_cache.release(state.prefix)  # no-op once committed
+        first = state.first_token_at
+        ttft = (first or ended) - state.started
+        decode_time = ended - (first or ended)
+        n = len(state.generated)
+        stats = RequestStats(
+            prompt_tokens=len(prompt),
+            cached_tokens=state.cached - state.restored,
+            restored_tokens=state.restored,
+            computed_tokens=len(prompt) - state.cached if first is not None else 0,
+            completion_tokens=n,
+            ttft_s=ttft,
+            prefill_tps=(len(prompt) - state.cached) / ttft if ttft > 0 else 0.0,
+            decode_tps=(n - 1) / decode_time if decode_time > 0 and n > 1 else 0.0,
+            total_s=ended - state.started,
+            constraint_cpu_s=state.grammar.cpu_s if state.grammar is not None else 0.0,
+            finish_reason=finish,
+            stop_sequence=state.stop_text.matched if finish == "stop" else None,
+            cache_namespace=namespace_label(handle.request.cache_namespace),
+        )
+        calls = tuple(state.tool_text.calls) if state.tool_text is not None else ()
+        failure = (
+            state.grammar.failure if state.grammar is not None and finish != "cancelled" else None
+        )
+        # what was sent is not what the schema asks for: never a finished reply
+        if failure is not None:
+            handle.emit(
+                ErrorEvent(
+                    f"the output constraint failed after {n} tokens ({failure}); the reply "
+                    "would not match the schema: a simpler schema may work",
+                    ErrorKind.BAD_REQUEST,
+                )
+            )
+        else:
+            handle.emit(DoneEvent("".join(state.shown), stats, calls))
+        handle.finish()
+        self.on_finished()
+
+    def _store(self, state: Active, seen: list[int], caches: list) -> None:
+        session = state.handle.request.session
+        end_snapshot = self.prefix_cache.snapshot(caches, len(seen))
+        resumed = [state.prefix.snapshot] if state.prefix.snapshot is not None else []  # for disk
+        snapshots = resumed + state.snapshots + ([end_snapshot] if end_snapshot is not None else [])
+        if self.persister is not None:  # a session's chain, or a long enough request's
+            self.persister.save(session, seen, caches, snapshots, state.prefix.namespace)
+        self.prefix_cache.commit(state.prefix, seen, caches, snapshots, session)

@@ -1,0 +1,67 @@
+"""What the scheduler keeps of each request on the engine thread: a request decoding
+(:class:`Active`), the one decoding alone (:class:`Solo`), one waiting for or part-way
+through its prefill (:class:`PrefillJob`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from core.engine.generation import ChunkedPrefill, StopText
+from core.engine.namespaces import owner as namespace_owner
+from core.engine.tools import ToolCallText
+
+
+@dataclass
+class Active:
+    """One running request (engine thread only)."""
+
+    handle: object  # core.engine.engine.RequestHandle
+    prompt: list[int]
+    prefix: object | None  # kvcache.prefix_cache.Prefix
+    cached: int
+    restored: int
+    started: float
+    max_tokens: int
+    stop_text: StopText
+    detok: object
+    tool_text: ToolCallText | None = None  # takes tool-call markup out of the text
+    grammar: object | None = None  # core.engine.constrain.GrammarProcessor, if constrained
+    first_token_at: float | None = None
+    generated: list[int] = field(default_factory=list)
+    shown: list[str] = field(default_factory=list)
+    snapshots: list = field(default_factory=list)
+
+
+@dataclass
+class Solo:
+    """The one request decoding outside the batch, as ``mlx_lm.generate_step`` would."""
+
+    state: Active
+    caches: list
+    sampler: object
+    processors: list
+    cache_tokens: list[int]  # what ``caches`` hold
+    pending: mx.array  # the next token: sampled, maybe still being computed, not yet taken
+    context: mx.array | None  # prompt + generated, for logits processors
+
+
+@dataclass
+class PrefillJob:
+    """A request admitted but not yet decoding: waiting for its turn, or prefilling a chunk
+    per scheduler step (engine thread only)."""
+
+    state: Active
+    sampler: object
+    processors: list
+    order: tuple[int, int]  # (priority, arrival): the least goes first
+    run: ChunkedPrefill | None = None  # once started
+    caches: list | None = None
+    compute_s: float = 0.0  # time spent in its chunks (not in others' decode steps between them)
+    flush: bool = False  # restored from disk: flush the pool writes once it has its first token
+
+
+def group_of(state: Active) -> str:
+    """The client a request is from, for its fair share: its cache namespace less any salt."""
+    return namespace_owner(state.handle.request.cache_namespace)
