@@ -41,6 +41,7 @@ import numpy as np
 from mlx_lm.models.cache import KVCache
 
 from kvcache.disk_index import DiskIndex
+from kvcache.kv_pages import arrays_per_token, flatten, regroup, store_fingerprint, tokens_of
 from kvcache.prefix_cache import PrefixCache, cache_source
 from kvcache.priority import lower_thread_priority
 from kvcache.serialize import (
@@ -133,7 +134,9 @@ class DiskTier:
         min_write_tokens: int = MIN_WRITE_TOKENS,
     ):
         self.prefix_cache = prefix_cache
-        self.fingerprint = fingerprint
+        self.model_fingerprint = fingerprint
+        # what pages are keyed by: the model's fingerprint and the KV format (kvcache.kv_pages)
+        self.fingerprint = fingerprint = store_fingerprint(fingerprint, prefix_cache.layout)
         self.min_write_tokens = min_write_tokens
         self.reader = DiskStore(path, budget_bytes=budget_bytes)  # raises DiskStoreError
         try:
@@ -225,7 +228,10 @@ class DiskTier:
                         chunk,
                         kv_to_bytes(
                             [
-                                (k[:, a - save.lo : b - save.lo], v[:, a - save.lo : b - save.lo])
+                                (
+                                    tokens_of(k, a - save.lo, b - save.lo),
+                                    tokens_of(v, a - save.lo, b - save.lo),
+                                )
                                 for k, v in save.layers
                             ]
                         ),
@@ -425,9 +431,10 @@ class DiskTier:
         its check ends the stream: what came before it (back to a snapshot, for a hybrid model)
         is restored, the rest is recomputed."""
         began = time.perf_counter()
-        layers = len(self.prefix_cache.paged)
+        layout = self.prefix_cache.layout
+        layers = arrays_per_token(layout) if self.prefix_cache.paged else 0
         spare = KVCache.step * -(-(len(tokens) + max(room, 1)) // KVCache.step) - len(tokens)
-        joined = _Joiner(2 * layers, len(tokens) + spare)
+        joined = _Joiner(layers, len(tokens) + spare)
         count = _pages_for(reading.chain, len(tokens))
         first = offset = 0
         while first < count and offset + len(reading.chain[first].tokens) <= start:
@@ -439,7 +446,8 @@ class DiskTier:
             nbytes += len(page.kv) + len(page.snapshot or b"")
             if offset + take > start and layers:
                 lo = max(0, start - offset)
-                joined.add(offset + lo, take - lo, lo, kv_views(page.kv, layers, len(page.tokens)))
+                views = kv_views(page.kv, layers, len(page.tokens), arrays=True)
+                joined.add(offset + lo, take - lo, lo, views)
             if page.snapshot is not None and offset + len(page.tokens) <= len(tokens):
                 snapshots[offset + len(page.tokens)] = page.snapshot
             offset += take
@@ -450,7 +458,11 @@ class DiskTier:
             joined.add_arrays(0, self.prefix_cache.cached_kv(tokens[:start], namespace))
         snapshot = snapshot_from_bytes(snapshots[end]) if end in snapshots else None
         restored = self.prefix_cache.insert_restored(
-            tokens[:end], start, joined.layers(), snapshot, namespace
+            tokens[:end],
+            start,
+            regroup(joined.joined(), layout) if layers else [],
+            snapshot,
+            namespace,
         )
         if restored:
             seconds = time.perf_counter() - began
@@ -610,8 +622,9 @@ def _pages_for(chain: list[ChainPage], tokens: int) -> int:
 
 
 class _Joiner:
-    """Each layer's K and V, joined along the tokens into one zeroed ``(heads, length, dim)``
-    MLX buffer (the tail is spare room), page by page as a restore streams them.
+    """Each layer's K and V arrays (a quantized side's three as they are), joined along the
+    tokens into one zeroed ``(heads, length, dim)`` MLX buffer each (the tail is spare
+    room), page by page as a restore streams them.
 
     Pages are copied straight into the evaluated MLX buffers through numpy views (an MLX
     array exposes its memory, and these are referenced nowhere else yet): one copy into
@@ -637,10 +650,11 @@ class _Joiner:
         for target, (_, view) in zip(self.targets, views):
             target[:, at : at + n] = view[:, lo : lo + n]
 
-    def add_arrays(self, at: int, layers_kv: list[tuple[mx.array, mx.array]]) -> None:
-        """Each layer's ``(keys, values)``, ``(heads, n, head_dim)`` MLX arrays, go to
-        ``at..at+n-1`` (after the first :meth:`add`: the buffers exist)."""
-        arrays = [a for pair in layers_kv for a in pair]
+    def add_arrays(self, at: int, layers_kv: list[tuple]) -> None:
+        """Each layer's ``(keys, values)``, ``(heads, n, head_dim)`` MLX arrays (or a
+        quantized side's three), go to ``at..at+n-1`` (after the first :meth:`add`: the
+        buffers exist)."""
+        arrays = flatten(layers_kv)
         arrays = [
             a.astype(mx.bfloat16).view(mx.uint16) if name == "bfloat16" else a.astype(buffer.dtype)
             # as the buffers hold it
@@ -654,14 +668,13 @@ class _Joiner:
             [(name, np.array(a, copy=False)) for a, name in zip(arrays, self.names)],
         )
 
-    def layers(self) -> list[tuple[mx.array, mx.array]]:
-        """``(keys, values)`` per layer; [] when nothing was added."""
+    def joined(self) -> list[mx.array]:
+        """The joined arrays, in the order pages hold them; [] when nothing was added."""
         self.targets = []
-        joined = [
+        return [
             b.view(mx.bfloat16) if name == "bfloat16" else b
             for b, name in zip(self.buffers, self.names)
         ]
-        return list(zip(joined[0::2], joined[1::2]))
 
 
 def _resume_point(chain: list[ChainPage], prompt: list[int], limit: int, hybrid: bool) -> int:

@@ -9,6 +9,7 @@ from dataclasses import asdict
 from core import paths
 from core.chats.store import ChatStore, Session, check_name, readable
 from core.chats.turn import ChatTurn, MadeWith
+from core.cli.commands.options import kv_format_options
 from core.cli.progress import print_progress
 from core.cli.terminal import safe, safe_text
 from core.engine.engine import Engine
@@ -60,6 +61,7 @@ def run_chat(args) -> int:
             pool_tokens=args.kv_tokens,
             chat_template=template,
             max_prompt_tokens=args.max_prompt_tokens,
+            **kv_format_options(args),
         )
         engine.start()
         try:

@@ -410,7 +410,7 @@ def _folding(original):
         queries, keys, values, cache, scale, mask, sinks=None, **kwargs
     ):
         rows, heads, length, dims = queries.shape
-        kv_heads = keys.shape[1]
+        kv_heads = keys[0].shape[1] if isinstance(keys, (tuple, list)) else keys.shape[1]
         if length > 1 and _prompt_softmax_applies(queries, keys, cache, mask, sinks, kwargs):
             return _prompt_attention(queries, keys, values, scale, mask)
         if (

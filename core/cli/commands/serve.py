@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import argparse
 
-from core.cli.commands.options import MAX_PROMPT_HELP, MODEL_HELP, add_data_dir, port, positive
+from core.cli.commands.options import (
+    MAX_PROMPT_HELP,
+    MODEL_HELP,
+    add_data_dir,
+    add_kv_format,
+    port,
+    positive,
+)
 from core.limits import MAX_CONNECTIONS, MAX_SCHEMA_BYTES, MAX_TOOLS
 
 
@@ -48,6 +55,7 @@ def add_parser(subparsers) -> None:
     serve.add_argument(
         "--kv-tokens", type=int, help="KV pool size in tokens (default: from free memory)"
     )
+    add_kv_format(serve)
     serve.add_argument(
         "--no-cache",
         action="store_true",
