@@ -196,29 +196,32 @@ def _greedy_replies(model, layout, prompts: list[list[int]], max_tokens: int) ->
 def _mlx_lm_replies(
     model, prompts: list[list[int]], max_tokens: int, bits: int | None, group_size: int
 ) -> list[list[int]]:
-    """Each prompt's greedy reply from mlx-lm's own ``generate_step``, alone. With ``bits``,
-    its ``kv_bits`` (``quantized_kv_start=0``: the prompt but its last token is computed at
-    full precision, then every ``KVCache`` becomes a ``QuantizedKVCache``); a model with
-    sliding-window caches, which mlx-lm's ``kv_bits`` refuses, gets ``QuantizedKVCache`` for
-    its full-attention layers from the first token instead (as ours)."""
+    """Each prompt's greedy reply from mlx-lm's own generation (:func:`mlx_lm_steps`), alone."""
+    out = []
+    for ids in prompts:
+        steps = mlx_lm_steps(model, ids, max_tokens, bits, group_size)
+        out.append([int(token) for token, _ in steps])
+    return out
+
+
+def mlx_lm_steps(model, ids: list[int], max_tokens: int, bits: int | None, group_size: int):
+    """mlx-lm's ``generate_step`` (greedy) over ``ids``. With ``bits``, its ``kv_bits``
+    (``quantized_kv_start=0``: the prompt but its last token is computed at full precision,
+    then every ``KVCache`` becomes a ``QuantizedKVCache``); a model with sliding-window
+    caches, which mlx-lm's ``kv_bits`` refuses, gets ``QuantizedKVCache`` for its
+    full-attention layers from the first token instead (as ours)."""
     import mlx.core as mx
     from mlx_lm.generate import generate_step
     from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 
-    out = []
-    for ids in prompts:
-        caches, options = make_prompt_cache(model), {}
-        if bits and all(type(c) is KVCache for c in caches):
-            options = {"kv_bits": bits, "kv_group_size": group_size, "quantized_kv_start": 0}
-        elif bits:
-            caches = [
-                QuantizedKVCache(group_size, bits) if type(c) is KVCache else c for c in caches
-            ]
-        steps = generate_step(
-            mx.array(ids), model, max_tokens=max_tokens, prompt_cache=caches, **options
-        )
-        out.append([int(token) for token, _ in steps])
-    return out
+    caches, options = make_prompt_cache(model), {}
+    if bits and all(type(c) is KVCache for c in caches):
+        options = {"kv_bits": bits, "kv_group_size": group_size, "quantized_kv_start": 0}
+    elif bits:
+        caches = [QuantizedKVCache(group_size, bits) if type(c) is KVCache else c for c in caches]
+    return generate_step(
+        mx.array(ids), model, max_tokens=max_tokens, prompt_cache=caches, **options
+    )
 
 
 def _mean_loglik(model, layout, ids: list[int]) -> float:
