@@ -38,6 +38,7 @@ from core.engine.namespaces import with_salt
 from core.engine.types import ChatMessage, GenerationRequest, RequestStats, SamplingParams, ToolCall
 
 BLOCK_JOIN = "\n\n"  # text blocks of one message (or of the system prompt) become one text
+BILLING_HEADER = "x-anthropic-billing-header:"  # Claude Code's first system block: dropped
 
 
 # ------------------------------------------------------------------ request bodies
@@ -237,9 +238,18 @@ def _assistant(message: Message, i: int) -> ChatMessage:
     return ChatMessage("assistant", BLOCK_JOIN.join(texts), tool_calls=tuple(calls))
 
 
+def system_text(system: str | list[TextBlock] | None) -> str:
+    """The system prompt's text, less Claude Code's per-request billing block: its 2.x sends
+    ``x-anthropic-billing-header: ...`` as the first system block, different on every request,
+    which would put a new token at the head of every prompt and so miss the prefix cache."""
+    if isinstance(system, list):
+        system = [block for block in system if not block.text.startswith(BILLING_HEADER)]
+    return _text(system)
+
+
 def chat_messages(body: CountTokensRequest) -> tuple[ChatMessage, ...]:
     messages = []
-    system = _text(body.system)
+    system = system_text(body.system)
     if system:
         messages.append(ChatMessage("system", system))
     calls: dict[str, str] = {}  # the tool calls of the last assistant message: id -> tool name
@@ -270,13 +280,15 @@ def tool_request(
     tools = body.tools or []
     limits.check_body({"tools": tools})
     limits.check_schemas(tool.model_dump(exclude_none=True) for tool in tools)
+    choice = body.tool_choice or ToolChoice(type="auto")
     for i, tool in enumerate(tools):
-        # the same schemas come on every turn of an agent: checked once (check_schema remembers)
+        # the same schemas come on every turn of an agent: checked once (check_schema
+        # remembers); only a schema a call is forced into must fit the grammar library
+        enforced = choice.type == "any" or (choice.type == "tool" and tool.name == choice.name)
         try:
-            check_schema(tool.input_schema, f"tools[{i}].input_schema")
+            check_schema(tool.input_schema, f"tools[{i}].input_schema", enforced)
         except SchemaError as exc:
             raise invalid(exc.param, str(exc)) from None
-    choice = body.tool_choice or ToolChoice(type="auto")
     if choice.type in ("any", "tool") and not tools:
         raise invalid("tool_choice", f"tool_choice {choice.type!r} needs tools")
     if choice.type == "tool" and choice.name not in {tool.name for tool in tools}:

@@ -32,7 +32,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 
-from core.engine import batch_prefill, generation
+from core.engine import batch_prefill, generation, generic_tools
 from core.engine.constrain import Grammars, grammar_for, tool_markup
 from core.engine.decode_batch import DecodeBatch
 from core.engine.generation import (
@@ -142,7 +142,12 @@ class Scheduler:
         self.persister = persister
         self.eos = set(loaded.tokenizer.eos_token_ids)
         self.vocab = vocab_size(loaded.model, loaded.config)
-        self.markup = tool_markup(loaded.tokenizer)
+        # the template's tool-call markup, or the generic format where it has none
+        self.markup = (
+            generic_tools.MARKUP
+            if generic_tools.applies(loaded.tokenizer)
+            else tool_markup(loaded.tokenizer)
+        )
         self.grammars = Grammars(loaded.tokenizer, self.vocab or len(loaded.tokenizer.get_vocab()))
         self.batch = DecodeBatch(loaded.model, MAX_BATCH)
         self.batched: dict[int, _Active] = {}  # batch uid -> request
@@ -199,7 +204,7 @@ class Scheduler:
         if grammar is not None:
             grammar = self.grammars.processor(grammar, len(prompt))
             processors = [*processors, grammar]
-        calls_on = request.tools and request.tool_choice != "none" and self.markup is not None
+        calls_on = request.tools and request.tool_choice != "none"
         state = _Active(
             handle,
             prompt,
