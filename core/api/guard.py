@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 JSON_ENDPOINTS = (
     "/v1/chat/completions",
     "/v1/completions",
+    "/v1/responses",
     "/v1/messages",
     "/v1/messages/count_tokens",
 )
@@ -55,7 +56,7 @@ ENDPOINTS = ("/health", "/metrics", "/openapi.json", "/v1/models", *JSON_ENDPOIN
 OPEN_ENDPOINTS = ("/health",)
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
-CORS_METHODS = ("GET", "POST", "OPTIONS")
+CORS_METHODS = ("GET", "POST", "DELETE", "OPTIONS")
 # read as JSON when no browser Origin comes with them: none, and curl -d's default
 LENIENT_TYPES = frozenset({"", "application/x-www-form-urlencoded"})
 # a request's body, from its head to its end (a body trickled in holds a connection)
@@ -67,6 +68,8 @@ def endpoint_label(path: str) -> str:
     path = path.rstrip("/") or "/"
     if path in ENDPOINTS:
         return path
+    if path.startswith("/v1/responses/"):
+        return "/v1/responses/{id}"
     return "/v1/models/{model}" if path.startswith("/v1/models/") else "other"
 
 

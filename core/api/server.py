@@ -7,7 +7,8 @@
 
 Endpoints (the schema is served at ``/openapi.json``): ``GET /health``, ``GET /v1/models``
 (and ``/v1/models/{id}``), OpenAI's ``POST /v1/chat/completions`` and
-``POST /v1/completions``, Anthropic's ``POST /v1/messages`` and
+``POST /v1/completions``, the Responses API's ``POST /v1/responses`` (``GET`` and
+``DELETE /v1/responses/{id}``), Anthropic's ``POST /v1/messages`` and
 ``POST /v1/messages/count_tokens`` (JSON or server-sent events), ``GET /metrics``
 (Prometheus).
 Each request is submitted to the engine and its events are relayed as they come
@@ -214,6 +215,7 @@ class ApiServer:
                 log.warning("the API server did not stop within %.0f s", timeout)
         self._uvicorn = self._thread = None
         self.state.schema_checks.close()
+        self.state.responses.close()
         self.state.schema_checks = SchemaChecks()  # start() again: a new pool
         self.state.stopping = False
 

@@ -9,10 +9,12 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from core import paths
 from core.api.errors import ApiError, shutting_down
 from core.api.limits import DEFAULT_REQUEST_LIMITS, ByteAllowance, RequestLimits
 from core.api.metrics import ServerMetrics
 from core.api.request_log import RequestLog
+from core.api.responses_store import ResponseStore
 from core.api.schema_checks import SchemaChecks
 from core.api.wire import MODEL_ALIASES, ModelCard
 from core.engine import namespaces
@@ -66,6 +68,8 @@ class ApiState:
         self.events_waker = None  # core.api.relay's, made on the server's event loop
         self.metrics = ServerMetrics(engine.stats, lambda: len(self._handles))
         self.request_log = RequestLog()  # the last requests, for the app's request log
+        # the Responses API's stored responses (opened on first use)
+        self.responses = ResponseStore(paths.responses_db_path(engine.data_root))
 
     @property
     def api_key(self) -> str | None:
