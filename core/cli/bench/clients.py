@@ -173,6 +173,7 @@ def run_client(name: str, path: str, server, model: str, args) -> dict:
                 argv,
                 cwd=work,
                 env={**os.environ, **env},
+                stdin=subprocess.DEVNULL,  # codex exec reads a prompt from a stdin that is open
                 capture_output=True,
                 text=True,
                 timeout=args.timeout_s,
