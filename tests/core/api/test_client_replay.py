@@ -81,8 +81,7 @@ def test_claude_code_requests_get_answers_its_library_parses(server, shape, stre
             message = response
         else:
             events = [
-                TypeAdapter(RawMessageStreamEvent).validate_python(e.model_dump())
-                for e in response
+                TypeAdapter(RawMessageStreamEvent).validate_python(e.model_dump()) for e in response
             ]
             kinds = [e.type for e in events]
             assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
