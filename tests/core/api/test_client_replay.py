@@ -24,7 +24,7 @@ from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from tests.core.engine.helpers import start_engine
 
 SHAPES = Path(__file__).parent / "client_shapes"
-SHRINK_TO = 120
+SHRINK_TO = 60
 MAX_TOKENS = 8
 CLAUDE_CODE = sorted((SHAPES / "claude_code").glob("*.json"))
 
