@@ -33,7 +33,6 @@ from core import paths
 from core.cli.bench.harness import link_models, scratch_data_folder
 from core.errors import UserError
 
-TASK = "Create a file named hello.txt that contains the word hi."
 CLIENTS = ("claude", "codex")
 ENDPOINTS = {"claude": "/v1/messages", "codex": "/v1/responses"}
 DIALECTS = {"claude": "Anthropic Messages", "codex": "OpenAI Responses"}

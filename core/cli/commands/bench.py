@@ -305,9 +305,11 @@ def run_agent(args: argparse.Namespace) -> int:
     return run_bench_agent(args)
 
 
-def _clients(benches) -> None:
-    from core.cli.bench.clients import TASK
+# the small task bench clients gives each coding agent
+CLIENTS_TASK = "Create a file named hello.txt that contains the word hi."
 
+
+def _clients(benches) -> None:
     clients = _with_model(
         benches.add_parser(
             "clients",
@@ -318,7 +320,7 @@ def _clients(benches) -> None:
     clients.set_defaults(model="gemma3-270m")
     clients.add_argument("--claude", metavar="PATH", help="Claude Code (default: claude on PATH)")
     clients.add_argument("--codex", metavar="PATH", help="Codex (default: codex on PATH)")
-    clients.add_argument("--task", default=TASK, help="what each client is asked to do")
+    clients.add_argument("--task", default=CLIENTS_TASK, help="what each client is asked to do")
     clients.add_argument(
         "--max-turns", type=positive, default=3, help="Claude Code's --max-turns (default: 3)"
     )
