@@ -89,6 +89,12 @@ def applies(tokenizer) -> bool:
     return not getattr(tokenizer, "has_chat_template", False) or not has_tool_markup(tokenizer)
 
 
+def markup_for(tokenizer) -> ToolMarkup | None:
+    """How the model's tool calls are written: the generic format where it applies, else its
+    template's markup (engine thread: :func:`core.engine.constrain.tool_markup`)."""
+    return MARKUP if applies(tokenizer) else constrain.tool_markup(tokenizer)
+
+
 def parse(text: str, tools) -> dict:
     """The call between the markers: ``{"name": ..., "arguments": {...}}`` (ValueError if not)."""
     call = json.loads(text.strip())

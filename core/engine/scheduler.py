@@ -33,7 +33,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 
 from core.engine import batch_prefill, generation, generic_tools
-from core.engine.constrain import Grammars, tool_markup
+from core.engine.constrain import Grammars
 from core.engine.decode_batch import DecodeBatch
 from core.engine.generation import (
     ChunkedPrefill,
@@ -142,12 +142,7 @@ class Scheduler:
         self.persister = persister
         self.eos = set(loaded.tokenizer.eos_token_ids)
         self.vocab = vocab_size(loaded.model, loaded.config)
-        # the template's tool-call markup, or the generic format where it has none
-        self.markup = (
-            generic_tools.MARKUP
-            if generic_tools.applies(loaded.tokenizer)
-            else tool_markup(loaded.tokenizer)
-        )
+        self.markup = generic_tools.markup_for(loaded.tokenizer)  # the template's, or generic
         self.grammars = Grammars(loaded.tokenizer, self.vocab or len(loaded.tokenizer.get_vocab()))
         self.batch = DecodeBatch(loaded.model, MAX_BATCH)
         self.batched: dict[int, _Active] = {}  # batch uid -> request
@@ -199,8 +194,7 @@ class Scheduler:
                 f"{context}"
             )
         params = request.sampling
-        # before prefill: a bad one fails at once
-        grammar = generic_tools.grammar_for(request, self.markup)
+        grammar = generic_tools.grammar_for(request, self.markup)  # before prefill: fails at once
         sampler, processors = sampling_tools(params, self.vocab)
         if grammar is not None:
             grammar = self.grammars.processor(grammar, len(prompt))
