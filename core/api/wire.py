@@ -65,3 +65,5 @@ class ModelCard:
     cache_layout: str = ""
     # how K/V are stored per layer kind ({"full": "8-bit (group 64)", ...}; kvcache.kv_pages)
     kv_format: tuple[tuple[str, str], ...] = ()
+    # names the user gave the model (``--alias``): /v1/models lists each beside its id
+    listed: tuple[str, ...] = ()

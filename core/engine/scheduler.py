@@ -34,7 +34,8 @@ import time
 import mlx.core as mx
 from mlx_lm.sample_utils import greedy_sampler
 
-from core.engine.constrain import Grammars, grammar_for, tool_markup
+from core.engine import generic_tools
+from core.engine.constrain import Grammars
 from core.engine.decode_batch import DecodeBatch
 from core.engine.generation import StopText, render_prompt, sampling_tools, vocab_size
 from core.engine.pacing import ChunkPacer
@@ -78,7 +79,7 @@ class Scheduler(PrefillSteps, Replies):
         self.persister = persister
         self.eos = set(loaded.tokenizer.eos_token_ids)
         self.vocab = vocab_size(loaded.model, loaded.config)
-        self.markup = tool_markup(loaded.tokenizer)
+        self.markup = generic_tools.markup_for(loaded.tokenizer)  # the template's, or generic
         self.grammars = Grammars(loaded.tokenizer, self.vocab or len(loaded.tokenizer.get_vocab()))
         self.batch = DecodeBatch(loaded.model, MAX_BATCH)
         self.batched: dict[int, Active] = {}  # batch uid -> request
@@ -130,12 +131,12 @@ class Scheduler(PrefillSteps, Replies):
                 f"{context}"
             )
         params = request.sampling
-        grammar = grammar_for(request, self.markup)  # before prefill: a bad one fails at once
+        grammar = generic_tools.grammar_for(request, self.markup)  # before prefill: fails at once
         sampler, processors = sampling_tools(params, self.vocab)
         if grammar is not None:
             grammar = self.grammars.processor(grammar, len(prompt))
             processors = [*processors, grammar]
-        calls_on = request.tools and request.tool_choice != "none" and self.markup is not None
+        calls_on = request.tools and request.tool_choice != "none"
         state = Active(
             handle,
             prompt,
