@@ -29,9 +29,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator
 
-from core.api.errors import ApiError, invalid
+from core.api.errors import invalid
 from core.api.limits import DEFAULT_REQUEST_LIMITS, RequestLimits
-from core.api.openai_schema import MAX_STOPS, max_tokens, priority_of, session_name, usage_extra
+from core.api.openai_schema import MAX_STOPS, priority_of, session_name, usage_extra
 from core.api.wire import CACHE_SALT_TEXT, MAX_PRIORITY, MAX_SALT_CHARS, ModelCard, Text, WireModel
 from core.engine.constrain import SchemaError, check_schema
 from core.engine.namespaces import with_salt
@@ -87,7 +87,9 @@ ContentBlock = Annotated[
 
 
 class Message(WireModel):
-    role: Literal["user", "assistant"]
+    # "system": a system message mid-conversation (Claude Code 2.1 sends them, beta
+    # mid-conversation-system): it goes in as user text where it stands
+    role: Literal["user", "assistant", "system"]
     content: Text | list[ContentBlock]
 
 
@@ -168,19 +170,8 @@ class MessagesRequest(CountTokensRequest):
 @dataclass(frozen=True)
 class MessagesCall:
     request: GenerationRequest
-    model: str  # the name the client used: replies echo it
+    model: str  # the loaded model's id, which replies name (whatever name the client sent)
     stream: bool
-
-
-def check_model(model: str, card: ModelCard) -> None:
-    if model not in card.aliases and not model.startswith("claude"):
-        raise ApiError(
-            404,
-            f"the model '{model}' does not exist; this server serves '{card.id}' "
-            "(and answers to any claude-... name)",
-            param="model",
-            code="model_not_found",
-        )
 
 
 def _text(content: str | list | None) -> str:
@@ -257,6 +248,8 @@ def chat_messages(body: CountTokensRequest) -> tuple[ChatMessage, ...]:
         if message.role == "assistant":
             messages.append(_assistant(message, i))
             calls = {call.id: call.name for call in messages[-1].tool_calls}
+        elif message.role == "system":
+            messages.append(ChatMessage("user", _system_message(message, i)))
         else:
             messages.extend(_user(message, i, calls))
             calls = {}
@@ -267,7 +260,35 @@ def chat_messages(body: CountTokensRequest) -> tuple[ChatMessage, ...]:
             "continue) is not supported: end with a user message",
             code="unsupported_value",
         )
-    return tuple(messages)
+    return merged(messages)
+
+
+def _system_message(message: Message, i: int) -> str:
+    if isinstance(message.content, str):
+        return message.content
+    for j, block in enumerate(message.content):
+        if not isinstance(block, TextBlock):
+            raise invalid(f"messages[{i}].content[{j}]", "a system message holds text blocks only")
+    return _text(message.content)
+
+
+def merged(messages: list[ChatMessage]) -> tuple[ChatMessage, ...]:
+    """Consecutive user (or assistant) messages as one, as Anthropic's API combines them
+    (templates such as Gemma's refuse two user turns in a row); tool results stay apart."""
+    out: list[ChatMessage] = []
+    for message in messages:
+        last = out[-1] if out else None
+        if (
+            last is not None
+            and message.role == last.role
+            and message.role in ("user", "assistant")
+            and not (last.tool_calls and message.content)
+        ):
+            text = BLOCK_JOIN.join(t for t in (last.content, message.content) if t)
+            out[-1] = ChatMessage(last.role, text, last.tool_calls + message.tool_calls)
+        else:
+            out.append(message)
+    return tuple(out)
 
 
 def tool_request(
@@ -333,12 +354,13 @@ def to_call(
 ) -> MessagesCall:
     """The engine request for a validated body, in cache namespace ``namespace`` (the API
     key's) split by the body's cache salt."""
-    check_model(body.model, card)
     sampling = SamplingParams(
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         top_k=body.top_k or 0,
-        max_tokens=max_tokens(body.max_tokens, "max_tokens", card.context_length),
+        # a ceiling, required by the API: clients send their own (Claude Code: 64,000),
+        # so past the model's context it is the context (the prompt's room caps it further)
+        max_tokens=min(body.max_tokens, card.context_length),
         stop=tuple(body.stop_sequences or ()),
     )
     request = GenerationRequest(
@@ -349,13 +371,12 @@ def to_call(
         priority=priority_of(body.priority, priority_header),
         **tool_request(body, limits),
     )
-    return MessagesCall(request, body.model, bool(body.stream))
+    return MessagesCall(request, card.id, bool(body.stream))
 
 
 def count_request(
     body: CountTokensRequest, card: ModelCard, limits: RequestLimits = DEFAULT_REQUEST_LIMITS
 ) -> GenerationRequest:
-    check_model(body.model, card)
     return GenerationRequest(messages=chat_messages(body), **tool_request(body, limits))
 
 
@@ -374,11 +395,12 @@ def model_object(card: ModelCard, name: str | None = None) -> dict[str, Any]:
 
 
 def model_list(card: ModelCard) -> dict[str, Any]:
+    names = [card.id, *card.listed]
     return {
-        "data": [model_object(card)],
+        "data": [model_object(card, name) for name in names],
         "has_more": False,
-        "first_id": card.id,
-        "last_id": card.id,
+        "first_id": names[0],
+        "last_id": names[-1],
     }
 
 

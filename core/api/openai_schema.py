@@ -213,16 +213,6 @@ class CompletionCall:
     include_usage: bool
 
 
-def check_model(model: str | None, card: ModelCard) -> None:
-    if model and model not in card.aliases:
-        raise ApiError(
-            404,
-            f"the model '{model}' does not exist; this server serves '{card.id}'",
-            param="model",
-            code="model_not_found",
-        )
-
-
 def max_tokens(value: int | None, name: str, context_length: int) -> int:
     if value is None:
         return context_length
@@ -342,7 +332,7 @@ def to_call(
     """The engine request for a validated body, in cache namespace ``namespace`` (the API
     key's) split by the body's ``cache_salt``; raise :class:`ApiError` for what the loaded
     model refuses (or what is past the request ``limits``)."""
-    check_model(body.model, card)
+    # any model name is served by the loaded model (the reply names it), as llama.cpp does
     chat = isinstance(body, ChatCompletionRequest)
     session = session_name(body.session, session_header)
     namespace = with_salt(namespace, body.cache_salt)
@@ -413,9 +403,10 @@ def finish_reason(stats: RequestStats) -> str:
     return stats.finish_reason if stats.finish_reason in ("length", "tool_calls") else "stop"
 
 
-def model_object(card: ModelCard) -> dict[str, Any]:
+def model_object(card: ModelCard, name: str | None = None) -> dict[str, Any]:
+    """The loaded model as /v1/models lists it, under ``name`` (an alias) or its id."""
     return {
-        "id": card.id,
+        "id": name or card.id,
         "object": "model",
         "created": card.created,
         "owned_by": "radixchat",

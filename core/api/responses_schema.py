@@ -34,7 +34,6 @@ from core.api.errors import ApiError, invalid
 from core.api.limits import DEFAULT_REQUEST_LIMITS, RequestLimits
 from core.api.openai_schema import (
     SamplingFields,
-    check_model,
     max_tokens,
     priority_of,
     sampling_params,
@@ -496,7 +495,7 @@ def to_call(
 ) -> ResponsesCall:
     """The engine request for a validated body continuing ``history`` (the input and output
     items of its previous response, from the store), in cache namespace ``namespace``."""
-    check_model(body.model, card)
+    # any model name is served by the loaded model (the reply names it)
     own = (
         [MessageItem(role="user", content=body.input)]
         if isinstance(body.input, str)

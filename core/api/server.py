@@ -99,6 +99,7 @@ class ApiServer:
         allow_origins: Sequence[str] = (),
         limits: RequestLimits = DEFAULT_REQUEST_LIMITS,
         connections: ConnectionLimits = DEFAULT_CONNECTION_LIMITS,
+        aliases: Sequence[str] = (),
     ):
         check_bind(host, api_key)
         try:
@@ -109,7 +110,14 @@ class ApiServer:
         self.port = port
         # Several keys: one client each, and one cache namespace each (core.engine.namespaces)
         self.state = ApiState(
-            engine, host, api_keys(api_key), model_name, max_body_bytes, origins, limits
+            engine,
+            host,
+            api_keys(api_key),
+            model_name,
+            max_body_bytes,
+            origins,
+            limits,
+            tuple(aliases),
         )
         self.connection_limits = connections
         self.connections: ConnectionGuard | None = None  # while serving

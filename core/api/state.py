@@ -44,8 +44,10 @@ class ApiState:
         max_body_bytes: int,
         allow_origins: tuple[str, ...],
         limits: RequestLimits = DEFAULT_REQUEST_LIMITS,
+        aliases: tuple[str, ...] = (),
     ):
         self.engine = engine
+        self.aliases = tuple(dict.fromkeys(a for a in aliases if a))  # --alias, listed
         self.host = host
         self.api_keys = tuple(dict.fromkeys(key for key in api_keys if key))  # none: no key asked
         self.model_name = model_name
@@ -88,7 +90,14 @@ class ApiState:
                 503, "no model is loaded yet", type="server_error", code="model_not_loaded"
             )
         model_id = self.model_name or info.name
-        aliases = {model_id, info.name, info.spec, Path(info.path).name, *MODEL_ALIASES}
+        aliases = {
+            model_id,
+            info.name,
+            info.spec,
+            Path(info.path).name,
+            *MODEL_ALIASES,
+            *self.aliases,
+        }
         cached_as = layout = ""
         cache = self.engine.stats().cache if with_cache else None
         if cache is not None:
@@ -104,6 +113,7 @@ class ApiState:
             self.started_at,
             cached_as,
             layout,
+            tuple(a for a in self.aliases if a != model_id),
         )
 
     def submit(self, request: GenerationRequest) -> RequestHandle:

@@ -63,3 +63,5 @@ class ModelCard:
     # (why)"; and the cache layout in one line ("" when not asked for, see model_card)
     cached_as: str = ""
     cache_layout: str = ""
+    # names the user gave the model (``--alias``): /v1/models lists each beside its id
+    listed: tuple[str, ...] = ()

@@ -72,6 +72,7 @@ def serve_engine(
             allow_origins=origins,
             limits=request_limits(args),
             connections=connections,
+            aliases=getattr(args, "alias", None) or (),
         ).start()
         print(
             f"radixchat: serving {safe(info.name)}{what} at {server.address}/v1 (Ctrl-C to stop)",

@@ -220,11 +220,6 @@ def chosen_tools(request) -> list[dict]:
 def grammar_for(request, markup: ToolMarkup | None) -> str | None:
     """The llguidance grammar constraining ``request``'s reply, or None for free text."""
     forced = request.tools and request.tool_choice in ("required", "function")
-    if markup is not None and markup.generic and request.tools and request.tool_choice != "none":
-        from core.engine import generic_tools  # it imports this module
-
-        if forced or request.json_schema is None:
-            return generic_tools.grammar(chosen_tools(request), forced)
     if not forced and request.json_schema is None:
         return None
     import llguidance

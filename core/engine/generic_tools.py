@@ -38,9 +38,11 @@ import json
 import logging
 import threading
 
+from core.engine import constrain
 from core.engine.constrain import (
     JSON_OPTIONS,
     ToolMarkup,
+    chosen_tools,
     has_tool_markup,
     tool_name,
     tool_parameters,
@@ -227,6 +229,17 @@ def _without(value, keywords: frozenset[str]):
         elif key not in keywords:
             out[key] = _without(item, keywords)
     return out
+
+
+def grammar_for(request, markup: ToolMarkup | None) -> str | None:
+    """The grammar of ``request``'s reply (:func:`core.engine.constrain.grammar_for`), the
+    generic format's where it applies: text or one call, or (forced) the call alone; a
+    json_schema with tools under ``auto`` keeps the schema's grammar."""
+    if markup is not None and markup.generic and request.tools and request.tool_choice != "none":
+        forced = request.tool_choice in ("required", "function")
+        if forced or request.json_schema is None:
+            return grammar(chosen_tools(request), forced)
+    return constrain.grammar_for(request, markup)
 
 
 def grammar(tools, forced: bool) -> str:

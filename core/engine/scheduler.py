@@ -33,7 +33,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 
 from core.engine import batch_prefill, generation, generic_tools
-from core.engine.constrain import Grammars, grammar_for, tool_markup
+from core.engine.constrain import Grammars, tool_markup
 from core.engine.decode_batch import DecodeBatch
 from core.engine.generation import (
     ChunkedPrefill,
@@ -199,7 +199,8 @@ class Scheduler:
                 f"{context}"
             )
         params = request.sampling
-        grammar = grammar_for(request, self.markup)  # before prefill: a bad one fails at once
+        # before prefill: a bad one fails at once
+        grammar = generic_tools.grammar_for(request, self.markup)
         sampler, processors = sampling_tools(params, self.vocab)
         if grammar is not None:
             grammar = self.grammars.processor(grammar, len(prompt))

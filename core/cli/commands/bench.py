@@ -30,6 +30,7 @@ def add_parser(subparsers) -> None:
         _distributed,
         _serve,
         _agent,
+        _clients,
         _constrain,
         _fairness,
         _pull,
@@ -302,6 +303,42 @@ def run_agent(args: argparse.Namespace) -> int:
     from core.cli.bench.agent import run_bench_agent
 
     return run_bench_agent(args)
+
+
+def _clients(benches) -> None:
+    from core.cli.bench.clients import TASK
+
+    clients = _with_model(
+        benches.add_parser(
+            "clients",
+            help="Claude Code and Codex, as installed, against our server: per request its "
+            "dialect, prompt and cached tokens, TTFT; and whether each finished",
+        )
+    )
+    clients.set_defaults(model="gemma3-270m")
+    clients.add_argument("--claude", metavar="PATH", help="Claude Code (default: claude on PATH)")
+    clients.add_argument("--codex", metavar="PATH", help="Codex (default: codex on PATH)")
+    clients.add_argument("--task", default=TASK, help="what each client is asked to do")
+    clients.add_argument(
+        "--max-turns", type=positive, default=3, help="Claude Code's --max-turns (default: 3)"
+    )
+    clients.add_argument(
+        "--timeout-s", type=positive, default=3600, help="the longest one client may run"
+    )
+    clients.add_argument("--kv-tokens", type=positive, help="the server's KV pool, in tokens")
+    clients.add_argument(
+        "--no-mlx-lm",
+        action="store_true",
+        help="skip asking mlx_lm.server (it serves neither client's endpoint)",
+    )
+    clients.add_argument("--json", action="store_true", help=JSON_HELP)
+    clients.set_defaults(run=run_clients)
+
+
+def run_clients(args: argparse.Namespace) -> int:
+    from core.cli.bench.clients import run_bench_clients
+
+    return run_bench_clients(args)
 
 
 def _constrain(benches) -> None:

@@ -25,6 +25,14 @@ def add_parser(subparsers) -> None:
     )
     serve.add_argument("--model", default="default", help=MODEL_HELP)
     serve.add_argument(
+        "--alias",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="another name /v1/models lists for the model (repeatable); any name a request "
+        "sends is served by the loaded model anyway",
+    )
+    serve.add_argument(
         "--api-key",
         action="append",
         default=[],

@@ -187,9 +187,7 @@ def test_roles_and_content_parts():
 
 
 def test_checks_that_need_the_model():
-    with pytest.raises(ApiError) as caught:
-        chat_call(model="gpt-4o")
-    assert (caught.value.status, caught.value.code) == (404, "model_not_found")
+    assert chat_call(model="gpt-4o").chat  # any name is the loaded model (issue 30.3)
     assert chat_call(model="default").request.sampling.max_tokens == 512
     with pytest.raises(ApiError) as caught:
         chat_call(max_tokens=513)
