@@ -280,11 +280,17 @@ def test_a_failure_after_the_stream_started_is_response_failed(server, client):
 
 
 def test_stored_responses_belong_to_their_api_key(tiny_engine):
-    with ApiServer(tiny_engine, "127.0.0.1", 0, api_key=list(KEYS)) as server:
-        alice, bob = (
-            openai.OpenAI(base_url=server.address + "/v1", api_key=k, max_retries=0, timeout=60)
-            for k in KEYS
+    def client(server, key: str) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=server.address + "/v1", api_key=key, max_retries=0, timeout=60
         )
+
+    with (
+        ApiServer(tiny_engine, "127.0.0.1", 0, api_key=list(KEYS)) as server,
+        client(server, KEYS[0]) as alice,
+        client(server, KEYS[1]) as bob,
+        client(server, "nobody") as stranger,
+    ):
         raw = alice.responses.with_raw_response.create(
             model="default", input="Alice's secret", max_output_tokens=2
         )
@@ -303,6 +309,4 @@ def test_stored_responses_belong_to_their_api_key(tiny_engine):
                 attempt()
         assert alice.responses.retrieve(kept.id).id == kept.id
         with pytest.raises(openai.AuthenticationError):
-            openai.OpenAI(
-                base_url=server.address + "/v1", api_key="nobody", max_retries=0
-            ).responses.retrieve(kept.id)
+            stranger.responses.retrieve(kept.id)
