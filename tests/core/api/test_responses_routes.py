@@ -261,6 +261,16 @@ def test_a_bad_body_is_a_400_naming_the_field(client, body, param):
     assert error.value.body["param"] == param
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_prompt_past_the_context_is_a_400_about_the_input(client, stream):
+    with pytest.raises(openai.BadRequestError) as error:
+        client.responses.create(
+            model="default", input="Lyon " * 200, max_output_tokens=4, stream=stream
+        )
+    assert error.value.body["param"] == "input"
+    assert error.value.body["code"] == "context_length_exceeded"
+
+
 def test_a_failure_after_the_stream_started_is_response_failed(server, client):
     # a grammar the model cannot finish within the tokens given is not a failure, so the
     # failure here is the server stopping mid-stream: its events end with response.failed
