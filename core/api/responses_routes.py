@@ -107,26 +107,35 @@ async def create_response(
     builder = ResponseBuilder(call, card, {k: raw[k] for k in ECHOED if raw.get(k) is not None})
     handle = api.submit(call.request)
     events = EngineEvents(api, handle, request, arrived)
-    if not call.stream:
-        answer = await reply_whole(
-            request,
-            handle,
-            events,
-            True,
-            lambda done: builder.full(done.text, done.stats, done.tool_calls),
-        )
-        await _keep(request, call, builder)
-        return named(answer, call.request.cache_namespace)
-    return named(
-        await reply_stream(
-            request,
-            handle,
-            events,
-            True,
-            lambda first: _stream(request, call, builder, first, events),
-        ),
-        call.request.cache_namespace,
-    )
+    try:
+        if not call.stream:
+            answer = await reply_whole(
+                request,
+                handle,
+                events,
+                True,
+                lambda done: builder.full(done.text, done.stats, done.tool_calls),
+            )
+            await _keep(request, call, builder)
+        else:
+            answer = await reply_stream(
+                request,
+                handle,
+                events,
+                True,
+                lambda first: _stream(request, call, builder, first, events),
+            )
+    except ApiError as error:
+        raise _about_input(error) from None
+    return named(answer, call.request.cache_namespace)
+
+
+def _about_input(error: ApiError) -> ApiError:
+    """An engine error about the prompt names this body's field (``input``), not the chat
+    API's (``messages``)."""
+    if error.param != "messages":
+        return error
+    return ApiError(error.status, error.message, error.type, "input", error.code, error.headers)
 
 
 async def _stream(

@@ -261,6 +261,16 @@ def test_a_bad_body_is_a_400_naming_the_field(client, body, param):
     assert error.value.body["param"] == param
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_prompt_past_the_context_is_a_400_about_the_input(client, stream):
+    with pytest.raises(openai.BadRequestError) as error:
+        client.responses.create(
+            model="default", input="Lyon " * 200, max_output_tokens=4, stream=stream
+        )
+    assert error.value.body["param"] == "input"
+    assert error.value.body["code"] == "context_length_exceeded"
+
+
 def test_a_failure_after_the_stream_started_is_response_failed(server, client):
     # a grammar the model cannot finish within the tokens given is not a failure, so the
     # failure here is the server stopping mid-stream: its events end with response.failed
@@ -280,11 +290,17 @@ def test_a_failure_after_the_stream_started_is_response_failed(server, client):
 
 
 def test_stored_responses_belong_to_their_api_key(tiny_engine):
-    with ApiServer(tiny_engine, "127.0.0.1", 0, api_key=list(KEYS)) as server:
-        alice, bob = (
-            openai.OpenAI(base_url=server.address + "/v1", api_key=k, max_retries=0, timeout=60)
-            for k in KEYS
+    def client(server, key: str) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=server.address + "/v1", api_key=key, max_retries=0, timeout=60
         )
+
+    with (
+        ApiServer(tiny_engine, "127.0.0.1", 0, api_key=list(KEYS)) as server,
+        client(server, KEYS[0]) as alice,
+        client(server, KEYS[1]) as bob,
+        client(server, "nobody") as stranger,
+    ):
         raw = alice.responses.with_raw_response.create(
             model="default", input="Alice's secret", max_output_tokens=2
         )
@@ -303,6 +319,4 @@ def test_stored_responses_belong_to_their_api_key(tiny_engine):
                 attempt()
         assert alice.responses.retrieve(kept.id).id == kept.id
         with pytest.raises(openai.AuthenticationError):
-            openai.OpenAI(
-                base_url=server.address + "/v1", api_key="nobody", max_retries=0
-            ).responses.retrieve(kept.id)
+            stranger.responses.retrieve(kept.id)
