@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import argparse
 
-from core.cli.commands.options import MAX_PROMPT_HELP, MODEL_HELP, add_data_dir, port, positive
+from core.cli.commands.options import (
+    MAX_PROMPT_HELP,
+    MODEL_HELP,
+    add_data_dir,
+    add_speculation,
+    port,
+    positive,
+)
 from core.limits import MAX_CONNECTIONS, MAX_SCHEMA_BYTES, MAX_TOOLS
 
 
@@ -59,6 +66,7 @@ def add_parser(subparsers) -> None:
         help="a Jinja chat template replacing the model's own (e.g. one that takes tools)",
     )
     serve.add_argument("--max-prompt-tokens", type=positive, metavar="N", help=MAX_PROMPT_HELP)
+    add_speculation(serve)
     serve.add_argument(
         "--max-tools",
         type=positive,

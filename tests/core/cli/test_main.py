@@ -595,3 +595,18 @@ def test_the_command_table_imports_no_commands_code():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "[]"
+
+
+def test_speculative_decoding_options(capsys, tiny_model, tmp_path):
+    base = ["chat", "--model", str(tiny_model), "--data-dir", str(tmp_path), "--temp", "0"]
+    base += ["--max-tokens", "24", "--kv-tokens", "4096", "--json"]
+    assert main([*base, "--speculative", "draft", "hi"]) == 2
+    assert "needs --draft-model" in capsys.readouterr().err
+    assert main([*base, "--speculative", "off", "abcabcabcabc abcabcabc"]) == 0
+    off = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert off["accepted_tokens"] == 0
+    # the model as its own draft model: every greedy draft is taken, the reply the same
+    assert main([*base, "--draft-model", str(tiny_model), "abcabcabcabc abcabcabc"]) == 0
+    drafted = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert drafted["reply"] == off["reply"]
+    assert drafted["accepted_tokens"] > 0
