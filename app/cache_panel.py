@@ -48,6 +48,10 @@ FIGURE_TIPS = {
     "many evictions mean the KV pool is small for the chats you keep going.",
     "cachedAs": "How this model's prompts are kept for reuse: KV pages (attention layers' "
     "keys and values) and, for sliding-window or recurrent layers, snapshots of their state.",
+    "kvFormat": "How the cached keys and values are stored, per kind of layer: at the "
+    "model's own precision, or quantized to 8 or 4 bits (Preferences → KV precision), which "
+    "holds about 2 to 4 times the tokens in the same memory and on disk. Sliding-window and "
+    "recurrent layers keep their own format.",
     "namespace": "Whose cached prompts the last turn could reuse: the app's chats share among "
     "themselves; each API key (and each cache_salt) has its own, so no client sees "
     "another's prompts. “in RAM”: how many such groups the RAM cache holds now.",
@@ -116,6 +120,17 @@ def cached_as_text(cache) -> str:
     return CACHED_AS.get(cache.cached_as, cache.cached_as or "—")
 
 
+KIND_NAMES = {"full": "attention", "sliding": "sliding window", "auxiliary": "recurrent"}
+
+
+def kv_format_text(cache) -> str:
+    """The KV format per layer kind, one line each ("attention: 8-bit (group 64)"); "—"
+    without a model or a cache."""
+    if cache is None or not cache.enabled or not cache.kv_formats:
+        return "—"
+    return "\n".join(f"{KIND_NAMES.get(kind, kind)}: {fmt}" for kind, fmt in cache.kv_formats)
+
+
 def hit_rate(turns: list[TurnSplit]) -> tuple[float, int]:
     """(cached + restored) / prompt tokens, summed over ``turns``, and that prompt total."""
     hit, prompt = sum(t.hit for t in turns), sum(t.prompt for t in turns)
@@ -145,6 +160,7 @@ class CachePanel(ChartPanel):
                 ("evictions", "Evictions"),
                 ("namespace", "Namespace"),
                 ("cachedAs", "Cached as"),
+                ("kvFormat", "KV format"),
             )
         ):
             title = QLabel(caption)
@@ -249,6 +265,7 @@ class CachePanel(ChartPanel):
         self.values["cachedAs"].setText(cached_as_text(cache))
         layout = f"\n\n{cache.layout}" if cache is not None and cache.layout else ""
         self.values["cachedAs"].setToolTip(FIGURE_TIPS["cachedAs"] + layout)
+        self.values["kvFormat"].setText(kv_format_text(cache))
         namespaces = cache.namespaces if cache is not None else None
         if namespaces != self._namespaces_in_ram:
             self._namespaces_in_ram = namespaces

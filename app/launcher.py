@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from core.cli.commands.options import kv_format_options
 from core.cli.main import main as cli_main
 
 
@@ -23,7 +24,9 @@ def _run_gui(args: argparse.Namespace, data_root: Path) -> int:
     from app.run import run_app
 
     chosen = args.data_dir is not None or bool(os.environ.get("RADIXCHAT_HOME"))
-    return run_app(data_root, args.model, data_root_chosen=chosen)
+    return run_app(
+        data_root, args.model, data_root_chosen=chosen, engine_options=kv_format_options(args)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ import json
 
 from PySide6.QtCore import QByteArray, QSettings
 from PySide6.QtWidgets import (
+    QComboBox,
     QDialog,
     QDialogButtonBox,
     QDoubleSpinBox,
@@ -29,6 +30,11 @@ from app.chat_settings import ChatPreset
 from core.paths import GB, MB, default_disk_budget, gb_to_bytes
 
 DEFAULT_API_PORT = 8000
+# Preferences' KV precision choices: (label, bits; 0: the model's own precision); the engine
+# checks the values (kvcache.kv_format), the app passes them on as plain numbers
+KV_PRECISIONS = (("Full (the model's own)", 0), ("8-bit", 8), ("4-bit", 4))
+KV_GROUP_SIZES = (32, 64, 128)
+DEFAULT_KV_GROUP = 64
 
 
 class AppSettings:
@@ -67,9 +73,31 @@ class AppSettings:
     def disk_cache_gb(self, value: float | None) -> None:
         self._set("disk_cache_gb", value)
 
+    @property
+    def kv_bits(self) -> int | None:
+        """Bits the cached K/V are stored in (8 or 4); None: the model's own precision."""
+        return self._get("kv_bits", int) or None
+
+    @kv_bits.setter
+    def kv_bits(self, value: int | None) -> None:
+        self._set("kv_bits", value or None)
+
+    @property
+    def kv_group_size(self) -> int | None:
+        """Values per quantization group with ``kv_bits``; None: the engine's default (64)."""
+        return self._get("kv_group_size", int) or None
+
+    @kv_group_size.setter
+    def kv_group_size(self, value: int | None) -> None:
+        self._set("kv_group_size", value or None)
+
     def engine_options(self) -> dict:
         """The Engine's keyword arguments these settings choose (none: the engine's defaults)."""
         options = {}
+        if self.kv_bits:
+            options["kv_bits"] = self.kv_bits
+            if self.kv_group_size:
+                options["kv_group_size"] = self.kv_group_size
         if self.kv_pool_mb:
             options["pool_bytes"] = self.kv_pool_mb * MB
         if self.disk_cache_gb:
@@ -282,6 +310,28 @@ class AppSettingsDialog(QDialog):
         self.disk_cache_gb.setSpecialValueText(f"Default ({default_disk_cache_gb:g} GB)")
         self.disk_cache_gb.setToolTip("Disk space for saved chat KV; the oldest pages go first")
         self.disk_cache_gb.setValue(settings.disk_cache_gb or 0.0)
+        self.kv_precision = QComboBox()
+        for label, bits in KV_PRECISIONS:
+            self.kv_precision.addItem(label, bits)
+        self.kv_precision.setCurrentIndex(max(0, self.kv_precision.findData(settings.kv_bits or 0)))
+        self.kv_precision.setToolTip(
+            "How cached keys and values are stored. 8-bit holds about twice the tokens in "
+            "the same RAM and disk, 4-bit about four times; replies can differ slightly from "
+            "full precision (radixchat bench kv-quality measures how much). Sliding-window "
+            "and recurrent layers keep their own precision."
+        )
+        self.kv_group_size = QComboBox()
+        for size in KV_GROUP_SIZES:
+            self.kv_group_size.addItem(f"{size} values", size)
+        self.kv_group_size.setCurrentIndex(
+            max(0, self.kv_group_size.findData(settings.kv_group_size or DEFAULT_KV_GROUP))
+        )
+        self.kv_group_size.setToolTip(
+            "Values that share one scale and bias: smaller groups are a little more exact "
+            "and a little larger"
+        )
+        self.kv_precision.currentIndexChanged.connect(self._on_precision)
+        self._on_precision()
         width = max(box.sizeHint().width() for box in (self.kv_pool_mb, self.disk_cache_gb))
         for box in (self.kv_pool_mb, self.disk_cache_gb):
             box.setMinimumWidth(width)
@@ -291,6 +341,8 @@ class AppSettingsDialog(QDialog):
         form.addRow("Data folder:", folder_row)
         form.addRow("KV pool RAM budget:", self.kv_pool_mb)
         form.addRow("Disk cache budget:", self.disk_cache_gb)
+        form.addRow("KV precision:", self.kv_precision)
+        form.addRow("KV group size:", self.kv_group_size)
         note = QLabel("These apply the next time RadixChat starts.")
         buttons = QDialogButtonBox(
             QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
@@ -306,15 +358,31 @@ class AppSettingsDialog(QDialog):
     def apply(self) -> list[str]:
         """Write the fields into the settings (empty / special values: None); returns what
         changed, in words, for the window to say it waits for a restart."""
-        before = (self.settings.data_dir, self.settings.kv_pool_mb, self.settings.disk_cache_gb)
+        before = self._applied()
         self.settings.data_dir = self.data_dir.text().strip() or None
         self.settings.kv_pool_mb = self.kv_pool_mb.value() or None
         self.settings.disk_cache_gb = self.disk_cache_gb.value() or None
+        self.settings.kv_bits = self.kv_precision.currentData() or None
+        group = self.kv_group_size.currentData()
+        self.settings.kv_group_size = group if group != DEFAULT_KV_GROUP else None
         self.settings.sync()
-        after = (self.settings.data_dir, self.settings.kv_pool_mb, self.settings.disk_cache_gb)
-        names = ("the data folder", "the KV pool budget", "the disk cache budget")
+        after = self._applied()
+        names = (
+            "the data folder",
+            "the KV pool budget",
+            "the disk cache budget",
+            "the KV precision",
+        )
         self.changed = [name for name, old, new in zip(names, before, after) if old != new]
         return self.changed
+
+    def _applied(self) -> tuple:
+        s = self.settings
+        kv = (s.kv_bits, s.kv_group_size if s.kv_bits else None)
+        return s.data_dir, s.kv_pool_mb, s.disk_cache_gb, kv
+
+    def _on_precision(self) -> None:
+        self.kv_group_size.setEnabled(bool(self.kv_precision.currentData()))
 
     def accept(self) -> None:
         self.apply()

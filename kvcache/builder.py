@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from kvcache.kv_format import FULL_PRECISION, KVFormat
+from kvcache.kv_pages import apply_format
 from kvcache.layout import CacheLayout, cache_layout
 from kvcache.pool import KVPagePool, PageAllocator, ReqToTokenPool, pool_pages_for_budget
 from kvcache.radix_cache import RadixCache
@@ -47,18 +49,20 @@ def build_kv_cache(
     memory_fraction: float = 0.25,
     disable: bool = False,
     segment_bytes: int | None = SEGMENT_BYTES,
+    kv_format: KVFormat = FULL_PRECISION,
 ) -> KVCacheBuildResult:
     """Lay out, size and preallocate the cache; a model we can't page gets a disabled tree.
 
     ``pool_tokens`` (a size in tokens) or ``pool_bytes`` (a RAM budget) overrides the memory
     budget (``memory_fraction`` of the device's recommended working set, or of available RAM,
     minus the weights). The pool takes that budget in segments of about ``segment_bytes`` as it
-    fills (None: all of it at once).
+    fills (None: all of it at once). ``kv_format``: how full-attention K/V are stored
+    (``kvcache.kv_format``: quantized, the same budget holds more tokens).
     """
     reason = "disabled by the user (--no-cache)" if disable else None
     layout = None
     try:
-        layout = cache_layout(model)
+        layout = apply_format(model, cache_layout(model), kv_format)
     except ValueError as exc:
         reason = reason or f"cache layout not supported: {exc}"
     pages = 0

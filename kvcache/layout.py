@@ -84,6 +84,8 @@ class CacheSpec:
     value_dim: int | None = None
     dtype: str | None = None
     note: str = ""
+    bits: int | None = None  # full caches: K/V stored quantized at this width (kvcache.kv_format)
+    group_size: int | None = None  # ... in groups of this many values (with ``bits``)
 
     @property
     def path(self) -> CachePath:
@@ -98,19 +100,53 @@ class CacheSpec:
         return self.value_heads, self.value_dim
 
     @property
+    def quantized(self) -> bool:
+        return self.bits is not None
+
+    @property
+    def format_name(self) -> str:
+        """How this cache's K/V are stored: 'float32', or '8-bit (group 64)'."""
+        if self.quantized:
+            return f"{self.bits}-bit (group {self.group_size})"
+        return self.dtype or "own state"
+
+    def kv_parts(self) -> tuple[tuple[tuple[int, int, str], ...], tuple[tuple[int, int, str], ...]]:
+        """The arrays one token's keys and values are stored as, each ``(heads, width,
+        dtype name)``: one per side at full precision; quantized, the three of
+        ``mx.quantize`` (packed ``uint32`` words, scales, biases)."""
+        return (
+            self._side(self.key_heads, self.key_dim),
+            self._side(self.value_heads, self.value_dim),
+        )
+
+    def _side(self, heads: int, dim: int) -> tuple[tuple[int, int, str], ...]:
+        if not self.quantized:
+            return ((heads, dim, self.dtype),)
+        groups = dim // self.group_size
+        return ((heads, dim * self.bits // 32, "uint32"), *[(heads, groups, self.dtype)] * 2)
+
+    @property
     def bytes_per_token(self) -> int:
-        """K + V bytes of one token of this cache (0 for auxiliary caches)."""
+        """K + V bytes of one token of this cache as stored (0 for auxiliary caches)."""
         if self.kind == AUXILIARY:
             return 0
-        size = dtype_from_name(self.dtype).size
-        return (self.key_heads * self.key_dim + self.value_heads * self.value_dim) * size
+        if not self.quantized:
+            size = dtype_from_name(self.dtype).size
+            return (self.key_heads * self.key_dim + self.value_heads * self.value_dim) * size
+        return sum(
+            heads * width * dtype_from_name(dtype).size
+            for side in self.kv_parts()
+            for heads, width, dtype in side
+        )
 
     def describe_kv(self) -> str:
-        """'2x16 float32', or 'K 1x512 / V 1x64 float32' when keys and values differ."""
+        """'2x16 float32', or 'K 1x512 / V 1x64 float32' when keys and values differ
+        ('... float32 stored 8-bit (group 64)' when quantized)."""
+        stored = f" stored {self.format_name}" if self.quantized else ""
         if self.key_shape == self.value_shape:
-            return f"{self.key_heads}x{self.key_dim} {self.dtype}"
+            return f"{self.key_heads}x{self.key_dim} {self.dtype}{stored}"
         keys, values = f"{self.key_heads}x{self.key_dim}", f"{self.value_heads}x{self.value_dim}"
-        return f"K {keys} / V {values} {self.dtype}"
+        return f"K {keys} / V {values} {self.dtype}{stored}"
 
 
 @dataclass(frozen=True)
@@ -206,14 +242,16 @@ class CacheLayout:
             sliding += f" (window {self.sliding_window})"
         parts += [sliding, f"{len(self.auxiliary)} auxiliary"]
         shapes = sorted({s.describe_kv() for s in self.caches if s.kind != AUXILIARY})
-        notes = sorted({s.note for s in self.caches if s.note})
+        notes = sorted({s.note for s in self.caches if s.note and s.kind != FULL})
+        kept = sorted({s.note for s in self.paged if s.note})
         text = (
             f"{len(self.caches)} caches in {self.slots or len(self.caches)} slots: "
             f"{', '.join(parts)}; "
             f"KV heads x head dim: {', '.join(shapes) or 'none'}; "
             f"{self.bytes_per_token:,} pooled bytes/token; cached as {self.cached_as}"
         )
-        return text + (f" (snapshotted: {'; '.join(notes)})" if notes else "")
+        text += f" (snapshotted: {'; '.join(notes)})" if notes else ""
+        return text + (f" (KV at full precision: {'; '.join(kept)})" if kept else "")
 
 
 def cache_layout(model) -> CacheLayout:

@@ -41,7 +41,9 @@ import numpy as np
 from mlx_lm.models.cache import KVCache
 
 from kvcache.disk_index import DiskIndex
+from kvcache.kv_pages import arrays_per_token, flatten, regroup, store_fingerprint, tokens_of
 from kvcache.prefix_cache import PrefixCache, cache_source
+from kvcache.priority import lower_thread_priority
 from kvcache.serialize import (
     SerializeError,
     kv_to_bytes,
@@ -71,6 +73,11 @@ DISK_PAGE_TOKENS = 64  # tokens per stored page: fewer rows than pool pages, sam
 MIN_WRITE_TOKENS = 256  # an unnamed request shorter than this is not worth a disk write
 RETRY_AFTER_S = 60.0  # after a full disk, writes start again this much later
 _RATE_WEIGHT = 0.3  # weight of the newest measurement in the running rates
+# The writer thread's CPU priority (Linux nice): it hashes and writes megabytes per request
+# while the engine prefills the next one; on a machine of few cores it took the cores from
+# that prefill (a follow-up's time to first token: docs/benchmarks.md). At 19 it runs
+# when they are idle.
+WRITER_NICENESS = 19
 
 
 @dataclass(frozen=True)
@@ -127,7 +134,9 @@ class DiskTier:
         min_write_tokens: int = MIN_WRITE_TOKENS,
     ):
         self.prefix_cache = prefix_cache
-        self.fingerprint = fingerprint
+        self.model_fingerprint = fingerprint
+        # what pages are keyed by: the model's fingerprint and the KV format (kvcache.kv_pages)
+        self.fingerprint = fingerprint = store_fingerprint(fingerprint, prefix_cache.layout)
         self.min_write_tokens = min_write_tokens
         self.reader = DiskStore(path, budget_bytes=budget_bytes)  # raises DiskStoreError
         try:
@@ -219,7 +228,10 @@ class DiskTier:
                         chunk,
                         kv_to_bytes(
                             [
-                                (k[:, a - save.lo : b - save.lo], v[:, a - save.lo : b - save.lo])
+                                (
+                                    tokens_of(k, a - save.lo, b - save.lo),
+                                    tokens_of(v, a - save.lo, b - save.lo),
+                                )
                                 for k, v in save.layers
                             ]
                         ),
@@ -419,9 +431,10 @@ class DiskTier:
         its check ends the stream: what came before it (back to a snapshot, for a hybrid model)
         is restored, the rest is recomputed."""
         began = time.perf_counter()
-        layers = len(self.prefix_cache.paged)
+        layout = self.prefix_cache.layout
+        layers = arrays_per_token(layout) if self.prefix_cache.paged else 0
         spare = KVCache.step * -(-(len(tokens) + max(room, 1)) // KVCache.step) - len(tokens)
-        joined = _Joiner(2 * layers, len(tokens) + spare)
+        joined = _Joiner(layers, len(tokens) + spare)
         count = _pages_for(reading.chain, len(tokens))
         first = offset = 0
         while first < count and offset + len(reading.chain[first].tokens) <= start:
@@ -433,7 +446,8 @@ class DiskTier:
             nbytes += len(page.kv) + len(page.snapshot or b"")
             if offset + take > start and layers:
                 lo = max(0, start - offset)
-                joined.add(offset + lo, take - lo, lo, kv_views(page.kv, layers, len(page.tokens)))
+                views = kv_views(page.kv, layers, len(page.tokens), arrays=True)
+                joined.add(offset + lo, take - lo, lo, views)
             if page.snapshot is not None and offset + len(page.tokens) <= len(tokens):
                 snapshots[offset + len(page.tokens)] = page.snapshot
             offset += take
@@ -444,7 +458,11 @@ class DiskTier:
             joined.add_arrays(0, self.prefix_cache.cached_kv(tokens[:start], namespace))
         snapshot = snapshot_from_bytes(snapshots[end]) if end in snapshots else None
         restored = self.prefix_cache.insert_restored(
-            tokens[:end], start, joined.layers(), snapshot, namespace
+            tokens[:end],
+            start,
+            regroup(joined.joined(), layout) if layers else [],
+            snapshot,
+            namespace,
         )
         if restored:
             seconds = time.perf_counter() - began
@@ -468,6 +486,11 @@ class DiskTier:
         self._jobs.put(done)
         done.wait(timeout)
 
+    @property
+    def writer_thread_id(self) -> int | None:
+        """The writer thread's native id (its CPU priority is ``WRITER_NICENESS``)."""
+        return self._thread.native_id
+
     def close(self) -> None:
         if self.prefix_cache.write_back == self.write_back:
             self.prefix_cache.write_back = None
@@ -478,6 +501,7 @@ class DiskTier:
 
     # ------------------------------------------------------------ writer thread
     def _write_loop(self) -> None:
+        lower_thread_priority(WRITER_NICENESS)
         while True:
             job = self._jobs.get()
             if job is None:
@@ -598,8 +622,9 @@ def _pages_for(chain: list[ChainPage], tokens: int) -> int:
 
 
 class _Joiner:
-    """Each layer's K and V, joined along the tokens into one zeroed ``(heads, length, dim)``
-    MLX buffer (the tail is spare room), page by page as a restore streams them.
+    """Each layer's K and V arrays (a quantized side's three as they are), joined along the
+    tokens into one zeroed ``(heads, length, dim)`` MLX buffer each (the tail is spare
+    room), page by page as a restore streams them.
 
     Pages are copied straight into the evaluated MLX buffers through numpy views (an MLX
     array exposes its memory, and these are referenced nowhere else yet): one copy into
@@ -625,10 +650,11 @@ class _Joiner:
         for target, (_, view) in zip(self.targets, views):
             target[:, at : at + n] = view[:, lo : lo + n]
 
-    def add_arrays(self, at: int, layers_kv: list[tuple[mx.array, mx.array]]) -> None:
-        """Each layer's ``(keys, values)``, ``(heads, n, head_dim)`` MLX arrays, go to
-        ``at..at+n-1`` (after the first :meth:`add`: the buffers exist)."""
-        arrays = [a for pair in layers_kv for a in pair]
+    def add_arrays(self, at: int, layers_kv: list[tuple]) -> None:
+        """Each layer's ``(keys, values)``, ``(heads, n, head_dim)`` MLX arrays (or a
+        quantized side's three), go to ``at..at+n-1`` (after the first :meth:`add`: the
+        buffers exist)."""
+        arrays = flatten(layers_kv)
         arrays = [
             a.astype(mx.bfloat16).view(mx.uint16) if name == "bfloat16" else a.astype(buffer.dtype)
             # as the buffers hold it
@@ -642,14 +668,13 @@ class _Joiner:
             [(name, np.array(a, copy=False)) for a, name in zip(arrays, self.names)],
         )
 
-    def layers(self) -> list[tuple[mx.array, mx.array]]:
-        """``(keys, values)`` per layer; [] when nothing was added."""
+    def joined(self) -> list[mx.array]:
+        """The joined arrays, in the order pages hold them; [] when nothing was added."""
         self.targets = []
-        joined = [
+        return [
             b.view(mx.bfloat16) if name == "bfloat16" else b
             for b, name in zip(self.buffers, self.names)
         ]
-        return list(zip(joined[0::2], joined[1::2]))
 
 
 def _resume_point(chain: list[ChainPage], prompt: list[int], limit: int, hybrid: bool) -> int:

@@ -25,6 +25,10 @@ RAM on demand: the pool is a list of *segments* of ``segment_pages`` pages each 
 (:meth:`KVPagePool.grow`), up to ``num_pages``: one short chat holds one segment, not the
 whole budget. Reads and writes split at segment boundaries (a run of consecutive pages
 rarely crosses one; a gather spanning segments gathers each run and joins them).
+
+Quantized K/V (``kvcache.kv_format``): a side of a quantized cache is three arrays
+(packed words, scales, biases), each paged as above in its own pool array; reads and
+writes take and give such a side as a tuple of three, full precision as one array.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
+from kvcache.kv_pages import joined, parts, tokens_of
 from kvcache.layout import CacheLayout, dtype_from_name
 
 MIN_POOL_PAGES = 16  # the smallest pool the budget gives (when memory is short)
@@ -64,21 +69,33 @@ class KVPagePool:
         self.num_pages = num_pages
         self.page_size = page_size
         self.segment_pages = min(segment_pages or num_pages + 1, num_pages + 1)
-        self._segments: list[tuple[list[mx.array], list[mx.array]]] = []
-        # head index columns (H, 1) of each layer's keys and values, for gathers and scatters
-        self._heads = [
-            (mx.arange(spec.key_heads)[:, None], mx.arange(spec.value_heads)[:, None])
-            for spec in layout.paged
-        ]
+        # segment -> layer -> its arrays: the key side's parts, then the value side's
+        self._segments: list[list[list[mx.array]]] = []
+        # layer -> (heads, width, dtype name) of each array; how many of them are the keys'
+        self._parts = []
+        self._key_parts = []
+        for spec in layout.paged:
+            key_parts, value_parts = spec.kv_parts()
+            self._parts.append(key_parts + value_parts)
+            self._key_parts.append(len(key_parts))
+        # head index columns (H, 1) of each layer's arrays, for gathers and scatters
+        self._heads = [[mx.arange(h)[:, None] for h, _, _ in layer] for layer in self._parts]
         self.grow()
 
     @property
-    def keys(self) -> list[mx.array]:
-        return self._segments[0][0]
+    def keys(self) -> list:
+        """The first segment's keys per layer (a tuple of three arrays where quantized)."""
+        return [self._side(layer, arrays, 0) for layer, arrays in enumerate(self._segments[0])]
 
     @property
-    def values(self) -> list[mx.array]:
-        return self._segments[0][1]
+    def values(self) -> list:
+        return [self._side(layer, arrays, 1) for layer, arrays in enumerate(self._segments[0])]
+
+    def _side(self, layer: int, arrays: list, side: int):
+        k = self._key_parts[layer]
+        if side == 0:
+            return joined(arrays[:k], k)
+        return joined(arrays[k:], len(arrays) - k)
 
     @property
     def num_layers(self) -> int:
@@ -92,7 +109,7 @@ class KVPagePool:
     @property
     def nbytes(self) -> int:
         """Bytes allocated now (all segments so far)."""
-        return sum(a.nbytes for keys, values in self._segments for a in keys + values)
+        return sum(a.nbytes for segment in self._segments for layer in segment for a in layer)
 
     @property
     def budget_bytes(self) -> int:
@@ -114,51 +131,64 @@ class KVPagePool:
             return []
         first = len(self._segments) * self.segment_pages
         count = min(self.segment_pages, self.num_pages + 1 - first)
-        keys, values = [], []
-        for spec in self.layout.paged:
-            dtype = dtype_from_name(spec.dtype)
-            keys.append(mx.zeros((count, spec.key_heads, self.page_size, spec.key_dim), dtype))
-            values.append(
-                mx.zeros((count, spec.value_heads, self.page_size, spec.value_dim), dtype)
-            )
+        segment = [
+            [
+                mx.zeros((count, heads, self.page_size, width), dtype_from_name(dtype))
+                for heads, width, dtype in layer
+            ]
+            for layer in self._parts
+        ]
         if not self._segments:
-            mx.eval(keys, values)
-        self._segments.append((keys, values))
+            mx.eval(segment)
+        self._segments.append(segment)
         return list(range(max(first, 1), self.reserved_pages + 1))
 
-    def _arrays(self, layer: int, page: int) -> tuple[mx.array, mx.array, int]:
-        """The K and V arrays of the segment holding ``page``, and its index there."""
-        keys, values = self._segments[page // self.segment_pages]
-        return keys[layer], values[layer], page % self.segment_pages
+    def _arrays(self, layer: int, page: int) -> list[mx.array]:
+        """The arrays of ``layer`` (key parts, then value parts) in the segment holding
+        ``page``."""
+        return self._segments[page // self.segment_pages][layer]
 
-    def write(self, layer: int, page_ids: list[int], keys: mx.array, values: mx.array) -> None:
-        """Write ``(heads, n, dim)`` K and V over whole pages ``page_ids``, in order.
+    def _inputs(self, layer: int, keys, values, n: int | None = None) -> list[mx.array]:
+        """The arrays of a write's K and V (either format), checked against the layer's."""
+        arrays = list(parts(keys) + parts(values))
+        if len(arrays) != len(self._parts[layer]) or (len(parts(keys)) != self._key_parts[layer]):
+            raise ValueError(
+                f"K/V of {len(arrays)} arrays, layer {layer} stores {len(self._parts[layer])}"
+            )
+        n = arrays[0].shape[1] if n is None else n
+        for array, (heads, width, _) in zip(arrays, self._parts[layer]):
+            if array.shape != (heads, n, width):
+                raise ValueError(f"K/V of shape {array.shape}, expected {(heads, n, width)}")
+        return arrays
+
+    def write(self, layer: int, page_ids: list[int], keys, values) -> None:
+        """Write ``(heads, n, dim)`` K and V over whole pages ``page_ids``, in order (a
+        quantized side: its three ``(heads, n, width)`` arrays).
 
         ``page_ids`` must be exactly the ``ceil(n / page_size)`` pages the tokens fill;
         the rest of the last page is zeroed.
         """
         self._check_pages(page_ids)
-        n = keys.shape[1]
+        arrays = self._inputs(layer, keys, values)
+        n = arrays[0].shape[1]
         if len(page_ids) != math.ceil(n / self.page_size):
             raise ValueError(
                 f"{n} tokens fill {math.ceil(n / self.page_size)} pages, not {len(page_ids)}"
             )
-        self._check_kv(layer, "keys", keys, n)
-        self._check_kv(layer, "values", values, n)
         touched = []
         full = n // self.page_size  # whole pages straight from the input; a partial last
-        for side, kv in ((0, keys), (1, values)):  # page alone, zero-padded
-            kv = kv.astype(self.keys[layer].dtype)
+        for part, kv in enumerate(arrays):  # page alone, zero-padded
+            kv = kv.astype(self._arrays(layer, page_ids[0])[part].dtype)
             if full:
                 pages = self._as_pages(kv[:, : full * self.page_size], full)
                 # slice updates: see the module doc
                 for at, first, count in self._runs(page_ids[:full]):
-                    pool, local = self._arrays(layer, first)[side], first % self.segment_pages
+                    pool, local = self._arrays(layer, first)[part], first % self.segment_pages
                     pool[local : local + count] = pages[at : at + count]
                     touched.append(pool)
             if n > full * self.page_size:
                 pool, local = (
-                    self._arrays(layer, page_ids[full])[side],
+                    self._arrays(layer, page_ids[full])[part],
                     page_ids[full] % self.segment_pages,
                 )
                 pool[local : local + 1] = self._as_pages(kv[:, full * self.page_size :], 1)
@@ -175,24 +205,22 @@ class KVPagePool:
                 at, first, count = at + take, first + take, count - take
         return runs
 
-    def write_tokens(
-        self, layer: int, page_ids: list[int], start: int, keys: mx.array, values: mx.array
-    ) -> None:
+    def write_tokens(self, layer: int, page_ids: list[int], start: int, keys, values) -> None:
         """Write ``(heads, n, dim)`` K and V as tokens ``start..start+n-1`` of the
         sequence stored in ``page_ids``: the part that finishes a partly filled page
         token by token, the rest as whole pages."""
-        n = keys.shape[1]
+        n = parts(keys)[0].shape[1]
         head = min(n, -start % self.page_size)
         if head:
             page, size = page_ids[start // self.page_size], self.page_size
             slots = [page * size + t % size for t in range(start, start + head)]
-            self.write_slots(layer, slots, keys[:, :head], values[:, :head])
+            self.write_slots(layer, slots, tokens_of(keys, 0, head), tokens_of(values, 0, head))
         if n > head:
             first = (start + head) // self.page_size
             pages = page_ids[first : math.ceil((start + n) / self.page_size)]
-            self.write(layer, pages, keys[:, head:], values[:, head:])
+            self.write(layer, pages, tokens_of(keys, head, n), tokens_of(values, head, n))
 
-    def write_slots(self, layer: int, slots, keys: mx.array, values: mx.array) -> None:
+    def write_slots(self, layer: int, slots, keys, values) -> None:
         """Write ``(heads, n, dim)`` K and V token by token into ``n`` slots
         (for new tokens that start mid-page). Slots must not repeat."""
         if isinstance(slots, mx.array):
@@ -204,33 +232,34 @@ class KVPagePool:
             slots, low, high = self._slots_array(slots), min(slots), max(slots)
         if low < self.page_size or high >= (self.reserved_pages + 1) * self.page_size:
             raise ValueError(f"slots {low}..{high} outside pages 1..{self.reserved_pages}")
-        self._check_kv(layer, "keys", keys, slots.size)
-        self._check_kv(layer, "values", values, slots.size)
-        k_heads, v_heads = self._heads[layer]
+        arrays = self._inputs(layer, keys, values, slots.size)
+        heads = self._heads[layer]
         touched = []
         for a, b, segment in self._segment_runs(slots, low, high):
             pages, offsets = self._split(slots[a:b], segment)
-            k_pool, v_pool, _ = self._arrays(layer, segment * self.segment_pages)
-            k_pool[pages, k_heads, offsets] = keys[:, a:b].astype(k_pool.dtype)
-            v_pool[pages, v_heads, offsets] = values[:, a:b].astype(v_pool.dtype)
-            touched += [k_pool, v_pool]
+            pools = self._arrays(layer, segment * self.segment_pages)
+            for pool, head, kv in zip(pools, heads, arrays):
+                pool[pages, head, offsets] = kv[:, a:b].astype(pool.dtype)
+            touched += pools
         mx.eval(touched)
 
-    def gather(self, layer: int, slots) -> tuple[mx.array, mx.array]:
-        """K and V of ``slots`` as ``(1, heads, n, dim)`` arrays, evaluated and
-        contiguous: ready for an mlx-lm ``KVCache`` (``keys``, ``values``, ``offset = n``)."""
+    def gather(self, layer: int, slots) -> tuple:
+        """K and V of ``slots`` as ``(1, heads, n, dim)`` arrays (a quantized side: a tuple
+        of its three), evaluated and contiguous: ready for an mlx-lm ``KVCache`` or
+        ``QuantizedKVCache`` (``keys``, ``values``, ``offset = n``)."""
         slots = self._slots_array(slots)
-        k_heads, v_heads = self._heads[layer]
-        parts_k, parts_v = [], []
+        heads = self._heads[layer]
+        runs = [[] for _ in heads]
         for a, b, segment in self._segment_runs(slots):
             pages, offsets = self._split(slots[a:b], segment)
-            k_pool, v_pool, _ = self._arrays(layer, segment * self.segment_pages)
-            parts_k.append(k_pool[pages, k_heads, offsets])
-            parts_v.append(v_pool[pages, v_heads, offsets])
-        keys = (parts_k[0] if len(parts_k) == 1 else mx.concatenate(parts_k, axis=1))[None]
-        values = (parts_v[0] if len(parts_v) == 1 else mx.concatenate(parts_v, axis=1))[None]
-        mx.eval(keys, values)  # no lazy read of the pool may outlive this call
-        return keys, values
+            for run, pool, head in zip(
+                runs, self._arrays(layer, segment * self.segment_pages), heads
+            ):
+                run.append(pool[pages, head, offsets])
+        arrays = [(run[0] if len(run) == 1 else mx.concatenate(run, axis=1))[None] for run in runs]
+        mx.eval(arrays)  # no lazy read of the pool may outlive this call
+        k = self._key_parts[layer]
+        return joined(arrays[:k], k), joined(arrays[k:], len(arrays) - k)
 
     def _segment_runs(
         self, slots: mx.array, low: int | None = None, high: int | None = None
@@ -269,11 +298,6 @@ class KVPagePool:
             raise ValueError(f"page ids must be distinct and non-empty: {page_ids}")
         if min(page_ids) < 1 or max(page_ids) > self.reserved_pages:
             raise ValueError(f"page ids outside 1..{self.reserved_pages}: {page_ids}")
-
-    def _check_kv(self, layer: int, name: str, kv: mx.array, n: int) -> None:
-        _, heads, _, dim = (self.keys if name == "keys" else self.values)[layer].shape
-        if kv.shape != (heads, n, dim):
-            raise ValueError(f"{name} of shape {kv.shape}, expected {(heads, n, dim)}")
 
     def _as_pages(self, kv: mx.array, num_pages: int) -> mx.array:
         """``(H, n, D)`` -> ``(num_pages, H, page_size, D)``, zero-padding the last page."""

@@ -28,9 +28,18 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache, make_prompt_cache
+from mlx_lm.models.cache import KVCache
 
 from kvcache.builder import KVCacheBuildResult
+from kvcache.kv_pages import (
+    cache_holding,
+    formats_by_kind,
+    fresh_caches,
+    is_paged_cache,
+    tokens_of,
+    with_batch,
+    without_batch,
+)
 from kvcache.layout import CachePath, cache_at, put_cache
 from kvcache.radix_cache import TreeNode
 from kvcache.snapshot import Snapshot, take_snapshot
@@ -56,9 +65,9 @@ def cache_source(caches: list, paged: tuple[CachePath, ...]):
     request's mlx-lm caches."""
 
     def source(pool_index: int, a: int, b: int):
-        kv = cache_at(caches, paged[pool_index])  # a KVCache: (1, heads, capacity, dim), K and V
+        kv = cache_at(caches, paged[pool_index])  # (1, heads, capacity, dim) K and V, or
         assert kv.offset >= b, f"cache {paged[pool_index]} holds {kv.offset} < {b} tokens"
-        return kv.keys[0, :, a:b], kv.values[0, :, a:b]
+        return tokens_of(kv.keys, a, b, batch=True), tokens_of(kv.values, a, b, batch=True)
 
     return source
 
@@ -121,6 +130,8 @@ class PrefixCache:
         # paths in the model's cache list (kvcache.layout): snapshotted, and paged in pool order
         self._snapshot_paths = tuple(s.path for s in layout.snapshotted) if layout else ()
         self.paged = tuple(s.path for s in layout.paged) if layout else ()
+        self._paged_specs = layout.paged if layout else ()
+        self.layout = layout
         self.hybrid = bool(self._snapshot_paths)
         # (namespace, session name) -> its frontier; LRU order, oldest first
         self._sessions: OrderedDict[tuple[str, str], TreeNode] = OrderedDict()
@@ -176,12 +187,12 @@ class PrefixCache:
         place instead of copying the whole cache into a bigger one.
         """
         if prefix.length == 0:
-            return make_prompt_cache(self.model)
+            return self.fresh_caches()
         hot = self._take_hot(prefix)
         if hot is not None:
             return hot
         self.flush_writes()
-        caches = make_prompt_cache(self.model)
+        caches = self.fresh_caches()
         if prefix.snapshot is not None:
             prefix.snapshot.restore_into(caches)
         if not self.paged:
@@ -189,12 +200,14 @@ class PrefixCache:
         step = KVCache.step
         capacity = step * -(-(prefix.length + max(room, 1)) // step)
         slots = mx.array(prefix.slots + (0,) * (capacity - prefix.length), dtype=mx.int32)
-        for pool_index, path in enumerate(self.paged):
+        for pool_index, spec in enumerate(self._paged_specs):
             keys, values = self.pool.gather(pool_index, slots)
-            kv = KVCache()
-            kv.keys, kv.values, kv.offset = keys, values, prefix.length
-            put_cache(caches, path, kv)
+            put_cache(caches, spec.path, cache_holding(spec, keys, values, prefix.length))
         return caches
+
+    def fresh_caches(self) -> list:
+        """A request's empty caches, the paged ones in the pool's KV format."""
+        return fresh_caches(self.model, self.layout)
 
     def snapshot(self, caches: list, length: int) -> Snapshot | None:
         """The non-paged caches' state after ``length`` tokens (None for plain models)."""
@@ -294,13 +307,12 @@ class PrefixCache:
             self._prompt_tokens -= len(tokens) + 1  # not a prompt: keep the hit rate honest
 
     def _restored_caches(self, length: int, layers_kv: list, snapshot: Snapshot | None) -> list:
-        caches = make_prompt_cache(self.model)
+        caches = self.fresh_caches()
         if snapshot is not None:
             snapshot.restore_into(caches)
-        for (keys, values), path in zip(layers_kv, self.paged):
-            kv = KVCache()
-            kv.keys, kv.values, kv.offset = keys[None], values[None], length
-            put_cache(caches, path, kv)
+        for (keys, values), spec in zip(layers_kv, self._paged_specs):
+            kv = cache_holding(spec, with_batch(keys), with_batch(values), length)
+            put_cache(caches, spec.path, kv)
         return caches
 
     def _evicting(self, node: TreeNode) -> None:
@@ -320,7 +332,7 @@ class PrefixCache:
 
         def source(pool_index: int, a: int, b: int):
             keys, values = pool.gather(pool_index, slots[a:b])
-            return keys[0], values[0]
+            return without_batch(keys), without_batch(values)
 
         snapshot = path[-1].snapshot if path else None
         try:
@@ -340,7 +352,7 @@ class PrefixCache:
         layers = []
         for pool_index in range(len(self.paged)):
             keys, values = self.pool.gather(pool_index, slots)
-            layers.append((keys[0], values[0]))
+            layers.append((without_batch(keys), without_batch(values)))
         return layers
 
     def cached_length(self, tokens: list[int], namespace: str = "") -> int:
@@ -453,7 +465,7 @@ class PrefixCache:
             ):
                 continue
             excess = len(tokens) - prefix.length
-            if excess and not all(type(c) is KVCache for c in caches):
+            if excess and not all(is_paged_cache(c) for c in caches):
                 continue  # sliding / recurrent state can't be cut back: gather instead
             del self._hot[namespace, tokens]
             if excess:
@@ -495,6 +507,7 @@ class PrefixCache:
             namespaces=tree.namespaces,
             cached_as=self.build.layout.cached_as if self.enabled else "",
             layout=self.build.layout.describe() if self.build.layout is not None else "",
+            kv_formats=tuple(formats_by_kind(self.build.layout).items()),
         )
 
     def _page_census(self) -> tuple[int, int, int, int]:

@@ -16,6 +16,8 @@ import struct
 import mlx.core as mx
 import numpy as np
 
+from kvcache.kv_pages import arrays_per_token, flatten, regroup
+from kvcache.layout import CacheLayout
 from kvcache.snapshot import Snapshot, detach_cache
 
 _MAGIC = b"RCKV1\0"
@@ -98,28 +100,38 @@ def _unpack_views(blob: bytes) -> tuple[dict, list[tuple[str, np.ndarray]]]:
     return header, arrays
 
 
-def kv_to_bytes(layers: list[tuple[mx.array, mx.array]]) -> bytes:
-    """K/V of ``n`` tokens for every paged cache, each ``(heads, n, dim)`` (K and V may differ)."""
-    n = layers[0][0].shape[1] if layers else 0
-    return pack_arrays({"kind": "kv", "tokens": n}, [a for pair in layers for a in pair])
+def kv_to_bytes(layers: list[tuple]) -> bytes:
+    """K/V of ``n`` tokens for every paged cache, each ``(heads, n, dim)`` (K and V may differ;
+    a quantized side is its three arrays, written as they are: ``kvcache.kv_format``)."""
+    arrays = flatten(layers)
+    n = arrays[0].shape[1] if arrays else 0
+    return pack_arrays({"kind": "kv", "tokens": n}, arrays)
 
 
-def kv_from_bytes(blob: bytes, num_layers: int, num_tokens: int) -> list[tuple[mx.array, mx.array]]:
-    views = kv_views(blob, num_layers, num_tokens)
-    return [
-        (from_numpy(views[2 * i][0], views[2 * i][1]), from_numpy(*views[2 * i + 1]))
-        for i in range(num_layers)
-    ]
+def kv_from_bytes(
+    blob: bytes, num_layers: int, num_tokens: int, layout: CacheLayout | None = None
+) -> list[tuple]:
+    """What :func:`kv_to_bytes` wrote: ``(keys, values)`` per layer (with ``layout``, each
+    side in its stored format; without, one array a side)."""
+    count = arrays_per_token(layout) if layout is not None else 2 * num_layers
+    arrays = [from_numpy(*view) for view in kv_views(blob, count, num_tokens, arrays=True)]
+    if layout is not None:
+        return regroup(arrays, layout)
+    return list(zip(arrays[0::2], arrays[1::2]))
 
 
-def kv_views(blob: bytes, num_layers: int, num_tokens: int) -> list[tuple[str, np.ndarray]]:
-    """K then V of every layer as (dtype name, zero-copy numpy view of ``blob``): a restore
-    joins many pages' views into one buffer per layer before anything reaches MLX."""
+def kv_views(
+    blob: bytes, count: int, num_tokens: int, arrays: bool = False
+) -> list[tuple[str, np.ndarray]]:
+    """Every array (K then V of every layer, each side's parts in order) as (dtype name,
+    zero-copy numpy view of ``blob``): a restore joins many pages' views into one buffer per
+    array before anything reaches MLX. ``count``: the layers (two arrays each), or with
+    ``arrays`` the arrays themselves (a quantized side has three)."""
     header, views = _unpack_views(blob)
     if (
         header.get("kind") != "kv"
         or header.get("tokens") != num_tokens
-        or len(views) != 2 * num_layers
+        or len(views) != (count if arrays else 2 * count)
     ):
         raise SerializeError("K/V blob does not match this page")
     return views

@@ -37,6 +37,15 @@ class CacheStats:
     # "" while the cache is off. ``layout``: the layout in one line (CacheLayout.describe).
     cached_as: str = ""
     layout: str = ""
+    # How K/V are stored, per layer kind present ((kind, format) pairs, kinds as the layout
+    # names them: "full", "sliding", "auxiliary"; kvcache.kv_pages.formats_by_kind), e.g.
+    # (("full", "8-bit (group 64)"), ("sliding", "float32 (mlx-lm has no ...)")).
+    kv_formats: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def kv_format(self) -> str:
+        """The KV format in one line: "full: 8-bit (group 64); sliding: float32 (...)"."""
+        return "; ".join(f"{kind}: {fmt}" for kind, fmt in self.kv_formats)
 
     @property
     def hit_rate(self) -> float:

@@ -430,7 +430,13 @@ def model_object(card: ModelCard) -> dict[str, Any]:
             "fingerprint": card.fingerprint,
             "context_length": card.context_length,
             **(
-                {"cache": {"cached_as": card.cached_as, "layout": card.cache_layout}}
+                {
+                    "cache": {
+                        "cached_as": card.cached_as,
+                        "layout": card.cache_layout,
+                        "kv_format": dict(card.kv_format),
+                    }
+                }
                 if card.cached_as
                 else {}
             ),

@@ -86,12 +86,14 @@ class ApiState:
         model_id = self.model_name or info.name
         aliases = {model_id, info.name, info.spec, Path(info.path).name, *MODEL_ALIASES}
         cached_as = layout = ""
+        kv_format = ()
         cache = self.engine.stats().cache if with_cache else None
         if cache is not None:
             cached_as = (
                 cache.cached_as if cache.enabled else f"off ({cache.disabled_reason or 'no cache'})"
             )
             layout = cache.layout
+            kv_format = cache.kv_formats
         return ModelCard(
             model_id,
             info.fingerprint,
@@ -100,6 +102,7 @@ class ApiState:
             self.started_at,
             cached_as,
             layout,
+            kv_format,
         )
 
     def submit(self, request: GenerationRequest) -> RequestHandle:

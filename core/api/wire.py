@@ -74,3 +74,5 @@ class ModelCard:
     # (why)"; and the cache layout in one line ("" when not asked for, see model_card)
     cached_as: str = ""
     cache_layout: str = ""
+    # how K/V are stored per layer kind ({"full": "8-bit (group 64)", ...}; kvcache.kv_pages)
+    kv_format: tuple[tuple[str, str], ...] = ()

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from core import paths
 from core.chats.store import ChatStore, Session, check_name, readable
 from core.chats.turn import ChatTurn, MadeWith
-from core.cli.commands.options import speculation_of
+from core.cli.commands.options import kv_format_options, speculation_of
 from core.cli.progress import print_progress
 from core.cli.terminal import safe, safe_text
 from core.engine.engine import Engine
@@ -62,6 +62,7 @@ def run_chat(args) -> int:
             chat_template=template,
             max_prompt_tokens=args.max_prompt_tokens,
             speculation=speculation_of(args),
+            **kv_format_options(args),
         )
         engine.start()
         try:

@@ -48,6 +48,8 @@ def run_group(args) -> int:
     from core.distributed.shard import model_config, split_plan
     from core.models.load.loader import resolve_spec
 
+    if getattr(args, "kv_bits", None):
+        raise UserError("--kv-bits does not work with --hosts yet: a group keeps full-precision KV")
     hosts = read_hostfile(args.hosts)
     backend = choose_backend(args.hosts, args.backend)
     check_serve_args(args)  # rank 0 is this machine: its address and port

@@ -31,6 +31,11 @@ prefilling and decoding, alone and batched, under every kernel family CI runs.
 * **One token per row as rows.** Llama and qwen2 attention and MLP blocks take a decode
   step's ``[B, 1, D]`` as ``[B, D]``: no flatten and unflatten around each product, and
   the heads laid out by a reshape alone.
+* **Prompt attention's softmax.** MLX's CPU exponential is a polynomial evaluated one
+  element at a time through libm's software ``fmaf``; a follow-up's attention over a long
+  cached prefix takes millions of them a layer, most of its prefill. A prompt chunk with
+  enough scores (:data:`PROMPT_SOFTMAX_MIN_SCORES`) computes them with MLX's GEMMs as
+  before and takes the softmax's exponentials from numpy (:func:`_prompt_attention`).
 * **Fused kernels** are MLX's ``mx.compile`` (shapeless), which on the CPU builds C++ at
   run time, as mlx-lm's own ``swiglu`` already does in every llama MLP; each fused
   function is tested to give the bits of its operations run one by one, and is built at
@@ -56,6 +61,7 @@ from functools import partial
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from core import mlx_lm_compat
 
@@ -404,7 +410,9 @@ def _folding(original):
         queries, keys, values, cache, scale, mask, sinks=None, **kwargs
     ):
         rows, heads, length, dims = queries.shape
-        kv_heads = keys.shape[1]
+        kv_heads = keys[0].shape[1] if isinstance(keys, (tuple, list)) else keys.shape[1]
+        if length > 1 and _prompt_softmax_applies(queries, keys, cache, mask, sinks, kwargs):
+            return _prompt_attention(queries, keys, values, scale, mask)
         if (
             length != 1
             or not _on()
@@ -462,3 +470,83 @@ def _wide(value: mx.array, shape: tuple[int, ...], key) -> mx.array:
             _WIDE.clear()
         entry = _WIDE[(key, shape)] = (value, mx.broadcast_to(value, shape))
     return entry[1]
+
+
+# ---------------------------------------------------------------------- prompt attention
+# Scores (query heads x new tokens x keys) in one attention call from which the softmax
+# goes through numpy: below this, the hand-over's fixed cost (MLX waits for the scores)
+# outweighs what the faster exponential saves (a 28-token follow-up, a verify step).
+PROMPT_SOFTMAX_MIN_SCORES = 1 << 20
+
+
+def _prompt_softmax_applies(queries, keys, cache, mask, sinks, kwargs) -> bool:
+    """Whether a prompt chunk's attention takes :func:`_prompt_attention`: float32 on the
+    CPU, no sinks or quantized cache, a mask it can lay over the grouped scores, and
+    scores enough to pay for the hand-over."""
+    rows, heads, length, _ = queries.shape
+    return (
+        _on()
+        and mx.default_device() == mx.cpu
+        and sinks is None
+        and not kwargs
+        and not hasattr(cache, "bits")
+        and keys.ndim == 4
+        and heads % keys.shape[1] == 0
+        and queries.dtype == mx.float32
+        and keys.dtype == mx.float32
+        and rows * heads * length * keys.shape[2] >= PROMPT_SOFTMAX_MIN_SCORES
+        and (
+            mask is None
+            or (isinstance(mask, str) and mask == "causal")
+            or (
+                isinstance(mask, mx.array)
+                and mask.ndim == 4
+                and mask.shape[1] in (1, heads)
+                and mask.shape[2] == length
+            )
+        )
+    )
+
+
+def _prompt_attention(queries, keys, values, scale, mask) -> mx.array:
+    """What ``mx.fast.scaled_dot_product_attention`` computes on the CPU for a prompt chunk
+    (scaled queries times keys, the mask, a softmax over the keys, times values), with the
+    softmax's exponentials taken by numpy.
+
+    On the CPU MLX's exponential is a polynomial evaluated one element at a time through
+    libm's software ``fmaf`` (about 12 ns an element on an idle core here); numpy's is
+    vectorised (under half a nanosecond). Over a long cached prefix the scores are
+    millions a layer, and their exponentials were most of a follow-up's prefill
+    (``radixchat bench followup``: docs/benchmarks.md). The products stay MLX's (the same
+    GEMMs); the softmax is the same formula (``exp(s - max) / sum``) with another
+    exponential (numpy's is the more accurate of the two), another order of summation, and
+    the division by the sum taken after the product with the values: equal within float32
+    rounding (``tests/core/engine/test_cpu_speedups.py``)."""
+    rows, heads, length, dims = queries.shape
+    kv_heads, keys_n = keys.shape[1], keys.shape[2]
+    group = heads // kv_heads
+    grouped = (mx.array(scale, mx.float32) * queries).reshape(rows, kv_heads, group, length, dims)
+    scores = grouped @ keys[:, :, None].swapaxes(-1, -2)  # (rows, kv, group, length, keys)
+    if isinstance(mask, str):  # causal: new token i sees the keys up to its own position
+        seen = mx.arange(keys_n - length, keys_n)[:, None] >= mx.arange(keys_n)[None]
+        mask = seen
+    if mask is not None:
+        if mask.ndim == 4:  # (rows or 1, heads or 1, length, keys): over the grouped heads
+            if mask.shape[1] == 1:
+                mask = mask[:, :, None]
+            else:
+                mask = mask.reshape(mask.shape[0], kv_heads, group, length, keys_n)
+        if mask.dtype == mx.bool_:
+            scores = mx.where(mask, scores, mx.array(mx.finfo(mx.float32).min, mx.float32))
+        else:
+            scores = scores + mask.astype(mx.float32)
+    mx.eval(scores)
+    # MLX's buffer, no copy: this call's own temporary (nothing else holds it), overwritten
+    # with exp(s - max) in place
+    held = np.asarray(scores)
+    np.subtract(held, held.max(axis=-1, keepdims=True), out=held)
+    np.exp(held, out=held)
+    total = mx.array(held.sum(axis=-1, keepdims=True))
+    # normalised after the product with the values: a division per output, not per score
+    out = (scores @ values[:, :, None]) / total
+    return out.reshape(rows, heads, length, dims)

@@ -35,6 +35,7 @@ from mlx_lm.models.cache import BatchKVCache
 from mlx_lm.sample_utils import greedy_sampler
 
 from core.engine.cpu_speedups import shared_positions
+from core.engine.quantized_batch import merge_rows
 from core.mlx_lm_compat import (
     GreedyBatch,
     JoiningRows,
@@ -104,7 +105,7 @@ class DecodeBatch:
         ``token`` (already taken by the caller, not yet in the caches), for at most
         ``max_tokens`` more tokens, in ``group`` (its fair share's). Returns its uid."""
         with mx.stream(generation_stream):
-            merged = [layer.merge([layer]) for layer in caches]
+            merged = [merge_rows([layer]) for layer in caches]
         return self.join_rows(
             [token], merged, [cache_tokens], [sampler], [processors], [max_tokens], [group]
         )[0]
@@ -130,7 +131,7 @@ class DecodeBatch:
             if len(uids) > 1 and (self._waiting or len(self._batch) + len(uids) > self.max_rows):
                 # not all of them fit now: they wait a row each, as joins one by one do
                 for i, uid in enumerate(uids):
-                    one = [layer.merge([layer.extract(i)]) for layer in merged]
+                    one = [merge_rows([layer.extract(i)]) for layer in merged]
                     self._waiting.append(
                         self._rows(
                             [uid],
@@ -215,7 +216,7 @@ class DecodeBatch:
         uid = batch.uids[index]
         with mx.stream(generation_stream):
             caches = batch.extract_cache(index)
-            merged = [layer.merge([layer]) for layer in caches]
+            merged = [merge_rows([layer]) for layer in caches]
             token, left = row_to_park(batch, index)
             rows = JoiningRows(
                 self.model,

@@ -52,6 +52,7 @@ from core.engine.types import (
 )
 from core.errors import ErrorKind, ModelLoadError, UserError
 from core.models.derived import derived_bytes
+from kvcache.kv_format import DEFAULT_GROUP_SIZE, KVFormat
 
 if TYPE_CHECKING:  # core.models.load.loader imports mlx: only the engine thread loads it
     from core.models.load.loader import ModelInfo
@@ -92,15 +93,13 @@ class Engine:
         chat_template: str | None = None,
         max_prompt_tokens: int | None = None,
         kv_cache_path: Path | None = None,
+        kv_bits: int | None = None,
+        kv_group_size: int | None = None,
         speculation: Speculation | None = None,
     ):
         self.data_root = Path(data_root)
         # the disk cache's database (None: the data folder's; a rank of a group has its own)
-        self._kv_db = (
-            Path(kv_cache_path)
-            if kv_cache_path is not None
-            else paths.kv_cache_db_path(self.data_root)
-        )
+        self._kv_db = Path(kv_cache_path) if kv_cache_path else paths.kv_cache_db_path(data_root)
         # the scheduler's default and its draft model's spec (None: drafts from the text)
         self._speculation = speculation or Speculation()
         self._chat_template = chat_template  # Jinja text replacing the model's own template
@@ -117,6 +116,7 @@ class Engine:
         self._initial = (model_spec, weights_format)
         self._use_cache = use_cache
         self._page_size = page_size
+        self.kv_format = KVFormat(kv_bits, kv_group_size or DEFAULT_GROUP_SIZE)  # bad: ValueError
         self._pool_tokens = pool_tokens
         self._pool_bytes = pool_bytes
         self._pool_segment_bytes = pool_segment_bytes  # None: the builder's default; 0: no segments
@@ -434,7 +434,7 @@ class Engine:
 
         if not self._disk_cache:
             return 0
-        fingerprint = self._persister.fingerprint if self._persister is not None else None
+        fingerprint = self._persister.model_fingerprint if self._persister is not None else None
         self._close_persister()
         freed = remove_files(self._kv_db)
         log.warning(
@@ -560,6 +560,7 @@ class Engine:
             pool_tokens=self._pool_tokens,
             pool_bytes=self._pool_bytes,
             disable=not self._use_cache,
+            kv_format=self.kv_format,
             # None: the builder's segments; 0: the whole pool at once
             **(
                 {}

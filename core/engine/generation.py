@@ -19,7 +19,9 @@ from core.engine.types import SamplingParams
 from core.mlx_lm_compat import backbone_and_head, generation_stream
 
 PREFILL_CHUNK = 256  # tokens per prefill chunk when no other request decodes
-SINGLE_CALL_TAIL = 64  # a remaining prompt this short is computed in one model call
+# the last call takes the rest of the prompt when it is at most this fraction over the chunk
+# size, rather than leaving a small tail for one more forward pass of its own
+LAST_CHUNK_OVER = 0.25
 
 
 class StopText:
@@ -141,11 +143,15 @@ class ChunkedPrefill:
     chunks (and check cancel there).
 
     Chunks of the prompt evaluate only the cache, so the vocabulary projection of those
-    positions is never computed. A short tail (a follow-up turn) goes in as one call
-    whose last position gives the logits (``logits``, ``(1, vocab)``, once ``finished``).
+    positions is never computed. The last call takes the rest of the prompt, its last
+    position giving the logits (``logits``, ``(1, vocab)``, once ``finished``): a follow-up
+    turn that fits in a chunk is one forward pass, and a rest a little over the chunk size
+    (up to ``LAST_CHUNK_OVER`` of it) is not split into a chunk and a small tail, which
+    would cost one more forward pass over the whole cache (mlx-lm's ``generate_step``
+    feeds the last token apart, in a pass of its own).
     ``on_prefilled(n)``, if given, runs when all but the last token are in the cache: the
     engine snapshots hybrid state there, so the same prompt asked again (regenerate) can
-    resume right before its last token.
+    resume right before its last token (the last call is then that one token).
     """
 
     def __init__(
@@ -157,7 +163,7 @@ class ChunkedPrefill:
     ):
         self.model, self.tokens, self.cache = model, tokens, cache
         self.on_prefilled = on_prefilled
-        self.tail = 1 if on_prefilled is not None else SINGLE_CALL_TAIL
+        self.tail_only = on_prefilled is not None  # the last call is the last token alone
         self.done = 0  # tokens in the cache
         self.logits: mx.array | None = None
 
@@ -166,10 +172,12 @@ class ChunkedPrefill:
         return self.logits is not None
 
     def advance(self, size: int) -> int:
-        """Feed the next chunk (at most ``size`` tokens, but a last call of at most
-        ``SINGLE_CALL_TAIL``); returns how many tokens went in."""
+        """Feed the next chunk (at most ``size`` tokens; the last call, the rest, up to
+        ``LAST_CHUNK_OVER`` more); returns how many tokens went in."""
         rest = len(self.tokens) - self.done
-        if rest > min(self.tail, max(1, size)):
+        size = max(1, size)
+        last = 1 if self.tail_only else size + int(size * LAST_CHUNK_OVER)
+        if rest > last:
             chunk = self.tokens[self.done : min(self.done + max(1, size), len(self.tokens) - 1)]
             with mx.stream(generation_stream):
                 self.model(mx.array(chunk)[None], cache=self.cache)

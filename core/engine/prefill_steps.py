@@ -203,6 +203,8 @@ class PrefillSteps:
         job.caches = (
             self.prefix_cache.make_caches(prefix, room=len(prompt) - prefix.length + 1)
             if prefix is not None
+            else self.prefix_cache.fresh_caches()
+            if self.prefix_cache is not None  # the KV format cached requests have: same answers
             else make_prompt_cache(self.loaded.model)
         )
         cached, caches = state.cached, job.caches

@@ -204,6 +204,18 @@ def test_every_figure_explains_itself(qtbot):
     assert "computed by the model now" in captions["Last turn"]
 
 
+def test_the_kv_format_is_shown_per_layer_kind(panel):
+    assert text(panel, "kvFormatValue") == "—"
+    formats = (("full", "8-bit (group 64)"), ("sliding", "float32 (mlx-lm has no ...)"))
+    panel.update_totals(totals(cached_as="pages+snapshots", kv_formats=formats))
+    assert text(panel, "kvFormatValue") == (
+        "attention: 8-bit (group 64)\nsliding window: float32 (mlx-lm has no ...)"
+    )
+    assert "quantized to 8 or 4 bits" in panel.values["kvFormat"].toolTip()
+    panel.update_totals(totals(enabled=False, disabled_reason="off", kv_formats=formats))
+    assert text(panel, "kvFormatValue") == "—"
+
+
 def test_how_the_model_is_cached_is_shown(panel):
     assert text(panel, "cachedAsValue") == "—"
     panel.update_totals(

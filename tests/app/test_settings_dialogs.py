@@ -222,3 +222,35 @@ def test_disk_budget_typed_is_the_budget_the_engine_gets(qtbot, ini, tmp_path, t
     shown = AppSettingsDialog(AppSettings(ini()), default_data_dir="/tmp")
     qtbot.addWidget(shown)
     assert shown.disk_cache_gb.specialValueText() == f"Default ({DEFAULT_BUDGET / 2**30:g} GB)"
+
+
+def test_kv_precision_chosen_in_preferences_is_the_engines_kv_format(qtbot, ini, tmp_path):
+    """Preferences → KV precision 4-bit, groups of 32: the engine gets those plain numbers,
+    stores full-attention K/V so, and says so per layer kind."""
+    from core.engine.engine import Engine
+    from core.models.tiny_model import TinyModelSpec, write_tiny_model
+
+    dialog = _app_dialog(qtbot, AppSettings(ini()))
+    assert dialog.kv_precision.currentText().startswith("Full")
+    assert not dialog.kv_group_size.isEnabled()  # it applies to a quantized format only
+    dialog.kv_precision.setCurrentIndex(dialog.kv_precision.findData(4))
+    assert dialog.kv_group_size.isEnabled()
+    dialog.kv_group_size.setCurrentIndex(dialog.kv_group_size.findData(32))
+    assert dialog.apply() == ["the KV precision"]
+    options = AppSettings(ini()).engine_options()
+    assert options == {"kv_bits": 4, "kv_group_size": 32}
+
+    model = write_tiny_model(tmp_path / "m", TinyModelSpec(hidden_size=128))  # head dim 32
+    engine = Engine(tmp_path / "data", str(model), pool_tokens=256, **options).start()
+    try:
+        engine.wait_ready(timeout=60)
+        cache = engine.stats().cache
+    finally:
+        engine.shutdown()
+    assert dict(cache.kv_formats) == {"full": "4-bit (group 32)"}
+
+    again = _app_dialog(qtbot, AppSettings(ini()))  # shown as saved; back to full precision
+    assert again.kv_precision.currentData() == 4 and again.kv_group_size.currentData() == 32
+    again.kv_precision.setCurrentIndex(0)
+    assert again.apply() == ["the KV precision"]
+    assert AppSettings(ini()).engine_options() == {}

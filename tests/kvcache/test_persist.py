@@ -4,6 +4,10 @@ saved, as far as the prompt and (for a hybrid model) a snapshot allow."""
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
+
 import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
@@ -169,6 +173,20 @@ def test_forget_removes_the_session(model, db, tokens):
         persister.forget("chat")
         persister.flush(timeout=30)
         assert persister.reader.session("chat") is None
+    finally:
+        persister.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="threads' priorities: Linux")
+def test_the_writer_thread_runs_at_the_lowest_cpu_priority(model, db, tokens):
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    persister = saved(model, db, tokens)  # the writer has done a job
+    try:
+        writer = persister.writer_thread_id
+        assert writer != threading.get_native_id()
+        assert os.getpriority(os.PRIO_PROCESS, writer) == persist.WRITER_NICENESS == 19
+        # the engine's thread (here the test's) keeps its own
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
     finally:
         persister.close()
 

@@ -30,10 +30,13 @@ def add_parser(subparsers) -> None:
         _distributed,
         _serve,
         _agent,
+        _followup,
         _constrain,
         _fairness,
         _pull,
         _switch,
+        _kv_quality,
+        _kv_capacity,
         _speculative,
         _gui,
     ):
@@ -44,6 +47,70 @@ def _with_model(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add_data_dir(parser)
     parser.add_argument("--model", default="default", help=MODEL_HELP)
     return parser
+
+
+def _kv_quality(benches) -> None:
+    quality = benches.add_parser(
+        "kv-quality",
+        help="quantized KV (8-bit, 4-bit) against full precision: greedy agreement and the "
+        "log-likelihood of a reference text (target: 8-bit agrees on >= 95%% of tokens)",
+    )
+    add_data_dir(quality)
+    quality.add_argument(
+        "--models",
+        nargs="+",
+        metavar="MODEL",
+        help="models to measure, each a known name, .gguf file, MLX folder or HF repo id "
+        "(default: default gemma3-270m)",
+    )
+    quality.add_argument(
+        "--prompts", type=positive, default=20, help="chat prompts (default: %(default)s)"
+    )
+    quality.add_argument(
+        "--max-tokens", type=positive, default=256, help="greedy reply length (default: 256)"
+    )
+    quality.add_argument(
+        "--group-size", type=int, choices=(32, 64, 128), default=64, help="KV quantization group"
+    )
+    quality.add_argument("--json", action="store_true", help=JSON_HELP)
+    quality.set_defaults(run=run_kv_quality)
+
+
+def run_kv_quality(args: argparse.Namespace) -> int:
+    from core.cli.bench.kv_quality import run_bench_kv_quality
+
+    return run_bench_kv_quality(args)
+
+
+def _kv_capacity(benches) -> None:
+    capacity = _with_model(
+        benches.add_parser(
+            "kv-capacity",
+            help="quantized KV against full precision in one run: tokens the pool holds in "
+            "one RAM budget, disk bytes per token, restore after a restart, decode tok/s",
+        )
+    )
+    capacity.add_argument(
+        "--tokens", type=positive, default=1024, help="the session's length (default: 1024)"
+    )
+    capacity.add_argument(
+        "--budget-mb", type=positive, default=256, help="the pool's RAM budget (default: 256)"
+    )
+    capacity.add_argument(
+        "--decode-tokens", type=positive, default=128, help="tokens decoded (default: 128)"
+    )
+    capacity.add_argument(
+        "--group-size", type=int, choices=(32, 64, 128), default=64, help="KV quantization group"
+    )
+    capacity.add_argument("--repeats", type=positive, default=3, help=REPEATS_HELP)
+    capacity.add_argument("--json", action="store_true", help=JSON_HELP)
+    capacity.set_defaults(run=run_kv_capacity)
+
+
+def run_kv_capacity(args: argparse.Namespace) -> int:
+    from core.cli.bench.kv_capacity import run_bench_kv_capacity
+
+    return run_bench_kv_capacity(args)
 
 
 def _hostile(benches) -> None:
@@ -303,6 +370,43 @@ def run_agent(args: argparse.Namespace) -> int:
     from core.cli.bench.agent import run_bench_agent
 
     return run_bench_agent(args)
+
+
+def _followup(benches) -> None:
+    followup = _with_model(
+        benches.add_parser(
+            "followup",
+            help="a follow-up's new tokens on a cached prefix: TTFT, ours vs mlx_lm.server",
+        )
+    )
+    followup.add_argument(
+        "--prefix-tokens",
+        type=positive,
+        nargs="+",
+        default=[1500, 2000, 2500],
+        metavar="N",
+        help="cached prefix sizes, tokens (default: 1500 2000 2500)",
+    )
+    followup.add_argument(
+        "--new-tokens",
+        type=positive,
+        nargs="+",
+        default=[150, 250],
+        metavar="N",
+        help="new tokens in each follow-up (default: 150 250)",
+    )
+    followup.add_argument(
+        "--max-tokens", type=positive, default=4, help="reply length of a follow-up"
+    )
+    followup.add_argument("--repeats", type=positive, default=3, help=REPEATS_HELP)
+    followup.add_argument("--json", action="store_true", help=JSON_HELP)
+    followup.set_defaults(run=run_followup)
+
+
+def run_followup(args: argparse.Namespace) -> int:
+    from core.cli.bench.followup import run_bench_followup
+
+    return run_bench_followup(args)
 
 
 def _constrain(benches) -> None:

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from core.cli.commands.options import MAX_PROMPT_HELP, add_data_dir, add_speculation, positive
+from core.cli.commands.options import (
+    MAX_PROMPT_HELP,
+    add_data_dir,
+    add_kv_format,
+    add_speculation,
+    positive,
+)
 
 
 def add_parser(subparsers) -> None:
@@ -50,6 +56,7 @@ def add_parser(subparsers) -> None:
         "--kv-tokens", type=int, help="KV pool size in tokens (default: from free memory)"
     )
     chat.add_argument("--page-size", type=int, help="tokens per KV page (default: 16)")
+    add_kv_format(chat)
     chat.add_argument(
         "--weights", default="auto", help="auto | stored | float32 | float16 | bfloat16"
     )

@@ -58,3 +58,34 @@ def positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not a positive number")
     return value
+
+
+# the KV formats (kvcache.kv_format: BITS, GROUP_SIZES; not imported, to keep the table light)
+KV_BITS, KV_GROUP_SIZES = (8, 4), (32, 64, 128)
+
+
+def add_kv_format(parser: argparse.ArgumentParser) -> None:
+    """``--kv-bits`` and ``--kv-group-size``: how cached keys and values are stored."""
+    parser.add_argument(
+        "--kv-bits",
+        type=int,
+        choices=KV_BITS,
+        help="store cached K/V quantized to this many bits (MLX affine quantization, as "
+        "mlx-lm's QuantizedKVCache): about 2x (8) or 4x (4) the tokens in the same RAM and "
+        "disk (default: the model's precision; sliding-window and recurrent layers keep theirs)",
+    )
+    parser.add_argument(
+        "--kv-group-size",
+        type=int,
+        choices=KV_GROUP_SIZES,
+        help="values per quantization group, with --kv-bits (default: 64)",
+    )
+
+
+def kv_format_options(args: argparse.Namespace) -> dict:
+    """The Engine's keyword arguments for the KV format the command line chose (plain
+    values; None: the default)."""
+    return {
+        "kv_bits": getattr(args, "kv_bits", None),
+        "kv_group_size": getattr(args, "kv_group_size", None),
+    }

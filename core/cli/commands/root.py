@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import platform
 
-from core.cli.commands.options import add_data_dir
+from core.cli.commands.options import add_data_dir, add_kv_format
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -19,6 +19,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model", default="default", help="model for the app (default: SmolLM2-135M)"
     )
+    add_kv_format(parser)  # the app's: over its Preferences
     parser.add_argument("-v", "--verbose", action="store_true", help="log details to stderr")
     parser.add_argument(
         "--screenshot",

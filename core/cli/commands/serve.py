@@ -9,6 +9,7 @@ from core.cli.commands.options import (
     MAX_PROMPT_HELP,
     MODEL_HELP,
     add_data_dir,
+    add_kv_format,
     add_speculation,
     port,
     positive,
@@ -55,6 +56,7 @@ def add_parser(subparsers) -> None:
     serve.add_argument(
         "--kv-tokens", type=int, help="KV pool size in tokens (default: from free memory)"
     )
+    add_kv_format(serve)
     serve.add_argument(
         "--no-cache",
         action="store_true",

@@ -103,6 +103,7 @@ def test_health_and_models(server, client, engine):
         and "2 full" in cache["layout"]
         and "cached as pages" in cache["layout"]
     )
+    assert cache["kv_format"] == {"full": "float32"}  # the KV format per layer kind
 
 
 def test_chat_non_streaming_and_streaming_agree(client):

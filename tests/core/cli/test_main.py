@@ -610,3 +610,29 @@ def test_speculative_decoding_options(capsys, tiny_model, tmp_path):
     drafted = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert drafted["reply"] == off["reply"]
     assert drafted["accepted_tokens"] > 0
+
+
+def test_kv_bits_chat_stores_quantized_kv_and_reuses_it(capsys, tmp_path):
+    """``chat --kv-bits 8``: the turn's K/V go to disk quantized, the next process (same
+    format) restores them; a bad value is one line and exit 2, before any model loads."""
+    from core.models.tiny_model import TinyModelSpec, write_tiny_model
+
+    model = write_tiny_model(tmp_path / "m", TinyModelSpec(hidden_size=128))  # head dim 32
+    common = ["chat", "--model", str(model), "--data-dir", str(tmp_path / "d"), "--temp", "0"]
+    common += ["--max-tokens", "8", "--json", "--session", "q", "--kv-bits", "8"]
+    common += ["--kv-group-size", "32"]
+    assert main([*common, "a first message of some length"]) == 0
+    capsys.readouterr()
+    assert main([*common, "and a second"]) == 0
+    second = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert second["restored_tokens"] > 0
+    with pytest.raises(SystemExit) as exit_:
+        main(["chat", "--kv-bits", "3", "x"])
+    assert exit_.value.code == 2
+    assert "--kv-bits: invalid choice: 3" in capsys.readouterr().err
+
+
+def test_the_apps_kv_bits_come_from_the_command_line(tmp_path):
+    seen = []
+    main(["--data-dir", str(tmp_path), "--kv-bits", "4"], gui=lambda a, d: seen.append(a) or 0)
+    assert (seen[0].kv_bits, seen[0].kv_group_size) == (4, None)

@@ -106,3 +106,15 @@ def test_a_killed_command_takes_its_group_with_it(tiny_model, tmp_path):
     finally:
         kill_leftovers(pids)
         group.stop()
+
+
+def test_kv_bits_with_hosts_is_refused_in_one_line(tmp_path, capsys):
+    from core.cli.main import main
+
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text('[{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}]')
+    args = ["serve", "--hosts", str(hostfile), "--kv-bits", "8", "--data-dir", str(tmp_path)]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["radixchat: error: --kv-bits does not work with --hosts yet: a group keeps "
+                   "full-precision KV"]  # fmt: skip

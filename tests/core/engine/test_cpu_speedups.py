@@ -105,14 +105,22 @@ def assert_same_forward(plain, fast, prompts: list[list[int]], steps: int) -> No
     assert got_tokens == want_tokens, "the sped-up forward chose other greedy tokens"
 
 
-def test_a_sped_up_tiny_model_computes_the_same_logits_and_tokens(two_copies):
+@pytest.fixture
+def every_prompt_softmax(monkeypatch):
+    """Every prompt chunk's softmax through numpy, however small (the models here are)."""
+    monkeypatch.setattr(cpu_speedups, "PROMPT_SOFTMAX_MIN_SCORES", 1)
+
+
+def test_a_sped_up_tiny_model_computes_the_same_logits_and_tokens(two_copies, every_prompt_softmax):
     plain, fast = two_copies
     assert_same_forward(
         plain, fast, [[5, 17, 99, 3, 42, 8, 1, 77, 23], [9, 9, 100, 12], list(range(30, 52))], 4
     )
 
 
-def test_the_real_default_model_computes_the_same_logits_and_tokens(default_model_file, tmp_path):
+def test_the_real_default_model_computes_the_same_logits_and_tokens(
+    default_model_file, tmp_path, every_prompt_softmax
+):
     plain = load_model(str(default_model_file), tmp_path).model
     fast = load_model(str(default_model_file), tmp_path).model
     done = cpu_speedups.apply(fast)
@@ -126,6 +134,88 @@ def test_the_real_default_model_computes_the_same_logits_and_tokens(default_mode
     assert_same_forward(
         plain, fast, [list(range(1000, 1040)), list(range(2000, 2013)), list(range(300, 364))], 3
     )
+
+
+def test_a_follow_up_on_a_long_cached_prefix_computes_the_same_logits_and_tokens(
+    default_model_file, tmp_path
+):
+    """A follow-up of 150 tokens on a 700-token prefix prefilled in the engine's chunks: its
+    attention is large enough for the numpy softmax at the default threshold. Different
+    computations: the last logits within float32 rounding, then the same greedy tokens."""
+    plain = load_model(str(default_model_file), tmp_path).model
+    fast = load_model(str(default_model_file), tmp_path).model
+    cpu_speedups.apply(fast)
+    prefix = [(i * 7919) % 40000 + 100 for i in range(700)]
+    new = [(i * 104729) % 40000 + 100 for i in range(150)]
+    assert 9 * len(new) * (len(prefix) + len(new)) >= cpu_speedups.PROMPT_SOFTMAX_MIN_SCORES
+    runs = []
+    for model in (plain, fast):
+        cache = make_prompt_cache(model)
+        for start in range(0, len(prefix), 256):
+            model(mx.array([prefix[start : start + 256]]), cache=cache)
+        logits = model(mx.array([new]), cache=cache)
+        tokens = []
+        for _ in range(4):
+            tokens.append(mx.argmax(logits[:, -1], axis=-1).item())
+            logits = model(mx.array([tokens[-1:]]), cache=cache)
+        runs.append((logits, tokens))
+    (want, want_tokens), (got, got_tokens) = runs
+    assert_close(got, want, rtol=1e-4, what="after the follow-up")
+    assert got_tokens == want_tokens
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(6, 2), (9, 3), (8, 8)])
+def test_prompt_attention_gives_mx_fast_sdpas_values(heads, kv_heads):
+    """The prompt chunk's attention with numpy's exponentials against
+    ``mx.fast.scaled_dot_product_attention`` (different computations: another exponential,
+    another order of summation): within float32 rounding, for every mask a prompt gets
+    (causal over a cached prefix, a left-padded batch's boolean mask, an additive one)."""
+    for rows, length, keys_n in ((1, 7, 7), (1, 20, 300), (3, 16, 40)):
+        queries = mx.random.normal((rows, heads, length, 64))
+        keys, values = (
+            mx.random.normal((rows, kv_heads, keys_n, 64)),
+            mx.random.normal((rows, kv_heads, keys_n, 64)),
+        )
+        offset = keys_n - length
+        padding = [2 * row for row in range(rows)]
+        allowed = mx.array(
+            [
+                [[offset + q >= k >= padding[row] for k in range(keys_n)] for q in range(length)]
+                for row in range(rows)
+            ]
+        )[:, None]
+        per_head = mx.broadcast_to(allowed, (rows, heads, length, keys_n))
+        additive = mx.where(allowed, 0.0, -1e9).astype(mx.float32)
+        for mask in ("causal", None, allowed, per_head, additive):
+            assert cpu_speedups._prompt_softmax_applies(queries, keys, None, mask, None, {}) == (
+                rows * heads * length * keys_n >= cpu_speedups.PROMPT_SOFTMAX_MIN_SCORES
+            )
+            assert_close(
+                cpu_speedups._prompt_attention(queries, keys, values, 0.125, mask),
+                mx.fast.scaled_dot_product_attention(queries, keys, values, scale=0.125, mask=mask),
+                what=f"{rows} rows of {length} over {keys_n} keys, mask {type(mask).__name__}",
+            )
+
+
+def test_prompt_attention_is_taken_for_a_long_chunk_only(monkeypatch):
+    taken = []
+    monkeypatch.setattr(
+        cpu_speedups,
+        "_prompt_attention",
+        lambda *args: taken.append(args[0].shape) or mx.zeros(args[0].shape),
+    )
+    folded = cpu_speedups._folding(
+        lambda q, k, v, cache, scale, mask, sinks=None: mx.zeros(q.shape)
+    )
+    keys = mx.zeros((1, 3, 2200, 64))
+    for length in (1, 4, 28, 200):  # decode, a verify step, a short follow-up, a long one
+        folded(mx.zeros((1, 9, length, 64)), keys, keys, cache=None, scale=0.125, mask="causal")
+    assert taken == [(1, 9, 200, 64)]
+    half = mx.zeros((1, 9, 200, 64), mx.float16)
+    folded(half, keys.astype(mx.float16), keys, cache=None, scale=0.125, mask="causal")
+    monkeypatch.setenv("RADIXCHAT_CPU_SPEEDUPS", "0")
+    folded(mx.zeros((1, 9, 200, 64)), keys, keys, cache=None, scale=0.125, mask="causal")
+    assert taken == [(1, 9, 200, 64)]  # neither half precision nor turned off
 
 
 @pytest.mark.parametrize("traditional", [False, True])

@@ -12,8 +12,8 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from core.engine import generation
 from core.engine.generation import (
+    LAST_CHUNK_OVER,
     PREFILL_CHUNK,
-    SINGLE_CALL_TAIL,
     ChunkedPrefill,
     StopText,
     sampling_tools,
@@ -183,7 +183,7 @@ def prefill(model, tokens, cache, on_chunk, on_prefilled=None, size=PREFILL_CHUN
 
 
 @pytest.mark.parametrize("size", [PREFILL_CHUNK, 32, 5])
-@pytest.mark.parametrize("length", [1, SINGLE_CALL_TAIL, SINGLE_CALL_TAIL + 1, PREFILL_CHUNK + 70])
+@pytest.mark.parametrize("length", [1, 64, 200, PREFILL_CHUNK + 20, PREFILL_CHUNK + 70])
 def test_prefill_gives_the_last_logits_and_fills_the_cache(loaded, length, size):
     tokens = [(7 * i + 3) % 200 + 1 for i in range(length)]
     cache = make_prompt_cache(loaded.model)
@@ -193,11 +193,32 @@ def test_prefill_gives_the_last_logits_and_fills_the_cache(loaded, length, size)
     assert mx.allclose(logits, _reference_logits(loaded.model, tokens), rtol=1e-4, atol=1e-4).item()
     assert all(c.offset == length for c in cache)
     assert chunks[-1] == length and chunks == sorted(chunks)
-    assert all(b - a <= max(size, SINGLE_CALL_TAIL) for a, b in zip([0] + chunks, chunks))
-    # chunks keep to their size
-    assert all(b - a <= size for a, b in zip([0] + chunks[:-1], chunks[:-1]))
-    if length <= min(size, SINGLE_CALL_TAIL):
-        assert chunks == [length]  # a short prompt is one call
+    sizes = [b - a for a, b in zip([0] + chunks, chunks)]
+    assert all(n == size for n in sizes[:-1])  # chunks keep to their size
+    over = size + int(size * LAST_CHUNK_OVER)
+    # the last call takes the rest: no tail left for a forward pass of its own
+    assert sizes[-1] > over - size and sizes[-1] <= over if len(sizes) > 1 else length <= over
+
+
+def test_a_follow_up_that_fits_in_a_chunk_is_one_forward_pass(loaded):
+    calls = []
+    model = loaded.model
+
+    def counting(inputs, cache=None):
+        calls.append(inputs.shape[1])
+        return model(inputs, cache=cache)
+
+    for length, want in ((200, [200]), (PREFILL_CHUNK + 50, [PREFILL_CHUNK + 50])):
+        calls.clear()
+        tokens = [(5 * i + 1) % 200 + 1 for i in range(length)]
+        run = ChunkedPrefill(counting, tokens, make_prompt_cache(model))
+        assert run.advance(PREFILL_CHUNK) == length and run.finished
+        assert calls == want
+    calls.clear()
+    run = ChunkedPrefill(counting, list(range(1, 201)), make_prompt_cache(model), lambda n: None)
+    while not run.finished:  # a hybrid model's: its state is snapshotted before the last token
+        run.advance(PREFILL_CHUNK)
+    assert calls == [199, 1]
 
 
 def test_prefill_reports_when_all_but_the_last_token_are_in(loaded):
