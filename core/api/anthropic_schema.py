@@ -31,8 +31,22 @@ from pydantic import Discriminator, Field, Tag, field_validator
 
 from core.api.errors import invalid
 from core.api.limits import DEFAULT_REQUEST_LIMITS, RequestLimits
-from core.api.openai_schema import MAX_STOPS, priority_of, session_name, usage_extra
-from core.api.wire import CACHE_SALT_TEXT, MAX_PRIORITY, MAX_SALT_CHARS, ModelCard, Text, WireModel
+from core.api.openai_schema import (
+    MAX_STOPS,
+    priority_of,
+    session_name,
+    speculative_of,
+    usage_extra,
+)
+from core.api.wire import (
+    CACHE_SALT_TEXT,
+    MAX_PRIORITY,
+    MAX_SALT_CHARS,
+    ModelCard,
+    RadixChatOptions,
+    Text,
+    WireModel,
+)
 from core.engine.constrain import SchemaError, check_schema
 from core.engine.namespaces import with_salt
 from core.engine.types import ChatMessage, GenerationRequest, RequestStats, SamplingParams, ToolCall
@@ -156,6 +170,9 @@ class MessagesRequest(CountTokensRequest):
         le=MAX_PRIORITY,
         description="RadixChat: lower is prefilled sooner; 0 (default) or more "
         "(or the X-RadixChat-Priority header)",
+    )
+    radixchat: RadixChatOptions | None = Field(
+        None, description="RadixChat's own options (speculative: off, ngram or draft)"
     )
 
     @field_validator("stop_sequences")
@@ -369,6 +386,7 @@ def to_call(
         session=session_name(body.session, session_header),
         cache_namespace=with_salt(namespace, cache_salt(body)),
         priority=priority_of(body.priority, priority_header),
+        speculative=speculative_of(body.radixchat),
         **tool_request(body, limits),
     )
     return MessagesCall(request, card.id, bool(body.stream))

@@ -38,6 +38,7 @@ from core.api.wire import (
     MODEL_ALIASES,
     PRIORITY_HEADER,
     ModelCard,
+    RadixChatOptions,
     Text,
     WireModel,
 )
@@ -140,6 +141,9 @@ class SamplingFields(WireModel):
         "app's own chat goes first (or the X-RadixChat-Priority header)",
     )
     user: Text | None = None
+    radixchat: RadixChatOptions | None = Field(
+        None, description="RadixChat's own options (speculative: off, ngram or draft)"
+    )
 
 
 class _Sampling(SamplingFields):
@@ -263,6 +267,11 @@ def priority_of(body_priority: int | None, header: str | None) -> int:
     return value
 
 
+def speculative_of(options: RadixChatOptions | None) -> str | None:
+    """The body's ``radixchat.speculative`` (None: the server's setting)."""
+    return options.speculative if options is not None else None
+
+
 def sampling_params(
     body: SamplingFields, limit: int, stop: str | list[str] | None = None
 ) -> SamplingParams:
@@ -353,6 +362,7 @@ def to_call(
             session=session,
             cache_namespace=namespace,
             priority=priority,
+            speculative=speculative_of(body.radixchat),
             **extra,
         )
     else:
@@ -365,6 +375,7 @@ def to_call(
             session=session,
             cache_namespace=namespace,
             priority=priority,
+            speculative=speculative_of(body.radixchat),
         )
     options = body.stream_options or StreamOptions()
     return CompletionCall(chat, request, bool(body.stream), bool(options.include_usage))
@@ -387,16 +398,22 @@ def usage(stats: RequestStats) -> dict[str, Any]:
 
 def usage_extra(stats: RequestStats) -> dict[str, Any]:
     """RadixChat's figures beside a usage object (both dialects): the cache namespace the
-    prompt was looked up in, and how much of the hit came from RAM and from disk."""
-    if not stats.cache_namespace:
-        return {}
-    return {
-        "radixchat": {
-            "cache_namespace": stats.cache_namespace,
-            "ram_tokens": stats.cached_tokens,
-            "disk_tokens": stats.restored_tokens,
-        }
-    }
+    prompt was looked up in, how much of the hit came from RAM and from disk, and, for a
+    reply decoded with speculation, its draft tokens proposed and accepted."""
+    extra: dict[str, Any] = {}
+    if stats.cache_namespace:
+        extra.update(
+            cache_namespace=stats.cache_namespace,
+            ram_tokens=stats.cached_tokens,
+            disk_tokens=stats.restored_tokens,
+        )
+    if stats.draft_tokens:
+        extra.update(
+            draft_tokens=stats.draft_tokens,
+            accepted_tokens=stats.accepted_tokens,
+            tokens_per_step=round(stats.tokens_per_step, 3),
+        )
+    return {"radixchat": extra} if extra else {}
 
 
 def finish_reason(stats: RequestStats) -> str:

@@ -38,6 +38,7 @@ from core.api.openai_schema import (
     priority_of,
     sampling_params,
     session_name,
+    speculative_of,
     unsupported,
 )
 from core.api.openai_tools import (
@@ -511,6 +512,7 @@ def to_call(
         session=session_name(body.session, session_header),
         cache_namespace=with_salt(namespace, body.cache_salt),
         priority=priority_of(body.priority, priority_header),
+        speculative=speculative_of(body.radixchat),
         **_tool_fields(body, served, limits),
     )
     store = body.store is not False

@@ -12,9 +12,9 @@ later in the tokenizer or the chat store).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
 MAX_SESSION_CHARS = 256
@@ -48,6 +48,17 @@ class WireModel(BaseModel):
     """A request body or a part of one."""
 
     model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+
+class RadixChatOptions(WireModel):
+    """RadixChat's own options of one request: the body's ``radixchat`` object (both
+    dialects)."""
+
+    speculative: Literal["off", "ngram", "draft"] | None = Field(
+        None,
+        description="speculative decoding for this request: off, ngram (drafts from the "
+        "prompt and the cache) or draft (the server's --draft-model); default: the server's",
+    )
 
 
 @dataclass(frozen=True)

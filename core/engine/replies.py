@@ -108,6 +108,8 @@ class Replies:
             finish_reason=finish,
             stop_sequence=state.stop_text.matched if finish == "stop" else None,
             cache_namespace=namespace_label(handle.request.cache_namespace),
+            draft_tokens=state.drafted,
+            accepted_tokens=state.accepted,
         )
         calls = tuple(state.tool_text.calls) if state.tool_text is not None else ()
         failure = (

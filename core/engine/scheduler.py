@@ -21,6 +21,11 @@ fairly between clients (it parks a row of a client over its share for a client u
 request ends (EOS, stop string, max tokens, cancel) it leaves with its cache, which goes into
 the radix tree and, for sessions, to disk.
 
+A request decoding alone speculates (``core.engine.speculation``): each step may feed a
+draft of the next tokens (``core.engine.drafts``: from its own text, the radix tree or a
+draft model) with its last token and take what the model agrees with. Rows of the batch
+decode a token a step.
+
 The scheduler is in parts: this module admits requests and steps the decoding ones;
 ``core.engine.prefill_steps`` runs the prefill and the first token, ``core.engine.replies``
 takes each token and finishes a request, ``core.engine.running`` holds what is kept of each.
@@ -32,19 +37,23 @@ import logging
 import time
 
 import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 
 from core.engine import generic_tools
 from core.engine.constrain import Grammars
 from core.engine.decode_batch import DecodeBatch
+from core.engine.drafts import Drafter, DraftModel
 from core.engine.generation import StopText, render_prompt, sampling_tools, vocab_size
 from core.engine.pacing import ChunkPacer
 from core.engine.prefill_steps import PrefillSteps
 from core.engine.replies import Replies
 from core.engine.running import Active, PrefillJob, Solo, group_of
+from core.engine.speculation import can_speculate, trim, verify
 from core.engine.tools import ToolCallText
 from core.errors import ContextLengthError, UserError
 from core.mlx_lm_compat import generation_stream
+from kvcache.continuations import Continuations
 
 MAX_BATCH = 16  # requests decoded together
 
@@ -66,8 +75,20 @@ class Scheduler(PrefillSteps, Replies):
         pacer: ChunkPacer | None = None,
         interleave: bool = True,
         batch_prefill: bool = True,
+        speculative: str = "ngram",
+        draft_model=None,
     ):
         self.loaded = loaded
+        # Speculative decoding for requests that do not say (core.engine.drafts): "off",
+        # "ngram" (drafts from the request's text and the radix tree) or "draft" (from
+        # ``draft_model``, an mlx-lm model of the same vocabulary)
+        self.speculative = speculative
+        self.draft_model = draft_model
+        self.continuations = (
+            Continuations(prefix_cache.tree)
+            if prefix_cache is not None and prefix_cache.enabled
+            else None
+        )
         # Prompts that wait together prefilled in one padded forward (core.engine.batch_prefill)
         self.batch_prefill = batch_prefill
         # Sizes prefill chunks while others decode; None (interleave off): a prompt is
@@ -130,6 +151,11 @@ class Scheduler(PrefillSteps, Replies):
                 f"the prompt is {len(prompt)} tokens but {loaded.info.name} has a context of "
                 f"{context}"
             )
+        if request.speculative == "draft" and self.draft_model is None:
+            raise UserError(
+                "speculative decoding with a draft model: this server has none "
+                "(radixchat serve --draft-model MODEL)"
+            )
         params = request.sampling
         grammar = generic_tools.grammar_for(request, self.markup)  # before prefill: fails at once
         sampler, processors = sampling_tools(params, self.vocab)
@@ -168,7 +194,28 @@ class Scheduler(PrefillSteps, Replies):
             mx.array(prompt) if job.processors else None,
         )
         solo.pending = self._solo_forward(solo, mx.array([first]))
+        solo.drafter = self._drafter(job.state, caches)
         self.solo = solo
+
+    def _drafter(self, state: Active, caches: list) -> Drafter | None:
+        """The drafts of a request decoding alone, or None where speculation is off for it:
+        asked off, constrained by a grammar (its state advances a token at a time), or on
+        caches that cannot give tokens back (a hybrid model's: core.engine.speculation)."""
+        request = state.handle.request
+        mode = request.speculative or self.speculative
+        if mode == "off" or state.grammar is not None or not can_speculate(caches):
+            return None
+        text = [*state.prompt, *state.generated]
+        if mode == "draft" and self.draft_model is not None:
+            return Drafter(text, model=DraftModel(self.draft_model, self._draft_caches))
+        tree = None
+        if self.continuations is not None and request.use_cache:
+            namespace, follow = request.cache_namespace, self.continuations.follow
+            tree = lambda context, limit: follow(context, limit, namespace)  # noqa: E731
+        return Drafter(text, tree=tree)
+
+    def _draft_caches(self) -> list:
+        return make_prompt_cache(self.draft_model)
 
     def _insert(self, state: Active, last: int, caches, cache_tokens, sampler, processors) -> None:
         """Join the batch: ``last`` (taken, not yet in ``caches``) is fed at its next step."""
@@ -223,6 +270,55 @@ class Scheduler(PrefillSteps, Replies):
             self.solo = None
             self._finish_safely(state, finish, solo.caches, solo.cache_tokens)
 
+    def _speculative_step(self) -> None:
+        """Take the pending token, then feed it with a draft of what follows in one forward
+        (``core.engine.speculation``): the accepted draft tokens are taken at once, the
+        model's own next token is the new pending one. Without a draft, a plain step."""
+        solo = self.solo
+        state = solo.state
+        last = solo.pending.item()
+        finish = self._take(state, last)
+        _catch_up(solo.drafter, state)
+        draft = (
+            solo.drafter.propose(state.max_tokens - len(state.generated) - 1)
+            if finish is None
+            else []
+        )
+        if finish is None and not draft:
+            solo.pending = self._solo_forward(solo, mx.array([last]))
+            solo.cache_tokens.append(last)
+            return
+        if finish is not None:
+            self.solo = None
+            self._finish_safely(state, finish, solo.caches, solo.cache_tokens)
+            return
+        verdict = verify(
+            self.loaded.model,
+            solo.caches,
+            last,
+            draft,
+            solo.sampler,
+            solo.processors,
+            solo.context,
+        )
+        accepted = verdict.accepted
+        solo.drafter.observe(len(draft), len(accepted))
+        state.drafted += len(draft)
+        state.accepted += len(accepted)
+        solo.cache_tokens.extend([last, *accepted])
+        if solo.context is not None:
+            solo.context = mx.concatenate([solo.context, mx.array([last, *accepted])])
+        for i, token in enumerate(accepted):
+            finish = self._take(state, token)
+            if finish is not None:  # the caches keep what the reply has, no more
+                unused = len(accepted) - 1 - i
+                trim(solo.caches, unused)
+                del solo.cache_tokens[len(solo.cache_tokens) - unused :]
+                self.solo = None
+                self._finish_safely(state, finish, solo.caches, solo.cache_tokens)
+                return
+        solo.pending = mx.array([verdict.next_token])
+
     def _hand_over(self) -> None:
         """A second request is coming: the solo request joins the batch. If that fails
         (out of memory...), the solo request ends with an error rather than vanishing."""
@@ -247,6 +343,12 @@ class Scheduler(PrefillSteps, Replies):
     def _decode_step(self) -> None:
         """One decode step for every running request."""
         if self.solo is not None:
+            drafter = self.solo.drafter
+            if drafter is not None and not self.solo.state.handle.cancelled:
+                _catch_up(drafter, self.solo.state)
+                if drafter.worth_a_look():
+                    self._speculative_step()
+                    return
             self._solo_step()
             return
         for uid, state in list(self.batched.items()):
@@ -282,3 +384,8 @@ class Scheduler(PrefillSteps, Replies):
         self.solo = None
         self.batch.close()
         self.batch = DecodeBatch(self.loaded.model, MAX_BATCH)
+
+
+def _catch_up(drafter: Drafter, state: Active) -> None:
+    """Tell ``drafter`` the tokens ``state`` took since it last heard."""
+    drafter.extend(state.generated[len(drafter.tokens) - len(state.prompt) :])

@@ -38,6 +38,7 @@ def add_parser(subparsers) -> None:
         _switch,
         _kv_quality,
         _kv_capacity,
+        _speculative,
         _gui,
     ):
         add(benches)
@@ -536,6 +537,35 @@ def run_switch(args: argparse.Namespace) -> int:
     from core.cli.bench.switch import run_bench_switch
 
     return run_bench_switch(args)
+
+
+def _speculative(benches) -> None:
+    speculative = _with_model(
+        benches.add_parser(
+            "speculative",
+            help="decode speed with speculation (drafts from the prompt and the cache) vs "
+            "without and vs mlx_lm.server: a file rewritten, JSON reformatted, a chat, four "
+            "at once (targets: 2.0x mlx_lm.server, 1.8x without, 0.97x, 1.5x)",
+        )
+    )
+    speculative.add_argument(
+        "--cases",
+        nargs="+",
+        choices=("rewrite", "json", "chat", "four"),
+        help="default: all",
+    )
+    speculative.add_argument(
+        "--max-tokens", type=positive, default=200, help="reply length (default: %(default)s)"
+    )
+    speculative.add_argument("--repeats", type=positive, default=3, help=REPEATS_HELP)
+    speculative.add_argument("--json", action="store_true", help=JSON_HELP)
+    speculative.set_defaults(run=run_speculative)
+
+
+def run_speculative(args: argparse.Namespace) -> int:
+    from core.cli.bench.speculative import run_bench_speculative
+
+    return run_bench_speculative(args)
 
 
 def _gui(benches) -> None:

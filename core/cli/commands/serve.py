@@ -10,6 +10,7 @@ from core.cli.commands.options import (
     MODEL_HELP,
     add_data_dir,
     add_kv_format,
+    add_speculation,
     port,
     positive,
 )
@@ -75,6 +76,7 @@ def add_parser(subparsers) -> None:
         help="a Jinja chat template replacing the model's own (e.g. one that takes tools)",
     )
     serve.add_argument("--max-prompt-tokens", type=positive, metavar="N", help=MAX_PROMPT_HELP)
+    add_speculation(serve)
     serve.add_argument(
         "--max-tools",
         type=positive,
