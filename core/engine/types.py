@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from core.errors import ErrorKind
+from core.limits import SPECULATIVE_MODES
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,6 @@ class ChatMessage:
 
 
 TOOL_CHOICES = ("auto", "none", "required", "function")
-SPECULATIVE_MODES = ("off", "ngram", "draft")  # speculative decoding (core.engine.drafts)
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from core.engine.types import SPECULATIVE_MODES, Speculation
 from core.errors import UserError
+from core.limits import SPECULATIVE_MODES
 
 MAX_PROMPT_HELP = (
     "refuse prompts longer than this many tokens, before any work on them "
@@ -37,8 +37,11 @@ def add_speculation(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def speculation_of(args: argparse.Namespace) -> Speculation:
-    """The engine's speculative decoding from ``--speculative`` and ``--draft-model``."""
+def speculation_of(args: argparse.Namespace):
+    """The engine's speculative decoding (a :class:`core.engine.types.Speculation`) from
+    ``--speculative`` and ``--draft-model``."""
+    from core.engine.types import Speculation
+
     mode = args.speculative or ("draft" if args.draft_model else "ngram")
     try:
         return Speculation(mode, args.draft_model)
