@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from core.cli.main import EXIT_USER_ERROR, main
+from core.cli.main import main
 from core.models.load.chat_template import SMOLLM2_TOOLS_TEMPLATE
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from resources import resource_path
