@@ -33,21 +33,16 @@ import http.client
 import json
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from core import paths
-from core.cli.bench.agent import save_mlx_folder
-from core.cli.bench.harness import announce_repetition, event_stream, link_models
+from core.cli.bench.harness import announce_repetition, event_stream
 from core.cli.bench.server_process import (
     ServerProcess,
-    free_port,
-    mlx_lm_server_code,
-    radixchat_server_code,
 )
+from core.cli.bench.side_by_side import mlx_folder_and_data, ours_and_mlx_lm
 from core.errors import UserError
 
 CASES = ("rewrite", "json", "chat", "four")
@@ -305,41 +300,23 @@ def run_bench_speculative(args) -> int:
     cases = args.cases or list(CASES)
     root = paths.data_dir(args.data_dir)
     runs: dict[str, dict[str, list[list[Reply]]]] = {c: {w: [] for w in WAYS} for c in cases}
-    with tempfile.TemporaryDirectory(prefix="radixchat-bench-speculative-") as folder:
-        mlx_folder, data = Path(folder) / "mlx", Path(folder) / "data"
-        print(
-            "radixchat: bench speculative: saving the model as an MLX folder for mlx_lm.server",
-            file=sys.stderr,
-            flush=True,
-        )
-        save_mlx_folder(root, args.model, mlx_folder)
-        link_models(root, data)
-        ours_port, theirs_port = free_port(), free_port()
-        with (
-            ServerProcess(
-                "radixchat serve",
-                radixchat_server_code(args.model, data, ours_port, POOL_TOKENS),
-                ours_port,
-            ) as ours,
-            ServerProcess(
-                "mlx_lm.server", mlx_lm_server_code(mlx_folder, theirs_port), theirs_port
-            ) as theirs,
-        ):
-            servers = {"mlx_lm": theirs, "off": ours, "on": ours}
-            for way in ("mlx_lm", "off"):  # what loads lazily, loaded
-                run_case(servers[way], "chat", way, "warm-up", 4)
-            for case in cases:  # a case's repetitions, then the next case (its row printed)
-                for rep in range(args.repeats):
-                    order = ("mlx_lm", "on", "off") if rep % 2 == 0 else ("on", "off", "mlx_lm")
-                    salt = f"bench-{time.time_ns()}-{case}"  # the repetition's namespace
-                    run_case(ours, case, "off", salt, 1)  # its prompts cached: on and off alike
-                    for way in order:
-                        announce_repetition("speculative", rep, args.repeats, f"{case}, {way}")
-                        runs[case][way].append(
-                            run_case(servers[way], case, way, salt, args.max_tokens)
-                        )
-                done = speculative_report(args, {case: runs[case]})
-                print(format_report(done).splitlines()[2], file=sys.stderr, flush=True)
+    with (
+        mlx_folder_and_data(root, args.model, "speculative") as (mlx_folder, data),
+        ours_and_mlx_lm(args.model, data, mlx_folder, POOL_TOKENS) as (ours, theirs),
+    ):
+        servers = {"mlx_lm": theirs, "off": ours, "on": ours}
+        for way in ("mlx_lm", "off"):  # what loads lazily, loaded
+            run_case(servers[way], "chat", way, "warm-up", 4)
+        for case in cases:  # a case's repetitions, then the next case (its row printed)
+            for rep in range(args.repeats):
+                order = ("mlx_lm", "on", "off") if rep % 2 == 0 else ("on", "off", "mlx_lm")
+                salt = f"bench-{time.time_ns()}-{case}"  # the repetition's namespace
+                run_case(ours, case, "off", salt, 1)  # its prompts cached: on and off alike
+                for way in order:
+                    announce_repetition("speculative", rep, args.repeats, f"{case}, {way}")
+                    runs[case][way].append(run_case(servers[way], case, way, salt, args.max_tokens))
+            done = speculative_report(args, {case: runs[case]})
+            print(format_report(done).splitlines()[2], file=sys.stderr, flush=True)
     report = speculative_report(args, runs)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
