@@ -100,6 +100,27 @@ def test_a_cancel_mid_prefill_keeps_the_chunks_done(loaded, monkeypatch):
     assert log.of(retry) == log.of(uncached)
 
 
+def test_a_row_cancelled_in_the_decode_batch_leaves_its_prompt_and_reply(loaded, monkeypatch):
+    log = TokenLog(monkeypatch)
+    s = scheduler(loaded)
+    cut, other = handle(PROMPT, max_tokens=200), handle("another client's prompt", 30)
+    start(s, cut)
+    start(s, other)  # the two decode in the batch
+    for _ in range(3):
+        s.step()
+    assert len(s.batched) == 2
+    cut.cancel()
+    finish(s)
+    assert done(cut).stats.finish_reason == "cancelled" and no_locks(s)
+    prompt = prompt_of(s, PROMPT)
+    assert s.prefix_cache.cached_length(prompt + log.of(cut)) >= len(prompt) + len(log.of(cut)) - 1
+    retry = handle(PROMPT, max_tokens=20)
+    assert run_alone(s, retry).stats.cached_tokens == len(prompt) - 1
+    uncached = handle(PROMPT, max_tokens=20)
+    run_alone(scheduler(loaded), uncached)
+    assert log.of(retry) == log.of(uncached)
+
+
 def test_a_request_cancelled_before_its_prefill_leaves_nothing(loaded):
     s = scheduler(loaded)
     waiting = handle(PROMPT)
