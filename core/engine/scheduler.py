@@ -8,8 +8,9 @@ Its prefill is state the scheduler advances one chunk per step: each step first 
 every decoding request its next token, then feeds one chunk of the first waiting prompt,
 sized by ``core.engine.pacing`` so the decoding streams wait at most ``DECODE_WAIT_S``
 for it. A prompt is matched against the prefix cache (RAM, then disk) when its prefill
-starts, is cancellable between chunks, and snapshots hybrid state right before its last
-prompt token; the first token is sampled from its prefill's logits. A request that runs
+starts, is cancellable between chunks (a cancel keeps the chunks done in the cache), and
+snapshots hybrid state right before its last prompt token; the first token is sampled
+from its prefill's logits. A request that runs
 alone then decodes on its own cache objects the way ``mlx_lm.generate_step`` does (one
 sequence, the next step queued before the current token is read), with nothing to merge,
 mask or extract. When a second request gets its first token, the running one hands its

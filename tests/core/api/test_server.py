@@ -439,6 +439,18 @@ def test_a_client_that_hangs_up_cancels_its_request(server, client, stream):
     assert chat(client, "next, please", max_tokens=3).usage.completion_tokens == 3
 
 
+def test_a_retry_after_a_hang_up_reads_the_prompt_from_the_cache(server, client):
+    """An agent that timed out sends the same long prompt again: the prompt the cancelled
+    request prefilled is a cache hit."""
+    prompt = "Fix the failing test in the repository, then run the suite again. " * 3
+    cancelled = finished(server, "cancelled")
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 480, "temperature": 0, "stream": True}
+    _post_and_hang_up(server, body, b"data: ")
+    assert wait_for(lambda: finished(server, "cancelled") == cancelled + 1, timeout=10)
+    again = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, temperature=0)
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+
+
 def test_stop_cancels_running_requests_and_closes_connections(engine):
     api = ApiServer(engine, "127.0.0.1", 0).start()
     with OpenAI(base_url=api.address + "/v1", api_key="x", max_retries=0) as c:
