@@ -260,7 +260,9 @@ class ChatReplies:
             f"{'stopped · ' if stopped else ''}{stats.completion_tokens} tokens · "
             f"{stats.decode_tps:.1f} tok/s · TTFT {stats.ttft_s:.2f} s"
         )
-        self.speed_label.setText(f"{stats.decode_tps:.1f} tok/s")
+        # speculative decoding: reply tokens per decode step, where drafts were taken
+        per_step = f" · {stats.tokens_per_step:.2f} tok/step" if stats.accepted_tokens else ""
+        self.speed_label.setText(f"{stats.decode_tps:.1f} tok/s{per_step}")
         if visible:
             self.chat.end_reply(text, note)
             self.cache_panel.set_turns(turn.kept_stats + [stats])

@@ -1,5 +1,6 @@
-"""The API server's default limits on what clients may bring: numbers only, light to import
-(the command line's help names them; ``radixchat pull`` imports no part of the API).
+"""The API server's default limits on what clients may bring, and the engine's setting
+choices the command line offers: plain values only, light to import (the command line's
+help names them; building its parsers imports no engine and no part of the API).
 What they bound and why: :mod:`core.api.limits`, :mod:`core.api.connections`."""
 
 # tools in one request; OpenAI's own limit is 128 functions, agents with many MCP servers send more
@@ -7,3 +8,6 @@ MAX_TOOLS = 256
 # JSON of one request's tools and response schema (jsonschema: ~10 µs a byte)
 MAX_SCHEMA_BYTES = 512 * 1024
 MAX_CONNECTIONS = 1000  # connections held at once, kept below the process's file-descriptor limit
+
+# speculative decoding: --speculative, radixchat.speculative (core.engine.drafts)
+SPECULATIVE_MODES = ("off", "ngram", "draft")

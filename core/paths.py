@@ -1,8 +1,9 @@
 """Where RadixChat keeps its files.
 
 The data folder is, in order: an explicit ``--data-dir``, ``$RADIXCHAT_HOME``, or the
-platform's user data folder (``platformdirs``). It holds ``models/``, ``chats.db`` and the disk
-cache of session KV (``kvcache.db``, with SQLite's ``-wal`` and ``-shm`` files beside it).
+platform's user data folder (``platformdirs``). It holds ``models/``, ``chats.db``,
+``responses.db`` (the API's stored responses) and the disk cache of session KV
+(``kvcache.db``, with SQLite's ``-wal`` and ``-shm`` files beside it).
 """
 
 from __future__ import annotations
@@ -57,6 +58,11 @@ def models_dir(root: Path) -> Path:
 
 def chats_db_path(root: Path) -> Path:
     return root / "chats.db"
+
+
+def responses_db_path(root: Path) -> Path:
+    """The Responses API's stored responses (``previous_response_id``), beside the chats."""
+    return root / "responses.db"
 
 
 # One unit for every size the user reads or types: GB = 2**30 bytes (MB = 2**20). Binary,

@@ -37,11 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
-import numpy as np
 from mlx_lm.models.cache import KVCache
 
 from kvcache.disk_index import DiskIndex
-from kvcache.kv_pages import arrays_per_token, flatten, regroup, store_fingerprint, tokens_of
+from kvcache.joiner import Joiner
+from kvcache.kv_pages import arrays_per_token, regroup, store_fingerprint, tokens_of
 from kvcache.prefix_cache import PrefixCache, cache_source
 from kvcache.priority import lower_thread_priority
 from kvcache.serialize import (
@@ -434,7 +434,7 @@ class DiskTier:
         layout = self.prefix_cache.layout
         layers = arrays_per_token(layout) if self.prefix_cache.paged else 0
         spare = KVCache.step * -(-(len(tokens) + max(room, 1)) // KVCache.step) - len(tokens)
-        joined = _Joiner(layers, len(tokens) + spare)
+        joined = Joiner(layers, len(tokens) + spare)
         count = _pages_for(reading.chain, len(tokens))
         first = offset = 0
         while first < count and offset + len(reading.chain[first].tokens) <= start:
@@ -619,62 +619,6 @@ def _pages_for(chain: list[ChainPage], tokens: int) -> int:
         offset += len(chain[count].tokens)
         count += 1
     return count
-
-
-class _Joiner:
-    """Each layer's K and V arrays (a quantized side's three as they are), joined along the
-    tokens into one zeroed ``(heads, length, dim)`` MLX buffer each (the tail is spare
-    room), page by page as a restore streams them.
-
-    Pages are copied straight into the evaluated MLX buffers through numpy views (an MLX
-    array exposes its memory, and these are referenced nowhere else yet): one copy into
-    memory touched once, while the store reads the next pages."""
-
-    def __init__(self, arrays: int, length: int):
-        self.arrays, self.length = arrays, length
-        self.buffers: list[mx.array] = []
-        self.names: list[str] = []
-        self.targets: list[np.ndarray] = []
-
-    def add(self, at: int, n: int, lo: int, views: list) -> None:
-        """Tokens ``lo..lo+n-1`` of a page (its K/V views, every layer) go to ``at..at+n-1``."""
-        if not self.buffers:
-            for name, first in views[: self.arrays]:
-                dtype = mx.uint16 if name == "bfloat16" else getattr(mx, name)  # bfloat16: its bits
-                self.buffers.append(
-                    mx.zeros((first.shape[0], self.length, first.shape[2]), dtype=dtype)
-                )
-                self.names.append(name)
-            mx.eval(self.buffers)
-            self.targets = [np.array(buffer, copy=False) for buffer in self.buffers]  # views
-        for target, (_, view) in zip(self.targets, views):
-            target[:, at : at + n] = view[:, lo : lo + n]
-
-    def add_arrays(self, at: int, layers_kv: list[tuple]) -> None:
-        """Each layer's ``(keys, values)``, ``(heads, n, head_dim)`` MLX arrays (or a
-        quantized side's three), go to ``at..at+n-1`` (after the first :meth:`add`: the
-        buffers exist)."""
-        arrays = flatten(layers_kv)
-        arrays = [
-            a.astype(mx.bfloat16).view(mx.uint16) if name == "bfloat16" else a.astype(buffer.dtype)
-            # as the buffers hold it
-            for a, name, buffer in zip(arrays, self.names, self.buffers)
-        ]
-        mx.eval(arrays)
-        self.add(
-            at,
-            arrays[0].shape[1],
-            0,
-            [(name, np.array(a, copy=False)) for a, name in zip(arrays, self.names)],
-        )
-
-    def joined(self) -> list[mx.array]:
-        """The joined arrays, in the order pages hold them; [] when nothing was added."""
-        self.targets = []
-        return [
-            b.view(mx.bfloat16) if name == "bfloat16" else b
-            for b, name in zip(self.buffers, self.names)
-        ]
 
 
 def _resume_point(chain: list[ChainPage], prompt: list[int], limit: int, hybrid: bool) -> int:

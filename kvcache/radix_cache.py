@@ -174,6 +174,7 @@ class RadixCache:
         self.on_evict: Callable[[TreeNode], None] | None = None
         self.require_snapshots = require_snapshots
         self.disable = disable
+        self.version = 0
         self._init_state()
 
     def _init_state(self) -> None:
@@ -188,6 +189,9 @@ class RadixCache:
         self._evictable = 0
         self._protected = 0
         self._nodes = 0  # Invariant: number of non-root nodes
+        # Bumped whenever an edge is added, split or dropped: what reads the tree's edges
+        # (kvcache.continuations) knows when to read them again.
+        self.version += 1
         self._hits = self._misses = self._cached_tokens = 0
         self._evicted_tokens = self._evicted_nodes = 0
 
@@ -255,6 +259,7 @@ class RadixCache:
             end.children[leaf.key[0]] = leaf
             self._evictable += len(leaf.value)  # new nodes start unlocked
             self._nodes += 1
+            self.version += 1
             end = leaf
         if snapshot is not None:
             end.snapshot = snapshot
@@ -392,6 +397,11 @@ class RadixCache:
         """Every node except the root and the anchors (any order), in every namespace."""
         return self._iter_nodes()
 
+    def namespace_top(self, namespace: str = "") -> TreeNode | None:
+        """The node ``namespace``'s paths start at (the root for ``""``), None while it
+        holds nothing."""
+        return self._top(namespace)
+
     def namespace_of(self, node: TreeNode) -> str:
         """The namespace ``node`` belongs to (its top's)."""
         while node.key:
@@ -515,6 +525,7 @@ class RadixCache:
         child.parent = head
         child.key, child.value = child.key[k:], child.value[k:]
         self._nodes += 1
+        self.version += 1
         return head
 
     def _evict_entry(self, node: TreeNode) -> tuple[bool, int, int, TreeNode]:
@@ -534,6 +545,7 @@ class RadixCache:
         node.snapshot = None
         self._evictable -= len(node.value)
         self._nodes -= 1
+        self.version += 1
         self._evicted_tokens += len(node.value)
         self._evicted_nodes += 1
         self._free(node.value)  # last, so the tree is consistent if on_free raises

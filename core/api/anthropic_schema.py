@@ -29,15 +29,30 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator
 
-from core.api.errors import ApiError, invalid
+from core.api.errors import invalid
 from core.api.limits import DEFAULT_REQUEST_LIMITS, RequestLimits
-from core.api.openai_schema import MAX_STOPS, max_tokens, priority_of, session_name, usage_extra
-from core.api.wire import CACHE_SALT_TEXT, MAX_PRIORITY, MAX_SALT_CHARS, ModelCard, Text, WireModel
+from core.api.openai_schema import (
+    MAX_STOPS,
+    priority_of,
+    session_name,
+    speculative_of,
+    usage_extra,
+)
+from core.api.wire import (
+    CACHE_SALT_TEXT,
+    MAX_PRIORITY,
+    MAX_SALT_CHARS,
+    ModelCard,
+    RadixChatOptions,
+    Text,
+    WireModel,
+)
 from core.engine.constrain import SchemaError, check_schema
 from core.engine.namespaces import with_salt
 from core.engine.types import ChatMessage, GenerationRequest, RequestStats, SamplingParams, ToolCall
 
 BLOCK_JOIN = "\n\n"  # text blocks of one message (or of the system prompt) become one text
+BILLING_HEADER = "x-anthropic-billing-header:"  # Claude Code's first system block: dropped
 
 
 # ------------------------------------------------------------------ request bodies
@@ -86,7 +101,9 @@ ContentBlock = Annotated[
 
 
 class Message(WireModel):
-    role: Literal["user", "assistant"]
+    # "system": a system message mid-conversation (Claude Code 2.1 sends them, beta
+    # mid-conversation-system): it goes in as user text where it stands
+    role: Literal["user", "assistant", "system"]
     content: Text | list[ContentBlock]
 
 
@@ -154,6 +171,9 @@ class MessagesRequest(CountTokensRequest):
         description="RadixChat: lower is prefilled sooner; 0 (default) or more "
         "(or the X-RadixChat-Priority header)",
     )
+    radixchat: RadixChatOptions | None = Field(
+        None, description="RadixChat's own options (speculative: off, ngram or draft)"
+    )
 
     @field_validator("stop_sequences")
     @classmethod
@@ -167,19 +187,8 @@ class MessagesRequest(CountTokensRequest):
 @dataclass(frozen=True)
 class MessagesCall:
     request: GenerationRequest
-    model: str  # the name the client used: replies echo it
+    model: str  # the loaded model's id, which replies name (whatever name the client sent)
     stream: bool
-
-
-def check_model(model: str, card: ModelCard) -> None:
-    if model not in card.aliases and not model.startswith("claude"):
-        raise ApiError(
-            404,
-            f"the model '{model}' does not exist; this server serves '{card.id}' "
-            "(and answers to any claude-... name)",
-            param="model",
-            code="model_not_found",
-        )
 
 
 def _text(content: str | list | None) -> str:
@@ -237,9 +246,18 @@ def _assistant(message: Message, i: int) -> ChatMessage:
     return ChatMessage("assistant", BLOCK_JOIN.join(texts), tool_calls=tuple(calls))
 
 
+def system_text(system: str | list[TextBlock] | None) -> str:
+    """The system prompt's text, less Claude Code's per-request billing block: its 2.x sends
+    ``x-anthropic-billing-header: ...`` as the first system block, different on every request,
+    which would put a new token at the head of every prompt and so miss the prefix cache."""
+    if isinstance(system, list):
+        system = [block for block in system if not block.text.startswith(BILLING_HEADER)]
+    return _text(system)
+
+
 def chat_messages(body: CountTokensRequest) -> tuple[ChatMessage, ...]:
     messages = []
-    system = _text(body.system)
+    system = system_text(body.system)
     if system:
         messages.append(ChatMessage("system", system))
     calls: dict[str, str] = {}  # the tool calls of the last assistant message: id -> tool name
@@ -247,6 +265,8 @@ def chat_messages(body: CountTokensRequest) -> tuple[ChatMessage, ...]:
         if message.role == "assistant":
             messages.append(_assistant(message, i))
             calls = {call.id: call.name for call in messages[-1].tool_calls}
+        elif message.role == "system":
+            messages.append(ChatMessage("user", _system_message(message, i)))
         else:
             messages.extend(_user(message, i, calls))
             calls = {}
@@ -257,7 +277,35 @@ def chat_messages(body: CountTokensRequest) -> tuple[ChatMessage, ...]:
             "continue) is not supported: end with a user message",
             code="unsupported_value",
         )
-    return tuple(messages)
+    return merged(messages)
+
+
+def _system_message(message: Message, i: int) -> str:
+    if isinstance(message.content, str):
+        return message.content
+    for j, block in enumerate(message.content):
+        if not isinstance(block, TextBlock):
+            raise invalid(f"messages[{i}].content[{j}]", "a system message holds text blocks only")
+    return _text(message.content)
+
+
+def merged(messages: list[ChatMessage]) -> tuple[ChatMessage, ...]:
+    """Consecutive user (or assistant) messages as one, as Anthropic's API combines them
+    (templates such as Gemma's refuse two user turns in a row); tool results stay apart."""
+    out: list[ChatMessage] = []
+    for message in messages:
+        last = out[-1] if out else None
+        if (
+            last is not None
+            and message.role == last.role
+            and message.role in ("user", "assistant")
+            and not (last.tool_calls and message.content)
+        ):
+            text = BLOCK_JOIN.join(t for t in (last.content, message.content) if t)
+            out[-1] = ChatMessage(last.role, text, last.tool_calls + message.tool_calls)
+        else:
+            out.append(message)
+    return tuple(out)
 
 
 def tool_request(
@@ -270,13 +318,15 @@ def tool_request(
     tools = body.tools or []
     limits.check_body({"tools": tools})
     limits.check_schemas(tool.model_dump(exclude_none=True) for tool in tools)
+    choice = body.tool_choice or ToolChoice(type="auto")
     for i, tool in enumerate(tools):
-        # the same schemas come on every turn of an agent: checked once (check_schema remembers)
+        # the same schemas come on every turn of an agent: checked once (check_schema
+        # remembers); only a schema a call is forced into must fit the grammar library
+        enforced = choice.type == "any" or (choice.type == "tool" and tool.name == choice.name)
         try:
-            check_schema(tool.input_schema, f"tools[{i}].input_schema")
+            check_schema(tool.input_schema, f"tools[{i}].input_schema", enforced)
         except SchemaError as exc:
             raise invalid(exc.param, str(exc)) from None
-    choice = body.tool_choice or ToolChoice(type="auto")
     if choice.type in ("any", "tool") and not tools:
         raise invalid("tool_choice", f"tool_choice {choice.type!r} needs tools")
     if choice.type == "tool" and choice.name not in {tool.name for tool in tools}:
@@ -321,12 +371,13 @@ def to_call(
 ) -> MessagesCall:
     """The engine request for a validated body, in cache namespace ``namespace`` (the API
     key's) split by the body's cache salt."""
-    check_model(body.model, card)
     sampling = SamplingParams(
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         top_k=body.top_k or 0,
-        max_tokens=max_tokens(body.max_tokens, "max_tokens", card.context_length),
+        # a ceiling, required by the API: clients send their own (Claude Code: 64,000),
+        # so past the model's context it is the context (the prompt's room caps it further)
+        max_tokens=min(body.max_tokens, card.context_length),
         stop=tuple(body.stop_sequences or ()),
     )
     request = GenerationRequest(
@@ -335,15 +386,15 @@ def to_call(
         session=session_name(body.session, session_header),
         cache_namespace=with_salt(namespace, cache_salt(body)),
         priority=priority_of(body.priority, priority_header),
+        speculative=speculative_of(body.radixchat),
         **tool_request(body, limits),
     )
-    return MessagesCall(request, body.model, bool(body.stream))
+    return MessagesCall(request, card.id, bool(body.stream))
 
 
 def count_request(
     body: CountTokensRequest, card: ModelCard, limits: RequestLimits = DEFAULT_REQUEST_LIMITS
 ) -> GenerationRequest:
-    check_model(body.model, card)
     return GenerationRequest(messages=chat_messages(body), **tool_request(body, limits))
 
 
@@ -362,11 +413,12 @@ def model_object(card: ModelCard, name: str | None = None) -> dict[str, Any]:
 
 
 def model_list(card: ModelCard) -> dict[str, Any]:
+    names = [card.id, *card.listed]
     return {
-        "data": [model_object(card)],
+        "data": [model_object(card, name) for name in names],
         "has_more": False,
-        "first_id": card.id,
-        "last_id": card.id,
+        "first_id": names[0],
+        "last_id": names[-1],
     }
 
 

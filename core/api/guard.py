@@ -17,7 +17,8 @@ is parsed.
 or ``x-api-key: KEY``, any of the keys set; ``/health`` is open), notes the key's cache
 namespace for the routes (each key has its own: see :mod:`core.engine.namespaces`) and,
 for the JSON endpoints, a JSON content type (415: a cross-site ``text/plain`` POST needs
-no preflight), a declared length (411) within the limit (413, before the body is read),
+no preflight; without a browser's ``Origin``, a body with no type or curl's form type is
+read as JSON), a declared length (411) within the limit (413, before the body is read),
 and reads the body whole, within ``BODY_TIMEOUT_S`` (408) and its client's allowance of
 bytes (:class:`core.api.limits.ByteAllowance`), to replay it to the routes.
 Errors are sent in the endpoint's dialect.
@@ -47,6 +48,7 @@ log = logging.getLogger(__name__)
 JSON_ENDPOINTS = (
     "/v1/chat/completions",
     "/v1/completions",
+    "/v1/responses",
     "/v1/messages",
     "/v1/messages/count_tokens",
 )
@@ -54,7 +56,9 @@ ENDPOINTS = ("/health", "/metrics", "/openapi.json", "/v1/models", *JSON_ENDPOIN
 OPEN_ENDPOINTS = ("/health",)
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
-CORS_METHODS = ("GET", "POST", "OPTIONS")
+CORS_METHODS = ("GET", "POST", "DELETE", "OPTIONS")
+# read as JSON when no browser Origin comes with them: none, and curl -d's default
+LENIENT_TYPES = frozenset({"", "application/x-www-form-urlencoded"})
 # a request's body, from its head to its end (a body trickled in holds a connection)
 BODY_TIMEOUT_S = 60.0
 
@@ -64,6 +68,8 @@ def endpoint_label(path: str) -> str:
     path = path.rstrip("/") or "/"
     if path in ENDPOINTS:
         return path
+    if path.startswith("/v1/responses/"):
+        return "/v1/responses/{id}"
     return "/v1/models/{model}" if path.startswith("/v1/models/") else "other"
 
 
@@ -187,6 +193,17 @@ class Guard:
         return None
 
 
+def _json_type(media_type: str, from_page: bool) -> bool:
+    """Whether a body of ``media_type`` is read as JSON. A browser sends ``Origin`` with
+    every cross-site POST: from a page, only a JSON type (a page cannot send one without a
+    CORS preflight, which the guard answers only for allowed origins). Without ``Origin``
+    (curl, scripts), also no type at all and curl's default for ``-d``
+    (``application/x-www-form-urlencoded``), as llama.cpp, Ollama and mlx_lm.server take them."""
+    if media_type == "application/json" or media_type.endswith("+json"):
+        return True
+    return not from_page and media_type in LENIENT_TYPES
+
+
 class RequestChecks:
     """Innermost ASGI layer: the API key, then a JSON body's type, length and limit."""
 
@@ -233,7 +250,7 @@ class RequestChecks:
         if declared is not None and int(declared) > self.api.max_body_bytes:  # h11 checked its form
             raise self._too_large(f"{declared} bytes")
         media_type = headers.get("content-type", "").partition(";")[0].strip().lower()
-        if media_type != "application/json" and not media_type.endswith("+json"):
+        if not _json_type(media_type, from_page="origin" in headers):
             raise ApiError(
                 415,
                 f"{path} takes a JSON body: send 'Content-Type: application/json'"
@@ -241,6 +258,11 @@ class RequestChecks:
                 code="unsupported_media_type",
                 headers={"Connection": "close"},
             )
+        if media_type in LENIENT_TYPES:  # read as JSON: the routes parse what says so
+            scope["headers"] = [
+                *((k, v) for k, v in scope["headers"] if k.lower() != b"content-type"),
+                (b"content-type", b"application/json"),
+            ]
         return await self._buffered(receive, namespaces.owner(scope.get(CACHE_NAMESPACE, "")))
 
     def _key(self, headers: dict[str, str]) -> str | None:

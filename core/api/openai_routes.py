@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from core.api import anthropic_schema
-from core.api.errors import ApiError, engine_error, shutting_down
+from core.api.errors import engine_error, shutting_down
 from core.api.openai_schema import (
     ChatCompletionRequest,
     CompletionCall,
@@ -60,23 +60,19 @@ def list_models(request: Request) -> JSONResponse:
     card = server_of(request).model_card(with_cache=True)
     if _anthropic(request):
         return JSONResponse(anthropic_schema.model_list(card))
-    return JSONResponse({"object": "list", "data": [model_object(card)]})
+    names = [card.id, *card.listed]
+    return JSONResponse({"object": "list", "data": [model_object(card, n) for n in names]})
 
 
-@router.get("/v1/models/{model:path}", summary="The loaded model, by any of its names")
+@router.get("/v1/models/{model:path}", summary="The loaded model, by any name")
 def retrieve_model(model: str, request: Request) -> JSONResponse:
+    """Any name is the loaded model (as any name in a request is): under that name if it is
+    one of the model's (an alias), else under its id."""
     card = server_of(request).model_card(with_cache=True)
+    name = model if model in card.listed else card.id
     if _anthropic(request):
-        anthropic_schema.check_model(model, card)
-        return JSONResponse(anthropic_schema.model_object(card, model))
-    if model not in card.aliases:
-        raise ApiError(
-            404,
-            f"the model '{model}' does not exist; this server serves '{card.id}'",
-            param="model",
-            code="model_not_found",
-        )
-    return JSONResponse(model_object(card))
+        return JSONResponse(anthropic_schema.model_object(card, name))
+    return JSONResponse(model_object(card, name))
 
 
 @router.post("/v1/chat/completions", summary="Chat completion (OpenAI)")

@@ -38,6 +38,7 @@ from core.api.wire import (
     MODEL_ALIASES,
     PRIORITY_HEADER,
     ModelCard,
+    RadixChatOptions,
     Text,
     WireModel,
 )
@@ -107,8 +108,10 @@ class StreamOptions(WireModel):
     include_usage: bool | None = None
 
 
-class _Sampling(WireModel):
-    """Fields both endpoints take: OpenAI's, plus mlx-lm's extras and ours (``session``)."""
+class SamplingFields(WireModel):
+    """Fields every OpenAI generation endpoint takes (``/v1/chat/completions``,
+    ``/v1/completions``, ``/v1/responses``): OpenAI's sampling, mlx-lm's extras and ours
+    (``session``, ``cache_salt``, ``priority``)."""
 
     model: Text | None = None
     temperature: float | None = Field(None, ge=0, le=2, description="0 is greedy (default 1)")
@@ -117,13 +120,7 @@ class _Sampling(WireModel):
     min_p: float | None = Field(None, ge=0, le=1, description="mlx-lm extra")
     repetition_penalty: float | None = Field(None, gt=0, le=10, description="mlx-lm extra")
     seed: int | None = Field(None, ge=0, lt=2**64)
-    max_tokens: int | None = Field(None, ge=1, description="default: up to the model's context")
-    stop: Text | list[Text] | None = Field(None, description=f"at most {MAX_STOPS} strings")
-    n: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
     stream: bool | None = None
-    stream_options: StreamOptions | None = None
     session: Text | None = Field(
         None,
         max_length=MAX_SESSION_CHARS,
@@ -144,6 +141,20 @@ class _Sampling(WireModel):
         "app's own chat goes first (or the X-RadixChat-Priority header)",
     )
     user: Text | None = None
+    radixchat: RadixChatOptions | None = Field(
+        None, description="RadixChat's own options (speculative: off, ngram or draft)"
+    )
+
+
+class _Sampling(SamplingFields):
+    """Fields both legacy endpoints take (chat and text completions)."""
+
+    max_tokens: int | None = Field(None, ge=1, description="default: up to the model's context")
+    stop: Text | list[Text] | None = Field(None, description=f"at most {MAX_STOPS} strings")
+    n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    stream_options: StreamOptions | None = None
 
     @field_validator("stop")
     @classmethod
@@ -206,16 +217,6 @@ class CompletionCall:
     include_usage: bool
 
 
-def check_model(model: str | None, card: ModelCard) -> None:
-    if model and model not in card.aliases:
-        raise ApiError(
-            404,
-            f"the model '{model}' does not exist; this server serves '{card.id}'",
-            param="model",
-            code="model_not_found",
-        )
-
-
 def max_tokens(value: int | None, name: str, context_length: int) -> int:
     if value is None:
         return context_length
@@ -266,9 +267,17 @@ def priority_of(body_priority: int | None, header: str | None) -> int:
     return value
 
 
-def sampling_params(body: _Sampling, limit: int) -> SamplingParams:
-    """OpenAI's defaults (temperature 1, top_p 1, up to ``limit`` tokens), plus mlx-lm's extras."""
-    stop = [body.stop] if isinstance(body.stop, str) else body.stop or []
+def speculative_of(options: RadixChatOptions | None) -> str | None:
+    """The body's ``radixchat.speculative`` (None: the server's setting)."""
+    return options.speculative if options is not None else None
+
+
+def sampling_params(
+    body: SamplingFields, limit: int, stop: str | list[str] | None = None
+) -> SamplingParams:
+    """OpenAI's defaults (temperature 1, top_p 1, up to ``limit`` tokens), plus mlx-lm's
+    extras; ``stop``: the body's stop strings, where its endpoint takes them."""
+    stop = [stop] if isinstance(stop, str) else stop or []
     return SamplingParams(
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
@@ -332,7 +341,7 @@ def to_call(
     """The engine request for a validated body, in cache namespace ``namespace`` (the API
     key's) split by the body's ``cache_salt``; raise :class:`ApiError` for what the loaded
     model refuses (or what is past the request ``limits``)."""
-    check_model(body.model, card)
+    # any model name is served by the loaded model (the reply names it), as llama.cpp does
     chat = isinstance(body, ChatCompletionRequest)
     session = session_name(body.session, session_header)
     namespace = with_salt(namespace, body.cache_salt)
@@ -349,10 +358,11 @@ def to_call(
             limit = max_tokens(body.max_tokens, "max_tokens", card.context_length)
         request = GenerationRequest(
             messages=chat_messages(body.messages),
-            sampling=sampling_params(body, limit),
+            sampling=sampling_params(body, limit, body.stop),
             session=session,
             cache_namespace=namespace,
             priority=priority,
+            speculative=speculative_of(body.radixchat),
             **extra,
         )
     else:
@@ -361,10 +371,11 @@ def to_call(
         request = GenerationRequest(
             prompt_text=text,
             prompt_tokens=tokens,
-            sampling=sampling_params(body, limit),
+            sampling=sampling_params(body, limit, body.stop),
             session=session,
             cache_namespace=namespace,
             priority=priority,
+            speculative=speculative_of(body.radixchat),
         )
     options = body.stream_options or StreamOptions()
     return CompletionCall(chat, request, bool(body.stream), bool(options.include_usage))
@@ -387,25 +398,32 @@ def usage(stats: RequestStats) -> dict[str, Any]:
 
 def usage_extra(stats: RequestStats) -> dict[str, Any]:
     """RadixChat's figures beside a usage object (both dialects): the cache namespace the
-    prompt was looked up in, and how much of the hit came from RAM and from disk."""
-    if not stats.cache_namespace:
-        return {}
-    return {
-        "radixchat": {
-            "cache_namespace": stats.cache_namespace,
-            "ram_tokens": stats.cached_tokens,
-            "disk_tokens": stats.restored_tokens,
-        }
-    }
+    prompt was looked up in, how much of the hit came from RAM and from disk, and, for a
+    reply decoded with speculation, its draft tokens proposed and accepted."""
+    extra: dict[str, Any] = {}
+    if stats.cache_namespace:
+        extra.update(
+            cache_namespace=stats.cache_namespace,
+            ram_tokens=stats.cached_tokens,
+            disk_tokens=stats.restored_tokens,
+        )
+    if stats.draft_tokens:
+        extra.update(
+            draft_tokens=stats.draft_tokens,
+            accepted_tokens=stats.accepted_tokens,
+            tokens_per_step=round(stats.tokens_per_step, 3),
+        )
+    return {"radixchat": extra} if extra else {}
 
 
 def finish_reason(stats: RequestStats) -> str:
     return stats.finish_reason if stats.finish_reason in ("length", "tool_calls") else "stop"
 
 
-def model_object(card: ModelCard) -> dict[str, Any]:
+def model_object(card: ModelCard, name: str | None = None) -> dict[str, Any]:
+    """The loaded model as /v1/models lists it, under ``name`` (an alias) or its id."""
     return {
-        "id": card.id,
+        "id": name or card.id,
         "object": "model",
         "created": card.created,
         "owned_by": "radixchat",

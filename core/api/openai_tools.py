@@ -81,9 +81,11 @@ def tool_fields(
     tool_choice: ToolChoice | None,
     response_format: ResponseFormat | None,
     limits: RequestLimits = DEFAULT_REQUEST_LIMITS,
+    schema_param: str = "response_format.json_schema.schema",
 ) -> dict[str, Any]:
-    """The ``GenerationRequest`` fields for a chat body's tools and response format; a 400
-    naming the field for what cannot be served (tools past the ``limits`` too)."""
+    """The ``GenerationRequest`` fields for a body's tools and response format; a 400
+    naming the field for what cannot be served (tools past the ``limits`` too).
+    ``schema_param``: where the body carries the response format's schema."""
     fields: dict[str, Any] = {}
     limits.check_body({"tools": tools or []})
     if tools:
@@ -119,7 +121,7 @@ def tool_fields(
                     code="missing_required_parameter",
                 )
             schema = response_format.json_schema.schema_ or JSON_OBJECT
-            check_schema(schema, "response_format.json_schema.schema")
+            check_schema(schema, schema_param)
             fields["json_schema"] = schema
     except SchemaError as exc:
         raise invalid(exc.param, str(exc)) from None

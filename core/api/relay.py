@@ -76,6 +76,7 @@ class EngineEvents:
                 ttft = (self._first_token_at or time.monotonic()) - self._arrived
                 self.api.metrics.record_generation(event.stats, ttft)
                 self.api.request_log.record(self._scope.get("path", ""), event.stats, ttft)
+                _log_done(self._scope.get("path", ""), event.stats, ttft)
             elif isinstance(event, ErrorEvent):
                 self.api.request_log.record_error(self._scope.get("path", ""), event.message)
             if isinstance(event, (DoneEvent, ErrorEvent)):
@@ -136,6 +137,23 @@ class EngineEvents:
                 elif isinstance(event, ErrorEvent):
                     error = event
         return done, error
+
+
+def _log_done(path: str, stats, ttft_s: float) -> None:
+    """One line a finished request (``radixchat -v serve`` shows them): what a client's
+    requests cost, where the cache served them, without a metrics scrape."""
+    log.info(
+        "%s: %d prompt tokens (%d from RAM, %d from disk, %d computed), %d generated, "
+        "TTFT %.2f s, %s",
+        path,
+        stats.prompt_tokens,
+        stats.cached_tokens,
+        stats.restored_tokens,
+        stats.computed_tokens,
+        stats.completion_tokens,
+        ttft_s,
+        stats.finish_reason,
+    )
 
 
 class _Waker:

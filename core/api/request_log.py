@@ -19,8 +19,12 @@ DEFAULT_SIZE = 200
 
 
 def dialect_of(path: str) -> str:
-    """ "anthropic" for ``/v1/messages`` and below, else "openai"."""
-    return "anthropic" if path.rstrip("/").startswith("/v1/messages") else "openai"
+    """ "anthropic" for ``/v1/messages`` and below, "responses" for ``/v1/responses``,
+    else "openai"."""
+    path = path.rstrip("/")
+    if path.startswith("/v1/messages"):
+        return "anthropic"
+    return "responses" if path.startswith("/v1/responses") else "openai"
 
 
 @dataclass(frozen=True)
@@ -28,7 +32,7 @@ class LoggedRequest:
     """One finished request. ``error``: its one-line error, when it ended in one."""
 
     at: float  # time.time() when it ended
-    dialect: str  # "openai" | "anthropic"
+    dialect: str  # "openai" | "anthropic" | "responses"
     path: str
     prompt_tokens: int = 0
     completion_tokens: int = 0

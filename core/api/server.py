@@ -7,7 +7,8 @@
 
 Endpoints (the schema is served at ``/openapi.json``): ``GET /health``, ``GET /v1/models``
 (and ``/v1/models/{id}``), OpenAI's ``POST /v1/chat/completions`` and
-``POST /v1/completions``, Anthropic's ``POST /v1/messages`` and
+``POST /v1/completions``, the Responses API's ``POST /v1/responses`` (``GET`` and
+``DELETE /v1/responses/{id}``), Anthropic's ``POST /v1/messages`` and
 ``POST /v1/messages/count_tokens`` (JSON or server-sent events), ``GET /metrics``
 (Prometheus).
 Each request is submitted to the engine and its events are relayed as they come
@@ -98,6 +99,7 @@ class ApiServer:
         allow_origins: Sequence[str] = (),
         limits: RequestLimits = DEFAULT_REQUEST_LIMITS,
         connections: ConnectionLimits = DEFAULT_CONNECTION_LIMITS,
+        aliases: Sequence[str] = (),
     ):
         check_bind(host, api_key)
         try:
@@ -108,7 +110,14 @@ class ApiServer:
         self.port = port
         # Several keys: one client each, and one cache namespace each (core.engine.namespaces)
         self.state = ApiState(
-            engine, host, api_keys(api_key), model_name, max_body_bytes, origins, limits
+            engine,
+            host,
+            api_keys(api_key),
+            model_name,
+            max_body_bytes,
+            origins,
+            limits,
+            tuple(aliases),
         )
         self.connection_limits = connections
         self.connections: ConnectionGuard | None = None  # while serving
@@ -206,6 +215,7 @@ class ApiServer:
                 log.warning("the API server did not stop within %.0f s", timeout)
         self._uvicorn = self._thread = None
         self.state.schema_checks.close()
+        self.state.responses.close()
         self.state.schema_checks = SchemaChecks()  # start() again: a new pool
         self.state.stopping = False
 

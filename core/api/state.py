@@ -9,10 +9,12 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from core import paths
 from core.api.errors import ApiError, shutting_down
 from core.api.limits import DEFAULT_REQUEST_LIMITS, ByteAllowance, RequestLimits
 from core.api.metrics import ServerMetrics
 from core.api.request_log import RequestLog
+from core.api.responses_store import ResponseStore
 from core.api.schema_checks import SchemaChecks
 from core.api.wire import MODEL_ALIASES, ModelCard
 from core.engine import namespaces
@@ -42,8 +44,10 @@ class ApiState:
         max_body_bytes: int,
         allow_origins: tuple[str, ...],
         limits: RequestLimits = DEFAULT_REQUEST_LIMITS,
+        aliases: tuple[str, ...] = (),
     ):
         self.engine = engine
+        self.aliases = tuple(dict.fromkeys(a for a in aliases if a))  # --alias, listed
         self.host = host
         self.api_keys = tuple(dict.fromkeys(key for key in api_keys if key))  # none: no key asked
         self.model_name = model_name
@@ -64,6 +68,8 @@ class ApiState:
         self.events_waker = None  # core.api.relay's, made on the server's event loop
         self.metrics = ServerMetrics(engine.stats, lambda: len(self._handles))
         self.request_log = RequestLog()  # the last requests, for the app's request log
+        # the Responses API's stored responses (opened on first use)
+        self.responses = ResponseStore(paths.responses_db_path(engine.data_root))
 
     @property
     def api_key(self) -> str | None:
@@ -84,7 +90,14 @@ class ApiState:
                 503, "no model is loaded yet", type="server_error", code="model_not_loaded"
             )
         model_id = self.model_name or info.name
-        aliases = {model_id, info.name, info.spec, Path(info.path).name, *MODEL_ALIASES}
+        aliases = {
+            model_id,
+            info.name,
+            info.spec,
+            Path(info.path).name,
+            *MODEL_ALIASES,
+            *self.aliases,
+        }
         cached_as = layout = ""
         kv_format = ()
         cache = self.engine.stats().cache if with_cache else None
@@ -103,6 +116,7 @@ class ApiState:
             cached_as,
             layout,
             kv_format,
+            tuple(a for a in self.aliases if a != model_id),
         )
 
     def submit(self, request: GenerationRequest) -> RequestHandle:

@@ -12,9 +12,9 @@ later in the tokenizer or the chat store).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
 MAX_SESSION_CHARS = 256
@@ -50,6 +50,17 @@ class WireModel(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 
+class RadixChatOptions(WireModel):
+    """RadixChat's own options of one request: the body's ``radixchat`` object (both
+    dialects)."""
+
+    speculative: Literal["off", "ngram", "draft"] | None = Field(
+        None,
+        description="speculative decoding for this request: off, ngram (drafts from the "
+        "prompt and the cache) or draft (the server's --draft-model); default: the server's",
+    )
+
+
 @dataclass(frozen=True)
 class ModelCard:
     """What the server says about the loaded model."""
@@ -65,3 +76,5 @@ class ModelCard:
     cache_layout: str = ""
     # how K/V are stored per layer kind ({"full": "8-bit (group 64)", ...}; kvcache.kv_pages)
     kv_format: tuple[tuple[str, str], ...] = ()
+    # names the user gave the model (``--alias``): /v1/models lists each beside its id
+    listed: tuple[str, ...] = ()

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from core import paths
 from core.chats.store import ChatStore, Session, check_name, readable
 from core.chats.turn import ChatTurn, MadeWith
-from core.cli.commands.options import kv_format_options
+from core.cli.commands.options import kv_format_options, speculation_of
 from core.cli.progress import print_progress
 from core.cli.terminal import safe, safe_text
 from core.engine.engine import Engine
@@ -61,6 +61,7 @@ def run_chat(args) -> int:
             pool_tokens=args.kv_tokens,
             chat_template=template,
             max_prompt_tokens=args.max_prompt_tokens,
+            speculation=speculation_of(args),
             **kv_format_options(args),
         )
         engine.start()
@@ -195,6 +196,7 @@ def _run_turn(engine, store, session: Session, prompt: str, sampling, args):
                     "completion_tokens": stats.completion_tokens,
                     "ttft_s": round(stats.ttft_s, 4),
                     "decode_tps": round(stats.decode_tps, 2),
+                    "accepted_tokens": stats.accepted_tokens,
                     "finish_reason": stats.finish_reason,
                     "cache_namespace": stats.cache_namespace,
                 }

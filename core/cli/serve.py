@@ -15,7 +15,7 @@ from core.api.connections import ConnectionLimits
 from core.api.guard import normalize_origin
 from core.api.limits import RequestLimits
 from core.api.server import ApiServer, check_bind
-from core.cli.commands.options import kv_format_options
+from core.cli.commands.options import kv_format_options, speculation_of
 from core.cli.progress import print_progress
 from core.cli.terminal import safe
 from core.engine.engine import Engine
@@ -37,6 +37,7 @@ def run_serve(args) -> int:
         chat_template=template,
         use_cache=not getattr(args, "no_cache", False),
         max_prompt_tokens=getattr(args, "max_prompt_tokens", None),
+        speculation=speculation_of(args),
         **kv_format_options(args),
     ).start()
     return serve_engine(engine, args, api_key, origins)
@@ -74,6 +75,7 @@ def serve_engine(
             allow_origins=origins,
             limits=request_limits(args),
             connections=connections,
+            aliases=getattr(args, "alias", None) or (),
         ).start()
         print(
             f"radixchat: serving {safe(info.name)}{what} at {server.address}/v1 (Ctrl-C to stop)",

@@ -34,7 +34,7 @@ from core.errors import UserError
 log = logging.getLogger(__name__)
 
 # JSON that a small model cannot pad forever: no free whitespace between tokens.
-_JSON_OPTIONS = {"whitespace_flexible": False}
+JSON_OPTIONS = {"whitespace_flexible": False}
 # Objects and arrays inside one another, at most. The schema checks recurse (a schema of
 # 100 levels raised RecursionError in jsonschema: a 500), and a thread's stack is smaller
 # than the main thread's on macOS; real tool schemas nest a dozen levels at most.
@@ -102,7 +102,7 @@ def _check_schema(schema, param: str, enforced: bool) -> None:
     if not enforced:
         return
     try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_OPTIONS)
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
         problem = llguidance.LLMatcher.validate_grammar(grammar)
     except (ValueError, TypeError) as exc:
         problem = str(exc)
@@ -186,6 +186,7 @@ class ToolMarkup:
     end: str
     parse: object  # (text, tools) -> dict | list[dict]
     json_calls: bool  # the call between the markers is {"name": ..., "arguments": {...}}
+    generic: bool = False  # RadixChat's own format, for templates that take no tools
 
 
 def has_tool_markup(tokenizer) -> bool:
@@ -207,6 +208,15 @@ def tool_markup(tokenizer) -> ToolMarkup | None:
     )
 
 
+def chosen_tools(request) -> list[dict]:
+    """The tools a reply may call: the named one under tool_choice "function", else all."""
+    return [
+        t
+        for t in request.tools
+        if request.tool_choice != "function" or tool_name(t) == request.tool_name
+    ]
+
+
 def grammar_for(request, markup: ToolMarkup | None) -> str | None:
     """The llguidance grammar constraining ``request``'s reply, or None for free text."""
     forced = request.tools and request.tool_choice in ("required", "function")
@@ -220,11 +230,7 @@ def grammar_for(request, markup: ToolMarkup | None) -> str | None:
                 "this model's tool-call format cannot be constrained: use tool_choice "
                 '"auto", or give a chat template with JSON <tool_call> markup'
             )
-        tools = [
-            t
-            for t in request.tools
-            if request.tool_choice == "required" or tool_name(t) == request.tool_name
-        ]
+        tools = chosen_tools(request)
         calls = [
             {
                 "type": "object",
@@ -235,7 +241,7 @@ def grammar_for(request, markup: ToolMarkup | None) -> str | None:
             for t in tools
         ]
         schema = {"anyOf": calls} if len(calls) > 1 else calls[0]
-        schema = {**schema, "x-guidance": _JSON_OPTIONS}
+        schema = {**schema, "x-guidance": JSON_OPTIONS}
         lark = (
             f"start: {json.dumps(markup.start + chr(10))} call {json.dumps(chr(10) + markup.end)}\n"
             f"call: %json {json.dumps(schema)}\n"
@@ -243,7 +249,7 @@ def grammar_for(request, markup: ToolMarkup | None) -> str | None:
         return llguidance.LLMatcher.grammar_from_lark(lark)
     if request.json_schema is not None:
         return llguidance.LLMatcher.grammar_from_json_schema(
-            request.json_schema, defaults=_JSON_OPTIONS
+            request.json_schema, defaults=JSON_OPTIONS
         )
     return None
 

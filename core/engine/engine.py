@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,13 +39,20 @@ from core.engine.commands import (
     StopCommand,
 )
 from core.engine.constrain import check_request
+from core.engine.engine_stats import EngineStats
 from core.engine.handle import PreparedPrompt, RequestHandle
 from core.engine.prompt import PromptLimit, Prompts
-from core.engine.types import DoneEvent, ErrorEvent, Event, GenerationRequest, RequestStats
+from core.engine.types import (
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    GenerationRequest,
+    RequestStats,
+    Speculation,
+)
 from core.errors import ErrorKind, ModelLoadError, UserError
 from core.models.derived import derived_bytes
 from kvcache.kv_format import DEFAULT_GROUP_SIZE, KVFormat
-from kvcache.stats import CacheStats, DiskTierStats
 
 if TYPE_CHECKING:  # core.models.load.loader imports mlx: only the engine thread loads it
     from core.models.load.loader import ModelInfo
@@ -59,25 +66,6 @@ PROMPT_THREADS = 2
 # them before it starts a prefill, so that requests sent together are prefilled together
 # (core.engine.batch_prefill) instead of the first alone and the others after it.
 GATHER_S = 0.05
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    """Plain figures for panels and metrics: the model, the cache, MLX memory."""
-
-    model: ModelInfo | None = None
-    cache: CacheStats | None = None
-    mlx_active_bytes: int = 0
-    mlx_cache_bytes: int = 0
-    mlx_peak_bytes: int = 0
-    requests_served: int = 0
-    requests_running: int = 0
-    rss_bytes: int = 0  # the whole process (read when stats() is called)
-    disk_cache_bytes: int = 0  # the KV cache database on disk, WAL included (idem)
-    disk_cache_budget_bytes: int = 0  # 0 while the disk cache is off
-    # files made from models at load (tokenizers, kept conversions), counted in the budget
-    derived_bytes: int = 0
-    disk: DiskTierStats | None = None  # the disk tier's reads and writes (None while off)
 
 
 class Engine:
@@ -107,10 +95,13 @@ class Engine:
         kv_cache_path: Path | None = None,
         kv_bits: int | None = None,
         kv_group_size: int | None = None,
+        speculation: Speculation | None = None,
     ):
         self.data_root = Path(data_root)
         # the disk cache's database (None: the data folder's; a rank of a group has its own)
         self._kv_db = Path(kv_cache_path) if kv_cache_path else paths.kv_cache_db_path(data_root)
+        # the scheduler's default and its draft model's spec (None: drafts from the text)
+        self._speculation = speculation or Speculation()
         self._chat_template = chat_template  # Jinja text replacing the model's own template
         self._max_prompt_tokens = max_prompt_tokens  # None: the model's context is the limit
         # the loaded model's (set on the engine thread, read anywhere)
@@ -556,6 +547,7 @@ class Engine:
         give_memory_back()
 
     def _install(self, loaded, command: LoadCommand) -> None:
+        from core.engine.drafts import draft_model
         from core.engine.scheduler import Scheduler
         from kvcache.builder import DEFAULT_PAGE_SIZE, build_kv_cache
         from kvcache.prefix_cache import PrefixCache
@@ -585,6 +577,8 @@ class Engine:
             self._persister,
             self._count_served,
             on_progress=lambda: self._publish_stats(force=False),
+            speculative=self._speculation.mode,
+            draft_model=draft_model(self._speculation.draft_model, self.data_root, loaded),
         )
         self._info = loaded.info
         self._loads += 1

@@ -145,10 +145,10 @@ class PrefillSteps:
         joining: list[tuple[int, PrefillJob, int]] = []  # (row, request, its first token)
         for row, job in enumerate(group):
             state = job.state
-            if state.handle.cancelled:  # during the forward: ends as a cancel while waiting does
-                self._finish_safely(state, "cancelled", None, None)
-                continue
             try:
+                if state.handle.cancelled:  # during the forward: its prompt is in, and kept
+                    self._finish(state, "cancelled", rows.caches(row), list(state.prompt))
+                    continue
                 first = self._sample_first(job, rows.logits[row : row + 1])
                 finish = self._take(state, first)
                 if finish is not None:  # done after one token: the cache holds the prompt
@@ -268,10 +268,14 @@ class PrefillSteps:
         return job.sampler(logits - mx.logsumexp(logits, keepdims=True)).item()
 
     def _end_prefill(self, job: PrefillJob, finish: str) -> None:
-        """A waiting or prefilling request ends before its first token (cancelled)."""
+        """A waiting or prefilling request ends before its first token (cancelled). The
+        chunks its prefill finished are kept: each is evaluated whole before the next step
+        checks cancel, so its caches hold exactly the prompt's first ``cached + done``
+        tokens (a hybrid model's snapshot is taken there, as at a request's end)."""
         self.waiting.remove(job)
+        held = job.state.prompt[: job.state.cached + job.run.done] if job.run is not None else None
         try:
-            self._finish(job.state, finish, None, None)
+            self._finish_safely(job.state, finish, job.caches if held else None, held)
         finally:
             if job.flush:
                 self.prefix_cache.flush_writes()

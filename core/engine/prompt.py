@@ -27,7 +27,8 @@ import re
 import threading
 from dataclasses import dataclass
 
-from core.engine.constrain import has_tool_markup, tool_name
+from core.engine import generic_tools
+from core.engine.constrain import tool_name
 from core.engine.tools import template_message
 from core.engine.types import GenerationRequest
 from core.errors import ContextLengthError, UserError
@@ -121,8 +122,10 @@ def _text(tokenizer, request: GenerationRequest) -> tuple[str, bool]:
         return request.prompt_text, True
     if not request.messages:
         raise UserError("empty request: no messages and no prompt")
-    messages = [template_message(m) for m in request.messages]
     tools = list(request.tools) if request.tools and request.tool_choice != "none" else None
+    if tools and generic_tools.applies(tokenizer):
+        return generic_tools.render(tokenizer, request.messages, tools), False
+    messages = [template_message(m) for m in request.messages]
     if tools:
         return _text_with_tools(tokenizer, messages, tools), False
     if getattr(tokenizer, "has_chat_template", False):
@@ -133,12 +136,10 @@ def _text(tokenizer, request: GenerationRequest) -> tuple[str, bool]:
 
 
 def _text_with_tools(tokenizer, messages: list[dict], tools: list[dict]) -> str:
-    """The prompt with ``tools`` handed to the chat template. A template that has no tool
-    markup, or drops the tools, cannot serve them: a clear error, not a model that never
-    hears of its tools."""
+    """The prompt with ``tools`` handed to the chat template (one with tool markup; the
+    others get the generic format, :mod:`core.engine.generic_tools`). A template that drops
+    the tools cannot serve them: a clear error, not a model that never hears of its tools."""
     fix = "start RadixChat with --chat-template FILE (a Jinja template that takes tools)"
-    if not getattr(tokenizer, "has_chat_template", False) or not has_tool_markup(tokenizer):
-        raise UserError(f"this model's chat template cannot take tools: {fix}")
     text = tokenizer.apply_chat_template(
         messages, tools=tools, add_generation_prompt=True, tokenize=False
     )

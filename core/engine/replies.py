@@ -79,10 +79,13 @@ class Replies:
                 finish = "tool_calls"
         ended = time.perf_counter()
         if state.prefix is not None:
+            # kept: what the caches hold past the matched prefix, when it is the prompt and
+            # the reply as taken; a cancelled request's too (what it computed: a client that
+            # timed out and sends the same prompt again reads it back)
             seen = list(cache_tokens) if cache_tokens is not None else []
             if (
-                finish != "cancelled"
-                and caches is not None
+                caches is not None
+                and len(seen) > state.prefix.length
                 and seen == (prompt + state.generated)[: len(seen)]
             ):
                 try:
@@ -108,6 +111,8 @@ class Replies:
             finish_reason=finish,
             stop_sequence=state.stop_text.matched if finish == "stop" else None,
             cache_namespace=namespace_label(handle.request.cache_namespace),
+            draft_tokens=state.drafted,
+            accepted_tokens=state.accepted,
         )
         calls = tuple(state.tool_text.calls) if state.tool_text is not None else ()
         failure = (

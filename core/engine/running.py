@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
+from core.engine.drafts import Drafter
 from core.engine.generation import ChunkedPrefill, StopText
 from core.engine.namespaces import owner as namespace_owner
 from core.engine.tools import ToolCallText
@@ -32,6 +33,8 @@ class Active:
     generated: list[int] = field(default_factory=list)
     shown: list[str] = field(default_factory=list)
     snapshots: list = field(default_factory=list)
+    drafted: int = 0  # draft tokens proposed (speculative decoding)
+    accepted: int = 0  # of them, accepted
 
 
 @dataclass
@@ -45,6 +48,7 @@ class Solo:
     cache_tokens: list[int]  # what ``caches`` hold
     pending: mx.array  # the next token: sampled, maybe still being computed, not yet taken
     context: mx.array | None  # prompt + generated, for logits processors
+    drafter: Drafter | None = None  # speculative decoding's drafts (None: off for it)
 
 
 @dataclass

@@ -8,8 +8,9 @@ Its prefill is state the scheduler advances one chunk per step: each step first 
 every decoding request its next token, then feeds one chunk of the first waiting prompt,
 sized by ``core.engine.pacing`` so the decoding streams wait at most ``DECODE_WAIT_S``
 for it. A prompt is matched against the prefix cache (RAM, then disk) when its prefill
-starts, is cancellable between chunks, and snapshots hybrid state right before its last
-prompt token; the first token is sampled from its prefill's logits. A request that runs
+starts, is cancellable between chunks (a cancel keeps the chunks done in the cache), and
+snapshots hybrid state right before its last prompt token; the first token is sampled
+from its prefill's logits. A request that runs
 alone then decodes on its own cache objects the way ``mlx_lm.generate_step`` does (one
 sequence, the next step queued before the current token is read), with nothing to merge,
 mask or extract. When a second request gets its first token, the running one hands its
@@ -20,6 +21,11 @@ input, so joining costs the others no forward pass of its own. The batch shares 
 fairly between clients (it parks a row of a client over its share for a client under it). When a
 request ends (EOS, stop string, max tokens, cancel) it leaves with its cache, which goes into
 the radix tree and, for sessions, to disk.
+
+A request decoding alone speculates (``core.engine.speculation``): each step may feed a
+draft of the next tokens (``core.engine.drafts``: from its own text, the radix tree or a
+draft model) with its last token and take what the model agrees with. Rows of the batch
+decode a token a step.
 
 The scheduler is in parts: this module admits requests and steps the decoding ones;
 ``core.engine.prefill_steps`` runs the prefill and the first token, ``core.engine.replies``
@@ -32,18 +38,23 @@ import logging
 import time
 
 import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 
-from core.engine.constrain import Grammars, grammar_for, tool_markup
+from core.engine import generic_tools
+from core.engine.constrain import Grammars
 from core.engine.decode_batch import DecodeBatch
+from core.engine.drafts import Drafter, DraftModel
 from core.engine.generation import StopText, render_prompt, sampling_tools, vocab_size
 from core.engine.pacing import ChunkPacer
 from core.engine.prefill_steps import PrefillSteps
 from core.engine.replies import Replies
 from core.engine.running import Active, PrefillJob, Solo, group_of
+from core.engine.speculation import can_speculate, trim, verify
 from core.engine.tools import ToolCallText
 from core.errors import ContextLengthError, UserError
 from core.mlx_lm_compat import generation_stream
+from kvcache.continuations import Continuations
 
 MAX_BATCH = 16  # requests decoded together
 
@@ -65,8 +76,20 @@ class Scheduler(PrefillSteps, Replies):
         pacer: ChunkPacer | None = None,
         interleave: bool = True,
         batch_prefill: bool = True,
+        speculative: str = "ngram",
+        draft_model=None,
     ):
         self.loaded = loaded
+        # Speculative decoding for requests that do not say (core.engine.drafts): "off",
+        # "ngram" (drafts from the request's text and the radix tree) or "draft" (from
+        # ``draft_model``, an mlx-lm model of the same vocabulary)
+        self.speculative = speculative
+        self.draft_model = draft_model
+        self.continuations = (
+            Continuations(prefix_cache.tree)
+            if prefix_cache is not None and prefix_cache.enabled
+            else None
+        )
         # Prompts that wait together prefilled in one padded forward (core.engine.batch_prefill)
         self.batch_prefill = batch_prefill
         # Sizes prefill chunks while others decode; None (interleave off): a prompt is
@@ -78,7 +101,7 @@ class Scheduler(PrefillSteps, Replies):
         self.persister = persister
         self.eos = set(loaded.tokenizer.eos_token_ids)
         self.vocab = vocab_size(loaded.model, loaded.config)
-        self.markup = tool_markup(loaded.tokenizer)
+        self.markup = generic_tools.markup_for(loaded.tokenizer)  # the template's, or generic
         self.grammars = Grammars(loaded.tokenizer, self.vocab or len(loaded.tokenizer.get_vocab()))
         self.batch = DecodeBatch(loaded.model, MAX_BATCH)
         self.batched: dict[int, Active] = {}  # batch uid -> request
@@ -129,13 +152,18 @@ class Scheduler(PrefillSteps, Replies):
                 f"the prompt is {len(prompt)} tokens but {loaded.info.name} has a context of "
                 f"{context}"
             )
+        if request.speculative == "draft" and self.draft_model is None:
+            raise UserError(
+                "speculative decoding with a draft model: this server has none "
+                "(radixchat serve --draft-model MODEL)"
+            )
         params = request.sampling
-        grammar = grammar_for(request, self.markup)  # before prefill: a bad one fails at once
+        grammar = generic_tools.grammar_for(request, self.markup)  # before prefill: fails at once
         sampler, processors = sampling_tools(params, self.vocab)
         if grammar is not None:
             grammar = self.grammars.processor(grammar, len(prompt))
             processors = [*processors, grammar]
-        calls_on = request.tools and request.tool_choice != "none" and self.markup is not None
+        calls_on = request.tools and request.tool_choice != "none"
         state = Active(
             handle,
             prompt,
@@ -167,7 +195,28 @@ class Scheduler(PrefillSteps, Replies):
             mx.array(prompt) if job.processors else None,
         )
         solo.pending = self._solo_forward(solo, mx.array([first]))
+        solo.drafter = self._drafter(job.state, caches)
         self.solo = solo
+
+    def _drafter(self, state: Active, caches: list) -> Drafter | None:
+        """The drafts of a request decoding alone, or None where speculation is off for it:
+        asked off, constrained by a grammar (its state advances a token at a time), or on
+        caches that cannot give tokens back (a hybrid model's: core.engine.speculation)."""
+        request = state.handle.request
+        mode = request.speculative or self.speculative
+        if mode == "off" or state.grammar is not None or not can_speculate(caches):
+            return None
+        text = [*state.prompt, *state.generated]
+        if mode == "draft" and self.draft_model is not None:
+            return Drafter(text, model=DraftModel(self.draft_model, self._draft_caches))
+        tree = None
+        if self.continuations is not None and request.use_cache:
+            namespace, follow = request.cache_namespace, self.continuations.follow
+            tree = lambda context, limit: follow(context, limit, namespace)  # noqa: E731
+        return Drafter(text, tree=tree)
+
+    def _draft_caches(self) -> list:
+        return make_prompt_cache(self.draft_model)
 
     def _insert(self, state: Active, last: int, caches, cache_tokens, sampler, processors) -> None:
         """Join the batch: ``last`` (taken, not yet in ``caches``) is fed at its next step."""
@@ -222,6 +271,55 @@ class Scheduler(PrefillSteps, Replies):
             self.solo = None
             self._finish_safely(state, finish, solo.caches, solo.cache_tokens)
 
+    def _speculative_step(self) -> None:
+        """Take the pending token, then feed it with a draft of what follows in one forward
+        (``core.engine.speculation``): the accepted draft tokens are taken at once, the
+        model's own next token is the new pending one. Without a draft, a plain step."""
+        solo = self.solo
+        state = solo.state
+        last = solo.pending.item()
+        finish = self._take(state, last)
+        _catch_up(solo.drafter, state)
+        draft = (
+            solo.drafter.propose(state.max_tokens - len(state.generated) - 1)
+            if finish is None
+            else []
+        )
+        if finish is None and not draft:
+            solo.pending = self._solo_forward(solo, mx.array([last]))
+            solo.cache_tokens.append(last)
+            return
+        if finish is not None:
+            self.solo = None
+            self._finish_safely(state, finish, solo.caches, solo.cache_tokens)
+            return
+        verdict = verify(
+            self.loaded.model,
+            solo.caches,
+            last,
+            draft,
+            solo.sampler,
+            solo.processors,
+            solo.context,
+        )
+        accepted = verdict.accepted
+        solo.drafter.observe(len(draft), len(accepted))
+        state.drafted += len(draft)
+        state.accepted += len(accepted)
+        solo.cache_tokens.extend([last, *accepted])
+        if solo.context is not None:
+            solo.context = mx.concatenate([solo.context, mx.array([last, *accepted])])
+        for i, token in enumerate(accepted):
+            finish = self._take(state, token)
+            if finish is not None:  # the caches keep what the reply has, no more
+                unused = len(accepted) - 1 - i
+                trim(solo.caches, unused)
+                del solo.cache_tokens[len(solo.cache_tokens) - unused :]
+                self.solo = None
+                self._finish_safely(state, finish, solo.caches, solo.cache_tokens)
+                return
+        solo.pending = mx.array([verdict.next_token])
+
     def _hand_over(self) -> None:
         """A second request is coming: the solo request joins the batch. If that fails
         (out of memory...), the solo request ends with an error rather than vanishing."""
@@ -246,6 +344,12 @@ class Scheduler(PrefillSteps, Replies):
     def _decode_step(self) -> None:
         """One decode step for every running request."""
         if self.solo is not None:
+            drafter = self.solo.drafter
+            if drafter is not None and not self.solo.state.handle.cancelled:
+                _catch_up(drafter, self.solo.state)
+                if drafter.worth_a_look():
+                    self._speculative_step()
+                    return
             self._solo_step()
             return
         for uid, state in list(self.batched.items()):
@@ -281,3 +385,8 @@ class Scheduler(PrefillSteps, Replies):
         self.solo = None
         self.batch.close()
         self.batch = DecodeBatch(self.loaded.model, MAX_BATCH)
+
+
+def _catch_up(drafter: Drafter, state: Active) -> None:
+    """Tell ``drafter`` the tokens ``state`` took since it last heard."""
+    drafter.extend(state.generated[len(drafter.tokens) - len(state.prompt) :])

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from core.errors import ErrorKind
+from core.limits import SPECULATIVE_MODES
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,22 @@ class ChatMessage:
 
 TOOL_CHOICES = ("auto", "none", "required", "function")
 
+
+@dataclass(frozen=True)
+class Speculation:
+    """The engine's speculative decoding (``--speculative``, ``--draft-model``): ``mode`` for
+    requests that do not choose, ``draft_model`` a model spec (the ``draft`` mode's)."""
+
+    mode: str = "ngram"
+    draft_model: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in SPECULATIVE_MODES:
+            raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE_MODES)}")
+        if self.mode == "draft" and self.draft_model is None:
+            raise ValueError("speculative decoding with a draft model needs --draft-model")
+
+
 # Which waiting request is prefilled first: the lowest ``priority``, then the earliest
 # (vLLM's convention). API requests take 0 or more (0 by default); the chat window's turns
 # (and ``radixchat chat``'s) take CHAT_PRIORITY, since a person is watching them.
@@ -89,10 +106,15 @@ class GenerationRequest:
     json_schema: dict | None = None
     # Admission order among waiting requests: lower goes first (see CHAT_PRIORITY).
     priority: int = 0
+    # Speculative decoding for this request: "off", "ngram" or "draft" (core.engine.drafts);
+    # None: the engine's setting.
+    speculative: str | None = None
 
     def __post_init__(self) -> None:
         if self.tool_choice not in TOOL_CHOICES:
             raise ValueError(f"tool_choice must be one of {', '.join(TOOL_CHOICES)}")
+        if self.speculative not in (None, *SPECULATIVE_MODES):
+            raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE_MODES)}")
         if (self.tool_choice == "function") != (self.tool_name is not None):
             raise ValueError('tool_name goes with tool_choice="function", and only with it')
 
@@ -115,6 +137,16 @@ class RequestStats:
     stop_sequence: str | None = None  # the stop string that ended the reply (finish_reason "stop")
     # the cache namespace that served the hit: a short label (namespaces.label)
     cache_namespace: str = ""
+    # speculative decoding: draft tokens proposed, and of them accepted (each decode step
+    # writes its accepted draft tokens and one of the model's own)
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Reply tokens per decode forward (1.0 without speculation)."""
+        steps = self.completion_tokens - self.accepted_tokens
+        return self.completion_tokens / steps if steps > 0 else 1.0
 
 
 @dataclass(frozen=True)

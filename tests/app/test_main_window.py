@@ -52,7 +52,9 @@ def test_a_turn_streams_into_the_chat_and_is_stored(qtbot, open_window, tiny_mod
     assert (window.chat.message_role(0), window.chat.message_text(0)) == ("user", "Hello there")
     assert (window.chat.message_role(1), window.chat.message_text(1)) == ("assistant", reply)
     assert stats.completion_tokens > 0 and stats.finish_reason in ("stop", "length")
-    assert window.speed_label.text() == f"{stats.decode_tps:.1f} tok/s"
+    # with speculative decoding's reply tokens per step where drafts were taken
+    per_step = f" · {stats.tokens_per_step:.2f} tok/step" if stats.accepted_tokens else ""
+    assert window.speed_label.text() == f"{stats.decode_tps:.1f} tok/s{per_step}"
     assert window.composer.send_button.isEnabled() and window.composer.text() == ""
     stored = store.messages(window.session.id)
     assert [(m.role, m.content) for m in stored] == [("user", "Hello there"), ("assistant", reply)]

@@ -24,21 +24,13 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
-import tempfile
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from core import paths
-from core.cli.bench.agent import CHAT, Reply, Served, save_mlx_folder, stream, warm_up
-from core.cli.bench.harness import TRAVEL_NOTES, announce_repetition, link_models
+from core.cli.bench.agent import CHAT, Reply, Served, stream, warm_up
+from core.cli.bench.harness import TRAVEL_NOTES, announce_repetition
 from core.cli.bench.serve import machine
-from core.cli.bench.server_process import (
-    ServerProcess,
-    free_port,
-    mlx_lm_server_code,
-    radixchat_server_code,
-)
+from core.cli.bench.side_by_side import mlx_folder_and_data, ours_and_mlx_lm
 from core.errors import UserError
 
 POOL_TOKENS = 65536
@@ -147,15 +139,7 @@ def run_bench_followup(args) -> int:
 
     root = paths.data_dir(args.data_dir)
     load = [os.getloadavg()[0]]
-    with tempfile.TemporaryDirectory(prefix="radixchat-bench-followup-") as folder:
-        mlx_folder, data = Path(folder) / "mlx", Path(folder) / "data"
-        print(
-            "radixchat: bench followup: saving the model as an MLX folder for mlx_lm.server",
-            file=sys.stderr,
-            flush=True,
-        )
-        save_mlx_folder(root, args.model, mlx_folder)
-        link_models(root, data)
+    with mlx_folder_and_data(root, args.model, "followup") as (mlx_folder, data):
         tokenizer = load_tokenizer(mlx_folder)
         cells = [(p, n) for p in args.prefix_tokens for n in args.new_tokens]
         conversations = [
@@ -163,20 +147,9 @@ def run_bench_followup(args) -> int:
             for rep in range(args.repeats)
             for i, (p, n) in enumerate(cells)
         ]
-        ours_port, theirs_port = free_port(), free_port()
-        with (
-            ServerProcess(
-                "radixchat serve",
-                radixchat_server_code(args.model, data, ours_port, POOL_TOKENS),
-                ours_port,
-                stop_timeout_s=60,
-            ) as ours,
-            ServerProcess(
-                "mlx_lm.server",
-                mlx_lm_server_code(mlx_folder, theirs_port),
-                theirs_port,
-                stop_timeout_s=60,
-            ) as theirs,
+        with ours_and_mlx_lm(args.model, data, mlx_folder, POOL_TOKENS, stop_timeout_s=60) as (
+            ours,
+            theirs,
         ):
             servers = [
                 Served("ours", ours.host, ours.port, CHAT, None),

@@ -122,12 +122,18 @@ def chat_stream(
     conn: http.client.HTTPConnection, body: str, bench: str
 ) -> Iterator[tuple[float, dict]]:
     """POST ``body`` (JSON text, a streaming chat request) to ``/v1/chat/completions`` on
-    ``conn`` and yield each JSON chunk of the event stream with the ``time.perf_counter()``
-    at which its line arrived. The request is sent when the iteration starts. A
-    :class:`UserError` naming ``bench`` for an answer other than 200 or an error chunk."""
-    conn.request(
-        "POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"}
-    )
+    ``conn``: :func:`event_stream`'s chunks."""
+    return event_stream(conn, "/v1/chat/completions", body, bench)
+
+
+def event_stream(
+    conn: http.client.HTTPConnection, path: str, body: str, bench: str
+) -> Iterator[tuple[float, dict]]:
+    """POST ``body`` (JSON text, a streaming OpenAI request) to ``path`` on ``conn`` and yield
+    each JSON chunk of the event stream with the ``time.perf_counter()`` at which its line
+    arrived. The request is sent when the iteration starts. A :class:`UserError` naming
+    ``bench`` for an answer other than 200 or an error chunk."""
+    conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
     response = conn.getresponse()
     if response.status != 200:
         raise UserError(

@@ -21,14 +21,10 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
-import tempfile
 from dataclasses import asdict
-from pathlib import Path
 
 from core import paths
-from core.cli.bench.agent import save_mlx_folder
-from core.cli.bench.harness import announce_repetition, link_models
+from core.cli.bench.harness import announce_repetition
 from core.cli.bench.serve import (
     POOL_TOKENS,
     WARMUP_TOKENS,
@@ -40,12 +36,7 @@ from core.cli.bench.serve import (
     stream_counts,
     streams_text,
 )
-from core.cli.bench.server_process import (
-    ServerProcess,
-    free_port,
-    mlx_lm_server_code,
-    radixchat_server_code,
-)
+from core.cli.bench.side_by_side import mlx_folder_and_data, ours_and_mlx_lm
 
 SERVERS = ("ours", "mlx_lm")
 TARGETS = {1: 1.0, 4: 1.1, 8: 1.1}  # ours / mlx_lm.server, issue 19
@@ -55,42 +46,26 @@ def run_bench_serve_against(args) -> int:
     counts = stream_counts(args)
     root = paths.data_dir(args.data_dir)
     rounds: dict[str, dict[int, list[RoundResult]]] = {s: {n: [] for n in counts} for s in SERVERS}
-    with tempfile.TemporaryDirectory(prefix="radixchat-bench-serve-") as folder:
-        mlx_folder, data = Path(folder) / "mlx", Path(folder) / "data"
-        print(
-            "radixchat: bench serve: saving the model as an MLX folder for mlx_lm.server",
-            file=sys.stderr,
-            flush=True,
-        )
-        save_mlx_folder(root, args.model, mlx_folder)
-        link_models(root, data)
-        ours_port, theirs_port = free_port(), free_port()
-        with (
-            ServerProcess(
-                "radixchat serve",
-                radixchat_server_code(args.model, data, ours_port, POOL_TOKENS),
-                ours_port,
-            ) as ours,
-            ServerProcess(
-                "mlx_lm.server", mlx_lm_server_code(mlx_folder, theirs_port), theirs_port
-            ) as theirs,
-        ):
-            servers = {"ours": ours, "mlx_lm": theirs}
-            for server in servers.values():  # what loads lazily, loaded
-                stream_chat(server.host, server.port, prompt_messages(0), WARMUP_TOKENS)
-            number = 1
-            for rep in range(args.repeats):
-                order = SERVERS if rep % 2 == 0 else SERVERS[::-1]
-                for streams in counts:
-                    for name in order:
-                        announce_repetition(
-                            "serve", rep, args.repeats, f"{streams_text(streams)}, {name}"
-                        )
-                        server = servers[name]
-                        rounds[name][streams].append(
-                            run_round(server.host, server.port, number, streams, args.max_tokens)
-                        )
-                    number += streams  # both servers get the same prompts in a run
+    with (
+        mlx_folder_and_data(root, args.model, "serve") as (mlx_folder, data),
+        ours_and_mlx_lm(args.model, data, mlx_folder, POOL_TOKENS) as (ours, theirs),
+    ):
+        servers = {"ours": ours, "mlx_lm": theirs}
+        for server in servers.values():  # what loads lazily, loaded
+            stream_chat(server.host, server.port, prompt_messages(0), WARMUP_TOKENS)
+        number = 1
+        for rep in range(args.repeats):
+            order = SERVERS if rep % 2 == 0 else SERVERS[::-1]
+            for streams in counts:
+                for name in order:
+                    announce_repetition(
+                        "serve", rep, args.repeats, f"{streams_text(streams)}, {name}"
+                    )
+                    server = servers[name]
+                    rounds[name][streams].append(
+                        run_round(server.host, server.port, number, streams, args.max_tokens)
+                    )
+                number += streams  # both servers get the same prompts in a run
     report = against_report(args, counts, rounds)
     print(json.dumps(report, indent=2) if args.json else format_against(report))
     return 0

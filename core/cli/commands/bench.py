@@ -31,12 +31,14 @@ def add_parser(subparsers) -> None:
         _serve,
         _agent,
         _followup,
+        _clients,
         _constrain,
         _fairness,
         _pull,
         _switch,
         _kv_quality,
         _kv_capacity,
+        _speculative,
         _gui,
     ):
         add(benches)
@@ -408,6 +410,44 @@ def run_followup(args: argparse.Namespace) -> int:
     return run_bench_followup(args)
 
 
+# the small task bench clients gives each coding agent
+CLIENTS_TASK = "Create a file named hello.txt that contains the word hi."
+
+
+def _clients(benches) -> None:
+    clients = _with_model(
+        benches.add_parser(
+            "clients",
+            help="Claude Code and Codex, as installed, against our server: per request its "
+            "dialect, prompt and cached tokens, TTFT; and whether each finished",
+        )
+    )
+    clients.set_defaults(model="gemma3-270m")
+    clients.add_argument("--claude", metavar="PATH", help="Claude Code (default: claude on PATH)")
+    clients.add_argument("--codex", metavar="PATH", help="Codex (default: codex on PATH)")
+    clients.add_argument("--task", default=CLIENTS_TASK, help="what each client is asked to do")
+    clients.add_argument(
+        "--max-turns", type=positive, default=3, help="Claude Code's --max-turns (default: 3)"
+    )
+    clients.add_argument(
+        "--timeout-s", type=positive, default=3600, help="the longest one client may run"
+    )
+    clients.add_argument("--kv-tokens", type=positive, help="the server's KV pool, in tokens")
+    clients.add_argument(
+        "--no-mlx-lm",
+        action="store_true",
+        help="skip asking mlx_lm.server (it serves neither client's endpoint)",
+    )
+    clients.add_argument("--json", action="store_true", help=JSON_HELP)
+    clients.set_defaults(run=run_clients)
+
+
+def run_clients(args: argparse.Namespace) -> int:
+    from core.cli.bench.clients import run_bench_clients
+
+    return run_bench_clients(args)
+
+
 def _constrain(benches) -> None:
     constrain = _with_model(
         benches.add_parser("constrain", help="what constrained decoding costs per token")
@@ -497,6 +537,35 @@ def run_switch(args: argparse.Namespace) -> int:
     from core.cli.bench.switch import run_bench_switch
 
     return run_bench_switch(args)
+
+
+def _speculative(benches) -> None:
+    speculative = _with_model(
+        benches.add_parser(
+            "speculative",
+            help="decode speed with speculation (drafts from the prompt and the cache) vs "
+            "without and vs mlx_lm.server: a file rewritten, JSON reformatted, a chat, four "
+            "at once (targets: 2.0x mlx_lm.server, 1.8x without, 0.97x, 1.5x)",
+        )
+    )
+    speculative.add_argument(
+        "--cases",
+        nargs="+",
+        choices=("rewrite", "json", "chat", "four"),
+        help="default: all",
+    )
+    speculative.add_argument(
+        "--max-tokens", type=positive, default=200, help="reply length (default: %(default)s)"
+    )
+    speculative.add_argument("--repeats", type=positive, default=3, help=REPEATS_HELP)
+    speculative.add_argument("--json", action="store_true", help=JSON_HELP)
+    speculative.set_defaults(run=run_speculative)
+
+
+def run_speculative(args: argparse.Namespace) -> int:
+    from core.cli.bench.speculative import run_bench_speculative
+
+    return run_bench_speculative(args)
 
 
 def _gui(benches) -> None:

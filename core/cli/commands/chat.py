@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from core.cli.commands.options import MAX_PROMPT_HELP, add_data_dir, add_kv_format, positive
+from core.cli.commands.options import (
+    MAX_PROMPT_HELP,
+    add_data_dir,
+    add_kv_format,
+    add_speculation,
+    positive,
+)
 
 
 def add_parser(subparsers) -> None:
@@ -61,6 +67,7 @@ def add_parser(subparsers) -> None:
         "--chat-template", metavar="FILE", help="a Jinja chat template replacing the model's own"
     )
     chat.add_argument("--max-prompt-tokens", type=positive, metavar="N", help=MAX_PROMPT_HELP)
+    add_speculation(chat)
     chat.set_defaults(run=run)
 
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from core.errors import UserError
+from core.limits import SPECULATIVE_MODES
+
 MAX_PROMPT_HELP = (
     "refuse prompts longer than this many tokens, before any work on them "
     "(default: the model's context)"
@@ -17,6 +20,33 @@ def add_data_dir(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data-dir", help="data folder (default: $RADIXCHAT_HOME or the platform's)"
     )
+
+
+def add_speculation(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--speculative",
+        choices=SPECULATIVE_MODES,
+        help="speculative decoding: off; ngram (drafts from the prompt, the reply so far and "
+        "the cache; the default); draft (--draft-model's). A request may choose its own",
+    )
+    parser.add_argument(
+        "--draft-model",
+        metavar="MODEL",
+        help="a small model with the same tokenizer that drafts tokens for the model to check "
+        "(as mlx-lm's --draft-model); implies --speculative draft",
+    )
+
+
+def speculation_of(args: argparse.Namespace):
+    """The engine's speculative decoding (a :class:`core.engine.types.Speculation`) from
+    ``--speculative`` and ``--draft-model``."""
+    from core.engine.types import Speculation
+
+    mode = args.speculative or ("draft" if args.draft_model else "ngram")
+    try:
+        return Speculation(mode, args.draft_model)
+    except ValueError as exc:
+        raise UserError(f"--speculative {mode}: {exc}") from None
 
 
 def port(text: str) -> int:

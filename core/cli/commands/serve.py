@@ -10,6 +10,7 @@ from core.cli.commands.options import (
     MODEL_HELP,
     add_data_dir,
     add_kv_format,
+    add_speculation,
     port,
     positive,
 )
@@ -31,6 +32,14 @@ def add_parser(subparsers) -> None:
         help="port to listen on (0: a free one; default: %(default)s)",
     )
     serve.add_argument("--model", default="default", help=MODEL_HELP)
+    serve.add_argument(
+        "--alias",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="another name /v1/models lists for the model (repeatable); any name a request "
+        "sends is served by the loaded model anyway",
+    )
     serve.add_argument(
         "--api-key",
         action="append",
@@ -67,6 +76,7 @@ def add_parser(subparsers) -> None:
         help="a Jinja chat template replacing the model's own (e.g. one that takes tools)",
     )
     serve.add_argument("--max-prompt-tokens", type=positive, metavar="N", help=MAX_PROMPT_HELP)
+    add_speculation(serve)
     serve.add_argument(
         "--max-tools",
         type=positive,

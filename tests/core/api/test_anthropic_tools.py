@@ -20,9 +20,12 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 GREEDY = {"temperature": 0}
 
 
-@pytest.fixture(scope="module")
-def server(long_tiny_model, tmp_path_factory):
-    engine = start_tools_engine(tmp_path_factory.mktemp("tools") / "data", long_tiny_model)
+@pytest.fixture(scope="module", params=["tools", "generic"])
+def server(long_tiny_model, tmp_path_factory, request):
+    """The tool-capable template, or the model's own, which takes none (issue 30.2)."""
+    engine = start_tools_engine(
+        tmp_path_factory.mktemp("tools") / "data", long_tiny_model, request.param
+    )
     with ApiServer(engine, "127.0.0.1", 0) as api:
         yield api
     engine.shutdown()

@@ -109,9 +109,15 @@ def test_a_cross_site_text_plain_post_is_refused(server):
         status_of(response) == 415
         and body_of(response)["error"]["code"] == "unsupported_media_type"
     )
-    # no type at all
-    assert status_of(http_request(server, "POST", "/v1/chat/completions", CHAT)) == 415
     assert status_of(http_request(server, "POST", "/v1/chat/completions", CHAT, JSON)) == 200
+
+
+@pytest.mark.parametrize("headers", [{}, {"Content-Type": "application/x-www-form-urlencoded"}])
+def test_curl_without_a_json_type_is_read_as_json(server, headers):
+    """Issue 30.4: ``curl -d '{...}'`` sends no JSON type (curl's form type, or none): without
+    a browser's Origin the body is read as JSON, as llama.cpp and mlx_lm.server do."""
+    response = http_request(server, "POST", "/v1/chat/completions", CHAT, headers)
+    assert status_of(response) == 200 and body_of(response)["choices"][0]["message"]
 
 
 @pytest.mark.parametrize(
@@ -170,6 +176,11 @@ def test_origins_are_refused_unless_allowed_and_allowed_ones_get_cors_answers(ti
             api, "POST", "/v1/chat/completions", CHAT, {**JSON, "Origin": allowed}
         )
         assert status_of(response) == 401  # the key is still needed, and the page may read why
+        # from a page, even an allowed one, the body must say it is JSON (issue 30.4)
+        for kind in ({}, {"Content-Type": "application/x-www-form-urlencoded"}):
+            plain = {"Origin": allowed, "Authorization": "Bearer k", **kind}
+            response = http_request(api, "POST", "/v1/chat/completions", CHAT, plain)
+            assert body_of(response)["error"]["code"] == "unsupported_media_type"
         assert header(response, "Access-Control-Allow-Origin") == allowed
 
         for origin in ("http://localhost:3001", "null", "https://localhost:3000"):

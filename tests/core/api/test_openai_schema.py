@@ -187,9 +187,7 @@ def test_roles_and_content_parts():
 
 
 def test_checks_that_need_the_model():
-    with pytest.raises(ApiError) as caught:
-        chat_call(model="gpt-4o")
-    assert (caught.value.status, caught.value.code) == (404, "model_not_found")
+    assert chat_call(model="gpt-4o").chat  # any name is the loaded model (issue 30.3)
     assert chat_call(model="default").request.sampling.max_tokens == 512
     with pytest.raises(ApiError) as caught:
         chat_call(max_tokens=513)
@@ -320,3 +318,32 @@ def test_replies_and_chunks():
     text = ReplyBuilder(to_call(CompletionRequest.model_validate({"prompt": "p"}), CARD), CARD)
     assert text.full("t", stats)["object"] == "text_completion"
     assert text.chunk("t")["choices"][0]["text"] == "t"
+
+
+def test_a_request_may_choose_its_speculative_decoding():
+    from core.api import anthropic_schema
+
+    assert chat_call().request.speculative is None  # the server's setting
+    assert chat_call(radixchat={"speculative": "off"}).request.speculative == "off"
+    completion = CompletionRequest.model_validate(
+        {"prompt": "p", "radixchat": {"speculative": "ngram"}}
+    )
+    assert to_call(completion, CARD).request.speculative == "ngram"
+    body = {"model": "tiny", "max_tokens": 5, "messages": HI, "radixchat": {"speculative": "off"}}
+    call = anthropic_schema.to_call(anthropic_schema.MessagesRequest.model_validate(body), CARD)
+    assert call.request.speculative == "off"
+    bad = refusal(ChatCompletionRequest, {"messages": HI, "radixchat": {"speculative": "fast"}})
+    assert bad.param == "radixchat.speculative"
+
+
+def test_usage_says_how_many_draft_tokens_were_taken():
+    from core.api.openai_schema import usage
+
+    plain = usage(RequestStats(completion_tokens=10, cache_namespace="api"))
+    assert "draft_tokens" not in plain["radixchat"]
+    stats = RequestStats(
+        completion_tokens=30, draft_tokens=24, accepted_tokens=20, cache_namespace="api"
+    )
+    extra = usage(stats)["radixchat"]
+    assert (extra["draft_tokens"], extra["accepted_tokens"]) == (24, 20)
+    assert extra["tokens_per_step"] == 3.0  # 30 tokens in 10 forwards

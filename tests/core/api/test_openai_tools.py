@@ -1,6 +1,7 @@
 """Tools and structured output through the official ``openai`` client against a live server:
 every tool_choice, streaming and not, JSON schema output, 4xx naming the field, and a full
-tool round trip on the real default model (its shipped tool-capable template)."""
+tool round trip on the real default model (its shipped tool-capable template). Each runs on
+a template that takes tools and on one that does not (the generic format, issue 30.2)."""
 
 from __future__ import annotations
 
@@ -25,10 +26,13 @@ SCHEMA = {
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-@pytest.fixture(scope="module")
-def client(long_tiny_model, tmp_path_factory):
-    """A tiny model (room for tools in its context) with the shipped tool template."""
-    engine = start_tools_engine(tmp_path_factory.mktemp("tools-api") / "data", long_tiny_model)
+@pytest.fixture(scope="module", params=["tools", "generic"])
+def client(long_tiny_model, tmp_path_factory, request):
+    """A tiny model (room for tools in its context) with the shipped tool template, or with
+    its own ChatML one, which takes no tools (the generic format, issue 30.2)."""
+    engine = start_tools_engine(
+        tmp_path_factory.mktemp("tools-api") / "data", long_tiny_model, request.param
+    )
     server = ApiServer(engine, "127.0.0.1", 0).start()
     yield openai.OpenAI(base_url=server.address + "/v1", api_key="unused", max_retries=0)
     server.stop()

@@ -597,6 +597,21 @@ def test_the_command_table_imports_no_commands_code():
     assert run.stdout.strip() == "[]"
 
 
+def test_speculative_decoding_options(capsys, tiny_model, tmp_path):
+    base = ["chat", "--model", str(tiny_model), "--data-dir", str(tmp_path), "--temp", "0"]
+    base += ["--max-tokens", "24", "--kv-tokens", "4096", "--json"]
+    assert main([*base, "--speculative", "draft", "hi"]) == 2
+    assert "needs --draft-model" in capsys.readouterr().err
+    assert main([*base, "--speculative", "off", "abcabcabcabc abcabcabc"]) == 0
+    off = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert off["accepted_tokens"] == 0
+    # the model as its own draft model: every greedy draft is taken, the reply the same
+    assert main([*base, "--draft-model", str(tiny_model), "abcabcabcabc abcabcabc"]) == 0
+    drafted = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert drafted["reply"] == off["reply"]
+    assert drafted["accepted_tokens"] > 0
+
+
 def test_kv_bits_chat_stores_quantized_kv_and_reuses_it(capsys, tmp_path):
     """``chat --kv-bits 8``: the turn's K/V go to disk quantized, the next process (same
     format) restores them; a bad value is one line and exit 2, before any model loads."""

@@ -123,13 +123,10 @@ def start_engine(data: Path, model: Path, pool_tokens: int = 4096, **options) ->
     return engine
 
 
-def start_tools_engine(data: Path, model: Path) -> Engine:
-    """An engine for the tool tests: the shipped tool-capable template, room for tools in
-    the pool, no disk cache (``model``: one with room for them, ``long_tiny_model``)."""
-    return start_engine(
-        data,
-        model,
-        pool_tokens=16384,
-        disk_cache=False,
-        chat_template=shipped_template("smollm2_tools.jinja"),
-    )
+def start_tools_engine(data: Path, model: Path, template: str = "tools") -> Engine:
+    """An engine for the tool tests: the shipped tool-capable template (``template``
+    "tools") or the model's own, which takes no tools ("generic": the generic tool-call
+    format, issue 30.2), room for tools in the pool, no disk cache (``model``: one with room
+    for them, ``long_tiny_model``)."""
+    chosen = shipped_template("smollm2_tools.jinja") if template == "tools" else None
+    return start_engine(data, model, pool_tokens=16384, disk_cache=False, chat_template=chosen)

@@ -219,6 +219,9 @@ def test_cancel_of_a_row_during_a_batched_prefill(long_loaded, monkeypatch):
     _, off = run(long_loaded, False, True)
     kept = [0, 2, 3]
     assert [done(handles[i]).text for i in kept] == [off[i].text for i in kept]
+    # its prompt was in when it was cancelled: kept, and the same prompt again reads it
+    again = helpers.run_alone(s, handle(texts(True)[1], max_tokens=4)).stats
+    assert again.cached_tokens == again.prompt_tokens - 1
 
 
 def test_a_row_done_at_its_first_token_leaves_and_is_cached(long_loaded):

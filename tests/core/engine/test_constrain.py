@@ -210,12 +210,24 @@ def test_batched_rows_each_with_their_own_constraint_or_none(engine):
     jsonschema.validate(json.loads(together[1].text), SCHEMA)
 
 
-def test_a_template_without_tools_is_a_clear_error(tiny_model, tmp_path):
-    eng = Engine(tmp_path, str(tiny_model), pool_tokens=2048, disk_cache=False).start()
+def test_a_template_without_tools_gets_the_generic_format(long_tiny_model, tmp_path):
+    """The tiny model's ChatML template takes no tools: the call comes in the generic format,
+    parsed into a ToolCall, its markup never in the text (issue 30.2)."""
+    eng = Engine(tmp_path, str(long_tiny_model), pool_tokens=16384, disk_cache=False).start()
     try:
         eng.wait_ready(timeout=60)
-        event = list(eng.stream(ask("hi", tools=TOOLS)))[-1]
-        assert isinstance(event, ErrorEvent) and event.kind is ErrorKind.BAD_REQUEST
-        assert "cannot take tools" in event.message and "--chat-template" in event.message
+        events = list(eng.stream(ask("hi", tools=TOOLS, tool_choice="required")))
+        done = last_done(events)
+        assert done.stats.finish_reason == "tool_calls" and len(done.tool_calls) == 1
+        call = done.tool_calls[0]
+        schema = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}[call.name]
+        jsonschema.validate(json.loads(call.arguments), schema)
+        shown = "".join(e.text for e in events if isinstance(e, TokenEvent))
+        assert "<tool_call>" not in shown and "<tool_call>" not in done.text
+        auto = last_done(list(eng.stream(ask("hi", tools=TOOLS))))  # text, or a valid call
+        assert "<tool_call>" not in auto.text
+        for made in auto.tool_calls:
+            assert made.name in schema
+            jsonschema.validate(json.loads(made.arguments), schema[made.name])
     finally:
         eng.shutdown()

@@ -8,7 +8,13 @@ import sqlite3
 import pytest
 
 from core.engine.engine import Engine
-from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
+from core.engine.types import (
+    ChatMessage,
+    DoneEvent,
+    GenerationRequest,
+    SamplingParams,
+    TokenEvent,
+)
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from kvcache.persist import read_pays
 from kvcache.store import DiskStore
@@ -59,6 +65,32 @@ def test_an_unnamed_prompt_comes_back_from_disk_after_a_restart(kind, tmp_path):
         ram_only.shutdown()
     assert (r1.text, r2.text) == (d1.text, d2.text) and d2.text == plain.text
     assert r2.stats.restored_tokens == 0 and r2.stats.cached_tokens > 0
+
+
+def test_a_cancelled_request_is_written_as_a_finished_one_is(tmp_path, tiny_model):
+    """A client that timed out and retries after a restart still reads its prompt back."""
+    first = start_engine(tmp_path, tiny_model, disk_min_tokens=64)
+    try:
+        handle = first.submit(
+            GenerationRequest(
+                messages=(QUESTION,), sampling=SamplingParams(temperature=0.0, max_tokens=400)
+            )
+        )
+        events = []
+        for event in handle.events(timeout=60):
+            events.append(event)
+            if isinstance(event, TokenEvent):
+                handle.cancel()
+        assert events[-1].stats.finish_reason == "cancelled"
+        first.flush_disk_cache()
+    finally:
+        first.shutdown()
+    second = start_engine(tmp_path, tiny_model, disk_min_tokens=64)  # RAM is empty
+    try:
+        again = ask(second, QUESTION)
+    finally:
+        second.shutdown()
+    assert again.stats.restored_tokens == again.stats.prompt_tokens - 1
 
 
 def test_a_short_unnamed_request_is_not_written(tmp_path, tiny_model):

@@ -22,9 +22,11 @@ PROMPTS = ("the first question is this one", "and a second, different prompt")
 @pytest.mark.parametrize("steps_before", [0, 1, 5])
 def test_hand_over_to_the_batch_keeps_replies(loaded, sampling, steps_before, monkeypatch):
     """Alone, then decoded in a batch of two: different computations (a batch's GEMM over
-    two rows), so the replies are compared token by token."""
+    two rows), so the replies are compared token by token. (Without speculation: a
+    speculating request may be done before the second comes; test_speculation.py hands
+    one over.)"""
     log = TokenLog(monkeypatch)
-    s = scheduler(loaded)
+    s = scheduler(loaded, speculative="off")
     alone_handles = [handle(p, **sampling) for p in PROMPTS]
     alone = [run_alone(s, h) for h in alone_handles]
     assert s.solo is None and not s.batched

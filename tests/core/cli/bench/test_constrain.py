@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from core.cli.main import EXIT_USER_ERROR, main
+from core.cli.main import main
 from core.models.load.chat_template import SMOLLM2_TOOLS_TEMPLATE
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from resources import resource_path
@@ -63,27 +63,12 @@ def test_bench_constrain_json_and_table(tmp_path, capsys):
     assert "repetition 1/1" in captured.err
 
 
-def test_a_template_without_tools_is_one_line_naming_the_flag(tmp_path, capsys):
-    path = write_tiny_model(tmp_path / "tiny")
-    assert (
-        main(
-            [
-                "bench",
-                "constrain",
-                "--model",
-                str(path),
-                "--repeats",
-                "1",
-                "--max-tokens",
-                "8",
-                "--data-dir",
-                str(tmp_path),
-            ]
-        )
-        == EXIT_USER_ERROR
-    )
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert (
-        err.startswith("radixchat: error: bench constrain: a request failed")
-        and "--chat-template" in err
-    )
+def test_a_template_without_tools_runs_through_the_generic_tool_format(tmp_path, capsys):
+    """The tiny model's own template takes no tools: the tool modes run anyway, their calls
+    in the generic format (core.engine.generic_tools), as any client's tools would."""
+    path = write_tiny_model(tmp_path / "tiny", TinyModelSpec(max_position_embeddings=4096))
+    argv = ["bench", "constrain", "--model", str(path), "--repeats", "1", "--max-tokens", "8"]
+    assert main([*argv, "--data-dir", str(tmp_path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["decode_tokens_per_s"]) == set(MODES)
+    assert report["decode_tokens_per_s"]["tool_required"] > 0  # the forced call was decoded
