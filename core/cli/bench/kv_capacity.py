@@ -14,6 +14,12 @@ under ``<data>/tmp``, with the pool's RAM budget ``--budget-mb``:
   cache, then asks the follow-up in the session: **restore** is its TTFT (the history read
   back from disk, the follow-up computed), with how many tokens it restored.
 
+For comparison, **mlx-lm's own decode** in each repetition: its ``generate_step`` on the
+same weights (loaded once in this process), a prompt of the session's length, with its
+``kv_bits`` for a quantized format (``bench kv-quality``'s ``mlx_lm_steps``): its tok/s
+over ``--decode-tokens`` and its own ratio against its full precision, which tells MLX's
+quantized attention kernels (theirs) from our engine's code.
+
 Medians over repetitions; ratios against full precision are ratios of medians. Targets
 (issue 33): 8-bit holds >= 1.9x the tokens, writes <= 0.55x the bytes per token, decodes at
 >= 0.9x; 4-bit holds >= 3.5x. On the CPU, MLX's quantized kernels are slow: decode is
@@ -68,6 +74,7 @@ class Run:
     decoded_tokens: int
     restore_ttft_s: float
     restored_tokens: int
+    mlx_lm_decode_tokens_per_s: float
     kv_format: str  # per layer kind, as the engine reports it
 
 
@@ -99,7 +106,18 @@ def _history(engine: Engine, tokens: int) -> tuple[list[ChatMessage], int]:
     )
 
 
-def _run(folder: Path, spec: str, bits: int | None, args) -> Run:
+def _mlx_lm_decode(model, prompt: list[int], bits: int | None, args) -> float:
+    """mlx-lm's greedy decode tok/s after ``prompt``, its K/V at ``bits`` (None: full)."""
+    from core.cli.bench.kv_quality import mlx_lm_steps
+
+    steps = mlx_lm_steps(model, prompt, args.decode_tokens + 1, bits, args.group_size)
+    next(steps)  # the first token: the prompt has been computed
+    first = time.perf_counter()
+    decoded = sum(1 for _ in steps)
+    return decoded / (time.perf_counter() - first)
+
+
+def _run(folder: Path, spec: str, bits: int | None, args, mlx_lm) -> Run:
     import mlx.core as mx
 
     from kvcache.store import DiskStore
@@ -154,26 +172,41 @@ def _run(folder: Path, spec: str, bits: int | None, args) -> Run:
         decoded_tokens=decoded.stats.completion_tokens,
         restore_ttft_s=restored.stats.ttft_s,
         restored_tokens=restored.stats.restored_tokens,
+        mlx_lm_decode_tokens_per_s=_mlx_lm_decode(*mlx_lm, bits, args),
         kv_format=kv_format,
     )
 
 
 def run_bench_kv_capacity(args) -> int:
     root, spec = checked_model(args)
+    from core.models.load.loader import load_model
+
     runs: dict[str, list[Run]] = {label: [] for label, _ in FORMATS}
     started = time.perf_counter()
+    loaded = load_model(spec, root)  # mlx-lm's own decode, on the same weights
+    count = len(TRAVEL_NOTES)
+    while len(loaded.tokenizer.encode(travel_notes(count))) < args.tokens:
+        count *= 2
+    prompt = loaded.tokenizer.encode(travel_notes(count))[: args.tokens]
+    mlx_lm = (loaded.model, prompt)
     for rep in repetitions("kv-capacity", args.repeats):
         order = FORMATS[rep % len(FORMATS) :] + FORMATS[: rep % len(FORMATS)]
         for label, bits in order:
             with scratch_data_folder(root, "kv-capacity") as folder:
-                runs[label].append(_run(folder, spec, bits, args))
+                runs[label].append(_run(folder, spec, bits, args, mlx_lm))
     report = _report(args, spec, runs, time.perf_counter() - started)
     print(json.dumps(report, indent=2) if args.json else format_summary(report))
     return 0
 
 
 def _report(args, spec: str, runs: dict[str, list[Run]], wall_s: float) -> dict:
-    figures = ("pool_tokens", "disk_bytes_per_token", "decode_tokens_per_s", "restore_ttft_s")
+    figures = (
+        "pool_tokens",
+        "disk_bytes_per_token",
+        "decode_tokens_per_s",
+        "restore_ttft_s",
+        "mlx_lm_decode_tokens_per_s",
+    )
     medians = {
         label: {f: statistics.median(getattr(r, f) for r in reps) for f in figures}
         | {
@@ -226,7 +259,9 @@ def format_summary(report: dict) -> str:
         lines.append(
             f"  {label:6} pool {m['pool_tokens']:,.0f} tokens{x('pool_tokens')}; disk "
             f"{m['disk_bytes_per_token']:,.0f} B/token{x('disk_bytes_per_token')}; decode "
-            f"{m['decode_tokens_per_s']:.1f} tok/s{x('decode_tokens_per_s')}; restore TTFT "
+            f"{m['decode_tokens_per_s']:.1f} tok/s{x('decode_tokens_per_s')} (mlx-lm's own "
+            f"{m['mlx_lm_decode_tokens_per_s']:.1f} tok/s{x('mlx_lm_decode_tokens_per_s')}); "
+            f"restore TTFT "
             f"{m['restore_ttft_s']:.3f} s{x('restore_ttft_s')} ({m['restored_tokens']:.0f} "
             f"tokens restored)"
         )

@@ -13,7 +13,15 @@ weights in the same process:
 - **log-likelihood**: the mean log-probability per token of a fixed reference text
   (:data:`REFERENCE`), teacher-forced in chunks of :data:`CHUNK` tokens, its K/V kept in
   the format; reported as the difference from full precision (negative: the text is less
-  likely with quantized KV).
+  likely with quantized KV);
+- **baselines**, to tell what the quantization does from what our code does: mlx-lm's own
+  ``generate_step`` on the same weights and prompts, each prompt alone, at full precision
+  and with its ``QuantizedKVCache`` (``kv_bits``, ``kv_group_size``,
+  ``quantized_kv_start=0``). ``mlx_lm_agreement``: mlx-lm's format against mlx-lm's full
+  precision, decoded the same way (its own share of what quantizing costs);
+  ``vs_mlx_lm``: our batched reply against mlx-lm's alone at the same format, whose full
+  precision row is the noise floor (the same numbers along another path: a batch of 20
+  left-padded rows against one row, where these small models part at near-ties).
 
 A request's caches are built as the engine builds them (``kvcache.kv_pages``): only
 full-attention caches take the format; sliding-window and recurrent layers keep theirs.
@@ -115,11 +123,13 @@ def _measure(name: str, path: Path, root: Path, args) -> dict:
         layout = apply_format(model, base, KVFormat(bits, args.group_size))
         began = time.perf_counter()
         replies = _greedy_replies(model, layout, prompts, args.max_tokens)
+        mlx_lm_replies = _mlx_lm_replies(model, prompts, args.max_tokens, bits, args.group_size)
         loglik = _mean_loglik(model, layout, reference)
         per_format[label] = {
             "kv_format": formats_by_kind(layout),
             "kv_bytes_per_token": layout.bytes_per_token,
             "replies": replies,
+            "mlx_lm_replies": mlx_lm_replies,
             "mean_loglik": loglik,
             "seconds": round(time.perf_counter() - began, 1),
         }
@@ -130,13 +140,16 @@ def _measure(name: str, path: Path, root: Path, args) -> dict:
             flush=True,
         )
     full = per_format["full"]
-    full_replies = full["replies"]
+    full_replies, full_mlx_lm = full["replies"], full["mlx_lm_replies"]
     out = {}
     for label, figures in per_format.items():
-        same, prefix = _agreement(full_replies, figures.pop("replies"))
+        replies, mlx_lm_replies = figures.pop("replies"), figures.pop("mlx_lm_replies")
+        same, prefix = _agreement(full_replies, replies)
         figures.update(
             greedy_agreement=same,
             prefix_agreement=prefix,
+            mlx_lm_agreement=_agreement(full_mlx_lm, mlx_lm_replies)[0],
+            vs_mlx_lm=_agreement(mlx_lm_replies, replies)[0],
             loglik_diff=figures["mean_loglik"] - full["mean_loglik"],
         )
         out[label] = figures
@@ -178,6 +191,37 @@ def _greedy_replies(model, layout, prompts: list[list[int]], max_tokens: int) ->
         mx.async_eval(y)
         out.append(y)
     return mx.stack(out, axis=1).tolist()
+
+
+def _mlx_lm_replies(
+    model, prompts: list[list[int]], max_tokens: int, bits: int | None, group_size: int
+) -> list[list[int]]:
+    """Each prompt's greedy reply from mlx-lm's own generation (:func:`mlx_lm_steps`), alone."""
+    out = []
+    for ids in prompts:
+        steps = mlx_lm_steps(model, ids, max_tokens, bits, group_size)
+        out.append([int(token) for token, _ in steps])
+    return out
+
+
+def mlx_lm_steps(model, ids: list[int], max_tokens: int, bits: int | None, group_size: int):
+    """mlx-lm's ``generate_step`` (greedy) over ``ids``. With ``bits``, its ``kv_bits``
+    (``quantized_kv_start=0``: the prompt but its last token is computed at full precision,
+    then every ``KVCache`` becomes a ``QuantizedKVCache``); a model with sliding-window
+    caches, which mlx-lm's ``kv_bits`` refuses, gets ``QuantizedKVCache`` for its
+    full-attention layers from the first token instead (as ours)."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+    from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
+
+    caches, options = make_prompt_cache(model), {}
+    if bits and all(type(c) is KVCache for c in caches):
+        options = {"kv_bits": bits, "kv_group_size": group_size, "quantized_kv_start": 0}
+    elif bits:
+        caches = [QuantizedKVCache(group_size, bits) if type(c) is KVCache else c for c in caches]
+    return generate_step(
+        mx.array(ids), model, max_tokens=max_tokens, prompt_cache=caches, **options
+    )
 
 
 def _mean_loglik(model, layout, ids: list[int]) -> float:
@@ -222,7 +266,9 @@ def format_summary(report: dict) -> str:
             kinds = "; ".join(f"{k}: {v}" for k, v in f["kv_format"].items())
             line = (
                 f"  {label:6} agreement {f['greedy_agreement']:6.1%} (before the first "
-                f"difference {f['prefix_agreement']:6.1%}), log-likelihood "
+                f"difference {f['prefix_agreement']:6.1%}; mlx-lm's own "
+                f"{f['mlx_lm_agreement']:6.1%}; vs mlx-lm alone at this format "
+                f"{f['vs_mlx_lm']:6.1%}), log-likelihood "
                 f"{f['mean_loglik']:.4f} ({f['loglik_diff']:+.4f}), "
                 f"{f['kv_bytes_per_token']:,} KV bytes/token [{kinds}]"
             )

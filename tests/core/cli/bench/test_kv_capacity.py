@@ -20,6 +20,7 @@ def test_bench_kv_capacity_json(capsys, tmp_path):
     assert list(medians) == ["full", "8-bit", "4-bit"]
     for label, m in medians.items():
         assert m["restored_tokens"] >= 250 and m["decode_tokens_per_s"] > 0
+        assert m["mlx_lm_decode_tokens_per_s"] > 0
         assert m["kv_format"] == (
             "full: float32" if label == "full" else f"full: {label} (group 32)"
         )

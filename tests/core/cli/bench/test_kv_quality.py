@@ -30,8 +30,10 @@ def test_bench_kv_quality_json(capsys, tmp_path):
         assert list(formats) == ["full", "8-bit", "4-bit"]
         full = formats["full"]
         assert full["greedy_agreement"] == 1.0 and full["loglik_diff"] == 0.0
+        assert full["mlx_lm_agreement"] == 1.0  # mlx-lm's full precision against itself
         for label in ("8-bit", "4-bit"):
-            assert 0.0 <= formats[label]["greedy_agreement"] <= 1.0
+            for figure in ("greedy_agreement", "mlx_lm_agreement", "vs_mlx_lm"):
+                assert 0.0 <= formats[label][figure] <= 1.0
             assert formats[label]["kv_bytes_per_token"] < full["kv_bytes_per_token"]
             assert formats[label]["kv_format"]["full"] == f"{label} (group 32)"
         assert formats["4-bit"]["kv_bytes_per_token"] < formats["8-bit"]["kv_bytes_per_token"]
