@@ -114,18 +114,20 @@ def test_the_request_log_shows_each_request(qtbot, open_window, tiny_model):
     assert log.isVisible() and log.empty.isVisible() and log.tree.topLevelItemCount() == 0
 
     system = "You are a helpful assistant who answers in a few words. " * 6
-    client = openai.OpenAI(base_url=address + "/v1", api_key="unused", max_retries=0)
-    for _ in range(2):  # the second one finds its prompt in the cache
-        client.chat.completions.create(
-            model=name,
-            messages=[{"role": "system", "content": system}, {"role": "user", "content": "hi"}],
-            max_tokens=4,
-            temperature=0,
+    with (  # closed at once: a socket left to the garbage collector warns in a later test
+        openai.OpenAI(base_url=address + "/v1", api_key="unused", max_retries=0) as client,
+        anthropic.Anthropic(base_url=address, api_key="unused", max_retries=0) as claude,
+    ):
+        for _ in range(2):  # the second one finds its prompt in the cache
+            client.chat.completions.create(
+                model=name,
+                messages=[{"role": "system", "content": system}, {"role": "user", "content": "hi"}],
+                max_tokens=4,
+                temperature=0,
+            )
+        claude.messages.create(
+            model=name, max_tokens=3, messages=[{"role": "user", "content": "hello"}]
         )
-    claude = anthropic.Anthropic(base_url=address, api_key="unused", max_retries=0)
-    claude.messages.create(
-        model=name, max_tokens=3, messages=[{"role": "user", "content": "hello"}]
-    )
     with qtbot.waitSignal(bridge.statsUpdated, timeout=WAIT_MS):
         bridge.poll_stats()  # the log refreshes with the panels
     rows = [
