@@ -208,6 +208,22 @@ def tool_markup(tokenizer) -> ToolMarkup | None:
     )
 
 
+def call_schema(tools: list[dict], arguments=tool_parameters) -> dict:
+    """The JSON schema of one call of one of ``tools`` (``{"name": ..., "arguments": ...}``),
+    with llguidance's options; ``arguments(tool)`` gives a tool's arguments' schema."""
+    calls = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": tool_name(t)}, "arguments": arguments(t)},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for t in tools
+    ]
+    schema = {"anyOf": calls} if len(calls) > 1 else calls[0]
+    return {**schema, "x-guidance": JSON_OPTIONS}
+
+
 def chosen_tools(request) -> list[dict]:
     """The tools a reply may call: the named one under tool_choice "function", else all."""
     return [
@@ -231,17 +247,7 @@ def grammar_for(request, markup: ToolMarkup | None) -> str | None:
                 '"auto", or give a chat template with JSON <tool_call> markup'
             )
         tools = chosen_tools(request)
-        calls = [
-            {
-                "type": "object",
-                "properties": {"name": {"const": tool_name(t)}, "arguments": tool_parameters(t)},
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            }
-            for t in tools
-        ]
-        schema = {"anyOf": calls} if len(calls) > 1 else calls[0]
-        schema = {**schema, "x-guidance": JSON_OPTIONS}
+        schema = call_schema(tools)
         lark = (
             f"start: {json.dumps(markup.start + chr(10))} call {json.dumps(chr(10) + markup.end)}\n"
             f"call: %json {json.dumps(schema)}\n"

@@ -253,20 +253,7 @@ def grammar(tools, forced: bool) -> str:
     lenient), or (unless ``forced``) plain text without the call marker."""
     import llguidance
 
-    calls = [
-        {
-            "type": "object",
-            "properties": {
-                "name": {"const": tool_name(t)},
-                "arguments": lenient_schema(tool_parameters(t)),
-            },
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-        for t in tools
-    ]
-    schema = {"anyOf": calls} if len(calls) > 1 else calls[0]
-    schema = {**schema, "x-guidance": JSON_OPTIONS}
+    schema = constrain.call_schema(tools, lambda t: lenient_schema(tool_parameters(t)))
     lark = (
         f"call: {json.dumps(START + chr(10))} body {json.dumps(chr(10) + END)}\n"
         f"body: %json {json.dumps(schema)}\n"
