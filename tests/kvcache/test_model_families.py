@@ -22,7 +22,8 @@ from mlx_lm.models.cache import make_prompt_cache
 from kvcache.builder import build_kv_cache
 from kvcache.persist import DiskTier
 from kvcache.prefix_cache import HOT_ENTRIES, PrefixCache
-from tests.kvcache.model_families import FAMILIES, NEEDS_METAL, SKIPPED, build_model
+from tests.kvcache.family_weights import build_model
+from tests.kvcache.model_families import FAMILIES, NEEDS_METAL, SKIPPED
 
 pytestmark = pytest.mark.model_matrix
 

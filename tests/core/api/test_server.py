@@ -23,7 +23,7 @@ from core.engine.types import ErrorEvent
 from core.errors import ErrorKind, UserError
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from tests.core.api.helpers import wait_for
-from tests.kvcache.model_families import write_family
+from tests.kvcache.family_weights import write_family
 
 MODEL = "tiny"  # the tiny model's folder name: the server's model id
 

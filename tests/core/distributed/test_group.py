@@ -25,7 +25,7 @@ from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from kvcache.store import DiskStore
 from kvcache.store_format import session_row
 from tests.core.distributed.group_fixture import needs_ring, start_group
-from tests.kvcache.model_families import write_family
+from tests.kvcache.family_weights import write_family
 
 pytestmark = [needs_ring, pytest.mark.distributed]
 

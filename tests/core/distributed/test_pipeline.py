@@ -21,7 +21,7 @@ from tests.core.distributed.test_group import (
     follow_up,
     text,
 )
-from tests.kvcache.model_families import write_family
+from tests.kvcache.family_weights import write_family
 
 pytestmark = [needs_ring, pytest.mark.distributed]
 

@@ -24,7 +24,8 @@ import pytest
 
 from core.engine.engine import Engine
 from core.engine.types import DoneEvent, GenerationRequest, SamplingParams, TokenEvent
-from tests.kvcache.model_families import FAMILIES, NEEDS_METAL, SKIPPED, write_family
+from tests.kvcache.family_weights import write_family
+from tests.kvcache.model_families import FAMILIES, NEEDS_METAL, SKIPPED
 
 pytestmark = pytest.mark.model_matrix
 
