@@ -19,7 +19,7 @@ from importlib import metadata
 from pathlib import Path
 
 from core import paths
-from core.engine.types import DoneEvent, Event
+from core.engine.types import DoneEvent, Event, GenerationRequest, SamplingParams
 from core.errors import UserError
 
 TRAVEL_NOTES = (
@@ -116,6 +116,19 @@ def final_event(events: Iterable[Event], bench: str) -> DoneEvent:
         message = getattr(last, "message", "no reply from the engine")
         raise UserError(f"bench {bench}: a request failed: {message}")
     return last
+
+
+def ask_greedy(
+    engine, messages, bench: str, *, session=None, use_cache=True, max_tokens: int
+) -> DoneEvent:
+    """One greedy request of ``messages`` on an in-process engine, streamed to its end."""
+    request = GenerationRequest(
+        messages=tuple(messages),
+        session=session,
+        use_cache=use_cache,
+        sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens),
+    )
+    return final_event(engine.stream(request), bench)
 
 
 def chat_stream(

@@ -38,15 +38,15 @@ from pathlib import Path
 from core import paths
 from core.cli.bench.harness import (
     TRAVEL_NOTES,
+    ask_greedy,
     drop_from_page_cache,
-    final_event,
     repetitions,
     scratch_data_folder,
     travel_notes,
 )
 from core.cli.bench.restore import checked_model
 from core.engine.engine import Engine
-from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
+from core.engine.types import ChatMessage, DoneEvent
 from core.errors import UserError
 
 SESSION = "bench-kv-capacity"
@@ -79,13 +79,9 @@ class Run:
 
 
 def _ask(engine: Engine, messages, *, session=None, use_cache=True, max_tokens) -> DoneEvent:
-    request = GenerationRequest(
-        messages=tuple(messages),
-        session=session,
-        use_cache=use_cache,
-        sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens),
+    return ask_greedy(
+        engine, messages, "kv-capacity", session=session, use_cache=use_cache, max_tokens=max_tokens
     )
-    return final_event(engine.stream(request), "kv-capacity")
 
 
 def _history(engine: Engine, tokens: int) -> tuple[list[ChatMessage], int]:
