@@ -7,6 +7,10 @@ What they bound and why: :mod:`core.api.limits`, :mod:`core.api.connections`."""
 MAX_TOOLS = 256
 # JSON of one request's tools and response schema (jsonschema: ~10 µs a byte)
 MAX_SCHEMA_BYTES = 512 * 1024
+# reply tokens of a request that sets no limit of its own (OpenAI's chat and completions,
+# the Responses API; Anthropic's max_tokens is required): a model that never ends its turn
+# (a base model) stops here instead of decoding to the end of the context. 0: no ceiling.
+MAX_OUTPUT_TOKENS = 4096
 MAX_CONNECTIONS = 1000  # connections held at once, kept below the process's file-descriptor limit
 
 # speculative decoding: --speculative, radixchat.speculative (core.engine.drafts)

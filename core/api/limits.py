@@ -26,9 +26,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from core.limits import MAX_SCHEMA_BYTES, MAX_TOOLS
+from core.limits import MAX_OUTPUT_TOKENS, MAX_SCHEMA_BYTES, MAX_TOOLS
 
-__all__ = ["BODY_BYTES_PER_S", "ByteAllowance", "MAX_SCHEMA_BYTES", "MAX_TOOLS", "RequestLimits"]
+__all__ = [
+    "BODY_BYTES_PER_S",
+    "ByteAllowance",
+    "MAX_OUTPUT_TOKENS",
+    "MAX_SCHEMA_BYTES",
+    "MAX_TOOLS",
+    "RequestLimits",
+]
 
 BODY_BYTES_PER_S = 4 * 1024 * 1024  # one client's request bodies, past a burst of one whole body
 
@@ -62,14 +69,24 @@ class ByteAllowance:
 
 @dataclass(frozen=True)
 class RequestLimits:
-    """How much one request may bring (``radixchat serve --max-tools/--max-schema-bytes``)."""
+    """How much one request may bring (``radixchat serve --max-tools/--max-schema-bytes``),
+    and how many tokens its reply gets when it sets no limit of its own
+    (``--max-output-tokens``; 0: up to the model's context)."""
 
     max_tools: int = MAX_TOOLS
     max_schema_bytes: int = MAX_SCHEMA_BYTES
+    max_output_tokens: int = MAX_OUTPUT_TOKENS
 
     def __post_init__(self):
-        if self.max_tools < 1 or self.max_schema_bytes < 1:
+        if self.max_tools < 1 or self.max_schema_bytes < 1 or self.max_output_tokens < 0:
             raise ValueError("request limits are positive numbers")
+
+    def default_reply_tokens(self, context_length: int) -> int:
+        """The token limit of a reply whose request sets none: the server's ceiling, at
+        most the context (the prompt's room caps it further)."""
+        if self.max_output_tokens == 0:
+            return context_length
+        return min(self.max_output_tokens, context_length)
 
     def check_body(self, body: Any) -> None:
         """On the parsed JSON, before pydantic validates it: the number of tools."""

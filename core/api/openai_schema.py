@@ -149,7 +149,9 @@ class SamplingFields(WireModel):
 class _Sampling(SamplingFields):
     """Fields both legacy endpoints take (chat and text completions)."""
 
-    max_tokens: int | None = Field(None, ge=1, description="default: up to the model's context")
+    max_tokens: int | None = Field(
+        None, ge=1, description="default: the server's --max-output-tokens"
+    )
     stop: Text | list[Text] | None = Field(None, description=f"at most {MAX_STOPS} strings")
     n: int | None = None
     presence_penalty: float | None = None
@@ -217,9 +219,16 @@ class CompletionCall:
     include_usage: bool
 
 
-def max_tokens(value: int | None, name: str, context_length: int) -> int:
+def max_tokens(
+    value: int | None,
+    name: str,
+    context_length: int,
+    limits: RequestLimits = DEFAULT_REQUEST_LIMITS,
+) -> int:
+    """A reply's token limit: the request's own (up to the context), else the server's
+    ceiling (``radixchat serve --max-output-tokens``)."""
     if value is None:
-        return context_length
+        return limits.default_reply_tokens(context_length)
     if value > context_length:
         raise invalid(
             name,
@@ -352,10 +361,10 @@ def to_call(
         extra = tool_fields(body.tools, body.tool_choice, body.response_format, limits)
         if body.max_completion_tokens is not None:
             limit = max_tokens(
-                body.max_completion_tokens, "max_completion_tokens", card.context_length
+                body.max_completion_tokens, "max_completion_tokens", card.context_length, limits
             )
         else:
-            limit = max_tokens(body.max_tokens, "max_tokens", card.context_length)
+            limit = max_tokens(body.max_tokens, "max_tokens", card.context_length, limits)
         request = GenerationRequest(
             messages=chat_messages(body.messages),
             sampling=sampling_params(body, limit, body.stop),
@@ -366,7 +375,7 @@ def to_call(
             **extra,
         )
     else:
-        limit = max_tokens(body.max_tokens, "max_tokens", card.context_length)
+        limit = max_tokens(body.max_tokens, "max_tokens", card.context_length, limits)
         text, tokens = _prompt(body.prompt)
         request = GenerationRequest(
             prompt_text=text,

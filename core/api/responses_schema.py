@@ -505,7 +505,7 @@ def to_call(
     conversation = (*history, *item_dicts(own))
     items = [*(STORED_ITEMS.validate_python(list(history)) if history else []), *own]
     served = served_tools(body.tools)
-    limit = max_tokens(body.max_output_tokens, "max_output_tokens", card.context_length)
+    limit = max_tokens(body.max_output_tokens, "max_output_tokens", card.context_length, limits)
     request = GenerationRequest(
         messages=chat_messages(body.instructions, items),
         sampling=sampling_params(body, limit),

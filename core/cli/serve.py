@@ -20,7 +20,7 @@ from core.cli.progress import print_progress
 from core.cli.terminal import safe
 from core.engine.engine import Engine
 from core.errors import UserError
-from core.limits import MAX_CONNECTIONS, MAX_SCHEMA_BYTES, MAX_TOOLS
+from core.limits import MAX_CONNECTIONS, MAX_OUTPUT_TOKENS, MAX_SCHEMA_BYTES, MAX_TOOLS
 from core.models.load.chat_template import read_chat_template
 
 
@@ -94,10 +94,13 @@ def serve_engine(
 
 
 def request_limits(args) -> RequestLimits:
-    """What one request may bring (``--max-tools``, ``--max-schema-bytes``)."""
+    """What one request may bring (``--max-tools``, ``--max-schema-bytes``) and its reply's
+    tokens when it sets no limit (``--max-output-tokens``)."""
+    output = getattr(args, "max_output_tokens", None)
     return RequestLimits(
         getattr(args, "max_tools", None) or MAX_TOOLS,
         getattr(args, "max_schema_bytes", None) or MAX_SCHEMA_BYTES,
+        MAX_OUTPUT_TOKENS if output is None else output,
     )
 
 

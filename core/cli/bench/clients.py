@@ -49,9 +49,10 @@ def find_client(name: str, given: str | None) -> str | None:
     return shutil.which(name)
 
 
-def claude_run(path: str, base_url: str, home: Path, task: str, turns: int):
+def claude_run(path: str, base_url: str, home: Path, task: str, turns: int, max_output: int):
     """Claude Code's command line and environment: ``-p`` (print mode), JSON result, edits
-    allowed in its folder, its stream and request timeouts raised to an hour."""
+    allowed in its folder, its stream and request timeouts raised to an hour, its replies
+    held to ``max_output`` tokens (it asks for 64,000)."""
     argv = [
         path,
         "-p",
@@ -70,6 +71,7 @@ def claude_run(path: str, base_url: str, home: Path, task: str, turns: int):
         "ANTHROPIC_API_KEY": "radixchat",
         "API_TIMEOUT_MS": "3600000",
         "CLAUDE_STREAM_IDLE_TIMEOUT_MS": "3600000",
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(max_output),
         "DISABLE_TELEMETRY": "1",
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
     }
@@ -157,7 +159,9 @@ def run_client(name: str, path: str, server, model: str, args) -> dict:
         home.mkdir()
         work.mkdir()
         if name == "claude":
-            argv, env = claude_run(path, base_url, home, args.task, args.max_turns)
+            argv, env = claude_run(
+                path, base_url, home, args.task, args.max_turns, args.max_output_tokens
+            )
         else:
             argv, env = codex_run(path, base_url, home, args.task, model)
         before = len(server.state.request_log.recent())
@@ -213,6 +217,7 @@ def run_client(name: str, path: str, server, model: str, args) -> dict:
 
 
 def run_bench_clients(args) -> int:
+    from core.api.limits import RequestLimits
     from core.api.server import ApiServer
     from core.engine.engine import Engine
 
@@ -223,7 +228,13 @@ def run_bench_clients(args) -> int:
             "or --codex PATH; this bench installs nothing)"
         )
     root = paths.data_dir(args.data_dir)
-    report: dict = {"model": args.model, "task": args.task, "clients": [], "missing": []}
+    report: dict = {
+        "model": args.model,
+        "task": args.task,
+        "max_output_tokens": args.max_output_tokens,
+        "clients": [],
+        "missing": [],
+    }
     with scratch_data_folder(root, "clients") as data:
         link_models(root, data)
         engine = Engine(data, args.model, pool_tokens=args.kv_tokens).start()
@@ -231,7 +242,8 @@ def run_bench_clients(args) -> int:
             info = engine.wait_ready()
             report["model"] = info.name
             report["context_length"] = info.context_length
-            with ApiServer(engine, "127.0.0.1", 0) as server:
+            limits = RequestLimits(max_output_tokens=args.max_output_tokens)
+            with ApiServer(engine, "127.0.0.1", 0, limits=limits) as server:
                 for name in CLIENTS:
                     if found[name] is None:
                         report["missing"].append(name)
@@ -249,7 +261,7 @@ def format_clients(report: dict) -> str:
     """The report as a table: a row per request of each client, then each client's outcome."""
     lines = [
         f"bench clients: {report['model']} (context {report.get('context_length', '?')}), "
-        f"task: {report['task']!r}",
+        f"task: {report['task']!r}, replies up to {report.get('max_output_tokens', '?')} tokens",
         "",
         f"{'client':<8} {'#':>2} {'dialect':<10} {'prompt':>7} {'cached':>7} "
         f"{'of prev':>7} {'TTFT s':>8} {'out':>5}  end",

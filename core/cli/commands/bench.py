@@ -432,6 +432,15 @@ def _clients(benches) -> None:
     clients.add_argument(
         "--timeout-s", type=positive, default=3600, help="the longest one client may run"
     )
+    clients.add_argument(
+        "--max-output-tokens",
+        type=positive,
+        default=512,
+        metavar="N",
+        help="a reply's tokens: the server's ceiling (Codex sets no limit) and Claude Code's "
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS (default: 512; a base model rarely ends its turn, and "
+        "a CPU decodes the context's rest for an hour)",
+    )
     clients.add_argument("--kv-tokens", type=positive, help="the server's KV pool, in tokens")
     clients.add_argument(
         "--no-mlx-lm",

@@ -63,6 +63,13 @@ def positive(text: str) -> int:
     return value
 
 
+def non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is a negative number")
+    return value
+
+
 # the KV formats (kvcache.kv_format: BITS, GROUP_SIZES; not imported, to keep the table light)
 KV_BITS, KV_GROUP_SIZES = (8, 4), (32, 64, 128)
 

@@ -11,10 +11,11 @@ from core.cli.commands.options import (
     add_data_dir,
     add_kv_format,
     add_speculation,
+    non_negative,
     port,
     positive,
 )
-from core.limits import MAX_CONNECTIONS, MAX_SCHEMA_BYTES, MAX_TOOLS
+from core.limits import MAX_CONNECTIONS, MAX_OUTPUT_TOKENS, MAX_SCHEMA_BYTES, MAX_TOOLS
 
 
 def add_parser(subparsers) -> None:
@@ -91,6 +92,14 @@ def add_parser(subparsers) -> None:
         metavar="N",
         help="bytes of JSON one request's tools and response schema may come to "
         f"(default: {MAX_SCHEMA_BYTES:,}; checking a schema costs ~10 µs a byte)",
+    )
+    serve.add_argument(
+        "--max-output-tokens",
+        type=non_negative,
+        default=MAX_OUTPUT_TOKENS,
+        metavar="N",
+        help=f"reply tokens of a request that sets no limit (default: {MAX_OUTPUT_TOKENS:,}; "
+        "0: up to the context); a request's own max_tokens / max_output_tokens wins",
     )
     serve.add_argument(
         "--max-connections",
