@@ -22,7 +22,9 @@ tool = {{"name": "Write", "input_schema": {{"type": "object",
 messages = [{{"role": "user", "content": "please " * 200 + "write hello.txt"}}]
 
 def ask(messages):
-    body = json.dumps({{"model": "claude-opus-4-8", "max_tokens": 16, "messages": messages,
+    # as Claude Code does, its replies' ceiling from CLAUDE_CODE_MAX_OUTPUT_TOKENS
+    limit = int(os.environ["CLAUDE_CODE_MAX_OUTPUT_TOKENS"])
+    body = json.dumps({{"model": "claude-opus-4-8", "max_tokens": limit, "messages": messages,
                         "tools": [tool], "system": [{{"type": "text",
                         "text": "x-anthropic-billing-header: cc_version=" + str(len(messages))}},
                         {{"type": "text", "text": "You are an agent."}}],
@@ -53,15 +55,17 @@ def test_bench_clients_runs_a_client_and_reads_its_requests(
     claude.chmod(0o755)
     monkeypatch.setenv("PATH", str(bin_dir))  # no codex here: reported missing, not run
     argv = ["bench", "clients", "--model", str(long_tiny_model), "--no-mlx-lm", "--json"]
+    argv += ["--max-output-tokens", "16"]
     assert main([*argv, "--kv-tokens", "8192", "--data-dir", str(tmp_path / "d")]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert report["missing"] == ["codex"]
+    assert report["missing"] == ["codex"] and report["max_output_tokens"] == 16
     (client,) = report["clients"]
     assert client["client"] == "claude" and client["finished"] and client["error"] is None
     assert client["version"] == "0.0.1 (stand-in)"
     first, second = client["requests"]
     assert first["dialect"] == second["dialect"] == "anthropic"
     assert first["prompt_tokens"] > 200 and first["ttft_s"] > 0
+    assert 0 < first["completion_tokens"] <= 16
     # the billing block differs between the two; dropped, the second reads the first's prompt
     assert second["cached_tokens"] >= first["prompt_tokens"] * 0.9
     assert second["cached_of_previous"] >= 0.9
