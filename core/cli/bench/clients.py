@@ -108,7 +108,10 @@ def outcome(name: str, returncode: int, stdout: str, stderr: str) -> str | None:
             return str(result.get("result") or "an error")[:200]
     if returncode != 0:
         lines = [line for line in (stderr or stdout).strip().splitlines() if line.strip()]
-        return f"exit {returncode}: " + (lines[-1][:200] if lines else "no output")
+        # Codex prints its error, then a summary ("tokens used", a count): say the error
+        errors = [line for line in lines if line.startswith("ERROR:")]
+        last = (errors or lines)[-1][:200] if lines else "no output"
+        return f"exit {returncode}: {last}"
     return None
 
 

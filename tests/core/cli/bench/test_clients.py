@@ -81,4 +81,11 @@ def test_an_api_error_is_what_the_client_reports():
     assert outcome("codex", 1, "", "ERROR: unexpected status 404\n") == (
         "exit 1: ERROR: unexpected status 404"
     )
+    stderr = (
+        "codex\n[ some text\nERROR: Incomplete response returned, reason: max_output_tokens\n"
+        "tokens used\n8,664\n"
+    )
+    assert outcome("codex", 1, "", stderr) == (
+        "exit 1: ERROR: Incomplete response returned, reason: max_output_tokens"
+    )
     assert outcome("codex", 0, "done", "") is None
