@@ -138,3 +138,21 @@ def test_parse_reads_a_call_back():
         with pytest.raises(ValueError):
             generic_tools.parse(bad, [])
     assert tool_name(WEATHER) in generic_tools.instructions([WEATHER])
+
+
+def test_the_tools_text_keeps_the_schema_but_not_its_meta_keywords():
+    """What the model reads of a tool's schema: its properties and constraints, not the
+    ``$schema`` URL Claude Code's tools start with."""
+    schema = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "type": "object",
+        "properties": {"path": {"type": "string", "description": "where"}},
+        "required": ["path"],
+        "additionalProperties": False,
+    }
+    tool = {"type": "function", "function": {"name": "Write", "parameters": schema}}
+    line = generic_tools.instructions([tool]).splitlines()[1]
+    rendered = json.loads(line)
+    assert rendered["name"] == "Write"
+    assert rendered["parameters"] == {k: v for k, v in schema.items() if k != "$schema"}
+    assert "json-schema.org" not in generic_tools.instructions([tool])
