@@ -475,8 +475,11 @@ def _wide(value: mx.array, shape: tuple[int, ...], key) -> mx.array:
 # ---------------------------------------------------------------------- prompt attention
 # Scores (query heads x new tokens x keys) in one attention call from which the softmax
 # goes through numpy: below this, the hand-over's fixed cost (MLX waits for the scores)
-# outweighs what the faster exponential saves (a 28-token follow-up, a verify step).
-PROMPT_SOFTMAX_MIN_SCORES = 1 << 20
+# outweighs what the faster exponential saves. A speculative verify step (2 to 17 tokens)
+# over a long prefix is above it: over a 4k prefix (SmolLM2 float32, 2 busy cores) a
+# 17-token verify took 365 ms against 642 ms with the threshold at 2^20, 9 tokens 372
+# against 462 ms, a plain step ~125-150 ms (docs/benchmarks.md).
+PROMPT_SOFTMAX_MIN_SCORES = 1 << 16
 
 
 def _prompt_softmax_applies(queries, keys, cache, mask, sinks, kwargs) -> bool:

@@ -11,10 +11,12 @@ Where a guess comes from:
 - :class:`DraftModel`: a small model of the same vocabulary, decoding greedily ahead
   (``--draft-model``).
 
-:class:`Drafter` is one request's: it asks its sources in that order and adapts the
-draft length to how much of its drafts the model accepts (longer while they are taken
-whole, shorter when they are not, and none for a while after drafts keep failing), so
-text that never repeats pays almost nothing.
+:class:`Drafter` is one request's: it asks its sources in that order and picks the draft
+length that takes the most reply tokens per second (``core.engine.draft_length``: its
+acceptance so far times the step costs the scheduler measures), none when a plain step is
+expected to be faster, and none for a while after drafts keep failing, so text that never
+repeats pays almost nothing. Until the costs are measured the length follows acceptance
+alone (longer while drafts are taken whole, shorter when they are not).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from core.engine.draft_length import Acceptance, StepCosts, best_length
 from core.engine.generation import vocab_size
 from core.errors import UserError
 from core.mlx_lm_compat import generation_stream
@@ -108,18 +111,22 @@ class Drafter:
 
     ``tree`` (``(context, limit) -> tokens``) reads the request's namespace in the radix
     tree; ``model`` is a :class:`DraftModel` (``--speculative draft``), asked instead of
-    the lookups."""
+    the lookups; ``costs``, the scheduler's measured step costs (None: acceptance alone)."""
 
     def __init__(
         self,
         tokens: Sequence[int],
         tree: Callable[[Sequence[int], int], list[int]] | None = None,
         model: DraftModel | None = None,
+        costs: StepCosts | None = None,
     ):
         self.lookup = PromptLookup(tokens)
         self.tree = tree
         self.model = model
-        self.length = FIRST_LENGTH
+        self.costs = costs
+        self.acceptance = Acceptance(MAX_LENGTH)
+        self.length = FIRST_LENGTH  # the length by acceptance alone (costs not measured yet)
+        self.probe = True  # the next draft is tried though the costs advise none
         self.misses = 0  # drafts in a row with nothing accepted
         self.pause = 0  # decode steps left without drafting
         self.next_pause = FIRST_PAUSE
@@ -138,6 +145,8 @@ class Drafter:
         if self.pause:
             self.pause -= 1
             return False
+        if self.costs is not None and 0 not in self.costs.seconds:
+            return False  # a few plain steps first: what drafts are weighed against
         if self.model is not None:
             return True
         return bool(self.lookup.follow(1)) or bool(
@@ -146,7 +155,16 @@ class Drafter:
 
     def propose(self, limit: int) -> list[int]:
         """A draft of at most ``min(limit, length)`` tokens to follow the text so far."""
-        limit = min(limit, self.length)
+        if self.costs is not None and self.costs.known():
+            length = best_length(self.acceptance, self.costs, min(limit, MAX_LENGTH))
+            if length == 0:
+                if not self.probe:  # a plain step is expected to be faster: try again later
+                    self._pause()
+                    return []
+                length = FIRST_LENGTH
+            limit, self.probe = min(limit, length), False
+        else:
+            limit = min(limit, self.length)
         if limit < 1:
             return []
         if self.model is not None:
@@ -158,6 +176,7 @@ class Drafter:
 
     def observe(self, proposed: int, accepted: int) -> None:
         """How much of a draft of ``proposed`` tokens the model accepted."""
+        self.acceptance.observe(proposed, accepted)
         if accepted == proposed:
             self.length = min(MAX_LENGTH, self.length * 2)
         else:
@@ -167,9 +186,14 @@ class Drafter:
             return
         self.misses += 1
         if self.misses >= MISSES_TO_PAUSE:
-            self.pause, self.misses = self.next_pause, 0
-            self.next_pause = min(MAX_PAUSE, self.next_pause * 2)
+            self._pause()
             self.length = FIRST_LENGTH
+
+    def _pause(self) -> None:
+        """No drafts for the next steps (twice as many as last time, up to ``MAX_PAUSE``);
+        the draft after them is tried whatever the costs advise (the text may repeat now)."""
+        self.pause, self.misses, self.probe = self.next_pause, 0, True
+        self.next_pause = min(MAX_PAUSE, self.next_pause * 2)
 
 
 def draft_model(spec: str | None, data_root: Path, loaded):

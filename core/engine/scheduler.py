@@ -44,6 +44,7 @@ from mlx_lm.sample_utils import greedy_sampler
 from core.engine import generic_tools
 from core.engine.constrain import Grammars
 from core.engine.decode_batch import DecodeBatch
+from core.engine.draft_length import StepCosts
 from core.engine.drafts import Drafter, DraftModel
 from core.engine.generation import StopText, render_prompt, sampling_tools, vocab_size
 from core.engine.pacing import ChunkPacer
@@ -85,6 +86,10 @@ class Scheduler(PrefillSteps, Replies):
         # ``draft_model``, an mlx-lm model of the same vocabulary)
         self.speculative = speculative
         self.draft_model = draft_model
+        # seconds of a solo decode step by draft length, measured as they run: the drafts'
+        # lengths weigh acceptance against them (core.engine.draft_length)
+        self.step_costs = StepCosts()
+        self._plain_run, self._plain_at = 0, 0.0  # solo plain steps in a row, the last's start
         self.continuations = (
             Continuations(prefix_cache.tree)
             if prefix_cache is not None and prefix_cache.enabled
@@ -130,6 +135,7 @@ class Scheduler(PrefillSteps, Replies):
         if self.solo is not None or self.batched:
             self._decode_step()
         if self.waiting:
+            self._plain_run = 0  # a prefill chunk in between: not a plain step's time
             self._prefill_step()
 
     # ------------------------------------------------------------------ admit
@@ -208,12 +214,14 @@ class Scheduler(PrefillSteps, Replies):
             return None
         text = [*state.prompt, *state.generated]
         if mode == "draft" and self.draft_model is not None:
-            return Drafter(text, model=DraftModel(self.draft_model, self._draft_caches))
+            return Drafter(
+                text, model=DraftModel(self.draft_model, self._draft_caches), costs=self.step_costs
+            )
         tree = None
         if self.continuations is not None and request.use_cache:
             namespace, follow = request.cache_namespace, self.continuations.follow
             tree = lambda context, limit: follow(context, limit, namespace)  # noqa: E731
-        return Drafter(text, tree=tree)
+        return Drafter(text, tree=tree, costs=self.step_costs)
 
     def _draft_caches(self) -> list:
         return make_prompt_cache(self.draft_model)
@@ -278,6 +286,7 @@ class Scheduler(PrefillSteps, Replies):
         solo = self.solo
         state = solo.state
         last = solo.pending.item()
+        started = time.perf_counter()
         finish = self._take(state, last)
         _catch_up(solo.drafter, state)
         draft = (
@@ -304,6 +313,8 @@ class Scheduler(PrefillSteps, Replies):
         )
         accepted = verdict.accepted
         solo.drafter.observe(len(draft), len(accepted))
+        # the step's time: its draft found (or drafted) and verified
+        self.step_costs.record(len(draft), time.perf_counter() - started)
         state.drafted += len(draft)
         state.accepted += len(accepted)
         solo.cache_tokens.extend([last, *accepted])
@@ -319,6 +330,16 @@ class Scheduler(PrefillSteps, Replies):
                 self._finish_safely(state, finish, solo.caches, solo.cache_tokens)
                 return
         solo.pending = mx.array([verdict.next_token])
+
+    def _time_plain_step(self) -> None:
+        """Record a plain solo step's time: from one step's start to the next's, from the
+        second step of a run on (the first after a draft or a prefill waited for no queued
+        forward of its own)."""
+        now = time.perf_counter()
+        if self._plain_run >= 2:
+            self.step_costs.record(0, now - self._plain_at)
+        self._plain_run += 1
+        self._plain_at = now
 
     def _hand_over(self) -> None:
         """A second request is coming: the solo request joins the batch. If that fails
@@ -348,10 +369,13 @@ class Scheduler(PrefillSteps, Replies):
             if drafter is not None and not self.solo.state.handle.cancelled:
                 _catch_up(drafter, self.solo.state)
                 if drafter.worth_a_look():
+                    self._plain_run = 0
                     self._speculative_step()
                     return
+            self._time_plain_step()
             self._solo_step()
             return
+        self._plain_run = 0
         for uid, state in list(self.batched.items()):
             if state.handle.cancelled:
                 caches, tokens = self.batch.remove(uid)

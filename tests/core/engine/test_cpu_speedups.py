@@ -197,7 +197,7 @@ def test_prompt_attention_gives_mx_fast_sdpas_values(heads, kv_heads):
             )
 
 
-def test_prompt_attention_is_taken_for_a_long_chunk_only(monkeypatch):
+def test_prompt_attention_is_taken_for_enough_scores_only(monkeypatch):
     taken = []
     monkeypatch.setattr(
         cpu_speedups,
@@ -208,14 +208,16 @@ def test_prompt_attention_is_taken_for_a_long_chunk_only(monkeypatch):
         lambda q, k, v, cache, scale, mask, sinks=None: mx.zeros(q.shape)
     )
     keys = mx.zeros((1, 3, 2200, 64))
-    for length in (1, 4, 28, 200):  # decode, a verify step, a short follow-up, a long one
+    # decode, a verify step of one draft token, one of 3, a short follow-up, a long one
+    for length in (1, 2, 4, 28, 200):
         folded(mx.zeros((1, 9, length, 64)), keys, keys, cache=None, scale=0.125, mask="causal")
-    assert taken == [(1, 9, 200, 64)]
+    assert taken == [(1, 9, 4, 64), (1, 9, 28, 64), (1, 9, 200, 64)]
+    taken.clear()
     half = mx.zeros((1, 9, 200, 64), mx.float16)
     folded(half, keys.astype(mx.float16), keys, cache=None, scale=0.125, mask="causal")
     monkeypatch.setenv("RADIXCHAT_CPU_SPEEDUPS", "0")
     folded(mx.zeros((1, 9, 200, 64)), keys, keys, cache=None, scale=0.125, mask="causal")
-    assert taken == [(1, 9, 200, 64)]  # neither half precision nor turned off
+    assert taken == []  # neither half precision nor turned off
 
 
 @pytest.mark.parametrize("traditional", [False, True])
