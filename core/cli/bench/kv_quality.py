@@ -10,6 +10,14 @@ weights in the same process:
   the quantized ones :mod:`core.engine.quantized_batch`). The figure is the share of reply
   positions whose token equals full precision's, over all prompts; also given, the share
   before the first difference (a reply that drifts once differs from there on);
+- **teacher-forced agreement** (a diagnostic, *not* the issue's figure): each format
+  reads full precision's own replies (prompt and reply in one forward) and predicts every
+  next token; the share of positions whose prediction equals full precision's on the same
+  text. Free-running replies part for good at their first difference; this counts each
+  position once, so it tells how often quantizing flips a prediction from how far a flip
+  carries. With it, ``first_difference_margin``: full precision's own top-1 minus top-2
+  logit at each reply's first free-running difference (median; small: the flip was a
+  near-tie);
 - **log-likelihood**: the mean log-probability per token of a fixed reference text
   (:data:`REFERENCE`), teacher-forced in chunks of :data:`CHUNK` tokens, its K/V kept in
   the format; reported as the difference from full precision (negative: the text is less
@@ -118,11 +126,13 @@ def _measure(name: str, path: Path, root: Path, args) -> dict:
     base = cache_layout(model)
     prompts = [_chat_ids(tokenizer, text) for text in PROMPTS[: args.prompts]]
     reference = tokenizer.encode(REFERENCE)
-    per_format = {}
+    per_format, full_replies = {}, None
     for label, bits in FORMATS:
         layout = apply_format(model, base, KVFormat(bits, args.group_size))
         began = time.perf_counter()
         replies = _greedy_replies(model, layout, prompts, args.max_tokens)
+        full_replies = full_replies or replies
+        predicted, margins = teacher_forced(model, layout, prompts, full_replies)
         mlx_lm_replies = _mlx_lm_replies(model, prompts, args.max_tokens, bits, args.group_size)
         loglik = _mean_loglik(model, layout, reference)
         per_format[label] = {
@@ -130,6 +140,8 @@ def _measure(name: str, path: Path, root: Path, args) -> dict:
             "kv_bytes_per_token": layout.bytes_per_token,
             "replies": replies,
             "mlx_lm_replies": mlx_lm_replies,
+            "predicted": predicted,
+            "margins": margins,
             "mean_loglik": loglik,
             "seconds": round(time.perf_counter() - began, 1),
         }
@@ -140,14 +152,22 @@ def _measure(name: str, path: Path, root: Path, args) -> dict:
             flush=True,
         )
     full = per_format["full"]
-    full_replies, full_mlx_lm = full["replies"], full["mlx_lm_replies"]
+    full_mlx_lm, full_predicted, full_margins = (
+        full["mlx_lm_replies"],
+        full["predicted"],
+        full["margins"],
+    )
     out = {}
     for label, figures in per_format.items():
         replies, mlx_lm_replies = figures.pop("replies"), figures.pop("mlx_lm_replies")
+        predicted = figures.pop("predicted")
+        figures.pop("margins")
         same, prefix = _agreement(full_replies, replies)
         figures.update(
             greedy_agreement=same,
             prefix_agreement=prefix,
+            teacher_forced_agreement=_agreement(full_predicted, predicted)[0],
+            first_difference_margin=first_difference_margin(full_replies, replies, full_margins),
             mlx_lm_agreement=_agreement(full_mlx_lm, mlx_lm_replies)[0],
             vs_mlx_lm=_agreement(mlx_lm_replies, replies)[0],
             loglik_diff=figures["mean_loglik"] - full["mean_loglik"],
@@ -191,6 +211,38 @@ def _greedy_replies(model, layout, prompts: list[list[int]], max_tokens: int) ->
         mx.async_eval(y)
         out.append(y)
     return mx.stack(out, axis=1).tolist()
+
+
+def teacher_forced(model, layout, prompts, replies) -> tuple[list[list[int]], list[list[float]]]:
+    """Per prompt, the next token ``layout``'s format predicts at each position of
+    ``replies`` (the prompt and the reply read in one forward, teacher-forced), and the
+    top-1 minus top-2 logit there."""
+    import mlx.core as mx
+
+    from kvcache.kv_pages import fresh_caches
+
+    predicted, margins = [], []
+    for ids, reply in zip(prompts, replies):
+        caches = fresh_caches(model, layout)
+        logits = model(mx.array(ids + reply[:-1])[None], cache=caches)[0, len(ids) - 1 :]
+        top2 = mx.topk(logits.astype(mx.float32), 2, axis=-1)
+        margin = mx.max(top2, axis=-1) - mx.min(top2, axis=-1)
+        predicted.append(mx.argmax(logits, axis=-1).tolist())
+        margins.append(margin.tolist())
+    return predicted, margins
+
+
+def first_difference_margin(reference, other, margins) -> float | None:
+    """The median of ``margins`` (full precision's top-1 minus top-2 logit per position) at
+    each reply's first difference from ``reference``; None if no reply differs."""
+    import statistics
+
+    at = []
+    for ref, got, margin in zip(reference, other, margins):
+        first = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), None)
+        if first is not None:
+            at.append(margin[first])
+    return statistics.median(at) if at else None
 
 
 def _mlx_lm_replies(
@@ -254,6 +306,10 @@ def _agreement(reference: list[list[int]], other: list[list[int]]) -> tuple[floa
     return same / positions, prefix / positions
 
 
+def _logit(margin: float | None) -> str:
+    return "-" if margin is None else f"{margin:.3f}"
+
+
 def format_summary(report: dict) -> str:
     lines = [
         f"{report['prompts']} prompts x {report['max_tokens']} greedy tokens, reference text "
@@ -268,7 +324,9 @@ def format_summary(report: dict) -> str:
                 f"  {label:6} agreement {f['greedy_agreement']:6.1%} (before the first "
                 f"difference {f['prefix_agreement']:6.1%}; mlx-lm's own "
                 f"{f['mlx_lm_agreement']:6.1%}; vs mlx-lm alone at this format "
-                f"{f['vs_mlx_lm']:6.1%}), log-likelihood "
+                f"{f['vs_mlx_lm']:6.1%}; teacher-forced, a diagnostic: "
+                f"{f['teacher_forced_agreement']:6.1%}; full precision's top-1 lead at the "
+                f"first difference {_logit(f['first_difference_margin'])}), log-likelihood "
                 f"{f['mean_loglik']:.4f} ({f['loglik_diff']:+.4f}), "
                 f"{f['kv_bytes_per_token']:,} KV bytes/token [{kinds}]"
             )

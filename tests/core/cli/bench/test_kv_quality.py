@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from core.cli.bench.kv_quality import _agreement
+from core.cli.bench.kv_quality import _agreement, first_difference_margin
 from core.cli.main import main
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 
@@ -14,6 +14,14 @@ def test_agreement_counts_positions_and_the_common_start():
     assert _agreement(reference, reference) == (1.0, 1.0)
     same, prefix = _agreement(reference, [[1, 2, 9, 4], [5, 6, 7, 8]])
     assert same == 7 / 8 and prefix == 6 / 8
+
+
+def test_first_difference_margin_is_full_precisions_lead_where_each_reply_parts():
+    reference = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    margins = [[0.5, 0.25, 2.0], [1.0, 3.0, 0.75], [4.0, 4.0, 4.0]]
+    # the first reply parts at 1 (lead 0.25), the second at 2 (0.75), the third never
+    assert first_difference_margin(reference, [[1, 9, 9], [4, 5, 9], [7, 8, 9]], margins) == 0.5
+    assert first_difference_margin(reference, reference, margins) is None
 
 
 def test_bench_kv_quality_json(capsys, tmp_path):
@@ -30,10 +38,19 @@ def test_bench_kv_quality_json(capsys, tmp_path):
         assert list(formats) == ["full", "8-bit", "4-bit"]
         full = formats["full"]
         assert full["greedy_agreement"] == 1.0 and full["loglik_diff"] == 0.0
+        assert full["teacher_forced_agreement"] == 1.0 and full["first_difference_margin"] is None
         assert full["mlx_lm_agreement"] == 1.0  # mlx-lm's full precision against itself
         for label in ("8-bit", "4-bit"):
-            for figure in ("greedy_agreement", "mlx_lm_agreement", "vs_mlx_lm"):
+            figures = (
+                "greedy_agreement",
+                "mlx_lm_agreement",
+                "vs_mlx_lm",
+                "teacher_forced_agreement",
+            )
+            for figure in figures:
                 assert 0.0 <= formats[label][figure] <= 1.0
+            margin = formats[label]["first_difference_margin"]
+            assert margin is None or margin >= 0.0
             assert formats[label]["kv_bytes_per_token"] < full["kv_bytes_per_token"]
             assert formats[label]["kv_format"]["full"] == f"{label} (group 32)"
         assert formats["4-bit"]["kv_bytes_per_token"] < formats["8-bit"]["kv_bytes_per_token"]
