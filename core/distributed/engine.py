@@ -264,6 +264,9 @@ class ShardedEngine(Engine):
             self._scheduler.pacer = GroupPacer()
         # the ranks agree on each prompt's cached prefix one prompt at a time: no batched prefill
         self._scheduler.batch_prefill = False
+        # draft lengths by acceptance alone: step times differ between ranks, so lengths
+        # chosen by them would too, and the verifying forwards would not pair up
+        self._scheduler.step_costs = None
         # all installed
         mx.eval(mx.distributed.all_sum(mx.array(1), group=self.mlx_group, stream=mx.cpu))
 

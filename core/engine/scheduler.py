@@ -87,8 +87,9 @@ class Scheduler(PrefillSteps, Replies):
         self.speculative = speculative
         self.draft_model = draft_model
         # seconds of a solo decode step by draft length, measured as they run: the drafts'
-        # lengths weigh acceptance against them (core.engine.draft_length)
-        self.step_costs = StepCosts()
+        # lengths weigh acceptance against them (core.engine.draft_length); None: lengths by
+        # acceptance alone (a group's ranks, which must all decide alike: core.distributed)
+        self.step_costs: StepCosts | None = StepCosts()
         self._plain_run, self._plain_at = 0, 0.0  # solo plain steps in a row, the last's start
         self.continuations = (
             Continuations(prefix_cache.tree)
@@ -314,7 +315,8 @@ class Scheduler(PrefillSteps, Replies):
         accepted = verdict.accepted
         solo.drafter.observe(len(draft), len(accepted))
         # the step's time: its draft found (or drafted) and verified
-        self.step_costs.record(len(draft), time.perf_counter() - started)
+        if self.step_costs is not None:
+            self.step_costs.record(len(draft), time.perf_counter() - started)
         state.drafted += len(draft)
         state.accepted += len(accepted)
         solo.cache_tokens.extend([last, *accepted])
@@ -336,7 +338,7 @@ class Scheduler(PrefillSteps, Replies):
         second step of a run on (the first after a draft or a prefill waited for no queued
         forward of its own)."""
         now = time.perf_counter()
-        if self._plain_run >= 2:
+        if self._plain_run >= 2 and self.step_costs is not None:
             self.step_costs.record(0, now - self._plain_at)
         self._plain_run += 1
         self._plain_at = now
