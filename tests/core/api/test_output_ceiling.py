@@ -24,42 +24,30 @@ HI = [{"role": "user", "content": "hi"}]
 CEILING = RequestLimits(max_output_tokens=100)
 
 
-def chat(limits=CEILING, **body) -> int:
-    call = openai_schema.to_call(
-        openai_schema.ChatCompletionRequest.model_validate({"messages": HI, **body}),
-        CARD,
-        limits=limits,
-    )
+def reply_limit(schema, model, base: dict, limits: RequestLimits, body: dict) -> int:
+    """The reply's token limit ``schema.to_call`` gives a request ``base | body``."""
+    call = schema.to_call(model.model_validate({**base, **body}), CARD, limits=limits)
     return call.request.sampling.max_tokens
+
+
+def chat(limits=CEILING, **body) -> int:
+    base = {"messages": HI}
+    return reply_limit(openai_schema, openai_schema.ChatCompletionRequest, base, limits, body)
 
 
 def completion(limits=CEILING, **body) -> int:
-    call = openai_schema.to_call(
-        openai_schema.CompletionRequest.model_validate({"prompt": "hi", **body}),
-        CARD,
-        limits=limits,
-    )
-    return call.request.sampling.max_tokens
+    base = {"prompt": "hi"}
+    return reply_limit(openai_schema, openai_schema.CompletionRequest, base, limits, body)
 
 
 def responses(limits=CEILING, **body) -> int:
-    call = responses_schema.to_call(
-        responses_schema.ResponsesRequest.model_validate({"input": "hi", **body}),
-        CARD,
-        limits=limits,
-    )
-    return call.request.sampling.max_tokens
+    base = {"input": "hi"}
+    return reply_limit(responses_schema, responses_schema.ResponsesRequest, base, limits, body)
 
 
 def messages(limits=CEILING, **body) -> int:
-    call = anthropic_schema.to_call(
-        anthropic_schema.MessagesRequest.model_validate(
-            {"model": "claude-x", "messages": HI, **body}
-        ),
-        CARD,
-        limits=limits,
-    )
-    return call.request.sampling.max_tokens
+    base = {"model": "claude-x", "messages": HI}
+    return reply_limit(anthropic_schema, anthropic_schema.MessagesRequest, base, limits, body)
 
 
 @pytest.mark.parametrize("dialect", [chat, completion, responses])
