@@ -111,7 +111,7 @@ class ReasoningText:
         self._state = machine.make_state(REASONING if inside else ANSWER)
         self._part = REASONING if inside else ANSWER  # the part the last text went to
         self._strip = inside  # strip the leading whitespace of the part that just began
-        self._held = ""  # trailing whitespace of the thinking, sent once more of it comes
+        self._trailing = ""  # trailing whitespace of the thinking, sent once more of it comes
         self.tokens = 0
         self._inside_ids = inside
         self._recent: collections.deque[int] = collections.deque(
@@ -131,7 +131,7 @@ class ReasoningText:
         """What was held back, once the reply ended (a marker cut short is text)."""
         self._state, rest, part = TextStateMachine.flush(self._state)
         thinking, answer = self._sort([(part, rest)])
-        self._held = ""  # the thinking's trailing whitespace: layout, dropped
+        self._trailing = ""  # the thinking's trailing whitespace: layout, dropped
         return thinking, answer
 
     def count(self, token: int) -> None:
@@ -151,16 +151,16 @@ class ReasoningText:
             if part != self._part:  # a marker between: the other part begins
                 self._part, self._strip = part, True
                 if part == ANSWER:
-                    self._held = ""
+                    self._trailing = ""
             if self._strip:
                 text = text.lstrip()
                 self._strip = not text
             if not text:
                 continue
             if part == REASONING:
-                text = self._held + text
+                text = self._trailing + text
                 body = text.rstrip()
-                self._held = text[len(body) :]
+                self._trailing = text[len(body) :]
                 if body:
                     thinking.append(body)
             else:
