@@ -13,6 +13,12 @@ grammar, so the call is valid JSON for the tool's schema). An assistant message'
 ``tool_use`` blocks become its tool calls; a user message's ``tool_result`` blocks become
 "tool" messages, each answering a call of the assistant message before it, by id.
 
+Thinking: a reasoning model's thinking comes back as a ``thinking`` block before the text
+when the request enables ``thinking`` (its ``signature`` a digest, never checked), and not
+at all otherwise, as Anthropic's API; the switch reaches the template as
+``enable_thinking`` (:mod:`core.api.reasoning`). ``thinking`` blocks sent back in an
+assistant message are its reasoning; ``redacted_thinking`` ones are dropped.
+
 Usage: Anthropic splits the prompt into ``input_tokens`` (computed now),
 ``cache_creation_input_tokens`` and ``cache_read_input_tokens``; ours are the tokens the
 model computed and the tokens the prefix cache served (RAM or disk). The cache is written
