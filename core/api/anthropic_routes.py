@@ -87,7 +87,8 @@ async def _stream(
     message_delta (stop_reason, usage), message_stop. A thinking block (when the request
     enables thinking) opens with the reply's first thinking, its text in thinking_delta
     events, its signature in a signature_delta before it stops; a text block opens with its
-    first text; each tool call is a tool_use block whose input comes as one input_json_delta."""
+    first text; each tool call is a tool_use block whose input comes as one input_json_delta.
+    A long prefill, or thinking not sent, sends pings, so the client sees a live stream."""
     blocks = _Blocks(builder, call)
     try:
         # the engine's first event says how much of the prompt the cache served
@@ -104,7 +105,10 @@ async def _stream(
                 out = blocks.text(event.text)
             elif isinstance(event, ToolCallEvent):
                 out = blocks.tool_use(event.call)
-            elif isinstance(event, ProgressEvent) and time.monotonic() - last_sent > PING_EVERY_S:
+            elif (
+                isinstance(event, (ProgressEvent, ReasoningEvent))  # a prefill, thinking unsent
+                and time.monotonic() - last_sent > PING_EVERY_S
+            ):
                 out = [({"type": "ping"}, "ping")]
             elif isinstance(event, ErrorEvent):
                 yield sse(engine_error(event, chat=True).anthropic_body(), "error")

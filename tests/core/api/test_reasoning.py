@@ -10,10 +10,14 @@ Qwen3's real chat template it always replies ``<think>Hm</think>OK``."""
 
 from __future__ import annotations
 
+import http.client
+import json
+
 import anthropic
 import openai
 import pytest
 
+from core.api import anthropic_routes
 from core.api.server import ApiServer
 from tests.core.engine.helpers import start_engine
 from tests.core.engine.thinking_model import ANSWER, THINKING, THINKING_TOKENS, write_thinking_model
@@ -242,3 +246,21 @@ def test_a_continued_response_carries_its_reasoning_and_hits_the_cache(oai):
     )
     assert second.usage.input_tokens_details.cached_tokens == first.usage.input_tokens
     assert second.output_text == ANSWER
+
+
+def test_thinking_not_sent_keeps_the_stream_alive_with_pings(server, monkeypatch):
+    """A model that thinks for long with thinking not enabled sends nothing for a while:
+    pings say the stream is alive (here after every hidden piece)."""
+    monkeypatch.setattr(anthropic_routes, "PING_EVERY_S", 0.0)
+    body = {"model": "claude", "messages": ASK, "max_tokens": 20, "stream": True}
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
+    try:
+        conn.request("POST", "/v1/messages", json.dumps(body), {"Content-Type": "application/json"})
+        lines = conn.getresponse().read().decode().splitlines()
+    finally:
+        conn.close()
+    kinds = [line.removeprefix("event: ") for line in lines if line.startswith("event: ")]
+    first_text = kinds.index("content_block_start")
+    assert kinds.count("ping") >= 1 + 2  # the one after message_start, then one per piece
+    assert "ping" in kinds[2:first_text]
+    assert "thinking_delta" not in "".join(lines) and THINKING not in "".join(lines)
