@@ -9,7 +9,7 @@ text is laid out only while open, so a long thinking costs a folded reply nothin
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QEvent, Qt
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QLabel, QSizePolicy, QToolButton, QVBoxLayout, QWidget
 
@@ -28,7 +28,6 @@ class ThinkingFold(QWidget):
         self.button.setAutoRaise(True)
         self.button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
         self.button.setArrowType(Qt.ArrowType.RightArrow)
-        self.button.setForegroundRole(QPalette.ColorRole.PlaceholderText)
         self.button.setCursor(Qt.CursorShape.PointingHandCursor)
         self.button.setToolTip("Show or hide the model's thinking before this reply")
         self.button.toggled.connect(self._on_toggled)
@@ -46,6 +45,7 @@ class ThinkingFold(QWidget):
         column.setSpacing(2)
         column.addWidget(self.button, 0, Qt.AlignmentFlag.AlignLeft)
         column.addWidget(self.body)
+        self._dim_title()
         self._show()
 
     @property
@@ -73,6 +73,18 @@ class ThinkingFold(QWidget):
         self.button.setText(self.title)
         if self.expanded:
             self.body.setText(self.text)
+
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 (Qt override)
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange:
+            self._dim_title()
+
+    def _dim_title(self) -> None:
+        """The title in the theme's dim text colour, as the thinking itself."""
+        palette = self.button.palette()
+        dim = self.palette().color(QPalette.ColorRole.PlaceholderText)
+        palette.setColor(QPalette.ColorRole.ButtonText, dim)
+        self.button.setPalette(palette)
 
     def _on_toggled(self, opened: bool) -> None:
         self.button.setArrowType(Qt.ArrowType.DownArrow if opened else Qt.ArrowType.RightArrow)
