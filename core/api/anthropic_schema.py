@@ -167,11 +167,12 @@ class ToolChoice(WireModel):
 
 class ThinkingConfig(WireModel):
     """``thinking``: ``enabled`` (``budget_tokens`` is accepted, not enforced), ``adaptive``
-    or ``between_tools`` switch a reasoning model's thinking on and return it as thinking
-    blocks (``display: "omitted"``: the blocks come empty); ``disabled`` (as no ``thinking``
-    at all) switches it off where the template can, and no thinking block is returned."""
+    or ``between_tools`` (or a type of a newer API version) switch a reasoning model's
+    thinking on and return it as thinking blocks (``display: "omitted"``: the blocks come
+    empty); ``disabled`` (as no ``thinking`` at all) switches it off where the template can,
+    and no thinking block is returned."""
 
-    type: Literal["enabled", "adaptive", "between_tools", "disabled"]
+    type: Text
     budget_tokens: int | None = Field(None, ge=0)
     display: Literal["summarized", "omitted"] | None = None
 

@@ -101,7 +101,11 @@ class Message(WireModel):
     reasoning_content: Text | None = Field(
         None, description="an assistant message's thinking, as a reply gave it (llama.cpp, vLLM)"
     )
-    reasoning: Text | None = Field(None, description="the same, under vLLM's newer name")
+    reasoning: Any = Field(
+        None,
+        description="the same, under vLLM's newer name (as text; other shapes, as some "
+        "services send, are ignored)",
+    )
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -341,7 +345,8 @@ def chat_messages(messages: list[Message]) -> tuple[ChatMessage, ...]:
                 code="missing_required_parameter",
             )
         made = message_calls(message.tool_calls) if message.role == "assistant" else ()
-        thought = message.reasoning_content or message.reasoning or ""
+        other = message.reasoning if isinstance(message.reasoning, str) else ""
+        thought = message.reasoning_content or other
         calls.update({call.id: call.name for call in made})
         if message.role == "tool":
             name = check_tool_message(i, message.tool_call_id, calls)
