@@ -35,7 +35,14 @@ from core.api.routing import (
     server_of,
 )
 from core.engine import namespaces
-from core.engine.types import DoneEvent, ErrorEvent, Event, TokenEvent, ToolCallEvent
+from core.engine.types import (
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    ReasoningEvent,
+    TokenEvent,
+    ToolCallEvent,
+)
 from core.errors import StoreError
 
 log = logging.getLogger(__name__)
@@ -114,7 +121,7 @@ async def create_response(
                 handle,
                 events,
                 True,
-                lambda done: builder.full(done.text, done.stats, done.tool_calls),
+                lambda done: builder.full(done.text, done.stats, done.tool_calls, done.reasoning),
             )
             await _keep(request, call, builder)
         else:
@@ -155,6 +162,8 @@ async def _stream(
             out: list[dict[str, Any]] = []
             if isinstance(event, TokenEvent) and event.text:
                 out = builder.text(event.text)
+            elif isinstance(event, ReasoningEvent) and event.text:
+                out = builder.reasoning(event.text)
             elif isinstance(event, ToolCallEvent):
                 out = builder.tool_call(event.call)
             elif isinstance(event, ErrorEvent):

@@ -13,7 +13,8 @@ What reaches the model (see docs/api.md, "Responses API"):
   one role in a row joined into one (templates that want roles to alternate take them);
 - ``function_call`` items: the assistant's tool calls; ``function_call_output``: the tool
   turns answering them (by ``call_id``); ``custom_tool_call`` and its output likewise;
-- ``reasoning`` items: accepted and ignored (the model made none).
+- ``reasoning`` items: their text is the thinking of the assistant turn after them (a
+  template that keeps earlier thinking, as Qwen3's does within a tool loop, renders it).
 
 Tools: ``function`` tools as they are; ``custom`` (free-form) tools as a function taking one
 string, ``input``, whose calls come back as ``custom_tool_call`` items; the function and
@@ -50,6 +51,7 @@ from core.api.openai_tools import (
     ToolDef,
     tool_fields,
 )
+from core.api.reasoning import effort_kwargs
 from core.api.wire import ModelCard, Text, WireModel
 from core.engine.namespaces import with_salt
 from core.engine.types import ChatMessage, GenerationRequest, ToolCall
@@ -141,11 +143,27 @@ class CallOutputItem(WireModel):
     status: Text | None = None
 
 
+class ReasoningPart(WireModel):
+    """A reasoning item's text: its ``content`` (``reasoning_text``) or ``summary``
+    (``summary_text``) parts."""
+
+    type: Text
+    text: Text = ""
+
+
 class ReasoningItem(WireModel):
-    """A reasoning item a client sends back: accepted and ignored (the model made none)."""
+    """A reasoning item of an earlier reply, sent back: its text (its ``content``, else its
+    ``summary``) is the thinking of the assistant turn that follows it; an item with
+    neither (``encrypted_content`` only, another server's) adds nothing."""
 
     type: Literal["reasoning"]
     id: Text | None = None
+    content: list[ReasoningPart] | None = None
+    summary: list[ReasoningPart] | None = None
+
+    def text(self) -> str:
+        parts = self.content or self.summary or []
+        return TURN_JOIN.join(part.text for part in parts if part.text)
 
 
 _ITEM_TAGS = {
@@ -254,6 +272,16 @@ class TextConfig(WireModel):
     verbosity: Text | None = None
 
 
+class ReasoningConfig(WireModel):
+    """``reasoning``: its ``effort`` reaches the template (``core.api.reasoning``); a
+    reasoning model's thinking comes back as a ``reasoning`` output item whatever the
+    ``summary`` asks (the model writes no summary: its thinking is the item's content)."""
+
+    effort: Text | None = None
+    summary: Text | None = None
+    generate_summary: Text | None = None
+
+
 class ResponsesRequest(SamplingFields):
     """``POST /v1/responses``."""
 
@@ -269,7 +297,9 @@ class ResponsesRequest(SamplingFields):
     previous_response_id: Text | None = None
     store: bool | None = Field(None, description="keep the response (default true)")
     metadata: dict[str, Text] | None = None
-    reasoning: dict[str, Any] | None = Field(None, description="accepted and ignored")
+    reasoning: ReasoningConfig | None = Field(
+        None, description="effort: to the chat template as reasoning_effort (none: thinking off)"
+    )
     include: list[Text] | None = Field(None, description="accepted and ignored")
     prompt_cache_key: Text | None = Field(
         None, description="accepted and ignored: every prefix is cached (see cache_salt)"
@@ -437,23 +467,31 @@ def chat_messages(instructions: str | None, items: list) -> tuple[ChatMessage, .
     if instructions:
         out.append(ChatMessage("system", instructions))
     calls: dict[str, str] = {}  # every call so far: call_id -> tool name
+    thought = ""  # reasoning items' text, for the assistant turn that follows them
     for i, item in enumerate(items):
         if isinstance(item, ReasoningItem):
+            thought = TURN_JOIN.join(t for t in (thought, item.text()) if t)
             continue
         if isinstance(item, MessageItem):
             role = ROLES[item.role]
             if role == "system" and any(m.role != "system" for m in out):
                 out.append(ChatMessage("system", content_text(item.content)))
             else:
-                _add(out, ChatMessage(role, content_text(item.content)))
+                mine = thought if role == "assistant" else ""
+                _add(out, ChatMessage(role, content_text(item.content), reasoning=mine))
+                thought = ""
         elif isinstance(item, (FunctionCallItem, CustomToolCallItem)):
             call = ToolCall(item.call_id, item.name, _call_text(item))
             calls[call.id] = call.name
             last = out[-1] if out else None
             if last is not None and last.role == "assistant":
-                out[-1] = ChatMessage("assistant", last.content, (*last.tool_calls, call))
+                mine = TURN_JOIN.join(t for t in (last.reasoning, thought) if t)
+                out[-1] = ChatMessage(
+                    "assistant", last.content, (*last.tool_calls, call), reasoning=mine
+                )
             else:
-                out.append(ChatMessage("assistant", "", (call,)))
+                out.append(ChatMessage("assistant", "", (call,), reasoning=thought))
+            thought = ""
         else:
             if item.call_id not in calls:
                 raise invalid(
@@ -479,7 +517,9 @@ def _add(out: list[ChatMessage], message: ChatMessage) -> None:
     last = out[-1] if out else None
     if last is not None and last.role == message.role and not last.tool_calls:
         out[-1] = ChatMessage(
-            message.role, TURN_JOIN.join(t for t in (last.content, message.content) if t)
+            message.role,
+            TURN_JOIN.join(t for t in (last.content, message.content) if t),
+            reasoning=TURN_JOIN.join(t for t in (last.reasoning, message.reasoning) if t),
         )
     else:
         out.append(message)
@@ -513,6 +553,7 @@ def to_call(
         cache_namespace=with_salt(namespace, body.cache_salt),
         priority=priority_of(body.priority, priority_header),
         speculative=speculative_of(body.radixchat),
+        template_kwargs=effort_kwargs(body.reasoning.effort if body.reasoning else None),
         **_tool_fields(body, served, limits),
     )
     store = body.store is not False

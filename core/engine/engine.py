@@ -643,8 +643,13 @@ class Engine:
             else:
                 ids = handle.prepared.tokens
                 handle.prepared = None
+                request = handle.request
                 handle.request = replace(
-                    handle.request, messages=(), prompt_text=None, prompt_tokens=tuple(ids)
+                    request,
+                    messages=(),
+                    prompt_text=None,
+                    prompt_tokens=tuple(ids),
+                    templated=request.templated or bool(request.messages),
                 )
                 self._scheduler.admit(handle)  # finishes the handle itself, now or later
                 return
