@@ -99,6 +99,7 @@ class ResponseBuilder:
             "output": list(self.output),
             "parallel_tool_calls": body.parallel_tool_calls is not False,
             "previous_response_id": body.previous_response_id,
+            "conversation": {"id": body.conversation_id} if body.conversation_id else None,
             "reasoning": {"effort": None, "summary": None},
             "store": self.call.store,
             "temperature": 1.0 if body.temperature is None else body.temperature,
