@@ -67,6 +67,9 @@ def conversation_items(items: list) -> list[dict[str, Any]]:
             if isinstance(item.content, str):
                 kind = "output_text" if item.role == "assistant" else "input_text"
                 plain["content"] = [{"type": kind, "text": item.content}]
+            for part in plain["content"]:
+                if part["type"] == "output_text":  # as a response's output has them
+                    part["annotations"] = []
             plain["status"] = "completed"
         elif isinstance(item, ReasoningItem):
             plain["summary"] = []
