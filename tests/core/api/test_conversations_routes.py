@@ -188,6 +188,7 @@ def test_the_agents_sdk_runs_a_two_turn_conversation(default_model_file, tmp_pat
     """Today the Agents SDK's ``conversation_id`` got a 400. On the default model (a tiny
     generated one never ends its turn, which the SDK takes as a failure)."""
     import agents  # the OpenAI Agents SDK (openai-agents): slow to import, so here
+
     engine = Engine(tmp_path / "data", str(default_model_file), pool_tokens=8192).start()
 
     async def run(address: str) -> tuple:
