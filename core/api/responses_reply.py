@@ -103,6 +103,7 @@ class ResponseBuilder:
             "output": list(self.output),
             "parallel_tool_calls": body.parallel_tool_calls is not False,
             "previous_response_id": body.previous_response_id,
+            "conversation": {"id": body.conversation_id} if body.conversation_id else None,
             "reasoning": {
                 "effort": body.reasoning.effort if body.reasoning is not None else None,
                 "summary": None,

@@ -29,7 +29,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag, TypeAdapter
+from pydantic import AfterValidator, Discriminator, Field, Tag, TypeAdapter
 
 from core.api.errors import ApiError, invalid
 from core.api.limits import DEFAULT_REQUEST_LIMITS, RequestLimits
@@ -191,6 +191,29 @@ InputItem = Annotated[
 STORED_ITEMS = TypeAdapter(list[InputItem])  # a stored conversation, read back
 
 
+# ------------------------------------------------------------------ metadata
+METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's limits
+
+
+def _metadata_limits(value: dict[str, str]) -> dict[str, str]:
+    if len(value) > METADATA_PAIRS:
+        raise ValueError(f"at most {METADATA_PAIRS} key-value pairs ({len(value)} given)")
+    for key, text in value.items():
+        if len(key) > METADATA_KEY_CHARS:
+            raise ValueError(f"a key is at most {METADATA_KEY_CHARS} characters ({len(key)})")
+        if len(text) > METADATA_VALUE_CHARS:
+            raise ValueError(
+                f"the value of {key!r} is {len(text):,} characters; at most "
+                f"{METADATA_VALUE_CHARS} (as OpenAI's)"
+            )
+    return value
+
+
+# a response's or a conversation's ``metadata``: stored, never read by the model
+Metadata = Annotated[dict[Text, Text], AfterValidator(_metadata_limits)]
+MAX_USER_CHARS = 256  # ``user``: stored with the response, never read by the model
+
+
 # ------------------------------------------------------------------ tools
 class FunctionTool(WireModel):
     type: Literal["function"]
@@ -282,6 +305,10 @@ class ReasoningConfig(WireModel):
     generate_summary: Text | None = None
 
 
+class ConversationRef(WireModel):
+    id: Text
+
+
 class ResponsesRequest(SamplingFields):
     """``POST /v1/responses``."""
 
@@ -296,7 +323,8 @@ class ResponsesRequest(SamplingFields):
     max_output_tokens: int | None = Field(None, ge=1)
     previous_response_id: Text | None = None
     store: bool | None = Field(None, description="keep the response (default true)")
-    metadata: dict[str, Text] | None = None
+    metadata: Metadata | None = None
+    user: Text | None = Field(None, max_length=MAX_USER_CHARS)
     reasoning: ReasoningConfig | None = Field(
         None, description="effort: to the chat template as reasoning_effort (none: thinking off)"
     )
@@ -306,13 +334,18 @@ class ResponsesRequest(SamplingFields):
     )
     truncation: Literal["auto", "disabled"] | None = None
     background: bool | None = None
-    conversation: Text | dict[str, Any] | None = None
+    conversation: Text | ConversationRef | None = Field(
+        None, description="a stored conversation (its id): its items, then the input"
+    )
     top_logprobs: int | None = None
 
     _no_background = unsupported("background", message="background responses are not supported")
-    _no_conversation = unsupported(
-        "conversation", message="conversations are not supported; use previous_response_id"
-    )
+
+    @property
+    def conversation_id(self) -> str | None:
+        conversation = self.conversation
+        return conversation.id if isinstance(conversation, ConversationRef) else conversation
+
     _no_logprobs = unsupported("top_logprobs", message="logprobs are not supported")
 
 
@@ -336,8 +369,8 @@ class ResponsesCall:
     stream: bool
     store: bool
     tools: ServedTools
-    # the conversation the reply continues, as input items (a continuation is stored with it)
-    history: tuple[dict[str, Any], ...]
+    # this request's own input items, as stored (after the ones it continues)
+    input: tuple[dict[str, Any], ...]
     body: ResponsesRequest
 
 
@@ -534,15 +567,15 @@ def to_call(
     history: tuple[dict[str, Any], ...] = (),
     limits: RequestLimits = DEFAULT_REQUEST_LIMITS,
 ) -> ResponsesCall:
-    """The engine request for a validated body continuing ``history`` (the input and output
-    items of its previous response, from the store), in cache namespace ``namespace``."""
+    """The engine request for a validated body continuing ``history`` (the items of its
+    previous response's chain, or of its conversation, from the store), in cache namespace
+    ``namespace``."""
     # any model name is served by the loaded model (the reply names it)
     own = (
         [MessageItem(role="user", content=body.input)]
         if isinstance(body.input, str)
         else body.input
     )
-    conversation = (*history, *item_dicts(own))
     items = [*(STORED_ITEMS.validate_python(list(history)) if history else []), *own]
     served = served_tools(body.tools)
     limit = max_tokens(body.max_output_tokens, "max_output_tokens", card.context_length, limits)
@@ -557,4 +590,4 @@ def to_call(
         **_tool_fields(body, served, limits),
     )
     store = body.store is not False
-    return ResponsesCall(request, bool(body.stream), store, served, conversation, body)
+    return ResponsesCall(request, bool(body.stream), store, served, tuple(item_dicts(own)), body)
