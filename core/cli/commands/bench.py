@@ -40,6 +40,7 @@ def add_parser(subparsers) -> None:
         _kv_capacity,
         _speculative,
         _llamacpp,
+        _soak,
         _gui,
     ):
         add(benches)
@@ -601,6 +602,56 @@ def run_llamacpp(args: argparse.Namespace) -> int:
 
     data_root = paths.data_dir(args.data_dir)
     return run(args.model, data_root, args.prompts, args.max_tokens, args.json, args.threads)
+
+
+def _soak(benches) -> None:
+    soak = _with_model(
+        benches.add_parser(
+            "soak",
+            help="8 clients of the three dialects for N minutes, a restart half way: RSS, "
+            "open files, each store's disk use, errors, replies against --no-cache (targets: "
+            "RSS flat within 5%%, stores within budget, no 5xx, no mismatch)",
+        )
+    )
+    soak.add_argument(
+        "--minutes", type=float, default=60, help="how long the clients run (default: 60)"
+    )
+    soak.add_argument(
+        "--disk-budget-mb",
+        type=float,
+        default=64,
+        help="the server's --disk-budget, MB: small, so the stores fill and evict (default: 64)",
+    )
+    soak.add_argument(
+        "--kv-tokens", type=positive, default=8192, help="the server's KV pool (default: 8192)"
+    )
+    soak.add_argument(
+        "--max-tokens", type=positive, default=32, help="a reply's tokens (default: 32)"
+    )
+    soak.add_argument(
+        "--mirror-share",
+        type=float,
+        default=0.5,
+        help="the share of greedy conversations also sent to the server without a cache "
+        "(default: 0.5)",
+    )
+    soak.add_argument(
+        "--sample-s", type=float, default=15, help="seconds between samples (default: 15)"
+    )
+    soak.add_argument(
+        "--request-timeout-s",
+        type=float,
+        default=180,
+        help="every request's timeout (default: 180)",
+    )
+    soak.add_argument("--json", action="store_true", help=JSON_HELP)
+    soak.set_defaults(run=run_soak)
+
+
+def run_soak(args: argparse.Namespace) -> int:
+    from core.cli.bench.soak import run_bench_soak
+
+    return run_bench_soak(args)
 
 
 def _gui(benches) -> None:
