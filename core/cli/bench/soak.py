@@ -42,6 +42,7 @@ from core.cli.bench.harness import link_models
 from core.cli.bench.server_process import ServerProcess, free_port, radixchat_server_code
 from core.cli.bench.soak_clients import (
     KEYS,
+    MIRROR_KEY,
     MIRRORS,
     PLANS,
     Mirror,
@@ -140,8 +141,8 @@ def _counted(data: Path, owners: dict[str, str]) -> dict[str, int]:
 class Watch:
     """Samples the server under test every ``interval_s`` (its process, the data folder)."""
 
-    def __init__(self, data: Path, interval_s: float, tally: Tally, quiet: bool):
-        self.data, self.interval_s, self.tally, self.quiet = data, interval_s, tally, quiet
+    def __init__(self, data: Path, interval_s: float, tally: Tally):
+        self.data, self.interval_s, self.tally = data, interval_s, tally
         self.samples: list[Sample] = []
         self.owners = {namespaces.owner(namespaces.for_key(k)): k.split("-")[2] for k in KEYS}
         self.started = time.monotonic()
@@ -169,8 +170,7 @@ class Watch:
             failed,
         )
         self.samples.append(sample)
-        if not self.quiet:
-            print(_progress(sample), file=sys.stderr, flush=True)
+        print(_progress(sample), file=sys.stderr, flush=True)  # a run of an hour shows it lives
 
 
 def _mb(n: float) -> str:
@@ -246,23 +246,24 @@ def run_bench_soak(args) -> int:
         raise UserError("--minutes must be more than 0")
     if not 0 <= args.mirror_share <= 1:
         raise UserError("--mirror-share must be between 0 and 1")
-    run_s = args.minutes * 60
     root = paths.data_dir(args.data_dir)
     disk = round(args.disk_budget_mb * paths.MB)
     responses = paths.stored_responses_budget(disk)
     budgets = Budgets(disk, responses, responses // len(KEYS), [])
-    tally, restart = Tally(), Restart()
-    stops: list[dict] = []
-    logs: list[str] = []
     with ExitStack() as stack:
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="radixchat-soak-")))
         data, plain_data = _folder(scratch, "cached", root), _folder(scratch, "uncached", root)
         port, plain_port = free_port(), free_port()
-        extra = [a for key in KEYS for a in ("--api-key", key)]
-        extra += ["--disk-budget", repr(disk / paths.GB)]
         cached = ServerProcess(
             "radixchat serve",
-            radixchat_server_code(args.model, data, port, args.kv_tokens, extra=extra),
+            radixchat_server_code(
+                args.model,
+                data,
+                port,
+                args.kv_tokens,
+                extra=[a for key in KEYS for a in ("--api-key", key)]
+                + ["--disk-budget", repr(disk / paths.GB)],
+            ),
             port,
             ready_path="/health",
         )
@@ -274,7 +275,7 @@ def run_bench_soak(args) -> int:
                 plain_port,
                 args.kv_tokens,
                 use_cache=False,
-                extra=["--api-key", "soak-mirror-key"],
+                extra=["--api-key", MIRROR_KEY],
             ),
             plain_port,
             ready_path="/health",
@@ -284,66 +285,94 @@ def run_bench_soak(args) -> int:
         responses_at_load = paths.stored_responses_bytes(data, disk)
         _start_servers(cached, plain)
         _warm_up(port, KEYS[0], args.request_timeout_s)
-        _warm_up(plain_port, "soak-mirror-key", args.request_timeout_s)
+        _warm_up(plain_port, MIRROR_KEY, args.request_timeout_s)
         budgets.kvcache.append(_kv_budget(data, disk, responses_at_load))
-        watch = Watch(data, args.sample_s, tally, args.json)
-        deadline = watch.started + run_s
-        mirrors = [Mirror(plain_port, args.request_timeout_s, tally) for _ in range(MIRRORS)]
-        for mirror in mirrors:
-            mirror.start()
-        clients = [
-            SoakClient(
-                i,
-                plan,
-                port,
-                args.request_timeout_s,
-                deadline,
-                args.max_tokens,
-                args.mirror_share,
-                tally,
-                restart,
-                mirrors[i % MIRRORS],
-            )
-            for i, plan in enumerate(PLANS)
-        ]
-        for client in clients:
-            client.start()
-        process, restart_at = 1, watch.started + run_s / 2
-        while (now := time.monotonic()) < deadline:
-            if process == 1 and now >= restart_at:
-                logs.append(cached.output())
-                restart.begin()
-                stops.append(_stop(cached))
-                responses_at_load = paths.stored_responses_bytes(data, disk)
-                cached.start()
-                restart.end()
-                stops[-1]["down_s"] = round(restart.ended - restart.began, 2)
-                budgets.kvcache.append(_kv_budget(data, disk, responses_at_load))
-                process = 2
-                continue
-            watch.sample(cached.pid, process)
-            next_at = min(deadline, now + args.sample_s)
-            if process == 1:
-                next_at = min(next_at, restart_at)
-            time.sleep(max(0.0, next_at - time.monotonic()))
-        watch.sample(cached.pid, process)
-        for client in clients:
-            client.join(args.request_timeout_s + 30)
-        stop_by = time.monotonic() + args.request_timeout_s
-        for mirror in mirrors:
-            mirror.finish(stop_by)
-        for mirror in mirrors:
-            mirror.join(max(0.0, stop_by - time.monotonic()) + args.request_timeout_s + 30)
-        logs.append(cached.output())
-        stops.append(_stop(cached))
+        run = _Run(args, cached, data, budgets)
+        run.drive(plain_port)
         at_rest = _store_sizes(data)
         derived = derived_bytes(data)
-    report = _report(args, watch, budgets, tally, stops, at_rest, derived, logs, run_s)
+    report = _report(args, run, budgets, at_rest, derived)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         _print_report(report)
     return 0
+
+
+class _Run:
+    """The clients against the server under test for ``--minutes``, its restart half way,
+    and the samples taken meanwhile."""
+
+    def __init__(self, args, server: ServerProcess, data: Path, budgets: Budgets):
+        self.args, self.server, self.data, self.budgets = args, server, data, budgets
+        self.run_s = args.minutes * 60
+        self.tally, self.restart = Tally(), Restart()
+        self.watch = Watch(data, args.sample_s, self.tally)
+        self.stops: list[dict] = []  # the restart's stop, then the last
+        self.logs: list[str] = []  # what the server printed, each process
+
+    def drive(self, plain_port: int) -> None:
+        args, timeout_s = self.args, self.args.request_timeout_s
+        deadline = self.watch.started + self.run_s
+        mirrors = [Mirror(plain_port, MIRROR_KEY, timeout_s, self.tally) for _ in range(MIRRORS)]
+        clients = [
+            SoakClient(
+                i,
+                plan,
+                self.server.port,
+                timeout_s,
+                deadline,
+                args.max_tokens,
+                args.mirror_share,
+                self.tally,
+                self.restart,
+                mirrors[i % MIRRORS],
+            )
+            for i, plan in enumerate(PLANS)
+        ]
+        for thread in (*mirrors, *clients):
+            thread.start()
+        try:
+            self._watch_until(deadline)
+        finally:
+            for client in clients:  # on an error too: no client outlives the run
+                client.deadline = 0.0
+            self.restart.up.set()
+            for client in clients:  # the requests in flight end, each within its timeout
+                client.join(timeout_s + 30)
+            stop_by = time.monotonic() + timeout_s
+            for mirror in mirrors:
+                mirror.finish(stop_by)
+            for mirror in mirrors:
+                mirror.join(max(0.0, stop_by - time.monotonic()) + timeout_s + 30)
+        self.logs.append(self.server.output())
+        self.stops.append(_stop(self.server))
+
+    def _watch_until(self, deadline: float) -> None:
+        process, restart_at = 1, self.watch.started + self.run_s / 2
+        while (now := time.monotonic()) < deadline:
+            if process == 1 and now >= restart_at:
+                self._restart()
+                process = 2
+                continue
+            self.watch.sample(self.server.pid, process)
+            next_at = min(deadline, now + self.args.sample_s)
+            if process == 1:
+                next_at = min(next_at, restart_at)
+            time.sleep(max(0.0, next_at - time.monotonic()))
+        self.watch.sample(self.server.pid, process)
+
+    def _restart(self) -> None:
+        """Stop the server cleanly and start it again on the same data folder and port."""
+        self.logs.append(self.server.output())
+        self.restart.begin()
+        self.stops.append(_stop(self.server))
+        disk = self.budgets.disk
+        responses_at_load = paths.stored_responses_bytes(self.data, disk)
+        self.server.start()
+        self.restart.end()
+        self.stops[-1]["down_s"] = round(self.restart.ended - self.restart.began, 2)
+        self.budgets.kvcache.append(_kv_budget(self.data, disk, responses_at_load))
 
 
 def _stop(server: ServerProcess) -> dict:
@@ -440,10 +469,10 @@ def _server_log(logs: list[str]) -> dict:
     return {"lines": len(lines), "notable": len(notable), "notable_last": notable[-5:]}
 
 
-def _report(args, watch, budgets, tally, stops, at_rest, derived, logs, run_s) -> dict:
-    samples = watch.samples
-    requests = tally.report()
-    rss = _rss(samples, run_s, args.sample_s)
+def _report(args, run: _Run, budgets: Budgets, at_rest: dict[str, int], derived: int) -> dict:
+    samples, stops = run.watch.samples, run.stops
+    requests = run.tally.report()
+    rss = _rss(samples, run.run_s, args.sample_s)
     stores = _stores(samples, budgets, at_rest, derived)
     targets = {
         "rss_flat": rss["within"],
@@ -455,6 +484,7 @@ def _report(args, watch, budgets, tally, stops, at_rest, derived, logs, run_s) -
         "model": args.model,
         "machine": platform.platform(),
         "minutes": args.minutes,
+        "requests_per_minute": round(requests["requests"] / args.minutes, 1),
         "clients": [asdict(plan) for plan in PLANS],
         "keys": len(KEYS),
         "max_tokens": args.max_tokens,
@@ -463,7 +493,7 @@ def _report(args, watch, budgets, tally, stops, at_rest, derived, logs, run_s) -
         "requests": requests,
         "rss": rss,
         "stores": stores,
-        "server_log": _server_log(logs),
+        "server_log": _server_log(run.logs),
         "targets": targets,
         "passed": all(targets.values()),
         "samples": [asdict(s) for s in samples],
@@ -475,15 +505,17 @@ def _print_report(report: dict) -> None:
     req = report["requests"]
     print(
         f"Soak of {Path(report['model']).name}: {report['minutes']:g} min, "
-        f"{len(report['clients'])} clients, {report['keys']} keys",
+        f"{len(report['clients'])} clients, {report['keys']} keys, "
+        f"{report['requests_per_minute']:g} requests a minute",
         file=out,
     )
-    print("  time   RSS        fds  kvcache+WAL   responses+WAL  requests  failed", file=out)
+    print("  time   RSS        fds files  kvcache+WAL   responses+WAL  requests  failed", file=out)
     for s in report["samples"]:
         d = s["disk_bytes"]
         print(
             f"  {int(s['t_s']) // 60:3d}:{int(s['t_s']) % 60:02d} {_mb(s['rss_bytes']):>10} "
-            f"{s['open_fds']:4d}  {_mb(d['kvcache.db'] + d['kvcache.db-wal']):>11}   "
+            f"{s['open_fds']:4d} {s['open_files']:5d}  "
+            f"{_mb(d['kvcache.db'] + d['kvcache.db-wal']):>11}   "
             f"{_mb(d['responses.db'] + d['responses.db-wal']):>12}  {s['requests']:8d}  "
             f"{s['failed']:6d}",
             file=out,

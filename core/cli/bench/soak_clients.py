@@ -36,11 +36,12 @@ from dataclasses import dataclass
 from core.cli.bench.soak_wire import Clients, Reply, Step, error_kind
 
 KEYS = ("soak-key-alpha-7f3a", "soak-key-bravo-19c2", "soak-key-charlie-5d8e")
+MIRROR_KEY = "soak-key-reference-0b6d"  # the server without a cache's
 MODEL = "default"
 GREEDY_TEMPERATURE, SAMPLED_TEMPERATURE = 0.0, 0.8
 TURNS = (2, 5)  # a thread's turns, at least and at most
 MIRROR_QUEUE = 64  # turns waiting for the server without a cache; past it they go unchecked
-MIRRORS = 2  # checkers, each for a part of the clients (their requests at once, at most)
+MIRRORS = 1  # checkers, each for a part of the clients: the reference's requests at once
 PAD_PAIRS, PAD_CHARS = 16, 500  # the padded client's metadata: stored, never read by the model
 WEATHER = {
     "name": "get_weather",
@@ -209,10 +210,10 @@ class Mirror(threading.Thread):
     """Sends mirrored turns to the server without a cache, one at a time in the order they
     came, and compares its replies with the cached server's."""
 
-    def __init__(self, port: int, timeout_s: float, tally: Tally):
+    def __init__(self, port: int, key: str, timeout_s: float, tally: Tally):
         super().__init__(name="soak-checker", daemon=True)
         self.tally = tally
-        self.clients = Clients(port, "soak-mirror-key", timeout_s)
+        self.clients = Clients(port, key, timeout_s)
         self.waiting: queue.Queue[_Mirrored | None] = queue.Queue(MIRROR_QUEUE)
         self.ids: dict[str, str] = {}  # the cached server's ids -> the uncached server's
         self.broken: set[tuple[str, int]] = set()  # threads a turn of which went unchecked

@@ -12,7 +12,7 @@ a conversation). The packages are imported on use: they are the dev extra's.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from core.errors import UserError
@@ -58,7 +58,6 @@ class Reply:
     made: str | None = None
     events: int = 0
     dropped: bool = False
-    call_ids: dict[str, str] = field(default_factory=dict)
 
     def same_as(self, other: Reply) -> bool:
         return self.text == other.text and [(c.name, c.arguments) for c in self.tool_calls] == [
@@ -222,4 +221,6 @@ def error_kind(exc: BaseException) -> tuple[str, bool]:
         return f"HTTP {status}", status >= 500
     if status == 200 or isinstance(exc, StreamFailed) or type(exc).__name__ == "APIError":
         return "error event in a stream", True
+    if type(exc).__name__ == "RemoteProtocolError":  # httpx's, read from a stream
+        return "reply cut short", True  # the server closed the connection mid-reply
     return type(exc).__name__, False  # the client's side: a timeout, a connection refused

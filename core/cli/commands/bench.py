@@ -631,9 +631,9 @@ def _soak(benches) -> None:
     soak.add_argument(
         "--mirror-share",
         type=float,
-        default=0.5,
+        default=0.25,
         help="the share of greedy conversations also sent to the server without a cache "
-        "(default: 0.5)",
+        "(default: 0.25)",
     )
     soak.add_argument(
         "--sample-s", type=float, default=15, help="seconds between samples (default: 15)"
@@ -641,8 +641,8 @@ def _soak(benches) -> None:
     soak.add_argument(
         "--request-timeout-s",
         type=float,
-        default=180,
-        help="every request's timeout (default: 180)",
+        default=300,
+        help="every request's timeout (default: 300)",
     )
     soak.add_argument("--json", action="store_true", help=JSON_HELP)
     soak.set_defaults(run=run_soak)

@@ -10,7 +10,7 @@ import tempfile
 import psutil
 import pytest
 
-from core.cli.bench.soak import Sample, _rss
+from core.cli.bench.soak import Sample, _print_report, _rss
 from core.cli.bench.soak_clients import KEYS, PLANS, Restart, _translate
 from core.cli.bench.soak_wire import Reply, StreamFailed, ToolCall, error_kind
 from core.cli.main import main
@@ -70,6 +70,10 @@ def test_a_short_soak(long_tiny_model, tmp_path, capsys, monkeypatch):
     assert report["rss"]["reference_bytes"] and report["rss"]["end_bytes"]
     assert set(report["targets"]) == {"rss_flat", "stores_within_budget", "no_5xx", "no_mismatches"}
     assert report["targets"]["no_5xx"] and report["targets"]["no_mismatches"]
+    _print_report(report)  # the table, from the same figures
+    table = capsys.readouterr().out
+    assert "restart: stopped in" in table and "replies compared with --no-cache:" in table
+    assert table.count("pass  ") + table.count("FAIL  ") == 4
     assert not list(scratch.iterdir())  # its folders are gone
     assert not psutil.Process().children(recursive=True)  # and its servers
 
@@ -102,6 +106,10 @@ class APIError(Exception):  # what the openai package raises for an error event 
     pass
 
 
+class RemoteProtocolError(Exception):  # httpx's, for a connection closed mid-reply
+    pass
+
+
 @pytest.mark.parametrize(
     ("exc", "kind", "server_side"),
     [
@@ -111,6 +119,7 @@ class APIError(Exception):  # what the openai package raises for an error event 
         (_StatusError(200), "error event in a stream", True),  # anthropic's, after a 200
         (APIError(), "error event in a stream", True),
         (StreamFailed("x"), "error event in a stream", True),
+        (RemoteProtocolError(), "reply cut short", True),
         (TimeoutError(), "TimeoutError", False),
     ],
 )
