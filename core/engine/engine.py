@@ -51,6 +51,7 @@ from core.engine.types import (
     Speculation,
 )
 from core.errors import ErrorKind, ModelLoadError, UserError
+from core.limits import MAX_WAITING_PER_KEY
 from core.models.derived import derived_bytes
 from kvcache.kv_format import DEFAULT_GROUP_SIZE, KVFormat
 
@@ -96,8 +97,11 @@ class Engine:
         kv_bits: int | None = None,
         kv_group_size: int | None = None,
         speculation: Speculation | None = None,
+        max_waiting: int = MAX_WAITING_PER_KEY,
+        fair_prefill: bool = True,
     ):
         self.data_root = Path(data_root)
+        self._max_waiting, self._fair_prefill = max_waiting, fair_prefill  # core.engine.turns
         # the disk cache's database (None: the data folder's; a rank of a group has its own)
         self._kv_db = Path(kv_cache_path) if kv_cache_path else paths.kv_cache_db_path(data_root)
         # the scheduler's default and its draft model's spec (None: drafts from the text)
@@ -579,6 +583,8 @@ class Engine:
             on_progress=lambda: self._publish_stats(force=False),
             speculative=self._speculation.mode,
             draft_model=draft_model(self._speculation.draft_model, self.data_root, loaded),
+            max_waiting=self._max_waiting,
+            fair_prefill=self._fair_prefill,
         )
         self._info = loaded.info
         self._loads += 1
