@@ -425,7 +425,7 @@ def test_pages_on_their_way_to_disk_are_restored_before_the_writer_writes_them(m
         pc.release(prefix)
         release.set()
         persister.flush(timeout=30)
-        assert persister.stats().pages_written == (4 if pc.hybrid else 3)  # a hybrid page ends at 100
+        assert persister.stats().pages_written == (4 if pc.hybrid else 3)  # hybrid: one ends at 100
     finally:
         release.set()
         persister.close()
