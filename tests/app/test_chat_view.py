@@ -224,3 +224,17 @@ def test_body_height_follows_its_document(view, qtbot):
     wide = body.height()
     view.resize(350, 500)
     qtbot.waitUntil(lambda: fits() and body.height() > wide)
+
+
+def test_a_notice_stands_above_the_messages_until_taken_away(view):
+    assert view.notice_text() == "" and not view.notice.isVisible()
+    view.set_notice("m is a base model")
+    assert view.notice_text() == "m is a base model" and view.notice.isVisible()
+    assert (
+        view.notice.geometry().bottom()
+        < view.placeholder.mapTo(view, view.placeholder.rect().topLeft()).y()
+    )
+    view.set_messages(CHAT)  # another chat opened: the notice stays, once
+    assert view.notice_text() == "m is a base model" and view.message_count() == 4
+    view.set_notice("")
+    assert view.notice_text() == "" and not view.notice.isVisible()
