@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from core.errors import ModelLoadError
-from core.models.load.gguf_import import _llama_weights, build_model, read_gguf
+from core.models.load.gguf_import import build_model, map_weights, read_gguf
 from core.models.load.loader import load_model
 
 pytestmark = pytest.mark.real_model
@@ -67,7 +67,9 @@ def test_logits_match_gguf_package_dequantization(smollm, default_model_file):
         )
         for tensor in reader.tensors
     }
-    reference = build_model(smollm.config, _llama_weights(reference_weights, default_model_file))
+    reference = build_model(
+        smollm.config, map_weights("llama", smollm.config, reference_weights, default_model_file)
+    )
     tokens = mx.array(smollm.tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True))[
         None
     ]
