@@ -520,6 +520,6 @@ def base_model_notice(name: str) -> str:
     """What the chat view says above the messages while a base model is loaded."""
     return (
         f"{name} is a base model ({BASE_LABEL}): it continues text rather than answering, "
-        "and rarely ends its turn. Replies go through a generic chat template; to chat, pick "
+        "and rarely ends its turn. Replies go through a fallback chat template; to chat, pick "
         "an instruct model (Model…)."
     )

@@ -48,7 +48,7 @@ KIND_LABELS = {
 SPEC_ROLE = Qt.ItemDataRole.UserRole
 BASE_TIP = (
     "A base model: it continues text rather than chatting (its files carry no chat "
-    "template, or its name says base). Chats still get replies, through a generic template; "
+    "template, or its name says base). Chats still get replies, through a fallback template; "
     "pick an instruct model to chat."
 )
 
