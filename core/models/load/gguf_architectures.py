@@ -8,8 +8,7 @@ No mlx import: the model picker and the hub search read :data:`GGUF_ARCHITECTURE
 
 What the converter (llama.cpp ``convert_hf_to_gguf.py``) does that an entry records:
 - ``permuted_qk``: the llama family's Q/K rows are permuted for llama.cpp's interleaved
-  RoPE; imports run with ``rope_traditional=True`` instead of un-permuting (the same
-  attention scores).
+  RoPE; the import puts them back (the Hugging Face order every mlx-lm model rotates).
 - ``norm_shift``: Gemma's RMSNorm weights are stored as ``1 + w``; mlx-lm adds the 1 itself.
 - Hyper-parameters the file leaves out and llama.cpp fixes in code (Gemma's attention
   scale, Gemma 3's local RoPE base) are fixed here the same way.
@@ -18,7 +17,7 @@ What the converter (llama.cpp ``convert_hf_to_gguf.py``) does that an entry reco
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gguf.constants import Keys
@@ -72,7 +71,6 @@ class GGUFArchitecture:
 
     name: str  # general.architecture, as llama.cpp writes it
     model_type: str  # the mlx-lm module (mlx_lm/models/<model_type>.py)
-    tested: str  # how the suite checks it (docs/models.md's table)
     permuted_qk: bool = False
     norm_shift: float = 0.0
     # the architecture's own keys and fixes, on top of the common config
@@ -81,8 +79,6 @@ class GGUFArchitecture:
     aliases: tuple[tuple[str, str], ...] = ()
     # norm epsilon under the name the mlx-lm model reads (RMSNorm or LayerNorm keys)
     eps_name: str = "rms_norm_eps"
-    notes: str = ""
-    model_types: tuple[str, ...] = field(default=())  # other mlx-lm types it may become
 
 
 MOE_ALIASES = (("mlp.switch_mlp.", "mlp.experts."),)  # mlx-lm stacks the experts as llama.cpp
@@ -162,72 +158,21 @@ def _starcoder2(meta: Metadata, config: dict, shapes: dict) -> dict[str, Any]:
     return {"rope_theta": float(meta.get(ROPE.FREQ_BASE, 100_000.0))}
 
 
-ARCHITECTURES: dict[str, GGUFArchitecture] = {
-    a.name: a
-    for a in (
-        GGUFArchitecture(
-            "llama",
-            "llama",
-            "tiny model: logits F32, Q8_0, Q5_0; SmolLM2-135M Q4_1 (llama.cpp's replies)",
-            permuted_qk=True,
-            notes="Mistral and Llama 3.x are written as llama",
-        ),
-        GGUFArchitecture(
-            "qwen2",
-            "qwen2",
-            "tiny model: logits F32, Q8_0, Q5_0; Qwen2.5-Coder-0.5B (llama.cpp's replies)",
-        ),
-        GGUFArchitecture("qwen3", "qwen3", "tiny model: logits F32, Q8_0, Q5_0"),
-        GGUFArchitecture(
-            "qwen3moe",
-            "qwen3_moe",
-            "tiny model: logits F32, Q8_0, Q5_0",
-            extra=_qwen3moe,
-            aliases=MOE_ALIASES,
-        ),
-        GGUFArchitecture(
-            "qwen2moe",
-            "qwen2_moe",
-            "tiny model: logits F32, Q8_0, Q5_0",
-            extra=_qwen2moe,
-            aliases=MOE_ALIASES,
-        ),
-        GGUFArchitecture(
-            "phi3", "phi3", "tiny model: logits F32, Q8_0, Q5_0", extra=_phi3, notes="Phi-3, Phi-4"
-        ),
-        GGUFArchitecture("gemma", "gemma", "tiny model: logits F32, Q8_0, Q5_0", norm_shift=1.0),
-        GGUFArchitecture(
-            "gemma2",
-            "gemma2",
-            "tiny model: logits F32, Q8_0, Q5_0",
-            norm_shift=1.0,
-            extra=_gemma2,
-            notes="mlx-lm's gemma2 attends over the whole context in every layer",
-        ),
-        GGUFArchitecture(
-            "gemma3",
-            "gemma3_text",
-            "tiny model: logits F32, Q8_0, Q5_0; gemma-3-270m Q4_K_M (the gguf package)",
-            norm_shift=1.0,
-            extra=_gemma3,
-        ),
-        GGUFArchitecture(
-            "granite",
-            "granite",
-            "tiny model: logits F32, Q8_0, Q5_0",
-            permuted_qk=True,
-            extra=_granite,
-        ),
-        GGUFArchitecture("olmo2", "olmo2", "tiny model: logits F32, Q8_0, Q5_0"),
-        GGUFArchitecture(
-            "starcoder2",
-            "starcoder2",
-            "tiny model: logits F32, Q8_0, Q5_0",
-            extra=_starcoder2,
-            eps_name="norm_epsilon",
-        ),
-    )
-}
+_ENTRIES = (
+    GGUFArchitecture("llama", "llama", permuted_qk=True),  # Mistral and Llama 3.x too
+    GGUFArchitecture("qwen2", "qwen2"),
+    GGUFArchitecture("qwen3", "qwen3"),
+    GGUFArchitecture("qwen3moe", "qwen3_moe", extra=_qwen3moe, aliases=MOE_ALIASES),
+    GGUFArchitecture("qwen2moe", "qwen2_moe", extra=_qwen2moe, aliases=MOE_ALIASES),
+    GGUFArchitecture("phi3", "phi3", extra=_phi3),  # Phi-3, Phi-3.5, Phi-4
+    GGUFArchitecture("gemma", "gemma", norm_shift=1.0),
+    GGUFArchitecture("gemma2", "gemma2", norm_shift=1.0, extra=_gemma2),
+    GGUFArchitecture("gemma3", "gemma3_text", norm_shift=1.0, extra=_gemma3),
+    GGUFArchitecture("granite", "granite", permuted_qk=True, extra=_granite),
+    GGUFArchitecture("olmo2", "olmo2"),
+    GGUFArchitecture("starcoder2", "starcoder2", extra=_starcoder2, eps_name="norm_epsilon"),
+)
+ARCHITECTURES: dict[str, GGUFArchitecture] = {a.name: a for a in _ENTRIES}
 GGUF_ARCHITECTURES = tuple(ARCHITECTURES)
 
 
@@ -279,8 +224,6 @@ def model_config(
         "mlp_bias": "blk.0.ffn_up.bias" in shapes,
         "rope_scaling": _rope_scaling(meta),
     }
-    if arch.permuted_qk:
-        config["rope_traditional"] = True  # llama.cpp permuted Q/K for interleaved RoPE
     config.update(arch.extra(meta, config, shapes))
     return config
 

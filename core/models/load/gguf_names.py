@@ -1,4 +1,4 @@
-"""GGUF tensor names to mlx-lm parameter names, through gguf-py's own tables.
+"""GGUF tensors to mlx-lm parameters, through gguf-py's own name tables.
 
 llama.cpp's converter names every tensor with ``gguf.TensorNameMap``: a Hugging Face name
 (``model.layers.3.self_attn.q_proj``) to a GGUF one (``blk.3.attn_q``). mlx-lm's models keep
@@ -83,8 +83,22 @@ def rename(
             )
         if arch.norm_shift and kind == "weight" and module.endswith("norm"):
             value = value - arch.norm_shift
-        renamed[f"{table[module]}.{kind}"] = value
+        target = table[module]
+        if arch.permuted_qk and target.endswith(("q_proj", "k_proj")):
+            heads = config[
+                "num_attention_heads" if target.endswith("q_proj") else "num_key_value_heads"
+            ]
+            value = unpermute(value, heads)
+        renamed[f"{target}.{kind}"] = value
     return renamed
+
+
+def unpermute(rows, heads: int):
+    """Undo llama.cpp's Q/K row permutation (each head's rows interleaved for its RoPE):
+    back to the Hugging Face order mlx-lm's models rotate. Rows only, so quantized triples
+    (packed weight, scales, biases) and biases undo alike."""
+    shape = rows.shape
+    return rows.reshape(heads, shape[0] // heads // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
 def rope_scaling_from_factors(

@@ -26,7 +26,7 @@ def test_hyper_parameters_from_metadata(default_model_file):
     config = contents.config
     assert config["num_hidden_layers"] == 30 and config["hidden_size"] == 576
     assert config["num_attention_heads"] == 9 and config["num_key_value_heads"] == 3
-    assert config["rope_traditional"] is True  # llama.cpp's Q/K row permutation
+    assert "rope_traditional" not in config  # Q/K rows back in the order mlx-lm rotates
     assert config["tie_word_embeddings"] is True  # no output.weight in the file
     assert config["vocab_size"] == 49152 and config["max_position_embeddings"] == 8192
 
