@@ -65,7 +65,7 @@ def advance(command: EmbedCommand, loaded, prefix_cache, prompts) -> bool:
             )
             job = command.job = EmbeddingJob(loaded, prefix_cache, tokens, command.request)
             job.load = prompts.load
-        if not job.step(loaded.model, prefix_cache):
+        if not job.step(loaded, prefix_cache):
             return False
         command.result = job.result()
     except UserError as exc:
@@ -106,13 +106,8 @@ class EmbeddingJob:
         pooling = pooling_of(loaded.info.path, loaded.config)
         if pooling.refused:
             raise UserError(f"{loaded.info.name} cannot give embeddings here: {pooling.refused}")
-        body, why = hidden_states(loaded.model)
-        if body is None:
-            raise UserError(
-                f"{loaded.info.name} cannot give embeddings: {why} "
-                f"({loaded.info.model_type} in mlx-lm)"
-            )
-        self.body, self.mode, self.request = body, pooling.mode, request
+        _hidden_states(loaded)  # refused here, before any work
+        self.mode, self.request = pooling.mode, request
         self.tokens = tokens
         self.needed = [1 if self.mode == "cls" else len(t) for t in tokens]  # causal: see docs
         self.vectors: dict[int, mx.array] = {}
@@ -129,18 +124,20 @@ class EmbeddingJob:
             deque([i] for i in order) if self.cached else _packed(order, self.needed)
         )
 
-    def step(self, model, prefix_cache) -> bool:
-        """One forward pass; True once every input has its vector."""
+    def step(self, loaded, prefix_cache) -> bool:
+        """One forward pass of ``loaded`` (the job keeps no reference to the model between
+        steps: a model switch lets it go); True once every input has its vector."""
         if self.group is None:
             if not self.waiting:
                 return True
-            self.group = self._start(self.waiting.popleft(), model, prefix_cache)
+            self.group = self._start(self.waiting.popleft(), loaded.model, prefix_cache)
         group = self.group
         width = group.ids.shape[1]
         a = group.done
         b = min(width, (group.start + a) // CHUNK * CHUNK + CHUNK - group.start)
         with mx.stream(generation_stream):
-            states = self.body(group.ids[:, a:b], cache=group.caches).astype(mx.float32)
+            states = _hidden_states(loaded)(group.ids[:, a:b], cache=group.caches)
+            states = states.astype(mx.float32)
             positions = mx.arange(a, b)[None, :]
             lengths = group.lengths[:, None]
             if self.mode == "mean":
@@ -216,6 +213,17 @@ class EmbeddingJob:
         group, self.group = self.group, None
         if group is not None and group.prefix is not None and prefix_cache is not None:
             prefix_cache.release(group.prefix)
+
+
+def _hidden_states(loaded):
+    """The member of ``loaded``'s model that gives its final-norm states; UserError where
+    its architecture has none."""
+    body, why = hidden_states(loaded.model)
+    if body is None:
+        raise UserError(
+            f"{loaded.info.name} cannot give embeddings: {why} ({loaded.info.model_type} in mlx-lm)"
+        )
+    return body
 
 
 def _fresh_caches(model, prefix_cache) -> list:

@@ -254,3 +254,36 @@ def test_a_model_that_cannot_be_run_as_meant_gives_no_embeddings(tmp_path):
         assert isinstance(list(engine.stream(ask))[-1], DoneEvent)
     finally:
         engine.shutdown()
+
+
+def test_a_model_loaded_mid_request_starts_it_over_and_the_old_one_is_let_go(tmp_path):
+    """Between two forward passes of a request the engine may load another model: the
+    request starts over on the new one (its inputs tokenised again), and nothing it keeps
+    holds the old model, whose memory goes before the new one loads."""
+    import gc
+    import weakref
+
+    from core.engine.commands import EmbedCommand
+    from core.engine.embedding import advance
+    from core.engine.embedding_inputs import embedding_tokens
+    from core.engine.prompt import PromptLimit, Prompts
+
+    def loaded_and_prompts(seed: int, load: int):
+        path = write_tiny_model(tmp_path / f"m{seed}", TinyModelSpec(seed=seed))
+        loaded = load_model(str(path), tmp_path / "data")
+        limit = PromptLimit(loaded.info.name, loaded.info.context_length)
+        return loaded, Prompts(loaded.tokenizer, limit, load)
+
+    old, old_prompts = loaded_and_prompts(1, load=1)
+    request = EmbeddingRequest(tuple("x" * n for n in (100, 200, 300)))  # a forward each
+    command = EmbedCommand(request, embedding_tokens(old_prompts, request), load=1)
+    assert not advance(command, old, None, old_prompts)
+    gone = [weakref.ref(old.model), weakref.ref(old.model.model)]  # the model, its layers
+    del old
+    gc.collect()
+    assert [ref() for ref in gone] == [None, None], "the request keeps the old model alive"
+    new, new_prompts = loaded_and_prompts(2, load=2)
+    while not advance(command, new, None, new_prompts):
+        pass
+    assert command.done.is_set() and command.error is None
+    assert farthest(command.result.vectors, reference(tmp_path / "m2", request.inputs)) < TOLERANCE
