@@ -11,8 +11,12 @@ How it runs: the inputs, sorted by length, go in groups of up to ``FORWARD_TOKEN
 padded tokens, one forward pass each, right-padded: every model here is causal, so a real
 position never attends to the padding after it, and a row's states are the ones it gets
 alone (within rounding: a batch may sum in another order). An input longer than ``CHUNK``
-goes in chunks over a KV cache (the model's own caches, in the pool's KV format), at the
-same positions however it is grouped. The engine runs one forward at a time
+goes alone (``FORWARD_TOKENS`` is ``CHUNK``: two such rows never fit one forward), in
+chunks over a KV cache (the model's own caches, in the pool's KV format), cut at the same
+positions however the request is made up; so padding never sits inside a cache that is
+carried to a next chunk (a sliding window or a recurrent state would keep it). A causal
+model's first-token state depends on that token only, so a first-token ("cls") pooled
+input runs its first token alone. The engine runs one forward at a time
 (:func:`advance`) and its decode step between two, so a large request holds the running
 streams up for one forward at a time, as a prefill chunk does.
 
