@@ -11,7 +11,7 @@ How it runs: the inputs, sorted by length, go in groups of up to ``FORWARD_TOKEN
 padded tokens, one forward pass each, right-padded: every model here is causal, so a real
 position never attends to the padding after it, and a row's states are the ones it gets
 alone (within rounding: a batch may sum in another order). An input longer than ``CHUNK``
-goes alone (``FORWARD_TOKENS`` is ``CHUNK``: two such rows never fit one forward), in
+goes alone (two such rows never fit in ``FORWARD_TOKENS``), in
 chunks over a KV cache (the model's own caches, in the pool's KV format), cut at the same
 positions however the request is made up; so padding never sits inside a cache that is
 carried to a next chunk (a sliding window or a recurrent state would keep it). A causal
@@ -48,8 +48,10 @@ from core.models.load.pooling import pooling_of
 
 log = logging.getLogger(__name__)
 
-FORWARD_TOKENS = 512  # padded tokens in one forward pass (rows x the longest row's chunk)
 CHUNK = 512  # positions: a longer input goes in chunks over a KV cache, cut at multiples of this
+# padded tokens in one forward pass (rows x the longest row's chunk); under 2 x CHUNK, so a
+# row longer than a chunk goes alone
+FORWARD_TOKENS = CHUNK
 
 
 def advance(command: EmbedCommand, loaded, prefix_cache, prompts) -> bool:
