@@ -12,7 +12,7 @@ from pathlib import Path
 
 from kvcache.persist import MIN_WRITE_TOKENS, DiskTier
 from kvcache.sqlite_file import set_aside
-from kvcache.store import DiskStoreError
+from kvcache.store import DiskStore, DiskStoreError, session_row
 
 log = logging.getLogger(__name__)
 
@@ -54,3 +54,15 @@ def open_disk_tier(
         log.warning("disk cache off: %s", error)
         return None, str(error)
     return None, None
+
+
+def forget_on_disk(path: Path, session: str, namespace: str) -> None:
+    """Drop a session's chain from the disk cache at ``path`` with no tier open (it was saved
+    under another model, or the cache is off): the pages no other chain holds go with it."""
+    if not path.exists():
+        return
+    try:
+        with DiskStore(path) as store:
+            store.clear(session_row(session, namespace))
+    except DiskStoreError as exc:
+        log.warning("removing the cache of %s failed: %s", session, exc)

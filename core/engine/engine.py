@@ -187,15 +187,8 @@ class Engine:
             rss = psutil.Process().memory_info().rss  # one /proc read; polled a few times a second
         except psutil.Error:
             rss = 0
-        disk = 0
-        if self._persister is not None:
-            # the database, its WAL
-            for path in (self._kv_db, self._kv_db.with_name(self._kv_db.name + "-wal")):
-                try:
-                    disk += path.stat().st_size
-                except OSError:
-                    pass
         persister = self._persister
+        disk = paths.database_bytes(self._kv_db) if persister is not None else 0
         budget = self._kv_disk_budget() if persister is not None else 0
         return dataclasses.replace(
             self._stats,
@@ -416,15 +409,10 @@ class Engine:
         if self._persister is not None:
             self._persister.forget(session, namespace)
             return
-        path = self._kv_db
-        if self._disk_cache and path.exists():  # saved under another model, or the cache is off
-            from kvcache.store import DiskStore, DiskStoreError, session_row
+        if self._disk_cache:  # saved under another model, or the cache is off
+            from core.engine.disk_tier import forget_on_disk
 
-            try:
-                with DiskStore(path) as store:
-                    store.clear(session_row(session, namespace))
-            except DiskStoreError as exc:
-                log.warning("removing the cache of %s failed: %s", session, exc)
+            forget_on_disk(self._kv_db, session, namespace)
 
     def _close_persister(self) -> None:
         if self._persister is not None:
