@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from core import paths
 from core.engine.commands import (
+    EmbedCommand,
     FlushCommand,
     ForgetCommand,
     GiveWayCommand,
@@ -39,11 +40,14 @@ from core.engine.commands import (
     StopCommand,
 )
 from core.engine.constrain import check_request
+from core.engine.embedding_inputs import embedding_tokens
 from core.engine.engine_stats import EngineStats
 from core.engine.handle import PreparedPrompt, RequestHandle
 from core.engine.prompt import PromptLimit, Prompts
 from core.engine.types import (
     DoneEvent,
+    EmbeddingRequest,
+    EmbeddingResult,
     ErrorEvent,
     Event,
     GenerationRequest,
@@ -127,6 +131,7 @@ class Engine:
         self._disk_cache = disk_cache
         self._disk_budget = disk_budget_bytes
         self._derived_bytes = 0  # the data folder's derived files, measured at each load
+        self._responses_bytes = 0  # what the stored responses may take, measured at each load
         self._disk_min_tokens = disk_min_tokens  # unnamed requests shorter than this stay off disk
         self._persister = None  # kvcache.persist.DiskTier, engine thread only
         self.disk_cache_error: str | None = None  # why the disk cache is off, if it is
@@ -186,15 +191,8 @@ class Engine:
             rss = psutil.Process().memory_info().rss  # one /proc read; polled a few times a second
         except psutil.Error:
             rss = 0
-        disk = 0
-        if self._persister is not None:
-            # the database, its WAL
-            for path in (self._kv_db, self._kv_db.with_name(self._kv_db.name + "-wal")):
-                try:
-                    disk += path.stat().st_size
-                except OSError:
-                    pass
         persister = self._persister
+        disk = paths.database_bytes(self._kv_db) if persister is not None else 0
         budget = self._kv_disk_budget() if persister is not None else 0
         return dataclasses.replace(
             self._stats,
@@ -267,6 +265,20 @@ class Engine:
             log.exception("counting tokens failed")
             raise RuntimeError(f"counting tokens failed: {exc}") from exc
 
+    def embed(self, request: EmbeddingRequest, timeout: float | None = 60.0) -> EmbeddingResult:
+        """``request``'s vectors from the loaded model (:mod:`core.engine.embedding`): token
+        ids worked out on the calling thread, the forward passes on the engine thread
+        between decode steps. Blocks (``timeout``: for the first model to load). Raises
+        UserError (a ModelLoadError when no model is loaded, a ContextLengthError for an
+        input too long); anything else is a bug."""
+        self._ready.wait(timeout)
+        prompts = self._prompts
+        if prompts is None:
+            raise ModelLoadError(self._load_error or "no model is loaded")
+        command = EmbedCommand(request, embedding_tokens(prompts, request), prompts.load)
+        self._commands.put(command)
+        return command.answer(self._stopped)
+
     def forget_session(self, session: str, namespace: str = "") -> None:
         """Drop the cache of ``session`` of cache namespace ``namespace`` (the chat was
         deleted): its lock on RAM pages at once, its disk cache soon after, off the
@@ -310,6 +322,8 @@ class Engine:
                         self._scheduler is not None and self._gathering()
                     ):
                         continue
+                elif isinstance(command, EmbedCommand):
+                    self._embed(command)
                 elif isinstance(command, ForgetCommand):
                     self._forget(command.session, command.namespace)
                 elif isinstance(command, FlushCommand):
@@ -329,6 +343,12 @@ class Engine:
                     self._do_load(command)
             if self._scheduler is not None and self._scheduler.busy:
                 self._step()
+
+    def _embed(self, command: EmbedCommand) -> None:
+        from core.engine.embedding import advance
+
+        if not advance(command, self._loaded, self._prefix_cache, self._prompts):
+            self._commands.put(command)  # its next forward pass: after the next decode step
 
     def _gathering(self) -> bool:
         """Whether to wait for the prompts still being rendered before the next step:
@@ -359,47 +379,33 @@ class Engine:
         self._publish_stats(force=not self._scheduler.busy)  # the last step's figures always
 
     def _open_persister(self, fingerprint: str):
-        from kvcache.persist import MIN_WRITE_TOKENS, DiskTier
-        from kvcache.sqlite_file import set_aside
-        from kvcache.store import DiskStoreError
+        from core.engine.disk_tier import open_disk_tier
 
         if not (self._disk_cache and self._use_cache and self._prefix_cache.enabled):
             return None
-        path = self._kv_db
-        for attempt in (1, 2):
-            try:
-                self.data_root.mkdir(parents=True, exist_ok=True)
-                return DiskTier(
-                    path,
-                    self._prefix_cache,
-                    fingerprint,
-                    self._kv_disk_budget(),
-                    MIN_WRITE_TOKENS if self._disk_min_tokens is None else self._disk_min_tokens,
-                )
-            except DiskStoreError as exc:
-                if attempt == 1 and getattr(exc, "reason", None) in ("corrupt", "foreign"):
-                    # A cache only costs time to rebuild: keep the damaged file beside it
-                    # and start a new one, rather than run without a disk cache.
-                    try:
-                        aside = set_aside(path)
-                    except OSError as rename_error:
-                        exc = rename_error
-                    else:
-                        log.warning("%s; set aside as %s, starting a new KV cache", exc, aside.name)
-                        continue
-                error = exc
-            except OSError as exc:
-                error = exc
-            self.disk_cache_error = str(error)  # the app runs on without a disk cache
-            log.warning("disk cache off: %s", error)
-            return None
-        return None
+        tier, error = open_disk_tier(
+            self._kv_db,
+            self._prefix_cache,
+            fingerprint,
+            self._kv_disk_budget(),
+            self._disk_min_tokens,
+        )
+        if error is not None:
+            self.disk_cache_error = error  # the app runs on without a disk cache
+        return tier
+
+    @property
+    def disk_budget_bytes(self) -> int:
+        """The data folder's disk budget (chosen, or the default): the disk cache, the files
+        made from models and the API's stored responses together."""
+        return self._disk_budget or paths.default_disk_budget()
 
     def _kv_disk_budget(self) -> int:
         """The disk budget less what the models' derived files take (a tokenizer, a kept
-        conversion: ``core.models.derived``), down to a quarter of it at least."""
-        budget = self._disk_budget or paths.default_disk_budget()
-        return max(budget - self._derived_bytes, budget // 4)
+        conversion: ``core.models.derived``) and what the API's stored responses may take
+        (``paths.stored_responses_bytes``), down to a quarter of it at least."""
+        budget = self.disk_budget_bytes
+        return max(budget - self._derived_bytes - self._responses_bytes, budget // 4)
 
     def _forget(self, session: str, namespace: str) -> None:
         if self._prefix_cache is not None:
@@ -407,15 +413,10 @@ class Engine:
         if self._persister is not None:
             self._persister.forget(session, namespace)
             return
-        path = self._kv_db
-        if self._disk_cache and path.exists():  # saved under another model, or the cache is off
-            from kvcache.store import DiskStore, DiskStoreError, session_row
+        if self._disk_cache:  # saved under another model, or the cache is off
+            from core.engine.disk_tier import forget_on_disk
 
-            try:
-                with DiskStore(path) as store:
-                    store.clear(session_row(session, namespace))
-            except DiskStoreError as exc:
-                log.warning("removing the cache of %s failed: %s", session, exc)
+            forget_on_disk(self._kv_db, session, namespace)
 
     def _close_persister(self) -> None:
         if self._persister is not None:
@@ -557,6 +558,7 @@ class Engine:
         from kvcache.prefix_cache import PrefixCache
 
         self._derived_bytes = derived_bytes(self.data_root)  # counted against the disk budget
+        self._responses_bytes = paths.stored_responses_bytes(self.data_root, self.disk_budget_bytes)
         build = build_kv_cache(
             loaded.model,
             weight_bytes=loaded.info.weight_bytes,
@@ -649,8 +651,13 @@ class Engine:
             else:
                 ids = handle.prepared.tokens
                 handle.prepared = None
+                request = handle.request
                 handle.request = replace(
-                    handle.request, messages=(), prompt_text=None, prompt_tokens=tuple(ids)
+                    request,
+                    messages=(),
+                    prompt_text=None,
+                    prompt_tokens=tuple(ids),
+                    templated=request.templated or bool(request.messages),
                 )
                 self._scheduler.admit(handle)  # finishes the handle itself, now or later
                 return

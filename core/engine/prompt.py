@@ -27,6 +27,8 @@ import re
 import threading
 from dataclasses import dataclass
 
+from jinja2 import TemplateError
+
 from core.engine import generic_tools
 from core.engine.constrain import tool_name
 from core.engine.tools import template_message
@@ -73,6 +75,7 @@ class Prompts:
         self.limit = limit
         self.load = load  # which model load this is (the engine counts them)
         self._longest: int | None = None
+        self._vocabulary_size: int | None = None
         self._lock = threading.Lock()
 
     def tokens(self, request: GenerationRequest) -> list[int]:
@@ -90,10 +93,22 @@ class Prompts:
     @property
     def longest_entry(self) -> int:
         """Characters in the tokenizer's longest vocabulary entry (worked out once)."""
+        self._read_vocabulary()
+        return self._longest
+
+    @property
+    def vocabulary_size(self) -> int:
+        """One more than the tokenizer's largest token id, added tokens included (worked
+        out once): token ids a client sends must be below it."""
+        self._read_vocabulary()
+        return self._vocabulary_size
+
+    def _read_vocabulary(self) -> None:
         with self._lock:
             if self._longest is None:
-                self._longest = max(map(len, self.tokenizer.get_vocab()), default=1)
-            return self._longest
+                vocabulary = self.tokenizer.get_vocab()
+                self._longest = max(map(len, vocabulary), default=1)
+                self._vocabulary_size = max(vocabulary.values(), default=-1) + 1
 
     def _check_text(self, text: str) -> None:
         longest = self.longest_entry
@@ -123,25 +138,29 @@ def _text(tokenizer, request: GenerationRequest) -> tuple[str, bool]:
     if not request.messages:
         raise UserError("empty request: no messages and no prompt")
     tools = list(request.tools) if request.tools and request.tool_choice != "none" else None
-    if tools and generic_tools.applies(tokenizer):
-        return generic_tools.render(tokenizer, request.messages, tools), False
-    messages = [template_message(m) for m in request.messages]
-    if tools:
-        return _text_with_tools(tokenizer, messages, tools), False
-    if getattr(tokenizer, "has_chat_template", False):
-        return tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False
-        ), False
+    extra = request.template_kwargs
+    try:
+        if tools and generic_tools.applies(tokenizer):
+            return generic_tools.render(tokenizer, request.messages, tools, extra), False
+        messages = [template_message(m) for m in request.messages]
+        if tools:
+            return _text_with_tools(tokenizer, messages, tools, extra), False
+        if getattr(tokenizer, "has_chat_template", False):
+            return tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=False, **extra
+            ), False
+    except TemplateError as exc:
+        raise UserError(f"the model's chat template refused this request: {exc}") from None
     return "\n".join(f"{m['role']}: {m['content']}" for m in messages) + "\nassistant:", True
 
 
-def _text_with_tools(tokenizer, messages: list[dict], tools: list[dict]) -> str:
+def _text_with_tools(tokenizer, messages: list[dict], tools: list[dict], extra: dict) -> str:
     """The prompt with ``tools`` handed to the chat template (one with tool markup; the
     others get the generic format, :mod:`core.engine.generic_tools`). A template that drops
     the tools cannot serve them: a clear error, not a model that never hears of its tools."""
     fix = "start RadixChat with --chat-template FILE (a Jinja template that takes tools)"
     text = tokenizer.apply_chat_template(
-        messages, tools=tools, add_generation_prompt=True, tokenize=False
+        messages, tools=tools, add_generation_prompt=True, tokenize=False, **extra
     )
     missing = names_missing(text, [tool_name(t) for t in tools])
     if missing:

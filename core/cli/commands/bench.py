@@ -40,6 +40,7 @@ def add_parser(subparsers) -> None:
         _kv_quality,
         _kv_capacity,
         _speculative,
+        _llamacpp,
         _gui,
     ):
         add(benches)
@@ -423,7 +424,8 @@ def _clients(benches) -> None:
             "dialect, prompt and cached tokens, TTFT; and whether each finished",
         )
     )
-    clients.set_defaults(model="gemma3-270m")
+    # an instruct model with tools and a 32k context (gemma3-270m, a base model, never ends a turn)
+    clients.set_defaults(model="qwen2.5-coder-0.5b")
     clients.add_argument("--claude", metavar="PATH", help="Claude Code (default: claude on PATH)")
     clients.add_argument("--codex", metavar="PATH", help="Codex (default: codex on PATH)")
     clients.add_argument("--task", default=CLIENTS_TASK, help="what each client is asked to do")
@@ -439,8 +441,8 @@ def _clients(benches) -> None:
         default=512,
         metavar="N",
         help="a reply's tokens: the server's ceiling (Codex sets no limit) and Claude Code's "
-        "CLAUDE_CODE_MAX_OUTPUT_TOKENS (default: 512; a base model rarely ends its turn, and "
-        "a CPU decodes the context's rest for an hour)",
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS (default: 512; a model that does not end its turn "
+        "would have a CPU decode the context's rest for an hour)",
     )
     clients.add_argument("--kv-tokens", type=positive, help="the server's KV pool, in tokens")
     clients.add_argument(
@@ -602,6 +604,31 @@ def run_speculative(args: argparse.Namespace) -> int:
     from core.cli.bench.speculative import run_bench_speculative
 
     return run_bench_speculative(args)
+
+
+def _llamacpp(benches) -> None:
+    llamacpp = _with_model(
+        benches.add_parser(
+            "llamacpp",
+            help="a GGUF's greedy replies from RadixChat and from llama.cpp (llama-cpp-python) "
+            "on the same prompt token ids",
+        )
+    )
+    llamacpp.add_argument("--prompts", type=positive, default=5, help="prompts (at most 5)")
+    llamacpp.add_argument(
+        "--max-tokens", type=positive, default=32, help="reply length (default: %(default)s)"
+    )
+    llamacpp.add_argument("--threads", type=positive, default=2, help="llama.cpp's threads")
+    llamacpp.add_argument("--json", action="store_true", help=JSON_HELP)
+    llamacpp.set_defaults(run=run_llamacpp)
+
+
+def run_llamacpp(args: argparse.Namespace) -> int:
+    from core import paths
+    from core.cli.bench.llamacpp import run
+
+    data_root = paths.data_dir(args.data_dir)
+    return run(args.model, data_root, args.prompts, args.max_tokens, args.json, args.threads)
 
 
 def _gui(benches) -> None:

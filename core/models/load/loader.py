@@ -25,6 +25,7 @@ from mlx.utils import tree_flatten
 
 from core.errors import ModelLoadError
 from core.models import usage
+from core.models.base_models import is_base_model
 from core.models.hashing import FileHashCache
 from core.models.hub import hf_cache
 from core.models.load.chat_template import shipped_template, with_chat_template
@@ -52,6 +53,9 @@ class ModelInfo:
     context_length: int
     num_layers: int
     load_seconds: float
+    # a base model: completion only (no chat template in its files, or named base;
+    # core.models.base_models); chat requests still get replies through a fallback template
+    base: bool = False
 
 
 @dataclass
@@ -163,6 +167,7 @@ def load_model(
         context_length=_context_length(config),
         num_layers=len(getattr(model, "layers", [])),
         load_seconds=time.perf_counter() - started,
+        base=is_base_model(path, model_name(path)),
     )
     return LoadedModel(model, tokenizer, config, info)
 
@@ -220,11 +225,14 @@ def _load_mlx_dir(path: Path, weights_format: str = "stored", lazy: bool = False
 def _apply_weights_format(model: nn.Module, fmt: str) -> None:
     if fmt == "stored":
         return
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear
     from mlx_lm.utils import dequantize_model
 
     dtype = getattr(mx, fmt)
+    quantized = (nn.QuantizedLinear, nn.QuantizedEmbedding, QuantizedSwitchLinear)
     for _, module in model.named_modules():  # dequantize in the target precision
-        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+        # (a GGUF's scales arrive as float16: d * q in float16 would round Q8_0's values)
+        if isinstance(module, quantized):
             module.scales = module.scales.astype(dtype)
             module.biases = module.biases.astype(dtype)
     dequantize_model(model)
