@@ -56,9 +56,8 @@ from core.engine.replies import Replies
 from core.engine.running import Active, PrefillJob, Solo, group_of, group_of_request
 from core.engine.speculation import can_speculate, trim, verify
 from core.engine.tools import ToolCallText
-from core.engine.turns import PrefillTurns, Turn
+from core.engine.turns import DEFAULT_SHARING, PrefillSharing, PrefillTurns, Turn
 from core.errors import ContextLengthError, UserError
-from core.limits import MAX_WAITING_PER_KEY
 from core.mlx_lm_compat import generation_stream
 from kvcache.continuations import Continuations
 
@@ -84,8 +83,7 @@ class Scheduler(PrefillSteps, Replies):
         batch_prefill: bool = True,
         speculative: str = "ngram",
         draft_model=None,
-        max_waiting: int = MAX_WAITING_PER_KEY,
-        fair_prefill: bool = True,
+        sharing: PrefillSharing = DEFAULT_SHARING,
     ):
         self.loaded = loaded
         # Speculative decoding for requests that do not say (core.engine.drafts): "off",
@@ -108,14 +106,12 @@ class Scheduler(PrefillSteps, Replies):
         # Sizes prefill chunks; None (interleave off): a prompt is prefilled whole in the step
         # that starts it, as before interleaving.
         self.pacer = (
-            (pacer or ChunkPacer(idle_budget_s=IDLE_WAIT_S if fair_prefill else None))
+            (pacer or ChunkPacer(idle_budget_s=IDLE_WAIT_S if sharing.round_robin else None))
             if interleave
             else None
         )
-        # Whose prompt takes the next chunk, and how many one client may queue. fair_prefill
-        # False: the order before the round robin between clients, and whole chunks while
-        # nobody decodes (for ``radixchat bench key-fairness``'s side-by-side figures)
-        self.turns = PrefillTurns(max_waiting, round_robin=fair_prefill)
+        # Whose prompt takes the next chunk, and how many one client may queue
+        self.turns = PrefillTurns(sharing.max_waiting, round_robin=sharing.round_robin)
         self.on_finished = on_finished
         self.on_progress = on_progress  # after each prefill chunk (live memory panels)
         self.prefix_cache = prefix_cache

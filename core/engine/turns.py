@@ -54,6 +54,19 @@ class Waiting(Protocol):
 W = TypeVar("W", bound=Waiting)
 
 
+@dataclass(frozen=True)
+class PrefillSharing:
+    """How a scheduler shares prefill between clients: ``max_waiting`` prompts a client may
+    queue; ``round_robin`` False: the order before the round robin (priority, then arrival)
+    and whole chunks while nobody decodes, so benches can measure both on the same weights."""
+
+    max_waiting: int = MAX_WAITING_PER_KEY
+    round_robin: bool = True
+
+
+DEFAULT_SHARING = PrefillSharing()  # frozen: one is shared
+
+
 class PrefillTurns:
     """The prefill order of one scheduler's waiting prompts (engine thread only).
 

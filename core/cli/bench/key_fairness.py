@@ -36,6 +36,7 @@ from core.cli.bench.fairness import long_request
 from core.cli.bench.harness import announce_repetition, package_version
 from core.engine.engine import Engine, RequestHandle
 from core.engine.namespaces import for_key
+from core.engine.turns import PrefillSharing
 from core.engine.types import (
     ChatMessage,
     DoneEvent,
@@ -137,7 +138,7 @@ def _engines(args) -> dict[str, Engine]:
                 disk_cache=False,
                 pool_tokens=POOL_TOKENS,
                 on_load_progress=None if args.json else print_progress,
-                fair_prefill=policy == "shared",
+                prefill_sharing=PrefillSharing(round_robin=policy == "shared"),
             ).start()
             engines[policy].wait_ready()
     except BaseException:

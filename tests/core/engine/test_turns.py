@@ -18,7 +18,7 @@ import pytest
 from core.engine.engine import RequestHandle
 from core.engine.namespaces import for_key, with_salt
 from core.engine.pacing import ChunkPacer
-from core.engine.turns import PrefillTurns, Turn
+from core.engine.turns import PrefillSharing, PrefillTurns, Turn
 from core.engine.types import (
     CHAT_PRIORITY,
     DoneEvent,
@@ -250,10 +250,10 @@ def prefilled_chunks(log: list, name: str) -> int:
     return chunk_owners(log).count(name)
 
 
-def test_without_fair_prefill_the_long_prompt_keeps_every_chunk(long_loaded):
+def test_without_the_round_robin_the_long_prompt_keeps_every_chunk(long_loaded):
     """The order before the round robin (kept for the bench's side-by-side figures): the
     short prompt waited for the whole long one. The check above fails on it."""
-    s, log = scheduler(long_loaded, fair_prefill=False), []
+    s, log = scheduler(long_loaded, sharing=PrefillSharing(round_robin=False)), []
     s.admit(Logged(ask(LONG, KEY_A, max_tokens=2), "long", log))
     s.step()
     s.admit(Logged(ask("hi", KEY_B), "short", log))
@@ -262,7 +262,7 @@ def test_without_fair_prefill_the_long_prompt_keeps_every_chunk(long_loaded):
 
 
 def test_one_prompt_past_a_keys_cap_is_refused_at_once(long_loaded):
-    s = scheduler(long_loaded, max_waiting=2)
+    s = scheduler(long_loaded, sharing=PrefillSharing(max_waiting=2))
     mine = [RequestHandle(ask(f"prompt {i}", KEY_A)) for i in range(2)]
     for h in mine:
         s.admit(h)
