@@ -68,6 +68,7 @@ class ApiState:
         self.events_waker = None  # core.api.relay's, made on the server's event loop
         self.metrics = ServerMetrics(engine.stats, lambda: len(self._handles))
         self.request_log = RequestLog()  # the last requests, for the app's request log
+        self.pulls: set[str] = set()  # models being pulled through /api/pull (by spec)
         # the Responses API's stored responses (opened on first use)
         self.responses = ResponseStore(paths.responses_db_path(engine.data_root))
 

@@ -42,6 +42,7 @@ from core.engine.constrain import check_request
 from core.engine.engine_stats import EngineStats
 from core.engine.handle import PreparedPrompt, RequestHandle
 from core.engine.prompt import PromptLimit, Prompts
+from core.engine.template_facts import TemplateFacts
 from core.engine.types import (
     DoneEvent,
     ErrorEvent,
@@ -262,6 +263,12 @@ class Engine:
         except Exception as exc:  # a bug: logged in full, raised to the caller
             log.exception("counting tokens failed")
             raise RuntimeError(f"counting tokens failed: {exc}") from exc
+
+    def template_facts(self) -> TemplateFacts | None:
+        """The loaded model's chat template and tokenizer, described (worked out once per
+        load, on the calling thread); None while no model is loaded."""
+        prompts = self._prompts
+        return prompts.facts if prompts is not None else None
 
     def forget_session(self, session: str, namespace: str = "") -> None:
         """Drop the cache of ``session`` of cache namespace ``namespace`` (the chat was
@@ -644,7 +651,11 @@ class Engine:
                 ids = handle.prepared.tokens
                 handle.prepared = None
                 handle.request = replace(
-                    handle.request, messages=(), prompt_text=None, prompt_tokens=tuple(ids)
+                    handle.request,
+                    messages=(),
+                    prompt_text=None,
+                    prompt_tokens=tuple(ids),
+                    context_tokens=(),
                 )
                 self._scheduler.admit(handle)  # finishes the handle itself, now or later
                 return

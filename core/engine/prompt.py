@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from core.engine import generic_tools
 from core.engine.constrain import tool_name
+from core.engine.template_facts import TemplateFacts, template_facts
 from core.engine.tools import template_message
 from core.engine.types import GenerationRequest
 from core.errors import ContextLengthError, UserError
@@ -73,6 +74,7 @@ class Prompts:
         self.limit = limit
         self.load = load  # which model load this is (the engine counts them)
         self._longest: int | None = None
+        self._facts: TemplateFacts | None = None
         self._lock = threading.Lock()
 
     def tokens(self, request: GenerationRequest) -> list[int]:
@@ -95,6 +97,14 @@ class Prompts:
                 self._longest = max(map(len, self.tokenizer.get_vocab()), default=1)
             return self._longest
 
+    @property
+    def facts(self) -> TemplateFacts:
+        """The model's chat template and tokenizer, described (worked out once)."""
+        with self._lock:
+            if self._facts is None:
+                self._facts = template_facts(self.tokenizer)
+            return self._facts
+
     def _check_text(self, text: str) -> None:
         longest = self.longest_entry
         if len(text) > self.limit.tokens * longest:
@@ -110,6 +120,8 @@ def _tokens(tokenizer, request: GenerationRequest, check_text) -> list[int]:
         if check_text is not None:
             check_text(text)
         ids = list(tokenizer.encode(text, add_special_tokens=special))
+    if request.context_tokens:
+        ids = [*request.context_tokens, *ids]
     if not ids:
         raise UserError("empty prompt: nothing to generate from")
     return ids
@@ -123,25 +135,34 @@ def _text(tokenizer, request: GenerationRequest) -> tuple[str, bool]:
     if not request.messages:
         raise UserError("empty request: no messages and no prompt")
     tools = list(request.tools) if request.tools and request.tool_choice != "none" else None
+    switches = template_switches(request)
     if tools and generic_tools.applies(tokenizer):
-        return generic_tools.render(tokenizer, request.messages, tools), False
+        return generic_tools.render(tokenizer, request.messages, tools, **switches), False
     messages = [template_message(m) for m in request.messages]
     if tools:
-        return _text_with_tools(tokenizer, messages, tools), False
+        return _text_with_tools(tokenizer, messages, tools, switches), False
     if getattr(tokenizer, "has_chat_template", False):
         return tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False
+            messages, add_generation_prompt=True, tokenize=False, **switches
         ), False
     return "\n".join(f"{m['role']}: {m['content']}" for m in messages) + "\nassistant:", True
 
 
-def _text_with_tools(tokenizer, messages: list[dict], tools: list[dict]) -> str:
+def template_switches(request: GenerationRequest) -> dict:
+    """The chat template's keyword arguments a request sets: ``enable_thinking`` where it
+    asks (mlx-lm's tokenizer wrapper renames it for templates that call it ``thinking``)."""
+    return {} if request.thinking is None else {"enable_thinking": request.thinking}
+
+
+def _text_with_tools(
+    tokenizer, messages: list[dict], tools: list[dict], switches: dict | None = None
+) -> str:
     """The prompt with ``tools`` handed to the chat template (one with tool markup; the
     others get the generic format, :mod:`core.engine.generic_tools`). A template that drops
     the tools cannot serve them: a clear error, not a model that never hears of its tools."""
     fix = "start RadixChat with --chat-template FILE (a Jinja template that takes tools)"
     text = tokenizer.apply_chat_template(
-        messages, tools=tools, add_generation_prompt=True, tokenize=False
+        messages, tools=tools, add_generation_prompt=True, tokenize=False, **(switches or {})
     )
     missing = names_missing(text, [tool_name(t) for t in tools])
     if missing:

@@ -128,7 +128,9 @@ class Replies:
                 )
             )
         else:
-            handle.emit(DoneEvent("".join(state.shown), stats, calls))
+            handle.emit(
+                DoneEvent("".join(state.shown), stats, calls, tuple(prompt), tuple(state.generated))
+            )
         handle.finish()
         self.on_finished()
 

@@ -109,6 +109,12 @@ class GenerationRequest:
     # Speculative decoding for this request: "off", "ngram" or "draft" (core.engine.drafts);
     # None: the engine's setting.
     speculative: str | None = None
+    # Token ids that come before the prompt (Ollama's ``context``: an earlier prompt and its
+    # reply, sent back); the rendered messages or text follow them.
+    context_tokens: tuple[int, ...] = ()
+    # The chat template's thinking switch (``enable_thinking``) for a model that reasons;
+    # None: the template's default.
+    thinking: bool | None = None
 
     def __post_init__(self) -> None:
         if self.tool_choice not in TOOL_CHOICES:
@@ -172,9 +178,15 @@ class ToolCallEvent:
 
 @dataclass(frozen=True)
 class DoneEvent:
+    """A request ended. ``prompt_tokens`` and ``reply_tokens``: the token ids of its prompt
+    (as the model read it) and of its reply (as generated: a stop string's and tool-call
+    markup's included), for a client that sends them back (Ollama's ``context``)."""
+
     text: str
     stats: RequestStats
     tool_calls: tuple[ToolCall, ...] = ()
+    prompt_tokens: tuple[int, ...] = ()
+    reply_tokens: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
