@@ -113,7 +113,7 @@ class GenerationRequest:
     # reply, sent back); the rendered messages or text follow them.
     context_tokens: tuple[int, ...] = ()
     # The chat template's thinking switch (``enable_thinking``) for a model that reasons;
-    # None: the template's default.
+    # None: mlx-lm's default (on where the vocabulary has thinking markers).
     thinking: bool | None = None
 
     def __post_init__(self) -> None:
