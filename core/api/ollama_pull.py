@@ -133,14 +133,29 @@ def _fetch(plan: RepoPlan | KnownModel, data_root: Path, report, cancel: threadi
     )
 
 
+class PullSwitch:
+    """Cancels a pull (what :func:`core.api.relay.watch_disconnect` calls when the client of
+    a pull that is not streamed goes away)."""
+
+    def __init__(self):
+        self.event = threading.Event()
+
+    def cancel(self) -> None:
+        self.event.set()
+
+
 async def pull_statuses(
-    plan: RepoPlan | KnownModel, data_root: Path, fetch: Callable = _fetch
+    plan: RepoPlan | KnownModel,
+    data_root: Path,
+    switch: PullSwitch | None = None,
+    fetch: Callable = _fetch,
 ) -> AsyncIterator[dict[str, Any]]:
     """Ollama's status objects for pulling ``plan``; the download runs on a thread of its
-    own and is cancelled when the stream is closed early (the client went away)."""
+    own and is cancelled by ``switch`` or when the stream is closed early (the client went
+    away)."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
-    cancel = threading.Event()
+    cancel = (switch or PullSwitch()).event
     digest = layer_digest(plan)
     status = f"pulling {digest.removeprefix('sha256:')[:12]}"
 

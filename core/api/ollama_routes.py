@@ -20,7 +20,14 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from core.api.errors import ApiError, engine_error, shutting_down
 from core.api.ollama_models import OllamaModel, find, local_models, ps_body, show_body
-from core.api.ollama_pull import parse_name, plan_pull, pull_key, pull_refusal, pull_statuses
+from core.api.ollama_pull import (
+    PullSwitch,
+    parse_name,
+    plan_pull,
+    pull_key,
+    pull_refusal,
+    pull_statuses,
+)
 from core.api.ollama_reply import OllamaReply, ndjson
 from core.api.ollama_schema import (
     TOOL_CHOICE_HEADER,
@@ -32,7 +39,7 @@ from core.api.ollama_schema import (
     model_of,
     to_call,
 )
-from core.api.relay import EngineEvents, reply_stream, reply_whole
+from core.api.relay import CLIENT_GONE, EngineEvents, reply_stream, reply_whole, watch_disconnect
 from core.api.routing import (
     SSE_HEADERS,
     JsonRoute,
@@ -224,14 +231,19 @@ async def pull(body: OllamaPullRequest, request: Request) -> Response:
     if key in api.pulls:
         raise ApiError(409, f"{key} is being pulled already", code="pull_running")
     api.pulls.add(key)
-    statuses = pull_statuses(plan, api.engine.data_root)
+    switch = PullSwitch()
+    statuses = pull_statuses(plan, api.engine.data_root, switch)
     if body.stream is False:
         try:
-            async for status in statuses:
-                if "error" in status:
-                    raise ApiError(400, status["error"], code="pull_failed")
+            async with watch_disconnect(request.scope, request.receive, switch):
+                async for status in statuses:
+                    if "error" in status and not request.scope.get(CLIENT_GONE):
+                        raise ApiError(400, status["error"], code="pull_failed")
         finally:
+            await statuses.aclose()
             api.pulls.discard(key)
+        if request.scope.get(CLIENT_GONE):
+            return Response(status_code=499)  # nobody will read it
         return JSONResponse({"status": "success"})
     return StreamingResponse(_released(statuses, api, key), media_type=NDJSON, headers=SSE_HEADERS)
 

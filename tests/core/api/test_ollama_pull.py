@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import hashlib
 
+import httpx
 import ollama
 import pytest
 
 from core.api.ollama_pull import PullTarget, parse_name
 from core.api.server import ApiServer
 from tests.core.engine.helpers import start_engine
-from tests.core.models.hub.hub_fixture import ONE_GGUF, TINY_MLX, TWO_GGUF
+from tests.core.models.hub.hub_fixture import BIG_MLX, ONE_GGUF, TINY_MLX, TWO_GGUF
 from tests.core.models.test_catalog import write_gguf
 
 
@@ -80,6 +81,32 @@ def test_an_mlx_repo_pulled_whole_has_the_digest_the_pull_reported(client, loopb
     assert again.status == "success"
     assert client.delete(f"hf.co/{TINY_MLX}").status == "success"
     assert f"hf.co/{TINY_MLX}:latest" not in names(client)
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+def test_a_client_that_goes_away_cancels_its_pull_and_the_next_resumes(
+    client, engine, loopback_hub, streamed
+):
+    loopback_hub.rate = 4e6  # bytes a second: the pull takes seconds
+    size = sum(f.size for f in loopback_hub.repos[BIG_MLX].files.values())
+    address = str(client._client.base_url).rstrip("/")
+    body = {"model": f"hf.co/{BIG_MLX}", "stream": streamed}
+    if streamed:
+        with httpx.stream("POST", address + "/api/pull", json=body, timeout=60) as response:
+            for line in response.iter_lines():
+                if '"completed"' in line:
+                    break  # some bytes arrived: now go away
+    else:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(address + "/api/pull", json=body, timeout=1.5)
+    loopback_hub.wait_idle(timeout=30)  # the download noticed and stopped
+    served = loopback_hub.served(BIG_MLX)
+    assert 0 < served < size
+    loopback_hub.rate = None
+    assert client.pull(f"hf.co/{BIG_MLX}").status == "success"  # resumed: the rest only
+    # resumed: the second pull fetched the rest, not the whole again
+    assert loopback_hub.served(BIG_MLX) - served < size - served / 2
+    assert client.delete(f"hf.co/{BIG_MLX}").status == "success"
 
 
 @pytest.mark.parametrize(
