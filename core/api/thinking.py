@@ -29,18 +29,18 @@ class ThoughtSplitter:
     def __init__(self, start: str, end: str, inside: bool = False):
         self.start, self.end = start, end
         self.state = INSIDE if inside else BEFORE
-        self._held = ""
+        self._pending = ""
         self._answer_started = False  # the white space after the thought is dropped until then
 
     def feed(self, text: str) -> Parts:
-        self._held += text
+        self._pending += text
         thinking: list[str] = []
         content: list[str] = []
-        while self._held:
+        while self._pending:
             if self.state == BEFORE:
-                stripped = self._held.lstrip()
+                stripped = self._pending.lstrip()
                 if stripped.startswith(self.start):
-                    self._held = stripped[len(self.start) :]
+                    self._pending = stripped[len(self.start) :]
                     self.state = INSIDE
                 elif not stripped or self.start.startswith(stripped):
                     break  # white space, or a piece of the opening marker: wait for more
@@ -48,18 +48,18 @@ class ThoughtSplitter:
                     self.state = AFTER  # no thought: it is all answer
                     self._answer_started = True
             elif self.state == INSIDE:
-                at = self._held.find(self.end)
+                at = self._pending.find(self.end)
                 if at >= 0:
-                    thinking.append(self._held[:at])
-                    self._held = self._held[at + len(self.end) :]
+                    thinking.append(self._pending[:at])
+                    self._pending = self._pending[at + len(self.end) :]
                     self.state = AFTER
                 else:
-                    keep = _partial_suffix(self._held, self.end)
-                    thinking.append(self._held[: len(self._held) - keep])
-                    self._held = self._held[len(self._held) - keep :]
+                    keep = _partial_suffix(self._pending, self.end)
+                    thinking.append(self._pending[: len(self._pending) - keep])
+                    self._pending = self._pending[len(self._pending) - keep :]
                     break
             else:
-                text, self._held = self._held, ""
+                text, self._pending = self._pending, ""
                 if not self._answer_started:
                     text = text.lstrip()
                     self._answer_started = bool(text)
@@ -68,7 +68,7 @@ class ThoughtSplitter:
 
     def finish(self) -> Parts:
         """The reply ended: what was held back (an unfinished thought stays a thought)."""
-        held, self._held = self._held, ""
+        held, self._pending = self._pending, ""
         if self.state == INSIDE:
             return Parts(thinking=held)
         if self.state == BEFORE:
