@@ -65,8 +65,13 @@ OLLAMA_API_VERSION = "0.12.0"
 HUB_KINDS = ("hf-cache", "hf-gguf")
 
 
-@router.api_route("/", methods=["GET", "HEAD"], summary="Ollama's liveness answer")
+@router.get("/", summary="Ollama's liveness answer: 'Ollama is running'")
 def root() -> PlainTextResponse:
+    return PlainTextResponse(RUNNING)
+
+
+@router.head("/", include_in_schema=False)
+def root_head() -> PlainTextResponse:
     return PlainTextResponse(RUNNING)
 
 
