@@ -77,13 +77,30 @@ LENIENT_TYPES = frozenset({"", "application/x-www-form-urlencoded"})
 BODY_TIMEOUT_S = 60.0
 
 
+CONVERSATIONS = "/v1/conversations"  # and under it: every POST takes a JSON body
+
+
+def takes_json(path: str, method: str = "POST") -> bool:
+    """Whether a request to ``path`` brings a JSON body (read whole, within the limit): a
+    POST to a JSON endpoint, or a DELETE to Ollama's ``/api/delete``."""
+    if method == "DELETE":
+        return path in DELETE_JSON_ENDPOINTS
+    return method == "POST" and (
+        path in JSON_ENDPOINTS or path == CONVERSATIONS or path.startswith(CONVERSATIONS + "/")
+    )
+
+
 def endpoint_label(path: str) -> str:
     """The metrics label of a path: the endpoint, never the raw path (unbounded labels)."""
     path = path.rstrip("/") or "/"
-    if path in ENDPOINTS:
+    if path in ENDPOINTS or path == CONVERSATIONS:
         return path
     if path.startswith("/v1/responses/"):
         return "/v1/responses/{id}"
+    if path.startswith(CONVERSATIONS + "/"):
+        parts = path.split("/")[3:]  # {id}, items, {item_id}
+        if len(parts) == 1 or (len(parts) <= 3 and parts[1] == "items"):
+            return "/".join([CONVERSATIONS, "{id}", "items", "{item_id}"][: len(parts) + 1])
     return "/v1/models/{model}" if path.startswith("/v1/models/") else "other"
 
 
@@ -251,10 +268,7 @@ class RequestChecks:
                 code="invalid_api_key",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        if not (
-            (scope["method"] == "POST" and path in JSON_ENDPOINTS)
-            or (scope["method"] == "DELETE" and path in DELETE_JSON_ENDPOINTS)
-        ):
+        if not takes_json(path, scope["method"]):
             return receive
         declared = headers.get("content-length")
         if declared is None and "transfer-encoding" not in headers:

@@ -306,7 +306,7 @@ def show_body(
     else:
         template = d.chat_template if d is not None else ""
         takes_tools = reads_variable(template, "tools")
-        reasons = template_reasons(template, "<think>")
+        reasons = template_reasons(template)
         stops, context = (), d.context_length if d is not None else None
     return {
         "modelfile": f"# Modelfile of {model.name}, served by RadixChat\nFROM {model.spec}\n",

@@ -23,7 +23,6 @@ from typing import Any
 
 from core.api.ollama_schema import OllamaCall
 from core.api.openai_schema import usage_extra
-from core.api.thinking import Parts, ThoughtSplitter
 from core.engine.types import DoneEvent, RequestStats, ToolCall
 
 log = logging.getLogger(__name__)
@@ -77,14 +76,11 @@ class OllamaReply:
 
     def __init__(self, call: OllamaCall, model: str, arrived: float):
         self.call, self.model, self.arrived = call, model, arrived
-        thought = call.thought
-        self.splitter = (
-            ThoughtSplitter(thought.start, thought.end, thought.inside) if thought else None
-        )
         self.calls_sent = 0
 
     def _object(self, text: str, thinking: str, calls: list[dict], done: bool) -> dict[str, Any]:
         out: dict[str, Any] = {"model": self.model, "created_at": timestamp()}
+        thinking = thinking if self.call.thinking else ""
         if self.call.chat:
             message: dict[str, Any] = {"role": "assistant", "content": text}
             if thinking:
@@ -99,39 +95,24 @@ class OllamaReply:
         out["done"] = done
         return out
 
-    def split(self, text: str) -> Parts:
-        """A piece of the reply's text as thought and answer (the thought only if shown)."""
-        parts = self.splitter.feed(text) if self.splitter else Parts(content=text)
-        return self._shown(parts)
-
-    def _shown(self, parts: Parts) -> Parts:
-        shown = self.call.thought is not None and self.call.thought.show
-        return parts if shown or not parts.thinking else Parts(content=parts.content)
-
-    def piece(self, parts: Parts) -> dict[str, Any] | None:
-        """A streamed line for ``parts`` (None when there is nothing to send)."""
-        if not parts.thinking and not parts.content:
+    def piece(self, text: str = "", thinking: str = "") -> dict[str, Any] | None:
+        """A streamed line for a piece of the answer or of the thinking (None when there is
+        nothing to send: thinking the request did not ask to see)."""
+        if not text and not (thinking and self.call.thinking):
             return None
-        return self._object(parts.content, parts.thinking, [], False)
+        return self._object(text, thinking, [], False)
 
     def tool_call(self, call: ToolCall) -> dict[str, Any]:
         self.calls_sent += 1
         return self._object("", "", [tool_call_object(call, self.calls_sent - 1)], False)
 
-    def flush(self) -> dict[str, Any] | None:
-        """What the thought splitter still held, once the reply has ended."""
-        return self.piece(self._shown(self.splitter.finish())) if self.splitter else None
-
     def last(self, done: DoneEvent, whole: bool) -> dict[str, Any]:
         """The last object: the whole reply (``whole``) or nothing more, then the figures."""
-        text = thinking = ""
-        calls: list[dict] = []
         if whole:
-            first = self.split(done.text)
-            rest = self._shown(self.splitter.finish()) if self.splitter else Parts()
-            text, thinking = first.content + rest.content, first.thinking + rest.thinking
             calls = [tool_call_object(call, i) for i, call in enumerate(done.tool_calls)]
-        out = self._object(text, thinking, calls, True)
+            out = self._object(done.text, done.reasoning, calls, True)
+        else:
+            out = self._object("", "", [], True)
         out["done_reason"] = done_reason(done.stats)
         out.update(figures(done.stats, self.arrived))
         if self.call.context:

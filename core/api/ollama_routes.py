@@ -50,7 +50,14 @@ from core.api.routing import (
     named,
     server_of,
 )
-from core.engine.types import DoneEvent, ErrorEvent, Event, TokenEvent, ToolCallEvent
+from core.engine.types import (
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    ReasoningEvent,
+    TokenEvent,
+    ToolCallEvent,
+)
 from core.errors import UserError
 from core.models.hub.client import HubError
 
@@ -201,8 +208,9 @@ async def _lines(
     try:
         event: Event | None = first
         while event is not None:
-            if isinstance(event, TokenEvent):
-                line = reply.piece(reply.split(event.text))
+            if isinstance(event, (TokenEvent, ReasoningEvent)):
+                thinking = isinstance(event, ReasoningEvent)
+                line = reply.piece("" if thinking else event.text, event.text if thinking else "")
                 if line is not None:
                     yield ndjson(line)
             elif isinstance(event, ToolCallEvent):
@@ -214,9 +222,6 @@ async def _lines(
                 if event.stats.finish_reason == "cancelled":  # the server is stopping
                     yield ndjson(shutting_down().ollama_body())
                     return
-                held = reply.flush()
-                if held is not None:
-                    yield ndjson(held)
                 yield ndjson(reply.last(event, whole=False))
                 return
             event = await anext(events, None)

@@ -16,8 +16,10 @@ refuses. No HTTP and no engine here.
   message answers the call named by its ``tool_call_id`` or ``tool_name``, else the oldest
   one unanswered. Ollama has no ``tool_choice``: RadixChat takes OpenAI's values in the body
   or the ``X-RadixChat-Tool-Choice`` header (``required`` or a tool's name force a call).
-- ``think``: a reasoning model's thought comes apart from its answer; refused on a model
-  that does not reason. ``images``: refused (RadixChat serves text models).
+- ``think``: the template's thinking switch (``enable_thinking``; a level is gpt-oss's
+  ``reasoning_effort`` too); the engine takes a reasoning model's thinking out of the reply,
+  sent as ``thinking`` unless ``think`` is false. Refused on a model that does not reason.
+  ``images``: refused (RadixChat serves text models).
 - ``/api/generate``: ``system``, ``template`` (:mod:`core.api.ollama_template`), ``raw``,
   ``context`` (token ids of an earlier prompt and reply, read before this prompt).
 """
@@ -51,6 +53,7 @@ from core.api.openai_tools import (
     ToolDef,
     tool_fields,
 )
+from core.api.reasoning import effort_kwargs, thinking_kwargs
 from core.api.wire import (
     CACHE_SALT_TEXT,
     MAX_PRIORITY,
@@ -118,7 +121,9 @@ class OllamaMessage(WireModel):
     tool_calls: list[OllamaToolCall] | None = None
     tool_name: Text | None = Field(None, description="the tool a tool message answers")
     tool_call_id: Text | None = Field(None, description="the call a tool message answers")
-    thinking: Text | None = Field(None, description="an earlier thought: not shown to the model")
+    thinking: Text | None = Field(
+        None, description="an earlier reply's thinking: to the template, which may render it"
+    )
 
 
 class _Generation(WireModel):
@@ -202,16 +207,6 @@ class OllamaPullRequest(OllamaModelRequest):
 
 # ------------------------------------------------------------------ checks that need the model
 @dataclass(frozen=True)
-class ThoughtMarkers:
-    """How a reasoning model's reply comes apart; ``show``: whether the thought is sent."""
-
-    start: str
-    end: str
-    inside: bool  # the prompt opened the thought
-    show: bool
-
-
-@dataclass(frozen=True)
 class OllamaCall:
     """A checked ``/api/chat`` (``chat``) or ``/api/generate`` request. ``loading``: an empty
     one only loads or unloads the model ("load" / "unload", no request runs)."""
@@ -219,7 +214,7 @@ class OllamaCall:
     chat: bool
     request: GenerationRequest | None
     stream: bool
-    thought: ThoughtMarkers | None = None
+    thinking: bool = True  # a reasoning model's thinking is sent (not with think: false)
     context: bool = False  # the reply carries ``context`` (generate, not raw)
     loading: str | None = None
 
@@ -271,23 +266,15 @@ def sampling(
     )
 
 
-def thought_of(
-    think, facts: TemplateFacts | None, model: str
-) -> tuple[ThoughtMarkers | None, bool | None]:
-    """The thought's markers and the template's thinking switch for ``think``; a 400 for
-    ``think`` on a model that does not reason."""
-    if facts is None or not facts.reasons:
-        if think not in (None, False):
-            raise invalid("think", f'"{model}" does not support thinking')
-        return None, None
-    switch = None if think is None else think is not False
-    markers = ThoughtMarkers(
-        facts.think_start,
-        facts.think_end,
-        facts.opens_thinking and switch is not False,
-        switch is not False,
-    )
-    return markers, switch
+def think_kwargs(think, facts: TemplateFacts | None, model: str) -> dict[str, Any]:
+    """The template variables ``think`` sets; a 400 for ``think`` on a model that does not
+    reason (``think: false`` is taken anywhere: there is nothing to switch off)."""
+    if think is None:
+        return {}
+    if think is not False and (facts is None or not facts.reasons):
+        raise invalid("think", f'"{model}" does not support thinking')
+    kwargs = thinking_kwargs(think is not False)
+    return {**kwargs, **effort_kwargs(think)} if isinstance(think, str) else kwargs
 
 
 def _no_images(images: list[str] | None, param: str, model: str) -> None:
@@ -352,7 +339,7 @@ def chat_messages(messages: list[OllamaMessage], model: str) -> tuple[ChatMessag
                 for j, call in enumerate(message.tool_calls or ())
             )
             pending = list(calls) or pending
-            out.append(ChatMessage("assistant", text, calls))
+            out.append(ChatMessage("assistant", text, calls, reasoning=message.thinking or ""))
         elif message.role == "tool":
             answered = _answered(pending, message)
             if answered is not None:
@@ -413,7 +400,7 @@ def to_call(
         return OllamaCall(
             chat, None, stream, loading="unload" if unloads(body.keep_alive) else "load"
         )
-    thought, switch = thought_of(body.think, facts, model)
+    switches = think_kwargs(body.think, facts, model)
     if chat:
         extra = _format_fields(body, body.tools, limits, tool_choice_of(body, tool_choice_header))
     else:
@@ -430,11 +417,11 @@ def to_call(
         cache_namespace=with_salt(namespace, body.cache_salt),
         priority=priority_of(body.priority, priority_header),
         speculative=speculative_of(body.radixchat),
-        thinking=switch,
+        template_kwargs=switches,
         **prompt,
         **extra,
     )
-    return OllamaCall(chat, request, stream, thought, context=not chat and not body.raw)
+    return OllamaCall(chat, request, stream, body.think is not False, not chat and not body.raw)
 
 
 __all__ = [

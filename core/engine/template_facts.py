@@ -1,20 +1,17 @@
 """What a loaded model's chat template and tokenizer say about the model, as plain values: the
-template's text, whether it takes tools, whether (and how) the model reasons, the text of its
-end-of-turn tokens. Front ends that describe a model read them (Ollama's ``/api/show``:
-template, capabilities, stop parameters) and split a reasoning model's thought from its
-answer with the markers. Worked out once per load, off the engine thread (the tokenizer
-is not MLX; nothing here imports mlx).
+template's text, whether it takes tools, whether the model reasons (and its thinking
+markers), the text of its end-of-turn tokens. Front ends that describe a model read them
+(Ollama's ``/api/show``: template, capabilities, stop parameters; a request that asks a
+model that does not reason to think). Worked out once per load, off the engine thread (the
+tokenizer is not MLX).
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
-log = logging.getLogger(__name__)
-
-# what a template that switches reasoning on and off reads (Qwen 3, DeepSeek, gpt-oss...)
-THINKING_SWITCHES = ("enable_thinking", "reasoning_content", "thinking")
+# what a template that writes or switches a thought names (Qwen 3, DeepSeek, gpt-oss...)
+THINKING_WORDS = ("<think>", "enable_thinking", "reasoning_content", "reasoning_effort")
 
 
 @dataclass(frozen=True)
@@ -23,11 +20,10 @@ class TemplateFacts:
 
     template: str = ""  # the chat template's Jinja text ("" without one)
     takes_tools: bool = False  # the template reads ``tools``
-    # the markers around a reasoning model's thought (None: the model does not reason)
+    # the markers around a reasoning model's thinking (None: the model does not reason;
+    # core.engine.reasoning finds them, as the engine does to split the thinking out)
     think_start: str | None = None
     think_end: str | None = None
-    # the generation prompt already opens the thought: the reply starts inside it
-    opens_thinking: bool = False
     stop_words: tuple[str, ...] = ()  # the text of the tokens that end a turn
     vocab_size: int = 0
 
@@ -52,54 +48,31 @@ def reads_variable(template: str, name: str) -> bool:
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     try:
-        return name in meta.find_undeclared_variables(
-            ImmutableSandboxedEnvironment().parse(template)
-        )
+        parsed = ImmutableSandboxedEnvironment().parse(template)
+        return name in meta.find_undeclared_variables(parsed)
     except Exception:  # noqa: BLE001 - jinja2's TemplateSyntaxError and friends
         return False
 
 
-def template_reasons(template: str, think_start: str | None) -> bool:
-    """Whether ``template`` writes or switches a thought (its markers or a switch's name)."""
-    return bool(template) and (
-        (think_start is not None and think_start in template)
-        or any(switch in template for switch in THINKING_SWITCHES)
-    )
+def template_reasons(template: str) -> bool:
+    """Whether a chat template (of a model not loaded) writes or switches a thought."""
+    return any(word in template for word in THINKING_WORDS)
 
 
 def template_facts(tokenizer) -> TemplateFacts:
     """The facts of an mlx-lm tokenizer wrapper (or anything with its attributes)."""
+    from core.engine.reasoning import thinking_markup  # imports mlx-lm's text state machine
+
     template = template_text(tokenizer)
-    think_start = getattr(tokenizer, "think_start", None)
-    think_end = getattr(tokenizer, "think_end", None)
-    reasons = bool(getattr(tokenizer, "has_thinking", False)) and template_reasons(
-        template, think_start
-    )
+    markup = thinking_markup(tokenizer)
     return TemplateFacts(
         template=template,
         takes_tools=reads_variable(template, "tools"),
-        think_start=think_start if reasons else None,
-        think_end=think_end if reasons else None,
-        opens_thinking=reasons and _opens_thinking(tokenizer, think_start),
+        think_start=markup.start if markup is not None else None,
+        think_end=markup.end if markup is not None else None,
         stop_words=_stop_words(tokenizer),
         vocab_size=_vocab_size(tokenizer),
     )
-
-
-def _opens_thinking(tokenizer, think_start: str) -> bool:
-    """Whether the generation prompt with thinking on ends in the thought's opening marker
-    (DeepSeek-R1's and Qwen3-Thinking's templates write it themselves)."""
-    try:
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": "."}],
-            add_generation_prompt=True,
-            tokenize=False,
-            enable_thinking=True,
-        )
-    except Exception as exc:  # noqa: BLE001 - a template that refuses the probe
-        log.debug("the thinking probe failed: %s", exc)
-        return False
-    return isinstance(text, str) and text.rstrip().endswith(think_start)
 
 
 def _stop_words(tokenizer) -> tuple[str, ...]:

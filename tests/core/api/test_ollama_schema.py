@@ -23,7 +23,6 @@ CARD = ModelCard("tiny", "f" * 64, 1024, frozenset({"tiny"}), 0)
 REASONS = TemplateFacts(
     template="{{ enable_thinking }}", think_start="<think>", think_end="</think>"
 )
-OPENS = TemplateFacts(think_start="<think>", think_end="</think>", opens_thinking=True)
 ASK = [{"role": "user", "content": "hi"}]
 
 
@@ -169,16 +168,22 @@ def test_tool_choice_from_the_body_or_the_header():
     assert refused(chat, tools=[tool], header="nope").param == "tool_choice"
 
 
-def test_think_on_a_reasoning_model_and_refused_on_others():
-    assert chat(REASONS).request.thinking is None  # the template's default
+def test_think_switches_a_reasoning_models_template_and_is_refused_on_others():
+    assert chat(REASONS).request.template_kwargs == {}  # the template's default
     on = chat(REASONS, think=True)
-    assert on.request.thinking is True and on.thought.show and not on.thought.inside
+    assert on.request.template_kwargs == {"enable_thinking": True} and on.thinking
     off = chat(REASONS, think=False)
-    assert off.request.thinking is False and not off.thought.show
-    assert chat(REASONS, think="high").request.thinking is True  # gpt-oss's levels
-    assert chat(OPENS, think=True).thought.inside  # the template opened the thought
-    assert chat(think=False).thought is None  # nothing to switch off
+    assert off.request.template_kwargs == {"enable_thinking": False} and not off.thinking
+    high = chat(REASONS, think="high").request.template_kwargs  # gpt-oss's levels
+    assert high == {"enable_thinking": True, "reasoning_effort": "high"}
+    assert chat(think=False).request.template_kwargs == {"enable_thinking": False}
     assert "does not support thinking" in refused(chat, think=True).message
+    assert refused(chat, think="low").param == "think"
+
+
+def test_an_earlier_replys_thinking_goes_to_the_template():
+    messages = [*ASK, {"role": "assistant", "content": "Hi", "thinking": "greet"}, *ASK]
+    assert chat(REASONS, messages=messages).request.messages[1].reasoning == "greet"
 
 
 def test_images_are_refused():

@@ -99,25 +99,6 @@ def test_context_tokens_come_before_the_rendered_prompt(loaded):
     assert render_prompt(loaded.tokenizer, text)[0] == 5
 
 
-THINKING_TEMPLATE = (
-    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-    "{% if enable_thinking is defined and not enable_thinking %}[no thought]{% endif %}"
-    "{% if add_generation_prompt %}assistant:{% endif %}"
-)
-
-
-def test_the_thinking_switch_reaches_the_template(tiny_model, tmp_path):
-    thinking = load_model(str(tiny_model), tmp_path, chat_template=THINKING_TEMPLATE).tokenizer
-
-    def text(**switch):
-        return thinking.decode(render_prompt(thinking, replace(user("hi"), **switch)))
-
-    assert "[no thought]" in text(thinking=False)
-    assert "[no thought]" not in text(thinking=True)
-    # unset: mlx-lm's default, thinking where the vocabulary has the markers (not here)
-    assert text() == text(thinking=False)
-
-
 @pytest.mark.parametrize(
     "request_",
     [GenerationRequest(), GenerationRequest(prompt_text=""), GenerationRequest(prompt_tokens=())],
