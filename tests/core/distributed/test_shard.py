@@ -205,8 +205,10 @@ def test_a_request_crosses_the_wire_unchanged():
     assert request_from_dict(json.loads(json.dumps(request_to_dict(request)))) == request
     tokens = GenerationRequest(prompt_tokens=(1, 2, 3), use_cache=False)
     assert request_from_dict(json.loads(json.dumps(request_to_dict(tokens)))) == tokens
-    # Ollama's context and the thinking switch (issue 43)
-    turn = GenerationRequest(prompt_text="and", context_tokens=(4, 5), thinking=False)
+    # Ollama's context (issue 43) and a template variable
+    turn = GenerationRequest(
+        prompt_text="and", context_tokens=(4, 5), template_kwargs={"enable_thinking": False}
+    )
     assert request_from_dict(json.loads(json.dumps(request_to_dict(turn)))) == turn
 
 
