@@ -52,6 +52,7 @@ JSON_ENDPOINTS = (
     "/v1/responses",
     "/v1/messages",
     "/v1/messages/count_tokens",
+    "/v1/embeddings",
     *OLLAMA_JSON_ENDPOINTS,
 )
 # endpoints whose JSON body comes with DELETE (Ollama's)
