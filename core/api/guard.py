@@ -45,7 +45,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-OLLAMA_JSON_ENDPOINTS = ("/api/chat", "/api/generate", "/api/show", "/api/pull")
+OLLAMA_JSON_ENDPOINTS = (
+    "/api/chat",
+    "/api/generate",
+    "/api/embed",
+    "/api/embeddings",
+    "/api/show",
+    "/api/pull",
+)
 JSON_ENDPOINTS = (
     "/v1/chat/completions",
     "/v1/completions",

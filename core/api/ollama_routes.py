@@ -1,6 +1,7 @@
 """The Ollama endpoints: ``GET``/``HEAD /``, ``/api/version``, ``/api/tags``, ``/api/ps``,
 ``/api/show``, ``/api/chat`` and ``/api/generate`` (NDJSON, or one object with
-``"stream": false``), ``/api/pull`` and ``/api/delete``. Errors are Ollama-shaped
+``"stream": false``), ``/api/embed`` and ``/api/embeddings``, ``/api/pull`` and
+``/api/delete``. Errors are Ollama-shaped
 (``{"error": "..."}``: :mod:`core.api.errors` picks the shape by path).
 
 Any model name a chat or generate request sends is served by the loaded model, and the reply
@@ -11,6 +12,7 @@ loaded. The model list and descriptions are plain file reads, done off the event
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Annotated
@@ -18,7 +20,15 @@ from typing import TYPE_CHECKING, Annotated
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
+from core.api.embedding_routes import run_embedding
 from core.api.errors import ApiError, engine_error, shutting_down
+from core.api.ollama_embed import (
+    OllamaEmbeddingsRequest,
+    OllamaEmbedRequest,
+    embed_reply,
+    embed_request,
+    embeddings_reply,
+)
 from core.api.ollama_models import OllamaModel, find, local_models, ps_body, show_body
 from core.api.ollama_pull import (
     PullSwitch,
@@ -227,6 +237,32 @@ async def _lines(
             event = await anext(events, None)
     finally:
         events.handle.cancel()
+
+
+@router.post("/api/embed", summary="Embeddings of texts (Ollama)")
+async def embed(body: OllamaEmbedRequest, request: Request) -> Response:
+    return await _embed(body, request)
+
+
+@router.post("/api/embeddings", summary="The embedding of a prompt (Ollama's older endpoint)")
+async def embeddings(body: OllamaEmbeddingsRequest, request: Request) -> Response:
+    return await _embed(body, request)
+
+
+async def _embed(body: OllamaEmbedRequest | OllamaEmbeddingsRequest, request: Request) -> Response:
+    arrived = time.monotonic()
+    api = server_of(request)
+    api.model_card()  # 503 while no model is loaded
+    model = model_of(body)
+    embedding = embed_request(body, key_namespace(request))
+    result = await run_embedding(request, embedding, arrived) if embedding is not None else None
+    if isinstance(body, OllamaEmbeddingsRequest):
+        answer = embeddings_reply(result)
+    else:
+        answer = embed_reply(model, result, arrived)
+    data = await asyncio.to_thread(lambda: json.dumps(answer).encode())
+    response = Response(data, media_type="application/json")
+    return named(response, embedding.cache_namespace) if embedding is not None else response
 
 
 @router.post("/api/pull", summary="Download a model from the hub (Ollama)")

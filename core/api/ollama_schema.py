@@ -219,7 +219,7 @@ class OllamaCall:
     loading: str | None = None
 
 
-def model_of(body: _Generation) -> str:
+def model_of(body: WireModel) -> str:
     name = (body.model or "").strip()
     if not name:
         raise invalid("model", "model is required", code="missing_required_parameter")

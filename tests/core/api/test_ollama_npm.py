@@ -1,7 +1,7 @@
 """The npm ``ollama`` client (tests/core/api/node/ollama_client.mjs) against a live server on
 a tiny model: version, list, show, ps, chat whole and streamed, a forced tool call, a JSON
-schema, generate with ``context``, an Ollama-shaped refusal, pull (from the loopback hub)
-and delete. Skipped where node is missing, or the package is not installed
+schema, generate with ``context``, embed, an Ollama-shaped refusal, pull (from the loopback
+hub) and delete. Skipped where node is missing, or the package is not installed
 (``npm install --prefix tests/core/api/node``)."""
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ def test_the_npm_ollama_client(long_tiny_model, tmp_path, loopback_hub):
     assert got["toolCalls"][0]["arguments"]["zone"] in ("UTC", "CET")
     assert isinstance(got["json"]["ok"], bool)
     assert got["context"]["extends"] and got["context"]["next"] > got["context"]["first"]
+    assert got["embed"] == [1.0, 1.0]  # two unit vectors
     assert got["thinkError"]["status"] == 400
     assert "does not support thinking" in got["thinkError"]["message"]
     assert got["pulled"] == {"first": "pulling manifest", "last": "success", "listed": True}

@@ -50,7 +50,7 @@ def objects(response: httpx.Response) -> list[dict]:
 
 
 def test_the_shapes_are_there():
-    assert len(OPEN_WEBUI) >= 8 and len(CONTINUE) >= 5
+    assert len(OPEN_WEBUI) >= 11 and len(CONTINUE) >= 6
     for shape in OPEN_WEBUI + CONTINUE:
         recorded = json.loads(shape.read_text())
         assert {"method", "path", "body", "note"} <= set(recorded)
@@ -64,6 +64,15 @@ def read_chat(found: list[dict]) -> None:
         for call in reply.message.tool_calls or ():
             json.dumps(dict(call.function.arguments))  # Continue: JSON.stringify(arguments)
     assert found[-1]["done"] and all(not o["done"] for o in found[:-1])
+
+
+def read_embeddings(answer: dict, path: str) -> None:
+    """What both read of an embeddings answer: the vectors (an empty one is an error)."""
+    if path == "/api/embed":
+        vectors = ollama.EmbedResponse(**answer).embeddings
+        assert vectors and all(len(v) > 0 for v in vectors)
+    else:
+        assert len(ollama.EmbeddingsResponse(**answer).embedding) > 0
 
 
 @pytest.mark.parametrize("shape", OPEN_WEBUI, ids=lambda p: p.stem)
@@ -82,6 +91,8 @@ def test_open_webui_requests(server, shape):
             assert m["name"] and datetime.fromisoformat(m["expires_at"]).timestamp() > 0
     elif path == "/api/show":
         assert ollama.ShowResponse(**found[0]).capabilities
+    elif path in ("/api/embed", "/api/embeddings"):
+        read_embeddings(found[0], path)
     elif path == "/api/chat":
         read_chat(found)
         if shape.stem.endswith("title_task"):  # a task: its JSON read from the content
@@ -109,5 +120,7 @@ def test_continue_requests(server, shape):
         assert all(isinstance(m["name"], str) for m in found[0]["models"])
     elif path == "/api/chat":
         read_chat(found)
+    elif path == "/api/embed":
+        read_embeddings(found[0], path)
     else:  # autocomplete: each line's response
         assert all(isinstance(o.get("response", ""), str) for o in found) and found[-1]["done"]

@@ -324,3 +324,25 @@ def test_priority_and_session_headers_are_taken(server):
         server, "/api/chat", {**body, "stream": False}, headers={"X-RadixChat-Priority": "-1"}
     )
     assert bad.status_code == 400 and "X-RadixChat-Priority" in bad.json()["error"]
+
+
+def test_embed_and_the_older_embeddings(client, server, engine):
+    texts = ["The cat sat on the mat.", "A cat was sitting on the mat.", "Stock prices fell."]
+    reply = client.embed(model="nomic-embed-text", input=texts)
+    assert reply.model == "nomic-embed-text" and len(reply.embeddings) == 3
+    for vector in reply.embeddings:
+        assert abs(sum(x * x for x in vector) - 1) < 1e-4  # unit length, as Ollama's
+    assert reply.prompt_eval_count > 0 and reply.total_duration > 0
+    one = client.embed(model="m", input=texts[0])
+    assert one.embeddings[0] == pytest.approx(reply.embeddings[0], abs=1e-5)
+    short = client.embed(model="m", input=texts[0], dimensions=8).embeddings[0]
+    assert len(short) == 8 and abs(sum(x * x for x in short) - 1) < 1e-4
+    older = client.embeddings(model="m", prompt=texts[0]).embedding
+    assert list(older) == pytest.approx(reply.embeddings[0], abs=1e-5)
+    assert client.embeddings(model="m", prompt="").embedding == []  # loads only
+    assert client.embed(model="m", input="").embeddings == []
+    too_long = "word " * engine.model_info.context_length * 2
+    assert len(client.embed(model="m", input=too_long).embeddings[0]) > 0  # cut to fit
+    refused = post(server, "/api/embed", {"model": "m", "input": too_long, "truncate": False})
+    assert refused.status_code == 400 and "context" in refused.json()["error"]
+    assert [e.dialect for e in server.request_log.recent()][-1] == "ollama"

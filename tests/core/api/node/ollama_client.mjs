@@ -66,6 +66,9 @@ const first = await client.generate({ model: "tiny", prompt: "Once upon a time",
 const next = await client.generate({ model: "tiny", prompt: "and", context: first.context, options: greedy });
 out.context = { first: first.context.length, next: next.context.length, extends: next.context.slice(0, first.context.length).join() === first.context.join() };
 
+const embedded = await client.embed({ model: "tiny", input: ["a cat", "a dog"] });
+out.embed = embedded.embeddings.map((v) => Math.round(v.reduce((s, x) => s + x * x, 0) * 1e4) / 1e4);
+
 try {
   await client.chat({ model: "tiny", messages: ask, think: true });
   out.thinkError = null;
