@@ -24,11 +24,11 @@ def add_parser(subparsers) -> None:
     serve = subparsers.add_parser(
         "serve",
         help="serve the OpenAI-, Anthropic- and Ollama-compatible API until Ctrl-C",
-        description="Serve the loaded model over HTTP until Ctrl-C: OpenAI's API (/v1/chat/"
-        "completions, /v1/completions, /v1/responses, /v1/embeddings), Anthropic's (/v1/messages) and "
-        "Ollama's (/api/chat, /api/generate, /api/embed, /api/tags, /api/show, /api/ps, "
-        "/api/pull, /api/delete, GET /) on one port; --ollama-port serves the same API on Ollama's "
-        "port too, for apps that only speak Ollama's API.",
+        description="Serve the loaded model over HTTP until Ctrl-C: OpenAI's API "
+        "(/v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings), Anthropic's "
+        "(/v1/messages) and Ollama's (/api/chat, /api/generate, /api/embed, /api/tags, "
+        "/api/show, /api/ps, /api/pull, /api/delete, GET /) on one port; --ollama-port serves "
+        "the same API on Ollama's port too, for apps that only speak Ollama's API.",
     )
     add_data_dir(serve)
     serve.add_argument(
