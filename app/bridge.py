@@ -36,6 +36,7 @@ from core.engine.types import (
     ErrorEvent,
     GenerationRequest,
     ProgressEvent,
+    ReasoningEvent,
     SamplingParams,
     TokenEvent,
 )
@@ -62,6 +63,7 @@ class EngineBridge(QObject):
     loadFailed = Signal(str)  # one line; the previous model (if any) stays loaded
     progress = Signal(int, int)  # prompt tokens ready (cached or computed), prompt tokens
     token = Signal(str)  # a piece of the reply
+    thinking = Signal(str)  # a piece of a reasoning model's thinking (before its reply)
     finished = Signal(str, object)  # the full reply, its RequestStats
     failed = Signal(str)  # one line
     serverStopped = Signal()  # after stop_server(): the port is free again
@@ -166,15 +168,17 @@ class EngineBridge(QObject):
             self._poll.setInterval(interval)
         self.statsUpdated.emit(stats)
 
-    def send(
-        self, messages: list[tuple[str, str]], sampling: dict, session: str | None = None
-    ) -> None:
-        """Ask for a reply to ``messages`` ((role, content) pairs); tokens, then finished or failed.
-        ``sampling`` holds SamplingParams fields (other keys are ignored)."""
+    def send(self, messages: list[tuple], sampling: dict, session: str | None = None) -> None:
+        """Ask for a reply to ``messages`` ((role, content) pairs, or (role, content,
+        thinking) for replies of a reasoning model); thinking and tokens, then finished or
+        failed. ``sampling`` holds SamplingParams fields (other keys are ignored)."""
         if self._handle is not None:
             raise RuntimeError("a reply is still being generated")
         request = GenerationRequest(
-            messages=tuple(ChatMessage(role, content) for role, content in messages),
+            messages=tuple(
+                ChatMessage(role, content, reasoning=thought[0] if thought else "")
+                for role, content, *thought in messages
+            ),
             sampling=self.sampling_params(sampling),
             session=session,
             priority=CHAT_PRIORITY,  # a person is watching: ahead of waiting API requests
@@ -286,6 +290,8 @@ class EngineBridge(QObject):
             for event in handle.events():
                 if isinstance(event, TokenEvent):
                     self._post("token", event.text)
+                elif isinstance(event, ReasoningEvent):
+                    self._post("thinking", event.text)
                 elif isinstance(event, ProgressEvent):
                     self._post("progress", event.done, event.total)
                 elif isinstance(event, DoneEvent):

@@ -4,9 +4,11 @@
 Each message is a ``MessageWidget``: a role header ("You", "Assistant", "Error"), a
 read-only ``MarkdownView`` whose height follows its document at the current width (user
 messages sit on a tinted bubble that shrinks to short text, replies span the column), and
-a footer of flat tool buttons plus an optional dim note. The view owns one Regenerate and
-one Edit button and moves them onto the last message, when it is a reply, and the last user
-message.
+a footer of flat tool buttons plus an optional dim note. A reasoning model's reply has its
+thinking folded between its header and its body (``app.thinking_fold``: collapsed, "Thought
+for N tokens", opened with a click; ``append_thinking`` streams it). The view owns one
+Regenerate and one Edit button and moves them onto the last message, when it is a reply,
+and the last user message.
 
 Streaming stays cheap: ``append_reply`` only collects pieces; a single-shot timer
 re-renders the streaming message at most every ``STREAM_RENDER_MS`` (longer when a render
@@ -43,6 +45,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.markdown import MarkdownView, is_dark, mix
+from app.thinking_fold import ThinkingFold
 
 STREAM_RENDER_MS = 40  # the most often a streaming message is re-rendered
 COLUMN_MAX_WIDTH = 860  # the message column's width on wide windows (centred)
@@ -94,11 +97,13 @@ def tool_button(text: str, name: str, tooltip: str) -> QToolButton:
 
 
 class MessageWidget(QWidget):
-    """One message: header, body, and a footer of tool buttons and a note."""
+    """One message: header, body, and a footer of tool buttons and a note; a reply of a
+    reasoning model has its thinking folded between its header and its body."""
 
     def __init__(self, role: str, text: str, parent: QWidget | None = None):
         super().__init__(parent)
         self.role, self.text = role, text
+        self.thinking_text = ""  # a reply's thinking (shown in ``thinking``, folded)
         self.streaming = False
         self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)
         self._natural_width = 0.0
@@ -124,6 +129,8 @@ class MessageWidget(QWidget):
         column.setContentsMargins(0, 0, 0, 0)
         column.setSpacing(2)
         column.addWidget(self.header, 0, align)
+        self.thinking = ThinkingFold()
+        column.addWidget(self.thinking)
         if role == "assistant":
             self.bubble = None
             column.addWidget(self.body)
@@ -162,6 +169,11 @@ class MessageWidget(QWidget):
         if self.role == "user":
             self._natural_width = self.body.natural_width()
             self._fit_bubble()
+
+    def set_thinking(self, text: str, tokens: int = 0) -> None:
+        """The reply's thinking: streaming while the reply does, then whole with its count."""
+        self.thinking_text = text
+        self.thinking.set_thinking(text, tokens, streaming=self.streaming)
 
     def set_note(self, note: str) -> None:
         self.note.setText(note)
@@ -214,6 +226,7 @@ class ChatView(QWidget):
         self._messages: list[MessageWidget] = []
         self._streaming: MessageWidget | None = None
         self._pieces: list[str] = []  # streamed text not rendered yet
+        self._thought: list[str] = []  # streamed thinking not shown yet
         self._busy = False
 
         self._render_timer = QTimer(self)
@@ -256,19 +269,22 @@ class ChatView(QWidget):
 
     # -- the public API --
 
-    def set_messages(self, messages: list[tuple[str, str]]) -> None:
-        """Replace everything with (role, content) pairs."""
+    def set_messages(self, messages: list[tuple]) -> None:
+        """Replace everything with (role, content) pairs, or (role, content, thinking,
+        thinking tokens) for replies of a reasoning model."""
         self._stop_streaming()
         for message in self._messages:
             self._discard(message)
         self._messages = []
         self.following = True
-        for role, content in messages:
+        for role, content, *thought in messages:
             if role == "system":
                 continue
             if role not in ROLE_TITLES:
                 raise ValueError(f"unknown message role {role!r}")
-            self._append(role, content)
+            message = self._append(role, content)
+            if thought and thought[0]:
+                message.set_thinking(thought[0], *thought[1:2])
         self._update_layout()
 
     def add_user_message(self, text: str) -> None:
@@ -290,11 +306,21 @@ class ChatView(QWidget):
         if not self._render_timer.isActive():
             self._render_timer.start()
 
-    def end_reply(self, text: str, note: str = "") -> None:
-        """The final reply text (it replaces the streamed pieces) and a dim note under it."""
+    def append_thinking(self, text: str) -> None:
+        """A streamed piece of the reply's thinking (folded above it), shown at the next tick."""
+        if self._streaming is None:
+            self.begin_reply()
+        self._thought.append(text)
+        if not self._render_timer.isActive():
+            self._render_timer.start()
+
+    def end_reply(self, text: str, note: str = "", thinking: str = "", tokens: int = 0) -> None:
+        """The final reply text (it replaces the streamed pieces), its ``thinking`` (folded
+        above it, ``tokens`` long) and a dim note under it."""
         message = self._streaming
         self._render_timer.stop()
         self._pieces.clear()
+        self._thought.clear()
         self._streaming = None
         if message is None:
             message = self._append("assistant", text)
@@ -302,6 +328,7 @@ class ChatView(QWidget):
             message.streaming = False
             message.text = text
             message.refresh()
+        message.set_thinking(thinking, tokens)
         message.set_note(note)
         self._update_layout()
 
@@ -341,6 +368,13 @@ class ChatView(QWidget):
     def message_role(self, i: int) -> str:
         return self._messages[i].role
 
+    def message_thinking(self, i: int) -> str:
+        """The thinking of message ``i`` (a streaming reply: all its pieces so far)."""
+        message = self._messages[i]
+        return message.thinking_text + (
+            "".join(self._thought) if message is self._streaming else ""
+        )
+
     def message_widget(self, i: int) -> MessageWidget:
         return self._messages[i]
 
@@ -349,8 +383,13 @@ class ChatView(QWidget):
     def _flush(self) -> None:
         """Render the streaming message with the pieces gathered since the last render."""
         message = self._streaming
-        if message is None or not self._pieces:
+        if message is None or not (self._pieces or self._thought):
             return
+        if self._thought:
+            message.set_thinking(message.thinking_text + "".join(self._thought))
+            self._thought.clear()
+            if not self._pieces:
+                return
         message.text += "".join(self._pieces)
         self._pieces.clear()
         started = time.perf_counter()
@@ -403,6 +442,8 @@ class ChatView(QWidget):
             self._streaming.text += "".join(self._pieces)
             self._pieces.clear()
             self._streaming.streaming = False
+            self._streaming.set_thinking(self._streaming.thinking_text + "".join(self._thought))
+            self._thought.clear()
             self._streaming.refresh()
             self._streaming = None
 

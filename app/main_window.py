@@ -40,7 +40,7 @@ from app.model_picker import ModelPickerDialog
 from app.server_controls import ServerControls
 from app.session_list import SessionList
 from app.settings_dialogs import AppSettings, AppSettingsDialog
-from app.window_replies import ChatReplies, WaitingAsk
+from app.window_replies import ChatReplies, WaitingAsk, shown
 from core.chats.settings import usable
 from core.chats.store import ChatStore, Session, readable
 from core.chats.turn import ChatTurn
@@ -71,6 +71,7 @@ class MainWindow(ChatReplies, QMainWindow):
         self._turn: ChatTurn | None = None  # the reply running now (in any chat)
         self._from_composer = False  # it came from the composer (not a regenerate)
         self._reply = ""  # what it streamed so far
+        self._thinking = ""  # the thinking it streamed so far (a reasoning model's)
         self._made_with = None  # its model and sampling
         self._waiting: list[WaitingAsk] = []  # messages that wait for it, in order
         self._loading_spec = ""
@@ -229,6 +230,7 @@ class MainWindow(ChatReplies, QMainWindow):
         bridge.loadFailed.connect(self._on_load_failed)
         bridge.progress.connect(self._on_prefill_progress)
         bridge.token.connect(self._on_token)
+        bridge.thinking.connect(self._on_thinking)
         bridge.finished.connect(self._on_finished)
         bridge.failed.connect(self._on_failed)
         bridge.statsUpdated.connect(self.memory_panel.update_stats)
@@ -281,7 +283,7 @@ class MainWindow(ChatReplies, QMainWindow):
             self.bridge.cancel()
             try:
                 # nothing yet: nothing stored
-                turn.finish(self.store, self._reply, None, self._made_with)
+                turn.finish(self.store, self._reply, None, self._made_with, self._thinking)
             except StoreError as exc:
                 log.warning("the reply being written when the window closed is lost: %s", exc)
         super().closeEvent(event)
@@ -339,7 +341,7 @@ class MainWindow(ChatReplies, QMainWindow):
         self.session = session
         self.settings.last_session = session.id
         self.composer.finish_edit()
-        self.chat.set_messages([(m.role, m.content) for m in messages])
+        self.chat.set_messages(shown(messages))
         self.cache_panel.set_turns([m.stats for m in messages if m.role == "assistant" and m.stats])
         self._show_pending(session.id)
         if self.sessions.current_id() != session.id:

@@ -31,6 +31,15 @@ class WaitingAsk:
     from_composer: bool
 
 
+def shown(messages) -> list[tuple]:
+    """Stored messages as the chat view takes them: (role, content, thinking, thinking
+    tokens), the count from the reply's stored figures."""
+    return [
+        (m.role, m.content, m.reasoning or "", int((m.stats or {}).get("reasoning_tokens") or 0))
+        for m in messages
+    ]
+
+
 def chat_title(turn: ChatTurn, chars: int = 40) -> str:
     """The chat of ``turn`` as the status line names it: its title, else (a new chat, titled
     once its first reply is saved) the start of the message."""
@@ -50,6 +59,7 @@ class ChatReplies:
     _turn: ChatTurn | None  # the reply running now (in any chat)
     _from_composer: bool  # it came from the composer (not a regenerate)
     _reply: str  # what it streamed so far
+    _thinking: str  # the thinking it streamed so far (a reasoning model's)
     _made_with: MadeWith | None  # its model and sampling, stored with it
     _waiting: list[WaitingAsk]  # messages that wait for it, in order
 
@@ -57,6 +67,8 @@ class ChatReplies:
         """Show the reply this chat is running or the message it has waiting."""
         if self._turn is not None and self._turn.session.id == session_id:
             self._show_asked(self._turn)
+            if self._thinking:
+                self.chat.append_thinking(self._thinking)
             if self._reply:
                 self.chat.append_reply(self._reply)
             return
@@ -70,7 +82,7 @@ class ChatReplies:
             self._set_state_text(self._waits_text())
 
     def _show_asked(self, turn: ChatTurn) -> None:
-        self.chat.set_messages([(m.role, m.content) for m in turn.kept])
+        self.chat.set_messages(shown(turn.kept))
         self.chat.add_user_message(turn.prompt)
         self.chat.begin_reply()
 
@@ -146,13 +158,13 @@ class ChatReplies:
     def _start(self, turn: ChatTurn, from_composer: bool, shown: bool = False) -> bool:
         """Send ``turn`` to the engine; ``shown``: the open chat shows it already (it waited
         its turn there). False when a setting is refused."""
-        messages = [(m.role, m.content) for m in turn.messages]
+        messages = [(m.role, m.content, m.reasoning) for m in turn.messages]
         try:
             self.bridge.send(messages, self.sampling(turn.session), session=turn.session.name)
         except ValueError as exc:
             self._set_state_text(f"Check the chat settings: {exc}")
             return False
-        self._turn, self._from_composer, self._reply = turn, from_composer, ""
+        self._turn, self._from_composer, self._reply, self._thinking = turn, from_composer, "", ""
         self._made_with = MadeWith(self.model_name, self.sampling(turn.session))
         if self._visible(turn):
             if not shown:
@@ -219,7 +231,7 @@ class ChatReplies:
         if not self._visible(turn):
             return
         if turn.replace:
-            self.chat.set_messages([(m.role, m.content) for m in turn.stored])
+            self.chat.set_messages(shown(turn.stored))
         else:
             self.chat.remove_last_turn()
         if from_composer and not self.composer.text():  # nothing lost: it can be sent again
@@ -241,18 +253,28 @@ class ChatReplies:
                 self._set_state_text("Generating…")
             self.chat.append_reply(text)
 
+    def _on_thinking(self, text: str) -> None:
+        if self._turn is None:
+            return
+        self._thinking += text
+        if self._visible(self._turn):
+            if self.state_label.text() != "Thinking…":
+                self._set_state_text("Thinking…")
+            self.chat.append_thinking(text)
+
     def _on_finished(self, text: str, stats: RequestStats) -> None:
         turn, self._turn, self._reply = self._turn, None, ""
+        thinking, self._thinking = self._thinking, ""
         if turn is None:  # a reply the window stopped waiting for (closed, chat deleted)
             self._start_next()
             return
-        self._finish_turn(turn, text, stats)
+        self._finish_turn(turn, text, stats, thinking)
         self._start_next()
 
-    def _finish_turn(self, turn: ChatTurn, text: str, stats: RequestStats) -> None:
+    def _finish_turn(self, turn: ChatTurn, text: str, stats: RequestStats, thinking: str) -> None:
         visible = self._visible(turn)
         stopped = stats.finish_reason == "cancelled"
-        if not turn.keeps(text, stats):  # stopped before its first token: as if it was never sent
+        if not turn.keeps(text, stats, thinking):  # stopped before its first token: never sent
             self._give_back(turn, self._from_composer)
             self._set_state_text("Stopped before the reply began")
             return
@@ -264,7 +286,7 @@ class ChatReplies:
         per_step = f" · {stats.tokens_per_step:.2f} tok/step" if stats.accepted_tokens else ""
         self.speed_label.setText(f"{stats.decode_tps:.1f} tok/s{per_step}")
         if visible:
-            self.chat.end_reply(text, note)
+            self.chat.end_reply(text, note, thinking, stats.reasoning_tokens)
             self.cache_panel.set_turns(turn.kept_stats + [stats])
             served = stats.cached_tokens + stats.restored_tokens
             self._set_state_text(
@@ -279,6 +301,7 @@ class ChatReplies:
             stats,
             make_room=self.bridge.give_disk_space_back,
             made_with=self._made_with,
+            reasoning=thinking,
         )
         if saved.error:  # the reply stays shown; the chat goes on in memory
             self._set_state_text(f"This reply is shown but was not saved: {saved.error}")
@@ -298,7 +321,7 @@ class ChatReplies:
             self._set_state_text(f"Could not read the chats: {exc}")
 
     def _on_failed(self, message: str) -> None:
-        turn, self._turn, self._reply = self._turn, None, ""
+        turn, self._turn, self._reply, self._thinking = self._turn, None, "", ""
         if turn is not None:
             if self._visible(turn):
                 self._give_back(turn, self._from_composer)

@@ -85,6 +85,31 @@ def default_disk_budget() -> int:
     return DEFAULT_BUDGET
 
 
+STORED_RESPONSES_MAX = 256 * MB  # the stored responses' share of the disk budget, at most
+
+
+def stored_responses_budget(disk_budget: int) -> int:
+    """The stored responses' share (``core.api.responses_store``) of the data folder's disk
+    budget: an eighth of it, at most ``STORED_RESPONSES_MAX``."""
+    return min(STORED_RESPONSES_MAX, disk_budget // 8)
+
+
+def stored_responses_bytes(root: Path, disk_budget: int) -> int:
+    """What the disk cache leaves to the stored responses in the data folder ``root``:
+    nothing while there are none (no ``responses.db``), else their share, or what the file
+    takes where that is more (a file written before the share existed)."""
+    path = responses_db_path(root)
+    if not path.exists():
+        return 0
+    size = 0
+    for side in (path, path.with_name(path.name + "-wal")):
+        try:
+            size += side.stat().st_size
+        except OSError:
+            continue
+    return max(size, stored_responses_budget(disk_budget))
+
+
 KV_CACHE_DB = "kvcache.db"  # the one place this name is typed
 
 

@@ -1,15 +1,17 @@
-"""What RadixChat's two SQLite files share: the chat history (``core.chats.store``) and the
-KV cache (``kvcache.store``).
+"""What RadixChat's SQLite files share: the chat history (``core.chats.store``), the KV cache
+(``kvcache.store``) and the API's stored responses (``core.api.responses_store``).
 
 One connection through sqlite-utils, usable from one thread at a time (any thread); the
 schema versioned by ``PRAGMA user_version`` and migrated one step per transaction; read
 and write transactions; and the database failures a user can act on (locked, disk full,
-not a database, written by a newer version) turned into the store's own one-line error.
+not a database, written by a newer version) turned into the store's own one-line error;
+the disk space a store leaves free (:func:`disk_room`), and setting a damaged file aside.
 It lives in ``kvcache`` because ``kvcache`` may not import ``core``.
 """
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -18,6 +20,22 @@ from pathlib import Path
 from sqlite_utils import Database
 
 Migration = Callable[[Database], None]
+
+# The disk space a store that can give way (the KV cache, the stored responses) leaves
+# free, whatever its budget: the chat history (and everything else on the disk) comes
+# first. A write that would eat into it writes nothing.
+MIN_RESERVE = 2**30
+RESERVE_FRACTION = 0.05
+
+
+def disk_room(path: Path, reserve_bytes: int | None = None) -> int:
+    """The bytes a store at ``path`` may still take from its disk: the free space less the
+    reserve (``reserve_bytes``, or max(MIN_RESERVE, RESERVE_FRACTION of the disk)). Negative
+    when the disk is already past the reserve. Raises OSError when the disk cannot be seen."""
+    usage = shutil.disk_usage(Path(path).parent)
+    if reserve_bytes is None:
+        reserve_bytes = max(MIN_RESERVE, int(usage.total * RESERVE_FRACTION))
+    return usage.free - reserve_bytes
 
 
 class SqliteFile:

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -49,7 +48,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvcache.sqlite_file import SqliteFile
+from kvcache.sqlite_file import (  # noqa: F401  (MIN_RESERVE...: this module's API too)
+    MIN_RESERVE,
+    RESERVE_FRACTION,
+    SqliteFile,
+    disk_room,
+)
 from kvcache.store_format import (  # noqa: F401  (page_key, pack_tokens...: this module's API too)
     LIVE_PAGES,
     MIGRATIONS,
@@ -73,12 +77,9 @@ from kvcache.store_repair import StoreRepair, VerifyReport, chain_tokens  # noqa
 log = logging.getLogger(__name__)
 
 DEFAULT_BUDGET = 10 * 2**30  # bytes of pages on disk
-# The disk space the cache leaves free, whatever its budget: the chat history (and
-# everything else on the disk) comes first. A save that would eat into it writes nothing,
-# and when something else takes the disk past it the cache empties itself and gives the
-# space back (see _enforce_budget).
-MIN_RESERVE = 2**30
-RESERVE_FRACTION = 0.05
+# The disk space the cache leaves free (kvcache.sqlite_file.MIN_RESERVE, RESERVE_FRACTION):
+# a save that would eat into it writes nothing, and when something else takes the disk
+# past it the cache empties itself and gives the space back (see _enforce_budget).
 SQLITE_PAGE_SIZE = 65536  # set when the file is created: long overflow chains read faster
 # No memory map (SQLite's default): a restore reads each page's K/V with an incremental
 # blob read, which SQLite serves with read() from the file straight into the result
@@ -564,13 +565,9 @@ class DiskStore(StoreRepair, SqliteFile):
         (``reserve_bytes``, or max(MIN_RESERVE, RESERVE_FRACTION of the disk)). Negative
         when the disk is already past the reserve: then the cache gives back that much."""
         try:
-            usage = shutil.disk_usage(self.path.parent)
+            return disk_room(self.path, self.reserve_bytes)
         except OSError as exc:
             raise DiskStoreError(f"cannot see the free space beside {self.path}: {exc}") from exc
-        reserve = self.reserve_bytes
-        if reserve is None:
-            reserve = max(MIN_RESERVE, int(usage.total * RESERVE_FRACTION))
-        return usage.free - reserve
 
     # -- internals (inside a transaction) --
 

@@ -30,7 +30,15 @@ from core.api.routing import (
     named,
     server_of,
 )
-from core.engine.types import DoneEvent, ErrorEvent, Event, ProgressEvent, TokenEvent, ToolCallEvent
+from core.engine.types import (
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    ProgressEvent,
+    ReasoningEvent,
+    TokenEvent,
+    ToolCallEvent,
+)
 from core.errors import UserError
 
 router = APIRouter(route_class=JsonRoute)
@@ -59,7 +67,7 @@ async def messages(
                 handle,
                 events,
                 True,
-                lambda done: builder.full(done.text, done.stats, done.tool_calls),
+                lambda done: builder.full(done.text, done.stats, done.tool_calls, done.reasoning),
             ),
             call.request.cache_namespace,
         )
@@ -76,9 +84,12 @@ async def _stream(
 ) -> AsyncIterator[bytes]:
     """Anthropic's event sequence: message_start, ping, then per content block
     content_block_start, content_block_delta..., content_block_stop, and at the end
-    message_delta (stop_reason, usage), message_stop. A text block opens with its first
-    text; each tool call is a tool_use block whose input comes as one input_json_delta."""
-    index, text_open = -1, False  # the last block's index; whether it is a text block still open
+    message_delta (stop_reason, usage), message_stop. A thinking block (when the request
+    enables thinking) opens with the reply's first thinking, its text in thinking_delta
+    events, its signature in a signature_delta before it stops; a text block opens with its
+    first text; each tool call is a tool_use block whose input comes as one input_json_delta.
+    A long prefill, or thinking not sent, sends pings, so the client sees a live stream."""
+    blocks = _Blocks(builder, call)
     try:
         # the engine's first event says how much of the prompt the cache served
         prompt, cached = (first.total, first.done) if isinstance(first, ProgressEvent) else (0, 0)
@@ -87,24 +98,18 @@ async def _stream(
         last_sent = time.monotonic()
         event: Event | None = first
         while event is not None:
-            if isinstance(event, TokenEvent) and event.text:
-                if not text_open:
-                    index, text_open = index + 1, True
-                    yield sse(builder.block_start(index), "content_block_start")
-                yield sse(builder.text_delta(event.text, index), "content_block_delta")
-                last_sent = time.monotonic()
+            out: list[tuple[dict, str]] = []
+            if isinstance(event, ReasoningEvent) and event.text and call.thinking:
+                out = blocks.thinking(event.text)
+            elif isinstance(event, TokenEvent) and event.text:
+                out = blocks.text(event.text)
             elif isinstance(event, ToolCallEvent):
-                if text_open:
-                    text_open = False
-                    yield sse(builder.block_stop(index), "content_block_stop")
-                index += 1
-                yield sse(builder.block_start(index, event.call), "content_block_start")
-                yield sse(builder.input_delta(event.call, index), "content_block_delta")
-                yield sse(builder.block_stop(index), "content_block_stop")
-                last_sent = time.monotonic()
-            elif isinstance(event, ProgressEvent) and time.monotonic() - last_sent > PING_EVERY_S:
-                yield sse({"type": "ping"}, "ping")
-                last_sent = time.monotonic()
+                out = blocks.tool_use(event.call)
+            elif (
+                isinstance(event, (ProgressEvent, ReasoningEvent))  # a prefill, thinking unsent
+                and time.monotonic() - last_sent > PING_EVERY_S
+            ):
+                out = [({"type": "ping"}, "ping")]
             elif isinstance(event, ErrorEvent):
                 yield sse(engine_error(event, chat=True).anthropic_body(), "error")
                 return
@@ -112,14 +117,71 @@ async def _stream(
                 if event.stats.finish_reason == "cancelled":  # the server is stopping
                     yield sse(shutting_down().anthropic_body(), "error")
                     return
-                if text_open:
-                    yield sse(builder.block_stop(index), "content_block_stop")
+                for body, kind in blocks.close():
+                    yield sse(body, kind)
                 yield sse(builder.delta(event.stats), "message_delta")
                 yield sse({"type": "message_stop"}, "message_stop")
                 return
+            for body, kind in out:
+                yield sse(body, kind)
+            if out:
+                last_sent = time.monotonic()
             event = await anext(events, None)
     finally:
         events.handle.cancel()
+
+
+class _Blocks:
+    """The content blocks of a stream: which is open (thinking or text), and its index; each
+    method returns the events to send, as (body, event name) pairs."""
+
+    def __init__(self, builder: MessageBuilder, call: MessagesCall):
+        self.builder, self.call = builder, call
+        self.index = -1  # the last block's
+        self.open: str | None = None  # "thinking" or "text": the block still open
+        self.thought = ""  # the open thinking block's text (its signature is of it)
+
+    def thinking(self, text: str) -> list[tuple[dict, str]]:
+        out = self._open("thinking")
+        self.thought += text
+        if self.call.thinking_shown:
+            out.append((self.builder.thinking_delta(text, self.index), "content_block_delta"))
+        return out
+
+    def text(self, text: str) -> list[tuple[dict, str]]:
+        out = self._open("text")
+        out.append((self.builder.text_delta(text, self.index), "content_block_delta"))
+        return out
+
+    def tool_use(self, call) -> list[tuple[dict, str]]:
+        out = self.close()
+        self.index += 1
+        return [
+            *out,
+            (self.builder.block_start(self.index, call), "content_block_start"),
+            (self.builder.input_delta(call, self.index), "content_block_delta"),
+            (self.builder.block_stop(self.index), "content_block_stop"),
+        ]
+
+    def close(self) -> list[tuple[dict, str]]:
+        """Stop the open block (a thinking block sends its signature first)."""
+        out: list[tuple[dict, str]] = []
+        if self.open == "thinking":
+            out.append(
+                (self.builder.signature_delta(self.thought, self.index), "content_block_delta")
+            )
+        if self.open is not None:
+            out.append((self.builder.block_stop(self.index), "content_block_stop"))
+        self.open, self.thought = None, ""
+        return out
+
+    def _open(self, kind: str) -> list[tuple[dict, str]]:
+        if self.open == kind:
+            return []
+        out = self.close()
+        self.index, self.open = self.index + 1, kind
+        start = self.builder.block_start(self.index, thinking=kind == "thinking")
+        return [*out, (start, "content_block_start")]
 
 
 @router.post("/v1/messages/count_tokens", summary="Count a message's input tokens (Anthropic)")

@@ -13,6 +13,12 @@ grammar, so the call is valid JSON for the tool's schema). An assistant message'
 ``tool_use`` blocks become its tool calls; a user message's ``tool_result`` blocks become
 "tool" messages, each answering a call of the assistant message before it, by id.
 
+Thinking: a reasoning model's thinking comes back as a ``thinking`` block before the text
+when the request enables ``thinking`` (its ``signature`` a digest, never checked), and not
+at all otherwise, as Anthropic's API; the switch reaches the template as
+``enable_thinking`` (:mod:`core.api.reasoning`). ``thinking`` blocks sent back in an
+assistant message are its reasoning; ``redacted_thinking`` ones are dropped.
+
 Usage: Anthropic splits the prompt into ``input_tokens`` (computed now),
 ``cache_creation_input_tokens`` and ``cache_read_input_tokens``; ours are the tokens the
 model computed and the tokens the prefix cache served (RAM or disk). The cache is written
@@ -21,6 +27,7 @@ as a side effect, so nothing counts as a cache creation.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from dataclasses import dataclass
@@ -38,6 +45,7 @@ from core.api.openai_schema import (
     speculative_of,
     usage_extra,
 )
+from core.api.reasoning import thinking_kwargs
 from core.api.wire import (
     CACHE_SALT_TEXT,
     MAX_PRIORITY,
@@ -78,7 +86,29 @@ class ToolResultBlock(WireModel):
     is_error: bool | None = None
 
 
-_BLOCK_TAGS = {"text": "TextBlock", "tool_use": "ToolUseBlock", "tool_result": "ToolResultBlock"}
+class ThinkingBlock(WireModel):
+    """A thinking block of an earlier reply, sent back: its text is the assistant message's
+    reasoning (templates that keep thinking render it); its signature is not checked."""
+
+    type: Literal["thinking"]
+    thinking: Text
+    signature: Text | None = None
+
+
+class RedactedThinkingBlock(WireModel):
+    """Anthropic's encrypted thinking, sent back: accepted and dropped (no model here made it)."""
+
+    type: Literal["redacted_thinking"]
+    data: Text | None = None
+
+
+_BLOCK_TAGS = {
+    "text": "TextBlock",
+    "tool_use": "ToolUseBlock",
+    "tool_result": "ToolResultBlock",
+    "thinking": "ThinkingBlock",
+    "redacted_thinking": "RedactedThinkingBlock",
+}
 
 
 def _block_tag(value: Any) -> str | None:
@@ -91,7 +121,9 @@ def _block_tag(value: Any) -> str | None:
 ContentBlock = Annotated[
     Annotated[TextBlock, Tag("TextBlock")]
     | Annotated[ToolUseBlock, Tag("ToolUseBlock")]
-    | Annotated[ToolResultBlock, Tag("ToolResultBlock")],
+    | Annotated[ToolResultBlock, Tag("ToolResultBlock")]
+    | Annotated[ThinkingBlock, Tag("ThinkingBlock")]
+    | Annotated[RedactedThinkingBlock, Tag("RedactedThinkingBlock")],
     Discriminator(
         _block_tag,
         custom_error_type="invalid_block",
@@ -133,6 +165,22 @@ class ToolChoice(WireModel):
     disable_parallel_tool_use: bool | None = None
 
 
+class ThinkingConfig(WireModel):
+    """``thinking``: ``enabled`` (``budget_tokens`` is accepted, not enforced), ``adaptive``
+    or ``between_tools`` (or a type of a newer API version) switch a reasoning model's
+    thinking on and return it as thinking blocks (``display: "omitted"``: the blocks come
+    empty); ``disabled`` (as no ``thinking`` at all) switches it off where the template can,
+    and no thinking block is returned."""
+
+    type: Text
+    budget_tokens: int | None = Field(None, ge=0)
+    display: Literal["summarized", "omitted"] | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.type != "disabled"
+
+
 class CountTokensRequest(WireModel):
     """``POST /v1/messages/count_tokens``."""
 
@@ -141,6 +189,7 @@ class CountTokensRequest(WireModel):
     system: Text | list[TextBlock] | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
+    thinking: ThinkingConfig | None = None
 
 
 class MessagesRequest(CountTokensRequest):
@@ -189,6 +238,8 @@ class MessagesCall:
     request: GenerationRequest
     model: str  # the loaded model's id, which replies name (whatever name the client sent)
     stream: bool
+    thinking: bool = False  # the reply's thinking goes out as thinking blocks
+    thinking_shown: bool = True  # with its text (display "omitted": empty blocks)
 
 
 def _text(content: str | list | None) -> str:
@@ -205,8 +256,8 @@ def _user(message: Message, i: int, calls: dict[str, str]) -> list[ChatMessage]:
     results, texts = [], []
     for j, block in enumerate(message.content):
         where = f"messages[{i}].content[{j}]"
-        if isinstance(block, ToolUseBlock):
-            raise invalid(where, "a tool_use block belongs in an assistant message")
+        if isinstance(block, (ToolUseBlock, ThinkingBlock, RedactedThinkingBlock)):
+            raise invalid(where, f"a {block.type} block belongs in an assistant message")
         if isinstance(block, TextBlock):
             texts.append(block.text)
             continue
@@ -231,7 +282,7 @@ def _user(message: Message, i: int, calls: dict[str, str]) -> list[ChatMessage]:
 def _assistant(message: Message, i: int) -> ChatMessage:
     if isinstance(message.content, str):
         return ChatMessage("assistant", message.content)
-    texts, calls = [], []
+    texts, calls, thoughts = [], [], []
     for j, block in enumerate(message.content):
         if isinstance(block, ToolResultBlock):
             raise invalid(
@@ -239,11 +290,18 @@ def _assistant(message: Message, i: int) -> ChatMessage:
             )
         if isinstance(block, TextBlock):
             texts.append(block.text)
-        else:
+        elif isinstance(block, ThinkingBlock):
+            thoughts.append(block.thinking)
+        elif isinstance(block, ToolUseBlock):
             calls.append(
                 ToolCall(block.id, block.name, json.dumps(block.input, ensure_ascii=False))
             )
-    return ChatMessage("assistant", BLOCK_JOIN.join(texts), tool_calls=tuple(calls))
+    return ChatMessage(
+        "assistant",
+        BLOCK_JOIN.join(texts),
+        tool_calls=tuple(calls),
+        reasoning=BLOCK_JOIN.join(t for t in thoughts if t),
+    )
 
 
 def system_text(system: str | list[TextBlock] | None) -> str:
@@ -302,7 +360,10 @@ def merged(messages: list[ChatMessage]) -> tuple[ChatMessage, ...]:
             and not (last.tool_calls and message.content)
         ):
             text = BLOCK_JOIN.join(t for t in (last.content, message.content) if t)
-            out[-1] = ChatMessage(last.role, text, last.tool_calls + message.tool_calls)
+            thought = BLOCK_JOIN.join(t for t in (last.reasoning, message.reasoning) if t)
+            out[-1] = ChatMessage(
+                last.role, text, last.tool_calls + message.tool_calls, reasoning=thought
+            )
         else:
             out.append(message)
     return tuple(out)
@@ -380,6 +441,7 @@ def to_call(
         max_tokens=min(body.max_tokens, card.context_length),
         stop=tuple(body.stop_sequences or ()),
     )
+    thinking = body.thinking is not None and body.thinking.enabled
     request = GenerationRequest(
         messages=chat_messages(body),
         sampling=sampling,
@@ -387,15 +449,22 @@ def to_call(
         cache_namespace=with_salt(namespace, cache_salt(body)),
         priority=priority_of(body.priority, priority_header),
         speculative=speculative_of(body.radixchat),
+        template_kwargs=thinking_kwargs(thinking),
         **tool_request(body, limits),
     )
-    return MessagesCall(request, card.id, bool(body.stream))
+    shown = body.thinking is None or body.thinking.display != "omitted"
+    return MessagesCall(request, card.id, bool(body.stream), thinking, shown)
 
 
 def count_request(
     body: CountTokensRequest, card: ModelCard, limits: RequestLimits = DEFAULT_REQUEST_LIMITS
 ) -> GenerationRequest:
-    return GenerationRequest(messages=chat_messages(body), **tool_request(body, limits))
+    thinking = body.thinking is not None and body.thinking.enabled
+    return GenerationRequest(
+        messages=chat_messages(body),
+        template_kwargs=thinking_kwargs(thinking),
+        **tool_request(body, limits),
+    )
 
 
 # ------------------------------------------------------------------ replies
@@ -456,11 +525,23 @@ class MessageBuilder:
     def __init__(self, call: MessagesCall):
         self.id = "msg_" + uuid.uuid4().hex[:24]
         self.model = call.model
+        self.call = call
 
     def full(
-        self, text: str, stats: RequestStats, calls: tuple[ToolCall, ...] = ()
+        self,
+        text: str,
+        stats: RequestStats,
+        calls: tuple[ToolCall, ...] = (),
+        reasoning: str = "",
     ) -> dict[str, Any]:
-        content = [{"type": "text", "text": text}] if text else []  # as Anthropic: no empty blocks
+        content = []
+        if self.call.thinking and reasoning:
+            shown = reasoning if self.call.thinking_shown else ""
+            content.append(
+                {"type": "thinking", "thinking": shown, "signature": signature(reasoning)}
+            )
+        if text:  # as Anthropic: no empty text blocks
+            content.append({"type": "text", "text": text})
         content += [self.tool_use(call) for call in calls]
         return {
             **self._message(content, stop_reason(stats), stats.stop_sequence),
@@ -496,13 +577,33 @@ class MessageBuilder:
         return {"type": "tool_use", "id": call.id, "name": call.name, "input": arguments}
 
     @staticmethod
-    def block_start(index: int = 0, call: ToolCall | None = None) -> dict[str, Any]:
-        block = (
-            MessageBuilder.tool_use(call, with_input=False)
-            if call
-            else {"type": "text", "text": ""}
-        )
+    def block_start(
+        index: int = 0, call: ToolCall | None = None, thinking: bool = False
+    ) -> dict[str, Any]:
+        if call is not None:
+            block = MessageBuilder.tool_use(call, with_input=False)
+        elif thinking:
+            block = {"type": "thinking", "thinking": "", "signature": ""}
+        else:
+            block = {"type": "text", "text": ""}
         return {"type": "content_block_start", "index": index, "content_block": block}
+
+    @staticmethod
+    def thinking_delta(text: str, index: int) -> dict[str, Any]:
+        return {
+            "type": "content_block_delta",
+            "index": index,
+            "delta": {"type": "thinking_delta", "thinking": text},
+        }
+
+    @staticmethod
+    def signature_delta(thinking: str, index: int) -> dict[str, Any]:
+        """A thinking block's last delta, before it stops: its signature."""
+        return {
+            "type": "content_block_delta",
+            "index": index,
+            "delta": {"type": "signature_delta", "signature": signature(thinking)},
+        }
 
     @staticmethod
     def input_delta(call: ToolCall, index: int) -> dict[str, Any]:
@@ -531,3 +632,10 @@ class MessageBuilder:
             "delta": {"stop_reason": stop_reason(stats), "stop_sequence": stats.stop_sequence},
             "usage": final_usage(stats),
         }
+
+
+def signature(thinking: str) -> str:
+    """A thinking block's ``signature``: opaque to clients, as Anthropic's is, and sent back
+    with the block; here a digest of the thinking, never checked (the thinking sent back is
+    what the template renders)."""
+    return "radixchat-" + hashlib.sha256(thinking.encode("utf-8")).hexdigest()[:32]

@@ -63,13 +63,25 @@ LENIENT_TYPES = frozenset({"", "application/x-www-form-urlencoded"})
 BODY_TIMEOUT_S = 60.0
 
 
+CONVERSATIONS = "/v1/conversations"  # and under it: every POST takes a JSON body
+
+
+def takes_json(path: str) -> bool:
+    """Whether a POST to ``path`` brings a JSON body (read whole, within the limit)."""
+    return path in JSON_ENDPOINTS or path == CONVERSATIONS or path.startswith(CONVERSATIONS + "/")
+
+
 def endpoint_label(path: str) -> str:
     """The metrics label of a path: the endpoint, never the raw path (unbounded labels)."""
     path = path.rstrip("/") or "/"
-    if path in ENDPOINTS:
+    if path in ENDPOINTS or path == CONVERSATIONS:
         return path
     if path.startswith("/v1/responses/"):
         return "/v1/responses/{id}"
+    if path.startswith(CONVERSATIONS + "/"):
+        parts = path.split("/")[3:]  # {id}, items, {item_id}
+        if len(parts) == 1 or (len(parts) <= 3 and parts[1] == "items"):
+            return "/".join([CONVERSATIONS, "{id}", "items", "{item_id}"][: len(parts) + 1])
     return "/v1/models/{model}" if path.startswith("/v1/models/") else "other"
 
 
@@ -237,7 +249,7 @@ class RequestChecks:
                 code="invalid_api_key",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        if scope["method"] != "POST" or path not in JSON_ENDPOINTS:
+        if scope["method"] != "POST" or not takes_json(path):
             return receive
         declared = headers.get("content-length")
         if declared is None and "transfer-encoding" not in headers:

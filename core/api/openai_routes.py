@@ -29,7 +29,14 @@ from core.api.routing import (
     named,
     server_of,
 )
-from core.engine.types import DoneEvent, ErrorEvent, Event, TokenEvent, ToolCallEvent
+from core.engine.types import (
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    ReasoningEvent,
+    TokenEvent,
+    ToolCallEvent,
+)
 
 router = APIRouter(route_class=JsonRoute)
 
@@ -117,7 +124,7 @@ async def generate(
                 handle,
                 events,
                 call.chat,
-                lambda done: reply.full(done.text, done.stats, done.tool_calls),
+                lambda done: reply.full(done.text, done.stats, done.tool_calls, done.reasoning),
             ),
             call.request.cache_namespace,
         )
@@ -141,6 +148,8 @@ async def _chunks(
         while event is not None:
             if isinstance(event, TokenEvent):
                 yield sse(reply.chunk(event.text))
+            elif isinstance(event, ReasoningEvent):
+                yield sse(reply.chunk(reasoning=event.text))
             elif isinstance(event, ToolCallEvent):
                 yield sse(reply.chunk(tool_call=event.call))
             elif isinstance(event, ErrorEvent):

@@ -30,6 +30,7 @@ from core.api.openai_tools import (
     message_calls,
     tool_fields,
 )
+from core.api.reasoning import effort_kwargs, template_kwargs
 from core.api.wire import (
     CACHE_SALT_TEXT,
     MAX_PRIORITY,
@@ -97,6 +98,14 @@ class Message(WireModel):
         None, description="the calls an assistant message made"
     )
     tool_call_id: Text | None = Field(None, description="the call a tool message answers")
+    reasoning_content: Text | None = Field(
+        None, description="an assistant message's thinking, as a reply gave it (llama.cpp, vLLM)"
+    )
+    reasoning: Any = Field(
+        None,
+        description="the same, under vLLM's newer name (as text; other shapes, as some "
+        "services send, are ignored)",
+    )
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -190,6 +199,14 @@ class ChatCompletionRequest(_Sampling):
         None, description="json_object or json_schema: constrained decoding"
     )
     functions: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None,
+        description='variables for the chat template, e.g. {"enable_thinking": false} '
+        "(as vLLM and llama.cpp take them)",
+    )
+    reasoning_effort: Text | None = Field(
+        None, description="to the template as reasoning_effort; none: thinking off"
+    )
 
     _no_logprobs = unsupported("logprobs", message="logprobs are not supported")
 
@@ -328,6 +345,8 @@ def chat_messages(messages: list[Message]) -> tuple[ChatMessage, ...]:
                 code="missing_required_parameter",
             )
         made = message_calls(message.tool_calls) if message.role == "assistant" else ()
+        other = message.reasoning if isinstance(message.reasoning, str) else ""
+        thought = message.reasoning_content or other
         calls.update({call.id: call.name for call in made})
         if message.role == "tool":
             name = check_tool_message(i, message.tool_call_id, calls)
@@ -335,7 +354,8 @@ def chat_messages(messages: list[Message]) -> tuple[ChatMessage, ...]:
                 ChatMessage("tool", message.text(), tool_call_id=message.tool_call_id, name=name)
             )
         else:
-            out.append(ChatMessage(ROLES[message.role], message.text(), made))
+            thought = thought if message.role == "assistant" else ""
+            out.append(ChatMessage(ROLES[message.role], message.text(), made, reasoning=thought))
     return tuple(out)
 
 
@@ -372,6 +392,10 @@ def to_call(
             cache_namespace=namespace,
             priority=priority,
             speculative=speculative_of(body.radixchat),
+            template_kwargs={
+                **effort_kwargs(body.reasoning_effort),
+                **template_kwargs(body.chat_template_kwargs, "chat_template_kwargs"),
+            },
             **extra,
         )
     else:
@@ -396,11 +420,17 @@ def new_id(chat: bool) -> str:
 
 
 def usage(stats: RequestStats) -> dict[str, Any]:
+    thinking = (
+        {"completion_tokens_details": {"reasoning_tokens": stats.reasoning_tokens}}
+        if stats.reasoning_tokens
+        else {}
+    )
     return {
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": stats.completion_tokens,
         "total_tokens": stats.prompt_tokens + stats.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": stats.cached_tokens + stats.restored_tokens},
+        **thinking,
         **usage_extra(stats),
     }
 
@@ -474,13 +504,19 @@ class ReplyBuilder:
         }
 
     def full(
-        self, text: str, stats: RequestStats, tool_calls: tuple[ToolCall, ...] = ()
+        self,
+        text: str,
+        stats: RequestStats,
+        tool_calls: tuple[ToolCall, ...] = (),
+        reasoning: str = "",
     ) -> dict[str, Any]:
         if self.chat:
             message: dict[str, Any] = {
                 "role": "assistant",
                 "content": text or (None if tool_calls else ""),
             }
+            if reasoning:
+                message["reasoning_content"] = reasoning
             if tool_calls:
                 message["tool_calls"] = [call_object(call) for call in tool_calls]
             choice = {
@@ -506,14 +542,18 @@ class ReplyBuilder:
         stats: RequestStats | None = None,
         first: bool = False,
         tool_call: ToolCall | None = None,
+        reasoning: str | None = None,
     ) -> dict[str, Any]:
-        """A stream chunk: the first (chat: the role), a piece of text, a tool call (whole, in
-        ``delta.tool_calls``), or the last (``stats``)."""
+        """A stream chunk: the first (chat: the role), a piece of text, a piece of the
+        thinking (``delta.reasoning_content``), a tool call (whole, in ``delta.tool_calls``),
+        or the last (``stats``)."""
         reason = finish_reason(stats) if stats is not None else None
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
             if text:
                 delta["content"] = text
+            if reasoning:
+                delta["reasoning_content"] = reasoning
             if tool_call is not None:
                 delta["tool_calls"] = [call_object(tool_call, self.calls_sent)]
                 self.calls_sent += 1

@@ -36,7 +36,14 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from core.api.errors import engine_error, shutting_down
 from core.api.routing import SSE_HEADERS
 from core.engine.engine import RequestHandle
-from core.engine.types import DoneEvent, ErrorEvent, Event, TokenEvent, ToolCallEvent
+from core.engine.types import (
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    ReasoningEvent,
+    TokenEvent,
+    ToolCallEvent,
+)
 from core.errors import ErrorKind
 
 if TYPE_CHECKING:
@@ -70,7 +77,10 @@ class EngineEvents:
             return
         events, ended = self.handle.take()
         for event in events:
-            if isinstance(event, (TokenEvent, ToolCallEvent)) and self._first_token_at is None:
+            if (
+                isinstance(event, (TokenEvent, ReasoningEvent, ToolCallEvent))
+                and self._first_token_at is None
+            ):
                 self._first_token_at = time.monotonic()
             elif isinstance(event, DoneEvent):
                 ttft = (self._first_token_at or time.monotonic()) - self._arrived

@@ -5,6 +5,10 @@ A stream is the event sequence the ``openai`` package (and Codex) parse, each ev
 its ``sequence_number``::
 
     response.created, response.in_progress
+    per thinking:   response.output_item.added (a reasoning item), response.content_part.added
+                    (reasoning_text), response.reasoning_text.delta...,
+                    response.reasoning_text.done, response.content_part.done,
+                    response.output_item.done
     per text:       response.output_item.added (a message), response.content_part.added,
                     response.output_text.delta..., response.output_text.done,
                     response.content_part.done, response.output_item.done
@@ -44,7 +48,7 @@ def usage(stats: RequestStats) -> dict[str, Any]:
             "cache_write_tokens": 0,  # the cache is written as a side effect: nothing to bill
         },
         "output_tokens": stats.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": stats.reasoning_tokens},
         "total_tokens": stats.prompt_tokens + stats.completion_tokens,
         **usage_extra(stats),
     }
@@ -69,7 +73,7 @@ class ResponseBuilder:
         self.echo = echo
         self.output: list[dict[str, Any]] = []
         self.sequence = 0
-        self._message: dict[str, Any] | None = None  # the message item being written
+        self._open: dict[str, Any] | None = None  # the message or reasoning item being written
         self.final: dict[str, Any] | None = None  # the response once it ended
 
     # ------------------------------------------------------------ objects
@@ -99,7 +103,11 @@ class ResponseBuilder:
             "output": list(self.output),
             "parallel_tool_calls": body.parallel_tool_calls is not False,
             "previous_response_id": body.previous_response_id,
-            "reasoning": {"effort": None, "summary": None},
+            "conversation": {"id": body.conversation_id} if body.conversation_id else None,
+            "reasoning": {
+                "effort": body.reasoning.effort if body.reasoning is not None else None,
+                "summary": None,
+            },
             "store": self.call.store,
             "temperature": 1.0 if body.temperature is None else body.temperature,
             "text": self.echo.get("text") or {"format": {"type": "text"}},
@@ -129,58 +137,72 @@ class ResponseBuilder:
         ]
 
     def text(self, piece: str) -> list[dict[str, Any]]:
+        """Events for a piece of the answer (a message item, opened by its first piece)."""
+        return self._piece("message", piece)
+
+    def reasoning(self, piece: str) -> list[dict[str, Any]]:
+        """Events for a piece of the thinking (a reasoning item, opened by its first piece)."""
+        return self._piece("reasoning", piece)
+
+    def _piece(self, kind: str, piece: str) -> list[dict[str, Any]]:
         events = []
-        if self._message is None:
-            self._message = {
-                "id": new_id("msg"),
-                "type": "message",
-                "role": "assistant",
-                "status": "in_progress",
-                "content": [],
-            }
-            self.output.append(self._message)
+        if self._open is not None and self._open["type"] != kind:
+            events += self._close()
+        if self._open is None:
+            item: dict[str, Any] = (
+                {"id": new_id("msg"), "type": "message", "role": "assistant"}
+                if kind == "message"
+                else {"id": new_id("rs"), "type": "reasoning", "summary": []}
+            )
+            item |= {"status": "in_progress", "content": []}
+            self._open = item
+            self.output.append(item)
             events += [
-                self._item_event("response.output_item.added", self._message),
+                self._item_event("response.output_item.added", item),
                 self._event(
-                    "response.content_part.added", part=self._part(""), **self._where(self._message)
+                    "response.content_part.added", part=self._part(kind, ""), **self._where(item)
                 ),
             ]
-            self._message["content"] = [self._part("")]
-        part = self._message["content"][0]
-        part["text"] += piece
-        events.append(
-            self._event(
-                "response.output_text.delta", delta=piece, logprobs=[], **self._where(self._message)
-            )
+            item["content"] = [self._part(kind, "")]
+        item = self._open
+        item["content"][0]["text"] += piece
+        delta = (
+            "response.output_text.delta" if kind == "message" else "response.reasoning_text.delta"
         )
+        logprobs = {"logprobs": []} if kind == "message" else {}
+        events.append(self._event(delta, delta=piece, **logprobs, **self._where(item)))
         return events
 
     @staticmethod
-    def _part(text: str) -> dict[str, Any]:
+    def _part(kind: str, text: str) -> dict[str, Any]:
+        if kind == "reasoning":
+            return {"type": "reasoning_text", "text": text}
         return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
     def _where(self, item: dict[str, Any]) -> dict[str, Any]:
         where = {"item_id": item["id"], "output_index": self.output.index(item)}
-        return {**where, "content_index": 0} if item["type"] == "message" else where
+        return {**where, "content_index": 0} if item["type"] in ("message", "reasoning") else where
 
-    def _close_message(self, status: str = "completed") -> list[dict[str, Any]]:
-        message, self._message = self._message, None
-        if message is None:
+    def _close(self, status: str = "completed") -> list[dict[str, Any]]:
+        """Events closing the message or reasoning item being written (none if none is)."""
+        item, self._open = self._open, None
+        if item is None:
             return []
-        text = message["content"][0]["text"]
-        message["status"] = status
+        kind = item["type"]
+        text = item["content"][0]["text"]
+        item["status"] = status
+        done = "response.output_text.done" if kind == "message" else "response.reasoning_text.done"
+        logprobs = {"logprobs": []} if kind == "message" else {}
         return [
+            self._event(done, text=text, **logprobs, **self._where(item)),
             self._event(
-                "response.output_text.done", text=text, logprobs=[], **self._where(message)
+                "response.content_part.done", part=self._part(kind, text), **self._where(item)
             ),
-            self._event(
-                "response.content_part.done", part=self._part(text), **self._where(message)
-            ),
-            self._item_event("response.output_item.done", message),
+            self._item_event("response.output_item.done", item),
         ]
 
     def tool_call(self, call: ToolCall) -> list[dict[str, Any]]:
-        events = self._close_message()
+        events = self._close()
         tools = self.call.tools
         custom = call.name in tools.custom
         item: dict[str, Any] = (
@@ -226,18 +248,26 @@ class ResponseBuilder:
     def finish(self, stats: RequestStats) -> list[dict[str, Any]]:
         """The end: the open message closed, then response.completed (or .incomplete)."""
         incomplete = stats.finish_reason == "length"
-        events = self._close_message("incomplete" if incomplete else "completed")
+        events = self._close("incomplete" if incomplete else "completed")
         self.final = self.response("incomplete" if incomplete else "completed", stats)
         kind = "response.incomplete" if incomplete else "response.completed"
         return [*events, self._event(kind, response=self.final)]
 
     def failed(self, error: ApiError) -> list[dict[str, Any]]:
-        self._close_message("incomplete")
+        self._close("incomplete")
         self.final = self.response("failed", error=error)
         return [self._event("response.failed", response=self.final)]
 
-    def full(self, text: str, stats: RequestStats, calls: tuple[ToolCall, ...] = ()) -> dict:
+    def full(
+        self,
+        text: str,
+        stats: RequestStats,
+        calls: tuple[ToolCall, ...] = (),
+        reasoning: str = "",
+    ) -> dict:
         """The response object of a reply that is not streamed."""
+        if reasoning:
+            self.reasoning(reasoning)
         if text:
             self.text(text)
         for call in calls:

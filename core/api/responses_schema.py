@@ -13,7 +13,8 @@ What reaches the model (see docs/api.md, "Responses API"):
   one role in a row joined into one (templates that want roles to alternate take them);
 - ``function_call`` items: the assistant's tool calls; ``function_call_output``: the tool
   turns answering them (by ``call_id``); ``custom_tool_call`` and its output likewise;
-- ``reasoning`` items: accepted and ignored (the model made none).
+- ``reasoning`` items: their text is the thinking of the assistant turn after them (a
+  template that keeps earlier thinking, as Qwen3's does within a tool loop, renders it).
 
 Tools: ``function`` tools as they are; ``custom`` (free-form) tools as a function taking one
 string, ``input``, whose calls come back as ``custom_tool_call`` items; the function and
@@ -28,7 +29,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag, TypeAdapter
+from pydantic import AfterValidator, Discriminator, Field, Tag, TypeAdapter
 
 from core.api.errors import ApiError, invalid
 from core.api.limits import DEFAULT_REQUEST_LIMITS, RequestLimits
@@ -50,6 +51,7 @@ from core.api.openai_tools import (
     ToolDef,
     tool_fields,
 )
+from core.api.reasoning import effort_kwargs
 from core.api.wire import ModelCard, Text, WireModel
 from core.engine.namespaces import with_salt
 from core.engine.types import ChatMessage, GenerationRequest, ToolCall
@@ -141,11 +143,27 @@ class CallOutputItem(WireModel):
     status: Text | None = None
 
 
+class ReasoningPart(WireModel):
+    """A reasoning item's text: its ``content`` (``reasoning_text``) or ``summary``
+    (``summary_text``) parts."""
+
+    type: Text
+    text: Text = ""
+
+
 class ReasoningItem(WireModel):
-    """A reasoning item a client sends back: accepted and ignored (the model made none)."""
+    """A reasoning item of an earlier reply, sent back: its text (its ``content``, else its
+    ``summary``) is the thinking of the assistant turn that follows it; an item with
+    neither (``encrypted_content`` only, another server's) adds nothing."""
 
     type: Literal["reasoning"]
     id: Text | None = None
+    content: list[ReasoningPart] | None = None
+    summary: list[ReasoningPart] | None = None
+
+    def text(self) -> str:
+        parts = self.content or self.summary or []
+        return TURN_JOIN.join(part.text for part in parts if part.text)
 
 
 _ITEM_TAGS = {
@@ -171,6 +189,29 @@ InputItem = Annotated[
 
 
 STORED_ITEMS = TypeAdapter(list[InputItem])  # a stored conversation, read back
+
+
+# ------------------------------------------------------------------ metadata
+METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's limits
+
+
+def _metadata_limits(value: dict[str, str]) -> dict[str, str]:
+    if len(value) > METADATA_PAIRS:
+        raise ValueError(f"at most {METADATA_PAIRS} key-value pairs ({len(value)} given)")
+    for key, text in value.items():
+        if len(key) > METADATA_KEY_CHARS:
+            raise ValueError(f"a key is at most {METADATA_KEY_CHARS} characters ({len(key)})")
+        if len(text) > METADATA_VALUE_CHARS:
+            raise ValueError(
+                f"the value of {key!r} is {len(text):,} characters; at most "
+                f"{METADATA_VALUE_CHARS} (as OpenAI's)"
+            )
+    return value
+
+
+# a response's or a conversation's ``metadata``: stored, never read by the model
+Metadata = Annotated[dict[Text, Text], AfterValidator(_metadata_limits)]
+MAX_USER_CHARS = 256  # ``user``: stored with the response, never read by the model
 
 
 # ------------------------------------------------------------------ tools
@@ -254,6 +295,20 @@ class TextConfig(WireModel):
     verbosity: Text | None = None
 
 
+class ReasoningConfig(WireModel):
+    """``reasoning``: its ``effort`` reaches the template (``core.api.reasoning``); a
+    reasoning model's thinking comes back as a ``reasoning`` output item whatever the
+    ``summary`` asks (the model writes no summary: its thinking is the item's content)."""
+
+    effort: Text | None = None
+    summary: Text | None = None
+    generate_summary: Text | None = None
+
+
+class ConversationRef(WireModel):
+    id: Text
+
+
 class ResponsesRequest(SamplingFields):
     """``POST /v1/responses``."""
 
@@ -268,21 +323,29 @@ class ResponsesRequest(SamplingFields):
     max_output_tokens: int | None = Field(None, ge=1)
     previous_response_id: Text | None = None
     store: bool | None = Field(None, description="keep the response (default true)")
-    metadata: dict[str, Text] | None = None
-    reasoning: dict[str, Any] | None = Field(None, description="accepted and ignored")
+    metadata: Metadata | None = None
+    user: Text | None = Field(None, max_length=MAX_USER_CHARS)
+    reasoning: ReasoningConfig | None = Field(
+        None, description="effort: to the chat template as reasoning_effort (none: thinking off)"
+    )
     include: list[Text] | None = Field(None, description="accepted and ignored")
     prompt_cache_key: Text | None = Field(
         None, description="accepted and ignored: every prefix is cached (see cache_salt)"
     )
     truncation: Literal["auto", "disabled"] | None = None
     background: bool | None = None
-    conversation: Text | dict[str, Any] | None = None
+    conversation: Text | ConversationRef | None = Field(
+        None, description="a stored conversation (its id): its items, then the input"
+    )
     top_logprobs: int | None = None
 
     _no_background = unsupported("background", message="background responses are not supported")
-    _no_conversation = unsupported(
-        "conversation", message="conversations are not supported; use previous_response_id"
-    )
+
+    @property
+    def conversation_id(self) -> str | None:
+        conversation = self.conversation
+        return conversation.id if isinstance(conversation, ConversationRef) else conversation
+
     _no_logprobs = unsupported("top_logprobs", message="logprobs are not supported")
 
 
@@ -306,8 +369,8 @@ class ResponsesCall:
     stream: bool
     store: bool
     tools: ServedTools
-    # the conversation the reply continues, as input items (a continuation is stored with it)
-    history: tuple[dict[str, Any], ...]
+    # this request's own input items, as stored (after the ones it continues)
+    input: tuple[dict[str, Any], ...]
     body: ResponsesRequest
 
 
@@ -437,23 +500,31 @@ def chat_messages(instructions: str | None, items: list) -> tuple[ChatMessage, .
     if instructions:
         out.append(ChatMessage("system", instructions))
     calls: dict[str, str] = {}  # every call so far: call_id -> tool name
+    thought = ""  # reasoning items' text, for the assistant turn that follows them
     for i, item in enumerate(items):
         if isinstance(item, ReasoningItem):
+            thought = TURN_JOIN.join(t for t in (thought, item.text()) if t)
             continue
         if isinstance(item, MessageItem):
             role = ROLES[item.role]
             if role == "system" and any(m.role != "system" for m in out):
                 out.append(ChatMessage("system", content_text(item.content)))
             else:
-                _add(out, ChatMessage(role, content_text(item.content)))
+                mine = thought if role == "assistant" else ""
+                _add(out, ChatMessage(role, content_text(item.content), reasoning=mine))
+                thought = ""
         elif isinstance(item, (FunctionCallItem, CustomToolCallItem)):
             call = ToolCall(item.call_id, item.name, _call_text(item))
             calls[call.id] = call.name
             last = out[-1] if out else None
             if last is not None and last.role == "assistant":
-                out[-1] = ChatMessage("assistant", last.content, (*last.tool_calls, call))
+                mine = TURN_JOIN.join(t for t in (last.reasoning, thought) if t)
+                out[-1] = ChatMessage(
+                    "assistant", last.content, (*last.tool_calls, call), reasoning=mine
+                )
             else:
-                out.append(ChatMessage("assistant", "", (call,)))
+                out.append(ChatMessage("assistant", "", (call,), reasoning=thought))
+            thought = ""
         else:
             if item.call_id not in calls:
                 raise invalid(
@@ -479,7 +550,9 @@ def _add(out: list[ChatMessage], message: ChatMessage) -> None:
     last = out[-1] if out else None
     if last is not None and last.role == message.role and not last.tool_calls:
         out[-1] = ChatMessage(
-            message.role, TURN_JOIN.join(t for t in (last.content, message.content) if t)
+            message.role,
+            TURN_JOIN.join(t for t in (last.content, message.content) if t),
+            reasoning=TURN_JOIN.join(t for t in (last.reasoning, message.reasoning) if t),
         )
     else:
         out.append(message)
@@ -494,15 +567,15 @@ def to_call(
     history: tuple[dict[str, Any], ...] = (),
     limits: RequestLimits = DEFAULT_REQUEST_LIMITS,
 ) -> ResponsesCall:
-    """The engine request for a validated body continuing ``history`` (the input and output
-    items of its previous response, from the store), in cache namespace ``namespace``."""
+    """The engine request for a validated body continuing ``history`` (the items of its
+    previous response's chain, or of its conversation, from the store), in cache namespace
+    ``namespace``."""
     # any model name is served by the loaded model (the reply names it)
     own = (
         [MessageItem(role="user", content=body.input)]
         if isinstance(body.input, str)
         else body.input
     )
-    conversation = (*history, *item_dicts(own))
     items = [*(STORED_ITEMS.validate_python(list(history)) if history else []), *own]
     served = served_tools(body.tools)
     limit = max_tokens(body.max_output_tokens, "max_output_tokens", card.context_length, limits)
@@ -513,7 +586,8 @@ def to_call(
         cache_namespace=with_salt(namespace, body.cache_salt),
         priority=priority_of(body.priority, priority_header),
         speculative=speculative_of(body.radixchat),
+        template_kwargs=effort_kwargs(body.reasoning.effort if body.reasoning else None),
         **_tool_fields(body, served, limits),
     )
     store = body.store is not False
-    return ResponsesCall(request, bool(body.stream), store, served, conversation, body)
+    return ResponsesCall(request, bool(body.stream), store, served, tuple(item_dicts(own)), body)

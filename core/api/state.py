@@ -14,6 +14,7 @@ from core.api.errors import ApiError, shutting_down
 from core.api.limits import DEFAULT_REQUEST_LIMITS, ByteAllowance, RequestLimits
 from core.api.metrics import ServerMetrics
 from core.api.request_log import RequestLog
+from core.api.responses_room import StoreBudget
 from core.api.responses_store import ResponseStore
 from core.api.schema_checks import SchemaChecks
 from core.api.wire import MODEL_ALIASES, ModelCard
@@ -68,8 +69,14 @@ class ApiState:
         self.events_waker = None  # core.api.relay's, made on the server's event loop
         self.metrics = ServerMetrics(engine.stats, lambda: len(self._handles))
         self.request_log = RequestLog()  # the last requests, for the app's request log
-        # the Responses API's stored responses (opened on first use)
-        self.responses = ResponseStore(paths.responses_db_path(engine.data_root))
+        # the Responses API's stored responses and conversations (opened on first use): a
+        # share of the data folder's disk budget, split evenly between the keys
+        owners = tuple(namespaces.owner(self.cache_namespace(key)) for key in self.api_keys)
+        budget = StoreBudget(
+            paths.stored_responses_budget(engine.disk_budget_bytes),
+            owners or (namespaces.owner(self.cache_namespace(None)),),
+        )
+        self.responses = ResponseStore(paths.responses_db_path(engine.data_root), budget)
 
     @property
     def api_key(self) -> str | None:

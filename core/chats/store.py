@@ -54,6 +54,7 @@ class Message:
     content: str
     stats: dict | None  # the engine's figures for an assistant turn
     created_at: float
+    reasoning: str | None = None  # a reasoning model's thinking before the reply
     damaged: str | None = None  # what could not be read back (bad bytes shown as U+FFFD)
 
 
@@ -103,7 +104,12 @@ def _migration_1(db: Database) -> None:
     db.execute("CREATE UNIQUE INDEX messages_session_seq ON messages(session_id, seq)")
 
 
-MIGRATIONS = [_migration_1]
+def _migration_2(db: Database) -> None:
+    """A reply's thinking (a reasoning model's), kept beside its text."""
+    db.execute("ALTER TABLE messages ADD COLUMN reasoning TEXT")
+
+
+MIGRATIONS = [_migration_1, _migration_2]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -259,11 +265,16 @@ class ChatStore(SqliteFile):
     # -- messages --
 
     def add_message(
-        self, session_id: int, role: str, content: str, stats: dict | None = None
+        self,
+        session_id: int,
+        role: str,
+        content: str,
+        stats: dict | None = None,
+        reasoning: str | None = None,
     ) -> Message:
         """Append one message; the first user message also titles an untitled session."""
         with self._transaction():
-            message_id = self._insert_message(session_id, role, content, stats)
+            message_id = self._insert_message(session_id, role, content, stats, reasoning)
         return self._message(message_id)
 
     def add_turn(
@@ -272,11 +283,15 @@ class ChatStore(SqliteFile):
         user_content: str,
         assistant_content: str,
         stats: dict | None = None,
+        reasoning: str | None = None,
     ) -> tuple[Message, Message]:
-        """Append a user message and its reply together: both rows or neither."""
+        """Append a user message and its reply (with its ``reasoning``, the thinking of a
+        reasoning model) together: both rows or neither."""
         with self._transaction():
             user_id = self._insert_message(session_id, "user", user_content, None)
-            reply_id = self._insert_message(session_id, "assistant", assistant_content, stats)
+            reply_id = self._insert_message(
+                session_id, "assistant", assistant_content, stats, reasoning
+            )
         return self._message(user_id), self._message(reply_id)
 
     def replace_last_turn(
@@ -285,6 +300,7 @@ class ChatStore(SqliteFile):
         user_content: str,
         assistant_content: str,
         stats: dict | None = None,
+        reasoning: str | None = None,
     ) -> tuple[Message, Message]:
         """Replace the session's last turn (its last user message and what follows it)
         with a new one, in one transaction: a regenerated or edited turn, or nothing changes.
@@ -300,7 +316,9 @@ class ChatStore(SqliteFile):
                     [session_id, rows[0]["seq"]],
                 )
             user_id = self._insert_message(session_id, "user", user_content, None)
-            reply_id = self._insert_message(session_id, "assistant", assistant_content, stats)
+            reply_id = self._insert_message(
+                session_id, "assistant", assistant_content, stats, reasoning
+            )
         return self._message(user_id), self._message(reply_id)
 
     def delete_last_message(self, session_id: int) -> Message | None:
@@ -318,24 +336,24 @@ class ChatStore(SqliteFile):
 
     def import_session(
         self,
-        messages: list[tuple[str, str, dict | None]],
+        messages: list[tuple[str, str, dict | None, str | None]],
         *,
         title: str | None = None,
         system_prompt: str | None = None,
         settings: dict | None = None,
     ) -> Session:
-        """A new session holding ``messages`` (``(role, content, stats)``), titled ``title``
-        (else by its first user message), in one transaction: the whole chat or nothing,
-        whatever stops it part-way (a bad message, a full disk, Ctrl-C, a crash)."""
-        for number, (role, content, _) in enumerate(messages, 1):
+        """A new session holding ``messages`` (``(role, content, stats, reasoning)``), titled
+        ``title`` (else by its first user message), in one transaction: the whole chat or
+        nothing, whatever stops it part-way (a bad message, a full disk, Ctrl-C, a crash)."""
+        for number, (role, content, _, reasoning) in enumerate(messages, 1):
             if role not in ROLES:
                 raise ValueError(f"role must be one of {ROLES}, not {role!r}")
-            if not _is_text(content):
+            if not _is_text(content) or (reasoning is not None and not _is_text(reasoning)):
                 raise StoreError(f"message {number} is not valid UTF-8 text: nothing was saved")
         for text in (title, system_prompt):
             if text is not None and not _is_text(text):
                 raise StoreError("a title or system prompt that is not valid UTF-8 text")
-        first_user = next((content for role, content, _ in messages if role == "user"), "")
+        first_user = next((m[1] for m in messages if m[0] == "user"), "")
         with self._transaction():
             name = self._unused_name(time.strftime("chat-%Y%m%d-%H%M%S"))
             now = self._now()
@@ -362,8 +380,9 @@ class ChatStore(SqliteFile):
                     "content": content,
                     "stats": _dumps(stats),
                     "created_at": now,
+                    "reasoning": reasoning or None,
                 }
-                for seq, (role, content, stats) in enumerate(messages, 1)
+                for seq, (role, content, stats, reasoning) in enumerate(messages, 1)
             )
         return self.get_session_by_id(session_id)
 
@@ -403,10 +422,17 @@ class ChatStore(SqliteFile):
 
     # -- internals --
 
-    def _insert_message(self, session_id: int, role: str, content: str, stats: dict | None) -> int:
+    def _insert_message(
+        self,
+        session_id: int,
+        role: str,
+        content: str,
+        stats: dict | None,
+        reasoning: str | None = None,
+    ) -> int:
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, not {role!r}")
-        if not _is_text(content):
+        if not _is_text(content) or (reasoning is not None and not _is_text(reasoning)):
             raise StoreError("a message that is not valid UTF-8 text cannot be saved")
         session = self._rows("SELECT title FROM sessions WHERE id = ?", [session_id])
         if not session:
@@ -426,6 +452,7 @@ class ChatStore(SqliteFile):
                     "content": content,
                     "stats": _dumps(stats),
                     "created_at": now,
+                    "reasoning": reasoning or None,
                 }
             )
             .last_pk
@@ -557,7 +584,7 @@ def _session(row: dict) -> Session:
 
 def _message(row: dict) -> Message:
     problems: list[str] = []
-    _damage(row, ("role", "content", "stats"), problems)
+    _damage(row, ("role", "content", "stats", "reasoning"), problems)
     stats = _loads(row["stats"], problems, "stats")
     if row["role"] not in ROLES:
         problems.append(f"its role {row['role']!r} is none of {', '.join(ROLES)}")

@@ -3,7 +3,8 @@ import a JSON one as a new chat.
 
 A JSON export holds the chat's title, system prompt and settings, and each message; a reply
 carries the model and the sampling settings it was made with (``ChatTurn`` stores them beside
-the engine's figures) and those figures. Import takes such a file, or a plain list of
+the engine's figures) and those figures, and a reasoning model's reply its thinking
+(``reasoning``). Import takes such a file, or a plain list of
 ``{"role", "content"}`` messages (what most tools write), and makes a new chat of it: its KV
 cache is built on its first reply. Anything that is not a chat is one clear line
 (:class:`~core.errors.UserError`), and nothing is written.
@@ -80,7 +81,10 @@ def export_markdown(store: ChatStore, session_id: int) -> str:
             continue
         heading = "You" if message.role == "user" else "Assistant"
         about = _about(message.stats) if message.role == "assistant" else ""
-        lines += [f"## {heading}{' · ' + about if about else ''}", "", message.content, ""]
+        lines += [f"## {heading}{' · ' + about if about else ''}", ""]
+        if message.reasoning:  # a reasoning model's thinking, quoted before the reply
+            lines += ["*Thinking:*", "", _quote(message.reasoning), ""]
+        lines += [message.content, ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -159,6 +163,8 @@ def _read(store: ChatStore, session_id: int) -> tuple[Session, list[Message]]:
 
 def _message_json(message: Message) -> dict:
     item = {"role": message.role, "content": message.content}
+    if message.reasoning:
+        item["reasoning"] = message.reasoning
     stats = dict(message.stats or {})
     for key in TURN_KEYS:
         if key in stats:
@@ -185,8 +191,9 @@ def _quote(text: str) -> str:
     return "\n".join("> " + line if line else ">" for line in text.splitlines())
 
 
-def _checked(number: int, message: object) -> tuple[str, str, dict | None]:
-    """(role, content, stats) of message ``number``, or a UserError saying what is wrong."""
+def _checked(number: int, message: object) -> tuple[str, str, dict | None, str | None]:
+    """(role, content, stats, reasoning) of message ``number``, or a UserError saying what
+    is wrong."""
     if not isinstance(message, dict):
         raise UserError(f"message {number} is not an object with a role and a content")
     role, content = message.get("role"), message.get("content")
@@ -206,7 +213,10 @@ def _checked(number: int, message: object) -> tuple[str, str, dict | None]:
         if message["sampling"] is not None and not isinstance(message["sampling"], dict):
             raise UserError(f"message {number}: its sampling is not an object")
         stats["sampling"] = message["sampling"]
-    return role, content, (stats or None) if role == "assistant" else None
+    reasoning = message.get("reasoning") if role == "assistant" else None
+    if reasoning is not None and not isinstance(reasoning, str):
+        raise UserError(f"message {number}: its reasoning is not text")
+    return role, content, (stats or None) if role == "assistant" else None, reasoning or None
 
 
 def _text_or_none(value: object, what: str) -> str | None:

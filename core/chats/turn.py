@@ -99,7 +99,9 @@ class ChatTurn:
             if self.session.system_prompt
             else ()
         )
-        return system + tuple(ChatMessage(m.role, m.content) for m in self.kept)
+        return system + tuple(
+            ChatMessage(m.role, m.content, reasoning=m.reasoning or "") for m in self.kept
+        )
 
     @property
     def messages(self) -> tuple[ChatMessage, ...]:
@@ -124,11 +126,12 @@ class ChatTurn:
         )
 
     @staticmethod
-    def keeps(text: str, stats: RequestStats | None) -> bool:
-        """Whether a reply that ended with ``text`` is stored: not when it was stopped before
-        any text (``stats`` None: it ended without the engine's figures, e.g. the window closed)."""
+    def keeps(text: str, stats: RequestStats | None, reasoning: str = "") -> bool:
+        """Whether a reply that ended with ``text`` (and ``reasoning``, its thinking) is
+        stored: not when it was stopped before any text or thinking (``stats`` None: it
+        ended without the engine's figures, e.g. the window closed)."""
         stopped = stats is None or stats.finish_reason == "cancelled"
-        return bool(text) or not stopped
+        return bool(text or reasoning) or not stopped
 
     def finish(
         self,
@@ -136,19 +139,21 @@ class ChatTurn:
         text: str,
         stats: RequestStats | None,
         made_with: MadeWith | None = None,
+        reasoning: str = "",
     ) -> bool:
-        """Store the turn with its reply, if ``keeps`` says so; True when it was stored. The
-        reply's figures hold the engine's stats and what it was ``made_with``. Raises
-        StoreError when the store fails (the chat goes on in memory)."""
-        if not self.keeps(text, stats):
+        """Store the turn with its reply (and the thinking before it), if ``keeps`` says so;
+        True when it was stored. The reply's figures hold the engine's stats and what it was
+        ``made_with``. Raises StoreError when the store fails (the chat goes on in memory)."""
+        if not self.keeps(text, stats, reasoning):
             return False
         figures = dataclasses.asdict(stats) if stats is not None else None
         if made_with is not None:
             figures = {**(figures or {}), **made_with.figures()}
+        thought = reasoning or None
         if self.replace:
-            store.replace_last_turn(self.session.id, self.prompt, text, figures)
+            store.replace_last_turn(self.session.id, self.prompt, text, figures, thought)
         else:
-            store.add_turn(self.session.id, self.prompt, text, figures)
+            store.add_turn(self.session.id, self.prompt, text, figures, thought)
         return True
 
     def save(
@@ -158,13 +163,14 @@ class ChatTurn:
         stats: RequestStats | None,
         make_room: Callable[[], int] | None = None,
         made_with: MadeWith | None = None,
+        reasoning: str = "",
     ) -> SavedTurn:
         """``finish``, never raising: the caller shows the reply either way. When the store
         fails because the disk is full, the chat history wins: ``make_room`` (the engine's
         ``give_disk_space_back``: deletes the KV cache's files, returns the bytes freed)
         runs, and the turn is tried once more."""
         try:
-            return SavedTurn(self.finish(store, text, stats, made_with))
+            return SavedTurn(self.finish(store, text, stats, made_with, reasoning))
         except StoreError as exc:
             if getattr(exc, "reason", None) != "full" or make_room is None:
                 return SavedTurn(False, str(exc))
@@ -172,6 +178,8 @@ class ChatTurn:
             if not freed:
                 return SavedTurn(False, str(exc))
         try:
-            return SavedTurn(self.finish(store, text, stats, made_with), cache_freed=freed)
+            return SavedTurn(
+                self.finish(store, text, stats, made_with, reasoning), cache_freed=freed
+            )
         except StoreError as exc:
             return SavedTurn(False, str(exc), freed)

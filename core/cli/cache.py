@@ -1,5 +1,6 @@
 """``radixchat cache stats|verify|clear``: the disk caches of session KV (``clear`` of
-everything also deletes the files made from models at load: ``core.models.derived``).
+everything also deletes the files made from models at load, ``core.models.derived``, and
+the API's stored responses and conversations, ``responses.db``).
 
 The data folder holds the single machine's store (``kvcache.db``) and, beside it, one store
 per rank of each group that ran from it (``kvcache-rank1of2.db``: :mod:`core.distributed`).
@@ -47,6 +48,7 @@ def run_cache(args) -> int:
         for name, path in ranks:
             _clear(path, args.session, f"{name}: ")
         if args.session is None and chosen is None:  # the files made from models go too
+            _clear_responses(paths.responses_db_path(root))
             made = derived.derived_files(root)
             if made:
                 freed = derived.remove(made)
@@ -114,6 +116,31 @@ def _clear(path: Path, session: str | None, label: str) -> None:
     what = f"session {safe(session)}" if session else "all sessions"
     print(
         f"{label}cleared the cache of {what}: {freed / paths.MB:.1f} MB freed (chat history kept)"
+    )
+
+
+def _clear_responses(path: Path) -> None:
+    """Delete the API's stored responses and conversations (on a full disk, or a file that
+    cannot be opened, their files: that always works)."""
+    from core.api.responses_store import ResponseStore  # the API's store: imported on use
+
+    if not path.exists():
+        return
+    store = ResponseStore(path)
+    try:
+        cleared = store.clear()
+    except StoreError as exc:
+        if getattr(exc, "reason", None) == "locked":  # in use: never pulled from under it
+            raise
+        store.close()
+        freed = remove_files(path)
+        print(f"deleted the stored responses ({safe(path)}): {freed / paths.MB:.1f} MB freed")
+        return
+    finally:
+        store.close()
+    print(
+        f"deleted {cleared.responses} stored responses and {cleared.conversations} "
+        f"conversations: {cleared.bytes / paths.MB:.1f} MB freed"
     )
 
 

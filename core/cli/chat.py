@@ -13,12 +13,45 @@ from core.cli.commands.options import kv_format_options, speculation_of
 from core.cli.progress import print_progress
 from core.cli.terminal import safe, safe_text
 from core.engine.engine import Engine
-from core.engine.types import DoneEvent, ErrorEvent, RequestStats, SamplingParams, TokenEvent
+from core.engine.types import (
+    DoneEvent,
+    ErrorEvent,
+    ReasoningEvent,
+    RequestStats,
+    SamplingParams,
+    TokenEvent,
+)
 from core.errors import UserError
 from core.models.load.chat_template import read_chat_template
 
 HELP = "commands: /stats (last turn's figures), /quit"
 EXIT_NOT_SAVED = 2  # the reply was shown, but the turn is not in the chat history
+DIM, NORMAL = "\x1b[2m", "\x1b[22m"  # the terminal's faint text, and back
+
+
+class Thoughts:
+    """A reasoning model's thinking as it streams, printed apart from the reply: on stderr
+    (the reply alone goes to stdout, so ``radixchat chat Q > answer.txt`` keeps the answer
+    only), dim on a terminal, between ``[thinking]`` and ``[/thinking]`` lines elsewhere."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.open = False
+
+    def piece(self, text: str) -> None:
+        if not self.open:
+            self.open = True
+            self.stream.write(DIM if self.tty else "[thinking]\n")
+        self.stream.write(safe_text(text))
+        self.stream.flush()
+
+    def close(self) -> None:
+        """The thinking ended (the reply's first text came, or the reply ended)."""
+        if self.open:
+            self.open = False
+            self.stream.write(NORMAL + "\n" if self.tty else "\n[/thinking]\n")
+            self.stream.flush()
 
 
 def sampling_params(args) -> SamplingParams:
@@ -148,11 +181,18 @@ def _run_turn(engine, store, session: Session, prompt: str, sampling, args):
     handle = engine.submit(turn.request(sampling, use_cache=not args.no_cache))
     done: DoneEvent | None = None
     pieces: list[str] = []
+    thought: list[str] = []
+    thoughts = Thoughts()
     try:
         for event in handle.events():
-            if isinstance(event, TokenEvent):
+            if isinstance(event, ReasoningEvent):
+                thought.append(event.text)
+                if not args.json:
+                    thoughts.piece(event.text)
+            elif isinstance(event, TokenEvent):
                 pieces.append(event.text)
                 if not args.json:
+                    thoughts.close()
                     print(safe_text(event.text), end="", flush=True)
             elif isinstance(event, DoneEvent):
                 done = event
@@ -163,13 +203,21 @@ def _run_turn(engine, store, session: Session, prompt: str, sampling, args):
         for event in handle.events():
             if isinstance(event, DoneEvent):
                 done = event
+    finally:
+        thoughts.close()
     reply = done.text if done else "".join(pieces)
+    reasoning = done.reasoning if done else "".join(thought)
     stats = done.stats if done else RequestStats(finish_reason="cancelled")
     # stopped before any text: not stored, as if never sent; a full disk: the cache gives way
     info = engine.model_info
     made_with = MadeWith(info.name if info else "", _sampling_settings(sampling))
     saved = turn.save(
-        store, reply, stats, make_room=engine.give_disk_space_back, made_with=made_with
+        store,
+        reply,
+        stats,
+        make_room=engine.give_disk_space_back,
+        made_with=made_with,
+        reasoning=reasoning,
     )
     not_saved = saved.error
     if saved.cache_freed:
@@ -186,6 +234,7 @@ def _run_turn(engine, store, session: Session, prompt: str, sampling, args):
             json.dumps(
                 {
                     "reply": reply,
+                    **({"reasoning": reasoning} if reasoning else {}),
                     "saved": not_saved is None,
                     **({"save_error": not_saved} if not_saved else {}),
                     "session": session.name,
@@ -194,6 +243,7 @@ def _run_turn(engine, store, session: Session, prompt: str, sampling, args):
                     "restored_tokens": stats.restored_tokens,
                     "computed_tokens": stats.computed_tokens,
                     "completion_tokens": stats.completion_tokens,
+                    "reasoning_tokens": stats.reasoning_tokens,
                     "ttft_s": round(stats.ttft_s, 4),
                     "decode_tps": round(stats.decode_tps, 2),
                     "accepted_tokens": stats.accepted_tokens,

@@ -33,10 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ModelLoadError, UserError
-
-# GGUF architecture names whose mlx-lm model type differs
-_GGUF_MODEL_TYPES = {"gemma3": "gemma3_text"}
-
+from core.models.load.gguf_architectures import ARCHITECTURES
 
 TENSOR, PIPELINE = "tensor", "pipeline"
 SPLITS = ("auto", TENSOR, PIPELINE)  # what a user may ask for (``--split``)
@@ -75,7 +72,7 @@ def model_config(path: Path) -> dict[str, Any]:
         arch = str(meta.get("general.architecture", ""))
         heads = meta.get(f"{arch}.attention.head_count")
         return {
-            "model_type": _GGUF_MODEL_TYPES.get(arch, arch),
+            "model_type": ARCHITECTURES[arch].model_type if arch in ARCHITECTURES else arch,
             "num_attention_heads": heads,
             "num_key_value_heads": meta.get(f"{arch}.attention.head_count_kv") or heads,
             "intermediate_size": meta.get(f"{arch}.feed_forward_length"),

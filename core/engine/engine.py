@@ -123,6 +123,7 @@ class Engine:
         self._disk_cache = disk_cache
         self._disk_budget = disk_budget_bytes
         self._derived_bytes = 0  # the data folder's derived files, measured at each load
+        self._responses_bytes = 0  # what the stored responses may take, measured at each load
         self._disk_min_tokens = disk_min_tokens  # unnamed requests shorter than this stay off disk
         self._persister = None  # kvcache.persist.DiskTier, engine thread only
         self.disk_cache_error: str | None = None  # why the disk cache is off, if it is
@@ -391,11 +392,18 @@ class Engine:
             return None
         return None
 
+    @property
+    def disk_budget_bytes(self) -> int:
+        """The data folder's disk budget (chosen, or the default): the disk cache, the files
+        made from models and the API's stored responses together."""
+        return self._disk_budget or paths.default_disk_budget()
+
     def _kv_disk_budget(self) -> int:
         """The disk budget less what the models' derived files take (a tokenizer, a kept
-        conversion: ``core.models.derived``), down to a quarter of it at least."""
-        budget = self._disk_budget or paths.default_disk_budget()
-        return max(budget - self._derived_bytes, budget // 4)
+        conversion: ``core.models.derived``) and what the API's stored responses may take
+        (``paths.stored_responses_bytes``), down to a quarter of it at least."""
+        budget = self.disk_budget_bytes
+        return max(budget - self._derived_bytes - self._responses_bytes, budget // 4)
 
     def _forget(self, session: str, namespace: str) -> None:
         if self._prefix_cache is not None:
@@ -553,6 +561,7 @@ class Engine:
         from kvcache.prefix_cache import PrefixCache
 
         self._derived_bytes = derived_bytes(self.data_root)  # counted against the disk budget
+        self._responses_bytes = paths.stored_responses_bytes(self.data_root, self.disk_budget_bytes)
         build = build_kv_cache(
             loaded.model,
             weight_bytes=loaded.info.weight_bytes,
@@ -643,8 +652,13 @@ class Engine:
             else:
                 ids = handle.prepared.tokens
                 handle.prepared = None
+                request = handle.request
                 handle.request = replace(
-                    handle.request, messages=(), prompt_text=None, prompt_tokens=tuple(ids)
+                    request,
+                    messages=(),
+                    prompt_text=None,
+                    prompt_tokens=tuple(ids),
+                    templated=request.templated or bool(request.messages),
                 )
                 self._scheduler.admit(handle)  # finishes the handle itself, now or later
                 return

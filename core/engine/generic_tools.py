@@ -175,21 +175,25 @@ def turns(messages, tools) -> list[dict]:
     return [{"role": "system", "content": "\n\n".join(s for s in system if s)}, *out]
 
 
-def render(tokenizer, messages: tuple[ChatMessage, ...], tools) -> str:
-    """The prompt text with ``tools`` in the generic format. A template that refuses a
-    system turn gets the tools' text at the start of the first user turn instead."""
+def render(tokenizer, messages: tuple[ChatMessage, ...], tools, extra: dict | None = None) -> str:
+    """The prompt text with ``tools`` in the generic format (``extra``: more variables for
+    the template). A template that refuses a system turn gets the tools' text at the start
+    of the first user turn instead."""
     chat = turns(messages, tools)
+    extra = extra or {}
     if not getattr(tokenizer, "has_chat_template", False):
         return "\n".join(f"{m['role']}: {m['content']}" for m in chat) + "\nassistant:"
     try:
-        return tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        return tokenizer.apply_chat_template(
+            chat, add_generation_prompt=True, tokenize=False, **extra
+        )
     except Exception as exc:  # jinja2's TemplateError from raise_exception, or a KeyError
         if not chat[1:] or chat[1]["role"] != "user":
             raise
         log.info("the chat template refused a system turn (%s): tools go in the user turn", exc)
         merged = {"role": "user", "content": chat[0]["content"] + "\n\n" + chat[1]["content"]}
         return tokenizer.apply_chat_template(
-            [merged, *chat[2:]], add_generation_prompt=True, tokenize=False
+            [merged, *chat[2:]], add_generation_prompt=True, tokenize=False, **extra
         )
 
 

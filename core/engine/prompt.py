@@ -27,6 +27,8 @@ import re
 import threading
 from dataclasses import dataclass
 
+from jinja2 import TemplateError
+
 from core.engine import generic_tools
 from core.engine.constrain import tool_name
 from core.engine.tools import template_message
@@ -123,25 +125,29 @@ def _text(tokenizer, request: GenerationRequest) -> tuple[str, bool]:
     if not request.messages:
         raise UserError("empty request: no messages and no prompt")
     tools = list(request.tools) if request.tools and request.tool_choice != "none" else None
-    if tools and generic_tools.applies(tokenizer):
-        return generic_tools.render(tokenizer, request.messages, tools), False
-    messages = [template_message(m) for m in request.messages]
-    if tools:
-        return _text_with_tools(tokenizer, messages, tools), False
-    if getattr(tokenizer, "has_chat_template", False):
-        return tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False
-        ), False
+    extra = request.template_kwargs
+    try:
+        if tools and generic_tools.applies(tokenizer):
+            return generic_tools.render(tokenizer, request.messages, tools, extra), False
+        messages = [template_message(m) for m in request.messages]
+        if tools:
+            return _text_with_tools(tokenizer, messages, tools, extra), False
+        if getattr(tokenizer, "has_chat_template", False):
+            return tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=False, **extra
+            ), False
+    except TemplateError as exc:
+        raise UserError(f"the model's chat template refused this request: {exc}") from None
     return "\n".join(f"{m['role']}: {m['content']}" for m in messages) + "\nassistant:", True
 
 
-def _text_with_tools(tokenizer, messages: list[dict], tools: list[dict]) -> str:
+def _text_with_tools(tokenizer, messages: list[dict], tools: list[dict], extra: dict) -> str:
     """The prompt with ``tools`` handed to the chat template (one with tool markup; the
     others get the generic format, :mod:`core.engine.generic_tools`). A template that drops
     the tools cannot serve them: a clear error, not a model that never hears of its tools."""
     fix = "start RadixChat with --chat-template FILE (a Jinja template that takes tools)"
     text = tokenizer.apply_chat_template(
-        messages, tools=tools, add_generation_prompt=True, tokenize=False
+        messages, tools=tools, add_generation_prompt=True, tokenize=False, **extra
     )
     missing = names_missing(text, [tool_name(t) for t in tools])
     if missing:

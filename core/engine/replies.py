@@ -9,7 +9,14 @@ import time
 
 from core.engine.namespaces import label as namespace_label
 from core.engine.running import Active
-from core.engine.types import DoneEvent, ErrorEvent, RequestStats, TokenEvent, ToolCallEvent
+from core.engine.types import (
+    DoneEvent,
+    ErrorEvent,
+    ReasoningEvent,
+    RequestStats,
+    TokenEvent,
+    ToolCallEvent,
+)
 from core.errors import ErrorKind
 
 log = logging.getLogger(__name__)
@@ -29,6 +36,8 @@ class Replies:
         state.generated.append(token)
         if token in self.eos:
             return "stop"
+        if state.reasoning is not None:
+            state.reasoning.count(token)
         state.detok.add_token(token)
         piece, hit = state.stop_text.feed(state.detok.last_segment)
         self._show(state, piece, (token,))
@@ -41,8 +50,18 @@ class Replies:
     def _show(
         self, state: Active, piece: str, token_ids: tuple[int, ...] = (), final: bool = False
     ) -> None:
-        """Send ``piece`` of the reply: tool-call markup is taken out and its calls sent as
-        their own events. ``final``: the reply is over, flush what was held back."""
+        """Send ``piece`` of the reply: a reasoning model's thinking is taken out and sent as
+        its own events, then tool-call markup is taken out of the answer (never out of the
+        thinking) and its calls sent as their own events. ``final``: the reply is over,
+        flush what was held back."""
+        if state.reasoning is not None:
+            thinking, piece = state.reasoning.feed(piece)
+            if final:
+                more, tail = state.reasoning.finish()
+                thinking, piece = thinking + more, piece + tail
+            if thinking:
+                state.thought.append(thinking)
+                state.handle.emit(ReasoningEvent(thinking, token_ids))
         calls = []
         if state.tool_text is not None:
             piece, calls = state.tool_text.feed(piece)
@@ -76,8 +95,9 @@ class Replies:
         if state.generated and not state.stop_text.hit:  # EOS, length, cancel: no more text
             state.detok.finalize()
             self._show(state, state.stop_text.finish(state.detok.last_segment))
-        if state.tool_text is not None:
+        if state.tool_text is not None or state.reasoning is not None:
             self._show(state, "", final=True)
+        if state.tool_text is not None:
             if state.tool_text.calls and finish == "stop":
                 finish = "tool_calls"
         ended = time.perf_counter()
@@ -116,6 +136,7 @@ class Replies:
             cache_namespace=namespace_label(handle.request.cache_namespace),
             draft_tokens=state.drafted,
             accepted_tokens=state.accepted,
+            reasoning_tokens=state.reasoning.tokens if state.reasoning is not None else 0,
         )
         calls = tuple(state.tool_text.calls) if state.tool_text is not None else ()
         failure = (
@@ -134,7 +155,7 @@ class Replies:
         elif cut is not None:
             handle.emit(ErrorEvent(cut, ErrorKind.BAD_REQUEST))
         else:
-            handle.emit(DoneEvent("".join(state.shown), stats, calls))
+            handle.emit(DoneEvent("".join(state.shown), stats, calls, "".join(state.thought)))
         handle.finish()
         self.on_finished()
 

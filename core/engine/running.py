@@ -11,6 +11,7 @@ import mlx.core as mx
 from core.engine.drafts import Drafter
 from core.engine.generation import ChunkedPrefill, StopText
 from core.engine.namespaces import owner as namespace_owner
+from core.engine.reasoning import ReasoningText
 from core.engine.tools import ToolCallText
 
 
@@ -29,9 +30,11 @@ class Active:
     detok: object
     tool_text: ToolCallText | None = None  # takes tool-call markup out of the text
     grammar: object | None = None  # core.engine.constrain.GrammarProcessor, if constrained
+    reasoning: ReasoningText | None = None  # a reasoning model's thinking out of the text
     first_token_at: float | None = None
     generated: list[int] = field(default_factory=list)
     shown: list[str] = field(default_factory=list)
+    thought: list[str] = field(default_factory=list)  # the thinking sent, piece by piece
     snapshots: list = field(default_factory=list)
     drafted: int = 0  # draft tokens proposed (speculative decoding)
     accepted: int = 0  # of them, accepted

@@ -49,6 +49,7 @@ from core.engine.drafts import Drafter, DraftModel
 from core.engine.generation import StopText, render_prompt, sampling_tools, vocab_size
 from core.engine.pacing import ChunkPacer
 from core.engine.prefill_steps import PrefillSteps
+from core.engine.reasoning import ReasoningText, opens_thinking, thinking_markup
 from core.engine.replies import Replies
 from core.engine.running import Active, PrefillJob, Solo, group_of
 from core.engine.speculation import can_speculate, trim, verify
@@ -108,6 +109,7 @@ class Scheduler(PrefillSteps, Replies):
         self.eos = set(loaded.tokenizer.eos_token_ids)
         self.vocab = vocab_size(loaded.model, loaded.config)
         self.markup = generic_tools.markup_for(loaded.tokenizer)  # the template's, or generic
+        self.thinking = thinking_markup(loaded.tokenizer)  # a reasoning model's markers, or None
         self.grammars = Grammars(loaded.tokenizer, self.vocab or len(loaded.tokenizer.get_vocab()))
         self.batch = DecodeBatch(loaded.model, MAX_BATCH)
         self.batched: dict[int, Active] = {}  # batch uid -> request
@@ -183,11 +185,21 @@ class Scheduler(PrefillSteps, Replies):
             loaded.tokenizer.detokenizer,
             ToolCallText(self.markup, request.tools) if calls_on else None,
             grammar,
+            self._reasoning(request, prompt, grammar),
         )
         self._arrivals += 1
         self.waiting.append(
             PrefillJob(state, sampler, processors, (request.priority, self._arrivals))
         )
+
+    def _reasoning(self, request, prompt: list[int], grammar) -> ReasoningText | None:
+        """The thinking splitter of a chat reply from a reasoning model (None for a text
+        completion). A reply held to a grammar starts as the answer, whatever its prompt
+        opened: the grammar's output is the answer."""
+        if self.thinking is None or not (request.messages or request.templated):
+            return None
+        inside = grammar is None and opens_thinking(self.thinking, prompt)
+        return ReasoningText(self.thinking, inside)
 
     def _go_solo(self, job: PrefillJob, caches: list, first: int) -> None:
         """Nothing else decodes: ``job`` decodes alone, ``first`` its next input."""

@@ -21,8 +21,12 @@ log = logging.getLogger(__name__)
 
 def template_message(message: ChatMessage) -> dict:
     """``message`` as chat templates expect it (Hugging Face's convention: a call's
-    arguments as a mapping, a tool result with its call id and tool name)."""
+    arguments as a mapping, a tool result with its call id and tool name, an assistant
+    message's thinking as ``reasoning_content``, the name Qwen3's and DeepSeek's templates,
+    llama.cpp and vLLM give it)."""
     out: dict = {"role": message.role, "content": message.content}
+    if message.reasoning:
+        out["reasoning_content"] = message.reasoning
     if message.tool_calls:
         out["tool_calls"] = [
             {

@@ -45,7 +45,8 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class ChatMessage:
-    """One message of a chat. An assistant message may carry the ``tool_calls`` it made; a
+    """One message of a chat. An assistant message may carry the ``tool_calls`` it made and
+    the ``reasoning`` (a reasoning model's thinking) that came before its content; a
     ``"tool"`` message carries one call's result, naming the call (``tool_call_id``)."""
 
     role: str  # "system" | "user" | "assistant" | "tool"
@@ -53,6 +54,7 @@ class ChatMessage:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
     name: str | None = None  # the tool's name, on a "tool" message
+    reasoning: str = ""  # an assistant message's thinking (templates that keep it render it)
 
 
 TOOL_CHOICES = ("auto", "none", "required", "function")
@@ -109,6 +111,13 @@ class GenerationRequest:
     # Speculative decoding for this request: "off", "ngram" or "draft" (core.engine.drafts);
     # None: the engine's setting.
     speculative: str | None = None
+    # Extra variables for the chat template ({"enable_thinking": False}, {"reasoning_effort":
+    # "low"}): the API's chat_template_kwargs, Anthropic's thinking, Responses' reasoning.
+    # A plain dict of JSON values, never changed once submitted.
+    template_kwargs: dict = field(default_factory=dict)
+    # The prompt was rendered from chat messages: the engine sets it when it swaps them for
+    # their token ids, so a reasoning model's thinking is still split out of the reply.
+    templated: bool = False
 
     def __post_init__(self) -> None:
         if self.tool_choice not in TOOL_CHOICES:
@@ -141,6 +150,8 @@ class RequestStats:
     # writes its accepted draft tokens and one of the model's own)
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    # of the completion tokens, those a reasoning model spent thinking (its markers included)
+    reasoning_tokens: int = 0
 
     @property
     def tokens_per_step(self) -> float:
@@ -151,6 +162,15 @@ class RequestStats:
 
 @dataclass(frozen=True)
 class TokenEvent:
+    text: str
+    token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReasoningEvent:
+    """A piece of a reasoning model's thinking (``<think>`` ... ``</think>``): never in a
+    TokenEvent; front ends that show no thinking skip it."""
+
     text: str
     token_ids: tuple[int, ...] = ()
 
@@ -172,9 +192,13 @@ class ToolCallEvent:
 
 @dataclass(frozen=True)
 class DoneEvent:
+    """The end of a reply: its ``text`` (the answer, without the thinking), its ``stats``,
+    the ``tool_calls`` it made and its ``reasoning`` (the thinking, "" for none)."""
+
     text: str
     stats: RequestStats
     tool_calls: tuple[ToolCall, ...] = ()
+    reasoning: str = ""
 
 
 @dataclass(frozen=True)
@@ -191,4 +215,4 @@ class ErrorEvent:
         return self.kind is not ErrorKind.INTERNAL
 
 
-Event = TokenEvent | ProgressEvent | ToolCallEvent | DoneEvent | ErrorEvent
+Event = TokenEvent | ReasoningEvent | ProgressEvent | ToolCallEvent | DoneEvent | ErrorEvent

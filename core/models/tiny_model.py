@@ -21,6 +21,11 @@ larger, so greedy decoding has clear top-1 margins and follows the prompt. Only 
 ASCII and newline get nonzero output rows (logit std ~4; every other id, the special tokens
 included, has logit 0): greedy replies are readable ASCII, whole UTF-8 by construction, and
 run to ``max_tokens``; sampling picks another id rarely (well under 1% a step).
+
+A spec with ``thinking`` adds ``<think>`` and ``</think>`` to the vocabulary (ids 259 and
+260, added tokens that are not special, as Qwen3 has them), so mlx-lm's tokenizer wrapper
+sees a reasoning model (``has_thinking``); ``write_tiny_model(..., chat_template=...)``
+gives the model another template (a real one, such as Qwen3's, which thinks).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)  # ids 256, 257, 258
 BYTE_VOCAB_SIZE = 256
 VOCAB_SIZE = BYTE_VOCAB_SIZE + len(SPECIAL_TOKENS)
 EOS_TOKEN_IDS = [BYTE_VOCAB_SIZE + 2, BYTE_VOCAB_SIZE]  # <|im_end|>, <|endoftext|>
+THINK_TOKENS = ("<think>", "</think>")  # ids 259, 260 in a spec with ``thinking``
 
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"
@@ -68,6 +74,7 @@ class TinyModelSpec:
     seed: int = 0
     dtype: str = "float32"
     sliding_window: int = 16  # "sliding", "llama-sliding": tokens a sliding layer keeps
+    thinking: bool = False  # <think> and </think> in the vocabulary (a reasoning model's)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -85,6 +92,10 @@ class TinyModelSpec:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
+    @property
+    def vocab_size(self) -> int:
+        return VOCAB_SIZE + (len(THINK_TOKENS) if self.thinking else 0)
+
 
 def model_config(spec: TinyModelSpec) -> dict:
     """The ``config.json`` contents for ``spec``."""
@@ -95,7 +106,7 @@ def model_config(spec: TinyModelSpec) -> dict:
         "num_attention_heads": spec.num_heads,
         "num_key_value_heads": spec.num_kv_heads,
         "head_dim": spec.head_dim,
-        "vocab_size": VOCAB_SIZE,
+        "vocab_size": spec.vocab_size,
         "max_position_embeddings": spec.max_position_embeddings,
         "tie_word_embeddings": False,
         "eos_token_id": EOS_TOKEN_IDS,
@@ -165,8 +176,11 @@ def model_config(spec: TinyModelSpec) -> dict:
     }
 
 
-def write_tiny_model(path: Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:
-    """Write a loadable MLX model directory for ``spec`` at ``path``; return ``path``."""
+def write_tiny_model(
+    path: Path, spec: TinyModelSpec = TinyModelSpec(), chat_template: str = CHAT_TEMPLATE
+) -> Path:
+    """Write a loadable MLX model directory for ``spec`` at ``path``, with ``chat_template``
+    (ChatML by default); return ``path``."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     config = model_config(spec)
@@ -177,7 +191,12 @@ def write_tiny_model(path: Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:
         path / "generation_config.json",
         {"eos_token_id": EOS_TOKEN_IDS, "pad_token_id": BYTE_VOCAB_SIZE},
     )
-    write_tokenizer_files(path, spec.max_position_embeddings)
+    write_tokenizer_files(
+        path,
+        spec.max_position_embeddings,
+        chat_template,
+        THINK_TOKENS if spec.thinking else (),
+    )
     return path
 
 
@@ -200,7 +219,7 @@ def random_weights(spec: TinyModelSpec, config: dict) -> dict[str, mx.array]:
             value = mx.zeros(shape)
         elif name == "lm_head.weight":
             value = mx.random.normal(shape, key=key) * (LM_HEAD_GAIN / math.sqrt(shape[1]))
-            value = value * _emittable_mask()[:, None]
+            value = value * _emittable_mask(shape[0])[:, None]
         elif name.endswith("embed_tokens.weight"):  # unit-scale rows as the model sees them
             std = 1 / math.sqrt(shape[1]) if spec.kind == "sliding" else 1.0  # gemma: * sqrt(h)
             value = mx.random.normal(shape, key=key) * std
@@ -212,9 +231,9 @@ def random_weights(spec: TinyModelSpec, config: dict) -> dict[str, mx.array]:
     return weights
 
 
-def _emittable_mask() -> mx.array:
+def _emittable_mask(vocab_size: int = VOCAB_SIZE) -> mx.array:
     """1 for the ids the output head favours (printable ASCII and newline), else 0."""
-    emittable = [i == 10 or 32 <= i <= 126 for i in range(VOCAB_SIZE)]
+    emittable = [i == 10 or 32 <= i <= 126 for i in range(vocab_size)]
     return mx.array(emittable, dtype=mx.float32)
 
 
@@ -232,8 +251,9 @@ def byte_alphabet() -> list[str]:
     return [symbols[byte] for byte in range(256)]
 
 
-def build_tokenizer():
-    """A ``tokenizers.Tokenizer``: one token per UTF-8 byte, plus the special tokens."""
+def build_tokenizer(added: tuple[str, ...] = ()):
+    """A ``tokenizers.Tokenizer``: one token per UTF-8 byte, plus the special tokens, then
+    the ``added`` ones (not special: they decode as text, as Qwen3's ``<think>`` does)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     vocab = {symbol: i for i, symbol in enumerate(byte_alphabet())}
@@ -243,13 +263,20 @@ def build_tokenizer():
     tokenizer.add_special_tokens(
         [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]
     )
+    if added:
+        tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in added])
     return tokenizer
 
 
-def write_tokenizer_files(path: Path, model_max_length: int) -> None:
-    """The byte tokenizer, its special tokens and the ChatML template, into model folder
-    ``path``."""
-    build_tokenizer().save(str(path / "tokenizer.json"))
+def write_tokenizer_files(
+    path: Path,
+    model_max_length: int,
+    chat_template: str = CHAT_TEMPLATE,
+    added_tokens: tuple[str, ...] = (),
+) -> None:
+    """The byte tokenizer, its special tokens (then ``added_tokens``, not special) and
+    ``chat_template`` (ChatML by default), into model folder ``path``."""
+    build_tokenizer(added_tokens).save(str(path / "tokenizer.json"))
     added = {
         str(BYTE_VOCAB_SIZE + i): {
             "content": token,
@@ -257,9 +284,9 @@ def write_tokenizer_files(path: Path, model_max_length: int) -> None:
             "normalized": False,
             "rstrip": False,
             "single_word": False,
-            "special": True,
+            "special": i < len(SPECIAL_TOKENS),
         }
-        for i, token in enumerate(SPECIAL_TOKENS)
+        for i, token in enumerate(SPECIAL_TOKENS + added_tokens)
     }
     _write_json(
         path / "tokenizer_config.json",
@@ -271,7 +298,7 @@ def write_tokenizer_files(path: Path, model_max_length: int) -> None:
             "pad_token": ENDOFTEXT,
             "unk_token": None,
             "additional_special_tokens": [IM_START, IM_END],
-            "chat_template": CHAT_TEMPLATE,
+            "chat_template": chat_template,
             "clean_up_tokenization_spaces": False,
             "model_max_length": model_max_length,
         },

@@ -224,3 +224,22 @@ def test_body_height_follows_its_document(view, qtbot):
     wide = body.height()
     view.resize(350, 500)
     qtbot.waitUntil(lambda: fits() and body.height() > wide)
+
+
+def test_a_replys_thinking_streams_folded_above_it_and_stored_replies_keep_it(view, qtbot):
+    view.add_user_message("2+2?")
+    view.append_thinking("Two and ")
+    view.append_thinking("two.")
+    view.append_reply("4")
+    assert view.message_thinking(1) == "Two and two."  # current before any render
+    fold = view.message_widget(1).thinking
+    qtbot.waitUntil(lambda: fold.text == "Two and two.")
+    assert fold.isVisible() and fold.button.text() == "Thinking…" and not fold.expanded
+    view.end_reply("4", "2 tokens", "Two and two.", 6)
+    assert fold.button.text() == "Thought for 6 tokens" and not fold.body.isVisible()
+    assert view.message_text(1) == "4" and _body_text(view, 1) == "4"  # never in the reply
+    view.set_messages([("user", "2+2?"), ("assistant", "4", "Two and two.", 6), ("user", "ok")])
+    again = view.message_widget(1).thinking
+    assert not again.isHidden() and again.button.text() == "Thought for 6 tokens"
+    assert view.message_widget(0).thinking.isHidden()  # a user message thinks nothing
+    assert view.message_widget(2).thinking.isHidden()

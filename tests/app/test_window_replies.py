@@ -130,3 +130,35 @@ def test_deleting_a_chat_drops_its_waiting_message(qtbot, open_window, tmp_path)
     with qtbot.waitSignal(bridge.finished, timeout=WAIT_MS):
         engine.handles[0].end(_done("ok"))
     assert len(engine.requests) == 1  # nothing was sent for the deleted chat
+
+
+def test_a_replys_thinking_shows_folded_is_stored_and_goes_back_to_the_model(
+    qtbot, open_window, tmp_path
+):
+    from core.engine.types import ReasoningEvent
+
+    window, bridge, store, engine = _held(qtbot, open_window, tmp_path)
+    _send(qtbot, window, "2+2?")
+    with qtbot.waitSignal(bridge.thinking, timeout=WAIT_MS):
+        engine.handles[0].emit(ReasoningEvent("Two and two."))
+    assert window.state_label.text() == "Thinking…"
+    with qtbot.waitSignal(bridge.token, timeout=WAIT_MS):
+        engine.handles[0].stream("4")
+    stats = RequestStats(
+        prompt_tokens=4, computed_tokens=4, completion_tokens=7, reasoning_tokens=6
+    )
+    with qtbot.waitSignal(bridge.finished, timeout=WAIT_MS):
+        engine.handles[0].end(DoneEvent("4", stats, reasoning="Two and two."))
+    fold = window.chat.message_widget(1).thinking
+    assert fold.isVisible() and fold.button.text() == "Thought for 6 tokens" and not fold.expanded
+    assert _shown(window) == [("user", "2+2?"), ("assistant", "4")]  # the reply alone
+    reply = store.messages(window.session.id)[1]
+    assert (reply.content, reply.reasoning, reply.stats["reasoning_tokens"]) == (
+        "4",
+        "Two and two.",
+        6,
+    )
+    window.sessions.sessionSelected.emit(window.session.id)  # opened again: from the store
+    assert window.chat.message_widget(1).thinking.button.text() == "Thought for 6 tokens"
+    _send(qtbot, window, "sure?")
+    assert engine.requests[1].messages[1].reasoning == "Two and two."  # the template decides

@@ -1,5 +1,6 @@
 """A full disk (a real 8 MB tmpfs as the data folder): the chat history wins over the KV
-cache, a reply is always shown, ``cache clear`` works, nothing crashes."""
+cache and the stored responses, a reply is always shown, ``cache clear`` works (and reaches
+the stored responses), nothing crashes."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import re
 import pytest
 
 from core import paths
+from core.api.responses_room import StoreBudget
+from core.api.responses_store import ResponseStore, Turn
 from core.chats.store import ChatStore
 from core.cli.main import main
 from kvcache.sqlite_file import remove_files
@@ -47,6 +50,50 @@ def test_the_cache_stops_short_of_its_reserve_and_chats_still_save(small_disk):
         session = chats.create_session("kept")
         chats.add_turn(session.id, "q" * 100_000, "a" * 100_000)
         assert len(chats.messages(session.id)) == 2
+
+
+def stored_turn(n: int, size: int = 300_000) -> Turn:
+    """A response whose input is ``size`` bytes of text (random: nothing repeats)."""
+    text = random.Random(n).randbytes(size // 2).hex()
+    response = {"id": f"resp_{n}", "object": "response", "output": []}
+    return Turn(response, [{"type": "message", "role": "user", "content": text}], [])
+
+
+def test_stored_responses_stop_short_of_their_reserve_and_chats_still_save(small_disk):
+    """Today: on a 400 MB data disk, 54 requests filled it while the store counted ~97 MB;
+    then chats could not be written."""
+    reserve = 2 * 2**20
+    store = ResponseStore(small_disk / "responses.db", StoreBudget(2**40, reserve_bytes=reserve))
+    saved = [store.put("api", stored_turn(n)) for n in range(30)]  # 9 MB on an 8 MB disk
+    assert sum(s.stored for s in saved) >= 5  # it stored while there was room
+    refused = [s.refusal for s in saved if not s.stored]
+    assert refused and {r.kind for r in refused} == {"disk"}  # and then gave way
+    assert store.get("resp_0", "api") is not None  # what it holds is whole
+    store.close()
+    assert free(small_disk) >= reserve // 2
+    with ChatStore(paths.chats_db_path(small_disk)) as chats:
+        session = chats.create_session("kept")
+        chats.add_turn(session.id, "q" * 100_000, "a" * 100_000)
+        assert len(chats.messages(session.id)) == 2
+
+
+def test_cache_clear_reaches_the_stored_responses_on_a_full_disk(small_disk, capsys):
+    """Today `cache clear` freed 4 MB and left responses.db (1.34 GB) where it was."""
+    store = ResponseStore(small_disk / "responses.db", StoreBudget(2**40, reserve_bytes=0))
+    for n in range(10):
+        assert store.put("api", stored_turn(n)).stored
+    store.close()
+    fill(small_disk)
+    assert free(small_disk) < 4096
+    assert main(["cache", "clear", "--data-dir", str(small_disk)]) == 0
+    out = capsys.readouterr().out
+    # (clearing needs a write: on a full disk the files go instead)
+    assert "deleted the stored responses" in out and "MB freed" in out
+    assert free(small_disk) > 2_000_000
+    (small_disk / "filler").unlink()
+    store = ResponseStore(small_disk / "responses.db")
+    assert store.get("resp_0", "api") is None and store.usage() == 0
+    store.close()
 
 
 def test_the_default_reserve_leaves_a_small_disk_to_the_chats(small_disk):

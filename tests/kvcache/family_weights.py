@@ -27,9 +27,10 @@ def config_for(name: str, **overrides) -> dict:
     return config
 
 
-def build_model(name: str, seed: int = 0):
-    """Family ``name``'s tiny model, weights as :func:`family_weights` makes them."""
-    model = _initialised(config_for(name), seed)
+def build_model(name: str, seed: int = 0, **overrides):
+    """Family ``name``'s tiny model, weights as :func:`family_weights` makes them
+    (``overrides`` on top of the config)."""
+    model = _initialised(config_for(name, **overrides), seed)
     model.update(_tree(family_weights(model, seed)))
     return model
 

@@ -39,6 +39,7 @@ def add_parser(subparsers) -> None:
         _kv_quality,
         _kv_capacity,
         _speculative,
+        _llamacpp,
         _gui,
     ):
         add(benches)
@@ -575,6 +576,31 @@ def run_speculative(args: argparse.Namespace) -> int:
     from core.cli.bench.speculative import run_bench_speculative
 
     return run_bench_speculative(args)
+
+
+def _llamacpp(benches) -> None:
+    llamacpp = _with_model(
+        benches.add_parser(
+            "llamacpp",
+            help="a GGUF's greedy replies from RadixChat and from llama.cpp (llama-cpp-python) "
+            "on the same prompt token ids",
+        )
+    )
+    llamacpp.add_argument("--prompts", type=positive, default=5, help="prompts (at most 5)")
+    llamacpp.add_argument(
+        "--max-tokens", type=positive, default=32, help="reply length (default: %(default)s)"
+    )
+    llamacpp.add_argument("--threads", type=positive, default=2, help="llama.cpp's threads")
+    llamacpp.add_argument("--json", action="store_true", help=JSON_HELP)
+    llamacpp.set_defaults(run=run_llamacpp)
+
+
+def run_llamacpp(args: argparse.Namespace) -> int:
+    from core import paths
+    from core.cli.bench.llamacpp import run
+
+    data_root = paths.data_dir(args.data_dir)
+    return run(args.model, data_root, args.prompts, args.max_tokens, args.json, args.threads)
 
 
 def _gui(benches) -> None:

@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 from core.errors import UserError
 from core.models.hub import names
 from core.models.hub.fit import FITS, Fit, estimate_fit
+from core.models.load.gguf_architectures import GGUF_ARCHITECTURES
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +56,6 @@ MLX_PATTERNS = (
     "chat_template.json",
 )
 SKIPPED_WEIGHTS = ("consolidated*.safetensors",)  # Mistral's original layout, beside the HF one
-# The GGUF families core.models.load.gguf_import maps (its SUPPORTED_ARCHITECTURES; that module
-# imports mlx, this one must not: the picker uses it). A test keeps the two equal.
-GGUF_ARCHITECTURES = ("llama", "gemma3")
 _SPLIT_GGUF = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)  # llama.cpp's gguf-split parts
 _PROJECTOR_GGUF = re.compile(r"(^|/)mmproj[^/]*\.gguf$", re.IGNORECASE)  # vision projectors
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}$")

@@ -64,7 +64,7 @@ from core.models.load.gguf_header import GGUFHeader, TensorInfo
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT = 1  # bump when the conversion changes: older entries are rebuilt
+CACHE_FORMAT = 2  # bump when the conversion changes: older entries are rebuilt (2: Q/K un-permuted)
 KEEP_AFTER_S = 20.0  # ConversionCache.keep_after_s: slower conversions are kept on disk
 WEIGHTS_FILE = "weights.safetensors"
 

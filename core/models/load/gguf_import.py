@@ -9,14 +9,9 @@ so only the first load pays for it. Either way the tensors are
 renamed to mlx-lm's names, the hyper-parameters come from the GGUF metadata, and
 :func:`build_model` quantizes exactly the modules that arrive quantized.
 
-Per architecture, what llama.cpp's converter did to the checkpoint is undone here:
-- ``llama``: Q/K rows are permuted for interleaved RoPE, so imports run with
-  ``rope_traditional=True`` instead of un-permuting.
-- ``gemma3`` (mlx-lm ``gemma3_text``): no permutation (NeoX-style RoPE, as mlx-lm's model
-  has it); every RMSNorm weight is stored as ``1 + w`` while mlx-lm adds the 1 itself,
-  so 1 is subtracted; llama.cpp fixes what the metadata leaves out (every 6th layer is
-  global, local RoPE base 10000, attention scale ``head_dim ** -0.5``, or
-  ``(hidden / heads) ** -0.5`` for the 27B), and so do we.
+Which mlx-lm model a file becomes, and what llama.cpp's converter did to the checkpoint,
+is a table (:mod:`core.models.load.gguf_architectures`); the tensor names come from gguf-py's
+``TensorNameMap`` (:mod:`core.models.load.gguf_names`).
 A file without ``output.weight`` has tied embeddings (the model's ``sanitize`` sees that).
 
 The tokenizer comes from the metadata through transformers' GGUF tokenizer builders
@@ -26,55 +21,32 @@ for a Gemma base model that carries none.
 
 from __future__ import annotations
 
-import importlib
 import logging
+import math
 import os
-import re
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
+from gguf import GGMLQuantizationType
 
 from core.errors import ModelLoadError
+from core.models.load.gguf_architectures import ARCHITECTURES, architecture_of, model_config
 from core.models.load.gguf_convert import ConversionCache, convert_tensors, default_layout
 from core.models.load.gguf_header import GGUFHeader, read_header
+from core.models.load.gguf_names import (
+    ROPE_FACTOR_TENSORS,
+    model_class,
+    rename,
+    rope_scaling_from_factors,
+)
 
 log = logging.getLogger(__name__)
-
-# llama.cpp tensor name (per block) -> mlx-lm module path
-_LLAMA_BLOCK_NAMES = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-}
-_GEMMA3_BLOCK_NAMES = {
-    **{k: v for k, v in _LLAMA_BLOCK_NAMES.items() if not k.endswith("norm")},
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "attn_norm": "input_layernorm",
-    "post_attention_norm": "post_attention_layernorm",
-    "ffn_norm": "pre_feedforward_layernorm",
-    "post_ffw_norm": "post_feedforward_layernorm",
-}
-_TOP_NAMES = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-}
-_BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias|scales|biases)$")
-_TOP_RE = re.compile(r"^([a-z_]+)\.(weight|bias|scales|biases)$")
-_SKIPPED = {"rope_freqs.weight"}  # llama3 rope factors: mlx-lm computes them from the config
 
 
 @dataclass(frozen=True)
@@ -96,17 +68,12 @@ def read_gguf(path: Path, cache: ConversionCache | None = None) -> GGUFContents:
     """
     header = read_header(path)
     metadata = header.metadata
-    arch = metadata.get("general.architecture")
-    if arch is None or not header.tensors:
+    if metadata.get("general.architecture") is None or not header.tensors:
         raise ModelLoadError(
             f"{path.name} holds no model (no architecture or no tensors): truncated or corrupt?"
         )
-    if arch not in _ARCHITECTURES:
-        raise ModelLoadError(
-            f"{path.name}: GGUF architecture {arch!r} is not supported "
-            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
-        )
-    config = _ARCHITECTURES[arch].config(metadata, _shapes(header), path)
+    arch = architecture_of(metadata, path.name)
+    config = gguf_config(header, path)
     if header.mlx_reads_exactly():
         try:
             raw = mx.load(str(path))
@@ -114,153 +81,39 @@ def read_gguf(path: Path, cache: ConversionCache | None = None) -> GGUFContents:
             raise ModelLoadError(
                 f"{path.name} is not a readable GGUF file (truncated or corrupt?): {exc}"
             ) from exc
-        return GGUFContents(arch, config, map_weights(arch, raw, path), metadata)
+        return GGUFContents(arch.name, config, rename(arch, config, raw, path.name), metadata)
     weights = cache.load(config) if cache is not None else None
     if weights is None:
         layout = cache.layout if cache is not None else default_layout()
         started = time.perf_counter()
-        weights = map_weights(arch, convert_tensors(path, header, layout), path)
+        weights = rename(arch, config, convert_tensors(path, header, layout), path.name)
         if cache is not None and cache.worth_keeping(time.perf_counter() - started):
             cache.save(config, weights)
-    return GGUFContents(arch, config, weights, metadata)
+    return GGUFContents(arch.name, config, weights, metadata)
 
 
-def _shapes(header: GGUFHeader) -> dict[str, tuple[int, ...]]:
-    return {t.name: t.shape for t in header.tensors}
-
-
-def _require(meta: dict, prefix: str, path: Path) -> Callable[[str], Any]:
-    def need(key: str) -> Any:
-        if f"{prefix}.{key}" not in meta:
-            raise ModelLoadError(f"{path.name}: GGUF metadata lacks {prefix}.{key}")
-        return meta[f"{prefix}.{key}"]
-
-    return need
-
-
-def _vocab_size(meta: dict, shapes: dict, arch: str) -> int:
-    if "token_embd.weight" in shapes:
-        return int(shapes["token_embd.weight"][0])
-    return int(meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", [])))
-
-
-def _llama_config(meta: dict, shapes: dict, path: Path) -> dict[str, Any]:
-    need = _require(meta, "llama", path)
-    heads = int(need("attention.head_count"))
-    hidden = int(need("embedding_length"))
-    vocab = meta.get("llama.vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
-    head_dim = int(meta.get("llama.attention.key_length") or hidden // heads)
-    return {
-        "model_type": "llama",
-        "hidden_size": hidden,
-        "num_hidden_layers": int(need("block_count")),
-        "intermediate_size": int(need("feed_forward_length")),
-        "num_attention_heads": heads,
-        "num_key_value_heads": int(meta.get("llama.attention.head_count_kv") or heads),
-        "head_dim": head_dim,
-        "rms_norm_eps": float(need("attention.layer_norm_rms_epsilon")),
-        "vocab_size": int(vocab),
-        "rope_theta": float(meta.get("llama.rope.freq_base", 10000.0)),
-        "rope_traditional": True,  # llama.cpp permuted Q/K for interleaved RoPE
-        "max_position_embeddings": int(meta.get("llama.context_length", 2048)),
-        "tie_word_embeddings": "output.weight" not in shapes,
-    }
-
-
-def _gemma3_config(meta: dict, shapes: dict, path: Path) -> dict[str, Any]:
-    """mlx-lm ``gemma3_text`` arguments, the way llama.cpp's gemma3 loader reads the file."""
-    need = _require(meta, "gemma3", path)
-    layers, hidden = int(need("block_count")), int(need("embedding_length"))
-    heads = int(need("attention.head_count"))
-    head_dim = int(meta.get("gemma3.attention.key_length") or hidden // heads)
-    if int(meta.get("gemma3.attention.value_length") or head_dim) != head_dim:
-        raise ModelLoadError(
-            f"{path.name}: Gemma 3 with key and value heads of different sizes is not supported"
-        )
-    if meta.get("gemma3.final_logit_softcapping") or meta.get("gemma3.attn_logit_softcapping"):
-        raise ModelLoadError(
-            f"{path.name}: logit soft-capping is not supported by mlx-lm's gemma3_text"
-        )
-    window = int(meta.get("gemma3.attention.sliding_window") or 0)
-    config = {
-        "model_type": "gemma3_text",
-        "hidden_size": hidden,
-        "num_hidden_layers": layers,
-        "intermediate_size": int(need("feed_forward_length")),
-        "num_attention_heads": heads,
-        "num_key_value_heads": int(meta.get("gemma3.attention.head_count_kv") or heads),
-        "head_dim": head_dim,
-        "rms_norm_eps": float(need("attention.layer_norm_rms_epsilon")),
-        "vocab_size": _vocab_size(meta, shapes, "gemma3"),
-        "rope_theta": float(meta.get("gemma3.rope.freq_base", 1_000_000.0)),
-        "rope_local_base_freq": 10_000.0,  # llama.cpp: rope_freq_base_train_swa, not in the file
-        # llama.cpp: 1/sqrt(head_dim), except the 27B (62 layers): 1/sqrt(hidden / heads)
-        "query_pre_attn_scalar": hidden // heads if layers == 62 else head_dim,
-        "sliding_window": window or int(meta.get("gemma3.context_length", 32768)),
-        # every 6th layer global; none without a window
-        "sliding_window_pattern": 6 if window else 1,
-        "max_position_embeddings": int(meta.get("gemma3.context_length", 32768)),
-        "rope_scaling": None,
-        "tie_word_embeddings": "output.weight" not in shapes,
-    }
-    scaling = meta.get("gemma3.rope.scaling.type")
-    if scaling not in (None, "none"):
-        if scaling != "linear":
-            raise ModelLoadError(
-                f"{path.name}: RoPE scaling {scaling!r} is not supported for Gemma 3"
+def gguf_config(header: GGUFHeader, path: Path) -> dict[str, Any]:
+    """mlx-lm's config for the file: its metadata through the architecture table, and the
+    RoPE factors llama.cpp stores as tensors."""
+    shapes = {t.name: t.shape for t in header.tensors}
+    config = model_config(header.metadata, shapes, path.name)
+    factors = {}
+    for info in header.tensors:
+        if info.name in ROPE_FACTOR_TENSORS:
+            if info.ggml_type != GGMLQuantizationType.F32:
+                raise ModelLoadError(f"{path.name}: {info.name} is not stored as F32")
+            factors[info.name] = np.fromfile(
+                path, dtype=np.float32, count=math.prod(info.shape), offset=info.offset
             )
-        config["rope_scaling"] = {
-            "type": "linear",
-            "factor": float(meta["gemma3.rope.scaling.factor"]),
-        }
+    scaling = rope_scaling_from_factors(factors, config, path.name)
+    if scaling is not None:
+        config["rope_scaling"] = scaling
     return config
 
 
-@dataclass(frozen=True)
-class _Architecture:
-    config: Callable[[dict, dict, Path], dict[str, Any]]
-    block_names: dict[str, str]
-    norm_shift: float  # what llama.cpp's converter added to every ``*norm.weight``
-
-
-_ARCHITECTURES = {
-    "llama": _Architecture(_llama_config, _LLAMA_BLOCK_NAMES, 0.0),
-    "gemma3": _Architecture(_gemma3_config, _GEMMA3_BLOCK_NAMES, 1.0),
-}
-SUPPORTED_ARCHITECTURES = tuple(_ARCHITECTURES)
-
-
-def mlx_tensor_name(architecture: str, gguf_name: str) -> str | None:
-    """mlx-lm's name for a llama.cpp tensor name; None for one the model does not use."""
-    if gguf_name in _SKIPPED:
-        return None
-    if match := _BLOCK_RE.match(gguf_name):
-        layer, part, kind = match.groups()
-        target = _ARCHITECTURES[architecture].block_names.get(part)
-        return None if target is None else f"model.layers.{layer}.{target}.{kind}"
-    if (match := _TOP_RE.match(gguf_name)) and match.group(1) in _TOP_NAMES:
-        return f"{_TOP_NAMES[match.group(1)]}.{match.group(2)}"
-    return None
-
-
-def map_weights(architecture: str, weights: dict[str, mx.array], path: Path) -> dict[str, mx.array]:
-    """GGUF tensors under mlx-lm's names, with the architecture's norm shift undone."""
-    shift = _ARCHITECTURES[architecture].norm_shift
-    renamed: dict[str, mx.array] = {}
-    for name, value in weights.items():
-        if name in _SKIPPED:
-            continue
-        target = mlx_tensor_name(architecture, name)
-        if target is None:
-            raise ModelLoadError(f"{path.name}: unexpected tensor {name}")
-        if shift and name.endswith("norm.weight"):
-            value = value - shift
-        renamed[target] = value
-    return renamed
-
-
-def _llama_weights(weights: dict[str, mx.array], path: Path) -> dict[str, mx.array]:
-    return map_weights("llama", weights, path)
+def map_weights(architecture: str, config: dict[str, Any], weights: dict, path: Path) -> dict:
+    """GGUF tensors under mlx-lm's names, the converter's norm shift undone."""
+    return rename(ARCHITECTURES[architecture], config, weights, path.name)
 
 
 def build_model(config: dict[str, Any], weights: dict[str, mx.array]) -> nn.Module:
@@ -269,13 +122,8 @@ def build_model(config: dict[str, Any], weights: dict[str, mx.array]) -> nn.Modu
     Modules whose weights arrive as MLX-quantized triples are quantized with the bits and
     group size their shapes imply, so mixed files (Q8_0 embeddings, Q4_1 layers) work.
     """
-    try:
-        arch = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
-    except ImportError as exc:
-        raise ModelLoadError(
-            f"model type {config['model_type']!r} is not supported by mlx-lm"
-        ) from exc
-    model = arch.Model(arch.ModelArgs.from_dict(config))
+    model_cls, args_cls = model_class(config)
+    model = model_cls(args_cls.from_dict(config))
     if hasattr(model, "sanitize"):
         weights = model.sanitize(weights)
 

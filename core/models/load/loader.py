@@ -220,11 +220,14 @@ def _load_mlx_dir(path: Path, weights_format: str = "stored", lazy: bool = False
 def _apply_weights_format(model: nn.Module, fmt: str) -> None:
     if fmt == "stored":
         return
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear
     from mlx_lm.utils import dequantize_model
 
     dtype = getattr(mx, fmt)
+    quantized = (nn.QuantizedLinear, nn.QuantizedEmbedding, QuantizedSwitchLinear)
     for _, module in model.named_modules():  # dequantize in the target precision
-        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+        # (a GGUF's scales arrive as float16: d * q in float16 would round Q8_0's values)
+        if isinstance(module, quantized):
             module.scales = module.scales.astype(dtype)
             module.biases = module.biases.astype(dtype)
     dequantize_model(model)

@@ -347,3 +347,26 @@ def test_usage_says_how_many_draft_tokens_were_taken():
     extra = usage(stats)["radixchat"]
     assert (extra["draft_tokens"], extra["accepted_tokens"]) == (24, 20)
     assert extra["tokens_per_step"] == 3.0  # 30 tokens in 10 forwards
+
+
+def test_an_assistant_messages_thinking_comes_in_under_either_name():
+    from core.api.openai_schema import ChatCompletionRequest, chat_messages
+
+    body = ChatCompletionRequest.model_validate(
+        {
+            "messages": [
+                {"role": "user", "content": "2+2?"},
+                {"role": "assistant", "content": "4", "reasoning_content": "Two and two."},
+                {"role": "assistant", "content": "5", "reasoning": "Or not."},
+                {"role": "assistant", "content": "6", "reasoning": {"summary": "a service's"}},
+                {"role": "user", "content": "ok", "reasoning_content": "not a user's"},
+            ]
+        }
+    )
+    assert [m.reasoning for m in chat_messages(body.messages)] == [
+        "",
+        "Two and two.",
+        "Or not.",
+        "",
+        "",
+    ]

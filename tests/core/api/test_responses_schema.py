@@ -199,7 +199,7 @@ def test_a_continuation_is_the_stored_conversation_then_the_new_input():
         ChatMessage("assistant", "A1"),
         ChatMessage("user", "Q2"),
     )
-    assert made.history == (*history, {"type": "message", "role": "user", "content": "Q2"})
+    assert made.input == ({"type": "message", "role": "user", "content": "Q2"},)
 
 
 @pytest.mark.parametrize(

@@ -314,3 +314,47 @@ def test_replacing_the_last_turn_of_a_chat_without_one_appends(tmp_path):
             ("user", "hi"),
             ("assistant", "hello"),
         ]
+
+
+def test_a_replys_thinking_is_kept_beside_it(store):
+    s = store.create_session("thinker")
+    store.add_turn(s.id, "2+2?", "4", {"reasoning_tokens": 6}, reasoning="Two and two.")
+    user, reply = store.messages(s.id)
+    assert (user.reasoning, reply.reasoning, reply.content) == (None, "Two and two.", "4")
+    store.replace_last_turn(s.id, "3+3?", "6", None, reasoning="Three and three.")
+    assert [m.reasoning for m in store.messages(s.id)] == [None, "Three and three."]
+    store.add_turn(s.id, "hi", "hello")  # a reply without thinking keeps none
+    assert store.messages(s.id)[-1].reasoning is None
+    with pytest.raises(StoreError, match="UTF-8"):
+        store.add_turn(s.id, "x", "y", reasoning="\ud800")
+
+
+def test_a_chat_database_of_the_first_schema_gains_the_thinking_column(db_path):
+    """A chats.db written before replies kept their thinking opens, its chats whole."""
+    conn = sqlite3.connect(db_path)
+    conn.executescript(
+        """CREATE TABLE sessions (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE,
+               title TEXT, system_prompt TEXT, model TEXT, settings TEXT,
+               created_at REAL NOT NULL, updated_at REAL NOT NULL);
+           CREATE TABLE messages (id INTEGER PRIMARY KEY,
+               session_id INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+               seq INTEGER NOT NULL,
+               role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
+               content TEXT NOT NULL, stats TEXT, created_at REAL NOT NULL);
+           CREATE UNIQUE INDEX messages_session_seq ON messages(session_id, seq);
+           INSERT INTO sessions VALUES (1, 'old', 'Old', NULL, NULL, NULL, 1.0, 1.0);
+           INSERT INTO messages VALUES (1, 1, 1, 'user', 'hi', NULL, 1.0);
+           INSERT INTO messages VALUES (2, 1, 2, 'assistant', 'hello', NULL, 1.0);
+           PRAGMA user_version = 1;"""
+    )
+    conn.close()
+    with ChatStore(db_path) as store:
+        assert [(m.content, m.reasoning) for m in store.messages(1)] == [
+            ("hi", None),
+            ("hello", None),
+        ]
+        store.add_turn(1, "and?", "fine", reasoning="hmm")
+        assert store.messages(1)[-1].reasoning == "hmm"
+    conn = sqlite3.connect(db_path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    conn.close()

@@ -117,6 +117,20 @@ def test_unreadable_files_are_one_line(tmp_path):
         transfer.read_export(tmp_path / "missing.json")
 
 
+def test_a_replys_thinking_goes_out_and_comes_back(store, tmp_path):
+    session = store.create_session(name="thinker")
+    store.add_turn(session.id, "2+2?", "4", {"reasoning_tokens": 6}, reasoning="Two and two.")
+    data = transfer.export_json(store, session.id)
+    assert data["messages"][1]["reasoning"] == "Two and two."
+    assert "reasoning" not in data["messages"][0]
+    text = transfer.export_markdown(store, session.id)
+    assert "## Assistant\n\n*Thinking:*\n\n> Two and two.\n\n4\n" in text
+    back = store.messages(transfer.import_chat(store, data).session.id)
+    assert [(m.content, m.reasoning) for m in back] == [("2+2?", None), ("4", "Two and two.")]
+    with pytest.raises(UserError, match="reasoning is not text"):
+        transfer.import_chat(store, [{"role": "assistant", "content": "4", "reasoning": 4}])
+
+
 # ------------------------------------------------------------------ issue 42.4
 
 
@@ -207,6 +221,7 @@ MESSAGE = st.fixed_dictionaries(
         "stats": st.dictionaries(TEXT, ANY_JSON, max_size=3) | ANY_JSON,
         "model": TEXT | ANY_JSON,
         "sampling": st.dictionaries(TEXT, SCALARS, max_size=3) | ANY_JSON,
+        "reasoning": TEXT | ANY_JSON,
     },
 )
 SETTINGS = (

@@ -206,3 +206,27 @@ def test_a_message_whose_role_was_not_read_back_is_left_out_of_the_turn(store):
         conn.execute("UPDATE messages SET role = 'usxr' WHERE seq = 3")
     turn = ChatTurn.start(store, session, "three")
     assert [m.content for m in turn.history] == ["one", "reply one", "reply two"]
+
+
+def test_a_replys_thinking_is_stored_and_goes_back_with_the_history(store):
+    session = store.create_session(name="thinker")
+    turn = ChatTurn.start(store, session, "2+2?")
+    stats = dataclasses.replace(DONE, reasoning_tokens=6)
+    assert turn.finish(store, "4", stats, reasoning="Two and two.")
+    reply = store.messages(session.id)[-1]
+    assert (reply.content, reply.reasoning, reply.stats["reasoning_tokens"]) == (
+        "4",
+        "Two and two.",
+        6,
+    )
+    follow = ChatTurn.start(store, session, "sure?")
+    assert follow.messages[1] == ChatMessage("assistant", "4", reasoning="Two and two.")
+
+
+def test_a_reply_stopped_while_thinking_is_kept_with_its_thinking(store):
+    session = store.create_session(name="stopped")
+    turn = ChatTurn.start(store, session, "hard question")
+    stopped = dataclasses.replace(DONE, finish_reason="cancelled")
+    assert turn.keeps("", stopped, "Let me think") and not turn.keeps("", stopped)
+    assert turn.save(store, "", stopped, reasoning="Let me think").stored
+    assert store.messages(session.id)[-1].reasoning == "Let me think"

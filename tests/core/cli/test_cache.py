@@ -10,6 +10,7 @@ from contextlib import closing
 import pytest
 
 from core import paths
+from core.api.responses_store import ResponseStore, Turn
 from core.cli.main import main
 from kvcache.store import DiskStore, PageData, session_row
 
@@ -131,3 +132,25 @@ def test_verify_says_clean_or_repaired_for_every_store(tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     assert (report["pages_checked"], report["clean"]) == (1, True)
     assert [(r["store"], r["clean"]) for r in report["rank_stores"]] == [("rank0of2", True)]
+
+
+def test_clear_reaches_the_stored_responses_and_conversations(tmp_path, capsys):
+    """Today `cache clear` left responses.db where it was."""
+    store = ResponseStore(paths.responses_db_path(tmp_path))
+    for n in range(3):
+        response = {"id": f"resp_{n}", "object": "response", "output": []}
+        assert store.put(
+            "api", Turn(response, [{"role": "user", "content": "x" * 1000}], [])
+        ).stored
+    store.create_conversation("api", {}, [])
+    store.close()
+    assert main(["cache", "clear", "--session", "s", "--data-dir", str(tmp_path)]) == 0
+    store = ResponseStore(paths.responses_db_path(tmp_path))
+    assert store.get("resp_0", "api") is not None  # a chat's cache cleared: nothing else
+    store.close()
+    capsys.readouterr()
+    assert main(["cache", "clear", "--data-dir", str(tmp_path)]) == 0
+    assert "deleted 3 stored responses and 1 conversations" in capsys.readouterr().out
+    store = ResponseStore(paths.responses_db_path(tmp_path))
+    assert store.get("resp_0", "api") is None and store.usage() == 0
+    store.close()

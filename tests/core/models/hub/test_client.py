@@ -24,12 +24,6 @@ from tests.core.models.hub.hub_fixture import (
 GB = 2**30
 
 
-def test_gguf_architectures_match_the_import():
-    from core.models.load.gguf_import import SUPPORTED_ARCHITECTURES
-
-    assert client.GGUF_ARCHITECTURES == SUPPORTED_ARCHITECTURES
-
-
 def test_unsupported_families_are_not_offered(loopback_hub):
     with pytest.raises(HubError, match="mamba family, which RadixChat's import can't map"):
         client.plan(MAMBA_GGUF)

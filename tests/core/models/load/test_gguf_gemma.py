@@ -23,8 +23,10 @@ from mlx_lm.models.cache import KVCache, RotatingKVCache
 from core import paths
 from core.errors import ModelLoadError
 from core.models.load import gguf_import
+from core.models.load.gguf_architectures import ARCHITECTURES
 from core.models.load.gguf_convert import ConversionCache
-from core.models.load.gguf_import import build_model, mlx_tensor_name, read_gguf
+from core.models.load.gguf_import import build_model, read_gguf
+from core.models.load.gguf_names import name_table
 from core.models.load.loader import load_model
 from core.models.pypi import provision
 
@@ -54,13 +56,7 @@ def gemma(gemma_file, data_root):
 @pytest.fixture(scope="module")
 def reference(gemma_file):
     """The same file through the `gguf` package, Gemma 3 270M's published config and mlx-lm."""
-    weights = {}
-    for tensor in gguf.GGUFReader(str(gemma_file)).tensors:
-        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
-        if tensor.name.endswith("norm.weight"):
-            values = values - 1.0  # the GGUF stores Gemma's RMSNorm weights as 1 + w
-        weights[mlx_tensor_name("gemma3", tensor.name)] = mx.array(values)
-    args = gemma3_text.ModelArgs(
+    config = dict(
         model_type="gemma3_text",
         hidden_size=640,
         num_hidden_layers=18,
@@ -77,7 +73,15 @@ def reference(gemma_file):
         sliding_window_pattern=6,
         max_position_embeddings=32768,
     )
-    model = gemma3_text.Model(args)
+    names = name_table(ARCHITECTURES["gemma3"], config)  # gguf-py's names, as llama.cpp's
+    weights = {}
+    for tensor in gguf.GGUFReader(str(gemma_file)).tensors:
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
+        if tensor.name.endswith("norm.weight"):
+            values = values - 1.0  # the GGUF stores Gemma's RMSNorm weights as 1 + w
+        module, _, kind = tensor.name.rpartition(".")
+        weights[f"{names[module]}.{kind}"] = mx.array(values)
+    model = gemma3_text.Model(gemma3_text.ModelArgs(**config))
     model.load_weights(list(model.sanitize(weights).items()), strict=True)
     mx.eval(model.parameters())
     return model

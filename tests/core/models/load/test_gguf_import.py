@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from core.errors import ModelLoadError
-from core.models.load.gguf_import import _llama_weights, build_model, read_gguf
+from core.models.load.gguf_import import build_model, map_weights, read_gguf
 from core.models.load.loader import load_model
 
 pytestmark = pytest.mark.real_model
@@ -26,7 +26,7 @@ def test_hyper_parameters_from_metadata(default_model_file):
     config = contents.config
     assert config["num_hidden_layers"] == 30 and config["hidden_size"] == 576
     assert config["num_attention_heads"] == 9 and config["num_key_value_heads"] == 3
-    assert config["rope_traditional"] is True  # llama.cpp's Q/K row permutation
+    assert "rope_traditional" not in config  # Q/K rows back in the order mlx-lm rotates
     assert config["tie_word_embeddings"] is True  # no output.weight in the file
     assert config["vocab_size"] == 49152 and config["max_position_embeddings"] == 8192
 
@@ -67,7 +67,9 @@ def test_logits_match_gguf_package_dequantization(smollm, default_model_file):
         )
         for tensor in reader.tensors
     }
-    reference = build_model(smollm.config, _llama_weights(reference_weights, default_model_file))
+    reference = build_model(
+        smollm.config, map_weights("llama", smollm.config, reference_weights, default_model_file)
+    )
     tokens = mx.array(smollm.tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True))[
         None
     ]
