@@ -51,6 +51,7 @@ JSON_ENDPOINTS = (
     "/v1/responses",
     "/v1/messages",
     "/v1/messages/count_tokens",
+    "/v1/embeddings",
 )
 ENDPOINTS = ("/health", "/metrics", "/openapi.json", "/v1/models", *JSON_ENDPOINTS)
 OPEN_ENDPOINTS = ("/health",)

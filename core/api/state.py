@@ -124,6 +124,7 @@ class ApiState:
             layout,
             kv_format,
             tuple(a for a in self.aliases if a != model_id),
+            info.base,
         )
 
     def submit(self, request: GenerationRequest) -> RequestHandle:

@@ -75,6 +75,7 @@ class Prompts:
         self.limit = limit
         self.load = load  # which model load this is (the engine counts them)
         self._longest: int | None = None
+        self._vocabulary_size: int | None = None
         self._lock = threading.Lock()
 
     def tokens(self, request: GenerationRequest) -> list[int]:
@@ -92,10 +93,22 @@ class Prompts:
     @property
     def longest_entry(self) -> int:
         """Characters in the tokenizer's longest vocabulary entry (worked out once)."""
+        self._read_vocabulary()
+        return self._longest
+
+    @property
+    def vocabulary_size(self) -> int:
+        """One more than the tokenizer's largest token id, added tokens included (worked
+        out once): token ids a client sends must be below it."""
+        self._read_vocabulary()
+        return self._vocabulary_size
+
+    def _read_vocabulary(self) -> None:
         with self._lock:
             if self._longest is None:
-                self._longest = max(map(len, self.tokenizer.get_vocab()), default=1)
-            return self._longest
+                vocabulary = self.tokenizer.get_vocab()
+                self._longest = max(map(len, vocabulary), default=1)
+                self._vocabulary_size = max(vocabulary.values(), default=-1) + 1
 
     def _check_text(self, text: str) -> None:
         longest = self.longest_entry

@@ -216,3 +216,48 @@ class ErrorEvent:
 
 
 Event = TokenEvent | ReasoningEvent | ProgressEvent | ToolCallEvent | DoneEvent | ErrorEvent
+
+
+@dataclass(frozen=True)
+class EmbeddingRequest:
+    """Inputs to embed with the loaded model, one unit-length vector each
+    (:meth:`core.engine.engine.Engine.embed`; how: :mod:`core.engine.embedding`).
+
+    ``inputs``: texts (tokenised as the model's tokenizer does, its special tokens added)
+    or token ids. ``dimensions``: keep the first so many components of each vector and
+    normalise again (None: all of them). ``truncate``: an input longer than the model's
+    context is cut to fit (Ollama's ``truncate``) instead of refused. ``cache_namespace``
+    and ``use_cache`` as a :class:`GenerationRequest`'s: a model pooled by its last token
+    reuses the cached prefixes of its namespace (the others cannot: see the module)."""
+
+    inputs: tuple[str | tuple[int, ...], ...]
+    dimensions: int | None = None
+    truncate: bool = False
+    cache_namespace: str = ""
+    use_cache: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.inputs:
+            raise ValueError("nothing to embed: no inputs")
+        if self.dimensions is not None and self.dimensions < 1:
+            raise ValueError("dimensions must be at least 1")
+
+
+@dataclass(frozen=True)
+class EmbeddingResult:
+    """The vectors of an :class:`EmbeddingRequest`, in the order of its inputs: each a tuple
+    of floats of length 1 (L2). ``token_counts``: each input's tokens (after truncation);
+    ``cached_tokens``: of them, how many the RAM cache served; ``pooling``: how the
+    per-token states became one vector ("mean", "cls" or "last"); ``total_s``: from the
+    engine taking the request on to its last vector."""
+
+    vectors: tuple[tuple[float, ...], ...]
+    token_counts: tuple[int, ...]
+    cached_tokens: int = 0
+    pooling: str = "mean"
+    total_s: float = 0.0
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The tokens of all inputs together (OpenAI's ``usage.prompt_tokens``)."""
+        return sum(self.token_counts)

@@ -423,7 +423,8 @@ def _clients(benches) -> None:
             "dialect, prompt and cached tokens, TTFT; and whether each finished",
         )
     )
-    clients.set_defaults(model="gemma3-270m")
+    # an instruct model with tools and a 32k context (gemma3-270m, a base model, never ends a turn)
+    clients.set_defaults(model="qwen2.5-coder-0.5b")
     clients.add_argument("--claude", metavar="PATH", help="Claude Code (default: claude on PATH)")
     clients.add_argument("--codex", metavar="PATH", help="Codex (default: codex on PATH)")
     clients.add_argument("--task", default=CLIENTS_TASK, help="what each client is asked to do")
@@ -439,8 +440,8 @@ def _clients(benches) -> None:
         default=512,
         metavar="N",
         help="a reply's tokens: the server's ceiling (Codex sets no limit) and Claude Code's "
-        "CLAUDE_CODE_MAX_OUTPUT_TOKENS (default: 512; a base model rarely ends its turn, and "
-        "a CPU decodes the context's rest for an hour)",
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS (default: 512; a model that does not end its turn "
+        "would have a CPU decode the context's rest for an hour)",
     )
     clients.add_argument("--kv-tokens", type=positive, help="the server's KV pool, in tokens")
     clients.add_argument(
