@@ -153,7 +153,7 @@ def test_chat_with_a_tool_and_its_result(client, server):
     assert auto.done and auto.message.role == "assistant"
     # a forced call (RadixChat's tool_choice: Ollama has none), read in the package's types
     body = {"model": "tiny", "messages": ask, "tools": [TIME_TOOL], "tool_choice": "required"}
-    options = {"temperature": 0, "num_predict": 80}
+    options = {"temperature": 0, "num_predict": 120}
     forced = ollama.ChatResponse(
         **post(server, "/api/chat", {**body, "options": options, "stream": False}).json()
     )
@@ -175,10 +175,21 @@ def test_chat_with_a_tool_and_its_result(client, server):
     ]
     answer = client.chat(model="tiny", messages=history, tools=[get_time], options=GREEDY)
     assert answer.done and answer.prompt_eval_count > 0
-    # with a header instead of the body field: a client that cannot send tool_choice
+    # the package itself, its tool (a dict; the package drops additionalProperties: the
+    # server's default is no extra keys) forced with the header, as a client that cannot
+    # send tool_choice does
     with ollama.Client(
-        host=server.ollama_address, headers={"X-RadixChat-Tool-Choice": "get_time"}
+        host=server.ollama_address, headers={"X-RadixChat-Tool-Choice": "required"}
     ) as forcing:
+        sent = forcing.chat(model="tiny", messages=ask, tools=[TIME_TOOL], options=options)
+        assert [c.function.name for c in sent.message.tool_calls] == ["get_time"]
+        assert dict(sent.message.tool_calls[0].function.arguments) == dict(call.function.arguments)
+        parts = list(
+            forcing.chat(
+                model="tiny", messages=ask, tools=[TIME_TOOL], options=options, stream=True
+            )
+        )
+        assert [c.function.name for p in parts for c in p.message.tool_calls or ()] == ["get_time"]
         plain = forcing.chat(model="tiny", messages=ask, options=GREEDY)  # no tools: no call
         assert not plain.message.tool_calls
 
