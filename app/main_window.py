@@ -41,6 +41,7 @@ from app.server_controls import ServerControls
 from app.session_list import SessionList
 from app.settings_dialogs import AppSettings, AppSettingsDialog
 from app.window_replies import ChatReplies, WaitingAsk, shown
+from core.chats.settings import usable
 from core.chats.store import ChatStore, Session, readable
 from core.chats.turn import ChatTurn
 from core.errors import StoreError
@@ -371,8 +372,8 @@ class MainWindow(ChatReplies, QMainWindow):
         """The sampling settings of ``session`` (default: the open chat)."""
         settings = dict(DEFAULT_SAMPLING)
         session = session if session is not None else self.session
-        if session is not None:
-            settings.update(session.settings or {})
+        if session is not None:  # values stored out of range or unusable: clamped or default
+            settings.update(usable(session.settings))
         return settings
 
     # ------------------------------------------------------------------ bridge slots
