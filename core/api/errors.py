@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 Dialect = Literal["openai", "anthropic", "ollama"]
 ANTHROPIC_PATHS = ("/v1/messages",)
+RETRY_WAITING_S = 1  # Retry-After of a 429 for a key with its queue of waiting prompts full
 OLLAMA_PREFIX = "/api/"
 
 # Anthropic's error types by status (https://docs.anthropic.com/en/api/errors)
@@ -109,7 +110,7 @@ def shutting_down() -> ApiError:
 
 def engine_error(event: ErrorEvent, chat: bool) -> ApiError:
     """The API's error for an engine ErrorEvent, by its kind: what was asked is a 400, what
-    the server lacks (a model, memory) a 503, a bug a 500."""
+    the server lacks (a model, memory) a 503, a key with its queue full a 429, a bug a 500."""
     kind = event.kind
     if kind is ErrorKind.INTERNAL:
         log.error("request failed: %s", event.message)
@@ -118,6 +119,14 @@ def engine_error(event: ErrorEvent, chat: bool) -> ApiError:
         return ApiError(400, event.message, param="messages" if chat else "prompt", code=kind.value)
     if kind in (ErrorKind.MODEL_NOT_LOADED, ErrorKind.OUT_OF_MEMORY):
         return ApiError(503, event.message, type="server_error", code=kind.value)
+    if kind is ErrorKind.TOO_MANY_WAITING:  # the key's queue is full: retry (SDKs do, on a 429)
+        return ApiError(
+            429,
+            event.message,
+            type="rate_limit_error",
+            code=kind.value,
+            headers={"Retry-After": str(RETRY_WAITING_S)},
+        )
     return ApiError(400, event.message)
 
 

@@ -19,8 +19,15 @@ from core.cli.commands.options import kv_format_options, speculation_of
 from core.cli.progress import print_progress
 from core.cli.terminal import safe
 from core.engine.engine import Engine
+from core.engine.turns import PrefillSharing
 from core.errors import UserError
-from core.limits import MAX_CONNECTIONS, MAX_OUTPUT_TOKENS, MAX_SCHEMA_BYTES, MAX_TOOLS
+from core.limits import (
+    MAX_CONNECTIONS,
+    MAX_OUTPUT_TOKENS,
+    MAX_SCHEMA_BYTES,
+    MAX_TOOLS,
+    MAX_WAITING_PER_KEY,
+)
 from core.models.load.chat_template import read_chat_template
 
 
@@ -37,6 +44,7 @@ def run_serve(args) -> int:
         chat_template=template,
         use_cache=not getattr(args, "no_cache", False),
         max_prompt_tokens=getattr(args, "max_prompt_tokens", None),
+        prefill_sharing=PrefillSharing(getattr(args, "max_waiting", None) or MAX_WAITING_PER_KEY),
         speculation=speculation_of(args),
         **kv_format_options(args),
     ).start()

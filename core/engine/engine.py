@@ -45,6 +45,7 @@ from core.engine.engine_stats import EngineStats, process_rss
 from core.engine.handle import PreparedPrompt, RequestHandle
 from core.engine.prompt import PromptLimit, Prompts
 from core.engine.template_facts import TemplateFacts
+from core.engine.turns import PrefillSharing
 from core.engine.types import (
     DoneEvent,
     EmbeddingRequest,
@@ -101,8 +102,10 @@ class Engine:
         kv_bits: int | None = None,
         kv_group_size: int | None = None,
         speculation: Speculation | None = None,
+        prefill_sharing: PrefillSharing | None = None,
     ):
         self.data_root = Path(data_root)
+        self._sharing = prefill_sharing or PrefillSharing()  # between clients: core.engine.turns
         # the disk cache's database (None: the data folder's; a rank of a group has its own)
         self._kv_db = Path(kv_cache_path) if kv_cache_path else paths.kv_cache_db_path(data_root)
         # the scheduler's default and its draft model's spec (None: drafts from the text)
@@ -119,14 +122,11 @@ class Engine:
         self._rendering_lock = threading.Lock()
         self._gather_since: float | None = None  # engine thread: when it began waiting for them
         self._initial = (model_spec, weights_format)
-        self._use_cache = use_cache
-        self._page_size = page_size
+        self._use_cache, self._page_size = use_cache, page_size
         self.kv_format = KVFormat(kv_bits, kv_group_size or DEFAULT_GROUP_SIZE)  # bad: ValueError
-        self._pool_tokens = pool_tokens
-        self._pool_bytes = pool_bytes
+        self._pool_tokens, self._pool_bytes = pool_tokens, pool_bytes
         self._pool_segment_bytes = pool_segment_bytes  # None: the builder's default; 0: no segments
-        self._disk_cache = disk_cache
-        self._disk_budget = disk_budget_bytes
+        self._disk_cache, self._disk_budget = disk_cache, disk_budget_bytes
         self._derived_bytes = 0  # the data folder's derived files, measured at each load
         self._responses_bytes = 0  # what the stored responses may take, measured at each load
         self._disk_min_tokens = disk_min_tokens  # unnamed requests shorter than this stay off disk
@@ -144,8 +144,7 @@ class Engine:
         self._scheduler = None  # core.engine.scheduler.Scheduler, engine thread only
         self._info: ModelInfo | None = None
         self._load_error: str | None = None
-        self._ready = threading.Event()
-        self._stopped = threading.Event()
+        self._ready, self._stopped = threading.Event(), threading.Event()
 
     # ------------------------------------------------------------ client API
     def start(self) -> Engine:
@@ -579,6 +578,7 @@ class Engine:
             on_progress=lambda: self._publish_stats(force=False),
             speculative=self._speculation.mode,
             draft_model=draft_model(self._speculation.draft_model, self.data_root, loaded),
+            sharing=self._sharing,
         )
         self._info = loaded.info
         self._loads += 1

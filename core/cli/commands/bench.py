@@ -34,6 +34,7 @@ def add_parser(subparsers) -> None:
         _clients,
         _constrain,
         _fairness,
+        _key_fairness,
         _pull,
         _switch,
         _kv_quality,
@@ -507,6 +508,32 @@ def run_fairness(args: argparse.Namespace) -> int:
     from core.cli.bench.fairness import run_bench_fairness
 
     return run_bench_fairness(args)
+
+
+def _key_fairness(benches) -> None:
+    fairness = _with_model(
+        benches.add_parser(
+            "key-fairness",
+            help="another API key's short chat behind one key's long prompts: its time to "
+            "first token, prefill shared between keys and as before",
+        )
+    )
+    fairness.add_argument(
+        "--long-tokens", type=int, default=6000, help="key A's one long prompt, tokens"
+    )
+    fairness.add_argument("--queue", type=int, default=3, help="key A's queue: prompts")
+    fairness.add_argument(
+        "--queue-tokens", type=int, default=1650, help="key A's queue: each prompt, tokens"
+    )
+    fairness.add_argument("--repeats", type=int, default=3, help=REPEATS_HELP)
+    fairness.add_argument("--json", action="store_true", help=JSON_HELP)
+    fairness.set_defaults(run=run_key_fairness)
+
+
+def run_key_fairness(args: argparse.Namespace) -> int:
+    from core.cli.bench.key_fairness import run_bench_key_fairness
+
+    return run_bench_key_fairness(args)
 
 
 def _pull(benches) -> None:

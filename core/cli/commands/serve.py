@@ -15,7 +15,13 @@ from core.cli.commands.options import (
     port,
     positive,
 )
-from core.limits import MAX_CONNECTIONS, MAX_OUTPUT_TOKENS, MAX_SCHEMA_BYTES, MAX_TOOLS
+from core.limits import (
+    MAX_CONNECTIONS,
+    MAX_OUTPUT_TOKENS,
+    MAX_SCHEMA_BYTES,
+    MAX_TOOLS,
+    MAX_WAITING_PER_KEY,
+)
 
 OLLAMA_PORT = 11434  # where Ollama listens, and its clients look
 
@@ -118,6 +124,14 @@ def add_parser(subparsers) -> None:
         metavar="N",
         help=f"reply tokens of a request that sets no limit (default: {MAX_OUTPUT_TOKENS:,}; "
         "0: up to the context); a request's own max_tokens / max_output_tokens wins",
+    )
+    serve.add_argument(
+        "--max-waiting",
+        type=positive,
+        default=MAX_WAITING_PER_KEY,
+        metavar="N",
+        help=f"prompts one API key (or the API without keys) may have waiting for prefill "
+        f"(default: {MAX_WAITING_PER_KEY}); one more is a 429",
     )
     serve.add_argument(
         "--max-connections",
