@@ -1,4 +1,5 @@
-"""``POST /v1/embeddings`` (OpenAI): vectors from the loaded model (``Engine.embed``).
+"""``POST /v1/embeddings`` (OpenAI): vectors from the loaded model (``Engine.embed``); and
+:func:`run_embedding`, what it and Ollama's ``/api/embed`` share.
 
 The body is checked here (:mod:`core.api.embedding_schema`), the inputs are tokenised on a
 worker thread, the forward passes run on the engine thread between the running streams'
@@ -19,7 +20,7 @@ from fastapi.responses import Response
 from core.api.embedding_schema import EmbeddingsRequest, refusal, reply, to_request
 from core.api.errors import shutting_down
 from core.api.routing import JsonRoute, key_namespace, named, server_of
-from core.engine.types import RequestStats
+from core.engine.types import EmbeddingRequest, EmbeddingResult, RequestStats
 from core.errors import UserError
 
 router = APIRouter(route_class=JsonRoute)
@@ -31,6 +32,17 @@ async def embeddings(body: EmbeddingsRequest, request: Request) -> Response:
     api = server_of(request)
     card = api.model_card()
     embedding = to_request(body, key_namespace(request))
+    result = await run_embedding(request, embedding, arrived)
+    data = await asyncio.to_thread(lambda: json.dumps(reply(body, card, result)).encode())
+    return named(Response(data, media_type="application/json"), embedding.cache_namespace)
+
+
+async def run_embedding(
+    request: Request, embedding: EmbeddingRequest, arrived: float
+) -> EmbeddingResult:
+    """``embedding``'s vectors from the engine (waited for off the event loop), counted in
+    the metrics and the request log; an :class:`ApiError` for what the engine refuses."""
+    api = server_of(request)
     if api.stopping:
         raise shutting_down()
     path = request.url.path
@@ -48,5 +60,4 @@ async def embeddings(body: EmbeddingsRequest, request: Request) -> Response:
     waited = time.monotonic() - arrived
     api.metrics.record_generation(stats, waited)
     api.request_log.record(path, stats, waited)
-    data = await asyncio.to_thread(lambda: json.dumps(reply(body, card, result)).encode())
-    return named(Response(data, media_type="application/json"), embedding.cache_namespace)
+    return result

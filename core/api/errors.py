@@ -1,10 +1,10 @@
-"""Errors the API answers with, in both dialects, and how pydantic's validation errors become them.
+"""Errors the API answers with, in every dialect, and how pydantic's validation errors become them.
 
 An :class:`ApiError` is one refusal: an HTTP status, one line of text, and (OpenAI style)
 the ``param`` it is about. The same error renders as OpenAI's
-``{"error": {"message", "type", "param", "code"}}`` or as Anthropic's
-``{"type": "error", "error": {"type", "message"}}``; which one is decided by the
-endpoint (:func:`dialect_of`).
+``{"error": {"message", "type", "param", "code"}}``, as Anthropic's
+``{"type": "error", "error": {"type", "message"}}`` or as Ollama's ``{"error": "message"}``;
+which one is decided by the endpoint (:func:`dialect_of`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from core.errors import ErrorKind
 
 log = logging.getLogger(__name__)
 
-Dialect = Literal["openai", "anthropic"]
+Dialect = Literal["openai", "anthropic", "ollama"]
 ANTHROPIC_PATHS = ("/v1/messages",)
+OLLAMA_PREFIX = "/api/"
 
 # Anthropic's error types by status (https://docs.anthropic.com/en/api/errors)
 _ANTHROPIC_TYPES = {
@@ -77,11 +78,19 @@ class ApiError(Exception):
         )
         return {"type": "error", "error": {"type": kind, "message": message}}
 
+    def ollama_body(self) -> dict[str, Any]:
+        """Ollama's shape: the message alone (naming the field, as Anthropic's)."""
+        return {"error": self.anthropic_body()["error"]["message"]}
+
     def body_for(self, dialect: Dialect) -> dict[str, Any]:
-        return self.anthropic_body() if dialect == "anthropic" else self.body()
+        if dialect == "anthropic":
+            return self.anthropic_body()
+        return self.ollama_body() if dialect == "ollama" else self.body()
 
 
 def dialect_of(path: str) -> Dialect:
+    if path.startswith(OLLAMA_PREFIX):
+        return "ollama"
     return "anthropic" if path.rstrip("/").startswith(ANTHROPIC_PATHS) else "openai"
 
 

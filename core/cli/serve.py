@@ -55,6 +55,11 @@ def check_serve_args(args) -> tuple[list[str], list[str]]:
             raise UserError(f"--allow-origin: {exc}") from None
     # likewise: a busy port fails in a moment, not after the load
     check_port_free(args.host, args.port)
+    ollama_port = getattr(args, "ollama_port", None)
+    if ollama_port is not None:
+        if ollama_port == args.port and ollama_port != 0:
+            raise UserError(f"--ollama-port {ollama_port} is the --port: give another")
+        check_port_free(args.host, ollama_port, "--ollama-port")
     return api_key, origins
 
 
@@ -76,12 +81,19 @@ def serve_engine(
             limits=request_limits(args),
             connections=connections,
             aliases=getattr(args, "alias", None) or (),
+            ollama_port=getattr(args, "ollama_port", None),
         ).start()
         print(
             f"radixchat: serving {safe(info.name)}{what} at {server.address}/v1 (Ctrl-C to stop)",
             file=sys.stderr,
             flush=True,
         )
+        if server.ollama_address is not None:
+            print(
+                f"radixchat: Ollama's clients: {server.ollama_address}",
+                file=sys.stderr,
+                flush=True,
+            )
         threading.Event().wait()
     except KeyboardInterrupt:
         print("radixchat: stopping", file=sys.stderr, flush=True)
@@ -127,7 +139,7 @@ def api_keys_of(args) -> list[str]:
     return list(dict.fromkeys(keys))
 
 
-def check_port_free(host: str, port: int) -> None:
+def check_port_free(host: str, port: int, option: str = "--port") -> None:
     """Refuse, with one line, an address the server could not bind: a port in use, an
     address not on this machine. Binds a socket the way the server will, then lets it go."""
     if port == 0:
@@ -146,7 +158,7 @@ def check_port_free(host: str, port: int) -> None:
                 "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be used ({exc.strerror})"
             )
             raise UserError(
-                f"port {port} on {host} {reason}; stop what holds it or give another --port"
+                f"port {port} on {host} {reason}; stop what holds it or give another {option}"
             ) from exc
 
 

@@ -72,6 +72,8 @@ def run_group(args) -> int:
     ]
     for origin in args.allow_origin or ():
         serve_args += ["--allow-origin", origin]
+    if getattr(args, "ollama_port", None) is not None:
+        serve_args += ["--ollama-port", str(args.ollama_port)]
     if args.kv_tokens:
         serve_args += ["--kv-tokens", str(args.kv_tokens)]
     if args.chat_template:

@@ -41,9 +41,10 @@ from core.engine.commands import (
 )
 from core.engine.constrain import check_request
 from core.engine.embedding_inputs import embedding_tokens
-from core.engine.engine_stats import EngineStats
+from core.engine.engine_stats import EngineStats, process_rss
 from core.engine.handle import PreparedPrompt, RequestHandle
 from core.engine.prompt import PromptLimit, Prompts
+from core.engine.template_facts import TemplateFacts
 from core.engine.types import (
     DoneEvent,
     EmbeddingRequest,
@@ -177,22 +178,13 @@ class Engine:
         requests run, the figures are refreshed only once someone has asked for them (this
         call asks), at most every ``PUBLISH_EVERY_S``: a poll sees them as of its last poll
         or later, and a server nobody polls spends nothing on them."""
-        import dataclasses
-
-        import psutil
-
         self._stats_wanted = True
-
-        try:
-            rss = psutil.Process().memory_info().rss  # one /proc read; polled a few times a second
-        except psutil.Error:
-            rss = 0
         persister = self._persister
         disk = paths.database_bytes(self._kv_db) if persister is not None else 0
         budget = self._kv_disk_budget() if persister is not None else 0
-        return dataclasses.replace(
+        return replace(
             self._stats,
-            rss_bytes=rss,
+            rss_bytes=process_rss(),
             disk_cache_bytes=disk,
             disk_cache_budget_bytes=budget,
             derived_bytes=self._derived_bytes,
@@ -260,6 +252,12 @@ class Engine:
         except Exception as exc:  # a bug: logged in full, raised to the caller
             log.exception("counting tokens failed")
             raise RuntimeError(f"counting tokens failed: {exc}") from exc
+
+    def template_facts(self) -> TemplateFacts | None:
+        """The loaded model's chat template and tokenizer, described (worked out once per
+        load, on the calling thread); None while no model is loaded."""
+        prompts = self._prompts
+        return prompts.facts if prompts is not None else None
 
     def embed(self, request: EmbeddingRequest, timeout: float | None = 60.0) -> EmbeddingResult:
         """``request``'s vectors from the loaded model (:mod:`core.engine.embedding`): token
@@ -652,6 +650,7 @@ class Engine:
                     prompt_text=None,
                     prompt_tokens=tuple(ids),
                     templated=request.templated or bool(request.messages),
+                    context_tokens=(),
                 )
                 self._scheduler.admit(handle)  # finishes the handle itself, now or later
                 return

@@ -155,7 +155,16 @@ class Replies:
         elif cut is not None:
             handle.emit(ErrorEvent(cut, ErrorKind.BAD_REQUEST))
         else:
-            handle.emit(DoneEvent("".join(state.shown), stats, calls, "".join(state.thought)))
+            handle.emit(
+                DoneEvent(
+                    "".join(state.shown),
+                    stats,
+                    calls,
+                    "".join(state.thought),
+                    tuple(prompt),
+                    tuple(state.generated),
+                )
+            )
         handle.finish()
         self.on_finished()
 

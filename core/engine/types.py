@@ -118,6 +118,9 @@ class GenerationRequest:
     # The prompt was rendered from chat messages: the engine sets it when it swaps them for
     # their token ids, so a reasoning model's thinking is still split out of the reply.
     templated: bool = False
+    # Token ids that come before the prompt (Ollama's ``context``: an earlier prompt and its
+    # reply, sent back); the rendered messages or text follow them.
+    context_tokens: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.tool_choice not in TOOL_CHOICES:
@@ -193,12 +196,17 @@ class ToolCallEvent:
 @dataclass(frozen=True)
 class DoneEvent:
     """The end of a reply: its ``text`` (the answer, without the thinking), its ``stats``,
-    the ``tool_calls`` it made and its ``reasoning`` (the thinking, "" for none)."""
+    the ``tool_calls`` it made and its ``reasoning`` (the thinking, "" for none).
+    ``prompt_tokens`` and ``reply_tokens``: the token ids of its prompt (as the model read
+    it) and of its reply (as generated: a stop string's, the thinking's and tool-call
+    markup's included), for a client that sends them back (Ollama's ``context``)."""
 
     text: str
     stats: RequestStats
     tool_calls: tuple[ToolCall, ...] = ()
     reasoning: str = ""
+    prompt_tokens: tuple[int, ...] = ()
+    reply_tokens: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
