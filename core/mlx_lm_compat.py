@@ -3,7 +3,7 @@
 RadixChat uses mlx-lm's public API where it can: ``mlx_lm.load`` / ``mlx_lm.utils``'s
 load and save functions, ``stream_generate``, ``generate_step`` and ``BatchGenerator``,
 ``mlx_lm.sample_utils``, the cache classes of ``mlx_lm.models.cache`` with their
-``state`` / ``meta_state`` / ``merge`` / ``extract`` / ``filter`` (all that ``kvcache``
+``state`` / ``from_state`` / ``merge`` / ``extract`` / ``filter`` (all that ``kvcache``
 uses), ``TokenizerWrapper`` and the tool parsers' modules. Everything it takes from
 further inside comes through this module, and only through it:
 
