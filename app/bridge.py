@@ -209,24 +209,36 @@ class EngineBridge(QObject):
         """``http://127.0.0.1:PORT`` while the API server runs, else None."""
         return self._server.address if self._server is not None else None
 
+    @property
+    def server_ollama_address(self) -> str | None:
+        """Where the running API server also listens for Ollama's clients, else None."""
+        return self._server.ollama_address if self._server is not None else None
+
     def start_server(
         self,
         port: int = 8000,
         api_keys: tuple[str, ...] = (),
         allow_origins: tuple[str, ...] = (),
         host: str = "127.0.0.1",
+        ollama_port: int | None = None,
     ) -> str:
-        """Serve the OpenAI- and Anthropic-compatible API on ``host``:``port`` (0: any free
-        port) over this bridge's engine, asking for one of ``api_keys`` (none: no key; beyond
-        loopback one is needed) and answering browsers from ``allow_origins``; returns the
-        address. Raises UserError when the port is taken or a setting is refused."""
+        """Serve the OpenAI-, Anthropic- and Ollama-compatible API on ``host``:``port`` (0:
+        any free port) over this bridge's engine, and on ``ollama_port`` too where given,
+        asking for one of ``api_keys`` (none: no key; beyond loopback one is needed) and
+        answering browsers from ``allow_origins``; returns the address. Raises UserError when
+        the port is taken or a setting is refused."""
         if self._server is not None:
             return self._server.address
         if self._server_stopping is not None:  # the previous server may still hold the port
             self._server_stopping.join()
             self._server_stopping = None
         server = ApiServer(
-            self.engine, host, port, api_key=api_keys or None, allow_origins=allow_origins
+            self.engine,
+            host,
+            port,
+            api_key=api_keys or None,
+            allow_origins=allow_origins,
+            ollama_port=ollama_port,
         )
         self._server = server.start()
         self._request_log = server.request_log

@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from core.chats.settings import RANGES, usable
 from core.engine.types import SamplingParams
 
 # what a chat's settings edit
@@ -41,9 +42,9 @@ SESSION_SAMPLING_KEYS = (
 )
 # a new chat's sampling: the engine's defaults (SamplingParams' fields), not a copy of them
 DEFAULT_SAMPLING = {key: getattr(SamplingParams(), key) for key in SESSION_SAMPLING_KEYS}
-MAX_TOKENS_LIMIT = 32768
-MAX_TOP_K = 1000
-MAX_SEED = 2**31 - 1
+MAX_TOKENS_LIMIT = int(RANGES["max_tokens"].high)
+MAX_TOP_K = int(RANGES["top_k"].high)
+MAX_SEED = int(RANGES["seed"].high)
 RANDOM_SEED_TEXT = "random"
 NO_PRESET = "Custom"
 
@@ -116,9 +117,9 @@ class SessionSettingsDialog(QDialog):
         self.system_prompt.setPlaceholderText("No system prompt: the model's own default")
         self.system_prompt.setPlainText(system_prompt or "")
         self.system_prompt.setMinimumHeight(self.fontMetrics().lineSpacing() * 5 + 12)
-        self.temperature = _number(0.0, 2.0, 0.1, 2)
+        self.temperature = _number("temperature", 0.1, 2)
         self.temperature.setToolTip("Randomness of the reply: 0 always picks the likeliest token")
-        self.top_p = _number(0.01, 1.0, 0.05, 2)
+        self.top_p = _number("top_p", 0.05, 2)
         self.top_p.setToolTip(
             "Sample only from the likeliest tokens that together have this probability"
         )
@@ -126,19 +127,19 @@ class SessionSettingsDialog(QDialog):
         self.top_k.setRange(0, MAX_TOP_K)
         self.top_k.setSpecialValueText("off")
         self.top_k.setToolTip("Sample only from this many likeliest tokens; off: all of them")
-        self.min_p = _number(0.0, 1.0, 0.01, 2)
+        self.min_p = _number("min_p", 0.01, 2)
         self.min_p.setSpecialValueText("off")
         self.min_p.setToolTip(
             "Drop tokens less likely than this share of the likeliest one; off: keep them"
         )
-        self.repetition_penalty = _number(1.0, 2.0, 0.05, 2)
+        self.repetition_penalty = _number("repetition_penalty", 0.05, 2)
         self.repetition_penalty.setSpecialValueText("off")
         self.repetition_penalty.setToolTip(
             "Make tokens already in the reply less likely: 1.1 stops most small models "
             "from looping; off (1.0): no penalty"
         )
         self.max_tokens = QSpinBox()
-        self.max_tokens.setRange(1, MAX_TOKENS_LIMIT)
+        self.max_tokens.setRange(int(RANGES["max_tokens"].low), MAX_TOKENS_LIMIT)
         self.max_tokens.setSingleStep(64)
         self.max_tokens.setToolTip("The longest reply, in tokens")
         self.seed = QSpinBox()
@@ -288,9 +289,12 @@ class SessionSettingsDialog(QDialog):
         )
 
     def _show(self, settings: dict) -> None:
+        """Fill the boxes from ``settings``: a value out of its range is clamped into it, one
+        that is no usable number (NaN, infinite, text: a chat imported or edited by hand
+        before settings were checked) shows the default."""
         value = {
             **DEFAULT_SAMPLING,
-            **{k: v for k, v in settings.items() if v is not None or k == "seed"},
+            **{k: v for k, v in usable(settings).items() if v is not None or k == "seed"},
         }
         self.temperature.setValue(float(value["temperature"]))
         self.top_p.setValue(float(value["top_p"]))
@@ -301,9 +305,10 @@ class SessionSettingsDialog(QDialog):
         self.seed.setValue(self.seed.minimum() if value["seed"] is None else int(value["seed"]))
 
 
-def _number(low: float, high: float, step: float, decimals: int) -> QDoubleSpinBox:
+def _number(key: str, step: float, decimals: int) -> QDoubleSpinBox:
+    """A box for the setting ``key``, over its range (``core.chats.settings.RANGES``)."""
     box = QDoubleSpinBox()
-    box.setRange(low, high)
+    box.setRange(RANGES[key].low, RANGES[key].high)
     box.setSingleStep(step)
     box.setDecimals(decimals)
     return box

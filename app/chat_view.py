@@ -1,6 +1,9 @@
 """The chat view: one session's messages as a scrolling column, rendered as Markdown
 (``app.markdown``).
 
+Above the messages a notice may stand (``set_notice``: one line about the chat as a whole,
+e.g. that the loaded model is a base model): said once, above every chat, not per message.
+
 Each message is a ``MessageWidget``: a role header ("You", "Assistant", "Error"), a
 read-only ``MarkdownView`` whose height follows its document at the current width (user
 messages sit on a tinted bubble that shrinks to short text, replies span the column), and
@@ -57,6 +60,8 @@ def bubble_colour(palette: QPalette, role: str) -> QColor:
     base = palette.color(QPalette.ColorRole.Base)
     if role == "error":
         return mix(base, error_colour(palette), 0.18 if is_dark(palette) else 0.12)
+    if role == "notice":
+        return mix(base, notice_colour(palette), 0.22 if is_dark(palette) else 0.16)
     return mix(
         base, palette.color(QPalette.ColorRole.Highlight), 0.20 if is_dark(palette) else 0.11
     )
@@ -64,6 +69,33 @@ def bubble_colour(palette: QPalette, role: str) -> QColor:
 
 def error_colour(palette: QPalette) -> QColor:
     return QColor("#ef9a9a") if is_dark(palette) else QColor("#c62828")
+
+
+def notice_colour(palette: QPalette) -> QColor:
+    return QColor("#ffd54f") if is_dark(palette) else QColor("#f9a825")
+
+
+class Notice(QLabel):
+    """A tinted, rounded line above the messages (hidden while it has no text)."""
+
+    RADIUS = 8
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("chatNotice")
+        self.setWordWrap(True)
+        self.setContentsMargins(12, 7, 12, 7)
+        self.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.hide()
+
+    def paintEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        painter.setPen(Qt.PenStyle.NoPen)
+        painter.setBrush(bubble_colour(self.palette(), "notice"))
+        painter.drawRoundedRect(self.rect(), self.RADIUS, self.RADIUS)
+        painter.end()
+        super().paintEvent(event)
 
 
 class Bubble(QWidget):
@@ -251,9 +283,16 @@ class ChatView(QWidget):
         self.scroll_area.setWidget(self._content)
         self.setBackgroundRole(QPalette.ColorRole.Base)
         self.setAutoFillBackground(True)
-        self._pages = QStackedLayout(self)
+        self.notice = Notice()
+        pages = QWidget()
+        self._pages = QStackedLayout(pages)
         self._pages.addWidget(self.placeholder)
         self._pages.addWidget(self.scroll_area)
+        column = QVBoxLayout(self)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.setSpacing(6)
+        column.addWidget(self.notice)
+        column.addWidget(pages, 1)
 
         bar = self.scroll_area.verticalScrollBar()
         bar.rangeChanged.connect(self._on_range_changed)
@@ -350,6 +389,14 @@ class ChatView(QWidget):
         if self._messages and self._messages[-1].role == "user":
             self._discard(self._messages.pop())
         self._update_layout()
+
+    def set_notice(self, text: str) -> None:
+        """The line above the messages ("" hides it); it outlives ``set_messages``."""
+        self.notice.setText(text)
+        self.notice.setVisible(bool(text))
+
+    def notice_text(self) -> str:
+        return self.notice.text() if self.notice.isVisibleTo(self) else ""
 
     def set_busy(self, busy: bool) -> None:
         """While busy, Regenerate and Edit are disabled."""

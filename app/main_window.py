@@ -41,9 +41,11 @@ from app.server_controls import ServerControls
 from app.session_list import SessionList
 from app.settings_dialogs import AppSettings, AppSettingsDialog
 from app.window_replies import ChatReplies, WaitingAsk, shown
+from core.chats.settings import usable
 from core.chats.store import ChatStore, Session, readable
 from core.chats.turn import ChatTurn
 from core.errors import StoreError
+from core.models.base_models import BASE_LABEL
 
 log = logging.getLogger(__name__)
 
@@ -345,7 +347,7 @@ class MainWindow(ChatReplies, QMainWindow):
         self._show_pending(session.id)
         if self.sessions.current_id() != session.id:
             self.sessions.select(session.id)
-        self.setWindowTitle(f"{session.title or 'New chat'} — RadixChat")
+        self._update_title()
         self._update_state()
         if damage or session.damaged:  # shown as read (bad bytes as U+FFFD), said in one row
             self.chat.add_error(f"Damaged: {damage or 'this chat: ' + session.damaged}")
@@ -370,8 +372,8 @@ class MainWindow(ChatReplies, QMainWindow):
         """The sampling settings of ``session`` (default: the open chat)."""
         settings = dict(DEFAULT_SAMPLING)
         session = session if session is not None else self.session
-        if session is not None:
-            settings.update(session.settings or {})
+        if session is not None:  # values stored out of range or unusable: clamped or default
+            settings.update(usable(session.settings))
         return settings
 
     # ------------------------------------------------------------------ bridge slots
@@ -393,8 +395,11 @@ class MainWindow(ChatReplies, QMainWindow):
         info = self.bridge.model_info
         if info is not None:
             self.settings.last_model = info.spec
-        self.model_label.setText(name)
+        base = info is not None and info.base
+        self.model_label.setText(f"{name} ({BASE_LABEL})" if base else name)
         self.model_action.setText(f"Model: {name}")
+        self.chat.set_notice(base_model_notice(name) if base else "")
+        self._update_title()
         if self.error_box is None or not self.error_box.isVisible():
             self._set_state_text("Ready")
         self._update_state()
@@ -491,6 +496,14 @@ class MainWindow(ChatReplies, QMainWindow):
             self._set_state_text(f"Restart RadixChat to use {', '.join(changed)}")
 
     # ------------------------------------------------------------------ helpers
+    def _update_title(self) -> None:
+        """The open chat's title; and the model's name when it is a base model."""
+        title = (self.session.title if self.session is not None else "") or "New chat"
+        info = self.bridge.model_info
+        if self.model_name and info is not None and info.base:
+            title += f" — {self.model_name} ({BASE_LABEL})"
+        self.setWindowTitle(f"{title} — RadixChat")
+
     def _update_state(self) -> None:
         session_id = self.session.id if self.session is not None else None
         busy = self._busy(session_id)
@@ -504,3 +517,12 @@ class MainWindow(ChatReplies, QMainWindow):
 
     def _set_state_text(self, text: str, timeout_ms: int = 0) -> None:
         self.state_label.setText(text)
+
+
+def base_model_notice(name: str) -> str:
+    """What the chat view says above the messages while a base model is loaded."""
+    return (
+        f"{name} is a base model ({BASE_LABEL}): it continues text rather than answering, "
+        "and rarely ends its turn. Replies go through a fallback chat template; to chat, pick "
+        "an instruct model (Model…)."
+    )

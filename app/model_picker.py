@@ -1,7 +1,8 @@
 """The model picker: known models, local GGUF files and MLX folders, models downloaded
-from the Hugging Face hub (with their last use; delete one, and its cached KV), with the
-memory each will take; any .gguf file or MLX folder on disk; and a "Download" tab that
-searches the hub (app.hub_panel)."""
+from the Hugging Face hub (with their last use), with the memory each will take and base
+models marked "base: completion only"; delete one (the data folder's or the hub's), and
+its cached KV; any .gguf file or MLX folder on disk; and a "Download" tab that searches
+the hub (app.hub_panel)."""
 
 from __future__ import annotations
 
@@ -30,9 +31,11 @@ from app.format import human_bytes
 from app.hub_panel import HubPanel
 from core.errors import UserError
 from core.models import derived
+from core.models.base_models import BASE_LABEL
 from core.models.catalog import CatalogEntry, entry_for_path, model_catalog, runs_on_cpu
+from core.models.delete import delete_from_data_folder
 from core.models.hub import installed
-from core.models.local import list_local_models, model_file
+from core.models.local import DATA_FOLDER_KINDS, LocalModel, list_local_models, model_file
 
 COLUMNS = ("Name", "Kind", "Size", "Memory", "Last used")
 KIND_LABELS = {
@@ -42,8 +45,12 @@ KIND_LABELS = {
     "hf-cache": "Hugging Face cache",
     "hf-gguf": "GGUF · Hugging Face cache",
 }
-HUB_KINDS = ("hf-cache", "hf-gguf")  # downloaded into the HF cache: the picker can delete them
 SPEC_ROLE = Qt.ItemDataRole.UserRole
+BASE_TIP = (
+    "A base model: it continues text rather than chatting (its files carry no chat "
+    "template, or its name says base). Chats still get replies, through a fallback template; "
+    "pick an instruct model to chat."
+)
 
 
 class ModelPickerDialog(QDialog):
@@ -68,6 +75,7 @@ class ModelPickerDialog(QDialog):
         self.on_cpu = runs_on_cpu() if on_cpu is None else on_cpu
         self.data_root, self.current_spec = Path(data_root), current_spec
         self._hub_models: dict[str, installed.InstalledModel] = {}
+        self._own_models: dict[str, LocalModel] = {}  # the data folder's, by spec
 
         self.tree = QTreeWidget()
         self.tree.setColumnCount(len(COLUMNS))
@@ -101,7 +109,10 @@ class ModelPickerDialog(QDialog):
         self.folder_button = QPushButton("Open MLX folder…")
         self.folder_button.clicked.connect(self._on_open_folder)
         self.delete_button = QPushButton("Delete…")
-        self.delete_button.setToolTip("Delete a model downloaded from the hub, and its cached KV")
+        self.delete_button.setToolTip(
+            "Delete the model (from the data folder or the hub's cache), the files made from "
+            "it and its cached KV"
+        )
         self.delete_button.clicked.connect(self._on_delete)
         self.clean_button = QPushButton("Delete Derived Files…")
         self.clean_button.setToolTip(
@@ -151,9 +162,11 @@ class ModelPickerDialog(QDialog):
         try:
             entries = model_catalog(self.data_root, self.on_cpu)
             self._hub_models = {m.spec: m for m in installed.installed_models(self.data_root)}
-            self._derived = self._derived_by_spec()
+            local = list_local_models(self.data_root)
+            self._own_models = {m.spec: m for m in local if m.kind in DATA_FOLDER_KINDS}
+            self._derived = self._derived_by_spec(local)
         except (OSError, UserError) as exc:
-            entries, self._hub_models, self._derived = [], {}, {}
+            entries, self._hub_models, self._own_models, self._derived = [], {}, {}, {}
             self._show_error(f"Could not list the models in {self.data_root}: {exc}")
         for entry in entries:
             self._add(entry)
@@ -198,7 +211,8 @@ class ModelPickerDialog(QDialog):
         item = self.tree.currentItem()
         self.buttons.button(QDialogButtonBox.StandardButton.Ok).setEnabled(item is not None)
         spec = item.data(0, SPEC_ROLE) if item is not None else None
-        self.delete_button.setEnabled(spec in self._hub_models and spec != self.current_spec)
+        deletable = spec in self._hub_models or spec in self._own_models
+        self.delete_button.setEnabled(deletable and spec != self.current_spec)
 
     def _on_downloaded(self, spec: str) -> None:
         """A download finished: list it, select it, so OK loads it."""
@@ -210,13 +224,17 @@ class ModelPickerDialog(QDialog):
 
     def _on_delete(self) -> None:
         spec = self.chosen_spec()
-        model = self._hub_models.get(spec) if spec else None
+        own = self._own_models.get(spec) if spec else None
+        model = own or (self._hub_models.get(spec) if spec else None)
         if model is None or spec == self.current_spec:
             return
         if not self._confirm_delete(spec, model.size_bytes):
             return
         try:
-            deleted = installed.delete_model(self.data_root, spec)
+            if own is not None:
+                deleted = delete_from_data_folder(self.data_root, own)
+            else:
+                deleted = installed.delete_model(self.data_root, spec)
         except (OSError, UserError) as exc:
             self._show_error(f"Could not delete {spec}: {exc}")
             return
@@ -249,9 +267,9 @@ class ModelPickerDialog(QDialog):
         self._fill()
         self.hub_panel.say(f"Deleted the files made from models: {human_bytes(freed)} freed")
 
-    def _derived_by_spec(self) -> dict[str, list[derived.DerivedFile]]:
+    def _derived_by_spec(self, local: list[LocalModel]) -> dict[str, list[derived.DerivedFile]]:
         found = {}
-        for model in list_local_models(self.data_root):
+        for model in local:
             file = model_file(self.data_root, model)
             made = derived.derived_of(self.data_root, file) if file is not None else []
             if made:
@@ -277,11 +295,19 @@ class ModelPickerDialog(QDialog):
         return answer == QMessageBox.StandardButton.Yes
 
     def _confirm_delete(self, spec: str, size: int) -> bool:
+        own = self._own_models.get(spec)
+        where = (
+            "the Hugging Face cache"
+            if own is None
+            else f"{self.data_root / 'models'} (picking it again downloads it again)"
+            if own.kind == "known-gguf"
+            else str(self.data_root / "models")
+        )
         answer = QMessageBox.question(
             self,
             "Delete model",
-            f"Delete {spec} ({human_bytes(size)}) from the Hugging "
-            "Face cache, and its cached KV? Chats keep their history.",
+            f"Delete {spec} ({human_bytes(size)}) from {where}, the files made from it and its "
+            "cached KV? Chats keep their history.",
         )
         return answer == QMessageBox.StandardButton.Yes
 
@@ -309,6 +335,8 @@ class ModelPickerDialog(QDialog):
 
     def _add(self, entry: CatalogEntry) -> QTreeWidgetItem:
         kind = KIND_LABELS.get(entry.kind, entry.kind)
+        if entry.base:
+            kind += f" · {BASE_LABEL}"
         if entry.kind == "known-gguf":
             kind += " · downloaded" if entry.downloaded else " · downloads on first use"
         hub_model = getattr(self, "_hub_models", {}).get(entry.spec)
@@ -333,6 +361,8 @@ class ModelPickerDialog(QDialog):
                 + ". They go with the model, or with Delete Derived Files.",
             )
         item.setToolTip(0, "\n".join(text for text in (entry.description, entry.spec) if text))
+        if entry.base:
+            item.setToolTip(1, BASE_TIP)
         for column in (2, 3):
             item.setTextAlignment(
                 column, Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter

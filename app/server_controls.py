@@ -1,9 +1,10 @@
 """Serving the API from the app: the Server menu's actions, their settings and the request log.
 
-``ServerControls`` owns "Serve API" (on/off), "API Settings…" (port, keys, allowed origins,
-the local network), "API Request Log…" (the last requests with their dialect, tokens, cached
-tokens and time to first token) and "Serve Over Several Macs…", and the status bar's address.
-It reaches the engine only through the window's :class:`~app.bridge.EngineBridge`.
+``ServerControls`` owns "Serve API" (on/off), "API Settings…" (port, Ollama's port, keys,
+allowed origins, the local network), "API Request Log…" (the last requests with their
+dialect, tokens, cached tokens and time to first token) and "Serve Over Several Macs…",
+and the status bar's address. It reaches the engine only through the window's
+:class:`~app.bridge.EngineBridge`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from PySide6.QtWidgets import (
     QDialog,
     QDialogButtonBox,
     QFormLayout,
+    QHBoxLayout,
     QHeaderView,
     QLabel,
     QMainWindow,
@@ -35,14 +37,14 @@ from PySide6.QtWidgets import (
 from app.bridge import EngineBridge
 from app.group_bridge import GroupBridge
 from app.group_dialog import GroupServeDialog
-from app.settings_dialogs import AppSettings
+from app.settings_dialogs import OLLAMA_PORT, AppSettings
 from core.api.guard import normalize_origin
 from core.api.request_log import LoggedRequest
 from core.errors import UserError
 
 LOOPBACK, EVERY_INTERFACE = "127.0.0.1", "0.0.0.0"
 LOG_COLUMNS = ("Time", "Dialect", "Prompt", "Cached", "Reply", "First token", "Result")
-DIALECT_NAMES = {"openai": "OpenAI", "anthropic": "Anthropic"}
+DIALECT_NAMES = {"openai": "OpenAI", "anthropic": "Anthropic", "ollama": "Ollama"}
 
 
 def _lines(edit: QPlainTextEdit) -> list[str]:
@@ -62,7 +64,24 @@ class ApiSettingsDialog(QDialog):
         self.port.setRange(0, 65535)
         self.port.setSpecialValueText("any free port")
         self.port.setValue(settings.api_port)
-        self.port.setToolTip("The TCP port the API listens on (OpenAI and Anthropic clients)")
+        self.port.setToolTip(
+            "The TCP port the API listens on (OpenAI, Anthropic and Ollama clients)"
+        )
+        self.ollama = QCheckBox(f"Also listen on Ollama's port ({OLLAMA_PORT}) or:")
+        self.ollama.setToolTip(
+            "Apps that speak only Ollama's API (Open WebUI, Continue, Raycast...) look for it "
+            f"on port {OLLAMA_PORT}: the same API is served there too (quit Ollama first)"
+        )
+        self.ollama_port = QSpinBox()
+        self.ollama_port.setRange(1, 65535)
+        self.ollama_port.setValue(settings.api_ollama_port or OLLAMA_PORT)
+        self.ollama.setChecked(settings.api_ollama_port is not None)
+        self.ollama_port.setEnabled(self.ollama.isChecked())
+        self.ollama.toggled.connect(self.ollama_port.setEnabled)
+        ollama_row = QHBoxLayout()
+        ollama_row.addWidget(self.ollama)
+        ollama_row.addWidget(self.ollama_port)
+        ollama_row.addStretch(1)
         self.on_network = QCheckBox("Serve other machines on the network (needs an API key)")
         self.on_network.setChecked(settings.api_on_network)
         self.keys = QPlainTextEdit("\n".join(settings.api_keys))
@@ -87,6 +106,7 @@ class ApiSettingsDialog(QDialog):
         self.error_label.hide()
         form = QFormLayout()
         form.addRow("Port:", self.port)
+        form.addRow("", ollama_row)
         form.addRow("", self.on_network)
         form.addRow("API keys:", self.keys)
         form.addRow("", self.generate_button)
@@ -117,7 +137,11 @@ class ApiSettingsDialog(QDialog):
             return self._refuse(f"Allowed origins: {exc}")
         if self.on_network.isChecked() and not keys:
             return self._refuse("Serving other machines needs an API key: add one")
+        ollama_port = self.ollama_port.value() if self.ollama.isChecked() else None
+        if ollama_port is not None and ollama_port == self.port.value():
+            return self._refuse("Ollama's port must differ from the API's port")
         self.settings.api_port = self.port.value()
+        self.settings.api_ollama_port = ollama_port
         self.settings.api_on_network = self.on_network.isChecked()
         self.settings.api_keys = keys
         self.settings.api_origins = origins
@@ -280,7 +304,11 @@ class ServerControls(QObject):
         host = EVERY_INTERFACE if self.settings.api_on_network else LOOPBACK
         try:
             address = self.bridge.start_server(
-                self.port, tuple(self.settings.api_keys), tuple(self.settings.api_origins), host
+                self.port,
+                tuple(self.settings.api_keys),
+                tuple(self.settings.api_origins),
+                host,
+                self.settings.api_ollama_port,
             )
         except UserError as exc:
             with QSignalBlocker(self.serve_action):
@@ -288,7 +316,9 @@ class ServerControls(QObject):
             self.say(f"Could not start the API server: {exc}")
             return
         keyed = " · key needed" if self.settings.api_keys else ""
-        self.label.setText(f"API: {address}{keyed}")
+        ollama = self.bridge.server_ollama_address
+        also = f" · Ollama: {ollama}" if ollama else ""
+        self.label.setText(f"API: {address}{also}{keyed}")
         self.label.show()
 
     def _on_server_stopped(self) -> None:
@@ -331,5 +361,5 @@ class ServerControls(QObject):
         where = "every network interface" if self.settings.api_on_network else LOOPBACK
         port = f":{self.port}" if self.port else ""
         self.serve_action.setToolTip(
-            f"Serve the OpenAI- and Anthropic-compatible API on {where}{port}"
+            f"Serve the OpenAI-, Anthropic- and Ollama-compatible API on {where}{port}"
         )

@@ -30,6 +30,7 @@ from app.chat_settings import ChatPreset
 from core.paths import GB, MB, default_disk_budget, gb_to_bytes
 
 DEFAULT_API_PORT = 8000
+OLLAMA_PORT = 11434  # where Ollama listens, and apps that speak only its API look
 # Preferences' KV precision choices: (label, bits; 0: the model's own precision); the engine
 # checks the values (kvcache.kv_format), the app passes them on as plain numbers
 KV_PRECISIONS = (("Full (the model's own)", 0), ("8-bit", 8), ("4-bit", 4))
@@ -158,6 +159,16 @@ class AppSettings:
     @api_port.setter
     def api_port(self, value: int | None) -> None:
         self._set("api/port", None if value == DEFAULT_API_PORT else value)
+
+    @property
+    def api_ollama_port(self) -> int | None:
+        """Where "Serve API" also listens for Ollama's clients (None: nowhere else)."""
+        port = self._get("api/ollama_port", int)
+        return port if port else None
+
+    @api_ollama_port.setter
+    def api_ollama_port(self, value: int | None) -> None:
+        self._set("api/ollama_port", value or None)
 
     @property
     def api_keys(self) -> list[str]:

@@ -316,7 +316,7 @@ class ChatReplies:
         try:
             self.session = self.store.get_session_by_id(self.session.id) or self.session
             self.sessions.refresh(select_id=self.session.id)
-            self.setWindowTitle(f"{self.session.title or 'New chat'} — RadixChat")
+            self._update_title()
         except StoreError as exc:
             self._set_state_text(f"Could not read the chats: {exc}")
 

@@ -22,6 +22,8 @@ class ErrorKind(StrEnum):
     BAD_REQUEST = "bad_request"  # anything else wrong with what was asked
     OUT_OF_MEMORY = "out_of_memory"  # the machine ran out of memory serving it
     MODEL_NOT_LOADED = "model_not_loaded"  # no model (yet, or it failed to load)
+    # the client (an API key) has as many prompts waiting as the server queues for one
+    TOO_MANY_WAITING = "too_many_waiting_requests"
     INTERNAL = "internal_error"  # a bug: logged with its traceback
 
 
@@ -44,6 +46,13 @@ class ContextLengthError(UserError):
     """A prompt longer than the model's context window."""
 
     kind = ErrorKind.CONTEXT_TOO_LONG
+
+
+class TooManyWaitingError(UserError):
+    """A client already has as many prompts waiting for prefill as the server queues for one
+    (``core.engine.turns``): retry once one of them has started."""
+
+    kind = ErrorKind.TOO_MANY_WAITING
 
 
 class OutOfMemoryError(UserError):

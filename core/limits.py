@@ -11,6 +11,9 @@ MAX_SCHEMA_BYTES = 512 * 1024
 # the Responses API; Anthropic's max_tokens is required): a model that never ends its turn
 # (a base model) stops here instead of decoding to the end of the context. 0: no ceiling.
 MAX_OUTPUT_TOKENS = 4096
+# prompts one client (an API key; the API without keys is one client) may have waiting for
+# prefill at once (core.engine.turns); one more is a 429. 16 streams sent at once fit twice over
+MAX_WAITING_PER_KEY = 32
 MAX_CONNECTIONS = 1000  # connections held at once, kept below the process's file-descriptor limit
 
 # speculative decoding: --speculative, radixchat.speculative (core.engine.drafts)

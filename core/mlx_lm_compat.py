@@ -3,7 +3,7 @@
 RadixChat uses mlx-lm's public API where it can: ``mlx_lm.load`` / ``mlx_lm.utils``'s
 load and save functions, ``stream_generate``, ``generate_step`` and ``BatchGenerator``,
 ``mlx_lm.sample_utils``, the cache classes of ``mlx_lm.models.cache`` with their
-``state`` / ``meta_state`` / ``merge`` / ``extract`` / ``filter`` (all that ``kvcache``
+``state`` / ``from_state`` / ``merge`` / ``extract`` / ``filter`` (all that ``kvcache``
 uses), ``TokenizerWrapper`` and the tool parsers' modules. Everything it takes from
 further inside comes through this module, and only through it:
 
@@ -19,7 +19,9 @@ further inside comes through this module, and only through it:
   ``scaled_dot_product_attention`` their attention calls (which the speed-ups wrap), and
   which models' ``Model.__call__`` is ``head(model(inputs, cache))``
   (``core.engine.cpu_speedups``, ``core.engine.generation``);
-- ``utils.MODEL_REMAPPING`` and ``models.pipeline.PipelineMixin`` (``core.distributed``).
+- ``utils.MODEL_REMAPPING`` and ``models.pipeline.PipelineMixin`` (``core.distributed``);
+- which member of a ``Model`` gives the hidden states its head reads, the output of the
+  final norm (``hidden_states``: ``core.engine.embedding``).
 
 ``tests/core/test_mlx_lm_compat.py`` checks every name, field and signature relied on
 here and, when one fails, says which mlx-lm change broke which part of RadixChat.
@@ -54,6 +56,7 @@ __all__ = [
     "generation_stream",
     "has_pipeline",
     "hf_tokenizer",
+    "hidden_states",
     "infer_tool_parser",
     "llama_style_blocks",
     "maybe_set_recommended_wired_limit",
@@ -228,6 +231,34 @@ def backbone_and_head(model):
     for name in tied.split("."):
         flag = getattr(flag, name)
     return model.model, (model.model.embed_tokens.as_linear if flag else model.lm_head)
+
+
+# The members of mlx-lm's ``Model`` that give the hidden states its head reads (the final
+# norm's output), called ``member(inputs, cache=caches)``: the first one a model has.
+HIDDEN_STATE_MEMBERS = ("model", "backbone", "transformer", "language_model.model")
+# Architectures where that member does not give them, and why.
+NO_HIDDEN_STATES = {
+    "mlx_lm.models.gemma3n": "its text model applies the output head itself",
+    "mlx_lm.models.gpt_neox": "its text model applies the output head itself",
+    "mlx_lm.models.lille-130m": "its text model applies the output head itself",
+    "mlx_lm.models.phixtral": "its final norm belongs to the output head",
+}
+
+
+def hidden_states(model) -> tuple[Callable | None, str]:
+    """``(member, "")``: the member of ``model`` whose ``member(inputs, cache=caches)`` is
+    the ``(batch, tokens, hidden)`` states its output head reads; or ``(None, why)`` where
+    its architecture gives no such member (:data:`NO_HIDDEN_STATES`)."""
+    module = type(model).__module__
+    if module in NO_HIDDEN_STATES:
+        return None, NO_HIDDEN_STATES[module]
+    for path in HIDDEN_STATE_MEMBERS:
+        member = model
+        for name in path.split("."):
+            member = getattr(member, name, None)
+        if callable(member):
+            return member, ""
+    return None, f"its mlx-lm class has none of {', '.join(HIDDEN_STATE_MEMBERS)}"
 
 
 def model_class(model_type: str):

@@ -101,13 +101,18 @@ def stored_responses_bytes(root: Path, disk_budget: int) -> int:
     path = responses_db_path(root)
     if not path.exists():
         return 0
+    return max(database_bytes(path), stored_responses_budget(disk_budget))
+
+
+def database_bytes(path: Path) -> int:
+    """What a SQLite database takes on disk: its file and its write-ahead log."""
     size = 0
     for side in (path, path.with_name(path.name + "-wal")):
         try:
             size += side.stat().st_size
         except OSError:
             continue
-    return max(size, stored_responses_budget(disk_budget))
+    return size
 
 
 KV_CACHE_DB = "kvcache.db"  # the one place this name is typed

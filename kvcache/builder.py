@@ -1,4 +1,4 @@
-"""Build the KV cache of a loaded model: layout, pool, allocator, request table, tree."""
+"""Build the KV cache of a loaded model: layout, pool, allocator, tree."""
 
 from __future__ import annotations
 
@@ -8,13 +8,12 @@ from dataclasses import dataclass
 from kvcache.kv_format import FULL_PRECISION, KVFormat
 from kvcache.kv_pages import apply_format
 from kvcache.layout import CacheLayout, cache_layout
-from kvcache.pool import KVPagePool, PageAllocator, ReqToTokenPool, pool_pages_for_budget
+from kvcache.pool import KVPagePool, PageAllocator, pool_pages_for_budget
 from kvcache.radix_cache import RadixCache
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PAGE_SIZE = 16
-MAX_RUNNING_REQUESTS = 64
 
 
 SEGMENT_BYTES = 32 << 20  # the pool grows by this much at a time (RAM on demand)
@@ -22,21 +21,16 @@ SEGMENT_BYTES = 32 << 20  # the pool grows by this much at a time (RAM on demand
 
 @dataclass(frozen=True)
 class KVCacheBuildResult:
-    """Everything the engine needs to cache KV for one model, built once per load."""
+    """Everything the engine needs to cache KV for one model, built once per load; its
+    fields named as :class:`kvcache.prefix_cache.PrefixCache` names them."""
 
     layout: CacheLayout | None
-    is_hybrid_swa: bool
-    is_hybrid_ssm: bool
-    sliding_window_size: int | None
     page_size: int
-    full_tokens_per_layer: int  # pool capacity, in tokens, of each full-attention layer
-    swa_tokens_per_layer: int  # tokens a sliding-window layer keeps (its window)
-    kv_pool: KVPagePool | None
-    req_to_token_pool: ReqToTokenPool
-    token_to_kv_pool_allocator: PageAllocator
+    pool: KVPagePool | None
+    allocator: PageAllocator
     disable_radix_cache: bool
     disable_reason: str | None
-    tree_cache: RadixCache
+    tree: RadixCache
 
 
 def build_kv_cache(
@@ -93,19 +87,12 @@ def build_kv_cache(
         log.warning("radix cache disabled: %s", reason)
     else:
         log.info("KV cache: %s; %d pages of %d tokens", layout.describe(), pages, page_size)
-    window = layout.sliding_window if layout is not None else None
     return KVCacheBuildResult(
         layout=layout,
-        is_hybrid_swa=bool(layout and layout.is_hybrid_swa),
-        is_hybrid_ssm=bool(layout and layout.is_hybrid_ssm),
-        sliding_window_size=window,
         page_size=page_size,
-        full_tokens_per_layer=pages * page_size,
-        swa_tokens_per_layer=window or 0,
-        kv_pool=pool,
-        req_to_token_pool=ReqToTokenPool(MAX_RUNNING_REQUESTS, page_size),
-        token_to_kv_pool_allocator=allocator,
+        pool=pool,
+        allocator=allocator,
         disable_radix_cache=reason is not None,
         disable_reason=reason,
-        tree_cache=tree,
+        tree=tree,
     )

@@ -17,7 +17,10 @@ serializes only pages the store does not have, after the request's reply has end
   short requests, or any whose end-of-request write was skipped), so that RAM pressure
   costs a read later instead of a recompute;
 - a page already stored is never serialized nor written again; the bytes written are
-  counted (:class:`DiskTierStats`, and the store's own counters).
+  counted (:class:`DiskTierStats`, and the store's own counters);
+- a page handed to the writer is indexed at once and read from memory until the writer
+  has written it (:mod:`kvcache.unwritten`): the writer runs at nice 19 and may lag far
+  behind on a busy machine, which must cost the disk time, never a restore.
 A full disk stops the writes (one line in the log and in the stats) and serving goes on;
 writing is tried again after ``RETRY_AFTER_S``. Every page read is verified (checksum,
 fingerprint, key): a damaged page costs a recompute, never a wrong answer.
@@ -66,6 +69,7 @@ from kvcache.store import (
     pack_tokens,
     session_row,
 )
+from kvcache.unwritten import UnwrittenPages, read_chain
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +90,7 @@ class _SaveJob:
     pages: tuple[PageData, ...]
     queued: frozenset[str]  # keys of the pages serialized for it (not to serialize again)
     namespace: str = ""
+    keys: tuple[str, ...] = ()  # the pages' keys, in order
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,7 @@ class _Unserialized:
     lo: int
     queued: frozenset[str]
     namespace: str
+    keys: tuple[str, ...]
 
 
 _BUDGET = "enforce the budget"  # a job: make the store fit its budget (at load)
@@ -150,6 +156,8 @@ class DiskTier:
         self._jobs: queue.Queue = queue.Queue()
         # keys serialized and not yet written (engine adds, writer removes)
         self._queued: set[str] = set()
+        # their bytes, until written: a restore reads them from there (kvcache.unwritten)
+        self.unwritten = UnwrittenPages()
         # saves waiting for serialize_pending (engine thread)
         self._unserialized: list[_Unserialized] = []
         self.last_error: str | None = None
@@ -244,7 +252,7 @@ class DiskTier:
                 self._queued.difference_update(save.queued)
                 log.exception("serializing a cached prefix failed")
                 continue
-            self._jobs.put(_SaveJob(save.row, pages, save.queued, save.namespace))
+            self._hand_over(_SaveJob(save.row, pages, save.queued, save.namespace, save.keys))
 
     def write_back(
         self, tokens: list[int], source, snapshots: list[Snapshot], namespace: str = ""
@@ -313,7 +321,7 @@ class DiskTier:
             lo = min((start for _, start, _, _, stored in plan if not stored), default=0)
             layers = tuple(source(i, lo, len(tokens)) for i in range(len(full))) if queued else ()
             self._unserialized.append(
-                _Unserialized(row, tuple(plan), layers, lo, queued, namespace)
+                _Unserialized(row, tuple(plan), layers, lo, queued, namespace, tuple(keys))
             )
             return
         pages = tuple(
@@ -326,7 +334,20 @@ class DiskTier:
             )
             for chunk, start, end, snapshot, stored in plan
         )
-        self._jobs.put(_SaveJob(row, pages, queued, namespace))  # indexed once written
+        self._hand_over(_SaveJob(row, pages, queued, namespace, tuple(keys)))
+
+    def _hand_over(self, job: _SaveJob) -> None:
+        """Queue ``job`` for the writer thread. Its new pages are indexed now and read from
+        memory until the writer has written them (:mod:`kvcache.unwritten`): a writer that
+        falls behind (nice 19 on a busy machine) costs no restore."""
+        self.unwritten.add(job.keys, job.pages)
+        parents = [namespace_root(job.namespace), *job.keys[:-1]]
+        self.index.add(
+            IndexedPage(key, parent, pack_tokens(page.tokens), page.snapshot is not None)
+            for key, parent, page in zip(job.keys, parents, job.pages)
+            if page.kv is not None
+        )
+        self._jobs.put(job)
 
     def restore(self, prompt: list[int], session: str | None = None, namespace: str = "") -> int:
         """Bring what the disk holds of ``prompt`` in ``namespace`` beyond what RAM holds
@@ -357,8 +378,8 @@ class DiskTier:
         reading = None
         count = _pages_for(chain, best)
         try:
-            with self.reader.read_chain(
-                self.fingerprint, [page.key for page in chain[:count]], namespace
+            with read_chain(
+                self.reader, self.fingerprint, chain[:count], namespace, self.unwritten
             ) as reading:
                 self.index.discard(reading.missing)  # deleted by another process
                 if len(reading.chain) < count:  # cut short: what is left may still serve
@@ -515,7 +536,8 @@ class DiskTier:
             finally:
                 self._drain_deleted()
                 if isinstance(job, _SaveJob):
-                    self._queued.difference_update(job.queued)  # indexed by now, or failed
+                    self.unwritten.discard(job.keys)  # written by now, or failed
+                    self._queued.difference_update(job.queued)
 
     def _do(self, job) -> None:
         if job is _BUDGET:
@@ -554,12 +576,12 @@ class DiskTier:
             else:
                 log.warning("saving %s failed: %s", what, exc)
             self.last_error = str(exc)
-            self._forget_missing()
+            self._forget_missing(job)
             return
         except Exception:
             self._counts["write_errors"] += 1
             log.exception("saving %s failed", what)
-            self._forget_missing()
+            self._forget_missing(job)
             return
         if result.gave_way:  # the disk is down to the store's reserve: nothing was written
             self._stop_writes(
@@ -568,16 +590,14 @@ class DiskTier:
             )
         self._counts["pages_written"] += result.pages_written
         self._counts["bytes_written"] += result.bytes_written
-        keys = chain_keys(self.fingerprint, [p.tokens for p in job.pages], job.namespace)[
-            : result.pages
-        ]
+        keys = job.keys[: result.pages]
         parents = [namespace_root(job.namespace), *keys[:-1]]
         self.index.add(
             IndexedPage(key, parent, pack_tokens(page.tokens), page.snapshot is not None)
             for key, parent, page in zip(keys, parents, job.pages)
         )
         if result.pages < len(job.pages):
-            self._forget_missing()  # another process deleted pages
+            self._forget_missing(job)  # another process deleted pages (or none was written)
 
     def _stop_writes(self, why: str) -> None:
         """Writer thread: no writes for ``RETRY_AFTER_S`` (one log line when they stop)."""
@@ -590,10 +610,14 @@ class DiskTier:
         deleted, self._writer.deleted_keys = self._writer.deleted_keys, []
         self.index.discard(deleted)
 
-    def _forget_missing(self) -> None:
-        """Writer thread: drop from the index the pages the store no longer has."""
+    def _forget_missing(self, failed: _SaveJob | None = None) -> None:
+        """Writer thread: drop from the index the pages the store no longer has (or never
+        got: ``failed``'s), but not those of the saves still on their way."""
+        if failed is not None:
+            self.unwritten.discard(failed.keys)
         try:
-            self.index.discard(self._writer.missing_keys(self.index.keys()))
+            missing = self._writer.missing_keys(self.index.keys())
+            self.index.discard(missing - self.unwritten.keys())
         except Exception as exc:  # cannot tell: reads find out page by page
             log.warning("checking which cached pages are on disk failed: %s", exc)
 

@@ -1,4 +1,4 @@
-"""The KV page pool, its page allocator, the request-to-pages table and the memory budget.
+"""The KV page pool, its page allocator and the memory budget.
 
 A *page* holds ``page_size`` consecutive tokens of one sequence; a *slot* names one token
 place in the pool: ``slot = page_id * page_size + offset``. Page 0 is the null page: it
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
 
 import mlx.core as mx
 import numpy as np
@@ -320,16 +319,6 @@ def page_runs(page_ids: list[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
-def page_slots(page_ids: list[int], page_size: int, stop: int, start: int = 0) -> mx.array:
-    """The slots of tokens ``start..stop-1`` of a sequence stored in ``page_ids``."""
-    if not 0 <= start <= stop <= len(page_ids) * page_size:
-        raise ValueError(f"tokens {start}..{stop} not within {len(page_ids)} pages")
-    first, last = start // page_size, math.ceil(stop / page_size)
-    pages = mx.array(page_ids[first:last], dtype=mx.int32)[:, None]
-    slots = (pages * page_size + mx.arange(page_size, dtype=mx.int32)).reshape(-1)
-    return slots[start - first * page_size : stop - first * page_size]
-
-
 class PageAllocator:
     """Free list and reference counts of pages ``1..num_pages`` (page 0 is never given).
 
@@ -398,86 +387,6 @@ class PageAllocator:
         assert not free & used, f"free pages still referenced: {sorted(free & used)}"
         assert len(free) + len(used) == self.reserved, "a page is neither free nor used"
         assert max(free | used, default=0) <= self.reserved, "a page beyond the reserved ones"
-
-
-@dataclass
-class RequestPages:
-    """One row of the request table: the pages of a request's sequence, in order."""
-
-    row: int
-    pages: list[int] = field(default_factory=list)
-    num_tokens: int = 0
-
-
-class ReqToTokenPool:
-    """Which pages hold each running request's tokens, for up to ``capacity`` requests.
-
-    sglang keeps this as a device tensor because its attention kernels read it on the
-    GPU; here the engine gathers K/V into mlx-lm caches from the host, and only a handful
-    of requests run at once, so a dict of Python lists is both fast enough and clear.
-    Invariant: ``num_tokens <= len(pages) * page_size`` for every row. The table owns no
-    references: the caller increfs/decrefs pages in the allocator.
-    """
-
-    def __init__(self, capacity: int, page_size: int):
-        self.capacity = capacity
-        self.page_size = page_size
-        self._rows: dict[object, RequestPages] = {}
-        self._free_rows = list(range(capacity - 1, -1, -1))
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    def __contains__(self, request_id) -> bool:
-        return request_id in self._rows
-
-    def available(self) -> int:
-        return len(self._free_rows)
-
-    def alloc(self, request_id) -> int | None:
-        """A row for a new request; None when ``capacity`` requests are running."""
-        if request_id in self._rows:
-            raise ValueError(f"request {request_id!r} already has a row")
-        if not self._free_rows:
-            return None
-        row = self._free_rows.pop()
-        self._rows[request_id] = RequestPages(row)
-        return row
-
-    def set(self, request_id, pages: list[int], num_tokens: int) -> None:
-        """Replace the request's pages and token count."""
-        self._check(pages, num_tokens)
-        entry = self._rows[request_id]
-        entry.pages, entry.num_tokens = list(pages), num_tokens
-
-    def append(self, request_id, new_pages: list[int], num_tokens: int) -> None:
-        """Add pages at the end; ``num_tokens`` is the new total token count."""
-        entry = self._rows[request_id]
-        pages = entry.pages + list(new_pages)
-        self._check(pages, num_tokens)
-        entry.pages, entry.num_tokens = pages, num_tokens
-
-    def pages(self, request_id) -> list[int]:
-        return list(self._rows[request_id].pages)
-
-    def num_tokens(self, request_id) -> int:
-        return self._rows[request_id].num_tokens
-
-    def slots(self, request_id, start: int = 0, stop: int | None = None) -> mx.array:
-        """Pool slots of the request's tokens ``start..stop-1`` (default: all)."""
-        entry = self._rows[request_id]
-        stop = entry.num_tokens if stop is None else stop
-        return page_slots(entry.pages, self.page_size, stop, start)
-
-    def free(self, request_id) -> list[int]:
-        """Drop the request's row; return its pages for the caller to release."""
-        entry = self._rows.pop(request_id)
-        self._free_rows.append(entry.row)
-        return entry.pages
-
-    def _check(self, pages: list[int], num_tokens: int) -> None:
-        if not 0 <= num_tokens <= len(pages) * self.page_size:
-            raise ValueError(f"{num_tokens} tokens do not fit {len(pages)} pages")
 
 
 def pool_pages_for_budget(

@@ -122,9 +122,9 @@ class PrefixCache:
     def __init__(self, model, build: KVCacheBuildResult):
         self.model = model
         self.build = build
-        self.tree = build.tree_cache
-        self.pool = build.kv_pool
-        self.allocator = build.token_to_kv_pool_allocator
+        self.tree = build.tree
+        self.pool = build.pool
+        self.allocator = build.allocator
         self.page_size = build.page_size
         layout = build.layout
         # paths in the model's cache list (kvcache.layout): snapshotted, and paged in pool order

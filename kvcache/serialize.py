@@ -2,9 +2,12 @@
 
 A K/V blob is a small JSON header (format, token count, per-array shape and dtype) and
 then the raw little-endian array bytes, K then V for every paged cache in pool order
-(keys and values each in their own shape). Snapshots are the same for each snapshotted
-cache object: its class, its path in the cache list, its plain attributes and its
-arrays. Restoring gives back the exact bytes that were saved.
+(keys and values each in their own shape). A snapshot is the same container: for each
+snapshotted cache object its class, its path in the cache list and its mlx-lm ``state``
+(arrays by position, plain values in the header), rebuilt with the class's
+``from_state`` as mlx-lm's ``save_prompt_cache`` / ``load_prompt_cache`` do; the header's
+``format`` says which way it was written (no ``format``: the first way, each cache's
+attributes by name, still read). Restoring gives back the exact bytes that were saved.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ import numpy as np
 
 from kvcache.kv_pages import arrays_per_token, flatten, regroup
 from kvcache.layout import CacheLayout
-from kvcache.snapshot import Snapshot, detach_cache
+from kvcache.snapshot import Snapshot, cache_fields, rebuild_cache, rebuilt_from_state
 
 _MAGIC = b"RCKV1\0"
+# Snapshots: 1 stored each cache's attributes by name (read by _layer_v1); 2 its mlx-lm state
+SNAPSHOT_FORMAT = 2
 _NUMPY_DTYPES = {
     name: getattr(np, name)
     for name in (
@@ -138,44 +143,32 @@ def kv_views(
 
 
 def snapshot_to_bytes(snapshot: Snapshot) -> bytes:
-    """A snapshot's caches: each one's class, its path in the cache list (``index``: the
-    slot; ``member``: its place in a ``CacheList``, absent for a slot) and its attributes.
-    Arrays, ``None`` and plain scalars go under ``arrays`` and ``plain`` as the first
-    format had them; anything else (tuples, nested lists: a quantized cache's keys are a
-    tuple of arrays) under ``values``, encoded by :func:`_encode`."""
+    """A snapshot's caches (format 2): each one's class, its path in the cache list
+    (``index``: the slot; ``member``: its place in a ``CacheList``, absent for a slot) and
+    its mlx-lm ``state`` (``from_state`` rebuilds it), encoded by :func:`_encode`; a class
+    without ``from_state`` keeps its ``attributes`` instead (:mod:`kvcache.snapshot`)."""
     layers, arrays = [], []
     for (slot, member), cache in snapshot.layers:
-        plain, slots, values = {}, {}, {}
-        for name, value in vars(cache).items():
-            if isinstance(value, mx.array):
-                slots[name] = len(arrays)
-                arrays.append(value)
-            elif isinstance(value, list) and all(
-                isinstance(v, mx.array) or v is None for v in value
-            ):
-                entry = []
-                for item in value:
-                    entry.append(None if item is None else len(arrays))
-                    if item is not None:
-                        arrays.append(item)
-                slots[name] = entry
-            elif value is None or isinstance(value, (int, float, str, bool)):
-                plain[name] = value
-            else:
-                values[name] = _encode(value, arrays, f"{type(cache).__name__}.{name}")
         cls = type(cache)
-        layer = {
-            "index": slot,
-            "class": f"{cls.__module__}:{cls.__qualname__}",
-            "plain": plain,
-            "arrays": slots,
-        }
+        layer = {"index": slot, "class": f"{cls.__module__}:{cls.__qualname__}"}
         if member is not None:
             layer["member"] = member
-        if values:
-            layer["values"] = values
+        fields = cache_fields(cache)
+        if rebuilt_from_state(cls):
+            layer["state"] = _encode(fields, arrays, cls.__name__)
+        else:
+            layer["attributes"] = {
+                name: _encode(value, arrays, f"{cls.__name__}.{name}")
+                for name, value in fields.items()
+            }
         layers.append(layer)
-    return pack_arrays({"kind": "snapshot", "length": snapshot.length, "layers": layers}, arrays)
+    header = {
+        "kind": "snapshot",
+        "format": SNAPSHOT_FORMAT,
+        "length": snapshot.length,
+        "layers": layers,
+    }
+    return pack_arrays(header, arrays)
 
 
 def _encode(value, arrays: list, what: str):
@@ -209,31 +202,83 @@ def _decode(encoded, arrays: list):
 
 
 def snapshot_from_bytes(blob: bytes) -> Snapshot:
+    """What :func:`snapshot_to_bytes` wrote, or a snapshot of format 1 (stores written
+    before format 2: each cache's attributes by name, :func:`_layer_v1`)."""
     header, arrays = unpack_arrays(blob)
     if header.get("kind") != "snapshot":
         raise SerializeError("not a snapshot blob")
-    layers = []
+    version = header.get("format", 1)
+    if version not in (1, SNAPSHOT_FORMAT):
+        raise SerializeError(
+            f"snapshot format {version!r} is not one this version reads "
+            f"(1 to {SNAPSHOT_FORMAT}): written by a newer RadixChat"
+        )
+    read = _layer_v1 if version == 1 else _layer
     try:
-        for layer in header["layers"]:
-            module, _, qualname = layer["class"].partition(":")
-            if not module.startswith("mlx_lm."):
-                raise SerializeError(f"unexpected cache class {layer['class']}")
-            cls = getattr(importlib.import_module(module), qualname)
-            cache = cls.__new__(cls)
-            for name, value in layer["plain"].items():
-                setattr(cache, name, value)
-            for name, slot in layer["arrays"].items():
-                setattr(
-                    cache,
-                    name,
-                    [None if s is None else arrays[s] for s in slot]
-                    if isinstance(slot, list)
-                    else arrays[slot],
-                )
-            for name, value in layer.get("values", {}).items():
-                setattr(cache, name, _decode(value, arrays))
-            layers.append(((layer["index"], layer.get("member")), detach_cache(cache)))
-    except (KeyError, IndexError, TypeError, AttributeError, ImportError) as exc:
+        layers = tuple(
+            ((layer["index"], layer.get("member")), read(layer, arrays))
+            for layer in header["layers"]
+        )
+        length = header["length"]
+    except SerializeError:
+        raise
+    except (KeyError, IndexError, TypeError, AttributeError, ImportError, ValueError) as exc:
         raise SerializeError(f"bad snapshot: {exc}") from exc
-    nbytes = sum(a.nbytes for a in arrays)
-    return Snapshot(header["length"], tuple(layers), nbytes)
+    return Snapshot(length, layers, sum(a.nbytes for a in arrays))
+
+
+def _cache_class(name: str) -> type:
+    """The mlx-lm cache class named ``module:qualname``."""
+    module, _, qualname = name.partition(":")
+    if not module.startswith("mlx_lm."):
+        raise SerializeError(f"unexpected cache class {name}")
+    cls = getattr(importlib.import_module(module), qualname)
+    if not isinstance(cls, type):
+        raise SerializeError(f"unexpected cache class {name}")
+    return cls
+
+
+def _layer(layer: dict, arrays: list):
+    """One cache of a format-2 snapshot: rebuilt by its class's ``from_state`` (or, saved
+    by its attributes, by :func:`_from_attributes`)."""
+    cls = _cache_class(layer["class"])
+    if "state" not in layer:
+        attributes = {name: _decode(v, arrays) for name, v in layer["attributes"].items()}
+        return _from_attributes(cls, attributes)
+    if not rebuilt_from_state(cls):
+        raise SerializeError(f"{cls.__name__} has no from_state in this mlx-lm")
+    return rebuild_cache(cls, _decode(layer["state"], arrays))
+
+
+def _layer_v1(layer: dict, arrays: list):
+    """One cache of a format-1 snapshot, decoded as that format was: its attributes
+    (``plain`` scalars, ``arrays`` by position, other ``values`` encoded)."""
+    attributes = dict(layer["plain"])
+    for name, slot in layer["arrays"].items():
+        attributes[name] = (
+            [None if s is None else arrays[s] for s in slot]
+            if isinstance(slot, list)
+            else arrays[slot]
+        )
+    for name, value in layer.get("values", {}).items():
+        attributes[name] = _decode(value, arrays)
+    return _from_attributes(_cache_class(layer["class"]), attributes)
+
+
+def _from_attributes(cls: type, attributes: dict):
+    """A ``cls`` with ``attributes`` set. A class mlx-lm rebuilds from its state is then
+    rebuilt through ``from_state`` from that object's ``state``: attributes that are not
+    exactly those this mlx-lm's class keeps are refused (the prefix is recomputed), never
+    misread."""
+    cache = cls.__new__(cls)
+    for name, value in attributes.items():
+        setattr(cache, name, value)
+    if not rebuilt_from_state(cls):
+        return cache
+    rebuilt = rebuild_cache(cls, cache_fields(cache))
+    if set(vars(rebuilt)) != set(attributes):
+        raise SerializeError(
+            f"a {cls.__name__} snapshot with fields this mlx-lm's {cls.__name__} "
+            f"does not keep ({', '.join(sorted(attributes))})"
+        )
+    return rebuilt

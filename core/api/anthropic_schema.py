@@ -58,6 +58,7 @@ from core.api.wire import (
 from core.engine.constrain import SchemaError, check_schema
 from core.engine.namespaces import with_salt
 from core.engine.types import ChatMessage, GenerationRequest, RequestStats, SamplingParams, ToolCall
+from core.models.base_models import BASE_LABEL
 
 BLOCK_JOIN = "\n\n"  # text blocks of one message (or of the system prompt) become one text
 BILLING_HEADER = "x-anthropic-billing-header:"  # Claude Code's first system block: dropped
@@ -474,7 +475,7 @@ def model_object(card: ModelCard, name: str | None = None) -> dict[str, Any]:
     return {
         "type": "model",
         "id": name or card.id,
-        "display_name": card.id,
+        "display_name": f"{card.id} ({BASE_LABEL})" if card.base else card.id,
         "created_at": created,
         "lifecycle": "active",
         "max_input_tokens": card.context_length,

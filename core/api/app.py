@@ -2,7 +2,8 @@
 
 ``build_app(api)`` wires the routes (:mod:`core.api.openai_routes`,
 :mod:`core.api.anthropic_routes`, :mod:`core.api.responses_routes`,
-:mod:`core.api.conversations_routes`) behind the
+:mod:`core.api.conversations_routes`, :mod:`core.api.embedding_routes`,
+:mod:`core.api.ollama_routes`) behind the
 :class:`~core.api.guard.Guard` and installs one handler per kind of failure:
 
 - a body that is not JSON (:func:`core.api.routing.parse_json`): 400 ``invalid_json``;
@@ -22,7 +23,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from core.api import anthropic_routes, conversations_routes, openai_routes, responses_routes
+from core.api import (
+    anthropic_routes,
+    conversations_routes,
+    embedding_routes,
+    ollama_routes,
+    openai_routes,
+    responses_routes,
+)
 from core.api.errors import ApiError, dialect_of, validation_error
 from core.api.guard import Guard
 
@@ -94,7 +102,7 @@ def build_app(api: ApiState) -> Guard:
         docs_url=None,
         redoc_url=None,
         openapi_url="/openapi.json",
-        description="OpenAI- and Anthropic-compatible API over a local model with a "
+        description="OpenAI-, Anthropic- and Ollama-compatible API over a local model with a "
         "radix prefix cache.",
     )
     app.state.api = api
@@ -102,6 +110,8 @@ def build_app(api: ApiState) -> Guard:
     app.include_router(anthropic_routes.router)
     app.include_router(responses_routes.router)
     app.include_router(conversations_routes.router)
+    app.include_router(embedding_routes.router)
+    app.include_router(ollama_routes.router)
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _invalid_body)
     app.add_exception_handler(HTTPException, _http_error)

@@ -1,10 +1,10 @@
-"""Errors the API answers with, in both dialects, and how pydantic's validation errors become them.
+"""Errors the API answers with, in every dialect, and how pydantic's validation errors become them.
 
 An :class:`ApiError` is one refusal: an HTTP status, one line of text, and (OpenAI style)
 the ``param`` it is about. The same error renders as OpenAI's
-``{"error": {"message", "type", "param", "code"}}`` or as Anthropic's
-``{"type": "error", "error": {"type", "message"}}``; which one is decided by the
-endpoint (:func:`dialect_of`).
+``{"error": {"message", "type", "param", "code"}}``, as Anthropic's
+``{"type": "error", "error": {"type", "message"}}`` or as Ollama's ``{"error": "message"}``;
+which one is decided by the endpoint (:func:`dialect_of`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ from core.errors import ErrorKind
 
 log = logging.getLogger(__name__)
 
-Dialect = Literal["openai", "anthropic"]
+Dialect = Literal["openai", "anthropic", "ollama"]
 ANTHROPIC_PATHS = ("/v1/messages",)
+RETRY_WAITING_S = 1  # Retry-After of a 429 for a key with its queue of waiting prompts full
+OLLAMA_PREFIX = "/api/"
 
 # Anthropic's error types by status (https://docs.anthropic.com/en/api/errors)
 _ANTHROPIC_TYPES = {
@@ -77,11 +79,19 @@ class ApiError(Exception):
         )
         return {"type": "error", "error": {"type": kind, "message": message}}
 
+    def ollama_body(self) -> dict[str, Any]:
+        """Ollama's shape: the message alone (naming the field, as Anthropic's)."""
+        return {"error": self.anthropic_body()["error"]["message"]}
+
     def body_for(self, dialect: Dialect) -> dict[str, Any]:
-        return self.anthropic_body() if dialect == "anthropic" else self.body()
+        if dialect == "anthropic":
+            return self.anthropic_body()
+        return self.ollama_body() if dialect == "ollama" else self.body()
 
 
 def dialect_of(path: str) -> Dialect:
+    if path.startswith(OLLAMA_PREFIX):
+        return "ollama"
     return "anthropic" if path.rstrip("/").startswith(ANTHROPIC_PATHS) else "openai"
 
 
@@ -100,7 +110,7 @@ def shutting_down() -> ApiError:
 
 def engine_error(event: ErrorEvent, chat: bool) -> ApiError:
     """The API's error for an engine ErrorEvent, by its kind: what was asked is a 400, what
-    the server lacks (a model, memory) a 503, a bug a 500."""
+    the server lacks (a model, memory) a 503, a key with its queue full a 429, a bug a 500."""
     kind = event.kind
     if kind is ErrorKind.INTERNAL:
         log.error("request failed: %s", event.message)
@@ -109,6 +119,14 @@ def engine_error(event: ErrorEvent, chat: bool) -> ApiError:
         return ApiError(400, event.message, param="messages" if chat else "prompt", code=kind.value)
     if kind in (ErrorKind.MODEL_NOT_LOADED, ErrorKind.OUT_OF_MEMORY):
         return ApiError(503, event.message, type="server_error", code=kind.value)
+    if kind is ErrorKind.TOO_MANY_WAITING:  # the key's queue is full: retry (SDKs do, on a 429)
+        return ApiError(
+            429,
+            event.message,
+            type="rate_limit_error",
+            code=kind.value,
+            headers={"Retry-After": str(RETRY_WAITING_S)},
+        )
     return ApiError(400, event.message)
 
 

@@ -14,7 +14,7 @@ is parsed.
   (preflights included) from Starlette's ``CORSMiddleware``, next in line.
 
 :class:`RequestChecks` (innermost) then checks the API key (``Authorization: Bearer KEY``
-or ``x-api-key: KEY``, any of the keys set; ``/health`` is open), notes the key's cache
+or ``x-api-key: KEY``, any of the keys set; ``/health`` and ``/`` are open), notes the key's cache
 namespace for the routes (each key has its own: see :mod:`core.engine.namespaces`) and,
 for the JSON endpoints, a JSON content type (415: a cross-site ``text/plain`` POST needs
 no preflight; without a browser's ``Origin``, a body with no type or curl's form type is
@@ -45,15 +45,37 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+OLLAMA_JSON_ENDPOINTS = (
+    "/api/chat",
+    "/api/generate",
+    "/api/embed",
+    "/api/embeddings",
+    "/api/show",
+    "/api/pull",
+)
 JSON_ENDPOINTS = (
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/responses",
     "/v1/messages",
     "/v1/messages/count_tokens",
+    "/v1/embeddings",
+    *OLLAMA_JSON_ENDPOINTS,
 )
-ENDPOINTS = ("/health", "/metrics", "/openapi.json", "/v1/models", *JSON_ENDPOINTS)
-OPEN_ENDPOINTS = ("/health",)
+# endpoints whose JSON body comes with DELETE (Ollama's)
+DELETE_JSON_ENDPOINTS = ("/api/delete",)
+OLLAMA_ENDPOINTS = ("/", "/api/version", "/api/tags", "/api/ps")
+ENDPOINTS = (
+    "/health",
+    "/metrics",
+    "/openapi.json",
+    "/v1/models",
+    *OLLAMA_ENDPOINTS,
+    *JSON_ENDPOINTS,
+    *DELETE_JSON_ENDPOINTS,
+)
+# no key asked: liveness (Ollama's "/" too: clients probe it before anything else)
+OPEN_ENDPOINTS = ("/health", "/")
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 CORS_METHODS = ("GET", "POST", "DELETE", "OPTIONS")
@@ -66,9 +88,14 @@ BODY_TIMEOUT_S = 60.0
 CONVERSATIONS = "/v1/conversations"  # and under it: every POST takes a JSON body
 
 
-def takes_json(path: str) -> bool:
-    """Whether a POST to ``path`` brings a JSON body (read whole, within the limit)."""
-    return path in JSON_ENDPOINTS or path == CONVERSATIONS or path.startswith(CONVERSATIONS + "/")
+def takes_json(path: str, method: str = "POST") -> bool:
+    """Whether a request to ``path`` brings a JSON body (read whole, within the limit): a
+    POST to a JSON endpoint, or a DELETE to Ollama's ``/api/delete``."""
+    if method == "DELETE":
+        return path in DELETE_JSON_ENDPOINTS
+    return method == "POST" and (
+        path in JSON_ENDPOINTS or path == CONVERSATIONS or path.startswith(CONVERSATIONS + "/")
+    )
 
 
 def endpoint_label(path: str) -> str:
@@ -249,7 +276,7 @@ class RequestChecks:
                 code="invalid_api_key",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        if scope["method"] != "POST" or not takes_json(path):
+        if not takes_json(path, scope["method"]):
             return receive
         declared = headers.get("content-length")
         if declared is None and "transfer-encoding" not in headers:

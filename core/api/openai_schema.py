@@ -45,6 +45,7 @@ from core.api.wire import (
 )
 from core.engine.namespaces import with_salt
 from core.engine.types import ChatMessage, GenerationRequest, RequestStats, SamplingParams, ToolCall
+from core.models.base_models import BASE_LABEL
 
 __all__ = [
     "ApiError",
@@ -469,6 +470,8 @@ def model_object(card: ModelCard, name: str | None = None) -> dict[str, Any]:
         "radixchat": {
             "fingerprint": card.fingerprint,
             "context_length": card.context_length,
+            "base_model": card.base,
+            **({"note": BASE_LABEL} if card.base else {}),
             **(
                 {
                     "cache": {

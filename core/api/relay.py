@@ -249,9 +249,11 @@ async def reply_stream(
     events: EngineEvents,
     chat: bool,
     chunks: Callable[[Event], AsyncIterator[bytes]],
+    media_type: str = "text/event-stream",
 ) -> Response:
-    """A streaming route's answer, shared by both dialects: an error before anything is sent
-    is an HTTP error; after the first event, ``chunks(first)`` streams the rest."""
+    """A streaming route's answer, shared by the dialects: an error before anything is sent
+    is an HTTP error; after the first event, ``chunks(first)`` streams the rest (server-sent
+    events, or Ollama's NDJSON: ``media_type``)."""
     events.bounded = True  # from here on, a client that stops reading is cut off
     first = await events.first()
     if isinstance(first, ErrorEvent) or first is None or request.scope.get(CLIENT_GONE):
@@ -259,7 +261,7 @@ async def reply_stream(
         if request.scope.get(CLIENT_GONE):
             return Response(status_code=499)
         raise engine_error(first, chat) if first is not None else shutting_down()
-    return StreamingResponse(chunks(first), media_type="text/event-stream", headers=SSE_HEADERS)
+    return StreamingResponse(chunks(first), media_type=media_type, headers=SSE_HEADERS)
 
 
 def sse(body: dict[str, Any] | str, event: str | None = None) -> bytes:

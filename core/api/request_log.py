@@ -1,7 +1,7 @@
 """The last requests the API served, for a person to look at (the app's request log).
 
 Each generation request that ends is one :class:`LoggedRequest`: when, which dialect
-(OpenAI or Anthropic, from its path), its tokens, how many of its prompt tokens the cache
+(OpenAI, Anthropic or Ollama, from its path), its tokens, how many of its prompt tokens the cache
 served, its time to first token and how it ended. The log keeps the newest ``size``; the
 event loop appends, any thread reads (``recent()`` returns a copy).
 """
@@ -20,7 +20,9 @@ DEFAULT_SIZE = 200
 
 def dialect_of(path: str) -> str:
     """ "anthropic" for ``/v1/messages`` and below, "responses" for ``/v1/responses``,
-    else "openai"."""
+    "ollama" for ``/api/...``, else "openai"."""
+    if path.startswith("/api/"):
+        return "ollama"
     path = path.rstrip("/")
     if path.startswith("/v1/messages"):
         return "anthropic"
@@ -32,7 +34,7 @@ class LoggedRequest:
     """One finished request. ``error``: its one-line error, when it ended in one."""
 
     at: float  # time.time() when it ended
-    dialect: str  # "openai" | "anthropic" | "responses"
+    dialect: str  # "openai" | "anthropic" | "responses" | "ollama"
     path: str
     prompt_tokens: int = 0
     completion_tokens: int = 0

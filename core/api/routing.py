@@ -60,7 +60,7 @@ async def checked_call(request: Request, body: Any, to_call: Callable[..., T], *
     engine request. A body with tools or a response format has its schemas checked, off
     the event loop (:class:`core.api.schema_checks.SchemaChecks`); any other is cheap, done here."""
     api = server_of(request)
-    if any(getattr(body, name, None) for name in ("tools", "response_format", "text")):
+    if any(getattr(body, name, None) for name in ("tools", "response_format", "text", "format")):
         return await api.schema_checks.run(
             key_namespace(request), to_call, body, *args, limits=api.limits
         )

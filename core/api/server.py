@@ -9,12 +9,14 @@ Endpoints (the schema is served at ``/openapi.json``): ``GET /health``, ``GET /v
 (and ``/v1/models/{id}``), OpenAI's ``POST /v1/chat/completions`` and
 ``POST /v1/completions``, the Responses API's ``POST /v1/responses`` (``GET`` and
 ``DELETE /v1/responses/{id}``), Anthropic's ``POST /v1/messages`` and
-``POST /v1/messages/count_tokens`` (JSON or server-sent events), ``GET /metrics``
-(Prometheus).
+``POST /v1/messages/count_tokens`` (JSON or server-sent events), Ollama's ``/api/*`` and
+``GET /`` (NDJSON or JSON), ``GET /metrics`` (Prometheus). ``ollama_port``: the same API on
+a second port too (Ollama's 11434, where apps that speak only Ollama's API look).
 Each request is submitted to the engine and its events are relayed as they come
 (:mod:`core.api.relay`); a client that goes away cancels its request, so the engine moves
 on and frees its pages. What every request goes through first is :mod:`core.api.guard`;
-the routes are :mod:`core.api.openai_routes` and :mod:`core.api.anthropic_routes`.
+the routes are :mod:`core.api.openai_routes`, :mod:`core.api.anthropic_routes`,
+:mod:`core.api.responses_routes` and :mod:`core.api.ollama_routes`.
 ``radixchat serve`` is ``core.cli.serve``.
 """
 
@@ -100,6 +102,7 @@ class ApiServer:
         limits: RequestLimits = DEFAULT_REQUEST_LIMITS,
         connections: ConnectionLimits = DEFAULT_CONNECTION_LIMITS,
         aliases: Sequence[str] = (),
+        ollama_port: int | None = None,
     ):
         check_bind(host, api_key)
         try:
@@ -108,6 +111,7 @@ class ApiServer:
             raise UserError(f"--allow-origin: {exc}") from None
         self.host = host
         self.port = port
+        self.ollama_port = ollama_port  # None: the API on `port` only
         # Several keys: one client each, and one cache namespace each (core.engine.namespaces)
         self.state = ApiState(
             engine,
@@ -141,10 +145,21 @@ class ApiServer:
     def start(self) -> ApiServer:
         from core.api.app import build_app  # FastAPI and the routes: imported when first served
 
-        if not 0 <= self.port <= 65535:
-            raise UserError(f"cannot listen on port {self.port}: a port is 0 to 65535")
-        sock = self._listen()
+        for port in (self.port, self.ollama_port):
+            if port is not None and not 0 <= port <= 65535:
+                raise UserError(f"cannot listen on port {port}: a port is 0 to 65535")
+        if self.ollama_port and self.ollama_port == self.port:
+            raise UserError(f"the Ollama port {self.port} is the API's port: give another")
+        sock = self._listen(self.port)
         self.port = sock.getsockname()[1]
+        sockets = [sock]
+        if self.ollama_port is not None:
+            try:
+                sockets.append(self._listen(self.ollama_port))
+            except UserError:
+                sock.close()
+                raise
+            self.ollama_port = sockets[1].getsockname()[1]
         # raises the open-file limit if it must
         self.connections = ConnectionGuard(self.connection_limits)
         config = uvicorn.Config(
@@ -159,48 +174,58 @@ class ApiServer:
         )
         self._uvicorn = uvicorn.Server(config)
         self._thread = threading.Thread(
-            target=self._serve, args=(sock,), name="radixchat-api", daemon=True
+            target=self._serve, args=(sockets,), name="radixchat-api", daemon=True
         )
         self._thread.start()
         while not self._uvicorn.started and self._thread.is_alive():
             time.sleep(0.01)
         if not self._uvicorn.started:
-            sock.close()
+            for listening in sockets:
+                listening.close()
             raise UserError(f"the API server on {self.address} failed to start (see the log)")
         log.info("API listening on %s (at most %d connections)", self.address, self.connections.cap)
+        if self.ollama_address is not None:
+            log.info("API listening for Ollama's clients on %s too", self.ollama_address)
         return self
 
-    def _listen(self) -> socket.socket:
+    def _listen(self, port: int) -> socket.socket:
         """Bind here, so a busy port is one clear line from start() (and port 0 gets its number)."""
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((self.host.strip("[]"), self.port))
+            sock.bind((self.host.strip("[]"), port))
             sock.listen(LISTEN_BACKLOG)
         except OSError as exc:
             sock.close()
-            raise UserError(
-                f"cannot listen on {self.host}:{self.port}: {exc.strerror or exc}"
-            ) from exc
+            raise UserError(f"cannot listen on {self.host}:{port}: {exc.strerror or exc}") from exc
         return sock
 
-    def _serve(self, sock: socket.socket) -> None:
+    def _serve(self, sockets: list[socket.socket]) -> None:
         async def serve() -> None:
             asyncio.get_running_loop().set_exception_handler(self.connections.loop_exception)
-            await self._uvicorn.serve(sockets=[sock])
+            await self._uvicorn.serve(sockets=sockets)
 
         try:
             asyncio.run(serve())
         except Exception:  # a bug: the thread ends, start() or stop() reports it
             log.exception("the API server failed")
         finally:
-            sock.close()
+            for sock in sockets:
+                sock.close()
 
     @property
     def address(self) -> str:
+        return self._address(self.port)
+
+    @property
+    def ollama_address(self) -> str | None:
+        """Where the API also listens for Ollama's clients (None: nowhere else)."""
+        return self._address(self.ollama_port) if self.ollama_port is not None else None
+
+    def _address(self, port: int) -> str:
         host = f"[{self.host.strip('[]')}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"http://{host}:{port}"
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop accepting, cancel running requests, close every connection."""

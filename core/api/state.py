@@ -69,6 +69,7 @@ class ApiState:
         self.events_waker = None  # core.api.relay's, made on the server's event loop
         self.metrics = ServerMetrics(engine.stats, lambda: len(self._handles))
         self.request_log = RequestLog()  # the last requests, for the app's request log
+        self.pulls: set[str] = set()  # models being pulled through /api/pull (by spec)
         # the Responses API's stored responses and conversations (opened on first use): a
         # share of the data folder's disk budget, split evenly between the keys
         owners = tuple(namespaces.owner(self.cache_namespace(key)) for key in self.api_keys)
@@ -124,6 +125,7 @@ class ApiState:
             layout,
             kv_format,
             tuple(a for a in self.aliases if a != model_id),
+            info.base,
         )
 
     def submit(self, request: GenerationRequest) -> RequestHandle:

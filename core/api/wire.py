@@ -78,3 +78,5 @@ class ModelCard:
     kv_format: tuple[tuple[str, str], ...] = ()
     # names the user gave the model (``--alias``): /v1/models lists each beside its id
     listed: tuple[str, ...] = ()
+    # a base model: completion only (core.models.base_models); /v1/models says so
+    base: bool = False

@@ -334,6 +334,58 @@ class ChatStore(SqliteFile):
             self._touch(session_id)
         return _message(rows[0])
 
+    def import_session(
+        self,
+        messages: list[tuple[str, str, dict | None, str | None]],
+        *,
+        title: str | None = None,
+        system_prompt: str | None = None,
+        settings: dict | None = None,
+    ) -> Session:
+        """A new session holding ``messages`` (``(role, content, stats, reasoning)``), titled
+        ``title`` (else by its first user message), in one transaction: the whole chat or
+        nothing, whatever stops it part-way (a bad message, a full disk, Ctrl-C, a crash)."""
+        for number, (role, content, _, reasoning) in enumerate(messages, 1):
+            if role not in ROLES:
+                raise ValueError(f"role must be one of {ROLES}, not {role!r}")
+            if not _is_text(content) or (reasoning is not None and not _is_text(reasoning)):
+                raise StoreError(f"message {number} is not valid UTF-8 text: nothing was saved")
+        for text in (title, system_prompt):
+            if text is not None and not _is_text(text):
+                raise StoreError("a title or system prompt that is not valid UTF-8 text")
+        first_user = next((m[1] for m in messages if m[0] == "user"), "")
+        with self._transaction():
+            name = self._unused_name(time.strftime("chat-%Y%m%d-%H%M%S"))
+            now = self._now()
+            session_id = (
+                self.db["sessions"]
+                .insert(
+                    {
+                        "name": name,
+                        "title": (title or "").strip() or _title_from(first_user),
+                        "system_prompt": system_prompt,
+                        "model": None,
+                        "settings": _dumps(settings),
+                        "created_at": now,
+                        "updated_at": now,
+                    }
+                )
+                .last_pk
+            )
+            self.db["messages"].insert_all(
+                {
+                    "session_id": session_id,
+                    "seq": seq,
+                    "role": role,
+                    "content": content,
+                    "stats": _dumps(stats),
+                    "created_at": now,
+                    "reasoning": reasoning or None,
+                }
+                for seq, (role, content, stats, reasoning) in enumerate(messages, 1)
+            )
+        return self.get_session_by_id(session_id)
+
     def messages(self, session_id: int) -> list[Message]:
         rows = self._rows("SELECT * FROM messages WHERE session_id = ? ORDER BY seq", [session_id])
         return [_message(row) for row in rows]

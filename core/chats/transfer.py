@@ -20,12 +20,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.chats import settings as chat_settings
+from core.chats.settings import short_repr
 from core.chats.store import ChatStore, Message, Session, readable
+from core.engine.constrain import json_depth
 from core.errors import UserError
 
 FORMAT = "radixchat-chat"
 VERSION = 1
 ROLES = ("system", "user", "assistant")
+# objects and arrays inside one another in a chat file, at most (an export goes 4 deep)
+MAX_DEPTH = 32
 # the keys of a reply's stored figures that say how it was made (the rest: the engine's)
 TURN_KEYS = ("model", "sampling")
 SAMPLING_NAMES = {
@@ -109,38 +114,41 @@ def read_export(path: Path) -> dict | list:
         raise UserError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
     try:
         return json.loads(text)
+    except RecursionError:
+        raise UserError(f"{path} is not a chat: its JSON is nested too deeply") from None
     except ValueError as exc:
         raise UserError(f"{path} is not a JSON chat: {exc}") from None
 
 
-def import_chat(store: ChatStore, data: dict | list, title: str | None = None) -> Imported:
-    """A new chat from an export (or a list of messages); UserError, with nothing written,
-    for anything else."""
+def import_chat(store: ChatStore, data: object, title: str | None = None) -> Imported:
+    """A new chat from an export (or a list of messages), written in one transaction: the
+    whole chat, or (a UserError for anything that is not a chat, a failure or Ctrl-C
+    part-way) nothing."""
     if isinstance(data, list):
         data = {"messages": data}
     if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
         raise UserError("not a chat: expected a RadixChat export or a list of messages")
-    if data.get("format", FORMAT) != FORMAT or data.get("version", VERSION) > VERSION:
+    if json_depth(data) > MAX_DEPTH:
+        raise UserError(f"not a chat: nested more than {MAX_DEPTH} levels deep")
+    version = data.get("version", VERSION)
+    if (
+        data.get("format", FORMAT) != FORMAT
+        or not isinstance(version, int)
+        or isinstance(version, bool)
+        or not 1 <= version <= VERSION
+    ):
         raise UserError(
-            f"not a chat this RadixChat reads: format {data.get('format')!r}, "
-            f"version {data.get('version')!r}"
+            f"not a chat this RadixChat reads: format {short_repr(data.get('format'))}, "
+            f"version {short_repr(version)} (it reads {FORMAT!r} version {VERSION})"
         )
     messages = [_checked(i, m) for i, m in enumerate(data["messages"], 1)]
     system = _text_or_none(data.get("system_prompt"), "system_prompt")
     if system is None and messages and messages[0][0] == "system":
         system = messages.pop(0)[1]  # a leading system message is the chat's system prompt
-    settings = data.get("settings") if isinstance(data.get("settings"), dict) else {}
+    settings = chat_settings.checked(data.get("settings"))
     name = _text_or_none(title, "title") or _text_or_none(data.get("title"), "title")
-    session = store.create_session(system_prompt=system, settings=settings)
-    try:
-        for role, content, stats, reasoning in messages:
-            store.add_message(session.id, role, content, stats, reasoning)
-        if name:
-            store.rename_session(session.id, name)
-    except Exception:
-        store.delete_session(session.id)  # all or nothing
-        raise
-    return Imported(store.get_session_by_id(session.id) or session, len(messages))
+    session = store.import_session(messages, title=name, system_prompt=system, settings=settings)
+    return Imported(session, len(messages))
 
 
 # -- helpers --
@@ -190,13 +198,21 @@ def _checked(number: int, message: object) -> tuple[str, str, dict | None, str |
         raise UserError(f"message {number} is not an object with a role and a content")
     role, content = message.get("role"), message.get("content")
     if role not in ROLES:
-        raise UserError(f"message {number}: role {role!r} is not one of {', '.join(ROLES)}")
+        raise UserError(
+            f"message {number}: role {short_repr(role)} is not one of {', '.join(ROLES)}"
+        )
     if not isinstance(content, str):
         raise UserError(f"message {number}: its content is not text")
-    stats = dict(message["stats"]) if isinstance(message.get("stats"), dict) else {}
-    for key in TURN_KEYS:
-        if key in message:
-            stats[key] = message[key]
+    stats = message.get("stats")
+    if stats is not None and not isinstance(stats, dict):
+        raise UserError(f"message {number}: its stats are not an object")
+    stats = dict(stats or {})
+    if "model" in message:
+        stats["model"] = _text_or_none(message["model"], f"message {number}: its model")
+    if "sampling" in message:  # how the reply was made, as a record: never applied
+        if message["sampling"] is not None and not isinstance(message["sampling"], dict):
+            raise UserError(f"message {number}: its sampling is not an object")
+        stats["sampling"] = message["sampling"]
     reasoning = message.get("reasoning") if role == "assistant" else None
     if reasoning is not None and not isinstance(reasoning, str):
         raise UserError(f"message {number}: its reasoning is not text")

@@ -12,7 +12,7 @@ from pathlib import Path
 from core import paths
 from core.chats import transfer
 from core.chats.store import ChatStore
-from core.cli.terminal import safe
+from core.cli.terminal import safe, safe_json, safe_text
 from core.errors import UserError
 
 
@@ -44,9 +44,9 @@ def _export(store: ChatStore, args) -> int:
         kind = transfer.write_export(store, session.id, Path(args.output), args.format)
         print(f"wrote {safe(session.title or session.name)} to {safe(args.output)} ({kind})")
     elif (args.format or "markdown") == "json":
-        print(json.dumps(transfer.export_json(store, session.id), indent=2, ensure_ascii=False))
-    else:
-        sys.stdout.write(transfer.export_markdown(store, session.id))
+        print(safe_json(transfer.export_json(store, session.id), indent=2))
+    else:  # to a terminal: control characters escaped (a file written with -o keeps them)
+        sys.stdout.write(safe_text(transfer.export_markdown(store, session.id)))
     return 0
 
 

@@ -143,8 +143,9 @@ def run_pull(args) -> int:
 
 
 def run_models(args) -> int:
+    from core.models.base_models import is_base_model
     from core.models.hub import hf_cache, installed
-    from core.models.local import list_local_models, model_file
+    from core.models.local import list_local_models, model_file, model_path
     from core.models.pypi.known import KNOWN_MODELS
 
     root = paths.data_dir(args.data_dir)
@@ -157,21 +158,23 @@ def run_models(args) -> int:
     local = [m for m in every if m.kind not in ("hf-cache", "hf-gguf")]
     present = {m.spec for m in local}
     for model in local:
+        base = is_base_model(model_path(root, model) or Path(model.spec), model.name)
         print(
             f"{safe(model.spec):<48} {model.kind:<10} {model.size_bytes / 1e6:9.1f} MB  "
-            f"{safe(model.name)}{_derived_note(root, files[model.spec])}"
+            f"{safe(model.name)}{_base_note(base)}{_derived_note(root, files[model.spec])}"
         )
     for name, known in KNOWN_MODELS.items():
         if name not in present:
             print(
                 f"{name:<48} {'known':<10} {known.size / 1e6:9.1f} MB  not downloaded "
-                f"(radixchat fetch-model {name})"
+                f"(radixchat fetch-model {name}){_base_note(known.base)}"
             )
     models = installed.installed_models(root)
     for m in models:
+        base = is_base_model(m.path, m.spec)
         print(
             f"{safe(m.spec):<48} {'hub ' + m.kind:<10} {m.size_bytes / 1e6:9.1f} MB  last used "
-            f"{ago(m.last_used)}{_derived_note(root, files.get(m.spec))}"
+            f"{ago(m.last_used)}{_base_note(base)}{_derived_note(root, files.get(m.spec))}"
         )
     for p in installed.partial_downloads():
         name = safe(p.repo_id)
@@ -201,6 +204,13 @@ def run_models(args) -> int:
     return 0
 
 
+def _base_note(base: bool) -> str:
+    """`` · base: completion only`` for a base model (core.models.base_models)."""
+    from core.models.base_models import BASE_LABEL
+
+    return f" · {BASE_LABEL}" if base else ""
+
+
 def _derived_note(root: Path, file: Path | None) -> str:
     """``  + 17.3 MB made from it (tokenizer)`` for a model with derived files."""
     made = derived.derived_of(root, file) if file is not None else []
@@ -224,13 +234,23 @@ def _clean(root: Path, gone_only: bool) -> int:
 
 
 def _remove(root: Path, spec: str, yes: bool) -> int:
+    """Delete a model by the name ``radixchat models`` lists: the data folder's (a known
+    model's name, a file or folder) or the hub's (``REPO``, ``REPO:FILE``, a partial pull)."""
+    from core.models.delete import delete_from_data_folder
     from core.models.hub import installed
+    from core.models.local import find_in_data_folder
+    from core.models.pypi.known import KNOWN_MODELS
 
-    model = installed.find(root, spec)
-    partial = next((p for p in installed.partial_downloads() if p.repo_id == spec), None)
-    if model is None and partial is None:
+    local = find_in_data_folder(root, spec)
+    model = installed.find(root, spec) if local is None else None
+    partial = None
+    if local is None and model is None:
+        partial = next((p for p in installed.partial_downloads() if p.repo_id == spec), None)
+    if local is None and model is None and partial is None:
+        if spec in KNOWN_MODELS:
+            raise UserError(f"{spec} is not downloaded: there is nothing to delete")
         raise UserError(f"no downloaded model {spec} (see `radixchat models`)")
-    size = model.size_bytes if model else partial.bytes
+    size = local.size_bytes if local else model.size_bytes if model else partial.bytes
     if not yes:
         if not sys.stdin.isatty():
             raise UserError(f"deleting {spec} needs a yes: run `radixchat models rm {spec} --yes`")
@@ -238,10 +258,15 @@ def _remove(root: Path, spec: str, yes: bool) -> int:
         if answer.strip().lower() not in ("y", "yes"):
             print("kept")
             return 1
-    deleted = installed.delete_model(root, spec)
+    if local is not None:
+        deleted = delete_from_data_folder(root, local)
+    else:
+        deleted = installed.delete_model(root, spec)
+    again = f"; `radixchat fetch-model {spec}` gets it back" if spec in KNOWN_MODELS else ""
     print(
         f"deleted {safe(spec)}: {human(deleted.freed_bytes)} of model files, "
         f"{deleted.kv_sessions} cached sessions ({human(deleted.kv_bytes)})"
         + (f", {human(deleted.derived_bytes)} made from it" if deleted.derived_bytes else "")
+        + again
     )
     return 0

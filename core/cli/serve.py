@@ -19,8 +19,15 @@ from core.cli.commands.options import kv_format_options, speculation_of
 from core.cli.progress import print_progress
 from core.cli.terminal import safe
 from core.engine.engine import Engine
+from core.engine.turns import PrefillSharing
 from core.errors import UserError
-from core.limits import MAX_CONNECTIONS, MAX_OUTPUT_TOKENS, MAX_SCHEMA_BYTES, MAX_TOOLS
+from core.limits import (
+    MAX_CONNECTIONS,
+    MAX_OUTPUT_TOKENS,
+    MAX_SCHEMA_BYTES,
+    MAX_TOOLS,
+    MAX_WAITING_PER_KEY,
+)
 from core.models.load.chat_template import read_chat_template
 
 
@@ -37,6 +44,7 @@ def run_serve(args) -> int:
         chat_template=template,
         use_cache=not getattr(args, "no_cache", False),
         max_prompt_tokens=getattr(args, "max_prompt_tokens", None),
+        prefill_sharing=PrefillSharing(getattr(args, "max_waiting", None) or MAX_WAITING_PER_KEY),
         speculation=speculation_of(args),
         disk_budget_bytes=disk_budget_of(args),
         **kv_format_options(args),
@@ -62,6 +70,11 @@ def check_serve_args(args) -> tuple[list[str], list[str]]:
             raise UserError(f"--allow-origin: {exc}") from None
     # likewise: a busy port fails in a moment, not after the load
     check_port_free(args.host, args.port)
+    ollama_port = getattr(args, "ollama_port", None)
+    if ollama_port is not None:
+        if ollama_port == args.port and ollama_port != 0:
+            raise UserError(f"--ollama-port {ollama_port} is the --port: give another")
+        check_port_free(args.host, ollama_port, "--ollama-port")
     return api_key, origins
 
 
@@ -83,12 +96,19 @@ def serve_engine(
             limits=request_limits(args),
             connections=connections,
             aliases=getattr(args, "alias", None) or (),
+            ollama_port=getattr(args, "ollama_port", None),
         ).start()
         print(
             f"radixchat: serving {safe(info.name)}{what} at {server.address}/v1 (Ctrl-C to stop)",
             file=sys.stderr,
             flush=True,
         )
+        if server.ollama_address is not None:
+            print(
+                f"radixchat: Ollama's clients: {server.ollama_address}",
+                file=sys.stderr,
+                flush=True,
+            )
         threading.Event().wait()
     except KeyboardInterrupt:
         print("radixchat: stopping", file=sys.stderr, flush=True)
@@ -134,7 +154,7 @@ def api_keys_of(args) -> list[str]:
     return list(dict.fromkeys(keys))
 
 
-def check_port_free(host: str, port: int) -> None:
+def check_port_free(host: str, port: int, option: str = "--port") -> None:
     """Refuse, with one line, an address the server could not bind: a port in use, an
     address not on this machine. Binds a socket the way the server will, then lets it go."""
     if port == 0:
@@ -153,7 +173,7 @@ def check_port_free(host: str, port: int) -> None:
                 "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be used ({exc.strerror})"
             )
             raise UserError(
-                f"port {port} on {host} {reason}; stop what holds it or give another --port"
+                f"port {port} on {host} {reason}; stop what holds it or give another {option}"
             ) from exc
 
 

@@ -34,7 +34,9 @@ from core.cli.serve import check_serve_args, disk_budget_of, serve_engine
 from core.cli.terminal import safe
 from core.distributed.outcome import ENDED_PREFIX, GroupOutcome, fault_line
 from core.distributed.stop import LIFELINE_ENV, GroupStopper, on_stop_signals, restore_signals
+from core.engine.turns import PrefillSharing
 from core.errors import UserError
+from core.limits import MAX_WAITING_PER_KEY
 from core.models.load.chat_template import read_chat_template
 
 FAULT_GRACE_S = 1.0  # after a fault, rank 0 lets the errors reach the clients, then exits
@@ -72,6 +74,8 @@ def run_group(args) -> int:
     ]
     for origin in args.allow_origin or ():
         serve_args += ["--allow-origin", origin]
+    if getattr(args, "ollama_port", None) is not None:
+        serve_args += ["--ollama-port", str(args.ollama_port)]
     if args.kv_tokens:
         serve_args += ["--kv-tokens", str(args.kv_tokens)]
     if getattr(args, "disk_budget", None) is not None:
@@ -199,6 +203,7 @@ def run_group_member(args) -> int:
         disk_budget_bytes=disk_budget_of(args),
         on_load_progress=print_progress if leader else None,
         chat_template=template,
+        prefill_sharing=PrefillSharing(getattr(args, "max_waiting", None) or MAX_WAITING_PER_KEY),
     )
     engine.start()
     if leader:

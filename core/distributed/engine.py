@@ -191,6 +191,11 @@ class ShardedEngine(Engine):
         self._commands.put(handle)
         return handle
 
+    def embed(self, request, timeout: float | None = 60.0):
+        """Refused: a group runs only what every rank applies as a tick, and embeddings
+        are not one (yet)."""
+        raise UserError("embeddings are not served by a group of machines: serve them alone")
+
     def wait_stopped(self) -> None:
         """Block until the group stops (rank 0 said so) and this rank's cache is flushed."""
         self._stopped.wait()

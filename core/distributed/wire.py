@@ -42,6 +42,7 @@ def request_from_dict(data: dict[str, Any]) -> GenerationRequest:
             "sampling": SamplingParams(**sampling),
             "prompt_tokens": tuple(tokens) if tokens is not None else None,
             "tools": tuple(data.get("tools") or ()),
+            "context_tokens": tuple(data.get("context_tokens") or ()),
         }
     )
 

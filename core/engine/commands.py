@@ -10,6 +10,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from core.engine.types import EmbeddingRequest, EmbeddingResult
+from core.errors import ModelLoadError
+
 if TYPE_CHECKING:  # core.models.load.loader imports mlx: only the engine thread loads it
     from core.models.load.loader import ModelInfo
 
@@ -48,6 +51,35 @@ class GiveWayCommand:
 
     done: threading.Event = field(default_factory=threading.Event)
     freed: int = 0
+
+
+@dataclass
+class EmbedCommand:
+    """Embed ``tokens``: ``request``'s inputs as token ids, worked out on the client's
+    thread for the model of the engine's ``load``-th load (a model loaded since works them
+    out again). The engine runs it a forward pass at a time between decode steps
+    (:func:`core.engine.embedding.advance`), keeping its progress in ``job`` (engine thread
+    only), then sets ``result``, or ``error`` (a UserError for the user; any other
+    exception is a bug, already logged), then ``done``."""
+
+    request: EmbeddingRequest
+    tokens: list[list[int]]
+    load: int
+    done: threading.Event = field(default_factory=threading.Event)
+    result: EmbeddingResult | None = None
+    error: Exception | None = None
+    job: object | None = None
+
+    def answer(self, stopped: threading.Event) -> EmbeddingResult:
+        """Wait for the engine: the result, or its error raised (a ModelLoadError if the
+        engine stops first)."""
+        while not self.done.wait(0.5):
+            if stopped.is_set():
+                raise ModelLoadError("the engine has stopped")
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
 
 
 @dataclass(frozen=True)

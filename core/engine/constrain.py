@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from core.engine.grammar_schema import closed, has_local_references, hoisted, reference_loop
 from core.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,6 @@ def _passed(digest: bytes, enforced: bool) -> bool:
 
 def _check_schema(schema, param: str, enforced: bool) -> None:
     import jsonschema
-    import llguidance
 
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
@@ -101,15 +101,37 @@ def _check_schema(schema, param: str, enforced: bool) -> None:
         ) from None
     if not enforced:
         return
-    try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
-        problem = llguidance.LLMatcher.validate_grammar(grammar)
-    except (ValueError, TypeError) as exc:
-        problem = str(exc)
+    problem = schema_problem(schema)
     if problem:
         raise SchemaError(
             f"{param} uses an unsupported schema feature: {problem.splitlines()[-1]}", param
         )
+
+
+def schema_problem(schema) -> str | None:
+    """Why the grammar library cannot enforce ``schema`` as the grammar uses it (extra
+    properties off where it does not say, and hoisted under a call's ``$defs`` where it
+    refers to itself: :func:`call_schema`); None if it can."""
+    import llguidance
+
+    loop = reference_loop(schema)
+    if loop is not None:
+        return f"$ref {loop!r} refers only to itself: no value can match it"
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(
+            embedded(closed(schema), "schema"), defaults=JSON_OPTIONS
+        )
+        return llguidance.LLMatcher.validate_grammar(grammar) or None
+    except (ValueError, TypeError) as exc:
+        return str(exc) or type(exc).__name__
+
+
+def embedded(schema, name: str) -> dict:
+    """``schema`` as another document's ``$defs/<name>`` plus a root that is it: what
+    :func:`call_schema` does to a tool's arguments that refer to themselves."""
+    if not has_local_references(schema):
+        return schema
+    return {"$ref": f"#/$defs/{name}", "$defs": {name: hoisted(schema, f"/$defs/{name}")}}
 
 
 def json_depth(value) -> int:
@@ -210,18 +232,28 @@ def tool_markup(tokenizer) -> ToolMarkup | None:
 
 def call_schema(tools: list[dict], arguments=tool_parameters) -> dict:
     """The JSON schema of one call of one of ``tools`` (``{"name": ..., "arguments": ...}``),
-    with llguidance's options; ``arguments(tool)`` gives a tool's arguments' schema."""
-    calls = [
-        {
-            "type": "object",
-            "properties": {"name": {"const": tool_name(t)}, "arguments": arguments(t)},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-        for t in tools
-    ]
-    schema = {"anyOf": calls} if len(calls) > 1 else calls[0]
-    return {**schema, "x-guidance": JSON_OPTIONS}
+    with llguidance's options; ``arguments(tool)`` gives a tool's arguments' schema. Each
+    tool's arguments have extra properties off where their schema does not say, and, where
+    they point inside themselves (``$ref`` into ``$defs``, as pydantic writes), sit under
+    the call's ``$defs`` with their references rebased (:mod:`core.engine.grammar_schema`)."""
+    definitions, calls = {}, []
+    for i, tool in enumerate(tools):
+        schema = closed(arguments(tool))
+        if has_local_references(schema):
+            definitions[f"tool{i}"] = hoisted(schema, f"/$defs/tool{i}")
+            schema = {"$ref": f"#/$defs/tool{i}"}
+        calls.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": tool_name(tool)}, "arguments": schema},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
+    call = {"anyOf": calls} if len(calls) > 1 else calls[0]
+    if definitions:
+        call = {**call, "$defs": definitions}
+    return {**call, "x-guidance": JSON_OPTIONS}
 
 
 def chosen_tools(request) -> list[dict]:
@@ -255,7 +287,7 @@ def grammar_for(request, markup: ToolMarkup | None) -> str | None:
         return llguidance.LLMatcher.grammar_from_lark(lark)
     if request.json_schema is not None:
         return llguidance.LLMatcher.grammar_from_json_schema(
-            request.json_schema, defaults=JSON_OPTIONS
+            closed(request.json_schema), defaults=JSON_OPTIONS
         )
     return None
 

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from core import paths
 from core.engine.commands import (
+    EmbedCommand,
     FlushCommand,
     ForgetCommand,
     GiveWayCommand,
@@ -39,11 +40,16 @@ from core.engine.commands import (
     StopCommand,
 )
 from core.engine.constrain import check_request
-from core.engine.engine_stats import EngineStats
+from core.engine.embedding_inputs import embedding_tokens
+from core.engine.engine_stats import EngineStats, process_rss
 from core.engine.handle import PreparedPrompt, RequestHandle
 from core.engine.prompt import PromptLimit, Prompts
+from core.engine.template_facts import TemplateFacts
+from core.engine.turns import PrefillSharing
 from core.engine.types import (
     DoneEvent,
+    EmbeddingRequest,
+    EmbeddingResult,
     ErrorEvent,
     Event,
     GenerationRequest,
@@ -96,8 +102,10 @@ class Engine:
         kv_bits: int | None = None,
         kv_group_size: int | None = None,
         speculation: Speculation | None = None,
+        prefill_sharing: PrefillSharing | None = None,
     ):
         self.data_root = Path(data_root)
+        self._sharing = prefill_sharing or PrefillSharing()  # between clients: core.engine.turns
         # the disk cache's database (None: the data folder's; a rank of a group has its own)
         self._kv_db = Path(kv_cache_path) if kv_cache_path else paths.kv_cache_db_path(data_root)
         # the scheduler's default and its draft model's spec (None: drafts from the text)
@@ -114,14 +122,11 @@ class Engine:
         self._rendering_lock = threading.Lock()
         self._gather_since: float | None = None  # engine thread: when it began waiting for them
         self._initial = (model_spec, weights_format)
-        self._use_cache = use_cache
-        self._page_size = page_size
+        self._use_cache, self._page_size = use_cache, page_size
         self.kv_format = KVFormat(kv_bits, kv_group_size or DEFAULT_GROUP_SIZE)  # bad: ValueError
-        self._pool_tokens = pool_tokens
-        self._pool_bytes = pool_bytes
+        self._pool_tokens, self._pool_bytes = pool_tokens, pool_bytes
         self._pool_segment_bytes = pool_segment_bytes  # None: the builder's default; 0: no segments
-        self._disk_cache = disk_cache
-        self._disk_budget = disk_budget_bytes
+        self._disk_cache, self._disk_budget = disk_cache, disk_budget_bytes
         self._derived_bytes = 0  # the data folder's derived files, measured at each load
         self._responses_bytes = 0  # what the stored responses may take, measured at each load
         self._disk_min_tokens = disk_min_tokens  # unnamed requests shorter than this stay off disk
@@ -139,8 +144,7 @@ class Engine:
         self._scheduler = None  # core.engine.scheduler.Scheduler, engine thread only
         self._info: ModelInfo | None = None
         self._load_error: str | None = None
-        self._ready = threading.Event()
-        self._stopped = threading.Event()
+        self._ready, self._stopped = threading.Event(), threading.Event()
 
     # ------------------------------------------------------------ client API
     def start(self) -> Engine:
@@ -173,29 +177,13 @@ class Engine:
         requests run, the figures are refreshed only once someone has asked for them (this
         call asks), at most every ``PUBLISH_EVERY_S``: a poll sees them as of its last poll
         or later, and a server nobody polls spends nothing on them."""
-        import dataclasses
-
-        import psutil
-
         self._stats_wanted = True
-
-        try:
-            rss = psutil.Process().memory_info().rss  # one /proc read; polled a few times a second
-        except psutil.Error:
-            rss = 0
-        disk = 0
-        if self._persister is not None:
-            # the database, its WAL
-            for path in (self._kv_db, self._kv_db.with_name(self._kv_db.name + "-wal")):
-                try:
-                    disk += path.stat().st_size
-                except OSError:
-                    pass
         persister = self._persister
+        disk = paths.database_bytes(self._kv_db) if persister is not None else 0
         budget = self._kv_disk_budget() if persister is not None else 0
-        return dataclasses.replace(
+        return replace(
             self._stats,
-            rss_bytes=rss,
+            rss_bytes=process_rss(),
             disk_cache_bytes=disk,
             disk_cache_budget_bytes=budget,
             derived_bytes=self._derived_bytes,
@@ -264,6 +252,26 @@ class Engine:
             log.exception("counting tokens failed")
             raise RuntimeError(f"counting tokens failed: {exc}") from exc
 
+    def template_facts(self) -> TemplateFacts | None:
+        """The loaded model's chat template and tokenizer, described (worked out once per
+        load, on the calling thread); None while no model is loaded."""
+        prompts = self._prompts
+        return prompts.facts if prompts is not None else None
+
+    def embed(self, request: EmbeddingRequest, timeout: float | None = 60.0) -> EmbeddingResult:
+        """``request``'s vectors from the loaded model (:mod:`core.engine.embedding`): token
+        ids worked out on the calling thread, the forward passes on the engine thread
+        between decode steps. Blocks (``timeout``: for the first model to load). Raises
+        UserError (a ModelLoadError when no model is loaded, a ContextLengthError for an
+        input too long); anything else is a bug."""
+        self._ready.wait(timeout)
+        prompts = self._prompts
+        if prompts is None:
+            raise ModelLoadError(self._load_error or "no model is loaded")
+        command = EmbedCommand(request, embedding_tokens(prompts, request), prompts.load)
+        self._commands.put(command)
+        return command.answer(self._stopped)
+
     def forget_session(self, session: str, namespace: str = "") -> None:
         """Drop the cache of ``session`` of cache namespace ``namespace`` (the chat was
         deleted): its lock on RAM pages at once, its disk cache soon after, off the
@@ -307,6 +315,8 @@ class Engine:
                         self._scheduler is not None and self._gathering()
                     ):
                         continue
+                elif isinstance(command, EmbedCommand):
+                    self._embed(command)
                 elif isinstance(command, ForgetCommand):
                     self._forget(command.session, command.namespace)
                 elif isinstance(command, FlushCommand):
@@ -326,6 +336,12 @@ class Engine:
                     self._do_load(command)
             if self._scheduler is not None and self._scheduler.busy:
                 self._step()
+
+    def _embed(self, command: EmbedCommand) -> None:
+        from core.engine.embedding import advance
+
+        if not advance(command, self._loaded, self._prefix_cache, self._prompts):
+            self._commands.put(command)  # its next forward pass: after the next decode step
 
     def _gathering(self) -> bool:
         """Whether to wait for the prompts still being rendered before the next step:
@@ -356,41 +372,20 @@ class Engine:
         self._publish_stats(force=not self._scheduler.busy)  # the last step's figures always
 
     def _open_persister(self, fingerprint: str):
-        from kvcache.persist import MIN_WRITE_TOKENS, DiskTier
-        from kvcache.sqlite_file import set_aside
-        from kvcache.store import DiskStoreError
+        from core.engine.disk_tier import open_disk_tier
 
         if not (self._disk_cache and self._use_cache and self._prefix_cache.enabled):
             return None
-        path = self._kv_db
-        for attempt in (1, 2):
-            try:
-                self.data_root.mkdir(parents=True, exist_ok=True)
-                return DiskTier(
-                    path,
-                    self._prefix_cache,
-                    fingerprint,
-                    self._kv_disk_budget(),
-                    MIN_WRITE_TOKENS if self._disk_min_tokens is None else self._disk_min_tokens,
-                )
-            except DiskStoreError as exc:
-                if attempt == 1 and getattr(exc, "reason", None) in ("corrupt", "foreign"):
-                    # A cache only costs time to rebuild: keep the damaged file beside it
-                    # and start a new one, rather than run without a disk cache.
-                    try:
-                        aside = set_aside(path)
-                    except OSError as rename_error:
-                        exc = rename_error
-                    else:
-                        log.warning("%s; set aside as %s, starting a new KV cache", exc, aside.name)
-                        continue
-                error = exc
-            except OSError as exc:
-                error = exc
-            self.disk_cache_error = str(error)  # the app runs on without a disk cache
-            log.warning("disk cache off: %s", error)
-            return None
-        return None
+        tier, error = open_disk_tier(
+            self._kv_db,
+            self._prefix_cache,
+            fingerprint,
+            self._kv_disk_budget(),
+            self._disk_min_tokens,
+        )
+        if error is not None:
+            self.disk_cache_error = error  # the app runs on without a disk cache
+        return tier
 
     @property
     def disk_budget_bytes(self) -> int:
@@ -411,15 +406,10 @@ class Engine:
         if self._persister is not None:
             self._persister.forget(session, namespace)
             return
-        path = self._kv_db
-        if self._disk_cache and path.exists():  # saved under another model, or the cache is off
-            from kvcache.store import DiskStore, DiskStoreError, session_row
+        if self._disk_cache:  # saved under another model, or the cache is off
+            from core.engine.disk_tier import forget_on_disk
 
-            try:
-                with DiskStore(path) as store:
-                    store.clear(session_row(session, namespace))
-            except DiskStoreError as exc:
-                log.warning("removing the cache of %s failed: %s", session, exc)
+            forget_on_disk(self._kv_db, session, namespace)
 
     def _close_persister(self) -> None:
         if self._persister is not None:
@@ -588,6 +578,7 @@ class Engine:
             on_progress=lambda: self._publish_stats(force=False),
             speculative=self._speculation.mode,
             draft_model=draft_model(self._speculation.draft_model, self.data_root, loaded),
+            sharing=self._sharing,
         )
         self._info = loaded.info
         self._loads += 1
@@ -659,6 +650,7 @@ class Engine:
                     prompt_text=None,
                     prompt_tokens=tuple(ids),
                     templated=request.templated or bool(request.messages),
+                    context_tokens=(),
                 )
                 self._scheduler.admit(handle)  # finishes the handle itself, now or later
                 return

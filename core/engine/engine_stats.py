@@ -28,3 +28,14 @@ class EngineStats:
     # files made from models at load (tokenizers, kept conversions), counted in the budget
     derived_bytes: int = 0
     disk: DiskTierStats | None = None  # the disk tier's reads and writes (None while off)
+
+
+def process_rss() -> int:
+    """The process's resident memory now (one /proc read: cheap enough to poll a few times
+    a second); 0 where it cannot be read."""
+    import psutil
+
+    try:
+        return psutil.Process().memory_info().rss
+    except psutil.Error:
+        return 0

@@ -41,7 +41,6 @@ import threading
 
 from core.engine import constrain
 from core.engine.constrain import (
-    JSON_OPTIONS,
     ToolMarkup,
     chosen_tools,
     has_tool_markup,
@@ -223,13 +222,7 @@ def lenient_schema(schema) -> dict:
 
 
 def _enforceable(schema: dict) -> bool:
-    import llguidance
-
-    try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
-        return not llguidance.LLMatcher.validate_grammar(grammar)
-    except (ValueError, TypeError):
-        return False
+    return constrain.schema_problem(schema) is None
 
 
 def _without(value, keywords: frozenset[str]):

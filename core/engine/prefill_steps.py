@@ -25,25 +25,24 @@ class PrefillSteps:
     on its state: ``waiting``, ``solo``, ``batched``, ``pacer``, ``prefix_cache``...)."""
 
     def _prefill_step(self) -> None:
-        """End the waiting requests that were cancelled; then the first waiting request (by
-        priority, then arrival) takes one chunk of prefill: a chunk sized by the pacer while
-        others decode, the whole prompt when interleaving is off."""
+        """End the waiting requests that were cancelled; then the waiting request whose turn
+        it is (``core.engine.turns``) takes one chunk of prefill: a chunk sized by the pacer,
+        the whole prompt when interleaving is off."""
         for job in [j for j in self.waiting if j.state.handle.cancelled]:
             self._end_prefill(job, "cancelled")
         if not self.waiting:
             return
-        if (
-            self.batch_prefill
-            and len(self.waiting) > 1
-            and min(self.waiting, key=self._turn).run is None
-        ):
-            group = self._batch_group()
+        in_turn = self._in_turn()
+        if self.batch_prefill and len(in_turn) > 1 and in_turn[0].run is None:
+            group = self._batch_group(in_turn)
             if len(group) > 1:
                 self._prefill_together(group)
                 return
             if not self.waiting:
                 return
-        job = min(self.waiting, key=self._turn)
+            in_turn = self._in_turn()
+        job = in_turn[0]
+        self.turns.served(job.turn.client)
         try:
             if job.run is None:
                 self._start_prefill(job)
@@ -63,20 +62,25 @@ class PrefillSteps:
                 self.waiting.remove(job)
             self._end_with_error(job, exc)
 
-    def _turn(self, job: PrefillJob) -> tuple[int, int, int]:
-        """Which waiting prompt goes first: by priority, then the client with the fewest
-        requests decoding (round robin between clients: one with 16 streams running does not
-        keep another's first request waiting behind its next ones), then arrival."""
-        group = group_of(job.state)
-        decoding = self.batch.rows_of(group) + (
-            self.solo is not None and group_of(self.solo.state) == group
-        )
-        priority, arrival = job.order
-        return priority, decoding, arrival
+    def _in_turn(self) -> list[PrefillJob]:
+        """The waiting prompts in turn (``core.engine.turns``). Without the round robin (for
+        the side-by-side bench): by priority, then the client with the fewest requests
+        decoding, then arrival, as before it."""
+        if self.turns.round_robin:
+            return self.turns.order(self.waiting)
 
-    def _batch_group(self) -> list[PrefillJob]:
-        """The waiting prompts that go together, in turn: the first waiting one and those
-        right behind it, while their padded rests fit the pacer's budget (all of them
+        def before(job: PrefillJob) -> tuple[int, int, int]:
+            group = job.turn.client
+            decoding = self.batch.rows_of(group) + (
+                self.solo is not None and group_of(self.solo.state) == group
+            )
+            return job.turn.priority, decoding, job.turn.arrival
+
+        return sorted(self.waiting, key=before)
+
+    def _batch_group(self, in_turn: list[PrefillJob]) -> list[PrefillJob]:
+        """The waiting prompts that go together: the first of ``in_turn`` and those right
+        behind it, while their padded rests fit the pacer's budget (all of them
         started: matched against the cache). One that does not fit stays started, for the
         one-at-a-time path."""
         decoding = self.solo is not None or bool(self.batched)
@@ -87,7 +91,7 @@ class PrefillSteps:
         )
         group: list[PrefillJob] = []
         rests: list[int] = []
-        for job in sorted(self.waiting, key=self._turn)[: batch_prefill.PREFILL_ROWS]:
+        for job in in_turn[: batch_prefill.PREFILL_ROWS]:
             if job.run is not None and job.run.done:  # part-way through its chunks
                 break
             try:
@@ -113,6 +117,7 @@ class PrefillSteps:
             mx.synchronize(generation_stream)  # as _chunk: the queued decode step is not ours
         for job in group:
             self.waiting.remove(job)
+            self.turns.served(job.turn.client)
         began = time.perf_counter()
         try:
             rows = batch_prefill.prefill_rows(

@@ -31,6 +31,7 @@ from jinja2 import TemplateError
 
 from core.engine import generic_tools
 from core.engine.constrain import tool_name
+from core.engine.template_facts import TemplateFacts, template_facts
 from core.engine.tools import template_message
 from core.engine.types import GenerationRequest
 from core.errors import ContextLengthError, UserError
@@ -75,6 +76,8 @@ class Prompts:
         self.limit = limit
         self.load = load  # which model load this is (the engine counts them)
         self._longest: int | None = None
+        self._facts: TemplateFacts | None = None
+        self._vocabulary_size: int | None = None
         self._lock = threading.Lock()
 
     def tokens(self, request: GenerationRequest) -> list[int]:
@@ -92,10 +95,30 @@ class Prompts:
     @property
     def longest_entry(self) -> int:
         """Characters in the tokenizer's longest vocabulary entry (worked out once)."""
+        self._read_vocabulary()
+        return self._longest
+
+    @property
+    def vocabulary_size(self) -> int:
+        """One more than the tokenizer's largest token id, added tokens included (worked
+        out once): token ids a client sends must be below it."""
+        self._read_vocabulary()
+        return self._vocabulary_size
+
+    def _read_vocabulary(self) -> None:
         with self._lock:
             if self._longest is None:
-                self._longest = max(map(len, self.tokenizer.get_vocab()), default=1)
-            return self._longest
+                vocabulary = self.tokenizer.get_vocab()
+                self._longest = max(map(len, vocabulary), default=1)
+                self._vocabulary_size = max(vocabulary.values(), default=-1) + 1
+
+    @property
+    def facts(self) -> TemplateFacts:
+        """The model's chat template and tokenizer, described (worked out once)."""
+        with self._lock:
+            if self._facts is None:
+                self._facts = template_facts(self.tokenizer)
+            return self._facts
 
     def _check_text(self, text: str) -> None:
         longest = self.longest_entry
@@ -112,6 +135,8 @@ def _tokens(tokenizer, request: GenerationRequest, check_text) -> list[int]:
         if check_text is not None:
             check_text(text)
         ids = list(tokenizer.encode(text, add_special_tokens=special))
+    if request.context_tokens:
+        ids = [*request.context_tokens, *ids]
     if not ids:
         raise UserError("empty prompt: nothing to generate from")
     return ids

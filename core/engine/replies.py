@@ -21,6 +21,9 @@ from core.errors import ErrorKind
 
 log = logging.getLogger(__name__)
 
+# how much of a call cut by max_tokens its error repeats
+CUT_CALL_SHOWN = 4000
+
 
 class Replies:
     """The reply half of the scheduler (a part of :class:`core.engine.scheduler.Scheduler`,
@@ -139,6 +142,7 @@ class Replies:
         failure = (
             state.grammar.failure if state.grammar is not None and finish != "cancelled" else None
         )
+        cut = cut_call(state, finish)
         # what was sent is not what the schema asks for: never a finished reply
         if failure is not None:
             handle.emit(
@@ -148,8 +152,19 @@ class Replies:
                     ErrorKind.BAD_REQUEST,
                 )
             )
+        elif cut is not None:
+            handle.emit(ErrorEvent(cut, ErrorKind.BAD_REQUEST))
         else:
-            handle.emit(DoneEvent("".join(state.shown), stats, calls, "".join(state.thought)))
+            handle.emit(
+                DoneEvent(
+                    "".join(state.shown),
+                    stats,
+                    calls,
+                    "".join(state.thought),
+                    tuple(prompt),
+                    tuple(state.generated),
+                )
+            )
         handle.finish()
         self.on_finished()
 
@@ -161,3 +176,24 @@ class Replies:
         if self.persister is not None:  # a session's chain, or a long enough request's
             self.persister.save(session, seen, caches, snapshots, state.prefix.namespace)
         self.prefix_cache.commit(state.prefix, seen, caches, snapshots, session)
+
+
+def cut_call(state: Active, finish: str) -> str | None:
+    """The error for a reply that ``max_tokens`` cut inside a tool call, or before a forced
+    call (``tool_choice`` required or a named tool) began: the call so far, so the client
+    sees what was cut instead of an empty reply with no call. None for any other reply."""
+    request = state.handle.request
+    tool_text = state.tool_text
+    if finish != "length" or tool_text is None or tool_text.calls:
+        return None
+    forced = request.tool_choice in ("required", "function")
+    if tool_text.unfinished is None and not forced:
+        return None
+    so_far = tool_text.unfinished if tool_text.unfinished is not None else "".join(state.shown)
+    so_far = so_far.replace("\n", " ")
+    if len(so_far) > CUT_CALL_SHOWN:
+        so_far = so_far[:CUT_CALL_SHOWN] + f"... ({len(so_far)} characters)"
+    return (
+        f"the tool call was cut by max_tokens ({len(state.generated)} tokens) before it was "
+        f"complete: raise max_tokens. The call so far: {so_far or '(nothing yet)'}"
+    )

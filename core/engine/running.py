@@ -13,6 +13,7 @@ from core.engine.generation import ChunkedPrefill, StopText
 from core.engine.namespaces import owner as namespace_owner
 from core.engine.reasoning import ReasoningText
 from core.engine.tools import ToolCallText
+from core.engine.turns import Turn
 
 
 @dataclass
@@ -62,7 +63,7 @@ class PrefillJob:
     state: Active
     sampler: object
     processors: list
-    order: tuple[int, int]  # (priority, arrival): the least goes first
+    turn: Turn  # its client, priority and arrival (core.engine.turns)
     run: ChunkedPrefill | None = None  # once started
     caches: list | None = None
     compute_s: float = 0.0  # time spent in its chunks (not in others' decode steps between them)
@@ -71,4 +72,9 @@ class PrefillJob:
 
 def group_of(state: Active) -> str:
     """The client a request is from, for its fair share: its cache namespace less any salt."""
-    return namespace_owner(state.handle.request.cache_namespace)
+    return group_of_request(state.handle.request)
+
+
+def group_of_request(request) -> str:
+    """The client of ``request`` (a ``GenerationRequest``), as :func:`group_of`."""
+    return namespace_owner(request.cache_namespace)

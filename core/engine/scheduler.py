@@ -1,26 +1,28 @@
 """Requests on the engine thread: prefill a chunk at a time, decode together in one batch.
 
-A new request is rendered and checked, then waits its turn (by priority, then the client
-with the fewest requests decoding, then arrival: the chat window's turns before API
-requests, see ``core.engine.types.CHAT_PRIORITY``, and a client's next prompts after
-another client's first; a client is its cache namespace less any salt).
-Its prefill is state the scheduler advances one chunk per step: each step first gives
-every decoding request its next token, then feeds one chunk of the first waiting prompt,
-sized by ``core.engine.pacing`` so the decoding streams wait at most ``DECODE_WAIT_S``
-for it. A prompt is matched against the prefix cache (RAM, then disk) when its prefill
-starts, is cancellable between chunks (a cancel keeps the chunks done in the cache), and
-snapshots hybrid state right before its last prompt token; the first token is sampled
-from its prefill's logits. A request that runs
-alone then decodes on its own cache objects the way ``mlx_lm.generate_step`` does (one
-sequence, the next step queued before the current token is read), with nothing to merge,
-mask or extract. When a second request gets its first token, the running one hands its
-cache over to the decode batch (``core.engine.decode_batch``, over mlx-lm's
-``GenerationBatch``), which takes per-request prompt caches and decodes every running
-request in one forward pass per step; a request joins it with its first token as its next
-input, so joining costs the others no forward pass of its own. The batch shares its rows
-fairly between clients (it parks a row of a client over its share for a client under it). When a
-request ends (EOS, stop string, max tokens, cancel) it leaves with its cache, which goes into
-the radix tree and, for sessions, to disk.
+A new request is rendered and checked, then waits its turn (``core.engine.turns``: by
+priority, then round robin between clients, then arrival: the chat window's turns before
+API requests, see ``core.engine.types.CHAT_PRIORITY``, and each chunk to the client served
+least recently, so a long prompt half prefilled yields to another client's short one; a
+client is its cache namespace less any salt, and may have at most ``max_waiting`` prompts
+waiting). Its prefill is state the scheduler advances one chunk per step: each step first
+gives every decoding request its next token, then feeds one chunk of the waiting prompt
+whose turn it is, sized by ``core.engine.pacing`` so the decoding streams (or a prompt
+that arrives meanwhile) wait at most about ``DECODE_WAIT_S`` for it. A prompt is matched
+against the prefix cache (RAM, then disk) when its prefill starts, is cancellable between
+chunks (a cancel keeps the chunks done in the cache), and snapshots hybrid state right
+before its last prompt token; the first token is sampled from its prefill's logits. A
+request that runs alone then decodes on its own cache objects the way
+``mlx_lm.generate_step`` does (one sequence, the next step queued before the current token
+is read), with nothing to merge, mask or extract. When a second request gets its first
+token, the running one hands its cache over to the decode batch
+(``core.engine.decode_batch``, over mlx-lm's ``GenerationBatch``), which takes per-request
+prompt caches and decodes every running request in one forward pass per step; a request
+joins it with its first token as its next input, so joining costs the others no forward
+pass of its own. The batch shares its rows fairly between clients (it parks a row of a
+client over its share for a client under it). When a request ends (EOS, stop string, max
+tokens, cancel) it leaves with its cache, which goes into the radix tree and, for
+sessions, to disk.
 
 A request decoding alone speculates (``core.engine.speculation``): each step may feed a
 draft of the next tokens (``core.engine.drafts``: from its own text, the radix tree or a
@@ -47,13 +49,14 @@ from core.engine.decode_batch import DecodeBatch
 from core.engine.draft_length import StepCosts
 from core.engine.drafts import Drafter, DraftModel
 from core.engine.generation import StopText, render_prompt, sampling_tools, vocab_size
-from core.engine.pacing import ChunkPacer
+from core.engine.pacing import IDLE_WAIT_S, ChunkPacer
 from core.engine.prefill_steps import PrefillSteps
 from core.engine.reasoning import ReasoningText, opens_thinking, thinking_markup
 from core.engine.replies import Replies
-from core.engine.running import Active, PrefillJob, Solo, group_of
+from core.engine.running import Active, PrefillJob, Solo, group_of, group_of_request
 from core.engine.speculation import can_speculate, trim, verify
 from core.engine.tools import ToolCallText
+from core.engine.turns import DEFAULT_SHARING, PrefillSharing, PrefillTurns, Turn
 from core.errors import ContextLengthError, UserError
 from core.mlx_lm_compat import generation_stream
 from kvcache.continuations import Continuations
@@ -80,6 +83,7 @@ class Scheduler(PrefillSteps, Replies):
         batch_prefill: bool = True,
         speculative: str = "ngram",
         draft_model=None,
+        sharing: PrefillSharing = DEFAULT_SHARING,
     ):
         self.loaded = loaded
         # Speculative decoding for requests that do not say (core.engine.drafts): "off",
@@ -99,9 +103,15 @@ class Scheduler(PrefillSteps, Replies):
         )
         # Prompts that wait together prefilled in one padded forward (core.engine.batch_prefill)
         self.batch_prefill = batch_prefill
-        # Sizes prefill chunks while others decode; None (interleave off): a prompt is
-        # prefilled whole in the step that starts it, as before interleaving.
-        self.pacer = (pacer or ChunkPacer()) if interleave else None
+        # Sizes prefill chunks; None (interleave off): a prompt is prefilled whole in the step
+        # that starts it, as before interleaving.
+        self.pacer = (
+            (pacer or ChunkPacer(idle_budget_s=IDLE_WAIT_S if sharing.round_robin else None))
+            if interleave
+            else None
+        )
+        # Whose prompt takes the next chunk, and how many one client may queue
+        self.turns = PrefillTurns(sharing.max_waiting, round_robin=sharing.round_robin)
         self.on_finished = on_finished
         self.on_progress = on_progress  # after each prefill chunk (live memory panels)
         self.prefix_cache = prefix_cache
@@ -134,7 +144,7 @@ class Scheduler(PrefillSteps, Replies):
     # ------------------------------------------------------------------ step
     def step(self) -> None:
         """One decode step for every decoding request, then one chunk of prefill for the
-        first waiting request: a long prompt goes in between the others' tokens."""
+        waiting request whose turn it is: a long prompt goes in between the others' tokens."""
         if self.solo is not None or self.batched:
             self._decode_step()
         if self.waiting:
@@ -146,6 +156,8 @@ class Scheduler(PrefillSteps, Replies):
         """Check ``handle``'s request and queue it for prefill (:meth:`step` runs it, a chunk
         at a time). Raises UserError for a request that cannot run."""
         request, loaded = handle.request, self.loaded
+        client = group_of_request(request)
+        self.turns.check_room(client, self.waiting)  # its queue is full: refused at once
         started = time.perf_counter() - handle.prompt_s  # rendered and tokenised on a prompt thread
         # schemas checked on the prompt thread (engine.py)
         prompt = render_prompt(loaded.tokenizer, request)
@@ -189,7 +201,7 @@ class Scheduler(PrefillSteps, Replies):
         )
         self._arrivals += 1
         self.waiting.append(
-            PrefillJob(state, sampler, processors, (request.priority, self._arrivals))
+            PrefillJob(state, sampler, processors, Turn(client, request.priority, self._arrivals))
         )
 
     def _reasoning(self, request, prompt: list[int], grammar) -> ReasoningText | None:

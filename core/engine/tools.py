@@ -90,6 +90,7 @@ class ToolCallText:
         self.pending = ""  # held back: a possible start of the marker, or an open call
         self.inside = False
         self.calls: list[ToolCall] = []
+        self.unfinished: str | None = None  # an open call the reply ended inside, unparsed
 
     def feed(self, piece: str) -> tuple[str, list[ToolCall]]:
         start, end = self.markup.start, self.markup.end
@@ -123,8 +124,9 @@ class ToolCallText:
 
     def finish(self) -> tuple[str, list[ToolCall]]:
         """What is left once the reply ended: an open call (no end marker: some models stop
-        right after the call) is parsed if it can be; one cut short (by max_tokens) is
-        dropped, so markup never reaches the text (the finish reason says it was cut)."""
+        right after the call) is parsed if it can be; one cut short (by max_tokens) is kept
+        in ``unfinished`` (never in the text: the markup never reaches it), for the error
+        that says the call was cut."""
         rest, self.pending = self.pending, ""
         if not self.inside:
             return rest, []
@@ -133,7 +135,8 @@ class ToolCallText:
             parse_calls(self.markup, rest, self.tools, complete=False) if rest.strip() else None
         )
         if parsed is None:
-            log.info("dropped an unfinished tool call: %r", rest[:200])
+            log.info("an unfinished tool call: %r", rest[:200])
+            self.unfinished = rest.strip()
             return "", []
         self.calls += parsed
         return "", parsed

@@ -118,6 +118,9 @@ class GenerationRequest:
     # The prompt was rendered from chat messages: the engine sets it when it swaps them for
     # their token ids, so a reasoning model's thinking is still split out of the reply.
     templated: bool = False
+    # Token ids that come before the prompt (Ollama's ``context``: an earlier prompt and its
+    # reply, sent back); the rendered messages or text follow them.
+    context_tokens: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.tool_choice not in TOOL_CHOICES:
@@ -193,12 +196,17 @@ class ToolCallEvent:
 @dataclass(frozen=True)
 class DoneEvent:
     """The end of a reply: its ``text`` (the answer, without the thinking), its ``stats``,
-    the ``tool_calls`` it made and its ``reasoning`` (the thinking, "" for none)."""
+    the ``tool_calls`` it made and its ``reasoning`` (the thinking, "" for none).
+    ``prompt_tokens`` and ``reply_tokens``: the token ids of its prompt (as the model read
+    it) and of its reply (as generated: a stop string's, the thinking's and tool-call
+    markup's included), for a client that sends them back (Ollama's ``context``)."""
 
     text: str
     stats: RequestStats
     tool_calls: tuple[ToolCall, ...] = ()
     reasoning: str = ""
+    prompt_tokens: tuple[int, ...] = ()
+    reply_tokens: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -216,3 +224,48 @@ class ErrorEvent:
 
 
 Event = TokenEvent | ReasoningEvent | ProgressEvent | ToolCallEvent | DoneEvent | ErrorEvent
+
+
+@dataclass(frozen=True)
+class EmbeddingRequest:
+    """Inputs to embed with the loaded model, one unit-length vector each
+    (:meth:`core.engine.engine.Engine.embed`; how: :mod:`core.engine.embedding`).
+
+    ``inputs``: texts (tokenised as the model's tokenizer does, its special tokens added)
+    or token ids. ``dimensions``: keep the first so many components of each vector and
+    normalise again (None: all of them). ``truncate``: an input longer than the model's
+    context is cut to fit (Ollama's ``truncate``) instead of refused. ``cache_namespace``
+    and ``use_cache`` as a :class:`GenerationRequest`'s: a model pooled by its last token
+    reuses the cached prefixes of its namespace (the others cannot: see the module)."""
+
+    inputs: tuple[str | tuple[int, ...], ...]
+    dimensions: int | None = None
+    truncate: bool = False
+    cache_namespace: str = ""
+    use_cache: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.inputs:
+            raise ValueError("nothing to embed: no inputs")
+        if self.dimensions is not None and self.dimensions < 1:
+            raise ValueError("dimensions must be at least 1")
+
+
+@dataclass(frozen=True)
+class EmbeddingResult:
+    """The vectors of an :class:`EmbeddingRequest`, in the order of its inputs: each a tuple
+    of floats of length 1 (L2). ``token_counts``: each input's tokens (after truncation);
+    ``cached_tokens``: of them, how many the RAM cache served; ``pooling``: how the
+    per-token states became one vector ("mean", "cls" or "last"); ``total_s``: from the
+    engine taking the request on to its last vector."""
+
+    vectors: tuple[tuple[float, ...], ...]
+    token_counts: tuple[int, ...]
+    cached_tokens: int = 0
+    pooling: str = "mean"
+    total_s: float = 0.0
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The tokens of all inputs together (OpenAI's ``usage.prompt_tokens``)."""
+        return sum(self.token_counts)

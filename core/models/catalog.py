@@ -1,4 +1,5 @@
-"""The models the picker offers, with the memory each will take once loaded.
+"""The models the picker offers, with the memory each will take once loaded, and whether
+each is a base model (completion only: ``core.models.base_models``).
 
 Plain file reads only (no mlx): the GUI builds its model list from here. The memory
 figure is for the weights. On the CPU backend the loader dequantizes every model to
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.errors import UserError
+from core.models.base_models import GGUF_KEYS, gguf_metadata_is_base, is_base_model, named_base
 from core.models.hub import hf_cache
 
 if TYPE_CHECKING:  # imported where they are used: the hub's fit estimate needs neither
@@ -33,6 +35,8 @@ KNOWN_PARAMETERS = {
     "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53": 134_515_008,
     # Gemma 3 270M Q4_K_M
     "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818": 268_098_176,
+    # Qwen2.5-Coder-0.5B-Instruct (its output matrix apart from the embeddings)
+    "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32": 630_167_424,
 }
 
 
@@ -48,6 +52,7 @@ class CatalogEntry:
     memory_bytes: int  # estimated memory of the loaded weights
     downloaded: bool = True  # False: a known model that is fetched on first use
     description: str = ""
+    base: bool = False  # a base model: completion only (core.models.base_models)
 
 
 def runs_on_cpu() -> bool:
@@ -89,9 +94,8 @@ def model_catalog(data_root: Path, on_cpu: bool | None = None) -> list[CatalogEn
     for known in KNOWN_MODELS.values():
         downloaded = known.name in present
         path = known_model_path(known, data_root)
-        parameters = (
-            gguf_parameter_count(path) if downloaded else KNOWN_PARAMETERS.get(known.sha256)
-        )
+        facts = _gguf_facts_of(path) if downloaded else None
+        parameters = facts.parameters if facts else KNOWN_PARAMETERS.get(known.sha256)
         entries.append(
             CatalogEntry(
                 spec=known.name,
@@ -101,6 +105,7 @@ def model_catalog(data_root: Path, on_cpu: bool | None = None) -> list[CatalogEn
                 memory_bytes=estimate_memory_bytes("known-gguf", known.size, on_cpu, parameters),
                 downloaded=downloaded,
                 description=known.description,
+                base=facts.base if facts else known.base,
             )
         )
     for model in local:
@@ -141,42 +146,59 @@ def entry_for_path(path: Path, on_cpu: bool | None = None) -> CatalogEntry:
 
 
 def _entry(model: LocalModel, on_cpu: bool) -> CatalogEntry:
-    if model.kind == "gguf":
-        parameters = gguf_parameter_count(Path(model.spec))
-    elif model.kind == "hf-gguf":
-        path = hf_cache.resolve_gguf(model.spec)
-        parameters = gguf_parameter_count(path) if path is not None else None
+    if model.kind in ("gguf", "hf-gguf"):
+        path = Path(model.spec) if model.kind == "gguf" else hf_cache.resolve_gguf(model.spec)
+        facts = _gguf_facts_of(path) if path is not None else None
+        parameters = facts.parameters if facts else None
+        base = bool(facts and facts.base) or named_base(model.name)
     else:
         folder = Path(model.spec) if model.kind == "mlx-dir" else hf_cache.resolve_repo(model.spec)
         parameters = safetensors_parameter_count(folder) if folder is not None else None
+        base = folder is not None and is_base_model(folder, model.name)
     return CatalogEntry(
         spec=model.spec,
         name=model.name,
         kind=model.kind,
         size_bytes=model.size_bytes,
         memory_bytes=estimate_memory_bytes(model.kind, model.size_bytes, on_cpu, parameters),
+        base=base,
     )
 
 
 # ---------------------------------------------------------------------------- parameter counts
 
 
+@dataclass(frozen=True)
+class GGUFFacts:
+    """What the picker reads of a GGUF header: one read for both."""
+
+    parameters: int | None  # None if the file has no tensors
+    base: bool  # no chat template, or named a base model
+
+
 def gguf_parameter_count(path: Path) -> int | None:
     """The number of weights in a GGUF file, from its header; None if unreadable or empty."""
+    facts = _gguf_facts_of(path)
+    return facts.parameters if facts else None
+
+
+def _gguf_facts_of(path: Path) -> GGUFFacts | None:
+    """None if the file cannot be read."""
     try:
         st = Path(path).stat()
-        return _gguf_parameters(str(path), st.st_size, st.st_mtime_ns) or None
+        return _gguf_facts(str(path), st.st_size, st.st_mtime_ns)
     except (OSError, UserError):
         return None
 
 
 @lru_cache(maxsize=64)
-def _gguf_parameters(path: str, size: int, mtime_ns: int) -> int:
+def _gguf_facts(path: str, size: int, mtime_ns: int) -> GGUFFacts:
     """(size and mtime are the cache key: a changed file is read again)"""
     # numpy and gguf: not for `radixchat pull` / search
     from core.models.load.gguf_header import read_header
 
-    return read_header(Path(path), metadata=False).parameter_count()
+    header = read_header(Path(path), metadata=GGUF_KEYS)
+    return GGUFFacts(header.parameter_count() or None, gguf_metadata_is_base(header.metadata))
 
 
 def safetensors_parameter_count(folder: Path) -> int | None:

@@ -1,6 +1,7 @@
 """The models found on this machine: the known models fetched into the data folder, the
 other GGUF files and MLX folders there, and the complete MLX repos and GGUF files in the
-local Hugging Face cache. What the picker and ``radixchat models`` list."""
+local Hugging Face cache. What the picker and ``radixchat models`` list.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typing import Literal
 from core.models.hub import hf_cache
 from core.models.pypi.known import KNOWN_MODELS
 from core.models.pypi.provision import is_present
+
+DATA_FOLDER_KINDS = ("known-gguf", "gguf", "mlx-dir")  # the data folder's own models
 
 
 @dataclass(frozen=True)
@@ -75,3 +78,30 @@ def model_file(data_root: Path, model: LocalModel) -> Path | None:
     if model.kind == "hf-gguf":
         return hf_cache.resolve_gguf(model.spec)
     return None
+
+
+def model_path(data_root: Path, model: LocalModel) -> Path | None:
+    """The file or folder of a listed model (None for an HF cache repo no longer complete)."""
+    if model.kind == "mlx-dir":
+        return Path(model.spec)
+    if model.kind == "hf-cache":
+        return hf_cache.resolve_repo(model.spec)
+    return model_file(data_root, model)
+
+
+def find_in_data_folder(data_root: Path, name: str) -> LocalModel | None:
+    """The data folder's model that ``radixchat models`` lists as ``name`` (a known model's
+    name, another model's path); None when there is none."""
+    wanted = Path(name).expanduser()
+    for model in list_local_models(data_root):
+        if model.kind not in DATA_FOLDER_KINDS:
+            continue
+        if model.spec == name or (model.kind != "known-gguf" and _same(Path(model.spec), wanted)):
+            return model
+    return None
+
+
+def _same(a: Path, b: Path) -> bool:
+    with contextlib.suppress(OSError):
+        return a.resolve() == b.resolve()
+    return False

@@ -9,7 +9,13 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 from PySide6.QtCore import QSettings  # noqa: E402
 
-from app.chat_settings import NO_PRESET, ChatPreset, SessionSettingsDialog  # noqa: E402
+from app.chat_settings import (  # noqa: E402
+    DEFAULT_SAMPLING,
+    MAX_SEED,
+    NO_PRESET,
+    ChatPreset,
+    SessionSettingsDialog,
+)
 from app.settings_dialogs import AppSettings  # noqa: E402
 from core.engine.types import SamplingParams  # noqa: E402
 from tests.app.window_fakes import ScriptedEngine, send_turn, wait_ready  # noqa: E402
@@ -112,3 +118,43 @@ def test_new_chats_start_with_the_default_set_in_chat_settings(qtbot, open_windo
     request = engine.requests[-1]
     assert request.messages[0].content == "You are a pirate."
     assert request.sampling.repetition_penalty == 1.1
+
+
+BAD_STORED = {
+    "temperature": float("nan"),
+    "max_tokens": float("inf"),
+    "top_k": "5",
+    "top_p": 9,
+    "seed": 1e30,
+}
+
+
+def test_the_dialog_opens_on_bad_stored_values(qtbot):
+    """Settings stored before imports were checked (issue 42.4: NaN, Infinity, "5"): the
+    dialog opens (on main: OverflowError) with the default where a value is unusable and
+    the range's end where it is out of range, and gives back settings the engine takes."""
+    dialog = SessionSettingsDialog(BAD_STORED, None)
+    qtbot.addWidget(dialog)
+    shown, _ = dialog.values()
+    assert shown["temperature"] == DEFAULT_SAMPLING["temperature"]
+    assert shown["max_tokens"] == DEFAULT_SAMPLING["max_tokens"]
+    assert shown["top_k"] == DEFAULT_SAMPLING["top_k"]
+    assert shown["top_p"] == 1.0 and shown["seed"] == MAX_SEED
+    SamplingParams(**{k: v for k, v in shown.items() if k in DEFAULT_SAMPLING})
+
+
+def test_bad_stored_values_never_reach_the_engine(qtbot, open_window, tmp_path):
+    engine = ScriptedEngine(tmp_path)
+    window, bridge, store = open_window(engine=engine)
+    wait_ready(qtbot, bridge)
+    send_turn(qtbot, window, bridge, "one")
+    store.update_session(window.session.id, settings=BAD_STORED)
+    window.session = store.get_session_by_id(window.session.id)
+    send_turn(qtbot, window, bridge, "two")
+    sampling = engine.requests[-1].sampling
+    assert sampling.temperature == DEFAULT_SAMPLING["temperature"]
+    assert (sampling.max_tokens, sampling.top_k) == (
+        DEFAULT_SAMPLING["max_tokens"],
+        DEFAULT_SAMPLING["top_k"],
+    )
+    assert (sampling.top_p, sampling.seed) == (1.0, MAX_SEED)

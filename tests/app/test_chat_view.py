@@ -226,6 +226,20 @@ def test_body_height_follows_its_document(view, qtbot):
     qtbot.waitUntil(lambda: fits() and body.height() > wide)
 
 
+def test_a_notice_stands_above_the_messages_until_taken_away(view):
+    assert view.notice_text() == "" and not view.notice.isVisible()
+    view.set_notice("m is a base model")
+    assert view.notice_text() == "m is a base model" and view.notice.isVisible()
+    assert (
+        view.notice.geometry().bottom()
+        < view.placeholder.mapTo(view, view.placeholder.rect().topLeft()).y()
+    )
+    view.set_messages(CHAT)  # another chat opened: the notice stays, once
+    assert view.notice_text() == "m is a base model" and view.message_count() == 4
+    view.set_notice("")
+    assert view.notice_text() == "" and not view.notice.isVisible()
+
+
 def test_a_replys_thinking_streams_folded_above_it_and_stored_replies_keep_it(view, qtbot):
     view.add_user_message("2+2?")
     view.append_thinking("Two and ")

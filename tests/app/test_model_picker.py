@@ -87,7 +87,7 @@ def test_lists_known_and_local_models(open_picker, data_root):
     rows = _rows(dialog)
     assert rows[0][0].endswith("(default)") and rows[0][1] == "GGUF · downloads on first use"
     assert rows[0][2] == "93.8 MB" and rows[0][3] == "513 MB"  # 135M weights as float32
-    assert rows[len(known)][:2] == ["my-model", "GGUF"]
+    assert rows[len(known)][:2] == ["my-model", "GGUF · base: completion only"]  # no template
     assert rows[len(known) + 1][:2] == ["tiny-llama", "MLX folder"]
     assert rows[len(known) + 2][:2] == ["mlx-community/tiny-chat", "Hugging Face cache"]
     assert dialog.chosen_spec() == "default" and _ok(dialog).isEnabled()  # the current model
@@ -138,7 +138,7 @@ def test_open_gguf_file_chooses_it(qtbot, open_picker, tmp_path):
     dialog._ask_gguf_path = lambda: str(picked)
     qtbot.mouseClick(dialog.gguf_button, Qt.MouseButton.LeftButton)
     assert dialog.chosen_spec() == str(picked)
-    assert _rows(dialog)[-1][:2] == ["picked", "GGUF"]
+    assert _rows(dialog)[-1][:2] == ["picked", "GGUF · base: completion only"]
     count = dialog.tree.topLevelItemCount()
     # the same file again: no second row
     qtbot.mouseClick(dialog.gguf_button, Qt.MouseButton.LeftButton)
@@ -211,3 +211,44 @@ def test_files_made_from_a_model_show_beside_it_and_can_go(qtbot, data_root_with
     assert asked == [made[0].size_bytes] and derived.derived_files(root) == []
     assert _rows(dialog)[0][2] == "93.8 MB" and not dialog.clean_button.isEnabled()
     assert "Deleted the files made from models" in dialog.hub_panel.status.text()
+
+
+def test_base_models_say_so(open_picker):
+    """gemma3-270m is a base model (its GGUF has no chat template): the picker says so
+    before it is downloaded; the instruct models are not marked."""
+    dialog = open_picker("default")
+    rows = dict(zip(_specs(dialog), _rows(dialog), strict=True))
+    assert rows["gemma3-270m"][1] == "GGUF · base: completion only · downloads on first use"
+    item = dialog.tree.topLevelItem(_specs(dialog).index("gemma3-270m"))
+    assert item.toolTip(1).startswith("A base model: it continues text rather than chatting")
+    assert rows["default"][1] == rows["qwen2.5-coder-0.5b"][1] == "GGUF · downloads on first use"
+    assert rows["mlx-community/tiny-chat"][1] == "Hugging Face cache"  # it has a template
+
+
+def test_a_known_model_is_deleted_like_any_other(qtbot, open_picker, data_root, monkeypatch):
+    """A known model downloaded into the data folder can be deleted from the picker (only the
+    hub's could be); the loaded model cannot."""
+    from core.models.pypi.known import KNOWN_MODELS
+    from tests.core.models.pypi.test_provision import PAYLOAD, fake_model
+
+    monkeypatch.setitem(KNOWN_MODELS, "tiny", fake_model())
+    (data_root / "models" / "tiny.gguf").write_bytes(PAYLOAD)
+    dialog = open_picker("tiny")
+    assert dialog.chosen_spec() == "tiny" and not dialog.delete_button.isEnabled()  # loaded
+    dialog = open_picker("default")
+    dialog._select_spec("tiny")
+    assert _rows(dialog)[_specs(dialog).index("tiny")][1] == "GGUF · downloaded"
+    assert dialog.delete_button.isEnabled()
+    asked = []
+    dialog._confirm_delete = lambda spec, size: asked.append((spec, size)) or False
+    qtbot.mouseClick(dialog.delete_button, Qt.MouseButton.LeftButton)
+    assert asked == [("tiny", len(PAYLOAD))] and (data_root / "models" / "tiny.gguf").exists()
+    dialog._confirm_delete = lambda spec, size: True
+    qtbot.mouseClick(dialog.delete_button, Qt.MouseButton.LeftButton)
+    assert not (data_root / "models" / "tiny.gguf").exists()
+    assert _rows(dialog)[_specs(dialog).index("tiny")][1].endswith("downloads on first use")
+    assert dialog.hub_panel.status.text().startswith("Deleted tiny: ")
+    gguf = str(data_root / "models" / "my-model.gguf")  # a file of the data folder, too
+    dialog._select_spec(gguf)
+    qtbot.mouseClick(dialog.delete_button, Qt.MouseButton.LeftButton)
+    assert gguf not in _specs(dialog) and not (data_root / "models" / "my-model.gguf").exists()

@@ -1,7 +1,7 @@
-"""Serve API from the app: its settings (port, API keys, allowed origins, the network) reach
-the server, bad ones are refused in one line, and the request log shows the last requests
-with their dialect, tokens, cached tokens and time to first token (real openai and anthropic
-clients against the tiny model)."""
+"""Serve API from the app: its settings (port, Ollama's port, API keys, allowed origins, the
+network) reach the server, bad ones are refused in one line, and the request log shows the
+last requests with their dialect, tokens, cached tokens and time to first token (real
+openai, anthropic and ollama clients against the tiny model)."""
 
 from __future__ import annotations
 
@@ -144,3 +144,48 @@ def test_the_request_log_shows_each_request(qtbot, open_window, tiny_model):
     assert all(row[5].endswith(" s") and row[6] == "length" for row in rows)
     with qtbot.waitSignal(bridge.serverStopped, timeout=WAIT_MS):
         window.serve_action.trigger()
+
+
+def test_ollamas_port_is_a_setting_and_the_log_names_the_dialect(qtbot, open_window, tiny_model):
+    import ollama
+
+    window, bridge, _ = open_window(spec=str(tiny_model), server_port=None)
+    wait_ready(qtbot, bridge)
+    api_port, ollama_port = _free_port(), _free_port()
+    window.server.settings_action.trigger()
+    dialog = window.server.settings_dialog
+    assert not dialog.ollama.isChecked() and not dialog.ollama_port.isEnabled()  # off at first
+    dialog.port.setValue(api_port)
+    dialog.ollama.setChecked(True)
+    dialog.ollama_port.setValue(api_port)
+    dialog.accept()  # the same port twice: refused in one line
+    assert dialog.isVisible() and dialog.error_label.text().startswith("Ollama's port must")
+    dialog.ollama_port.setValue(ollama_port)
+    with qtbot.waitSignal(dialog.accepted):
+        dialog.accept()
+    assert window.settings.api_ollama_port == ollama_port
+
+    window.serve_action.trigger()
+    assert bridge.server_ollama_address == f"http://127.0.0.1:{ollama_port}"
+    assert f"Ollama: http://127.0.0.1:{ollama_port}" in window.server_label.text()
+    with ollama.Client(host=bridge.server_ollama_address) as client:
+        reply = client.chat(
+            model="x", messages=[{"role": "user", "content": "hi"}], options={"num_predict": 2}
+        )
+    assert reply.done and _status(bridge.server_ollama_address + "/")[0] == 200
+    window.server.log_action.trigger()
+    with qtbot.waitSignal(bridge.statsUpdated, timeout=WAIT_MS):
+        bridge.poll_stats()
+    log = window.server.log_dialog
+    assert log.tree.topLevelItem(0).text(1) == "Ollama"
+    assert log.tree.topLevelItem(0).toolTip(1) == "/api/chat"
+    with qtbot.waitSignal(bridge.serverStopped, timeout=WAIT_MS):
+        window.serve_action.trigger()
+
+    window.server.settings_action.trigger()  # switched off again
+    dialog = window.server.settings_dialog
+    assert dialog.ollama.isChecked() and dialog.ollama_port.value() == ollama_port
+    dialog.ollama.setChecked(False)
+    with qtbot.waitSignal(dialog.accepted):
+        dialog.accept()
+    assert window.settings.api_ollama_port is None

@@ -380,3 +380,82 @@ def test_restore_serves_only_the_namespace_that_saved(model, db, tokens):
         assert persister.reader.session("app/chat") is None
     finally:
         persister.close()
+
+
+# ---------------------------------------------------------------- a writer that falls behind
+
+
+def held_writer(persister: DiskTier) -> threading.Event:
+    """Hold ``persister``'s writer thread before its next job until the returned event is
+    set (a writer starved of CPU, as at nice 19 on a busy machine)."""
+    release = threading.Event()
+    do = persister._do
+
+    def held(job):
+        release.wait(60)
+        do(job)
+
+    persister._do = held
+    return release
+
+
+def test_pages_on_their_way_to_disk_are_restored_before_the_writer_writes_them(model, db, tokens):
+    """Issue 42.6: a prefix handed to a writer that has not written it yet was invisible to
+    restores (only written pages were indexed), so it was recomputed: under load the
+    pressure bench restored nothing. Now it is read back from memory, the very bytes."""
+    pc = prefix_cache(model)
+    caches, snaps = computed(model, pc, tokens, snapshot_at=(100,))
+    persister = DiskTier(db, pc, FP)
+    release = held_writer(persister)
+    try:
+        persister.save("chat", tokens, caches, snaps)
+        persister.serialize_pending()  # handed to the writer, which has written nothing
+        assert persister.stats().pages_written == 0
+        prompt = tokens + [7, 8, 9]
+        assert persister.restore(prompt, None) == 150
+        prefix = pc.match(prompt)
+        restored = pc.make_caches(prefix)
+        for layer in [s.slot for s in pc.build.layout.paged]:
+            for got, want in (
+                (restored[layer].keys, caches[layer].keys),
+                (restored[layer].values, caches[layer].values),
+            ):
+                assert mx.array_equal(got[..., :150, :], want[..., :150, :]).item()
+        assert_continues_like_a_fresh_prefill(model, restored, prompt, 150)
+        pc.release(prefix)
+        release.set()
+        persister.flush(timeout=30)
+        assert persister.stats().pages_written == (4 if pc.hybrid else 3)  # hybrid: one ends at 100
+    finally:
+        release.set()
+        persister.close()
+    fresh = prefix_cache(model)
+    reader = DiskTier(db, fresh, FP)  # and they are on disk now, read from there
+    try:
+        assert reader.restore(tokens + [7, 8, 9], None) == 150
+    finally:
+        reader.close()
+
+
+def test_pages_whose_write_failed_are_not_found_any_more(model, db, tokens, monkeypatch):
+    from kvcache.store import DiskStoreError
+
+    pc = prefix_cache(model)
+    caches, snaps = computed(model, pc, tokens, snapshot_at=(100,))
+    persister = DiskTier(db, pc, FP)
+    release = held_writer(persister)
+
+    def fails(*args, **kwargs):
+        raise DiskStoreError("locked by another process")
+
+    monkeypatch.setattr(persister._writer, "save_session", fails)
+    try:
+        persister.save("chat", tokens, caches, snaps)
+        persister.serialize_pending()
+        release.set()
+        persister.flush(timeout=30)
+        assert persister.stats().write_errors == 1 and len(persister.index) == 0
+        assert persister.restore(tokens + [7], None) == 0 and pc.cached_length(tokens) == 0
+    finally:
+        release.set()
+        persister.close()

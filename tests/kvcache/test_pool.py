@@ -18,13 +18,19 @@ from kvcache.pool import (
     MIN_POOL_PAGES,
     KVPagePool,
     PageAllocator,
-    ReqToTokenPool,
     page_runs,
-    page_slots,
     pool_pages_for_budget,
 )
 
 HEADS, HEAD_DIM, PAGE = 2, 8, 4
+
+
+def page_slots(page_ids: list[int], page_size: int, stop: int, start: int = 0) -> mx.array:
+    """The pool slots of tokens ``start..stop-1`` of a sequence stored in ``page_ids``."""
+    first, last = start // page_size, math.ceil(stop / page_size)
+    pages = mx.array(page_ids[first:last], dtype=mx.int32)[:, None]
+    slots = (pages * page_size + mx.arange(page_size, dtype=mx.int32)).reshape(-1)
+    return slots[start - first * page_size : stop - first * page_size]
 
 
 def full_layout(
@@ -195,14 +201,6 @@ def test_pure_recurrent_layout_has_an_empty_pool():
     assert pool_pages_for_budget(layout, PAGE, weight_bytes=0, tokens=1000) == 0
 
 
-def test_page_slots():
-    assert page_slots([3, 1], 4, 6).tolist() == [12, 13, 14, 15, 4, 5]
-    assert page_slots([3, 1, 2], 4, 9, start=5).tolist() == [5, 6, 7, 8]
-    assert page_slots([3], 4, 0).tolist() == []
-    with pytest.raises(ValueError):
-        page_slots([3], 4, 5)
-
-
 # --- PageAllocator -----------------------------------------------------------------
 
 
@@ -251,26 +249,6 @@ def test_decref_below_zero_is_a_bug():
     with pytest.raises(AssertionError, match="incref of free page 3"):
         allocator.incref([3])
     allocator.check_invariants()
-
-
-# --- ReqToTokenPool ----------------------------------------------------------------
-
-
-def test_request_table():
-    table = ReqToTokenPool(capacity=2, page_size=PAGE)
-    assert table.alloc("a") == 0 and table.alloc("b") == 1
-    assert table.alloc("c") is None and table.available() == 0
-    with pytest.raises(ValueError, match="already has a row"):
-        table.alloc("a")
-    table.set("a", [5, 2], 6)
-    table.append("a", [9], 9)
-    assert table.pages("a") == [5, 2, 9] and table.num_tokens("a") == 9
-    assert table.slots("a", start=7).tolist() == [2 * PAGE + 3, 9 * PAGE]
-    with pytest.raises(ValueError, match="do not fit"):
-        table.append("a", [], 13)
-    assert table.free("a") == [5, 2, 9]
-    assert "a" not in table and len(table) == 1
-    assert table.alloc("c") == 0
 
 
 # --- budget ------------------------------------------------------------------------

@@ -190,11 +190,11 @@ def test_disabled_cache_matches_nothing(tiny):
 def test_build_result_describes_the_model(tiny):
     kind, model = tiny
     build = build_kv_cache(model, weight_bytes=0, page_size=8, pool_tokens=800)
-    assert build.is_hybrid_swa == (kind == "sliding")
-    assert build.is_hybrid_ssm == (kind == "recurrent")
-    assert build.sliding_window_size == (16 if kind == "sliding" else None)
-    assert build.full_tokens_per_layer == 800 and build.page_size == 8
-    assert not build.disable_radix_cache and build.tree_cache.require_snapshots == (kind != "llama")
+    assert build.layout.is_hybrid_swa == (kind == "sliding")
+    assert build.layout.is_hybrid_ssm == (kind == "recurrent")
+    assert build.layout.sliding_window == (16 if kind == "sliding" else None)
+    assert build.page_size == 8 and build.pool.num_pages * 8 == build.allocator.num_pages * 8 == 800
+    assert not build.disable_radix_cache and build.tree.require_snapshots == (kind != "llama")
 
 
 def test_restored_kv_serves_the_next_request_exactly(tiny):

@@ -4,10 +4,11 @@ server, unchanged, on a small task in a scratch folder.
 It installs nothing: a client runs where ``claude`` / ``codex`` are on PATH (or named by
 ``--claude`` / ``--codex``). The server is this process's own (an engine and the API on a
 free loopback port, in a scratch data folder: its cache starts empty), on ``--model``
-(gemma3-270m by default: a 32k context, room for the agents' 12k-20k-token first
-prompts) with the model's own chat template. Each client runs non-interactively
-(``claude -p``, ``codex exec``) with a scratch HOME, its timeouts raised (a CPU prefills
-such a prompt for minutes), and the server's request log says, per request: the dialect,
+(qwen2.5-coder-0.5b by default: an instruct model that calls tools, with a 32k context,
+room for the agents' 12k-20k-token first prompts) with the model's own chat template. Each
+client runs non-interactively (``claude -p``, ``codex exec``) with a scratch HOME, its
+timeouts raised (a CPU prefills such a prompt for minutes), and the server's request log
+says, per request: the dialect,
 prompt tokens, tokens the cache served, time to first token (from arrival) and how it
 ended. The client finished without an API error when it exited 0 and (Claude Code's
 JSON result) reported no error.

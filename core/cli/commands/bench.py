@@ -34,6 +34,7 @@ def add_parser(subparsers) -> None:
         _clients,
         _constrain,
         _fairness,
+        _key_fairness,
         _pull,
         _switch,
         _kv_quality,
@@ -424,7 +425,8 @@ def _clients(benches) -> None:
             "dialect, prompt and cached tokens, TTFT; and whether each finished",
         )
     )
-    clients.set_defaults(model="gemma3-270m")
+    # an instruct model with tools and a 32k context (gemma3-270m, a base model, never ends a turn)
+    clients.set_defaults(model="qwen2.5-coder-0.5b")
     clients.add_argument("--claude", metavar="PATH", help="Claude Code (default: claude on PATH)")
     clients.add_argument("--codex", metavar="PATH", help="Codex (default: codex on PATH)")
     clients.add_argument("--task", default=CLIENTS_TASK, help="what each client is asked to do")
@@ -440,8 +442,8 @@ def _clients(benches) -> None:
         default=512,
         metavar="N",
         help="a reply's tokens: the server's ceiling (Codex sets no limit) and Claude Code's "
-        "CLAUDE_CODE_MAX_OUTPUT_TOKENS (default: 512; a base model rarely ends its turn, and "
-        "a CPU decodes the context's rest for an hour)",
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS (default: 512; a model that does not end its turn "
+        "would have a CPU decode the context's rest for an hour)",
     )
     clients.add_argument("--kv-tokens", type=positive, help="the server's KV pool, in tokens")
     clients.add_argument(
@@ -507,6 +509,32 @@ def run_fairness(args: argparse.Namespace) -> int:
     from core.cli.bench.fairness import run_bench_fairness
 
     return run_bench_fairness(args)
+
+
+def _key_fairness(benches) -> None:
+    fairness = _with_model(
+        benches.add_parser(
+            "key-fairness",
+            help="another API key's short chat behind one key's long prompts: its time to "
+            "first token, prefill shared between keys and as before",
+        )
+    )
+    fairness.add_argument(
+        "--long-tokens", type=int, default=6000, help="key A's one long prompt, tokens"
+    )
+    fairness.add_argument("--queue", type=int, default=3, help="key A's queue: prompts")
+    fairness.add_argument(
+        "--queue-tokens", type=int, default=1650, help="key A's queue: each prompt, tokens"
+    )
+    fairness.add_argument("--repeats", type=int, default=3, help=REPEATS_HELP)
+    fairness.add_argument("--json", action="store_true", help=JSON_HELP)
+    fairness.set_defaults(run=run_key_fairness)
+
+
+def run_key_fairness(args: argparse.Namespace) -> int:
+    from core.cli.bench.key_fairness import run_bench_key_fairness
+
+    return run_bench_key_fairness(args)
 
 
 def _pull(benches) -> None:

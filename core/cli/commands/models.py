@@ -1,5 +1,6 @@
-"""``radixchat models [rm NAME | clean]``: the models here with the files made from them;
-deleting one from the hub; deleting the files made from models."""
+"""``radixchat models [rm NAME | clean]``: the models here with the files made from them
+(base models marked "base: completion only"); deleting one, by the name listed; deleting
+the files made from models."""
 
 from __future__ import annotations
 
@@ -13,10 +14,14 @@ def add_parser(subparsers) -> None:
     add_data_dir(models)
     models_sub = models.add_subparsers(dest="models_command")
     models_rm = models_sub.add_parser(
-        "rm", help="delete a model downloaded from the hub, and its cached KV"
+        "rm", help="delete a model (known, in the data folder or from the hub) and its cached KV"
     )
     add_data_dir(models_rm)
-    models_rm.add_argument("name", help="as `radixchat models` lists it: REPO or REPO:FILE.gguf")
+    models_rm.add_argument(
+        "name",
+        help="as `radixchat models` lists it: a known model's name, a file or folder in the "
+        "data folder, REPO or REPO:FILE.gguf",
+    )
     models_rm.add_argument("-y", "--yes", action="store_true", help="do not ask first")
     models_clean = models_sub.add_parser(
         "clean",

@@ -17,9 +17,14 @@ JSON_HELP = "print the result as one JSON object instead of text"
 REPEATS_HELP = "repetitions (medians are reported; default: %(default)s)"
 
 
-def add_data_dir(parser: argparse.ArgumentParser) -> None:
+def add_data_dir(parser: argparse.ArgumentParser, *, top_level: bool = False) -> None:
+    """``--data-dir``, on the top level (default None) or on a command. Given before the
+    command (``radixchat --data-dir X chats import F``) the top level's value stands: a
+    command's own default is SUPPRESS, not None, so it never writes over it."""
     parser.add_argument(
-        "--data-dir", help="data folder (default: $RADIXCHAT_HOME or the platform's)"
+        "--data-dir",
+        default=None if top_level else argparse.SUPPRESS,
+        help="data folder (default: $RADIXCHAT_HOME or the platform's)",
     )
 
 

@@ -15,7 +15,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         action=VersionAction,
         help="print the versions of radixchat, MLX, mlx-lm and Python, and exit",
     )
-    add_data_dir(parser)
+    add_data_dir(parser, top_level=True)
     parser.add_argument(
         "--model", default="default", help="model for the app (default: SmolLM2-135M)"
     )

@@ -1,4 +1,4 @@
-"""``radixchat serve``: the OpenAI- and Anthropic-compatible API, on this machine
+"""``radixchat serve``: the OpenAI-, Anthropic- and Ollama-compatible API, on this machine
 (core/cli/serve.py) or with the model split over several (``--hosts``: core/cli/serve_group.py)."""
 
 from __future__ import annotations
@@ -16,12 +16,26 @@ from core.cli.commands.options import (
     port,
     positive,
 )
-from core.limits import MAX_CONNECTIONS, MAX_OUTPUT_TOKENS, MAX_SCHEMA_BYTES, MAX_TOOLS
+from core.limits import (
+    MAX_CONNECTIONS,
+    MAX_OUTPUT_TOKENS,
+    MAX_SCHEMA_BYTES,
+    MAX_TOOLS,
+    MAX_WAITING_PER_KEY,
+)
+
+OLLAMA_PORT = 11434  # where Ollama listens, and its clients look
 
 
 def add_parser(subparsers) -> None:
     serve = subparsers.add_parser(
-        "serve", help="serve the OpenAI- and Anthropic-compatible API until Ctrl-C"
+        "serve",
+        help="serve the OpenAI-, Anthropic- and Ollama-compatible API until Ctrl-C",
+        description="Serve the loaded model over HTTP until Ctrl-C: OpenAI's API "
+        "(/v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings), Anthropic's "
+        "(/v1/messages) and Ollama's (/api/chat, /api/generate, /api/embed, /api/tags, "
+        "/api/show, /api/ps, /api/pull, /api/delete, GET /) on one port; --ollama-port serves "
+        "the same API on Ollama's port too, for apps that only speak Ollama's API.",
     )
     add_data_dir(serve)
     serve.add_argument(
@@ -32,6 +46,16 @@ def add_parser(subparsers) -> None:
         type=port,
         default=8000,
         help="port to listen on (0: a free one; default: %(default)s)",
+    )
+    serve.add_argument(
+        "--ollama-port",
+        type=port,
+        nargs="?",
+        const=OLLAMA_PORT,
+        metavar="PORT",
+        help=f"also listen on PORT (alone: Ollama's own, {OLLAMA_PORT}), so apps that speak "
+        "only Ollama's API (Open WebUI, Continue, Raycast...) find RadixChat where they look "
+        "for Ollama; the same API as --port (stop Ollama first if it holds the port)",
     )
     serve.add_argument("--model", default="default", help=MODEL_HELP)
     serve.add_argument(
@@ -108,6 +132,14 @@ def add_parser(subparsers) -> None:
         metavar="N",
         help=f"reply tokens of a request that sets no limit (default: {MAX_OUTPUT_TOKENS:,}; "
         "0: up to the context); a request's own max_tokens / max_output_tokens wins",
+    )
+    serve.add_argument(
+        "--max-waiting",
+        type=positive,
+        default=MAX_WAITING_PER_KEY,
+        metavar="N",
+        help=f"prompts one API key (or the API without keys) may have waiting for prefill "
+        f"(default: {MAX_WAITING_PER_KEY}); one more is a 429",
     )
     serve.add_argument(
         "--max-connections",

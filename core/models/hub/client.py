@@ -31,7 +31,6 @@ from urllib.parse import urlsplit
 from core.errors import UserError
 from core.models.hub import names
 from core.models.hub.fit import FITS, Fit, estimate_fit
-from core.models.load.gguf_architectures import GGUF_ARCHITECTURES
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +55,17 @@ MLX_PATTERNS = (
     "chat_template.json",
 )
 SKIPPED_WEIGHTS = ("consolidated*.safetensors",)  # Mistral's original layout, beside the HF one
+
+
+def gguf_architectures() -> tuple[str, ...]:
+    """The GGUF families RadixChat's import maps (core.models.load.gguf_architectures),
+    imported when a GGUF is looked at: the table reads gguf's key constants, and gguf brings
+    numpy, which a pull of an MLX repo does not need."""
+    from core.models.load.gguf_architectures import GGUF_ARCHITECTURES
+
+    return GGUF_ARCHITECTURES
+
+
 _SPLIT_GGUF = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)  # llama.cpp's gguf-split parts
 _PROJECTOR_GGUF = re.compile(r"(^|/)mmproj[^/]*\.gguf$", re.IGNORECASE)  # vision projectors
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}$")
@@ -590,10 +600,10 @@ def _gguf_plan(
     repo_id: str, commit: str, file: RepoFile, gguf_info: dict, on_cpu, machine_bytes
 ) -> RepoPlan:
     architecture = gguf_info.get("architecture")
-    if architecture and architecture not in GGUF_ARCHITECTURES:
+    if architecture and architecture not in gguf_architectures():
         raise HubError(
             f"{repo_id} is a GGUF of the {architecture} family, which RadixChat's import can't map "
-            f"yet (it maps {', '.join(GGUF_ARCHITECTURES)})"
+            f"yet (it maps {', '.join(gguf_architectures())})"
         )
     fit = estimate_fit("gguf", file.size, None, on_cpu, machine_bytes)
     return RepoPlan(repo_id, commit, "gguf", (file,), f"{repo_id}:{file.path}", architecture, fit)

@@ -30,6 +30,7 @@ import logging
 import os
 import queue
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -116,10 +117,10 @@ def partial_bytes(plan: RepoPlan) -> int:
     done = 0
     for file in plan.files:
         blob, partial, pointer = _paths(plan, file)
-        if pointer.is_file() or blob.is_file():
+        if pointer.is_file() or _regular_size(blob) is not None:
             done += file.size
-        elif partial.is_file():
-            done += min(partial.stat().st_size, file.size)
+        else:
+            done += min(_regular_size(partial) or 0, file.size)
     return done
 
 
@@ -140,8 +141,10 @@ def download(
     todo: list[RepoFile] = []
     for file in plan.files:
         blob, partial, pointer = _paths(plan, file)
-        if not (pointer.is_file() or blob.is_file()):
-            if partial.is_file() and partial.stat().st_size > file.size:
+        if not (pointer.is_file() or _regular_size(blob) is not None):
+            _clear_foreign(blob)
+            _clear_foreign(partial)
+            if (_regular_size(partial) or 0) > file.size:
                 partial.unlink()  # not a prefix of this file
             todo.append(file)
     meter = _Meter(plan, partial_bytes(plan), progress, cancel)
@@ -187,7 +190,7 @@ def _check_disk_space(plan: RepoPlan, todo: list[RepoFile], storage: Path) -> No
     needed = 0
     for file in todo:
         _, partial, _ = _paths(plan, file)
-        needed += file.size - (partial.stat().st_size if partial.is_file() else 0)
+        needed += file.size - (_regular_size(partial) or 0)
     free = shutil.disk_usage(storage).free
     if needed > free:
         raise HubError(
@@ -252,13 +255,14 @@ def _fetch(plan: RepoPlan, file: RepoFile, meter: _Meter, hashes: FileHashCache 
     url = client.file_url(plan.repo_id, file.path, plan.commit)
     try:
         headers = client.request_headers()
-        with open(partial, "ab", buffering=0) as raw:  # the buffers are large: no second copy
+        with _open_partial(partial) as raw:  # unbuffered: the buffers are large, no second copy
             sink = _Sink(raw, file)
             try:
                 _transfer(url, headers, file, sink, meter)
                 digest = sink.finish()
             finally:
                 sink.close()
+            written = os.fstat(raw.fileno())
     except (DownloadCancelled, HubError):
         raise
     except OSError as exc:
@@ -278,6 +282,16 @@ def _fetch(plan: RepoPlan, file: RepoFile, meter: _Meter, hashes: FileHashCache 
             f"{file.path} of {plan.repo_id} failed its hash check ({kind} {digest[:12]}…, the "
             f"hub lists {expected[:12]}…): the file was deleted; pull again"
         )
+    try:
+        now = os.lstat(partial)
+    except OSError:
+        now = None
+    if now is None or (now.st_dev, now.st_ino) != (written.st_dev, written.st_ino):
+        raise HubError(
+            f"{file.path} of {plan.repo_id}: its part file {partial.name} was replaced while it "
+            "downloaded; pull again"
+        )
+    _clear_foreign(blob)
     os.replace(partial, blob)
     if hashes is not None and file.sha256:
         hashes.remember(blob, digest)  # the model's fingerprint will not hash it again
@@ -370,10 +384,71 @@ def _retryable() -> tuple[type[BaseException], ...]:
 
 
 def _size(path: Path) -> int:
+    return _regular_size(path) or 0
+
+
+def _regular_size(path: Path) -> int | None:
+    """The size of ``path`` if it is a regular file itself (not a symlink to one: a link is
+    never taken for a download's own file), else None."""
     try:
-        return path.stat().st_size
+        info = os.lstat(path)
     except OSError:
-        return 0
+        return None
+    return info.st_size if stat.S_ISREG(info.st_mode) else None
+
+
+def _clear_foreign(path: Path) -> None:
+    """Remove what is at ``path`` unless it is a regular file: a symlink (never written
+    through: a resumed download would append to whatever it points at), a folder (which
+    would fail every pull), anything else. The link itself goes, never its target."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(info.st_mode):
+        return
+    log.warning("%s is not a regular file (a link or a folder): replaced", path)
+    if stat.S_ISDIR(info.st_mode):
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+def _open_partial(path: Path):
+    """``path`` opened to append and read back, as a regular file of its own: a symlink or
+    folder put there since :func:`_clear_foreign` is refused (``O_NOFOLLOW``), never
+    written through."""
+    _clear_foreign(path)
+    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, flags, 0o644)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise IsADirectoryError(errno.EISDIR, "not a regular file", str(path))
+        return os.fdopen(fd, "a+b", buffering=0)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _write_new(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` as a new file of its own (whatever was there removed first;
+    never through a link)."""
+    _remove(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(text)
+
+
+def _remove(path: Path) -> None:
+    """Remove whatever is at ``path`` (a file, a link, a folder); nothing if there is nothing."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(info.st_mode):
+        shutil.rmtree(path)
+    else:
+        path.unlink()
 
 
 def _link(plan: RepoPlan, storage: Path, revision: str) -> Path:
@@ -389,7 +464,7 @@ def _link(plan: RepoPlan, storage: Path, revision: str) -> Path:
         blob, _, pointer = _paths(plan, file)
         pointer.parent.mkdir(parents=True, exist_ok=True)
         tmp = pointer.with_name(f".{pointer.name}.{os.getpid()}.tmp")
-        tmp.unlink(missing_ok=True)
+        _remove(tmp)
         try:
             os.symlink(os.path.relpath(blob, pointer.parent), tmp)
         except OSError:  # no symlinks here (Windows without the right): as huggingface_hub, a copy
@@ -399,7 +474,7 @@ def _link(plan: RepoPlan, storage: Path, revision: str) -> Path:
         ref = storage / "refs" / revision
         ref.parent.mkdir(parents=True, exist_ok=True)
         tmp = ref.with_name(f".{ref.name}.{os.getpid()}.tmp")
-        tmp.write_text(plan.commit)
+        _write_new(tmp, plan.commit)
         tmp.replace(ref)
     return snapshot / plan.files[0].path if plan.kind == "gguf" else snapshot
 
@@ -439,9 +514,10 @@ class _Sink:
             hashlib.sha256() if self._file.sha256 else hashlib.sha1(b"blob %d\0" % self._file.size)
         )
         self.position = self._raw.seek(0, os.SEEK_END)
-        with open(self._raw.name, "rb") as existing:
-            while chunk := existing.read(8 << 20):
-                self._hasher.update(chunk)
+        offset = 0  # the part already there, read through the same descriptor (not by name)
+        while chunk := os.pread(self._raw.fileno(), 8 << 20, offset):
+            self._hasher.update(chunk)
+            offset += len(chunk)
 
     def _hashing(self) -> None:
         while True:

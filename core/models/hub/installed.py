@@ -87,7 +87,9 @@ def partial_downloads() -> list[PartialDownload]:
         return []
     for folder in folders:
         size = sum(
-            p.stat().st_size for p in (folder / "blobs").glob(f"*{PARTIAL_SUFFIX}") if p.is_file()
+            p.stat().st_size
+            for p in (folder / "blobs").glob(f"*{PARTIAL_SUFFIX}")
+            if p.is_file() and not p.is_symlink()  # a link is not a part (a pull replaces it)
         )
         if size:
             partial.append(PartialDownload(folder.name[len("models--") :].replace("--", "/"), size))

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 from core.models.catalog import GGUF_BITS_PER_WEIGHT
 from core.models.hub.client import (
-    GGUF_ARCHITECTURES,
     HubError,
     check_online,
     check_repo_id,
     endpoint,
+    gguf_architectures,
     hub_error,
     mlx_lm_supports,
     quantization_of,
@@ -173,7 +173,7 @@ def _search_result(info, kind: str, on_cpu: bool | None, machine_bytes: int | No
         size = int(parameters * GGUF_BITS_PER_WEIGHT / 8) if parameters else None
         problem = (
             None
-            if architecture is None or architecture in GGUF_ARCHITECTURES
+            if architecture is None or architecture in gguf_architectures()
             else f"a GGUF of the {architecture} family, which RadixChat's import can't map yet"
         )
         fit = estimate_fit("gguf", size, parameters, on_cpu, machine_bytes) if size else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import mmap
 import struct
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,12 +113,13 @@ class _Reader:
             raise ValueError(f"unknown metadata value type {kind}")
 
 
-def read_header(path: Path, metadata: bool = True) -> GGUFHeader:
+def read_header(path: Path, metadata: bool | Collection[str] = True) -> GGUFHeader:
     """Metadata and tensor directory of a GGUF file (no tensor data is read).
 
     With ``metadata=False`` the values are stepped over, not decoded, and the header's
     metadata holds only ``general.alignment`` (where the file sets it): enough for the
-    tensor directory, and faster on a large vocabulary (what the picker needs).
+    tensor directory, and faster on a large vocabulary (what the picker needs). With a
+    collection of keys, those are decoded too (the picker's "has a chat template").
 
     Raises :class:`ModelLoadError` on a truncated, corrupt or non-GGUF file.
     """
@@ -136,9 +138,10 @@ def read_header(path: Path, metadata: bool = True) -> GGUFHeader:
                 )
             n_tensors, n_kv = r.scalar("<Q"), r.scalar("<Q")
             values: dict[str, Any] = {}
+            wanted = set() if isinstance(metadata, bool) else set(metadata)
             for _ in range(n_kv):
                 key, kind = r.string(), r.scalar("<I")
-                if metadata or key == "general.alignment":
+                if metadata is True or key == "general.alignment" or key in wanted:
                     values[key] = r.value(kind)
                 else:
                     r.skip(kind)

@@ -25,6 +25,7 @@ from mlx.utils import tree_flatten
 
 from core.errors import ModelLoadError
 from core.models import usage
+from core.models.base_models import is_base_model
 from core.models.hashing import FileHashCache
 from core.models.hub import hf_cache
 from core.models.load.chat_template import shipped_template, with_chat_template
@@ -52,6 +53,9 @@ class ModelInfo:
     context_length: int
     num_layers: int
     load_seconds: float
+    # a base model: completion only (no chat template in its files, or named base;
+    # core.models.base_models); chat requests still get replies through a fallback template
+    base: bool = False
 
 
 @dataclass
@@ -163,6 +167,7 @@ def load_model(
         context_length=_context_length(config),
         num_layers=len(getattr(model, "layers", [])),
         load_seconds=time.perf_counter() - started,
+        base=is_base_model(path, model_name(path)),
     )
     return LoadedModel(model, tokenizer, config, info)
 

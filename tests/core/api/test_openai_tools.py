@@ -250,6 +250,9 @@ def test_a_full_tool_round_trip_on_the_default_model(data_root_with_default):
         engine.wait_ready(timeout=300)
         server = ApiServer(engine, "127.0.0.1", 0).start()
         client = openai.OpenAI(base_url=server.address + "/v1", api_key="unused", max_retries=0)
+        # a schema as pydantic writes it (no additionalProperties: issue 43.3): on main
+        # SmolLM2 padded the call with invented keys and ran out of tokens at 40, with no
+        # call and empty content; with extra keys off it is a clean call
         tools = [
             {
                 "type": "function",
@@ -257,21 +260,25 @@ def test_a_full_tool_round_trip_on_the_default_model(data_root_with_default):
                     "name": "get_weather",
                     "description": "Current weather of a city",
                     "parameters": {
-                        "type": "object",
-                        "properties": {"city": {"type": "string"}},
+                        "description": "Current weather of a city",
+                        "properties": {
+                            "city": {"description": "the city", "title": "City", "type": "string"}
+                        },
                         "required": ["city"],
-                        "additionalProperties": False,
+                        "title": "GetWeather",
+                        "type": "object",
                     },
                 },
             }
         ]
-        asked = chat(client, tools=tools, tool_choice="required", max_tokens=60).choices[0]
-        assert asked.finish_reason == "tool_calls"
-        call = asked.message.tool_calls[0]
-        assert (
-            call.function.name == "get_weather"
-            and "Paris" in json.loads(call.function.arguments)["city"]
-        )
+        asked = chat(client, tools=tools, tool_choice="required", max_tokens=40)
+        assert asked.choices[0].finish_reason == "tool_calls"
+        assert asked.usage.completion_tokens <= 40
+        call = asked.choices[0].message.tool_calls[0]
+        assert call.function.name == "get_weather"
+        assert json.loads(call.function.arguments).keys() == {"city"}
+        assert "Paris" in json.loads(call.function.arguments)["city"]
+        asked = asked.choices[0]
         history = ASK + [
             asked.message.model_dump(exclude_none=True),
             {"role": "tool", "tool_call_id": call.id, "content": "18 degrees Celsius and sunny"},

@@ -90,6 +90,45 @@ def finished(server, reason: str) -> float:
 
 
 # ------------------------------------------------------------------ happy paths
+def test_a_base_model_says_so_in_the_model_list_and_still_chats(engine, tmp_path):
+    """A model without a chat template is listed as a base model (both shapes of /v1/models);
+    chat completions on it still answer, through the fallback template. An instruct model
+    is not marked."""
+    with ApiServer(engine, "127.0.0.1", 0) as api:
+        status, body = raw(api, "GET", "/v1/models")
+        assert status == 200 and body["data"][0]["radixchat"]["base_model"] is False
+        assert "note" not in body["data"][0]["radixchat"]
+    folder = write_tiny_model(tmp_path / "tiny-base", TinyModelSpec(num_layers=2))
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    base = Engine(tmp_path / "data", str(folder), pool_tokens=2048).start()
+    try:
+        base.wait_ready(timeout=60)
+        with ApiServer(base, "127.0.0.1", 0) as api:
+            status, body = raw(api, "GET", "/v1/models")
+            listed = body["data"][0]["radixchat"]
+            assert listed["base_model"] is True and listed["note"] == "base: completion only"
+            _, body = raw(api, "GET", "/v1/models", headers={"anthropic-version": "2023-06-01"})
+            assert body["data"][0]["display_name"] == "tiny-base (base: completion only)"
+            status, body = raw(
+                api,
+                "POST",
+                "/v1/chat/completions",
+                json.dumps(
+                    {
+                        "model": "x",
+                        "max_tokens": 4,
+                        "temperature": 0,
+                        "messages": [{"role": "user", "content": "hi"}],
+                    }
+                ).encode(),
+            )
+            assert status == 200 and body["usage"]["completion_tokens"] > 0
+    finally:
+        base.shutdown()
+
+
 def test_any_model_name_is_the_loaded_model_and_aliases_are_listed(engine):
     """Issue 30.3: whatever name a client was set up with answers, naming the real model;
     ``--alias`` names are listed in /v1/models (both shapes) and found by retrieve."""

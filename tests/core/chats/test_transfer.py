@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from core.chats import transfer
+from core.chats.settings import RANGES
 from core.chats.store import ChatStore
 from core.chats.turn import ChatTurn, MadeWith
 from core.engine.types import RequestStats
-from core.errors import UserError
+from core.errors import StoreError, UserError
 
 SAMPLING = {"temperature": 0.2, "top_p": 0.9, "top_k": 40, "repetition_penalty": 1.1}
 
@@ -126,3 +129,137 @@ def test_a_replys_thinking_goes_out_and_comes_back(store, tmp_path):
     assert [(m.content, m.reasoning) for m in back] == [("2+2?", None), ("4", "Two and two.")]
     with pytest.raises(UserError, match="reasoning is not text"):
         transfer.import_chat(store, [{"role": "assistant", "content": "4", "reasoning": 4}])
+
+
+# ------------------------------------------------------------------ issue 42.4
+
+
+def _deep(levels: int) -> dict:
+    value: dict = {}
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        ({"version": "2", "messages": []}, "version '2'"),
+        ({"version": [1], "messages": []}, "version [1]"),
+        ({"version": None, "messages": []}, "version None"),
+        ({"version": True, "messages": []}, "version True"),
+        ({"version": 2, "messages": []}, "version 2"),
+        ({"format": ["x"], "messages": []}, "format ['x']"),
+        ({"messages": [[1]]}, "message 1 is not an object"),
+        ({"messages": [{"role": ["user"], "content": "x"}]}, "message 1: role ['user']"),
+        ({"messages": [{"role": "assistant", "content": "x", "stats": [1]}]}, "its stats"),
+        ({"messages": [{"role": "assistant", "content": "x", "sampling": 3}]}, "its sampling"),
+        ({"messages": [{"role": "assistant", "content": "x", "model": 3}]}, "its model"),
+        ({"messages": [], "settings": "hot"}, "settings is not an object"),
+        ({"messages": [], "settings": {"temperature": float("nan")}}, "settings.temperature"),
+        ({"messages": [], "settings": {"max_tokens": float("inf")}}, "settings.max_tokens"),
+        ({"messages": [], "settings": {"top_k": "5"}}, "settings.top_k must be a whole number"),
+        ({"messages": [], "settings": {"top_p": 0}}, "settings.top_p must be a number"),
+        ({"messages": [], "settings": {"seed": -1}}, "settings.seed"),
+        ({"messages": [], "settings": {"stop": "x"}}, "settings.stop"),
+        ({"messages": [], "title": 5}, "title is not text"),
+        ({"messages": [{"role": "user", "content": "a\ud800"}]}, "not valid UTF-8"),
+        ({"messages": [], "title": "a\udc00"}, "not valid UTF-8"),
+        ({"messages": [{"role": "assistant", "content": "x", "stats": _deep(40)}]}, "nested"),
+    ],
+)
+def test_every_malformed_shape_is_one_line_and_writes_nothing(store, data, said):
+    before = store.list_sessions()
+    with pytest.raises(UserError) as raised:
+        transfer.import_chat(store, data)
+    assert said in str(raised.value) and "\n" not in str(raised.value), str(raised.value)
+    assert store.list_sessions() == before
+
+
+def test_json_nested_100k_deep_is_one_line(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(UserError, match="nested too deeply") as raised:
+        transfer.read_export(path)
+    assert "\n" not in str(raised.value)
+
+
+def test_settings_in_their_ranges_are_stored_and_unknown_keys_left_out(store):
+    settings = {**SAMPLING, "max_tokens": 64.0, "seed": None, "stop": ["END"], "colour": "red"}
+    done = transfer.import_chat(store, {"messages": [], "settings": settings})
+    assert done.session.settings == {**SAMPLING, "max_tokens": 64, "seed": None, "stop": ["END"]}
+    assert isinstance(done.session.settings["max_tokens"], int)
+
+
+def test_an_import_is_one_transaction(store):
+    """The chat's row and every message go in together: the disk filling up at the 40th
+    message leaves no chat (on main each message was its own transaction: 39 stayed)."""
+    store.db.execute(
+        "CREATE TRIGGER full_at_40 BEFORE INSERT ON messages WHEN NEW.seq = 40 "
+        "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END"
+    )
+    with pytest.raises(StoreError, match="disk is full"):
+        transfer.import_chat(store, [{"role": "user", "content": str(i)} for i in range(50)])
+    assert store.list_sessions() == []
+    assert store.db.execute("SELECT count(*) FROM messages").fetchone()[0] == 0
+
+
+# any JSON value (NaN and infinities too: Python's json reads them), text with lone
+# surrogates and control characters
+TEXT = st.text(st.characters(blacklist_categories=()), max_size=12)
+SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | TEXT
+ANY_JSON = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TEXT, inner, max_size=3),
+    max_leaves=12,
+)
+MESSAGE = st.fixed_dictionaries(
+    {},
+    optional={
+        "role": st.sampled_from(transfer.ROLES) | ANY_JSON,
+        "content": TEXT | ANY_JSON,
+        "stats": st.dictionaries(TEXT, ANY_JSON, max_size=3) | ANY_JSON,
+        "model": TEXT | ANY_JSON,
+        "sampling": st.dictionaries(TEXT, SCALARS, max_size=3) | ANY_JSON,
+        "reasoning": TEXT | ANY_JSON,
+    },
+)
+SETTINGS = (
+    st.dictionaries(st.sampled_from([*RANGES, "stop", "other"]), SCALARS | ANY_JSON, max_size=4)
+    | ANY_JSON
+)
+CHAT = st.fixed_dictionaries(
+    {},
+    optional={
+        "format": st.just(transfer.FORMAT) | ANY_JSON,
+        "version": st.just(transfer.VERSION) | ANY_JSON,
+        "title": TEXT | ANY_JSON,
+        "system_prompt": TEXT | ANY_JSON,
+        "settings": SETTINGS,
+        "messages": st.lists(MESSAGE | ANY_JSON, max_size=4) | ANY_JSON,
+    },
+)
+
+
+@pytest.fixture(scope="module")
+def fuzz_store(tmp_path_factory):
+    with ChatStore(tmp_path_factory.mktemp("fuzz") / "chats.db") as opened:
+        yield opened
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=CHAT | st.lists(MESSAGE | ANY_JSON, max_size=4) | ANY_JSON)
+def test_any_json_shape_imports_or_is_one_line(fuzz_store, tmp_path_factory, data):
+    """Whatever JSON the file holds: a new chat holding every message it counts, or one
+    line (UserError) and nothing written; never a traceback."""
+    path = tmp_path_factory.getbasetemp() / "fuzz-chat.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    before = {s.id for s in fuzz_store.list_sessions()}
+    try:
+        done = transfer.import_chat(fuzz_store, transfer.read_export(path))
+    except UserError as exc:
+        assert "\n" not in str(exc) and str(exc)
+        assert {s.id for s in fuzz_store.list_sessions()} == before
+    else:
+        assert {s.id for s in fuzz_store.list_sessions()} == before | {done.session.id}
+        assert len(fuzz_store.messages(done.session.id)) == done.messages

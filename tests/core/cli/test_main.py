@@ -636,3 +636,17 @@ def test_the_apps_kv_bits_come_from_the_command_line(tmp_path):
     seen = []
     main(["--data-dir", str(tmp_path), "--kv-bits", "4"], gui=lambda a, d: seen.append(a) or 0)
     assert (seen[0].kv_bits, seen[0].kv_group_size) == (4, None)
+
+
+@pytest.mark.parametrize("before", [True, False])
+def test_data_dir_before_or_after_the_command_is_the_same(before, tmp_path):
+    """``radixchat --data-dir X chats ...`` used to import into the default data folder:
+    the command's own --data-dir default (None) wrote over the top level's X."""
+    from core.cli.main import build_parser
+
+    words = ["chats", "verify"]
+    argv = (
+        ["--data-dir", str(tmp_path), *words] if before else [*words, "--data-dir", str(tmp_path)]
+    )
+    assert build_parser().parse_args(argv).data_dir == str(tmp_path)
+    assert build_parser().parse_args(words).data_dir is None

@@ -1,5 +1,5 @@
 """``radixchat serve``: what it says when it serves and when it stops; its API keys
-(repeated --api-key, a keys file, $RADIXCHAT_API_KEY)."""
+(repeated --api-key, a keys file, $RADIXCHAT_API_KEY); the Ollama port."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import http.client
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -108,6 +109,79 @@ def test_serve_says_where_it_serves_and_that_it_stops(tiny_model, tmp_path, sign
             assert server.wait(60) == 0, rest
             assert rest.splitlines()[-1] == "radixchat: stopping"
             assert lines[0] == "radixchat: loading tiny-llama" and server.stdout.read() == ""
+        finally:
+            if server.poll() is None:
+                server.kill()
+
+
+@pytest.mark.parametrize(
+    ("given", "port"), [([], None), (["--ollama-port"], 11434), (["--ollama-port", "12001"], 12001)]
+)
+def test_the_ollama_port_option(given, port):
+    from core.cli.main import build_parser
+
+    assert build_parser().parse_args(["serve", *given]).ollama_port == port
+
+
+def test_a_busy_or_clashing_ollama_port_is_refused_before_loading(tmp_path, capsys):
+    from core.cli.main import main
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        taken = busy.getsockname()[1]
+        for given, said in (
+            (["--port", "0", "--ollama-port", str(taken)], f"port {taken} on 127.0.0.1 is in use"),
+            (["--port", "12002", "--ollama-port", "12002"], "--ollama-port 12002 is the --port"),
+        ):
+            no_model = ["--model", str(tmp_path / "no-such-model"), "--data-dir", str(tmp_path)]
+            assert main(["serve", *given, *no_model]) == 2
+            err = capsys.readouterr().err.strip()
+            assert said in err and "\n" not in err
+
+
+def test_serve_says_where_ollama_clients_find_it(tiny_model, tmp_path):
+    """``--ollama-port``: a second address, answering as Ollama does at its root."""
+    root = Path(__file__).resolve().parents[3]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        ollama_port = probe.getsockname()[1]
+    command = [
+        sys.executable,
+        "-m",
+        "core.cli.main",
+        "serve",
+        "--model",
+        str(tiny_model),
+        "--port",
+        "0",
+        "--ollama-port",
+        str(ollama_port),
+        "--data-dir",
+        str(tmp_path / "data"),
+    ]
+    with subprocess.Popen(
+        command,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as server:
+        try:
+            lines = []
+            for line in server.stderr:
+                lines.append(line.rstrip("\n"))
+                if line.startswith("radixchat: Ollama's clients"):
+                    break
+            assert lines[-1] == f"radixchat: Ollama's clients: http://127.0.0.1:{ollama_port}"
+            conn = http.client.HTTPConnection("127.0.0.1", ollama_port, timeout=30)
+            conn.request("GET", "/")
+            response = conn.getresponse()
+            assert response.status == 200 and response.read() == b"Ollama is running"
+            conn.close()
+            server.send_signal(signal.SIGINT)
+            assert server.wait(60) == 0
         finally:
             if server.poll() is None:
                 server.kill()

@@ -205,6 +205,11 @@ def test_a_request_crosses_the_wire_unchanged():
     assert request_from_dict(json.loads(json.dumps(request_to_dict(request)))) == request
     tokens = GenerationRequest(prompt_tokens=(1, 2, 3), use_cache=False)
     assert request_from_dict(json.loads(json.dumps(request_to_dict(tokens)))) == tokens
+    # Ollama's context (issue 43) and a template variable
+    turn = GenerationRequest(
+        prompt_text="and", context_tokens=(4, 5), template_kwargs={"enable_thinking": False}
+    )
+    assert request_from_dict(json.loads(json.dumps(request_to_dict(turn)))) == turn
 
 
 def test_messages_are_framed_and_a_closed_peer_is_seen():

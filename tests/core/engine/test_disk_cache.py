@@ -103,6 +103,45 @@ def test_restore_is_exact_for_every_kind(kind, tmp_path, monkeypatch):
         reader.shutdown()
 
 
+@pytest.mark.parametrize("kind", ["sliding", "recurrent"])
+def test_a_store_of_the_first_snapshot_format_restores_exactly(kind, tmp_path, monkeypatch):
+    """A store written before snapshots went through mlx-lm's ``state`` (issue 44.6: each
+    cache's attributes by name, the frozen old encoder) is read after the upgrade: the
+    reply after the restart is token for token the first process's."""
+    from kvcache import persist
+    from kvcache.serialize import snapshot_to_bytes, unpack_arrays
+    from tests.core.engine.token_log import TokenLog
+    from tests.kvcache.old_snapshot_format import old_snapshot_to_bytes
+
+    path = write_tiny_model(
+        tmp_path / kind, TinyModelSpec(kind=kind, num_layers=4, sliding_window=16)
+    )
+    log = TokenLog(monkeypatch)
+    monkeypatch.setattr(persist, "snapshot_to_bytes", old_snapshot_to_bytes)
+    writer = Engine(tmp_path / "data", str(path), pool_tokens=4096).start()
+    writer.wait_ready(60)
+    d1, d2, history = chat_two_turns(writer, "s")
+    writer.flush_disk_cache()
+    writer.shutdown()
+    monkeypatch.setattr(persist, "snapshot_to_bytes", snapshot_to_bytes)  # the upgrade
+    db = sqlite3.connect(kv_cache_db_path(tmp_path / "data"))
+    blobs = [b for (b,) in db.execute("SELECT snapshot FROM page_data WHERE snapshot NOT NULL")]
+    db.close()
+    assert blobs and all("format" not in unpack_arrays(b)[0] for b in blobs)
+    reader = Engine(tmp_path / "data", str(path), pool_tokens=4096).start()
+    reader.wait_ready(60)
+    try:
+        request = GenerationRequest(messages=tuple(history), sampling=GREEDY, session="s")
+        again = list(reader.stream(request))[-1]
+        first_process, restarted = log.started()[1:]
+        assert restarted == first_process and again.text == d2.text
+        assert (
+            again.stats.restored_tokens >= d1.stats.prompt_tokens + d1.stats.completion_tokens - 1
+        )
+    finally:
+        reader.shutdown()
+
+
 def test_damaged_page_is_recomputed_not_trusted(capsys, tiny_model, tmp_path):
     first = turn(capsys, tiny_model, tmp_path, "s", "Hello there, tell me a story.")
     db = sqlite3.connect(kv_cache_db_path(tmp_path))

@@ -4,6 +4,7 @@ restart, by its tokens alone, and the replies are the ones RAM only or no cache 
 from __future__ import annotations
 
 import sqlite3
+import threading
 
 import pytest
 
@@ -279,3 +280,32 @@ def test_a_reply_ends_before_its_pages_are_serialized_for_disk(tmp_path, tiny_mo
         engine.shutdown()
     assert served_then and set(served_then) == {1}
     assert disk.pages_written == len(served_then) > 0 and done.stats.prompt_tokens >= 64
+
+
+def test_what_ram_evicts_is_read_back_while_the_writer_has_not_written_it(tmp_path, tiny_model):
+    """Issue 42.6: the pressure bench restored nothing under load. The writer runs at nice
+    19; a prefix RAM evicted was handed to it, and until it was written no restore could
+    find it, so it was recomputed. Here the writer is held (as a starved one is) while RAM
+    evicts the prefix and the prompt comes back: it is read from the pages on their way."""
+    other = ChatMessage(
+        "user", "Now something else entirely: the mountains, rivers and lakes. " * 5
+    )
+    engine = Engine(tmp_path, str(tiny_model), pool_tokens=448, disk_min_tokens=10**6).start()
+    engine.wait_ready(60)
+    tier = engine._persister
+    release = threading.Event()
+    do = tier._do
+    tier._do = lambda job: (release.wait(60), do(job))
+    try:
+        a1 = ask(engine, QUESTION)
+        ask(engine, other)  # the pool holds one of the two: the first is evicted, handed over
+        assert engine.stats().disk.write_backs >= 1 and engine.stats().disk.pages_written == 0
+        a2 = ask(engine, QUESTION)  # nothing written yet: read from memory, not recomputed
+        assert a2.stats.restored_tokens >= a1.stats.prompt_tokens - 64
+        assert a2.text == a1.text
+        release.set()
+        engine.flush_disk_cache()
+        assert engine.stats().disk.pages_written > 0
+    finally:
+        release.set()
+        engine.shutdown()

@@ -1,5 +1,5 @@
 """Prefill chunk sizes from the measured rate: as large as the budget allows while others
-decode, never under the minimum, whole chunks when nobody decodes."""
+decode, never under the minimum, whole chunks when nobody decodes (or what fits an idle budget)."""
 
 from __future__ import annotations
 
@@ -34,3 +34,28 @@ def test_short_calls_do_not_count():
     pacer = ChunkPacer()
     pacer.observe(5, 1.0)  # a prompt's last few tokens: mostly fixed cost
     assert pacer.seconds_per_token is None
+
+
+def test_with_an_idle_budget_nobody_decoding_takes_what_fits_it():
+    """Issue 42.2: a prompt that arrives while a long one is prefilled waits for the chunk in
+    flight, so chunks fit a budget even while nobody decodes (a 256-token chunk deep in a
+    long prompt took seconds on a CPU)."""
+    pacer = ChunkPacer(largest=4096, idle_budget_s=0.5)
+    assert pacer.size(decoding=False) == 4096  # nothing measured: the largest, as before
+    pacer.observe(100, 1.0)  # 100 tokens/s
+    assert pacer.size(decoding=False) == 40 == int(0.5 * MARGIN * 100) // CHUNK_STEP * CHUNK_STEP
+    pacer.observe(32, 2.0)
+    assert pacer.size(decoding=False) == MIN_CHUNK
+    assert ChunkPacer(largest=96, idle_budget_s=None).size(decoding=False) == 96
+
+
+def test_an_idle_batched_prefill_fits_the_idle_budget():
+    pacer = ChunkPacer(idle_budget_s=0.5)
+    assert pacer.batch_tokens(decoding=False, idle=2048) == 2048  # nothing measured
+    pacer.observe(400, 1.0)  # 400 tokens/s: 160 padded tokens fit
+    assert pacer.batch_tokens(decoding=False, idle=2048) == 160
+    pacer.observe(4000, 1.0)
+    assert pacer.batch_tokens(decoding=False, idle=2048) == 1600
+    pacer.observe(40000, 1.0)
+    assert pacer.batch_tokens(decoding=False, idle=2048) == 2048  # never more than idle
+    assert ChunkPacer().batch_tokens(decoding=False, idle=2048) == 2048  # no idle budget

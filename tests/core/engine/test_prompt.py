@@ -4,6 +4,8 @@ tokenising."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from core.engine.prompt import PromptLimit, Prompts, render_prompt
@@ -85,6 +87,16 @@ def test_messages_without_a_template_become_role_lines():
         messages=(ChatMessage("user", "hi"), ChatMessage("assistant", "yo"))
     )
     assert bytes(render_prompt(PlainTokenizer(), request)) == b"user: hi\nassistant: yo\nassistant:"
+
+
+def test_context_tokens_come_before_the_rendered_prompt(loaded):
+    """Ollama's ``context``: an earlier prompt and reply's ids, then this turn's prompt."""
+    turn = user("and then?")
+    alone = render_prompt(loaded.tokenizer, turn)
+    after = render_prompt(loaded.tokenizer, replace(turn, context_tokens=(7, 8, 9)))
+    assert after == [7, 8, 9, *alone]
+    text = GenerationRequest(prompt_text="x", context_tokens=(5,))
+    assert render_prompt(loaded.tokenizer, text)[0] == 5
 
 
 @pytest.mark.parametrize(

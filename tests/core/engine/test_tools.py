@@ -155,3 +155,40 @@ def test_read_chat_template(tmp_path):
     bad.write_text("{% for m in messages %}")
     with pytest.raises(UserError, match="not a valid Jinja"):
         read_chat_template(bad)
+
+
+def test_a_call_cut_by_max_tokens_is_kept_for_its_error():
+    """A reply cut inside a call, under ``auto`` too: the call so far is kept (never shown
+    as text) and the request's error carries it (core/engine/replies.py, issue 43.3)."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from core.engine.replies import cut_call
+
+    text = ToolCallText(MARKUP, TOOLS)
+    cut = '{"name": "get_weather", "arguments": {"city": "Pa'
+    shown, calls = text.feed("Let me check. <tool_call>\n" + cut)
+    assert (shown, calls) == ("Let me check. ", []) and text.finish() == ("", [])
+    assert text.unfinished == cut
+
+    def state(tool_text, choice="auto", shown_text=shown):
+        ask = GenerationRequest(messages=(ChatMessage("user", "hi"),), tools=TOOLS)
+        request = dataclasses.replace(ask, tool_choice=choice)
+        return SimpleNamespace(
+            handle=SimpleNamespace(request=request),
+            tool_text=tool_text,
+            shown=[shown_text],
+            generated=[0] * 12,
+        )
+
+    message = cut_call(state(text), "length")
+    assert message.startswith("the tool call was cut by max_tokens (12 tokens)") and cut in message
+    assert cut_call(state(text), "stop") is None
+    plain = ToolCallText(MARKUP, TOOLS)
+    plain.feed("Just words.")
+    plain.finish()
+    assert cut_call(state(plain, shown_text="Just words."), "length") is None  # no call begun
+    forced = ToolCallText(MARKUP, TOOLS)
+    forced.feed("<tool_")  # forced, cut before the marker was whole
+    forced.finish()
+    assert "(nothing yet)" in cut_call(state(forced, "required", ""), "length")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import gguf
 import mlx.core as mx
@@ -27,11 +29,16 @@ from core.models.tiny_model import TinyModelSpec, write_tiny_model
 GGUF_PARAMETERS = 16 * 8 + 8 * 8 + 4 * 64
 
 
-def write_gguf(path):
-    """A small GGUF file: a vocabulary, nested metadata, float and Q8_0 tensors."""
+def write_gguf(path, chat_template: str | None = None, name: str | None = None):
+    """A small GGUF file: a vocabulary, nested metadata, float and Q8_0 tensors; with no
+    chat template (a base model) unless one is given."""
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_block_count(1)
     writer.add_token_list(["a", "bb", "<s>"] * 1000)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
+    if name is not None:
+        writer.add_name(name)
     writer.add_array("test.nested", [[1, 2], [3, 4, 5]])
     writer.add_tensor("token_embd.weight", np.zeros((16, 8), dtype=np.float32))
     writer.add_tensor("blk.0.attn_q.weight", np.zeros((8, 8), dtype=np.float16))
@@ -139,8 +146,10 @@ def test_catalog_lists_local_models_with_their_memory(tmp_path, monkeypatch):
         "gguf",
         (models / "small.gguf").stat().st_size,
         4 * GGUF_PARAMETERS,
+        base=True,  # no chat template in its file
     )
     tiny = entries[str(folder)]
+    assert not tiny.base and not entries["org/tiny"].base  # their tokenizer_config has one
     weights = (folder / "model.safetensors").stat().st_size
     # float32 stays float32
     assert tiny.kind == "mlx-dir" and 0.98 * weights <= tiny.memory_bytes <= weights
@@ -157,3 +166,26 @@ def test_entry_for_a_picked_path(tmp_path):
         entry_for_path(tmp_path)
     with pytest.raises(UserError, match="not a .gguf file"):
         entry_for_path(folder / "config.json")
+
+
+def test_base_models_are_marked_from_their_files(tmp_path):
+    """A GGUF file without a chat template, or named base, and an MLX folder whose template
+    went, are base models; the known models say so before they are downloaded."""
+    models = tmp_path / "models"
+    models.mkdir()
+    write_gguf(models / "plain.gguf")
+    write_gguf(models / "chat.gguf", chat_template="{{ messages }}")
+    write_gguf(models / "named.gguf", chat_template="{{ messages }}", name="Llama 3.2 1B Base")
+    write_gguf(models / "Qwen3-0.6B-Base-Q8_0.gguf", chat_template="{{ messages }}")
+    folder = write_tiny_model(models / "tiny-llama", TinyModelSpec(num_layers=2))
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    entries = {Path(e.spec).name: e for e in catalog(tmp_path, on_cpu=True)}
+    assert entries["plain.gguf"].base and not entries["chat.gguf"].base
+    assert entries["named.gguf"].base and entries["Qwen3-0.6B-Base-Q8_0.gguf"].base
+    assert entries["tiny-llama"].base
+    assert entries["gemma3-270m"].base and not entries["default"].base
+    assert not entries["qwen2.5-coder-0.5b"].base
+    (folder / "chat_template.jinja").write_text("{{ messages }}")  # a template file of its own
+    assert not entry_for_path(folder).base

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 from core.cli.main import main
 from kvcache import persist
@@ -78,3 +79,34 @@ def test_bench_pressure_summary(capsys, tiny_model, tmp_path, monkeypatch):
     )
     assert lines[3].startswith("written ") and lines[3].endswith("(target <= 1.1)")
     assert lines[4] == "replies: identical both ways"
+
+
+def test_bench_pressure_restores_while_the_writer_has_written_nothing(
+    capsys, tiny_model, tmp_path, monkeypatch
+):
+    """Issue 42.6: under load (the writer at nice 19 starved) the bench restored nothing: what
+    RAM evicted was on its way to disk and no restore could find it. Here the writer writes
+    nothing until the bench's flush at the end: the evicted prefixes still come back, read
+    from memory."""
+    monkeypatch.setattr(persist, "read_pays", lambda *rates: True)
+    release = threading.Event()
+    do, flush = persist.DiskTier._do, persist.DiskTier.flush
+
+    def held(self, job):
+        release.wait(120)
+        do(self, job)
+
+    def released(self, timeout=None):
+        release.set()
+        flush(self, timeout)
+
+    monkeypatch.setattr(persist.DiskTier, "_do", held)
+    monkeypatch.setattr(persist.DiskTier, "flush", released)
+    args = ["bench", "pressure", "--model", str(tiny_model), "--data-dir", str(tmp_path)]
+    args += ["--clients", "4", "--tokens", "300", "--rounds", "2", "--repeats", "1", "--json"]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    disk = report["tokens_after_first_round"]["disk"]
+    assert disk["restored"] > 0 and report["replies_identical"]
+    assert disk["computed"] < report["tokens_after_first_round"]["ram"]["computed"]
+    assert 1.0 <= report["written_vs_distinct"] < 1.5  # all written in the end, once

@@ -249,3 +249,66 @@ def test_a_gguf_file_pulls_alone(loopback_hub, tmp_path):
 def test_parse_target():
     assert download.parse_target("org/name") == ("org/name", None)
     assert download.parse_target(" org/name:q.gguf ") == ("org/name", "q.gguf")
+
+
+# ------------------------------------------------------------------ issue 42.5
+def _part(repo_id: str, name: str = WEIGHTS):
+    """The repo's file ``name`` on the loopback hub, and where its part file goes."""
+    file = next(f for f in client.plan(repo_id, None).files if f.path == name)
+    blobs = hf_cache.repo_folder(repo_id) / "blobs"
+    blobs.mkdir(parents=True, exist_ok=True)
+    return file, blobs / (file.etag + download.PARTIAL_SUFFIX)
+
+
+def test_a_part_file_that_is_a_symlink_is_replaced_never_written_through(loopback_hub, tmp_path):
+    """On main the resumed pull appended the whole file to what the link pointed at."""
+    file, partial = _part(TINY_MLX)
+    outside = tmp_path / "precious.bin"
+    kept = loopback_hub.repos[TINY_MLX].files[WEIGHTS].read(0, 1000)  # a prefix: resumable
+    outside.write_bytes(kept)
+    partial.symlink_to(outside)
+    assert [p.repo_id for p in installed.partial_downloads()] == []  # a link is no part
+    result = download.pull(TINY_MLX, data_root=tmp_path)
+    assert outside.read_bytes() == kept  # untouched
+    blob = hf_cache.repo_folder(TINY_MLX) / "blobs" / file.etag
+    assert not blob.is_symlink() and not partial.exists() and not partial.is_symlink()
+    assert hashlib.sha256((result.path / WEIGHTS).read_bytes()).hexdigest() == file.sha256
+    assert loopback_hub.served(TINY_MLX, WEIGHTS) == file.size  # from the start
+
+
+def test_a_part_file_that_is_a_folder_is_replaced(loopback_hub, tmp_path):
+    """On main every later pull failed until the folder was removed by hand."""
+    file, partial = _part(TINY_MLX)
+    partial.mkdir()
+    (partial / "inside").write_text("x")
+    result = download.pull(TINY_MLX, data_root=tmp_path)
+    assert hashlib.sha256((result.path / WEIGHTS).read_bytes()).hexdigest() == file.sha256
+    assert not partial.exists()
+
+
+def test_a_blob_that_is_a_link_or_a_folder_is_fetched_again(loopback_hub, tmp_path):
+    """``blobs/<etag>`` is the download's own file: a link there is not taken for it."""
+    file, _ = _part(TINY_MLX)
+    outside = tmp_path / "other.bin"
+    outside.write_bytes(b"not the weights")
+    blob = hf_cache.repo_folder(TINY_MLX) / "blobs" / file.etag
+    blob.symlink_to(outside)
+    config, _ = _part(TINY_MLX, "config.json")
+    (blob.with_name(config.etag)).mkdir()
+    result = download.pull(TINY_MLX, data_root=tmp_path)
+    assert outside.read_bytes() == b"not the weights"
+    assert not blob.is_symlink()
+    assert hashlib.sha256((result.path / WEIGHTS).read_bytes()).hexdigest() == file.sha256
+    assert json.loads((result.path / "config.json").read_text())["model_type"]
+
+
+def test_the_revision_ref_is_never_written_through_a_link(loopback_hub, tmp_path):
+    refs = hf_cache.repo_folder(TINY_MLX) / "refs"
+    refs.mkdir(parents=True)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("mine")
+    (refs / f".main.{os.getpid()}.tmp").symlink_to(outside)
+    download.pull(TINY_MLX, data_root=tmp_path)
+    assert outside.read_text() == "mine"
+    assert (refs / "main").read_text() == loopback_hub.repos[TINY_MLX].commit
+    assert not (refs / "main").is_symlink()

@@ -76,11 +76,11 @@ def leftovers(data: Path) -> list[str]:
 
 
 def test_known_models_table():
-    assert set(KNOWN_MODELS) == {"default", "gemma3-270m"}
+    assert set(KNOWN_MODELS) == {"default", "gemma3-270m", "qwen2.5-coder-0.5b"}
     for name, model in KNOWN_MODELS.items():
         assert model.name == name
         assert len(model.sha256) == 64 and model.size > 0 and model.filename.endswith(".gguf")
-        assert (model.wheel_member is None) != (model.assemble_module is None)
+        assert model.routes() == 1
     assert KNOWN_MODELS["default"].filename == "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
