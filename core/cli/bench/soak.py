@@ -246,6 +246,10 @@ def run_bench_soak(args) -> int:
         raise UserError("--minutes must be more than 0")
     if not 0 <= args.mirror_share <= 1:
         raise UserError("--mirror-share must be between 0 and 1")
+    if not (args.sample_s > 0 and args.request_timeout_s > 0 and args.disk_budget_mb >= 1):
+        raise UserError(
+            "--sample-s and --request-timeout-s must be more than 0, --disk-budget-mb 1 at least"
+        )
     root = paths.data_dir(args.data_dir)
     disk = round(args.disk_budget_mb * paths.MB)
     responses = paths.stored_responses_budget(disk)

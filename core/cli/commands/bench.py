@@ -641,37 +641,16 @@ def _soak(benches) -> None:
             "RSS flat within 5%%, stores within budget, no 5xx, no mismatch)",
         )
     )
-    soak.add_argument(
-        "--minutes", type=float, default=60, help="how long the clients run (default: 60)"
-    )
-    soak.add_argument(
-        "--disk-budget-mb",
-        type=float,
-        default=64,
-        help="the server's --disk-budget, MB: small, so the stores fill and evict (default: 64)",
-    )
-    soak.add_argument(
-        "--kv-tokens", type=positive, default=8192, help="the server's KV pool (default: 8192)"
-    )
-    soak.add_argument(
-        "--max-tokens", type=positive, default=32, help="a reply's tokens (default: 32)"
-    )
-    soak.add_argument(
-        "--mirror-share",
-        type=float,
-        default=0.25,
-        help="the share of greedy conversations also sent to the server without a cache "
-        "(default: 0.25)",
-    )
-    soak.add_argument(
-        "--sample-s", type=float, default=15, help="seconds between samples (default: 15)"
-    )
-    soak.add_argument(
-        "--request-timeout-s",
-        type=float,
-        default=300,
-        help="every request's timeout (default: 300)",
-    )
+    for flag, kind, default, what in (
+        ("--minutes", float, 60, "how long the clients run"),
+        ("--disk-budget-mb", float, 64, "the server's --disk-budget, MB: small, so stores evict"),
+        ("--kv-tokens", positive, 8192, "the server's KV pool, tokens"),
+        ("--max-tokens", positive, 32, "a reply's tokens"),
+        ("--mirror-share", float, 0.25, "greedy conversations also sent to --no-cache"),
+        ("--sample-s", float, 15, "seconds between samples"),
+        ("--request-timeout-s", float, 300, "every request's timeout, seconds"),
+    ):
+        soak.add_argument(flag, type=kind, default=default, help=f"{what} (default: {default:g})")
     soak.add_argument("--json", action="store_true", help=JSON_HELP)
     soak.set_defaults(run=run_soak)
 
