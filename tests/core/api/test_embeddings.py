@@ -1,13 +1,17 @@
 """``POST /v1/embeddings`` through the official ``openai`` client (and raw requests where a
 client would not misbehave), on a tiny generated model; litellm's and LangChain's
-embedding calls where they are installed; and the real default model, whose vectors rank
-a sentence's paraphrase above unrelated sentences."""
+embedding calls where they are installed, and the Vercel AI SDK's ``embed`` where node and
+its packages are (tests/core/api/node/ai_sdk_embed.mjs); and the real default model, whose
+vectors rank a sentence's paraphrase above unrelated sentences."""
 
 from __future__ import annotations
 
 import base64
 import http.client
 import json
+import shutil
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import openai
@@ -20,6 +24,7 @@ from core.engine.types import EmbeddingRequest
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 
 MODEL = "tiny"
+NODE = Path(__file__).parent / "node"
 
 
 @pytest.fixture(scope="module")
@@ -200,6 +205,32 @@ def test_langchain_openai_embeddings_return_vectors(server):
     query = embeddings.embed_query("a fox")
     assert len(documents) == 2 and all(len(v) == 64 for v in documents)
     assert np.allclose(query, documents[0], atol=1e-6)
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+@pytest.mark.skipif(
+    not (NODE / "node_modules" / "@ai-sdk" / "openai-compatible").is_dir(),
+    reason="the AI SDK's npm packages are not installed (npm install --prefix tests/core/api/node)",
+)
+def test_the_ai_sdk_embed_returns_vectors(server):
+    """``embed`` and ``embedMany`` through ``@ai-sdk/openai`` and ``@ai-sdk/openai-compatible``
+    (issue 43: a 404 before /v1/embeddings), and the openai provider's ``dimensions``."""
+    run = subprocess.run(
+        ["node", str(NODE / "ai_sdk_embed.mjs"), server.address + "/v1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(run.stdout)
+    for provider in ("openai", "compatible"):
+        reply = got[provider]
+        assert reply["count"] == 2 and reply["lengths"] == [64, 64], provider
+        assert all(abs(n - 1) < 1e-5 for n in reply["norms"]), provider
+        # the tiny model's tokens are bytes: "a red fox" and "a blue whale"
+        assert reply["tokens"] == 9 + 12 and reply["sameAlone"] > 1 - 1e-6, provider
+    assert got["dimensions"]["length"] == 16 and abs(got["dimensions"]["norm"] - 1) < 1e-5
 
 
 # ------------------------------------------------------------------ the real default model
