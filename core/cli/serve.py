@@ -46,9 +46,16 @@ def run_serve(args) -> int:
         max_prompt_tokens=getattr(args, "max_prompt_tokens", None),
         prefill_sharing=PrefillSharing(getattr(args, "max_waiting", None) or MAX_WAITING_PER_KEY),
         speculation=speculation_of(args),
+        disk_budget_bytes=disk_budget_of(args),
         **kv_format_options(args),
     ).start()
     return serve_engine(engine, args, api_key, origins)
+
+
+def disk_budget_of(args) -> int | None:
+    """``--disk-budget`` in bytes (None: the default)."""
+    budget = getattr(args, "disk_budget", None)
+    return None if budget is None else paths.gb_to_bytes(budget)
 
 
 def check_serve_args(args) -> tuple[list[str], list[str]]:

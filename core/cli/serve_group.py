@@ -30,7 +30,7 @@ import threading
 
 from core import paths
 from core.cli.progress import print_progress
-from core.cli.serve import check_serve_args, serve_engine
+from core.cli.serve import check_serve_args, disk_budget_of, serve_engine
 from core.cli.terminal import safe
 from core.distributed.outcome import ENDED_PREFIX, GroupOutcome, fault_line
 from core.distributed.stop import LIFELINE_ENV, GroupStopper, on_stop_signals, restore_signals
@@ -78,6 +78,8 @@ def run_group(args) -> int:
         serve_args += ["--ollama-port", str(args.ollama_port)]
     if args.kv_tokens:
         serve_args += ["--kv-tokens", str(args.kv_tokens)]
+    if getattr(args, "disk_budget", None) is not None:
+        serve_args += ["--disk-budget", repr(args.disk_budget)]
     if args.chat_template:
         serve_args += ["--chat-template", os.path.abspath(args.chat_template)]
     for key in args.api_key or ():  # rank 0 serves: it needs the keys (as typed, like the rest)
@@ -198,6 +200,7 @@ def run_group_member(args) -> int:
         split=args.split,
         model_spec=args.model,
         pool_tokens=args.kv_tokens,
+        disk_budget_bytes=disk_budget_of(args),
         on_load_progress=print_progress if leader else None,
         chat_template=template,
         prefill_sharing=PrefillSharing(getattr(args, "max_waiting", None) or MAX_WAITING_PER_KEY),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from core.errors import UserError
 from core.limits import SPECULATIVE_MODES
@@ -65,6 +66,17 @@ def positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not a positive number")
+    return value
+
+
+def disk_gb(text: str) -> float:
+    """A disk budget in GB (``core.paths.GB``: 2**30 bytes), at least 1 MB."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size in GB") from None
+    if not 1 / 1024 <= value < math.inf:  # NaN too
+        raise argparse.ArgumentTypeError(f"{text} GB is not a disk budget (1 MB at least: 0.001)")
     return value
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from core.api.server import check_bind
-from core.cli.serve import api_keys_of
+from core.cli.main import build_parser
+from core.cli.serve import api_keys_of, disk_budget_of
 from core.errors import UserError
 
 
@@ -49,6 +50,17 @@ def test_beyond_loopback_any_key_will_do():
     check_bind("0.0.0.0", ["a", "b"])
     with pytest.raises(UserError, match="API key"):
         check_bind("0.0.0.0", [])
+
+
+def test_disk_budget_in_gb_or_a_clear_refusal(capsys):
+    parse = build_parser().parse_args
+    assert disk_budget_of(parse(["serve"])) is None  # the engine's default
+    assert disk_budget_of(parse(["serve", "--disk-budget", "0.25"])) == 2**28
+    assert disk_budget_of(parse(["serve", "--disk-budget", "2"])) == 2 * 2**30
+    for bad in ("0", "-1", "nan", "inf", "ten"):
+        with pytest.raises(SystemExit):
+            parse(["serve", "--disk-budget", bad])
+        assert "--disk-budget" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
