@@ -13,6 +13,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -177,15 +178,9 @@ def test_embeddings_count_in_metrics_and_the_request_log(server, client):
 # ------------------------------------------------------------------ third-party clients
 # their imports warn about their own pydantic models (filterwarnings = error would fail them)
 @pytest.mark.filterwarnings("ignore::UserWarning")
-def test_litellm_embedding_returns_vectors(server, monkeypatch):
-    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch from the internet
-    litellm = pytest.importorskip("litellm")
-    reply = litellm.embedding(
-        model="openai/anything",
-        input=["a fox", "a whale"],
-        api_base=server.address + "/v1",
-        api_key="unused",
-    )
+def test_litellm_embedding_returns_vectors(client, litellm):
+    # through a client the test closes (litellm keeps the ones it makes, connections open)
+    reply = litellm.embedding(model="openai/anything", input=["a fox", "a whale"], client=client)
     vectors = [item["embedding"] for item in reply.data]
     assert len(vectors) == 2 and all(len(v) == 64 for v in vectors)
     assert reply.usage.prompt_tokens == 12
@@ -194,15 +189,17 @@ def test_litellm_embedding_returns_vectors(server, monkeypatch):
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_langchain_openai_embeddings_return_vectors(server):
     langchain_openai = pytest.importorskip("langchain_openai")
-    embeddings = langchain_openai.OpenAIEmbeddings(
-        model="anything",
-        base_url=server.address + "/v1",
-        api_key="unused",
-        # LangChain otherwise sends OpenAI's tiktoken ids (another vocabulary): docs/api.md
-        check_embedding_ctx_length=False,
-    )
-    documents = embeddings.embed_documents(["a fox", "a whale"])
-    query = embeddings.embed_query("a fox")
+    with httpx.Client(timeout=30) as http:  # closed here, not left to the collector
+        embeddings = langchain_openai.OpenAIEmbeddings(
+            model="anything",
+            base_url=server.address + "/v1",
+            api_key="unused",
+            # LangChain otherwise sends OpenAI's tiktoken ids (another vocabulary): docs/api.md
+            check_embedding_ctx_length=False,
+            http_client=http,
+        )
+        documents = embeddings.embed_documents(["a fox", "a whale"])
+        query = embeddings.embed_query("a fox")
     assert len(documents) == 2 and all(len(v) == 64 for v in documents)
     assert np.allclose(query, documents[0], atol=1e-6)
 

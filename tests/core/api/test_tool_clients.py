@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import jsonschema
+import openai
 import pytest
 from pydantic import BaseModel, Field
 
@@ -69,6 +71,13 @@ def address(default_model_file, tmp_path_factory):
         engine.shutdown()
 
 
+def transport(address: str) -> openai.OpenAI:
+    """The client litellm sends through (its ``client``; the request it builds is the one it
+    sends with ``api_base``), closed by the test: litellm keeps the clients it makes for
+    itself, their connections open, until the interpreter exits."""
+    return openai.OpenAI(base_url=address, api_key="unused", max_retries=0, timeout=300)
+
+
 def closed(schema: dict) -> dict:
     """``schema`` with no room for keys it does not list: what a clean call validates
     against."""
@@ -79,29 +88,29 @@ def closed(schema: dict) -> dict:
 # error would fail them); the call is cached after the first of each test's cases
 @pytest.mark.real_model
 @pytest.mark.filterwarnings("ignore::UserWarning")
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.mark.parametrize(("tool_choice", "stream"), [("GetWeather", False), ("any", True)])
 def test_langchain_bind_tools_gives_a_clean_call(address, tool_choice, stream):
     langchain_openai = pytest.importorskip("langchain_openai")
     from langchain_core.utils.function_calling import convert_to_openai_tool
 
-    llm = langchain_openai.ChatOpenAI(
-        model="default",
-        base_url=address,
-        api_key="unused",
-        max_tokens=MAX_TOKENS,
-        temperature=0,
-        max_retries=0,
-        timeout=300,
-        stream_usage=True,
-    )
-    bound = llm.bind_tools([GetWeather], tool_choice=tool_choice)
-    if stream:
-        message = None
-        for chunk in bound.stream(ASK):
-            message = chunk if message is None else message + chunk
-    else:
-        message = bound.invoke(ASK)
+    with httpx.Client(timeout=300) as http:  # closed here, not left to the collector
+        llm = langchain_openai.ChatOpenAI(
+            model="default",
+            base_url=address,
+            api_key="unused",
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            max_retries=0,
+            stream_usage=True,
+            http_client=http,
+        )
+        bound = llm.bind_tools([GetWeather], tool_choice=tool_choice)
+        if stream:
+            message = None
+            for chunk in bound.stream(ASK):
+                message = chunk if message is None else message + chunk
+        else:
+            message = bound.invoke(ASK)
     assert message.invalid_tool_calls == [] and len(message.tool_calls) == 1, message
     call = message.tool_calls[0]
     assert call["name"] == "GetWeather" and "Paris" in call["args"]["city"]
@@ -115,25 +124,22 @@ def test_langchain_bind_tools_gives_a_clean_call(address, tool_choice, stream):
 
 @pytest.mark.real_model
 @pytest.mark.filterwarnings("ignore::UserWarning")
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
-def test_litellm_tool_choice_required_gives_a_clean_call(address, monkeypatch, stream):
-    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch from the internet
-    litellm = pytest.importorskip("litellm")
-    reply = litellm.completion(
-        model="openai/default",
-        api_base=address,
-        api_key="unused",
-        messages=[{"role": "user", "content": ASK}],
-        tools=[CURRENT_WEATHER],
-        tool_choice="required",
-        max_tokens=MAX_TOKENS,
-        temperature=0,
-        stream=stream,
-        stream_options={"include_usage": True} if stream else None,
-    )
-    if stream:
-        reply = litellm.stream_chunk_builder(list(reply))
+def test_litellm_tool_choice_required_gives_a_clean_call(address, litellm, stream):
+    with transport(address) as client:
+        reply = litellm.completion(
+            model="openai/default",
+            client=client,
+            messages=[{"role": "user", "content": ASK}],
+            tools=[CURRENT_WEATHER],
+            tool_choice="required",
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            stream=stream,
+            stream_options={"include_usage": True} if stream else None,
+        )
+        if stream:
+            reply = litellm.stream_chunk_builder(list(reply))
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
     call = choice.message.tool_calls[0].function
@@ -145,12 +151,9 @@ def test_litellm_tool_choice_required_gives_a_clean_call(address, monkeypatch, s
 
 @pytest.mark.real_model
 @pytest.mark.filterwarnings("ignore::UserWarning")
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")
-def test_litellm_sees_the_call_so_far_where_a_schema_asks_for_extra_keys(address, monkeypatch):
+def test_litellm_sees_the_call_so_far_where_a_schema_asks_for_extra_keys(address, litellm):
     """Written ``"additionalProperties": true`` is honoured: the model pads the call, and
     max_tokens cuts it into an error naming the call so far, never an empty reply."""
-    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    litellm = pytest.importorskip("litellm")
     function = CURRENT_WEATHER["function"]
     tool = {
         "type": "function",
@@ -159,11 +162,10 @@ def test_litellm_sees_the_call_so_far_where_a_schema_asks_for_extra_keys(address
             "parameters": {**function["parameters"], "additionalProperties": True},
         },
     }
-    with pytest.raises(litellm.BadRequestError) as raised:
+    with transport(address) as client, pytest.raises(litellm.BadRequestError) as raised:
         litellm.completion(
             model="openai/default",
-            api_base=address,
-            api_key="unused",
+            client=client,
             messages=[{"role": "user", "content": ASK}],
             tools=[tool],
             tool_choice="required",
