@@ -1,7 +1,7 @@
 """``radixchat bench agent``: a coding-agent session replayed three ways, time to first
 token summed over every request.
 
-The trace (``core.cli.bench.agent_trace``): two agents on one ~2,000-token system prompt
+The trace (``bench.agent_trace``): two agents on one ~2,000-token system prompt
 with tool definitions, ten rounds of tool call and result each (outputs of 100-300
 tokens), one turn with a stop sequence each, interleaved. Every request streams a greedy
 reply of ``--max-tokens`` tokens. The three ways, each a server in its own process:
@@ -46,15 +46,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from core import paths
-from core.cli.bench.agent_trace import Trace, anthropic_body, build_trace, openai_body
-from core.cli.bench.harness import link_models, repetitions
-from core.cli.bench.server_process import (
+from bench.agent_trace import Trace, anthropic_body, build_trace, openai_body
+from bench.harness import link_models, repetitions
+from bench.server_process import (
     ServerProcess,
     free_port,
     mlx_lm_server_code,
     radixchat_server_code,
 )
+from core import paths
 from core.errors import UserError
 from core.models.load.chat_template import read_chat_template
 

@@ -30,8 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.harness import link_models, scratch_data_folder
 from core import paths
-from core.cli.bench.harness import link_models, scratch_data_folder
 from core.errors import UserError
 
 CLIENTS = ("claude", "codex")
@@ -129,8 +129,8 @@ def client_version(path: str) -> str:
 # ------------------------------------------------------------------ mlx_lm.server
 def probe_mlx_lm_server(root: Path, model: str) -> dict:
     """Start mlx_lm.server on ``model``'s weights and ask each client's endpoint."""
-    from core.cli.bench.agent import save_mlx_folder
-    from core.cli.bench.server_process import ServerProcess, free_port, mlx_lm_server_code
+    from bench.agent import save_mlx_folder
+    from bench.server_process import ServerProcess, free_port, mlx_lm_server_code
 
     answers = {}
     with tempfile.TemporaryDirectory(prefix="bench-clients-mlx-") as folder:

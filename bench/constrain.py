@@ -24,8 +24,8 @@ import json
 import statistics
 import time
 
+from bench.harness import final_event, repetitions
 from core import paths
-from core.cli.bench.harness import final_event, repetitions
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from core.errors import UserError

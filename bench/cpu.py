@@ -5,7 +5,7 @@ bfloat16} is measured: prefill tokens/s for a ``P``-token prompt from an empty c
 decode tokens/s over ``D`` greedy tokens after it (the median of ``N`` repetitions, after
 one warm-up), plus load time and weight bytes. OpenBLAS has to be loaded before mlx is
 imported (see ``core.cpu_setup``), so each OpenBLAS setting runs in a child process
-(``python -m core.cli.bench.cpu --child ...``) that measures the four weight formats in turn
+(``python -m bench.cpu --child ...``) that measures the four weight formats in turn
 and prints one JSON line; the parent collects both and prints a table or one JSON object.
 The model runs through mlx-lm's own ``generate_step``: what is measured is the backend.
 """
@@ -66,7 +66,7 @@ def _run_child(openblas: bool, model_path: Path, root: Path, args) -> dict:
     command = [
         sys.executable,
         "-m",
-        "core.cli.bench.cpu",
+        "bench.cpu",
         "--child",
         "--model",
         str(model_path),
@@ -212,7 +212,7 @@ def measure_format(spec: str, root: Path, fmt: str, args) -> dict:
 
 
 def child_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m core.cli.bench.cpu")
+    parser = argparse.ArgumentParser(prog="python -m bench.cpu")
     parser.add_argument("--child", action="store_true", required=True)
     for name in ("--model", "--data-dir"):
         parser.add_argument(name, required=True)

@@ -30,8 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from core.cli.bench.harness import chat_stream
-from core.cli.bench.server_process import free_port, wait_until_answers
+from bench.harness import chat_stream
+from bench.server_process import free_port, wait_until_answers
 from core.errors import UserError
 
 START_TIMEOUT_S = 180.0

@@ -29,8 +29,8 @@ import statistics
 import threading
 import time
 
+from bench.harness import package_version, repetitions
 from core import paths
-from core.cli.bench.harness import package_version, repetitions
 from core.engine.engine import Engine, RequestHandle
 from core.engine.types import (
     ChatMessage,

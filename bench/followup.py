@@ -12,7 +12,7 @@ cached tokens are what the server's usage says its cache served (the table shows
 servers', which should be equal: the same tokens computed).
 
 Both servers run at once as subprocesses on loopback with the same CPU setup and weights
-(:mod:`core.cli.bench.server_process`; ``mlx_lm.server`` on the model saved as an MLX
+(:mod:`bench.server_process`; ``mlx_lm.server`` on the model saved as an MLX
 folder, as ``bench agent`` does), through ``/v1/chat/completions``; which server goes first
 alternates from one conversation to the next. The machine is shared: the report gives,
 per cell, each server's median TTFT over the repetitions and the median of the per-pair
@@ -26,11 +26,11 @@ import os
 import statistics
 from dataclasses import asdict, dataclass
 
+from bench.agent import CHAT, Reply, Served, stream, warm_up
+from bench.harness import TRAVEL_NOTES, announce_repetition
+from bench.serve import machine
+from bench.side_by_side import mlx_folder_and_data, ours_and_mlx_lm
 from core import paths
-from core.cli.bench.agent import CHAT, Reply, Served, stream, warm_up
-from core.cli.bench.harness import TRAVEL_NOTES, announce_repetition
-from core.cli.bench.serve import machine
-from core.cli.bench.side_by_side import mlx_folder_and_data, ours_and_mlx_lm
 from core.errors import UserError
 
 POOL_TOKENS = 65536

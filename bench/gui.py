@@ -1,4 +1,5 @@
-"""``radixchat bench gui``: how responsive the window stays while a reply streams.
+"""``radixchat bench gui``: how responsive the window stays while a reply streams (the one
+benchmark that imports the app).
 
 The real window on the model (in a scratch data folder) answers a prompt while a precise
 5 ms timer runs on the GUI thread; each tick's lateness (the time since the previous
@@ -38,7 +39,9 @@ def _stamper(ticks: list[float]) -> Callable[[], None]:
     return lambda: ticks.append(time.perf_counter())
 
 
-def run_bench_gui(args, data_root: Path) -> int:
+def run_bench_gui(args) -> int:
+    """``radixchat bench gui``: the real window, in a scratch data folder, on ``args.model``
+    (found in the data folder ``args.data_dir`` names)."""
     if sys.platform.startswith("linux") and not (
         os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
     ):
@@ -54,8 +57,9 @@ def run_bench_gui(args, data_root: Path) -> int:
     from core.chats.store import ChatStore
     from core.errors import UserError
     from core.models.pypi import provision
-    from core.paths import chats_db_path
+    from core.paths import chats_db_path, data_dir
 
+    data_root = data_dir(args.data_dir)
     app = QApplication.instance() or QApplication(sys.argv)
     apply_look(app)
     runs = []

@@ -31,8 +31,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from bench.server_process import ServerProcess, free_port, radixchat_server_code
 from core import paths
-from core.cli.bench.server_process import ServerProcess, free_port, radixchat_server_code
 from core.errors import UserError
 
 TARGET_S = 2.0

@@ -31,9 +31,9 @@ import threading
 import time
 from dataclasses import replace
 
+from bench.fairness import long_request
+from bench.harness import announce_repetition, package_version
 from core import paths
-from core.cli.bench.fairness import long_request
-from core.cli.bench.harness import announce_repetition, package_version
 from core.engine.engine import Engine, RequestHandle
 from core.engine.namespaces import for_key
 from core.engine.turns import PrefillSharing

@@ -35,8 +35,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from core import paths
-from core.cli.bench.harness import (
+from bench.harness import (
     TRAVEL_NOTES,
     ask_greedy,
     drop_from_page_cache,
@@ -44,7 +43,8 @@ from core.cli.bench.harness import (
     scratch_data_folder,
     travel_notes,
 )
-from core.cli.bench.restore import checked_model
+from bench.restore import checked_model
+from core import paths
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent
 from core.errors import UserError
@@ -104,7 +104,7 @@ def _history(engine: Engine, tokens: int) -> tuple[list[ChatMessage], int]:
 
 def _mlx_lm_decode(model, prompt: list[int], bits: int | None, args) -> float:
     """mlx-lm's greedy decode tok/s after ``prompt``, its K/V at ``bits`` (None: full)."""
-    from core.cli.bench.kv_quality import mlx_lm_steps
+    from bench.kv_quality import mlx_lm_steps
 
     steps = mlx_lm_steps(model, prompt, args.decode_tokens + 1, bits, args.group_size)
     next(steps)  # the first token: the prompt has been computed

@@ -43,8 +43,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench.harness import TRAVEL_NOTES, announce_repetition
 from core import paths
-from core.cli.bench.harness import TRAVEL_NOTES, announce_repetition
 from core.errors import UserError
 
 PROMPTS = (

@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from core.cli.bench.harness import ask_greedy
+from bench.harness import ask_greedy
 from core.errors import UserError
 
 PROMPTS = (
@@ -26,6 +26,14 @@ PROMPTS = (
     "What is 17 times 23?",
 )
 AGREE_CHARS = 10  # replies agree when their first 10 characters do
+
+
+def run_bench_llamacpp(args) -> int:
+    """``radixchat bench llamacpp`` with its parsed arguments."""
+    from core import paths
+
+    data_root = paths.data_dir(args.data_dir)
+    return run(args.model, data_root, args.prompts, args.max_tokens, args.json, args.threads)
 
 
 def run(

@@ -33,8 +33,8 @@ from mlx_lm.generate import stream_generate
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
+from bench.harness import final_event, repetitions
 from core import paths
-from core.cli.bench.harness import final_event, repetitions
 from core.engine.engine import Engine
 from core.engine.prompt import render_prompt
 from core.engine.types import ChatMessage, GenerationRequest, SamplingParams

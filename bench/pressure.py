@@ -27,13 +27,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from core import paths
-from core.cli.bench.harness import (
+from bench.harness import (
     announce_repetition,
     final_event,
     scratch_data_folder,
     travel_notes,
 )
+from core import paths
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from core.errors import UserError

@@ -26,8 +26,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from core import paths
-from core.cli.bench.harness import (
+from bench.harness import (
     TRAVEL_NOTES,
     ask_greedy,
     drop_from_page_cache,
@@ -35,6 +34,7 @@ from core.cli.bench.harness import (
     scratch_data_folder,
     travel_notes,
 )
+from core import paths
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent
 from core.errors import UserError

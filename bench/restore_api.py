@@ -23,22 +23,22 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from core import paths
-from core.api.server import ApiServer
-from core.cli.bench.harness import (
+from bench.harness import (
     chat_stream,
     drop_from_page_cache,
     repetitions,
     scratch_data_folder,
     travel_notes,
 )
-from core.cli.bench.restore import (
+from bench.restore import (
     BUILD_REPLY_TOKENS,
     FIRST_QUESTION,
     FOLLOW_UP,
     REPLY_TOKENS,
     checked_model,
 )
+from core import paths
+from core.api.server import ApiServer
 from core.engine.engine import Engine
 from core.errors import UserError
 

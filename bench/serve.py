@@ -32,9 +32,9 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 
+from bench.harness import announce_repetition, chat_stream, package_version
 from core import paths
 from core.api.server import ApiServer
-from core.cli.bench.harness import announce_repetition, chat_stream, package_version
 from core.engine.engine import Engine
 from core.errors import UserError
 

@@ -1,12 +1,12 @@
 """``radixchat bench serve --against mlx-lm``: our API server and ``mlx_lm.server`` side by
 side, aggregate decode throughput at 1 and N concurrent streaming clients.
 
-Both servers run as subprocesses at once on loopback (:mod:`core.cli.bench.server_process`),
+Both servers run as subprocesses at once on loopback (:mod:`bench.server_process`),
 with the same CPU setup, on the same weights: the model is loaded the way our engine
 loads it and saved as an MLX folder for ``mlx_lm.server``
-(:func:`core.cli.bench.agent.save_mlx_folder`; it reads no GGUF). Our server is
+(:func:`bench.agent.save_mlx_folder`; it reads no GGUF). Our server is
 ``radixchat serve`` over a fresh data folder holding links to the models (so its caches
-start empty). The clients are those of :mod:`core.cli.bench.serve`: greedy streaming chat
+start empty). The clients are those of :mod:`bench.serve`: greedy streaming chat
 requests over raw HTTP, fresh prompts each round, released together; a round's
 throughput is its completion tokens over the time from its first token to its last.
 
@@ -23,9 +23,8 @@ import json
 import statistics
 from dataclasses import asdict
 
-from core import paths
-from core.cli.bench.harness import announce_repetition
-from core.cli.bench.serve import (
+from bench.harness import announce_repetition
+from bench.serve import (
     POOL_TOKENS,
     WARMUP_TOKENS,
     RoundResult,
@@ -36,7 +35,8 @@ from core.cli.bench.serve import (
     stream_counts,
     streams_text,
 )
-from core.cli.bench.side_by_side import mlx_folder_and_data, ours_and_mlx_lm
+from bench.side_by_side import mlx_folder_and_data, ours_and_mlx_lm
+from core import paths
 
 SERVERS = ("ours", "mlx_lm")
 TARGETS = {1: 1.0, 4: 1.1, 8: 1.1}  # ours / mlx_lm.server, issue 19

@@ -21,7 +21,7 @@ from pathlib import Path
 from core.errors import UserError
 
 START_TIMEOUT_S = 300
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def wait_until_answers(

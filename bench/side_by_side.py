@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from core.cli.bench.agent import save_mlx_folder
-from core.cli.bench.harness import link_models
-from core.cli.bench.server_process import (
+from bench.agent import save_mlx_folder
+from bench.harness import link_models
+from bench.server_process import (
     ServerProcess,
     free_port,
     mlx_lm_server_code,

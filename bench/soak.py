@@ -5,7 +5,7 @@ replies the cache changed (issue 42).
 On loopback, in a scratch folder removed at the end (the models linked from the data
 folder), two ``radixchat serve`` processes on the same model: the one under test, with three
 API keys and a small ``--disk-budget`` so the stores fill and evict within the run, and a
-reference started with ``--no-cache``. Eight clients (core/cli/bench/soak_clients.py) of the
+reference started with ``--no-cache``. Eight clients (bench/soak_clients.py) of the
 three dialects (OpenAI chat completions, Anthropic messages, OpenAI Responses with stored
 chains and conversations) through the ``openai`` and ``anthropic`` packages, with tools,
 streams, streams dropped after a few events, every request with a timeout. Half way the
@@ -37,10 +37,9 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from core import paths
-from core.cli.bench.harness import link_models
-from core.cli.bench.server_process import ServerProcess, free_port, radixchat_server_code
-from core.cli.bench.soak_clients import (
+from bench.harness import link_models
+from bench.server_process import ServerProcess, free_port, radixchat_server_code
+from bench.soak_clients import (
     KEYS,
     MIRROR_KEY,
     MIRRORS,
@@ -50,7 +49,8 @@ from core.cli.bench.soak_clients import (
     SoakClient,
     Tally,
 )
-from core.cli.bench.soak_wire import Clients, Step
+from bench.soak_wire import Clients, Step
+from core import paths
 from core.engine import namespaces
 from core.errors import UserError
 from core.models.derived import derived_bytes

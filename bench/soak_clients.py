@@ -1,4 +1,4 @@
-"""The clients of ``radixchat bench soak`` (core/cli/bench/soak.py): eight threads, each a
+"""The clients of ``radixchat bench soak`` (bench/soak.py): eight threads, each a
 client of one dialect and one API key, holding conversations of a few turns until the run's
 end, and the checker that sends a sample of their greedy requests to the server without a
 cache and compares the replies.
@@ -33,7 +33,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from core.cli.bench.soak_wire import Clients, Reply, Step, error_kind
+from bench.soak_wire import Clients, Reply, Step, error_kind
 
 KEYS = ("soak-key-alpha-7f3a", "soak-key-bravo-19c2", "soak-key-charlie-5d8e")
 MIRROR_KEY = "soak-key-reference-0b6d"  # the server without a cache's

@@ -14,7 +14,7 @@ Four cases, each a request (or four) streamed from each server:
   throughput, all tokens over the span from the first first token to the last token.
 
 The servers are ``mlx_lm.server`` on the model saved as an MLX folder
-(:func:`core.cli.bench.agent.save_mlx_folder`) and one ``radixchat serve`` process, asked
+(:func:`bench.agent.save_mlx_folder`) and one ``radixchat serve`` process, asked
 per request with speculation on, then off (``radixchat.speculative``), in a cache namespace
 of the repetition's own (a ``cache_salt``), its prompts computed first by a request for one
 token: both start from a cached prompt, and no draft comes from an earlier reply to the
@@ -37,12 +37,12 @@ import threading
 import time
 from dataclasses import dataclass
 
-from core import paths
-from core.cli.bench.harness import announce_repetition, event_stream
-from core.cli.bench.server_process import (
+from bench.harness import announce_repetition, event_stream
+from bench.server_process import (
     ServerProcess,
 )
-from core.cli.bench.side_by_side import mlx_folder_and_data, ours_and_mlx_lm
+from bench.side_by_side import mlx_folder_and_data, ours_and_mlx_lm
+from core import paths
 from core.errors import UserError
 
 CASES = ("rewrite", "json", "chat", "four")

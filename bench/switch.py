@@ -16,8 +16,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench.harness import link_models, scratch_data_folder
 from core import paths
-from core.cli.bench.harness import link_models, scratch_data_folder
 from core.errors import UserError
 
 PROMPT = "Say hello."
@@ -68,7 +68,7 @@ def fresh_start(data: Path, spec: str, pool_mb: int) -> MemoryReading:
     """The same reading in a new process started on ``spec``."""
     code = (
         "import json, sys; from pathlib import Path; from dataclasses import asdict; "
-        "from core.engine.engine import Engine; from core.cli.bench.switch import read_memory; "
+        "from core.engine.engine import Engine; from bench.switch import read_memory; "
         "e = Engine(Path(sys.argv[1]), sys.argv[2], pool_bytes=int(sys.argv[3])).start(); "
         "e.wait_ready(); print(json.dumps(asdict(read_memory(e, 'fresh start')))); e.shutdown()"
     )

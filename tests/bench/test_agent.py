@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 
+from bench import agent
+from bench.agent import CHAT, MESSAGES, Reply, Served, _piece, _usage, replay_interleaved
+from bench.agent_trace import ROUNDS, anthropic_body, build_trace, openai_body
 from core.api.openai_schema import ChatCompletionRequest, to_call
 from core.api.wire import ModelCard
-from core.cli.bench import agent
-from core.cli.bench.agent import CHAT, MESSAGES, Reply, Served, _piece, _usage, replay_interleaved
-from core.cli.bench.agent_trace import ROUNDS, anthropic_body, build_trace, openai_body
 from core.cli.main import main
 from core.models.load.chat_template import SMOLLM2_TOOLS_TEMPLATE
 from core.models.tiny_model import TinyModelSpec, write_tiny_model

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
-from core.cli.bench.clients import format_clients, outcome
+from bench.clients import format_clients, outcome
 from core.cli.main import main
 
 FAKE_CLAUDE = """#!{python}

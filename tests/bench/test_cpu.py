@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from core.cli.bench.cpu import FORMATS, make_prompt
+from bench.cpu import FORMATS, make_prompt
 from core.cli.main import EXIT_USER_ERROR, main
 from core.models.tiny_model import build_tokenizer, write_tiny_model
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from core.cli.bench.distributed import format_table
+from bench.distributed import format_table
 from core.cli.main import main
 from tests.core.distributed.group_fixture import needs_ring
 

@@ -9,8 +9,8 @@ import json
 
 from mlx_lm.utils import load_tokenizer
 
-from core.cli.bench.agent import Reply
-from core.cli.bench.followup import Pair, conversation, followup_report, format_followup
+from bench.agent import Reply
+from bench.followup import Pair, conversation, followup_report, format_followup
 from core.cli.main import main
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 

@@ -1,4 +1,4 @@
-"""What the benchmarks share (core/cli/bench/harness.py): repetitions, scratch data folders,
+"""What the benchmarks share (bench/harness.py): repetitions, scratch data folders,
 the end of a request, an event stream over a raw connection."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from core.cli.bench.harness import (
+from bench.harness import (
     TRAVEL_NOTES,
     chat_stream,
     final_event,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from core.cli.bench.kv_quality import _agreement, first_difference_margin
+from bench.kv_quality import _agreement, first_difference_margin
 from core.cli.main import main
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 

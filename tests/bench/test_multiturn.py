@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from core.cli.bench.multiturn import WAYS
+from bench.multiturn import WAYS
 from core.cli.main import EXIT_USER_ERROR, main
 from core.models.tiny_model import write_tiny_model
 

@@ -10,9 +10,9 @@ import tempfile
 import psutil
 import pytest
 
-from core.cli.bench.soak import Sample, _print_report, _rss
-from core.cli.bench.soak_clients import KEYS, PLANS, Restart, _translate
-from core.cli.bench.soak_wire import Reply, StreamFailed, ToolCall, error_kind
+from bench.soak import Sample, _print_report, _rss
+from bench.soak_clients import KEYS, PLANS, Restart, _translate
+from bench.soak_wire import Reply, StreamFailed, ToolCall, error_kind
 from core.cli.main import main
 
 STORE_FILES = {

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from core.cli.bench import speculative
-from core.cli.bench.speculative import Reply, format_report, speculative_report
+from bench import speculative
+from bench.speculative import Reply, format_report, speculative_report
 
 
 def test_the_rewrite_prompt_holds_a_file_of_about_400_lines():
