@@ -138,9 +138,8 @@ def test_the_benchmarks_stay_out_of_the_bundle_but_not_out_of_a_source_install(
 ):
     """bench/ is a package of the checkout (``radixchat bench NAME`` from an editable or a
     source install), left out of the app: excluded, and no hidden import reaches it."""
+    import json
     import tomllib
-
-    from setuptools import find_packages
 
     analysis = run_spec(monkeypatch, tmp_path, "linux")["made"]["Analysis"].kwargs
     assert "bench" in analysis["excludes"]
@@ -148,7 +147,18 @@ def test_the_benchmarks_stay_out_of_the_bundle_but_not_out_of_a_source_install(
     assert "core.stand_in" in hidden  # (the stand-in names every collected package)
     assert not [name for name in hidden if name == "bench" or name.startswith("bench.")]
     find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
-    installed = find_packages(str(ROOT), include=find["find"]["include"])
+    # setuptools' own finder, in a process of its own (importing setuptools replaces distutils)
+    code = "import json, sys; from setuptools import find_packages; " + (
+        "print(json.dumps(find_packages(sys.argv[1], include=json.loads(sys.argv[2]))))"
+    )
+    listed = subprocess.run(
+        [sys.executable, "-c", code, str(ROOT), json.dumps(find["find"]["include"])],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert listed.returncode == 0, listed.stderr
+    installed = json.loads(listed.stdout)
     assert "bench" in installed and "core.cli.commands" in installed
     assert not [name for name in installed if name.split(".")[0] == "tests"]
 
