@@ -32,17 +32,26 @@ from core.errors import UserError
 from core.models.load.chat_template import read_chat_template
 
 PROMPT = "Describe a fictional person: their name, age, city and three hobbies."
+# Bounded, so a forced call always ends within CALL_TOKENS (a call cut by max_tokens is an
+# error, with no figures: core.engine.replies.cut_call)
 SCHEMA = {
     "type": "object",
     "properties": {
-        "name": {"type": "string"},
-        "age": {"type": "integer"},
-        "city": {"type": "string"},
-        "hobbies": {"type": "array", "items": {"type": "string"}},
+        "name": {"type": "string", "maxLength": 16},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "city": {"type": "string", "maxLength": 16},
+        "hobbies": {
+            "type": "array",
+            "items": {"type": "string", "maxLength": 16},
+            "maxItems": 3,
+        },
     },
     "required": ["name", "age", "city", "hobbies"],
     "additionalProperties": False,
 }
+# the longest call the bounded schema allows, one byte a token (the tiny models' tokenizer),
+# with the generic format's markup around it
+CALL_TOKENS = 384
 TOOL = {
     "type": "function",
     "function": {"name": "save_person", "description": "Store a person", "parameters": SCHEMA},
@@ -55,6 +64,8 @@ def _request(mode: str, max_tokens: int, n: int = 0) -> GenerationRequest:
         if mode == "json_schema"
         else ({"tools": (TOOL,), "tool_choice": "required"} if mode == "tool_required" else {})
     )
+    if mode == "tool_required":  # a forced call runs to its end
+        max_tokens = max(max_tokens, CALL_TOKENS)
     return GenerationRequest(
         messages=(ChatMessage("user", f"{PROMPT} ({n})"),),
         use_cache=False,
