@@ -128,8 +128,8 @@ class AgreedPrefixCache:
             ).item()
         )
 
-    def match(self, prompt: list[int], namespace: str = ""):
-        prefix = self._inner.match(prompt, namespace)
+    def match(self, prompt: list[int], namespace: str = "", session: str | None = None):
+        prefix = self._inner.match(prompt, namespace, session)
         agreed = self._min(prefix.length)
         while True:
             # longer here: take the agreed part (a snapshot's end, if hybrid)
@@ -263,7 +263,7 @@ class ShardedEngine(Engine):
         if self._pool_tokens is None and self._pool_bytes is None and self._use_cache:
             self._pool_tokens = self._agreed_pool_tokens(loaded)
         super()._install(loaded, command)
-        self._scheduler.prefix_cache = AgreedPrefixCache(self._prefix_cache, self.mlx_group)
+        self._scheduler.cache = AgreedPrefixCache(self._cache, self.mlx_group)
         # chunk sizes the same on every rank
         if getattr(self._scheduler, "pacer", None) is not None:
             self._scheduler.pacer = GroupPacer()
@@ -424,8 +424,8 @@ class ShardedEngine(Engine):
         elif op == "forget":
             self._forget(cmd["session"])
         elif op == "flush":
-            if self._persister is not None:
-                self._persister.flush()
+            if self._cache is not None:
+                self._cache.flush()
             if local is not None:
                 local.done.set()
         elif op == "give_way":
@@ -434,8 +434,8 @@ class ShardedEngine(Engine):
                 local.freed = freed
                 local.done.set()
         elif op == "stop":
-            self._close_persister()
-            self._loaded = self._prefix_cache = self._scheduler = None
+            self._close_cache()
+            self._loaded = self._scheduler = None
             if isinstance(self.channel, FollowerChannel):
                 self.channel.send({"op": "stopped"})
             else:
