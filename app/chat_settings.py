@@ -27,21 +27,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from core.chats.settings import RANGES, usable
+from core.chats.settings import RANGES, SAMPLING_KEYS, sampling_settings, usable
 from core.engine.types import SamplingParams
 
-# what a chat's settings edit
-SESSION_SAMPLING_KEYS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "max_tokens",
-    "seed",
-)
 # a new chat's sampling: the engine's defaults (SamplingParams' fields), not a copy of them
-DEFAULT_SAMPLING = {key: getattr(SamplingParams(), key) for key in SESSION_SAMPLING_KEYS}
+DEFAULT_SAMPLING = sampling_settings(SamplingParams())
 MAX_TOKENS_LIMIT = int(RANGES["max_tokens"].high)
 MAX_TOP_K = int(RANGES["top_k"].high)
 MAX_SEED = int(RANGES["seed"].high)
@@ -51,7 +41,7 @@ NO_PRESET = "Custom"
 
 @dataclass(frozen=True)
 class ChatPreset:
-    """A named system prompt and sampling (SESSION_SAMPLING_KEYS), kept as JSON in QSettings."""
+    """A named system prompt and sampling (SAMPLING_KEYS), kept as JSON in QSettings."""
 
     name: str
     system_prompt: str | None = None
@@ -69,7 +59,7 @@ class ChatPreset:
         sampling = {
             k: v
             for k, v in (sampling if isinstance(sampling, dict) else {}).items()
-            if k in SESSION_SAMPLING_KEYS and (v is None or isinstance(v, int | float))
+            if k in SAMPLING_KEYS and (v is None or isinstance(v, int | float))
         }
         return cls(value["name"], prompt if isinstance(prompt, str) else None, sampling)
 
@@ -210,7 +200,7 @@ class SessionSettingsDialog(QDialog):
     def current_preset(self, name: str) -> ChatPreset:
         """The fields as a preset named ``name``."""
         settings, prompt = self.values()
-        return ChatPreset(name, prompt, {k: settings[k] for k in SESSION_SAMPLING_KEYS})
+        return ChatPreset(name, prompt, {k: settings[k] for k in SAMPLING_KEYS})
 
     def accept(self) -> None:
         if self.for_new_chats.isChecked():

@@ -95,13 +95,11 @@ def stored_responses_budget(disk_budget: int) -> int:
 
 
 def stored_responses_bytes(root: Path, disk_budget: int) -> int:
-    """What the disk cache leaves to the stored responses in the data folder ``root``:
-    nothing while there are none (no ``responses.db``), else their share, or what the file
-    takes where that is more (a file written before the share existed)."""
-    path = responses_db_path(root)
-    if not path.exists():
-        return 0
-    return max(database_bytes(path), stored_responses_budget(disk_budget))
+    """What the disk cache leaves to the stored responses in the data folder ``root``: their
+    share, or what the file takes where that is more (a file written before the share
+    existed). Kept from the first start, ``responses.db`` or not: the server creates it after
+    the model's load measured the room, and the folder must hold its budget from then on."""
+    return max(database_bytes(responses_db_path(root)), stored_responses_budget(disk_budget))
 
 
 def database_bytes(path: Path) -> int:

@@ -179,7 +179,6 @@ class DiskTier:
             target=self._write_loop, name="radixchat-cache-writer", daemon=True
         )
         self._thread.start()
-        prefix_cache.write_back = self.write_back
         self._jobs.put(_BUDGET)  # a lowered budget, another model's pages, a crash: fit now
 
     # ------------------------------------------------------------ engine thread
@@ -259,7 +258,7 @@ class DiskTier:
     ) -> None:
         """RAM is evicting the prefix ``tokens`` of ``namespace`` (its K/V from ``source``,
         as the pool still holds it): queue what the disk lacks of it, so RAM pressure costs
-        a read later, not a recompute (the prefix cache calls this; see ``write_back`` there)."""
+        a read later, not a recompute (``kvcache.tiered`` passes it to the prefix cache)."""
         self._counts["write_backs"] += 1
         self._save(None, tokens, source, snapshots, namespace, min_tokens=DISK_PAGE_TOKENS)
 
@@ -513,8 +512,6 @@ class DiskTier:
         return self._thread.native_id
 
     def close(self) -> None:
-        if self.prefix_cache.write_back == self.write_back:
-            self.prefix_cache.write_back = None
         self.flush(timeout=30)
         self._jobs.put(None)
         self._thread.join(timeout=30)  # the writer's connection closes first: the last one
@@ -565,10 +562,12 @@ class DiskTier:
         try:
             if job.session is not None:
                 result = self._writer.save_session(
-                    job.session, self.fingerprint, job.pages, job.namespace
+                    job.session, self.fingerprint, job.pages, job.namespace, job.keys or None
                 )
             else:
-                result = self._writer.save_prefix(self.fingerprint, job.pages, job.namespace)
+                result = self._writer.save_prefix(
+                    self.fingerprint, job.pages, job.namespace, job.keys or None
+                )
         except DiskStoreError as exc:  # disk full, locked...: the cache costs time, no more
             self._counts["write_errors"] += 1
             if getattr(exc, "reason", None) == "full" or "full" in str(exc):

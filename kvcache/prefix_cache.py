@@ -58,6 +58,7 @@ class Prefix:
     snapshot: Snapshot | None
     tokens: tuple[int, ...]  # the matched tokens
     namespace: str = ""  # where it was matched, and where its commit stores
+    restored: int = 0  # of ``length``, the tokens read from disk for this match
 
 
 def cache_source(caches: list, paged: tuple[CachePath, ...]):
@@ -119,7 +120,7 @@ class PrefixCache:
       is in it, and no page is reused while its K/V is pending.
     """
 
-    def __init__(self, model, build: KVCacheBuildResult):
+    def __init__(self, model, build: KVCacheBuildResult, write_back=None):
         self.model = model
         self.build = build
         self.tree = build.tree
@@ -142,10 +143,10 @@ class PrefixCache:
         self._placeholders = itertools.count(1)  # slot stand-ins when nothing is paged
         self._open: set[int] = set()  # id() of prefixes matched and not yet committed/released
         self._pending_writes: list[tuple] = []  # restored K/V not yet in the pool (flush_writes)
-        # The lower tier's hook, while one is open: called with an evicted leaf's whole path
+        # The lower tier's hook (kvcache.tiered): called with an evicted leaf's whole path
         # (tokens, a source of their K/V, the snapshots at its end, its namespace) before
-        # its pages go.
-        self.write_back = None
+        # its pages go; None: nothing below RAM.
+        self.write_back = write_back
         # weakly: the tree is this cache's own, so a strong hook would make a cycle that keeps
         # the model (and its weights) alive after a model switch until the cyclic GC runs
         evicting = weakref.WeakMethod(self._evicting)
@@ -156,10 +157,11 @@ class PrefixCache:
         return not self.build.disable_radix_cache
 
     # ----------------------------------------------------------- request path
-    def match(self, prompt: list[int], namespace: str = "") -> Prefix:
+    def match(self, prompt: list[int], namespace: str = "", restored: int = 0) -> Prefix:
         """The longest usable prefix of ``prompt`` cached in ``namespace`` (never all of it:
         the last prompt token is always computed, for its logits). Locked until
-        commit/release."""
+        commit/release. ``restored``: tokens a lower tier just put in RAM for it (recorded
+        on the prefix, up to its length)."""
         self._prompt_tokens += len(prompt)
         result = self.tree.match_prefix(prompt[:-1], namespace)
         self.tree.inc_lock_ref(result.last_node)
@@ -170,6 +172,7 @@ class PrefixCache:
             result.snapshot,
             tuple(prompt[: result.length]),
             namespace,
+            min(restored, result.length),
         )
         self._open.add(id(prefix))
         return prefix

@@ -220,7 +220,12 @@ class DiskStore(StoreRepair, SqliteFile):
             return keys - set(self._page_sizes(keys))
 
     def save_session(
-        self, session: str, fingerprint: str, pages: Sequence[PageData], namespace: str = ""
+        self,
+        session: str,
+        fingerprint: str,
+        pages: Sequence[PageData],
+        namespace: str = "",
+        keys: Sequence[str] | None = None,
     ) -> SaveResult:
         """Save a session's whole chain (in ``namespace``; ``session`` is the row's name,
         see :func:`~kvcache.store_format.session_row`), first page first, then enforce the
@@ -228,23 +233,36 @@ class DiskStore(StoreRepair, SqliteFile):
 
         Pages the store has already (same key) are not rewritten. One transaction: after
         a crash the session is in its old state or its new one. No pages: the session's
-        cache is cleared."""
+        cache is cleared. ``keys``: the pages' keys where the caller computed them already
+        (:func:`~kvcache.store_format.chain_keys` of the same pages), else computed here."""
         if not session:
             raise ValueError("a session needs a name")
-        return self._save_chain(fingerprint, pages, session, namespace)
+        return self._save_chain(fingerprint, pages, session, namespace, keys)
 
     def save_prefix(
-        self, fingerprint: str, pages: Sequence[PageData], namespace: str = ""
+        self,
+        fingerprint: str,
+        pages: Sequence[PageData],
+        namespace: str = "",
+        keys: Sequence[str] | None = None,
     ) -> SaveResult:
         """Keep a chain for any later request of ``namespace`` that starts with its tokens
         (no session): its last page becomes a prefix head, which the budget drops before
         sessions. Pages the store has are not rewritten; one transaction, as for a session."""
-        return self._save_chain(fingerprint, pages, None, namespace)
+        return self._save_chain(fingerprint, pages, None, namespace, keys)
 
     def _save_chain(
-        self, fingerprint: str, pages: Sequence[PageData], session: str | None, namespace: str = ""
+        self,
+        fingerprint: str,
+        pages: Sequence[PageData],
+        session: str | None,
+        namespace: str = "",
+        keys: Sequence[str] | None = None,
     ) -> SaveResult:
-        keys = self.page_keys(fingerprint, [page.tokens for page in pages], namespace)
+        if keys is None:
+            keys = self.page_keys(fingerprint, [page.tokens for page in pages], namespace)
+        elif len(keys) != len(pages):
+            raise ValueError(f"{len(keys)} keys for {len(pages)} pages")
         parents = [namespace_root(namespace), *keys[:-1]]
         missing = self.missing_keys(keys)
         to_write = [

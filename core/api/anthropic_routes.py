@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -19,26 +19,18 @@ from core.api.anthropic_schema import (
     count_request,
     to_call,
 )
-from core.api.errors import engine_error, shutting_down
-from core.api.relay import EngineEvents, reply_stream, reply_whole, sse
+from core.api.errors import ApiError, engine_error
+from core.api.generation import ReplyWriter, run_generation
+from core.api.relay import sse
 from core.api.routing import (
     JsonRoute,
     PriorityHeader,
     SessionHeader,
     checked_call,
     key_namespace,
-    named,
     server_of,
 )
-from core.engine.types import (
-    DoneEvent,
-    ErrorEvent,
-    Event,
-    ProgressEvent,
-    ReasoningEvent,
-    TokenEvent,
-    ToolCallEvent,
-)
+from core.engine.types import DoneEvent, ErrorEvent, Event, ProgressEvent, ToolCall
 from core.errors import UserError
 
 router = APIRouter(route_class=JsonRoute)
@@ -57,78 +49,71 @@ async def messages(
     call = await checked_call(
         request, body, to_call, api.model_card(), session, key_namespace(request), priority
     )
-    handle = api.submit(call.request)
-    events = EngineEvents(api, handle, request, arrived)
-    builder = MessageBuilder(call)
-    if not call.stream:
-        return named(
-            await reply_whole(
-                request,
-                handle,
-                events,
-                True,
-                lambda done: builder.full(done.text, done.stats, done.tool_calls, done.reasoning),
-            ),
-            call.request.cache_namespace,
-        )
-    return named(
-        await reply_stream(
-            request, handle, events, True, lambda first: _stream(call, builder, first, events)
-        ),
-        call.request.cache_namespace,
-    )
+    return await run_generation(request, call.request, MessageWriter(call), arrived, call.stream)
 
 
-async def _stream(
-    call: MessagesCall, builder: MessageBuilder, first: Event, events: EngineEvents
-) -> AsyncIterator[bytes]:
-    """Anthropic's event sequence: message_start, ping, then per content block
-    content_block_start, content_block_delta..., content_block_stop, and at the end
-    message_delta (stop_reason, usage), message_stop. A thinking block (when the request
-    enables thinking) opens with the reply's first thinking, its text in thinking_delta
-    events, its signature in a signature_delta before it stops; a text block opens with its
-    first text; each tool call is a tool_use block whose input comes as one input_json_delta.
-    A long prefill, or thinking not sent, sends pings, so the client sees a live stream."""
-    blocks = _Blocks(builder, call)
-    try:
+class MessageWriter(ReplyWriter):
+    """Anthropic's reply: a message, or its event sequence: message_start, ping, then per
+    content block content_block_start, content_block_delta..., content_block_stop, and at
+    the end message_delta (stop_reason, usage), message_stop. A thinking block (when the
+    request enables thinking) opens with the reply's first thinking, its text in
+    thinking_delta events, its signature in a signature_delta before it stops; a text block
+    opens with its first text; each tool call is a tool_use block whose input comes as one
+    input_json_delta. A long prefill, or thinking not sent, sends pings, so the client sees
+    a live stream."""
+
+    def __init__(self, call: MessagesCall):
+        self.call, self.builder = call, MessageBuilder(call)
+        self.blocks = _Blocks(self.builder, call)
+        self.last_sent = time.monotonic()
+
+    async def whole(self, done: DoneEvent) -> dict[str, Any]:
+        return self.builder.full(done.text, done.stats, done.tool_calls, done.reasoning)
+
+    def opening(self, first: Event) -> list[bytes]:
         # the engine's first event says how much of the prompt the cache served
         prompt, cached = (first.total, first.done) if isinstance(first, ProgressEvent) else (0, 0)
-        yield sse(builder.start(prompt, cached), "message_start")
-        yield sse({"type": "ping"}, "ping")
-        last_sent = time.monotonic()
-        event: Event | None = first
-        while event is not None:
-            out: list[tuple[dict, str]] = []
-            if isinstance(event, ReasoningEvent) and event.text and call.thinking:
-                out = blocks.thinking(event.text)
-            elif isinstance(event, TokenEvent) and event.text:
-                out = blocks.text(event.text)
-            elif isinstance(event, ToolCallEvent):
-                out = blocks.tool_use(event.call)
-            elif (
-                isinstance(event, (ProgressEvent, ReasoningEvent))  # a prefill, thinking unsent
-                and time.monotonic() - last_sent > PING_EVERY_S
-            ):
-                out = [({"type": "ping"}, "ping")]
-            elif isinstance(event, ErrorEvent):
-                yield sse(engine_error(event, chat=True).anthropic_body(), "error")
-                return
-            elif isinstance(event, DoneEvent):
-                if event.stats.finish_reason == "cancelled":  # the server is stopping
-                    yield sse(shutting_down().anthropic_body(), "error")
-                    return
-                for body, kind in blocks.close():
-                    yield sse(body, kind)
-                yield sse(builder.delta(event.stats), "message_delta")
-                yield sse({"type": "message_stop"}, "message_stop")
-                return
-            for body, kind in out:
-                yield sse(body, kind)
-            if out:
-                last_sent = time.monotonic()
-            event = await anext(events, None)
-    finally:
-        events.handle.cancel()
+        self.last_sent = time.monotonic()
+        return [
+            sse(self.builder.start(prompt, cached), "message_start"),
+            sse({"type": "ping"}, "ping"),
+        ]
+
+    def token(self, text: str) -> list[bytes]:
+        return self._sent(self.blocks.text(text)) if text else []
+
+    def reasoning(self, text: str) -> list[bytes]:
+        if text and self.call.thinking:
+            return self._sent(self.blocks.thinking(text))
+        return self._ping_if_due()  # thinking not sent
+
+    def tool_call(self, call: ToolCall) -> list[bytes]:
+        return self._sent(self.blocks.tool_use(call))
+
+    def progress(self, event: ProgressEvent) -> list[bytes]:
+        return self._ping_if_due()  # a long prefill
+
+    def _ping_if_due(self) -> list[bytes]:
+        """A ping, if nothing was sent for a while."""
+        if time.monotonic() - self.last_sent > PING_EVERY_S:
+            return self._sent([({"type": "ping"}, "ping")])
+        return []
+
+    async def finished(self, done: DoneEvent) -> list[bytes]:
+        return [
+            *(sse(body, kind) for body, kind in self.blocks.close()),
+            sse(self.builder.delta(done.stats), "message_delta"),
+            sse({"type": "message_stop"}, "message_stop"),
+        ]
+
+    def failed(self, error: ApiError) -> list[bytes]:
+        return [sse(error.anthropic_body(), "error")]
+
+    def _sent(self, events: list[tuple[dict, str]]) -> list[bytes]:
+        """``events`` (body, event name) as server-sent events, noting when they went."""
+        if events:
+            self.last_sent = time.monotonic()
+        return [sse(body, kind) for body, kind in events]
 
 
 class _Blocks:

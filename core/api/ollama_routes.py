@@ -15,13 +15,14 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from core.api.embedding_routes import run_embedding
-from core.api.errors import ApiError, engine_error, shutting_down
+from core.api.errors import ApiError
+from core.api.generation import ReplyWriter, run_generation
 from core.api.ollama_embed import (
     OllamaEmbeddingsRequest,
     OllamaEmbedRequest,
@@ -49,7 +50,7 @@ from core.api.ollama_schema import (
     model_of,
     to_call,
 )
-from core.api.relay import CLIENT_GONE, EngineEvents, reply_stream, reply_whole, watch_disconnect
+from core.api.relay import CLIENT_GONE, watch_disconnect
 from core.api.routing import (
     SSE_HEADERS,
     JsonRoute,
@@ -60,14 +61,7 @@ from core.api.routing import (
     named,
     server_of,
 )
-from core.engine.types import (
-    DoneEvent,
-    ErrorEvent,
-    Event,
-    ReasoningEvent,
-    TokenEvent,
-    ToolCallEvent,
-)
+from core.engine.types import DoneEvent, ToolCall
 from core.errors import UserError
 from core.models.hub.client import HubError
 
@@ -192,51 +186,42 @@ async def _generate(
     reply = OllamaReply(call, model_of(body), arrived)
     if call.request is None:  # only load (or unload): the model is loaded already
         return JSONResponse(reply.loading())
-    handle = api.submit(call.request)
-    events = EngineEvents(api, handle, request, arrived)
-    if not call.stream:
-        response = await reply_whole(
-            request, handle, events, call.chat, lambda done: reply.last(done, whole=True)
-        )
-    else:
-        response = await reply_stream(
-            request,
-            handle,
-            events,
-            call.chat,
-            lambda first: _lines(call, reply, first, events),
-            media_type=NDJSON,
-        )
-    return named(response, call.request.cache_namespace)
+    return await run_generation(
+        request, call.request, LineWriter(call, reply), arrived, call.stream
+    )
 
 
-async def _lines(
-    call: OllamaCall, reply: OllamaReply, first: Event, events: EngineEvents
-) -> AsyncIterator[bytes]:
-    """The NDJSON lines of a reply; if the client leaves, Starlette cancels this and the
-    request is cancelled with it."""
-    try:
-        event: Event | None = first
-        while event is not None:
-            if isinstance(event, (TokenEvent, ReasoningEvent)):
-                thinking = isinstance(event, ReasoningEvent)
-                line = reply.piece("" if thinking else event.text, event.text if thinking else "")
-                if line is not None:
-                    yield ndjson(line)
-            elif isinstance(event, ToolCallEvent):
-                yield ndjson(reply.tool_call(event.call))
-            elif isinstance(event, ErrorEvent):
-                yield ndjson(engine_error(event, call.chat).ollama_body())
-                return
-            elif isinstance(event, DoneEvent):
-                if event.stats.finish_reason == "cancelled":  # the server is stopping
-                    yield ndjson(shutting_down().ollama_body())
-                    return
-                yield ndjson(reply.last(event, whole=False))
-                return
-            event = await anext(events, None)
-    finally:
-        events.handle.cancel()
+class LineWriter(ReplyWriter):
+    """Ollama's reply: one object, or NDJSON lines (one a piece, the last with
+    ``"done": true`` and the figures)."""
+
+    media_type = NDJSON
+
+    def __init__(self, call: OllamaCall, reply: OllamaReply):
+        self.reply = reply
+        self.chat = call.chat
+
+    async def whole(self, done: DoneEvent) -> dict[str, Any]:
+        return self.reply.last(done, whole=True)
+
+    def token(self, text: str) -> list[bytes]:
+        return self._line(self.reply.piece(text=text))
+
+    def reasoning(self, text: str) -> list[bytes]:
+        return self._line(self.reply.piece(thinking=text))
+
+    def tool_call(self, call: ToolCall) -> list[bytes]:
+        return self._line(self.reply.tool_call(call))
+
+    async def finished(self, done: DoneEvent) -> list[bytes]:
+        return [ndjson(self.reply.last(done, whole=False))]
+
+    def failed(self, error: ApiError) -> list[bytes]:
+        return [ndjson(error.ollama_body())]
+
+    @staticmethod
+    def _line(body: dict[str, Any] | None) -> list[bytes]:
+        return [ndjson(body)] if body is not None else []
 
 
 @router.post("/api/embed", summary="Embeddings of texts (Ollama)")

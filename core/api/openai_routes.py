@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from core.api import anthropic_schema
-from core.api.errors import engine_error, shutting_down
+from core.api.errors import ApiError
+from core.api.generation import ReplyWriter, run_generation
 from core.api.openai_schema import (
     ChatCompletionRequest,
     CompletionCall,
@@ -19,24 +20,17 @@ from core.api.openai_schema import (
     model_object,
     to_call,
 )
-from core.api.relay import EngineEvents, reply_stream, reply_whole, sse
+from core.api.relay import sse
 from core.api.routing import (
     JsonRoute,
     PriorityHeader,
     SessionHeader,
     checked_call,
     key_namespace,
-    named,
     server_of,
 )
-from core.engine.types import (
-    DoneEvent,
-    ErrorEvent,
-    Event,
-    ReasoningEvent,
-    TokenEvent,
-    ToolCallEvent,
-)
+from core.api.wire import ModelCard
+from core.engine.types import DoneEvent, Event, ToolCall
 
 router = APIRouter(route_class=JsonRoute)
 
@@ -114,56 +108,39 @@ async def generate(
     call = await checked_call(
         request, body, to_call, card, session, key_namespace(request), priority
     )
-    handle = api.submit(call.request)
-    events = EngineEvents(api, handle, request, arrived)
-    reply = ReplyBuilder(call, card)
-    if not call.stream:
-        return named(
-            await reply_whole(
-                request,
-                handle,
-                events,
-                call.chat,
-                lambda done: reply.full(done.text, done.stats, done.tool_calls, done.reasoning),
-            ),
-            call.request.cache_namespace,
-        )
-    return named(
-        await reply_stream(
-            request, handle, events, call.chat, lambda first: _chunks(call, reply, first, events)
-        ),
-        call.request.cache_namespace,
+    return await run_generation(
+        request, call.request, ChunkWriter(call, card), arrived, call.stream
     )
 
 
-async def _chunks(
-    call: CompletionCall, reply: ReplyBuilder, first: Event, events: EngineEvents
-) -> AsyncIterator[bytes]:
-    """The server-sent events of a reply; if the client leaves, Starlette cancels this and the
-    request is cancelled with it."""
-    try:
-        if call.chat:
-            yield sse(reply.chunk(first=True))
-        event: Event | None = first
-        while event is not None:
-            if isinstance(event, TokenEvent):
-                yield sse(reply.chunk(event.text))
-            elif isinstance(event, ReasoningEvent):
-                yield sse(reply.chunk(reasoning=event.text))
-            elif isinstance(event, ToolCallEvent):
-                yield sse(reply.chunk(tool_call=event.call))
-            elif isinstance(event, ErrorEvent):
-                yield sse(engine_error(event, call.chat).body())
-                return
-            elif isinstance(event, DoneEvent):
-                if event.stats.finish_reason == "cancelled":  # the server is stopping
-                    yield sse(shutting_down().body())
-                    return
-                yield sse(reply.chunk(stats=event.stats))
-                if call.include_usage:
-                    yield sse(reply.usage_chunk(event.stats))
-                yield b"data: [DONE]\n\n"
-                return
-            event = await anext(events, None)
-    finally:
-        events.handle.cancel()
+class ChunkWriter(ReplyWriter):
+    """OpenAI's reply: a completion object, or its chunks as server-sent events (a chat
+    stream's first chunk names the assistant's role; ``data: [DONE]`` ends the stream)."""
+
+    def __init__(self, call: CompletionCall, card: ModelCard):
+        self.call, self.reply = call, ReplyBuilder(call, card)
+        self.chat = call.chat
+
+    async def whole(self, done: DoneEvent) -> dict[str, Any]:
+        return self.reply.full(done.text, done.stats, done.tool_calls, done.reasoning)
+
+    def opening(self, first: Event) -> list[bytes]:
+        return [sse(self.reply.chunk(first=True))] if self.call.chat else []
+
+    def token(self, text: str) -> list[bytes]:
+        return [sse(self.reply.chunk(text))]
+
+    def reasoning(self, text: str) -> list[bytes]:
+        return [sse(self.reply.chunk(reasoning=text))]
+
+    def tool_call(self, call: ToolCall) -> list[bytes]:
+        return [sse(self.reply.chunk(tool_call=call))]
+
+    async def finished(self, done: DoneEvent) -> list[bytes]:
+        chunks = [sse(self.reply.chunk(stats=done.stats))]
+        if self.call.include_usage:
+            chunks.append(sse(self.reply.usage_chunk(done.stats)))
+        return [*chunks, b"data: [DONE]\n\n"]
+
+    def failed(self, error: ApiError) -> list[bytes]:
+        return [sse(error.body())]

@@ -31,10 +31,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from core.api.errors import engine_error, shutting_down
-from core.api.routing import SSE_HEADERS
 from core.engine.engine import RequestHandle
 from core.engine.types import (
     DoneEvent,
@@ -219,49 +216,6 @@ async def watch_disconnect(scope: dict, receive: Callable, handle: RequestHandle
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-
-
-async def reply_whole(
-    request: Request,
-    handle: RequestHandle,
-    events: EngineEvents,
-    chat: bool,
-    body: Callable[[DoneEvent], dict[str, Any]],
-) -> Response:
-    """A non-streaming route's answer, shared by both dialects: the reply ``body`` makes
-    from the finished request, a 499 if the client left, or the engine's error."""
-    try:
-        done, error = await events.collect()
-    finally:
-        handle.cancel()  # a no-op once the request has ended
-    if request.scope.get(CLIENT_GONE):
-        return Response(status_code=499)  # nobody will read it
-    if error is not None:
-        raise engine_error(error, chat)
-    if done is None or done.stats.finish_reason == "cancelled":
-        raise shutting_down()
-    return JSONResponse(body(done))
-
-
-async def reply_stream(
-    request: Request,
-    handle: RequestHandle,
-    events: EngineEvents,
-    chat: bool,
-    chunks: Callable[[Event], AsyncIterator[bytes]],
-    media_type: str = "text/event-stream",
-) -> Response:
-    """A streaming route's answer, shared by the dialects: an error before anything is sent
-    is an HTTP error; after the first event, ``chunks(first)`` streams the rest (server-sent
-    events, or Ollama's NDJSON: ``media_type``)."""
-    events.bounded = True  # from here on, a client that stops reading is cut off
-    first = await events.first()
-    if isinstance(first, ErrorEvent) or first is None or request.scope.get(CLIENT_GONE):
-        handle.cancel()
-        if request.scope.get(CLIENT_GONE):
-            return Response(status_code=499)
-        raise engine_error(first, chat) if first is not None else shutting_down()
-    return StreamingResponse(chunks(first), media_type=media_type, headers=SSE_HEADERS)
 
 
 def sse(body: dict[str, Any] | str, event: str | None = None) -> bytes:

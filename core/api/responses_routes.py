@@ -19,15 +19,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from core.api.conversations_schema import conversation_items
-from core.api.errors import ApiError, engine_error, invalid, shutting_down
-from core.api.relay import EngineEvents, reply_stream, reply_whole, sse
+from core.api.errors import ApiError, invalid
+from core.api.generation import ReplyWriter, run_generation
+from core.api.relay import sse
 from core.api.responses_reply import ResponseBuilder
 from core.api.responses_room import Refusal
 from core.api.responses_schema import STORED_ITEMS, ResponsesCall, ResponsesRequest, to_call
@@ -39,18 +40,10 @@ from core.api.routing import (
     SessionHeader,
     checked_call,
     key_namespace,
-    named,
     server_of,
 )
 from core.engine import namespaces
-from core.engine.types import (
-    DoneEvent,
-    ErrorEvent,
-    Event,
-    ReasoningEvent,
-    TokenEvent,
-    ToolCallEvent,
-)
+from core.engine.types import DoneEvent, Event, ToolCall
 from core.errors import StoreError
 
 log = logging.getLogger(__name__)
@@ -211,31 +204,11 @@ async def create_response(
     if body.conversation_id is not None:  # its items get ids in the conversation
         own = conversation_items(STORED_ITEMS.validate_python(own))
     _check_room(api.responses, call, builder, history, own)
-    handle = api.submit(call.request)
-    events = EngineEvents(api, handle, request, arrived)
+    writer = ResponseWriter(request, call, builder, own)
     try:
-        if not call.stream:
-            answer = await reply_whole(
-                request,
-                handle,
-                events,
-                True,
-                lambda done: builder.full(done.text, done.stats, done.tool_calls, done.reasoning),
-            )
-            await _keep(request, call, builder, own)
-            if answer.status_code == 200 and builder.final is not None:
-                answer = JSONResponse(builder.final)  # as kept (store: false if it was not)
-        else:
-            answer = await reply_stream(
-                request,
-                handle,
-                events,
-                True,
-                lambda first: _stream(request, call, builder, first, events, own),
-            )
+        return await run_generation(request, call.request, writer, arrived, call.stream)
     except ApiError as error:
         raise _about_input(error) from None
-    return named(answer, call.request.cache_namespace)
 
 
 def _about_input(error: ApiError) -> ApiError:
@@ -246,43 +219,48 @@ def _about_input(error: ApiError) -> ApiError:
     return ApiError(error.status, error.message, error.type, "input", error.code, error.headers)
 
 
-async def _stream(
-    request: Request,
-    call: ResponsesCall,
-    builder: ResponseBuilder,
-    first: Event,
-    events: EngineEvents,
-    own: list[dict[str, Any]],
-) -> AsyncIterator[bytes]:
-    """The response's events (:mod:`core.api.responses_reply`); an engine error after the
-    start is a ``response.failed`` event."""
-    try:
-        for body in builder.start():
-            yield sse(body, body["type"])
-        event: Event | None = first
-        while event is not None:
-            out: list[dict[str, Any]] = []
-            if isinstance(event, TokenEvent) and event.text:
-                out = builder.text(event.text)
-            elif isinstance(event, ReasoningEvent) and event.text:
-                out = builder.reasoning(event.text)
-            elif isinstance(event, ToolCallEvent):
-                out = builder.tool_call(event.call)
-            elif isinstance(event, ErrorEvent):
-                out = builder.failed(engine_error(event, chat=True))
-            elif isinstance(event, DoneEvent):
-                if event.stats.finish_reason == "cancelled":  # the server is stopping
-                    out = builder.failed(shutting_down())
-                else:
-                    out = builder.finish(event.stats)
-                    await _keep(request, call, builder, own)  # before response.completed is sent
-            for body in out:
-                yield sse(body, body["type"])
-            if isinstance(event, (ErrorEvent, DoneEvent)):
-                return
-            event = await anext(events, None)
-    finally:
-        events.handle.cancel()
+class ResponseWriter(ReplyWriter):
+    """The response object, or its events (:mod:`core.api.responses_reply`); an engine
+    error after the start is a ``response.failed`` event. The finished response is kept
+    (:func:`_keep`) before it is answered, or its last event sent."""
+
+    def __init__(
+        self,
+        request: Request,
+        call: ResponsesCall,
+        builder: ResponseBuilder,
+        own: list[dict[str, Any]],
+    ):
+        self.request, self.call, self.builder, self.own = request, call, builder, own
+
+    async def whole(self, done: DoneEvent) -> dict[str, Any]:
+        self.builder.full(done.text, done.stats, done.tool_calls, done.reasoning)
+        await _keep(self.request, self.call, self.builder, self.own)
+        return self.builder.final  # as kept (store: false if it was not)
+
+    def opening(self, first: Event) -> list[bytes]:
+        return self._sse(self.builder.start())
+
+    def token(self, text: str) -> list[bytes]:
+        return self._sse(self.builder.text(text)) if text else []
+
+    def reasoning(self, text: str) -> list[bytes]:
+        return self._sse(self.builder.reasoning(text)) if text else []
+
+    def tool_call(self, call: ToolCall) -> list[bytes]:
+        return self._sse(self.builder.tool_call(call))
+
+    async def finished(self, done: DoneEvent) -> list[bytes]:
+        events = self.builder.finish(done.stats)
+        await _keep(self.request, self.call, self.builder, self.own)  # before it is sent
+        return self._sse(events)
+
+    def failed(self, error: ApiError) -> list[bytes]:
+        return self._sse(self.builder.failed(error))
+
+    @staticmethod
+    def _sse(bodies: list[dict[str, Any]]) -> list[bytes]:
+        return [sse(body, body["type"]) for body in bodies]
 
 
 @router.get("/v1/responses/{response_id}", summary="A stored response (OpenAI Responses API)")

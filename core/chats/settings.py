@@ -1,8 +1,10 @@
-"""A chat's sampling settings (the store's ``settings``): the range of each, checked where
-settings come in from outside (an imported chat: a value out of its range, of the wrong
-type, NaN or infinite is refused by name) and made usable where they are read back (a
-value stored before it was checked, or edited by hand: clamped into its range, or left out
-for the default, never an exception in the dialog that shows it).
+"""A chat's sampling settings (the store's ``settings``): which they are
+(:data:`SAMPLING_KEYS`, the one list the window, ``radixchat chat`` and a chat's export
+use), the range and label of each, checked where settings come in from outside (an
+imported chat: a value out of its range, of the wrong type, NaN or infinite is refused by
+name) and made usable where they are read back (a value stored before it was checked, or
+edited by hand: clamped into its range, or left out for the default, never an exception
+in the dialog that shows it).
 
 The ranges are the Chat Settings dialog's (``app/chat_settings.py`` builds its boxes from
 them) and fit what :class:`core.engine.types.SamplingParams` accepts.
@@ -13,18 +15,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from core.engine.types import SamplingParams
 from core.errors import UserError
 
 
 @dataclass(frozen=True)
 class Range:
     """The values one setting takes: ``low`` to ``high``, whole numbers if ``whole``; None
-    too if ``optional`` (the seed: None is random)."""
+    too if ``optional`` (the seed: None is random). ``label``: the setting in a sentence."""
 
     low: float
     high: float
     whole: bool = False
     optional: bool = False
+    label: str = ""
 
     def describe(self) -> str:
         kind = "a whole number" if self.whole else "a number"
@@ -33,14 +37,17 @@ class Range:
 
 
 RANGES = {
-    "temperature": Range(0.0, 2.0),
-    "top_p": Range(0.01, 1.0),
-    "top_k": Range(0, 1000, whole=True),
-    "min_p": Range(0.0, 1.0),
-    "repetition_penalty": Range(1.0, 2.0),
-    "max_tokens": Range(1, 32768, whole=True),
-    "seed": Range(0, 2**31 - 1, whole=True, optional=True),
+    "temperature": Range(0.0, 2.0, label="temperature"),
+    "top_p": Range(0.01, 1.0, label="top-p"),
+    "top_k": Range(0, 1000, whole=True, label="top-k"),
+    "min_p": Range(0.0, 1.0, label="min-p"),
+    "repetition_penalty": Range(1.0, 2.0, label="repetition penalty"),
+    "max_tokens": Range(1, 32768, whole=True, label="max tokens"),
+    "seed": Range(0, 2**31 - 1, whole=True, optional=True, label="seed"),
 }
+# A chat's sampling settings, in the Chat Settings dialog's order: what its boxes edit, a
+# preset keeps, and a reply records it was made with (the window's and ``radixchat chat``'s)
+SAMPLING_KEYS = tuple(RANGES)
 MAX_STOP = 16  # stop strings a chat keeps
 MAX_STOP_CHARS = 1000
 
@@ -86,6 +93,12 @@ def usable(settings: object) -> dict:
         else:
             out[key] = value
     return out
+
+
+def sampling_settings(sampling: SamplingParams) -> dict:
+    """``sampling``'s values of :data:`SAMPLING_KEYS`: a chat's settings (the engine's
+    defaults, for ``SamplingParams()``), or what a reply was made with."""
+    return {key: getattr(sampling, key) for key in SAMPLING_KEYS}
 
 
 _BAD = object()

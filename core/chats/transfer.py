@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.chats import settings as chat_settings
-from core.chats.settings import short_repr
+from core.chats.settings import RANGES, SAMPLING_KEYS, short_repr
 from core.chats.store import ChatStore, Message, Session, readable
 from core.engine.constrain import json_depth
 from core.errors import UserError
@@ -33,15 +33,6 @@ ROLES = ("system", "user", "assistant")
 MAX_DEPTH = 32
 # the keys of a reply's stored figures that say how it was made (the rest: the engine's)
 TURN_KEYS = ("model", "sampling")
-SAMPLING_NAMES = {
-    "temperature": "temperature",
-    "top_p": "top-p",
-    "top_k": "top-k",
-    "min_p": "min-p",
-    "repetition_penalty": "repetition penalty",
-    "max_tokens": "max tokens",
-    "seed": "seed",
-}
 
 
 @dataclass(frozen=True)
@@ -180,8 +171,8 @@ def _about(stats: dict | None) -> str:
     parts = [str(stats["model"])] if stats.get("model") else []
     sampling = stats.get("sampling") if isinstance(stats.get("sampling"), dict) else {}
     parts += [
-        f"{SAMPLING_NAMES[key]} {sampling[key]}"
-        for key in SAMPLING_NAMES
+        f"{RANGES[key].label} {sampling[key]}"
+        for key in SAMPLING_KEYS
         if sampling.get(key) is not None
     ]
     return ", ".join(parts)

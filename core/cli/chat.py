@@ -7,6 +7,7 @@ import sys
 from dataclasses import asdict
 
 from core import paths
+from core.chats.settings import SAMPLING_KEYS, sampling_settings
 from core.chats.store import ChatStore, Session, check_name, readable
 from core.chats.turn import ChatTurn, MadeWith
 from core.cli.commands.options import engine_config_of
@@ -56,15 +57,7 @@ class Thoughts:
 def sampling_params(args) -> SamplingParams:
     """The sampling the flags ask for; a flag left out (None) keeps SamplingParams' default,
     the one copy of the defaults (the parser does not import the engine to read them)."""
-    given = {
-        "temperature": args.temp,
-        "top_p": args.top_p,
-        "top_k": args.top_k,
-        "min_p": args.min_p,
-        "repetition_penalty": args.repetition_penalty,
-        "seed": args.seed,
-        "max_tokens": args.max_tokens,
-    }
+    given = {key: getattr(args, key) for key in SAMPLING_KEYS}  # each key is a flag's dest
     try:
         return SamplingParams(
             **{k: v for k, v in given.items() if v is not None}, stop=tuple(args.stop)
@@ -203,7 +196,7 @@ def _run_turn(engine, store, session: Session, prompt: str, sampling, args):
     stats = done.stats if done else RequestStats(finish_reason="cancelled")
     # stopped before any text: not stored, as if never sent; a full disk: the cache gives way
     info = engine.model_info
-    made_with = MadeWith(info.name if info else "", _sampling_settings(sampling))
+    made_with = MadeWith(info.name if info else "", sampling_settings(sampling))
     saved = turn.save(
         store,
         reply,
@@ -256,19 +249,3 @@ def _run_turn(engine, store, session: Session, prompt: str, sampling, args):
         )
         return EXIT_NOT_SAVED, stats
     return 0, stats
-
-
-def _sampling_settings(sampling) -> dict:
-    """A turn's sampling as the chat store keeps it (the window's keys)."""
-    return {
-        key: getattr(sampling, key)
-        for key in (
-            "temperature",
-            "top_p",
-            "top_k",
-            "min_p",
-            "repetition_penalty",
-            "max_tokens",
-            "seed",
-        )
-    }

@@ -77,6 +77,8 @@ def run_group(args) -> int:
         serve_args += ["--ollama-port", str(args.ollama_port)]
     if args.kv_tokens:
         serve_args += ["--kv-tokens", str(args.kv_tokens)]
+    if getattr(args, "disk_budget", None) is not None:
+        serve_args += ["--disk-budget", repr(args.disk_budget)]
     if args.chat_template:
         serve_args += ["--chat-template", os.path.abspath(args.chat_template)]
     for key in args.api_key or ():  # rank 0 serves: it needs the keys (as typed, like the rest)

@@ -131,8 +131,8 @@ class AgreedPrefixCache:
             ).item()
         )
 
-    def match(self, prompt: list[int], namespace: str = ""):
-        prefix = self._inner.match(prompt, namespace)
+    def match(self, prompt: list[int], namespace: str = "", session: str | None = None):
+        prefix = self._inner.match(prompt, namespace, session)
         agreed = self._min(prefix.length)
         while True:
             # longer here: take the agreed part (a snapshot's end, if hybrid)
@@ -277,7 +277,7 @@ class ShardedEngine(Engine):
             config = dataclasses.replace(config, pool_tokens=self._agreed_pool_tokens(loaded))
         self.config = config
         super().install(loaded, command)
-        self._scheduler.prefix_cache = AgreedPrefixCache(self._prefix_cache, self.mlx_group)
+        self._scheduler.cache = AgreedPrefixCache(self._cache, self.mlx_group)
         # chunk sizes the same on every rank
         if getattr(self._scheduler, "pacer", None) is not None:
             self._scheduler.pacer = GroupPacer()

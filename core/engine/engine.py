@@ -104,7 +104,6 @@ class Engine:
         self._initial = (model_spec, weights_format)
         self._derived_bytes = 0  # the data folder's derived files, measured at each load
         self._responses_bytes = 0  # what the stored responses may take, measured at each load
-        self._persister = None  # kvcache.persist.DiskTier, engine thread only
         self.disk_cache_error: str | None = None  # why the disk cache is off, if it is
         self._stats = EngineStats()
         self._served = 0
@@ -115,7 +114,7 @@ class Engine:
         self._prompt_threads = PromptThreads(self._commands.put)  # they hand requests on
         self._thread: threading.Thread | None = None
         self._loaded = None  # LoadedModel, engine thread only
-        self._prefix_cache = None  # kvcache.prefix_cache.PrefixCache, engine thread only
+        self._cache = None  # kvcache.tiered.TieredCache (RAM and disk), engine thread only
         self._scheduler = None  # core.engine.scheduler.Scheduler, engine thread only
         self._info: ModelInfo | None = None
         self._load_error: str | None = None
@@ -153,16 +152,16 @@ class Engine:
         call asks), at most every ``PUBLISH_EVERY_S``: a poll sees them as of its last poll
         or later, and a server nobody polls spends nothing on them."""
         self._stats_wanted = True
-        persister = self._persister
-        disk = paths.database_bytes(self._kv_db) if persister is not None else 0
-        budget = self._kv_disk_budget() if persister is not None else 0
+        tier = self._cache.disk if self._cache is not None else None
+        disk = paths.database_bytes(self._kv_db) if tier is not None else 0
+        budget = self._kv_disk_budget() if tier is not None else 0
         return replace(
             self._stats,
             rss_bytes=process_rss(),
             disk_cache_bytes=disk,
             disk_cache_budget_bytes=budget,
             derived_bytes=self._derived_bytes,
-            disk=persister.stats() if persister is not None else None,
+            disk=tier.stats() if tier is not None else None,
         )
 
     def load(
@@ -257,8 +256,8 @@ class Engine:
         runs its ranks' loop instead, applying the commands through the same table."""
         deferred: list = []  # loads and stops wait until the running requests are done
         while True:
-            if self._persister is not None:  # the pages of replies just sent, for the disk
-                self._persister.serialize_pending()
+            if self._cache is not None:  # the pages of replies just sent, for the disk
+                self._cache.serialize_pending()
             busy = self._scheduler is not None and self._scheduler.busy
             gather = busy and self._gathering()
             if busy or not deferred:
@@ -303,7 +302,8 @@ class Engine:
     def _apply_embed(self, command: EmbedCommand) -> None:
         from core.engine.embedding import advance
 
-        if not advance(command, self._loaded, self._prefix_cache, self._prompts):
+        ram = self._cache.ram if self._cache is not None else None  # embeddings: RAM only
+        if not advance(command, self._loaded, ram, self._prompts):
             self._commands.put(command)  # its next forward pass: after the next decode step
 
     @apply.register
@@ -312,8 +312,8 @@ class Engine:
 
     @apply.register
     def _apply_flush(self, command: FlushCommand) -> None:
-        if self._persister is not None:
-            self._persister.flush()
+        if self._cache is not None:
+            self._cache.flush()
         command.done.set()
 
     @apply.register
@@ -327,8 +327,8 @@ class Engine:
 
     @apply.register
     def _apply_stop(self, command: StopCommand) -> None:
-        self._close_persister()
-        self._loaded = self._prefix_cache = self._scheduler = self._prompts = None
+        self._close_cache()
+        self._loaded = self._scheduler = self._prompts = None
         self.before_park()
         self._park()
 
@@ -364,21 +364,20 @@ class Engine:
             self._scheduler.fail_all(f"internal error: {exc}")
         self._publish_stats(force=not self._scheduler.busy)  # the last step's figures always
 
-    def _open_persister(self, fingerprint: str):
-        from core.engine.disk_tier import open_disk_tier
+    def _disk_settings(self, fingerprint: str):
+        """Where the loaded model's disk tier keeps its pages (None: no disk cache)."""
+        from kvcache.persist import MIN_WRITE_TOKENS
+        from kvcache.tiered import DiskSettings
 
-        if not (self.config.disk_cache and self.config.use_cache and self._prefix_cache.enabled):
+        config = self.config
+        if not (config.disk_cache and config.use_cache):
             return None
-        tier, error = open_disk_tier(
+        return DiskSettings(
             self._kv_db,
-            self._prefix_cache,
             fingerprint,
             self._kv_disk_budget(),
-            self.config.disk_min_tokens,
+            MIN_WRITE_TOKENS if config.disk_min_tokens is None else config.disk_min_tokens,
         )
-        if error is not None:
-            self.disk_cache_error = error  # the app runs on without a disk cache
-        return tier
 
     @property
     def disk_budget_bytes(self) -> int:
@@ -394,20 +393,17 @@ class Engine:
         return max(budget - self._derived_bytes - self._responses_bytes, budget // 4)
 
     def _forget(self, session: str, namespace: str) -> None:
-        if self._prefix_cache is not None:
-            self._prefix_cache.forget_session(session, namespace)
-        if self._persister is not None:
-            self._persister.forget(session, namespace)
-            return
-        if self.config.disk_cache:  # saved under another model, or the cache is off
-            from core.engine.disk_tier import forget_on_disk
+        if self._cache is not None:
+            self._cache.forget_session(session, namespace)
+        elif self.config.disk_cache:  # no model loaded: what it saved is on disk all the same
+            from kvcache.tiered import forget_stored_session
 
-            forget_on_disk(self._kv_db, session, namespace)
+            forget_stored_session(self._kv_db, session, namespace)
 
-    def _close_persister(self) -> None:
-        if self._persister is not None:
-            self._persister.close()
-            self._persister = None
+    def _close_cache(self) -> None:
+        if self._cache is not None:
+            self._cache.close()
+            self._cache = None
 
     def give_disk_space_back(self, timeout: float = 30.0) -> int:
         """The chat history could not be written because the disk is full: the history wins.
@@ -425,15 +421,11 @@ class Engine:
 
         if not self.config.disk_cache:
             return 0
-        fingerprint = self._persister.model_fingerprint if self._persister is not None else None
-        self._close_persister()
-        freed = remove_files(self._kv_db)
+        freed = self._cache.give_way() if self._cache is not None else remove_files(self._kv_db)
         log.warning(
             "the disk is full: the KV cache (%.1f MB) was deleted to save the chat history",
             freed / 1e6,
         )
-        if fingerprint is not None:
-            self._persister = self._open_persister(fingerprint)
         return freed
 
     def flush_disk_cache(self, timeout: float = 30.0) -> None:
@@ -533,8 +525,8 @@ class Engine:
 
     def _drop_model(self) -> None:
         """Let the model, its pool, tree and disk tier go, and their memory back."""
-        self._close_persister()
-        self._loaded = self._prefix_cache = self._scheduler = self._prompts = None
+        self._close_cache()
+        self._loaded = self._scheduler = self._prompts = None
         self._info = None
         self._publish_stats()
         from core.engine.memory import give_memory_back
@@ -547,7 +539,7 @@ class Engine:
         from core.engine.drafts import draft_model
         from core.engine.scheduler import Scheduler
         from kvcache.builder import DEFAULT_PAGE_SIZE, build_kv_cache
-        from kvcache.prefix_cache import PrefixCache
+        from kvcache.tiered import TieredCache
 
         self._derived_bytes = derived_bytes(self.data_root)  # counted against the disk budget
         self._responses_bytes = paths.stored_responses_bytes(self.data_root, self.disk_budget_bytes)
@@ -568,12 +560,11 @@ class Engine:
             ),
         )
         self._loaded = loaded
-        self._prefix_cache = PrefixCache(loaded.model, build)
-        self._persister = self._open_persister(loaded.info.fingerprint)
+        self._cache = TieredCache(loaded.model, build, self._disk_settings(loaded.info.fingerprint))
+        self.disk_cache_error = self._cache.disk_error  # the app runs on without a disk cache
         self._scheduler = Scheduler(
             loaded,
-            self._prefix_cache,
-            self._persister,
+            self._cache,
             self._count_served,
             on_progress=lambda: self._publish_stats(force=False),
             speculative=config.speculation.mode,
@@ -651,7 +642,7 @@ class Engine:
             return
         self._published_at = now
         self._stats_wanted = False
-        cache = self._prefix_cache.stats() if self._prefix_cache is not None else None
+        cache = self._cache.stats() if self._cache is not None else None
         self._stats = EngineStats(
             model=self._info,
             cache=cache,

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 class PrefillSteps:
     """The prefill half of the scheduler (a part of :class:`core.engine.scheduler.Scheduler`,
-    on its state: ``waiting``, ``solo``, ``batched``, ``pacer``, ``prefix_cache``...)."""
+    on its state: ``waiting``, ``solo``, ``batched``, ``pacer``, ``cache``...)."""
 
     def _prefill_step(self) -> None:
         """End the waiting requests that were cancelled; then the waiting request whose turn
@@ -142,7 +142,7 @@ class PrefillSteps:
             self._first_tokens(group, rows)
         finally:
             if any(job.flush for job in group):
-                self.prefix_cache.flush_writes()
+                self.cache.flush_writes()
 
     def _first_tokens(self, group: list[PrefillJob], rows) -> None:
         """Each row of a batched prefill samples its first token; those not done join the
@@ -194,31 +194,30 @@ class PrefillSteps:
         """Match the prompt against the cache (RAM, then disk) and set up its prefill."""
         state, request = job.state, job.state.handle.request
         prompt = state.prompt
-        cache_on = self.prefix_cache is not None and request.use_cache and self.prefix_cache.enabled
-        persister = self.persister if cache_on else None
-        namespace = request.cache_namespace
-        restored = (
-            persister.restore(prompt, request.session, namespace) if persister is not None else 0
+        cache = self.cache if self.cache is not None and request.use_cache else None
+        prefix = (
+            cache.match(prompt, request.cache_namespace, request.session)
+            if cache is not None and cache.enabled
+            else None
         )
-        job.flush = bool(restored)  # the restored K/V's copy into the pool: after the first token
-        prefix = self.prefix_cache.match(prompt, namespace) if cache_on else None
+        job.flush = bool(prefix and prefix.restored)  # restored K/V into the pool: after token 1
         state.prefix = prefix
         state.cached = prefix.length if prefix is not None else 0
-        state.restored = min(restored, state.cached)
+        state.restored = prefix.restored if prefix is not None else 0
         job.caches = (
-            self.prefix_cache.make_caches(prefix, room=len(prompt) - prefix.length + 1)
+            self.cache.make_caches(prefix, room=len(prompt) - prefix.length + 1)
             if prefix is not None
-            else self.prefix_cache.fresh_caches()
-            if self.prefix_cache is not None  # the KV format cached requests have: same answers
+            else self.cache.fresh_caches()
+            if self.cache is not None  # the KV format cached requests have: same answers
             else make_prompt_cache(self.loaded.model)
         )
         cached, caches = state.cached, job.caches
 
         def on_prefilled(done: int) -> None:
-            if done and (snap := self.prefix_cache.snapshot(caches, cached + done)):
+            if done and (snap := self.cache.snapshot(caches, cached + done)):
                 state.snapshots.append(snap)
 
-        hybrid = prefix is not None and self.prefix_cache.hybrid
+        hybrid = prefix is not None and self.cache.hybrid
         job.run = ChunkedPrefill(
             self.loaded.model, prompt[cached:], caches, on_prefilled if hybrid else None
         )
@@ -256,13 +255,13 @@ class PrefillSteps:
             self._insert(state, first, caches, list(prompt), job.sampler, job.processors)
         finally:
             if job.flush:
-                self.prefix_cache.flush_writes()
+                self.cache.flush_writes()
 
     def _sample_first(self, job: PrefillJob, logits: mx.array) -> int:
         """The first token from the logits after the prompt (``(1, vocab)``)."""
         state, prompt = job.state, job.state.prompt
-        if self.persister is not None:  # the rate a disk read must beat
-            self.persister.observe_prefill(len(prompt) - state.cached, job.compute_s)
+        if self.cache is not None:  # the rate a disk read must beat
+            self.cache.observe_prefill(len(prompt) - state.cached, job.compute_s)
         seed = state.handle.request.sampling.seed
         if seed is not None:
             mx.random.seed(seed)
@@ -283,7 +282,7 @@ class PrefillSteps:
             self._finish_safely(job.state, finish, job.caches if held else None, held)
         finally:
             if job.flush:
-                self.prefix_cache.flush_writes()
+                self.cache.flush_writes()
 
     def _end_with_error(self, job: PrefillJob, exc: Exception) -> None:
         state = job.state
@@ -298,9 +297,9 @@ class PrefillSteps:
             event = ErrorEvent(f"internal error: {exc}", ErrorKind.INTERNAL)
         try:
             if state.prefix is not None:
-                self.prefix_cache.release(state.prefix)
+                self.cache.release(state.prefix)
             if job.flush:
-                self.prefix_cache.flush_writes()
+                self.cache.flush_writes()
         finally:
             state.handle.emit(event)
             state.handle.finish()

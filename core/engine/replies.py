@@ -27,7 +27,7 @@ CUT_CALL_SHOWN = 4000
 
 class Replies:
     """The reply half of the scheduler (a part of :class:`core.engine.scheduler.Scheduler`,
-    on its state: ``eos``, ``prefix_cache``, ``persister``, ``on_finished``)."""
+    on its state: ``eos``, ``cache``, ``on_finished``)."""
 
     def _take(self, state: Active, token: int) -> str | None:
         """Record one generated token; the finish reason if the request is done."""
@@ -85,7 +85,7 @@ class Replies:
     def _fail(self, state: Active, message: str) -> None:
         """End ``state``'s stream with an error (a bug), giving its prefix lock back."""
         if state.prefix is not None:
-            self.prefix_cache.release(state.prefix)
+            self.cache.release(state.prefix)
         state.handle.emit(ErrorEvent(message, ErrorKind.INTERNAL))
         state.handle.finish()
 
@@ -115,7 +115,7 @@ class Replies:
                     self._store(state, seen, caches)
                 except Exception:  # caching may cost time, never the reply
                     log.exception("caching a finished request failed; its reply is sent anyway")
-            self.prefix_cache.release(state.prefix)  # no-op once committed
+            self.cache.release(state.prefix)  # no-op once committed
         first = state.first_token_at
         ttft = (first or ended) - state.started
         decode_time = ended - (first or ended)
@@ -170,12 +170,10 @@ class Replies:
 
     def _store(self, state: Active, seen: list[int], caches: list) -> None:
         session = state.handle.request.session
-        end_snapshot = self.prefix_cache.snapshot(caches, len(seen))
+        end_snapshot = self.cache.snapshot(caches, len(seen))
         resumed = [state.prefix.snapshot] if state.prefix.snapshot is not None else []  # for disk
         snapshots = resumed + state.snapshots + ([end_snapshot] if end_snapshot is not None else [])
-        if self.persister is not None:  # a session's chain, or a long enough request's
-            self.persister.save(session, seen, caches, snapshots, state.prefix.namespace)
-        self.prefix_cache.commit(state.prefix, seen, caches, snapshots, session)
+        self.cache.commit(state.prefix, seen, caches, snapshots, session)  # RAM, and disk
 
 
 def cut_call(state: Active, finish: str) -> str | None:

@@ -60,6 +60,7 @@ from core.engine.turns import DEFAULT_SHARING, PrefillSharing, PrefillTurns, Tur
 from core.errors import ContextLengthError, UserError
 from core.mlx_lm_compat import generation_stream
 from kvcache.continuations import Continuations
+from kvcache.tiered import TieredCache
 
 MAX_BATCH = 16  # requests decoded together
 
@@ -74,8 +75,7 @@ class Scheduler(PrefillSteps, Replies):
     def __init__(
         self,
         loaded,
-        prefix_cache,
-        persister,
+        cache: TieredCache | None,
         on_finished=lambda: None,
         on_progress=lambda: None,
         pacer: ChunkPacer | None = None,
@@ -97,9 +97,7 @@ class Scheduler(PrefillSteps, Replies):
         self.step_costs: StepCosts | None = StepCosts()
         self._plain_run, self._plain_at = 0, 0.0  # solo plain steps in a row, the last's start
         self.continuations = (
-            Continuations(prefix_cache.tree)
-            if prefix_cache is not None and prefix_cache.enabled
-            else None
+            Continuations(cache.ram.tree) if cache is not None and cache.enabled else None
         )
         # Prompts that wait together prefilled in one padded forward (core.engine.batch_prefill)
         self.batch_prefill = batch_prefill
@@ -114,8 +112,7 @@ class Scheduler(PrefillSteps, Replies):
         self.turns = PrefillTurns(sharing.max_waiting, round_robin=sharing.round_robin)
         self.on_finished = on_finished
         self.on_progress = on_progress  # after each prefill chunk (live memory panels)
-        self.prefix_cache = prefix_cache
-        self.persister = persister
+        self.cache = cache  # the KV cache's one door, both tiers (None: caching is off)
         self.eos = set(loaded.tokenizer.eos_token_ids)
         self.vocab = vocab_size(loaded.model, loaded.config)
         self.markup = generic_tools.markup_for(loaded.tokenizer)  # the template's, or generic

@@ -149,18 +149,35 @@ class ServerProcess:
             raise
         return self
 
-    def stop(self) -> None:
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs (None once stopped)."""
+        return self._process.pid if self._process is not None else None
+
+    def output(self) -> str:
+        """What the server has printed so far (stdout and stderr; empty once stopped)."""
+        if self._log is None:
+            return ""
+        fd = self._log.fileno()  # read in place: the server writes at the file's shared offset
+        return os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")
+
+    def stop(self) -> int | None:
+        """Terminate the server (SIGTERM: it shuts down cleanly), killed if it has not ended
+        ``stop_timeout_s`` later; its exit status (negative: the signal that ended it; None:
+        it was not running)."""
+        status = None
         if self._process is not None:
             self._process.terminate()
             try:
-                self._process.wait(timeout=self.stop_timeout_s)
+                status = self._process.wait(timeout=self.stop_timeout_s)
             except subprocess.TimeoutExpired:
                 self._process.kill()
-                self._process.wait()
+                status = self._process.wait()
             self._process = None
         if self._log is not None:
             self._log.close()
             self._log = None
+        return status
 
     def _wait_ready(self) -> None:
         if wait_until_answers(

@@ -41,6 +41,7 @@ def add_parser(subparsers) -> None:
         _kv_capacity,
         _speculative,
         _llamacpp,
+        _soak,
         _gui,
     ):
         add(benches)
@@ -629,6 +630,35 @@ def run_llamacpp(args: argparse.Namespace) -> int:
 
     data_root = paths.data_dir(args.data_dir)
     return run(args.model, data_root, args.prompts, args.max_tokens, args.json, args.threads)
+
+
+def _soak(benches) -> None:
+    soak = _with_model(
+        benches.add_parser(
+            "soak",
+            help="8 clients of the three dialects for N minutes, a restart half way: RSS, "
+            "open files, each store's disk use, errors, replies against --no-cache (targets: "
+            "RSS flat within 5%%, stores within budget, no 5xx, no mismatch)",
+        )
+    )
+    for flag, kind, default, what in (
+        ("--minutes", float, 60, "how long the clients run"),
+        ("--disk-budget-mb", float, 64, "the server's --disk-budget, MB: small, so stores evict"),
+        ("--kv-tokens", positive, 8192, "the server's KV pool, tokens"),
+        ("--max-tokens", positive, 32, "a reply's tokens"),
+        ("--mirror-share", float, 0.25, "greedy conversations also sent to --no-cache"),
+        ("--sample-s", float, 15, "seconds between samples"),
+        ("--request-timeout-s", float, 300, "every request's timeout, seconds"),
+    ):
+        soak.add_argument(flag, type=kind, default=default, help=f"{what} (default: {default:g})")
+    soak.add_argument("--json", action="store_true", help=JSON_HELP)
+    soak.set_defaults(run=run_soak)
+
+
+def run_soak(args: argparse.Namespace) -> int:
+    from core.cli.bench.soak import run_bench_soak
+
+    return run_bench_soak(args)
 
 
 def _gui(benches) -> None:

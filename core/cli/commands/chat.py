@@ -25,7 +25,13 @@ def add_parser(subparsers) -> None:
     chat.add_argument("--session", help="session name (created if new; default: a fresh session)")
     # Sampling flags left out stay None: run_chat takes the engine's defaults (SamplingParams).
     chat.add_argument("--max-tokens", type=int, help="reply length limit (default: the engine's)")
-    chat.add_argument("--temp", type=float, help="temperature (0 = greedy; default: the engine's)")
+    chat.add_argument(
+        "--temp",
+        dest="temperature",
+        metavar="TEMP",
+        type=float,
+        help="temperature (0 = greedy; default: the engine's)",
+    )
     chat.add_argument(
         "--top-p",
         type=float,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from core.errors import UserError
 from core.limits import MAX_WAITING_PER_KEY, SPECULATIVE_MODES
@@ -69,6 +70,17 @@ def positive(text: str) -> int:
     return value
 
 
+def disk_gb(text: str) -> float:
+    """A disk budget in GB (``core.paths.GB``: 2**30 bytes), at least 1 MB."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size in GB") from None
+    if not 1 / 1024 <= value < math.inf:  # NaN too
+        raise argparse.ArgumentTypeError(f"{text} GB is not a disk budget (1 MB at least: 0.001)")
+    return value
+
+
 def non_negative(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -102,17 +114,21 @@ def engine_config_of(args: argparse.Namespace):
     """The engine's configuration (a :class:`core.engine.config.EngineConfig`) from the
     options a command has: ``--kv-tokens``, ``--page-size``, ``--no-cache``,
     ``--chat-template`` (the file read now: a bad one is a UserError), ``--max-prompt-tokens``,
-    ``--max-waiting``, ``--speculative``/``--draft-model``, ``--kv-bits``/``--kv-group-size``.
-    An option the command lacks, or one not given, leaves the engine's default."""
+    ``--max-waiting``, ``--speculative``/``--draft-model``, ``--kv-bits``/``--kv-group-size``,
+    ``--disk-budget`` (GB). An option the command lacks, or one not given, leaves the
+    engine's default."""
     from core.engine.config import EngineConfig
     from core.engine.turns import PrefillSharing
     from core.models.load.chat_template import read_chat_template
+    from core.paths import gb_to_bytes
 
     template = getattr(args, "chat_template", None)
+    disk_budget = getattr(args, "disk_budget", None)
     return EngineConfig(
         use_cache=not getattr(args, "no_cache", False),
         page_size=getattr(args, "page_size", None),
         pool_tokens=getattr(args, "kv_tokens", None),
+        disk_budget_bytes=None if disk_budget is None else gb_to_bytes(disk_budget),
         kv_bits=getattr(args, "kv_bits", None),
         kv_group_size=getattr(args, "kv_group_size", None),
         chat_template=read_chat_template(template) if template else None,

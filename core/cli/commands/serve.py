@@ -11,6 +11,7 @@ from core.cli.commands.options import (
     add_data_dir,
     add_kv_format,
     add_speculation,
+    disk_gb,
     non_negative,
     port,
     positive,
@@ -90,6 +91,13 @@ def add_parser(subparsers) -> None:
         "--kv-tokens", type=int, help="KV pool size in tokens (default: from free memory)"
     )
     add_kv_format(serve)
+    serve.add_argument(
+        "--disk-budget",
+        type=disk_gb,
+        metavar="GB",
+        help="the data folder's disk budget: the disk cache of KV, the files made from models "
+        "and the stored responses (an eighth, at most 256 MB) together (default: 10)",
+    )
     serve.add_argument(
         "--no-cache",
         action="store_true",

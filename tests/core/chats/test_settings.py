@@ -20,6 +20,14 @@ GOOD = {
 }
 
 
+def test_the_sampling_keys_are_the_engines_and_each_has_its_range_and_label():
+    """One list of a chat's sampling keys (the window's, the CLI's, the export's): each a
+    field of SamplingParams with a range and a label; a turn records exactly those."""
+    assert settings.SAMPLING_KEYS == tuple(GOOD)
+    assert all(settings.RANGES[key].label for key in settings.SAMPLING_KEYS)
+    assert settings.sampling_settings(SamplingParams(**GOOD)) == GOOD
+
+
 def test_settings_in_range_pass_as_they_are_and_fit_the_engine():
     assert settings.checked(GOOD) == GOOD
     assert settings.checked(None) == {}

@@ -57,3 +57,27 @@ def test_on_a_terminal_the_thinking_is_dim():
     thoughts.close()
     thoughts.close()  # once
     assert terminal.getvalue() == f"{DIM}Two and two.\\x1b[31m{NORMAL}\n"
+
+
+def test_every_sampling_setting_of_a_chat_has_its_flag():
+    """``radixchat chat`` takes the window's sampling keys (core.chats.settings.SAMPLING_KEYS),
+    each from its own flag, and records a reply's sampling under the same keys."""
+    from core.chats.settings import SAMPLING_KEYS, sampling_settings
+    from core.cli.chat import sampling_params
+    from core.cli.main import build_parser
+
+    flags = {
+        "temperature": ("--temp", 0.5),
+        "top_p": ("--top-p", 0.8),
+        "top_k": ("--top-k", 5),
+        "min_p": ("--min-p", 0.1),
+        "repetition_penalty": ("--repetition-penalty", 1.2),
+        "max_tokens": ("--max-tokens", 9),
+        "seed": ("--seed", 3),
+    }
+    assert set(flags) == set(SAMPLING_KEYS)
+    argv = [part for flag, value in flags.values() for part in (flag, str(value))]
+    args = build_parser().parse_args(["chat", "hello", *argv])
+    assert sampling_settings(sampling_params(args)) == {
+        key: value for key, (_, value) in flags.items()
+    }

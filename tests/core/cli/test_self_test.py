@@ -45,13 +45,13 @@ def test_self_test_under_data_dir_cleans_up(capsys, tmp_path, home):
 
 
 def test_a_broken_disk_store_is_named(capsys, monkeypatch, home):
-    import kvcache.persist
+    import kvcache.tiered
     from kvcache.store import DiskStoreError
 
     def broken(*args, **kwargs):
         raise DiskStoreError("simulated: cannot open the cache database")
 
-    monkeypatch.setattr(kvcache.persist, "DiskTier", broken)
+    monkeypatch.setattr(kvcache.tiered, "DiskTier", broken)
     assert main(["--self-test"]) == 1
     line = capsys.readouterr().out.strip()
     assert line.startswith("radixchat self-test: FAILED at disk save: disk cache off: ")

@@ -15,7 +15,7 @@ from core.models.load.chat_template import shipped_template
 from core.models.load.loader import LoadedModel, load_model
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from kvcache.builder import build_kv_cache
-from kvcache.prefix_cache import PrefixCache
+from kvcache.tiered import TieredCache
 
 # Two tools, as OpenAI's API takes them (a city's weather; the time in a zone).
 WEATHER = {
@@ -69,7 +69,7 @@ def scheduler(loaded: LoadedModel, pool_tokens: int = 4096, **options) -> Schedu
     build = build_kv_cache(
         loaded.model, weight_bytes=loaded.info.weight_bytes, pool_tokens=pool_tokens
     )
-    return Scheduler(loaded, PrefixCache(loaded.model, build), None, **options)
+    return Scheduler(loaded, TieredCache(loaded.model, build), **options)
 
 
 def handle(text: str, max_tokens: int = 20, **sampling) -> RequestHandle:
@@ -111,9 +111,7 @@ def run_alone(s: Scheduler, h: RequestHandle) -> DoneEvent:
 
 def no_locks(s: Scheduler) -> bool:
     """Whether no page is locked any more and the tree holds its invariants."""
-    return (
-        s.prefix_cache.stats().pages_locked == 0 and s.prefix_cache.tree.check_invariants() is None
-    )
+    return s.cache.ram.stats().pages_locked == 0 and s.cache.ram.tree.check_invariants() is None
 
 
 def start_engine(data: Path, model: Path, pool_tokens: int = 4096, **options) -> Engine:

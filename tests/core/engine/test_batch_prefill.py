@@ -114,7 +114,7 @@ def test_rows_with_different_cached_prefixes(long_loaded, monkeypatch):
 
 
 def _hybrid(loaded) -> bool:
-    return scheduler(loaded).prefix_cache.hybrid
+    return scheduler(loaded).cache.ram.hybrid
 
 
 def test_the_pages_are_cached_exactly(long_loaded):
@@ -138,7 +138,7 @@ def test_the_pages_are_cached_exactly(long_loaded):
     for text in texts(True):
         tokens = s_on.loaded.tokenizer.encode(text)[:8]  # the start of each prompt, in both trees
         for (k_on, v_on), (k_off, v_off) in zip(
-            s_on.prefix_cache.cached_kv(tokens), s_off.prefix_cache.cached_kv(tokens)
+            s_on.cache.ram.cached_kv(tokens), s_off.cache.ram.cached_kv(tokens)
         ):
             np.testing.assert_allclose(np.array(k_on), np.array(k_off), rtol=1e-4, atol=1e-5)
             np.testing.assert_allclose(np.array(v_on), np.array(v_off), rtol=1e-4, atol=1e-5)
@@ -153,7 +153,7 @@ def test_waiting_prompts_take_one_forward(long_loaded, monkeypatch):
         s.admit(h)
     forwards = Forwards(monkeypatch, long_loaded)
     s.step()
-    if s.prefix_cache.hybrid:
+    if s.cache.ram.hybrid:
         assert forwards.calls and all(rows == 1 for rows, _ in forwards.calls)  # one prompt's chunk
         assert len(s.waiting) >= 3
     else:
@@ -177,7 +177,7 @@ def test_a_running_stream_keeps_decoding_and_the_rows_join_it(long_loaded, monke
         s.admit(handle(t, max_tokens=24))
     forwards = Forwards(monkeypatch, long_loaded)
     s.step()
-    if not s.prefix_cache.hybrid:
+    if not s.cache.ram.hybrid:
         assert [rows for rows, _ in forwards.calls] == [1, 3]  # its decode step, then the three
         s.step()
         assert forwards.calls[-1] == (4, 1)
@@ -199,7 +199,7 @@ def test_a_budget_too_small_for_two_keeps_one_at_a_time(long_loaded, monkeypatch
 
 def test_cancel_of_a_row_during_a_batched_prefill(long_loaded, monkeypatch):
     s = scheduler(long_loaded)
-    if s.prefix_cache.hybrid:
+    if s.cache.ram.hybrid:
         pytest.skip(
             "a hybrid model's prompts go one at a time (test_waiting_prompts_take_one_forward)"
         )

@@ -53,7 +53,7 @@ def test_joining_a_running_batch_keeps_every_reply(loaded, max_rows, monkeypatch
     ]
     assert [d.stats.finish_reason for d in together] == [d.stats.finish_reason for d in alone]
     assert len(s.batch) == 0 and no_locks(s)
-    assert s.prefix_cache.tree.check_invariants() is None
+    assert s.cache.ram.tree.check_invariants() is None
 
 
 def test_a_batched_reply_leaves_its_exact_cache(loaded):

@@ -297,7 +297,7 @@ def test_what_ram_evicts_is_read_back_while_the_writer_has_not_written_it(tmp_pa
         tmp_path, str(tiny_model), config=EngineConfig(pool_tokens=448, disk_min_tokens=10**6)
     ).start()
     engine.wait_ready(60)
-    tier = engine._persister
+    tier = engine._cache.disk
     release = threading.Event()
     do = tier._do
     tier._do = lambda job: (release.wait(60), do(job))

@@ -13,7 +13,7 @@ from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, Samplin
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from kvcache.builder import build_kv_cache
 from kvcache.kv_format import KVFormat
-from kvcache.prefix_cache import PrefixCache
+from kvcache.tiered import TieredCache
 from tests.core.engine.helpers import done, finish, handle, load_tiny, run_alone, start
 from tests.core.engine.token_log import TokenLog
 
@@ -40,7 +40,7 @@ def scheduler(loaded, kv_format: KVFormat, cache: bool = True) -> Scheduler:
         kv_format=kv_format,
         disable=not cache,
     )
-    return Scheduler(loaded, PrefixCache(loaded.model, build), None)
+    return Scheduler(loaded, TieredCache(loaded.model, build))
 
 
 @pytest.mark.parametrize("bits", [8, 4])
@@ -61,7 +61,7 @@ def test_cached_replies_are_the_uncached_ones_at_the_same_format(loaded, bits, m
 
 
 def done_cached(s: Scheduler) -> int:
-    return s.prefix_cache.stats().hit_tokens
+    return s.cache.ram.stats().hit_tokens
 
 
 @pytest.mark.parametrize("bits", [8, 4])

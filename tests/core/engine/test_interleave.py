@@ -111,9 +111,7 @@ def _together(loaded, interleave: bool, cancel_long_after: int | None = None):
     s.admit(long)
     s.admit(third)
     finish(s)
-    assert (
-        s.prefix_cache.stats().pages_locked == 0 and s.prefix_cache.tree.check_invariants() is None
-    )
+    assert s.cache.ram.stats().pages_locked == 0 and s.cache.ram.tree.check_invariants() is None
     return s, [done(h) for h in (first, long, third)]
 
 

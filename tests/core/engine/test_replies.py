@@ -62,7 +62,7 @@ def test_a_request_cancelled_after_its_prefill_leaves_its_prompt_and_reply(loade
     assert no_locks(s)
     prompt = prompt_of(s, PROMPT)
     # the prompt and the reply's tokens fed back into the caches (all but the last taken)
-    assert s.prefix_cache.cached_length(prompt + log.of(cut)) >= len(prompt) + len(log.of(cut)) - 1
+    assert s.cache.ram.cached_length(prompt + log.of(cut)) >= len(prompt) + len(log.of(cut)) - 1
     retry = handle(PROMPT, max_tokens=20)
     again = run_alone(s, retry).stats
     assert again.cached_tokens == again.prompt_tokens - 1 == len(prompt) - 1
@@ -113,7 +113,7 @@ def test_a_row_cancelled_in_the_decode_batch_leaves_its_prompt_and_reply(loaded,
     finish(s)
     assert done(cut).stats.finish_reason == "cancelled" and no_locks(s)
     prompt = prompt_of(s, PROMPT)
-    assert s.prefix_cache.cached_length(prompt + log.of(cut)) >= len(prompt) + len(log.of(cut)) - 1
+    assert s.cache.ram.cached_length(prompt + log.of(cut)) >= len(prompt) + len(log.of(cut)) - 1
     retry = handle(PROMPT, max_tokens=20)
     assert run_alone(s, retry).stats.cached_tokens == len(prompt) - 1
     uncached = handle(PROMPT, max_tokens=20)
@@ -128,7 +128,7 @@ def test_a_request_cancelled_before_its_prefill_leaves_nothing(loaded):
     waiting.cancel()
     finish(s)
     assert done(waiting).stats.finish_reason == "cancelled"
-    assert s.prefix_cache.cached_length(prompt_of(s, PROMPT)) == 0 and no_locks(s)
+    assert s.cache.ram.cached_length(prompt_of(s, PROMPT)) == 0 and no_locks(s)
 
 
 def keyed(key: str, max_tokens: int) -> RequestHandle:
@@ -142,9 +142,9 @@ def test_a_cancelled_request_caches_in_its_namespace_only(loaded):
     s = scheduler(loaded)
     cancel_after(s, keyed("alice", 200), 2)
     prompt = prompt_of(s, PROMPT)
-    assert s.prefix_cache.cached_length(prompt, for_key("alice")) >= len(prompt) - 1
-    assert s.prefix_cache.cached_length(prompt, for_key("bob")) == 0
-    assert s.prefix_cache.cached_length(prompt) == 0
+    assert s.cache.ram.cached_length(prompt, for_key("alice")) >= len(prompt) - 1
+    assert s.cache.ram.cached_length(prompt, for_key("bob")) == 0
+    assert s.cache.ram.cached_length(prompt) == 0
     assert run_alone(s, keyed("bob", 4)).stats.cached_tokens == 0
     alice = run_alone(s, keyed("alice", 4)).stats
     assert alice.cached_tokens == alice.prompt_tokens - 1
@@ -171,7 +171,7 @@ def test_a_cancel_while_speculating_keeps_no_rejected_draft(llama, monkeypatch):
     assert stats.finish_reason == "cancelled" and stats.completion_tokens < 60
     assert stats.draft_tokens == 3 * 4 and stats.accepted_tokens == 2 * 4  # one rejected a step
     assert log.of(cut) == truth[: len(log.of(cut))]
-    (node,) = s.prefix_cache.tree.root.children.values()
+    (node,) = s.cache.ram.tree.root.children.values()
     held = list(node.key)
     assert held == (prompt + log.of(cut))[: len(held)]
     assert len(held) >= len(prompt) + len(log.of(cut)) - 1
@@ -179,7 +179,7 @@ def test_a_cancel_while_speculating_keeps_no_rejected_draft(llama, monkeypatch):
     # token in them)
     fresh = make_prompt_cache(llama.model)
     llama.model(mx.array(held)[None], cache=fresh)
-    for (keys, values), layer in zip(s.prefix_cache.cached_kv(held), fresh):
+    for (keys, values), layer in zip(s.cache.ram.cached_kv(held), fresh):
         assert keys.shape[-2] == len(held)
         np.testing.assert_allclose(
             np.array(keys), np.array(layer.keys[0, ..., : len(held), :]), rtol=1e-4, atol=1e-5

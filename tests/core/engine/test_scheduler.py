@@ -90,7 +90,7 @@ def test_a_failure_caching_the_reply_still_sends_the_reply(loaded, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("pool write failed")
 
-    monkeypatch.setattr(s.prefix_cache, "_store", broken)
+    monkeypatch.setattr(s.cache.ram, "_store", broken)
     reply = run_alone(s, handle(PROMPTS[0]))
     assert reply.text == expected and no_locks(s)
 

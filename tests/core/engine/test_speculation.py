@@ -137,7 +137,7 @@ def test_the_cache_holds_exactly_the_accepted_tokens(llama):
     done = run_alone(s, h)
     assert done.stats.accepted_tokens > 0
     prompt = list(llama.tokenizer.encode(LOOPING))
-    tokens = [*s.prefix_cache.tree.root.children.values()]
+    tokens = [*s.cache.ram.tree.root.children.values()]
     assert len(tokens) == 1
     held = list(tokens[0].key)
     assert held[: len(prompt)] == prompt
@@ -146,7 +146,7 @@ def test_the_cache_holds_exactly_the_accepted_tokens(llama):
     # token left anywhere in them)
     fresh = make_prompt_cache(llama.model)
     llama.model(mx.array(held)[None], cache=fresh)
-    for (keys, values), layer in zip(s.prefix_cache.cached_kv(held), fresh):
+    for (keys, values), layer in zip(s.cache.ram.cached_kv(held), fresh):
         assert keys.shape[-2] == len(held)
         np.testing.assert_allclose(
             np.array(keys), np.array(layer.keys[0, ..., : len(held), :]), rtol=1e-4, atol=1e-5
