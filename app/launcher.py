@@ -11,11 +11,7 @@ from core.cli.main import main as cli_main
 
 
 def _run_gui(args: argparse.Namespace, data_root: Path) -> int:
-    """What needs Qt: the app itself, ``--screenshot PATH`` and ``bench gui``."""
-    if args.command == "bench" and args.bench_command == "gui":
-        from app.bench_gui import run_bench_gui
-
-        return run_bench_gui(args, data_root)
+    """What needs Qt: the app itself and ``--screenshot PATH``."""
     if args.screenshot:
         from app.screenshot import run_screenshot
 

@@ -1,5 +1,6 @@
 """The import rules of docs/architecture.md ("Layers"), checked by reading the source
-(``ast``; nothing is imported): data flows app -> core -> kvcache -> mlx, and no module
+(``ast``; nothing is imported): data flows app -> core -> kvcache -> mlx, the benchmarks
+(bench/) sit on top of the product and nothing of the product imports them, and no module
 imports one that imports it back. Every ``import`` counts, at the top of a module or inside
 a function (a circle through a lazy import is still a circle), ``if TYPE_CHECKING:`` ones
 too."""
@@ -12,7 +13,10 @@ from functools import lru_cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("app", "core", "kvcache")
+PACKAGES = ("app", "core", "kvcache", "bench")
+PRODUCT = ("app", "core", "kvcache")  # what the app bundle ships; bench/ stays out of it
+# the one benchmark that drives the window (radixchat bench gui): the only one that imports app
+GUI_BENCH = "bench.gui"
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,7 @@ def test_the_walk_sees_the_code():
     assert any(s.startswith("core.") and t.startswith("kvcache.") for s, t in targets)
     assert any(s.startswith("kvcache.") and t.startswith("mlx") for s, t in targets)
     assert any(s.startswith("app.") and t.startswith("PySide6") for s, t in targets)
+    assert any(s.startswith("bench.") and t.startswith("core.") for s, t in targets)
 
 
 def test_kvcache_imports_neither_core_nor_app():
@@ -93,6 +98,26 @@ def test_app_imports_neither_mlx_nor_kvcache():
         "app must not import mlx, mlx_lm or kvcache (it reaches kvcache through core):\n  "
         + "\n  ".join(bad)
     )
+
+
+def test_the_product_does_not_import_the_benchmarks():
+    """bench/ is left out of the packaged app: the product reaches a benchmark only by its
+    name (core/cli/commands/bench.py imports it with importlib when it runs)."""
+    bad = offending(PRODUCT, ("bench",))
+    assert not bad, "app, core and kvcache must not import bench:\n  " + "\n  ".join(bad)
+
+
+def test_only_the_gui_bench_imports_the_app():
+    """The benchmarks run headless on core and kvcache; ``bench gui`` alone drives the window."""
+    bad = [
+        str(i)
+        for i in all_imports()
+        if _under(i.source, ("bench",))
+        and not _under(i.source, (GUI_BENCH,))
+        and _under(i.target, ("app", "PySide6"))
+    ]
+    assert not bad, "only bench.gui may import app or PySide6:\n  " + "\n  ".join(bad)
+    assert any(i.source == GUI_BENCH and _under(i.target, ("app",)) for i in all_imports())
 
 
 def test_the_api_does_not_import_the_command_line():

@@ -133,6 +133,36 @@ def test_resources_ship_the_icons_but_not_the_icon_script(monkeypatch, tmp_path)
     assert "make_icons.py" not in shipped
 
 
+def test_the_benchmarks_stay_out_of_the_bundle_but_not_out_of_a_source_install(
+    monkeypatch, tmp_path
+):
+    """bench/ is a package of the checkout (``radixchat bench NAME`` from an editable or a
+    source install), left out of the app: excluded, and no hidden import reaches it."""
+    import json
+    import tomllib
+
+    analysis = run_spec(monkeypatch, tmp_path, "linux")["made"]["Analysis"].kwargs
+    assert "bench" in analysis["excludes"]
+    hidden = analysis["hiddenimports"]
+    assert "core.stand_in" in hidden  # (the stand-in names every collected package)
+    assert not [name for name in hidden if name == "bench" or name.startswith("bench.")]
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    # setuptools' own finder, in a process of its own (importing setuptools replaces distutils)
+    code = "import json, sys; from setuptools import find_packages; " + (
+        "print(json.dumps(find_packages(sys.argv[1], include=json.loads(sys.argv[2]))))"
+    )
+    listed = subprocess.run(
+        [sys.executable, "-c", code, str(ROOT), json.dumps(find["find"]["include"])],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert listed.returncode == 0, listed.stderr
+    installed = json.loads(listed.stdout)
+    assert "bench" in installed and "core.cli.commands" in installed
+    assert not [name for name in installed if name.split(".")[0] == "tests"]
+
+
 def test_macos_app_bundle_and_info_plist(monkeypatch, tmp_path):
     made = run_spec(monkeypatch, tmp_path, "darwin")["made"]
     # a console EXE would make BUNDLE write LSBackgroundOnly: no Dock icon, no menu bar
@@ -370,6 +400,28 @@ def test_bundle_takes_a_screenshot(bundle, data_root_with_default, tmp_path):
     assert width >= 800 and height >= 600
 
 
+def test_bundle_says_in_one_line_that_the_benchmarks_are_not_in_it(bundle, tmp_path):
+    env = bundle_env(tmp_path / "home")
+    listed = subprocess.run(
+        [str(bundle), "bench", "--help"], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert listed.returncode == 0 and "multiturn" in listed.stdout, listed.stderr
+    done = subprocess.run(
+        # (were the bench there, it would fail on the missing model, in other words)
+        [str(bundle), "bench", "multiturn", "--model", str(tmp_path / "none")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == (
+        "radixchat: error: benchmarks are not in the packaged app: run them from a source "
+        "checkout\n"
+    )
+
+
 def test_the_api_stack_is_bundled_with_uvicorns_named_parts(monkeypatch, tmp_path):
     from uvicorn.config import HTTP_PROTOCOLS, LIFESPAN, LOOP_FACTORIES
 
@@ -387,7 +439,7 @@ def test_the_api_stack_is_bundled_with_uvicorns_named_parts(monkeypatch, tmp_pat
 def test_bundle_serves_a_group_through_itself(bundle, tmp_path):
     """`serve --hosts` from the bundle, which ships no mlx.launch: MLX's launcher runs as the
     executable's hidden `_launch-group`, and both ranks are the executable too (2 on loopback)."""
-    from core.cli.bench.server_process import wait_until_answers
+    from bench.server_process import wait_until_answers
     from core.models.tiny_model import TinyModelSpec, write_tiny_model
     from tests.core.distributed.group_fixture import Group, free_port, write_hostfile
 

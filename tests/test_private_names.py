@@ -1,11 +1,11 @@
 """What one module may touch of another is what it exports (docs/architecture.md, "Style"),
-checked by reading the product code (app/, core/, kvcache/) with ``ast``; nothing is
-imported. No module imports another module's ``_private`` name or a ``_private`` module of
-ours, and none reaches ``obj._name`` on an object other than ``self``/``cls``/``super()``
-unless that name is its own. The check goes by names, not types: ``other._x`` passes only
-where this module alone defines ``_x`` (in a class, or by setting it on an object). Tests
-may touch privates; the private names of other libraries (mlx, mlx-lm) are
-gathered in the compat modules (``COMPAT``)."""
+checked by reading the code (app/, core/, kvcache/ and the benchmarks, bench/) with ``ast``;
+nothing is imported. No module imports another module's ``_private`` name or a ``_private``
+module of ours, and none reaches ``obj._name`` on an object other than
+``self``/``cls``/``super()`` unless that name is its own. The check goes by names, not
+types: ``other._x`` passes only where this module alone defines ``_x`` (in a class, or by
+setting it on an object). Tests may touch privates; the private names of other libraries
+(mlx, mlx-lm) are gathered in the compat modules (``COMPAT``)."""
 
 from __future__ import annotations
 

@@ -13,17 +13,8 @@
     radixchat fetch-model [NAME]   provision a known model into the data folder
     radixchat cache stats|verify|clear   the disk caches of session KV (this machine's, each rank's)
     radixchat chats verify         list the chat history's damaged rows
-    radixchat bench cpu            measure the CPU backend setups (docs/development.md)
-    radixchat bench restore|pressure|multiturn|serve   the cache and API benchmarks
-    radixchat bench distributed    1 process vs the model split over 2 ranks on loopback
-    radixchat bench constrain      what constrained decoding costs per token
-    radixchat bench agent          a coding-agent session: TTFT with and without our cache,
-                                   vs mlx_lm.server
-    radixchat bench pull           `radixchat pull` from a loopback hub vs curl (source checkout)
-    radixchat bench fairness       a stream's inter-token gaps while another client's long
-                                   prompt goes in
-    radixchat bench hostile        another client's answers during a flood of connections, a
-                                   greedy client, a huge body
+    radixchat bench NAME           a benchmark (code in bench/ of a source checkout, not in the
+                                   packaged app; radixchat bench --help lists them)
 
 Each command is declared by its module in core/cli/commands/ (its parser, and the function
 that runs it, which imports the command's code only then); this module builds the table
@@ -81,7 +72,7 @@ def _listing(title: str, commands) -> str:
     return "\n".join([f"{title}:", *(f"    {c.NAME:<19}{c.SUMMARY}" for c in commands)])
 
 
-# Opens the app, or runs what needs Qt (--screenshot, bench gui), from the parsed arguments
+# Opens the app, or runs what needs Qt (--screenshot), from the parsed arguments
 # and the data folder. app.launcher passes it in: core never imports app.
 GuiRunner = Callable[[argparse.Namespace, Path], int]
 
@@ -105,7 +96,7 @@ def main(argv: list[str] | None = None, gui: GuiRunner | None = None) -> int:
         run = root.run_self_test if args.self_test else getattr(args, "run", None)
         if run is not None:
             return run(args)
-        if gui is None:  # no command (the app), or one the app runs (bench gui)
+        if gui is None:  # no command: the app (or its --screenshot)
             raise UserError("the desktop app is not available in this build; try `radixchat chat`")
         from core import paths
 

@@ -322,7 +322,7 @@ def test_closing_the_window_stops_the_api_server(qtbot, open_window, tmp_path):
 
 def test_the_app_package_does_not_import_mlx():
     code = (
-        "import sys, app.main_window, app.screenshot, app.bench_gui, core.api.server; "
+        "import sys, app.main_window, app.screenshot, core.api.server; "
         "sys.exit(any(m.split('.')[0] == 'mlx' for m in sys.modules))"
     )
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

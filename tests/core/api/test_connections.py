@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from core.api.server import ApiServer
-from core.cli.bench.server_process import (
+from bench.server_process import (
     REPO_ROOT,
     free_port,
     radixchat_server_code,
     wait_until_answers,
 )
+from core.api.server import ApiServer
 
 HALF_HEAD = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "  # never ends
 

@@ -487,8 +487,8 @@ def _leaf_commands(parser, path=()):
 
 
 def test_every_command_names_what_runs_it():
-    """Each command's module sets ``run``; only ``bench gui`` is the app's (core never
-    imports app)."""
+    """Each command's module sets ``run``, ``bench gui`` included (bench/gui.py imports the
+    app; core does not)."""
     import argparse
 
     from core.cli.main import build_parser
@@ -516,20 +516,18 @@ def test_every_command_names_what_runs_it():
             and not isinstance(a, argparse._SubParsersAction)
         ]
         args = build_parser().parse_args([*path, *positionals])
-        assert (args.run is None) == (path == ("bench", "gui")), path
-        assert args.run is None or callable(args.run), path
+        assert callable(args.run), path
 
 
-def test_the_app_runs_what_has_no_command_and_bench_gui(tmp_path, capsys):
+def test_the_app_runs_what_has_no_command(tmp_path, capsys):
     seen = []
 
     def gui(args, data_root):
-        seen.append((args.command, getattr(args, "bench_command", None), data_root))
+        seen.append((args.command, data_root))
         return 7
 
     assert main(["--data-dir", str(tmp_path)], gui=gui) == 7
-    assert main(["bench", "gui", "--data-dir", str(tmp_path)], gui=gui) == 7
-    assert seen == [(None, None, tmp_path), ("bench", "gui", tmp_path)]
+    assert seen == [(None, tmp_path)]
     assert main(["--data-dir", str(tmp_path)]) == 2  # a build without the app says so in one line
     assert capsys.readouterr().err.startswith("radixchat: error: the desktop app is not available")
 
@@ -572,7 +570,7 @@ def test_the_command_table_imports_no_commands_code():
         "core.cli.self_test",
     )
     heavy = (
-        "core.cli.bench",
+        "bench",
         "core.engine",
         "core.api",
         "core.chats",

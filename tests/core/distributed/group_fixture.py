@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from core.cli.bench.server_process import free_port, wait_until_answers
+from bench.server_process import free_port, wait_until_answers
 
 ROOT = Path(__file__).resolve().parents[3]
 START_S = 120.0  # two processes importing MLX and loading on a busy 2-core machine

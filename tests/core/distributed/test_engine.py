@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from core.cli.bench.server_process import free_port
+from bench.server_process import free_port
 from core.distributed.group import HOSTS_ENV, SECRET_ENV, new_secret
 from core.distributed.launch import launcher_command
 from core.distributed.shard import rank_cache_name
