@@ -434,7 +434,9 @@ class ShardedEngine(Engine):
 
     def before_park(self) -> None:
         """Every rank has closed its cache before any parks: the others tell rank 0, which
-        waits for them."""
+        waits for them. From here on a peer leaving is the group stopping, not a fault (the
+        channel's ``closing``: rank 0 may exit before another rank has)."""
+        self.channel.faults.closing = True
         if isinstance(self.channel, FollowerChannel):
             self.channel.send({"op": "stopped"})
         else:
