@@ -38,7 +38,7 @@ from core.models.catalog import runs_on_cpu
 from core.models.describe import ModelDescription, describe_model
 from core.models.hub import hf_cache
 from core.models.hub.client import quantization_of
-from core.models.local import LocalModel, list_local_models, model_file
+from core.models.local import LocalModel, folder_size, list_local_models, model_file
 from core.models.pypi.known import KNOWN_MODELS
 
 if TYPE_CHECKING:
@@ -188,6 +188,15 @@ def _describe(path: Path | None) -> ModelDescription | None:
         return None
 
 
+def _size_on_disk(path: Path, otherwise: int) -> int:
+    """A model's bytes on disk, as Ollama's listing gives them (a file's size, a folder's
+    files); ``otherwise`` where the path can't be read."""
+    try:
+        return path.stat().st_size if path.is_file() else folder_size(path)
+    except OSError:
+        return otherwise
+
+
 def _modified(path: Path | None) -> float:
     try:
         return path.stat().st_mtime if path is not None else time.time()
@@ -231,7 +240,7 @@ def local_models(
                 info.spec,
                 "loaded",
                 path,
-                info.weight_bytes,
+                _size_on_disk(path, info.weight_bytes),
                 _modified(path),
                 identity_digest(path),
                 _describe(path),

@@ -1,14 +1,19 @@
 """``POST /v1/embeddings`` through the official ``openai`` client (and raw requests where a
 client would not misbehave), on a tiny generated model; litellm's and LangChain's
-embedding calls where they are installed; and the real default model, whose vectors rank
-a sentence's paraphrase above unrelated sentences."""
+embedding calls where they are installed, and the Vercel AI SDK's ``embed`` where node and
+its packages are (tests/core/api/node/ai_sdk_embed.mjs); and the real default model, whose
+vectors rank a sentence's paraphrase above unrelated sentences."""
 
 from __future__ import annotations
 
 import base64
 import http.client
 import json
+import shutil
+import subprocess
+from pathlib import Path
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -21,6 +26,7 @@ from core.engine.types import EmbeddingRequest
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 
 MODEL = "tiny"
+NODE = Path(__file__).parent / "node"
 
 
 @pytest.fixture(scope="module")
@@ -175,15 +181,9 @@ def test_embeddings_count_in_metrics_and_the_request_log(server, client):
 # ------------------------------------------------------------------ third-party clients
 # their imports warn about their own pydantic models (filterwarnings = error would fail them)
 @pytest.mark.filterwarnings("ignore::UserWarning")
-def test_litellm_embedding_returns_vectors(server, monkeypatch):
-    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch from the internet
-    litellm = pytest.importorskip("litellm")
-    reply = litellm.embedding(
-        model="openai/anything",
-        input=["a fox", "a whale"],
-        api_base=server.address + "/v1",
-        api_key="unused",
-    )
+def test_litellm_embedding_returns_vectors(client, litellm):
+    # through a client the test closes (litellm keeps the ones it makes, connections open)
+    reply = litellm.embedding(model="openai/anything", input=["a fox", "a whale"], client=client)
     vectors = [item["embedding"] for item in reply.data]
     assert len(vectors) == 2 and all(len(v) == 64 for v in vectors)
     assert reply.usage.prompt_tokens == 12
@@ -192,17 +192,45 @@ def test_litellm_embedding_returns_vectors(server, monkeypatch):
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_langchain_openai_embeddings_return_vectors(server):
     langchain_openai = pytest.importorskip("langchain_openai")
-    embeddings = langchain_openai.OpenAIEmbeddings(
-        model="anything",
-        base_url=server.address + "/v1",
-        api_key="unused",
-        # LangChain otherwise sends OpenAI's tiktoken ids (another vocabulary): docs/api.md
-        check_embedding_ctx_length=False,
-    )
-    documents = embeddings.embed_documents(["a fox", "a whale"])
-    query = embeddings.embed_query("a fox")
+    with httpx.Client(timeout=30) as http:  # closed here, not left to the collector
+        embeddings = langchain_openai.OpenAIEmbeddings(
+            model="anything",
+            base_url=server.address + "/v1",
+            api_key="unused",
+            # LangChain otherwise sends OpenAI's tiktoken ids (another vocabulary): docs/api.md
+            check_embedding_ctx_length=False,
+            http_client=http,
+        )
+        documents = embeddings.embed_documents(["a fox", "a whale"])
+        query = embeddings.embed_query("a fox")
     assert len(documents) == 2 and all(len(v) == 64 for v in documents)
     assert np.allclose(query, documents[0], atol=1e-6)
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+@pytest.mark.skipif(
+    not (NODE / "node_modules" / "@ai-sdk" / "openai-compatible").is_dir(),
+    reason="the AI SDK's npm packages are not installed (npm install --prefix tests/core/api/node)",
+)
+def test_the_ai_sdk_embed_returns_vectors(server):
+    """``embed`` and ``embedMany`` through ``@ai-sdk/openai`` and ``@ai-sdk/openai-compatible``
+    (issue 43: a 404 before /v1/embeddings), and the openai provider's ``dimensions``."""
+    run = subprocess.run(
+        ["node", str(NODE / "ai_sdk_embed.mjs"), server.address + "/v1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(run.stdout)
+    for provider in ("openai", "compatible"):
+        reply = got[provider]
+        assert reply["count"] == 2 and reply["lengths"] == [64, 64], provider
+        assert all(abs(n - 1) < 1e-5 for n in reply["norms"]), provider
+        # the tiny model's tokens are bytes: "a red fox" and "a blue whale"
+        assert reply["tokens"] == 9 + 12 and reply["sameAlone"] > 1 - 1e-6, provider
+    assert got["dimensions"]["length"] == 16 and abs(got["dimensions"]["norm"] - 1) < 1e-5
 
 
 # ------------------------------------------------------------------ the real default model

@@ -16,6 +16,7 @@ import pytest
 
 from core.api.server import ApiServer
 from core.models.load.chat_template import shipped_template
+from core.models.local import folder_size
 from tests.core.engine.helpers import start_tools_engine
 
 TIME_TOOL = {
@@ -75,11 +76,15 @@ def test_root_answers_as_ollama_does_on_both_ports(server):
     assert re.fullmatch(r"\d+\.\d+\.\d+", version["version"])
 
 
-def test_list_show_and_ps_describe_the_loaded_model(client, engine):
+def test_list_show_and_ps_describe_the_loaded_model(client, engine, long_tiny_model):
     listed = client.list().models
     assert [m.model for m in listed][:1] == ["tiny-4k:latest"]  # the loaded model first
     model = listed[0]
-    assert model.size > 0 and re.fullmatch(r"[0-9a-f]{64}", model.digest)
+    # its files' bytes on disk, as Ollama lists a model (not the weights' bytes in memory:
+    # the default model's 98 MB GGUF was listed at 538 MB, dequantized)
+    assert model.size == folder_size(long_tiny_model) and re.fullmatch(
+        r"[0-9a-f]{64}", model.digest
+    )
     assert model.details.format == "safetensors" and model.details.family == "llama"
     assert model.modified_at is not None and model.details.parameter_size.endswith("K")
 
