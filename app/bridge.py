@@ -43,6 +43,7 @@ from core.engine.types import (
 from core.errors import UserError
 
 if TYPE_CHECKING:
+    from core.engine.config import EngineConfig
     from core.engine.engine import Engine, RequestHandle
     from core.models.load.loader import ModelInfo
 
@@ -77,20 +78,17 @@ class EngineBridge(QObject):
         model_spec: str = "default",
         *,
         engine: Engine | None = None,
-        engine_options: dict | None = None,
+        config: EngineConfig | None = None,
         parent: QObject | None = None,
     ):
-        """``engine_options``: keyword arguments for the Engine (pool_bytes,
-        disk_budget_bytes...)."""
+        """``config``: the engine's configuration (None: its defaults), unless ``engine``
+        is given."""
         super().__init__(parent)
         if engine is None:
             from core.engine.engine import Engine  # imported on use: it loads mlx
 
             engine = Engine(
-                Path(data_root),
-                model_spec,
-                on_load_progress=self._on_load_progress,
-                **(engine_options or {}),
+                Path(data_root), model_spec, config=config, on_load_progress=self._on_load_progress
             )
         self.engine = engine
         self._model_spec = model_spec or ""  # the first model, for modelLoading

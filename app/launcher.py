@@ -7,7 +7,6 @@ import os
 import sys
 from pathlib import Path
 
-from core.cli.commands.options import kv_format_options
 from core.cli.main import main as cli_main
 
 
@@ -21,7 +20,11 @@ def _run_gui(args: argparse.Namespace, data_root: Path) -> int:
 
     chosen = args.data_dir is not None or bool(os.environ.get("RADIXCHAT_HOME"))
     return run_app(
-        data_root, args.model, data_root_chosen=chosen, engine_options=kv_format_options(args)
+        data_root,
+        args.model,
+        data_root_chosen=chosen,
+        kv_bits=args.kv_bits,
+        kv_group_size=args.kv_group_size,
     )
 
 

@@ -21,12 +21,13 @@ def run_app(
     data_root: Path,
     model_spec: str,
     data_root_chosen: bool = True,
-    engine_options: dict | None = None,
+    kv_bits: int | None = None,
+    kv_group_size: int | None = None,
 ) -> int:
     """Open the main window while the model loads; returns the exit code. The data folder
     of the app's settings applies unless ``--data-dir`` or ``$RADIXCHAT_HOME`` chose one;
-    ``engine_options`` the command line set (``--kv-bits``...; None values: not set) go over
-    the Preferences'."""
+    ``kv_bits`` and ``kv_group_size``, the command line's (None: not given), go over the
+    Preferences'."""
     app = QApplication.instance() or QApplication(sys.argv)
     apply_look(app)
     settings = AppSettings()
@@ -49,9 +50,8 @@ def run_app(
     except StoreError as exc:  # also printed by the CLI, but a double-clicked app has no terminal
         QMessageBox.critical(None, "RadixChat", f"RadixChat cannot open its chats.\n\n{exc}")
         raise
-    options = settings.engine_options()
-    options.update({k: v for k, v in (engine_options or {}).items() if v is not None})
-    bridge = EngineBridge(data_root, model_spec, engine_options=options)
+    config = settings.engine_config(kv_bits, kv_group_size)
+    bridge = EngineBridge(data_root, model_spec, config=config)
     window = MainWindow(bridge, store, settings, fallback_model=fallback)
     window.show()
     bridge.start()

@@ -27,12 +27,13 @@ from PySide6.QtWidgets import (
 )
 
 from app.chat_settings import ChatPreset
+from core.engine.config import EngineConfig
 from core.paths import GB, MB, default_disk_budget, gb_to_bytes
 
 DEFAULT_API_PORT = 8000
 OLLAMA_PORT = 11434  # where Ollama listens, and apps that speak only its API look
 # Preferences' KV precision choices: (label, bits; 0: the model's own precision); the engine
-# checks the values (kvcache.kv_format), the app passes them on as plain numbers
+# configuration checks the values (kvcache.kv_format), the app passes them on as plain numbers
 KV_PRECISIONS = (("Full (the model's own)", 0), ("8-bit", 8), ("4-bit", 4))
 KV_GROUP_SIZES = (32, 64, 128)
 DEFAULT_KV_GROUP = 64
@@ -92,18 +93,19 @@ class AppSettings:
     def kv_group_size(self, value: int | None) -> None:
         self._set("kv_group_size", value or None)
 
-    def engine_options(self) -> dict:
-        """The Engine's keyword arguments these settings choose (none: the engine's defaults)."""
-        options = {}
-        if self.kv_bits:
-            options["kv_bits"] = self.kv_bits
-            if self.kv_group_size:
-                options["kv_group_size"] = self.kv_group_size
-        if self.kv_pool_mb:
-            options["pool_bytes"] = self.kv_pool_mb * MB
-        if self.disk_cache_gb:
-            options["disk_budget_bytes"] = gb_to_bytes(self.disk_cache_gb)
-        return options
+    def engine_config(
+        self, kv_bits: int | None = None, kv_group_size: int | None = None
+    ) -> EngineConfig:
+        """The engine's configuration these settings choose (the engine's defaults for the
+        rest); ``kv_bits`` and ``kv_group_size``, where given (the command line's), go over
+        the Preferences' KV precision."""
+        bits = self.kv_bits
+        return EngineConfig(
+            kv_bits=kv_bits or bits,
+            kv_group_size=kv_group_size or (self.kv_group_size if bits else None),
+            pool_bytes=self.kv_pool_mb * MB if self.kv_pool_mb else None,
+            disk_budget_bytes=gb_to_bytes(self.disk_cache_gb) if self.disk_cache_gb else None,
+        )
 
     @property
     def last_model(self) -> str | None:

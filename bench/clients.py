@@ -32,6 +32,7 @@ from pathlib import Path
 
 from bench.harness import link_models, scratch_data_folder
 from core import paths
+from core.engine.config import EngineConfig
 from core.errors import UserError
 
 CLIENTS = ("claude", "codex")
@@ -241,7 +242,7 @@ def run_bench_clients(args) -> int:
     }
     with scratch_data_folder(root, "clients") as data:
         link_models(root, data)
-        engine = Engine(data, args.model, pool_tokens=args.kv_tokens).start()
+        engine = Engine(data, args.model, config=EngineConfig(pool_tokens=args.kv_tokens)).start()
         try:
             info = engine.wait_ready()
             report["model"] = info.name

@@ -26,6 +26,7 @@ import time
 
 from bench.harness import final_event, repetitions
 from core import paths
+from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from core.errors import UserError
@@ -104,10 +105,8 @@ def run_bench_constrain(args) -> int:
     engine = Engine(
         paths.data_dir(args.data_dir),
         args.model,
-        disk_cache=False,
-        pool_tokens=16384,
         on_load_progress=print_progress,
-        chat_template=template,
+        config=EngineConfig(disk_cache=False, pool_tokens=16384, chat_template=template),
     ).start()
     solo: dict[str, list[float]] = {"free": [], "json_schema": [], "tool_required": []}
     tokens: dict[str, list[int]] = {mode: [] for mode in solo}

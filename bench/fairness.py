@@ -31,6 +31,7 @@ import time
 
 from bench.harness import package_version, repetitions
 from core import paths
+from core.engine.config import EngineConfig
 from core.engine.engine import Engine, RequestHandle
 from core.engine.types import (
     ChatMessage,
@@ -226,9 +227,8 @@ def run_bench_fairness(args) -> int:
     engine = Engine(
         paths.data_dir(args.data_dir),
         args.model,
-        disk_cache=False,
-        pool_tokens=POOL_TOKENS,
         on_load_progress=print_progress,
+        config=EngineConfig(disk_cache=False, pool_tokens=POOL_TOKENS),
     ).start()
     runs = []
     try:

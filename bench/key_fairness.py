@@ -34,6 +34,7 @@ from dataclasses import replace
 from bench.fairness import long_request
 from bench.harness import announce_repetition, package_version
 from core import paths
+from core.engine.config import EngineConfig
 from core.engine.engine import Engine, RequestHandle
 from core.engine.namespaces import for_key
 from core.engine.turns import PrefillSharing
@@ -135,10 +136,12 @@ def _engines(args) -> dict[str, Engine]:
             engines[policy] = Engine(
                 root,
                 args.model,
-                disk_cache=False,
-                pool_tokens=POOL_TOKENS,
                 on_load_progress=None if args.json else print_progress,
-                prefill_sharing=PrefillSharing(round_robin=policy == "shared"),
+                config=EngineConfig(
+                    disk_cache=False,
+                    pool_tokens=POOL_TOKENS,
+                    prefill_sharing=PrefillSharing(round_robin=policy == "shared"),
+                ),
             ).start()
             engines[policy].wait_ready()
     except BaseException:

@@ -45,6 +45,7 @@ from bench.harness import (
 )
 from bench.restore import checked_model
 from core import paths
+from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent
 from core.errors import UserError
@@ -118,10 +119,12 @@ def _run(folder: Path, spec: str, bits: int | None, args, mlx_lm) -> Run:
 
     from kvcache.store import DiskStore
 
-    options = dict(pool_bytes=args.budget_mb << 20, kv_bits=bits, kv_group_size=args.group_size)
+    config = EngineConfig(
+        pool_bytes=args.budget_mb << 20, kv_bits=bits, kv_group_size=args.group_size
+    )
 
     def engine() -> Engine:
-        started = Engine(folder, spec, **options).start()
+        started = Engine(folder, spec, config=config).start()
         info = started.wait_ready()
         if args.tokens + 128 + args.decode_tokens >= info.context_length:
             started.shutdown()

@@ -35,6 +35,7 @@ from mlx_lm.sample_utils import make_sampler
 
 from bench.harness import final_event, repetitions
 from core import paths
+from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 from core.engine.prompt import render_prompt
 from core.engine.types import ChatMessage, GenerationRequest, SamplingParams
@@ -155,15 +156,18 @@ def run_bench_multiturn(args) -> int:
     MlxLmChat(loaded, reuse=False).turn((ChatMessage("user", "Hello"),), 4)  # warm-up
     history: list[ChatMessage] = [ChatMessage("system", SYSTEM_PROMPT)]
     runs = {way: [] for way in WAYS}  # way -> repetition -> turn -> TurnResult
+    segment_bytes = None if args.segment_mb is None else int(args.segment_mb * 2**20)
     for rep in repetitions("multiturn", args.repeats):
         engine = Engine(
             root,
             args.model,
             weights_format="auto",
-            use_cache=True,
-            page_size=args.page_size,
-            pool_tokens=pool_tokens,
-            pool_segment_bytes=None if args.segment_mb is None else int(args.segment_mb * 2**20),
+            config=EngineConfig(
+                use_cache=True,
+                page_size=args.page_size,
+                pool_tokens=pool_tokens,
+                pool_segment_bytes=segment_bytes,
+            ),
         ).start()
         try:
             info = engine.wait_ready()

@@ -34,6 +34,7 @@ from bench.harness import (
     travel_notes,
 )
 from core import paths
+from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from core.errors import UserError
@@ -102,7 +103,9 @@ def _distinct_tokens(db: Path, fingerprint: str) -> int:
 def _way(way: str, folder: Path, spec: str, args, notes: int, pool: int) -> WayResult:
     import mlx.core as mx
 
-    engine = Engine(folder, spec, pool_tokens=pool, disk_cache=way == "disk").start()
+    engine = Engine(
+        folder, spec, config=EngineConfig(pool_tokens=pool, disk_cache=way == "disk")
+    ).start()
     try:
         engine.wait_ready()
         _ask(engine, [ChatMessage("user", "Hello")])  # warm-up
@@ -155,7 +158,9 @@ def run_bench_pressure(args) -> int:
     started = time.perf_counter()
     # size the notes: a calibration engine, no cache
     with scratch_data_folder(root, "pressure") as folder:
-        engine = Engine(folder, spec, use_cache=False, disk_cache=False).start()
+        engine = Engine(
+            folder, spec, config=EngineConfig(use_cache=False, disk_cache=False)
+        ).start()
         try:
             engine.wait_ready()
             base = _ask(

@@ -35,6 +35,7 @@ from bench.harness import (
     travel_notes,
 )
 from core import paths
+from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent
 from core.errors import UserError
@@ -162,7 +163,7 @@ def _repetition(folder: Path, spec: str, tokens: int) -> Repetition:
     pool = 1024 * -(-(tokens + 1024) // 1024)
 
     def engine() -> Engine:
-        started = Engine(folder, spec, pool_tokens=pool).start()
+        started = Engine(folder, spec, config=EngineConfig(pool_tokens=pool)).start()
         info = started.wait_ready()
         if tokens + 128 + REPLY_TOKENS >= info.context_length:
             started.shutdown()

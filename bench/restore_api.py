@@ -39,6 +39,7 @@ from bench.restore import (
 )
 from core import paths
 from core.api.server import ApiServer
+from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 from core.errors import UserError
 
@@ -106,7 +107,9 @@ def _repetition(folder: Path, spec: str, tokens: int) -> ApiRepetition:
     pool = 1024 * -(-(tokens + 1024) // 1024)
 
     def serve(disk_cache: bool = True) -> tuple[Engine, ApiServer]:
-        engine = Engine(folder, spec, pool_tokens=pool, disk_cache=disk_cache).start()
+        engine = Engine(
+            folder, spec, config=EngineConfig(pool_tokens=pool, disk_cache=disk_cache)
+        ).start()
         engine.wait_ready()
         return engine, ApiServer(engine, "127.0.0.1", 0).start()
 

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 from bench.harness import announce_repetition, chat_stream, package_version
 from core import paths
 from core.api.server import ApiServer
+from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 from core.errors import UserError
 
@@ -221,7 +222,10 @@ def run_bench_serve(args) -> int:
 
     root = paths.data_dir(args.data_dir)
     engine = Engine(
-        root, args.model, pool_tokens=POOL_TOKENS, disk_cache=False, on_load_progress=print_progress
+        root,
+        args.model,
+        on_load_progress=print_progress,
+        config=EngineConfig(pool_tokens=POOL_TOKENS, disk_cache=False),
     ).start()
     server = None
     rounds: dict[int, list[RoundResult]] = {n: [] for n in counts}

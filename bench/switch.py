@@ -18,6 +18,7 @@ from pathlib import Path
 
 from bench.harness import link_models, scratch_data_folder
 from core import paths
+from core.engine.config import EngineConfig
 from core.errors import UserError
 
 PROMPT = "Say hello."
@@ -52,7 +53,7 @@ def read_memory(engine, step: str) -> MemoryReading:
 def switch_in_process(data: Path, models: list[str], switches: int, pool_mb: int) -> list:
     from core.engine.engine import Engine
 
-    engine = Engine(data, models[0], pool_bytes=pool_mb * paths.MB).start()
+    engine = Engine(data, models[0], config=EngineConfig(pool_bytes=pool_mb * paths.MB)).start()
     try:
         engine.wait_ready()
         readings = [read_memory(engine, "start")]
@@ -69,7 +70,9 @@ def fresh_start(data: Path, spec: str, pool_mb: int) -> MemoryReading:
     code = (
         "import json, sys; from pathlib import Path; from dataclasses import asdict; "
         "from core.engine.engine import Engine; from bench.switch import read_memory; "
-        "e = Engine(Path(sys.argv[1]), sys.argv[2], pool_bytes=int(sys.argv[3])).start(); "
+        "from core.engine.config import EngineConfig; "
+        "config = EngineConfig(pool_bytes=int(sys.argv[3])); "
+        "e = Engine(Path(sys.argv[1]), sys.argv[2], config=config).start(); "
         "e.wait_ready(); print(json.dumps(asdict(read_memory(e, 'fresh start')))); e.shutdown()"
     )
     done = subprocess.run(

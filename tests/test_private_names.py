@@ -118,6 +118,64 @@ def private_reaches(sources: dict[str, str]) -> list[str]:
     return found
 
 
+def _class_privates(cls: ast.ClassDef) -> set[str]:
+    """The private names a class body defines (methods, attributes)."""
+    names = set()
+    for item in cls.body:
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(item.name)
+        elif isinstance(item, (ast.Assign, ast.AnnAssign)):
+            targets = item.targets if isinstance(item, ast.Assign) else [item.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return {name for name in names if private(name)}
+
+
+def private_overrides(sources: dict[str, str]) -> list[str]:
+    """A class that defines a ``_private`` name which a base class of another of our
+    modules (imported by name: ``from core.x import Base``) defines too: a subclass that
+    changes another module's private step. What a subclass may change is public (a hook)."""
+    modules = {path.removesuffix(".py").replace("/", "."): path for path in sources}
+    trees = {path: ast.parse(text, path) for path, text in sources.items()}
+    classes = {
+        (path, node.name): node
+        for path, tree in trees.items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef)
+    }
+
+    def imported(path: str) -> dict[str, tuple[str, str]]:
+        """name in ``path`` -> (the module of ours it comes from, its name there)."""
+        names = {}
+        for node in ast.walk(trees[path]):
+            if isinstance(node, ast.ImportFrom) and node.module in modules:
+                for alias in node.names:
+                    names[alias.asname or alias.name] = (modules[node.module], alias.name)
+        return names
+
+    def bases(path: str, cls: ast.ClassDef) -> list[tuple[str, ast.ClassDef]]:
+        """The classes of ours ``cls`` derives from, near or far, with their modules."""
+        found = []
+        names = imported(path)
+        for base in cls.bases:
+            if not isinstance(base, ast.Name):
+                continue
+            where = names.get(base.id, (path, base.id))
+            parent = classes.get(where)
+            if parent is not None and parent is not cls:
+                found += [(where[0], parent), *bases(where[0], parent)]
+        return found
+
+    found = []
+    for (path, name), cls in classes.items():
+        for base_path, base in bases(path, cls):
+            if base_path != path:
+                found += [
+                    f"{path}: {name}.{attr} overrides {base_path}: {base.name}.{attr}"
+                    for attr in sorted(_class_privates(cls) & _class_privates(base))
+                ]
+    return found
+
+
 def product_sources() -> dict[str, str]:
     files = [p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))]
     return {p.relative_to(ROOT).as_posix(): p.read_text(encoding="utf-8") for p in files}
@@ -137,6 +195,10 @@ def test_product_code_imports_no_private_names_of_its_own_modules():
 
 def test_product_code_reaches_no_private_attributes_of_other_modules():
     _check(private_reaches(product_sources()), "private attributes of another module's objects")
+
+
+def test_product_code_overrides_no_private_names_of_other_modules():
+    _check(private_overrides(product_sources()), "private names overridden in another module")
 
 
 def test_the_checks_find_what_they_look_for():
@@ -190,6 +252,21 @@ def test_the_checks_find_what_they_look_for():
     assert sorted(private_reaches(shared)) == sorted(found + ["core/user.py: twin._step"])
     # the compat modules reach other libraries' privates on purpose
     assert private_reaches({"core/owner.py": owner, "core/mlx_lm_compat.py": user}) == []
+    # a subclass in another module, near or far, may override public names only
+    base = "class Engine:\n    def _run(self):\n        pass\n    def run(self):\n        pass\n"
+    near = "from core.base import Engine\nclass Group(Engine):\n    def _run(self):\n        pass\n"
+    far = "from core.group import Group\nclass Far(Group):\n    def _run(self):\n        pass\n"
+    public = "from core.base import Engine\nclass Fine(Engine):\n    def run(self):\n        pass\n"
+    same = base + "class Local(Engine):\n    def _run(self):\n        pass\n"
+    assert sorted(
+        private_overrides(
+            {"core/base.py": same, "core/group.py": near, "core/far.py": far, "core/ok.py": public}
+        )
+    ) == [
+        "core/far.py: Far._run overrides core/base.py: Engine._run",
+        "core/far.py: Far._run overrides core/group.py: Group._run",
+        "core/group.py: Group._run overrides core/base.py: Engine._run",
+    ]
 
 
 def test_the_walk_sees_the_code():

@@ -10,7 +10,7 @@ from core import paths
 from core.chats.settings import SAMPLING_KEYS, sampling_settings
 from core.chats.store import ChatStore, Session, check_name, readable
 from core.chats.turn import ChatTurn, MadeWith
-from core.cli.commands.options import kv_format_options, speculation_of
+from core.cli.commands.options import engine_config_of
 from core.cli.progress import print_progress
 from core.cli.terminal import safe, safe_text
 from core.engine.engine import Engine
@@ -23,7 +23,6 @@ from core.engine.types import (
     TokenEvent,
 )
 from core.errors import UserError
-from core.models.load.chat_template import read_chat_template
 
 HELP = "commands: /stats (last turn's figures), /quit"
 EXIT_NOT_SAVED = 2  # the reply was shown, but the turn is not in the chat history
@@ -75,20 +74,14 @@ def run_chat(args) -> int:
         _check_prompt(args.prompt)
     root = paths.data_dir(args.data_dir)
     sampling = sampling_params(args)
-    template = read_chat_template(args.chat_template) if args.chat_template else None
+    config = engine_config_of(args)  # its --chat-template read: a bad file fails here
     with ChatStore(paths.chats_db_path(root)) as store:  # a newer or locked database fails first
         engine = Engine(
             root,
             args.model,
-            args.weights,
-            use_cache=not args.no_cache,
+            config=config,
+            weights_format=args.weights,
             on_load_progress=None if args.json else print_progress,
-            page_size=args.page_size,
-            pool_tokens=args.kv_tokens,
-            chat_template=template,
-            max_prompt_tokens=args.max_prompt_tokens,
-            speculation=speculation_of(args),
-            **kv_format_options(args),
         )
         engine.start()
         try:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core import paths
+from core.engine.config import EngineConfig
 from core.engine.types import ChatMessage, DoneEvent, ErrorEvent, GenerationRequest, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -225,7 +226,7 @@ def _start(data: Path, model: str, stage: str):
     from core.engine.engine import Engine
 
     with _stage(stage):
-        engine = Engine(data, model, pool_tokens=POOL_TOKENS).start()
+        engine = Engine(data, model, config=EngineConfig(pool_tokens=POOL_TOKENS)).start()
         try:
             engine.wait_ready(READY_TIMEOUT_S)
         except BaseException:

@@ -15,47 +15,26 @@ from core.api.connections import ConnectionLimits
 from core.api.guard import normalize_origin
 from core.api.limits import RequestLimits
 from core.api.server import ApiServer, check_bind
-from core.cli.commands.options import kv_format_options, speculation_of
+from core.cli.commands.options import engine_config_of
 from core.cli.progress import print_progress
 from core.cli.terminal import safe
 from core.engine.engine import Engine
-from core.engine.turns import PrefillSharing
 from core.errors import UserError
 from core.limits import (
     MAX_CONNECTIONS,
     MAX_OUTPUT_TOKENS,
     MAX_SCHEMA_BYTES,
     MAX_TOOLS,
-    MAX_WAITING_PER_KEY,
 )
-from core.models.load.chat_template import read_chat_template
 
 
 def run_serve(args) -> int:
     """``radixchat serve``: load the model, serve until Ctrl-C (or SIGTERM), shut down cleanly."""
     api_key, origins = check_serve_args(args)
     root = paths.data_dir(args.data_dir)
-    template = read_chat_template(args.chat_template) if args.chat_template else None
-    engine = Engine(
-        root,
-        args.model,
-        pool_tokens=args.kv_tokens,
-        on_load_progress=print_progress,
-        chat_template=template,
-        use_cache=not getattr(args, "no_cache", False),
-        max_prompt_tokens=getattr(args, "max_prompt_tokens", None),
-        prefill_sharing=PrefillSharing(getattr(args, "max_waiting", None) or MAX_WAITING_PER_KEY),
-        speculation=speculation_of(args),
-        disk_budget_bytes=disk_budget_of(args),
-        **kv_format_options(args),
-    ).start()
+    config = engine_config_of(args)
+    engine = Engine(root, args.model, config=config, on_load_progress=print_progress).start()
     return serve_engine(engine, args, api_key, origins)
-
-
-def disk_budget_of(args) -> int | None:
-    """``--disk-budget`` in bytes (None: the default)."""
-    budget = getattr(args, "disk_budget", None)
-    return None if budget is None else paths.gb_to_bytes(budget)
 
 
 def check_serve_args(args) -> tuple[list[str], list[str]]:

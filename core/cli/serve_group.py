@@ -29,14 +29,13 @@ import sys
 import threading
 
 from core import paths
+from core.cli.commands.options import engine_config_of
 from core.cli.progress import print_progress
-from core.cli.serve import check_serve_args, disk_budget_of, serve_engine
+from core.cli.serve import check_serve_args, serve_engine
 from core.cli.terminal import safe
 from core.distributed.outcome import ENDED_PREFIX, GroupOutcome, fault_line
 from core.distributed.stop import LIFELINE_ENV, GroupStopper, on_stop_signals, restore_signals
-from core.engine.turns import PrefillSharing
 from core.errors import UserError
-from core.limits import MAX_WAITING_PER_KEY
 from core.models.load.chat_template import read_chat_template
 
 FAULT_GRACE_S = 1.0  # after a fault, rank 0 lets the errors reach the clients, then exits
@@ -189,7 +188,7 @@ def run_group_member(args) -> int:
         # Ctrl-C reaches every rank: rank 0 stops the group
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     root = paths.data_dir(args.data_dir)
-    template = read_chat_template(args.chat_template) if args.chat_template else None
+    config = engine_config_of(args)
     mlx_group, channel = join_group(on_fault)
     member = channel.member
     engine = ShardedEngine(
@@ -199,11 +198,8 @@ def run_group_member(args) -> int:
         channel,
         split=args.split,
         model_spec=args.model,
-        pool_tokens=args.kv_tokens,
-        disk_budget_bytes=disk_budget_of(args),
+        config=config,
         on_load_progress=print_progress if leader else None,
-        chat_template=template,
-        prefill_sharing=PrefillSharing(getattr(args, "max_waiting", None) or MAX_WAITING_PER_KEY),
     )
     engine.start()
     if leader:

@@ -6,10 +6,12 @@ For the collectives to pair up, every rank must run the same steps in the same o
 only rank 0 decides anything that depends on time or on its clients:
 
 - Rank 0's engine loop turns each iteration into a *tick*: the command it takes this turn
-  (a request, with its id; forgetting a session; flushing the disk cache; stopping) and
-  the requests whose clients cancelled since the last tick. It sends the tick to every
-  rank, then applies it; the other ranks apply the same ticks in the same order, and
-  after each one step their decode batch exactly when rank 0 steps its own.
+  (a request, with its id; or one of :mod:`core.engine.commands`, as its inputs:
+  forgetting a session, flushing the disk cache, stopping) and the requests whose clients
+  cancelled since the last tick. It sends the tick to every rank, then applies it; the
+  other ranks apply the same ticks in the same order, each command through the engine's
+  own table (``Engine.apply``), and after each one step their decode batch exactly when
+  rank 0 steps its own.
 - A request's cancel flag is read only at ticks (latched): a cancel lands between two
   steps on every rank at once, never mid-prefill on one rank only.
 - What follows from the ticks is computed, not sent: every rank renders the same prompt,
@@ -47,15 +49,16 @@ import threading
 
 from core.distributed.group import FollowerChannel, LeaderChannel, Membership
 from core.distributed.shard import PIPELINE, TENSOR, rank_cache_name, rank_fingerprint, shard_model
-from core.distributed.wire import request_from_dict, request_to_dict
-from core.engine.commands import (
-    FlushCommand,
-    ForgetCommand,
-    GiveWayCommand,
-    LoadCommand,
-    StopCommand,
+from core.distributed.wire import (
+    command_from_dict,
+    command_to_dict,
+    request_from_dict,
+    request_to_dict,
 )
-from core.engine.engine import Engine, PreparedPrompt, RequestHandle
+from core.engine.commands import WHEN_IDLE, LoadCommand
+from core.engine.config import EngineConfig
+from core.engine.engine import Engine
+from core.engine.handle import PreparedPrompt, RequestHandle
 from core.engine.pacing import ChunkPacer
 from core.engine.types import DoneEvent, ErrorEvent
 from core.errors import ErrorKind, ModelLoadError, UserError
@@ -75,7 +78,7 @@ class ShardHandle:
         self._on_end = on_end
         self.latched = False
         self.outcome = "no end"  # a digest of how the request ended (compared across ranks)
-        # see ShardedEngine._do_request
+        # see ShardedEngine.admit
         self.prepared: PreparedPrompt | None = None
         self.prompt_s = 0.0
 
@@ -151,15 +154,29 @@ class GroupPacer(ChunkPacer):
 
 
 class ShardedEngine(Engine):
-    """:class:`Engine` on one rank of a group (see the module's docstring)."""
+    """:class:`Engine` on one rank of a group (see the module's docstring), through the
+    engine's hooks: its own loop (:meth:`run`), loading its shard, installing it with what
+    the ranks agree on, working a request's prompt out in step, waiting for the others
+    before it parks. ``config``'s disk cache is the rank's own file in the data folder."""
 
     def __init__(
-        self, data_root, member: Membership, mlx_group, channel, split: str = TENSOR, **kwargs
+        self,
+        data_root,
+        member: Membership,
+        mlx_group,
+        channel,
+        split: str = TENSOR,
+        *,
+        model_spec: str | None = "default",
+        config: EngineConfig | None = None,
+        on_load_progress=None,
     ):
+        path = data_root / rank_cache_name(member.rank, member.world)
         super().__init__(
             data_root,
-            kv_cache_path=data_root / rank_cache_name(member.rank, member.world),
-            **kwargs,
+            model_spec,
+            config=dataclasses.replace(config or EngineConfig(), kv_cache_path=path),
+            on_load_progress=on_load_progress,
         )
         self.member = member
         # TENSOR or PIPELINE (decided before launch: core.distributed.shard.split_plan)
@@ -211,12 +228,10 @@ class ShardedEngine(Engine):
             handle.finish()
 
     # ------------------------------------------------------------ loading (every rank)
-    def _load_model(self, spec: str, weights_format: str):
+    def load_model(self, spec: str, weights_format: str):
         """Load this rank's shard; then every rank learns whether all ranks loaded, and
         sampling's random state is seeded alike everywhere."""
         import mlx.core as mx
-
-        from core.models.load.loader import load_model
 
         if self._info is not None:
             raise ModelLoadError(
@@ -224,12 +239,9 @@ class ShardedEngine(Engine):
             )
         loaded = error = None
         try:
-            loaded = load_model(
+            loaded = super().load_model(
                 spec,
-                self.data_root,
                 weights_format,
-                self._on_load_progress,
-                chat_template=self._chat_template,
                 shard=lambda model: shard_model(model, self.mlx_group, self.split),
                 parts=self.member.world,
             )
@@ -253,16 +265,18 @@ class ShardedEngine(Engine):
         loaded.info = dataclasses.replace(loaded.info, fingerprint=fingerprint)
         return loaded
 
-    def _install(self, loaded, command) -> None:
+    def install(self, loaded, command) -> None:
         """As the engine does, with the pool as large as the smallest rank's (so the trees
         evict alike) and the agreed match."""
         import mlx.core as mx
 
-        if self.split == PIPELINE and self._use_cache:
-            self._use_cache = self._same_cache_kind(loaded)
-        if self._pool_tokens is None and self._pool_bytes is None and self._use_cache:
-            self._pool_tokens = self._agreed_pool_tokens(loaded)
-        super()._install(loaded, command)
+        config = self.config  # a group loads once: what the ranks agree on is its config
+        if self.split == PIPELINE and config.use_cache:
+            config = dataclasses.replace(config, use_cache=self._same_cache_kind(loaded))
+        if config.pool_tokens is None and config.pool_bytes is None and config.use_cache:
+            config = dataclasses.replace(config, pool_tokens=self._agreed_pool_tokens(loaded))
+        self.config = config
+        super().install(loaded, command)
         self._scheduler.cache = AgreedPrefixCache(self._cache, self.mlx_group)
         # chunk sizes the same on every rank
         if getattr(self._scheduler, "pacer", None) is not None:
@@ -306,7 +320,7 @@ class ShardedEngine(Engine):
         from kvcache.layout import cache_layout
         from kvcache.pool import pool_pages_for_budget
 
-        page = self._page_size or DEFAULT_PAGE_SIZE
+        page = self.config.page_size or DEFAULT_PAGE_SIZE
         try:
             pages = pool_pages_for_budget(
                 cache_layout(loaded.model),
@@ -324,10 +338,10 @@ class ShardedEngine(Engine):
         return lowest * page if lowest > 0 else None
 
     # ------------------------------------------------------------ the loop
-    def _run(self) -> None:
+    def run(self) -> None:
         first = self._commands.get()  # the model every rank loads at start
         if isinstance(first, LoadCommand):
-            self._do_load(first)
+            self.apply(first)
         else:
             self._ready.set()
         if self._info is None:
@@ -363,18 +377,18 @@ class ShardedEngine(Engine):
                 )
                 command.done.set()
                 command = None
-            elif isinstance(command, StopCommand) and busy:
+            elif busy and isinstance(command, WHEN_IDLE):
                 deferred.append(command)
                 command = None
             if command is None and not busy:
                 continue
             tick = {"op": "tick", "cancel": self._cancels(), "cmd": self._encode(command)}
             self.channel.broadcast(tick)
-            self._apply(tick, command)
+            self._apply_tick(tick, command)
 
     def _follow(self) -> None:
         while True:
-            self._apply(self.channel.receive(), None)
+            self._apply_tick(self.channel.receive(), None)
 
     def _cancels(self) -> list[int]:
         return [
@@ -394,24 +408,16 @@ class ShardedEngine(Engine):
                 "request": request_to_dict(command.request),
                 "cancelled": command.cancelled,
             }
-        if isinstance(command, ForgetCommand):
-            return {"op": "forget", "session": command.session}
-        if isinstance(command, FlushCommand):
-            return {"op": "flush"}
-        if isinstance(command, GiveWayCommand):
-            return {"op": "give_way"}
-        if isinstance(command, StopCommand):
-            return {"op": "stop"}
-        raise TypeError(f"no tick for {command!r}")
+        return command_to_dict(command)
 
-    def _apply(self, tick: dict, local) -> None:
-        """Apply one tick (``local``: rank 0's own command object); "stop" never returns."""
+    def _apply_tick(self, tick: dict, local) -> None:
+        """Apply one tick (``local``: rank 0's own command object, whose answers its client
+        waits for); a stop never returns."""
         for rid in tick.get("cancel") or ():
             if rid in self._live:
                 self._live[rid].latched = True
         cmd = tick.get("cmd")
-        op = cmd["op"] if cmd else None
-        if op == "request":
+        if cmd is not None and cmd["op"] == "request":
             shard = ShardHandle(
                 cmd["id"],
                 local.request if local is not None else request_from_dict(cmd["request"]),
@@ -420,31 +426,23 @@ class ShardedEngine(Engine):
             )
             shard.latched = bool(cmd["cancelled"])
             self._live[shard.rid] = shard
-            self._do_request(shard)
-        elif op == "forget":
-            self._forget(cmd["session"])
-        elif op == "flush":
-            if self._cache is not None:
-                self._cache.flush()
-            if local is not None:
-                local.done.set()
-        elif op == "give_way":
-            freed = self._give_way()
-            if local is not None:
-                local.freed = freed
-                local.done.set()
-        elif op == "stop":
-            self._close_cache()
-            self._loaded = self._scheduler = None
-            if isinstance(self.channel, FollowerChannel):
-                self.channel.send({"op": "stopped"})
-            else:
-                self.channel.wait_stopped()
-            self._park()
+            self.admit(shard)
+        elif cmd is not None:
+            self.apply(local if local is not None else command_from_dict(cmd))
         if self._scheduler is not None and self._scheduler.busy:
             self._step()
 
-    def _do_request(self, handle) -> None:
+    def before_park(self) -> None:
+        """Every rank has closed its cache before any parks: the others tell rank 0, which
+        waits for them. From here on a peer leaving is the group stopping, not a fault (the
+        channel's ``closing``: rank 0 may exit before another rank has)."""
+        self.channel.faults.closing = True
+        if isinstance(self.channel, FollowerChannel):
+            self.channel.send({"op": "stopped"})
+        else:
+            self.channel.wait_stopped()
+
+    def admit(self, handle) -> None:
         """As the engine does, with the prompt worked out here, in step on every rank (a
         prompt thread would hand it back at a different step on each): a group renders and
         tokenises on the engine thread."""
@@ -458,7 +456,7 @@ class ShardedEngine(Engine):
                 handle.finish()
                 self._count_served()
                 return
-        super()._do_request(handle)
+        super().admit(handle)
 
     def _ended(self, shard: ShardHandle) -> None:
         self._live.pop(shard.rid, None)

@@ -2,7 +2,9 @@
 
 Messages on the control channel are length-prefixed JSON objects (4 bytes big-endian
 length, then UTF-8 JSON): never pickles, so a peer can send values, not code. A request
-crosses as the dict of its :class:`GenerationRequest` and comes back equal.
+crosses as the dict of its :class:`GenerationRequest` and comes back equal; a command of
+:mod:`core.engine.commands` as its inputs, every field it is made with, by name (a field
+added to a command crosses with it, or the command cannot be made on the other side).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import socket
 import struct
 from typing import Any
 
+from core.engine.commands import FlushCommand, ForgetCommand, GiveWayCommand, StopCommand
 from core.engine.types import ChatMessage, GenerationRequest, SamplingParams, ToolCall
 
 MAX_MESSAGE = 256 << 20  # a prompt of a few million tokens; anything longer is a broken peer
@@ -45,6 +48,26 @@ def request_from_dict(data: dict[str, Any]) -> GenerationRequest:
             "context_tokens": tuple(data.get("context_tokens") or ()),
         }
     )
+
+
+# The commands a group applies on every rank (loads and embeddings are not a group's: its
+# rank 0 refuses them), by name.
+GROUP_COMMANDS = {c.__name__: c for c in (ForgetCommand, FlushCommand, GiveWayCommand, StopCommand)}
+
+
+def command_to_dict(command) -> dict[str, Any]:
+    """``command``'s inputs (the fields it is made with; the engine's answers stay behind)."""
+    kind = type(command)
+    if GROUP_COMMANDS.get(kind.__name__) is not kind:
+        raise TypeError(f"a group does not apply {kind.__name__} on its ranks")
+    inputs = (f.name for f in dataclasses.fields(command) if f.init)
+    return {"op": kind.__name__, **{name: getattr(command, name) for name in inputs}}
+
+
+def command_from_dict(data: dict[str, Any]):
+    """The command :func:`command_to_dict` made ``data`` of."""
+    inputs = dict(data)
+    return GROUP_COMMANDS[inputs.pop("op")](**inputs)
 
 
 def send_message(sock: socket.socket, message: dict[str, Any]) -> None:

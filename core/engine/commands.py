@@ -1,8 +1,13 @@
 """The commands on the engine thread's queue besides requests (a :class:`RequestHandle`
 is queued as itself): what a client asks of the thread that owns the model. The engine
-applies them in its loop; a sharded engine (:mod:`core.distributed.engine`) turns each
-into a tick every rank of its group applies alike. A command that answers carries a
-``done`` event the engine sets once it has been applied."""
+carries each out by its handler in one table (``Engine.apply``); a sharded engine
+(:mod:`core.distributed.engine`) sends each in a tick that every rank of its group applies
+alike, through the same table.
+
+A command's inputs are the fields it is made with; what the engine answers are fields
+made with ``init=False`` (a ``done`` event the engine sets once it has been applied, a
+result). A group's other ranks get a command's inputs, every one of them
+(``core.distributed.wire.command_to_dict``), never its answers."""
 
 from __future__ import annotations
 
@@ -24,16 +29,16 @@ class LoadCommand:
 
     spec: str
     weights_format: str
-    done: threading.Event = field(default_factory=threading.Event)
-    info: ModelInfo | None = None
-    error: str | None = None
+    done: threading.Event = field(default_factory=threading.Event, init=False)
+    info: ModelInfo | None = field(default=None, init=False)
+    error: str | None = field(default=None, init=False)
 
 
 @dataclass
 class FlushCommand:
     """Write out what the disk tier still holds for disk, then set ``done``."""
 
-    done: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event, init=False)
 
 
 @dataclass
@@ -49,8 +54,8 @@ class GiveWayCommand:
     """The disk is full: delete the disk cache and start an empty one; ``freed`` is the
     bytes given back when ``done`` is set."""
 
-    done: threading.Event = field(default_factory=threading.Event)
-    freed: int = 0
+    done: threading.Event = field(default_factory=threading.Event, init=False)
+    freed: int = field(default=0, init=False)
 
 
 @dataclass
@@ -65,10 +70,10 @@ class EmbedCommand:
     request: EmbeddingRequest
     tokens: list[list[int]]
     load: int
-    done: threading.Event = field(default_factory=threading.Event)
-    result: EmbeddingResult | None = None
-    error: Exception | None = None
-    job: object | None = None
+    done: threading.Event = field(default_factory=threading.Event, init=False)
+    result: EmbeddingResult | None = field(default=None, init=False)
+    error: Exception | None = field(default=None, init=False)
+    job: object | None = field(default=None, init=False)
 
     def answer(self, stopped: threading.Event) -> EmbeddingResult:
         """Wait for the engine: the result, or its error raised (a ModelLoadError if the
@@ -85,3 +90,7 @@ class EmbedCommand:
 @dataclass(frozen=True)
 class StopCommand:
     """Finish the running requests, drop the model and the cache, park the engine thread."""
+
+
+# Applied only once the running requests are done (a command queued behind them waits).
+WHEN_IDLE = (LoadCommand, StopCommand)

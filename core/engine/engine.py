@@ -8,11 +8,11 @@ together (``core.engine.scheduler``), and checks each request's cancel flag betw
 prefill chunks and between decode steps.
 
 A submitted request's prompt is rendered and tokenised first on one of the engine's
-prompt threads (``core.engine.prompt``; the tokenizer is not MLX), where a prompt past the
-size limit ends at once; the engine thread takes the request on carrying its token ids,
-so rendering and tokenising never hold up the streams it is decoding.
+prompt threads (``core.engine.prompt_threads``; the tokenizer is not MLX), where a prompt
+past the size limit ends at once; the engine thread takes the request on carrying its
+token ids, so rendering and tokenising never hold up the streams it is decoding.
 
-    engine = Engine(data_root, model_spec="default")
+    engine = Engine(data_root, "default", config=EngineConfig(pool_tokens=4096))
     engine.start()
     for event in engine.stream(request):
         ...
@@ -20,18 +20,19 @@ so rendering and tokenising never hold up the streams it is decoding.
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core import paths
 from core.engine.commands import (
+    WHEN_IDLE,
     EmbedCommand,
     FlushCommand,
     ForgetCommand,
@@ -39,13 +40,13 @@ from core.engine.commands import (
     LoadCommand,
     StopCommand,
 )
-from core.engine.constrain import check_request
+from core.engine.config import EngineConfig
 from core.engine.embedding_inputs import embedding_tokens
 from core.engine.engine_stats import EngineStats, process_rss
-from core.engine.handle import PreparedPrompt, RequestHandle
+from core.engine.handle import RequestHandle
 from core.engine.prompt import PromptLimit, Prompts
+from core.engine.prompt_threads import PromptThreads
 from core.engine.template_facts import TemplateFacts
-from core.engine.turns import PrefillSharing
 from core.engine.types import (
     DoneEvent,
     EmbeddingRequest,
@@ -54,11 +55,9 @@ from core.engine.types import (
     Event,
     GenerationRequest,
     RequestStats,
-    Speculation,
 )
 from core.errors import ErrorKind, ModelLoadError, UserError
 from core.models.derived import derived_bytes
-from kvcache.kv_format import DEFAULT_GROUP_SIZE, KVFormat
 
 if TYPE_CHECKING:  # core.models.load.loader imports mlx: only the engine thread loads it
     from core.models.load.loader import ModelInfo
@@ -66,8 +65,6 @@ if TYPE_CHECKING:  # core.models.load.loader imports mlx: only the engine thread
 log = logging.getLogger(__name__)
 
 PUBLISH_EVERY_S = 0.1  # the decode loop's stats refresh (see Engine._publish_stats)
-# prompts rendered and tokenised at once (a long one does not hold up a short one)
-PROMPT_THREADS = 2
 # Nobody decoding and prompts still being rendered: the engine waits up to this long for
 # them before it starts a prefill, so that requests sent together are prefilled together
 # (core.engine.batch_prefill) instead of the first alone and the others after it.
@@ -77,59 +74,36 @@ GATHER_S = 0.05
 class Engine:
     """Owns the model and all MLX work on one thread for the life of the app.
 
+    ``config``: what it is set up with besides the model (:class:`EngineConfig`);
+    ``weights_format`` the first model's (``auto``, ``stored``, ``float16``...);
+    ``on_load_progress(stage, fraction)`` hears how loading goes (any thread).
+
     A subclass runs it otherwise (:class:`core.distributed.engine.ShardedEngine`: one rank
-    of a group) by overriding its engine-thread steps: ``_run`` (the loop over the
-    commands of :mod:`core.engine.commands`), ``_load_model``, ``_install`` and
-    ``_do_request``."""
+    of a group) through these engine-thread hooks, and no others: :meth:`run` (the thread's
+    loop), :meth:`load_model`, :meth:`install`, :meth:`admit` and :meth:`before_park`. What
+    each command does is :meth:`apply`'s table, the same for both."""
 
     def __init__(
         self,
         data_root: Path,
         model_spec: str | None = "default",
+        *,
+        config: EngineConfig | None = None,
         weights_format: str = "auto",
-        use_cache: bool = True,
         on_load_progress: Callable[[str, float | None], None] | None = None,
-        page_size: int | None = None,
-        pool_tokens: int | None = None,
-        pool_bytes: int | None = None,
-        disk_cache: bool = True,
-        disk_budget_bytes: int | None = None,
-        disk_min_tokens: int | None = None,
-        pool_segment_bytes: int | None = None,
-        chat_template: str | None = None,
-        max_prompt_tokens: int | None = None,
-        kv_cache_path: Path | None = None,
-        kv_bits: int | None = None,
-        kv_group_size: int | None = None,
-        speculation: Speculation | None = None,
-        prefill_sharing: PrefillSharing | None = None,
     ):
         self.data_root = Path(data_root)
-        self._sharing = prefill_sharing or PrefillSharing()  # between clients: core.engine.turns
+        self.config = config or EngineConfig()
         # the disk cache's database (None: the data folder's; a rank of a group has its own)
-        self._kv_db = Path(kv_cache_path) if kv_cache_path else paths.kv_cache_db_path(data_root)
-        # the scheduler's default and its draft model's spec (None: drafts from the text)
-        self._speculation = speculation or Speculation()
-        self._chat_template = chat_template  # Jinja text replacing the model's own template
-        self._max_prompt_tokens = max_prompt_tokens  # None: the model's context is the limit
+        path = self.config.kv_cache_path
+        self._kv_db = Path(path) if path else paths.kv_cache_db_path(data_root)
         # the loaded model's (set on the engine thread, read anywhere)
         self._prompts: Prompts | None = None
         self._loads = 0  # models installed so far: a prompt is worked out for one of them
-        self._prompt_pool = ThreadPoolExecutor(
-            PROMPT_THREADS, thread_name_prefix="radixchat-prompt"
-        )
-        self._rendering = 0  # prompts on the prompt threads, not yet queued for the engine
-        self._rendering_lock = threading.Lock()
         self._gather_since: float | None = None  # engine thread: when it began waiting for them
         self._initial = (model_spec, weights_format)
-        self._use_cache, self._page_size = use_cache, page_size
-        self.kv_format = KVFormat(kv_bits, kv_group_size or DEFAULT_GROUP_SIZE)  # bad: ValueError
-        self._pool_tokens, self._pool_bytes = pool_tokens, pool_bytes
-        self._pool_segment_bytes = pool_segment_bytes  # None: the builder's default; 0: no segments
-        self._disk_cache, self._disk_budget = disk_cache, disk_budget_bytes
         self._derived_bytes = 0  # the data folder's derived files, measured at each load
         self._responses_bytes = 0  # what the stored responses may take, measured at each load
-        self._disk_min_tokens = disk_min_tokens  # unnamed requests shorter than this stay off disk
         self.disk_cache_error: str | None = None  # why the disk cache is off, if it is
         self._stats = EngineStats()
         self._served = 0
@@ -137,6 +111,7 @@ class Engine:
         self._stats_wanted = True  # stats() was called since the last refresh (see _publish_stats)
         self._on_load_progress = on_load_progress
         self._commands: queue.Queue = queue.Queue()
+        self._prompt_threads = PromptThreads(self._commands.put)  # they hand requests on
         self._thread: threading.Thread | None = None
         self._loaded = None  # LoadedModel, engine thread only
         self._cache = None  # kvcache.tiered.TieredCache (RAM and disk), engine thread only
@@ -148,7 +123,7 @@ class Engine:
     # ------------------------------------------------------------ client API
     def start(self) -> Engine:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="radixchat-engine", daemon=True)
+            self._thread = threading.Thread(target=self.run, name="radixchat-engine", daemon=True)
             self._thread.start()
             spec, fmt = self._initial
             if spec is not None:
@@ -210,21 +185,10 @@ class Engine:
             self._commands.put(handle)
         else:
             try:
-                self._render(handle, prompts)
+                self._prompt_threads.render(handle, prompts)
             except RuntimeError:  # shut down: queued as before, never to be served
                 self._commands.put(handle)
         return handle
-
-    def _render(self, handle: RequestHandle, prompts: Prompts) -> None:
-        """Have a prompt thread work out ``handle``'s prompt (:meth:`_prepare`)."""
-        with self._rendering_lock:
-            self._rendering += 1
-        try:
-            self._prompt_pool.submit(self._prepare, handle, prompts)
-        except BaseException:
-            with self._rendering_lock:
-                self._rendering -= 1
-            raise
 
     def stream(self, request: GenerationRequest) -> Iterator[Event]:
         """Submit and iterate; closing the iterator early cancels the request."""
@@ -279,14 +243,17 @@ class Engine:
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Finish the requests submitted so far, drop the model and the cache, park the thread."""
-        self._prompt_pool.shutdown(wait=True)  # the prompts being worked out reach the queue first
+        self._prompt_threads.shutdown()  # the prompts being worked out reach the queue first
         if self._thread is not None:
             self._commands.put(StopCommand())
             self._stopped.wait(timeout)
             self._thread = None
 
     # ------------------------------------------------------------ engine thread
-    def _run(self) -> None:
+    def run(self) -> None:
+        """The engine thread (:meth:`start` starts it): take each command off the queue and
+        :meth:`apply` it, stepping the running requests between commands. A group's engine
+        runs its ranks' loop instead, applying the commands through the same table."""
         deferred: list = []  # loads and stops wait until the running requests are done
         while True:
             if self._cache is not None:  # the pages of replies just sent, for the disk
@@ -305,43 +272,69 @@ class Engine:
                     command = None
             else:
                 command = deferred.pop(0)
-            if command is not None:
-                if isinstance(command, RequestHandle):
-                    self._do_request(command)
-                    # take every waiting request in before the next step (the scheduler picks
-                    # among them by priority), and those still being rendered, briefly
-                    if not self._commands.empty() or (
-                        self._scheduler is not None and self._gathering()
-                    ):
-                        continue
-                elif isinstance(command, EmbedCommand):
-                    self._embed(command)
-                elif isinstance(command, ForgetCommand):
-                    self._forget(command.session, command.namespace)
-                elif isinstance(command, FlushCommand):
-                    if self._cache is not None:
-                        self._cache.flush()
-                    command.done.set()
-                elif isinstance(command, GiveWayCommand):
-                    command.freed = self._give_way()
-                    command.done.set()
-                elif busy:
-                    deferred.append(command)
-                elif isinstance(command, StopCommand):
-                    self._close_cache()
-                    self._loaded = self._scheduler = self._prompts = None
-                    self._park()
-                else:
-                    self._do_load(command)
+            if busy and isinstance(command, WHEN_IDLE):
+                deferred.append(command)
+            elif command is not None:
+                self.apply(command)
+                # a request: take every waiting one in before the next step (the scheduler
+                # picks among them by priority), and those still being rendered, briefly
+                if isinstance(command, RequestHandle) and (
+                    not self._commands.empty()
+                    or (self._scheduler is not None and self._gathering())
+                ):
+                    continue
             if self._scheduler is not None and self._scheduler.busy:
                 self._step()
 
-    def _embed(self, command: EmbedCommand) -> None:
+    # ------------------------------------------------------------ the command table
+    @functools.singledispatchmethod
+    def apply(self, command) -> None:
+        """Carry out one command off the queue (engine thread): a request's handle or one of
+        :mod:`core.engine.commands`, by its type's handler below (the one table of what
+        each does, for this engine and a group's ranks alike)."""
+        raise TypeError(f"not an engine command: {command!r}")
+
+    @apply.register
+    def _apply_request(self, handle: RequestHandle) -> None:
+        self.admit(handle)
+
+    @apply.register
+    def _apply_embed(self, command: EmbedCommand) -> None:
         from core.engine.embedding import advance
 
         ram = self._cache.ram if self._cache is not None else None  # embeddings: RAM only
         if not advance(command, self._loaded, ram, self._prompts):
             self._commands.put(command)  # its next forward pass: after the next decode step
+
+    @apply.register
+    def _apply_forget(self, command: ForgetCommand) -> None:
+        self._forget(command.session, command.namespace)
+
+    @apply.register
+    def _apply_flush(self, command: FlushCommand) -> None:
+        if self._cache is not None:
+            self._cache.flush()
+        command.done.set()
+
+    @apply.register
+    def _apply_give_way(self, command: GiveWayCommand) -> None:
+        command.freed = self._give_way()
+        command.done.set()
+
+    @apply.register
+    def _apply_load(self, command: LoadCommand) -> None:
+        self._do_load(command)
+
+    @apply.register
+    def _apply_stop(self, command: StopCommand) -> None:
+        self._close_cache()
+        self._loaded = self._scheduler = self._prompts = None
+        self.before_park()
+        self._park()
+
+    def before_park(self) -> None:
+        """Stopping, the cache closed, before the engine thread parks (engine thread): a
+        group's ranks wait for each other here."""
 
     def _gathering(self) -> bool:
         """Whether to wait for the prompts still being rendered before the next step:
@@ -352,7 +345,7 @@ class Engine:
             not s.batch_prefill
             or s.solo is not None
             or s.batched
-            or not self._rendering
+            or not self._prompt_threads.rendering
             or any(job.run is not None for job in s.waiting)
         ):
             self._gather_since = None
@@ -376,20 +369,21 @@ class Engine:
         from kvcache.persist import MIN_WRITE_TOKENS
         from kvcache.tiered import DiskSettings
 
-        if not (self._disk_cache and self._use_cache):
+        config = self.config
+        if not (config.disk_cache and config.use_cache):
             return None
         return DiskSettings(
             self._kv_db,
             fingerprint,
             self._kv_disk_budget(),
-            MIN_WRITE_TOKENS if self._disk_min_tokens is None else self._disk_min_tokens,
+            MIN_WRITE_TOKENS if config.disk_min_tokens is None else config.disk_min_tokens,
         )
 
     @property
     def disk_budget_bytes(self) -> int:
         """The data folder's disk budget (chosen, or the default): the disk cache, the files
         made from models and the API's stored responses together."""
-        return self._disk_budget or paths.default_disk_budget()
+        return self.config.disk_budget_bytes or paths.default_disk_budget()
 
     def _kv_disk_budget(self) -> int:
         """The disk budget less what the models' derived files take (a tokenizer, a kept
@@ -401,7 +395,7 @@ class Engine:
     def _forget(self, session: str, namespace: str) -> None:
         if self._cache is not None:
             self._cache.forget_session(session, namespace)
-        elif self._disk_cache:  # no model loaded: what it saved is on disk all the same
+        elif self.config.disk_cache:  # no model loaded: what it saved is on disk all the same
             from kvcache.tiered import forget_stored_session
 
             forget_stored_session(self._kv_db, session, namespace)
@@ -425,7 +419,7 @@ class Engine:
     def _give_way(self) -> int:
         from kvcache.sqlite_file import remove_files
 
-        if not self._disk_cache:
+        if not self.config.disk_cache:
             return 0
         freed = self._cache.give_way() if self._cache is not None else remove_files(self._kv_db)
         log.warning(
@@ -452,8 +446,10 @@ class Engine:
         self._stopped.set()
         threading.Event().wait()
 
-    def _load_model(self, spec: str, weights_format: str):
-        """The LoadedModel for ``spec`` (a sharded engine loads its shard instead)."""
+    def load_model(self, spec: str, weights_format: str, shard=None, parts: int = 1):
+        """The LoadedModel for ``spec`` (engine thread). A rank of a group loads its part:
+        ``shard`` and ``parts`` as :func:`core.models.load.loader.load_model` takes them (no
+        CPU speed-ups then: not tried on a group)."""
         from core.engine import cpu_speedups
         from core.models.load.loader import load_model
 
@@ -462,9 +458,11 @@ class Engine:
             self.data_root,
             weights_format,
             self._on_load_progress,
-            chat_template=self._chat_template,
+            chat_template=self.config.chat_template,
+            shard=shard,
+            parts=parts,
         )
-        if cpu_speedups.wanted():
+        if shard is None and cpu_speedups.wanted():
             done = cpu_speedups.apply(loaded.model)
             log.info("CPU backend: %s", "; ".join(done) or "no speed-up applies to this model")
         return loaded
@@ -504,7 +502,7 @@ class Engine:
     def _load_and_install(self, command: LoadCommand) -> str | None:
         """None once ``command``'s model is the engine's, else one line for the user."""
         try:
-            loaded = self._load_model(command.spec, command.weights_format)
+            loaded = self.load_model(command.spec, command.weights_format)
         except UserError as exc:
             command.error = str(exc)
             return command.error
@@ -513,7 +511,7 @@ class Engine:
             command.error = f"loading {command.spec} failed: {exc}"
             return command.error
         try:
-            self._install(loaded, command)
+            self.install(loaded, command)
         except Exception as exc:  # out of memory for the pool, a bug...
             log.exception("setting up %s failed", command.spec)
             del loaded
@@ -535,7 +533,9 @@ class Engine:
 
         give_memory_back()
 
-    def _install(self, loaded, command: LoadCommand) -> None:
+    def install(self, loaded, command: LoadCommand) -> None:
+        """Make ``loaded`` the engine's model (engine thread): its pool, tree, disk tier,
+        scheduler and prompts; ``command.info`` set. A group's ranks agree on the pool first."""
         from core.engine.drafts import draft_model
         from core.engine.scheduler import Scheduler
         from kvcache.builder import DEFAULT_PAGE_SIZE, build_kv_cache
@@ -543,19 +543,20 @@ class Engine:
 
         self._derived_bytes = derived_bytes(self.data_root)  # counted against the disk budget
         self._responses_bytes = paths.stored_responses_bytes(self.data_root, self.disk_budget_bytes)
+        config = self.config
         build = build_kv_cache(
             loaded.model,
             weight_bytes=loaded.info.weight_bytes,
-            page_size=self._page_size or DEFAULT_PAGE_SIZE,
-            pool_tokens=self._pool_tokens,
-            pool_bytes=self._pool_bytes,
-            disable=not self._use_cache,
-            kv_format=self.kv_format,
+            page_size=config.page_size or DEFAULT_PAGE_SIZE,
+            pool_tokens=config.pool_tokens,
+            pool_bytes=config.pool_bytes,
+            disable=not config.use_cache,
+            kv_format=config.kv_format,
             # None: the builder's segments; 0: the whole pool at once
             **(
                 {}
-                if self._pool_segment_bytes is None
-                else {"segment_bytes": self._pool_segment_bytes or None}
+                if config.pool_segment_bytes is None
+                else {"segment_bytes": config.pool_segment_bytes or None}
             ),
         )
         self._loaded = loaded
@@ -566,59 +567,23 @@ class Engine:
             self._cache,
             self._count_served,
             on_progress=lambda: self._publish_stats(force=False),
-            speculative=self._speculation.mode,
-            draft_model=draft_model(self._speculation.draft_model, self.data_root, loaded),
-            sharing=self._sharing,
+            speculative=config.speculation.mode,
+            draft_model=draft_model(config.speculation.draft_model, self.data_root, loaded),
+            sharing=config.prefill_sharing,
         )
         self._info = loaded.info
         self._loads += 1
         self._prompts = Prompts(
             loaded.tokenizer,
-            PromptLimit(loaded.info.name, loaded.info.context_length, self._max_prompt_tokens),
+            PromptLimit(loaded.info.name, loaded.info.context_length, config.max_prompt_tokens),
             self._loads,
         )
         command.info = loaded.info
         self._publish_stats()
 
-    def _prepare(self, handle: RequestHandle, prompts: Prompts) -> None:
-        """On a prompt thread: work out the request's token ids, then queue it for the
-        engine thread. A prompt refused here (past the size limit, empty, tools the template
-        cannot take) ends here: the engine thread never sees it."""
-        try:
-            self._prepare_one(handle, prompts)
-        finally:
-            with self._rendering_lock:
-                self._rendering -= 1
-
-    def _prepare_one(self, handle: RequestHandle, prompts: Prompts) -> None:
-        if not handle.cancelled:  # a cancelled one goes straight on, to end as cancelled
-            started = time.perf_counter()
-            try:
-                check_request(handle.request)  # its tools and schema: here, off the engine thread
-                handle.prepared = PreparedPrompt(prompts.load, prompts.tokens(handle.request))
-                handle.prompt_s = time.perf_counter() - started
-            except UserError as exc:
-                self._refuse(handle, ErrorEvent(str(exc), exc.kind))
-                return
-            except MemoryError:
-                self._refuse(
-                    handle,
-                    ErrorEvent("out of memory: try a shorter prompt", ErrorKind.OUT_OF_MEMORY),
-                )
-                return
-            except Exception as exc:
-                log.exception("preparing a prompt failed")
-                self._refuse(handle, ErrorEvent(f"internal error: {exc}", ErrorKind.INTERNAL))
-                return
-        self._commands.put(handle)
-
-    @staticmethod
-    def _refuse(handle: RequestHandle, error: ErrorEvent) -> None:
-        handle.emit(error)
-        handle.finish()
-
-    def _do_request(self, handle: RequestHandle) -> None:
-        """Admit a request: it waits its turn to prefill, then decodes with the others."""
+    def admit(self, handle: RequestHandle) -> None:
+        """Take a request on (engine thread): it waits its turn to prefill, then decodes
+        with the others. A group's ranks work its prompt out here first, in step."""
         try:
             if handle.cancelled:
                 handle.emit(DoneEvent("", RequestStats(finish_reason="cancelled")))
@@ -628,7 +593,7 @@ class Engine:
                 )
             elif handle.prepared is None or handle.prepared.load != self._prompts.load:
                 # submitted before this model was in: its prompt is worked out for this one
-                self._render(handle, self._prompts)
+                self._prompt_threads.render(handle, self._prompts)
                 return
             else:
                 ids = handle.prepared.tokens

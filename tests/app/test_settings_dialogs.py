@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
@@ -12,6 +13,7 @@ from PySide6.QtWidgets import QDialogButtonBox, QLabel  # noqa: E402
 
 from app.chat_settings import DEFAULT_SAMPLING, SessionSettingsDialog  # noqa: E402
 from app.settings_dialogs import AppSettings, AppSettingsDialog  # noqa: E402
+from core.engine.config import EngineConfig  # noqa: E402
 from core.engine.types import SamplingParams  # noqa: E402
 
 
@@ -202,10 +204,10 @@ def test_disk_budget_typed_is_the_budget_the_engine_gets(qtbot, ini, tmp_path, t
         dialog.findChild(QDialogButtonBox).button(QDialogButtonBox.StandardButton.Ok),
         Qt.MouseButton.LeftButton,
     )
-    options = AppSettings(ini()).engine_options()
-    assert options == {"disk_budget_bytes": int(2.5 * 2**30)}
+    config = AppSettings(ini()).engine_config()
+    assert config == EngineConfig(disk_budget_bytes=int(2.5 * 2**30))
 
-    engine = Engine(tmp_path / "data", str(tiny_model), **options).start()
+    engine = Engine(tmp_path / "data", str(tiny_model), config=config).start()
     try:
         engine.wait_ready(timeout=60)
         stats = engine.stats()
@@ -239,11 +241,12 @@ def test_kv_precision_chosen_in_preferences_is_the_engines_kv_format(qtbot, ini,
     assert dialog.kv_group_size.isEnabled()
     dialog.kv_group_size.setCurrentIndex(dialog.kv_group_size.findData(32))
     assert dialog.apply() == ["the KV precision"]
-    options = AppSettings(ini()).engine_options()
-    assert options == {"kv_bits": 4, "kv_group_size": 32}
+    config = AppSettings(ini()).engine_config()
+    assert config == EngineConfig(kv_bits=4, kv_group_size=32)
 
     model = write_tiny_model(tmp_path / "m", TinyModelSpec(hidden_size=128))  # head dim 32
-    engine = Engine(tmp_path / "data", str(model), pool_tokens=256, **options).start()
+    engine = Engine(tmp_path / "data", str(model), config=replace(config, pool_tokens=256))
+    engine.start()
     try:
         engine.wait_ready(timeout=60)
         cache = engine.stats().cache
@@ -255,4 +258,19 @@ def test_kv_precision_chosen_in_preferences_is_the_engines_kv_format(qtbot, ini,
     assert again.kv_precision.currentData() == 4 and again.kv_group_size.currentData() == 32
     again.kv_precision.setCurrentIndex(0)
     assert again.apply() == ["the KV precision"]
-    assert AppSettings(ini()).engine_options() == {}
+    assert AppSettings(ini()).engine_config() == EngineConfig()
+
+
+def test_the_command_lines_kv_format_goes_over_the_preferences(ini):
+    """``radixchat --kv-bits 8``: the Preferences' pool and disk budget stay, their KV
+    precision gives way (their group size too where the command line names one)."""
+    settings = AppSettings(ini())
+    settings.kv_bits, settings.kv_group_size, settings.kv_pool_mb = 4, 32, 512
+    assert settings.engine_config(kv_bits=8) == EngineConfig(
+        kv_bits=8, kv_group_size=32, pool_bytes=512 * 2**20
+    )
+    assert settings.engine_config(kv_bits=8, kv_group_size=128).kv_group_size == 128
+    assert settings.engine_config().kv_bits == 4
+    settings.kv_bits = None  # a group size alone means nothing in the Preferences
+    assert settings.engine_config().kv_format.quantized is False
+    assert settings.engine_config(kv_bits=8).kv_group_size is None

@@ -6,7 +6,7 @@ import argparse
 import math
 
 from core.errors import UserError
-from core.limits import SPECULATIVE_MODES
+from core.limits import MAX_WAITING_PER_KEY, SPECULATIVE_MODES
 
 MAX_PROMPT_HELP = (
     "refuse prompts longer than this many tokens, before any work on them "
@@ -48,9 +48,10 @@ def speculation_of(args: argparse.Namespace):
     ``--speculative`` and ``--draft-model``."""
     from core.engine.types import Speculation
 
-    mode = args.speculative or ("draft" if args.draft_model else "ngram")
+    draft = getattr(args, "draft_model", None)
+    mode = getattr(args, "speculative", None) or ("draft" if draft else "ngram")
     try:
-        return Speculation(mode, args.draft_model)
+        return Speculation(mode, draft)
     except ValueError as exc:
         raise UserError(f"--speculative {mode}: {exc}") from None
 
@@ -109,10 +110,29 @@ def add_kv_format(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def kv_format_options(args: argparse.Namespace) -> dict:
-    """The Engine's keyword arguments for the KV format the command line chose (plain
-    values; None: the default)."""
-    return {
-        "kv_bits": getattr(args, "kv_bits", None),
-        "kv_group_size": getattr(args, "kv_group_size", None),
-    }
+def engine_config_of(args: argparse.Namespace):
+    """The engine's configuration (a :class:`core.engine.config.EngineConfig`) from the
+    options a command has: ``--kv-tokens``, ``--page-size``, ``--no-cache``,
+    ``--chat-template`` (the file read now: a bad one is a UserError), ``--max-prompt-tokens``,
+    ``--max-waiting``, ``--speculative``/``--draft-model``, ``--kv-bits``/``--kv-group-size``,
+    ``--disk-budget`` (GB). An option the command lacks, or one not given, leaves the
+    engine's default."""
+    from core.engine.config import EngineConfig
+    from core.engine.turns import PrefillSharing
+    from core.models.load.chat_template import read_chat_template
+    from core.paths import gb_to_bytes
+
+    template = getattr(args, "chat_template", None)
+    disk_budget = getattr(args, "disk_budget", None)
+    return EngineConfig(
+        use_cache=not getattr(args, "no_cache", False),
+        page_size=getattr(args, "page_size", None),
+        pool_tokens=getattr(args, "kv_tokens", None),
+        disk_budget_bytes=None if disk_budget is None else gb_to_bytes(disk_budget),
+        kv_bits=getattr(args, "kv_bits", None),
+        kv_group_size=getattr(args, "kv_group_size", None),
+        chat_template=read_chat_template(template) if template else None,
+        max_prompt_tokens=getattr(args, "max_prompt_tokens", None),
+        speculation=speculation_of(args),
+        prefill_sharing=PrefillSharing(getattr(args, "max_waiting", None) or MAX_WAITING_PER_KEY),
+    )

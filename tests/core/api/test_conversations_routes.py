@@ -11,6 +11,7 @@ import pytest
 from openai.types.conversations import Conversation, ConversationItemList
 
 from core.api.server import ApiServer
+from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 
 KEYS = ("carol-0123456789abcdef", "dave-fedcba9876543210")
@@ -189,7 +190,9 @@ def test_the_agents_sdk_runs_a_two_turn_conversation(default_model_file, tmp_pat
     generated one never ends its turn, which the SDK takes as a failure)."""
     import agents  # the OpenAI Agents SDK (openai-agents): slow to import, so here
 
-    engine = Engine(tmp_path / "data", str(default_model_file), pool_tokens=8192).start()
+    engine = Engine(
+        tmp_path / "data", str(default_model_file), config=EngineConfig(pool_tokens=8192)
+    ).start()
 
     async def run(address: str) -> tuple:
         client = openai.AsyncOpenAI(

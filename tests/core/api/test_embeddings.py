@@ -20,6 +20,7 @@ import pytest
 from openai import OpenAI
 
 from core.api.server import ApiServer
+from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 from core.engine.types import EmbeddingRequest
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
@@ -32,7 +33,9 @@ NODE = Path(__file__).parent / "node"
 def engine(tmp_path_factory):
     root = tmp_path_factory.mktemp("embeddings")
     model = write_tiny_model(root / MODEL, TinyModelSpec(num_layers=2))
-    eng = Engine(root / "data", str(model), pool_tokens=8192, disk_cache=False).start()
+    eng = Engine(
+        root / "data", str(model), config=EngineConfig(pool_tokens=8192, disk_cache=False)
+    ).start()
     eng.wait_ready(timeout=60)
     yield eng
     eng.shutdown()
@@ -243,7 +246,9 @@ def test_the_default_model_ranks_paraphrases_above_unrelated_sentences(data_root
         ),
         ("How do I bake sourdough bread at home?", "What is a recipe for homemade sourdough?"),
     ]
-    engine = Engine(data_root_with_default, "default", pool_tokens=16384, disk_cache=False)
+    engine = Engine(
+        data_root_with_default, "default", config=EngineConfig(pool_tokens=16384, disk_cache=False)
+    )
     engine.start()
     try:
         engine.wait_ready(timeout=300)

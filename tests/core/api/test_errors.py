@@ -12,6 +12,7 @@ import pytest
 from core.api.errors import RETRY_WAITING_S, engine_error
 from core.api.server import ApiServer
 from core.engine import namespaces
+from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 from core.engine.turns import PrefillSharing
 from core.engine.types import GenerationRequest, ProgressEvent, SamplingParams
@@ -41,7 +42,9 @@ def queue_of_one(tmp_path_factory):
         root / "tiny", TinyModelSpec(num_layers=2, max_position_embeddings=4096)
     )
     engine = Engine(
-        root / "data", str(model), pool_tokens=8192, prefill_sharing=PrefillSharing(max_waiting=1)
+        root / "data",
+        str(model),
+        config=EngineConfig(pool_tokens=8192, prefill_sharing=PrefillSharing(max_waiting=1)),
     ).start()
     engine.wait_ready(timeout=60)
     with ApiServer(engine, "127.0.0.1", 0, api_key=list(KEYS)) as server:

@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from core.api.server import ApiServer
+from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 from tests.core.engine.helpers import TIME, WEATHER, start_tools_engine
 
@@ -244,7 +245,9 @@ def test_a_grammar_that_fails_at_run_time_is_an_error_the_client_sees(client, st
 
 @pytest.mark.real_model
 def test_a_full_tool_round_trip_on_the_default_model(data_root_with_default):
-    engine = Engine(data_root_with_default, "default", pool_tokens=16384, disk_cache=False).start()
+    engine = Engine(
+        data_root_with_default, "default", config=EngineConfig(pool_tokens=16384, disk_cache=False)
+    ).start()
     server = None
     try:
         engine.wait_ready(timeout=300)

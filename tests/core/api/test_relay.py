@@ -10,6 +10,7 @@ import urllib.request
 import pytest
 
 from core.api.server import ApiServer
+from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from tests.core.api.helpers import wait_for
@@ -23,7 +24,9 @@ def engine(tmp_path_factory):
     model = write_tiny_model(
         root / "tiny", TinyModelSpec(num_layers=2, max_position_embeddings=4096)
     )
-    eng = Engine(root / "data", str(model), pool_tokens=16384, disk_cache=False).start()
+    eng = Engine(
+        root / "data", str(model), config=EngineConfig(pool_tokens=16384, disk_cache=False)
+    ).start()
     eng.wait_ready(timeout=60)
     yield eng
     eng.shutdown()

@@ -15,6 +15,7 @@ import pytest
 from core import paths
 from core.api.responses_room import StoreBudget
 from core.api.server import ApiServer
+from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 
 KEYS = ("erin-0123456789abcdef", "frank-fedcba9876543210")
@@ -26,7 +27,11 @@ HEAVY_METADATA = {f"k{i}": "😀" * 512 for i in range(16)}
 @pytest.fixture(scope="module")
 def server(long_tiny_model, tmp_path_factory):
     data = tmp_path_factory.mktemp("responses-room") / "data"
-    engine = Engine(data, str(long_tiny_model), pool_tokens=8192, disk_budget_bytes=DISK_BUDGET)
+    engine = Engine(
+        data,
+        str(long_tiny_model),
+        config=EngineConfig(pool_tokens=8192, disk_budget_bytes=DISK_BUDGET),
+    )
     engine.start()
     try:
         engine.wait_ready(timeout=120)

@@ -16,6 +16,7 @@ from pydantic import TypeAdapter
 
 from core.api.server import ApiServer
 from core.engine import namespaces
+from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 from tests.core.engine.helpers import WEATHER, start_tools_engine
 
@@ -178,7 +179,7 @@ def continue_after_restart(model, data, body: dict) -> tuple:
     """A stored response on one server, its continuation on a new engine and server on the
     same data folder."""
     for round in (1, 2):
-        engine = Engine(data, str(model), pool_tokens=8192).start()
+        engine = Engine(data, str(model), config=EngineConfig(pool_tokens=8192)).start()
         try:
             engine.wait_ready(timeout=120)
             with (

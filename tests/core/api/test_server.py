@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from core.api.server import ApiServer, engine_error
 from core.cli.main import main as cli_main
+from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 from core.engine.types import ErrorEvent
 from core.errors import ErrorKind, UserError
@@ -32,7 +33,7 @@ MODEL = "tiny"  # the tiny model's folder name: the server's model id
 def engine(tmp_path_factory):
     root = tmp_path_factory.mktemp("server")
     model = write_tiny_model(root / MODEL, TinyModelSpec(num_layers=2))
-    eng = Engine(root / "data", str(model), pool_tokens=8192).start()
+    eng = Engine(root / "data", str(model), config=EngineConfig(pool_tokens=8192)).start()
     eng.wait_ready(timeout=60)
     yield eng
     eng.shutdown()
@@ -102,7 +103,7 @@ def test_a_base_model_says_so_in_the_model_list_and_still_chats(engine, tmp_path
     config = json.loads((folder / "tokenizer_config.json").read_text())
     del config["chat_template"]
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    base = Engine(tmp_path / "data", str(folder), pool_tokens=2048).start()
+    base = Engine(tmp_path / "data", str(folder), config=EngineConfig(pool_tokens=2048)).start()
     try:
         base.wait_ready(timeout=60)
         with ApiServer(base, "127.0.0.1", 0) as api:
@@ -545,7 +546,9 @@ SERVED_FAMILIES = {"mamba": "snapshots", "kimi_linear": "pages+snapshots", "deep
 def served(model, data, use_cache: bool = True):
     """The OpenAI client of a server on a new engine of ``model`` (``use_cache=False``: as
     ``radixchat serve --no-cache`` starts it)."""
-    engine = Engine(data, str(model), use_cache=use_cache, pool_tokens=4096).start()
+    engine = Engine(
+        data, str(model), config=EngineConfig(use_cache=use_cache, pool_tokens=4096)
+    ).start()
     try:
         engine.wait_ready(timeout=120)
         with (

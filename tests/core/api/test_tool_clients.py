@@ -24,6 +24,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from core.api.server import ApiServer
+from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 
 MAX_TOKENS = 40
@@ -62,7 +63,9 @@ def address(default_model_file, tmp_path_factory):
     """The OpenAI base URL of a server on the default model (a tiny generated model never
     picks a tool's arguments the way a chat model does)."""
     data = tmp_path_factory.mktemp("tool-clients") / "data"
-    engine = Engine(data, str(default_model_file), pool_tokens=8192, disk_cache=False).start()
+    engine = Engine(
+        data, str(default_model_file), config=EngineConfig(pool_tokens=8192, disk_cache=False)
+    ).start()
     try:
         engine.wait_ready(timeout=300)
         with ApiServer(engine, "127.0.0.1", 0) as server:

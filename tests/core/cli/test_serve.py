@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from core.api.server import check_bind
+from core.cli.commands.options import engine_config_of
 from core.cli.main import build_parser
-from core.cli.serve import api_keys_of, disk_budget_of
+from core.cli.serve import api_keys_of
 from core.errors import UserError
 
 
@@ -54,9 +55,13 @@ def test_beyond_loopback_any_key_will_do():
 
 def test_disk_budget_in_gb_or_a_clear_refusal(capsys):
     parse = build_parser().parse_args
-    assert disk_budget_of(parse(["serve"])) is None  # the engine's default
-    assert disk_budget_of(parse(["serve", "--disk-budget", "0.25"])) == 2**28
-    assert disk_budget_of(parse(["serve", "--disk-budget", "2"])) == 2 * 2**30
+
+    def budget(argv):
+        return engine_config_of(parse(argv)).disk_budget_bytes
+
+    assert budget(["serve"]) is None  # the engine's default
+    assert budget(["serve", "--disk-budget", "0.25"]) == 2**28
+    assert budget(["serve", "--disk-budget", "2"]) == 2 * 2**30
     for bad in ("0", "-1", "nan", "inf", "ten"):
         with pytest.raises(SystemExit):
             parse(["serve", "--disk-budget", bad])

@@ -18,6 +18,7 @@ from core.cli.serve_group import EXIT_GROUP_FAULT
 from core.distributed.group import SILENCE_S
 from core.distributed.outcome import ENDED_PREFIX
 from core.distributed.shard import rank_cache_name
+from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 from core.engine.namespaces import API
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
@@ -41,7 +42,9 @@ def reference(model, conversations: list[list[dict]]) -> list[str]:
     """Greedy replies of one process, no cache at all."""
     (model.parent / "reference-data").mkdir(exist_ok=True)
     engine = Engine(
-        model.parent / "reference-data", str(model), use_cache=False, disk_cache=False
+        model.parent / "reference-data",
+        str(model),
+        config=EngineConfig(use_cache=False, disk_cache=False),
     ).start()
     engine.wait_ready(120)
     try:

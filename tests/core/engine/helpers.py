@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from core.engine.config import EngineConfig
 from core.engine.engine import Engine, RequestHandle
 from core.engine.scheduler import Scheduler
 from core.engine.types import DoneEvent, GenerationRequest, SamplingParams
@@ -114,9 +115,11 @@ def no_locks(s: Scheduler) -> bool:
 
 
 def start_engine(data: Path, model: Path, pool_tokens: int = 4096, **options) -> Engine:
-    """An engine on ``model`` with its data in ``data``, started, its model loaded."""
+    """An engine on ``model`` with its data in ``data``, started, its model loaded;
+    ``options``: more of its :class:`EngineConfig`."""
     data.mkdir(parents=True, exist_ok=True)
-    engine = Engine(data, str(model), pool_tokens=pool_tokens, **options).start()
+    config = EngineConfig(pool_tokens=pool_tokens, **options)
+    engine = Engine(data, str(model), config=config).start()
     engine.wait_ready(timeout=60)
     return engine
 

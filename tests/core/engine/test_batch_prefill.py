@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from core.engine import batch_prefill
+from core.engine.config import EngineConfig
 from core.engine.scheduler import Scheduler
 from core.engine.types import GenerationRequest, SamplingParams, TokenEvent
 from tests.core.engine import helpers
@@ -279,18 +280,19 @@ def test_requests_sent_together_are_prefilled_together(tiny_model, tmp_path, mon
     decodes) and prefills all four in one forward, with the replies they get one by one."""
     from core.engine import engine as engine_module
     from core.engine.engine import Engine
+    from core.engine.prompt_threads import PromptThreads
 
     monkeypatch.setattr(engine_module, "GATHER_S", 30.0)  # here: until all four are in
     submitted, go = threading.Event(), threading.Event()
-    prepare = Engine._prepare_one
+    prepare = PromptThreads.prepare
 
     def held(self, handle, prompts):  # the first prompt goes on once all four are submitted,
         # the others on ``go``
         (submitted if handle.request.prompt_text == PROMPTS[0] else go).wait(30)
         prepare(self, handle, prompts)
 
-    monkeypatch.setattr(Engine, "_prepare_one", held)
-    eng = Engine(tmp_path / "data", str(tiny_model), pool_tokens=8192).start()
+    monkeypatch.setattr(PromptThreads, "prepare", held)
+    eng = Engine(tmp_path / "data", str(tiny_model), config=EngineConfig(pool_tokens=8192)).start()
     try:
         eng.wait_ready()
         backbone = type(eng._loaded.model.model)

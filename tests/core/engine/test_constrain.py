@@ -9,6 +9,7 @@ import jsonschema
 import mlx.core as mx
 import pytest
 
+from core.engine.config import EngineConfig
 from core.engine.constrain import (
     Grammars,
     SchemaError,
@@ -213,7 +214,9 @@ def test_batched_rows_each_with_their_own_constraint_or_none(engine):
 def test_a_template_without_tools_gets_the_generic_format(long_tiny_model, tmp_path):
     """The tiny model's ChatML template takes no tools: the call comes in the generic format,
     parsed into a ToolCall, its markup never in the text (issue 30.2)."""
-    eng = Engine(tmp_path, str(long_tiny_model), pool_tokens=16384, disk_cache=False).start()
+    eng = Engine(
+        tmp_path, str(long_tiny_model), config=EngineConfig(pool_tokens=16384, disk_cache=False)
+    ).start()
     try:
         eng.wait_ready(timeout=60)
         events = list(eng.stream(ask("hi", tools=TOOLS, tool_choice="required")))

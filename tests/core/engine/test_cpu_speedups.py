@@ -22,6 +22,7 @@ import pytest
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
 from core.engine import cpu_speedups
+from core.engine.config import EngineConfig
 from core.engine.cpu_speedups import _RopeTables, _TabledRoPE, shared_positions
 from core.models.load.loader import load_model
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
@@ -382,7 +383,9 @@ def test_the_engine_sped_up_gives_the_replies_it_gives_without(tiny_model, tmp_p
     log = TokenLog(monkeypatch)
 
     def replies(folder) -> tuple[list[str], list[list[int]]]:
-        engine = Engine(tmp_path / folder, str(tiny_model), pool_tokens=4096).start()
+        engine = Engine(
+            tmp_path / folder, str(tiny_model), config=EngineConfig(pool_tokens=4096)
+        ).start()
         try:
             engine.wait_ready(timeout=60)
             rope = engine._loaded.model.layers[0].self_attn.rope

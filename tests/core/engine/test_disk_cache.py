@@ -9,6 +9,7 @@ import sqlite3
 import pytest
 
 from core.cli.main import main
+from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
@@ -83,12 +84,14 @@ def test_restore_is_exact_for_every_kind(kind, tmp_path, monkeypatch):
     spec = TinyModelSpec(kind=kind, num_layers=2 if kind == "llama" else 4, sliding_window=16)
     path = write_tiny_model(tmp_path / kind, spec)
     log = TokenLog(monkeypatch)
-    writer = Engine(tmp_path / "data", str(path), pool_tokens=4096).start()
+    writer = Engine(tmp_path / "data", str(path), config=EngineConfig(pool_tokens=4096)).start()
     writer.wait_ready(60)
     d1, d2, history = chat_two_turns(writer, "s")
     writer.flush_disk_cache()
     writer.shutdown()
-    reader = Engine(tmp_path / "data", str(path), pool_tokens=4096).start()  # "after a restart"
+    reader = Engine(
+        tmp_path / "data", str(path), config=EngineConfig(pool_tokens=4096)
+    ).start()  # "after a restart"
     reader.wait_ready(60)
     try:
         request = GenerationRequest(messages=tuple(history), sampling=GREEDY, session="s")
@@ -118,7 +121,7 @@ def test_a_store_of_the_first_snapshot_format_restores_exactly(kind, tmp_path, m
     )
     log = TokenLog(monkeypatch)
     monkeypatch.setattr(persist, "snapshot_to_bytes", old_snapshot_to_bytes)
-    writer = Engine(tmp_path / "data", str(path), pool_tokens=4096).start()
+    writer = Engine(tmp_path / "data", str(path), config=EngineConfig(pool_tokens=4096)).start()
     writer.wait_ready(60)
     d1, d2, history = chat_two_turns(writer, "s")
     writer.flush_disk_cache()
@@ -128,7 +131,7 @@ def test_a_store_of_the_first_snapshot_format_restores_exactly(kind, tmp_path, m
     blobs = [b for (b,) in db.execute("SELECT snapshot FROM page_data WHERE snapshot NOT NULL")]
     db.close()
     assert blobs and all("format" not in unpack_arrays(b)[0] for b in blobs)
-    reader = Engine(tmp_path / "data", str(path), pool_tokens=4096).start()
+    reader = Engine(tmp_path / "data", str(path), config=EngineConfig(pool_tokens=4096)).start()
     reader.wait_ready(60)
     try:
         request = GenerationRequest(messages=tuple(history), sampling=GREEDY, session="s")
@@ -274,7 +277,7 @@ def test_damaged_page_mid_chain_restores_the_pages_before_it(kind, tmp_path):
     spec = TinyModelSpec(kind=kind, num_layers=2, sliding_window=16)
     path = write_tiny_model(tmp_path / kind, spec)
     history = [ChatMessage("user", "a long first question about trains and boats " * 6)]
-    writer = Engine(tmp_path / "data", str(path), pool_tokens=4096).start()
+    writer = Engine(tmp_path / "data", str(path), config=EngineConfig(pool_tokens=4096)).start()
     writer.wait_ready(60)
     try:
         d1 = list(
@@ -297,7 +300,7 @@ def test_damaged_page_mid_chain_restores_the_pages_before_it(kind, tmp_path):
         db.execute("UPDATE page_data SET kv = ? WHERE key = ?", [bytes(kv), chain[2].key])
     history += [ChatMessage("assistant", d1.text), ChatMessage("user", "and planes?")]
     request = GenerationRequest(messages=tuple(history), sampling=GREEDY, session="s")
-    reader = Engine(tmp_path / "data", str(path), pool_tokens=4096).start()
+    reader = Engine(tmp_path / "data", str(path), config=EngineConfig(pool_tokens=4096)).start()
     reader.wait_ready(60)
     try:
         restored = list(reader.stream(request))[-1]
@@ -342,7 +345,9 @@ def test_a_save_that_evicts_another_session_does_not_resend_this_one(
     monkeypatch.setattr(
         persist, "kv_to_bytes", lambda arrays: serialized.append(1) or original(arrays)
     )
-    engine = Engine(tmp_path, str(tiny_model), disk_budget_bytes=int(one_session * 1.6)).start()
+    engine = Engine(
+        tmp_path, str(tiny_model), config=EngineConfig(disk_budget_bytes=int(one_session * 1.6))
+    ).start()
     try:
         engine.wait_ready(timeout=120)
         ask(engine, "new", other_text)  # its save evicts "old" (no page in common)
@@ -373,7 +378,9 @@ def test_a_session_the_pool_can_never_hold_is_not_read(tmp_path, tiny_model):
     finally:
         first.shutdown()
     assert expected.stats.prompt_tokens > 256
-    small = Engine(tmp_path, str(tiny_model), pool_tokens=256).start()  # the smallest pool
+    small = Engine(
+        tmp_path, str(tiny_model), config=EngineConfig(pool_tokens=256)
+    ).start()  # the smallest pool
     try:
         small.wait_ready(timeout=120)
         done = list(small.stream(request))[-1]
@@ -419,7 +426,7 @@ def test_a_restore_does_not_wait_for_the_write_lock(tmp_path, tiny_model):
 
 
 def reply_without_cache(model, root, messages) -> str:
-    engine = Engine(root / "plain", str(model), use_cache=False).start()
+    engine = Engine(root / "plain", str(model), config=EngineConfig(use_cache=False)).start()
     try:
         engine.wait_ready(timeout=120)
         return list(

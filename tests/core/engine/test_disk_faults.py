@@ -49,6 +49,7 @@ import pytest
 
 from core import paths
 from core.chats.store import ChatStore
+from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
@@ -76,6 +77,7 @@ from pathlib import Path
 
 from core import paths
 from core.chats.store import ChatStore
+from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from kvcache.store import DiskStore
@@ -112,7 +114,7 @@ def chat_forever(log_path):
     DiskStore.save_session, DiskStore.__init__ = save_session, init
     DiskStore._transaction = contextlib.contextmanager(transaction)
     store = ChatStore(paths.chats_db_path(root))
-    engine = Engine(root, model, pool_tokens=4096).start()
+    engine = Engine(root, model, config=EngineConfig(pool_tokens=4096)).start()
     engine.wait_ready()
     print("ready", flush=True)
     greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens)
@@ -260,7 +262,7 @@ def check_next_answer(model: Path, root: Path) -> int:
         history = [ChatMessage(m.role, m.content) for m in store.messages(session.id)]
     messages = tuple(history + [ChatMessage("user", "And one more thing?")])
     greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
-    engine = Engine(root, str(model), pool_tokens=4096).start()
+    engine = Engine(root, str(model), config=EngineConfig(pool_tokens=4096)).start()
     try:
         engine.wait_ready(60)
         cached = list(

@@ -8,6 +8,7 @@ import threading
 
 import pytest
 
+from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 from core.engine.types import (
     ChatMessage,
@@ -172,7 +173,9 @@ def test_what_ram_evicts_is_written_back_and_read_instead_of_recomputed(tmp_path
     )
     # a pool that holds one of the two prompts; no end-of-request writes for unnamed
     # prompts: only the eviction writes them
-    engine = Engine(tmp_path, str(tiny_model), pool_tokens=448, disk_min_tokens=10**6).start()
+    engine = Engine(
+        tmp_path, str(tiny_model), config=EngineConfig(pool_tokens=448, disk_min_tokens=10**6)
+    ).start()
     engine.wait_ready(60)
     try:
         a1 = ask(engine, QUESTION)
@@ -231,8 +234,8 @@ def test_default_model_unnamed_prompt_after_a_restart(data_root_with_default):
     reply RAM only and no cache give."""
     system = ChatMessage("system", "You are a concise assistant for travellers. " * 12)
     question = ChatMessage("user", "Name three things to see in Paris.")
-    options = dict(pool_tokens=4096, disk_min_tokens=64)
-    first = Engine(data_root_with_default, "default", **options).start()
+    config = EngineConfig(pool_tokens=4096, disk_min_tokens=64)
+    first = Engine(data_root_with_default, "default", config=config).start()
     try:
         first.wait_ready(300)
         d1 = ask(first, system, question)
@@ -246,7 +249,7 @@ def test_default_model_unnamed_prompt_after_a_restart(data_root_with_default):
         ram = ask(first, *follow_up)
     finally:
         first.shutdown()
-    second = Engine(data_root_with_default, "default", **options).start()
+    second = Engine(data_root_with_default, "default", config=config).start()
     try:
         second.wait_ready(300)
         restored = ask(second, *follow_up)
@@ -290,7 +293,9 @@ def test_what_ram_evicts_is_read_back_while_the_writer_has_not_written_it(tmp_pa
     other = ChatMessage(
         "user", "Now something else entirely: the mountains, rivers and lakes. " * 5
     )
-    engine = Engine(tmp_path, str(tiny_model), pool_tokens=448, disk_min_tokens=10**6).start()
+    engine = Engine(
+        tmp_path, str(tiny_model), config=EngineConfig(pool_tokens=448, disk_min_tokens=10**6)
+    ).start()
     engine.wait_ready(60)
     tier = engine._cache.disk
     release = threading.Event()

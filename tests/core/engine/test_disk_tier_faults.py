@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from kvcache.store import DiskStore, DiskStoreError
@@ -22,10 +23,12 @@ REPO = Path(__file__).resolve().parents[3]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
 CHILD = textwrap.dedent("""
     import sys
+    from core.engine.config import EngineConfig
     from core.engine.engine import Engine
     from core.engine.types import ChatMessage, GenerationRequest, SamplingParams
 
-    engine = Engine(sys.argv[1], sys.argv[2], pool_tokens=1024, disk_min_tokens=64).start()
+    config = EngineConfig(pool_tokens=1024, disk_min_tokens=64)
+    engine = Engine(sys.argv[1], sys.argv[2], config=config).start()
     engine.wait_ready(120)
     print("ready", flush=True)
     n = 0
@@ -69,7 +72,9 @@ def test_sigkill_while_prefixes_are_written_leaves_a_clean_store(tmp_path, tiny_
             assert store.verify().clean, trial
             written = store.stats().pages
     assert written > 0
-    engine = Engine(data, str(tiny_model), pool_tokens=1024, disk_min_tokens=64).start()
+    engine = Engine(
+        data, str(tiny_model), config=EngineConfig(pool_tokens=1024, disk_min_tokens=64)
+    ).start()
     try:
         engine.wait_ready(60)
         for n in (0, 1, 1000):  # written before a kill, maybe mid-write, never written
@@ -97,7 +102,9 @@ def test_a_full_disk_stops_writes_and_serving_goes_on(
         monkeypatch.setattr(DiskStore, "save_prefix", full)
     else:  # the store sees the disk down to its reserve and writes nothing
         monkeypatch.setattr(DiskStore, "disk_room", lambda self: 0)
-    engine = Engine(tmp_path, str(tiny_model), pool_tokens=4096, disk_min_tokens=64).start()
+    engine = Engine(
+        tmp_path, str(tiny_model), config=EngineConfig(pool_tokens=4096, disk_min_tokens=64)
+    ).start()
     try:
         engine.wait_ready(60)
         with caplog.at_level(logging.WARNING, logger="kvcache.persist"):

@@ -14,6 +14,7 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
 from core.engine import embedding
+from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 from core.engine.types import (
     DoneEvent,
@@ -41,7 +42,9 @@ TOLERANCE = 1e-5  # float32 models; a batch or a chunk may sum in another order
 
 
 def start(path, data) -> Engine:
-    engine = Engine(data, str(path), pool_tokens=8192, disk_cache=False).start()
+    engine = Engine(
+        data, str(path), config=EngineConfig(pool_tokens=8192, disk_cache=False)
+    ).start()
     engine.wait_ready(timeout=60)
     return engine
 

@@ -237,9 +237,10 @@ EXIT_SCRIPT = """
 import sys
 from pathlib import Path
 import core
+from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 from core.engine.types import GenerationRequest, SamplingParams
-engine = Engine(Path(sys.argv[1]), sys.argv[2], pool_tokens=1024).start()
+engine = Engine(Path(sys.argv[1]), sys.argv[2], config=EngineConfig(pool_tokens=1024)).start()
 engine.wait_ready()
 request = GenerationRequest(prompt_text="hi", sampling=SamplingParams(temperature=0, max_tokens=4))
 print(list(engine.stream(request))[-1].stats.finish_reason)

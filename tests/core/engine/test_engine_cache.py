@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
@@ -42,7 +43,9 @@ def tiny_engine(request, tmp_path_factory):
         kind=request.param, num_layers=2 if request.param == "llama" else 4, sliding_window=32
     )
     path = write_tiny_model(tmp_path_factory.mktemp(request.param) / "m", spec)
-    engine = Engine(tmp_path_factory.mktemp("data"), str(path), pool_tokens=16384).start()
+    engine = Engine(
+        tmp_path_factory.mktemp("data"), str(path), config=EngineConfig(pool_tokens=16384)
+    ).start()
     engine.wait_ready(timeout=60)
     yield request.param, engine
     engine.shutdown()
@@ -104,7 +107,9 @@ def test_cache_stats_reach_clients(tiny_engine):
 
 @pytest.mark.real_model
 def test_default_model_multi_turn_identical_with_cache(default_model_file, tmp_path, monkeypatch):
-    engine = Engine(tmp_path, str(default_model_file), pool_tokens=8192).start()
+    engine = Engine(
+        tmp_path, str(default_model_file), config=EngineConfig(pool_tokens=8192)
+    ).start()
     try:
         engine.wait_ready(timeout=120)
         sampling = SamplingParams(temperature=0.0, max_tokens=20)
@@ -131,7 +136,7 @@ def gemma_file():
 @pytest.mark.real_model
 def test_gemma3_multi_turn_identical_with_cache(gemma_file, tmp_path, monkeypatch):
     """The real hybrid sliding-window model: snapshots make cached turns exact."""
-    engine = Engine(tmp_path, str(gemma_file), pool_tokens=8192).start()
+    engine = Engine(tmp_path, str(gemma_file), config=EngineConfig(pool_tokens=8192)).start()
     try:
         engine.wait_ready(timeout=300)
         sampling = SamplingParams(temperature=0.0, max_tokens=12)
@@ -159,7 +164,9 @@ def test_a_pool_grown_in_segments_gives_the_same_replies(kind, tmp_path, monkeyp
     spec = TinyModelSpec(kind=kind, num_layers=2, sliding_window=16)
     path = write_tiny_model(tmp_path / kind, spec)
     engine = Engine(
-        tmp_path / "data", str(path), pool_tokens=4096, disk_cache=False, pool_segment_bytes=1
+        tmp_path / "data",
+        str(path),
+        config=EngineConfig(pool_tokens=4096, disk_cache=False, pool_segment_bytes=1),
     ).start()  # 1 byte: one page per segment
     try:
         engine.wait_ready(60)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 from core.engine.scheduler import Scheduler
 from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, SamplingParams
@@ -106,7 +107,8 @@ def test_after_a_restart_quantized_pages_give_the_uncached_reply(tmp_path, monke
     log = TokenLog(monkeypatch)
 
     def engine(data, bits, **options):
-        e = Engine(data, str(path), pool_tokens=4096, kv_bits=bits, kv_group_size=32, **options)
+        config = EngineConfig(pool_tokens=4096, kv_bits=bits, kv_group_size=32, **options)
+        e = Engine(data, str(path), config=config)
         e.start().wait_ready(60)
         return e
 

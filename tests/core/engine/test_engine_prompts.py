@@ -12,6 +12,7 @@ import pytest
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
+from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 from core.engine.types import (
     ChatMessage,
@@ -161,7 +162,9 @@ def test_a_prompt_worked_out_for_the_previous_model_is_worked_out_again(
         go.wait(60)
         return load(*args, **kwargs)
 
-    eng = Engine(tmp_path / "data", str(long_tiny_model), pool_tokens=4096).start()
+    eng = Engine(
+        tmp_path / "data", str(long_tiny_model), config=EngineConfig(pool_tokens=4096)
+    ).start()
     try:
         eng.wait_ready(timeout=60)
         request = ask("which model?")
@@ -184,7 +187,9 @@ def test_a_prompt_worked_out_for_the_previous_model_is_worked_out_again(
 
 
 def test_max_prompt_tokens_refuses_a_longer_prompt_before_the_engine(tiny_model, tmp_path):
-    eng = Engine(tmp_path, str(tiny_model), pool_tokens=1024, max_prompt_tokens=40).start()
+    eng = Engine(
+        tmp_path, str(tiny_model), config=EngineConfig(pool_tokens=1024, max_prompt_tokens=40)
+    ).start()
     try:
         eng.wait_ready(timeout=60)
         events = list(eng.stream(ask("q" * 60)))
@@ -196,7 +201,7 @@ def test_max_prompt_tokens_refuses_a_longer_prompt_before_the_engine(tiny_model,
 
 
 def test_shutdown_finishes_a_request_whose_prompt_was_being_worked_out(tiny_model, tmp_path):
-    eng = Engine(tmp_path, str(tiny_model), pool_tokens=1024).start()
+    eng = Engine(tmp_path, str(tiny_model), config=EngineConfig(pool_tokens=1024)).start()
     eng.wait_ready(timeout=60)
     handle = eng.submit(ask("submitted just before the end"))
     eng.shutdown()

@@ -22,6 +22,7 @@ import mlx.core as mx
 import mlx_lm.models
 import pytest
 
+from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 from core.engine.types import DoneEvent, GenerationRequest, SamplingParams, TokenEvent
 from tests.kvcache.family_weights import write_family
@@ -67,7 +68,7 @@ def run(engine: Engine, prompt: tuple[int, ...], use_cache: bool = True) -> Turn
 
 
 def start(data, model) -> Engine:
-    engine = Engine(data, str(model), pool_tokens=4096).start()
+    engine = Engine(data, str(model), config=EngineConfig(pool_tokens=4096)).start()
     engine.wait_ready(120)
     return engine
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from core.engine.config import EngineConfig
 from core.engine.engine import Engine
 from core.engine.types import ChatMessage, GenerationRequest, SamplingParams
 from core.errors import UserError
@@ -36,7 +37,7 @@ def _reply(engine: Engine) -> str:
 
 def test_five_switches_hold_one_model(two_models, tmp_path):
     first, second = two_models
-    engine = Engine(tmp_path, str(first), pool_tokens=512).start()
+    engine = Engine(tmp_path, str(first), config=EngineConfig(pool_tokens=512)).start()
     try:
         engine.wait_ready(timeout=120)
         _reply(engine)
@@ -58,7 +59,7 @@ def test_a_failed_switch_brings_the_previous_model_back(two_models, tmp_path):
     first, _ = two_models
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF" + b"\0" * 64)  # there, so the old model goes first; unreadable
-    engine = Engine(tmp_path / "data", str(first), pool_tokens=512).start()
+    engine = Engine(tmp_path / "data", str(first), config=EngineConfig(pool_tokens=512)).start()
     try:
         engine.wait_ready(timeout=120)
         before = engine.model_info

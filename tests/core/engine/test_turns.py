@@ -318,7 +318,7 @@ def test_engine_a_second_keys_short_prompt_answers_before_a_long_prompt_is_in(
                 ended[name].set()
             if send:  # on the engine thread, in the long prompt's chunk: until B is queued
                 deadline = time.monotonic() + 30
-                while engine._rendering and time.monotonic() < deadline:
+                while engine._prompt_threads.rendering and time.monotonic() < deadline:
                     time.sleep(0.001)
                 handles["short"].on_events(on_events("short"))
 

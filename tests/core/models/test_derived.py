@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from core.cli.main import main
+from core.engine.config import EngineConfig
 from core.models import derived
 from core.models.hashing import FileHashCache
 from core.models.hub import download
@@ -91,7 +92,9 @@ def test_the_engine_counts_them_in_the_disk_budget(tiny_model, tmp_path, made, b
 
     if made:
         _fake_conversion(tmp_path, size=made)
-    engine = Engine(tmp_path, str(tiny_model), disk_budget_bytes=100 << 20).start()
+    engine = Engine(
+        tmp_path, str(tiny_model), config=EngineConfig(disk_budget_bytes=100 << 20)
+    ).start()
     try:
         engine.wait_ready(timeout=60)
         stats = engine.stats()
