@@ -124,7 +124,10 @@ def test_a_failed_regenerate_keeps_the_previous_reply(qtbot, open_window, tmp_pa
     assert len(window.cache_panel.turns) == 1
 
 
-def test_an_edit_with_bad_settings_loses_nothing(qtbot, open_window, tmp_path):
+def test_an_edit_with_settings_out_of_range_is_sent_with_them_clamped(qtbot, open_window, tmp_path):
+    """Settings written by hand out of their range (top-p 0) used to refuse the edit: they
+    are clamped into it when read back (core.chats.settings.usable), the edit replaces the
+    turn, nothing else is lost."""
     window, bridge, store, engine = _scripted(qtbot, open_window, tmp_path)
     send_turn(qtbot, window, bridge, "one")
     send_turn(qtbot, window, bridge, "two")
@@ -132,14 +135,12 @@ def test_an_edit_with_bad_settings_loses_nothing(qtbot, open_window, tmp_path):
     window.session = store.get_session_by_id(window.session.id)
     window.chat.editRequested.emit("two")
     window.composer.set_text("deux")
-    for _ in range(2):
+    with qtbot.waitSignal(bridge.finished, timeout=WAIT_MS):
         qtbot.keyClick(window.composer.input, Qt.Key.Key_Return)
-        assert "Check the chat settings" in window.state_label.text()
-        assert len(_stored(store, window)) == 4 and _shown(window) == _stored(store, window)
-        assert window.composer.editing and window.composer.text() == "deux"
-    window.regenerate()
-    assert len(_stored(store, window)) == 4 and _shown(window) == _stored(store, window)
-    assert len(engine.requests) == 2
+    assert len(engine.requests) == 3 and engine.requests[-1].sampling.top_p == 0.01
+    stored = _stored(store, window)
+    assert stored[:3] == [("user", "one"), ("assistant", "reply 1"), ("user", "deux")]
+    assert len(stored) == 4 and _shown(window) == stored
 
 
 def test_deleting_the_open_chat_while_it_generates(qtbot, open_window, tmp_path):

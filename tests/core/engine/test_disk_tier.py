@@ -18,6 +18,7 @@ from core.engine.types import (
     TokenEvent,
 )
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
+from core.paths import stored_responses_budget
 from kvcache.persist import read_pays
 from kvcache.store import DiskStore
 from tests.core.engine.helpers import start_engine
@@ -203,10 +204,14 @@ def test_after_a_model_switch_the_other_models_pages_go_first(tmp_path):
         engine.shutdown()
     with DiskStore(tmp_path / "data" / "kvcache.db") as store:
         first_bytes = store.stats().bytes
-    # the same budget, filled by the second model: the first model's pages make room
-    engine = start_engine(
-        tmp_path / "data", second, disk_min_tokens=64, disk_budget_bytes=first_bytes + 1000
-    )
+    # the same budget, filled by the second model: the first model's pages make room (the
+    # folder's budget such that the KV cache's part of it, less the stored responses' share,
+    # is what the first model stored)
+    kv_budget = first_bytes + 1000
+    folder = -(-kv_budget * 8 // 7)
+    while folder - stored_responses_budget(folder) < kv_budget:
+        folder += 1
+    engine = start_engine(tmp_path / "data", second, disk_min_tokens=64, disk_budget_bytes=folder)
     try:
         done = ask(engine, QUESTION)
         engine.flush_disk_cache()
@@ -216,7 +221,7 @@ def test_after_a_model_switch_the_other_models_pages_go_first(tmp_path):
     with DiskStore(tmp_path / "data" / "kvcache.db") as store:
         stats = store.stats()
         ours = sum(len(p.tokens) // 4 for p in store.index(fingerprint))
-    assert stats.bytes <= first_bytes + 1000 and stats.evicted_prefixes >= 1
+    assert stats.bytes <= kv_budget and stats.evicted_prefixes >= 1
     # ours whole (the last reply token is never fed back), theirs gone
     assert ours == done.stats.prompt_tokens + done.stats.completion_tokens - 1
     # and a budget lowered below what is stored is met when a model loads
