@@ -207,12 +207,6 @@ class DiskStore(StoreRepair, SqliteFile):
 
     # -- saving --
 
-    def page_keys(
-        self, fingerprint: str, pages_tokens: Sequence[Sequence[int]], namespace: str = ""
-    ) -> list[str]:
-        """The keys of a chain of pages of ``namespace``, first page first."""
-        return chain_keys(fingerprint, pages_tokens, namespace)
-
     def missing_keys(self, keys: Iterable[str]) -> set[str]:
         """Those of ``keys`` the store does not have (so their K/V must be serialized)."""
         keys = set(keys)
@@ -240,11 +234,7 @@ class DiskStore(StoreRepair, SqliteFile):
         return self._save_chain(fingerprint, pages, session, namespace, keys)
 
     def save_prefix(
-        self,
-        fingerprint: str,
-        pages: Sequence[PageData],
-        namespace: str = "",
-        keys: Sequence[str] | None = None,
+        self, fingerprint: str, pages: Sequence[PageData], namespace: str = "", keys=None
     ) -> SaveResult:
         """Keep a chain for any later request of ``namespace`` that starts with its tokens
         (no session): its last page becomes a prefix head, which the budget drops before
@@ -260,7 +250,7 @@ class DiskStore(StoreRepair, SqliteFile):
         keys: Sequence[str] | None = None,
     ) -> SaveResult:
         if keys is None:
-            keys = self.page_keys(fingerprint, [page.tokens for page in pages], namespace)
+            keys = chain_keys(fingerprint, [page.tokens for page in pages], namespace)
         elif len(keys) != len(pages):
             raise ValueError(f"{len(keys)} keys for {len(pages)} pages")
         parents = [namespace_root(namespace), *keys[:-1]]

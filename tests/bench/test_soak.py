@@ -102,12 +102,12 @@ class _StatusError(Exception):
         self.status_code = status
 
 
-class APIError(Exception):  # what the openai package raises for an error event in a stream
-    pass
+class APIError(Exception):
+    """What the openai package raises for an error event in a stream."""
 
 
-class RemoteProtocolError(Exception):  # httpx's, for a connection closed mid-reply
-    pass
+class RemoteProtocolError(Exception):
+    """httpx's, for a connection closed mid-reply."""
 
 
 @pytest.mark.parametrize(

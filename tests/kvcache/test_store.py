@@ -77,7 +77,7 @@ def test_round_trip_is_byte_exact(store):
     pages = make_pages([page(0), page(4), page(8, 2)], size=5000)
     pages.append(PageData((7,), b"", b""))  # empty K/V and snapshot: kept apart from None
     result = store.save_session("chat", FP, pages)
-    keys = store.page_keys(FP, [p.tokens for p in pages])
+    keys = chain_keys(FP, [p.tokens for p in pages])
     assert (result.pages, result.tokens, result.pages_written, result.head) == (4, 11, 4, keys[-1])
     loaded = store.load_session("chat", FP)
     assert same(loaded, pages)
@@ -112,7 +112,7 @@ def test_resave_writes_nothing_and_placeholders_skip_serializing(store):
     store.save_session("chat", FP, pages)
     assert store.save_session("chat", FP, pages).pages_written == 0
     longer = make_pages([page(0), page(4), page(8)])
-    keys = store.page_keys(FP, [p.tokens for p in longer])
+    keys = chain_keys(FP, [p.tokens for p in longer])
     missing = store.missing_keys(keys)
     assert missing == {keys[2]}
     given_pages = [p if k in missing else PageData(p.tokens, None) for p, k in zip(longer, keys)]
@@ -137,7 +137,7 @@ def test_shared_prefix_is_stored_once(store):
 def test_extension_orphans_the_old_tail_and_removes_it(store):
     old = make_pages([page(0), page(4, 2)])
     store.save_session("chat", FP, old)
-    old_tail = store.page_keys(FP, [p.tokens for p in old])[-1]
+    old_tail = chain_keys(FP, [p.tokens for p in old])[-1]
     store.save_session("keeper", FP, old)  # references the old tail too
     new = make_pages([page(0), page(4), page(8, 3)])
     store.save_session("chat", FP, new)
@@ -197,7 +197,7 @@ def test_verify_reports_and_drops_bad_rows(store):
     pages = make_pages([page(0), page(4), page(8)])
     store.save_session("chat", FP, pages)
     store.save_session("fork", FP, pages[:1] + make_pages([page(0), page(50)])[1:])
-    keys = store.page_keys(FP, [p.tokens for p in pages])
+    keys = chain_keys(FP, [p.tokens for p in pages])
     with raw(store.path) as conn:
         conn.execute("UPDATE page_data SET kv = ? WHERE key = ?", [b"x" + pages[1].kv[1:], keys[1]])
     report = store.verify()
@@ -219,7 +219,7 @@ def test_verify_reports_and_drops_bad_rows(store):
 def test_a_page_that_does_not_match_its_key_is_never_returned(store, column, value):
     pages = make_pages([page(0), page(4), page(8)])
     store.save_session("chat", FP, pages)
-    keys = store.page_keys(FP, [p.tokens for p in pages])
+    keys = chain_keys(FP, [p.tokens for p in pages])
     with raw(store.path) as conn:
         conn.execute(f"UPDATE pages SET {column} = ? WHERE key = ?", [value, keys[1]])
     # The first page cannot be reached past the bad one: nothing comes back, nothing wrong.
@@ -389,7 +389,7 @@ def test_store_behaves_like_a_dict_of_chains(ops):
             keys = {
                 key
                 for fingerprint, chain in model.values()
-                for key in store.page_keys(fingerprint, chain)
+                for key in chain_keys(fingerprint, chain)
             }
             assert store.stats().pages == len(keys)  # shared pages once, no orphans
             for name in SESSIONS:
@@ -497,4 +497,3 @@ def test_session_lookup_by_name(store):
     info = store.session("one")
     assert info is not None and info.tokens == 5 and info.pages == 2 and info.fingerprint == FP
     assert store.session("absent") is None
-    assert store.page_keys(FP, [(1, 2, 3), (4, 5)]) == chain_keys(FP, [(1, 2, 3), (4, 5)])

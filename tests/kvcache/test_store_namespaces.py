@@ -94,7 +94,7 @@ def test_a_store_from_before_namespaces_serves_only_namespace_default(tmp_path):
         keys.append(page_key(FP, keys[-1], tokens))
     with DiskStore(path) as store:
         store.save_session("chat", FP, pages)
-        assert store.page_keys(FP, CHAIN) == keys
+        assert chain_keys(FP, CHAIN) == keys
         index = DiskIndex(FP, store.index(FP))
         assert [p.key for p in index.match(PROMPT)] == keys
         for namespace in ("app", "api"):  # the new front ends' namespaces: a clean miss
