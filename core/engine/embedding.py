@@ -10,7 +10,8 @@ first or the last token where a dedicated embedding model says so), then scaled 
 How it runs: the inputs, sorted by length, go in groups of up to ``FORWARD_TOKENS``
 padded tokens, one forward pass each, right-padded: every model here is causal, so a real
 position never attends to the padding after it, and a row's states are the ones it gets
-alone (within rounding: a batch may sum in another order). An input longer than ``CHUNK``
+alone (within rounding: a batch may sum in another order; an input repeated in one request
+is computed once, so its copies are equal to the bit). An input longer than ``CHUNK``
 goes alone (two such rows never fit in ``FORWARD_TOKENS``), in
 chunks over a KV cache (the model's own caches, in the pool's KV format), cut at the same
 positions however the request is made up; so padding never sits inside a cache that is
@@ -125,7 +126,12 @@ class EmbeddingJob:
             and prefix_cache is not None
             and prefix_cache.enabled
         )
-        order = sorted(range(len(tokens)), key=lambda i: self.needed[i])
+        # an input repeated in the request is computed once and every copy gets its vector
+        # (rows of one batch may sum in another order: copies would differ in the last bits)
+        first: dict[tuple[int, ...], int] = {}
+        self.same = [first.setdefault(tuple(t), i) for i, t in enumerate(tokens)]
+        distinct = [i for i, j in enumerate(self.same) if i == j]
+        order = sorted(distinct, key=lambda i: self.needed[i])
         self.waiting: deque[list[int]] = (
             deque([i] for i in order) if self.cached else _packed(order, self.needed)
         )
@@ -197,7 +203,7 @@ class EmbeddingJob:
 
     def result(self) -> EmbeddingResult:
         """The vectors, scaled to length 1 (and cut to ``dimensions``, scaled again)."""
-        vectors = mx.stack([self.vectors[i] for i in range(len(self.tokens))])
+        vectors = mx.stack([self.vectors[i] for i in self.same])
         width = vectors.shape[1]
         wanted = self.request.dimensions
         if wanted is not None:
