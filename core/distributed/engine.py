@@ -58,7 +58,7 @@ from core.distributed.wire import (
 from core.engine.commands import WHEN_IDLE, LoadCommand
 from core.engine.config import EngineConfig
 from core.engine.engine import Engine
-from core.engine.handle import PreparedPrompt, RequestHandle
+from core.engine.handle import RequestHandle, TokenizedRequest, tokenize
 from core.engine.pacing import ChunkPacer
 from core.engine.types import DoneEvent, ErrorEvent
 from core.errors import ErrorKind, ModelLoadError, UserError
@@ -69,7 +69,8 @@ log = logging.getLogger(__name__)
 class ShardHandle:
     """A request as every rank runs it: the request, a cancel flag latched at ticks, and
     (on rank 0) the client's handle its events go to. The engine side of a
-    :class:`RequestHandle` (``emit``, ``finish``, ``prepared``), which the scheduler uses."""
+    :class:`RequestHandle` (``emit``, ``finish``, ``tokenized``): an
+    :class:`core.engine.handle.EngineHandle`, which the scheduler uses."""
 
     def __init__(self, rid: int, request, client: RequestHandle | None, on_end):
         self.rid = rid
@@ -79,7 +80,7 @@ class ShardHandle:
         self.latched = False
         self.outcome = "no end"  # a digest of how the request ended (compared across ranks)
         # see ShardedEngine.admit
-        self.prepared: PreparedPrompt | None = None
+        self.tokenized: TokenizedRequest | None = None
         self.prompt_s = 0.0
 
     @property
@@ -277,12 +278,12 @@ class ShardedEngine(Engine):
             config = dataclasses.replace(config, pool_tokens=self._agreed_pool_tokens(loaded))
         self.config = config
         super().install(loaded, command)
-        self._scheduler.cache = AgreedPrefixCache(self._cache, self.mlx_group)
+        self._scheduler.use_cache(AgreedPrefixCache(self._cache, self.mlx_group))
         # chunk sizes the same on every rank
-        if getattr(self._scheduler, "pacer", None) is not None:
-            self._scheduler.pacer = GroupPacer()
+        if self._scheduler.prefill.pacer is not None:
+            self._scheduler.prefill.pacer = GroupPacer()
         # the ranks agree on each prompt's cached prefix one prompt at a time: no batched prefill
-        self._scheduler.batch_prefill = False
+        self._scheduler.prefill.batch_prefill = False
         # draft lengths by acceptance alone: step times differ between ranks, so lengths
         # chosen by them would too, and the verifying forwards would not pair up
         self._scheduler.step_costs = None
@@ -446,11 +447,9 @@ class ShardedEngine(Engine):
         """As the engine does, with the prompt worked out here, in step on every rank (a
         prompt thread would hand it back at a different step on each): a group renders and
         tokenises on the engine thread."""
-        if not handle.cancelled and handle.prepared is None and self._prompts is not None:
+        if not handle.cancelled and handle.tokenized is None and self._prompts is not None:
             try:
-                handle.prepared = PreparedPrompt(
-                    self._prompts.load, self._prompts.tokens(handle.request)
-                )
+                handle.tokenized = tokenize(handle.request, self._prompts)
             except UserError as exc:
                 handle.emit(ErrorEvent(str(exc), exc.kind))
                 handle.finish()

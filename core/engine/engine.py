@@ -342,9 +342,8 @@ class Engine:
         ``GATHER_S`` since the wait began (a long prompt's rendering is not waited for)."""
         s = self._scheduler
         if (
-            not s.batch_prefill
-            or s.solo is not None
-            or s.batched
+            not s.prefill.batch_prefill
+            or s.decoding
             or not self._prompt_threads.rendering
             or any(job.run is not None for job in s.waiting)
         ):
@@ -591,22 +590,11 @@ class Engine:
                 handle.emit(
                     ErrorEvent(self._load_error or "no model is loaded", ErrorKind.MODEL_NOT_LOADED)
                 )
-            elif handle.prepared is None or handle.prepared.load != self._prompts.load:
+            elif handle.tokenized is None or handle.tokenized.load != self._prompts.load:
                 # submitted before this model was in: its prompt is worked out for this one
                 self._prompt_threads.render(handle, self._prompts)
                 return
             else:
-                ids = handle.prepared.tokens
-                handle.prepared = None
-                request = handle.request
-                handle.request = replace(
-                    request,
-                    messages=(),
-                    prompt_text=None,
-                    prompt_tokens=tuple(ids),
-                    templated=request.templated or bool(request.messages),
-                    context_tokens=(),
-                )
                 self._scheduler.admit(handle)  # finishes the handle itself, now or later
                 return
         except UserError as exc:

@@ -14,7 +14,6 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
-from core.engine.prompt import render_prompt  # noqa: F401  (the scheduler's: token ids as given)
 from core.engine.types import SamplingParams
 from core.mlx_lm_compat import backbone_and_head, generation_stream
 

@@ -7,6 +7,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from core.engine.types import Event, GenerationRequest
 
@@ -14,17 +15,50 @@ _END = object()  # end of a request's event stream
 
 
 @dataclass(frozen=True)
-class PreparedPrompt:
-    """A request's prompt as a prompt thread worked it out: its token ids, for the model
-    of the engine's ``load``-th load (a model loaded since needs them worked out again)."""
+class TokenizedRequest:
+    """A request with its prompt worked out (on a prompt thread, or a group's engine thread):
+    the token ids the model reads (the chat template rendered, Ollama's ``context`` before
+    them), for the model of the engine's ``load``-th load (a model loaded since needs them
+    worked out again). The scheduler admits this; it never renders a prompt itself."""
 
+    request: GenerationRequest
+    tokens: tuple[int, ...]
     load: int
-    tokens: list[int]
+
+    @property
+    def templated(self) -> bool:
+        """The ids were rendered from chat messages by the chat template (so a reasoning
+        model's thinking is split out of the reply; a raw text or token prompt is not)."""
+        return bool(self.request.messages)
+
+
+def tokenize(request: GenerationRequest, prompts) -> TokenizedRequest:
+    """``request`` with its prompt worked out by ``prompts`` (a
+    :class:`core.engine.prompt.Prompts` of the loaded model): ContextLengthError past the
+    limit, UserError if empty."""
+    return TokenizedRequest(request, tuple(prompts.tokens(request)), prompts.load)
+
+
+@runtime_checkable
+class EngineHandle(Protocol):
+    """A request as the engine and its scheduler hold it: :class:`RequestHandle` on one
+    engine, :class:`core.distributed.engine.ShardHandle` on each rank of a group."""
+
+    request: GenerationRequest
+    tokenized: TokenizedRequest | None  # set once its prompt is worked out
+    prompt_s: float  # seconds its prompt took to render and tokenise
+
+    @property
+    def cancelled(self) -> bool: ...
+
+    def emit(self, event: Event) -> None: ...
+
+    def finish(self) -> None: ...
 
 
 class RequestHandle:
     """One submitted request: the client's side (its events, a cancel switch) and the
-    engine's (:meth:`emit`, :meth:`finish`, ``prepared``).
+    engine's (:meth:`emit`, :meth:`finish`, ``tokenized``: an :class:`EngineHandle`).
 
     A thread reads the events with :meth:`events` (blocking). An event loop instead asks
     to be woken (:meth:`on_events`) and takes what has arrived with :meth:`take`, so no
@@ -35,12 +69,12 @@ class RequestHandle:
     :class:`core.distributed.engine.ShardHandle` offers the same)."""
 
     def __init__(self, request: GenerationRequest):
-        self.request = request  # as submitted; the engine admits it carrying its token ids
+        self.request = request  # as submitted
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._cancel = threading.Event()
         self._wake: Callable[[], None] | None = None
         # set by a prompt thread, taken by the engine thread
-        self.prepared: PreparedPrompt | None = None
+        self.tokenized: TokenizedRequest | None = None
         self.prompt_s = 0.0  # seconds its prompt took to render and tokenise (its TTFT counts them)
 
     def cancel(self) -> None:

@@ -1,30 +1,97 @@
 """The scheduler's prefill: which waiting prompt goes next, one chunk of it per step (or
-several waiting prompts in one padded forward), and its first token (see
-``core.engine.scheduler``, whose :class:`~core.engine.scheduler.Scheduler` this part is)."""
+several waiting prompts in one padded forward), and its first token. :class:`Prefiller`,
+a component the :class:`~core.engine.scheduler.Scheduler` holds (``scheduler.prefill``):
+it hands each request, its first token taken, to the decode side (a :class:`Decoder`: the
+scheduler) and each reply to the scheduler's :class:`~core.engine.replies.Finisher`."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from core.engine import batch_prefill, generation
 from core.engine.generation import ChunkedPrefill
-from core.engine.running import PrefillJob, group_of
+from core.engine.pacing import ChunkPacer
+from core.engine.replies import Finisher
+from core.engine.running import Active, PrefillJob
+from core.engine.turns import PrefillTurns, Turn
 from core.engine.types import ErrorEvent, ProgressEvent
 from core.errors import ErrorKind, UserError
 from core.mlx_lm_compat import generation_stream
 
+if TYPE_CHECKING:  # annotations only
+    from kvcache.tiered import TieredCache
+
 log = logging.getLogger(__name__)
 
 
-class PrefillSteps:
-    """The prefill half of the scheduler (a part of :class:`core.engine.scheduler.Scheduler`,
-    on its state: ``waiting``, ``solo``, ``batched``, ``pacer``, ``cache``...)."""
+class Decoder(Protocol):
+    """What the prefill needs of the decode side (:class:`core.engine.scheduler.Scheduler`)."""
 
-    def _prefill_step(self) -> None:
+    @property
+    def decoding(self) -> bool:
+        """Whether any request decodes now."""
+        ...
+
+    def decoding_rows(self, client: str) -> int:
+        """How many of ``client``'s requests decode now."""
+        ...
+
+    def start_decoding(self, job: PrefillJob, caches: list, first: int) -> None:
+        """``job``'s prompt is in and ``first`` taken: it decodes from here (alone or in the
+        batch)."""
+        ...
+
+    def join_rows(self, joining: list[tuple[int, PrefillJob, int]], rows) -> None:
+        """The requests of a batched prefill that go on, as (row, job, first token): they
+        decode from here, their rows' caches as ``rows`` (``core.engine.batch_prefill``)
+        hold them."""
+        ...
+
+
+class Prefiller:
+    """The requests admitted but not decoding yet (``waiting``): whose turn it is
+    (``turns``), one chunk per :meth:`step` (sized by ``pacer``; None: a prompt whole), or
+    several prompts in one padded forward (``batch_prefill``); the prompt matched against
+    ``cache`` (None: caching is off) when its prefill starts."""
+
+    def __init__(
+        self,
+        loaded,
+        cache: TieredCache | None,
+        replies: Finisher,
+        decoder: Decoder,
+        *,
+        turns: PrefillTurns,
+        pacer: ChunkPacer | None,
+        batch_prefill: bool,
+        on_progress: Callable[[], None],
+        on_finished: Callable[[], None],
+    ):
+        self.loaded, self.cache, self.replies, self.decoder = loaded, cache, replies, decoder
+        self.turns, self.pacer, self.batch_prefill = turns, pacer, batch_prefill
+        self.on_progress = on_progress  # after each prefill chunk (live memory panels)
+        self.on_finished = on_finished
+        self.waiting: list[PrefillJob] = []
+        self._arrivals = 0
+
+    def check_room(self, client: str) -> None:
+        """TooManyWaitingError where ``client`` has as many prompts waiting as it may."""
+        self.turns.check_room(client, self.waiting)
+
+    def queue(self, state: Active, sampler, processors: list, client: str, priority: int) -> None:
+        """Queue a request the scheduler checked (:meth:`check_room` first) for its prefill."""
+        self._arrivals += 1
+        self.waiting.append(
+            PrefillJob(state, sampler, processors, Turn(client, priority, self._arrivals))
+        )
+
+    def step(self) -> None:
         """End the waiting requests that were cancelled; then the waiting request whose turn
         it is (``core.engine.turns``) takes one chunk of prefill: a chunk sized by the pacer,
         the whole prompt when interleaving is off."""
@@ -51,7 +118,7 @@ class PrefillSteps:
                 while not job.run.finished and not job.state.handle.cancelled:
                     self._chunk(job, 0)
             else:
-                self._chunk(job, self.pacer.size(self.solo is not None or bool(self.batched)))
+                self._chunk(job, self.pacer.size(self.decoder.decoding))
             if job.state.handle.cancelled:
                 self._end_prefill(job, "cancelled")
             elif job.run.finished:
@@ -70,10 +137,7 @@ class PrefillSteps:
             return self.turns.order(self.waiting)
 
         def before(job: PrefillJob) -> tuple[int, int, int]:
-            group = job.turn.client
-            decoding = self.batch.rows_of(group) + (
-                self.solo is not None and group_of(self.solo.state) == group
-            )
+            decoding = self.decoder.decoding_rows(job.turn.client)
             return job.turn.priority, decoding, job.turn.arrival
 
         return sorted(self.waiting, key=before)
@@ -83,7 +147,7 @@ class PrefillSteps:
         behind it, while their padded rests fit the pacer's budget (all of them
         started: matched against the cache). One that does not fit stays started, for the
         one-at-a-time path."""
-        decoding = self.solo is not None or bool(self.batched)
+        decoding = self.decoder.decoding
         tokens = (
             self.pacer.batch_tokens(decoding, batch_prefill.IDLE_TOKENS)
             if self.pacer is not None
@@ -113,7 +177,7 @@ class PrefillSteps:
     def _prefill_together(self, group: list[PrefillJob]) -> None:
         """Prefill ``group``'s prompts in one padded forward; each row takes its first
         token from its own logits, and they start decoding together."""
-        if self.solo is not None or self.batched:
+        if self.decoder.decoding:
             mx.synchronize(generation_stream)  # as _chunk: the queued decode step is not ours
         for job in group:
             self.waiting.remove(job)
@@ -152,43 +216,19 @@ class PrefillSteps:
             state = job.state
             try:
                 if state.handle.cancelled:  # during the forward: its prompt is in, and kept
-                    self._finish(state, "cancelled", rows.caches(row), list(state.prompt))
+                    self.replies.finish(state, "cancelled", rows.caches(row), list(state.prompt))
                     continue
                 first = self._sample_first(job, rows.logits[row : row + 1])
-                finish = self._take(state, first)
+                finish = self.replies.take(state, first)
                 if finish is not None:  # done after one token: the cache holds the prompt
-                    self._finish(state, finish, rows.caches(row), list(state.prompt))
+                    self.replies.finish(state, finish, rows.caches(row), list(state.prompt))
                     continue
             except Exception as exc:
                 self._end_with_error(job, exc)
                 continue
             joining.append((row, job, first))
-        if not joining:
-            return
-        try:
-            if len(joining) == 1 and self.solo is None and not self.batched:
-                row, job, first = joining[0]
-                self._go_solo(job, rows.caches(row), first)
-                return
-            if self.solo is not None:
-                self._hand_over()
-            rows.keep([row for row, _, _ in joining])
-            uids = self.batch.join_rows(
-                [first for _, _, first in joining],
-                rows.batch.prompt_cache,
-                rows.batch.tokens,
-                [job.sampler for _, job, _ in joining],
-                [job.processors for _, job, _ in joining],
-                [job.state.max_tokens - len(job.state.generated) for _, job, _ in joining],
-                [group_of(job.state) for _, job, _ in joining],
-            )
-        except Exception as exc:
-            log.exception("starting a batched prefill's requests failed")
-            for _, job, _ in joining:
-                self._fail(job.state, f"internal error: {exc}")
-            return
-        for uid, (_, job, _) in zip(uids, joining):
-            self.batched[uid] = job.state
+        if joining:
+            self.decoder.join_rows(joining, rows)
 
     def _start_prefill(self, job: PrefillJob) -> None:
         """Match the prompt against the cache (RAM, then disk) and set up its prefill."""
@@ -227,7 +267,7 @@ class PrefillSteps:
         """One chunk of ``job``'s prefill (``size`` 0: ``PREFILL_CHUNK``), timed. The decode
         step queued before it finishes first: the chunk would wait for it on the same stream
         anyway, and its time is not the chunk's (the pacer sizes chunks from their own rate)."""
-        if self.solo is not None or self.batched:
+        if self.decoder.decoding:
             mx.synchronize(generation_stream)
         began = time.perf_counter()
         tokens = job.run.advance(size or generation.PREFILL_CHUNK)
@@ -243,16 +283,11 @@ class PrefillSteps:
         state, caches, prompt = job.state, job.caches, job.state.prompt
         try:
             first = self._sample_first(job, job.run.logits)
-            finish = self._take(state, first)
+            finish = self.replies.take(state, first)
             if finish is not None:  # done after one token: the cache holds the prompt
-                self._finish(state, finish, caches, prompt)
+                self.replies.finish(state, finish, caches, prompt)
                 return
-            if self.solo is None and not self.batched:
-                self._go_solo(job, caches, first)
-                return
-            if self.solo is not None:
-                self._hand_over()
-            self._insert(state, first, caches, list(prompt), job.sampler, job.processors)
+            self.decoder.start_decoding(job, caches, first)
         finally:
             if job.flush:
                 self.cache.flush_writes()
@@ -279,7 +314,7 @@ class PrefillSteps:
         self.waiting.remove(job)
         held = job.state.prompt[: job.state.cached + job.run.done] if job.run is not None else None
         try:
-            self._finish_safely(job.state, finish, job.caches if held else None, held)
+            self.replies.finish_safely(job.state, finish, job.caches if held else None, held)
         finally:
             if job.flush:
                 self.cache.flush_writes()

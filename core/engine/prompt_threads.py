@@ -1,6 +1,6 @@
 """The engine's prompt threads: a submitted request's prompt is rendered and tokenised here
 (:mod:`core.engine.prompt`), off the engine thread, then the request is handed to the
-engine thread carrying its token ids (``handle.prepared``). A prompt refused here (past
+engine thread carrying its token ids (``handle.tokenized``). A prompt refused here (past
 the size limit, empty, tools the template cannot take) ends here: the engine thread never
 sees it. No mlx here."""
 
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from core.engine.constrain import check_request
-from core.engine.handle import PreparedPrompt, RequestHandle
+from core.engine.handle import RequestHandle, tokenize
 from core.engine.prompt import Prompts
 from core.engine.types import ErrorEvent
 from core.errors import ErrorKind, UserError
@@ -64,7 +64,7 @@ class PromptThreads:
             started = time.perf_counter()
             try:
                 check_request(handle.request)  # its tools and schema: here, off the engine thread
-                handle.prepared = PreparedPrompt(prompts.load, prompts.tokens(handle.request))
+                handle.tokenized = tokenize(handle.request, prompts)
                 handle.prompt_s = time.perf_counter() - started
             except UserError as exc:
                 return _refuse(handle, ErrorEvent(str(exc), exc.kind))

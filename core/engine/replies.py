@@ -1,11 +1,14 @@
 """The scheduler's reply path: each generated token taken (end of sequence, stop strings,
 max tokens), its text and tool calls sent, and a request finished (its cache stored, its
-stats sent, its stream ended). A part of :class:`core.engine.scheduler.Scheduler`."""
+stats sent, its stream ended). :class:`Finisher`, a component the
+:class:`core.engine.scheduler.Scheduler` holds (``scheduler.replies``)."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from core.engine.namespaces import label as namespace_label
 from core.engine.running import Active
@@ -19,17 +22,31 @@ from core.engine.types import (
 )
 from core.errors import ErrorKind
 
+if TYPE_CHECKING:  # annotations only
+    from kvcache.tiered import TieredCache
+
 log = logging.getLogger(__name__)
 
 # how much of a call cut by max_tokens its error repeats
 CUT_CALL_SHOWN = 4000
 
 
-class Replies:
-    """The reply half of the scheduler (a part of :class:`core.engine.scheduler.Scheduler`,
-    on its state: ``eos``, ``cache``, ``on_finished``)."""
+class Finisher:
+    """The replies of one loaded model's requests: ``eos``, its end-of-sequence token ids;
+    ``cache``, the KV cache a finished request is committed to (None: caching is off);
+    ``on_finished``, called once each request has ended (the engine's count)."""
 
-    def _take(self, state: Active, token: int) -> str | None:
+    def __init__(
+        self,
+        eos: set[int],
+        cache: TieredCache | None,
+        on_finished: Callable[[], None] = lambda: None,
+    ):
+        self.eos = eos
+        self.cache = cache
+        self.on_finished = on_finished
+
+    def take(self, state: Active, token: int) -> str | None:
         """Record one generated token; the finish reason if the request is done."""
         if state.first_token_at is None:
             state.first_token_at = time.perf_counter()
@@ -40,14 +57,14 @@ class Replies:
             state.reasoning.count(token)
         state.detok.add_token(token)
         piece, hit = state.stop_text.feed(state.detok.last_segment)
-        self._show(state, piece, (token,))
+        self.show(state, piece, (token,))
         if hit:
             return "stop"
         if len(state.generated) >= state.max_tokens:
             return "length"
         return None
 
-    def _show(
+    def show(
         self, state: Active, piece: str, token_ids: tuple[int, ...] = (), final: bool = False
     ) -> None:
         """Send ``piece`` of the reply: a reasoning model's thinking is taken out and sent as
@@ -74,29 +91,29 @@ class Replies:
         for call in calls:
             state.handle.emit(ToolCallEvent(call))
 
-    def _finish_safely(self, state: Active, finish: str, caches, cache_tokens) -> None:
+    def finish_safely(self, state: Active, finish: str, caches, cache_tokens) -> None:
         """Finish a request that already left the batch; a bug here still ends its stream."""
         try:
-            self._finish(state, finish, caches, cache_tokens)
+            self.finish(state, finish, caches, cache_tokens)
         except Exception as exc:
             log.exception("finishing a request failed")
-            self._fail(state, f"internal error: {exc}")
+            self.fail(state, f"internal error: {exc}")
 
-    def _fail(self, state: Active, message: str) -> None:
+    def fail(self, state: Active, message: str) -> None:
         """End ``state``'s stream with an error (a bug), giving its prefix lock back."""
         if state.prefix is not None:
             self.cache.release(state.prefix)
         state.handle.emit(ErrorEvent(message, ErrorKind.INTERNAL))
         state.handle.finish()
 
-    def _finish(self, state: Active, finish: str, caches, cache_tokens) -> None:
+    def finish(self, state: Active, finish: str, caches, cache_tokens) -> None:
         """Flush the text, store the cache, send the stats, end the stream."""
         handle, prompt = state.handle, state.prompt
         if state.generated and not state.stop_text.hit:  # EOS, length, cancel: no more text
             state.detok.finalize()
-            self._show(state, state.stop_text.finish(state.detok.last_segment))
+            self.show(state, state.stop_text.finish(state.detok.last_segment))
         if state.tool_text is not None or state.reasoning is not None:
-            self._show(state, "", final=True)
+            self.show(state, "", final=True)
         if state.tool_text is not None:
             if state.tool_text.calls and finish == "stop":
                 finish = "tool_calls"

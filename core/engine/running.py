@@ -5,8 +5,10 @@ through its prefill (:class:`PrefillJob`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
+from mlx_lm.tokenizer_utils import StreamingDetokenizer
 
 from core.engine.drafts import Drafter
 from core.engine.generation import ChunkedPrefill, StopText
@@ -15,22 +17,27 @@ from core.engine.reasoning import ReasoningText
 from core.engine.tools import ToolCallText
 from core.engine.turns import Turn
 
+if TYPE_CHECKING:  # annotations only
+    from core.engine.constrain import GrammarProcessor
+    from core.engine.handle import EngineHandle
+    from kvcache.tiered import Prefix
 
-@dataclass
+
+@dataclass(kw_only=True)
 class Active:
-    """One running request (engine thread only)."""
+    """One running request (engine thread only), made by keyword."""
 
-    handle: object  # core.engine.engine.RequestHandle
+    handle: EngineHandle
     prompt: list[int]
-    prefix: object | None  # kvcache.prefix_cache.Prefix
-    cached: int
-    restored: int
-    started: float
+    started: float  # perf_counter at arrival (its prompt's rendering counted in)
     max_tokens: int
     stop_text: StopText
-    detok: object
+    detok: StreamingDetokenizer  # the tokenizer's, fresh for this reply
+    prefix: Prefix | None = None  # matched in the cache once its prefill starts
+    cached: int = 0  # prompt tokens the RAM cache gave
+    restored: int = 0  # of them, restored from disk
     tool_text: ToolCallText | None = None  # takes tool-call markup out of the text
-    grammar: object | None = None  # core.engine.constrain.GrammarProcessor, if constrained
+    grammar: GrammarProcessor | None = None  # if constrained
     reasoning: ReasoningText | None = None  # a reasoning model's thinking out of the text
     first_token_at: float | None = None
     generated: list[int] = field(default_factory=list)

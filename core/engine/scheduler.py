@@ -48,15 +48,16 @@ from core.engine.constrain import Grammars
 from core.engine.decode_batch import DecodeBatch
 from core.engine.draft_length import StepCosts
 from core.engine.drafts import Drafter, DraftModel
-from core.engine.generation import StopText, render_prompt, sampling_tools, vocab_size
+from core.engine.generation import StopText, sampling_tools, vocab_size
+from core.engine.handle import EngineHandle, TokenizedRequest
 from core.engine.pacing import IDLE_WAIT_S, ChunkPacer
-from core.engine.prefill_steps import PrefillSteps
+from core.engine.prefill_steps import Prefiller
 from core.engine.reasoning import ReasoningText, opens_thinking, thinking_markup
-from core.engine.replies import Replies
+from core.engine.replies import Finisher
 from core.engine.running import Active, PrefillJob, Solo, group_of, group_of_request
 from core.engine.speculation import can_speculate, trim, verify
 from core.engine.tools import ToolCallText
-from core.engine.turns import DEFAULT_SHARING, PrefillSharing, PrefillTurns, Turn
+from core.engine.turns import DEFAULT_SHARING, PrefillSharing, PrefillTurns
 from core.errors import ContextLengthError, UserError
 from core.mlx_lm_compat import generation_stream
 from kvcache.continuations import Continuations
@@ -67,10 +68,13 @@ MAX_BATCH = 16  # requests decoded together
 log = logging.getLogger(__name__)
 
 
-class Scheduler(PrefillSteps, Replies):
-    """Admits requests and steps the shared decode batch of one loaded model (its prefill in
-    :class:`core.engine.prefill_steps.PrefillSteps`, its replies in
-    :class:`core.engine.replies.Replies`)."""
+class Scheduler:
+    """Admits requests and steps the shared decode batch of one loaded model. It holds two
+    components: ``prefill`` (:class:`core.engine.prefill_steps.Prefiller`: the requests
+    waiting for their prefill, whose turn, a chunk per step; it hands each back to
+    :meth:`start_decoding` or :meth:`join_rows`) and ``replies``
+    (:class:`core.engine.replies.Finisher`: each token taken, a request finished); the
+    order between clients is :mod:`core.engine.turns`'."""
 
     def __init__(
         self,
@@ -99,21 +103,29 @@ class Scheduler(PrefillSteps, Replies):
         self.continuations = (
             Continuations(cache.ram.tree) if cache is not None and cache.enabled else None
         )
-        # Prompts that wait together prefilled in one padded forward (core.engine.batch_prefill)
-        self.batch_prefill = batch_prefill
-        # Sizes prefill chunks; None (interleave off): a prompt is prefilled whole in the step
-        # that starts it, as before interleaving.
-        self.pacer = (
-            (pacer or ChunkPacer(idle_budget_s=IDLE_WAIT_S if sharing.round_robin else None))
-            if interleave
-            else None
-        )
-        # Whose prompt takes the next chunk, and how many one client may queue
-        self.turns = PrefillTurns(sharing.max_waiting, round_robin=sharing.round_robin)
-        self.on_finished = on_finished
-        self.on_progress = on_progress  # after each prefill chunk (live memory panels)
         self.cache = cache  # the KV cache's one door, both tiers (None: caching is off)
-        self.eos = set(loaded.tokenizer.eos_token_ids)
+        # each token taken, the text sent, a request finished and committed to ``cache``
+        self.replies = Finisher(set(loaded.tokenizer.eos_token_ids), cache, on_finished)
+        self.prefill = Prefiller(
+            loaded,
+            cache,
+            self.replies,
+            self,
+            # whose prompt takes the next chunk, and how many one client may queue
+            turns=PrefillTurns(sharing.max_waiting, round_robin=sharing.round_robin),
+            # sizes prefill chunks; None (interleave off): a prompt is prefilled whole in the
+            # step that starts it, as before interleaving
+            pacer=(
+                (pacer or ChunkPacer(idle_budget_s=IDLE_WAIT_S if sharing.round_robin else None))
+                if interleave
+                else None
+            ),
+            # prompts that wait together prefilled in one padded forward
+            # (core.engine.batch_prefill)
+            batch_prefill=batch_prefill,
+            on_progress=on_progress,
+            on_finished=on_finished,
+        )
         self.vocab = vocab_size(loaded.model, loaded.config)
         self.markup = generic_tools.markup_for(loaded.tokenizer)  # the template's, or generic
         self.thinking = thinking_markup(loaded.tokenizer)  # a reasoning model's markers, or None
@@ -121,8 +133,16 @@ class Scheduler(PrefillSteps, Replies):
         self.batch = DecodeBatch(loaded.model, MAX_BATCH)
         self.batched: dict[int, Active] = {}  # batch uid -> request
         self.solo: Solo | None = None
-        self.waiting: list[PrefillJob] = []  # admitted, not yet decoding
-        self._arrivals = 0
+
+    def use_cache(self, cache) -> None:
+        """Admit and finish requests through ``cache`` from now on (a group's agreed view of
+        the tiered cache: core.distributed.engine)."""
+        self.cache = self.replies.cache = self.prefill.cache = cache
+
+    @property
+    def waiting(self) -> list[PrefillJob]:
+        """The requests admitted and not decoding yet (the prefill's)."""
+        return self.prefill.waiting
 
     @property
     def active(self) -> list[Active]:
@@ -144,20 +164,24 @@ class Scheduler(PrefillSteps, Replies):
         waiting request whose turn it is: a long prompt goes in between the others' tokens."""
         if self.solo is not None or self.batched:
             self._decode_step()
-        if self.waiting:
+        if self.prefill.waiting:
             self._plain_run = 0  # a prefill chunk in between: not a plain step's time
-            self._prefill_step()
+            self.prefill.step()
 
     # ------------------------------------------------------------------ admit
-    def admit(self, handle) -> None:
-        """Check ``handle``'s request and queue it for prefill (:meth:`step` runs it, a chunk
-        at a time). Raises UserError for a request that cannot run."""
+    def admit(self, handle: EngineHandle) -> None:
+        """Check ``handle``'s request, its prompt worked out (``handle.tokenized``, taken
+        here), and queue it for prefill (:meth:`step` runs it, a chunk at a time). Raises
+        UserError for a request that cannot run."""
+        tokenized, handle.tokenized = handle.tokenized, None
+        if tokenized is None or tokenized.request is not handle.request:
+            raise ValueError("the scheduler admits a request whose prompt is worked out")
         request, loaded = handle.request, self.loaded
         client = group_of_request(request)
-        self.turns.check_room(client, self.waiting)  # its queue is full: refused at once
+        self.prefill.check_room(client)  # its queue is full: refused at once
         started = time.perf_counter() - handle.prompt_s  # rendered and tokenised on a prompt thread
         # schemas checked on the prompt thread (engine.py)
-        prompt = render_prompt(loaded.tokenizer, request)
+        prompt = list(tokenized.tokens)
         context = loaded.info.context_length
         if self.vocab is not None and not 0 <= min(prompt) <= max(prompt) < self.vocab:
             bad = next(t for t in prompt if not 0 <= t < self.vocab)
@@ -183,32 +207,78 @@ class Scheduler(PrefillSteps, Replies):
             processors = [*processors, grammar]
         calls_on = request.tools and request.tool_choice != "none"
         state = Active(
-            handle,
-            prompt,
-            None,
-            0,
-            0,
-            started,
-            min(params.max_tokens, context - len(prompt)),
-            StopText(params.stop),
-            loaded.tokenizer.detokenizer,
-            ToolCallText(self.markup, request.tools) if calls_on else None,
-            grammar,
-            self._reasoning(request, prompt, grammar),
+            handle=handle,
+            prompt=prompt,
+            started=started,
+            max_tokens=min(params.max_tokens, context - len(prompt)),
+            stop_text=StopText(params.stop),
+            detok=loaded.tokenizer.detokenizer,
+            tool_text=ToolCallText(self.markup, request.tools) if calls_on else None,
+            grammar=grammar,
+            reasoning=self._reasoning(tokenized, prompt, grammar),
         )
-        self._arrivals += 1
-        self.waiting.append(
-            PrefillJob(state, sampler, processors, Turn(client, request.priority, self._arrivals))
-        )
+        self.prefill.queue(state, sampler, processors, client, request.priority)
 
-    def _reasoning(self, request, prompt: list[int], grammar) -> ReasoningText | None:
+    def _reasoning(
+        self, tokenized: TokenizedRequest, prompt: list[int], grammar
+    ) -> ReasoningText | None:
         """The thinking splitter of a chat reply from a reasoning model (None for a text
         completion). A reply held to a grammar starts as the answer, whatever its prompt
         opened: the grammar's output is the answer."""
-        if self.thinking is None or not (request.messages or request.templated):
+        if self.thinking is None or not tokenized.templated:
             return None
         inside = grammar is None and opens_thinking(self.thinking, prompt)
         return ReasoningText(self.thinking, inside)
+
+    # ------------------------------------------------------------------ from the prefill
+    @property
+    def decoding(self) -> bool:
+        """Whether any request decodes now (alone or in the batch)."""
+        return self.solo is not None or bool(self.batched)
+
+    def decoding_rows(self, client: str) -> int:
+        """How many of ``client``'s requests decode now."""
+        alone = self.solo is not None and group_of(self.solo.state) == client
+        return self.batch.rows_of(client) + alone
+
+    def start_decoding(self, job: PrefillJob, caches: list, first: int) -> None:
+        """``job``'s prompt is in and ``first`` taken: it decodes alone when nothing else
+        does, else in the batch (a request decoding alone joins it first)."""
+        if not self.decoding:
+            self._go_solo(job, caches, first)
+            return
+        if self.solo is not None:
+            self._hand_over()
+        state = job.state
+        self._insert(state, first, caches, list(state.prompt), job.sampler, job.processors)
+
+    def join_rows(self, joining: list[tuple[int, PrefillJob, int]], rows) -> None:
+        """A batched prefill's requests that go on, as (row, job, first token): they join
+        the decode batch together, their merged caches as they are (or, alone, decode solo)."""
+        try:
+            if len(joining) == 1 and not self.decoding:
+                row, job, first = joining[0]
+                self._go_solo(job, rows.caches(row), first)
+                return
+            if self.solo is not None:
+                self._hand_over()
+            rows.keep([row for row, _, _ in joining])
+            uids = self.batch.join_rows(
+                [first for _, _, first in joining],
+                rows.batch.prompt_cache,
+                rows.batch.tokens,
+                [job.sampler for _, job, _ in joining],
+                [job.processors for _, job, _ in joining],
+                [job.state.max_tokens - len(job.state.generated) for _, job, _ in joining],
+                [group_of(job.state) for _, job, _ in joining],
+            )
+        except Exception as exc:
+            log.exception("starting a batched prefill's requests failed")
+            for _, job, _ in joining:
+                self.replies.fail(job.state, f"internal error: {exc}")
+            return
+        for uid, (_, job, _) in zip(uids, joining):
+            self.batched[uid] = job.state
 
     def _go_solo(self, job: PrefillJob, caches: list, first: int) -> None:
         """Nothing else decodes: ``job`` decodes alone, ``first`` its next input."""
@@ -283,7 +353,7 @@ class Scheduler(PrefillSteps, Replies):
         state = solo.state
         if state.handle.cancelled:
             self.solo = None
-            self._finish_safely(state, "cancelled", solo.caches, solo.cache_tokens)
+            self.replies.finish_safely(state, "cancelled", solo.caches, solo.cache_tokens)
             return
         current = solo.pending
         # Queue the step after this one before waiting for this token (as generate_step
@@ -294,12 +364,12 @@ class Scheduler(PrefillSteps, Replies):
         token = current.item()
         if feed:
             solo.cache_tokens.append(token)
-        finish = self._take(state, token)
+        finish = self.replies.take(state, token)
         if finish is None and not feed:
             finish = "length"
         if finish is not None:
             self.solo = None
-            self._finish_safely(state, finish, solo.caches, solo.cache_tokens)
+            self.replies.finish_safely(state, finish, solo.caches, solo.cache_tokens)
 
     def _speculative_step(self) -> None:
         """Take the pending token, then feed it with a draft of what follows in one forward
@@ -309,7 +379,7 @@ class Scheduler(PrefillSteps, Replies):
         state = solo.state
         last = solo.pending.item()
         started = time.perf_counter()
-        finish = self._take(state, last)
+        finish = self.replies.take(state, last)
         _catch_up(solo.drafter, state)
         draft = (
             solo.drafter.propose(state.max_tokens - len(state.generated) - 1)
@@ -322,7 +392,7 @@ class Scheduler(PrefillSteps, Replies):
             return
         if finish is not None:
             self.solo = None
-            self._finish_safely(state, finish, solo.caches, solo.cache_tokens)
+            self.replies.finish_safely(state, finish, solo.caches, solo.cache_tokens)
             return
         verdict = verify(
             self.loaded.model,
@@ -344,13 +414,13 @@ class Scheduler(PrefillSteps, Replies):
         if solo.context is not None:
             solo.context = mx.concatenate([solo.context, mx.array([last, *accepted])])
         for i, token in enumerate(accepted):
-            finish = self._take(state, token)
+            finish = self.replies.take(state, token)
             if finish is not None:  # the caches keep what the reply has, no more
                 unused = len(accepted) - 1 - i
                 trim(solo.caches, unused)
                 del solo.cache_tokens[len(solo.cache_tokens) - unused :]
                 self.solo = None
-                self._finish_safely(state, finish, solo.caches, solo.cache_tokens)
+                self.replies.finish_safely(state, finish, solo.caches, solo.cache_tokens)
                 return
         solo.pending = mx.array([verdict.next_token])
 
@@ -371,18 +441,20 @@ class Scheduler(PrefillSteps, Replies):
         state = solo.state
         try:
             token = solo.pending.item()  # its pending token is taken now, then fed by the batch
-            finish = self._take(state, token)
+            finish = self.replies.take(state, token)
             if finish is None and len(state.generated) >= state.max_tokens:
                 finish = "length"
             if finish is not None or state.handle.cancelled:
-                self._finish_safely(state, finish or "cancelled", solo.caches, solo.cache_tokens)
+                self.replies.finish_safely(
+                    state, finish or "cancelled", solo.caches, solo.cache_tokens
+                )
                 return
             self._insert(
                 state, token, solo.caches, solo.cache_tokens, solo.sampler, solo.processors
             )
         except Exception as exc:
             log.exception("moving a request into the decode batch failed")
-            self._fail(state, f"internal error: {exc}")
+            self.replies.fail(state, f"internal error: {exc}")
 
     # ------------------------------------------------------------------ decode
     def _decode_step(self) -> None:
@@ -403,7 +475,7 @@ class Scheduler(PrefillSteps, Replies):
             if state.handle.cancelled:
                 caches, tokens = self.batch.remove(uid)
                 del self.batched[uid]
-                self._finish_safely(state, "cancelled", caches, tokens)
+                self.replies.finish_safely(state, "cancelled", caches, tokens)
         if not self.batched:
             return
         ending = []
@@ -411,7 +483,7 @@ class Scheduler(PrefillSteps, Replies):
             state = self.batched.get(generated.uid)
             if state is None:
                 continue
-            finish = self._take(state, generated.token)
+            finish = self.replies.take(state, generated.token)
             if finish is not None or generated.finished:
                 ending.append((generated, state, finish))
         # every row's token is out before the rows that end store their caches (which takes
@@ -422,12 +494,12 @@ class Scheduler(PrefillSteps, Replies):
             else:
                 caches, tokens = self.batch.remove(generated.uid)
             del self.batched[generated.uid]
-            self._finish_safely(state, finish or "length", caches, tokens)
+            self.replies.finish_safely(state, finish or "length", caches, tokens)
 
     def fail_all(self, message: str) -> None:
         """A bug in a step: end every running request with an error, start a new batch."""
         for state in self.active:
-            self._fail(state, message)
+            self.replies.fail(state, message)
         self.batched.clear()
         self.solo = None
         self.batch.close()

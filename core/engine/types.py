@@ -115,9 +115,6 @@ class GenerationRequest:
     # "low"}): the API's chat_template_kwargs, Anthropic's thinking, Responses' reasoning.
     # A plain dict of JSON values, never changed once submitted.
     template_kwargs: dict = field(default_factory=dict)
-    # The prompt was rendered from chat messages: the engine sets it when it swaps them for
-    # their token ids, so a reasoning model's thinking is still split out of the reply.
-    templated: bool = False
     # Token ids that come before the prompt (Ollama's ``context``: an earlier prompt and its
     # reply, sent back); the rendered messages or text follow them.
     context_tokens: tuple[int, ...] = ()

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from core.engine.config import EngineConfig
 from core.engine.engine import Engine, RequestHandle
+from core.engine.handle import TokenizedRequest
+from core.engine.prompt import render_prompt
 from core.engine.scheduler import Scheduler
 from core.engine.types import DoneEvent, GenerationRequest, SamplingParams
 from core.models.load.chat_template import shipped_template
@@ -89,10 +91,17 @@ def last_done(events: list) -> DoneEvent:
     return events[-1]
 
 
+def admit(s: Scheduler, h: RequestHandle) -> None:
+    """Work ``h``'s prompt out (as a prompt thread does) and admit it to ``s``."""
+    tokens = render_prompt(s.loaded.tokenizer, h.request)
+    h.tokenized = TokenizedRequest(h.request, tuple(tokens), load=0)
+    s.admit(h)
+
+
 def start(s: Scheduler, h: RequestHandle) -> None:
     """Admit ``h`` and step until its prefill is done and it has its first token (the
     others decode meanwhile)."""
-    s.admit(h)
+    admit(s, h)
     while any(job.state.handle is h for job in s.waiting):
         s.step()
 

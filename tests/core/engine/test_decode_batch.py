@@ -7,7 +7,16 @@ from __future__ import annotations
 import pytest
 
 from core.engine.types import DoneEvent
-from tests.core.engine.helpers import done, finish, handle, no_locks, run_alone, scheduler, start
+from tests.core.engine.helpers import (
+    admit,
+    done,
+    finish,
+    handle,
+    no_locks,
+    run_alone,
+    scheduler,
+    start,
+)
 from tests.core.engine.token_log import TokenLog
 
 PROMPTS = (
@@ -102,7 +111,7 @@ def test_greedy_rows_give_mlx_lms_own_tokens(loaded):
         for p in ids
     ]
     for h in handles:
-        s.admit(h)
+        admit(s, h)
     finish(s)
     ours = [done(h).text for h in handles]
     generator = BatchGenerator(
@@ -144,7 +153,7 @@ def test_rows_ending_together_send_their_last_tokens_before_storing_caches(loade
     s = scheduler(loaded)
     handles = [handle(p, max_tokens=6) for p in PROMPTS[:3]]
     for h in handles:
-        s.admit(h)  # prefilled together, so they join the batch at one step
+        admit(s, h)  # prefilled together, so they join the batch at one step
     finish(s)
     ends = {id(h): done(h) for h in handles}
     together = [h for h in handles if ends[id(h)].stats.finish_reason == "length"]
@@ -244,15 +253,15 @@ def test_a_new_clients_prompt_is_prefilled_before_a_busy_clients_next_ones(loade
     last, is prefilled first (chunk by chunk: a hybrid model's prompt goes in two calls, all
     but its last token and then that token, and one of A's takes a chunk between them)."""
     s = scheduler(loaded)
-    s.batch_prefill = False
+    s.prefill.batch_prefill = False
     running = [_of("key-a", f"running stream {i}", LONG) for i in range(2)]
     for h in running:
         start(s, h)
     queued = [_of("key-a", f"queued prompt {i}", 4) for i in range(3)]
     for h in queued:
-        s.admit(h)
+        admit(s, h)
     other = _of("key-b+salt-ignored", "the other client", 4)
-    s.admit(other)
+    admit(s, other)
     while any(job.state.handle is other for job in s.waiting):
         s.step()
     waiting = [job for job in s.waiting if job.state.handle in queued]

@@ -21,7 +21,7 @@ from core.engine.reasoning import (
     opens_thinking,
     thinking_markup,
 )
-from core.engine.replies import Replies
+from core.engine.replies import Finisher
 from core.engine.running import Active
 from core.engine.tools import ToolCallText, template_message
 from core.engine.types import (
@@ -157,18 +157,14 @@ def active(reasoning: ReasoningText, tools: bool = True) -> Active:
     )
     handle = RequestHandle(GenerationRequest(messages=(ChatMessage("user", "hi"),)))
     return Active(
-        handle,
-        [1],
-        None,
-        0,
-        0,
-        0.0,
-        100,
-        StopText(()),
-        None,
-        ToolCallText(markup, TOOLS) if tools else None,
-        None,
-        reasoning,
+        handle=handle,
+        prompt=[1],
+        started=0.0,
+        max_tokens=100,
+        stop_text=StopText(()),
+        detok=None,
+        tool_text=ToolCallText(markup, TOOLS) if tools else None,
+        reasoning=reasoning,
     )
 
 
@@ -176,8 +172,8 @@ def test_tool_calls_are_parsed_out_of_the_answer_never_out_of_the_thinking():
     state = active(ReasoningText(THINK))
     reply = f"<think>Maybe {CALL} is wrong.</think>Sure. {CALL}"
     for char in reply:
-        Replies()._show(state, char)
-    Replies()._show(state, "", final=True)
+        Finisher(set(), None).show(state, char)
+    Finisher(set(), None).show(state, "", final=True)
     state.handle.finish()
     events = list(state.handle.events(timeout=0))
     thinking = "".join(e.text for e in events if isinstance(e, ReasoningEvent))

@@ -30,7 +30,7 @@ from core.engine.types import (
 from core.errors import ErrorKind, TooManyWaitingError
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from tests.core.engine import helpers
-from tests.core.engine.helpers import done, finish, start_engine
+from tests.core.engine.helpers import admit, done, finish, start_engine
 
 CHUNK = 32  # the pacer's largest chunk: a 600-token prompt is ~19 chunks
 LONG = "".join(chr(97 + (i * 7) % 26) for i in range(600))  # byte tokenizer: ~600 tokens
@@ -190,11 +190,11 @@ def chunk_owners(log: list) -> list[str]:
 def test_another_keys_short_prompt_goes_in_before_a_long_prompt_half_prefilled(long_loaded):
     s, log = scheduler(long_loaded), []
     long = Logged(ask(LONG, KEY_A, max_tokens=2), "long", log)
-    s.admit(long)
+    admit(s, long)
     for _ in range(3):
         s.step()  # three chunks of the long prompt are in
     short = Logged(ask("hi", KEY_B), "short", log)
-    s.admit(short)
+    admit(s, short)
     finish(s)
     assert first_answer(log, "short") < prefilled(log, "long")
     # one chunk of the long prompt at most went in between (a hybrid model prefills the
@@ -211,11 +211,11 @@ def test_another_keys_short_prompt_goes_in_before_a_queue_of_long_prompts(long_l
     s, log = scheduler(long_loaded, batch_prefill=False), []
     queue = [Logged(ask(LONG + str(i), KEY_A, max_tokens=2), f"long {i}", log) for i in range(3)]
     for h in queue:
-        s.admit(h)
+        admit(s, h)
     s.step()
     s.step()
     short = Logged(ask("hi", with_salt(KEY_B, "its own salt"), max_tokens=2), "short", log)
-    s.admit(short)
+    admit(s, short)
     finish(s)
     assert first_answer(log, "short") < prefilled(log, "long 0")
     # A's queue in arrival order, one prompt at a time
@@ -227,7 +227,7 @@ def test_another_keys_short_prompt_goes_in_before_a_queue_of_long_prompts(long_l
 def test_three_keys_long_prompts_take_chunks_in_turn(long_loaded):
     s, log = scheduler(long_loaded, batch_prefill=False), []
     for name, key in (("a", KEY_A), ("b", KEY_B), ("c", KEY_C)):
-        s.admit(Logged(ask(LONG + name, key, max_tokens=2), name, log))
+        admit(s, Logged(ask(LONG + name, key, max_tokens=2), name, log))
     finish(s)
     owners = chunk_owners(log)
     assert owners[:9] == ["a", "b", "c"] * 3
@@ -238,9 +238,9 @@ def test_a_chat_turn_keeps_every_chunk_before_api_requests(long_loaded):
     arrives while it is prefilled: a person is watching it."""
     s, log = scheduler(long_loaded), []
     chat = Logged(ask(LONG, "app", max_tokens=2, priority=CHAT_PRIORITY), "chat", log)
-    s.admit(chat)
+    admit(s, chat)
     s.step()
-    s.admit(Logged(ask("hi", KEY_B), "api", log))
+    admit(s, Logged(ask("hi", KEY_B), "api", log))
     finish(s)
     assert prefilled(log, "chat") < first_answer(log, "api")
     assert set(chunk_owners(log)[: prefilled_chunks(log, "chat")]) == {"chat"}
@@ -254,9 +254,9 @@ def test_without_the_round_robin_the_long_prompt_keeps_every_chunk(long_loaded):
     """The order before the round robin (kept for the bench's side-by-side figures): the
     short prompt waited for the whole long one. The check above fails on it."""
     s, log = scheduler(long_loaded, sharing=PrefillSharing(round_robin=False)), []
-    s.admit(Logged(ask(LONG, KEY_A, max_tokens=2), "long", log))
+    admit(s, Logged(ask(LONG, KEY_A, max_tokens=2), "long", log))
     s.step()
-    s.admit(Logged(ask("hi", KEY_B), "short", log))
+    admit(s, Logged(ask("hi", KEY_B), "short", log))
     finish(s)
     assert prefilled(log, "long") < first_answer(log, "short")
 
@@ -265,14 +265,14 @@ def test_one_prompt_past_a_keys_cap_is_refused_at_once(long_loaded):
     s = scheduler(long_loaded, sharing=PrefillSharing(max_waiting=2))
     mine = [RequestHandle(ask(f"prompt {i}", KEY_A)) for i in range(2)]
     for h in mine:
-        s.admit(h)
+        admit(s, h)
     with pytest.raises(TooManyWaitingError):
-        s.admit(RequestHandle(ask("one more", with_salt(KEY_A, "a salt is the same key"))))
+        admit(s, RequestHandle(ask("one more", with_salt(KEY_A, "a salt is the same key"))))
     other = RequestHandle(ask("another key's", KEY_B))
-    s.admit(other)  # its own queue
+    admit(s, other)  # its own queue
     while any(job.state.handle is mine[0] for job in s.waiting):
         s.step()
-    s.admit(RequestHandle(ask("now there is room", KEY_A)))
+    admit(s, RequestHandle(ask("now there is room", KEY_A)))
     finish(s)
     assert all(done(h).stats.finish_reason == "length" for h in [*mine, other])
 

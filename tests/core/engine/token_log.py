@@ -7,22 +7,23 @@ compare these token ids, one by one."""
 
 from __future__ import annotations
 
-from core.engine.scheduler import Scheduler
+from core.engine.replies import Finisher
 
 
 class TokenLog:
-    """Records, through ``monkeypatch``, each token ``Scheduler._take`` is given, by request
-    handle (the engine thread appends; read once a request is done)."""
+    """Records, through ``monkeypatch``, each token ``Finisher.take`` is given (the
+    scheduler's replies), by request handle (the engine thread appends; read once a request
+    is done)."""
 
     def __init__(self, monkeypatch):
         self._by_handle: dict[int, tuple[object, list[int]]] = {}
-        take = Scheduler._take
+        take = Finisher.take
 
-        def recording(scheduler, state, token):
+        def recording(finisher, state, token):
             self._by_handle.setdefault(id(state.handle), (state.handle, []))[1].append(token)
-            return take(scheduler, state, token)
+            return take(finisher, state, token)
 
-        monkeypatch.setattr(Scheduler, "_take", recording)
+        monkeypatch.setattr(Finisher, "take", recording)
 
     def of(self, handle) -> list[int]:
         """The tokens of the request ``handle`` carries (the end-of-sequence one included)."""
