@@ -45,7 +45,6 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 from kvcache.sqlite_file import (  # noqa: F401  (MIN_RESERVE...: this module's API too)
@@ -72,7 +71,8 @@ from kvcache.store_format import (  # noqa: F401  (page_key, pack_tokens...: thi
     unpack_tokens,
 )
 from kvcache.store_reader import ChainLink, ChainPage, IndexedPage, SessionReader
-from kvcache.store_repair import StoreRepair, VerifyReport, chain_tokens  # noqa: F401  (VerifyReport: this module's API too)
+from kvcache.store_repair import VerifyReport, cut_back_chains, find_bad_pages, walk
+from kvcache.store_results import SaveResult, SessionInfo, StoreStats
 
 log = logging.getLogger(__name__)
 
@@ -98,50 +98,7 @@ class DiskStoreError(Exception):
         return " ".join(str(self.args[0] if self.args else "").split())
 
 
-@dataclass(frozen=True)
-class SaveResult:
-    session: str | None  # None: a chain kept by its tokens alone (a prefix)
-    head: str | None  # the key of the chain's last saved page
-    pages: int  # pages in the saved chain
-    tokens: int  # tokens in the saved chain (fewer than given only if a kv=None page was gone)
-    pages_written: int  # pages that were not stored yet
-    bytes_written: int
-    evicted_sessions: tuple[str, ...]  # dropped by the budget (may include this one)
-    gave_way: bool = False  # nothing written: the disk is nearly full (its reserve)
-
-
-@dataclass(frozen=True)
-class SessionInfo:
-    name: str
-    fingerprint: str
-    tokens: int
-    pages: int
-    nbytes: int  # the chain's bytes, pages shared with other sessions included
-    updated_at: float  # last save
-    last_used: float  # last save or load
-
-
-@dataclass(frozen=True)
-class StoreStats:
-    sessions: int
-    prefixes: int  # chains kept for any request by their tokens (no session name)
-    pages: int
-    bytes: int  # of pages (tokens + kv + snapshot)
-    file_bytes: int  # the database file and its write-ahead log
-    orphan_pages: int  # pages no session reaches (0 unless something went wrong)
-    budget_bytes: int
-    saves: int  # counters since the store was created
-    loads: int
-    restored_pages: int
-    restored_tokens: int
-    dropped_pages: int  # failed a check and were deleted
-    evicted_sessions: int
-    evicted_prefixes: int
-    pages_written: int  # new pages (a page already stored is never written again)
-    bytes_written: int  # their bytes
-
-
-class DiskStore(StoreRepair, SqliteFile):
+class DiskStore(SqliteFile):
     """The KV cache database at ``path``, created and migrated on open.
 
     Use it from one thread at a time (any thread: the engine's writer owns it)."""
@@ -359,7 +316,7 @@ class DiskStore(StoreRepair, SqliteFile):
             ).fetchone()
             if row is not None and row[0] == fingerprint:
                 found = True
-                links, broken = self._walk(row[1], fingerprint)
+                links, broken = walk(self.db, row[1], fingerprint)
                 if broken is not None:  # the pages before the break cannot be reached
                     reader.suspects.add(broken)
                     links = []
@@ -627,6 +584,27 @@ class DiskStore(StoreRepair, SqliteFile):
             freed, total = freed + nbytes, total - nbytes
         self._count(evicted_sessions=len(evicted), evicted_prefixes=prefixes)
         return freed, evicted
+
+    def verify(self) -> VerifyReport:
+        """Re-hash every page; delete the bad ones, cut each session back to the pages
+        before its first bad one (dropping it if that leaves none or its chain cannot be
+        walked), delete orphans (:mod:`kvcache.store_repair`)."""
+        with self._read():  # no write lock while hashing everything
+            checked, suspects = find_bad_pages(self.db)
+        with self._transaction():
+            bad, truncated, dropped, orphans = self._repair(suspects)
+            strays = self.db.execute(
+                "DELETE FROM page_data WHERE key NOT IN (SELECT key FROM pages)"
+            ).rowcount
+        return VerifyReport(checked, bad, truncated, dropped, orphans + strays)
+
+    def _repair(self, suspects: set[str]) -> tuple[int, int, int, int]:
+        """Inside a transaction: chains cut back before the bad pages among ``suspects``,
+        those pages and the orphans deleted. (bad pages, chains truncated, dropped, orphans)"""
+        cut = cut_back_chains(self.db, suspects, self._keep_prefix)
+        self._delete_pages(cut.bad)
+        self._count(dropped_pages=len(cut.bad))
+        return len(cut.bad), cut.truncated, cut.dropped, self._delete_orphans()[0]
 
     def _keep_prefix(self, fingerprint: str, head: str, tokens: int, now: float) -> None:
         self.db.execute(
