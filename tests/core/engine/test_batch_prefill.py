@@ -64,14 +64,14 @@ def run(
     s = scheduler(loaded, batched)
     if warm is not None:
         h = handle(warm, max_tokens=3)
-        s.admit(h)
+        helpers.admit(s, h)
         finish(s)
     handles = [
         handle(t, max_tokens=24 - 5 * i, **(sampling if i == 1 else {}))
         for i, t in enumerate(texts(shared))
     ]
     for h in handles:
-        s.admit(h)
+        helpers.admit(s, h)
     finish(s)
     assert no_locks(s)
     return s, [done(h) for h in handles]
@@ -122,9 +122,9 @@ def test_the_pages_are_cached_exactly(long_loaded):
     s_off, _ = run(long_loaded, False, True)
     for d_on, text in zip(on, texts(True)):
         again_on, again_off = handle(text, max_tokens=30), handle(text, max_tokens=30)
-        s_on.admit(again_on)
+        helpers.admit(s_on, again_on)
         finish(s_on)
-        s_off.admit(again_off)
+        helpers.admit(s_off, again_off)
         finish(s_off)
         again_on, again_off = done(again_on), done(again_off)
         # the pages each tree cached (batched, or one at a time: different computations)
@@ -150,7 +150,7 @@ def test_waiting_prompts_take_one_forward(long_loaded, monkeypatch):
     s = scheduler(long_loaded)
     handles = [handle(t, max_tokens=24) for t in texts(False)]
     for h in handles:
-        s.admit(h)
+        helpers.admit(s, h)
     forwards = Forwards(monkeypatch, long_loaded)
     s.step()
     if s.cache.ram.hybrid:
@@ -170,11 +170,11 @@ def test_a_running_stream_keeps_decoding_and_the_rows_join_it(long_loaded, monke
     for the pacer to measure a rate from: until it has one, the budget is the smallest chunk.)"""
     s = scheduler(long_loaded)
     running = handle("already streaming, after a prompt long enough to measure", max_tokens=40)
-    s.admit(running)
+    helpers.admit(s, running)
     s.step()
     s.step()
     for t in PROMPTS[:3]:
-        s.admit(handle(t, max_tokens=24))
+        helpers.admit(s, handle(t, max_tokens=24))
     forwards = Forwards(monkeypatch, long_loaded)
     s.step()
     if not s.cache.ram.hybrid:
@@ -190,7 +190,7 @@ def test_a_budget_too_small_for_two_keeps_one_at_a_time(long_loaded, monkeypatch
     monkeypatch.setattr(batch_prefill, "IDLE_TOKENS", 1)
     s = scheduler(long_loaded)
     for t in PROMPTS:
-        s.admit(handle(t, max_tokens=24))
+        helpers.admit(s, handle(t, max_tokens=24))
     s.step()
     assert len(s.waiting) >= 3  # one prompt at most got its first token
     finish(s)
@@ -205,7 +205,7 @@ def test_cancel_of_a_row_during_a_batched_prefill(long_loaded, monkeypatch):
         )
     handles = [handle(t, max_tokens=24 - 5 * i) for i, t in enumerate(texts(True))]  # as run() does
     for h in handles:
-        s.admit(h)
+        helpers.admit(s, h)
 
     def cancel_the_second(inputs):
         if inputs.shape[0] > 1:
@@ -228,12 +228,12 @@ def test_cancel_of_a_row_during_a_batched_prefill(long_loaded, monkeypatch):
 def test_a_row_done_at_its_first_token_leaves_and_is_cached(long_loaded):
     s = scheduler(long_loaded)
     one, more = handle(PROMPTS[0], max_tokens=1), handle(PROMPTS[1], max_tokens=10)
-    s.admit(one)
-    s.admit(more)
+    helpers.admit(s, one)
+    helpers.admit(s, more)
     finish(s)
     assert done(more).stats.completion_tokens == 10
     again = handle(PROMPTS[0], max_tokens=4)
-    s.admit(again)
+    helpers.admit(s, again)
     finish(s)
     again, one = done(again), done(one)
     assert one.stats.completion_tokens == 1

@@ -108,8 +108,8 @@ def _together(loaded, interleave: bool, cancel_long_after: int | None = None):
 
     long = Watched(request(LONG, max_tokens=30), on_event)
     third = RequestHandle(request("and a third one", max_tokens=30))
-    s.admit(long)
-    s.admit(third)
+    helpers.admit(s, long)
+    helpers.admit(s, third)
     finish(s)
     assert s.cache.ram.stats().pages_locked == 0 and s.cache.ram.tree.check_invariants() is None
     return s, [done(h) for h in (first, long, third)]
@@ -158,8 +158,8 @@ def test_a_request_cancelled_while_waiting_ends_without_running(long_loaded):
     first = RequestHandle(request("running", max_tokens=30))
     start(s, first)
     long, queued = RequestHandle(request(LONG)), RequestHandle(request("queued"))
-    s.admit(long)
-    s.admit(queued)
+    helpers.admit(s, long)
+    helpers.admit(s, queued)
     queued.cancel()
     s.step()
     assert [job.state.handle for job in s.waiting] == [long]
@@ -181,15 +181,15 @@ def test_the_chat_window_goes_before_waiting_api_requests(long_loaded):
 
     api = Watched(request(LONG, max_tokens=5), first_token("api"))
     low = Watched(request("a background job", max_tokens=5, priority=5), first_token("low"))
-    s.admit(low)
-    s.admit(api)
+    helpers.admit(s, low)
+    helpers.admit(s, api)
     for _ in range(3):  # the API's long prompt has started
         s.step()
     assert s.waiting[0].run is not None or s.waiting[1].run is not None
     chat = Watched(
         request("the person's question", max_tokens=5, priority=CHAT_PRIORITY), first_token("chat")
     )
-    s.admit(chat)
+    helpers.admit(s, chat)
     finish(s)
     assert order == ["chat", "api", "low"]  # the chat overtook the API prompt already prefilling
     assert all(done(h).stats.finish_reason == "length" for h in (api, low, chat, running))

@@ -17,6 +17,7 @@ from core.engine.engine import RequestHandle
 from core.engine.generation import ChunkedPrefill
 from core.engine.namespaces import for_key
 from core.engine.types import GenerationRequest, SamplingParams
+from tests.core.engine import helpers
 from tests.core.engine.helpers import (
     done,
     finish,
@@ -86,7 +87,7 @@ def test_a_cancel_mid_prefill_keeps_the_chunks_done(loaded, monkeypatch):
         return chunks[-1]
 
     monkeypatch.setattr(ChunkedPrefill, "advance", advance_then_cancel)
-    s.admit(cut)
+    helpers.admit(s, cut)
     finish(s)
     monkeypatch.setattr(ChunkedPrefill, "advance", advance)
     stats = done(cut).stats
@@ -124,7 +125,7 @@ def test_a_row_cancelled_in_the_decode_batch_leaves_its_prompt_and_reply(loaded,
 def test_a_request_cancelled_before_its_prefill_leaves_nothing(loaded):
     s = scheduler(loaded)
     waiting = handle(PROMPT)
-    s.admit(waiting)
+    helpers.admit(s, waiting)
     waiting.cancel()
     finish(s)
     assert done(waiting).stats.finish_reason == "cancelled"
