@@ -117,6 +117,24 @@ def outcome(name: str, returncode: int, stdout: str, stderr: str) -> str | None:
     return None
 
 
+ANSWER_SHOWN = 400  # characters of a client's last reply the report keeps
+
+
+def final_answer(name: str, stdout: str) -> str:
+    """What the client showed as the model's last reply (Claude Code's ``result``, Codex's
+    standard output), on one line, cut to ``ANSWER_SHOWN`` characters: where a client made
+    no file, this says what the model did instead."""
+    text = stdout.strip()
+    if name == "claude":
+        try:
+            result = json.loads(text.splitlines()[-1])
+        except (ValueError, IndexError):
+            result = None
+        text = str(result.get("result") or "") if isinstance(result, dict) else text
+    text = " ".join(text.split())
+    return text if len(text) <= ANSWER_SHOWN else text[:ANSWER_SHOWN] + "..."
+
+
 def client_version(path: str) -> str:
     try:
         done = subprocess.run(
@@ -188,8 +206,9 @@ def run_client(name: str, path: str, server, model: str, args) -> dict:
                 check=False,
             )
             error = outcome(name, done.returncode, done.stdout, done.stderr)
+            answer = final_answer(name, done.stdout)
         except subprocess.TimeoutExpired:
-            error = f"did not finish within {args.timeout_s} s"
+            error, answer = f"did not finish within {args.timeout_s} s", ""
         seconds = time.monotonic() - started
         made = sorted(p.name for p in work.iterdir())
     requests = [
@@ -217,6 +236,7 @@ def run_client(name: str, path: str, server, model: str, args) -> dict:
         "error": error,
         "seconds": round(seconds, 1),
         "files_made": made,
+        "answer": answer,
         "requests": requests,
     }
 
@@ -288,6 +308,8 @@ def format_clients(report: dict) -> str:
             f"requests in {client['seconds']:.0f} s; files made: "
             f"{', '.join(client['files_made']) or 'none'}"
         )
+        if client.get("answer"):
+            lines.append(f"  its last reply: {client['answer']!r}")
     for name in report["missing"]:
         lines.append(f"{name}: not on PATH (give it with --{name} PATH): not run")
     mlx = report.get("mlx_lm_server")

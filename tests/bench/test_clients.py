@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
-from bench.clients import format_clients, outcome
+from bench.clients import ANSWER_SHOWN, final_answer, format_clients, outcome
 from core.cli.main import main
 
 FAKE_CLAUDE = """#!{python}
@@ -72,6 +72,7 @@ def test_bench_clients_runs_a_client_and_reads_its_requests(
     table = format_clients(report)
     assert "claude (0.0.1 (stand-in)): finished, no API error" in table
     assert "codex: not on PATH" in table
+    assert client["answer"] == "done" and "its last reply: 'done'" in table
 
 
 def test_an_api_error_is_what_the_client_reports():
@@ -89,3 +90,13 @@ def test_an_api_error_is_what_the_client_reports():
         "exit 1: ERROR: Incomplete response returned, reason: max_output_tokens"
     )
     assert outcome("codex", 0, "done", "") is None
+
+
+def test_the_clients_last_reply_is_kept_on_one_line_and_cut():
+    said = json.dumps({"type": "result", "is_error": False, "result": "I cannot\n write files."})
+    assert final_answer("claude", "progress\n" + said) == "I cannot write files."
+    shown = final_answer("codex", "\nSure:\n\n  echo hi > hello.txt\n")
+    assert shown == "Sure: echo hi > hello.txt"
+    long = final_answer("codex", "x" * (ANSWER_SHOWN + 50))
+    assert long == "x" * ANSWER_SHOWN + "..."
+    assert final_answer("claude", "not json") == "not json"
