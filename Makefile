@@ -39,7 +39,7 @@ run: setup
 test: setup
 	$(BIN)/radixchat fetch-model default
 	$(BIN)/radixchat fetch-model gemma3-270m
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The packaged app is built from exact versions (requirements-lock.txt, with the `dev` and
 # `package` extras: PyInstaller, Pillow), whatever the ranges would pick today; a user's
