@@ -71,7 +71,13 @@ from kvcache.store_format import (  # noqa: F401  (page_key, pack_tokens...: thi
     unpack_tokens,
 )
 from kvcache.store_reader import ChainLink, ChainPage, IndexedPage, SessionReader
-from kvcache.store_repair import VerifyReport, cut_back_chains, find_bad_pages, walk
+from kvcache.store_repair import (
+    VerifyReport,
+    cut_back_chains,
+    find_bad_pages,
+    link_sound,
+    walk,
+)
 from kvcache.store_results import SaveResult, SessionInfo, StoreStats
 
 log = logging.getLogger(__name__)
@@ -352,13 +358,7 @@ class DiskStore(SqliteFile):
                 if row is None:
                     missing.add(key)
                     break
-                if (
-                    row[0] != parent
-                    or row[1] != fingerprint
-                    or not row[2]
-                    or len(row[2]) % 4
-                    or page_key(fingerprint, row[0], row[2]) != key
-                ):
+                if row[0] != parent or not link_sound(key, row, fingerprint):
                     break
                 links.append(ChainLink(key, row[0], row[2], row[3], row[4]))
                 parent = key

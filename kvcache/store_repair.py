@@ -75,19 +75,25 @@ def walk(db, head: str, fingerprint: str) -> tuple[list[ChainLink], str | None]:
             "SELECT parent, fingerprint, tokens, nbytes, checksum FROM pages WHERE key = ?",
             [key],
         ).fetchone()
-        if (
-            row is None
-            or key in seen
-            or row[1] != fingerprint
-            or not row[2]
-            or len(row[2]) % 4
-            or page_key(fingerprint, row[0], row[2]) != key
-        ):
+        if row is None or key in seen or not link_sound(key, row, fingerprint):
             return links, key
         seen.add(key)
         links.append(ChainLink(key, row[0], row[2], row[3], row[4]))
         key = row[0]
     return links, None
+
+
+def link_sound(key: str, row: tuple, fingerprint: str) -> bool:
+    """Whether a page's row (parent, fingerprint, tokens, ...) is the link ``key`` names in
+    a chain of ``fingerprint``: that fingerprint, whole int32 tokens, and a key that is the
+    hash of its parent and tokens. Reads no K/V."""
+    parent, page_fingerprint, tokens = row[0], row[1], row[2]
+    return (
+        page_fingerprint == fingerprint
+        and bool(tokens)
+        and not len(tokens) % 4
+        and page_key(fingerprint, parent, tokens) == key
+    )
 
 
 def cut_back_chains(db, suspects: set[str], keep_prefix) -> ChainsCut:
