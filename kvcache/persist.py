@@ -67,6 +67,7 @@ from kvcache.store import (
     chain_keys,
     namespace_root,
     pack_tokens,
+    save_bytes_for,
     session_row,
 )
 from kvcache.unwritten import UnwrittenPages, read_chain
@@ -144,9 +145,11 @@ class DiskTier:
         # what pages are keyed by: the model's fingerprint and the KV format (kvcache.kv_pages)
         self.fingerprint = fingerprint = store_fingerprint(fingerprint, prefix_cache.layout)
         self.min_write_tokens = min_write_tokens
-        self.reader = DiskStore(path, budget_bytes=budget_bytes)  # raises DiskStoreError
+        # budget_bytes: the files' (the database and its log), not the pages' alone
+        budget = dict(budget_bytes=budget_bytes, save_bytes=save_bytes_for(budget_bytes))
+        self.reader = DiskStore(path, **budget)  # raises DiskStoreError
         try:
-            self._writer = DiskStore(path, budget_bytes=budget_bytes)
+            self._writer = DiskStore(path, **budget)
             self.index = DiskIndex(fingerprint, self.reader.index(fingerprint))
         except BaseException:
             self.reader.close()

@@ -83,6 +83,16 @@ from kvcache.store_results import SaveResult, SessionInfo, StoreStats
 log = logging.getLogger(__name__)
 
 DEFAULT_BUDGET = 10 * 2**30  # bytes of pages on disk
+# A store that keeps its files within the budget (``save_bytes`` given, as the engine's
+# disk tier does): one write transaction adds at most about ``save_bytes`` of pages (a
+# longer chain goes in several), the write-ahead log is cut back to that after each, and
+# the pages may fill the budget less twice that and WRITE_FIXED_BYTES (the new pages sit
+# in the log, then in the file before eviction frees as much), less FIXED_FILE_BYTES for
+# SQLite's own tables, each page counted with one SQLite page more than its bytes (its
+# blob's last, part-full page and its row).
+MAX_SAVE_BYTES = 256 * 2**20
+FIXED_FILE_BYTES = 2**20
+WRITE_FIXED_BYTES = 8 * 65536  # what a write adds to the log besides its pages: table pages
 # The disk space the cache leaves free (kvcache.sqlite_file.MIN_RESERVE, RESERVE_FRACTION):
 # a save that would eat into it writes nothing, and when something else takes the disk
 # past it the cache empties itself and gives the space back (see _enforce_budget).
@@ -91,6 +101,22 @@ SQLITE_PAGE_SIZE = 65536  # set when the file is created: long overflow chains r
 # blob read, which SQLite serves with read() from the file straight into the result
 # (a memory map faults the file in 4 KB at a time instead), measured the faster of the two
 # (docs/benchmarks.md).
+
+
+def save_bytes_for(budget_bytes: int) -> int:
+    """The most one write transaction adds to a store that keeps its files within
+    ``budget_bytes`` (:class:`DiskStore`'s ``save_bytes``): a sixteenth of it, between four
+    SQLite pages and ``MAX_SAVE_BYTES``."""
+    return min(max(budget_bytes // 16, 4 * SQLITE_PAGE_SIZE), MAX_SAVE_BYTES)
+
+
+def pages_limit(budget_bytes: int, save_bytes: int | None = None) -> int:
+    """What the pages of a store that keeps its files within ``budget_bytes`` may count (each
+    page its bytes and one SQLite page): see ``MAX_SAVE_BYTES``."""
+    save_bytes = save_bytes_for(budget_bytes) if save_bytes is None else save_bytes
+    return budget_bytes - 2 * (save_bytes + WRITE_FIXED_BYTES) - FIXED_FILE_BYTES
+
+
 _HASH_THREADS = min(4, os.cpu_count() or 1)  # checksums of a load, in parallel
 _IN_CHUNK = 500  # keys per "key IN (...)" query, under SQLite's variable limit
 
@@ -133,9 +159,12 @@ class DiskStore(SqliteFile):
         budget_bytes: int = DEFAULT_BUDGET,
         timeout: float = 2.0,
         reserve_bytes: int | None = None,
+        save_bytes: int | None = None,
     ):
         self.path = Path(path)
         self.budget_bytes = budget_bytes
+        # None: the budget counts the pages' bytes alone; else the files' (see MAX_SAVE_BYTES)
+        self.save_bytes = save_bytes
         self.reserve_bytes = reserve_bytes  # None: max(MIN_RESERVE, RESERVE_FRACTION of the disk)
         # Checksums on worker threads (hashlib releases the GIL) while SQLite reads on.
         self._hashers = ThreadPoolExecutor(_HASH_THREADS, thread_name_prefix="kvcache-hash")
@@ -153,7 +182,7 @@ class DiskStore(SqliteFile):
         # Not the zeroing of every freed page some builds default to (Debian's): it made a
         # delete write as much as it deleted, so on a full disk nothing could be evicted.
         self.db.execute("PRAGMA secure_delete = FAST")
-        self.db.execute(f"PRAGMA journal_size_limit = {64 * 2**20}")
+        self.db.execute(f"PRAGMA journal_size_limit = {self.save_bytes or 64 * 2**20}")
 
     def close(self) -> None:
         self._reader.shutdown()
@@ -225,6 +254,67 @@ class DiskStore(SqliteFile):
         ]
         rows = self._hashers.map(lambda job: page_rows(fingerprint, *job), to_write)
         prepared = {key: row for (key, _, _), row in zip(to_write, rows)}  # before the lock
+        # A chain longer than one write: its first parts go in as prefixes (their heads new
+        # pages, so no prefix row of before is touched), the last part replaces those rows
+        # by the chain's own.
+        ends = self._write_ends(keys, prepared)
+        parts: list[SaveResult] = []
+        scaffold: list[str] = []  # the heads of the prefix rows the first parts made
+        for end in ends[:-1]:
+            part = self._write_chain(
+                fingerprint, pages[:end], keys[:end], parents, prepared, None, scaffold, saves=0
+            )
+            parts.append(part)
+            if part.pages < end:  # the disk gave way, or pages went missing: keep what is in
+                break
+            scaffold.append(keys[end - 1])
+        else:
+            parts.append(
+                self._write_chain(fingerprint, pages, keys, parents, prepared, session, scaffold)
+            )
+        last = parts[-1]
+        return SaveResult(
+            session=session,
+            head=last.head,
+            pages=last.pages,
+            tokens=last.tokens,
+            pages_written=sum(part.pages_written for part in parts),
+            bytes_written=sum(part.bytes_written for part in parts),
+            evicted_sessions=tuple(name for part in parts for name in part.evicted_sessions),
+            gave_way=any(part.gave_way for part in parts),
+        )
+
+    def _write_ends(self, keys: Sequence[str], prepared: dict[str, tuple[dict, dict]]) -> list[int]:
+        """Where the chain's write transactions end (page counts): each adds about
+        ``save_bytes`` of new pages at most (one page at least), and each but the last ends
+        on a new page. One transaction where the store has no ``save_bytes``."""
+        ends: list[int] = []
+        if self.save_bytes is not None:
+            size = last_new = 0
+            for index, key in enumerate(keys):
+                if key not in prepared:
+                    continue
+                nbytes = prepared[key][0]["nbytes"] + SQLITE_PAGE_SIZE  # as the budget counts
+                if size and size + nbytes > self.save_bytes:
+                    ends.append(last_new)
+                    size = 0
+                size, last_new = size + nbytes, index + 1
+        return [*ends, len(keys)]
+
+    def _write_chain(
+        self,
+        fingerprint: str,
+        pages: Sequence[PageData],
+        keys: Sequence[str],
+        parents: Sequence[str | None],
+        prepared: dict[str, tuple[dict, dict]],
+        session: str | None,
+        scaffold: Sequence[str],
+        saves: int = 1,
+    ) -> SaveResult:
+        """One write transaction of :meth:`_save_chain`: the chain's pages the store lacks,
+        its session or prefix row, then the budget. ``scaffold``: the prefix rows its earlier
+        parts made, which the budget spares; the chain's last part drops them."""
         now = time.time()
         room = self.disk_room()
         with self._transaction():
@@ -276,9 +366,16 @@ class DiskStore(SqliteFile):
                             "last_used": now,
                         }
                     )
+            spared = [*scaffold, chain[-1]] if chain else list(scaffold)
+            if chain and saves:  # the last part: the chain's own row reaches the first parts'
+                self.db.conn.executemany(
+                    "DELETE FROM prefixes WHERE head = ?",
+                    [[head] for head in scaffold if head != chain[-1]],
+                )
+                spared = []
             written = sum(row["nbytes"] for row in new_pages)
-            self._count(saves=1, pages_written=len(new_pages), bytes_written=written)
-            _freed, evicted = self._enforce_budget(room, fingerprint)
+            self._count(saves=saves, pages_written=len(new_pages), bytes_written=written)
+            _freed, evicted = self._enforce_budget(room, fingerprint, spared)
         self._checkpoint(shrink=room < 0)
         return SaveResult(
             session=session,
@@ -523,7 +620,35 @@ class DiskStore(SqliteFile):
         with self._transaction():
             freed, _evicted = self._enforce_budget(room, fingerprint)
         self._checkpoint(shrink=room < 0)
+        if room >= 0 and self.save_bytes is not None:
+            self._shrink_file(room)
         return freed
+
+    def _shrink_file(self, room: int) -> None:
+        """A file grown past the budget (a budget lowered since, a file from before files
+        were budgeted): rewritten without its free pages, where the disk has room for the
+        copy. Saves reuse free pages, so a store kept within its budget never needs it."""
+        try:
+            page_count, free = self.db.execute(
+                "SELECT * FROM pragma_page_count, pragma_freelist_count"
+            ).fetchone()
+            if page_count * SQLITE_PAGE_SIZE <= self.budget_bytes - self.save_bytes:
+                return
+            if (page_count - free) * SQLITE_PAGE_SIZE * 2 > room:
+                return
+            log.info("the KV cache file is past its budget: rewriting it without its free pages")
+            self.db.execute("VACUUM")
+            self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.DatabaseError as exc:
+            log.debug("shrinking the file skipped: %s", exc)
+
+    def pages_limit(self) -> int:
+        """What the pages may count (see :meth:`_enforce_budget`): the budget, or for a store
+        that keeps its files within it (``save_bytes``), the budget less room for one write
+        in the log and in the file, and for SQLite's own tables."""
+        if self.save_bytes is None:
+            return self.budget_bytes
+        return pages_limit(self.budget_bytes, self.save_bytes)
 
     def disk_room(self) -> int:
         """The bytes the cache may still take from its disk: the free space less the reserve
@@ -536,11 +661,15 @@ class DiskStore(SqliteFile):
 
     # -- internals (inside a transaction) --
 
-    def _enforce_budget(self, room: int, fingerprint: str | None = None) -> tuple[int, list[str]]:
-        """Evict down to the budget. When the disk is already past its reserve (``room <
-        0``: something else filled it), evict everything instead: deleted rows only give
-        space back to the disk through a VACUUM, which needs room for what is left, so
-        only an empty cache can be sure to return it (see :meth:`_checkpoint`)."""
+    def _enforce_budget(
+        self, room: int, fingerprint: str | None = None, spared: Sequence[str] = ()
+    ) -> tuple[int, list[str]]:
+        """Evict down to the budget (:meth:`pages_limit`; with ``save_bytes``, each page
+        counts one SQLite page more than its bytes). When the disk is already past its
+        reserve (``room < 0``: something else filled it), evict everything instead (``spared``,
+        the prefix rows of a chain being written, included; else they stay): deleted
+        rows only give space back to the disk through a VACUUM, which needs room for what is
+        left, so only an empty cache can be sure to return it (see :meth:`_checkpoint`)."""
         if room < 0:
             evicted = [
                 name for (name,) in self.db.execute("SELECT name FROM sessions ORDER BY name")
@@ -558,19 +687,24 @@ class DiskStore(SqliteFile):
                 )
             return freed, evicted
         freed = self._delete_orphans()[1]
-        total = self.db.execute("SELECT coalesce(sum(nbytes), 0) FROM pages").fetchone()[0]
-        limit = self.budget_bytes
+        overhead = 0 if self.save_bytes is None else SQLITE_PAGE_SIZE
+        total = self.db.execute(
+            "SELECT coalesce(sum(nbytes), 0) + count(*) * ? FROM pages", [overhead]
+        ).fetchone()[0]
+        limit = self.pages_limit()
         evicted: list[str] = []
         prefixes = 0
+        spared = list(spared)
         while total > limit:
             victim = self.db.execute(
                 (
                     "SELECT is_session, id FROM (SELECT 0 AS is_session, head AS id, "
-                    "fingerprint, last_used FROM prefixes UNION ALL SELECT 1, name, fingerprint, "
+                    "fingerprint, last_used FROM prefixes WHERE head NOT IN "
+                    f"({', '.join('?' * len(spared))}) UNION ALL SELECT 1, name, fingerprint, "
                     "last_used FROM sessions) ORDER BY coalesce(fingerprint = ?, 0), is_session, "
                     "last_used, id LIMIT 1"
                 ),
-                [fingerprint],
+                [*spared, fingerprint],
             ).fetchone()
             if victim is None:
                 break
@@ -580,8 +714,8 @@ class DiskStore(SqliteFile):
             else:
                 self.db.execute("DELETE FROM prefixes WHERE head = ?", [victim[1]])
                 prefixes += 1
-            nbytes = self._delete_orphans()[1]
-            freed, total = freed + nbytes, total - nbytes
+            count, nbytes = self._delete_orphans()
+            freed, total = freed + nbytes, total - nbytes - count * overhead
         self._count(evicted_sessions=len(evicted), evicted_prefixes=prefixes)
         return freed, evicted
 
@@ -657,6 +791,12 @@ class DiskStore(SqliteFile):
         with self._errors():
             return self.db.execute(sql, params or []).fetchall()
 
+    def _wal_bytes(self) -> int:
+        try:
+            return self.path.with_name(self.path.name + "-wal").stat().st_size
+        except OSError:
+            return 0
+
     def _checkpoint(self, shrink: bool = False) -> None:
         """Move what the write-ahead log holds into the database file, as far as readers
         allow (PASSIVE: waits for no one). Restores then read the file through the memory
@@ -668,6 +808,10 @@ class DiskStore(SqliteFile):
             if shrink:
                 self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
                 self.db.execute("VACUUM")
+                self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            elif self.save_bytes is not None and self._wal_bytes() > self.save_bytes:
+                # the log back to nothing (waiting a moment for readers), or it would hold
+                # several writes at once
                 self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             else:
                 self.db.execute("PRAGMA wal_checkpoint(PASSIVE)")

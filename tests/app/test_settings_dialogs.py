@@ -195,7 +195,7 @@ def test_disk_budget_typed_is_the_budget_the_engine_gets(qtbot, ini, tmp_path, t
     shows "of 2.5 GB" and the dialog's default reads in the same unit."""
     from app.memory_panel import MemoryPanel
     from core.engine.engine import Engine
-    from core.paths import GB, stored_responses_budget
+    from core.paths import GB, RESPONSES_FILE_FACTOR, stored_responses_budget
 
     dialog = _app_dialog(qtbot, AppSettings(ini()))
     dialog.disk_cache_gb.selectAll()
@@ -214,12 +214,13 @@ def test_disk_budget_typed_is_the_budget_the_engine_gets(qtbot, ini, tmp_path, t
     finally:
         engine.shutdown()
     # the KV cache's part of the folder's 2.5 GB: less the stored responses' share (256 MB)
-    kv_budget = int(2.5 * GB) - stored_responses_budget(int(2.5 * GB))
-    assert stats.disk_cache_budget_bytes == kv_budget == int(2.25 * GB)
+    responses = RESPONSES_FILE_FACTOR * stored_responses_budget(int(2.5 * GB))
+    kv_budget = int(2.5 * GB) - responses
+    assert stats.disk_cache_budget_bytes == kv_budget == 2 * GB  # the share at most 256 MB
     panel = MemoryPanel()
     qtbot.addWidget(panel)
     panel.update_stats(stats)
-    assert panel.findChild(QLabel, "diskCacheValue").text().split(" · ")[0].endswith("of 2.2 GB")
+    assert panel.findChild(QLabel, "diskCacheValue").text().split(" · ")[0].endswith("of 2.0 GB")
 
     from kvcache.store import DEFAULT_BUDGET  # the test may look inside; the app may not
 

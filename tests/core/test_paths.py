@@ -12,10 +12,11 @@ def test_the_stored_responses_share_is_kept_from_the_first_start(tmp_path):
     responses.db: the share is left to the responses all the same (the soak bench found
     a fresh folder holding an eighth more than its budget until the next start)."""
     assert not paths.responses_db_path(tmp_path).exists()
-    assert paths.stored_responses_bytes(tmp_path, BUDGET) == paths.stored_responses_budget(BUDGET)
+    room = paths.RESPONSES_FILE_FACTOR * paths.stored_responses_budget(BUDGET)
+    assert paths.stored_responses_bytes(tmp_path, BUDGET) == room
 
 
 def test_a_file_larger_than_the_share_counts_as_it_is(tmp_path):
-    big = paths.stored_responses_budget(BUDGET) + 12345
+    big = paths.RESPONSES_FILE_FACTOR * paths.stored_responses_budget(BUDGET) + 12345
     paths.responses_db_path(tmp_path).write_bytes(b"\0" * big)
     assert paths.stored_responses_bytes(tmp_path, BUDGET) == big

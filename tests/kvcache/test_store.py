@@ -26,6 +26,7 @@ from kvcache.store import (
     PageData,
     chain_keys,
     page_key,
+    save_bytes_for,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -324,6 +325,49 @@ def test_budget_drops_least_recently_used_sessions_first(tmp_path):
         store.budget_bytes = 1
         assert store.enforce_budget() > 0
         assert store.stats().pages == 0 and store.sessions() == []
+
+
+def _on_disk(path: Path) -> int:
+    return sum(
+        side.stat().st_size for side in (path, path.with_name(path.name + "-wal")) if side.exists()
+    )
+
+
+def test_a_store_with_save_bytes_keeps_its_files_within_the_budget(tmp_path):
+    # The soak's finding: pages counted within the budget while the database (free pages
+    # of writes evicted after they landed) and its log took twice it on disk.
+    path, budget = tmp_path / "store.db", 24 * 2**20
+    rng = random.Random(7)
+    with DiskStore(path, budget_bytes=budget, save_bytes=save_bytes_for(budget)) as store:
+        assert store.save_bytes == 4 * 65536 * 6  # a sixteenth of the budget
+        system = [page(10_000 + 4 * i) for i in range(6)]
+        for turn in range(60):
+            tail = [page(100_000 * turn + 4 * i) for i in range(rng.randint(1, 24))]
+            chain = system + tail
+            size = rng.choice([150_000, 260_000, 700_000])
+            pages = make_pages(system, size=200_000) + make_pages(chain, size=size)[len(system) :]
+            result = store.save_session(f"chat{turn % 9}", FP, pages)
+            assert _on_disk(path) <= budget, turn
+            if sum(len(p.kv) for p in pages) < store.pages_limit() // 2:
+                assert result.pages == len(pages)  # a chain of several writes, all of it kept
+                assert same(store.load_session(f"chat{turn % 9}", FP), pages)
+        stats = store.stats()
+        assert stats.evicted_sessions > 0 and stats.prefixes == 0  # no write's scaffolding left
+        assert stats.saves == 60
+        assert store.verify().clean
+
+
+def test_a_file_past_a_lowered_budget_is_rewritten_within_it(tmp_path):
+    path = tmp_path / "store.db"
+    with DiskStore(path, budget_bytes=10**9) as store:
+        for i in range(12):
+            store.save_session(f"s{i}", FP, make_pages([page(10 * i)], size=1_000_000))
+    assert _on_disk(path) > 11 * 10**6
+    budget = 4 * 2**20
+    with DiskStore(path, budget_bytes=budget, save_bytes=save_bytes_for(budget)) as store:
+        store.enforce_budget()
+        assert _on_disk(path) <= budget
+        assert 0 < len(store.sessions()) < 12
 
 
 def test_clear_one_session_then_everything(tmp_path):

@@ -16,7 +16,9 @@ from core.engine.types import DoneEvent, GenerationRequest, SamplingParams
 from core.models.load.chat_template import shipped_template
 from core.models.load.loader import LoadedModel, load_model
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
+from core.paths import RESPONSES_FILE_FACTOR, stored_responses_budget
 from kvcache.builder import build_kv_cache
+from kvcache.store import SQLITE_PAGE_SIZE, StoreStats, pages_limit
 from kvcache.tiered import TieredCache
 
 # Two tools, as OpenAI's API takes them (a city's weather; the time in a zone).
@@ -140,3 +142,24 @@ def start_tools_engine(data: Path, model: Path, template: str = "tools") -> Engi
     for them, ``long_tiny_model``)."""
     chosen = shipped_template("smollm2_tools.jinja") if template == "tools" else None
     return start_engine(data, model, pool_tokens=16384, disk_cache=False, chat_template=chosen)
+
+
+def counted(stats: StoreStats) -> int:
+    """What a disk store's pages count against an engine's budget: each page's bytes and
+    one SQLite page (``kvcache.store.pages_limit``)."""
+    return stats.bytes + stats.pages * SQLITE_PAGE_SIZE
+
+
+def folder_budget_for(pages: int) -> int:
+    """The smallest data-folder disk budget whose KV cache's pages may count ``pages`` bytes
+    (as :func:`counted`), the stored responses' room taken first and no derived files (a
+    tiny model's), as ``Engine`` works it out."""
+    low, high = 1, 2**44
+    while low < high:
+        folder = (low + high) // 2
+        responses = RESPONSES_FILE_FACTOR * stored_responses_budget(folder)
+        if pages_limit(max(folder - responses, folder // 4)) >= pages:
+            high = folder
+        else:
+            low = folder + 1
+    return low

@@ -15,6 +15,7 @@ from core.engine.types import ChatMessage, DoneEvent, GenerationRequest, Samplin
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from core.paths import kv_cache_db_path
 from kvcache.store import DiskStore
+from tests.core.engine.helpers import counted, folder_budget_for
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
 
@@ -339,14 +340,16 @@ def test_a_save_that_evicts_another_session_does_not_resend_this_one(
     finally:
         first.shutdown()
     with DiskStore(kv_cache_db_path(tmp_path)) as store:
-        one_session = store.stats().bytes
+        one_session = counted(store.stats())
     serialized = []
     original = persist.kv_to_bytes
     monkeypatch.setattr(
         persist, "kv_to_bytes", lambda arrays: serialized.append(1) or original(arrays)
     )
     engine = Engine(
-        tmp_path, str(tiny_model), config=EngineConfig(disk_budget_bytes=int(one_session * 1.6))
+        tmp_path,
+        str(tiny_model),
+        config=EngineConfig(disk_budget_bytes=folder_budget_for(int(one_session * 1.6))),
     ).start()
     try:
         engine.wait_ready(timeout=120)

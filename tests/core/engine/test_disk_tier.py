@@ -18,10 +18,9 @@ from core.engine.types import (
     TokenEvent,
 )
 from core.models.tiny_model import TinyModelSpec, write_tiny_model
-from core.paths import stored_responses_budget
 from kvcache.persist import read_pays
 from kvcache.store import DiskStore
-from tests.core.engine.helpers import start_engine
+from tests.core.engine.helpers import counted, folder_budget_for, start_engine
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 QUESTION = ChatMessage(
@@ -203,14 +202,10 @@ def test_after_a_model_switch_the_other_models_pages_go_first(tmp_path):
     finally:
         engine.shutdown()
     with DiskStore(tmp_path / "data" / "kvcache.db") as store:
-        first_bytes = store.stats().bytes
+        first_counted = counted(store.stats())
     # the same budget, filled by the second model: the first model's pages make room (the
-    # folder's budget such that the KV cache's part of it, less the stored responses' share,
-    # is what the first model stored)
-    kv_budget = first_bytes + 1000
-    folder = -(-kv_budget * 8 // 7)
-    while folder - stored_responses_budget(folder) < kv_budget:
-        folder += 1
+    # folder's budget such that the KV cache's part of it holds what the first model stored)
+    folder = folder_budget_for(first_counted + 1000)
     engine = start_engine(tmp_path / "data", second, disk_min_tokens=64, disk_budget_bytes=folder)
     try:
         done = ask(engine, QUESTION)
@@ -221,17 +216,18 @@ def test_after_a_model_switch_the_other_models_pages_go_first(tmp_path):
     with DiskStore(tmp_path / "data" / "kvcache.db") as store:
         stats = store.stats()
         ours = sum(len(p.tokens) // 4 for p in store.index(fingerprint))
-    assert stats.bytes <= kv_budget and stats.evicted_prefixes >= 1
+    assert counted(stats) <= first_counted + 1000 and stats.evicted_prefixes >= 1
     # ours whole (the last reply token is never fed back), theirs gone
     assert ours == done.stats.prompt_tokens + done.stats.completion_tokens - 1
     # and a budget lowered below what is stored is met when a model loads
-    engine = start_engine(tmp_path / "data", second, disk_budget_bytes=stats.bytes // 2)
+    lowered = folder_budget_for(counted(stats) // 2)
+    engine = start_engine(tmp_path / "data", second, disk_budget_bytes=lowered)
     try:
         engine.flush_disk_cache()
     finally:
         engine.shutdown()
     with DiskStore(tmp_path / "data" / "kvcache.db") as store:
-        assert store.stats().bytes <= stats.bytes // 2
+        assert counted(store.stats()) <= counted(stats) // 2
 
 
 def test_default_model_unnamed_prompt_after_a_restart(data_root_with_default):
