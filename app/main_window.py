@@ -509,6 +509,8 @@ class MainWindow(ChatReplies, QMainWindow):
         busy = self._busy(session_id)
         ready = bool(self.model_name) and not self.bridge.loading and self.session is not None
         self.composer.set_state(ready=ready, generating=busy)
+        waiting = self._waiting_in(session_id)
+        self.composer.show_waiting(None if waiting is None or waiting.shown else waiting.text)
         self.chat.set_busy(busy or not ready)
         self.regenerate_action.setEnabled(ready and not busy)
         self.session_settings_action.setEnabled(self.session is not None)

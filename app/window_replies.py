@@ -2,9 +2,10 @@
 
 :class:`ChatReplies` is a part of :class:`~app.main_window.MainWindow` (a mixin: it uses the
 window's bridge, store, chat view, composer and status line). One reply runs at a time, in
-any chat; a message sent in another chat meanwhile waits its turn (:class:`WaitingAsk`),
-shown in its chat, and starts when the running reply ends. A reply whose chat is not open
-goes on and is saved; opening its chat shows it streaming.
+any chat; a message sent meanwhile waits its turn (:class:`WaitingAsk`) and starts when the
+running reply ends: in another chat it is shown there; in the chat whose reply streams, above
+the message box (one per chat; Esc takes it back into the box). A reply whose chat is not
+open goes on and is saved; opening its chat shows it streaming.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class WaitingAsk:
     text: str
     replace: bool
     from_composer: bool
+    shown: bool = True  # in its chat; False: above the composer (its chat's own reply runs)
 
 
 def shown(messages) -> list[tuple]:
@@ -106,20 +108,23 @@ class ChatReplies:
         self._ask(messages[-2].content, replace=True, from_composer=False)
 
     def stop_reply(self) -> None:
-        """Stop the open chat's reply (Esc, Stop), take back its waiting message, or cancel an
-        edit."""
+        """Take back the open chat's waiting message (Esc, Stop), else stop its reply, or
+        cancel an edit."""
         session_id = self.session.id if self.session is not None else None
         waiting = self._waiting_in(session_id)
-        if self._turn is not None and self._turn.session.id == session_id:
-            self.bridge.cancel()
-        elif waiting is not None:
+        if waiting is not None:
             self._waiting.remove(waiting)
-            try:
-                self._give_back(self._make_turn(waiting), waiting.from_composer)
-            except StoreError as exc:
-                self._set_state_text(f"Could not read the chat: {exc}")
+            if not waiting.shown:  # above the box: back into it, before what was typed since
+                self.composer.take_back(waiting.text)
+            else:
+                try:
+                    self._give_back(self._make_turn(waiting), waiting.from_composer)
+                except StoreError as exc:
+                    self._set_state_text(f"Could not read the chat: {exc}")
             self._set_state_text("The waiting message was taken back", 5000)
             self._update_state()
+        elif self._turn is not None and self._turn.session.id == session_id:
+            self.bridge.cancel()
         else:
             self.composer.cancel_edit()
 
@@ -128,13 +133,13 @@ class ChatReplies:
         ``replace``): now, or once the reply running in another chat ends. The store only
         changes when the reply is done (``ChatTurn.finish``), so a reply that fails or is
         stopped before its first token loses nothing."""
-        if (
-            not text
-            or not self.model_name
-            or self.bridge.loading
-            or self.session is None
-            or self._busy(self.session.id)
-        ):
+        if not text or not self.model_name or self.bridge.loading or self.session is None:
+            return
+        if self._waiting_in(self.session.id) is not None:  # the box keeps the text
+            self._set_state_text("A message already waits in this chat (Esc takes it back)", 5000)
+            return
+        if self._turn is not None and self._turn.session.id == self.session.id:
+            self._queue_behind_reply(text, replace, from_composer)
             return
         ask = WaitingAsk(self.session.id, text, replace, from_composer)
         try:
@@ -155,7 +160,21 @@ class ChatReplies:
             return
         self._start(turn, from_composer)
 
-    def _start(self, turn: ChatTurn, from_composer: bool, shown: bool = False) -> bool:
+    def _queue_behind_reply(self, text: str, replace: bool, from_composer: bool) -> None:
+        """Sent in the chat whose reply streams: it goes once the reply ends (its turn is made
+        then, after the reply is stored), shown above the box meanwhile."""
+        if replace:  # an edit of the last message: that turn is the one still running
+            self._set_state_text("Send the edit once the reply ends (or Esc stops it)", 5000)
+            return
+        self._waiting.append(WaitingAsk(self.session.id, text, False, from_composer, shown=False))
+        if from_composer:
+            self.composer.input.clear()
+        self._set_state_text("Sends once this reply ends (Esc takes it back)", 5000)
+        self._update_state()
+
+    def _start(
+        self, turn: ChatTurn, from_composer: bool, shown: bool = False, clear_box: bool = True
+    ) -> bool:
         """Send ``turn`` to the engine; ``shown``: the open chat shows it already (it waited
         its turn there). False when a setting is refused."""
         messages = [(m.role, m.content, m.reasoning) for m in turn.messages]
@@ -168,7 +187,7 @@ class ChatReplies:
         self._made_with = MadeWith(self.model_name, self.sampling(turn.session))
         if self._visible(turn):
             if not shown:
-                self._show_sent(turn, from_composer)
+                self._show_sent(turn, from_composer and clear_box)
             self._set_state_text("Reading the prompt…")
         self._update_state()
         return True
@@ -195,7 +214,12 @@ class ChatReplies:
             except StoreError as exc:
                 self._set_state_text(f"A waiting message could not be sent: {exc}")
                 continue
-            if not self._start(turn, ask.from_composer, shown=True) and self._visible(turn):
+            # queued above the box: the box holds what was typed since, left as it is
+            if self._start(turn, ask.from_composer, shown=ask.shown, clear_box=ask.shown):
+                continue
+            if not ask.shown and self._visible(turn):  # a setting refused: back into the box
+                self.composer.take_back(ask.text)
+            elif self._visible(turn):
                 self._give_back(turn, ask.from_composer)
         self._update_state()
 
@@ -234,11 +258,11 @@ class ChatReplies:
             self.chat.set_messages(shown(turn.stored))
         else:
             self.chat.remove_last_turn()
-        if from_composer and not self.composer.text():  # nothing lost: it can be sent again
-            if turn.replace:
+        if from_composer:  # nothing lost: it can be sent again, before what was typed since
+            if turn.replace and not self.composer.text():
                 self.composer.start_edit(turn.prompt)
             else:
-                self.composer.set_text(turn.prompt)
+                self.composer.take_back(turn.prompt)
 
     def _on_prefill_progress(self, done: int, total: int) -> None:
         if self._turn is not None and self._visible(self._turn) and done < total:

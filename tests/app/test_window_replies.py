@@ -162,3 +162,64 @@ def test_a_replys_thinking_shows_folded_is_stored_and_goes_back_to_the_model(
     assert window.chat.message_widget(1).thinking.button.text() == "Thought for 6 tokens"
     _send(qtbot, window, "sure?")
     assert engine.requests[1].messages[1].reasoning == "Two and two."  # the template decides
+
+
+def test_what_is_typed_while_a_reply_streams_is_kept_and_sent_once_it_ends(
+    qtbot, open_window, tmp_path
+):
+    """Issue 45.1: the box looked editable but was read-only while a reply streamed, and 62
+    characters typed then were lost."""
+    window, bridge, store, engine = _held(qtbot, open_window, tmp_path)
+    chat = window.session.id
+    _send(qtbot, window, "tell me a story")
+    with qtbot.waitSignal(bridge.token, timeout=WAIT_MS):
+        engine.handles[0].stream("Once upon")
+    assert not window.composer.input.isReadOnly()
+    qtbot.keyClicks(window.composer.input, "and one about dolphins")
+    assert window.composer.text() == "and one about dolphins"
+    qtbot.keyClick(window.composer.input, Qt.Key.Key_Return)  # queued behind the reply
+    assert len(engine.requests) == 1 and window.composer.text() == ""
+    waiting = window.composer.waiting
+    assert waiting.isVisibleTo(window) and "and one about dolphins" in waiting.text()
+    assert _shown(window) == [("user", "tell me a story"), ("assistant", "Once upon")]
+    qtbot.keyClicks(window.composer.input, "a draft")  # typed on while it waits
+    with qtbot.waitSignal(bridge.token, timeout=WAIT_MS):
+        engine.handles[0].stream(" a time")
+    with qtbot.waitSignal(bridge.finished, timeout=WAIT_MS):
+        engine.handles[0].end(_done("Once upon a time."))
+    assert len(engine.requests) == 2  # sent once the reply was stored, after it
+    assert [(m.role, m.content) for m in engine.requests[1].messages] == [
+        ("user", "tell me a story"),
+        ("assistant", "Once upon a time."),
+        ("user", "and one about dolphins"),
+    ]
+    assert window.composer.text() == "a draft" and not waiting.isVisibleTo(window)
+    assert _shown(window)[-2:] == [("user", "and one about dolphins"), ("assistant", "")]
+    with qtbot.waitSignal(bridge.finished, timeout=WAIT_MS):
+        engine.handles[1].end(_done("Dolphins."))
+    assert _stored(store, chat)[-2:] == [
+        ("user", "and one about dolphins"),
+        ("assistant", "Dolphins."),
+    ]
+
+
+def test_esc_takes_back_the_message_queued_behind_its_chats_reply_then_stops_the_reply(
+    qtbot, open_window, tmp_path
+):
+    window, bridge, store, engine = _held(qtbot, open_window, tmp_path)
+    _send(qtbot, window, "one")
+    with qtbot.waitSignal(bridge.token, timeout=WAIT_MS):
+        engine.handles[0].stream("x")
+    _send(qtbot, window, "second")
+    _send(qtbot, window, "ignored while one waits")  # one waits per chat: the box keeps it
+    assert window.composer.text() == "ignored while one waits"
+    assert "already waits" in window.state_label.text()
+    window.composer.set_text("third")
+    qtbot.keyClick(window.composer.input, Qt.Key.Key_Escape)  # takes the waiting one back
+    assert window.composer.text() == "second\nthird" and not engine.handles[0].cancelled
+    assert not window.composer.waiting.isVisibleTo(window)
+    qtbot.keyClick(window.composer.input, Qt.Key.Key_Escape)  # now stops the reply
+    assert engine.handles[0].cancelled
+    with qtbot.waitSignal(bridge.finished, timeout=WAIT_MS):
+        engine.handles[0].end(_done("x"))
+    assert len(engine.requests) == 1 and window.composer.text() == "second\nthird"
