@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from PySide6.QtCore import QObject, QStandardPaths, Signal
-from PySide6.QtGui import QAction
+from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QFileDialog, QWidget
 
 from core.chats import transfer
@@ -39,9 +39,11 @@ class ChatFiles(QObject):
         super().__init__(parent)
         self.parent_widget, self.store, self.current, self.say = parent, store, current, say
         self.export_action = QAction("Export Chat…", parent)
+        self.export_action.setShortcut(QKeySequence("Ctrl+E"))
         self.export_action.setToolTip("Save this chat as Markdown or JSON")
         self.export_action.triggered.connect(lambda _checked=False: self.export_chat())
         self.import_action = QAction("Import Chat…", parent)
+        self.import_action.setShortcut(QKeySequence.StandardKey.Open)
         self.import_action.setToolTip("Open a chat exported as JSON, as a new chat")
         self.import_action.triggered.connect(lambda _checked=False: self.import_chat())
 

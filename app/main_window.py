@@ -35,6 +35,7 @@ from app.chat_view import ChatView
 from app.collapsible import CollapsibleSection
 from app.composer import Composer
 from app.downloads import DownloadManager, DownloadsDialog, DownloadsStatus
+from app.look import FOCUS_RING
 from app.memory_panel import MemoryPanel
 from app.model_picker import ModelPickerDialog
 from app.server_controls import ServerControls
@@ -80,6 +81,7 @@ class MainWindow(ChatReplies, QMainWindow):
         self.error_box: QMessageBox | None = None
 
         self.setWindowTitle("RadixChat")
+        self.setStyleSheet(FOCUS_RING)
         self.setUnifiedTitleAndToolBarOnMac(True)
         self.resize(1280, 800)
         self.server = ServerControls(
@@ -161,18 +163,21 @@ class MainWindow(ChatReplies, QMainWindow):
         self.session_settings_action = action(
             "Chat Settings…",
             self.edit_session_settings,
-            "Ctrl+,",
+            "Ctrl+Shift+,",
             "System prompt, sampling and presets for this chat",
         )
         self.app_settings_action = action(
-            "Preferences…", self.edit_app_settings, None, "Data folder, memory and disk budgets"
+            "Preferences…",
+            self.edit_app_settings,
+            "Ctrl+,",  # Cmd+, on macOS, as every Mac app
+            "Data folder, memory and disk budgets",
         )
         self.app_settings_action.setMenuRole(QAction.MenuRole.PreferencesRole)
         self.regenerate_action = action("Regenerate Reply", self.regenerate, "Ctrl+R")
         self.stop_action = action(
             "Stop", self.stop_reply, Qt.Key.Key_Escape, "Stop the reply (Esc)"
         )
-        self.quit_action = action("Quit", self.close, QKeySequence.StandardKey.Quit)
+        self.quit_action = action("Quit", self.close, "Ctrl+Q")  # Cmd+Q on macOS
         self.quit_action.setMenuRole(QAction.MenuRole.QuitRole)
         self.panels_action = QAction("Show Panels", self)
         self.panels_action.setShortcut(QKeySequence("Ctrl+Shift+P"))
@@ -193,8 +198,14 @@ class MainWindow(ChatReplies, QMainWindow):
         chat_menu = menus.addMenu("&Chat")
         for act in (self.regenerate_action, self.stop_action, self.session_settings_action):
             chat_menu.addAction(act)
+        chat_menu.addSeparator()  # the chat list's own (F2, Del: while the list has the focus)
+        chat_menu.addAction(self.sessions.rename_action)
+        chat_menu.addAction(self.sessions.delete_action)
         self.downloads_action = action(
-            "Downloads…", self.open_downloads, None, "Downloads from the hub: cancel, resume, load"
+            "Downloads…",
+            self.open_downloads,
+            "Ctrl+J",
+            "Downloads from the hub: cancel, resume, load",
         )
         model_menu = menus.addMenu("&Model")
         model_menu.addAction(self.model_action)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 from PySide6.QtCore import QObject, QSignalBlocker, Qt
-from PySide6.QtGui import QAction
+from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QCheckBox,
@@ -234,17 +234,21 @@ class ServerControls(QObject):
 
         self.serve_action = QAction("Serve API", window)
         self.serve_action.setCheckable(True)
+        self.serve_action.setShortcut(QKeySequence("Ctrl+Shift+S"))
         self.serve_action.toggled.connect(self._on_serve_toggled)
         self.settings_action = QAction("API Settings…", window)
         self.settings_action.setToolTip("Port, API keys, allowed origins")
+        self.settings_action.setShortcut(QKeySequence("Ctrl+Shift+A"))
         self.settings_action.triggered.connect(self.edit_settings)
         self.log_action = QAction("API Request Log…", window)
         self.log_action.setToolTip("The last requests served: tokens, cached tokens, TTFT")
+        self.log_action.setShortcut(QKeySequence("Ctrl+Shift+L"))
         self.log_action.triggered.connect(self.open_log)
         self.group_action = QAction("Serve Over Several Macs…", window)
         self.group_action.setToolTip(
             "Serve the API with the model split over the Macs of a hostfile"
         )
+        self.group_action.setShortcut(QKeySequence("Ctrl+Shift+G"))
         self.group_action.triggered.connect(self.open_group_serve)
         self.label = QLabel()
         self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)

@@ -199,10 +199,10 @@ class SessionList(QWidget):
         self.new_action = QAction("New chat", self)
         self.new_action.setShortcut(QKeySequence.StandardKey.New)
         self.new_action.triggered.connect(self.newRequested)
-        self.rename_action = QAction("Rename", self)
+        self.rename_action = QAction("Rename Chat", self)
         self.rename_action.setShortcut(QKeySequence(Qt.Key.Key_F2))
         self.rename_action.triggered.connect(lambda: self.rename())  # not rename(checked)
-        self.delete_action = QAction("Delete…", self)
+        self.delete_action = QAction("Delete Chat…", self)
         self.delete_action.setShortcut(QKeySequence.StandardKey.Delete)
         self.delete_action.triggered.connect(lambda: self.delete())
         for action in (self.rename_action, self.delete_action):  # only while the list has focus
@@ -348,8 +348,13 @@ class SessionList(QWidget):
             return
         session_id = item.data(ID_ROLE)
         self.context_menu = QMenu(self)
-        self.context_menu.addAction("Rename", lambda: self.rename(session_id))
-        self.context_menu.addAction("Delete…", lambda: self.delete(session_id))
+        for text, slot, shortcut in (
+            ("Rename", self.rename, self.rename_action.shortcut()),
+            ("Delete…", self.delete, self.delete_action.shortcut()),
+        ):
+            entry = self.context_menu.addAction(text, lambda slot=slot: slot(session_id))
+            entry.setShortcut(shortcut)  # shown, as in the Chat menu; the list's own act
+            entry.setShortcutContext(Qt.ShortcutContext.WidgetShortcut)
         self.context_menu.popup(self.list.viewport().mapToGlobal(pos))
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:

@@ -11,7 +11,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtGui import QAction  # noqa: E402
-from PySide6.QtWidgets import QApplication, QLabel, QToolButton, QWidgetAction  # noqa: E402
+from PySide6.QtWidgets import QApplication, QLabel, QLineEdit, QToolButton, QWidgetAction  # noqa: E402
 
 from tests.app.window_fakes import (  # noqa: E402
     WAIT_MS,
@@ -114,6 +114,19 @@ def test_every_menu_and_toolbar_action_does_what_it_says(qtbot, open_window, tmp
         assert len(store.list_sessions()) == before + 1 and window.chat.message_count() >= 2
         window.sessions.sessionSelected.emit(first_session)
 
+    def rename_chat(action):
+        action.trigger()  # from the Chat menu: the chat open now, edited in the list
+        editor = window.sessions.list.viewport().findChild(QLineEdit)
+        assert editor is not None and editor.isVisible()
+        window.sessions.list.closePersistentEditor(window.sessions.list.currentItem())
+
+    def delete_chat(action):
+        action.trigger()
+        box = window.sessions.confirm_box
+        assert box is not None and box.isVisible() and "Delete" in box.text()
+        box.reject()  # No: nothing deleted
+        assert store.get_session_by_id(first_session) is not None
+
     def quits(action):
         action.trigger()
         assert not window.isVisible()
@@ -133,6 +146,8 @@ def test_every_menu_and_toolbar_action_does_what_it_says(qtbot, open_window, tmp
         "API Request Log": opens("log_dialog", window.server),
         "Serve Over Several Macs": group,
         "Show Panels": show_panels,
+        "Rename Chat": rename_chat,
+        "Delete Chat": delete_chat,
         "Quit": quits,  # last: it closes the window
     }
     actions = window_actions(window)
