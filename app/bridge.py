@@ -65,6 +65,7 @@ class EngineBridge(QObject):
     progress = Signal(int, int)  # prompt tokens ready (cached or computed), prompt tokens
     token = Signal(str)  # a piece of the reply
     thinking = Signal(str)  # a piece of a reasoning model's thinking (before its reply)
+    decoded = Signal(int)  # tokens decoded in that piece (reply or thinking): the live speed
     finished = Signal(str, object)  # the full reply, its RequestStats
     failed = Signal(str)  # one line
     serverStopped = Signal()  # after stop_server(): the port is free again
@@ -300,8 +301,10 @@ class EngineBridge(QObject):
             for event in handle.events():
                 if isinstance(event, TokenEvent):
                     self._post("token", event.text)
+                    self._post("decoded", max(1, len(event.token_ids)))
                 elif isinstance(event, ReasoningEvent):
                     self._post("thinking", event.text)
+                    self._post("decoded", 1)
                 elif isinstance(event, ProgressEvent):
                     self._post("progress", event.done, event.total)
                 elif isinstance(event, DoneEvent):

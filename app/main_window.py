@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (
     QLabel,
@@ -34,6 +34,7 @@ from app.chat_settings import DEFAULT_SAMPLING, SessionSettingsDialog
 from app.chat_view import ChatView
 from app.collapsible import CollapsibleSection
 from app.composer import Composer
+from app.context_bar import ContextBar
 from app.downloads import DownloadManager, DownloadsDialog, DownloadsStatus
 from app.look import FOCUS_RING
 from app.memory_panel import MemoryPanel
@@ -41,7 +42,7 @@ from app.model_picker import ModelPickerDialog
 from app.server_controls import ServerControls
 from app.session_list import SessionList
 from app.settings_dialogs import AppSettings, AppSettingsDialog
-from app.window_replies import ChatReplies, WaitingAsk, shown
+from app.window_replies import ChatReplies, LiveFigures, WaitingAsk, chat_title, shown
 from core.chats.settings import usable
 from core.chats.store import ChatStore, Session, readable
 from core.chats.turn import ChatTurn
@@ -49,6 +50,8 @@ from core.errors import StoreError
 from core.models.base_models import BASE_LABEL
 
 log = logging.getLogger(__name__)
+
+STATUS_TIMEOUT_MS = 10_000  # a notice or an error in the status bar, then what is going on
 
 
 class MainWindow(ChatReplies, QMainWindow):
@@ -76,6 +79,7 @@ class MainWindow(ChatReplies, QMainWindow):
         self._thinking = ""  # the thinking it streamed so far (a reasoning model's)
         self._made_with = None  # its model and sampling
         self._waiting: list[WaitingAsk] = []  # messages that wait for it, in order
+        self._live = LiveFigures()  # its prompt, tokens so far and speed
         self._loading_spec = ""
         self._fallback_model = fallback_model
         self.error_box: QMessageBox | None = None
@@ -98,7 +102,7 @@ class MainWindow(ChatReplies, QMainWindow):
         self._restore_layout()
         self._open_initial_session()
         self._update_state()
-        self._set_state_text("Loading the model…")
+        self._set_state_text("Loading the model…", 0)
 
     # ------------------------------------------------------------------ layout
     def _build_widgets(self) -> None:
@@ -138,6 +142,9 @@ class MainWindow(ChatReplies, QMainWindow):
 
         self.model_label = QLabel()
         self.state_label = QLabel()
+        self._state_timer = QTimer(self)  # takes a notice away (_set_state_text)
+        self._state_timer.setSingleShot(True)
+        self._state_timer.timeout.connect(self._rest_state_text)
         self.state_label.setContentsMargins(12, 0, 0, 0)
         self.speed_label = QLabel()
         self.server_label = self.server.label
@@ -146,6 +153,8 @@ class MainWindow(ChatReplies, QMainWindow):
         bar.addWidget(self.state_label, 1)
         self.downloads_status = DownloadsStatus(self.downloads)
         bar.addPermanentWidget(self.downloads_status)
+        self.context_bar = ContextBar()
+        bar.addPermanentWidget(self.context_bar)
         bar.addPermanentWidget(self.speed_label)
         bar.addPermanentWidget(self.server_label)
 
@@ -243,6 +252,7 @@ class MainWindow(ChatReplies, QMainWindow):
         bridge.progress.connect(self._on_prefill_progress)
         bridge.token.connect(self._on_token)
         bridge.thinking.connect(self._on_thinking)
+        bridge.decoded.connect(self._on_decoded)
         bridge.finished.connect(self._on_finished)
         bridge.failed.connect(self._on_failed)
         bridge.statsUpdated.connect(self.memory_panel.update_stats)
@@ -355,6 +365,7 @@ class MainWindow(ChatReplies, QMainWindow):
         self.composer.finish_edit()
         self.chat.set_messages(shown(messages))
         self.cache_panel.set_turns([m.stats for m in messages if m.role == "assistant" and m.stats])
+        self._show_context([m.stats for m in messages if m.role == "assistant" and m.stats])
         self._show_pending(session.id)
         if self.sessions.current_id() != session.id:
             self.sessions.select(session.id)
@@ -390,7 +401,7 @@ class MainWindow(ChatReplies, QMainWindow):
     # ------------------------------------------------------------------ bridge slots
     def _on_load_progress(self, stage: str, fraction: float) -> None:
         percent = f" {fraction:.0%}" if fraction >= 0 else ""
-        self._set_state_text(f"Loading the model: {stage}{percent}")
+        self._set_state_text(f"Loading the model: {stage}{percent}", 0)
 
     def _on_model_loading(self, spec: str) -> None:
         from core.models.catalog import describe_spec
@@ -398,7 +409,7 @@ class MainWindow(ChatReplies, QMainWindow):
         self._loading_spec = spec
         self._update_state()
         what = describe_spec(spec, self.bridge.data_root) if spec else "the model"
-        self._set_state_text(f"Loading {what}…")
+        self._set_state_text(f"Loading {what}…", 0)
 
     def _on_ready(self, name: str) -> None:
         self.model_name = name
@@ -410,9 +421,10 @@ class MainWindow(ChatReplies, QMainWindow):
         self.model_label.setText(f"{name} ({BASE_LABEL})" if base else name)
         self.model_action.setText(f"Model: {name}")
         self.chat.set_notice(base_model_notice(name) if base else "")
+        self.context_bar.set_usage(self.context_bar.used, info.context_length if info else 0)
         self._update_title()
         if self.error_box is None or not self.error_box.isVisible():
-            self._set_state_text("Ready")
+            self._set_state_text("Ready", 0)
         self._update_state()
 
     def _on_load_failed(self, message: str) -> None:
@@ -528,7 +540,24 @@ class MainWindow(ChatReplies, QMainWindow):
         idle = not self._generating and not self._waiting
         self.model_action.setEnabled(idle and not self.bridge.loading)
 
-    def _set_state_text(self, text: str, timeout_ms: int = 0) -> None:
+    def _set_state_text(self, text: str, timeout_ms: int | None = None) -> None:
+        """Say ``text`` in the status bar. A notice or an error goes after ``timeout_ms``
+        (default ``STATUS_TIMEOUT_MS``), back to what the window is doing; 0: it stays until
+        the next (what the engine is doing now: loading, reading the prompt, generating)."""
+        self.state_label.setText(text)
+        self._state_timer.stop()
+        if timeout_ms != 0:
+            self._state_timer.start(STATUS_TIMEOUT_MS if timeout_ms is None else timeout_ms)
+
+    def _rest_state_text(self) -> None:
+        """The status line once a notice has had its time: what the window is doing."""
+        turn = self._turn
+        if turn is not None:
+            text = "Generating…" if self._visible(turn) else f"Generating in “{chat_title(turn)}”"
+        elif self.bridge.loading:
+            text = "Loading the model…"
+        else:
+            text = "Ready" if self.model_name else ""
         self.state_label.setText(text)
 
 

@@ -10,11 +10,13 @@ open goes on and is saved; opening its chat shows it streaming.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from app.bridge import EngineBridge
 from app.chat_view import ChatView
 from app.composer import Composer
+from app.context_bar import ContextBar
 from core.chats.store import ChatStore, Session, readable
 from core.chats.turn import ChatTurn, MadeWith
 from core.engine.types import RequestStats
@@ -31,6 +33,27 @@ class WaitingAsk:
     replace: bool
     from_composer: bool
     shown: bool = True  # in its chat; False: above the composer (its chat's own reply runs)
+
+
+@dataclass
+class LiveFigures:
+    """The running reply's figures as it streams: its prompt's tokens (from the prefill's
+    progress), the tokens decoded so far and when, for the live speed and context."""
+
+    prompt: int = 0
+    tokens: int = 0
+    first_at: float | None = None  # monotonic time of the first decoded token
+    last_at: float = 0.0
+    shown_at: float = 0.0  # when the speed was last shown (at most 4 times a second)
+
+    def rate(self) -> float | None:
+        """Tokens a second since the first token (None before a second token)."""
+        if self.first_at is None or self.tokens < 2 or self.last_at <= self.first_at:
+            return None
+        return (self.tokens - 1) / (self.last_at - self.first_at)
+
+
+SPEED_EVERY_S = 0.25  # the live speed's refresh
 
 
 def shown(messages) -> list[tuple]:
@@ -64,6 +87,8 @@ class ChatReplies:
     _thinking: str  # the thinking it streamed so far (a reasoning model's)
     _made_with: MadeWith | None  # its model and sampling, stored with it
     _waiting: list[WaitingAsk]  # messages that wait for it, in order
+    _live: LiveFigures  # its figures as it streams
+    context_bar: ContextBar
 
     def _show_pending(self, session_id: int) -> None:
         """Show the reply this chat is running or the message it has waiting."""
@@ -81,7 +106,7 @@ class ChatReplies:
             except StoreError:
                 return
             self._show_asked(turn)
-            self._set_state_text(self._waits_text())
+            self._set_state_text(self._waits_text(), 0)
 
     def _show_asked(self, turn: ChatTurn) -> None:
         self.chat.set_messages(shown(turn.kept))
@@ -155,7 +180,7 @@ class ChatReplies:
         if self._turn is not None or self.bridge.busy:
             self._waiting.append(ask)
             self._show_sent(turn, from_composer, waiting=True)
-            self._set_state_text(self._waits_text())
+            self._set_state_text(self._waits_text(), 0)
             self._update_state()
             return
         self._start(turn, from_composer)
@@ -184,11 +209,12 @@ class ChatReplies:
             self._set_state_text(f"Check the chat settings: {exc}")
             return False
         self._turn, self._from_composer, self._reply, self._thinking = turn, from_composer, "", ""
+        self._live = LiveFigures()
         self._made_with = MadeWith(self.model_name, self.sampling(turn.session))
         if self._visible(turn):
             if not shown:
                 self._show_sent(turn, from_composer and clear_box)
-            self._set_state_text("Reading the prompt…")
+            self._set_state_text("Reading the prompt…", 0)
         self._update_state()
         return True
 
@@ -264,9 +290,39 @@ class ChatReplies:
             else:
                 self.composer.take_back(turn.prompt)
 
+    def _show_context(self, stats: list) -> None:
+        """The context bar for a chat whose replies have these stored figures (dicts)."""
+        last = stats[-1] if stats else {}
+        get = last.get if isinstance(last, dict) else lambda key, default=0: getattr(last, key)
+        used = int(get("prompt_tokens", 0) or 0) + int(get("completion_tokens", 0) or 0)
+        info = self.bridge.model_info
+        self.context_bar.set_usage(used, info.context_length if info is not None else 0)
+
+    def _on_decoded(self, count: int) -> None:
+        """Tokens of the running reply: the live speed and context (the open chat's)."""
+        if self._turn is None:
+            return
+        live, now = self._live, time.monotonic()
+        if live.first_at is None:
+            live.first_at = now
+        live.tokens += count
+        live.last_at = now
+        if not self._visible(self._turn):
+            return
+        self.context_bar.set_usage(live.prompt + live.tokens, self.context_bar.context)
+        rate = live.rate()
+        if rate is not None and now - live.shown_at >= SPEED_EVERY_S:
+            live.shown_at = now
+            self.speed_label.setText(f"{rate:.1f} tok/s")
+            self.speed_label.setToolTip("The reply's decode speed so far")
+
     def _on_prefill_progress(self, done: int, total: int) -> None:
+        if self._turn is not None:
+            self._live.prompt = total
+            if self._visible(self._turn):
+                self.context_bar.set_usage(total, self.context_bar.context)
         if self._turn is not None and self._visible(self._turn) and done < total:
-            self._set_state_text(f"Reading the prompt: {done} of {total} tokens")
+            self._set_state_text(f"Reading the prompt: {done} of {total} tokens", 0)
 
     def _on_token(self, text: str) -> None:
         if self._turn is None:
@@ -274,7 +330,7 @@ class ChatReplies:
         self._reply += text
         if self._visible(self._turn):
             if self.state_label.text() != "Generating…":
-                self._set_state_text("Generating…")
+                self._set_state_text("Generating…", 0)
             self.chat.append_reply(text)
 
     def _on_thinking(self, text: str) -> None:
@@ -283,7 +339,7 @@ class ChatReplies:
         self._thinking += text
         if self._visible(self._turn):
             if self.state_label.text() != "Thinking…":
-                self._set_state_text("Thinking…")
+                self._set_state_text("Thinking…", 0)
             self.chat.append_thinking(text)
 
     def _on_finished(self, text: str, stats: RequestStats) -> None:
@@ -309,7 +365,9 @@ class ChatReplies:
         # speculative decoding: reply tokens per decode step, where drafts were taken
         per_step = f" · {stats.tokens_per_step:.2f} tok/step" if stats.accepted_tokens else ""
         self.speed_label.setText(f"{stats.decode_tps:.1f} tok/s{per_step}")
+        self.speed_label.setToolTip("The last reply's decode speed")
         if visible:
+            self._show_context([stats])
             self.chat.end_reply(text, note, thinking, stats.reasoning_tokens)
             self.cache_panel.set_turns(turn.kept_stats + [stats])
             served = stats.cached_tokens + stats.restored_tokens
