@@ -64,6 +64,23 @@ class ChatPreset:
         return cls(value["name"], prompt if isinstance(prompt, str) else None, sampling)
 
 
+def same(one: ChatPreset, other: ChatPreset) -> bool:
+    """The same system prompt and sampling (names aside; sampling as the dialog shows it)."""
+    if (one.system_prompt or None) != (other.system_prompt or None):
+        return False
+    full = (
+        {**DEFAULT_SAMPLING, **usable(one.sampling)},
+        {**DEFAULT_SAMPLING, **usable(other.sampling)},
+    )
+    return all(_close(full[0].get(k), full[1].get(k)) for k in SAMPLING_KEYS)
+
+
+def _close(a: object, b: object) -> bool:
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return round(float(a), 2) == round(float(b), 2)
+    return a == b
+
+
 class PresetStore:
     """Where the dialog keeps presets and the new-chat default: ``AppSettings`` in the app
     (this plain one, in memory, for a dialog opened without it)."""
@@ -181,6 +198,22 @@ class SessionSettingsDialog(QDialog):
         column.addLayout(form)
         column.addWidget(buttons)
         self.resize(520, self.sizeHint().height())
+        self._tell_the_truth()
+
+    def _tell_the_truth(self) -> None:
+        """Open on what the chat uses (issue 45.7: a chat made from the new-chat default
+        opened as "Custom" with "Use for new chats" unticked): the preset whose system prompt
+        and sampling the fields equal, and the box ticked when they are the new-chat
+        default."""
+        current = self.current_preset("")
+        named = [
+            name for name, preset in sorted(self.store.presets.items()) if same(preset, current)
+        ]
+        if named:
+            self.preset.setCurrentText(named[0])
+            self.delete_preset_button.setEnabled(True)
+        default = self.store.new_chat_defaults
+        self.for_new_chats.setChecked(default is not None and same(default, current))
 
     def values(self) -> tuple[dict, str | None]:
         seed = self.seed.value()

@@ -310,7 +310,7 @@ class ChatView(QWidget):
 
     def set_messages(self, messages: list[tuple]) -> None:
         """Replace everything with (role, content) pairs, or (role, content, thinking,
-        thinking tokens) for replies of a reasoning model."""
+        thinking tokens[, note]) (a reasoning model's thinking; the dim note under a reply)."""
         self._stop_streaming()
         for message in self._messages:
             self._discard(message)
@@ -324,6 +324,8 @@ class ChatView(QWidget):
             message = self._append(role, content)
             if thought and thought[0]:
                 message.set_thinking(thought[0], *thought[1:2])
+            if len(thought) > 2 and thought[2]:
+                message.set_note(thought[2])
         self._update_layout()
 
     def add_user_message(self, text: str) -> None:

@@ -13,10 +13,11 @@ and starts when the running reply ends. A reply whose chat is not open goes on a
 
 from __future__ import annotations
 
+import html
 import logging
 
 from PySide6.QtCore import Qt, QTimer
-from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QPalette
 from PySide6.QtWidgets import (
     QLabel,
     QMainWindow,
@@ -30,7 +31,7 @@ from PySide6.QtWidgets import (
 from app.bridge import EngineBridge
 from app.cache_panel import CachePanel
 from app.chat_files import ChatFiles
-from app.chat_settings import DEFAULT_SAMPLING, SessionSettingsDialog
+from app.chat_settings import DEFAULT_SAMPLING, ChatPreset, PresetStore, SessionSettingsDialog, same
 from app.chat_view import ChatView
 from app.collapsible import CollapsibleSection
 from app.composer import Composer
@@ -112,6 +113,13 @@ class MainWindow(ChatReplies, QMainWindow):
         middle = QWidget()
         column = QVBoxLayout(middle)
         column.setContentsMargins(8, 8, 8, 8)
+        self.chat_header = QLabel()  # the system prompt and preset the open chat uses
+        self.chat_header.setObjectName("chatHeader")
+        self.chat_header.setWordWrap(False)
+        self.chat_header.setForegroundRole(QPalette.ColorRole.PlaceholderText)
+        self.chat_header.setTextInteractionFlags(Qt.TextInteractionFlag.LinksAccessibleByMouse)
+        self.chat_header.linkActivated.connect(lambda _link: self.edit_session_settings())
+        column.addWidget(self.chat_header)
         column.addWidget(self.chat, 1)
         column.addWidget(self.composer)
         self.memory_panel, self.cache_panel = MemoryPanel(), CachePanel()
@@ -390,6 +398,17 @@ class MainWindow(ChatReplies, QMainWindow):
             self._open_initial_session()
         self._update_state()
 
+    def _update_header(self) -> None:
+        """The chat's header: its system prompt, the preset its settings are (if one is), its
+        temperature; a link opens Chat Settings."""
+        if self.session is None:
+            self.chat_header.clear()
+            return
+        self.chat_header.setText(chat_header_text(self.session, self.sampling(), self.settings))
+        self.chat_header.setToolTip(
+            "System prompt: " + (self.session.system_prompt or "none (the model's own default)")
+        )
+
     def sampling(self, session: Session | None = None) -> dict:
         """The sampling settings of ``session`` (default: the open chat)."""
         settings = dict(DEFAULT_SAMPLING)
@@ -505,6 +524,7 @@ class MainWindow(ChatReplies, QMainWindow):
         except StoreError as exc:
             self._set_state_text(f"Could not save the settings: {exc}")
             return
+        self._update_header()
         self._set_state_text("Chat settings saved: they apply from the next reply", 5000)
 
     def edit_app_settings(self) -> None:
@@ -520,7 +540,8 @@ class MainWindow(ChatReplies, QMainWindow):
 
     # ------------------------------------------------------------------ helpers
     def _update_title(self) -> None:
-        """The open chat's title; and the model's name when it is a base model."""
+        """The open chat's title (and the model's name when it is a base model), its header."""
+        self._update_header()
         title = (self.session.title if self.session is not None else "") or "New chat"
         info = self.bridge.model_info
         if self.model_name and info is not None and info.base:
@@ -559,6 +580,22 @@ class MainWindow(ChatReplies, QMainWindow):
         else:
             text = "Ready" if self.model_name else ""
         self.state_label.setText(text)
+
+
+def chat_header_text(session: Session, sampling: dict, presets: PresetStore) -> str:
+    """What the header above the chat says of its settings (rich text, one line)."""
+    prompt = " ".join((session.system_prompt or "").split())
+    if len(prompt) > 60:
+        prompt = prompt[:59] + "…"
+    parts = [f"System prompt: “{html.escape(prompt)}”" if prompt else "No system prompt"]
+    current = ChatPreset("", session.system_prompt, sampling)
+    named = [name for name, preset in sorted(presets.presets.items()) if same(preset, current)]
+    if named:
+        parts.append(f"preset {html.escape(named[0])}")
+    elif presets.new_chat_defaults is not None and same(presets.new_chat_defaults, current):
+        parts.append("the new-chat default")
+    parts.append(f"temperature {sampling.get('temperature', 0):g}")
+    return " · ".join(parts) + ' · <a href="settings">Chat Settings…</a>'
 
 
 def base_model_notice(name: str) -> str:

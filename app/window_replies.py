@@ -10,6 +10,7 @@ open goes on and is saved; opening its chat shows it streaming.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -58,11 +59,39 @@ SPEED_EVERY_S = 0.25  # the live speed's refresh
 
 def shown(messages) -> list[tuple]:
     """Stored messages as the chat view takes them: (role, content, thinking, thinking
-    tokens), the count from the reply's stored figures."""
+    tokens, note), the count and the note from the reply's stored figures."""
     return [
-        (m.role, m.content, m.reasoning or "", int((m.stats or {}).get("reasoning_tokens") or 0))
+        (
+            m.role,
+            m.content,
+            m.reasoning or "",
+            int((m.stats or {}).get("reasoning_tokens") or 0),
+            reply_note(m.stats) if m.role == "assistant" and m.stats else "",
+        )
         for m in messages
     ]
+
+
+def reply_note(figures: dict, stopped: bool = False) -> str:
+    """The dim note under a reply, from its stored figures (``RequestStats`` and
+    ``MadeWith``'s): what made it (the model, the temperature) and its figures."""
+    parts = []
+    if figures.get("model"):
+        parts.append(str(figures["model"]))
+    sampling = figures.get("sampling") or {}
+    if isinstance(sampling, dict) and isinstance(sampling.get("temperature"), int | float):
+        parts.append(f"temperature {sampling['temperature']:g}")
+    if stopped or figures.get("finish_reason") == "cancelled":
+        parts.append("stopped")
+    tokens, tps = figures.get("completion_tokens"), figures.get("decode_tps")
+    if isinstance(tokens, int):
+        parts.append(f"{tokens} tokens")
+    if isinstance(tps, int | float) and tps > 0:
+        parts.append(f"{tps:.1f} tok/s")
+    ttft = figures.get("ttft_s")
+    if isinstance(ttft, int | float) and ttft > 0:
+        parts.append(f"TTFT {ttft:.2f} s")
+    return " · ".join(parts)
 
 
 def chat_title(turn: ChatTurn, chars: int = 40) -> str:
@@ -358,10 +387,8 @@ class ChatReplies:
             self._give_back(turn, self._from_composer)
             self._set_state_text("Stopped before the reply began")
             return
-        note = (
-            f"{'stopped · ' if stopped else ''}{stats.completion_tokens} tokens · "
-            f"{stats.decode_tps:.1f} tok/s · TTFT {stats.ttft_s:.2f} s"
-        )
+        made = self._made_with.figures() if self._made_with is not None else {}
+        note = reply_note({**dataclasses.asdict(stats), **made}, stopped)
         # speculative decoding: reply tokens per decode step, where drafts were taken
         per_step = f" · {stats.tokens_per_step:.2f} tok/step" if stats.accepted_tokens else ""
         self.speed_label.setText(f"{stats.decode_tps:.1f} tok/s{per_step}")

@@ -14,6 +14,7 @@ from app.chat_settings import (  # noqa: E402
     MAX_SEED,
     NO_PRESET,
     ChatPreset,
+    PresetStore,
     SessionSettingsDialog,
 )
 from app.settings_dialogs import AppSettings  # noqa: E402
@@ -106,6 +107,8 @@ def test_new_chats_start_with_the_default_set_in_chat_settings(qtbot, open_windo
     with qtbot.waitSignal(dialog.accepted):
         dialog.accept()
     send_turn(qtbot, window, bridge, "one")
+    header = window.chat_header.text()  # issue 45.5: the chat's settings where people look
+    assert "System prompt: “You are a pirate.”" in header and "the new-chat default" in header
 
     # this chat's own settings change afterwards: new chats keep the default
     store.update_session(window.session.id, settings={"temperature": 1.9}, system_prompt="x")
@@ -114,10 +117,40 @@ def test_new_chats_start_with_the_default_set_in_chat_settings(qtbot, open_windo
     fresh = store.get_session_by_id(window.session.id)
     assert fresh.system_prompt == "You are a pirate."
     assert fresh.settings["repetition_penalty"] == 1.1 and fresh.settings["temperature"] == 0.7
+    assert "“You are a pirate.”" in window.chat_header.text()
     send_turn(qtbot, window, bridge, "two")
     request = engine.requests[-1]
     assert request.messages[0].content == "You are a pirate."
     assert request.sampling.repetition_penalty == 1.1
+    # issue 45.7: its dialog tells the truth: these are the new-chat default's settings
+    window.session_settings_action.trigger()
+    dialog = window.settings_dialog
+    assert dialog.for_new_chats.isChecked() and dialog.preset.currentText() == NO_PRESET
+    dialog.reject()
+
+
+def test_the_dialog_opens_on_the_preset_the_chat_uses(qtbot):
+    presets = PresetStore()
+    presets.presets = {
+        "Brief": ChatPreset("Brief", "Be brief.", {"temperature": 0.2, "max_tokens": 128}),
+        "Pirate": ChatPreset("Pirate", "Arr.", {}),
+    }
+    presets.new_chat_defaults = ChatPreset("new chats", "Be brief.", {"temperature": 0.2})
+    brief = {**DEFAULT_SAMPLING, "temperature": 0.2, "max_tokens": 128}
+    dialog = SessionSettingsDialog(brief, "Be brief.", presets=presets)
+    qtbot.addWidget(dialog)
+    assert dialog.preset.currentText() == "Brief" and dialog.delete_preset_button.isEnabled()
+    assert not dialog.for_new_chats.isChecked()  # the default's max tokens differ
+    default = SessionSettingsDialog(
+        {**DEFAULT_SAMPLING, "temperature": 0.2}, "Be brief.", presets=presets
+    )
+    qtbot.addWidget(default)
+    assert default.for_new_chats.isChecked() and default.preset.currentText() == NO_PRESET
+    other = SessionSettingsDialog(
+        {**DEFAULT_SAMPLING, "temperature": 0.3}, "Be brief.", presets=presets
+    )
+    qtbot.addWidget(other)
+    assert other.preset.currentText() == NO_PRESET and not other.for_new_chats.isChecked()
 
 
 BAD_STORED = {

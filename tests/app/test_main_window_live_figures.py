@@ -55,6 +55,26 @@ def test_the_speed_and_the_context_move_while_a_reply_streams(
     qtbot.waitUntil(lambda: bar.used == 44, timeout=WAIT_MS)
 
 
+def test_each_reply_says_what_made_it_live_and_once_stored(qtbot, open_window, tmp_path):
+    engine = ScriptedEngine(tmp_path, hold=True)
+    window, bridge, store = open_window(engine=engine)
+    wait_ready(qtbot, bridge)
+    window.composer.set_text("hello")
+    window.composer.send()
+    stats = RequestStats(
+        prompt_tokens=9, computed_tokens=9, completion_tokens=3, decode_tps=8.25, ttft_s=0.5
+    )
+    with qtbot.waitSignal(bridge.finished, timeout=WAIT_MS):
+        engine.handles[0].end(DoneEvent("Hi!", stats))
+    expected = "fake-model · temperature 0.7 · 3 tokens · 8.2 tok/s · TTFT 0.50 s"
+    assert window.chat.message_widget(1).note.text() == expected
+    chat = window.session.id
+    window.new_action.trigger()
+    window.sessions.sessionSelected.emit(chat)  # read back from the store
+    qtbot.waitUntil(lambda: window.chat.message_count() == 2, timeout=WAIT_MS)
+    assert window.chat.message_widget(1).note.text() == expected
+
+
 def test_a_nearly_full_context_says_so(qtbot):
     from app.context_bar import ContextBar
 
