@@ -14,12 +14,11 @@ from resources import resource_path
 # keyboard's focus framed in the palette's highlight colour, 2 px. Set on the main window,
 # so its dialogs have it too.
 FOCUS_RING = """
-QPlainTextEdit, QTextEdit, QTextBrowser, QListWidget, QListView, QTreeView, QTableView {
+QPlainTextEdit, QListWidget, QListView, QTreeView, QTableView {
     border: 1px solid palette(mid);
     padding: 1px;
 }
-QPlainTextEdit:focus, QTextEdit:focus, QTextBrowser:focus, QListWidget:focus,
-QListView:focus, QTreeView:focus, QTableView:focus {
+QPlainTextEdit:focus, QListWidget:focus, QListView:focus, QTreeView:focus, QTableView:focus {
     border: 2px solid palette(highlight);
     padding: 0px;
 }
