@@ -39,6 +39,7 @@ from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
     QLabel,
+    QMenu,
     QScrollArea,
     QSizePolicy,
     QStackedLayout,
@@ -47,7 +48,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.markdown import MarkdownView, is_dark, mix
+from app.markdown import MarkdownView, is_dark, mix, plain_text
 from app.thinking_fold import ThinkingFold
 
 STREAM_RENDER_MS = 40  # the most often a streaming message is re-rendered
@@ -147,8 +148,15 @@ class MessageWidget(QWidget):
         self.header.setFont(header_font)
         self.header.setContentsMargins(2, 0, 2, 0)  # in line with the body's text
         self.body = MarkdownView()
-        self.copy_button = tool_button("Copy", "copyButton", "Copy the message's Markdown text")
+        self.copy_button = tool_button(
+            "Copy", "copyButton", "Copy the message as text (the arrow: as Markdown)"
+        )
         self.copy_button.clicked.connect(self.copy)
+        copy_menu = QMenu(self.copy_button)
+        self.copy_text_action = copy_menu.addAction("Copy as Text", self.copy)
+        self.copy_markdown_action = copy_menu.addAction("Copy as Markdown", self.copy_markdown)
+        self.copy_button.setMenu(copy_menu)
+        self.copy_button.setPopupMode(QToolButton.ToolButtonPopupMode.MenuButtonPopup)
         self.note = QLabel()
         self.note.setForegroundRole(QPalette.ColorRole.PlaceholderText)
         note_font = self.note.font()
@@ -217,6 +225,10 @@ class MessageWidget(QWidget):
         button.show()
 
     def copy(self) -> None:
+        """The message as text, as a reader sees it (no Markdown marks)."""
+        QGuiApplication.clipboard().setText(plain_text(self.text))
+
+    def copy_markdown(self) -> None:
         QGuiApplication.clipboard().setText(self.text)
 
     def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)

@@ -1,6 +1,8 @@
 """Markdown as the chat shows it: GitHub Markdown in a QTextDocument (raw HTML shown as
-text), code in the system's fixed-pitch font on a shaded background, and the streaming trick
-that keeps a long reply cheap (``freeze_point``: finished paragraphs are rendered once).
+text), code in the system's fixed-pitch font on a shaded background, each code block
+highlighted by Pygments (its fence's language) under a line with that language and a Copy
+link, and the streaming trick that keeps a long reply cheap (``freeze_point``: finished
+paragraphs are rendered once).
 
 ``MarkdownView`` is the read-only widget a message's body is; ``render_markdown`` and
 ``append_markdown`` work on any document. Colours come from the palette, so light and dark
@@ -17,6 +19,7 @@ from PySide6.QtGui import (
     QColor,
     QDesktopServices,
     QFontDatabase,
+    QGuiApplication,
     QPalette,
     QTextBlockFormat,
     QTextCharFormat,
@@ -27,6 +30,7 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import QFrame, QSizePolicy, QTextBrowser, QWidget
 
+COPY_CODE = "copy-code"  # the href of a code block's Copy link (MarkdownView handles it)
 FREEZE_CHARS = 1000  # a streaming message re-renders about this much Markdown at most
 MARKDOWN_FEATURES = (
     QTextDocument.MarkdownFeature.MarkdownDialectGitHub
@@ -64,6 +68,13 @@ def render_markdown(document: QTextDocument, text: str, palette: QPalette) -> No
     character background."""
     document.setMarkdown(text, MARKDOWN_FEATURES)
     _style_code(document, 0, palette)
+
+
+def plain_text(markdown: str) -> str:
+    """Markdown as the text a reader sees: no fences, no emphasis marks, no Copy lines."""
+    document = QTextDocument()
+    document.setMarkdown(markdown, MARKDOWN_FEATURES)
+    return document.toPlainText()
 
 
 def append_markdown(document: QTextDocument, text: str, palette: QPalette) -> None:
@@ -174,13 +185,92 @@ def _style_code(document: QTextDocument, start: int, palette: QPalette) -> None:
     frame.setTopMargin(6)
     frame.setBottomMargin(6)
     frame.setBorder(0)
+    styles = _token_styles(is_dark(palette))
+    header_chars = QTextCharFormat()
+    header_chars.setForeground(palette.color(QPalette.ColorRole.PlaceholderText))
+    header_chars.setFontPointSize(max(6.0, mono.pointSizeF() * 0.85))
+    link_chars = QTextCharFormat(header_chars)
+    link_chars.setAnchor(True)
+    link_chars.setAnchorHref(COPY_CODE)
+    link_chars.setForeground(palette.color(QPalette.ColorRole.Link))
     for first, end in reversed(runs):  # from the end: a frame shifts the positions after it
+        language = str(
+            document.findBlock(first).blockFormat().property(QTextFormat.Property.BlockCodeLanguage)
+            or ""
+        )
         cursor.setPosition(first)
         cursor.setPosition(end, QTextCursor.MoveMode.KeepAnchor)
+        code = cursor.selection().toPlainText()
         cursor.mergeCharFormat(code_chars)
-        cursor.insertFrame(frame)
+        _highlight(cursor, first, code, language, styles)
+        cursor.setPosition(first)
+        cursor.setPosition(end, QTextCursor.MoveMode.KeepAnchor)
+        inserted = cursor.insertFrame(frame)
+        head = inserted.firstCursorPosition()  # a line above the code: its language, Copy
+        head.insertBlock(QTextBlockFormat(), header_chars)
+        head.movePosition(QTextCursor.MoveOperation.PreviousBlock)
+        head.setBlockFormat(QTextBlockFormat())
+        head.insertText(f"{language or 'code'}   ", header_chars)
+        head.insertText("Copy", link_chars)
     _collapse_frame_neighbours(document, max(0, start - 1), cursor)  # from the block before
     cursor.endEditBlock()
+
+
+def _token_styles(dark: bool) -> dict:
+    """Pygments token type -> its character format, for a light or a dark background."""
+    from pygments.styles import get_style_by_name
+
+    style = get_style_by_name("monokai" if dark else "default")
+    formats = {}
+    for token, spec in style:
+        chars = QTextCharFormat()
+        if spec["color"]:
+            chars.setForeground(QColor(f"#{spec['color']}"))
+        if spec["bold"]:
+            chars.setFontWeight(700)
+        if spec["italic"]:
+            chars.setFontItalic(True)
+        formats[token] = chars
+    return formats
+
+
+def _highlight(cursor: QTextCursor, first: int, code: str, language: str, styles: dict) -> None:
+    """Colour ``code`` (at ``first`` in the cursor's document) by Pygments' lexer for
+    ``language``; an unknown or no language: left plain."""
+    from pygments.lexers import get_lexer_by_name
+    from pygments.util import ClassNotFound
+
+    try:
+        lexer = (
+            get_lexer_by_name(language.split()[0], stripnl=False, ensurenl=False)
+            if language.strip()
+            else None
+        )
+    except ClassNotFound:
+        lexer = None
+    if lexer is None:
+        return
+    offset = 0
+    for token, value in _tokens(lexer, code):
+        while token not in styles and token.parent is not None:
+            token = token.parent
+        chars = styles.get(token)
+        if chars is not None and value and (chars.foreground().style() or chars.fontItalic()):
+            cursor.setPosition(first + offset)
+            cursor.setPosition(first + offset + len(value), QTextCursor.MoveMode.KeepAnchor)
+            cursor.mergeCharFormat(chars)
+        offset += len(value)
+
+
+def _tokens(lexer, code: str):
+    """(token type, text) over exactly ``code``: no more than it (a lexer's own newline)."""
+    left = len(code)
+    for token, value in lexer.get_tokens(code):
+        if left <= 0:
+            return
+        value = value[:left]
+        left -= len(value)
+        yield token, value
 
 
 def _collapse_frame_neighbours(document: QTextDocument, start: int, cursor: QTextCursor) -> None:
@@ -265,6 +355,30 @@ class MarkdownView(QTextBrowser):
             self._frozen_end = document.characterCount() - 1
             append_markdown(document, rest, palette)
         self._markdown, self._frozen = text, frozen
+
+    def code_at(self, position: int) -> str:
+        """The code of the code block at ``position`` in the document (its lines, without
+        the line above them that names the language): "" outside code blocks."""
+        cursor = QTextCursor(self.document())
+        cursor.setPosition(position)
+        frame = cursor.currentFrame()
+        if frame is None or frame == self.document().rootFrame():
+            return ""
+        lines, block = [], self.document().findBlock(frame.firstPosition())
+        while block.isValid() and block.position() <= frame.lastPosition():
+            lines.append(block.text())
+            block = block.next()
+        return "\n".join(lines[1:])
+
+    def mouseReleaseEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        point = event.position().toPoint()
+        if event.button() == Qt.MouseButton.LeftButton and self.anchorAt(point) == COPY_CODE:
+            QGuiApplication.clipboard().setText(
+                self.code_at(self.cursorForPosition(point).position())
+            )
+            event.accept()
+            return
+        super().mouseReleaseEvent(event)
 
     def setPlainText(self, text: str) -> None:  # noqa: N802 (Qt override)
         self._markdown, self._frozen = None, 0

@@ -13,7 +13,7 @@ from PySide6.QtGui import QGuiApplication  # noqa: E402
 from PySide6.QtWidgets import QToolButton  # noqa: E402
 
 from app.chat_view import ChatView  # noqa: E402
-from app.markdown import MarkdownView  # noqa: E402
+from app.markdown import MarkdownView, plain_text  # noqa: E402
 
 CHAT = [
     ("system", "Be brief."),
@@ -109,11 +109,15 @@ def test_many_streamed_pieces_render_a_few_times(view, qtbot, monkeypatch):
     assert len(renders) < 40, f"{len(renders)} renders for {len(pieces)} pieces"
 
 
-def test_copy_puts_the_raw_markdown_on_the_clipboard(view, qtbot):
+def test_copy_puts_the_text_or_the_raw_markdown_on_the_clipboard(view, qtbot):
     view.set_messages(CHAT)
-    buttons = view.message_widget(1).findChildren(QToolButton, "copyButton")
+    message = view.message_widget(1)
+    buttons = message.findChildren(QToolButton, "copyButton")
     assert len(buttons) == 1
-    qtbot.mouseClick(buttons[0], Qt.MouseButton.LeftButton)
+    qtbot.mouseClick(buttons[0], Qt.MouseButton.LeftButton)  # as text: what a reader sees
+    assert QGuiApplication.clipboard().text() == plain_text(CHAT[2][1])
+    assert "**" not in QGuiApplication.clipboard().text()
+    message.copy_markdown_action.trigger()
     assert QGuiApplication.clipboard().text() == CHAT[2][1]
     assert len(view.findChildren(QToolButton, "copyButton")) == 4  # one per message
 

@@ -8,9 +8,10 @@ import os
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import pytest  # noqa: E402
-from PySide6.QtGui import QColor, QFont, QPalette, QTextCursor  # noqa: E402
+from PySide6.QtCore import Qt  # noqa: E402
+from PySide6.QtGui import QColor, QFont, QGuiApplication, QPalette, QTextCursor  # noqa: E402
 
-from app.markdown import MarkdownView, code_background, freeze_point  # noqa: E402
+from app.markdown import COPY_CODE, MarkdownView, code_background, freeze_point  # noqa: E402
 
 
 @pytest.fixture
@@ -143,3 +144,68 @@ def test_freeze_point_cuts_only_before_whole_paragraphs():
     assert freeze_point("a\n\n```\nx\n\ny\n```\n") == 0  # inside code
     for line in ("- item", "2. item", "> quote", "| cell |", "```py", "---", "    code"):
         assert freeze_point(f"a\n\n{line}\n") == 0, line
+
+
+# -- issue 45.3: code blocks highlighted, with their language and a Copy link each --
+
+REPLY = (
+    "Two blocks:\n\n```python\ndef add(a, b):\n    return a + b  # the sum\n```\n\n"
+    "and\n\n```sh\necho hi\n```\n"
+)
+
+
+def _all_fragments(view):
+    block = view.document().begin()
+    while block.isValid():
+        it = block.begin()
+        while not it.atEnd():
+            yield it.fragment()
+            it += 1
+        block = block.next()
+
+
+def test_code_blocks_are_highlighted_under_their_language_and_a_copy_link(qtbot):
+    view = MarkdownView()
+    qtbot.addWidget(view)
+    view.show_markdown(REPLY)
+    lines = view.document().toPlainText().splitlines()
+    assert lines[2] == "python   Copy" and "sh   Copy" in lines
+    text_colour = view.palette().color(view.foregroundRole()).name()
+    colours = {f.text(): f.charFormat().foreground().color().name() for f in _all_fragments(view)}
+    assert colours["def"] != text_colour and colours["return"] == colours["def"]  # keywords
+    assert colours["# the sum"] not in (text_colour, colours["def"])  # a comment
+    links = [f for f in _all_fragments(view) if f.charFormat().anchorHref() == COPY_CODE]
+    assert [f.text() for f in links] == ["Copy", "Copy"]
+
+
+def test_a_code_blocks_copy_link_copies_its_code_alone(qtbot):
+    view = MarkdownView()
+    qtbot.addWidget(view)
+    view.resize(500, 300)
+    view.show()
+    view.show_markdown(REPLY)
+    QGuiApplication.clipboard().clear()
+    for expected, link in zip(
+        ("def add(a, b):\n    return a + b  # the sum", "echo hi"),
+        [f for f in _all_fragments(view) if f.charFormat().anchorHref() == COPY_CODE],
+        strict=True,
+    ):
+        cursor = QTextCursor(view.document())
+        cursor.setPosition(link.position() + 1)
+        qtbot.mouseClick(
+            view.viewport(), Qt.MouseButton.LeftButton, pos=view.cursorRect(cursor).center()
+        )
+        assert QGuiApplication.clipboard().text() == expected
+
+
+def test_a_message_copies_as_text_or_as_markdown(qtbot):
+    from app.chat_view import MessageWidget
+
+    message = MessageWidget("assistant", "Some **bold** and:\n\n```python\nx = 1\n```\n")
+    qtbot.addWidget(message)
+    message.copy_button.click()  # the button: as text
+    assert QGuiApplication.clipboard().text() == "Some bold and:\nx = 1"
+    message.copy_markdown_action.trigger()
+    assert QGuiApplication.clipboard().text() == message.text
+    message.copy_text_action.trigger()
+    assert "```" not in QGuiApplication.clipboard().text()
