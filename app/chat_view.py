@@ -163,6 +163,8 @@ class MessageWidget(QWidget):
         note_font.setPointSizeF(note_font.pointSizeF() * 0.85)
         self.note.setFont(note_font)
         self.note.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        # cut at the chat's width rather than widen it (a small window): whole in its tooltip
+        self.note.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.note.hide()
 
         column = QVBoxLayout(self)
@@ -192,8 +194,8 @@ class MessageWidget(QWidget):
             footer.addLayout(self.actions)
         else:
             footer.addLayout(self.actions)
-            footer.addWidget(self.note)
-            footer.addStretch()
+            footer.addWidget(self.note, 1)  # the rest of the line: cut there, never wider
+            footer.addStretch(0)  # the buttons to the left while there is no note
         column.addLayout(footer)
         self._apply_colours()
         self.refresh()
@@ -217,6 +219,7 @@ class MessageWidget(QWidget):
 
     def set_note(self, note: str) -> None:
         self.note.setText(note)
+        self.note.setToolTip(note)
         self.note.setVisible(bool(note))
 
     def add_action(self, button: QToolButton) -> None:

@@ -19,9 +19,12 @@ import logging
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QPalette
 from PySide6.QtWidgets import (
+    QFrame,
     QLabel,
     QMainWindow,
     QMessageBox,
+    QScrollArea,
+    QSizePolicy,
     QSplitter,
     QToolButton,
     QVBoxLayout,
@@ -53,6 +56,13 @@ from core.models.base_models import BASE_LABEL
 log = logging.getLogger(__name__)
 
 STATUS_TIMEOUT_MS = 10_000  # a notice or an error in the status bar, then what is going on
+# A window narrower or lower than this is small (issue 45.6): the panels fold to their
+# one-line summaries (the user's folds come back in a larger window) and the chat keeps
+# CHAT_MIN_WIDTH of the width, the chat list and the panels share the rest.
+SMALL_WIDTH, SMALL_HEIGHT = 1000, 640
+CHAT_MIN_WIDTH = 400
+PANELS_MIN_WIDTH = 110
+SIDE_WIDTH = 180  # the chat list's and the panels' widths in a small window, at most
 
 
 class MainWindow(ChatReplies, QMainWindow):
@@ -81,6 +91,9 @@ class MainWindow(ChatReplies, QMainWindow):
         self._made_with = None  # its model and sampling
         self._waiting: list[WaitingAsk] = []  # messages that wait for it, in order
         self._live = LiveFigures()  # its prompt, tokens so far and speed
+        self._small = False  # a small window: panels folded (_fit_to_size)
+        self._auto_folding = False
+        self._wide_sizes: list[int] = []  # the columns' widths before the window got small
         self._loading_spec = ""
         self._fallback_model = fallback_model
         self.error_box: QMessageBox | None = None
@@ -116,6 +129,7 @@ class MainWindow(ChatReplies, QMainWindow):
         self.chat_header = QLabel()  # the system prompt and preset the open chat uses
         self.chat_header.setObjectName("chatHeader")
         self.chat_header.setWordWrap(False)
+        self.chat_header.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.chat_header.setForegroundRole(QPalette.ColorRole.PlaceholderText)
         self.chat_header.setTextInteractionFlags(Qt.TextInteractionFlag.LinksAccessibleByMouse)
         self.chat_header.linkActivated.connect(lambda _link: self.edit_session_settings())
@@ -134,11 +148,20 @@ class MainWindow(ChatReplies, QMainWindow):
             section.toggled.connect(self._on_section_folded)
         # folded sections are one line high: the room they leave goes to a stretch below, so
         # the splitter's small height never caps the window's (View › Show Panels: this column)
-        self.panels = QWidget()
-        panel_column = QVBoxLayout(self.panels)
+        inside = QWidget()
+        panel_column = QVBoxLayout(inside)
         panel_column.setContentsMargins(0, 0, 0, 0)
         panel_column.addWidget(self.panel_splitter, 1)
         panel_column.addStretch(0)
+        # in a scroll area: open panels never hold the window above the size a user wants
+        # (a small window folds them: _fit_to_size)
+        self.panels = QScrollArea()
+        self.panels.setObjectName("panelsColumn")
+        self.panels.setWidget(inside)
+        self.panels.setWidgetResizable(True)
+        self.panels.setFrameShape(QFrame.Shape.NoFrame)
+        self.panels.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.panels.setMinimumWidth(PANELS_MIN_WIDTH)
         self.splitter = QSplitter(Qt.Orientation.Horizontal)
         self.splitter.setObjectName("mainSplitter")
         self.splitter.addWidget(self.sessions)
@@ -292,11 +315,50 @@ class MainWindow(ChatReplies, QMainWindow):
         for name in self.settings.collapsed_panels & set(self.sections):
             self.sections[name].set_collapsed(True)
 
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
+        super().resizeEvent(event)
+        self._fit_to_size()
+
+    def _fit_to_size(self) -> None:
+        """Small window: the panels folded, the chat its CHAT_MIN_WIDTH at least; back to
+        the user's folds and column widths once the window is large again."""
+        small = self.width() < SMALL_WIDTH or self.height() < SMALL_HEIGHT
+        if small != self._small:
+            self._small = small
+            if small:
+                self._wide_sizes = self.splitter.sizes()
+            self._auto_folding = True
+            try:
+                for name, section in self.sections.items():
+                    section.set_collapsed(small or name in self.settings.collapsed_panels)
+            finally:
+                self._auto_folding = False
+            if not small and self._wide_sizes:
+                self.splitter.setSizes(self._wide_sizes)
+        if small:
+            self._share_width()
+
+    def _share_width(self) -> None:
+        """A small window's columns: the chat CHAT_MIN_WIDTH at least (all of it below
+        that), the chat list and the panels halves of the rest, SIDE_WIDTH each at most."""
+        total = sum(self.splitter.sizes())
+        if total <= 0:
+            return
+        chat = min(total, max(CHAT_MIN_WIDTH, total - 2 * SIDE_WIDTH))
+        side = total - chat
+        if self.panels_action.isChecked():
+            sessions = side // 2
+            self.splitter.setSizes([sessions, chat, side - sessions])
+        else:
+            self.splitter.setSizes([side, chat, 0])
+
     def _show_panels(self, shown: bool) -> None:
         self.panels.setVisible(shown)
         self.settings.panels_hidden = not shown
 
     def _on_section_folded(self, _collapsed: bool) -> None:
+        if self._auto_folding:  # a small window's fold: not the user's choice
+            return
         self.settings.collapsed_panels = {
             name for name, section in self.sections.items() if section.collapsed
         }
@@ -304,7 +366,8 @@ class MainWindow(ChatReplies, QMainWindow):
     def closeEvent(self, event: QCloseEvent) -> None:
         self.settings.window_geometry = bytes(self.saveGeometry().data())
         self.settings.window_state = bytes(self.saveState().data())
-        self.settings.splitter_state = bytes(self.splitter.saveState().data())
+        if not self._small:  # a small window's columns are not the user's choice
+            self.settings.splitter_state = bytes(self.splitter.saveState().data())
         self.server.stop()  # the API server (the app's exit waits for it) and a group's
         self.downloads.cancel_all()  # their bytes are kept: the next start resumes them
         self._waiting.clear()  # never sent: nothing stored
