@@ -42,6 +42,7 @@ from app.context_bar import ContextBar
 from app.downloads import DownloadManager, DownloadsDialog, DownloadsStatus
 from app.look import FOCUS_RING
 from app.memory_panel import MemoryPanel
+from app.model_card import ModelCardDialog
 from app.model_picker import ModelPickerDialog
 from app.server_controls import ServerControls
 from app.session_list import SessionList
@@ -91,6 +92,8 @@ class MainWindow(ChatReplies, QMainWindow):
         self._made_with = None  # its model and sampling
         self._waiting: list[WaitingAsk] = []  # messages that wait for it, in order
         self._live = LiveFigures()  # its prompt, tokens so far and speed
+        self._last_stats = None  # the engine's last figures (EngineStats)
+        self.model_card = None  # the open model info card
         self._small = False  # a small window: panels folded (_fit_to_size)
         self._auto_folding = False
         self._wide_sizes: list[int] = []  # the columns' widths before the window got small
@@ -247,8 +250,15 @@ class MainWindow(ChatReplies, QMainWindow):
             "Ctrl+J",
             "Downloads from the hub: cancel, resume, load",
         )
+        self.model_info_action = action(
+            "Model Info…",
+            self.show_model_card,
+            "Ctrl+I",
+            "What the loaded model is, its chat template, what the cache holds for it",
+        )
         model_menu = menus.addMenu("&Model")
         model_menu.addAction(self.model_action)
+        model_menu.addAction(self.model_info_action)
         model_menu.addAction(self.downloads_action)
         server_menu = menus.addMenu("&Server")
         for act in self.server.actions():
@@ -287,6 +297,7 @@ class MainWindow(ChatReplies, QMainWindow):
         bridge.finished.connect(self._on_finished)
         bridge.failed.connect(self._on_failed)
         bridge.statsUpdated.connect(self.memory_panel.update_stats)
+        bridge.statsUpdated.connect(self._keep_stats)
         bridge.statsUpdated.connect(self.cache_panel.update_totals)
         self.composer.sendRequested.connect(self.send)
         self.composer.stopRequested.connect(self.stop_reply)
@@ -351,6 +362,9 @@ class MainWindow(ChatReplies, QMainWindow):
             self.splitter.setSizes([sessions, chat, side - sessions])
         else:
             self.splitter.setSizes([side, chat, 0])
+
+    def _keep_stats(self, stats) -> None:
+        self._last_stats = stats  # the model card's cache figures
 
     def _show_panels(self, shown: bool) -> None:
         self.panels.setVisible(shown)
@@ -460,6 +474,16 @@ class MainWindow(ChatReplies, QMainWindow):
             self.session = None
             self._open_initial_session()
         self._update_state()
+
+    def show_model_card(self) -> None:
+        info = self.bridge.model_info
+        if info is None:
+            self._set_state_text("No model is loaded yet")
+            return
+        dialog = ModelCardDialog(info, self._last_stats, self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.open()
+        self.model_card = dialog
 
     def _update_header(self) -> None:
         """The chat's header: its system prompt, the preset its settings are (if one is), its

@@ -44,6 +44,7 @@ class ModelDescription:
     quantization: str = ""  # "Q4_1", "Q4_K_M", "4bit", "F32"...
     context_length: int | None = None
     chat_template: str = ""
+    license: str = ""  # as the files name it ("apache-2.0"); "" where they do not
     # scalar facts under GGUF's names (a GGUF header's own, an MLX config's renamed)
     info: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -88,6 +89,7 @@ def _describe_gguf(path: str, size: int, mtime_ns: int) -> ModelDescription:
         quantization=_gguf_quantization(metadata.get("general.file_type"), Path(path).name),
         context_length=int(context) if isinstance(context, int) else None,
         chat_template=template if isinstance(template, str) else "",
+        license=str(metadata.get("general.license") or ""),
         info=info,
     )
 
@@ -125,8 +127,26 @@ def _describe_folder(path: str, mtime_ns: int) -> ModelDescription:
         quantization=_folder_quantization(merged, folder.name),
         context_length=context if isinstance(context, int) else None,
         chat_template=_folder_template(folder),
+        license=str(merged.get("license") or "") or _readme_license(folder),
         info=info,
     )
+
+
+def _readme_license(folder: Path) -> str:
+    """The ``license:`` of a model card's front matter (README.md, as the hub writes it)."""
+    try:
+        text = (folder / "README.md").read_text(encoding="utf-8", errors="replace")[:4096]
+    except OSError:
+        return ""
+    if not text.startswith("---"):
+        return ""
+    for line in text.splitlines()[1:]:
+        if line.strip() == "---":
+            break
+        key, _, value = line.partition(":")
+        if key.strip() == "license" and value.strip():
+            return value.strip().strip("\"'")
+    return ""
 
 
 def _folder_quantization(config: dict, name: str) -> str:

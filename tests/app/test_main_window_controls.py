@@ -141,6 +141,7 @@ def test_every_menu_and_toolbar_action_does_what_it_says(qtbot, open_window, tmp
         "Chat Settings": opens("settings_dialog"),
         "Model": opens("model_dialog"),
         "Downloads": opens("downloads_dialog"),
+        "Model Info": opens("model_card"),
         "Serve API": serve,
         "API Settings": opens("settings_dialog", window.server),
         "API Request Log": opens("log_dialog", window.server),

@@ -56,6 +56,8 @@ class ModelInfo:
     # a base model: completion only (no chat template in its files, or named base;
     # core.models.base_models); chat requests still get replies through a fallback template
     base: bool = False
+    parameters: int = 0  # the weights' count (as loaded: a group's rank, its part)
+    chat_template: str = ""  # the Jinja template replies go through (the model's, or ours)
 
 
 @dataclass
@@ -168,6 +170,8 @@ def load_model(
         num_layers=len(getattr(model, "layers", [])),
         load_seconds=time.perf_counter() - started,
         base=is_base_model(path, model_name(path)),
+        parameters=sum(v.size for _, v in tree_flatten(model.parameters())),
+        chat_template=str(getattr(tokenizer, "chat_template", None) or ""),
     )
     return LoadedModel(model, tokenizer, config, info)
 
