@@ -43,6 +43,10 @@ class Session:
     created_at: float
     updated_at: float
     damaged: str | None = None  # what could not be read back (shown as read, with U+FFFD)
+    # a branch (:meth:`ChatStore.branch_session`): the chat it was made from (None once that
+    # is deleted) and how many of its messages it took
+    parent_id: int | None = None
+    fork_seq: int | None = None
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,10 @@ class Message:
     created_at: float
     reasoning: str | None = None  # a reasoning model's thinking before the reply
     damaged: str | None = None  # what could not be read back (bad bytes shown as U+FFFD)
+    # a regenerated reply's versions, oldest first (each {"content", "stats", "reasoning"}),
+    # and which one the chat goes on from (this row's content): () for a reply of one version
+    versions: tuple[dict, ...] = ()
+    version: int = 0
 
 
 @dataclass(frozen=True)
@@ -109,7 +117,18 @@ def _migration_2(db: Database) -> None:
     db.execute("ALTER TABLE messages ADD COLUMN reasoning TEXT")
 
 
-MIGRATIONS = [_migration_1, _migration_2]
+def _migration_3(db: Database) -> None:
+    """Branches: a chat made from another (its parent, how many messages it took), and a
+    regenerated reply's versions (JSON: {"chosen": i, "replies": [...]})."""
+    db.execute(
+        "ALTER TABLE sessions ADD COLUMN parent_id INTEGER "
+        "REFERENCES sessions(id) ON DELETE SET NULL"
+    )
+    db.execute("ALTER TABLE sessions ADD COLUMN fork_seq INTEGER")
+    db.execute("ALTER TABLE messages ADD COLUMN versions TEXT")
+
+
+MIGRATIONS = [_migration_1, _migration_2, _migration_3]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -304,13 +323,25 @@ class ChatStore(SqliteFile):
     ) -> tuple[Message, Message]:
         """Replace the session's last turn (its last user message and what follows it)
         with a new one, in one transaction: a regenerated or edited turn, or nothing changes.
-        A session with no user message yet gets the turn appended."""
+        A session with no user message yet gets the turn appended. A regenerated reply (the
+        same user message) keeps the replies it replaces as its earlier versions."""
         with self._transaction():
             rows = self._rows(
                 "SELECT max(seq) AS seq FROM messages WHERE session_id = ? AND role = 'user'",
                 [session_id],
             )
+            earlier: list[dict] = []
             if rows[0]["seq"] is not None:
+                old = [
+                    _message(row)
+                    for row in self._rows(
+                        "SELECT * FROM messages WHERE session_id = ? AND seq >= ? ORDER BY seq",
+                        [session_id, rows[0]["seq"]],
+                    )
+                ]
+                if old[0].content == user_content and len(old) > 1 and old[1].role == "assistant":
+                    reply = old[1]
+                    earlier = list(reply.versions) or [_version(reply)]
                 self.db.execute(
                     "DELETE FROM messages WHERE session_id = ? AND seq >= ?",
                     [session_id, rows[0]["seq"]],
@@ -319,6 +350,15 @@ class ChatStore(SqliteFile):
             reply_id = self._insert_message(
                 session_id, "assistant", assistant_content, stats, reasoning
             )
+            if earlier:
+                replies = [
+                    *earlier,
+                    {"content": assistant_content, "stats": stats, "reasoning": reasoning or None},
+                ]
+                self.db.execute(
+                    "UPDATE messages SET versions = ? WHERE id = ?",
+                    [_dumps({"chosen": len(replies) - 1, "replies": replies}), reply_id],
+                )
         return self._message(user_id), self._message(reply_id)
 
     def delete_last_message(self, session_id: int) -> Message | None:
@@ -334,6 +374,66 @@ class ChatStore(SqliteFile):
             self._touch(session_id)
         return _message(rows[0])
 
+    def branch_session(self, session_id: int, upto_seq: int) -> Session:
+        """A new chat holding the first ``upto_seq`` messages of ``session_id`` (its system
+        prompt, settings and model too), marked as its branch: a history shared with the
+        chat it came from, which the KV cache holds already (its prefix is a cache hit)."""
+        with self._transaction():
+            rows = self._rows("SELECT * FROM sessions WHERE id = ?", [session_id])
+            if not rows:
+                raise StoreError(f"there is no chat session with id {session_id}")
+            parent = rows[0]
+            now = self._now()
+            title = parent["title"] or "New chat"
+            branch_id = (
+                self.db["sessions"]
+                .insert(
+                    {
+                        "name": self._unused_name(f"{parent['name']}-branch"[: MAX_NAME_CHARS - 8]),
+                        "title": title if title.endswith(" (branch)") else f"{title} (branch)",
+                        "system_prompt": parent["system_prompt"],
+                        "model": parent["model"],
+                        "settings": parent["settings"],
+                        "created_at": now,
+                        "updated_at": now,
+                        "parent_id": session_id,
+                        "fork_seq": upto_seq,
+                    }
+                )
+                .last_pk
+            )
+            self.db.execute(
+                "INSERT INTO messages (session_id, seq, role, content, stats, created_at, "
+                "reasoning, versions) SELECT ?, seq, role, content, stats, created_at, reasoning, "
+                "versions FROM messages WHERE session_id = ? AND seq <= ? ORDER BY seq",
+                [branch_id, session_id, upto_seq],
+            )
+        return self.get_session_by_id(branch_id)
+
+    def select_version(self, message_id: int, index: int) -> Message:
+        """Make version ``index`` of a regenerated reply the one the chat goes on from."""
+        with self._transaction():
+            rows = self._rows("SELECT * FROM messages WHERE id = ?", [message_id])
+            if not rows:
+                raise StoreError(f"there is no message with id {message_id}")
+            message = _message(rows[0])
+            if not 0 <= index < len(message.versions):
+                raise StoreError(f"that reply has no version {index + 1}")
+            chosen = message.versions[index]
+            self.db.execute(
+                "UPDATE messages SET content = ?, stats = ?, reasoning = ?, versions = ? "
+                "WHERE id = ?",
+                [
+                    chosen.get("content", ""),
+                    _dumps(chosen.get("stats")),
+                    chosen.get("reasoning") or None,
+                    _dumps({"chosen": index, "replies": list(message.versions)}),
+                    message_id,
+                ],
+            )
+            self._touch(message.session_id)
+        return self._message(message_id)
+
     def import_session(
         self,
         messages: list[tuple[str, str, dict | None, str | None]],
@@ -341,11 +441,15 @@ class ChatStore(SqliteFile):
         title: str | None = None,
         system_prompt: str | None = None,
         settings: dict | None = None,
+        branch: tuple[str | None, int] | None = None,
     ) -> Session:
-        """A new session holding ``messages`` (``(role, content, stats, reasoning)``), titled
-        ``title`` (else by its first user message), in one transaction: the whole chat or
-        nothing, whatever stops it part-way (a bad message, a full disk, Ctrl-C, a crash)."""
-        for number, (role, content, _, reasoning) in enumerate(messages, 1):
+        """A new session holding ``messages`` (``(role, content, stats, reasoning)``, and a
+        reply's versions as a fifth where it has them), titled ``title`` (else by its first
+        user message), in one transaction: the whole chat or nothing, whatever stops it
+        part-way (a bad message, a full disk, Ctrl-C, a crash). ``branch``: the chat it is a
+        branch of (its name: linked where this store has it) and its fork point."""
+        messages = [(*m, None)[:5] if len(m) == 4 else tuple(m) for m in messages]
+        for number, (role, content, _, reasoning, _versions) in enumerate(messages, 1):
             if role not in ROLES:
                 raise ValueError(f"role must be one of {ROLES}, not {role!r}")
             if not _is_text(content) or (reasoning is not None and not _is_text(reasoning)):
@@ -354,7 +458,13 @@ class ChatStore(SqliteFile):
             if text is not None and not _is_text(text):
                 raise StoreError("a title or system prompt that is not valid UTF-8 text")
         first_user = next((m[1] for m in messages if m[0] == "user"), "")
+        parent_name, fork_seq = branch if branch is not None else (None, None)
         with self._transaction():
+            parent = (
+                self._rows("SELECT id FROM sessions WHERE name = ?", [parent_name])
+                if parent_name
+                else []
+            )
             name = self._unused_name(time.strftime("chat-%Y%m%d-%H%M%S"))
             now = self._now()
             session_id = (
@@ -368,6 +478,8 @@ class ChatStore(SqliteFile):
                         "settings": _dumps(settings),
                         "created_at": now,
                         "updated_at": now,
+                        "parent_id": parent[0]["id"] if parent else None,
+                        "fork_seq": fork_seq,
                     }
                 )
                 .last_pk
@@ -381,8 +493,9 @@ class ChatStore(SqliteFile):
                     "stats": _dumps(stats),
                     "created_at": now,
                     "reasoning": reasoning or None,
+                    "versions": _dumps(versions),
                 }
-                for seq, (role, content, stats, reasoning) in enumerate(messages, 1)
+                for seq, (role, content, stats, reasoning, versions) in enumerate(messages, 1)
             )
         return self.get_session_by_id(session_id)
 
@@ -584,11 +697,43 @@ def _session(row: dict) -> Session:
 
 def _message(row: dict) -> Message:
     problems: list[str] = []
-    _damage(row, ("role", "content", "stats", "reasoning"), problems)
+    _damage(row, ("role", "content", "stats", "reasoning", "versions"), problems)
     stats = _loads(row["stats"], problems, "stats")
     if row["role"] not in ROLES:
         problems.append(f"its role {row['role']!r} is none of {', '.join(ROLES)}")
-    return Message(**{**row, "stats": stats, "damaged": "; ".join(problems) or None})
+    versions, chosen = _versions(_loads(row.get("versions"), problems, "versions"))
+    return Message(
+        **{
+            **row,
+            "stats": stats,
+            "versions": versions,
+            "version": chosen,
+            "damaged": "; ".join(problems) or None,
+        }
+    )
+
+
+def _versions(value: dict | None) -> tuple[tuple[dict, ...], int]:
+    """A reply's versions as stored (JSON read back): the well-formed ones and the chosen."""
+    if not isinstance(value, dict) or not isinstance(value.get("replies"), list):
+        return (), 0
+    replies = tuple(
+        {
+            "content": r["content"],
+            "stats": r.get("stats") if isinstance(r.get("stats"), dict) else None,
+            "reasoning": r.get("reasoning") if isinstance(r.get("reasoning"), str) else None,
+        }
+        for r in value["replies"]
+        if isinstance(r, dict) and isinstance(r.get("content"), str)
+    )
+    chosen = value.get("chosen")
+    if len(replies) < 2:
+        return (), 0
+    return replies, chosen if isinstance(chosen, int) and 0 <= chosen < len(replies) else 0
+
+
+def _version(message: Message) -> dict:
+    return {"content": message.content, "stats": message.stats, "reasoning": message.reasoning}
 
 
 def readable(messages: list[Message]) -> tuple[list[Message], str | None]:

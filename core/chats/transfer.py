@@ -55,8 +55,17 @@ def export_json(store: ChatStore, session_id: int) -> dict:
         "system_prompt": session.system_prompt,
         "settings": session.settings,
         "created_at": session.created_at,
+        **_branch_json(store, session),
         "messages": [_message_json(m) for m in messages],
     }
+
+
+def _branch_json(store: ChatStore, session: Session) -> dict:
+    """A branch's link to the chat it came from (by name) and its fork point."""
+    if session.fork_seq is None:
+        return {}
+    parent = store.get_session_by_id(session.parent_id) if session.parent_id else None
+    return {"branch_of": parent.name if parent else None, "fork_seq": session.fork_seq}
 
 
 def export_markdown(store: ChatStore, session_id: int) -> str:
@@ -138,7 +147,17 @@ def import_chat(store: ChatStore, data: object, title: str | None = None) -> Imp
         system = messages.pop(0)[1]  # a leading system message is the chat's system prompt
     settings = chat_settings.checked(data.get("settings"))
     name = _text_or_none(title, "title") or _text_or_none(data.get("title"), "title")
-    session = store.import_session(messages, title=name, system_prompt=system, settings=settings)
+    branch_of = _text_or_none(data.get("branch_of"), "branch_of")
+    fork_seq = data.get("fork_seq")
+    if fork_seq is not None and (not isinstance(fork_seq, int) or isinstance(fork_seq, bool)):
+        raise UserError("fork_seq is not a whole number")
+    session = store.import_session(
+        messages,
+        title=name,
+        system_prompt=system,
+        settings=settings,
+        branch=(branch_of, fork_seq) if fork_seq is not None else None,
+    )
     return Imported(session, len(messages))
 
 
@@ -162,6 +181,11 @@ def _message_json(message: Message) -> dict:
             item[key] = stats.pop(key)
     if stats:
         item["stats"] = stats
+    if message.versions:  # a regenerated reply: every version, and the one chosen
+        item["versions"] = [
+            {k: v for k, v in version.items() if v is not None} for version in message.versions
+        ]
+        item["version"] = message.version
     return item
 
 
@@ -182,9 +206,10 @@ def _quote(text: str) -> str:
     return "\n".join("> " + line if line else ">" for line in text.splitlines())
 
 
-def _checked(number: int, message: object) -> tuple[str, str, dict | None, str | None]:
-    """(role, content, stats, reasoning) of message ``number``, or a UserError saying what
-    is wrong."""
+def _checked(number: int, message: object) -> tuple:
+    """(role, content, stats, reasoning, versions) of message ``number`` (versions: a
+    regenerated reply's, as the store keeps them, or None), or a UserError saying what is
+    wrong."""
     if not isinstance(message, dict):
         raise UserError(f"message {number} is not an object with a role and a content")
     role, content = message.get("role"), message.get("content")
@@ -207,7 +232,37 @@ def _checked(number: int, message: object) -> tuple[str, str, dict | None, str |
     reasoning = message.get("reasoning") if role == "assistant" else None
     if reasoning is not None and not isinstance(reasoning, str):
         raise UserError(f"message {number}: its reasoning is not text")
-    return role, content, (stats or None) if role == "assistant" else None, reasoning or None
+    versions = _checked_versions(number, message) if role == "assistant" else None
+    return (
+        role,
+        content,
+        (stats or None) if role == "assistant" else None,
+        reasoning or None,
+        versions,
+    )
+
+
+def _checked_versions(number: int, message: dict) -> dict | None:
+    """A reply's versions from an export, as the store keeps them ({"chosen", "replies"})."""
+    versions = message.get("versions")
+    if versions is None:
+        return None
+    if not isinstance(versions, list) or not all(
+        isinstance(v, dict) and isinstance(v.get("content"), str) for v in versions
+    ):
+        raise UserError(f"message {number}: its versions are not a list of replies")
+    chosen = message.get("version", len(versions) - 1)
+    if not isinstance(chosen, int) or isinstance(chosen, bool) or not 0 <= chosen < len(versions):
+        raise UserError(f"message {number}: its version is not one of its versions")
+    replies = []
+    for version in versions:
+        stats, reasoning = version.get("stats"), version.get("reasoning")
+        if stats is not None and not isinstance(stats, dict):
+            raise UserError(f"message {number}: a version's stats are not an object")
+        if reasoning is not None and not isinstance(reasoning, str):
+            raise UserError(f"message {number}: a version's reasoning is not text")
+        replies.append({"content": version["content"], "stats": stats, "reasoning": reasoning})
+    return {"chosen": chosen, "replies": replies}
 
 
 def _text_or_none(value: object, what: str) -> str | None:

@@ -356,5 +356,71 @@ def test_a_chat_database_of_the_first_schema_gains_the_thinking_column(db_path):
         store.add_turn(1, "and?", "fine", reasoning="hmm")
         assert store.messages(1)[-1].reasoning == "hmm"
     conn = sqlite3.connect(db_path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     conn.close()
+
+
+# -- issue 45.4: branches and a regenerated reply's versions --
+
+
+def test_a_chat_of_the_second_schema_gains_branches_and_versions_losing_nothing(db_path):
+    with ChatStore(db_path) as store:
+        chat = store.create_session("old", system_prompt="Be brief.", settings={"seed": 3})
+        store.add_turn(chat.id, "hi", "hello", {"completion_tokens": 1}, reasoning="hmm")
+    conn = sqlite3.connect(db_path)  # back to the schema of before: what an old chats.db is
+    conn.executescript(
+        """ALTER TABLE sessions DROP COLUMN fork_seq; ALTER TABLE sessions DROP COLUMN parent_id;
+           ALTER TABLE messages DROP COLUMN versions; PRAGMA user_version = 2;"""
+    )
+    conn.close()
+    with ChatStore(db_path) as store:
+        session = store.get_session("old")
+        assert session.system_prompt == "Be brief." and session.settings == {"seed": 3}
+        assert session.parent_id is None and session.fork_seq is None
+        messages = store.messages(session.id)
+        assert [(m.role, m.content, m.reasoning, m.versions) for m in messages] == [
+            ("user", "hi", None, ()),
+            ("assistant", "hello", "hmm", ()),
+        ]
+        assert messages[1].stats == {"completion_tokens": 1}
+
+
+def test_regenerating_keeps_the_earlier_replies_as_versions(store):
+    chat = store.create_session("c")
+    store.add_turn(chat.id, "hi", "one", {"completion_tokens": 1})
+    store.replace_last_turn(chat.id, "hi", "two", {"completion_tokens": 2})
+    _, reply = store.replace_last_turn(chat.id, "hi", "three", {"completion_tokens": 3})
+    assert [v["content"] for v in reply.versions] == ["one", "two", "three"]
+    assert reply.version == 2 and reply.content == "three"
+    chosen = store.select_version(reply.id, 0)
+    assert chosen.content == "one" and chosen.stats == {"completion_tokens": 1}
+    assert chosen.version == 0 and len(chosen.versions) == 3
+    assert store.messages(chat.id)[-1].content == "one"  # the chat goes on from it
+    # an edit (another user message) is no version of the reply it replaces
+    _, edited = store.replace_last_turn(chat.id, "hello", "four")
+    assert edited.versions == () and edited.content == "four"
+    with pytest.raises(StoreError):
+        store.select_version(edited.id, 1)
+
+
+def test_a_branch_shares_the_history_up_to_its_fork(store):
+    chat = store.create_session("trip", system_prompt="Be brief.", settings={"temperature": 0.2})
+    store.add_turn(chat.id, "one", "1")
+    store.add_turn(chat.id, "two", "2")
+    store.replace_last_turn(chat.id, "two", "2 again")
+    branch = store.branch_session(chat.id, 3)  # one, 1, two
+    assert branch.parent_id == chat.id and branch.fork_seq == 3
+    assert branch.title.endswith("(branch)") and branch.name != chat.name
+    assert branch.system_prompt == "Be brief." and branch.settings == {"temperature": 0.2}
+    assert [(m.role, m.content) for m in store.messages(branch.id)] == [
+        ("user", "one"),
+        ("assistant", "1"),
+        ("user", "two"),
+    ]
+    store.add_turn(branch.id, "three", "3")  # the branch goes its own way
+    assert len(store.messages(chat.id)) == 4 and len(store.messages(branch.id)) == 5
+    whole = store.branch_session(chat.id, 4)
+    assert [v["content"] for v in store.messages(whole.id)[-1].versions] == ["2", "2 again"]
+    store.delete_session(chat.id)  # the branches stay, their parent gone
+    assert store.get_session_by_id(branch.id).parent_id is None
+    assert len(store.messages(branch.id)) == 5

@@ -263,3 +263,28 @@ def test_any_json_shape_imports_or_is_one_line(fuzz_store, tmp_path_factory, dat
     else:
         assert {s.id for s in fuzz_store.list_sessions()} == before | {done.session.id}
         assert len(fuzz_store.messages(done.session.id)) == done.messages
+
+
+def test_export_and_import_carry_a_branch_and_a_replys_versions(store, tmp_path):
+    chat = store.create_session("trip")
+    store.add_turn(chat.id, "hi", "one")
+    store.replace_last_turn(chat.id, "hi", "two", {"completion_tokens": 2}, reasoning="hmm")
+    store.add_turn(chat.id, "and?", "fine")
+    branch = store.branch_session(chat.id, 2)
+    store.select_version(store.messages(branch.id)[1].id, 0)
+    data = transfer.export_json(store, branch.id)
+    assert data["branch_of"] == "trip" and data["fork_seq"] == 2
+    reply = data["messages"][1]
+    assert reply["content"] == "one" and reply["version"] == 0
+    assert [v["content"] for v in reply["versions"]] == ["one", "two"]
+    assert reply["versions"][1]["reasoning"] == "hmm"
+    imported = transfer.import_chat(store, json.loads(json.dumps(data))).session
+    assert imported.parent_id == chat.id and imported.fork_seq == 2
+    again = store.messages(imported.id)[1]
+    assert again.content == "one" and again.version == 0
+    assert [v["content"] for v in again.versions] == ["one", "two"]
+    assert again.versions[1]["stats"] == {"completion_tokens": 2}
+    with pytest.raises(UserError, match="version"):
+        transfer.import_chat(
+            store, {**data, "messages": [data["messages"][0], {**reply, "version": 5}]}
+        )
