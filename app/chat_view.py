@@ -131,7 +131,13 @@ def tool_button(text: str, name: str, tooltip: str) -> QToolButton:
 
 class MessageWidget(QWidget):
     """One message: header, body, and a footer of tool buttons and a note; a reply of a
-    reasoning model has its thinking folded between its header and its body."""
+    reasoning model has its thinking folded between its header and its body. Every message
+    can branch the chat; an earlier user message can be edited (in a branch); a regenerated
+    reply steps through its versions (‹ 2/3 ›)."""
+
+    branchClicked = Signal()
+    forkEditClicked = Signal()
+    versionClicked = Signal(int)  # the version to show (0-based)
 
     def __init__(self, role: str, text: str, parent: QWidget | None = None):
         super().__init__(parent)
@@ -157,6 +163,29 @@ class MessageWidget(QWidget):
         self.copy_markdown_action = copy_menu.addAction("Copy as Markdown", self.copy_markdown)
         self.copy_button.setMenu(copy_menu)
         self.copy_button.setPopupMode(QToolButton.ToolButtonPopupMode.MenuButtonPopup)
+        self.branch_button = tool_button(
+            "Branch",
+            "branchButton",
+            "Open a new chat with the history up to here (its cache is shared: no recompute)"
+            if role != "user"
+            else "Open a new chat with the history before this message, and this message to edit",
+        )
+        self.branch_button.clicked.connect(self.branchClicked)
+        self.fork_edit_button = tool_button(
+            "Edit", "forkEditButton", "Edit this message in a new branch of the chat, from here"
+        )
+        self.fork_edit_button.clicked.connect(self.forkEditClicked)
+        self.fork_edit_button.setVisible(role == "user")
+        self.version = 0
+        self.versions = 1
+        self.previous_button = tool_button("‹", "previousVersion", "The earlier version")
+        self.next_button = tool_button("›", "nextVersion", "The later version")
+        self.version_label = QLabel()
+        self.version_label.setObjectName("versionLabel")
+        self.previous_button.clicked.connect(lambda: self.versionClicked.emit(self.version - 1))
+        self.next_button.clicked.connect(lambda: self.versionClicked.emit(self.version + 1))
+        for widget in (self.previous_button, self.version_label, self.next_button):
+            widget.hide()
         self.note = QLabel()
         self.note.setForegroundRole(QPalette.ColorRole.PlaceholderText)
         note_font = self.note.font()
@@ -185,7 +214,15 @@ class MessageWidget(QWidget):
         self.actions = QHBoxLayout()
         self.actions.setContentsMargins(0, 0, 0, 0)
         self.actions.setSpacing(0)
+        for widget in (self.previous_button, self.version_label, self.next_button):
+            self.actions.addWidget(widget)
+        if role == "user":
+            self.actions.addWidget(self.fork_edit_button)
         self.actions.addWidget(self.copy_button)
+        if role in ("user", "assistant"):
+            self.actions.addWidget(self.branch_button)
+        else:
+            self.branch_button.hide()
         footer = QHBoxLayout()
         footer.setContentsMargins(0, 0, 0, 0)
         footer.setSpacing(8)
@@ -216,6 +253,16 @@ class MessageWidget(QWidget):
         """The reply's thinking: streaming while the reply does, then whole with its count."""
         self.thinking_text = text
         self.thinking.set_thinking(text, tokens, streaming=self.streaming)
+
+    def set_versions(self, version: int, versions: int) -> None:
+        """A regenerated reply: version ``version`` (0-based) of ``versions`` is shown."""
+        self.version, self.versions = version, versions
+        many = versions > 1
+        for widget in (self.previous_button, self.version_label, self.next_button):
+            widget.setVisible(many)
+        self.version_label.setText(f"{version + 1}/{versions}")
+        self.previous_button.setEnabled(version > 0)
+        self.next_button.setEnabled(version < versions - 1)
 
     def set_note(self, note: str) -> None:
         self.note.setText(note)
@@ -266,6 +313,8 @@ class ChatView(QWidget):
 
     regenerateRequested = Signal()
     editRequested = Signal(str)  # the last user message's text
+    branchRequested = Signal(int, bool)  # a message's index; True: to edit it (a user message)
+    versionRequested = Signal(int, int)  # a reply's index, the version to show
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -325,7 +374,8 @@ class ChatView(QWidget):
 
     def set_messages(self, messages: list[tuple]) -> None:
         """Replace everything with (role, content) pairs, or (role, content, thinking,
-        thinking tokens[, note]) (a reasoning model's thinking; the dim note under a reply)."""
+        thinking tokens[, note[, (version, versions)]]) (a reasoning model's thinking; the
+        dim note under a reply; a regenerated reply's versions)."""
         self._stop_streaming()
         for message in self._messages:
             self._discard(message)
@@ -341,6 +391,8 @@ class ChatView(QWidget):
                 message.set_thinking(thought[0], *thought[1:2])
             if len(thought) > 2 and thought[2]:
                 message.set_note(thought[2])
+            if len(thought) > 3 and thought[3]:
+                message.set_versions(*thought[3])
         self._update_layout()
 
     def add_user_message(self, text: str) -> None:
@@ -469,6 +521,10 @@ class ChatView(QWidget):
     def _on_scrolled(self, value: int) -> None:
         self.following = value >= self.scroll_area.verticalScrollBar().maximum() - 4
 
+    def _on_branch(self, message: MessageWidget, edit: bool) -> None:
+        if message in self._messages and not message.streaming:
+            self.branchRequested.emit(self._messages.index(message), edit)
+
     def _on_edit(self) -> None:
         users = [message for message in self._messages if message.role == "user"]
         if users:
@@ -483,6 +539,11 @@ class ChatView(QWidget):
 
     def _append(self, role: str, text: str, streaming: bool = False) -> MessageWidget:
         message = MessageWidget(role, text)
+        message.branchClicked.connect(lambda: self._on_branch(message, False))
+        message.forkEditClicked.connect(lambda: self._on_branch(message, True))
+        message.versionClicked.connect(
+            lambda version: self.versionRequested.emit(self._messages.index(message), version)
+        )
         if streaming:
             message.streaming = True
             message.refresh()
@@ -519,6 +580,8 @@ class ChatView(QWidget):
             button.hide()
             button.setParent(self)
         users = [message for message in self._messages if message.role == "user"]
+        for message in users:  # an earlier message is edited in a branch; the last in place
+            message.fork_edit_button.setVisible(message is not users[-1])
         if users:
             users[-1].add_action(self.edit_button)
         if self._messages and self._messages[-1].role == "assistant":

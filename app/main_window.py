@@ -299,6 +299,8 @@ class MainWindow(ChatReplies, QMainWindow):
         bridge.statsUpdated.connect(self.memory_panel.update_stats)
         bridge.statsUpdated.connect(self._keep_stats)
         bridge.statsUpdated.connect(self.cache_panel.update_totals)
+        self.chat.branchRequested.connect(self.branch_chat)
+        self.chat.versionRequested.connect(self.choose_version)
         self.composer.sendRequested.connect(self.send)
         self.composer.stopRequested.connect(self.stop_reply)
         self.composer.editCancelled.connect(lambda: self._set_state_text("Edit cancelled", 3000))
@@ -430,8 +432,9 @@ class MainWindow(ChatReplies, QMainWindow):
         self.sessions.refresh(select_id=session.id)
         self.open_session(session.id)
 
-    def open_session(self, session_id: int) -> None:
-        if self.session is not None and self.session.id == session_id:
+    def open_session(self, session_id: int, reload: bool = False) -> None:
+        """Show the chat ``session_id`` (``reload``: again, as stored, when it is open)."""
+        if not reload and self.session is not None and self.session.id == session_id:
             if self.sessions.current_id() != self.session.id:
                 self.sessions.select(self.session.id)
             return
@@ -474,6 +477,52 @@ class MainWindow(ChatReplies, QMainWindow):
             self.session = None
             self._open_initial_session()
         self._update_state()
+
+    def _shown_messages(self) -> list:
+        """The open chat's stored messages as the chat view shows them (no system ones)."""
+        messages = readable(self.store.messages(self.session.id))[0]
+        return [m for m in messages if m.role != "system"]
+
+    def branch_chat(self, index: int, edit: bool = False) -> None:
+        """Branch the open chat at its ``index``-th message shown: a new chat with the history
+        up to it (``edit``, or a user message: before it, its text put in the box to edit and
+        send). The history is the same tokens, so the cache serves it (in RAM, or from disk
+        after a restart): the branch's first reply computes only what is new."""
+        if self.session is None:
+            return
+        try:
+            messages = self._shown_messages()
+            if not 0 <= index < len(messages):
+                return
+            message = messages[index]
+            to_edit = edit or message.role == "user"
+            branch = self.store.branch_session(
+                self.session.id, message.seq - 1 if to_edit else message.seq
+            )
+        except StoreError as exc:
+            self._set_state_text(f"Could not branch the chat: {exc}")
+            return
+        self.sessions.refresh(select_id=branch.id)
+        self.open_session(branch.id)
+        if to_edit:
+            self.composer.set_text(message.content)
+            self.composer.input.setFocus()
+        self._set_state_text(
+            "A branch of the chat: its shared history is served from the cache", 8000
+        )
+
+    def choose_version(self, index: int, version: int) -> None:
+        """Show version ``version`` of the ``index``-th message (a regenerated reply): the
+        chat goes on from it."""
+        if self.session is None or self._busy(self.session.id):
+            return
+        try:
+            message = self._shown_messages()[index]
+            self.store.select_version(message.id, version)
+        except (StoreError, IndexError) as exc:
+            self._set_state_text(f"Could not show that version: {exc}")
+            return
+        self.open_session(self.session.id, reload=True)
 
     def show_model_card(self) -> None:
         info = self.bridge.model_info

@@ -59,7 +59,8 @@ SPEED_EVERY_S = 0.25  # the live speed's refresh
 
 def shown(messages) -> list[tuple]:
     """Stored messages as the chat view takes them: (role, content, thinking, thinking
-    tokens, note), the count and the note from the reply's stored figures."""
+    tokens, note, versions), the count and the note from the reply's stored figures,
+    versions as (the one shown, how many) for a regenerated reply (else None)."""
     return [
         (
             m.role,
@@ -67,6 +68,7 @@ def shown(messages) -> list[tuple]:
             m.reasoning or "",
             int((m.stats or {}).get("reasoning_tokens") or 0),
             reply_note(m.stats) if m.role == "assistant" and m.stats else "",
+            (m.version, len(m.versions)) if m.versions else None,
         )
         for m in messages
     ]
@@ -415,6 +417,8 @@ class ChatReplies:
         if saved.error:  # the reply stays shown; the chat goes on in memory
             self._set_state_text(f"This reply is shown but was not saved: {saved.error}")
             return
+        if visible and saved.stored and turn.replace:
+            self._show_versions(turn)
         if saved.cache_freed:
             self._set_state_text(
                 f"The disk is full: the KV cache ({saved.cache_freed / MB:.1f} MB) "
@@ -428,6 +432,18 @@ class ChatReplies:
             self._update_title()
         except StoreError as exc:
             self._set_state_text(f"Could not read the chats: {exc}")
+
+    def _show_versions(self, turn: ChatTurn) -> None:
+        """A regenerated reply, stored: its ‹ n/n › (the replies it replaced are kept)."""
+        try:
+            stored = readable(self.store.messages(turn.session.id))[0]
+        except StoreError:
+            return
+        count = self.chat.message_count()
+        if stored and stored[-1].versions and count:
+            self.chat.message_widget(count - 1).set_versions(
+                stored[-1].version, len(stored[-1].versions)
+            )
 
     def _on_failed(self, message: str) -> None:
         turn, self._turn, self._reply, self._thinking = self._turn, None, "", ""
