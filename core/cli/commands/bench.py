@@ -213,6 +213,21 @@ def _agent(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-nocache", action="store_true", help="leave out our server without cache")
 
 
+def _fork(p: argparse.ArgumentParser) -> None:
+    _with_model(p)
+    p.add_argument("--turns", type=positive, default=4, help="the chat's turns (default: 4)")
+    p.add_argument(
+        "--lines",
+        type=positive,
+        default=12,
+        help="lines of travel notes in each user message (default: 12, about 260 tokens)",
+    )
+    p.add_argument(
+        "--pool-tokens", type=positive, default=16384, help="the KV pool, tokens (default: 16384)"
+    )
+    p.add_argument("--repeats", type=positive, default=3, help=REPEATS_HELP)
+
+
 def _followup(p: argparse.ArgumentParser) -> None:
     _with_model(p)
     p.add_argument(
@@ -448,6 +463,13 @@ BENCHES = (
         "bench.followup:run_bench_followup",
         "a follow-up's new tokens on a cached prefix: TTFT, ours vs mlx_lm.server",
         _followup,
+    ),
+    Bench(
+        "fork",
+        "bench.fork:run_bench_fork",
+        "a branch's first reply: TTFT with its history in RAM, after a restart (disk) "
+        "and recomputed",
+        _fork,
     ),
     Bench(
         "clients",

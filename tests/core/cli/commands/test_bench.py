@@ -72,6 +72,7 @@ OPTIONS_BEFORE = {
         "--max-tokens",
         "--repeats",
     ),
+    "fork": ("--data-dir", "--model", "--turns", "--lines", "--pool-tokens", "--repeats"),
     "clients": (
         "--data-dir",
         "--model",
