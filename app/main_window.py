@@ -50,7 +50,7 @@ from app.settings_dialogs import AppSettings, AppSettingsDialog
 from app.window_replies import ChatReplies, LiveFigures, WaitingAsk, chat_title, shown
 from core.chats.settings import usable
 from core.chats.store import ChatStore, Session, readable
-from core.chats.turn import ChatTurn
+from core.chats.turn import ChatTurn, engine_figures
 from core.errors import StoreError
 from core.models.base_models import BASE_LABEL
 
@@ -452,8 +452,9 @@ class MainWindow(ChatReplies, QMainWindow):
         self.settings.last_session = session.id
         self.composer.finish_edit()
         self.chat.set_messages(shown(messages))
-        self.cache_panel.set_turns([m.stats for m in messages if m.role == "assistant" and m.stats])
-        self._show_context([m.stats for m in messages if m.role == "assistant" and m.stats])
+        figures = engine_figures(m.stats for m in messages if m.role == "assistant")
+        self.cache_panel.set_turns(figures)
+        self._show_context(figures)
         self._show_pending(session.id)
         if self.sessions.current_id() != session.id:
             self.sessions.select(session.id)

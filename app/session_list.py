@@ -158,6 +158,7 @@ class SessionList(QWidget):
         self._current: int | None = None
         self._deleting: int | None = None  # the session confirm_box asks about
         self._filling = False  # repopulating: selection changes are not the user's
+        self._refresh_pending = False  # a refresh waits for the pointer to leave the list
         self.confirm_box: QMessageBox | None = None
         self.context_menu: QMenu | None = None
 
@@ -185,6 +186,7 @@ class SessionList(QWidget):
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._on_context_menu)
         self.list.viewport().installEventFilter(self)  # a right click opens the menu, not the chat
+        self.list.installEventFilter(self)  # losing the focus: a waiting refresh
         self.list.currentItemChanged.connect(self._on_current_item_changed)
 
         self.empty_label = QLabel("No chats match")
@@ -266,6 +268,7 @@ class SessionList(QWidget):
             self._show_error(str(exc))
             return
         self.error_label.hide()
+        self._refresh_pending = False
         target = self._current if select_id is None else select_id
         now = time.time()
         self._filling = True
@@ -277,6 +280,20 @@ class SessionList(QWidget):
             self._filling = False
         self.empty_label.setVisible(bool(query) and not sessions)
         self.select(target)
+
+    def refresh_when_away(self) -> None:
+        """Refresh for a change the user did not make (a reply ended in another chat): now,
+        or, while the pointer is over the list, once it leaves (or the list loses the focus)
+        so that the rows never move under the pointer (issue 45.7)."""
+        if self.list.viewport().underMouse():
+            self._refresh_pending = True
+            return
+        self.refresh()
+
+    def _pending_refresh(self) -> None:
+        if self._refresh_pending:
+            self._refresh_pending = False
+            self.refresh()
 
     def rename(self, session_id: int | None = None) -> None:
         """Edit a chat's title in place (default: the highlighted one)."""
@@ -358,6 +375,10 @@ class SessionList(QWidget):
         self.context_menu.popup(self.list.viewport().mapToGlobal(pos))
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if watched is self.list.viewport() and event.type() == QEvent.Type.Leave:
+            self._pending_refresh()
+        if watched is self.list and event.type() == QEvent.Type.FocusOut:
+            self._pending_refresh()
         if (
             watched is self.list.viewport()
             and event.type() == QEvent.Type.MouseButtonPress

@@ -19,7 +19,7 @@ from app.chat_view import ChatView
 from app.composer import Composer
 from app.context_bar import ContextBar
 from core.chats.store import ChatStore, Session, readable
-from core.chats.turn import ChatTurn, MadeWith
+from core.chats.turn import INTERRUPTED, ChatTurn, MadeWith
 from core.engine.types import RequestStats
 from core.errors import StoreError
 from core.paths import MB
@@ -83,7 +83,9 @@ def reply_note(figures: dict, stopped: bool = False) -> str:
     sampling = figures.get("sampling") or {}
     if isinstance(sampling, dict) and isinstance(sampling.get("temperature"), int | float):
         parts.append(f"temperature {sampling['temperature']:g}")
-    if stopped or figures.get("finish_reason") == "cancelled":
+    if figures.get("finish_reason") == INTERRUPTED:
+        parts.append("interrupted: RadixChat quit mid-reply")
+    elif stopped or figures.get("finish_reason") == "cancelled":
         parts.append("stopped")
     tokens, tps = figures.get("completion_tokens"), figures.get("decode_tps")
     if isinstance(tokens, int):
@@ -428,7 +430,10 @@ class ChatReplies:
             return
         try:
             self.session = self.store.get_session_by_id(self.session.id) or self.session
-            self.sessions.refresh(select_id=self.session.id)
+            if visible:
+                self.sessions.refresh(select_id=self.session.id)
+            else:  # another chat's reply: its row moves up, never under the pointer
+                self.sessions.refresh_when_away()
             self._update_title()
         except StoreError as exc:
             self._set_state_text(f"Could not read the chats: {exc}")

@@ -59,6 +59,15 @@ class MadeWith:
         return {"model": self.model, "sampling": dict(self.sampling)}
 
 
+INTERRUPTED = "interrupted"  # a stored reply's finish_reason when RadixChat quit mid-reply
+
+
+def engine_figures(figures) -> list[dict]:
+    """Those of a chat's stored reply figures the engine made (a prompt's tokens counted):
+    the cache panel's turns."""
+    return [f for f in figures if isinstance(f, dict) and "prompt_tokens" in f]
+
+
 @dataclass(frozen=True)
 class SavedTurn:
     """What became of a finished turn: ``stored`` or not; ``error``, one line, when it should
@@ -110,8 +119,9 @@ class ChatTurn:
 
     @property
     def kept_stats(self) -> list[dict]:
-        """The stored figures of the replies the turn follows, oldest first."""
-        return [m.stats for m in self.kept if m.role == "assistant" and m.stats]
+        """The engine's stored figures of the replies the turn follows, oldest first (a reply
+        interrupted before the engine's figures came has none: no turn of its own)."""
+        return engine_figures(m.stats for m in self.kept if m.role == "assistant")
 
     def request(self, sampling: SamplingParams, use_cache: bool = True) -> GenerationRequest:
         """The engine request for this turn, in the session's cache (the app's namespace). A
@@ -146,7 +156,8 @@ class ChatTurn:
         ``made_with``. Raises StoreError when the store fails (the chat goes on in memory)."""
         if not self.keeps(text, stats, reasoning):
             return False
-        figures = dataclasses.asdict(stats) if stats is not None else None
+        # no figures: it ended without the engine's, the window closed mid-reply
+        figures = dataclasses.asdict(stats) if stats is not None else {"finish_reason": INTERRUPTED}
         if made_with is not None:
             figures = {**(figures or {}), **made_with.figures()}
         thought = reasoning or None
