@@ -63,9 +63,16 @@ INTERRUPTED = "interrupted"  # a stored reply's finish_reason when RadixChat qui
 
 
 def engine_figures(figures) -> list[dict]:
-    """Those of a chat's stored reply figures the engine made (a prompt's tokens counted):
-    the cache panel's turns."""
-    return [f for f in figures if isinstance(f, dict) and "prompt_tokens" in f]
+    """Those of a chat's stored reply figures the engine made (its tokens counted; not a
+    reply interrupted before they came, nor one stored with only what made it): the cache
+    panel's turns."""
+    return [
+        f
+        for f in figures
+        if isinstance(f, dict)
+        and ("prompt_tokens" in f or "completion_tokens" in f)
+        and f.get("finish_reason") != INTERRUPTED
+    ]
 
 
 @dataclass(frozen=True)

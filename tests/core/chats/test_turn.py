@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from core.chats.store import ChatStore
-from core.chats.turn import ChatTurn, last_turn_start
+from core.chats.turn import ChatTurn, engine_figures, last_turn_start
 from core.engine.types import (
     CHAT_PRIORITY,
     ChatMessage,
@@ -95,12 +95,11 @@ def test_a_reply_stopped_after_some_text_is_kept(store):
     assert ChatTurn.start(store, session, "three").finish(store, "par", stopped)
     assert _stored(store, session)[-1] == ("assistant", "par")
     assert store.messages(session.id)[-1].stats["finish_reason"] == "cancelled"
-    # kept, without figures
+    # kept without the engine's figures (the window closed mid-reply): marked interrupted
     assert ChatTurn.start(store, session, "four").finish(store, "half a", None)
-    assert (
-        _stored(store, session)[-1] == ("assistant", "half a")
-        and store.messages(session.id)[-1].stats is None
-    )
+    assert _stored(store, session)[-1] == ("assistant", "half a")
+    assert store.messages(session.id)[-1].stats == {"finish_reason": "interrupted"}
+    assert engine_figures([store.messages(session.id)[-1].stats]) == []
 
 
 def test_an_empty_reply_that_was_not_stopped_is_stored(store):
