@@ -189,7 +189,10 @@ class RequestLogDialog(QDialog):
         self.empty.setVisible(not requests)
         self.tree.clear()
         for entry in reversed(requests):
-            result = f"error: {entry.error}" if entry.error else entry.finish_reason
+            if entry.error and entry.status >= 400:  # refused before the engine saw it
+                result = f"refused {entry.status}: {entry.error}"
+            else:
+                result = f"error: {entry.error}" if entry.error else entry.finish_reason
             row = QTreeWidgetItem(
                 [
                     time.strftime("%H:%M:%S", time.localtime(entry.at)),

@@ -41,11 +41,15 @@ log = logging.getLogger(__name__)
 
 
 def error_response(request: Request, error: ApiError) -> JSONResponse:
+    """The answer to a refused request (the request log has it too)."""
     path = request.url.path
     if error.status >= 500:
         log.warning("%s %s -> %d %s", request.method, path, error.status, error.message)
     else:
         log.info("%s %s -> %d %s", request.method, path, error.status, error.message)
+    api = getattr(request.app.state, "api", None)
+    if api is not None:
+        api.request_log.record_error(path, error.message, error.status)
     return JSONResponse(
         error.body_for(dialect_of(path)), status_code=error.status, headers=error.headers
     )

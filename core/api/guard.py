@@ -143,9 +143,12 @@ def _headers(scope) -> dict[str, str]:
     }
 
 
-async def send_error(scope, send, error: ApiError) -> None:
+async def send_error(scope, send, error: ApiError, api: ApiState | None = None) -> None:
+    """Answer ``error`` (a request refused before the app: the request log has it)."""
     path = scope["path"]
     log.info("%s %s -> %d %s", scope["method"], path, error.status, error.message)
+    if api is not None:
+        api.request_log.record_error(path, error.message, error.status)
     data = json.dumps(error.body_for(dialect_of(path))).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
     headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
@@ -190,7 +193,7 @@ class Guard:
         try:
             error = self._refusal(_headers(scope))
             if error is not None:
-                await send_error(scope, counted_send, error)
+                await send_error(scope, counted_send, error, self.api)
             else:
                 await self.app(scope, receive, counted_send)
         finally:
@@ -257,7 +260,7 @@ class RequestChecks:
         try:
             receive = await self._check(scope, receive)
         except ApiError as error:
-            await send_error(scope, send, error)
+            await send_error(scope, send, error, self.api)
         else:
             await self.app(scope, receive, send)
 

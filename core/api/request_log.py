@@ -43,6 +43,7 @@ class LoggedRequest:
     ttft_s: float = 0.0  # from arrival to the first token, queueing included
     finish_reason: str = ""
     error: str | None = None
+    status: int = 200  # the HTTP status: a refused request's 4xx (it never reached the engine)
 
     @property
     def served_tokens(self) -> int:
@@ -72,8 +73,10 @@ class RequestLog:
             )
         )
 
-    def record_error(self, path: str, message: str) -> None:
-        self._add(LoggedRequest(time.time(), dialect_of(path), path, error=message))
+    def record_error(self, path: str, message: str, status: int = 200) -> None:
+        """A request that ended in an error: after it reached the engine (``status`` 200,
+        sent before the error, in a stream), or refused with ``status``."""
+        self._add(LoggedRequest(time.time(), dialect_of(path), path, error=message, status=status))
 
     def recent(self) -> tuple[LoggedRequest, ...]:
         with self._lock:

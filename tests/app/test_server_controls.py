@@ -142,6 +142,15 @@ def test_the_request_log_shows_each_request(qtbot, open_window, tiny_model):
     assert second[2] == first[2] and int(second[2].replace(",", "")) > 0  # the same prompt
     assert first[4] == "4" and anthropic_row[4] == "3"
     assert all(row[5].endswith(" s") and row[6] == "length" for row in rows)
+    # issue 45.7: a refused request shows too (it never reached the engine)
+    with openai.OpenAI(base_url=address + "/v1", api_key="unused", max_retries=0) as client:
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(model=name, messages=[], max_tokens=4)
+    with qtbot.waitSignal(bridge.statsUpdated, timeout=WAIT_MS):
+        bridge.poll_stats()
+    refused = [log.tree.topLevelItem(0).text(c) for c in range(len(LOG_COLUMNS))]
+    assert refused[1] == "OpenAI" and refused[6].startswith("refused 400: ")
+    assert bridge.recent_requests()[-1].status == 400
     with qtbot.waitSignal(bridge.serverStopped, timeout=WAIT_MS):
         window.serve_action.trigger()
 
