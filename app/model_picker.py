@@ -30,12 +30,13 @@ from app.downloads import DownloadManager
 from app.format import human_bytes
 from app.hub_panel import HubPanel
 from core.errors import UserError
-from core.models import derived
+from core.models import derived, usage
 from core.models.base_models import BASE_LABEL
 from core.models.catalog import CatalogEntry, entry_for_path, model_catalog, runs_on_cpu
 from core.models.delete import delete_from_data_folder
 from core.models.hub import installed
 from core.models.local import DATA_FOLDER_KINDS, LocalModel, list_local_models, model_file
+from core.models.pypi.known import KNOWN_MODELS
 
 COLUMNS = ("Name", "Kind", "Size", "Memory", "Last used")
 KIND_LABELS = {
@@ -162,11 +163,13 @@ class ModelPickerDialog(QDialog):
         try:
             entries = model_catalog(self.data_root, self.on_cpu)
             self._hub_models = {m.spec: m for m in installed.installed_models(self.data_root)}
+            self._uses = list(usage.read_uses(self.data_root).values())
             local = list_local_models(self.data_root)
             self._own_models = {m.spec: m for m in local if m.kind in DATA_FOLDER_KINDS}
             self._derived = self._derived_by_spec(local)
         except (OSError, UserError) as exc:
             entries, self._hub_models, self._own_models, self._derived = [], {}, {}, {}
+            self._uses = []
             self._show_error(f"Could not list the models in {self.data_root}: {exc}")
         for entry in entries:
             self._add(entry)
@@ -340,7 +343,8 @@ class ModelPickerDialog(QDialog):
         if entry.kind == "known-gguf":
             kind += " · downloaded" if entry.downloaded else " · downloads on first use"
         hub_model = getattr(self, "_hub_models", {}).get(entry.spec)
-        last_used = _ago(hub_model.last_used) if hub_model else ""
+        when = hub_model.last_used if hub_model else last_use(self._uses, entry)
+        last_used = _ago(when)
         made = getattr(self, "_derived", {}).get(entry.spec, [])
         made_bytes = sum(f.size_bytes for f in made)
         item = QTreeWidgetItem(
@@ -388,6 +392,20 @@ class ModelPickerDialog(QDialog):
     def _show_error(self, message: str) -> None:
         self.error_label.setText(message)
         self.error_label.show()
+
+
+def last_use(uses: list, entry: CatalogEntry) -> float | None:
+    """When the model of ``entry`` was last loaded (``core.models.usage``), None if never:
+    a load under its spec, of its path, or (a known model) of its file."""
+    known = KNOWN_MODELS.get(entry.spec)
+    times = [
+        use.last_used
+        for use in uses
+        if use.spec == entry.spec
+        or use.path == entry.spec
+        or (known is not None and Path(use.path).name == known.filename)
+    ]
+    return max(times, default=None)
 
 
 def _ago(timestamp: float | None) -> str:

@@ -175,7 +175,7 @@ def test_open_mlx_folder_chooses_it_or_says_why_not(qtbot, open_picker, data_roo
 def test_a_downloaded_default_model_says_so(qtbot, data_root_with_default):
     dialog = ModelPickerDialog(data_root_with_default, "default", on_cpu=True)
     qtbot.addWidget(dialog)
-    assert _rows(dialog)[0][1:] == ["GGUF · downloaded", "93.8 MB", "513 MB", ""]
+    assert _rows(dialog)[0][1:] == ["GGUF · downloaded", "93.8 MB", "513 MB", "never"]
     assert _specs(dialog).count("default") == 1
 
 
@@ -252,3 +252,20 @@ def test_a_known_model_is_deleted_like_any_other(qtbot, open_picker, data_root, 
     dialog._select_spec(gguf)
     qtbot.mouseClick(dialog.delete_button, Qt.MouseButton.LeftButton)
     assert gguf not in _specs(dialog) and not (data_root / "models" / "my-model.gguf").exists()
+
+
+def test_last_used_is_filled_for_every_model_loaded(open_picker, data_root):
+    """Issue 45.7: only the Hugging Face cache's models said when they were used last."""
+    import time
+
+    from core.models import usage
+
+    models = data_root / "models"
+    now = time.time()
+    usage.record_use(data_root, models / "tiny-llama", str(models / "tiny-llama"), "f1", now - 7200)
+    known = next(iter(provision.KNOWN_MODELS.values()))
+    usage.record_use(data_root, models / known.filename, "default", "f2", now - 90)
+    rows = dict(zip(_specs(open_picker("default")), _rows(open_picker("default")), strict=True))
+    assert rows[str(models / "tiny-llama")][4] == "2 hours ago"
+    assert rows["default"][4] == "1 minute ago"
+    assert rows[str(models / "my-model.gguf")][4] == "never"
