@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.format import human_bytes
+from app.format import FILE_UNITS_NOTE, file_bytes
 from app.workers import Relay, run_in_thread
 from core.models.hub import download, installed
 
@@ -51,7 +51,7 @@ def duration_text(seconds: float | None) -> str:
 
 def progress_text(p: download.DownloadProgress) -> str:
     return (
-        f"{human_bytes(p.done_bytes)} of {human_bytes(p.total_bytes)} · {human_bytes(p.rate)}/s · "
+        f"{file_bytes(p.done_bytes)} of {file_bytes(p.total_bytes)} · {file_bytes(p.rate)}/s · "
         f"{duration_text(p.eta_seconds)} left"
     )
 
@@ -98,7 +98,7 @@ class DownloadManager(QObject):
         known = list(self._downloads.values())
         repos = {download.parse_target(d.target)[0] for d in known}
         left = [
-            Download(p.repo_id, STOPPED, message=f"{human_bytes(p.bytes)} kept: resume it")
+            Download(p.repo_id, STOPPED, message=f"{file_bytes(p.bytes)} kept: resume it")
             for p in installed.partial_downloads()
             if p.repo_id not in repos
         ]
@@ -225,6 +225,7 @@ class DownloadsDialog(QDialog):
         self.tree = QTreeWidget()
         self.tree.setColumnCount(2)
         self.tree.setHeaderLabels(("Model", "Status"))
+        self.tree.headerItem().setToolTip(1, FILE_UNITS_NOTE.capitalize())
         self.tree.setRootIsDecorated(False)
         self.tree.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         header = self.tree.header()

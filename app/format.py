@@ -26,6 +26,24 @@ def human_bytes(n: float | None) -> str:
     return f"{sign}{value:.{1 if value < 99.95 else 0}f} {unit}"
 
 
+FILE_UNITS_NOTE = "file and download sizes: MB = 1,000,000 bytes, as pip and browsers count"
+
+
+def file_bytes(n: float | None) -> str:
+    """A file's or a download's size in decimal multiples (1 MB = 10^6 bytes, as pip, the
+    hub and browsers show them: the same file reads the same everywhere): 98_300_000 ->
+    "98.3 MB". Memory stays in ``human_bytes``'s binary multiples."""
+    value = float(n or 0)
+    unit = _BYTE_UNITS[0]
+    for unit in _BYTE_UNITS:
+        if value < 999.5 or unit == _BYTE_UNITS[-1]:
+            break
+        value /= 1000
+    if unit == "B":
+        return f"{value:.0f} B"
+    return f"{value:.{1 if value < 99.95 else 0}f} {unit}"
+
+
 def percent(fraction: float | None, digits: int = 0) -> str:
     """0.423 -> "42%". A non-zero share never reads "0%" and a partial one never "100%"."""
     value = 100 * float(fraction or 0)

@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
 
 from app.curated import CuratedModel, curated_models
 from app.downloads import DONE, RUNNING, DownloadManager, progress_text
-from app.format import human_bytes
+from app.format import FILE_UNITS_NOTE, file_bytes, human_bytes
 from app.workers import Relay, run_in_thread
 from core.models.hub import client, download, installed
 from core.models.hub.fit import FITS, TIGHT, WONT_FIT, estimate_fit
@@ -103,6 +103,7 @@ class HubPanel(QWidget):
         self.results = QTreeWidget()
         self.results.setColumnCount(len(COLUMNS))
         self.results.setHeaderLabels(COLUMNS)
+        self.results.headerItem().setToolTip(COLUMNS.index("Size"), FILE_UNITS_NOTE.capitalize())
         self.results.setRootIsDecorated(False)
         self.results.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.results.headerItem().setToolTip(
@@ -205,7 +206,7 @@ class HubPanel(QWidget):
                 "MLX" if r.kind == "mlx" else "GGUF",
                 parameters_text(r.parameters),
                 r.quantization or "",
-                human_bytes(r.size_bytes) if r.size_bytes else "",
+                file_bytes(r.size_bytes) if r.size_bytes else "",
                 fit,
                 f"{r.downloads:,}" if curated is None else "",
             ]
@@ -246,7 +247,7 @@ class HubPanel(QWidget):
         curated = item.data(0, CURATED_ROLE) if item is not None else None
         if curated is not None and curated.file:  # its file is known: no call to the hub
             self.file_box.addItem(
-                f"{curated.file} · {human_bytes(result.size_bytes)} · {result.fit.label}",
+                f"{curated.file} · {file_bytes(result.size_bytes)} · {result.fit.label}",
                 curated.file,
             )
             self.file_box.show()
@@ -271,7 +272,7 @@ class HubPanel(QWidget):
             return
         for f in files:
             fit = estimate_fit("gguf", f.size, None, self.on_cpu)
-            self.file_box.addItem(f"{f.path} · {human_bytes(f.size)} · {fit.label}", f.path)
+            self.file_box.addItem(f"{f.path} · {file_bytes(f.size)} · {fit.label}", f.path)
         self.file_box.setVisible(bool(files))
         default = client.default_gguf(files, self.on_cpu)
         if default is not None:

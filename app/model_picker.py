@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.downloads import DownloadManager
-from app.format import human_bytes
+from app.format import FILE_UNITS_NOTE, file_bytes, human_bytes
 from app.hub_panel import HubPanel
 from core.errors import UserError
 from core.models import derived, usage
@@ -84,6 +84,7 @@ class ModelPickerDialog(QDialog):
         self.tree.setRootIsDecorated(False)
         self.tree.setUniformRowHeights(True)
         self.tree.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.tree.headerItem().setToolTip(2, f"On disk ({FILE_UNITS_NOTE})")
         self.tree.headerItem().setToolTip(3, self._memory_note())
         for column in (2, 3):
             self.tree.headerItem().setTextAlignment(
@@ -179,10 +180,10 @@ class ModelPickerDialog(QDialog):
             " · ".join(
                 part
                 for part in (
-                    f"Downloaded from the hub: {len(self._hub_models)} · {human_bytes(total)}"
+                    f"Downloaded from the hub: {len(self._hub_models)} · {file_bytes(total)}"
                     if self._hub_models
                     else "",
-                    f"Made from models: {human_bytes(made)}" if made else "",
+                    f"Made from models: {file_bytes(made)}" if made else "",
                 )
                 if part
             )
@@ -245,8 +246,8 @@ class ModelPickerDialog(QDialog):
         self._fill()
         self.error_label.hide()
         self.hub_panel.say(
-            f"Deleted {spec}: {human_bytes(deleted.freed_bytes)}, and {deleted.kv_sessions} "
-            f"cached sessions ({human_bytes(deleted.kv_bytes)})"
+            f"Deleted {spec}: {file_bytes(deleted.freed_bytes)}, and {deleted.kv_sessions} "
+            f"cached sessions ({file_bytes(deleted.kv_bytes)})"
         )
 
     def accept(self) -> None:
@@ -268,7 +269,7 @@ class ModelPickerDialog(QDialog):
             return
         freed = derived.remove(made)
         self._fill()
-        self.hub_panel.say(f"Deleted the files made from models: {human_bytes(freed)} freed")
+        self.hub_panel.say(f"Deleted the files made from models: {file_bytes(freed)} freed")
 
     def _derived_by_spec(self, local: list[LocalModel]) -> dict[str, list[derived.DerivedFile]]:
         found = {}
@@ -292,7 +293,7 @@ class ModelPickerDialog(QDialog):
         answer = QMessageBox.question(
             self,
             "Delete derived files",
-            f"Delete the files made from models at load ({human_bytes(size)}: tokenizers, "
+            f"Delete the files made from models at load ({file_bytes(size)}: tokenizers, "
             "kept conversions)? The next load of each model makes what it needs again.",
         )
         return answer == QMessageBox.StandardButton.Yes
@@ -309,7 +310,7 @@ class ModelPickerDialog(QDialog):
         answer = QMessageBox.question(
             self,
             "Delete model",
-            f"Delete {spec} ({human_bytes(size)}) from {where}, the files made from it and its "
+            f"Delete {spec} ({file_bytes(size)}) from {where}, the files made from it and its "
             "cached KV? Chats keep their history.",
         )
         return answer == QMessageBox.StandardButton.Yes
@@ -351,7 +352,7 @@ class ModelPickerDialog(QDialog):
             [
                 entry.name,
                 kind,
-                human_bytes(entry.size_bytes) + (f" + {human_bytes(made_bytes)}" if made else ""),
+                file_bytes(entry.size_bytes) + (f" + {file_bytes(made_bytes)}" if made else ""),
                 human_bytes(entry.memory_bytes),
                 last_used,
             ]
@@ -361,7 +362,7 @@ class ModelPickerDialog(QDialog):
             item.setToolTip(
                 2,
                 "The model file, and files made from it at load and kept: "
-                + ", ".join(f"{f.kind} ({human_bytes(f.size_bytes)})" for f in made)
+                + ", ".join(f"{f.kind} ({file_bytes(f.size_bytes)})" for f in made)
                 + ". They go with the model, or with Delete Derived Files.",
             )
         item.setToolTip(0, "\n".join(text for text in (entry.description, entry.spec) if text))

