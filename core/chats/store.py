@@ -28,6 +28,7 @@ from kvcache.sqlite_file import SqliteFile
 
 ROLES = ("system", "user", "assistant")
 TITLE_CHARS = 60
+BRANCH_MARK = "↳ "  # a branch's title: the chat it came from's, after this
 MAX_NAME_CHARS = 256  # a session name, as the API allows it
 _UNSET: Any = object()  # "argument not given", for update_session
 
@@ -390,7 +391,7 @@ class ChatStore(SqliteFile):
                 .insert(
                     {
                         "name": self._unused_name(f"{parent['name']}-branch"[: MAX_NAME_CHARS - 8]),
-                        "title": title if title.endswith(" (branch)") else f"{title} (branch)",
+                        "title": title if title.startswith(BRANCH_MARK) else BRANCH_MARK + title,
                         "system_prompt": parent["system_prompt"],
                         "model": parent["model"],
                         "settings": parent["settings"],

@@ -410,7 +410,7 @@ def test_a_branch_shares_the_history_up_to_its_fork(store):
     store.replace_last_turn(chat.id, "two", "2 again")
     branch = store.branch_session(chat.id, 3)  # one, 1, two
     assert branch.parent_id == chat.id and branch.fork_seq == 3
-    assert branch.title.endswith("(branch)") and branch.name != chat.name
+    assert branch.title == "↳ one" and branch.name != chat.name
     assert branch.system_prompt == "Be brief." and branch.settings == {"temperature": 0.2}
     assert [(m.role, m.content) for m in store.messages(branch.id)] == [
         ("user", "one"),
