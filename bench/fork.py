@@ -12,8 +12,8 @@ asks the branch's first question three ways on the same in-process engine and we
 - **recompute**: the same prompt with the cache off (``use_cache=False``: what a chat app
   without a prefix cache pays);
 - **disk**: after a restart (the engine shut down and started again on the same data
-  folder, its RAM empty), the same prompt in another new session: the history comes back
-  from the disk cache.
+  folder, its RAM empty), another branch of the same history (another question, as long):
+  the history comes back from the disk cache.
 
 Reported: each way's TTFT (the engine's own, submit to first token) and the tokens the cache
 served, medians over the repetitions, and recompute / RAM, recompute / disk.
@@ -35,6 +35,9 @@ from core.errors import UserError
 
 REPLY_TOKENS = 24  # each turn's reply while the chat is built
 QUESTION = "Which of these would you do first, and why?"
+# after the restart, another branch of the same history (the first one's own prompt is on
+# disk too: asking it again would time a restore of the whole prompt, not of the history)
+QUESTION_AFTER = "Which of these would you skip, and why?"
 
 
 def _start(data, args) -> Engine:
@@ -98,7 +101,8 @@ def run_bench_fork(args) -> int:
         engine = _start(data, args)  # a restart: RAM empty, the disk cache as it was left
         try:
             for rep, fork in enumerate(forks):
-                disk = ask_greedy(engine, fork, "fork", session=f"branch-disk-{rep}", max_tokens=1)
+                other = [*fork[:-1], ChatMessage("user", QUESTION_AFTER)]
+                disk = ask_greedy(engine, other, "fork", session=f"branch-disk-{rep}", max_tokens=1)
                 runs[rep]["disk"] = _way(disk)
         finally:
             engine.shutdown()

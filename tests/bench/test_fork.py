@@ -17,9 +17,11 @@ def test_a_branch_is_served_from_ram_then_from_disk_and_recomputed(
     report = json.loads(capsys.readouterr().out)
     (run,) = report["runs"]
     prompt = run["ram"]["prompt_tokens"]
-    assert prompt == run["disk"]["prompt_tokens"] == run["recompute"]["prompt_tokens"] > 300
+    assert prompt == run["recompute"]["prompt_tokens"] > 300
+    assert abs(run["disk"]["prompt_tokens"] - prompt) < 10  # another question, as long
     assert run["ram"]["cached_tokens"] >= prompt // 2 and run["ram"]["restored_tokens"] == 0
-    assert run["disk"]["restored_tokens"] >= prompt // 2 and run["disk"]["cached_tokens"] == 0
+    assert prompt // 2 <= run["disk"]["restored_tokens"] < prompt  # the history, not the question
+    assert run["disk"]["cached_tokens"] == 0
     assert run["recompute"]["computed_tokens"] == prompt
     assert report["recompute_over_ram"] > 0 and report["recompute_over_disk"] > 0
     table = format_fork(report)
