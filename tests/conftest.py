@@ -54,3 +54,31 @@ def data_root_with_default(tmp_path, default_model_file) -> Path:
     models = paths.models_dir(tmp_path)
     (models / default_model_file.name).symlink_to(default_model_file)
     return tmp_path
+
+
+# -- `-m quick`: the inner loop (issue 44.7, as vLLM's cpu_test) --
+# A test is quick unless it needs a model (a fixture below), starts servers, subprocesses or
+# whole benches (the folders below), or carries a marker of the slow sets. Seconds, not
+# minutes: `pytest -m quick` is the check to run after each edit, `make test` before a commit.
+SLOW_FIXTURES = {
+    "tiny_model",
+    "long_tiny_model",
+    "default_model_file",
+    "data_root_with_default",
+    "open_window",
+    "loopback_hub",
+}
+SLOW_FOLDERS = ("bench", "faults", "core/distributed", "core/api", "core/engine", "core/cli")
+SLOW_MARKERS = {"real_model", "model_matrix", "distributed", "faults"}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    root = Path(__file__).parent
+    for item in items:
+        where = Path(str(item.path)).relative_to(root).as_posix()
+        if (
+            SLOW_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+            and not where.startswith(SLOW_FOLDERS)
+            and SLOW_MARKERS.isdisjoint(mark.name for mark in item.iter_markers())
+        ):
+            item.add_marker(pytest.mark.quick)
