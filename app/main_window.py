@@ -13,7 +13,6 @@ and starts when the running reply ends. A reply whose chat is not open goes on a
 
 from __future__ import annotations
 
-import html
 import logging
 
 from PySide6.QtCore import Qt, QTimer
@@ -34,7 +33,8 @@ from PySide6.QtWidgets import (
 from app.bridge import EngineBridge
 from app.cache_panel import CachePanel
 from app.chat_files import ChatFiles
-from app.chat_settings import DEFAULT_SAMPLING, ChatPreset, PresetStore, SessionSettingsDialog, same
+from app.chat_header import base_model_notice, chat_header_text
+from app.chat_settings import DEFAULT_SAMPLING, SessionSettingsDialog
 from app.chat_view import ChatView
 from app.collapsible import CollapsibleSection
 from app.composer import Composer
@@ -47,6 +47,7 @@ from app.model_picker import ModelPickerDialog
 from app.server_controls import ServerControls
 from app.session_list import SessionList
 from app.settings_dialogs import AppSettings, AppSettingsDialog
+from app.window_fit import PANELS_MIN_WIDTH, WindowFit
 from app.window_replies import ChatReplies, LiveFigures, WaitingAsk, chat_title, shown
 from core.chats.settings import usable
 from core.chats.store import ChatStore, Session, readable
@@ -57,13 +58,6 @@ from core.models.base_models import BASE_LABEL
 log = logging.getLogger(__name__)
 
 STATUS_TIMEOUT_MS = 10_000  # a notice or an error in the status bar, then what is going on
-# A window narrower or lower than this is small (issue 45.6): the panels fold to their
-# one-line summaries (the user's folds come back in a larger window) and the chat keeps
-# CHAT_MIN_WIDTH of the width, the chat list and the panels share the rest.
-SMALL_WIDTH, SMALL_HEIGHT = 1000, 640
-CHAT_MIN_WIDTH = 400
-PANELS_MIN_WIDTH = 110
-SIDE_WIDTH = 180  # the chat list's and the panels' widths in a small window, at most
 
 
 class MainWindow(ChatReplies, QMainWindow):
@@ -94,9 +88,6 @@ class MainWindow(ChatReplies, QMainWindow):
         self._live = LiveFigures()  # its prompt, tokens so far and speed
         self._last_stats = None  # the engine's last figures (EngineStats)
         self.model_card = None  # the open model info card
-        self._small = False  # a small window: panels folded (_fit_to_size)
-        self._auto_folding = False
-        self._wide_sizes: list[int] = []  # the columns' widths before the window got small
         self._loading_spec = ""
         self._fallback_model = fallback_model
         self.error_box: QMessageBox | None = None
@@ -157,7 +148,7 @@ class MainWindow(ChatReplies, QMainWindow):
         panel_column.addWidget(self.panel_splitter, 1)
         panel_column.addStretch(0)
         # in a scroll area: open panels never hold the window above the size a user wants
-        # (a small window folds them: _fit_to_size)
+        # (a small window folds them: app.window_fit)
         self.panels = QScrollArea()
         self.panels.setObjectName("panelsColumn")
         self.panels.setWidget(inside)
@@ -173,6 +164,12 @@ class MainWindow(ChatReplies, QMainWindow):
         self.splitter.setStretchFactor(1, 1)
         self.splitter.setSizes([240, 640, 400])
         self.setCentralWidget(self.splitter)
+        self.fit = WindowFit(
+            self.splitter,
+            self.sections,
+            lambda: self.settings.collapsed_panels,
+            lambda: self.panels_action.isChecked(),
+        )
 
         self.model_label = QLabel()
         self.state_label = QLabel()
@@ -330,40 +327,8 @@ class MainWindow(ChatReplies, QMainWindow):
 
     def resizeEvent(self, event) -> None:  # noqa: N802 (Qt override)
         super().resizeEvent(event)
-        self._fit_to_size()
-
-    def _fit_to_size(self) -> None:
-        """Small window: the panels folded, the chat its CHAT_MIN_WIDTH at least; back to
-        the user's folds and column widths once the window is large again."""
-        small = self.width() < SMALL_WIDTH or self.height() < SMALL_HEIGHT
-        if small != self._small:
-            self._small = small
-            if small:
-                self._wide_sizes = self.splitter.sizes()
-            self._auto_folding = True
-            try:
-                for name, section in self.sections.items():
-                    section.set_collapsed(small or name in self.settings.collapsed_panels)
-            finally:
-                self._auto_folding = False
-            if not small and self._wide_sizes:
-                self.splitter.setSizes(self._wide_sizes)
-        if small:
-            self._share_width()
-
-    def _share_width(self) -> None:
-        """A small window's columns: the chat CHAT_MIN_WIDTH at least (all of it below
-        that), the chat list and the panels halves of the rest, SIDE_WIDTH each at most."""
-        total = sum(self.splitter.sizes())
-        if total <= 0:
-            return
-        chat = min(total, max(CHAT_MIN_WIDTH, total - 2 * SIDE_WIDTH))
-        side = total - chat
-        if self.panels_action.isChecked():
-            sessions = side // 2
-            self.splitter.setSizes([sessions, chat, side - sessions])
-        else:
-            self.splitter.setSizes([side, chat, 0])
+        if hasattr(self, "fit"):  # built
+            self.fit.fit(self.width(), self.height())
 
     def _keep_stats(self, stats) -> None:
         self._last_stats = stats  # the model card's cache figures
@@ -373,7 +338,7 @@ class MainWindow(ChatReplies, QMainWindow):
         self.settings.panels_hidden = not shown
 
     def _on_section_folded(self, _collapsed: bool) -> None:
-        if self._auto_folding:  # a small window's fold: not the user's choice
+        if self.fit.folding:  # a small window's fold: not the user's choice
             return
         self.settings.collapsed_panels = {
             name for name, section in self.sections.items() if section.collapsed
@@ -382,7 +347,7 @@ class MainWindow(ChatReplies, QMainWindow):
     def closeEvent(self, event: QCloseEvent) -> None:
         self.settings.window_geometry = bytes(self.saveGeometry().data())
         self.settings.window_state = bytes(self.saveState().data())
-        if not self._small:  # a small window's columns are not the user's choice
+        if not self.fit.small:  # a small window's columns are not the user's choice
             self.settings.splitter_state = bytes(self.splitter.saveState().data())
         self.server.stop()  # the API server (the app's exit waits for it) and a group's
         self.downloads.cancel_all()  # their bytes are kept: the next start resumes them
@@ -717,28 +682,3 @@ class MainWindow(ChatReplies, QMainWindow):
         else:
             text = "Ready" if self.model_name else ""
         self.state_label.setText(text)
-
-
-def chat_header_text(session: Session, sampling: dict, presets: PresetStore) -> str:
-    """What the header above the chat says of its settings (rich text, one line)."""
-    prompt = " ".join((session.system_prompt or "").split())
-    if len(prompt) > 60:
-        prompt = prompt[:59] + "…"
-    parts = [f"System prompt: “{html.escape(prompt)}”" if prompt else "No system prompt"]
-    current = ChatPreset("", session.system_prompt, sampling)
-    named = [name for name, preset in sorted(presets.presets.items()) if same(preset, current)]
-    if named:
-        parts.append(f"preset {html.escape(named[0])}")
-    elif presets.new_chat_defaults is not None and same(presets.new_chat_defaults, current):
-        parts.append("the new-chat default")
-    parts.append(f"temperature {sampling.get('temperature', 0):g}")
-    return " · ".join(parts) + ' · <a href="settings">Chat Settings…</a>'
-
-
-def base_model_notice(name: str) -> str:
-    """What the chat view says above the messages while a base model is loaded."""
-    return (
-        f"{name} is a base model ({BASE_LABEL}): it continues text rather than answering, "
-        "and rarely ends its turn. Replies go through a fallback chat template; to chat, pick "
-        "an instruct model (Model…)."
-    )

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -52,6 +51,18 @@ from kvcache.sqlite_file import (  # noqa: F401  (MIN_RESERVE...: this module's 
     RESERVE_FRACTION,
     SqliteFile,
     disk_room,
+)
+from kvcache.store_budget import (  # noqa: F401  (MAX_SAVE_BYTES...: this module's API too)
+    FIXED_FILE_BYTES,
+    MAX_SAVE_BYTES,
+    SQLITE_PAGE_SIZE,
+    WRITE_FIXED_BYTES,
+    checkpoint,
+    evict_to,
+    pages_limit,
+    save_bytes_for,
+    shrink_file,
+    write_ends,
 )
 from kvcache.store_format import (  # noqa: F401  (page_key, pack_tokens...: this module's API too)
     LIVE_PAGES,
@@ -78,43 +89,18 @@ from kvcache.store_repair import (
     link_sound,
     walk,
 )
-from kvcache.store_results import SaveResult, SessionInfo, StoreStats
+from kvcache.store_results import SaveResult, SessionInfo, StoreStats, read_stats
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BUDGET = 10 * 2**30  # bytes of pages on disk
-# A store that keeps its files within the budget (``save_bytes`` given, as the engine's
-# disk tier does): one write transaction adds at most about ``save_bytes`` of pages (a
-# longer chain goes in several), the write-ahead log is cut back to that after each, and
-# the pages may fill the budget less twice that and WRITE_FIXED_BYTES (the new pages sit
-# in the log, then in the file before eviction frees as much), less FIXED_FILE_BYTES for
-# SQLite's own tables, each page counted with one SQLite page more than its bytes (its
-# blob's last, part-full page and its row).
-MAX_SAVE_BYTES = 256 * 2**20
-FIXED_FILE_BYTES = 2**20
-WRITE_FIXED_BYTES = 8 * 65536  # what a write adds to the log besides its pages: table pages
 # The disk space the cache leaves free (kvcache.sqlite_file.MIN_RESERVE, RESERVE_FRACTION):
 # a save that would eat into it writes nothing, and when something else takes the disk
 # past it the cache empties itself and gives the space back (see _enforce_budget).
-SQLITE_PAGE_SIZE = 65536  # set when the file is created: long overflow chains read faster
 # No memory map (SQLite's default): a restore reads each page's K/V with an incremental
 # blob read, which SQLite serves with read() from the file straight into the result
 # (a memory map faults the file in 4 KB at a time instead), measured the faster of the two
 # (docs/benchmarks.md).
-
-
-def save_bytes_for(budget_bytes: int) -> int:
-    """The most one write transaction adds to a store that keeps its files within
-    ``budget_bytes`` (:class:`DiskStore`'s ``save_bytes``): a sixteenth of it, between four
-    SQLite pages and ``MAX_SAVE_BYTES``."""
-    return min(max(budget_bytes // 16, 4 * SQLITE_PAGE_SIZE), MAX_SAVE_BYTES)
-
-
-def pages_limit(budget_bytes: int, save_bytes: int | None = None) -> int:
-    """What the pages of a store that keeps its files within ``budget_bytes`` may count (each
-    page its bytes and one SQLite page): see ``MAX_SAVE_BYTES``."""
-    save_bytes = save_bytes_for(budget_bytes) if save_bytes is None else save_bytes
-    return budget_bytes - 2 * (save_bytes + WRITE_FIXED_BYTES) - FIXED_FILE_BYTES
 
 
 _HASH_THREADS = min(4, os.cpu_count() or 1)  # checksums of a load, in parallel
@@ -257,7 +243,7 @@ class DiskStore(SqliteFile):
         # A chain longer than one write: its first parts go in as prefixes (their heads new
         # pages, so no prefix row of before is touched), the last part replaces those rows
         # by the chain's own.
-        ends = self._write_ends(keys, prepared)
+        ends = write_ends(keys, prepared, self.save_bytes)
         parts: list[SaveResult] = []
         scaffold: list[str] = []  # the heads of the prefix rows the first parts made
         for end in ends[:-1]:
@@ -283,23 +269,6 @@ class DiskStore(SqliteFile):
             evicted_sessions=tuple(name for part in parts for name in part.evicted_sessions),
             gave_way=any(part.gave_way for part in parts),
         )
-
-    def _write_ends(self, keys: Sequence[str], prepared: dict[str, tuple[dict, dict]]) -> list[int]:
-        """Where the chain's write transactions end (page counts): each adds about
-        ``save_bytes`` of new pages at most (one page at least), and each but the last ends
-        on a new page. One transaction where the store has no ``save_bytes``."""
-        ends: list[int] = []
-        if self.save_bytes is not None:
-            size = last_new = 0
-            for index, key in enumerate(keys):
-                if key not in prepared:
-                    continue
-                nbytes = prepared[key][0]["nbytes"] + SQLITE_PAGE_SIZE  # as the budget counts
-                if size and size + nbytes > self.save_bytes:
-                    ends.append(last_new)
-                    size = 0
-                size, last_new = size + nbytes, index + 1
-        return [*ends, len(keys)]
 
     def _write_chain(
         self,
@@ -557,39 +526,7 @@ class DiskStore(SqliteFile):
 
     def stats(self) -> StoreStats:
         with self._read():
-            sessions = self.db.execute("SELECT count(*) FROM sessions").fetchone()[0]
-            prefixes = self.db.execute("SELECT count(*) FROM prefixes").fetchone()[0]
-            pages, nbytes = self.db.execute(
-                "SELECT count(*), coalesce(sum(nbytes), 0) FROM pages"
-            ).fetchone()
-            orphans = self.db.execute(
-                f"{LIVE_PAGES} SELECT count(*) FROM pages WHERE key NOT IN live"
-            ).fetchone()[0]
-            counters = dict(self.db.execute("SELECT name, value FROM counters").fetchall())
-        files = [self.path, self.path.with_name(self.path.name + "-wal")]
-        return StoreStats(
-            sessions=sessions,
-            prefixes=prefixes,
-            pages=pages,
-            bytes=nbytes,
-            file_bytes=sum(f.stat().st_size for f in files if f.exists()),
-            orphan_pages=orphans,
-            budget_bytes=self.budget_bytes,
-            **{
-                name: counters.get(name, 0)
-                for name in (
-                    "saves",
-                    "loads",
-                    "restored_pages",
-                    "restored_tokens",
-                    "dropped_pages",
-                    "evicted_sessions",
-                    "evicted_prefixes",
-                    "pages_written",
-                    "bytes_written",
-                )
-            },
-        )
+            return read_stats(self.db, self.path, self.budget_bytes)
 
     # -- deleting --
 
@@ -621,26 +558,8 @@ class DiskStore(SqliteFile):
             freed, _evicted = self._enforce_budget(room, fingerprint)
         self._checkpoint(shrink=room < 0)
         if room >= 0 and self.save_bytes is not None:
-            self._shrink_file(room)
+            shrink_file(self.db, self.budget_bytes, self.save_bytes, room)
         return freed
-
-    def _shrink_file(self, room: int) -> None:
-        """A file grown past the budget (a budget lowered since, a file from before files
-        were budgeted): rewritten without its free pages, where the disk has room for the
-        copy. Saves reuse free pages, so a store kept within its budget never needs it."""
-        try:
-            page_count, free = self.db.execute(
-                "SELECT * FROM pragma_page_count, pragma_freelist_count"
-            ).fetchone()
-            if page_count * SQLITE_PAGE_SIZE <= self.budget_bytes - self.save_bytes:
-                return
-            if (page_count - free) * SQLITE_PAGE_SIZE * 2 > room:
-                return
-            log.info("the KV cache file is past its budget: rewriting it without its free pages")
-            self.db.execute("VACUUM")
-            self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        except sqlite3.DatabaseError as exc:
-            log.debug("shrinking the file skipped: %s", exc)
 
     def pages_limit(self) -> int:
         """What the pages may count (see :meth:`_enforce_budget`): the budget, or for a store
@@ -686,36 +605,10 @@ class DiskStore(SqliteFile):
                     len(evicted),
                 )
             return freed, evicted
-        freed = self._delete_orphans()[1]
         overhead = 0 if self.save_bytes is None else SQLITE_PAGE_SIZE
-        total = self.db.execute(
-            "SELECT coalesce(sum(nbytes), 0) + count(*) * ? FROM pages", [overhead]
-        ).fetchone()[0]
-        limit = self.pages_limit()
-        evicted: list[str] = []
-        prefixes = 0
-        spared = list(spared)
-        while total > limit:
-            victim = self.db.execute(
-                (
-                    "SELECT is_session, id FROM (SELECT 0 AS is_session, head AS id, "
-                    "fingerprint, last_used FROM prefixes WHERE head NOT IN "
-                    f"({', '.join('?' * len(spared))}) UNION ALL SELECT 1, name, fingerprint, "
-                    "last_used FROM sessions) ORDER BY coalesce(fingerprint = ?, 0), is_session, "
-                    "last_used, id LIMIT 1"
-                ),
-                [*spared, fingerprint],
-            ).fetchone()
-            if victim is None:
-                break
-            if victim[0]:
-                self.db.execute("DELETE FROM sessions WHERE name = ?", [victim[1]])
-                evicted.append(victim[1])
-            else:
-                self.db.execute("DELETE FROM prefixes WHERE head = ?", [victim[1]])
-                prefixes += 1
-            count, nbytes = self._delete_orphans()
-            freed, total = freed + nbytes, total - nbytes - count * overhead
+        freed, evicted, prefixes = evict_to(
+            self.db, self.pages_limit(), overhead, fingerprint, spared, self._delete_orphans
+        )
         self._count(evicted_sessions=len(evicted), evicted_prefixes=prefixes)
         return freed, evicted
 
@@ -791,29 +684,5 @@ class DiskStore(SqliteFile):
         with self._errors():
             return self.db.execute(sql, params or []).fetchall()
 
-    def _wal_bytes(self) -> int:
-        try:
-            return self.path.with_name(self.path.name + "-wal").stat().st_size
-        except OSError:
-            return 0
-
     def _checkpoint(self, shrink: bool = False) -> None:
-        """Move what the write-ahead log holds into the database file, as far as readers
-        allow (PASSIVE: waits for no one). Restores then read the file through the memory
-        map instead of reading frames out of the log; a busy or failed checkpoint is
-        simply retried after the next save. ``shrink`` (the cache was emptied because the
-        disk is past its reserve): give the space back to the disk (a VACUUM of an empty
-        database writes a few pages) and truncate the log, as far as readers allow."""
-        try:
-            if shrink:
-                self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-                self.db.execute("VACUUM")
-                self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            elif self.save_bytes is not None and self._wal_bytes() > self.save_bytes:
-                # the log back to nothing (waiting a moment for readers), or it would hold
-                # several writes at once
-                self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            else:
-                self.db.execute("PRAGMA wal_checkpoint(PASSIVE)")
-        except sqlite3.DatabaseError as exc:
-            log.debug("checkpoint skipped: %s", exc)
+        checkpoint(self.db, self.path, self.save_bytes, shrink)

@@ -1,9 +1,15 @@
 """What :class:`~kvcache.store.DiskStore`'s calls answer: a save, a session, the whole
-store's figures. Plain values (they cross to the UI's threads as they are)."""
+store's figures (read from its database by :func:`read_stats`). Plain values (they cross to
+the UI's threads as they are)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+from sqlite_utils import Database
+
+from kvcache.store_format import LIVE_PAGES
 
 
 @dataclass(frozen=True)
@@ -47,3 +53,38 @@ class StoreStats:
     evicted_prefixes: int
     pages_written: int  # new pages (a page already stored is never written again)
     bytes_written: int  # their bytes
+
+
+_COUNTERS = (
+    "saves",
+    "loads",
+    "restored_pages",
+    "restored_tokens",
+    "dropped_pages",
+    "evicted_sessions",
+    "evicted_prefixes",
+    "pages_written",
+    "bytes_written",
+)
+
+
+def read_stats(db: Database, path: Path, budget_bytes: int) -> StoreStats:
+    """The store's figures (inside a read transaction on ``db``, the database at ``path``)."""
+    sessions = db.execute("SELECT count(*) FROM sessions").fetchone()[0]
+    prefixes = db.execute("SELECT count(*) FROM prefixes").fetchone()[0]
+    pages, nbytes = db.execute("SELECT count(*), coalesce(sum(nbytes), 0) FROM pages").fetchone()
+    orphans = db.execute(
+        f"{LIVE_PAGES} SELECT count(*) FROM pages WHERE key NOT IN live"
+    ).fetchone()[0]
+    counters = dict(db.execute("SELECT name, value FROM counters").fetchall())
+    files = [path, path.with_name(path.name + "-wal")]
+    return StoreStats(
+        sessions=sessions,
+        prefixes=prefixes,
+        pages=pages,
+        bytes=nbytes,
+        file_bytes=sum(f.stat().st_size for f in files if f.exists()),
+        orphan_pages=orphans,
+        budget_bytes=budget_bytes,
+        **{name: counters.get(name, 0) for name in _COUNTERS},
+    )

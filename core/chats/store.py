@@ -17,120 +17,18 @@ from __future__ import annotations
 import json
 import time
 import unicodedata
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlite_utils import Database
-
+from core.chats.records import ROLES, Damage, Message, Session, readable  # noqa: F401  (its API)
+from core.chats.schema import MIGRATIONS, SCHEMA_VERSION  # noqa: F401  (its API too)
 from core.errors import StoreError
 from kvcache.sqlite_file import SqliteFile
 
-ROLES = ("system", "user", "assistant")
 TITLE_CHARS = 60
 BRANCH_MARK = "↳ "  # a branch's title: the chat it came from's, after this
 MAX_NAME_CHARS = 256  # a session name, as the API allows it
 _UNSET: Any = object()  # "argument not given", for update_session
-
-
-@dataclass(frozen=True)
-class Session:
-    id: int
-    name: str  # the CLI's handle, unique: "work", "chat-20261129-175400"
-    title: str | None  # shown in the GUI; defaults to the first user message
-    system_prompt: str | None
-    model: str | None
-    settings: dict  # sampling settings: temperature, top_p, max_tokens, seed...
-    created_at: float
-    updated_at: float
-    damaged: str | None = None  # what could not be read back (shown as read, with U+FFFD)
-    # a branch (:meth:`ChatStore.branch_session`): the chat it was made from (None once that
-    # is deleted) and how many of its messages it took
-    parent_id: int | None = None
-    fork_seq: int | None = None
-
-
-@dataclass(frozen=True)
-class Message:
-    id: int
-    session_id: int
-    seq: int  # position in the session, from 1
-    role: str  # "system" | "user" | "assistant"
-    content: str
-    stats: dict | None  # the engine's figures for an assistant turn
-    created_at: float
-    reasoning: str | None = None  # a reasoning model's thinking before the reply
-    damaged: str | None = None  # what could not be read back (bad bytes shown as U+FFFD)
-    # a regenerated reply's versions, oldest first (each {"content", "stats", "reasoning"}),
-    # and which one the chat goes on from (this row's content): () for a reply of one version
-    versions: tuple[dict, ...] = ()
-    version: int = 0
-
-
-@dataclass(frozen=True)
-class Damage:
-    """One damaged row, as :meth:`ChatStore.verify` lists it."""
-
-    session_id: int
-    session: str  # its name (bad bytes as U+FFFD)
-    seq: int | None  # the message's position, or None for the session row itself
-    problem: str
-
-    def __str__(self) -> str:
-        if not self.session_id:
-            return self.problem  # the file as a whole
-        where = f"message {self.seq}" if self.seq is not None else "the chat's own row"
-        return f"chat {self.session!r} (id {self.session_id}), {where}: {self.problem}"
-
-
-# -- schema: numbered migrations, PRAGMA user_version = how many were applied --
-
-
-def _migration_1(db: Database) -> None:
-    db.execute(
-        """CREATE TABLE sessions (
-            id INTEGER PRIMARY KEY,
-            name TEXT NOT NULL UNIQUE,
-            title TEXT,
-            system_prompt TEXT,
-            model TEXT,
-            settings TEXT,
-            created_at REAL NOT NULL,
-            updated_at REAL NOT NULL
-        )"""
-    )
-    db.execute(
-        """CREATE TABLE messages (
-            id INTEGER PRIMARY KEY,
-            session_id INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
-            seq INTEGER NOT NULL,
-            role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
-            content TEXT NOT NULL,
-            stats TEXT,
-            created_at REAL NOT NULL
-        )"""
-    )
-    db.execute("CREATE UNIQUE INDEX messages_session_seq ON messages(session_id, seq)")
-
-
-def _migration_2(db: Database) -> None:
-    """A reply's thinking (a reasoning model's), kept beside its text."""
-    db.execute("ALTER TABLE messages ADD COLUMN reasoning TEXT")
-
-
-def _migration_3(db: Database) -> None:
-    """Branches: a chat made from another (its parent, how many messages it took), and a
-    regenerated reply's versions (JSON: {"chosen": i, "replies": [...]})."""
-    db.execute(
-        "ALTER TABLE sessions ADD COLUMN parent_id INTEGER "
-        "REFERENCES sessions(id) ON DELETE SET NULL"
-    )
-    db.execute("ALTER TABLE sessions ADD COLUMN fork_seq INTEGER")
-    db.execute("ALTER TABLE messages ADD COLUMN versions TEXT")
-
-
-MIGRATIONS = [_migration_1, _migration_2, _migration_3]
-SCHEMA_VERSION = len(MIGRATIONS)
 
 
 class ChatStore(SqliteFile):
@@ -735,20 +633,3 @@ def _versions(value: dict | None) -> tuple[tuple[dict, ...], int]:
 
 def _version(message: Message) -> dict:
     return {"content": message.content, "stats": message.stats, "reasoning": message.reasoning}
-
-
-def readable(messages: list[Message]) -> tuple[list[Message], str | None]:
-    """The messages a chat can go on from (those whose role was read back), and one line
-    about the damaged ones, or None when there are none."""
-    usable = [m for m in messages if m.role in ROLES]
-    damaged = [m for m in messages if m.damaged]
-    if not damaged:
-        return usable, None
-    left_out = len(messages) - len(usable)
-    seqs = ", ".join(str(m.seq) for m in damaged[:5]) + (", …" if len(damaged) > 5 else "")
-    return usable, (
-        f"{len(damaged)} damaged message{'s' if len(damaged) > 1 else ''} in this chat "
-        f"(number {seqs}): unreadable bytes are shown as \ufffd"
-        + (f", {left_out} left out" if left_out else "")
-        + "; `radixchat chats verify` lists them"
-    )

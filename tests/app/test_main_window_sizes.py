@@ -12,7 +12,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 from PySide6.QtCore import QRect  # noqa: E402
 from PySide6.QtWidgets import QWidget  # noqa: E402
 
-from app.main_window import CHAT_MIN_WIDTH  # noqa: E402
+from app.window_fit import CHAT_MIN_WIDTH  # noqa: E402
 from core.engine.types import DoneEvent, RequestStats  # noqa: E402
 from tests.app.window_fakes import WAIT_MS, ScriptedEngine, wait_ready  # noqa: E402
 
