@@ -14,13 +14,19 @@ _BYTE_UNITS = ("B", "KB", "MB", "GB", "TB")  # each 1024 of the one before: core
 def human_bytes(n: float | None) -> str:
     """Binary multiples with the short names memory tools use: 1536 -> "1.5 KB",
     3 * 2**30 -> "3.0 GB"; at most three digits before the point ("999 MB", then "1.0 GB")."""
+    return _in_units(n, 1024)
+
+
+def _in_units(n: float | None, step: int) -> str:
+    """``n`` bytes in multiples of ``step`` (1024 or 1000), at most three digits before the
+    point."""
     value = float(n or 0)
     sign, value = ("-" if value < 0 else ""), abs(value)
     unit = _BYTE_UNITS[0]
     for unit in _BYTE_UNITS:
         if value < 999.5 or unit == _BYTE_UNITS[-1]:
             break
-        value /= 1024
+        value /= step
     if unit == "B":
         return f"{sign}{value:.0f} B"
     return f"{sign}{value:.{1 if value < 99.95 else 0}f} {unit}"
@@ -33,15 +39,7 @@ def file_bytes(n: float | None) -> str:
     """A file's or a download's size in decimal multiples (1 MB = 10^6 bytes, as pip, the
     hub and browsers show them: the same file reads the same everywhere): 98_300_000 ->
     "98.3 MB". Memory stays in ``human_bytes``'s binary multiples."""
-    value = float(n or 0)
-    unit = _BYTE_UNITS[0]
-    for unit in _BYTE_UNITS:
-        if value < 999.5 or unit == _BYTE_UNITS[-1]:
-            break
-        value /= 1000
-    if unit == "B":
-        return f"{value:.0f} B"
-    return f"{value:.{1 if value < 99.95 else 0}f} {unit}"
+    return _in_units(n, 1000)
 
 
 def percent(fraction: float | None, digits: int = 0) -> str:
