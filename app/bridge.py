@@ -5,7 +5,8 @@ events on short-lived Python worker threads, and relays every event to the GUI t
 through a queued signal, so the public signals below are always emitted on the GUI
 thread, in order, and never block it.
 
-The signals carry the engine's own values: a finished reply its ``RequestStats``, and
+The signals carry the engine's own values: a finished reply its ``RequestStats`` (and,
+just before it, ``toolCalls`` the calls it made, as plain dicts), and
 ``statsUpdated`` the engine's ``EngineStats`` (frozen dataclasses, safe on any thread). A
 timer on the GUI thread reads those figures (the engine thread replaces them; reading them
 never waits) 4 times a second while a request or a load runs, and every 1.5 s when idle.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,6 +41,7 @@ from core.engine.types import (
     ReasoningEvent,
     SamplingParams,
     TokenEvent,
+    ToolCall,
 )
 from core.errors import UserError
 
@@ -67,6 +70,9 @@ class EngineBridge(QObject):
     thinking = Signal(str)  # a piece of a reasoning model's thinking (before its reply)
     decoded = Signal(int)  # tokens decoded in that piece (reply or thinking): the live speed
     finished = Signal(str, object)  # the full reply, its RequestStats
+    # just before ``finished`` of a reply that called tools: its calls, a tuple of
+    # {"id", "name", "arguments" (JSON text)} dicts, in the order the model made them
+    toolCalls = Signal(object)
     failed = Signal(str)  # one line
     serverStopped = Signal()  # after stop_server(): the port is free again
     statsUpdated = Signal(object)  # engine.stats(): an EngineStats, polled
@@ -167,21 +173,34 @@ class EngineBridge(QObject):
             self._poll.setInterval(interval)
         self.statsUpdated.emit(stats)
 
-    def send(self, messages: list[tuple], sampling: dict, session: str | None = None) -> None:
-        """Ask for a reply to ``messages`` ((role, content) pairs, or (role, content,
-        thinking) for replies of a reasoning model); thinking and tokens, then finished or
-        failed. ``sampling`` holds SamplingParams fields (other keys are ignored)."""
+    def send(
+        self,
+        messages: Sequence[tuple | ChatMessage],
+        sampling: dict,
+        session: str | None = None,
+        *,
+        tools: tuple[dict, ...] = (),
+        tool_choice: str = "auto",
+        tool_name: str | None = None,
+    ) -> None:
+        """Ask for a reply to ``messages``: the engine's ChatMessages (a tool loop's
+        assistant calls and tool results among them: ``ChatTurn.loop_messages``), or
+        (role, content) pairs, or (role, content, thinking) for replies of a reasoning
+        model; thinking and tokens, then toolCalls (when the reply called tools) and
+        finished, or failed. ``sampling`` holds SamplingParams fields (other keys are
+        ignored). ``tools`` (OpenAI style), ``tool_choice`` and ``tool_name`` go to the
+        engine as GenerationRequest takes them (ValueError for a choice it refuses)."""
         if self._handle is not None:
             raise RuntimeError("a reply is still being generated")
         request = GenerationRequest(
-            messages=tuple(
-                ChatMessage(role, content, reasoning=thought[0] if thought else "")
-                for role, content, *thought in messages
-            ),
+            messages=tuple(_chat_message(m) for m in messages),
             sampling=self.sampling_params(sampling),
             session=session,
             priority=CHAT_PRIORITY,  # a person is watching: ahead of waiting API requests
             cache_namespace=namespaces.APP,  # the chats' own: no API client shares their prefixes
+            tools=tuple(tools),
+            tool_choice=tool_choice,
+            tool_name=tool_name,
         )
         self._handle = self.engine.submit(request)
         self._poll.setInterval(BUSY_POLL_MS)
@@ -308,6 +327,8 @@ class EngineBridge(QObject):
                 elif isinstance(event, ProgressEvent):
                     self._post("progress", event.done, event.total)
                 elif isinstance(event, DoneEvent):
+                    if event.tool_calls:
+                        self._post("toolCalls", tuple(_call_dict(c) for c in event.tool_calls))
                     return self._post("finished", event.text, event.stats)
                 elif isinstance(event, ErrorEvent):
                     return self._post("failed", event.message)
@@ -338,3 +359,15 @@ class EngineBridge(QObject):
         getattr(self, name).emit(*args)
         if name in ("finished", "failed", "modelReady", "loadFailed"):
             self.poll_stats()  # the panels see the turn's or the load's figures at once
+
+
+def _chat_message(message: tuple | ChatMessage) -> ChatMessage:
+    """One message to send: a ChatMessage as it is, or (role, content[, thinking])."""
+    if isinstance(message, ChatMessage):
+        return message
+    role, content, *thought = message
+    return ChatMessage(role, content, reasoning=(thought[0] or "") if thought else "")
+
+
+def _call_dict(call: ToolCall) -> dict:
+    return {"id": call.id, "name": call.name, "arguments": call.arguments}

@@ -36,10 +36,14 @@ class Message:
     created_at: float
     reasoning: str | None = None  # a reasoning model's thinking before the reply
     damaged: str | None = None  # what could not be read back (bad bytes shown as U+FFFD)
-    # a regenerated reply's versions, oldest first (each {"content", "stats", "reasoning"}),
-    # and which one the chat goes on from (this row's content): () for a reply of one version
+    # a regenerated reply's versions, oldest first (each {"content", "stats", "reasoning",
+    # "tool_steps"}), and which one the chat goes on from (this row's content): () for a
+    # reply of one version
     versions: tuple[dict, ...] = ()
     version: int = 0
+    # a reply that used tools: its tool loop before ``content`` (the final answer), oldest
+    # step first, as :mod:`core.chats.tool_steps` describes them; () for a plain reply
+    tool_steps: tuple[dict, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -49,5 +49,11 @@ def _migration_3(db: Database) -> None:
     db.execute("ALTER TABLE messages ADD COLUMN versions TEXT")
 
 
-MIGRATIONS = [_migration_1, _migration_2, _migration_3]
+def _migration_4(db: Database) -> None:
+    """A reply's tool loop (JSON: its steps, each the model's calls and their results;
+    NULL for a plain reply): see :mod:`core.chats.tool_steps`."""
+    db.execute("ALTER TABLE messages ADD COLUMN tool_steps TEXT")
+
+
+MIGRATIONS = [_migration_1, _migration_2, _migration_3, _migration_4]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -8,8 +8,12 @@ version, locked, disk full) surfaces as :class:`~core.errors.StoreError`.
 
 A damaged row never stops a read: text that is not UTF-8 reads back with U+FFFD, a
 settings or stats value that is not a JSON object reads as empty, and the row's
-``damaged`` says what was wrong (:func:`readable` sums it up in one line for a chat;
-:meth:`ChatStore.verify` lists every damaged row).
+``damaged`` says what was wrong (:mod:`core.chats.rows` reads them; :func:`readable` sums
+it up in one line for a chat; :meth:`ChatStore.verify` lists every damaged row).
+
+A reply that used tools keeps its tool loop beside its final answer (``tool_steps``, as
+:mod:`core.chats.tool_steps` describes them): stored with it, kept with each of its
+versions when it is regenerated, copied into a branch.
 """
 
 from __future__ import annotations
@@ -20,7 +24,12 @@ import unicodedata
 from pathlib import Path
 from typing import Any
 
+from core.chats import tool_steps as steps_json
 from core.chats.records import ROLES, Damage, Message, Session, readable  # noqa: F401  (its API)
+from core.chats.rows import message as _message
+from core.chats.rows import session as _session
+from core.chats.rows import text as _text
+from core.chats.rows import version as _version
 from core.chats.schema import MIGRATIONS, SCHEMA_VERSION  # noqa: F401  (its API too)
 from core.errors import StoreError
 from kvcache.sqlite_file import SqliteFile
@@ -189,10 +198,14 @@ class ChatStore(SqliteFile):
         content: str,
         stats: dict | None = None,
         reasoning: str | None = None,
+        tool_steps: tuple[dict, ...] = (),
     ) -> Message:
-        """Append one message; the first user message also titles an untitled session."""
+        """Append one message (a reply with its ``tool_steps``, if it used tools); the first
+        user message also titles an untitled session."""
         with self._transaction():
-            message_id = self._insert_message(session_id, role, content, stats, reasoning)
+            message_id = self._insert_message(
+                session_id, role, content, stats, reasoning, tool_steps
+            )
         return self._message(message_id)
 
     def add_turn(
@@ -202,13 +215,15 @@ class ChatStore(SqliteFile):
         assistant_content: str,
         stats: dict | None = None,
         reasoning: str | None = None,
+        tool_steps: tuple[dict, ...] = (),
     ) -> tuple[Message, Message]:
         """Append a user message and its reply (with its ``reasoning``, the thinking of a
-        reasoning model) together: both rows or neither."""
+        reasoning model, and its ``tool_steps``, the tool loop before its final answer)
+        together: both rows or neither. Steps that are not steps: StepError (a ValueError)."""
         with self._transaction():
             user_id = self._insert_message(session_id, "user", user_content, None)
             reply_id = self._insert_message(
-                session_id, "assistant", assistant_content, stats, reasoning
+                session_id, "assistant", assistant_content, stats, reasoning, tool_steps
             )
         return self._message(user_id), self._message(reply_id)
 
@@ -219,11 +234,14 @@ class ChatStore(SqliteFile):
         assistant_content: str,
         stats: dict | None = None,
         reasoning: str | None = None,
+        tool_steps: tuple[dict, ...] = (),
     ) -> tuple[Message, Message]:
         """Replace the session's last turn (its last user message and what follows it)
         with a new one, in one transaction: a regenerated or edited turn, or nothing changes.
         A session with no user message yet gets the turn appended. A regenerated reply (the
-        same user message) keeps the replies it replaces as its earlier versions."""
+        same user message) keeps the replies it replaces as its earlier versions (each
+        with its tool steps)."""
+        tool_steps = steps_json.checked(tool_steps)
         with self._transaction():
             rows = self._rows(
                 "SELECT max(seq) AS seq FROM messages WHERE session_id = ? AND role = 'user'",
@@ -247,12 +265,17 @@ class ChatStore(SqliteFile):
                 )
             user_id = self._insert_message(session_id, "user", user_content, None)
             reply_id = self._insert_message(
-                session_id, "assistant", assistant_content, stats, reasoning
+                session_id, "assistant", assistant_content, stats, reasoning, tool_steps
             )
             if earlier:
                 replies = [
                     *earlier,
-                    {"content": assistant_content, "stats": stats, "reasoning": reasoning or None},
+                    {
+                        "content": assistant_content,
+                        "stats": stats,
+                        "reasoning": reasoning or None,
+                        "tool_steps": list(tool_steps),
+                    },
                 ]
                 self.db.execute(
                     "UPDATE messages SET versions = ? WHERE id = ?",
@@ -303,8 +326,9 @@ class ChatStore(SqliteFile):
             )
             self.db.execute(
                 "INSERT INTO messages (session_id, seq, role, content, stats, created_at, "
-                "reasoning, versions) SELECT ?, seq, role, content, stats, created_at, reasoning, "
-                "versions FROM messages WHERE session_id = ? AND seq <= ? ORDER BY seq",
+                "reasoning, versions, tool_steps) SELECT ?, seq, role, content, stats, "
+                "created_at, reasoning, versions, tool_steps FROM messages "
+                "WHERE session_id = ? AND seq <= ? ORDER BY seq",
                 [branch_id, session_id, upto_seq],
             )
         return self.get_session_by_id(branch_id)
@@ -320,13 +344,14 @@ class ChatStore(SqliteFile):
                 raise StoreError(f"that reply has no version {index + 1}")
             chosen = message.versions[index]
             self.db.execute(
-                "UPDATE messages SET content = ?, stats = ?, reasoning = ?, versions = ? "
-                "WHERE id = ?",
+                "UPDATE messages SET content = ?, stats = ?, reasoning = ?, versions = ?, "
+                "tool_steps = ? WHERE id = ?",
                 [
                     chosen.get("content", ""),
                     _dumps(chosen.get("stats")),
                     chosen.get("reasoning") or None,
                     _dumps({"chosen": index, "replies": list(message.versions)}),
+                    steps_json.to_json(tuple(chosen.get("tool_steps", ()))),
                     message_id,
                 ],
             )
@@ -335,23 +360,25 @@ class ChatStore(SqliteFile):
 
     def import_session(
         self,
-        messages: list[tuple[str, str, dict | None, str | None]],
+        messages: list[tuple],
         *,
         title: str | None = None,
         system_prompt: str | None = None,
         settings: dict | None = None,
         branch: tuple[str | None, int] | None = None,
     ) -> Session:
-        """A new session holding ``messages`` (``(role, content, stats, reasoning)``, and a
-        reply's versions as a fifth where it has them), titled ``title`` (else by its first
-        user message), in one transaction: the whole chat or nothing, whatever stops it
-        part-way (a bad message, a full disk, Ctrl-C, a crash). ``branch``: the chat it is a
-        branch of (its name: linked where this store has it) and its fork point."""
-        messages = [(*m, None)[:5] if len(m) == 4 else tuple(m) for m in messages]
-        for number, (role, content, _, reasoning, _versions) in enumerate(messages, 1):
+        """A new session holding ``messages`` (``(role, content, stats, reasoning)``, then
+        where it has them a reply's versions as a fifth, as the store keeps them, and its
+        tool steps as a sixth), titled ``title`` (else by its first user message), in one
+        transaction: the whole chat or nothing, whatever stops it part-way (a bad message,
+        a full disk, Ctrl-C, a crash). ``branch``: the chat it is a branch of (its name:
+        linked where this store has it) and its fork point."""
+        messages = [(*m, None, ())[:6] if len(m) < 6 else tuple(m) for m in messages]
+        for number, (role, content, _, reasoning, _versions, steps) in enumerate(messages, 1):
             if role not in ROLES:
                 raise ValueError(f"role must be one of {ROLES}, not {role!r}")
-            if not _is_text(content) or (reasoning is not None and not _is_text(reasoning)):
+            stored = steps_json.to_json(steps_json.checked(steps)) or ""
+            if not all(_is_text(t) for t in (content, reasoning or "", stored)):
                 raise StoreError(f"message {number} is not valid UTF-8 text: nothing was saved")
         for text in (title, system_prompt):
             if text is not None and not _is_text(text):
@@ -393,8 +420,11 @@ class ChatStore(SqliteFile):
                     "created_at": now,
                     "reasoning": reasoning or None,
                     "versions": _dumps(versions),
+                    "tool_steps": steps_json.to_json(steps_json.checked(steps)),
                 }
-                for seq, (role, content, stats, reasoning, versions) in enumerate(messages, 1)
+                for seq, (role, content, stats, reasoning, versions, steps) in enumerate(
+                    messages, 1
+                )
             )
         return self.get_session_by_id(session_id)
 
@@ -441,10 +471,12 @@ class ChatStore(SqliteFile):
         content: str,
         stats: dict | None,
         reasoning: str | None = None,
+        tool_steps: tuple[dict, ...] = (),
     ) -> int:
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, not {role!r}")
-        if not _is_text(content) or (reasoning is not None and not _is_text(reasoning)):
+        steps = steps_json.to_json(steps_json.checked(tool_steps))
+        if not all(_is_text(t) for t in (content, reasoning or "", steps or "")):
             raise StoreError("a message that is not valid UTF-8 text cannot be saved")
         session = self._rows("SELECT title FROM sessions WHERE id = ?", [session_id])
         if not session:
@@ -465,6 +497,7 @@ class ChatStore(SqliteFile):
                     "stats": _dumps(stats),
                     "created_at": now,
                     "reasoning": reasoning or None,
+                    "tool_steps": steps,
                 }
             )
             .last_pk
@@ -538,17 +571,6 @@ def _is_text(text: str) -> bool:
     return True
 
 
-class _DamagedText(str):
-    """A TEXT value that was not valid UTF-8, its bad bytes read as U+FFFD."""
-
-
-def _text(raw: bytes) -> str:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return _DamagedText(raw.decode("utf-8", "replace"))
-
-
 def _title_from(content: str) -> str | None:
     """The first non-blank line, cut to TITLE_CHARS."""
     line = next((line.strip() for line in content.splitlines() if line.strip()), "")
@@ -559,77 +581,3 @@ def _title_from(content: str) -> str | None:
 
 def _dumps(value: dict | None) -> str | None:
     return None if value is None else json.dumps(value)
-
-
-def _loads(text: str | None, problems: list[str], what: str) -> dict | None:
-    """A stored JSON object, or None (the problem noted) when it does not read back as one."""
-    if not text or isinstance(text, _DamagedText):
-        return None
-    try:
-        value = json.loads(text)
-    except ValueError:
-        value = None
-    if not isinstance(value, dict):
-        problems.append(f"{what} are not a JSON object")
-        return None
-    return dict(value)
-
-
-def _damage(row: dict, columns: tuple[str, ...], problems: list[str]) -> None:
-    """Note the text columns that did not read back as text (and make them text)."""
-    for column in columns:
-        value = row[column]
-        if isinstance(value, bytes):  # a changed type byte: the value reads back as a blob
-            row[column] = value = _DamagedText(_text(value))
-        elif value is not None and not isinstance(value, str):
-            row[column] = value = _DamagedText(value)
-        if isinstance(value, _DamagedText):
-            problems.append(f"{column} is not valid UTF-8")
-
-
-def _session(row: dict) -> Session:
-    problems: list[str] = []
-    _damage(row, ("name", "title", "system_prompt", "model", "settings"), problems)
-    settings = _loads(row["settings"], problems, "settings") or {}
-    return Session(**{**row, "settings": settings, "damaged": "; ".join(problems) or None})
-
-
-def _message(row: dict) -> Message:
-    problems: list[str] = []
-    _damage(row, ("role", "content", "stats", "reasoning", "versions"), problems)
-    stats = _loads(row["stats"], problems, "stats")
-    if row["role"] not in ROLES:
-        problems.append(f"its role {row['role']!r} is none of {', '.join(ROLES)}")
-    versions, chosen = _versions(_loads(row.get("versions"), problems, "versions"))
-    return Message(
-        **{
-            **row,
-            "stats": stats,
-            "versions": versions,
-            "version": chosen,
-            "damaged": "; ".join(problems) or None,
-        }
-    )
-
-
-def _versions(value: dict | None) -> tuple[tuple[dict, ...], int]:
-    """A reply's versions as stored (JSON read back): the well-formed ones and the chosen."""
-    if not isinstance(value, dict) or not isinstance(value.get("replies"), list):
-        return (), 0
-    replies = tuple(
-        {
-            "content": r["content"],
-            "stats": r.get("stats") if isinstance(r.get("stats"), dict) else None,
-            "reasoning": r.get("reasoning") if isinstance(r.get("reasoning"), str) else None,
-        }
-        for r in value["replies"]
-        if isinstance(r, dict) and isinstance(r.get("content"), str)
-    )
-    chosen = value.get("chosen")
-    if len(replies) < 2:
-        return (), 0
-    return replies, chosen if isinstance(chosen, int) and 0 <= chosen < len(replies) else 0
-
-
-def _version(message: Message) -> dict:
-    return {"content": message.content, "stats": message.stats, "reasoning": message.reasoning}

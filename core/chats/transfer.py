@@ -3,11 +3,15 @@ import a JSON one as a new chat.
 
 A JSON export holds the chat's title, system prompt and settings, and each message; a reply
 carries the model and the sampling settings it was made with (``ChatTurn`` stores them beside
-the engine's figures) and those figures, and a reasoning model's reply its thinking
-(``reasoning``). Import takes such a file, or a plain list of
+the engine's figures) and those figures, a reasoning model's reply its thinking
+(``reasoning``), and a reply that used tools its tool loop (``tool_steps``: each step's
+calls and results, images as base64, as :mod:`core.chats.tool_steps` describes them; only
+calls and results: nothing of an MCP server's configuration is ever in a chat). The
+Markdown export shows each call (its name, its arguments in a code block) and its result
+(text; an image as ``[image]``). Import takes such a file, or a plain list of
 ``{"role", "content"}`` messages (what most tools write), and makes a new chat of it: its KV
 cache is built on its first reply. Anything that is not a chat is one clear line
-(:class:`~core.errors.UserError`), and nothing is written.
+(:class:`~core.errors.UserError`), and nothing is written: a malformed tool step too.
 
 No mlx and no Qt here: the command line (``radixchat chats export/import``) and the window
 share these functions.
@@ -21,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.chats import settings as chat_settings
+from core.chats import tool_steps
 from core.chats.settings import RANGES, SAMPLING_KEYS, short_repr
 from core.chats.store import ChatStore, Message, Session, readable
 from core.engine.constrain import json_depth
@@ -82,6 +87,8 @@ def export_markdown(store: ChatStore, session_id: int) -> str:
         heading = "You" if message.role == "user" else "Assistant"
         about = _about(message.stats) if message.role == "assistant" else ""
         lines += [f"## {heading}{' · ' + about if about else ''}", ""]
+        for step in message.tool_steps:  # the tool loop before the answer
+            lines += _step_markdown(step)
         if message.reasoning:  # a reasoning model's thinking, quoted before the reply
             lines += ["*Thinking:*", "", _quote(message.reasoning), ""]
         lines += [message.content, ""]
@@ -181,12 +188,50 @@ def _message_json(message: Message) -> dict:
             item[key] = stats.pop(key)
     if stats:
         item["stats"] = stats
+    if message.tool_steps:  # the tool loop before the answer
+        item["tool_steps"] = list(message.tool_steps)
     if message.versions:  # a regenerated reply: every version, and the one chosen
         item["versions"] = [
-            {k: v for k, v in version.items() if v is not None} for version in message.versions
+            {
+                key: list(value) if key == "tool_steps" else value
+                for key, value in version.items()
+                if value is not None and value != ()  # no thinking, no tool loop
+            }
+            for version in message.versions
         ]
         item["version"] = message.version
     return item
+
+
+def _step_markdown(step: dict) -> list[str]:
+    """One tool step to read: what the model wrote before its calls, then each call (its
+    name, its arguments in a code block) and its result (an image as ``[image]``)."""
+    lines = [step["content"], ""] if step["content"] else []
+    results = {r["id"]: r for r in step["results"]}
+    for call in step["tool_calls"]:
+        source = f" ({call['server']})" if call.get("server") else ""
+        lines += [f"**Tool call:** `{call['name']}`{source}", "", _fenced(call["arguments"]), ""]
+        result = results.get(call["id"])
+        status = result["status"] if result else "cancelled"
+        if result is None or status in ("denied", "cancelled"):
+            lines += [f"**Result:** {status}", ""]
+            continue
+        text = "\n".join(
+            part["text"] if part["type"] == "text" else "[image]" for part in result["parts"]
+        )
+        heading = "**Result:**" if status == "ok" else "**Result (error):**"
+        lines += [heading, "", _fenced(text, ""), ""]
+    return lines
+
+
+def _fenced(text: str, language: str = "json") -> str:
+    """``text`` in a code block whose fence no run of backticks in it can close."""
+    run = current = 0
+    for char in text:
+        current = current + 1 if char == "`" else 0
+        run = max(run, current)
+    fence = "`" * max(3, run + 1)
+    return f"{fence}{language}\n{text}\n{fence}"
 
 
 def _about(stats: dict | None) -> str:
@@ -207,9 +252,9 @@ def _quote(text: str) -> str:
 
 
 def _checked(number: int, message: object) -> tuple:
-    """(role, content, stats, reasoning, versions) of message ``number`` (versions: a
-    regenerated reply's, as the store keeps them, or None), or a UserError saying what is
-    wrong."""
+    """(role, content, stats, reasoning, versions, tool_steps) of message ``number``
+    (versions: a regenerated reply's, as the store keeps them, or None; tool_steps: a
+    reply's tool loop, checked), or a UserError saying what is wrong."""
     if not isinstance(message, dict):
         raise UserError(f"message {number} is not an object with a role and a content")
     role, content = message.get("role"), message.get("content")
@@ -233,13 +278,22 @@ def _checked(number: int, message: object) -> tuple:
     if reasoning is not None and not isinstance(reasoning, str):
         raise UserError(f"message {number}: its reasoning is not text")
     versions = _checked_versions(number, message) if role == "assistant" else None
+    steps = _checked_steps(number, message.get("tool_steps")) if role == "assistant" else ()
     return (
         role,
         content,
         (stats or None) if role == "assistant" else None,
         reasoning or None,
         versions,
+        steps,
     )
+
+
+def _checked_steps(number: int, steps: object, what: str = "") -> tuple[dict, ...]:
+    try:
+        return tool_steps.checked(steps)
+    except tool_steps.StepError as exc:
+        raise UserError(f"message {number}{what}: {exc}") from None
 
 
 def _checked_versions(number: int, message: dict) -> dict | None:
@@ -261,7 +315,15 @@ def _checked_versions(number: int, message: dict) -> dict | None:
             raise UserError(f"message {number}: a version's stats are not an object")
         if reasoning is not None and not isinstance(reasoning, str):
             raise UserError(f"message {number}: a version's reasoning is not text")
-        replies.append({"content": version["content"], "stats": stats, "reasoning": reasoning})
+        steps = _checked_steps(number, version.get("tool_steps"), ", a version")
+        replies.append(
+            {
+                "content": version["content"],
+                "stats": stats,
+                "reasoning": reasoning,
+                "tool_steps": list(steps),
+            }
+        )
     return {"chosen": chosen, "replies": replies}
 
 

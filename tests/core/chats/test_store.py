@@ -356,7 +356,7 @@ def test_a_chat_database_of_the_first_schema_gains_the_thinking_column(db_path):
         store.add_turn(1, "and?", "fine", reasoning="hmm")
         assert store.messages(1)[-1].reasoning == "hmm"
     conn = sqlite3.connect(db_path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     conn.close()
 
 
@@ -370,7 +370,8 @@ def test_a_chat_of_the_second_schema_gains_branches_and_versions_losing_nothing(
     conn = sqlite3.connect(db_path)  # back to the schema of before: what an old chats.db is
     conn.executescript(
         """ALTER TABLE sessions DROP COLUMN fork_seq; ALTER TABLE sessions DROP COLUMN parent_id;
-           ALTER TABLE messages DROP COLUMN versions; PRAGMA user_version = 2;"""
+           ALTER TABLE messages DROP COLUMN versions; ALTER TABLE messages DROP COLUMN tool_steps;
+           PRAGMA user_version = 2;"""
     )
     conn.close()
     with ChatStore(db_path) as store:
