@@ -22,6 +22,11 @@ NO_PYTHON := RadixChat needs Python $(MIN_PYTHON) or newer and found none \
 	or python.org's installer, on Debian or Ubuntu `sudo apt install python3-venv`; \
 	then make again, or make PYTHON=/path/to/python3.x
 
+# The tests run in one process per core (pytest-xdist; at most 4: each loads its own models),
+# a file's tests in one process, so a module's fixtures are made once. TEST_WORKERS=0: one
+# process, in order (a debugger, or a test's output as it runs).
+TEST_WORKERS ?= auto
+
 .PHONY: setup run test app lock clean
 
 $(VENV)/.installed: pyproject.toml
@@ -39,7 +44,7 @@ run: setup
 test: setup
 	$(BIN)/radixchat fetch-model default
 	$(BIN)/radixchat fetch-model gemma3-270m
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile $(PYTEST_ARGS)
 
 # The packaged app is built from exact versions (requirements-lock.txt, with the `dev` and
 # `package` extras: PyInstaller, Pillow), whatever the ranges would pick today; a user's

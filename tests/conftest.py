@@ -6,6 +6,10 @@ import os
 from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs one pytest worker per core (pytest-xdist): one BLAS thread each, or
+    # each worker's OpenBLAS threads spin against the other worker's for the same cores.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 

@@ -37,9 +37,9 @@ def test_a_short_soak(long_tiny_model, tmp_path, capsys, monkeypatch):
         "--data-dir",
         str(tmp_path / "data"),
         "--minutes",
-        "0.75",
+        "0.4",
         "--sample-s",
-        "5",
+        "2.5",
         "--disk-budget-mb",
         "4",  # the stores fill and evict within the run
         "--request-timeout-s",

@@ -56,7 +56,9 @@ from core.models.tiny_model import TinyModelSpec, write_tiny_model
 from kvcache.store import DiskStore
 
 SEED = 20240611
-TRIALS = 24
+# 12 kills in `make test` (each a fork, a kill and a fresh engine's check: ~3 s); a longer
+# hunt for a rare interleaving: RADIXCHAT_KILL_TRIALS=200 pytest -k sigkill_during_saves
+TRIALS = int(os.environ.get("RADIXCHAT_KILL_TRIALS", "12"))
 MAX_TURNS = 5
 MAX_TOKENS = 16
 SPEC = TinyModelSpec(
