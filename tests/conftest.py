@@ -76,8 +76,31 @@ SLOW_FOLDERS = ("bench", "faults", "core/distributed", "core/api", "core/engine"
 SLOW_MARKERS = {"real_model", "model_matrix", "distributed", "faults"}
 
 
+# Under pytest-xdist (`make test`), the files that take longest start first, so the run
+# does not end with one process working through a long file while the other waits.
+FIRST_FILES = (
+    "core/engine/test_model_matrix.py",
+    "core/distributed/test_group.py",
+    "core/distributed/test_pipeline.py",
+    "core/engine/test_disk_faults.py",
+    "core/engine/test_disk_cache.py",
+    "core/models/load/test_gguf_gemma.py",
+    "core/engine/test_engine_cache.py",
+    "core/engine/test_disk_tier.py",
+    "bench/test_soak.py",
+    "core/cli/test_main.py",
+)
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     root = Path(__file__).parent
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        rank = {name: i for i, name in enumerate(FIRST_FILES)}
+
+        def first(item) -> int:
+            return rank.get(Path(str(item.path)).relative_to(root).as_posix(), len(rank))
+
+        items.sort(key=first)  # stable: each file's tests keep their order
     for item in items:
         where = Path(str(item.path)).relative_to(root).as_posix()
         if (

@@ -58,9 +58,12 @@ def describe_model(path: Path) -> ModelDescription:
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
     if path.is_dir():
-        config = path / "config.json"
-        mtime = config.stat().st_mtime_ns if config.is_file() else stat.st_mtime_ns
-        return _describe_folder(str(path), mtime)
+        # the files it reads are the cache key: a changed config or model card is read again
+        mtimes = tuple(
+            f.stat().st_mtime_ns if f.is_file() else None
+            for f in (path / "config.json", path / "README.md")
+        )
+        return _describe_folder(str(path), (stat.st_mtime_ns, *mtimes))
     return _describe_gguf(str(path), stat.st_size, stat.st_mtime_ns)
 
 
@@ -105,7 +108,7 @@ def _gguf_quantization(file_type: Any, name: str) -> str:
 
 
 @lru_cache(maxsize=32)
-def _describe_folder(path: str, mtime_ns: int) -> ModelDescription:
+def _describe_folder(path: str, mtimes: tuple) -> ModelDescription:
     folder = Path(path)
     config = _read_json(folder / "config.json")
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}

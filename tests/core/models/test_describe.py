@@ -54,3 +54,12 @@ def test_what_cannot_be_read_is_a_user_error(tmp_path):
     broken.write_bytes(b"not a gguf")
     with pytest.raises(UserError):
         describe_model(broken)
+
+
+def test_a_model_card_added_later_is_read(tmp_path):
+    # the description is cached by its files' times: a README.md written after the first
+    # look (as a download ends) must not leave "no license" cached
+    folder = write_tiny_model(tmp_path / "tiny", TinyModelSpec(num_layers=1))
+    assert describe_model(folder).license == ""
+    (folder / "README.md").write_text("---\nlicense: mit\n---\n# tiny\n")
+    assert describe_model(folder).license == "mit"
