@@ -13,7 +13,7 @@ import pytest
 from core.mcp.config import McpServer
 from core.mcp.hub import McpHub
 from core.mcp.tools import ImagePart, TextPart
-from tests.core.mcp.conftest import SERVERS, tools_server, wait_for
+from tests.core.mcp.mcp_fixtures import SERVERS, tools_server, wait_for
 
 
 def gone(pid: int, timeout: float = 5.0) -> bool:

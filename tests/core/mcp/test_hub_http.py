@@ -11,7 +11,7 @@ import pytest
 
 from core.mcp.config import McpServer
 from core.mcp.hub import McpHub
-from tests.core.mcp.conftest import TOOLS_SERVER, wait_for
+from tests.core.mcp.mcp_fixtures import TOOLS_SERVER, wait_for
 
 
 def free_port() -> int:

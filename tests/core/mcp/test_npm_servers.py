@@ -12,7 +12,7 @@ import pytest
 
 from core.mcp.config import McpServer
 from core.mcp.hub import McpHub
-from tests.core.mcp.conftest import wait_for
+from tests.core.mcp.mcp_fixtures import wait_for
 
 PACKAGES = Path(__file__).parent / "node" / "node_modules" / "@modelcontextprotocol"
 FILESYSTEM = PACKAGES / "server-filesystem" / "dist" / "index.js"
