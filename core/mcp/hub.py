@@ -154,6 +154,16 @@ class McpHub:
 
     # -- the other threads' side --
 
+    @property
+    def servers(self) -> tuple[McpServer, ...]:
+        """The configured servers, in the configuration's order."""
+        return self._servers
+
+    @property
+    def running(self) -> bool:
+        """Started and not stopped since."""
+        return self._thread is not None
+
     def start(self) -> None:
         """Start the loop's thread and every enabled server (returns at once)."""
         if self._thread is not None:

@@ -40,7 +40,16 @@ def test_tools_are_listed_with_read_only_marked(hub):
     (status,) = hub.statuses()
     assert status.state == "ready" and status.error is None and status.pid
     tools = {t.name: t for t in status.tools}
-    assert set(tools) == {"add", "echo", "read_clock", "explode", "slow", "crash", "picture"}
+    assert set(tools) == {
+        "add",
+        "echo",
+        "read_clock",
+        "explode",
+        "slow",
+        "hang",
+        "crash",
+        "picture",
+    }
     assert tools["read_clock"].read_only and tools["read_clock"].title == "Read the clock"
     assert not tools["add"].read_only
     assert tools["add"].input_schema["required"] == ["a", "b"]

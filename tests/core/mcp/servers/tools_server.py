@@ -1,7 +1,7 @@
 """A test MCP server written with the SDK's MCPServer (FastMCP before mcp 2): ``python
 tools_server.py`` serves stdio, ``python tools_server.py http PORT`` streamable HTTP on
 127.0.0.1:PORT/mcp. Its tools: add, echo, a read-only one, one that raises, a slow one,
-one that crashes the process and one that returns an image."""
+one that hangs, one that crashes the process and one that returns an image."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from mcp.server.mcpserver import Image, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 
-PNG = (  # a 1x1 PNG
-    b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x06\x00\x00\x00"
-    b"\x1f\x15\xc4\x89\x00\x00\x00\rIDATx\x9cc\xf8\x0f\x00\x00\x01\x01\x00\x05\x18\xd8N\x00"
-    b"\x00\x00\x00IEND\xaeB`\x82"
+PNG = (  # a 2x2 red PNG
+    b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x02\x00\x00\x00\x02"
+    b"\x08\x06\x00\x00\x00r\xb6\r$\x00\x00\x00\x11IDATx\x9cc\xf8\xcf\xc0\xf0"
+    b"\x1f\x84\x19`\x0c\x00G\xca\x07\xf9gYn\xb7\x00\x00\x00\x00IEND\xaeB"
+    b"`\x82"
 )
 
 server = MCPServer("radixchat-test-tools")
@@ -48,6 +49,12 @@ def explode(reason: str = "boom") -> str:
 def slow(seconds: float) -> str:
     time.sleep(seconds)
     return f"slept {seconds}"
+
+
+@server.tool(description="Wait a minute (a call to cancel).")
+def hang() -> str:
+    time.sleep(60)
+    return "waited"
 
 
 @server.tool(description="End the server process at once.")
