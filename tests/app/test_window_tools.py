@@ -33,7 +33,7 @@ def open_with_tools(open_window, tmp_path, model, qtbot, servers=None, wait=("t"
             ),
             timeout=WAIT_MS,
         )
-    make_greedy(window, store, max_tokens=64)
+    make_greedy(window, store, max_tokens=128)  # a forced call and its markup fit
     return window, bridge, store
 
 
@@ -62,8 +62,10 @@ def waiting_card(qtbot, window):
     try:
         qtbot.waitUntil(lambda: bool(found()), timeout=WAIT_MS)
     except Exception:
+        count = window.chat.message_count()
+        last = window.chat.message_text(count - 1) if count else ""
         raise AssertionError(
-            f"no card waits; the window says {window.state_label.text()!r}"
+            f"no card waits; the window says {window.state_label.text()!r}, the chat {last!r}"
         ) from None
     return found()
 
