@@ -202,6 +202,14 @@ class MessageWidget(QWidget):
         column.addWidget(self.header, 0, align)
         self.thinking = ThinkingFold()
         column.addWidget(self.thinking)
+        # a reply's tool loop (app.tool_card): each step's text and its calls, before the answer
+        self.steps = QWidget()
+        self.steps.setObjectName("toolSteps")
+        self.steps_column = QVBoxLayout(self.steps)
+        self.steps_column.setContentsMargins(0, 0, 0, 4)
+        self.steps_column.setSpacing(6)
+        self.steps.hide()
+        column.addWidget(self.steps)
         if role == "assistant":
             self.bubble = None
             column.addWidget(self.body)
@@ -263,6 +271,29 @@ class MessageWidget(QWidget):
         self.version_label.setText(f"{version + 1}/{versions}")
         self.previous_button.setEnabled(version > 0)
         self.next_button.setEnabled(version < versions - 1)
+
+    def add_step_text(self, text: str) -> None:
+        """What the model wrote before a step's tool calls, above their cards."""
+        if text.strip():
+            view = MarkdownView()
+            view.setObjectName("toolStepText")
+            view.show_markdown(text)
+            self.steps_column.addWidget(view)
+            self.steps.show()
+
+    def add_card(self, card: QWidget) -> None:
+        """A tool call's card, after what came before it in the reply."""
+        self.steps_column.addWidget(card)
+        self.steps.show()
+
+    def cards(self) -> list[QWidget]:
+        """The reply's tool call cards, in order."""
+        return [
+            w
+            for i in range(self.steps_column.count())
+            if (w := self.steps_column.itemAt(i).widget()) is not None
+            and w.objectName() == "toolCallCard"
+        ]
 
     def set_note(self, note: str) -> None:
         self.note.setText(note)
@@ -374,8 +405,9 @@ class ChatView(QWidget):
 
     def set_messages(self, messages: list[tuple]) -> None:
         """Replace everything with (role, content) pairs, or (role, content, thinking,
-        thinking tokens[, note[, (version, versions)]]) (a reasoning model's thinking; the
-        dim note under a reply; a regenerated reply's versions)."""
+        thinking tokens[, note[, (version, versions)[, tool steps]]]) (a reasoning model's
+        thinking; the dim note under a reply; a regenerated reply's versions; the tool loop
+        before a reply, as core.chats.tool_steps keeps it)."""
         self._stop_streaming()
         for message in self._messages:
             self._discard(message)
@@ -393,6 +425,8 @@ class ChatView(QWidget):
                 message.set_note(thought[2])
             if len(thought) > 3 and thought[3]:
                 message.set_versions(*thought[3])
+            if len(thought) > 4 and thought[4]:
+                self._show_steps(message, thought[4])
         self._update_layout()
 
     def add_user_message(self, text: str) -> None:
@@ -439,6 +473,32 @@ class ChatView(QWidget):
         message.set_thinking(thinking, tokens)
         message.set_note(note)
         self._update_layout()
+
+    def end_step(self, text: str) -> MessageWidget:
+        """The streaming reply made tool calls: what it wrote moves above them (its cards
+        follow: ``MessageWidget.add_card``), and the reply streams on below (the next step)."""
+        if self._streaming is None:
+            self.begin_reply()
+        message = self._streaming
+        self._render_timer.stop()
+        self._pieces.clear()
+        message.add_step_text(text)
+        message.text = ""
+        message.refresh()
+        self._update_layout()
+        return message
+
+    def streaming_message(self) -> MessageWidget | None:
+        return self._streaming
+
+    def _show_steps(self, message: MessageWidget, steps: tuple[dict, ...]) -> None:
+        from app.tool_card import ToolCallCard  # a stored reply's tool loop
+
+        for step in steps:
+            message.add_step_text(step.get("content", ""))
+            results = {r.get("id"): r for r in step.get("results", [])}
+            for call in step.get("tool_calls", []):
+                message.add_card(ToolCallCard.finished(call, results.get(call.get("id"))))
 
     def add_error(self, message: str) -> None:
         """An error row; an interrupted reply keeps what it streamed (an empty one goes)."""

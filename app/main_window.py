@@ -49,6 +49,8 @@ from app.session_list import SessionList
 from app.settings_dialogs import AppSettings, AppSettingsDialog
 from app.window_fit import PANELS_MIN_WIDTH, WindowFit
 from app.window_replies import ChatReplies, LiveFigures, WaitingAsk, chat_title, shown
+from app.window_tools import CHAT_KEY as CHAT_TOOLS
+from app.window_tools import WindowTools
 from core.chats.settings import usable
 from core.chats.store import ChatStore, Session, readable
 from core.chats.turn import ChatTurn, engine_figures
@@ -85,6 +87,7 @@ class MainWindow(ChatReplies, QMainWindow):
         self._thinking = ""  # the thinking it streamed so far (a reasoning model's)
         self._made_with = None  # its model and sampling
         self._waiting: list[WaitingAsk] = []  # messages that wait for it, in order
+        self._calls: tuple = ()  # the tool calls its last request made (a tool loop's step)
         self._live = LiveFigures()  # its prompt, tokens so far and speed
         self._last_stats = None  # the engine's last figures (EngineStats)
         self.model_card = None  # the open model info card
@@ -104,6 +107,10 @@ class MainWindow(ChatReplies, QMainWindow):
             self, store, lambda: self.session.id if self.session else None, self._set_state_text
         )
         self.downloads_dialog: DownloadsDialog | None = None
+        self.tools = WindowTools(  # MCP servers: the chats' tools
+            self, bridge.data_root, store, self.settings, lambda: self.session, self._set_state_text
+        )
+        self.tools.chatChanged.connect(self._on_chat_tools_saved)
         self._build_widgets()
         self._build_actions()
         self._connect()
@@ -260,6 +267,7 @@ class MainWindow(ChatReplies, QMainWindow):
         server_menu = menus.addMenu("&Server")
         for act in self.server.actions():
             server_menu.addAction(act)
+        menus.addMenu(self.tools.menu)  # MCP servers for the chat
         menus.addMenu("&View").addAction(self.panels_action)
 
         toolbar = self.addToolBar("Main")
@@ -291,7 +299,9 @@ class MainWindow(ChatReplies, QMainWindow):
         bridge.token.connect(self._on_token)
         bridge.thinking.connect(self._on_thinking)
         bridge.decoded.connect(self._on_decoded)
+        bridge.toolCalls.connect(self._on_tool_calls)
         bridge.finished.connect(self._on_finished)
+        self.tools.loop.stepDone.connect(self._on_step_done)
         bridge.failed.connect(self._on_failed)
         bridge.statsUpdated.connect(self.memory_panel.update_stats)
         bridge.statsUpdated.connect(self._keep_stats)
@@ -349,17 +359,10 @@ class MainWindow(ChatReplies, QMainWindow):
         self.settings.window_state = bytes(self.saveState().data())
         if not self.fit.small:  # a small window's columns are not the user's choice
             self.settings.splitter_state = bytes(self.splitter.saveState().data())
+        self.tools.shutdown()  # MCP servers: a running call is cancelled, children end
         self.server.stop()  # the API server (the app's exit waits for it) and a group's
         self.downloads.cancel_all()  # their bytes are kept: the next start resumes them
-        self._waiting.clear()  # never sent: nothing stored
-        if self._turn is not None:  # stop the reply and keep what came so far, as Stop does
-            turn, self._turn = self._turn, None
-            self.bridge.cancel()
-            try:
-                # nothing yet: nothing stored
-                turn.finish(self.store, self._reply, None, self._made_with, self._thinking)
-            except StoreError as exc:
-                log.warning("the reply being written when the window closed is lost: %s", exc)
+        self._keep_on_close()  # the running reply: what came so far is stored
         super().closeEvent(event)
 
     # ------------------------------------------------------------------ sessions
@@ -620,6 +623,9 @@ class MainWindow(ChatReplies, QMainWindow):
         if session_id is None:
             return
         try:
+            stored = self.store.get_session_by_id(session_id)
+            if stored is not None and CHAT_TOOLS in stored.settings:  # the Tools menu's
+                settings = {**settings, CHAT_TOOLS: stored.settings[CHAT_TOOLS]}
             self.store.update_session(session_id, settings=settings, system_prompt=system_prompt)
             if self.session is not None and self.session.id == session_id:
                 self.session = self.store.get_session_by_id(session_id) or self.session
@@ -630,7 +636,14 @@ class MainWindow(ChatReplies, QMainWindow):
         self._set_state_text("Chat settings saved: they apply from the next reply", 5000)
 
     def edit_app_settings(self) -> None:
-        dialog = AppSettingsDialog(self.settings, str(self.bridge.data_root), parent=self)
+        from app.mcp_servers import McpServersPage
+
+        dialog = AppSettingsDialog(
+            self.settings,
+            str(self.bridge.data_root),
+            parent=self,
+            pages=(("Tool Servers (MCP)", McpServersPage(self.tools)),),
+        )
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.accepted.connect(lambda: self._on_app_settings_saved(dialog.changed))
         dialog.open()

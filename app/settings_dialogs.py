@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QPushButton,
     QSpinBox,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
@@ -209,6 +210,15 @@ class AppSettings:
         self._set("window/panels_hidden", 1 if value else None)
 
     @property
+    def mcp_acknowledged(self) -> set[str]:
+        """MCP servers whose tool list the user has seen and accepted (a chat's first use)."""
+        return {name for name in self._get_json("mcp/acknowledged", list) if isinstance(name, str)}
+
+    @mcp_acknowledged.setter
+    def mcp_acknowledged(self, value: set[str]) -> None:
+        self._set_json("mcp/acknowledged", sorted(value) or None)
+
+    @property
     def collapsed_panels(self) -> set[str]:
         """The live panels folded to their one-line summary ("memory", "cache")."""
         return {name for name in self._get_json("window/collapsed", list) if isinstance(name, str)}
@@ -290,7 +300,9 @@ class AppSettingsDialog(QDialog):
         default_data_dir: str,
         default_disk_cache_gb: float | None = None,
         parent: QWidget | None = None,
+        pages: tuple[tuple[str, QWidget], ...] = (),
     ):
+        """``pages``: more pages (title, widget) after General's, e.g. the MCP servers."""
         super().__init__(parent)
         self.setWindowTitle("RadixChat settings")
         self.settings = settings
@@ -363,8 +375,20 @@ class AppSettingsDialog(QDialog):
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         column = QVBoxLayout(self)
-        column.addLayout(form)
-        column.addWidget(note)
+        if pages:
+            self.tabs = QTabWidget()
+            general = QWidget()
+            inside = QVBoxLayout(general)
+            inside.addLayout(form)
+            inside.addWidget(note)
+            inside.addStretch(1)
+            self.tabs.addTab(general, "General")
+            for title, page in pages:
+                self.tabs.addTab(page, title)
+            column.addWidget(self.tabs, 1)
+        else:
+            column.addLayout(form)
+            column.addWidget(note)
         column.addWidget(buttons)
         self.resize(max(520, self.sizeHint().width()), self.sizeHint().height())
 

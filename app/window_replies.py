@@ -11,6 +11,7 @@ open goes on and is saved; opening its chat shows it streaming.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from dataclasses import dataclass
 
@@ -18,11 +19,14 @@ from app.bridge import EngineBridge
 from app.chat_view import ChatView
 from app.composer import Composer
 from app.context_bar import ContextBar
+from app.window_tools import WindowTools
 from core.chats.store import ChatStore, Session, readable
 from core.chats.turn import INTERRUPTED, ChatTurn, MadeWith
 from core.engine.types import RequestStats
 from core.errors import StoreError
 from core.paths import MB
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -59,8 +63,8 @@ SPEED_EVERY_S = 0.25  # the live speed's refresh
 
 def shown(messages) -> list[tuple]:
     """Stored messages as the chat view takes them: (role, content, thinking, thinking
-    tokens, note, versions), the count and the note from the reply's stored figures,
-    versions as (the one shown, how many) for a regenerated reply (else None)."""
+    tokens, note, versions, tool steps), the count and the note from the reply's stored
+    figures, versions as (the one shown, how many) for a regenerated reply (else None)."""
     return [
         (
             m.role,
@@ -69,6 +73,7 @@ def shown(messages) -> list[tuple]:
             int((m.stats or {}).get("reasoning_tokens") or 0),
             reply_note(m.stats) if m.role == "assistant" and m.stats else "",
             (m.version, len(m.versions)) if m.versions else None,
+            m.tool_steps,
         )
         for m in messages
     ]
@@ -121,6 +126,8 @@ class ChatReplies:
     _made_with: MadeWith | None  # its model and sampling, stored with it
     _waiting: list[WaitingAsk]  # messages that wait for it, in order
     _live: LiveFigures  # its figures as it streams
+    _calls: tuple  # the tool calls its last request made (toolCalls comes before finished)
+    tools: WindowTools  # MCP servers and the running reply's tool loop
     context_bar: ContextBar
 
     def _show_pending(self, session_id: int) -> None:
@@ -145,6 +152,8 @@ class ChatReplies:
         self.chat.set_messages(shown(turn.kept))
         self.chat.add_user_message(turn.prompt)
         self.chat.begin_reply()
+        if self._turn is turn:  # a tool loop's steps so far, with their live cards
+            self.tools.loop.show_all(self.chat.streaming_message())
 
     # ------------------------------------------------------------------ chatting
     def send(self, text: str) -> None:
@@ -182,7 +191,10 @@ class ChatReplies:
             self._set_state_text("The waiting message was taken back", 5000)
             self._update_state()
         elif self._turn is not None and self._turn.session.id == session_id:
-            self.bridge.cancel()
+            if self.tools.loop.stop():  # a tool call runs or waits: it ends the loop
+                self._set_state_text("Stopping the tool call…", 0)
+            else:
+                self.bridge.cancel()
         else:
             self.composer.cancel_edit()
 
@@ -235,10 +247,16 @@ class ChatReplies:
     ) -> bool:
         """Send ``turn`` to the engine; ``shown``: the open chat shows it already (it waited
         its turn there). False when a setting is refused."""
-        messages = [(m.role, m.content, m.reasoning) for m in turn.messages]
+        self.tools.loop.begin(self.tools.loop_state(turn.session))
         try:
-            self.bridge.send(messages, self.sampling(turn.session), session=turn.session.name)
+            self.bridge.send(
+                turn.messages,
+                self.sampling(turn.session),
+                session=turn.session.name,
+                **self.tools.request_args(turn.session, 0),
+            )
         except ValueError as exc:
+            self.tools.loop.end()
             self._set_state_text(f"Check the chat settings: {exc}")
             return False
         self._turn, self._from_composer, self._reply, self._thinking = turn, from_composer, "", ""
@@ -375,19 +393,81 @@ class ChatReplies:
                 self._set_state_text("Thinking…", 0)
             self.chat.append_thinking(text)
 
+    def _on_tool_calls(self, calls: tuple) -> None:
+        self._calls = tuple(calls)  # finished follows: a step of the tool loop
+
     def _on_finished(self, text: str, stats: RequestStats) -> None:
+        calls, self._calls = self._calls, ()
+        loop = self.tools.loop
+        if self._turn is not None and stats.finish_reason != "cancelled" and loop.takes(calls):
+            turn, thinking = self._turn, self._thinking
+            self._reply, self._thinking = "", ""
+            message = self.chat.end_step(text) if self._visible(turn) else None
+            loop.run_step(calls, text, thinking, stats, message)
+            if self._visible(turn):
+                self.cache_panel.set_turns(turn.kept_stats + list(loop.state.stats))
+                self._set_state_text(f"Tool step {len(loop.steps)}: the model called a tool", 0)
+            return
         turn, self._turn, self._reply = self._turn, None, ""
         thinking, self._thinking = self._thinking, ""
         if turn is None:  # a reply the window stopped waiting for (closed, chat deleted)
+            loop.end()
             self._start_next()
             return
         self._finish_turn(turn, text, stats, thinking)
         self._start_next()
 
+    def _on_step_done(self) -> None:
+        """Every call of the loop's step has its result: ask the model again (the prompt:
+        the last one and the calls and results), or end the loop (stopped, or its limit)."""
+        turn, loop = self._turn, self.tools.loop
+        if turn is None or loop.state is None:
+            return
+        if loop.state.stopping or loop.limit_reached:
+            why = "stopped" if loop.state.stopping else f"the limit of {loop.state.max_steps} steps"
+            self._turn = None
+            self._end_loop(turn, f"tool loop ended: {why}")
+            self._start_next()
+            return
+        try:
+            self.bridge.send(
+                turn.loop_messages(loop.steps),
+                self.sampling(turn.session),
+                session=turn.session.name,
+                **self.tools.request_args(turn.session, len(loop.steps)),
+            )
+        except (ValueError, RuntimeError) as exc:
+            self._turn = None
+            self._end_loop(turn, f"tool loop ended: {exc}")
+            self._start_next()
+            return
+        if self._visible(turn):
+            self._set_state_text("Reading the tool results…", 0)
+
+    def _end_loop(self, turn: ChatTurn, note: str) -> None:
+        """A tool loop ended with no answer after its last step: the steps are kept."""
+        steps = self.tools.loop.end()
+        if self._visible(turn):
+            self.chat.end_reply("", note)
+            self._set_state_text(note[0].upper() + note[1:])
+        saved = turn.save(
+            self.store,
+            "",
+            None,
+            make_room=self.bridge.give_disk_space_back,
+            made_with=self._made_with,
+            tool_steps=steps,
+        )
+        if saved.error:
+            self._set_state_text(f"This reply is shown but was not saved: {saved.error}")
+        self._after_saved(turn)
+
     def _finish_turn(self, turn: ChatTurn, text: str, stats: RequestStats, thinking: str) -> None:
         visible = self._visible(turn)
         stopped = stats.finish_reason == "cancelled"
-        if not turn.keeps(text, stats, thinking):  # stopped before its first token: never sent
+        step_stats = list(self.tools.loop.state.stats) if self.tools.loop.state else []
+        steps = self.tools.loop.end()
+        if not turn.keeps(text, stats, thinking, steps):  # stopped before its first token
             self._give_back(turn, self._from_composer)
             self._set_state_text("Stopped before the reply began")
             return
@@ -400,7 +480,7 @@ class ChatReplies:
         if visible:
             self._show_context([stats])
             self.chat.end_reply(text, note, thinking, stats.reasoning_tokens)
-            self.cache_panel.set_turns(turn.kept_stats + [stats])
+            self.cache_panel.set_turns(turn.kept_stats + step_stats + [stats])
             served = stats.cached_tokens + stats.restored_tokens
             self._set_state_text(
                 f"{'Stopped' if stopped else 'Done'} · prompt {stats.prompt_tokens} tokens, "
@@ -415,6 +495,7 @@ class ChatReplies:
             make_room=self.bridge.give_disk_space_back,
             made_with=self._made_with,
             reasoning=thinking,
+            tool_steps=steps,
         )
         if saved.error:  # the reply stays shown; the chat goes on in memory
             self._set_state_text(f"This reply is shown but was not saved: {saved.error}")
@@ -426,6 +507,11 @@ class ChatReplies:
                 f"The disk is full: the KV cache ({saved.cache_freed / MB:.1f} MB) "
                 "was deleted to save this reply"
             )
+        self._after_saved(turn)
+
+    def _after_saved(self, turn: ChatTurn) -> None:
+        """The chat list and title follow a stored reply."""
+        visible = self._visible(turn)
         if self.session is None:
             return
         try:
@@ -437,6 +523,34 @@ class ChatReplies:
             self._update_title()
         except StoreError as exc:
             self._set_state_text(f"Could not read the chats: {exc}")
+
+    def _keep_on_close(self) -> None:
+        """The window closes: waiting messages go (never sent, nothing stored); the running
+        reply stops and what came so far is stored (its tool steps too), as Stop does."""
+        self._waiting.clear()
+        if self._turn is None:
+            return
+        turn, self._turn = self._turn, None
+        self.bridge.cancel()
+        try:  # nothing yet: nothing stored
+            turn.finish(
+                self.store,
+                self._reply,
+                None,
+                self._made_with,
+                self._thinking,
+                tool_steps=self.tools.loop.end(),
+            )
+        except StoreError as exc:
+            log.warning("the reply being written when the window closed is lost: %s", exc)
+
+    def _on_chat_tools_saved(self, session_id: int) -> None:
+        """A chat's tool choice was saved (the Tools menu): the open chat reads it again."""
+        if self.session is not None and self.session.id == session_id:
+            try:
+                self.session = self.store.get_session_by_id(session_id) or self.session
+            except StoreError:
+                pass
 
     def _show_versions(self, turn: ChatTurn) -> None:
         """A regenerated reply, stored: its ‹ n/n › (the replies it replaced are kept)."""
@@ -452,6 +566,12 @@ class ChatReplies:
 
     def _on_failed(self, message: str) -> None:
         turn, self._turn, self._reply, self._thinking = self._turn, None, "", ""
+        self._calls = ()
+        if turn is not None and self.tools.loop.steps:  # mid-loop: the steps so far are kept
+            self._end_loop(turn, f"tool loop ended: {message}")
+            self._start_next()
+            return
+        self.tools.loop.end()
         if turn is not None:
             if self._visible(turn):
                 self._give_back(turn, self._from_composer)

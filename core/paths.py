@@ -2,7 +2,8 @@
 
 The data folder is, in order: an explicit ``--data-dir``, ``$RADIXCHAT_HOME``, or the
 platform's user data folder (``platformdirs``). It holds ``models/``, ``chats.db``,
-``responses.db`` (the API's stored responses) and the disk cache of session KV
+``responses.db`` (the API's stored responses), ``mcp.json`` (the MCP tool servers),
+``logs/`` (their stderr) and the disk cache of session KV
 (``kvcache.db``, with SQLite's ``-wal`` and ``-shm`` files beside it).
 """
 
@@ -58,6 +59,16 @@ def models_dir(root: Path) -> Path:
 
 def chats_db_path(root: Path) -> Path:
     return root / "chats.db"
+
+
+def mcp_config_file(root: Path) -> Path:
+    """The MCP servers (``mcp.json``, the format LM Studio and Claude Desktop read)."""
+    return Path(root) / "mcp.json"
+
+
+def logs_dir(root: Path) -> Path:
+    """Logs the user can open (an MCP server's stderr: ``mcp-NAME.log``)."""
+    return Path(root) / "logs"
 
 
 def responses_db_path(root: Path) -> Path:

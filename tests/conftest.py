@@ -72,8 +72,17 @@ SLOW_FIXTURES = {
     "open_window",
     "loopback_hub",
 }
-SLOW_FOLDERS = ("bench", "faults", "core/distributed", "core/api", "core/engine", "core/cli")
-SLOW_MARKERS = {"real_model", "model_matrix", "distributed", "faults"}
+SLOW_FOLDERS = (
+    "bench",
+    "faults",
+    "core/distributed",
+    "core/api",
+    "core/engine",
+    "core/cli",
+    "core/mcp/test_hub",  # MCP servers as child processes or on loopback
+    "core/mcp/test_npm",
+)
+SLOW_MARKERS = {"real_model", "model_matrix", "distributed", "faults", "mcp_npm"}
 
 
 # Under pytest-xdist (`make test`), the files that take longest start first, so the run

@@ -13,6 +13,7 @@
     radixchat fetch-model [NAME]   provision a known model into the data folder
     radixchat cache stats|verify|clear   the disk caches of session KV (this machine's, each rank's)
     radixchat chats verify         list the chat history's damaged rows
+    radixchat mcp list|add|rm      the MCP tool servers (mcp.json; enable, disable too)
     radixchat bench NAME           a benchmark (code in bench/ of a source checkout, not in the
                                    packaged app; radixchat bench --help lists them)
 
@@ -39,6 +40,7 @@ from core.cli.commands import (
     chat,
     chats,
     fetch_model,
+    mcp,
     models,
     pull,
     root,
@@ -48,7 +50,17 @@ from core.cli.commands import (
 from core.errors import UserError
 
 EXIT_USER_ERROR = 2
-USER_COMMANDS = (chat, serve, models, search, pull, fetch_model, cache, chats)  # in --help's order
+USER_COMMANDS = (
+    chat,
+    serve,
+    models,
+    search,
+    pull,
+    fetch_model,
+    cache,
+    chats,
+    mcp,
+)  # in --help's order
 DEVELOPER_COMMANDS = (bench,)  # listed apart, after the user's
 
 

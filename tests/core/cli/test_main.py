@@ -543,7 +543,17 @@ def test_help_lists_the_users_commands_then_bench_apart(capsys):
     names = [
         line.split()[0] for line in users.splitlines() if line[:4] == "    " and line[4:5].strip()
     ]
-    assert names == ["chat", "serve", "models", "search", "pull", "fetch-model", "cache", "chats"]
+    assert names == [
+        "chat",
+        "serve",
+        "models",
+        "search",
+        "pull",
+        "fetch-model",
+        "cache",
+        "chats",
+        "mcp",
+    ]
     assert [line.split()[0] for line in developers.strip().splitlines()] == ["bench"]
     assert "bench" not in out.split("\nfor developers:\n")[0].split("\ncommands:\n")[1]
     assert "_launch" not in out and "--group-member" not in out
