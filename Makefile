@@ -44,7 +44,7 @@ run: setup
 test: setup
 	$(BIN)/radixchat fetch-model default
 	$(BIN)/radixchat fetch-model gemma3-270m
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The packaged app is built from exact versions (requirements-lock.txt, with the `dev` and
 # `package` extras: PyInstaller, Pillow), whatever the ranges would pick today; a user's

@@ -41,6 +41,7 @@ from app.composer import Composer
 from app.context_bar import ContextBar
 from app.downloads import DownloadManager, DownloadsDialog, DownloadsStatus
 from app.look import FOCUS_RING
+from app.mcp_servers import McpServersPage
 from app.memory_panel import MemoryPanel
 from app.model_card import ModelCardDialog
 from app.model_picker import ModelPickerDialog
@@ -636,8 +637,6 @@ class MainWindow(ChatReplies, QMainWindow):
         self._set_state_text("Chat settings saved: they apply from the next reply", 5000)
 
     def edit_app_settings(self) -> None:
-        from app.mcp_servers import McpServersPage
-
         dialog = AppSettingsDialog(
             self.settings,
             str(self.bridge.data_root),

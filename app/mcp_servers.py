@@ -39,8 +39,20 @@ from core.mcp.config import (
     save_servers,
     with_secret,
 )
+from core.mcp.tools import ServerStatus
 
 COLUMNS = ("On", "Name", "Command or URL", "State")
+
+
+def state_text(status: ServerStatus) -> str:
+    """A server's state in a few words, for menus and the servers page."""
+    if status.state == "ready":
+        return f"{len(status.tools)} tool{'s' if len(status.tools) != 1 else ''}"
+    if status.state == "failed":
+        return f"failed: {status.error or 'no reason given'}"
+    return {"starting": "starting…", "disabled": "disabled", "stopped": "stopped"}.get(
+        status.state, status.state
+    )
 
 
 def _pairs(text: str, separator: str) -> dict[str, str]:
@@ -214,8 +226,6 @@ class McpServersPage(QWidget):
         return list(self.tools.servers)
 
     def refresh(self) -> None:
-        from app.window_tools import state_text
-
         statuses = {s.name: s for s in self.tools.statuses()}
         self.table.blockSignals(True)
         self.table.setRowCount(0)

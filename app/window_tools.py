@@ -23,6 +23,7 @@ from PySide6.QtCore import QObject, QTimer, QUrl, Signal
 from PySide6.QtGui import QAction, QActionGroup, QDesktopServices
 from PySide6.QtWidgets import QMenu, QMessageBox, QWidget
 
+from app.mcp_servers import McpServersDialog, state_text
 from app.tool_loop import LoopState, ToolLoop
 from core.errors import StoreError, UserError
 from core.mcp.config import McpServer, load_servers
@@ -57,17 +58,6 @@ def first_line(tool) -> str:
     """A tool's description's first line (its title's if none), cut at 120 characters."""
     text = (tool.description or tool.title or "").strip()
     return text.splitlines()[0][:120] if text else ""
-
-
-def state_text(status: ServerStatus) -> str:
-    """A server's state in a few words, for menus and the servers page."""
-    if status.state == "ready":
-        return f"{len(status.tools)} tool{'s' if len(status.tools) != 1 else ''}"
-    if status.state == "failed":
-        return f"failed: {status.error or 'no reason given'}"
-    return {"starting": "starting…", "disabled": "disabled", "stopped": "stopped"}.get(
-        status.state, status.state
-    )
 
 
 class WindowTools(QObject):
@@ -136,8 +126,6 @@ class WindowTools(QObject):
         self.hub.stop()
 
     def open_servers(self) -> None:
-        from app.mcp_servers import McpServersDialog
-
         McpServersDialog(self, self.window).exec()
 
     def open_log(self, name: str) -> None:

@@ -17,7 +17,7 @@ from PySide6.QtWidgets import QMessageBox
 
 from core.mcp.config import save_servers
 from tests.app.window_fakes import WAIT_MS, make_greedy, wait_ready
-from tests.core.mcp.mcp_fixtures import SERVERS, tools_server
+from tests.core.mcp.mcp_fixtures import tools_server
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -216,7 +216,8 @@ def test_a_server_that_fails_says_so_and_the_chat_goes_on(
 
     from core.mcp.config import McpServer
 
-    bad = McpServer("bad", command=sys.executable, args=(str(SERVERS / "bad_server.py"),))
+    # a server that exits at once (the SDK-level bad answers: tests/core/mcp/test_hub.py)
+    bad = McpServer("bad", command=sys.executable, args=("-c", "import sys; sys.exit(3)"))
     window, bridge, store = open_with_tools(
         open_window, tmp_path, long_tiny_model, qtbot, servers=[bad], wait=("bad",)
     )
