@@ -209,6 +209,11 @@ class ToolMarkup:
     parse: object  # (text, tools) -> dict | list[dict]
     json_calls: bool  # the call between the markers is {"name": ..., "arguments": {...}}
     generic: bool = False  # RadixChat's own format, for templates that take no tools
+    # the markers' token ids where each is one special token of the vocabulary (Qwen's
+    # <tool_call> is id 151657): the grammar names that token, not its text, which
+    # llguidance never matches to a special token
+    start_id: int | None = None
+    end_id: int | None = None
 
 
 def has_tool_markup(tokenizer) -> bool:
@@ -225,9 +230,35 @@ def tool_markup(tokenizer) -> ToolMarkup | None:
     from core.mlx_lm_compat import writes_json_tool_calls
 
     parse = tokenizer.tool_parser
+    start, end = tokenizer.tool_call_start, tokenizer.tool_call_end
     return ToolMarkup(
-        tokenizer.tool_call_start, tokenizer.tool_call_end, parse, writes_json_tool_calls(parse)
+        start,
+        end,
+        parse,
+        writes_json_tool_calls(parse),
+        start_id=special_token_id(tokenizer, start),
+        end_id=special_token_id(tokenizer, end),
     )
+
+
+def special_token_id(tokenizer, text: str) -> int | None:
+    """The id of ``text`` where it is one added (special) token of the vocabulary, else None."""
+    from core.mlx_lm_compat import hf_tokenizer
+
+    hf = hf_tokenizer(tokenizer)
+    if not text:
+        return None
+    try:
+        ids = hf.encode(text, add_special_tokens=False)
+    except Exception:  # a tokenizer without encode's keyword: no special handling
+        return None
+    added = getattr(hf, "added_tokens_decoder", {}) or {}
+    return int(ids[0]) if len(ids) == 1 and ids[0] in added else None
+
+
+def _marker(text: str, token: int | None) -> str:
+    """A tool-call marker in the lark grammar: its special token, or its text."""
+    return f"<[{token}]>" if token is not None else json.dumps(text)
 
 
 def call_schema(tools: list[dict], arguments=tool_parameters) -> dict:
@@ -280,10 +311,9 @@ def grammar_for(request, markup: ToolMarkup | None) -> str | None:
             )
         tools = chosen_tools(request)
         schema = call_schema(tools)
-        lark = (
-            f"start: {json.dumps(markup.start + chr(10))} call {json.dumps(chr(10) + markup.end)}\n"
-            f"call: %json {json.dumps(schema)}\n"
-        )
+        start, end = _marker(markup.start, markup.start_id), _marker(markup.end, markup.end_id)
+        lark = f'start: {start} "\\n" call "\\n" {end}\ncall: %json {json.dumps(schema)}\n'
+
         return llguidance.LLMatcher.grammar_from_lark(lark)
     if request.json_schema is not None:
         return llguidance.LLMatcher.grammar_from_json_schema(

@@ -234,3 +234,35 @@ def test_a_template_without_tools_gets_the_generic_format(long_tiny_model, tmp_p
             jsonschema.validate(json.loads(made.arguments), schema[made.name])
     finally:
         eng.shutdown()
+
+
+def test_a_forced_call_starts_with_the_models_special_tool_call_token():
+    # Qwen2.5's <tool_call> is one special token (151657): the grammar must name that token;
+    # its text alone made llguidance refuse the token the model writes ("token [151657]
+    # doesn't satisfy the grammar"), so every forced call on Qwen failed after 2 tokens
+    import llguidance
+    import llguidance.hf
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+    from transformers import PreTrainedTokenizerFast
+
+    from core.engine.constrain import ToolMarkup, special_token_id
+    from core.models.tiny_model import build_tokenizer
+
+    hf = PreTrainedTokenizerFast(tokenizer_object=build_tokenizer())
+    hf.add_special_tokens({"additional_special_tokens": ["<tool_call>", "</tool_call>"]})
+    wrapped = TokenizerWrapper(hf)  # as the engine holds it
+    start, end = special_token_id(wrapped, "<tool_call>"), special_token_id(wrapped, "</tool_call>")
+    assert (start, end) == (len(hf) - 2, len(hf) - 1)
+    assert special_token_id(wrapped, "<x>") is None and special_token_id(wrapped, "a") is None
+    request = ask("x", tools=(WEATHER,), tool_choice="required")
+    llg = llguidance.hf.from_tokenizer(hf, n_vocab=len(hf), eos_token=[hf.eos_token_id or 258])
+
+    def consumed(markup: ToolMarkup) -> bool:
+        matcher = llguidance.LLMatcher(llg, grammar_for(request, markup), log_level=0)
+        call = '\n{"name":"get_weather","arguments":{"city":"Lyon","unit":"C"}}\n'
+        tokens = [start, *hf.encode(call, add_special_tokens=False), end]
+        return all(matcher.consume_token(t) for t in tokens) and matcher.is_accepting()
+
+    named = ToolMarkup("<tool_call>", "</tool_call>", None, True, start_id=start, end_id=end)
+    assert consumed(named)
+    assert not consumed(ToolMarkup("<tool_call>", "</tool_call>", None, True))  # the old way
