@@ -213,6 +213,30 @@ def _agent(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-nocache", action="store_true", help="leave out our server without cache")
 
 
+def _tool_loop(p: argparse.ArgumentParser) -> None:
+    _with_model(p)
+    p.add_argument("--steps", type=positive, default=4, help="tool steps (default: 4)")
+    p.add_argument(
+        "--restart-after",
+        type=positive,
+        default=2,
+        help="the second run restarts the engine after this step (default: 2)",
+    )
+    p.add_argument(
+        "--mcp-command",
+        default="npx -y @modelcontextprotocol/server-filesystem {folder}",
+        help="the MCP server's command line; {folder}: the scratch folder of three files "
+        "(default: the npm filesystem server through npx)",
+    )
+    p.add_argument("--tools", help="the tools offered, comma-separated (default: all)")
+    p.add_argument(
+        "--answer-tokens", type=positive, default=48, help="the last answer's tokens (default: 48)"
+    )
+    p.add_argument(
+        "--pool-tokens", type=positive, default=16384, help="the KV pool, tokens (default: 16384)"
+    )
+
+
 def _fork(p: argparse.ArgumentParser) -> None:
     _with_model(p)
     p.add_argument("--turns", type=positive, default=4, help="the chat's turns (default: 4)")
@@ -470,6 +494,13 @@ BENCHES = (
         "a branch's first reply: TTFT with its history in RAM, after a restart (disk) "
         "and recomputed",
         _fork,
+    ),
+    Bench(
+        "tool-loop",
+        "bench.tool_loop:run_bench_tool_loop",
+        "an agent's tool loop through an MCP server: each step's prompt, cached and "
+        "computed tokens, in RAM and with a restart mid-loop",
+        _tool_loop,
     ),
     Bench(
         "clients",
