@@ -20,6 +20,7 @@ which can take a moment) and ``serverStopped`` follows.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import threading
 from collections.abc import Sequence
@@ -53,6 +54,19 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BUSY_POLL_MS = 250  # live panels while a request or a load runs
+_COLLECTING_BRIDGES = [0]  # running bridges: while any, Python's collector runs on the GUI thread
+
+
+def _collect_on_this_thread() -> None:
+    """Collect what automatic collection would now, on the calling (GUI) thread: the
+    generations whose counts passed their thresholds (all of them when asked)."""
+    counts, thresholds = gc.get_count(), gc.get_threshold()
+    for generation in (2, 1, 0):
+        if counts[generation] > thresholds[generation]:
+            gc.collect(generation)
+            return
+
+
 IDLE_POLL_MS = 1500
 
 _SAMPLING_KEYS = {f.name for f in dataclasses.fields(SamplingParams)}
@@ -105,6 +119,7 @@ class EngineBridge(QObject):
         self._server: ApiServer | None = None
         self._server_stopping: threading.Thread | None = None
         self._request_log: RequestLog | None = None
+        self._collecting = False  # this bridge turned automatic collection off (start)
         self._relay.connect(self._emit_public, Qt.ConnectionType.QueuedConnection)
         self._poll = QTimer(self)
         self._poll.timeout.connect(self.poll_stats)
@@ -138,7 +153,16 @@ class EngineBridge(QObject):
         return self.engine.give_disk_space_back()
 
     def start(self) -> None:
-        """Start the engine; modelLoading, then modelReady or loadFailed."""
+        """Start the engine; modelLoading, then modelReady or loadFailed.
+
+        From here to ``shutdown`` Python's cyclic collector runs on this (GUI) thread only,
+        from the stats timer: a collection on the engine thread (or a request's reader)
+        could finalize a Qt object there, and Qt's destructor, holding Qt's signal lock,
+        would wait for the GIL that this thread holds while it waits for that lock."""
+        if not self._collecting:
+            self._collecting = True
+            _COLLECTING_BRIDGES[0] += 1
+            gc.disable()
         self._loading = True
         self.modelLoading.emit(self._model_spec)
         self.engine.start()
@@ -158,9 +182,12 @@ class EngineBridge(QObject):
         ).start()
 
     def poll_stats(self) -> None:
-        """Emit statsUpdated with the engine's latest figures (the timer calls this)."""
+        """Emit statsUpdated with the engine's latest figures (the timer calls this), and
+        collect Python's cycles here, on the GUI thread (see ``start``)."""
         if self._shut_down:
             return
+        if self._collecting:
+            _collect_on_this_thread()
         try:
             stats = self.engine.stats()
         except Exception:  # a bug: the panels stop, the chat goes on
@@ -291,6 +318,11 @@ class EngineBridge(QObject):
             self._server_stopping.join()
             self._server_stopping = None
         self.engine.shutdown()
+        if self._collecting:
+            self._collecting = False
+            _COLLECTING_BRIDGES[0] -= 1
+            if not _COLLECTING_BRIDGES[0]:
+                gc.enable()
 
     # -- worker threads --
 
@@ -354,6 +386,8 @@ class EngineBridge(QObject):
             self._handle = None
         elif name in ("modelReady", "loadFailed"):
             self._loading = False
+            if self._collecting:  # a switched-from model's cycles: freed now, here
+                gc.collect()
         if self._shut_down:
             return
         getattr(self, name).emit(*args)

@@ -31,8 +31,14 @@ def _libc_trim():
 
 
 def give_memory_back() -> None:
-    """Free what nothing refers to any more, and hand it back to the system."""
-    gc.collect()
+    """Free what nothing refers to any more, and hand it back to the system.
+
+    Where automatic collection is off, the process's GUI thread collects (app.bridge: a
+    collection here could finalize the window's Qt objects on this thread, and Qt's
+    destructor, holding Qt's signal lock, waits for the GIL the GUI thread holds while it
+    waits for that lock: the window hung), so this thread leaves cycles to it."""
+    if gc.isenabled():
+        gc.collect()
     mx.clear_cache()
     trim = _libc_trim()
     if trim is not None:
