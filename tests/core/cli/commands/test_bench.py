@@ -73,6 +73,16 @@ OPTIONS_BEFORE = {
         "--repeats",
     ),
     "fork": ("--data-dir", "--model", "--turns", "--lines", "--pool-tokens", "--repeats"),
+    "tool-loop": (  # added after the table (issue 46)
+        "--data-dir",
+        "--model",
+        "--steps",
+        "--restart-after",
+        "--mcp-command",
+        "--tools",
+        "--answer-tokens",
+        "--pool-tokens",
+    ),
     "clients": (
         "--data-dir",
         "--model",
