@@ -549,7 +549,7 @@ class ChatReplies:
         if self.session is not None and self.session.id == session_id:
             try:
                 self.session = self.store.get_session_by_id(session_id) or self.session
-            except StoreError:
+            except StoreError:  # the store said so already; the next reply reads it again
                 pass
 
     def _show_versions(self, turn: ChatTurn) -> None:
