@@ -23,6 +23,7 @@ from core.engine.types import (  # noqa: E402
     TokenEvent,
     ToolCall,
 )
+from tests.core.engine.helpers import WEATHER  # noqa: E402
 
 PUBLIC = (
     "loadProgress",
@@ -127,22 +128,7 @@ def test_the_bridge_hands_out_the_engines_dataclasses(qtbot, tmp_path):
 
 # -- tools (issue 46) --
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather of a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 8},
-                "unit": {"enum": ["C", "F"]},
-            },
-            "required": ["city", "unit"],
-            "additionalProperties": False,
-        },
-    },
-}
+# the engine tests' tool (a short city, an enum: a forced call always ends)
 CALL = ToolCall("call_1", "get_weather", '{"city": "Paris", "unit": "C"}')
 
 
