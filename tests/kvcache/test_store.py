@@ -504,10 +504,18 @@ def test_sigkill_during_saves_leaves_a_consistent_store(tmp_path):
             assert child.poll() is None, (folder / "log").read_text()
             assert time.monotonic() < deadline
             time.sleep(0.01)
-    for _, _, child in trials:
+    for folder, _, child in trials:
         child.stdin.write(b"go\n")
         child.stdin.flush()
-        time.sleep(rng.uniform(0.002, 0.05))
+        # the kill lands after the child's own progress, not after a time a busy machine
+        # stretches: `saves` saves logged (none in one trial of eight), then mid-way into
+        # one of the next ones
+        saves = 0 if rng.random() < 0.125 else rng.randint(1, 6)
+        while len((folder / "log").read_text().splitlines()) <= saves:
+            assert child.poll() is None, (folder / "log").read_text()
+            assert time.monotonic() < deadline + 60
+            time.sleep(0.001)
+        time.sleep(rng.uniform(0.0, 0.01))
         child.send_signal(signal.SIGKILL)
         child.wait()
         child.stdin.close()
