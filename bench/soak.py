@@ -412,12 +412,15 @@ def _drift(samples: list[Sample], start: float, end: float, sample_s: float) -> 
 def _rss(samples: list[Sample], run_s: float, sample_s: float) -> dict:
     """RSS flat after the warm-up, judged in each server process (the one after the restart
     from its own start: a fresh process is not the first one grown), the whole run's drift
-    (the first process's warm-up against the second's end) reported beside."""
-    whole = _drift(samples, 0.0, run_s, sample_s)
+    (the first process's warm-up against the second's end) reported beside. The run ends at
+    its last sample where that came after ``run_s`` (a restart slower than the run's second
+    half, on a busy machine)."""
+    end = max(run_s, samples[-1].t_s) if samples else run_s
+    whole = _drift(samples, 0.0, end, sample_s)
     processes = []
     for number in sorted({s.process for s in samples}):
         mine = [s for s in samples if s.process == number]
-        first, last = mine[0].t_s, (mine[-1].t_s if number != samples[-1].process else run_s)
+        first, last = mine[0].t_s, (mine[-1].t_s if number != samples[-1].process else end)
         processes.append(
             {"process": number, "started_s": first, **_drift(mine, first, last, sample_s)}
         )

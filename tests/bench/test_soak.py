@@ -162,3 +162,11 @@ def test_rss_flat_compares_the_end_with_the_warm_up():
     assert not result["within"] and result["drift"] == pytest.approx((149 - 130) / 130, abs=1e-4)
     short = _rss([_sample(t, 100) for t in range(0, 61, 5)], 60, 5)  # warm-up: the first third
     assert short["warmup_s"] == 20 and short["within"]
+
+
+def test_rss_end_is_the_last_sample_when_a_slow_restart_ran_past_the_run():
+    # a 24 s run restarted at 12 s: the second process answered at 27 s, sampled once then
+    samples = [_sample(t, 100) for t in (0, 2.5, 5, 7.5, 10)] + [_sample(27.4, 100, process=2)]
+    result = _rss(samples, 24, 2.5)
+    assert result["reference_bytes"] == 100 and result["end_bytes"] == 100
+    assert result["processes"][1]["end_bytes"] == 100
