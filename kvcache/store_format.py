@@ -1,7 +1,7 @@
 """The on-disk format of the KV cache store: page keys, checksums, the schema.
 
 Pure functions and constants, no connection: :mod:`kvcache.store` uses them to write and
-check pages, and anything that only needs a page's key (the engine's persister) can
+check pages, and anything that only needs a page's key (the disk tier, kvcache/persist.py) can
 compute it without a database.
 """
 
