@@ -124,7 +124,7 @@ def pytest_collection_modifyitems(config, items) -> None:
 def pytest_collection_finish(session) -> None:
     """Every module, class and parameter the tests import lives as long as the run: frozen
     out of the cyclic collector's reach. The engine collects at each model load and stop (a
-    few hundred times a run), and each full collection walked them all: a fifth of a
-    second each in a process that had imported the tests, a tenth of the model matrix's time."""
+    few hundred times a run), and each full collection walked them all (on 22 families of
+    the model matrix, beside a CPU hog: 22.6 of 88 s, 1.6 of 68 s once frozen)."""
     gc.collect()
     gc.freeze()

@@ -476,6 +476,14 @@ if __name__ == "__main__":
 """
 
 
+def wait_for_log(log: Path, child: subprocess.Popen, until, deadline: float) -> None:
+    """Poll a running child's ``log`` until ``until(text)`` holds (before ``deadline``)."""
+    while not until(log.read_text()):
+        assert child.poll() is None, log.read_text()
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+
+
 def test_sigkill_during_saves_leaves_a_consistent_store(tmp_path):
     script = tmp_path / "crash_child.py"
     script.write_text(CRASH_CHILD)
@@ -500,10 +508,7 @@ def test_sigkill_during_saves_leaves_a_consistent_store(tmp_path):
         trials.append((folder, budget, child))
     deadline = time.monotonic() + 60
     for folder, _, child in trials:
-        while not (folder / "log").read_text().startswith("ready"):
-            assert child.poll() is None, (folder / "log").read_text()
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_for_log(folder / "log", child, lambda text: text.startswith("ready"), deadline)
     for folder, _, child in trials:
         child.stdin.write(b"go\n")
         child.stdin.flush()
@@ -511,10 +516,9 @@ def test_sigkill_during_saves_leaves_a_consistent_store(tmp_path):
         # stretches: `saves` saves logged (none in one trial of eight), then mid-way into
         # one of the next ones
         saves = 0 if rng.random() < 0.125 else rng.randint(1, 6)
-        while len((folder / "log").read_text().splitlines()) <= saves:
-            assert child.poll() is None, (folder / "log").read_text()
-            assert time.monotonic() < deadline + 60
-            time.sleep(0.001)
+        wait_for_log(
+            folder / "log", child, lambda text, n=saves: len(text.splitlines()) > n, deadline + 60
+        )
         time.sleep(rng.uniform(0.0, 0.01))
         child.send_signal(signal.SIGKILL)
         child.wait()
